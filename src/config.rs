@@ -1,0 +1,94 @@
+//! Settings of `zkgate serve`, from flags or `ZKGATE_*` environment variables.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+
+use crate::http::extract::parse_duration;
+use crate::lease::LeasePolicy;
+
+/// Options of `zkgate serve`.
+#[derive(Args, Clone, Debug)]
+pub struct ServeConfig {
+    /// Address to listen on for HTTP.
+    #[arg(long, env = "ZKGATE_LISTEN", default_value = "127.0.0.1:7070")]
+    pub listen: SocketAddr,
+
+    /// ZooKeeper connect string `host:port[,host:port...][/chroot]`. Without it zkgate starts
+    /// an embedded ZooKeeper server (a child process) on a free loopback port.
+    #[arg(long, env = "ZKGATE_ZOOKEEPER")]
+    pub zookeeper: Option<String>,
+
+    /// The znode under which zkgate keeps everything (`locks/`, `leases/`, ...).
+    #[arg(long, env = "ZKGATE_ROOT", default_value = "/zkgate")]
+    pub root: String,
+
+    /// ZooKeeper session timeout asked for (the server may adjust it to 2..20 ticks).
+    #[arg(long, env = "ZKGATE_SESSION_TIMEOUT", default_value = "10s", value_parser = duration)]
+    pub session_timeout: Duration,
+
+    /// Lease TTL when a request does not ask for one.
+    #[arg(long, env = "ZKGATE_LEASE_TTL", default_value = "30s", value_parser = duration)]
+    pub lease_ttl: Duration,
+
+    /// Shortest lease TTL granted; shorter requests are raised to it.
+    #[arg(long, env = "ZKGATE_LEASE_TTL_MIN", default_value = "1s", value_parser = duration)]
+    pub lease_ttl_min: Duration,
+
+    /// Longest lease TTL granted; longer requests are lowered to it.
+    #[arg(long, env = "ZKGATE_LEASE_TTL_MAX", default_value = "1h", value_parser = duration)]
+    pub lease_ttl_max: Duration,
+
+    /// Longest a blocking call (`?wait=`) may wait; longer waits are cut to it. Also the wait of
+    /// a blocking call that does not give one.
+    #[arg(long, env = "ZKGATE_MAX_WAIT", default_value = "60s", value_parser = duration)]
+    pub max_wait: Duration,
+
+    /// Data directory of the embedded ZooKeeper (default: a new temporary directory, removed
+    /// on exit). Ignored with `--zookeeper`.
+    #[arg(long, env = "ZKGATE_ZOOKEEPER_DATA_DIR")]
+    pub zookeeper_data_dir: Option<PathBuf>,
+}
+
+fn duration(text: &str) -> Result<Duration, String> {
+    parse_duration(text)
+}
+
+impl ServeConfig {
+    /// Defaults with the given ZooKeeper connect string (for tests and embedding).
+    pub fn with_zookeeper(connect: &str) -> ServeConfig {
+        ServeConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            zookeeper: Some(connect.to_string()),
+            root: "/zkgate".into(),
+            session_timeout: Duration::from_secs(10),
+            lease_ttl: Duration::from_secs(30),
+            lease_ttl_min: Duration::from_secs(1),
+            lease_ttl_max: Duration::from_secs(3600),
+            max_wait: Duration::from_secs(60),
+            zookeeper_data_dir: None,
+        }
+    }
+
+    pub fn lease_policy(&self) -> LeasePolicy {
+        LeasePolicy {
+            default_ttl: self.lease_ttl,
+            min_ttl: self.lease_ttl_min,
+            max_ttl: self.lease_ttl_max,
+        }
+    }
+
+    /// Checks what clap cannot: the root path and the order of the TTL bounds.
+    pub fn validate(&self) -> Result<(), String> {
+        crate::zk::names::validate_root(&self.root)?;
+        if self.lease_ttl_min.is_zero() || self.lease_ttl_min > self.lease_ttl_max {
+            return Err(format!(
+                "--lease-ttl-min ({:?}) must be above zero and at most --lease-ttl-max ({:?})",
+                self.lease_ttl_min, self.lease_ttl_max
+            ));
+        }
+        Ok(())
+    }
+}

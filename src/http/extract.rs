@@ -1,0 +1,158 @@
+//! Request extractors whose every rejection is a problem document naming what was wrong.
+//!
+//! axum's own extractors answer bad input with plain-text bodies; these wrap them so that a
+//! client always gets `application/problem+json` with the field, parameter or header at fault.
+
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, PathRejection};
+use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::http::request::Parts;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Deserializer};
+
+use super::error::{ApiError, Place};
+
+/// A JSON body. An empty body is an error unless `T` is an `Option` (then it is `None`), so
+/// `curl -X POST` without `-d` works for endpoints whose body is optional.
+pub struct ApiJson<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        let bytes = Bytes::from_request(req, state).await.map_err(body_rejection)?;
+        let text: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
+            b"null"
+        } else {
+            &bytes
+        };
+        let mut deserializer = serde_json::Deserializer::from_slice(text);
+        let value = serde_path_to_error::deserialize(&mut deserializer).map_err(|err| {
+            let path = err.path().to_string();
+            let inner = err.into_inner();
+            if inner.is_syntax() || inner.is_eof() {
+                ApiError::malformed_body(format!("the body is not valid JSON: {inner}"))
+            } else if path == "." {
+                ApiError::malformed_body(format!("body: {}", strip_position(&inner.to_string())))
+            } else {
+                ApiError::invalid(Place::Body, &path, strip_position(&inner.to_string()))
+            }
+        })?;
+        deserializer
+            .end()
+            .map_err(|err| ApiError::malformed_body(format!("trailing data after the JSON value: {err}")))?;
+        Ok(ApiJson(value))
+    }
+}
+
+fn body_rejection(rejection: BytesRejection) -> ApiError {
+    if rejection.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+        ApiError::too_large(super::BODY_LIMIT_BYTES)
+    } else {
+        ApiError::malformed_body(rejection.body_text())
+    }
+}
+
+/// serde_json ends messages with " at line 1 column 12", which says nothing to a client that
+/// is told the field name.
+fn strip_position(message: &str) -> String {
+    match message.rfind(" at line ") {
+        Some(i) => message[..i].to_string(),
+        None => message.to_string(),
+    }
+}
+
+/// Query parameters; unknown ones are refused (`deny_unknown_fields` on `T`) so that a typo
+/// such as `?wiat=5s` is an error instead of a silent default.
+pub struct ApiQuery<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for ApiQuery<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, ApiError> {
+        let query = parts.uri.query().unwrap_or_default();
+        let deserializer = serde_urlencoded::Deserializer::new(form_urlencoded_parse(query));
+        serde_path_to_error::deserialize(deserializer)
+            .map(ApiQuery)
+            .map_err(|err| {
+                let path = err.path().to_string();
+                let detail = err.into_inner().to_string();
+                let field = if path == "." {
+                    detail.split('`').nth(1).unwrap_or("?").to_string()
+                } else {
+                    path
+                };
+                ApiError::invalid(Place::Query, &field, detail)
+            })
+    }
+}
+
+fn form_urlencoded_parse(query: &str) -> form_urlencoded::Parse<'_> {
+    form_urlencoded::parse(query.as_bytes())
+}
+
+/// Path parameters.
+pub struct ApiPath<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for ApiPath<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        axum::extract::Path::<T>::from_request_parts(parts, state)
+            .await
+            .map(|p| ApiPath(p.0))
+            .map_err(|rejection: PathRejection| ApiError::invalid(Place::Path, "path", rejection.body_text()))
+    }
+}
+
+/// A duration written the human way: `500ms`, `5s`, `1m 30s`, `0`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HumanDuration(pub Duration);
+
+impl<'de> Deserialize<'de> for HumanDuration {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        parse_duration(&text)
+            .map(HumanDuration)
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+/// Parses `0`, `250ms`, `5s`, `2m`, `1h 30m` (humantime syntax).
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    if text == "0" {
+        return Ok(Duration::ZERO);
+    }
+    humantime::parse_duration(text)
+        .map_err(|e| format!("`{text}` is not a duration ({e}); write it like `500ms`, `5s` or `1m`"))
+}
+
+impl utoipa::PartialSchema for HumanDuration {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        utoipa::openapi::ObjectBuilder::new()
+            .schema_type(utoipa::openapi::schema::Type::String)
+            .description(Some("A duration: `500ms`, `5s`, `1m 30s`, `0`."))
+            .examples([serde_json::json!("30s")])
+            .into()
+    }
+}
+
+impl utoipa::ToSchema for HumanDuration {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("1m 30s"), Ok(Duration::from_secs(90)));
+        assert!(parse_duration("soon").is_err());
+        assert!(parse_duration("5").is_err());
+        assert!(parse_duration("-5s").is_err());
+    }
+}

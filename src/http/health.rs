@@ -1,0 +1,61 @@
+//! `/healthz` (the process answers) and `/readyz` (its ZooKeeper session is connected).
+
+use axum::Json;
+use axum::extract::State;
+use serde::Serialize;
+
+use super::error::ApiError;
+use crate::AppState;
+use crate::zk::session::Connection;
+
+/// Health of this instance.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct Health {
+    /// `ok` when the answering check passed.
+    #[schema(example = "ok")]
+    pub status: &'static str,
+    pub zookeeper: ZooKeeperStatus,
+}
+
+/// The instance's ZooKeeper session.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct ZooKeeperStatus {
+    pub connection: Connection,
+    /// The servers (connect string without the chroot).
+    #[schema(example = "127.0.0.1:2181")]
+    pub servers: String,
+    /// The session id in hex, when there is a session.
+    #[schema(example = "0x1000a2c3e4f0001")]
+    pub session_id: Option<String>,
+    /// Incremented every time a new session replaces an expired one.
+    pub session_generation: u64,
+}
+
+fn health(state: &AppState, status: &'static str) -> Health {
+    let zk = state.zk.status();
+    Health {
+        status,
+        zookeeper: ZooKeeperStatus {
+            connection: zk.connection,
+            servers: state.zk.hosts().to_string(),
+            session_id: zk.client.as_ref().map(|c| format!("{:#x}", c.session_id().0)),
+            session_generation: zk.generation,
+        },
+    }
+}
+
+/// Liveness: the process serves HTTP.
+#[utoipa::path(get, path = "/healthz", tag = "health", responses((status = 200, body = Health)))]
+pub async fn healthz(State(state): State<AppState>) -> Json<Health> {
+    Json(health(&state, "ok"))
+}
+
+/// Readiness: the ZooKeeper session is connected, so recipe calls can be served.
+#[utoipa::path(get, path = "/readyz", tag = "health", responses(
+    (status = 200, body = Health),
+    (status = 503, description = "ZooKeeper is not connected", body = super::error::Problem, content_type = "application/problem+json"),
+))]
+pub async fn readyz(State(state): State<AppState>) -> Result<Json<Health>, ApiError> {
+    state.zk.current()?;
+    Ok(Json(health(&state, "ok")))
+}

@@ -1,0 +1,193 @@
+//! `/v1/leases`: create, list, read, keep alive and delete leases.
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+
+use super::error::{ApiError, Place, Problem};
+use super::extract::{ApiJson, ApiPath, HumanDuration};
+use super::{millis_since, timestamp};
+use crate::AppState;
+use crate::lease::{EndReason, HoldingView, Lease};
+
+/// The header that makes a lease creation safe to retry.
+pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
+
+/// Longest idempotency key accepted.
+const MAX_IDEMPOTENCY_KEY: usize = 200;
+
+/// Body of `POST /v1/leases` (optional).
+#[derive(Deserialize, utoipa::ToSchema, Default)]
+#[serde(deny_unknown_fields)]
+pub struct CreateLease {
+    /// Time to live without a keepalive; clamped to the server's bounds. Default: the server's.
+    pub ttl: Option<HumanDuration>,
+}
+
+/// A lease and everything held on its behalf.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct LeaseView {
+    /// The lease id: pass it as `lease` to acquire more with this lease.
+    #[schema(example = "6f1c2a9e0b7d4e3f8a5b6c7d8e9f0a1b")]
+    pub id: String,
+    /// The TTL granted, in milliseconds.
+    #[schema(example = 30000)]
+    pub ttl_ms: u64,
+    /// The TTL asked for, when it was clamped to the server's bounds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub requested_ttl_ms: Option<u64>,
+    /// Time left before it expires unless kept alive, in milliseconds.
+    #[schema(example = 29874)]
+    pub remaining_ms: u64,
+    #[schema(example = "2026-11-22T10:00:00.000Z")]
+    pub created_at: String,
+    pub last_keepalive_at: String,
+    /// Locks (and later other resources) held or waited for with this lease.
+    pub holdings: Vec<HoldingView>,
+}
+
+impl LeaseView {
+    pub fn of(lease: &Lease) -> LeaseView {
+        let requested = lease.requested_ttl.filter(|r| *r != lease.ttl);
+        LeaseView {
+            id: lease.id.clone(),
+            ttl_ms: lease.ttl.as_millis() as u64,
+            requested_ttl_ms: requested.map(|r| r.as_millis() as u64),
+            remaining_ms: lease.remaining().as_millis() as u64,
+            created_at: timestamp(lease.created_at),
+            last_keepalive_at: timestamp(lease.last_keepalive()),
+            holdings: lease.holdings(),
+        }
+    }
+}
+
+/// Summary of a lease in the list.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct LeaseSummary {
+    pub id: String,
+    pub ttl_ms: u64,
+    pub remaining_ms: u64,
+    /// Age of the lease in milliseconds.
+    pub age_ms: u64,
+    /// Number of holdings.
+    pub holdings: usize,
+}
+
+/// Creates a lease.
+///
+/// With an `Idempotency-Key` header, retrying the same request returns the lease the first
+/// attempt created (while it lives) instead of a second one.
+#[utoipa::path(post, path = "/v1/leases", tag = "leases",
+    request_body(content = Option<CreateLease>, description = "Optional; `{}` or no body takes the default TTL.",
+        example = json!({"ttl": "30s"})),
+    params(("Idempotency-Key" = Option<String>, Header, description = "Makes the creation safe to retry.")),
+    responses(
+        (status = 201, description = "Created; `Location` names the lease", body = LeaseView),
+        (status = 400, description = "Bad TTL or body", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "ZooKeeper unreachable", body = Problem, content_type = "application/problem+json"),
+    ))]
+pub async fn create_lease(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    ApiJson(body): ApiJson<Option<CreateLease>>,
+) -> Result<Response, ApiError> {
+    let key = idempotency_key(&headers)?;
+    let ttl = body.unwrap_or_default().ttl.map(|t| t.0);
+    if ttl.is_some_and(|t| t.is_zero()) {
+        return Err(ApiError::invalid(Place::Body, "ttl", "must be above zero"));
+    }
+    let lease = state.leases.create(ttl, key)?;
+    let location =
+        HeaderValue::from_str(&format!("/v1/leases/{}", lease.id)).map_err(|e| ApiError::internal(e.to_string()))?;
+    Ok((
+        StatusCode::CREATED,
+        [(header::LOCATION, location)],
+        Json(LeaseView::of(&lease)),
+    )
+        .into_response())
+}
+
+fn idempotency_key(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
+    let Some(value) = headers.get(IDEMPOTENCY_KEY) else {
+        return Ok(None);
+    };
+    let key = value
+        .to_str()
+        .map_err(|_| ApiError::invalid(Place::Header, "Idempotency-Key", "must be visible ASCII"))?;
+    if key.is_empty() || key.len() > MAX_IDEMPOTENCY_KEY {
+        return Err(ApiError::invalid(
+            Place::Header,
+            "Idempotency-Key",
+            format!("must be 1 to {MAX_IDEMPOTENCY_KEY} characters"),
+        ));
+    }
+    Ok(Some(key))
+}
+
+/// Lists the live leases of this instance, oldest first.
+#[utoipa::path(get, path = "/v1/leases", tag = "leases", responses((status = 200, body = Vec<LeaseSummary>)))]
+pub async fn list_leases(State(state): State<AppState>) -> Json<Vec<LeaseSummary>> {
+    Json(
+        state
+            .leases
+            .list()
+            .iter()
+            .map(|l| LeaseSummary {
+                id: l.id.clone(),
+                ttl_ms: l.ttl.as_millis() as u64,
+                remaining_ms: l.remaining().as_millis() as u64,
+                age_ms: millis_since(l.created_at),
+                holdings: l.holdings().len(),
+            })
+            .collect(),
+    )
+}
+
+/// Reads a lease: remaining TTL and everything it holds.
+#[utoipa::path(get, path = "/v1/leases/{id}", tag = "leases",
+    params(("id" = String, Path, description = "Lease id")),
+    responses(
+        (status = 200, body = LeaseView),
+        (status = 404, description = "No such lease", body = Problem, content_type = "application/problem+json"),
+        (status = 410, description = "The lease ended; `reason` says how", body = Problem, content_type = "application/problem+json"),
+    ))]
+pub async fn get_lease(
+    State(state): State<AppState>,
+    ApiPath(id): ApiPath<String>,
+) -> Result<Json<LeaseView>, ApiError> {
+    let lease = state.leases.get(&id)?;
+    Ok(Json(LeaseView::of(&lease)))
+}
+
+/// Keeps a lease alive for another TTL; answers with its holdings, so a holder learns here if
+/// it lost a lock.
+#[utoipa::path(post, path = "/v1/leases/{id}/keepalive", tag = "leases",
+    params(("id" = String, Path, description = "Lease id")),
+    responses(
+        (status = 200, body = LeaseView),
+        (status = 404, description = "No such lease", body = Problem, content_type = "application/problem+json"),
+        (status = 410, description = "The lease ended (expired, deleted, or lost with the ZooKeeper session)", body = Problem, content_type = "application/problem+json"),
+    ))]
+pub async fn keepalive(
+    State(state): State<AppState>,
+    ApiPath(id): ApiPath<String>,
+) -> Result<Json<LeaseView>, ApiError> {
+    let lease = state.leases.keepalive(&id)?;
+    Ok(Json(LeaseView::of(&lease)))
+}
+
+/// Deletes a lease: everything it holds is released (its znodes deleted) before this answers,
+/// so the next waiters are already on their way.
+#[utoipa::path(delete, path = "/v1/leases/{id}", tag = "leases",
+    params(("id" = String, Path, description = "Lease id")),
+    responses(
+        (status = 204, description = "Deleted; its locks are released"),
+        (status = 404, description = "No such lease", body = Problem, content_type = "application/problem+json"),
+        (status = 410, description = "The lease had already ended", body = Problem, content_type = "application/problem+json"),
+    ))]
+pub async fn delete_lease(State(state): State<AppState>, ApiPath(id): ApiPath<String>) -> Result<StatusCode, ApiError> {
+    state.leases.end(&id, EndReason::Deleted).await?;
+    Ok(StatusCode::NO_CONTENT)
+}

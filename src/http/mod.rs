@@ -1,0 +1,96 @@
+//! The HTTP API: one module per resource, the problem-document error type, the extractors, and
+//! the router that ties them to the OpenAPI description (the router and the spec are built
+//! from the same handler list, so they cannot disagree).
+
+pub mod error;
+pub mod extract;
+mod health;
+mod leases;
+mod locks;
+
+use std::time::SystemTime;
+
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use axum::http::Uri;
+use axum::response::IntoResponse;
+use tower_http::trace::TraceLayer;
+use utoipa::OpenApi;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+use utoipa_swagger_ui::{Config as SwaggerConfig, SwaggerUi};
+
+use crate::AppState;
+use error::ApiError;
+
+/// Largest request body accepted: well below ZooKeeper's 1 MB `jute.maxbuffer`.
+pub const BODY_LIMIT_BYTES: usize = 512 * 1024;
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "zkgate",
+        description = "Apache ZooKeeper's coordination recipes over HTTP: leases, exclusive locks with fencing tokens.\n\n\
+            Errors are RFC 9457 problem documents (`application/problem+json`) whose `type` is `urn:zkgate:problem:<slug>`.\n\
+            Durations are written like `500ms`, `5s`, `1m`.",
+        license(name = "MIT")
+    ),
+    tags(
+        (name = "leases", description = "Lease-style handles: TTL, keepalive, and everything held on their behalf."),
+        (name = "locks", description = "Exclusive locks (ZooKeeper's lock recipe on Curator's znode names), with fencing tokens."),
+        (name = "health", description = "Liveness and readiness.")
+    )
+)]
+struct ApiDoc;
+
+fn api_router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .routes(routes!(health::healthz))
+        .routes(routes!(health::readyz))
+        .routes(routes!(leases::create_lease, leases::list_leases))
+        .routes(routes!(leases::get_lease, leases::delete_lease))
+        .routes(routes!(leases::keepalive))
+        .routes(routes!(locks::list_locks))
+        .routes(routes!(locks::lock_state))
+        .routes(routes!(locks::acquire))
+        .routes(routes!(locks::get_handle, locks::release))
+}
+
+/// The OpenAPI description of the API (what `/openapi.json` serves and
+/// `openapi/openapi.json` holds).
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    api_router().into_openapi()
+}
+
+/// The full router: the API, `/openapi.json`, Swagger UI at `/docs`, problem documents for
+/// unknown routes and methods.
+pub fn router(state: AppState) -> Router {
+    let (api, spec) = api_router().split_for_parts();
+    let docs = SwaggerUi::new("/docs")
+        .url("/openapi.json", spec)
+        .config(SwaggerConfig::default().validator_url("none"));
+    api.merge(docs)
+        .fallback(no_route)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(BODY_LIMIT_BYTES))
+        .layer(TraceLayer::new_for_http())
+        .with_state(state)
+}
+
+async fn no_route(uri: Uri) -> impl IntoResponse {
+    ApiError::no_route(uri.path())
+}
+
+async fn method_not_allowed() -> impl IntoResponse {
+    ApiError::method_not_allowed()
+}
+
+/// RFC 3339 with milliseconds, UTC.
+pub(crate) fn timestamp(time: SystemTime) -> String {
+    humantime::format_rfc3339_millis(time).to_string()
+}
+
+/// Milliseconds since `time` (0 if it is in the future).
+pub(crate) fn millis_since(time: SystemTime) -> u64 {
+    SystemTime::now().duration_since(time).unwrap_or_default().as_millis() as u64
+}

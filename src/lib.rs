@@ -1,0 +1,113 @@
+//! zkgate: Apache ZooKeeper's coordination recipes behind HTTP.
+//!
+//! [app] builds the HTTP application from an [AppState]; [start] binds it to a listener and
+//! runs it in the background (tests use it to run zkgate in-process); `main.rs` is only the
+//! command line around them.
+
+pub mod config;
+pub mod http;
+pub mod lease;
+pub mod recipes;
+pub mod zk;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::Router;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::ServeConfig;
+use crate::lease::Leases;
+use crate::recipes::lock::Locks;
+use crate::zk::session::ZkSession;
+
+/// Everything the handlers share.
+#[derive(Clone)]
+pub struct AppState {
+    pub config: Arc<ServeConfig>,
+    pub zk: ZkSession,
+    pub leases: Leases,
+    pub locks: Locks,
+}
+
+impl AppState {
+    /// Starts the session supervisor for `config.zookeeper` (which must be set) and the
+    /// registries on top of it.
+    pub fn new(config: ServeConfig) -> AppState {
+        let connect = config.zookeeper.clone().unwrap_or_default();
+        let zk = ZkSession::start(&connect, &config.root, config.session_timeout);
+        let leases = Leases::new(config.lease_policy(), zk.clone());
+        let locks = Locks::new(zk.clone(), &config.root);
+        AppState {
+            config: Arc::new(config),
+            zk,
+            leases,
+            locks,
+        }
+    }
+}
+
+/// The HTTP application.
+pub fn app(state: AppState) -> Router {
+    http::router(state)
+}
+
+/// A zkgate instance serving in the background.
+pub struct Running {
+    pub addr: SocketAddr,
+    pub state: AppState,
+    stop: CancellationToken,
+    task: JoinHandle<std::io::Result<()>>,
+}
+
+/// Binds `config.listen` and serves [app] until [Running::stop] (or drop).
+pub async fn start(config: ServeConfig) -> std::io::Result<Running> {
+    let listener = tokio::net::TcpListener::bind(config.listen).await?;
+    let addr = listener.local_addr()?;
+    let state = AppState::new(config);
+    let stop = CancellationToken::new();
+    let router = app(state.clone());
+    let shutdown = stop.clone();
+    let task = tokio::spawn(async move {
+        axum::serve(listener, router)
+            .with_graceful_shutdown(shutdown.cancelled_owned())
+            .await
+    });
+    Ok(Running {
+        addr,
+        state,
+        stop,
+        task,
+    })
+}
+
+impl Running {
+    /// `http://<addr>`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Stops accepting, lets requests in flight finish, and closes the ZooKeeper session.
+    pub async fn stop(mut self) -> std::io::Result<()> {
+        self.stop.cancel();
+        self.state.zk.shutdown();
+        let abort = self.task.abort_handle();
+        // Long polls may hold connections for up to `max_wait`; do not wait for them.
+        match tokio::time::timeout(std::time::Duration::from_secs(2), &mut self.task).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(err)) => Err(std::io::Error::other(err)),
+            Err(_) => {
+                abort.abort();
+                Ok(())
+            }
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.stop.cancel();
+        self.state.zk.shutdown();
+    }
+}

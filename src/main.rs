@@ -1,0 +1,98 @@
+//! The `zkgate` command line.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use tracing_subscriber::EnvFilter;
+use zkgate::config::ServeConfig;
+use zkgate::zk::server::{ServerOptions, ZooKeeperServer};
+
+/// ZooKeeper's coordination recipes over HTTP.
+#[derive(Parser)]
+#[command(version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve the HTTP API (with an embedded ZooKeeper unless --zookeeper is given).
+    Serve(ServeConfig),
+    /// Print the OpenAPI description as JSON.
+    Openapi,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_env("ZKGATE_LOG").unwrap_or_else(|_| EnvFilter::new("info,zookeeper_client=warn")),
+        )
+        .init();
+    let result = match Cli::parse().command {
+        Command::Serve(config) => serve(config).await,
+        Command::Openapi => zkgate::http::openapi()
+            .to_pretty_json()
+            .map(|json| println!("{json}"))
+            .map_err(|e| e.to_string()),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("zkgate: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve(mut config: ServeConfig) -> Result<(), String> {
+    config.validate()?;
+    // Kept alive until the end of `serve`: dropping it stops the embedded ZooKeeper.
+    let _embedded = match &config.zookeeper {
+        Some(_) => None,
+        None => {
+            let options = ServerOptions {
+                data_dir: config.zookeeper_data_dir.clone(),
+                ..ServerOptions::default()
+            };
+            let server = ZooKeeperServer::start_standalone(&options)
+                .await
+                .map_err(|e| e.to_string())?;
+            tracing::info!(
+                connect = %server.connect_string(),
+                data_dir = %server.data_dir().display(),
+                log = %server.log_path().display(),
+                "embedded ZooKeeper started"
+            );
+            config.zookeeper = Some(server.connect_string());
+            Some(server)
+        }
+    };
+    let running = zkgate::start(config.clone())
+        .await
+        .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
+    tracing::info!(url = %running.url(), docs = %format!("{}/docs", running.url()), "zkgate serving");
+    if running.state.zk.wait_connected(Duration::from_secs(15)).await.is_err() {
+        tracing::warn!("ZooKeeper not connected yet; answering 503 until it is");
+    }
+    shutdown_signal().await;
+    tracing::info!("shutting down");
+    running.stop().await.map_err(|e| e.to_string())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(term) => term,
+        Err(_) => {
+            let _ = ctrl_c.await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term.recv() => {}
+    }
+}

@@ -1,0 +1,270 @@
+//! The ZooKeeper session supervisor: one session per zkgate instance.
+//!
+//! Every recipe borrows the current [Client] from here. The supervisor connects (retrying while
+//! ZooKeeper is unreachable), makes sure the chroot and the root znode exist, follows the
+//! session's state and, when the session ends (`Expired`, `Closed`, `AuthFailed`), builds a new
+//! client. Each client gets a new *generation* number: a lease remembers the generation it was
+//! born in, and a lease of an older generation is lost, because the ephemeral znodes it held
+//! died with that session. ZooKeeper, not zkgate, decides when a session is gone.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use zookeeper_client::{Acls, Client, CreateMode, SessionInfo, SessionState};
+
+/// What a caller sees of the connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Connection {
+    /// No session yet: connecting for the first time or after an expiry.
+    Connecting,
+    /// The session is connected to a server.
+    Connected,
+    /// The session lives but its connection dropped; the client is reconnecting.
+    Disconnected,
+}
+
+/// The supervisor's view, published on a watch channel.
+#[derive(Clone)]
+pub struct Status {
+    /// The current client, if a session has been established.
+    pub client: Option<Client>,
+    /// Incremented with every new session; 0 before the first one.
+    pub generation: u64,
+    pub connection: Connection,
+}
+
+/// A borrowed client, with the generation of the session it belongs to.
+#[derive(Clone)]
+pub struct Session {
+    pub client: Client,
+    pub generation: u64,
+}
+
+/// Errors of [ZkSession::current].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Unavailable {
+    #[error("ZooKeeper is not reachable (no session yet)")]
+    NoSession,
+    #[error("ZooKeeper is not reachable (connection lost; reconnecting)")]
+    Disconnected,
+}
+
+/// Handle to the supervisor; cheap to clone. The supervisor stops when [ZkSession::shutdown] is
+/// called, and its session closes when the last client clone is dropped.
+#[derive(Clone)]
+pub struct ZkSession {
+    status: watch::Receiver<Status>,
+    stop: CancellationToken,
+    hosts: Arc<str>,
+}
+
+impl ZkSession {
+    /// Starts supervising a session to `connect` (`host:port,...[/chroot]`), creating `root`
+    /// (and the chroot) if missing. Returns at once; see [ZkSession::wait_connected].
+    pub fn start(connect: &str, root: &str, session_timeout: Duration) -> ZkSession {
+        let (hosts, chroot) = split_chroot(connect);
+        let (sender, status) = watch::channel(Status {
+            client: None,
+            generation: 0,
+            connection: Connection::Connecting,
+        });
+        let stop = CancellationToken::new();
+        let supervisor = Supervisor {
+            hosts: hosts.to_string(),
+            chroot: chroot.map(str::to_string),
+            root: root.to_string(),
+            session_timeout,
+            status: sender,
+        };
+        tokio::spawn(supervisor.run(stop.clone()));
+        ZkSession {
+            status,
+            stop,
+            hosts: hosts.into(),
+        }
+    }
+
+    /// The current session if it is connected.
+    ///
+    /// # Notable errors
+    /// * [Unavailable::NoSession] before the first session and between an expiry and the next.
+    /// * [Unavailable::Disconnected] while the session's connection is down.
+    pub fn current(&self) -> Result<Session, Unavailable> {
+        let status = self.status.borrow();
+        match (&status.client, status.connection) {
+            (Some(client), Connection::Connected) => Ok(Session {
+                client: client.clone(),
+                generation: status.generation,
+            }),
+            (_, Connection::Disconnected) => Err(Unavailable::Disconnected),
+            _ => Err(Unavailable::NoSession),
+        }
+    }
+
+    /// A receiver of every status change.
+    pub fn subscribe(&self) -> watch::Receiver<Status> {
+        self.status.clone()
+    }
+
+    pub fn status(&self) -> Status {
+        self.status.borrow().clone()
+    }
+
+    /// The servers this instance talks to, without the chroot.
+    pub fn hosts(&self) -> &str {
+        &self.hosts
+    }
+
+    /// The session's id and password (for tests that expire the session from outside).
+    pub fn session_info(&self) -> Option<SessionInfo> {
+        self.status.borrow().client.as_ref().map(|c| c.session().clone())
+    }
+
+    /// Waits until a session is connected, or `limit` passes.
+    pub async fn wait_connected(&self, limit: Duration) -> Result<Session, Unavailable> {
+        let mut status = self.status.clone();
+        let wait = status.wait_for(|s| s.client.is_some() && s.connection == Connection::Connected);
+        let _ = tokio::time::timeout(limit, wait).await;
+        self.current()
+    }
+
+    /// Stops the supervisor; the session closes once the recipes drop their clients.
+    pub fn shutdown(&self) {
+        self.stop.cancel();
+    }
+}
+
+struct Supervisor {
+    hosts: String,
+    chroot: Option<String>,
+    root: String,
+    session_timeout: Duration,
+    status: watch::Sender<Status>,
+}
+
+impl Supervisor {
+    async fn run(self, stop: CancellationToken) {
+        let mut generation = 0;
+        loop {
+            let client = tokio::select! {
+                client = self.connect_until_ready() => client,
+                _ = stop.cancelled() => return,
+            };
+            generation += 1;
+            tracing::info!(
+                generation,
+                session_id = %client.session_id(),
+                timeout = ?client.session_timeout(),
+                "ZooKeeper session established"
+            );
+            let mut states = client.state_watcher();
+            self.publish(Some(client), generation, Connection::Connected);
+            loop {
+                let state = tokio::select! {
+                    state = states.changed() => state,
+                    _ = stop.cancelled() => {
+                        self.publish(None, generation, Connection::Connecting);
+                        return;
+                    }
+                };
+                match state {
+                    SessionState::SyncConnected | SessionState::ConnectedReadOnly => {
+                        self.set_connection(Connection::Connected)
+                    }
+                    SessionState::Disconnected => {
+                        tracing::warn!(generation, "ZooKeeper connection lost; reconnecting");
+                        self.set_connection(Connection::Disconnected)
+                    }
+                    SessionState::Expired | SessionState::Closed | SessionState::AuthFailed => {
+                        tracing::warn!(generation, ?state, "ZooKeeper session ended; starting a new one");
+                        break;
+                    }
+                }
+            }
+            // Dropping the client with the status makes the old session unusable to callers.
+            self.publish(None, generation, Connection::Connecting);
+        }
+    }
+
+    fn publish(&self, client: Option<Client>, generation: u64, connection: Connection) {
+        self.status.send_replace(Status {
+            client,
+            generation,
+            connection,
+        });
+    }
+
+    fn set_connection(&self, connection: Connection) {
+        self.status.send_modify(|s| s.connection = connection);
+    }
+
+    /// Connects, creating the chroot and the root, retrying with backoff until it works.
+    async fn connect_until_ready(&self) -> Client {
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            match self.connect_once().await {
+                Ok(client) => return client,
+                Err(err) => {
+                    tracing::warn!(hosts = %self.hosts, error = %err, "cannot reach ZooKeeper; retrying in {backoff:?}");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(2));
+                }
+            }
+        }
+    }
+
+    async fn connect_once(&self) -> Result<Client, zookeeper_client::Error> {
+        let client = Client::connector()
+            .with_session_timeout(self.session_timeout)
+            .with_fail_eagerly()
+            .connect(&self.hosts)
+            .await?;
+        let client = match &self.chroot {
+            Some(chroot) => {
+                ensure_path(&client, chroot).await?;
+                client
+                    .chroot(chroot.as_str())
+                    .map_err(|_| zookeeper_client::Error::BadArguments(&"bad chroot"))?
+            }
+            None => client,
+        };
+        ensure_path(&client, &self.root).await?;
+        Ok(client)
+    }
+}
+
+/// Creates `path` and its missing ancestors as persistent znodes.
+pub async fn ensure_path(client: &Client, path: &str) -> Result<(), zookeeper_client::Error> {
+    match client
+        .mkdir(path, &CreateMode::Persistent.with_acls(Acls::anyone_all()))
+        .await
+    {
+        Ok(()) | Err(zookeeper_client::Error::NodeExists) => Ok(()),
+        Err(err) => Err(err),
+    }
+}
+
+/// Splits `host:port,host:port/chroot` into hosts and chroot (`None` for none or `/`).
+pub fn split_chroot(connect: &str) -> (&str, Option<&str>) {
+    match connect.find('/') {
+        Some(i) if connect.len() > i + 1 => (&connect[..i], Some(connect[i..].trim_end_matches('/'))),
+        Some(i) => (&connect[..i], None),
+        None => (connect, None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_chroot;
+
+    #[test]
+    fn chroot_is_split_from_hosts() {
+        assert_eq!(split_chroot("a:1,b:2"), ("a:1,b:2", None));
+        assert_eq!(split_chroot("a:1,b:2/"), ("a:1,b:2", None));
+        assert_eq!(split_chroot("a:1/apps/x"), ("a:1", Some("/apps/x")));
+        assert_eq!(split_chroot("a:1/apps/x/"), ("a:1", Some("/apps/x")));
+    }
+}

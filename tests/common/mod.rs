@@ -1,0 +1,326 @@
+//! The test harness: real ZooKeeper servers on free loopback ports, zkgate instances running
+//! in-process on real sockets, an HTTP client, and fault helpers (session expiry).
+//!
+//! Nothing here mocks ZooKeeper. Servers and instances stop when their handles drop.
+#![allow(dead_code)] // each test binary uses a different part of the harness
+
+pub mod proxy;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use reqwest::{Method, StatusCode};
+use serde_json::Value;
+use zkgate::config::ServeConfig;
+use zkgate::zk::server::{MemberPorts, ServerOptions, ZooKeeperServer, free_port};
+use zookeeper_client::{Client, SessionInfo};
+
+/// Options for test servers: short ticks (so short session timeouts are allowed) and no fsync.
+pub fn test_server_options() -> ServerOptions {
+    ServerOptions {
+        tick_time: Duration::from_millis(200),
+        data_dir: None,
+        force_sync: false,
+        heap_mb: 256,
+    }
+}
+
+/// A standalone ZooKeeper server, serving when this returns.
+pub async fn zookeeper() -> ZooKeeperServer {
+    ZooKeeperServer::start_standalone(&test_server_options())
+        .await
+        .expect("start ZooKeeper")
+}
+
+/// A 3-server ensemble on loopback, serving (a quorum answers) when this returns.
+pub struct Ensemble {
+    pub servers: Vec<ZooKeeperServer>,
+    pub options: ServerOptions,
+}
+
+impl Ensemble {
+    pub async fn start(size: u32) -> Ensemble {
+        let options = test_server_options();
+        let members: Vec<MemberPorts> = (0..size)
+            .map(|_| MemberPorts {
+                client: free_port().expect("port"),
+                quorum: free_port().expect("port"),
+                election: free_port().expect("port"),
+            })
+            .collect();
+        let mut servers: Vec<ZooKeeperServer> = (1..=size)
+            .map(|id| ZooKeeperServer::spawn_member(&options, id, &members).expect("spawn member"))
+            .collect();
+        for server in &mut servers {
+            server
+                .wait_serving(Duration::from_secs(60))
+                .await
+                .expect("ensemble member serves");
+        }
+        Ensemble { servers, options }
+    }
+
+    /// `host:port,host:port,...` of every member.
+    pub fn connect_string(&self) -> String {
+        self.servers
+            .iter()
+            .map(|s| s.connect_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+}
+
+/// A zkgate instance on a free port, with an HTTP client.
+pub struct Gate {
+    pub running: zkgate::Running,
+    pub url: String,
+    pub http: reqwest::Client,
+}
+
+/// Config for a test instance against `connect`: short session timeout, 1 s minimum TTL.
+pub fn test_config(connect: &str) -> ServeConfig {
+    let mut config = ServeConfig::with_zookeeper(connect);
+    config.session_timeout = Duration::from_secs(4);
+    config.lease_ttl_min = Duration::from_millis(500);
+    config.max_wait = Duration::from_secs(30);
+    config
+}
+
+impl Gate {
+    pub async fn start(connect: &str) -> Gate {
+        Gate::start_with(test_config(connect)).await
+    }
+
+    pub async fn start_with(config: ServeConfig) -> Gate {
+        let running = zkgate::start(config).await.expect("start zkgate");
+        running
+            .state
+            .zk
+            .wait_connected(Duration::from_secs(20))
+            .await
+            .expect("zkgate connects to ZooKeeper");
+        let url = running.url();
+        let http = reqwest::Client::builder()
+            .pool_max_idle_per_host(64)
+            .build()
+            .expect("http client");
+        Gate { running, url, http }
+    }
+
+    /// Sends a request; the body is JSON when given.
+    pub async fn call(&self, method: Method, path: &str, body: Option<Value>) -> Reply {
+        let mut request = self.http.request(method, format!("{}{}", self.url, path));
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let response = request
+            .timeout(Duration::from_secs(60))
+            .send()
+            .await
+            .expect("HTTP request");
+        Reply::read(response).await
+    }
+
+    pub async fn post(&self, path: &str, body: Option<Value>) -> Reply {
+        self.call(Method::POST, path, body).await
+    }
+
+    pub async fn get(&self, path: &str) -> Reply {
+        self.call(Method::GET, path, None).await
+    }
+
+    pub async fn delete(&self, path: &str) -> Reply {
+        self.call(Method::DELETE, path, None).await
+    }
+
+    /// Creates a lease with `ttl` and returns its id.
+    pub async fn lease(&self, ttl: &str) -> String {
+        let reply = self.post("/v1/leases", Some(serde_json::json!({ "ttl": ttl }))).await;
+        assert_eq!(reply.status, StatusCode::CREATED, "{reply:?}");
+        reply.str("id")
+    }
+
+    /// `POST /v1/locks/{lock}/acquire?{query}` with the lease.
+    pub async fn acquire(&self, lock: &str, lease: &str, query: &str) -> Reply {
+        self.post(
+            &format!("/v1/locks/{lock}/acquire?{query}"),
+            Some(serde_json::json!({ "lease": lease })),
+        )
+        .await
+    }
+
+    /// Releases a handle; panics unless 204.
+    pub async fn release(&self, lock: &str, handle: &str) {
+        let reply = self.delete(&format!("/v1/locks/{lock}/handles/{handle}")).await;
+        assert_eq!(reply.status, StatusCode::NO_CONTENT, "{reply:?}");
+    }
+
+    /// The instance's current ZooKeeper session (id and password).
+    pub fn session(&self) -> SessionInfo {
+        self.running.state.zk.session_info().expect("zkgate has a session")
+    }
+
+    /// Waits (bounded) until the instance runs on session generation `generation`, connected.
+    pub async fn wait_generation(&self, generation: u64) {
+        let mut status = self.running.state.zk.subscribe();
+        let reached = status.wait_for(|s| {
+            s.generation >= generation
+                && s.client.is_some()
+                && s.connection == zkgate::zk::session::Connection::Connected
+        });
+        tokio::time::timeout(Duration::from_secs(30), reached)
+            .await
+            .expect("new session in time")
+            .expect("supervisor alive");
+    }
+}
+
+/// A response: status, content type and body (JSON when it parses).
+#[derive(Debug)]
+pub struct Reply {
+    pub status: StatusCode,
+    pub content_type: String,
+    pub body: Value,
+}
+
+impl Reply {
+    pub async fn read(response: reqwest::Response) -> Reply {
+        let status = response.status();
+        let content_type = response
+            .headers()
+            .get(reqwest::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_string();
+        let bytes = response.bytes().await.expect("body");
+        let body = serde_json::from_slice(&bytes).unwrap_or(Value::String(String::from_utf8_lossy(&bytes).into()));
+        Reply {
+            status,
+            content_type,
+            body,
+        }
+    }
+
+    pub fn str(&self, key: &str) -> String {
+        self.body[key]
+            .as_str()
+            .unwrap_or_else(|| panic!("no string `{key}` in {:?}", self.body))
+            .to_string()
+    }
+
+    pub fn i64(&self, key: &str) -> i64 {
+        self.body[key]
+            .as_i64()
+            .unwrap_or_else(|| panic!("no integer `{key}` in {:?}", self.body))
+    }
+
+    /// Asserts a problem document with this status (and `field`, when given).
+    pub fn assert_problem(&self, status: StatusCode, field: Option<&str>) {
+        assert_eq!(self.status, status, "{self:?}");
+        assert_eq!(self.content_type, "application/problem+json", "{self:?}");
+        assert!(
+            self.body["type"]
+                .as_str()
+                .is_some_and(|t| t.starts_with("urn:zkgate:problem:")),
+            "{self:?}"
+        );
+        assert_eq!(self.body["status"].as_u64(), Some(status.as_u16() as u64), "{self:?}");
+        assert!(self.body["detail"].as_str().is_some_and(|d| !d.is_empty()), "{self:?}");
+        if let Some(field) = field {
+            assert_eq!(self.body["field"].as_str(), Some(field), "{self:?}");
+        }
+    }
+}
+
+/// A plain ZooKeeper client, to look at znodes from outside zkgate.
+pub async fn zk_client(connect: &str) -> Client {
+    Client::connector()
+        .with_session_timeout(Duration::from_secs(10))
+        .connect(connect)
+        .await
+        .expect("connect ZooKeeper")
+}
+
+/// Every znode under `path` with its data, for before/after comparisons.
+pub async fn tree(client: &Client, path: &str) -> BTreeMap<String, Vec<u8>> {
+    let mut nodes = BTreeMap::new();
+    let mut pending = vec![path.to_string()];
+    while let Some(path) = pending.pop() {
+        let Ok((data, _)) = client.get_data(&path).await else {
+            continue;
+        };
+        let children = client.list_children(&path).await.unwrap_or_default();
+        for child in children {
+            pending.push(if path == "/" {
+                format!("/{child}")
+            } else {
+                format!("{path}/{child}")
+            });
+        }
+        nodes.insert(path, data);
+    }
+    nodes
+}
+
+/// Expires zkgate's ZooKeeper session from outside, as a partition longer than the session
+/// timeout would, without waiting that long: zkgate reaches ZooKeeper through `proxy`, which
+/// is partitioned; a second client attaches directly to the same session id and password and
+/// closes it; the partition heals and zkgate's client learns `Expired` when it reconnects.
+/// (Without the partition, the owner and the intruder steal the session from each other.)
+pub async fn expire_session(proxy: &proxy::Proxy, direct: &str, session: SessionInfo) {
+    proxy.partition();
+    let intruder = within(Duration::from_secs(30), "attaching to the session", async {
+        loop {
+            let attempt = Client::connector()
+                .with_session(session.clone())
+                .with_session_timeout(Duration::from_secs(10))
+                .connect(direct)
+                .await;
+            match attempt {
+                Ok(client) => return client,
+                // The server may still be closing the owner's cut connection.
+                Err(zookeeper_client::Error::Timeout | zookeeper_client::Error::ConnectionLoss) => {
+                    continue;
+                }
+                Err(err) => panic!("cannot attach to the session: {err}"),
+            }
+        }
+    })
+    .await;
+    drop(intruder); // the last clone closes the session
+    proxy.heal();
+}
+
+/// Awaits `future`, failing the test (naming `what`) if it takes longer than `limit`.
+pub async fn within<T>(limit: Duration, what: &str, future: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(limit, future)
+        .await
+        .unwrap_or_else(|_| panic!("timed out after {limit:?} waiting for {what}"))
+}
+
+/// Waits, with ZooKeeper's children watch (no polling), until `path` has at least `count`
+/// children; returns them.
+pub async fn wait_children(connect: &str, path: &str, count: usize) -> Vec<String> {
+    let client = zk_client(connect).await;
+    within(
+        Duration::from_secs(30),
+        &format!("{count} children under {path}"),
+        async {
+            loop {
+                match client.list_and_watch_children(path).await {
+                    Ok((children, _)) if children.len() >= count => return children,
+                    Ok((_, watcher)) => {
+                        watcher.changed().await;
+                    }
+                    Err(zookeeper_client::Error::NoNode) => {
+                        // Not created yet: watch for its creation instead.
+                        let (_, watcher) = client.check_and_watch_stat(path).await.expect("exists watch");
+                        watcher.changed().await;
+                    }
+                    Err(err) => panic!("listing {path}: {err}"),
+                }
+            }
+        },
+    )
+    .await
+}

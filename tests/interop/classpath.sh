@@ -1,0 +1,7 @@
+#!/bin/sh
+# Prints the Java classpath for tests/interop/CuratorLock.java: Apache Curator
+# 5.4 + ZooKeeper 3.8 client from Debian's /usr/share/java (packages
+# libcurator-recipes-java, zookeeper). slf4j-nop silences all logging.
+# (Debian's guava.jar already bundles failureaccess.)
+J=/usr/share/java
+printf '%s\n' "$J/curator-recipes.jar:$J/curator-framework.jar:$J/curator-client.jar:$J/zookeeper.jar:$J/zookeeper-jute.jar:$J/guava.jar:$J/slf4j-api.jar:$J/slf4j-nop.jar"

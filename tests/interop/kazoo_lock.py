@@ -1,0 +1,102 @@
+#!/usr/bin/python3
+"""Interop peer for zkgate integration tests: drives a kazoo Lock through a
+line protocol on stdin/stdout (same protocol as CuratorLock.java).
+
+    /usr/bin/python3 tests/interop/kazoo_lock.py <connectString> <lockPath>
+
+stdout (one line each, flushed):
+    READY                once the client is connected
+    ACQUIRED | TIMEOUT   reply to "acquire <millis>"
+    RELEASED             reply to "release"
+    ERROR <message>      any exception while handling a command
+stdin: "acquire <millis>", "release", "quit" (EOF behaves like quit).
+
+Must run under Debian's /usr/bin/python3 (python3-kazoo 2.8.0).
+
+Interop note: this is kazoo's stock Lock, whose znodes are named
+"<uuidhex>__lock__<seq>", with extra_lock_patterns=["-lock-"] so that it also
+counts zkgate's (Curator-style) "_c_<uuid>-lock-<seq>" nodes as contenders.
+zkgate orders every child by its sequence suffix whatever the prefix, so the
+two exclude each other. (Curator itself orders by the text after the last
+"lock-" and mis-orders kazoo's nodes: Curator and kazoo must not share a lock.)
+"""
+import logging
+import sys
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import LockTimeout
+from kazoo.recipe.lock import Lock
+
+# Keep the real stdout for protocol lines only; anything else printed goes to
+# stderr.
+PROTO = sys.stdout
+sys.stdout = sys.stderr
+
+
+def say(line):
+    PROTO.write(line + "\n")
+    PROTO.flush()
+
+
+def describe(exc):
+    text = "%s: %s" % (type(exc).__name__, exc)
+    return text.replace("\r", " ").replace("\n", " ")
+
+
+def main():
+    logging.basicConfig(stream=sys.stderr, level=logging.WARNING)
+    if len(sys.argv) != 3:
+        say("ERROR usage: kazoo_lock.py <connectString> <lockPath>")
+        return 1
+    connect_string, lock_path = sys.argv[1], sys.argv[2]
+
+    try:
+        client = KazooClient(hosts=connect_string, timeout=10.0)
+        client.start(timeout=30)
+        lock = Lock(client, lock_path, identifier="kazoo",
+                    extra_lock_patterns=["-lock-"])
+    except Exception as exc:
+        say("ERROR " + describe(exc))
+        return 1
+    say("READY")
+
+    try:
+        for raw in sys.stdin:
+            parts = raw.split()
+            if not parts:
+                continue
+            cmd = parts[0]
+            try:
+                if cmd == "acquire":
+                    if len(parts) != 2:
+                        say("ERROR usage: acquire <millis>")
+                        continue
+                    timeout = int(parts[1]) / 1000.0
+                    try:
+                        ok = lock.acquire(timeout=timeout)
+                    except LockTimeout:
+                        ok = False
+                    say("ACQUIRED" if ok else "TIMEOUT")
+                elif cmd == "release":
+                    if not lock.is_acquired:
+                        say("ERROR lock is not held")
+                        continue
+                    lock.release()
+                    say("RELEASED")
+                elif cmd == "quit":
+                    break
+                else:
+                    say("ERROR unknown command: " + cmd)
+            except Exception as exc:
+                say("ERROR " + describe(exc))
+    finally:
+        try:
+            client.stop()
+            client.close()
+        except Exception as exc:
+            sys.stderr.write("close failed: %s\n" % describe(exc))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,277 @@
+//! Exclusive locks over HTTP against a real ZooKeeper: mutual exclusion and fencing under
+//! contention, queue order, try-lock and timed waits, leases that end, session expiry.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::proxy::Proxy;
+use common::{Gate, expire_session, wait_children, within, zk_client, zookeeper};
+use reqwest::StatusCode;
+use serde_json::json;
+
+/// Children of a lock's znode (empty if it does not exist).
+async fn contenders(connect: &str, lock: &str) -> Vec<String> {
+    let client = zk_client(connect).await;
+    client
+        .list_children(&format!("/zkgate/locks/{lock}"))
+        .await
+        .unwrap_or_default()
+}
+
+#[derive(Default)]
+struct History {
+    /// Who is inside the critical section now.
+    inside: Option<usize>,
+    /// Fencing tokens in the order the critical sections were entered.
+    tokens: Vec<i64>,
+    overlaps: usize,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn twenty_clients_never_overlap_and_tokens_increase() {
+    let zk = zookeeper().await;
+    let gate = Arc::new(Gate::start(&zk.connect_string()).await);
+    let history = Arc::new(Mutex::new(History::default()));
+    const CLIENTS: usize = 20;
+    const ROUNDS: usize = 26; // 520 grants in all
+    let mut tasks = Vec::new();
+    for client in 0..CLIENTS {
+        let (gate, history) = (gate.clone(), history.clone());
+        tasks.push(tokio::spawn(async move {
+            let lease = gate.lease("30s").await;
+            for _ in 0..ROUNDS {
+                let reply = gate.acquire("hot", &lease, "wait=30s").await;
+                assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
+                let token = reply.i64("fencing_token");
+                {
+                    let mut h = history.lock().unwrap();
+                    if h.inside.is_some() {
+                        h.overlaps += 1;
+                    }
+                    h.inside = Some(client);
+                    h.tokens.push(token);
+                }
+                tokio::task::yield_now().await;
+                {
+                    let mut h = history.lock().unwrap();
+                    if h.inside == Some(client) {
+                        h.inside = None;
+                    }
+                }
+                gate.release("hot", &reply.str("handle")).await;
+            }
+        }));
+    }
+    for task in tasks {
+        within(Duration::from_secs(240), "all clients to finish", task)
+            .await
+            .expect("client task");
+    }
+    let h = std::mem::take(&mut *history.lock().unwrap());
+    assert_eq!(h.tokens.len(), CLIENTS * ROUNDS);
+    assert_eq!(h.overlaps, 0, "critical sections overlapped");
+    for pair in h.tokens.windows(2) {
+        assert!(
+            pair[0] < pair[1],
+            "fencing tokens must strictly increase in grant order: {pair:?}"
+        );
+    }
+    assert!(
+        contenders(&zk.connect_string(), "hot").await.is_empty(),
+        "no contender left behind"
+    );
+}
+
+#[tokio::test]
+async fn waiters_are_granted_in_queue_order() {
+    let zk = zookeeper().await;
+    let gate = Arc::new(Gate::start(&zk.connect_string()).await);
+    let holder = gate.lease("30s").await;
+    let first = gate.acquire("fifo", &holder, "wait=5s").await;
+    assert_eq!(first.status, StatusCode::OK);
+
+    // Queue three waiters, one after the other, each told its place.
+    let mut waiters = Vec::new();
+    for expected_position in 1..=3 {
+        let lease = gate.lease("30s").await;
+        let queued = gate.acquire("fifo", &lease, "wait=0&keep_queued=true").await;
+        assert_eq!(queued.status, StatusCode::ACCEPTED, "{queued:?}");
+        assert_eq!(queued.body["position"], expected_position);
+        assert_eq!(queued.body["acquired"], false);
+        waiters.push((expected_position, lease, queued.str("handle")));
+    }
+
+    // All three wait again (same lease: same handle); each releases as soon as it is granted.
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for (position, lease, handle) in waiters {
+        let (gate, order) = (gate.clone(), order.clone());
+        tasks.push(tokio::spawn(async move {
+            let reply = gate.acquire("fifo", &lease, "wait=20s").await;
+            assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
+            assert_eq!(reply.str("handle"), handle, "a retried acquire keeps its handle");
+            order.lock().unwrap().push(position);
+            gate.release("fifo", &handle).await;
+        }));
+    }
+    // The queue is visible: holder plus three waiters in order.
+    let state = gate.get("/v1/locks/fifo").await;
+    assert_eq!(state.body["waiters"].as_array().map(Vec::len), Some(3), "{state:?}");
+    gate.release("fifo", &first.str("handle")).await;
+    for task in tasks {
+        within(Duration::from_secs(30), "waiters to be granted", task)
+            .await
+            .expect("waiter");
+    }
+    assert_eq!(*order.lock().unwrap(), vec![1, 2, 3]);
+}
+
+#[tokio::test]
+async fn try_lock_on_a_held_lock_fails_at_once_and_leaves_no_znode() {
+    let zk = zookeeper().await;
+    let gate = Gate::start(&zk.connect_string()).await;
+    let held = gate.post("/v1/locks/busy/acquire?wait=0", None).await;
+    assert_eq!(held.status, StatusCode::OK, "{held:?}");
+    let tried = gate.post("/v1/locks/busy/acquire?wait=0", None).await;
+    tried.assert_problem(StatusCode::CONFLICT, None);
+    assert_eq!(tried.body["queued"], false);
+    assert_eq!(tried.body["position"], 1);
+    assert_eq!(
+        contenders(&zk.connect_string(), "busy").await.len(),
+        1,
+        "only the holder's znode"
+    );
+    // The lease made for the failed try-lock went with it.
+    assert_eq!(gate.get("/v1/leases").await.body.as_array().map(Vec::len), Some(1));
+}
+
+#[tokio::test]
+async fn a_timed_out_wait_leaves_no_znode_unless_asked_to_stay_queued() {
+    let zk = zookeeper().await;
+    let gate = Gate::start(&zk.connect_string()).await;
+    let holder = gate.lease("30s").await;
+    assert_eq!(gate.acquire("slow", &holder, "wait=1s").await.status, StatusCode::OK);
+
+    let quitter = gate.lease("30s").await;
+    let gave_up = gate.acquire("slow", &quitter, "wait=200ms").await;
+    gave_up.assert_problem(StatusCode::CONFLICT, None);
+    assert_eq!(contenders(&zk.connect_string(), "slow").await.len(), 1);
+    assert_eq!(
+        gate.get(&format!("/v1/leases/{quitter}")).await.body["holdings"],
+        json!([])
+    );
+
+    let patient = gate.lease("30s").await;
+    let queued = gate.acquire("slow", &patient, "wait=200ms&keep_queued=true").await;
+    assert_eq!(queued.status, StatusCode::ACCEPTED, "{queued:?}");
+    assert_eq!(contenders(&zk.connect_string(), "slow").await.len(), 2);
+    let handle = gate
+        .get(&format!("/v1/locks/slow/handles/{}", queued.str("handle")))
+        .await;
+    assert_eq!(handle.body["state"], "waiting");
+    assert_eq!(handle.body["position"], 1);
+}
+
+#[tokio::test]
+async fn an_expired_lease_releases_the_lock_and_the_next_waiter_gets_it() {
+    let zk = zookeeper().await;
+    let gate = Gate::start(&zk.connect_string()).await;
+    let silent = gate
+        .post("/v1/locks/job/acquire?wait=0", Some(json!({"ttl": "1s"})))
+        .await;
+    assert_eq!(silent.status, StatusCode::OK, "{silent:?}");
+    let silent_lease = silent.body["lease"]["id"].as_str().expect("lease id").to_string();
+
+    let next = gate.lease("30s").await;
+    // Blocks until the silent holder's lease expires; woken by ZooKeeper's watch.
+    let granted = gate.acquire("job", &next, "wait=20s").await;
+    assert_eq!(granted.status, StatusCode::OK, "{granted:?}");
+    assert!(granted.i64("fencing_token") > silent.i64("fencing_token"));
+
+    let gone = gate.post(&format!("/v1/leases/{silent_lease}/keepalive"), None).await;
+    gone.assert_problem(StatusCode::GONE, None);
+    assert_eq!(gone.body["reason"], "expired");
+}
+
+#[tokio::test]
+async fn keepalive_keeps_a_lease_past_its_ttl() {
+    let zk = zookeeper().await;
+    let gate = Gate::start(&zk.connect_string()).await;
+    let lease = gate.lease("1s").await;
+    let held = gate.acquire("kept", &lease, "wait=0").await;
+    assert_eq!(held.status, StatusCode::OK);
+    // A waiter that would be granted the moment the lease lapsed.
+    let rival = gate.lease("30s").await;
+    for _ in 0..6 {
+        // Three TTLs in all, each keepalive well within the TTL.
+        let kept = gate.post(&format!("/v1/leases/{lease}/keepalive"), None).await;
+        assert_eq!(kept.status, StatusCode::OK, "{kept:?}");
+        assert_eq!(kept.body["holdings"][0]["state"], "held");
+        let waited = gate.acquire("kept", &rival, "wait=500ms").await;
+        waited.assert_problem(StatusCode::CONFLICT, None);
+    }
+}
+
+#[tokio::test]
+async fn a_deleted_lease_releases_the_lock_at_once() {
+    let zk = zookeeper().await;
+    let gate = Arc::new(Gate::start(&zk.connect_string()).await);
+    let holder = gate.lease("30s").await;
+    assert_eq!(gate.acquire("report", &holder, "wait=0").await.status, StatusCode::OK);
+    let next = gate.lease("30s").await;
+    let waiter = {
+        let (gate, next) = (gate.clone(), next.clone());
+        tokio::spawn(async move { gate.acquire("report", &next, "wait=20s").await })
+    };
+    // Only delete once the waiter is queued, so the grant must come from the deletion.
+    wait_children(&zk.connect_string(), "/zkgate/locks/report", 2).await;
+    assert_eq!(
+        gate.delete(&format!("/v1/leases/{holder}")).await.status,
+        StatusCode::NO_CONTENT
+    );
+    let granted = within(Duration::from_secs(10), "the waiter's grant", waiter)
+        .await
+        .expect("waiter");
+    assert_eq!(granted.status, StatusCode::OK, "{granted:?}");
+    let gone = gate.get(&format!("/v1/leases/{holder}")).await;
+    gone.assert_problem(StatusCode::GONE, None);
+    assert_eq!(gone.body["reason"], "deleted");
+}
+
+#[tokio::test]
+async fn session_expiry_loses_leases_passes_locks_on_and_the_instance_recovers() {
+    let zk = zookeeper().await;
+    let connect = zk.connect_string();
+    let proxy = Proxy::start(&connect).await;
+    let doomed = Gate::start(&proxy.connect_string()).await;
+    let other = Arc::new(Gate::start(&connect).await);
+
+    let lease = doomed.lease("60s").await;
+    let held = doomed.acquire("primary", &lease, "wait=0").await;
+    assert_eq!(held.status, StatusCode::OK);
+    let rival_lease = other.lease("60s").await;
+    let rival = {
+        let (other, rival_lease) = (other.clone(), rival_lease.clone());
+        tokio::spawn(async move { other.acquire("primary", &rival_lease, "wait=30s").await })
+    };
+    wait_children(&connect, "/zkgate/locks/primary", 2).await;
+
+    expire_session(&proxy, &connect, doomed.session()).await;
+
+    let granted = within(Duration::from_secs(30), "the rival's grant", rival)
+        .await
+        .expect("rival");
+    assert_eq!(granted.status, StatusCode::OK, "{granted:?}");
+    assert!(granted.i64("fencing_token") > held.i64("fencing_token"));
+
+    doomed.wait_generation(2).await;
+    let lost = doomed.get(&format!("/v1/leases/{lease}")).await;
+    lost.assert_problem(StatusCode::GONE, None);
+    assert_eq!(lost.body["reason"], "session_lost");
+    assert_eq!(doomed.get("/readyz").await.status, StatusCode::OK);
+    // It serves again on its new session.
+    let fresh = doomed.post("/v1/locks/secondary/acquire?wait=0", None).await;
+    assert_eq!(fresh.status, StatusCode::OK, "{fresh:?}");
+}
