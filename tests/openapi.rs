@@ -37,7 +37,10 @@ async fn serves_the_spec_and_docs_and_answers_503_without_zookeeper() {
     let get = |path: &str| http.get(format!("{url}{path}")).timeout(Duration::from_secs(10)).send();
 
     let spec: serde_json::Value = get("/openapi.json").await.expect("spec").json().await.expect("json");
-    assert_eq!(spec, serde_json::from_str::<serde_json::Value>(&generated()).expect("generated spec"));
+    assert_eq!(
+        spec,
+        serde_json::from_str::<serde_json::Value>(&generated()).expect("generated spec")
+    );
     let docs = get("/docs/").await.expect("docs");
     assert_eq!(docs.status(), StatusCode::OK);
     assert!(docs.text().await.expect("html").contains("swagger"), "Swagger UI page");
@@ -55,7 +58,10 @@ async fn serves_the_spec_and_docs_and_answers_503_without_zookeeper() {
         let retry_after = response.headers().get("retry-after").cloned();
         let reply = Reply::read(response).await;
         reply.assert_problem(StatusCode::SERVICE_UNAVAILABLE, None);
-        assert_eq!(reply.body["type"], "urn:zkgate:problem:zookeeper-unavailable", "{method} {path}");
+        assert_eq!(
+            reply.body["type"], "urn:zkgate:problem:zookeeper-unavailable",
+            "{method} {path}"
+        );
         assert!(retry_after.is_some(), "{method} {path} has Retry-After");
     }
     running.stop().await.expect("stop");

@@ -14,7 +14,7 @@ use serde::{Deserialize, Deserializer};
 
 use super::error::{ApiError, Place};
 
-/// A JSON body. An empty body is an error unless `T` is an `Option` (then it is `None`), so
+/// A JSON object body. An empty body is an error unless `T` is an `Option` (then it is `None`), so
 /// `curl -X POST` without `-d` works for endpoints whose body is optional.
 pub struct ApiJson<T>(pub T);
 
@@ -23,10 +23,10 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
 
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
         let bytes = Bytes::from_request(req, state).await.map_err(body_rejection)?;
-        let text: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
-            b"null"
-        } else {
-            &bytes
+        let text: &[u8] = match bytes.iter().find(|b| !b.is_ascii_whitespace()) {
+            None => b"null",
+            Some(b'{') => &bytes,
+            Some(_) => return Err(ApiError::malformed_body("the body must be a JSON object")),
         };
         let mut deserializer = serde_json::Deserializer::from_slice(text);
         let value = serde_path_to_error::deserialize(&mut deserializer).map_err(|err| {

@@ -616,4 +616,73 @@ mod tests {
         );
         assert_eq!(next_step(&children, "_c_z-lock-0000000009"), Next::Missing);
     }
+
+    use proptest::prelude::*;
+
+    /// A contender name as Curator, kazoo or zkgate would create it, for sequence `seq`.
+    fn contender(style: u8, seq: u64) -> String {
+        match style % 3 {
+            0 => format!("_c_{seq:x}-guid-lock-{seq:010}"),
+            1 => format!("{seq:032x}__lock__{seq:010}"),
+            _ => format!("_c_{seq:08x}-0000-lock-{seq:010}"),
+        }
+    }
+
+    fn children() -> impl Strategy<Value = Vec<String>> {
+        prop::collection::btree_set(0u64..5_000, 1..40)
+            .prop_flat_map(|seqs| {
+                let seqs: Vec<u64> = seqs.into_iter().collect();
+                let n = seqs.len();
+                (Just(seqs), prop::collection::vec(any::<u8>(), n))
+            })
+            .prop_map(|(seqs, styles)| seqs.iter().zip(styles).map(|(&s, style)| contender(style, s)).collect())
+            .prop_shuffle()
+    }
+
+    proptest! {
+        /// Exactly one contender holds: the lowest sequence number, whatever the prefixes and
+        /// the listing order.
+        #[test]
+        fn exactly_the_lowest_sequence_holds(children in children()) {
+            let holders: Vec<&String> =
+                children.iter().filter(|c| next_step(&children, c) == Next::Hold).collect();
+            let lowest = children.iter().min_by_key(|c| crate::recipes::sequence_of(c)).unwrap();
+            prop_assert_eq!(holders, vec![lowest]);
+        }
+
+        /// Every waiter watches the next lower contender, its position counts the lower ones,
+        /// and no contender is watched by two waiters (a release wakes exactly one).
+        #[test]
+        fn each_waiter_watches_only_its_predecessor(children in children()) {
+            let seq = |c: &str| crate::recipes::sequence_of(c).unwrap();
+            let mut watched = std::collections::HashSet::new();
+            for me in &children {
+                if let Next::Wait { predecessor, position } = next_step(&children, me) {
+                    let lower: Vec<u64> = children.iter().map(|c| seq(c)).filter(|&s| s < seq(me)).collect();
+                    prop_assert_eq!(position, lower.len());
+                    prop_assert_eq!(seq(predecessor), *lower.iter().max().unwrap());
+                    prop_assert!(watched.insert(predecessor.to_string()), "{} watched twice", predecessor);
+                }
+            }
+            prop_assert_eq!(watched.len(), children.len() - 1);
+        }
+
+        /// A contender whose node is gone learns it is missing, never that it holds.
+        #[test]
+        fn a_removed_contender_is_missing(children in children(), pick in any::<prop::sample::Index>()) {
+            let mut children = children;
+            let gone = children.remove(pick.index(children.len()));
+            prop_assert_eq!(next_step(&children, &gone), Next::Missing);
+        }
+
+        /// Children without a sequence suffix are not contenders.
+        #[test]
+        fn non_contenders_are_ignored(children in children(), junk in "[a-z]{1,12}") {
+            let mut with_junk = children.clone();
+            with_junk.push(junk);
+            for me in &children {
+                prop_assert_eq!(next_step(&with_junk, me), next_step(&children, me));
+            }
+        }
+    }
 }

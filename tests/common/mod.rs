@@ -324,3 +324,55 @@ pub async fn wait_children(connect: &str, path: &str, count: usize) -> Vec<Strin
     )
     .await
 }
+
+/// Sends a request byte for byte over a fresh TCP connection (no client-side path
+/// normalisation, so `..` and odd encodings reach the server as written).
+pub async fn raw_request(
+    addr: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> Reply {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let mut head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (name, value) in headers {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    head.push_str("\r\n");
+    stream.write_all(head.as_bytes()).await.expect("write head");
+    stream.write_all(body).await.expect("write body");
+    let mut response = Vec::new();
+    within(
+        Duration::from_secs(30),
+        "the raw response",
+        stream.read_to_end(&mut response),
+    )
+    .await
+    .expect("read");
+    let text = String::from_utf8_lossy(&response).to_string();
+    let (head, body) = text.split_once("\r\n\r\n").expect("a complete HTTP response");
+    let status: u16 = head
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("status code");
+    let content_type = head
+        .lines()
+        .find_map(|l| {
+            l.to_ascii_lowercase()
+                .strip_prefix("content-type:")
+                .map(|v| v.trim().to_string())
+        })
+        .unwrap_or_default();
+    let body = serde_json::from_str(body).unwrap_or(Value::String(body.to_string()));
+    Reply {
+        status: StatusCode::from_u16(status).expect("status"),
+        content_type,
+        body,
+    }
+}

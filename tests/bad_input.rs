@@ -1,0 +1,105 @@
+//! Bad input gets the documented 4xx problem document naming what was wrong, and leaves
+//! everything stored in ZooKeeper exactly as it was.
+
+mod common;
+
+use common::{Gate, raw_request, tree, zk_client, zookeeper};
+use reqwest::StatusCode;
+
+/// Method, raw path, headers, body, expected status, expected `field`.
+type Case<'a> = (
+    &'a str,
+    &'a str,
+    Vec<(&'a str, &'a str)>,
+    &'a [u8],
+    StatusCode,
+    Option<&'a str>,
+);
+
+#[tokio::test]
+async fn bad_names_bodies_and_handles_are_refused_and_change_nothing() {
+    let zk = zookeeper().await;
+    let gate = Gate::start(&zk.connect_string()).await;
+    let lease = gate.lease("60s").await;
+    let held = gate.acquire("keep", &lease, "wait=0").await;
+    assert_eq!(held.status, StatusCode::OK, "{held:?}");
+    let handle = held.str("handle");
+    let zk_view = zk_client(&zk.connect_string()).await;
+    let before = tree(&zk_view, "/zkgate").await;
+    assert!(
+        before.keys().any(|k| k.starts_with("/zkgate/locks/keep/_c_")),
+        "{before:?}"
+    );
+
+    let long_name = "n".repeat(129);
+    let long_key = "k".repeat(201);
+    let huge = vec![b' '; 600 * 1024];
+    let body_with_lease = format!(r#"{{"lease":"{lease}","ttl":"1s"}}"#);
+    let acquire_long = format!("/v1/locks/{long_name}/acquire");
+    let wrong_lock = format!("/v1/locks/other/handles/{handle}");
+    #[rustfmt::skip]
+    let cases: Vec<Case> = vec![
+        // Names: empty, dot-dot (raw and encoded), slash, control characters, too long.
+        ("POST", "/v1/locks//acquire", vec![], b"", StatusCode::BAD_REQUEST, Some("name")),
+        ("POST", "/v1/locks/../acquire", vec![], b"", StatusCode::BAD_REQUEST, Some("name")),
+        ("POST", "/v1/locks/%2E%2E/acquire", vec![], b"", StatusCode::BAD_REQUEST, Some("name")),
+        ("POST", "/v1/locks/a%2Fb/acquire", vec![], b"", StatusCode::BAD_REQUEST, Some("name")),
+        ("POST", "/v1/locks/a%0Ab/acquire", vec![], b"", StatusCode::BAD_REQUEST, Some("name")),
+        ("POST", "/v1/locks/a%00b/acquire", vec![], b"", StatusCode::BAD_REQUEST, Some("name")),
+        ("POST", &acquire_long, vec![], b"", StatusCode::BAD_REQUEST, Some("name")),
+        ("GET", "/v1/locks/a%2Fb", vec![], b"", StatusCode::BAD_REQUEST, Some("name")),
+        ("GET", "/v1/locks/%2E%2E/handles/x", vec![], b"", StatusCode::BAD_REQUEST, Some("name")),
+        // Query parameters.
+        ("POST", "/v1/locks/keep/acquire?wait=soon", vec![], b"", StatusCode::BAD_REQUEST, Some("wait")),
+        ("POST", "/v1/locks/keep/acquire?wait=-1s", vec![], b"", StatusCode::BAD_REQUEST, Some("wait")),
+        ("POST", "/v1/locks/keep/acquire?keep_queued=maybe", vec![], b"", StatusCode::BAD_REQUEST, Some("keep_queued")),
+        ("POST", "/v1/locks/keep/acquire?wiat=1s", vec![], b"", StatusCode::BAD_REQUEST, Some("wiat")),
+        // Bodies.
+        ("POST", "/v1/locks/keep/acquire", vec![], b"{\"lease\": 5}", StatusCode::BAD_REQUEST, Some("lease")),
+        ("POST", "/v1/locks/keep/acquire", vec![], b"{\"tll\": \"5s\"}", StatusCode::BAD_REQUEST, None),
+        ("POST", "/v1/locks/keep/acquire", vec![], b"{\"ttl\": \"0\"}", StatusCode::BAD_REQUEST, Some("ttl")),
+        ("POST", "/v1/locks/keep/acquire", vec![], body_with_lease.as_bytes(), StatusCode::BAD_REQUEST, Some("ttl")),
+        ("POST", "/v1/locks/keep/acquire", vec![], b"{\"lease\": ", StatusCode::BAD_REQUEST, None),
+        ("POST", "/v1/locks/keep/acquire", vec![], b"[\"lease\"]", StatusCode::BAD_REQUEST, None),
+        ("POST", "/v1/locks/keep/acquire", vec![], b"not json", StatusCode::BAD_REQUEST, None),
+        ("POST", "/v1/locks/keep/acquire", vec![], &huge, StatusCode::PAYLOAD_TOO_LARGE, None),
+        ("POST", "/v1/leases", vec![], b"{\"ttl\": 30}", StatusCode::BAD_REQUEST, Some("ttl")),
+        ("POST", "/v1/leases", vec![], b"{\"ttl\": \"forever\"}", StatusCode::BAD_REQUEST, Some("ttl")),
+        ("POST", "/v1/leases", vec![("Idempotency-Key", long_key.as_str())], b"", StatusCode::BAD_REQUEST, Some("Idempotency-Key")),
+        // Unknown leases and handles; a handle of another lock.
+        ("POST", "/v1/locks/keep/acquire", vec![], b"{\"lease\": \"nope\"}", StatusCode::NOT_FOUND, None),
+        ("GET", "/v1/leases/nope", vec![], b"", StatusCode::NOT_FOUND, None),
+        ("POST", "/v1/leases/nope/keepalive", vec![], b"", StatusCode::NOT_FOUND, None),
+        ("DELETE", "/v1/leases/nope", vec![], b"", StatusCode::NOT_FOUND, None),
+        ("GET", "/v1/locks/keep/handles/nope", vec![], b"", StatusCode::NOT_FOUND, None),
+        ("DELETE", "/v1/locks/keep/handles/nope", vec![], b"", StatusCode::NOT_FOUND, None),
+        ("DELETE", &wrong_lock, vec![], b"", StatusCode::NOT_FOUND, None),
+        // Unknown endpoints and methods.
+        ("GET", "/v2/locks", vec![], b"", StatusCode::NOT_FOUND, None),
+        ("PUT", "/v1/locks/keep/acquire", vec![], b"", StatusCode::METHOD_NOT_ALLOWED, None),
+    ];
+    for (method, path, headers, body, status, field) in cases {
+        let reply = raw_request(gate.running.addr, method, path, &headers, body).await;
+        assert_eq!(
+            reply.status,
+            status,
+            "{method} {path} {:?}: {reply:?}",
+            String::from_utf8_lossy(&body[..body.len().min(40)])
+        );
+        reply.assert_problem(status, field);
+    }
+
+    assert_eq!(
+        tree(&zk_view, "/zkgate").await,
+        before,
+        "bad requests changed ZooKeeper"
+    );
+    let state = gate.get("/v1/locks/keep").await;
+    assert_eq!(
+        state.body["holder"]["lease"],
+        lease.as_str(),
+        "the holder is untouched: {state:?}"
+    );
+    let kept = gate.get(&format!("/v1/locks/keep/handles/{handle}")).await;
+    assert_eq!(kept.body["state"], "held");
+}

@@ -1,0 +1,141 @@
+//! Interoperability: a lock held over HTTP excludes Apache Curator's `InterProcessMutex` and
+//! kazoo's `Lock` on the same znode path, and the other way round. The peers are real: Curator
+//! from Debian's `libcurator-recipes-java` (run by `java` from source), kazoo from Debian's
+//! `python3-kazoo`, both driven through a line protocol (see `tests/interop/`).
+
+mod common;
+
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{Gate, wait_children, within, zookeeper};
+use reqwest::StatusCode;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
+use tokio::process::{Child, ChildStdin, ChildStdout, Command};
+
+const INTEROP: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/interop");
+
+/// A peer process speaking the line protocol.
+struct Peer {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: Lines<BufReader<ChildStdout>>,
+}
+
+impl Peer {
+    async fn curator(connect: &str, lock_path: &str) -> Peer {
+        let classpath = std::process::Command::new(format!("{INTEROP}/classpath.sh"))
+            .output()
+            .expect("classpath.sh");
+        let classpath = String::from_utf8(classpath.stdout).expect("utf-8").trim().to_string();
+        let mut command = Command::new("java");
+        command.args([
+            "-cp",
+            &classpath,
+            &format!("{INTEROP}/CuratorLock.java"),
+            connect,
+            lock_path,
+        ]);
+        Peer::spawn(command).await
+    }
+
+    async fn kazoo(connect: &str, lock_path: &str) -> Peer {
+        let mut command = Command::new("/usr/bin/python3");
+        command.args(["-B", &format!("{INTEROP}/kazoo_lock.py"), connect, lock_path]);
+        Peer::spawn(command).await
+    }
+
+    async fn spawn(mut command: Command) -> Peer {
+        let mut child = command
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start the peer (is the test command's install step done?)");
+        let stdin = child.stdin.take().expect("stdin");
+        let stdout = BufReader::new(child.stdout.take().expect("stdout")).lines();
+        let mut peer = Peer { child, stdin, stdout };
+        assert_eq!(peer.reply().await, "READY");
+        peer
+    }
+
+    async fn reply(&mut self) -> String {
+        within(Duration::from_secs(60), "the peer's answer", self.stdout.next_line())
+            .await
+            .expect("read the peer")
+            .expect("the peer exited")
+    }
+
+    async fn send(&mut self, command: &str) -> String {
+        self.stdin
+            .write_all(format!("{command}\n").as_bytes())
+            .await
+            .expect("write the peer");
+        self.stdin.flush().await.expect("flush");
+        self.reply().await
+    }
+
+    async fn quit(mut self) {
+        let _ = self.stdin.write_all(b"quit\n").await;
+        let _ = within(Duration::from_secs(30), "the peer to exit", self.child.wait()).await;
+    }
+}
+
+/// The same exchange with either peer (`curator` or `kazoo`): each side excludes the other,
+/// and a release on one side wakes a waiter on the other.
+async fn excludes_both_ways(peer_kind: &str) {
+    let zk = zookeeper().await;
+    let connect = zk.connect_string();
+    let gate = Arc::new(Gate::start(&connect).await);
+    let path = "/zkgate/locks/shared";
+    let mut peer = match peer_kind {
+        "curator" => Peer::curator(&connect, path).await,
+        _ => Peer::kazoo(&connect, path).await,
+    };
+
+    // HTTP holds: the peer cannot get it.
+    let lease = gate.lease("60s").await;
+    let held = gate.acquire("shared", &lease, "wait=0").await;
+    assert_eq!(held.status, StatusCode::OK, "{held:?}");
+    assert_eq!(peer.send("acquire 300").await, "TIMEOUT");
+    gate.release("shared", &held.str("handle")).await;
+
+    // The peer holds: HTTP cannot get it, and sees who holds it.
+    assert_eq!(peer.send("acquire 10000").await, "ACQUIRED");
+    gate.acquire("shared", &lease, "wait=0")
+        .await
+        .assert_problem(StatusCode::CONFLICT, None);
+    let state = gate.get("/v1/locks/shared").await;
+    assert_eq!(state.body["holder"]["client"], peer_kind, "{state:?}");
+
+    // An HTTP waiter is woken by the peer's release.
+    let waiter = {
+        let (gate, lease) = (gate.clone(), lease.clone());
+        tokio::spawn(async move { gate.acquire("shared", &lease, "wait=30s").await })
+    };
+    wait_children(&connect, path, 2).await;
+    assert_eq!(peer.send("release").await, "RELEASED");
+    let granted = within(Duration::from_secs(30), "the HTTP waiter's grant", waiter)
+        .await
+        .expect("waiter");
+    assert_eq!(granted.status, StatusCode::OK, "{granted:?}");
+
+    // And a peer waiter is woken by the HTTP release.
+    assert_eq!(peer.send("acquire 300").await, "TIMEOUT");
+    gate.release("shared", &granted.str("handle")).await;
+    assert_eq!(peer.send("acquire 10000").await, "ACQUIRED");
+    assert_eq!(peer.send("release").await, "RELEASED");
+    peer.quit().await;
+}
+
+#[tokio::test]
+async fn http_and_curator_interprocess_mutex_exclude_each_other() {
+    excludes_both_ways("curator").await;
+}
+
+#[tokio::test]
+async fn http_and_kazoo_lock_exclude_each_other() {
+    excludes_both_ways("kazoo").await;
+}
