@@ -216,7 +216,7 @@ pub fn spawn_contender(
 }
 
 async fn drive(contender: &Arc<Contender>, zk: ZkSession) {
-    let exit = match zk.current() {
+    let exit = match zk.connected().await {
         Err(err) => Exit::Failed(match err {
             crate::zk::session::Unavailable::NoSession => ZkError::SessionExpired,
             crate::zk::session::Unavailable::Disconnected => ZkError::ConnectionLoss,

@@ -47,6 +47,9 @@ pub struct ServerOptions {
     pub force_sync: bool,
     /// Maximum Java heap.
     pub heap_mb: u32,
+    /// Start fast at the cost of peak speed (the JVM's C1 compiler only): for tests, which
+    /// start many short-lived servers.
+    pub quick_start: bool,
 }
 
 impl Default for ServerOptions {
@@ -56,6 +59,7 @@ impl Default for ServerOptions {
             data_dir: None,
             force_sync: true,
             heap_mb: 512,
+            quick_start: false,
         }
     }
 }
@@ -128,11 +132,17 @@ impl ZooKeeperServer {
             config_path,
             _temp: temp,
         };
-        server.child = Some(server.launch(&java, &classpath, options.heap_mb, members.is_some())?);
+        server.child = Some(server.launch(&java, &classpath, options, members.is_some())?);
         Ok(server)
     }
 
-    fn launch(&self, java: &Path, classpath: &str, heap_mb: u32, quorum: bool) -> Result<Child, ServerError> {
+    fn launch(
+        &self,
+        java: &Path,
+        classpath: &str,
+        options: &ServerOptions,
+        quorum: bool,
+    ) -> Result<Child, ServerError> {
         let log = fs::OpenOptions::new().create(true).append(true).open(self.log_path())?;
         let main_class = if quorum {
             "org.apache.zookeeper.server.quorum.QuorumPeerMain"
@@ -141,8 +151,9 @@ impl ZooKeeperServer {
         };
         let mut command = Command::new(java);
         command
-            .arg(format!("-Xmx{heap_mb}m"))
-            .args(["-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Xshare:auto"])
+            .arg(format!("-Xmx{}m", options.heap_mb))
+            .args(["-XX:+UseSerialGC", "-Xshare:auto"])
+            .args(options.quick_start.then_some("-XX:TieredStopAtLevel=1"))
             .arg("-Dzookeeper.admin.enableServer=false")
             .arg("-Dzookeeper.jmx.log4j.disable=true")
             .arg("-cp")
@@ -228,7 +239,7 @@ impl ZooKeeperServer {
     pub fn restart(&mut self, options: &ServerOptions) -> Result<(), ServerError> {
         self.kill();
         let quorum = self.id > 0;
-        self.child = Some(self.launch(&find_java()?, &find_classpath()?, options.heap_mb, quorum)?);
+        self.child = Some(self.launch(&find_java()?, &find_classpath()?, options, quorum)?);
         Ok(())
     }
 

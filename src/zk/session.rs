@@ -59,6 +59,7 @@ pub struct ZkSession {
     status: watch::Receiver<Status>,
     stop: CancellationToken,
     hosts: Arc<str>,
+    session_timeout: Duration,
 }
 
 impl ZkSession {
@@ -84,6 +85,7 @@ impl ZkSession {
             status,
             stop,
             hosts: hosts.into(),
+            session_timeout,
         }
     }
 
@@ -101,6 +103,16 @@ impl ZkSession {
             }),
             (_, Connection::Disconnected) => Err(Unavailable::Disconnected),
             _ => Err(Unavailable::NoSession),
+        }
+    }
+
+    /// The current session, waiting out a dropped connection: a session whose connection is
+    /// down is still alive for up to its timeout, and its client is reconnecting (to another
+    /// server of the ensemble, say). Fails if no session is connected within that time.
+    pub async fn connected(&self) -> Result<Session, Unavailable> {
+        match self.current() {
+            Err(Unavailable::Disconnected) => self.wait_connected(self.session_timeout).await,
+            result => result,
         }
     }
 

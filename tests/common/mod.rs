@@ -15,13 +15,15 @@ use zkgate::config::ServeConfig;
 use zkgate::zk::server::{MemberPorts, ServerOptions, ZooKeeperServer, free_port};
 use zookeeper_client::{Client, SessionInfo};
 
-/// Options for test servers: short ticks (so short session timeouts are allowed) and no fsync.
+/// Options for test servers: short ticks (so short session timeouts are allowed), no fsync,
+/// quick JVM start.
 pub fn test_server_options() -> ServerOptions {
     ServerOptions {
         tick_time: Duration::from_millis(200),
         data_dir: None,
         force_sync: false,
         heap_mb: 256,
+        quick_start: true,
     }
 }
 
@@ -58,6 +60,16 @@ impl Ensemble {
                 .expect("ensemble member serves");
         }
         Ensemble { servers, options }
+    }
+
+    /// The index of the member that is the quorum's leader, by asking each (`srvr`).
+    pub async fn leader(&self) -> Option<usize> {
+        for (i, server) in self.servers.iter().enumerate() {
+            if server_mode(server.client_port()).await.as_deref() == Some("leader") {
+                return Some(i);
+            }
+        }
+        None
     }
 
     /// `host:port,host:port,...` of every member.
@@ -375,4 +387,18 @@ pub async fn raw_request(
         content_type,
         body,
     }
+}
+
+/// A server's `Mode:` (`standalone`, `leader`, `follower`) from the `srvr` four-letter word.
+pub async fn server_mode(port: u16) -> Option<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.ok()?;
+    stream.write_all(b"srvr").await.ok()?;
+    let mut text = String::new();
+    tokio::time::timeout(Duration::from_secs(5), stream.read_to_string(&mut text))
+        .await
+        .ok()?
+        .ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("Mode: ").map(|m| m.trim().to_string()))
 }
