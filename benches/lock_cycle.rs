@@ -6,7 +6,7 @@
 //! - zkgate: `POST /v1/locks/{name}/acquire?wait=0` with an existing lease, then
 //!   `DELETE /v1/locks/{name}/handles/{handle}`, over one kept-alive HTTP connection.
 //!
-//! Run: `cargo bench --bench lock_cycle` (set `ZKGATE_BENCH_CYCLES` to change the count).
+//! Run: `cargo bench --bench lock_cycle` (`ZKGATE_BENCH_CYCLES`, default 6000, sets the count).
 //! It starts its own ZooKeeper (standalone, `forceSync=no` so that disk flushes do not hide
 //! zkgate's own cost), or uses `ZKGATE_BENCH_ZOOKEEPER=host:port` if set.
 
@@ -29,7 +29,7 @@ async fn run() {
     let cycles: usize = std::env::var("ZKGATE_BENCH_CYCLES")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(3000);
+        .unwrap_or(6000);
     let (_server, connect) = match std::env::var("ZKGATE_BENCH_ZOOKEEPER") {
         Ok(connect) => (None, connect),
         Err(_) => {
@@ -44,119 +44,160 @@ async fn run() {
             (Some(server), connect)
         }
     };
-    let warmup = (cycles / 10).max(50);
-
-    let floor = floor_cycles(&connect, warmup, cycles).await;
-    let gate = gate_cycles(&connect, warmup, cycles).await;
-    let floor_again = floor_cycles(&connect, warmup, cycles).await;
+    // Warm up both (the JVM's JIT and zkgate), then measure in alternating rounds so that
+    // drift on a shared 2-core machine hits both sides alike.
+    let floor_client = Floor::connect(&connect).await;
+    let gate = Gate::start(&connect).await;
+    floor_client.cycles(1000).await;
+    gate.cycles(1000).await;
+    // The machine's noise comes in bursts of seconds; many short rounds spread it evenly.
+    let rounds = (cycles / 200).max(1);
+    let (mut floor, mut http, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        let f = floor_client.cycles(cycles / rounds).await;
+        let g = gate.cycles(cycles / rounds).await;
+        ratios.push(Summary::of(&g).p50 / Summary::of(&f).p50);
+        floor.extend(f);
+        http.extend(g);
+    }
+    gate.stop().await;
 
     println!("| workload | cycles | mean | p50 | p99 |");
     println!("|---|---|---|---|---|");
-    for (name, samples) in [
-        ("raw ZooKeeper floor (create + getChildren + delete)", &floor),
-        ("zkgate HTTP acquire + release (kept-alive)", &gate),
-        ("raw ZooKeeper floor, measured again after zkgate", &floor_again),
+    let (floor, http) = (Summary::of(&floor), Summary::of(&http));
+    for (name, s) in [
+        ("raw ZooKeeper floor: create + getChildren + delete", &floor),
+        ("zkgate: HTTP acquire (wait=0) + release, kept-alive", &http),
     ] {
-        let s = Summary::of(samples);
         println!(
-            "| {name} | {} | {:.1} µs | {:.1} µs | {:.1} µs |",
-            samples.len(),
-            s.mean,
-            s.p50,
-            s.p99
+            "| {name} | {} | {:.0} µs | {:.0} µs | {:.0} µs |",
+            s.count, s.mean, s.p50, s.p99
         );
     }
-    let best_floor = Summary::of(&floor).p50.min(Summary::of(&floor_again).p50);
     println!();
-    println!("zkgate / floor (p50): {:.2}x", Summary::of(&gate).p50 / best_floor);
+    ratios.sort_by(f64::total_cmp);
     println!(
-        "zkgate / floor (mean): {:.2}x",
-        Summary::of(&gate).mean / Summary::of(&floor).mean.min(Summary::of(&floor_again).mean)
+        "zkgate / floor: p50 {:.2}x, mean {:.2}x; median of the {} rounds' p50 ratios {:.2}x",
+        http.p50 / floor.p50,
+        http.mean / floor.mean,
+        ratios.len(),
+        ratios[ratios.len() / 2]
     );
 }
 
-async fn floor_cycles(connect: &str, warmup: usize, cycles: usize) -> Vec<Duration> {
-    let client = Client::connector()
-        .with_session_timeout(Duration::from_secs(10))
-        .connect(connect)
-        .await
-        .expect("connect");
-    let dir = "/bench-floor";
-    let _ = client
-        .create(dir, &[], &CreateMode::Persistent.with_acls(Acls::anyone_all()))
-        .await;
-    let prefix = format!("{dir}/_c_{}-lock-", uuid::Uuid::new_v4());
-    let options = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
-    let mut samples = Vec::with_capacity(cycles);
-    for i in 0..warmup + cycles {
-        let start = Instant::now();
-        let (_, sequence) = client.create(&prefix, b"", &options).await.expect("create");
-        let children = client.list_children(dir).await.expect("list");
-        assert!(!children.is_empty());
-        client
-            .delete(&format!("{prefix}{sequence}"), None)
-            .await
-            .expect("delete");
-        if i >= warmup {
-            samples.push(start.elapsed());
-        }
-    }
-    samples
+/// The native client doing the lock recipe's three calls.
+struct Floor {
+    client: Client,
+    dir: &'static str,
+    prefix: String,
 }
 
-async fn gate_cycles(connect: &str, warmup: usize, cycles: usize) -> Vec<Duration> {
-    let running = zkgate::start(ServeConfig::with_zookeeper(connect))
-        .await
-        .expect("start zkgate");
-    running
-        .state
-        .zk
-        .wait_connected(Duration::from_secs(20))
-        .await
-        .expect("zkgate connected");
-    let url = running.url();
-    let http = reqwest::Client::builder()
-        .pool_max_idle_per_host(1)
-        .build()
-        .expect("http");
-    let lease: serde_json::Value = http
-        .post(format!("{url}/v1/leases"))
-        .json(&serde_json::json!({"ttl": "10m"}))
-        .send()
-        .await
-        .expect("lease")
-        .json()
-        .await
-        .expect("lease json");
-    let body = serde_json::json!({ "lease": lease["id"] });
-    let mut samples = Vec::with_capacity(cycles);
-    for i in 0..warmup + cycles {
-        let start = Instant::now();
-        let grant: serde_json::Value = http
-            .post(format!("{url}/v1/locks/bench/acquire?wait=0"))
-            .json(&body)
-            .send()
+impl Floor {
+    async fn connect(connect: &str) -> Floor {
+        let client = Client::connector()
+            .with_session_timeout(Duration::from_secs(10))
+            .connect(connect)
             .await
-            .expect("acquire")
-            .json()
-            .await
-            .expect("grant json");
-        let handle = grant["handle"].as_str().expect("granted (uncontended)");
-        let released = http
-            .delete(format!("{url}/v1/locks/bench/handles/{handle}"))
-            .send()
-            .await
-            .expect("release");
-        assert_eq!(released.status(), 204);
-        if i >= warmup {
+            .expect("connect");
+        let dir = "/bench-floor";
+        let _ = client
+            .create(dir, &[], &CreateMode::Persistent.with_acls(Acls::anyone_all()))
+            .await;
+        let prefix = format!("{dir}/_c_{}-lock-", uuid::Uuid::new_v4());
+        Floor { client, dir, prefix }
+    }
+
+    async fn cycles(&self, count: usize) -> Vec<Duration> {
+        let options = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
+        let mut samples = Vec::with_capacity(count);
+        for _ in 0..count {
+            let start = Instant::now();
+            let (_, sequence) = self.client.create(&self.prefix, b"", &options).await.expect("create");
+            let children = self.client.list_children(self.dir).await.expect("list");
+            assert!(!children.is_empty());
+            self.client
+                .delete(&format!("{}{sequence}", self.prefix), None)
+                .await
+                .expect("delete");
             samples.push(start.elapsed());
         }
+        samples
     }
-    running.stop().await.expect("stop");
-    samples
+}
+
+/// zkgate in-process, driven over one kept-alive HTTP connection with one lease.
+struct Gate {
+    running: zkgate::Running,
+    http: reqwest::Client,
+    body: serde_json::Value,
+}
+
+impl Gate {
+    async fn start(connect: &str) -> Gate {
+        let running = zkgate::start(ServeConfig::with_zookeeper(connect))
+            .await
+            .expect("start zkgate");
+        running
+            .state
+            .zk
+            .wait_connected(Duration::from_secs(20))
+            .await
+            .expect("zkgate connected");
+        let http = reqwest::Client::builder()
+            .pool_max_idle_per_host(1)
+            .build()
+            .expect("http");
+        let lease: serde_json::Value = http
+            .post(format!("{}/v1/leases", running.url()))
+            .json(&serde_json::json!({"ttl": "1h"}))
+            .send()
+            .await
+            .expect("lease")
+            .json()
+            .await
+            .expect("lease json");
+        Gate {
+            running,
+            http,
+            body: serde_json::json!({ "lease": lease["id"] }),
+        }
+    }
+
+    async fn cycles(&self, count: usize) -> Vec<Duration> {
+        let url = self.running.url();
+        let mut samples = Vec::with_capacity(count);
+        for _ in 0..count {
+            let start = Instant::now();
+            let grant: serde_json::Value = self
+                .http
+                .post(format!("{url}/v1/locks/bench/acquire?wait=0"))
+                .json(&self.body)
+                .send()
+                .await
+                .expect("acquire")
+                .json()
+                .await
+                .expect("grant json");
+            let handle = grant["handle"].as_str().expect("granted (uncontended)");
+            let released = self
+                .http
+                .delete(format!("{url}/v1/locks/bench/handles/{handle}"))
+                .send()
+                .await
+                .expect("release");
+            assert_eq!(released.status(), 204);
+            samples.push(start.elapsed());
+        }
+        samples
+    }
+
+    async fn stop(self) {
+        self.running.stop().await.expect("stop");
+    }
 }
 
 struct Summary {
+    count: usize,
     mean: f64,
     p50: f64,
     p99: f64,
@@ -168,6 +209,7 @@ impl Summary {
         micros.sort_by(f64::total_cmp);
         let at = |q: f64| micros[((micros.len() - 1) as f64 * q).round() as usize];
         Summary {
+            count: micros.len(),
             mean: micros.iter().sum::<f64>() / micros.len() as f64,
             p50: at(0.5),
             p99: at(0.99),

@@ -429,9 +429,8 @@ pub async fn release(
     ApiPath((name, handle)): ApiPath<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
     let contender = find_handle(&state, &name, &handle)?;
-    let before = contender.state().phase;
     state.locks.release(&contender).await;
-    match before {
+    match contender.state().phase {
         Phase::Lost { reason } => Err(ApiError::gone(
             "lock-lost",
             "Lock lost",

@@ -19,7 +19,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -32,6 +32,11 @@ use crate::zk::session::ZkSession;
 
 /// The infix of Curator's lock contender names (`_c_<uuid>-lock-<seq>`).
 pub const LOCK_INFIX: &str = "-lock-";
+
+/// How long a holder runs before its own znode is watched (see `contend`).
+const HELD_WATCH_DELAY: Duration = Duration::from_millis(200);
+
+const DELETED_WHILE_HELD: &str = "its znode was deleted while it held the lock";
 
 /// What a contender does next, decided from the lock's children.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -226,13 +231,21 @@ async fn drive(contender: &Arc<Contender>, zk: ZkSession) {
         }
         Ok(session) => {
             let client = session.client;
+            let recipe = contend(contender, &client);
+            tokio::pin!(recipe);
             let exit = tokio::select! {
-                exit = contend(contender, &client) => exit,
+                exit = &mut recipe => exit,
                 _ = contender.release.cancelled() => Exit::Released,
                 _ = contender.lease.ended().cancelled() => Exit::Released,
             };
-            remove_node(contender, &client).await;
-            exit
+            // Delete while the recipe (pinned in this block) and its watch on its own node are
+            // still alive: the deletion fires the watch and the server forgets it, where
+            // dropping it first would cost a removeWatches request on every release.
+            let was_there = remove_node(contender, &client).await;
+            match exit {
+                Exit::Released if !was_there => Exit::Lost(DELETED_WHILE_HELD.into()),
+                exit => exit,
+            }
         }
     };
     let phase = match exit {
@@ -285,16 +298,18 @@ async fn contend(contender: &Contender, client: &Client) -> Exit {
     contender.set_phase(Phase::Held {
         since: SystemTime::now(),
     });
+    // Only now, and only for a hold that lasts, watch the own node so that a deletion by
+    // anyone else (an operator, a forced revocation) is reported as a loss. A watch set at once
+    // would cost a request and a notification on every grant, a third of an uncontended
+    // cycle; a hold shorter than the delay learns of a loss at its release instead (the
+    // delete finds no node), and either way the fencing token protects the resource.
+    tokio::time::sleep(HELD_WATCH_DELAY).await;
     let own = format!("{}/{}", contender.dir, node.name);
     loop {
         match retry_on_loss(|| client.check_and_watch_stat(&own)).await {
-            Ok((None, _)) => {
-                return Exit::Lost("its znode was deleted while it held the lock".into());
-            }
+            Ok((None, _)) => return Exit::Lost(DELETED_WHILE_HELD.into()),
             Ok((Some(_), watcher)) => match watcher.changed().await.event_type {
-                EventType::NodeDeleted => {
-                    return Exit::Lost("its znode was deleted while it held the lock".into());
-                }
+                EventType::NodeDeleted => return Exit::Lost(DELETED_WHILE_HELD.into()),
                 EventType::Session => {
                     return Exit::Lost("the ZooKeeper session ended while it held the lock".into());
                 }
@@ -386,19 +401,35 @@ async fn ensure_lock_dir(client: &Client, dir: &str) -> Result<(), ZkError> {
 
 /// Deletes the contender's znode, finding it by GUID if its create was still in flight when
 /// the driver was cancelled (the create is then applied before the listing, by session order).
-async fn remove_node(contender: &Contender, client: &Client) {
+/// Returns `false` if a node it had created was already gone.
+async fn remove_node(contender: &Contender, client: &Client) -> bool {
     let path = match contender.node_path() {
-        Some(path) => Some(path),
-        None => find_by_guid(client, &contender.dir, &contender.guid)
-            .await
-            .ok()
-            .flatten()
-            .map(|n| format!("{}/{}", contender.dir, n.name)),
+        Some(path) => path,
+        None => match find_by_guid(client, &contender.dir, &contender.guid).await {
+            Ok(Some(node)) => format!("{}/{}", contender.dir, node.name),
+            _ => return true,
+        },
     };
-    if let Some(path) = path {
-        match retry_on_loss(|| client.delete(&path, None)).await {
-            Ok(()) | Err(ZkError::NoNode) | Err(ZkError::SessionExpired) | Err(ZkError::ClientClosed) => {}
-            Err(err) => tracing::warn!(%path, error = %err, "could not delete lock contender"),
+    // A delete whose reply was lost may have happened: after a `ConnectionLoss`, `NoNode`
+    // means "deleted, maybe by us" and must not be taken for someone else's deletion.
+    let mut reply_lost = false;
+    let result = retry_on_loss(|| {
+        let delete = client.delete(&path, None);
+        let attempt_after_loss = std::mem::replace(&mut reply_lost, true);
+        async move {
+            match delete.await {
+                Err(ZkError::NoNode) if attempt_after_loss => Ok(()),
+                result => result,
+            }
+        }
+    })
+    .await;
+    match result {
+        Ok(()) | Err(ZkError::SessionExpired) | Err(ZkError::ClientClosed) => true,
+        Err(ZkError::NoNode) => false,
+        Err(err) => {
+            tracing::warn!(%path, error = %err, "could not delete lock contender");
+            true
         }
     }
 }
