@@ -27,6 +27,7 @@ enum Command {
 #[tokio::main]
 async fn main() -> ExitCode {
     tracing_subscriber::fmt()
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
         .with_env_filter(
             EnvFilter::try_from_env("ZKGATE_LOG").unwrap_or_else(|_| EnvFilter::new("info,zookeeper_client=warn")),
         )
@@ -73,10 +74,10 @@ async fn serve(mut config: ServeConfig) -> Result<(), String> {
     let running = zkgate::start(config.clone())
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
-    tracing::info!(url = %running.url(), docs = %format!("{}/docs", running.url()), "zkgate serving");
     if running.state.zk.wait_connected(Duration::from_secs(15)).await.is_err() {
         tracing::warn!("ZooKeeper not connected yet; answering 503 until it is");
     }
+    tracing::info!(url = %running.url(), docs = %format!("{}/docs", running.url()), "zkgate serving");
     shutdown_signal().await;
     tracing::info!("shutting down");
     running.stop().await.map_err(|e| e.to_string())

@@ -275,3 +275,28 @@ async fn session_expiry_loses_leases_passes_locks_on_and_the_instance_recovers()
     let fresh = doomed.post("/v1/locks/secondary/acquire?wait=0", None).await;
     assert_eq!(fresh.status, StatusCode::OK, "{fresh:?}");
 }
+
+#[tokio::test]
+async fn a_lost_create_reply_is_recovered_by_the_guid_without_an_orphan() {
+    let zk = zookeeper().await;
+    let proxy = Proxy::start(&zk.connect_string()).await;
+    let gate = Gate::start(&proxy.connect_string()).await;
+    let lease = gate.lease("60s").await;
+    // Once without the fault (the lock znode now exists), once with it, each from scratch.
+    for round in 0..2 {
+        if round == 1 {
+            proxy.lose_next_create_reply();
+        }
+        let granted = gate.acquire("flaky", &lease, "wait=20s").await;
+        assert_eq!(granted.status, StatusCode::OK, "{granted:?}");
+        let children = contenders(&zk.connect_string(), "flaky").await;
+        assert_eq!(
+            children,
+            vec![granted.str("node")],
+            "exactly the adopted contender, no orphan"
+        );
+        gate.release("flaky", &granted.str("handle")).await;
+        assert!(contenders(&zk.connect_string(), "flaky").await.is_empty());
+    }
+    assert_eq!(proxy.create_replies_lost(), 1, "the fault was injected once");
+}

@@ -371,7 +371,12 @@ async fn create_node(contender: &Contender, client: &Client) -> Result<(Node, Ve
 
 /// The node of ours (by GUID) under `dir`, if the server has one.
 async fn find_by_guid(client: &Client, dir: &str, guid: &str) -> Result<Option<Node>, ZkError> {
-    let children = retry_on_loss(|| client.list_children(dir)).await?;
+    let children = match retry_on_loss(|| client.list_children(dir)).await {
+        Ok(children) => children,
+        // The create failed for want of the lock znode (and its reply was lost).
+        Err(ZkError::NoNode) => return Ok(None),
+        Err(err) => return Err(err),
+    };
     let Some(name) = children.into_iter().find(|c| c.contains(guid)) else {
         return Ok(None);
     };

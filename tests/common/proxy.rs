@@ -1,15 +1,28 @@
-//! A TCP proxy between zkgate and ZooKeeper that can cut every connection and refuse new ones
-//! for a while: a network partition on loopback.
+//! A TCP proxy between zkgate and ZooKeeper that injects network faults on loopback:
+//! a partition (cut every connection, refuse new ones) and the lost create reply of the
+//! recipes guide (forward a create, let the server apply it, drop its reply with the
+//! connection, so the client cannot know whether it happened).
+//!
+//! To find creates and their replies it reads ZooKeeper's framing: every packet is a 4-byte
+//! big-endian length and a body; after the connect handshake (first packet each way), a
+//! request body starts with `xid: i32, type: i32` and a reply body with `xid: i32`.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use tokio::io::copy_bidirectional;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
+
+/// ZooKeeper request types that create a znode: create, create2, createContainer, createTTL.
+const CREATE_TYPES: [i32; 4] = [1, 15, 19, 21];
 
 pub struct Proxy {
     pub addr: SocketAddr,
     blocked: watch::Sender<bool>,
+    drop_next_create_reply: Arc<AtomicBool>,
+    create_replies_dropped: Arc<AtomicUsize>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -19,18 +32,32 @@ impl Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
         let addr = listener.local_addr().expect("proxy address");
         let (blocked, _) = watch::channel(false);
+        let faults = Faults {
+            blocked: blocked.subscribe(),
+            drop_next_create_reply: Arc::new(AtomicBool::new(false)),
+            create_replies_dropped: Arc::new(AtomicUsize::new(0)),
+        };
+        let (drop_next_create_reply, create_replies_dropped) = (
+            faults.drop_next_create_reply.clone(),
+            faults.create_replies_dropped.clone(),
+        );
         let target = target.to_string();
-        let blocked_rx = blocked.subscribe();
         let task = tokio::spawn(async move {
             while let Ok((inbound, _)) = listener.accept().await {
-                if *blocked_rx.borrow() {
+                if *faults.blocked.borrow() {
                     drop(inbound); // partitioned: the connection is refused
                     continue;
                 }
-                tokio::spawn(forward(inbound, target.clone(), blocked_rx.clone()));
+                tokio::spawn(forward(inbound, target.clone(), faults.clone()));
             }
         });
-        Proxy { addr, blocked, task }
+        Proxy {
+            addr,
+            blocked,
+            drop_next_create_reply,
+            create_replies_dropped,
+            task,
+        }
     }
 
     /// The connect string to give zkgate.
@@ -46,6 +73,16 @@ impl Proxy {
     pub fn heal(&self) {
         self.blocked.send_replace(false);
     }
+
+    /// Arms the lost-create-reply fault for the next lock contender create that succeeds.
+    pub fn lose_next_create_reply(&self) {
+        self.drop_next_create_reply.store(true, Ordering::SeqCst);
+    }
+
+    /// How many creates were applied by the server with their replies dropped.
+    pub fn create_replies_lost(&self) -> usize {
+        self.create_replies_dropped.load(Ordering::SeqCst)
+    }
 }
 
 impl Drop for Proxy {
@@ -54,12 +91,91 @@ impl Drop for Proxy {
     }
 }
 
-async fn forward(mut inbound: TcpStream, target: String, mut blocked: watch::Receiver<bool>) {
-    let Ok(mut outbound) = TcpStream::connect(&target).await else {
+#[derive(Clone)]
+struct Faults {
+    blocked: watch::Receiver<bool>,
+    drop_next_create_reply: Arc<AtomicBool>,
+    create_replies_dropped: Arc<AtomicUsize>,
+}
+
+async fn forward(inbound: TcpStream, target: String, mut faults: Faults) {
+    let Ok(outbound) = TcpStream::connect(&target).await else {
         return;
     };
+    let (client_read, client_write) = inbound.into_split();
+    let (server_read, server_write) = outbound.into_split();
+    // The xid of a create whose reply must be swallowed, set by the client-to-server pump.
+    let (doomed_tx, doomed_rx) = watch::channel(None::<i32>);
+    let upstream = pump(client_read, server_write, move |body| {
+        if is_lock_create(body) {
+            let xid = i32::from_be_bytes([body[0], body[1], body[2], body[3]]);
+            doomed_tx.send_replace(Some(xid));
+        }
+        Verdict::Forward
+    });
+    let armed = faults.drop_next_create_reply.clone();
+    let dropped = faults.create_replies_dropped.clone();
+    let downstream = pump(server_read, client_write, move |body| {
+        let xid = (body.len() >= 4).then(|| i32::from_be_bytes([body[0], body[1], body[2], body[3]]));
+        if xid.is_some() && xid == *doomed_rx.borrow() && is_success(body) && armed.swap(false, Ordering::SeqCst) {
+            dropped.fetch_add(1, Ordering::SeqCst);
+            return Verdict::Cut;
+        }
+        Verdict::Forward
+    });
     tokio::select! {
-        _ = copy_bidirectional(&mut inbound, &mut outbound) => {}
-        _ = blocked.wait_for(|b| *b) => {}
+        _ = upstream => {}
+        _ = downstream => {}
+        _ = faults.blocked.wait_for(|b| *b) => {}
+    }
+}
+
+/// Whether a request body creates a lock contender: a create (its type is the second i32)
+/// whose path (a length-prefixed string after the header) has `-lock-` in it.
+fn is_lock_create(body: &[u8]) -> bool {
+    let int = |at: usize| {
+        body.get(at..at + 4)
+            .map(|b| i32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+    };
+    let Some(kind) = int(4) else { return false };
+    let Some(len) = int(8) else { return false };
+    let path = body.get(12..12 + len.max(0) as usize).unwrap_or_default();
+    CREATE_TYPES.contains(&kind) && String::from_utf8_lossy(path).contains("-lock-")
+}
+
+/// Whether a reply body reports success (`xid: i32, zxid: i64, err: i32`).
+fn is_success(body: &[u8]) -> bool {
+    body.get(12..16).is_some_and(|b| b == [0, 0, 0, 0])
+}
+
+enum Verdict {
+    Forward,
+    Cut,
+}
+
+/// Copies packets from `from` to `to`, asking `inspect` about each one after the first (the
+/// handshake); stops at EOF, an error, or a `Cut`.
+async fn pump(
+    mut from: impl AsyncRead + Unpin,
+    mut to: impl AsyncWrite + Unpin,
+    mut inspect: impl FnMut(&[u8]) -> Verdict,
+) {
+    let mut first = true;
+    loop {
+        let mut len = [0u8; 4];
+        if from.read_exact(&mut len).await.is_err() {
+            return;
+        }
+        let mut body = vec![0u8; i32::from_be_bytes(len).max(0) as usize];
+        if from.read_exact(&mut body).await.is_err() {
+            return;
+        }
+        if !first && matches!(inspect(&body), Verdict::Cut) {
+            return;
+        }
+        first = false;
+        if to.write_all(&len).await.is_err() || to.write_all(&body).await.is_err() {
+            return;
+        }
     }
 }

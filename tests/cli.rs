@@ -1,0 +1,159 @@
+//! The `zkgate` binary as a user runs it: `serve` with its embedded ZooKeeper (started on a
+//! free port, serving locks, stopped on exit), and the one-line errors for what is missing or
+//! wrong on the command line.
+
+mod common;
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use common::within;
+use reqwest::StatusCode;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::Command;
+use zkgate::zk::server::free_port;
+
+const ZKGATE: &str = env!("CARGO_BIN_EXE_zkgate");
+
+/// Runs `zkgate` with `args` to completion; returns (success, stderr).
+async fn run(args: &[&str], env: &[(&str, &str)], clear_env: bool) -> (bool, String) {
+    let mut command = Command::new(ZKGATE);
+    if clear_env {
+        command.env_clear();
+    }
+    command
+        .args(args)
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    let output = within(Duration::from_secs(60), "zkgate to exit", command.output())
+        .await
+        .expect("run zkgate");
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stderr).to_string(),
+    )
+}
+
+#[tokio::test]
+async fn serve_refuses_bad_settings_with_a_clear_message() {
+    let (ok, stderr) = run(&["serve", "--zookeeper", "127.0.0.1:1", "--root", "zkgate"], &[], false).await;
+    assert!(!ok);
+    assert!(stderr.contains("must start with `/`"), "{stderr}");
+
+    let args = [
+        "serve",
+        "--zookeeper",
+        "127.0.0.1:1",
+        "--lease-ttl-min",
+        "10s",
+        "--lease-ttl-max",
+        "5s",
+    ];
+    let (ok, stderr) = run(&args, &[], false).await;
+    assert!(!ok);
+    assert!(stderr.contains("--lease-ttl-min"), "{stderr}");
+
+    let (ok, stderr) = run(
+        &["serve", "--zookeeper", "127.0.0.1:1", "--max-wait", "soon"],
+        &[],
+        false,
+    )
+    .await;
+    assert!(!ok);
+    assert!(stderr.contains("soon"), "{stderr}");
+}
+
+#[tokio::test]
+async fn the_embedded_zookeeper_needs_java_and_zookeeper_and_says_how_to_get_them() {
+    let (ok, stderr) = run(&["serve"], &[("PATH", "/nonexistent")], true).await;
+    assert!(!ok);
+    assert!(
+        stderr.contains("Java was not found") && stderr.contains("apt-get install"),
+        "{stderr}"
+    );
+
+    let empty = tempfile::tempdir().expect("tempdir");
+    let path = std::env::var("PATH").unwrap_or_default();
+    let env = [
+        ("PATH", path.as_str()),
+        ("ZOOKEEPER_HOME", empty.path().to_str().expect("utf-8")),
+    ];
+    let (ok, stderr) = run(&["serve"], &env, true).await;
+    assert!(!ok);
+    assert!(
+        stderr.contains("ZooKeeper was not found") && stderr.contains("apt-get install zookeeper"),
+        "{stderr}"
+    );
+}
+
+#[tokio::test]
+async fn serve_runs_an_embedded_zookeeper_serves_locks_and_stops_it_on_exit() {
+    let port = free_port().expect("port");
+    let data = tempfile::tempdir().expect("tempdir");
+    let mut child = Command::new(ZKGATE)
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+        .arg("--zookeeper-data-dir")
+        .arg(data.path())
+        .env("ZKGATE_LOG", "info")
+        .stdout(Stdio::piped())
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start zkgate");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let mut zookeeper = None;
+    within(Duration::from_secs(60), "zkgate to report it serves", async {
+        while let Some(line) = lines.next_line().await.expect("read log") {
+            if let Some(at) = line.find("connect=") {
+                zookeeper = line[at + 8..].split_whitespace().next().map(str::to_string);
+            }
+            if line.contains("zkgate serving") {
+                return;
+            }
+        }
+        panic!("zkgate exited before serving");
+    })
+    .await;
+    let zookeeper = zookeeper.expect("the log names the embedded ZooKeeper's address");
+    assert!(
+        data.path().join("zoo.cfg").is_file(),
+        "the data directory given is used"
+    );
+
+    let http = reqwest::Client::new();
+    let url = format!("http://127.0.0.1:{port}");
+    let ready = http.get(format!("{url}/readyz")).send().await.expect("readyz");
+    assert_eq!(ready.status(), StatusCode::OK);
+    let grant = http
+        .post(format!("{url}/v1/locks/cli/acquire?wait=5s"))
+        .send()
+        .await
+        .expect("acquire");
+    assert_eq!(grant.status(), StatusCode::OK);
+    let grant: serde_json::Value = grant.json().await.expect("json");
+    assert!(grant["fencing_token"].as_i64().is_some(), "{grant}");
+
+    // SIGTERM: zkgate exits, and its ZooKeeper goes with it.
+    let pid = child.id().expect("pid") as libc::pid_t;
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    let status = within(Duration::from_secs(30), "zkgate to exit", child.wait())
+        .await
+        .expect("wait");
+    assert!(status.success(), "{status}");
+    // zkgate kills and reaps its ZooKeeper before it exits, so the port is closed by now.
+    assert!(
+        tokio::net::TcpStream::connect(&zookeeper).await.is_err(),
+        "the embedded ZooKeeper still runs"
+    );
+}
+
+#[tokio::test]
+async fn openapi_prints_the_spec() {
+    let output = Command::new(ZKGATE).arg("openapi").output().await.expect("run");
+    assert!(output.status.success());
+    let printed: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON");
+    assert_eq!(printed["info"]["title"], "zkgate");
+    assert!(printed["paths"]["/v1/locks/{name}/acquire"]["post"].is_object());
+}
