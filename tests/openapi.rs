@@ -1,5 +1,6 @@
 //! The committed OpenAPI description is exactly what the code generates, and the server
-//! serves it with Swagger UI; without ZooKeeper the API answers 503 with `Retry-After`.
+//! serves it with Swagger UI (and the status page); without ZooKeeper the API answers 503
+//! with `Retry-After`.
 
 mod common;
 
@@ -44,6 +45,21 @@ async fn serves_the_spec_and_docs_and_answers_503_without_zookeeper() {
     let docs = get("/docs/").await.expect("docs");
     assert_eq!(docs.status(), StatusCode::OK);
     assert!(docs.text().await.expect("html").contains("swagger"), "Swagger UI page");
+
+    let page = get("/").await.expect("status page");
+    assert_eq!(page.status(), StatusCode::OK);
+    assert!(
+        page.headers()["content-type"]
+            .to_str()
+            .expect("ascii")
+            .starts_with("text/html")
+    );
+    let page = page.text().await.expect("html");
+    assert!(page.contains("<title>zkgate</title>"));
+    assert!(
+        !page.contains("http://") && !page.contains("https://"),
+        "the page loads nothing from elsewhere"
+    );
 
     assert_eq!(get("/healthz").await.expect("healthz").status(), StatusCode::OK);
     for (method, path) in [

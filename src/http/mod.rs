@@ -13,7 +13,7 @@ use std::time::SystemTime;
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::http::Uri;
-use axum::response::IntoResponse;
+use axum::response::{Html, IntoResponse};
 use tower_http::trace::TraceLayer;
 use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
@@ -62,19 +62,25 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
     api_router().into_openapi()
 }
 
-/// The full router: the API, `/openapi.json`, Swagger UI at `/docs`, problem documents for
-/// unknown routes and methods.
+/// The full router: the API, `/openapi.json`, Swagger UI at `/docs`, the status page at `/`,
+/// problem documents for unknown routes and methods.
 pub fn router(state: AppState) -> Router {
     let (api, spec) = api_router().split_for_parts();
     let docs = SwaggerUi::new("/docs")
         .url("/openapi.json", spec)
         .config(SwaggerConfig::default().validator_url("none"));
     api.merge(docs)
+        .route("/", axum::routing::get(index))
         .fallback(no_route)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(BODY_LIMIT_BYTES))
         .layer(TraceLayer::new_for_http())
         .with_state(state)
+}
+
+/// The status page from `web/`, compiled into the binary (it loads nothing from elsewhere).
+async fn index() -> Html<&'static str> {
+    Html(include_str!("../../web/index.html"))
 }
 
 async fn no_route(uri: Uri) -> impl IntoResponse {
