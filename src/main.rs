@@ -29,7 +29,7 @@ async fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
         .with_env_filter(
-            EnvFilter::try_from_env("ZKGATE_LOG").unwrap_or_else(|_| EnvFilter::new("info,zookeeper_client=warn")),
+            EnvFilter::try_from_env("ZKGATE_LOG").unwrap_or_else(|_| EnvFilter::new("info,zookeeper_client=error")),
         )
         .init();
     let result = match Cli::parse().command {

@@ -84,8 +84,8 @@ pub struct ContenderView {
     pub fencing_token: i64,
     /// When the contender joined the queue.
     pub created_at: String,
-    /// Milliseconds since it joined the queue.
-    pub waiting_ms: u64,
+    /// Milliseconds since it joined the queue (for a waiter: how long it has waited).
+    pub age_ms: u64,
     /// For the holder, when it was granted, if this instance knows (its own contenders).
     pub held_since: Option<String>,
     /// For the holder, milliseconds held, if known.
@@ -345,7 +345,7 @@ fn contender_view(record: ContenderRecord, held_since: Option<SystemTime>) -> Co
         sequence: record.sequence,
         fencing_token: record.czxid,
         created_at: timestamp(created),
-        waiting_ms: millis_since(created),
+        age_ms: millis_since(created),
         held_since: held_since.map(timestamp),
         held_ms: held_since.map(millis_since),
         lease,
@@ -400,14 +400,13 @@ pub async fn get_handle(
         Phase::Failed { error } => (None, None, Some(error.to_string())),
         Phase::Pending | Phase::Released => (None, None, None),
     };
-    let granted = matches!(current.phase, Phase::Held { .. } | Phase::Lost { .. });
     Ok(Json(HandleView {
         lock: name,
         handle,
         lease: contender.lease.id.clone(),
         state: current.phase.name(),
         position,
-        fencing_token: current.node.as_ref().filter(|_| granted).map(|n| n.czxid),
+        fencing_token: current.fencing_token(),
         node: current.node.map(|n| n.name),
         held_since,
         reason,

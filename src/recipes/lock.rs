@@ -112,6 +112,15 @@ pub struct Node {
 pub struct ContenderState {
     pub phase: Phase,
     pub node: Option<Node>,
+    /// Whether it was ever granted: its fencing token is meaningful (held, or lost after).
+    pub granted: bool,
+}
+
+impl ContenderState {
+    /// The fencing token, once granted.
+    pub fn fencing_token(&self) -> Option<i64> {
+        self.node.as_ref().filter(|_| self.granted).map(|n| n.czxid)
+    }
 }
 
 /// One lease's contender for one lock, driven by its own task.
@@ -167,7 +176,7 @@ impl Holding for Contender {
             name: self.lock.clone(),
             handle: self.handle.clone(),
             state: state.phase.name(),
-            fencing_token: state.node.map(|n| n.czxid),
+            fencing_token: state.fencing_token(),
         }
     }
 
@@ -202,6 +211,7 @@ pub fn spawn_contender(
         state: watch::Sender::new(ContenderState {
             phase: Phase::Pending,
             node: None,
+            granted: false,
         }),
         release: CancellationToken::new(),
         finished: watch::Sender::new(false),
@@ -295,8 +305,11 @@ async fn contend(contender: &Contender, client: &Client) -> Exit {
             Err(err) => return lost_or_failed(err),
         };
     }
-    contender.set_phase(Phase::Held {
-        since: SystemTime::now(),
+    contender.state.send_modify(|s| {
+        s.phase = Phase::Held {
+            since: SystemTime::now(),
+        };
+        s.granted = true;
     });
     // Only now, and only for a hold that lasts, watch the own node so that a deletion by
     // anyone else (an operator, a forced revocation) is reported as a loss. A watch set at once
