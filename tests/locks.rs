@@ -172,9 +172,15 @@ async fn a_timed_out_wait_leaves_no_znode_unless_asked_to_stay_queued() {
         .await;
     assert_eq!(handle.body["state"], "waiting");
     assert_eq!(handle.body["position"], 1);
-    assert!(handle.body["fencing_token"].is_null(), "no token before the grant: {handle:?}");
+    assert!(
+        handle.body["fencing_token"].is_null(),
+        "no token before the grant: {handle:?}"
+    );
     let lease_view = gate.get(&format!("/v1/leases/{patient}")).await;
-    assert!(lease_view.body["holdings"][0]["fencing_token"].is_null(), "{lease_view:?}");
+    assert!(
+        lease_view.body["holdings"][0]["fencing_token"].is_null(),
+        "{lease_view:?}"
+    );
 }
 
 #[tokio::test]
