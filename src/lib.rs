@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::ServeConfig;
 use crate::lease::Leases;
-use crate::recipes::lock::Locks;
+use crate::recipes::contender::Contenders;
 use crate::zk::session::ZkSession;
 
 /// Everything the handlers share.
@@ -28,7 +28,8 @@ pub struct AppState {
     pub config: Arc<ServeConfig>,
     pub zk: ZkSession,
     pub leases: Leases,
-    pub locks: Locks,
+    pub locks: Contenders,
+    pub rwlocks: Contenders,
 }
 
 impl AppState {
@@ -38,12 +39,14 @@ impl AppState {
         let connect = config.zookeeper.clone().unwrap_or_default();
         let zk = ZkSession::start(&connect, &config.root, config.session_timeout);
         let leases = Leases::new(config.lease_policy(), zk.clone());
-        let locks = Locks::new(zk.clone(), &config.root);
+        let locks = Contenders::new(zk.clone(), &config.root, "locks");
+        let rwlocks = Contenders::new(zk.clone(), &config.root, "rwlocks");
         AppState {
             config: Arc::new(config),
             zk,
             leases,
             locks,
+            rwlocks,
         }
     }
 }

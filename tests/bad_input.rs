@@ -74,6 +74,14 @@ async fn bad_names_bodies_and_handles_are_refused_and_change_nothing() {
         ("GET", "/v1/locks/keep/handles/nope", vec![], b"", StatusCode::NOT_FOUND, None),
         ("DELETE", "/v1/locks/keep/handles/nope", vec![], b"", StatusCode::NOT_FOUND, None),
         ("DELETE", &wrong_lock, vec![], b"", StatusCode::NOT_FOUND, None),
+        // Read/write locks share the same checks.
+        ("POST", "/v1/rwlocks/../read", vec![], b"", StatusCode::BAD_REQUEST, Some("name")),
+        ("POST", "/v1/rwlocks/a%2Fb/write", vec![], b"", StatusCode::BAD_REQUEST, Some("name")),
+        ("POST", "/v1/rwlocks/keep/read?wait=soon", vec![], b"", StatusCode::BAD_REQUEST, Some("wait")),
+        ("POST", "/v1/rwlocks/keep/write", vec![], b"{\"lease\": []}", StatusCode::BAD_REQUEST, Some("lease")),
+        ("GET", "/v1/rwlocks/%00", vec![], b"", StatusCode::BAD_REQUEST, Some("name")),
+        ("DELETE", "/v1/rwlocks/keep/handles/nope", vec![], b"", StatusCode::NOT_FOUND, None),
+        ("PUT", "/v1/rwlocks/keep/read", vec![], b"", StatusCode::METHOD_NOT_ALLOWED, None),
         // Unknown endpoints and methods.
         ("GET", "/v2/locks", vec![], b"", StatusCode::NOT_FOUND, None),
         ("PUT", "/v1/locks/keep/acquire", vec![], b"", StatusCode::METHOD_NOT_ALLOWED, None),

@@ -25,6 +25,11 @@ struct Peer {
 
 impl Peer {
     async fn curator(connect: &str, lock_path: &str) -> Peer {
+        Peer::curator_kind(connect, lock_path, "mutex").await
+    }
+
+    /// A Curator peer on a `mutex`, or on the `read` or `write` side of a read/write lock.
+    async fn curator_kind(connect: &str, lock_path: &str, kind: &str) -> Peer {
         let classpath = std::process::Command::new(format!("{INTEROP}/classpath.sh"))
             .output()
             .expect("classpath.sh");
@@ -36,6 +41,7 @@ impl Peer {
             &format!("{INTEROP}/CuratorLock.java"),
             connect,
             lock_path,
+            kind,
         ]);
         Peer::spawn(command).await
     }
@@ -138,4 +144,58 @@ async fn http_and_curator_interprocess_mutex_exclude_each_other() {
 #[tokio::test]
 async fn http_and_kazoo_lock_exclude_each_other() {
     excludes_both_ways("kazoo").await;
+}
+
+#[tokio::test]
+async fn http_readers_and_a_curator_read_write_lock_writer_exclude_each_other() {
+    let zk = zookeeper().await;
+    let connect = zk.connect_string();
+    let gate = Arc::new(Gate::start(&connect).await);
+    let path = "/zkgate/rwlocks/catalog";
+    let mut writer = Peer::curator_kind(&connect, path, "write").await;
+    let mut reader = Peer::curator_kind(&connect, path, "read").await;
+    let lease = gate.lease("60s").await;
+
+    // Curator writes: HTTP cannot read.
+    assert_eq!(writer.send("acquire 10000").await, "ACQUIRED");
+    gate.post(
+        "/v1/rwlocks/catalog/read?wait=0",
+        Some(serde_json::json!({"lease": lease})),
+    )
+    .await
+    .assert_problem(StatusCode::CONFLICT, None);
+    let state = gate.get("/v1/rwlocks/catalog").await;
+    assert_eq!(state.body["holders"][0]["mode"], "write", "{state:?}");
+    assert_eq!(state.body["holders"][0]["client"], "curator", "{state:?}");
+    assert_eq!(writer.send("release").await, "RELEASED");
+
+    // HTTP reads: a Curator reader shares, the Curator writer waits until the HTTP reader goes.
+    let read = gate
+        .post(
+            "/v1/rwlocks/catalog/read?wait=5s",
+            Some(serde_json::json!({"lease": lease})),
+        )
+        .await;
+    assert_eq!(read.status, StatusCode::OK, "{read:?}");
+    assert_eq!(reader.send("acquire 5000").await, "ACQUIRED");
+    assert_eq!(writer.send("acquire 300").await, "TIMEOUT");
+    assert_eq!(reader.send("release").await, "RELEASED");
+    assert_eq!(writer.send("acquire 300").await, "TIMEOUT");
+    gate.delete(&format!("/v1/rwlocks/catalog/handles/{}", read.str("handle")))
+        .await;
+    assert_eq!(writer.send("acquire 10000").await, "ACQUIRED");
+
+    // And an HTTP writer waits for the Curator writer's release.
+    let waiter = {
+        let gate = gate.clone();
+        tokio::spawn(async move { gate.post("/v1/rwlocks/catalog/write?wait=30s", None).await })
+    };
+    wait_children(&connect, path, 2).await;
+    assert_eq!(writer.send("release").await, "RELEASED");
+    let granted = within(Duration::from_secs(30), "the HTTP writer's grant", waiter)
+        .await
+        .expect("waiter");
+    assert_eq!(granted.status, StatusCode::OK, "{granted:?}");
+    writer.quit().await;
+    reader.quit().await;
 }

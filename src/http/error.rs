@@ -145,6 +145,11 @@ impl ApiError {
         )
     }
 
+    /// 409: the request conflicts with what the resource (or lease) is in now.
+    pub fn conflict(slug: &'static str, title: &'static str, detail: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::CONFLICT, slug, title, detail)
+    }
+
     /// 409: a lock wait ended without the lock.
     pub fn not_acquired(detail: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::CONFLICT, "lock-not-acquired", "Lock not acquired", detail)

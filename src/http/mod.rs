@@ -2,11 +2,13 @@
 //! the router that ties them to the OpenAPI description (the router and the spec are built
 //! from the same handler list, so they cannot disagree).
 
+mod contention;
 pub mod error;
 pub mod extract;
 mod health;
 mod leases;
 mod locks;
+mod rwlocks;
 
 use std::time::SystemTime;
 
@@ -30,7 +32,7 @@ pub const BODY_LIMIT_BYTES: usize = 512 * 1024;
 #[openapi(
     info(
         title = "zkgate",
-        description = "Apache ZooKeeper's coordination recipes over HTTP: leases, exclusive locks with fencing tokens.\n\n\
+        description = "Apache ZooKeeper's coordination recipes over HTTP: leases, exclusive and read/write locks with fencing tokens.\n\n\
             Errors are RFC 9457 problem documents (`application/problem+json`) whose `type` is `urn:zkgate:problem:<slug>`.\n\
             Durations are written like `500ms`, `5s`, `1m`.",
         license(name = "MIT")
@@ -38,6 +40,7 @@ pub const BODY_LIMIT_BYTES: usize = 512 * 1024;
     tags(
         (name = "leases", description = "Lease-style handles: TTL, keepalive, and everything held on their behalf."),
         (name = "locks", description = "Exclusive locks (ZooKeeper's lock recipe on Curator's znode names), with fencing tokens."),
+        (name = "rwlocks", description = "Shared (read/write) locks: readers share, a writer excludes all (Curator's InterProcessReadWriteLock names)."),
         (name = "health", description = "Liveness and readiness.")
     )
 )]
@@ -54,6 +57,11 @@ fn api_router() -> OpenApiRouter<AppState> {
         .routes(routes!(locks::lock_state))
         .routes(routes!(locks::acquire))
         .routes(routes!(locks::get_handle, locks::release))
+        .routes(routes!(rwlocks::list_rwlocks))
+        .routes(routes!(rwlocks::rwlock_state))
+        .routes(routes!(rwlocks::read))
+        .routes(routes!(rwlocks::write))
+        .routes(routes!(rwlocks::get_handle, rwlocks::release))
 }
 
 /// The OpenAPI description of the API (what `/openapi.json` serves and

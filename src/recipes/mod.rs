@@ -1,7 +1,9 @@
 //! The ZooKeeper recipes, one file each: pure decision logic (children in, next step out) kept
 //! free of I/O, and a thin async driver beside it.
 
+pub mod contender;
 pub mod lock;
+pub mod rwlock;
 
 /// The sequence number ZooKeeper appended to a sequential znode's name: the trailing run of
 /// digits, 10 of them (or 19 once a parent's counter passes `i32::MAX`).

@@ -1,7 +1,8 @@
 // Interop peer for zkgate integration tests: drives an Apache Curator
-// InterProcessMutex through a line protocol on stdin/stdout.
+// InterProcessMutex (or one side of an InterProcessReadWriteLock) through a line
+// protocol on stdin/stdout.
 //
-//   java -cp "$(tests/interop/classpath.sh)" CuratorLock <connectString> <lockPath>
+//   java -cp "$(tests/interop/classpath.sh)" CuratorLock <connectString> <lockPath> [mutex|read|write]
 //
 // stdout (one line each, flushed):
 //   READY                once the client is connected
@@ -22,6 +23,7 @@ import java.util.concurrent.TimeUnit;
 import org.apache.curator.framework.CuratorFramework;
 import org.apache.curator.framework.CuratorFrameworkFactory;
 import org.apache.curator.framework.recipes.locks.InterProcessMutex;
+import org.apache.curator.framework.recipes.locks.InterProcessReadWriteLock;
 import org.apache.curator.retry.ExponentialBackoffRetry;
 
 public class CuratorLock {
@@ -42,12 +44,13 @@ public class CuratorLock {
         proto = new PrintStream(System.out, true, StandardCharsets.UTF_8);
         System.setOut(System.err);
 
-        if (args.length != 2) {
-            say("ERROR usage: CuratorLock <connectString> <lockPath>");
+        if (args.length != 2 && args.length != 3) {
+            say("ERROR usage: CuratorLock <connectString> <lockPath> [mutex|read|write]");
             System.exit(1);
         }
         String connectString = args[0];
         String lockPath = args[1];
+        String kind = args.length == 3 ? args[2] : "mutex";
 
         CuratorFramework client;
         InterProcessMutex mutex;
@@ -64,7 +67,12 @@ public class CuratorLock {
                 client.close();
                 System.exit(1);
             }
-            mutex = new InterProcessMutex(client, lockPath);
+            if (kind.equals("mutex")) {
+                mutex = new InterProcessMutex(client, lockPath);
+            } else {
+                InterProcessReadWriteLock rw = new InterProcessReadWriteLock(client, lockPath);
+                mutex = kind.equals("read") ? rw.readLock() : rw.writeLock();
+            }
         } catch (Throwable t) {
             say("ERROR " + describe(t));
             System.exit(1);

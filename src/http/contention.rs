@@ -1,0 +1,372 @@
+//! What the lock-like resources share over HTTP (exclusive locks, read/write locks): the
+//! long-poll acquire, the handle views, the release, and the contender views of a resource.
+
+use std::sync::Arc;
+use std::time::{Duration, UNIX_EPOCH};
+
+use axum::Json;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
+
+use super::error::{ApiError, Place};
+use super::extract::HumanDuration;
+use super::leases::LeaseView;
+use super::{millis_since, timestamp};
+use crate::AppState;
+use crate::lease::{EndReason, Lease};
+use crate::recipes::contender::{Contender, ContenderRecord, Contenders, Phase, Refused, Role};
+use crate::zk::names::validate_name;
+
+/// How long an acquire waits for ZooKeeper to create the contender and answer the first
+/// listing when the caller's own wait is shorter (a try-lock still needs that round trip).
+const FIRST_DECISION_LIMIT: Duration = Duration::from_secs(10);
+
+/// Query of an acquire.
+#[derive(Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct AcquireParams {
+    /// How long to wait for the lock: `0` tries once, `10s` waits up to ten seconds. Capped by
+    /// the server's maximum wait, which is also the default.
+    #[param(value_type = Option<String>, example = "10s")]
+    pub wait: Option<HumanDuration>,
+    /// When the wait ends without the lock: `false` (default) leaves the queue; `true` stays
+    /// queued and answers 202 with the position, to be waited on again with the same lease.
+    pub keep_queued: Option<bool>,
+}
+
+/// Body of an acquire (optional).
+#[derive(Deserialize, utoipa::ToSchema, Default)]
+#[serde(deny_unknown_fields)]
+pub struct AcquireBody {
+    /// The lease to hold the lock with. Without it a new lease is created and returned.
+    pub lease: Option<String>,
+    /// TTL of the lease created when `lease` is not given.
+    pub ttl: Option<HumanDuration>,
+}
+
+/// Answer of an acquire: granted (200) or still queued (202).
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct Acquisition {
+    #[schema(example = "orders")]
+    pub lock: String,
+    /// `read` or `write` for a read/write lock.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mode: Option<&'static str>,
+    /// `true` when the lock is held.
+    pub acquired: bool,
+    /// Release with `DELETE .../handles/{handle}`.
+    #[schema(example = "0b9d4c3e2f1a4b5c8d7e6f5a4b3c2d1e")]
+    pub handle: String,
+    /// Present once granted: strictly increases with every grant of this lock. Send it with
+    /// every write to the protected resource, which must reject tokens lower than the highest
+    /// it has seen.
+    #[schema(example = 4294967302_i64)]
+    pub fencing_token: Option<i64>,
+    /// Contenders ahead (0 when held).
+    pub position: usize,
+    /// The contender's znode name.
+    #[schema(example = "_c_6c1f1a9e-8d2b-4d43-9b7a-0e1c2d3e4f50-lock-0000000007")]
+    pub node: Option<String>,
+    /// When the lock was granted.
+    pub held_since: Option<String>,
+    /// The lease holding it; keep it alive with `POST /v1/leases/{id}/keepalive`.
+    pub lease: LeaseView,
+}
+
+/// One contender, as ZooKeeper has it.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct ContenderView {
+    /// Znode name under the lock.
+    pub node: String,
+    /// ZooKeeper's sequence number: the queue order.
+    pub sequence: u64,
+    /// `read` or `write`, for a read/write lock.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mode: Option<&'static str>,
+    /// The znode's czxid: the fencing token of this contender once it holds the lock.
+    pub fencing_token: i64,
+    /// When the contender joined the queue.
+    pub created_at: String,
+    /// Milliseconds since it joined the queue (for a waiter: how long it has waited).
+    pub age_ms: u64,
+    /// For a holder, when it was granted, if this instance knows (its own contenders).
+    pub held_since: Option<String>,
+    /// For a holder, milliseconds held, if known.
+    pub held_ms: Option<u64>,
+    /// The zkgate lease of the contender, for zkgate's contenders.
+    pub lease: Option<String>,
+    /// Who created it: `zkgate`, `curator` or `kazoo` (by node name), or `other`.
+    #[schema(example = "zkgate")]
+    pub client: &'static str,
+}
+
+/// A resource in a list.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct LockSummary {
+    #[schema(example = "orders")]
+    pub name: String,
+    /// Holders plus waiters.
+    pub contenders: i32,
+}
+
+/// A handle: one lease's place at one lock.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct HandleView {
+    pub lock: String,
+    /// `read` or `write`, for a read/write lock.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mode: Option<&'static str>,
+    pub handle: String,
+    pub lease: String,
+    /// `pending`, `waiting`, `held`, `lost`, `released` or `failed`.
+    #[schema(example = "held")]
+    pub state: &'static str,
+    /// Contenders ahead while waiting.
+    pub position: Option<usize>,
+    /// Present while held (and after a loss, to tell which grant was lost).
+    pub fencing_token: Option<i64>,
+    pub node: Option<String>,
+    pub held_since: Option<String>,
+    /// Why it was lost or failed.
+    pub reason: Option<String>,
+}
+
+/// `read` / `write` for the roles of a read/write lock.
+pub fn mode_of(role: Role) -> Option<&'static str> {
+    match role {
+        Role::Exclusive => None,
+        Role::Read => Some("read"),
+        Role::Write => Some("write"),
+    }
+}
+
+pub fn check_name(name: &str) -> Result<(), ApiError> {
+    validate_name(name).map_err(|e| ApiError::invalid(Place::Path, "name", e))
+}
+
+/// The acquire long poll for `role` at resource `name` of `registry`.
+pub async fn acquire(
+    state: &AppState,
+    registry: &Contenders,
+    name: &str,
+    role: Role,
+    params: AcquireParams,
+    body: Option<AcquireBody>,
+) -> Result<Response, ApiError> {
+    check_name(name)?;
+    let body = body.unwrap_or_default();
+    let wait = params
+        .wait
+        .map(|w| w.0)
+        .unwrap_or(state.config.max_wait)
+        .min(state.config.max_wait);
+    let (lease, own_lease) = match (&body.lease, body.ttl) {
+        (Some(_), Some(_)) => {
+            return Err(ApiError::invalid(
+                Place::Body,
+                "ttl",
+                "only applies when no `lease` is given",
+            ));
+        }
+        (Some(id), None) => (state.leases.get(id)?, false),
+        (None, ttl) => {
+            if ttl.is_some_and(|t| t.0.is_zero()) {
+                return Err(ApiError::invalid(Place::Body, "ttl", "must be above zero"));
+            }
+            (state.leases.create(ttl.map(|t| t.0), None)?, true)
+        }
+    };
+    let contender = match registry.contend(&lease, name, role, None) {
+        Ok((contender, _new)) => contender,
+        Err(Refused::LeaseEnded) => return Err(lease_gone(state, &lease)),
+        Err(Refused::OtherRole(existing)) => return Err(other_role(name, &existing, role)),
+    };
+    match wait_for_grant(&contender, wait).await {
+        Phase::Held { .. } => Ok((StatusCode::OK, Json(acquisition(&contender, &lease))).into_response()),
+        Phase::Waiting { .. } if params.keep_queued == Some(true) => {
+            Ok((StatusCode::ACCEPTED, Json(acquisition(&contender, &lease))).into_response())
+        }
+        Phase::Waiting { position } => {
+            give_up(state, registry, &contender, own_lease).await;
+            Err(ApiError::not_acquired(format!(
+                "lock `{name}` was not granted within {}; the request left the queue (it was at position {position})",
+                humantime::format_duration(wait)
+            ))
+            .with("position", position)
+            .with("queued", false))
+        }
+        Phase::Pending => {
+            give_up(state, registry, &contender, own_lease).await;
+            Err(ApiError::unavailable(
+                "ZooKeeper did not answer in time; the request left the queue",
+            ))
+        }
+        Phase::Lost { reason } => Err(match state.leases.get(&lease.id) {
+            Err(lease_err) => ApiError::from(lease_err),
+            Ok(_) => ApiError::gone(
+                "lock-lost",
+                "Lock lost",
+                format!("the contender for lock `{name}` was lost: {reason}"),
+            ),
+        }),
+        Phase::Failed { error } => {
+            give_up(state, registry, &contender, own_lease).await;
+            Err(ApiError::from(error))
+        }
+        Phase::Released => Err(lease_gone(state, &lease)),
+    }
+}
+
+fn lease_gone(state: &AppState, lease: &Lease) -> ApiError {
+    state
+        .leases
+        .get(&lease.id)
+        .err()
+        .map(ApiError::from)
+        .unwrap_or_else(|| ApiError::not_acquired("the contender was released while it waited"))
+}
+
+/// A lease that reads asks to write (or the other way round): refused, because two readers
+/// upgrading at once would wait for each other forever.
+fn other_role(name: &str, existing: &Contender, asked: Role) -> ApiError {
+    let (has, wants) = (mode_of(existing.role).unwrap_or("?"), mode_of(asked).unwrap_or("?"));
+    ApiError::conflict(
+        "mode-change-refused",
+        "Lock mode change refused",
+        format!(
+            "this lease already has a {has} contender on `{name}` (handle `{}`); release it before asking to {wants}: \
+             upgrading a read lock in place would deadlock two readers doing the same",
+            existing.handle
+        ),
+    )
+    .with("handle", &existing.handle)
+    .with("mode", has)
+}
+
+/// Waits for the contender's first decision (bounded by [FIRST_DECISION_LIMIT] even for a
+/// try-lock), then for a grant or a final phase until `wait` has passed since the start.
+async fn wait_for_grant(contender: &Contender, wait: Duration) -> Phase {
+    let deadline = Instant::now() + wait;
+    let mut updates = contender.subscribe();
+    let first = deadline.max(Instant::now() + FIRST_DECISION_LIMIT);
+    let _ = tokio::time::timeout_at(first, updates.wait_for(|s| s.phase != Phase::Pending)).await;
+    let granted_or_done = updates.wait_for(|s| matches!(s.phase, Phase::Held { .. }) || s.phase.is_final());
+    let _ = tokio::time::timeout_at(deadline, granted_or_done).await;
+    contender.state().phase
+}
+
+/// Leaves the queue; a lease made just for this request goes too.
+async fn give_up(state: &AppState, registry: &Contenders, contender: &Arc<Contender>, own_lease: bool) {
+    registry.release(contender).await;
+    if own_lease {
+        let _ = state.leases.end(&contender.lease.id, EndReason::Deleted).await;
+    }
+}
+
+fn acquisition(contender: &Contender, lease: &Lease) -> Acquisition {
+    let current = contender.state();
+    let (acquired, position, held_since) = match current.phase {
+        Phase::Held { since } => (true, 0, Some(timestamp(since))),
+        Phase::Waiting { position } => (false, position, None),
+        _ => (false, 0, None),
+    };
+    Acquisition {
+        lock: contender.name.clone(),
+        mode: mode_of(contender.role),
+        acquired,
+        handle: contender.handle.clone(),
+        fencing_token: current.fencing_token(),
+        position,
+        node: current.node.map(|n| n.name),
+        held_since,
+        lease: LeaseView::of(lease),
+    }
+}
+
+/// The view of a contender read from ZooKeeper; `held_since` when this instance knows it.
+pub fn contender_view(
+    record: ContenderRecord,
+    mode: Option<&'static str>,
+    registry_local: Option<&Contender>,
+) -> ContenderView {
+    let held_since = registry_local.and_then(|c| match c.state().phase {
+        Phase::Held { since } => Some(since),
+        _ => None,
+    });
+    let created = UNIX_EPOCH + Duration::from_millis(record.ctime.max(0) as u64);
+    let lease = serde_json::from_slice::<serde_json::Value>(&record.data)
+        .ok()
+        .and_then(|v| v.get("lease").and_then(|l| l.as_str()).map(str::to_string));
+    let client = if lease.is_some() {
+        "zkgate"
+    } else if record.name.starts_with("_c_") {
+        "curator"
+    } else if record.name.contains("__lock__") || record.name.contains("__rlock__") {
+        "kazoo"
+    } else {
+        "other"
+    };
+    ContenderView {
+        node: record.name,
+        sequence: record.sequence,
+        mode,
+        fencing_token: record.czxid,
+        created_at: timestamp(created),
+        age_ms: millis_since(created),
+        held_since: held_since.map(timestamp),
+        held_ms: held_since.map(millis_since),
+        lease,
+        client,
+    }
+}
+
+/// The contender with this handle at `name`, or 404.
+pub fn find_handle(registry: &Contenders, name: &str, handle: &str) -> Result<Arc<Contender>, ApiError> {
+    check_name(name)?;
+    registry.by_handle(name, handle).ok_or_else(|| {
+        ApiError::not_found(
+            "handle",
+            format!("no handle `{handle}` for lock `{name}` on this instance"),
+        )
+    })
+}
+
+/// Where a handle stands.
+pub fn handle_view(contender: &Contender) -> HandleView {
+    let current = contender.state();
+    let (position, held_since, reason) = match &current.phase {
+        Phase::Waiting { position } => (Some(*position), None, None),
+        Phase::Held { since } => (None, Some(timestamp(*since)), None),
+        Phase::Lost { reason } => (None, None, Some(reason.clone())),
+        Phase::Failed { error } => (None, None, Some(error.to_string())),
+        Phase::Pending | Phase::Released => (None, None, None),
+    };
+    HandleView {
+        lock: contender.name.clone(),
+        mode: mode_of(contender.role),
+        handle: contender.handle.clone(),
+        lease: contender.lease.id.clone(),
+        state: current.phase.name(),
+        position,
+        fencing_token: current.fencing_token(),
+        node: current.node.map(|n| n.name),
+        held_since,
+        reason,
+    }
+}
+
+/// Releases a handle; 410 if the lock had been lost before.
+pub async fn release(registry: &Contenders, contender: &Arc<Contender>) -> Result<StatusCode, ApiError> {
+    registry.release(contender).await;
+    match contender.state().phase {
+        Phase::Lost { reason } => Err(ApiError::gone(
+            "lock-lost",
+            "Lock lost",
+            format!("lock `{}` had been lost before this release: {reason}", contender.name),
+        )),
+        _ => Ok(StatusCode::NO_CONTENT),
+    }
+}
