@@ -30,6 +30,7 @@ pub struct AppState {
     pub leases: Leases,
     pub locks: Contenders,
     pub rwlocks: Contenders,
+    pub elections: Contenders,
 }
 
 impl AppState {
@@ -41,12 +42,14 @@ impl AppState {
         let leases = Leases::new(config.lease_policy(), zk.clone());
         let locks = Contenders::new(zk.clone(), &config.root, "locks");
         let rwlocks = Contenders::new(zk.clone(), &config.root, "rwlocks");
+        let elections = Contenders::new(zk.clone(), &config.root, "elections");
         AppState {
             config: Arc::new(config),
             zk,
             leases,
             locks,
             rwlocks,
+            elections,
         }
     }
 }

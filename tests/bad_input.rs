@@ -82,6 +82,15 @@ async fn bad_names_bodies_and_handles_are_refused_and_change_nothing() {
         ("GET", "/v1/rwlocks/%00", vec![], b"", StatusCode::BAD_REQUEST, Some("name")),
         ("DELETE", "/v1/rwlocks/keep/handles/nope", vec![], b"", StatusCode::NOT_FOUND, None),
         ("PUT", "/v1/rwlocks/keep/read", vec![], b"", StatusCode::METHOD_NOT_ALLOWED, None),
+        // Elections.
+        ("POST", "/v1/elections/../campaign", vec![], b"", StatusCode::BAD_REQUEST, Some("name")),
+        ("POST", "/v1/elections/e/campaign?keep_queued=1", vec![], b"", StatusCode::BAD_REQUEST, Some("keep_queued")),
+        ("POST", "/v1/elections/e/campaign", vec![], b"{\"valeu\": 1}", StatusCode::BAD_REQUEST, None),
+        ("PUT", "/v1/elections/e/leader", vec![], b"{\"value\": 1}", StatusCode::BAD_REQUEST, None),
+        ("PUT", "/v1/elections/e/leader", vec![], b"{\"handle\": \"nope\", \"value\": 1}", StatusCode::NOT_FOUND, None),
+        ("PUT", "/v1/elections/e/leader", vec![], b"", StatusCode::BAD_REQUEST, None),
+        ("DELETE", "/v1/elections/e/candidates/nope", vec![], b"", StatusCode::NOT_FOUND, None),
+        ("GET", "/v1/elections/%0A", vec![], b"", StatusCode::BAD_REQUEST, Some("name")),
         // Unknown endpoints and methods.
         ("GET", "/v2/locks", vec![], b"", StatusCode::NOT_FOUND, None),
         ("PUT", "/v1/locks/keep/acquire", vec![], b"", StatusCode::METHOD_NOT_ALLOWED, None),

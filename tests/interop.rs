@@ -46,6 +46,24 @@ impl Peer {
         Peer::spawn(command).await
     }
 
+    /// A Curator `LeaderLatch` peer with participant id `id`.
+    async fn curator_latch(connect: &str, path: &str, id: &str) -> Peer {
+        let classpath = std::process::Command::new(format!("{INTEROP}/classpath.sh"))
+            .output()
+            .expect("classpath.sh");
+        let classpath = String::from_utf8(classpath.stdout).expect("utf-8").trim().to_string();
+        let mut command = Command::new("java");
+        command.args([
+            "-cp",
+            &classpath,
+            &format!("{INTEROP}/CuratorLatch.java"),
+            connect,
+            path,
+            id,
+        ]);
+        Peer::spawn(command).await
+    }
+
     async fn kazoo(connect: &str, lock_path: &str) -> Peer {
         let mut command = Command::new("/usr/bin/python3");
         command.args(["-B", &format!("{INTEROP}/kazoo_lock.py"), connect, lock_path]);
@@ -198,4 +216,54 @@ async fn http_readers_and_a_curator_read_write_lock_writer_exclude_each_other() 
     assert_eq!(granted.status, StatusCode::OK, "{granted:?}");
     writer.quit().await;
     reader.quit().await;
+}
+
+#[tokio::test]
+async fn http_candidates_and_a_curator_leader_latch_see_one_leader_between_them() {
+    let zk = zookeeper().await;
+    let connect = zk.connect_string();
+    let gate = Arc::new(Gate::start(&connect).await);
+    let path = "/zkgate/elections/scheduler";
+    let mut latch = Peer::curator_latch(&connect, path, "curator-1").await;
+
+    // HTTP leads first; the latch joins and does not lead.
+    let first = gate
+        .post(
+            "/v1/elections/scheduler/campaign?wait=5s",
+            Some(serde_json::json!({"value": "http-1"})),
+        )
+        .await;
+    assert_eq!(first.status, StatusCode::OK, "{first:?}");
+    assert_eq!(latch.send("start").await, "STARTED");
+    assert_eq!(latch.send("await 300").await, "NOT_LEADER");
+    let state = gate.get("/v1/elections/scheduler").await;
+    assert_eq!(state.body["leader"]["client"], "zkgate", "{state:?}");
+    assert_eq!(state.body["leader"]["value"], "http-1", "{state:?}");
+    assert_eq!(state.body["candidates"].as_array().map(Vec::len), Some(2), "{state:?}");
+
+    // HTTP resigns: the latch leads, and HTTP sees it (not acknowledged: Curator writes none).
+    assert_eq!(
+        gate.delete(&format!("/v1/elections/scheduler/candidates/{}", first.str("handle")))
+            .await
+            .status,
+        StatusCode::NO_CONTENT
+    );
+    assert_eq!(latch.send("await 10000").await, "LEADER");
+    let state = gate.get("/v1/elections/scheduler").await;
+    assert_eq!(state.body["leader"]["client"], "curator", "{state:?}");
+    assert_eq!(state.body["leader"]["acknowledged"], false, "{state:?}");
+
+    // A new HTTP candidate queues behind the latch and leads when it closes.
+    let second = {
+        let gate = gate.clone();
+        tokio::spawn(async move { gate.post("/v1/elections/scheduler/campaign?wait=30s", None).await })
+    };
+    wait_children(&connect, path, 2).await;
+    assert_eq!(latch.send("close").await, "CLOSED");
+    let leading = within(Duration::from_secs(30), "the HTTP candidate to lead", second)
+        .await
+        .expect("campaign");
+    assert_eq!(leading.status, StatusCode::OK, "{leading:?}");
+    assert!(leading.i64("term") > first.i64("term"), "terms increase");
+    latch.quit().await;
 }

@@ -16,7 +16,7 @@ use super::leases::LeaseView;
 use super::{millis_since, timestamp};
 use crate::AppState;
 use crate::lease::{EndReason, Lease};
-use crate::recipes::contender::{Contender, ContenderRecord, Contenders, Phase, Refused, Role};
+use crate::recipes::contender::{Contender, ContenderRecord, Contenders, Next, Phase, Refused, Role};
 use crate::zk::names::validate_name;
 
 /// How long an acquire waits for ZooKeeper to create the contender and answer the first
@@ -140,6 +140,7 @@ pub fn mode_of(role: Role) -> Option<&'static str> {
         Role::Exclusive => None,
         Role::Read => Some("read"),
         Role::Write => Some("write"),
+        Role::Candidate => None,
     }
 }
 
@@ -147,23 +148,33 @@ pub fn check_name(name: &str) -> Result<(), ApiError> {
     validate_name(name).map_err(|e| ApiError::invalid(Place::Path, "name", e))
 }
 
-/// The acquire long poll for `role` at resource `name` of `registry`.
-pub async fn acquire(
-    state: &AppState,
-    registry: &Contenders,
-    name: &str,
-    role: Role,
-    params: AcquireParams,
-    body: Option<AcquireBody>,
-) -> Result<Response, ApiError> {
+/// One acquire (or campaign) request, after parsing.
+pub struct Request<'a> {
+    pub name: &'a str,
+    pub role: Role,
+    /// The wait asked for (`None`: the server's maximum).
+    pub wait: Option<Duration>,
+    /// Stay queued when the wait ends without a grant.
+    pub keep_queued: bool,
+    pub lease: Option<String>,
+    pub ttl: Option<Duration>,
+    /// The value a new contender publishes (an election candidate's).
+    pub value: Option<serde_json::Value>,
+}
+
+/// What a request came to: granted, or (asked to stay) still queued.
+pub struct Contention {
+    pub contender: Arc<Contender>,
+    pub lease: Arc<Lease>,
+    pub granted: bool,
+}
+
+/// The acquire long poll for `request.role` at resource `request.name` of `registry`.
+pub async fn contend(state: &AppState, registry: &Contenders, request: Request<'_>) -> Result<Contention, ApiError> {
+    let name = request.name;
     check_name(name)?;
-    let body = body.unwrap_or_default();
-    let wait = params
-        .wait
-        .map(|w| w.0)
-        .unwrap_or(state.config.max_wait)
-        .min(state.config.max_wait);
-    let (lease, own_lease) = match (&body.lease, body.ttl) {
+    let wait = request.wait.unwrap_or(state.config.max_wait).min(state.config.max_wait);
+    let (lease, own_lease) = match (&request.lease, request.ttl) {
         (Some(_), Some(_)) => {
             return Err(ApiError::invalid(
                 Place::Body,
@@ -173,26 +184,32 @@ pub async fn acquire(
         }
         (Some(id), None) => (state.leases.get(id)?, false),
         (None, ttl) => {
-            if ttl.is_some_and(|t| t.0.is_zero()) {
+            if ttl.is_some_and(|t| t.is_zero()) {
                 return Err(ApiError::invalid(Place::Body, "ttl", "must be above zero"));
             }
-            (state.leases.create(ttl.map(|t| t.0), None)?, true)
+            (state.leases.create(ttl, None)?, true)
         }
     };
-    let contender = match registry.contend(&lease, name, role, None) {
+    let contender = match registry.contend(&lease, name, request.role, request.value) {
         Ok((contender, _new)) => contender,
         Err(Refused::LeaseEnded) => return Err(lease_gone(state, &lease)),
-        Err(Refused::OtherRole(existing)) => return Err(other_role(name, &existing, role)),
+        Err(Refused::OtherRole(existing)) => return Err(other_role(name, &existing, request.role)),
     };
     match wait_for_grant(&contender, wait).await {
-        Phase::Held { .. } => Ok((StatusCode::OK, Json(acquisition(&contender, &lease))).into_response()),
-        Phase::Waiting { .. } if params.keep_queued == Some(true) => {
-            Ok((StatusCode::ACCEPTED, Json(acquisition(&contender, &lease))).into_response())
-        }
+        Phase::Held { .. } => Ok(Contention {
+            contender,
+            lease,
+            granted: true,
+        }),
+        Phase::Waiting { .. } if request.keep_queued => Ok(Contention {
+            contender,
+            lease,
+            granted: false,
+        }),
         Phase::Waiting { position } => {
             give_up(state, registry, &contender, own_lease).await;
             Err(ApiError::not_acquired(format!(
-                "lock `{name}` was not granted within {}; the request left the queue (it was at position {position})",
+                "`{name}` was not granted within {}; the request left the queue (it was at position {position})",
                 humantime::format_duration(wait)
             ))
             .with("position", position)
@@ -209,7 +226,7 @@ pub async fn acquire(
             Ok(_) => ApiError::gone(
                 "lock-lost",
                 "Lock lost",
-                format!("the contender for lock `{name}` was lost: {reason}"),
+                format!("the contender for `{name}` was lost: {reason}"),
             ),
         }),
         Phase::Failed { error } => {
@@ -218,6 +235,34 @@ pub async fn acquire(
         }
         Phase::Released => Err(lease_gone(state, &lease)),
     }
+}
+
+/// An acquire of a lock: 200 with the grant, or 202 still queued.
+pub async fn acquire(
+    state: &AppState,
+    registry: &Contenders,
+    name: &str,
+    role: Role,
+    params: AcquireParams,
+    body: Option<AcquireBody>,
+) -> Result<Response, ApiError> {
+    let body = body.unwrap_or_default();
+    let request = Request {
+        name,
+        role,
+        wait: params.wait.map(|w| w.0),
+        keep_queued: params.keep_queued == Some(true),
+        lease: body.lease,
+        ttl: body.ttl.map(|t| t.0),
+        value: None,
+    };
+    let outcome = contend(state, registry, request).await?;
+    let status = if outcome.granted {
+        StatusCode::OK
+    } else {
+        StatusCode::ACCEPTED
+    };
+    Ok((status, Json(acquisition(&outcome.contender, &outcome.lease))).into_response())
 }
 
 fn lease_gone(state: &AppState, lease: &Lease) -> ApiError {
@@ -334,11 +379,16 @@ pub fn find_handle(registry: &Contenders, name: &str, handle: &str) -> Result<Ar
     })
 }
 
-/// Where a handle stands.
-pub fn handle_view(contender: &Contender) -> HandleView {
+/// Where a handle stands. A waiter's position is read afresh: it watches only the node right
+/// before it, so its own record of the queue ahead is as old as that node.
+pub async fn handle_view(state: &AppState, registry: &Contenders, contender: &Contender) -> HandleView {
     let current = contender.state();
     let (position, held_since, reason) = match &current.phase {
-        Phase::Waiting { position } => (Some(*position), None, None),
+        Phase::Waiting { position } => (
+            Some(fresh_position(state, registry, contender).await.unwrap_or(*position)),
+            None,
+            None,
+        ),
         Phase::Held { since } => (None, Some(timestamp(*since)), None),
         Phase::Lost { reason } => (None, None, Some(reason.clone())),
         Phase::Failed { error } => (None, None, Some(error.to_string())),
@@ -368,5 +418,15 @@ pub async fn release(registry: &Contenders, contender: &Arc<Contender>) -> Resul
             format!("lock `{}` had been lost before this release: {reason}", contender.name),
         )),
         _ => Ok(StatusCode::NO_CONTENT),
+    }
+}
+
+async fn fresh_position(state: &AppState, registry: &Contenders, contender: &Contender) -> Option<usize> {
+    let node = contender.state().node?;
+    let client = state.zk.current().ok()?.client;
+    let children = client.list_children(&registry.dir(&contender.name)).await.ok()?;
+    match contender.role.next_step(&children, &node.name) {
+        Next::Wait { position, .. } => Some(position),
+        _ => None,
     }
 }

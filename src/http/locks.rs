@@ -112,7 +112,7 @@ pub async fn get_handle(
     ApiPath((name, handle)): ApiPath<(String, String)>,
 ) -> Result<Json<HandleView>, ApiError> {
     let contender = find_handle(&state.locks, &name, &handle)?;
-    Ok(Json(contention::handle_view(&contender)))
+    Ok(Json(contention::handle_view(&state, &state.locks, &contender).await))
 }
 
 /// Releases the lock (or leaves the queue). The znode is deleted before this answers, which

@@ -3,6 +3,7 @@
 //! from the same handler list, so they cannot disagree).
 
 mod contention;
+mod elections;
 pub mod error;
 pub mod extract;
 mod health;
@@ -32,7 +33,7 @@ pub const BODY_LIMIT_BYTES: usize = 512 * 1024;
 #[openapi(
     info(
         title = "zkgate",
-        description = "Apache ZooKeeper's coordination recipes over HTTP: leases, exclusive and read/write locks with fencing tokens.\n\n\
+        description = "Apache ZooKeeper's coordination recipes over HTTP: leases, exclusive and read/write locks with fencing tokens, leader election.\n\n\
             Errors are RFC 9457 problem documents (`application/problem+json`) whose `type` is `urn:zkgate:problem:<slug>`.\n\
             Durations are written like `500ms`, `5s`, `1m`.",
         license(name = "MIT")
@@ -40,6 +41,7 @@ pub const BODY_LIMIT_BYTES: usize = 512 * 1024;
     tags(
         (name = "leases", description = "Lease-style handles: TTL, keepalive, and everything held on their behalf."),
         (name = "locks", description = "Exclusive locks (ZooKeeper's lock recipe on Curator's znode names), with fencing tokens."),
+        (name = "elections", description = "Leader election (the guide's recipe on Curator's LeaderLatch names): campaign, resign, leader with term, proclaim."),
         (name = "rwlocks", description = "Shared (read/write) locks: readers share, a writer excludes all (Curator's InterProcessReadWriteLock names)."),
         (name = "health", description = "Liveness and readiness.")
     )
@@ -62,6 +64,11 @@ fn api_router() -> OpenApiRouter<AppState> {
         .routes(routes!(rwlocks::read))
         .routes(routes!(rwlocks::write))
         .routes(routes!(rwlocks::get_handle, rwlocks::release))
+        .routes(routes!(elections::list_elections))
+        .routes(routes!(elections::election_state))
+        .routes(routes!(elections::campaign))
+        .routes(routes!(elections::proclaim))
+        .routes(routes!(elections::get_candidate, elections::resign))
 }
 
 /// The OpenAPI description of the API (what `/openapi.json` serves and

@@ -136,7 +136,7 @@ pub async fn get_handle(
     ApiPath((name, handle)): ApiPath<(String, String)>,
 ) -> Result<Json<HandleView>, ApiError> {
     let contender = find_handle(&state.rwlocks, &name, &handle)?;
-    Ok(Json(contention::handle_view(&contender)))
+    Ok(Json(contention::handle_view(&state, &state.rwlocks, &contender).await))
 }
 
 /// Releases a read or write lock (or leaves the queue).

@@ -1,5 +1,5 @@
 //! Contenders: the machinery shared by the recipes built on ordered ephemeral sequential
-//! znodes (exclusive locks, read/write locks).
+//! znodes (exclusive locks, read/write locks, leader election).
 //!
 //! A contender is one lease's place at one resource. Its own task drives the recipe: create
 //! `<dir>/_c_<guid><infix><seq>` and list the children in one round trip, ask the role's pure
@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError, EventType, MultiReadResult};
 
 use crate::lease::{Holding, HoldingView, Lease};
-use crate::recipes::{in_sequence_order, lock, rwlock};
+use crate::recipes::{election, in_sequence_order, lock, rwlock};
 use crate::zk::retry_on_loss;
 use crate::zk::session::ZkSession;
 
@@ -51,6 +51,8 @@ pub enum Role {
     Read,
     /// A read/write lock's writer.
     Write,
+    /// An election's candidate.
+    Candidate,
 }
 
 impl Role {
@@ -61,6 +63,7 @@ impl Role {
             Role::Exclusive => lock::INFIX,
             Role::Read => rwlock::READ_INFIX,
             Role::Write => rwlock::WRITE_INFIX,
+            Role::Candidate => election::INFIX,
         }
     }
 
@@ -69,15 +72,16 @@ impl Role {
         match self {
             Role::Exclusive => "lock",
             Role::Read | Role::Write => "rwlock",
+            Role::Candidate => "election",
         }
     }
 
     /// The recipe's decision for the contender `me` given the resource's `children`: a lock
-    /// contender and a writer wait for every lower node (they watch the next lower one); a
-    /// reader waits only for lower writers.
+    /// contender, a writer and a candidate wait for every lower node (they watch the next
+    /// lower one); a reader waits only for lower writers.
     pub fn next_step<'a, S: AsRef<str>>(self, children: &'a [S], me: &str) -> Next<'a> {
         match self {
-            Role::Exclusive | Role::Write => lock::next_step(children, me),
+            Role::Exclusive | Role::Write | Role::Candidate => lock::next_step(children, me),
             Role::Read => rwlock::next_read_step(children, me),
         }
     }
@@ -346,6 +350,18 @@ async fn contend(contender: &Contender, client: &Client) -> Exit {
             Err(err) => return lost_or_failed(err),
         };
     }
+    if contender.role == Role::Candidate {
+        // The leader procedure: acknowledge, so observers know the leader has taken over.
+        let ack = election::Acknowledgement {
+            candidate: node.name.clone(),
+            term: node.czxid,
+            lease: contender.lease.id.clone(),
+            value: contender.value.clone(),
+        };
+        if let Err(err) = election::acknowledge(client, &contender.dir, &ack).await {
+            return lost_or_failed(err);
+        }
+    }
     contender.state.send_modify(|s| {
         s.phase = Phase::Held {
             since: SystemTime::now(),
@@ -474,6 +490,13 @@ async fn remove_node(contender: &Contender, client: &Client) -> bool {
             _ => return true,
         },
     };
+    if contender.role == Role::Candidate {
+        // A leader steps down by removing its acknowledgement first, so that its successor
+        // never finds a stale one. Done for any candidate: one may be cancelled after it wrote
+        // the acknowledgement but before it reported leading.
+        let candidate = path.rsplit('/').next().unwrap_or_default();
+        election::retract(client, &contender.dir, candidate).await;
+    }
     // A delete whose reply was lost may have happened: after a `ConnectionLoss`, `NoNode`
     // means "deleted, maybe by us" and must not be taken for someone else's deletion.
     let mut reply_lost = false;
@@ -498,8 +521,8 @@ async fn remove_node(contender: &Contender, client: &Client) -> bool {
     }
 }
 
-/// The contenders of this instance for one kind of resource (locks, read/write locks),
-/// indexed by (lease, name) and by handle.
+/// The contenders of this instance for one kind of resource (locks, read/write locks,
+/// elections), indexed by (lease, name) and by handle.
 ///
 /// One lease has at most one contender per resource: a retried acquire finds the contender the
 /// first attempt made and returns the same handle instead of queueing twice (the HTTP twin of
@@ -527,7 +550,7 @@ pub enum Refused {
 }
 
 impl Contenders {
-    /// Contenders under `<root>/<kind_dir>` (`locks`, `rwlocks`).
+    /// Contenders under `<root>/<kind_dir>` (`locks`, `rwlocks`, `elections`).
     pub fn new(zk: ZkSession, root: &str, kind_dir: &str) -> Contenders {
         Contenders {
             zk,

@@ -2,6 +2,7 @@
 //! free of I/O, and a thin async driver beside it.
 
 pub mod contender;
+pub mod election;
 pub mod lock;
 pub mod rwlock;
 

@@ -1,0 +1,116 @@
+//! Leader election: the guide's protocol on the node names of Curator's `LeaderLatch`.
+//!
+//! Each candidate creates `<root>/elections/<name>/_c_<guid>-latch-<seq>` (ephemeral,
+//! sequential) and watches the next lower candidate, never the lowest (that would wake every
+//! candidate at each change: the herd effect). The lowest candidate leads; the decision is the
+//! exclusive lock's ([super::lock::next_step]).
+//!
+//! Being the lowest does not tell anyone that the leader knows it leads, so the new leader
+//! writes the guide's acknowledgement node, `<root>/elections/<name>/leader` (ephemeral, so it
+//! dies with the leader's session), naming its candidate, its term and its value. Observers
+//! read "who leads since when" from it; a leader steps down by deleting it before its
+//! candidate node, so the next leader does not find a stale one. (A Curator `LeaderLatch`
+//! leader writes none: its leadership shows as not acknowledged.) The child name `leader`
+//! has no sequence suffix, so it is never counted as a candidate, by zkgate or by Curator
+//! (which sorts it after every candidate).
+//!
+//! The term is the leader's candidate czxid: the lowest candidate leads, so a later leader's
+//! node was created after every earlier leader's, and terms strictly increase.
+
+use serde::{Deserialize, Serialize};
+use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError};
+
+use crate::zk::retry_on_loss;
+
+/// The infix of Curator's `LeaderLatch` candidate names.
+pub const INFIX: &str = "-latch-";
+
+/// The acknowledgement node's name under the election.
+pub const ACK_NODE: &str = "leader";
+
+/// What the acknowledgement node holds.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Acknowledgement {
+    /// The leader's candidate node name.
+    pub candidate: String,
+    /// The leader's term (its candidate czxid).
+    pub term: i64,
+    /// The leader's zkgate lease.
+    pub lease: String,
+    /// The value the leader proclaims.
+    pub value: Option<serde_json::Value>,
+}
+
+impl Acknowledgement {
+    pub fn parse(data: &[u8]) -> Option<Acknowledgement> {
+        serde_json::from_slice(data).ok()
+    }
+}
+
+/// Writes the acknowledgement of a new leader. An existing one is either this leader's own
+/// (a create whose reply was lost: done) or a previous leader's that is being removed: wait
+/// for it to go (a data watch) and create again.
+pub async fn acknowledge(client: &Client, dir: &str, ack: &Acknowledgement) -> Result<(), ZkError> {
+    let path = format!("{dir}/{ACK_NODE}");
+    let data = serde_json::to_vec(ack).unwrap_or_default();
+    let options = CreateMode::Ephemeral.with_acls(Acls::anyone_all());
+    loop {
+        match client.create(&path, &data, &options).await {
+            Ok(_) => return Ok(()),
+            Err(ZkError::NodeExists | ZkError::ConnectionLoss) => {
+                match retry_on_loss(|| client.get_and_watch_data(&path)).await {
+                    Ok((existing, _, watcher)) => {
+                        if Acknowledgement::parse(&existing).is_some_and(|a| a.candidate == ack.candidate) {
+                            return Ok(());
+                        }
+                        watcher.changed().await;
+                    }
+                    Err(ZkError::NoNode) => {}
+                    Err(err) => return Err(err),
+                }
+            }
+            Err(err) => return Err(err),
+        }
+    }
+}
+
+/// Deletes the acknowledgement if it names `candidate` (checked against its version, so that a
+/// successor's is never removed).
+pub async fn retract(client: &Client, dir: &str, candidate: &str) {
+    let path = format!("{dir}/{ACK_NODE}");
+    if let Ok((data, stat)) = retry_on_loss(|| client.get_data(&path)).await
+        && Acknowledgement::parse(&data).is_some_and(|a| a.candidate == candidate)
+    {
+        let _ = retry_on_loss(|| client.delete(&path, Some(stat.version))).await;
+    }
+}
+
+/// Replaces the leader's value in the acknowledgement, if `candidate` is the one it names.
+/// Returns the new acknowledgement, or `None` if `candidate` is not the acknowledged leader.
+pub async fn proclaim(
+    client: &Client,
+    dir: &str,
+    candidate: &str,
+    value: serde_json::Value,
+) -> Result<Option<Acknowledgement>, ZkError> {
+    let path = format!("{dir}/{ACK_NODE}");
+    loop {
+        let (data, stat) = match retry_on_loss(|| client.get_data(&path)).await {
+            Ok(read) => read,
+            Err(ZkError::NoNode) => return Ok(None),
+            Err(err) => return Err(err),
+        };
+        let Some(mut ack) = Acknowledgement::parse(&data).filter(|a| a.candidate == candidate) else {
+            return Ok(None);
+        };
+        ack.value = Some(value.clone());
+        let bytes = serde_json::to_vec(&ack).unwrap_or_default();
+        match retry_on_loss(|| client.set_data(&path, &bytes, Some(stat.version))).await {
+            Ok(_) => return Ok(Some(ack)),
+            // Changed under us (by a retried write of ours, or the leader changed): read again.
+            Err(ZkError::BadVersion) => continue,
+            Err(ZkError::NoNode) => return Ok(None),
+            Err(err) => return Err(err),
+        }
+    }
+}

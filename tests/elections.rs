@@ -1,0 +1,197 @@
+//! Leader election over HTTP: one leader at a time while leaders resign, lose their lease and
+//! lose their instance's ZooKeeper session; candidates take over in order with increasing
+//! terms; only the leader may proclaim; "no leader" is visible.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use common::proxy::Proxy;
+use common::{Gate, Reply, expire_session, within, zookeeper};
+use reqwest::StatusCode;
+use serde_json::json;
+
+async fn campaign(gate: &Gate, lease: &str, query: &str) -> Reply {
+    gate.post(
+        &format!("/v1/elections/jobs/campaign?{query}"),
+        Some(json!({ "lease": lease, "value": lease })),
+    )
+    .await
+}
+
+/// The election as seen from `gate`: asserts that the leader is `expected` (by lease) and
+/// acknowledged, and returns its term.
+async fn assert_leader(gate: &Gate, expected: &str) -> i64 {
+    let state = gate.get("/v1/elections/jobs").await;
+    let leader = &state.body["leader"];
+    assert_eq!(leader["lease"], expected, "{state:?}");
+    assert_eq!(leader["acknowledged"], true, "{state:?}");
+    assert_eq!(leader["value"], expected, "the leader's value: {state:?}");
+    assert_eq!(
+        state.body["candidates"][0]["node"], leader["node"],
+        "the leader is the first candidate"
+    );
+    leader["term"].as_i64().expect("term")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_leader_at_a_time_through_resignation_lease_expiry_and_session_expiry() {
+    let zk = zookeeper().await;
+    let proxy = Proxy::start(&zk.connect_string()).await;
+    let a = Arc::new(Gate::start(&proxy.connect_string()).await);
+    let b = Arc::new(Gate::start(&zk.connect_string()).await);
+
+    // c1..c3 campaign on instance A, c4 and c5 on B, in this order.
+    let leases = [
+        a.lease("60s").await,
+        a.lease("2s").await,
+        a.lease("60s").await,
+        b.lease("60s").await,
+        b.lease("60s").await,
+    ];
+    let gates = [a.clone(), a.clone(), a.clone(), b.clone(), b.clone()];
+    let first = campaign(&a, &leases[0], "wait=5s").await;
+    assert_eq!(first.status, StatusCode::OK, "{first:?}");
+    for (i, lease) in leases.iter().enumerate().skip(1) {
+        let joined = campaign(&gates[i], lease, "wait=0").await;
+        assert_eq!(joined.status, StatusCode::ACCEPTED, "{joined:?}");
+        assert_eq!(joined.body["position"], i);
+    }
+    let mut term = assert_leader(&b, &leases[0]).await;
+
+    // Candidate 2 keeps its short lease alive until it leads, then goes silent.
+    let c2_leads = Arc::new(AtomicBool::new(false));
+    let keeper = {
+        let (a, lease, c2_leads) = (a.clone(), leases[1].clone(), c2_leads.clone());
+        tokio::spawn(async move {
+            while !c2_leads.load(Ordering::SeqCst) {
+                a.post(&format!("/v1/leases/{lease}/keepalive"), None).await;
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+        })
+    };
+    let waiters: Vec<_> = (1..5)
+        .map(|i| {
+            let (gate, lease) = (gates[i].clone(), leases[i].clone());
+            tokio::spawn(async move { campaign(&gate, &lease, "wait=30s").await })
+        })
+        .collect();
+    let mut waiters = waiters.into_iter();
+
+    // 1. The leader resigns: candidate 2 leads.
+    let resigned = a
+        .delete(&format!("/v1/elections/jobs/candidates/{}", first.str("handle")))
+        .await;
+    assert_eq!(resigned.status, StatusCode::NO_CONTENT);
+    let led = within(Duration::from_secs(30), "candidate 2 to lead", waiters.next().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(led.status, StatusCode::OK, "{led:?}");
+    c2_leads.store(true, Ordering::SeqCst);
+    keeper.await.expect("keeper");
+    let next = assert_leader(&b, &leases[1]).await;
+    assert!(next > term);
+    term = next;
+
+    // 2. Its lease expires: candidate 3 leads.
+    let led = within(Duration::from_secs(30), "candidate 3 to lead", waiters.next().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(led.status, StatusCode::OK, "{led:?}");
+    let gone = a.get(&format!("/v1/leases/{}", leases[1])).await;
+    assert_eq!(gone.body["reason"], "expired", "{gone:?}");
+    let next = assert_leader(&b, &leases[2]).await;
+    assert!(next > term);
+    term = next;
+
+    // 3. Instance A's session expires: candidate 4 (on B) leads.
+    expire_session(&proxy, &zk.connect_string(), a.session()).await;
+    let led = within(Duration::from_secs(30), "candidate 4 to lead", waiters.next().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(led.status, StatusCode::OK, "{led:?}");
+    let next = assert_leader(&b, &leases[3]).await;
+    assert!(next > term);
+    let state = b.get("/v1/elections/jobs").await;
+    assert_eq!(
+        state.body["candidates"].as_array().map(Vec::len),
+        Some(2),
+        "candidates 4 and 5 remain: {state:?}"
+    );
+
+    // Only the leader may proclaim.
+    let c5 = b.get(&format!("/v1/leases/{}", leases[4])).await;
+    let c5_handle = c5.body["holdings"][0]["handle"]
+        .as_str()
+        .expect("c5 handle")
+        .to_string();
+    let refused = b
+        .call(
+            reqwest::Method::PUT,
+            "/v1/elections/jobs/leader",
+            Some(json!({"handle": c5_handle, "value": "usurper"})),
+        )
+        .await;
+    refused.assert_problem(StatusCode::CONFLICT, None);
+    assert_eq!(refused.body["type"], "urn:zkgate:problem:not-leader");
+    let proclaimed = b
+        .call(
+            reqwest::Method::PUT,
+            "/v1/elections/jobs/leader",
+            Some(json!({"handle": led.str("handle"), "value": {"shard": 7}})),
+        )
+        .await;
+    assert_eq!(proclaimed.status, StatusCode::OK, "{proclaimed:?}");
+    let state = b.get("/v1/elections/jobs").await;
+    assert_eq!(state.body["leader"]["value"], json!({"shard": 7}), "{state:?}");
+
+    // Candidate 5 is still waiting, at position 1.
+    let c5_view = b.get(&format!("/v1/elections/jobs/candidates/{c5_handle}")).await;
+    assert_eq!(
+        (c5_view.body["state"].as_str(), c5_view.body["position"].as_u64()),
+        (Some("waiting"), Some(1))
+    );
+    drop(waiters);
+}
+
+#[tokio::test]
+async fn no_leader_is_a_visible_state_and_a_lone_candidate_leads_at_once() {
+    let zk = zookeeper().await;
+    let gate = Gate::start(&zk.connect_string()).await;
+    let empty = gate.get("/v1/elections/quiet").await;
+    assert_eq!(empty.status, StatusCode::OK);
+    assert!(empty.body["leader"].is_null(), "{empty:?}");
+    assert_eq!(empty.body["candidates"], json!([]));
+
+    let led = gate.post("/v1/elections/quiet/campaign?wait=0", None).await;
+    assert_eq!(led.status, StatusCode::OK, "{led:?}");
+    assert_eq!(led.body["leader"], true);
+    assert_eq!(led.body["position"], 0);
+    let lease = led.body["lease"]["id"].as_str().expect("lease").to_string();
+    // The acknowledgement node says who leads.
+    let client = common::zk_client(&zk.connect_string()).await;
+    let (ack, _) = client
+        .get_data("/zkgate/elections/quiet/leader")
+        .await
+        .expect("acknowledgement");
+    let ack: serde_json::Value = serde_json::from_slice(&ack).expect("json");
+    assert_eq!(ack["candidate"], led.body["node"]);
+    assert_eq!(ack["term"], led.body["term"]);
+
+    // Its lease goes: no leader again, and the acknowledgement goes with it.
+    assert_eq!(
+        gate.delete(&format!("/v1/leases/{lease}")).await.status,
+        StatusCode::NO_CONTENT
+    );
+    let after = gate.get("/v1/elections/quiet").await;
+    assert!(after.body["leader"].is_null(), "{after:?}");
+    assert!(
+        client
+            .check_stat("/zkgate/elections/quiet/leader")
+            .await
+            .expect("stat")
+            .is_none()
+    );
+}
