@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::ServeConfig;
 use crate::lease::Leases;
 use crate::recipes::contender::Contenders;
+use crate::recipes::group::Groups;
 use crate::zk::session::ZkSession;
 
 /// Everything the handlers share.
@@ -31,6 +32,7 @@ pub struct AppState {
     pub locks: Contenders,
     pub rwlocks: Contenders,
     pub elections: Contenders,
+    pub groups: Groups,
 }
 
 impl AppState {
@@ -43,6 +45,7 @@ impl AppState {
         let locks = Contenders::new(zk.clone(), &config.root, "locks");
         let rwlocks = Contenders::new(zk.clone(), &config.root, "rwlocks");
         let elections = Contenders::new(zk.clone(), &config.root, "elections");
+        let groups = Groups::new(&config.root);
         AppState {
             config: Arc::new(config),
             zk,
@@ -50,6 +53,7 @@ impl AppState {
             locks,
             rwlocks,
             elections,
+            groups,
         }
     }
 }

@@ -91,6 +91,15 @@ async fn bad_names_bodies_and_handles_are_refused_and_change_nothing() {
         ("PUT", "/v1/elections/e/leader", vec![], b"", StatusCode::BAD_REQUEST, None),
         ("DELETE", "/v1/elections/e/candidates/nope", vec![], b"", StatusCode::NOT_FOUND, None),
         ("GET", "/v1/elections/%0A", vec![], b"", StatusCode::BAD_REQUEST, Some("name")),
+        // Groups.
+        ("PUT", "/v1/groups/../members/m", vec![], b"", StatusCode::BAD_REQUEST, Some("name")),
+        ("PUT", "/v1/groups/g/members/..", vec![], b"", StatusCode::BAD_REQUEST, Some("member")),
+        ("PUT", "/v1/groups/g/members/a%2Fb", vec![], b"", StatusCode::BAD_REQUEST, Some("member")),
+        ("PUT", "/v1/groups/g/members/m", vec![], b"{\"dat\": 1}", StatusCode::BAD_REQUEST, None),
+        ("PUT", "/v1/groups/g/members/m", vec![], b"{\"lease\": \"nope\"}", StatusCode::NOT_FOUND, None),
+        ("GET", "/v1/groups/g?index=x", vec![], b"", StatusCode::BAD_REQUEST, Some("index")),
+        ("GET", "/v1/groups/g?wait=1s", vec![], b"", StatusCode::BAD_REQUEST, Some("wait")),
+        ("DELETE", "/v1/groups/g/members/nobody", vec![], b"", StatusCode::NOT_FOUND, None),
         // Unknown endpoints and methods.
         ("GET", "/v2/locks", vec![], b"", StatusCode::NOT_FOUND, None),
         ("PUT", "/v1/locks/keep/acquire", vec![], b"", StatusCode::METHOD_NOT_ALLOWED, None),

@@ -6,6 +6,7 @@ mod contention;
 mod elections;
 pub mod error;
 pub mod extract;
+mod groups;
 mod health;
 mod leases;
 mod locks;
@@ -33,7 +34,7 @@ pub const BODY_LIMIT_BYTES: usize = 512 * 1024;
 #[openapi(
     info(
         title = "zkgate",
-        description = "Apache ZooKeeper's coordination recipes over HTTP: leases, exclusive and read/write locks with fencing tokens, leader election.\n\n\
+        description = "Apache ZooKeeper's coordination recipes over HTTP: leases, exclusive and read/write locks with fencing tokens, leader election, group membership.\n\n\
             Errors are RFC 9457 problem documents (`application/problem+json`) whose `type` is `urn:zkgate:problem:<slug>`.\n\
             Durations are written like `500ms`, `5s`, `1m`.",
         license(name = "MIT")
@@ -42,6 +43,7 @@ pub const BODY_LIMIT_BYTES: usize = 512 * 1024;
         (name = "leases", description = "Lease-style handles: TTL, keepalive, and everything held on their behalf."),
         (name = "locks", description = "Exclusive locks (ZooKeeper's lock recipe on Curator's znode names), with fencing tokens."),
         (name = "elections", description = "Leader election (the guide's recipe on Curator's LeaderLatch names): campaign, resign, leader with term, proclaim."),
+        (name = "groups", description = "Group membership: lease-bound members with data, and a blocking read of changes."),
         (name = "rwlocks", description = "Shared (read/write) locks: readers share, a writer excludes all (Curator's InterProcessReadWriteLock names)."),
         (name = "health", description = "Liveness and readiness.")
     )
@@ -69,6 +71,9 @@ fn api_router() -> OpenApiRouter<AppState> {
         .routes(routes!(elections::campaign))
         .routes(routes!(elections::proclaim))
         .routes(routes!(elections::get_candidate, elections::resign))
+        .routes(routes!(groups::list_groups))
+        .routes(routes!(groups::members))
+        .routes(routes!(groups::join, groups::leave))
 }
 
 /// The OpenAPI description of the API (what `/openapi.json` serves and

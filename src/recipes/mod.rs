@@ -3,6 +3,7 @@
 
 pub mod contender;
 pub mod election;
+pub mod group;
 pub mod lock;
 pub mod rwlock;
 
