@@ -150,6 +150,16 @@ impl ApiError {
         ApiError::new(StatusCode::CONFLICT, slug, title, detail)
     }
 
+    /// 412: a conditional request's condition (`If-Match`, `If-None-Match`) did not hold.
+    pub fn precondition_failed(detail: impl Into<String>) -> ApiError {
+        ApiError::new(
+            StatusCode::PRECONDITION_FAILED,
+            "precondition-failed",
+            "Precondition failed",
+            detail,
+        )
+    }
+
     /// 409: a lock wait ended without the lock.
     pub fn not_acquired(detail: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::CONFLICT, "lock-not-acquired", "Lock not acquired", detail)

@@ -47,7 +47,8 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
     }
 }
 
-fn body_rejection(rejection: BytesRejection) -> ApiError {
+/// A body that could not be read: 413 when over the limit.
+pub fn body_rejection(rejection: BytesRejection) -> ApiError {
     if rejection.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
         ApiError::too_large(super::BODY_LIMIT_BYTES)
     } else {

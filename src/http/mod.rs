@@ -8,6 +8,7 @@ pub mod error;
 pub mod extract;
 mod groups;
 mod health;
+mod kv;
 mod leases;
 mod locks;
 mod rwlocks;
@@ -18,6 +19,7 @@ use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::http::Uri;
 use axum::response::{Html, IntoResponse};
+use axum::routing::get;
 use tower_http::trace::TraceLayer;
 use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
@@ -32,9 +34,10 @@ pub const BODY_LIMIT_BYTES: usize = 512 * 1024;
 
 #[derive(OpenApi)]
 #[openapi(
+    paths(kv::get_value, kv::put_value, kv::delete_value),
     info(
         title = "zkgate",
-        description = "Apache ZooKeeper's coordination recipes over HTTP: leases, exclusive and read/write locks with fencing tokens, leader election, group membership.\n\n\
+        description = "Apache ZooKeeper's coordination recipes over HTTP: leases, exclusive and read/write locks with fencing tokens, leader election, group membership, configuration.\n\n\
             Errors are RFC 9457 problem documents (`application/problem+json`) whose `type` is `urn:zkgate:problem:<slug>`.\n\
             Durations are written like `500ms`, `5s`, `1m`.",
         license(name = "MIT")
@@ -43,6 +46,7 @@ pub const BODY_LIMIT_BYTES: usize = 512 * 1024;
         (name = "leases", description = "Lease-style handles: TTL, keepalive, and everything held on their behalf."),
         (name = "locks", description = "Exclusive locks (ZooKeeper's lock recipe on Curator's znode names), with fencing tokens."),
         (name = "elections", description = "Leader election (the guide's recipe on Curator's LeaderLatch names): campaign, resign, leader with term, proclaim."),
+        (name = "kv", description = "Configuration and names: plain znodes, ETag versions, compare-and-set, blocking reads."),
         (name = "groups", description = "Group membership: lease-bound members with data, and a blocking read of changes."),
         (name = "rwlocks", description = "Shared (read/write) locks: readers share, a writer excludes all (Curator's InterProcessReadWriteLock names)."),
         (name = "health", description = "Liveness and readiness.")
@@ -74,6 +78,12 @@ fn api_router() -> OpenApiRouter<AppState> {
         .routes(routes!(groups::list_groups))
         .routes(routes!(groups::members))
         .routes(routes!(groups::join, groups::leave))
+        .routes(routes!(kv::list_keys))
+        // Keys contain `/`: axum needs a wildcard, which the spec (from `ApiDoc`) writes `{key}`.
+        .route(
+            "/v1/kv/{*key}",
+            get(kv::get_value).put(kv::put_value).delete(kv::delete_value),
+        )
 }
 
 /// The OpenAPI description of the API (what `/openapi.json` serves and

@@ -1,6 +1,7 @@
 //! The ZooKeeper recipes, one file each: pure decision logic (children in, next step out) kept
 //! free of I/O, and a thin async driver beside it.
 
+pub mod config;
 pub mod contender;
 pub mod election;
 pub mod group;

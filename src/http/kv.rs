@@ -1,0 +1,332 @@
+//! `/v1/kv`: configuration and names as plain znodes under `<root>/kv/`: get, put, delete and
+//! list, raw bytes or JSON as the `Content-Type` says, versions as `ETag`, compare-and-set with
+//! `If-Match`, create-only with `If-None-Match: *`, and a blocking read that returns when the
+//! value changes.
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+
+use super::error::{ApiError, Place, Problem};
+use super::extract::{ApiPath, ApiQuery, HumanDuration};
+use crate::AppState;
+use crate::recipes::config::{self, Condition, WriteError};
+use crate::zk::names::validate_name;
+
+/// Most segments a key may have.
+const MAX_DEPTH: usize = 16;
+
+/// Query of a read.
+#[derive(Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ReadQuery {
+    /// With `If-None-Match: "<etag>"`: wait up to this long (capped by the server's maximum)
+    /// for the value to change, then answer with the new value (or 304 if it did not change).
+    #[param(value_type = Option<String>, example = "30s")]
+    pub wait: Option<HumanDuration>,
+}
+
+/// Query of a listing.
+#[derive(Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ListQuery {
+    /// List the keys under this key (`a/b`); the top level when absent.
+    pub prefix: Option<String>,
+}
+
+/// The keys directly under a prefix.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct KeyList {
+    pub prefix: String,
+    #[schema(example = json!(["feature-flags", "services"]))]
+    pub keys: Vec<String>,
+}
+
+/// Answer of a write.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct Written {
+    #[schema(example = "services/billing")]
+    pub key: String,
+    /// The new version, as in the `ETag` header.
+    #[schema(example = "\"4294967311\"")]
+    pub etag: String,
+    /// Whether the key was created by this write.
+    pub created: bool,
+}
+
+/// Checks a key (`a/b/c`) and returns it.
+fn check_key(key: &str) -> Result<(), ApiError> {
+    let segments: Vec<&str> = key.split('/').collect();
+    if segments.len() > MAX_DEPTH {
+        return Err(ApiError::invalid(
+            Place::Path,
+            "key",
+            format!("must have at most {MAX_DEPTH} segments"),
+        ));
+    }
+    for segment in segments {
+        validate_name(segment)
+            .map_err(|e| ApiError::invalid(Place::Path, "key", format!("segment `{segment}` {e}")))?;
+    }
+    Ok(())
+}
+
+fn etag(mzxid: i64) -> String {
+    format!("\"{mzxid}\"")
+}
+
+/// The version named by an `If-Match` / `If-None-Match` header: `*`, or an ETag we issued.
+enum Tag {
+    Any,
+    Version(i64),
+}
+
+fn parse_tag(headers: &HeaderMap, name: header::HeaderName) -> Result<Option<Tag>, ApiError> {
+    let Some(value) = headers.get(&name) else {
+        return Ok(None);
+    };
+    let field = name.as_str().to_string();
+    let text = value
+        .to_str()
+        .map_err(|_| ApiError::invalid(Place::Header, &field, "must be ASCII"))?
+        .trim();
+    if text == "*" {
+        return Ok(Some(Tag::Any));
+    }
+    let bare = text.strip_prefix("W/").unwrap_or(text).trim_matches('"');
+    bare.parse::<i64>().map(|v| Some(Tag::Version(v))).map_err(|_| {
+        ApiError::invalid(
+            Place::Header,
+            &field,
+            format!("`{text}` is not an ETag issued by zkgate (like `\"4294967311\"`) or `*`"),
+        )
+    })
+}
+
+fn precondition_failed(key: &str, current: Option<i64>) -> ApiError {
+    let detail = match current {
+        Some(v) => format!("key `{key}` is at version {}, not the one required", etag(v)),
+        None => format!("key `{key}` does not exist"),
+    };
+    let err = ApiError::precondition_failed(detail);
+    match current {
+        Some(v) => err.with("current_etag", etag(v)),
+        None => err,
+    }
+}
+
+/// Reads a key. A value that parses as JSON comes back as `application/json`, other UTF-8
+/// text as `text/plain`, anything else as `application/octet-stream`; the `ETag` is the
+/// version for `If-Match`. With
+/// `If-None-Match` and `wait`, blocks until the value differs from that version.
+#[utoipa::path(get, path = "/v1/kv/{key}", tag = "kv",
+    params(("key" = String, Path, description = "Key: segments separated by `/`, each 1 to 128 bytes, no control characters, not `.` or `..`"),
+        ReadQuery,
+        ("If-None-Match" = Option<String>, Header, description = "An ETag: 304 if the value still has it (after waiting, with `wait`)")),
+    responses(
+        (status = 200, description = "The value, with its `ETag`", content_type = "application/octet-stream"),
+        (status = 304, description = "Not modified (within the wait)"),
+        (status = 400, description = "Bad key, query or header", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such key", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "ZooKeeper unreachable", body = Problem, content_type = "application/problem+json"),
+    ))]
+pub async fn get_value(
+    State(state): State<AppState>,
+    ApiPath(key): ApiPath<String>,
+    ApiQuery(query): ApiQuery<ReadQuery>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    check_key(&key)?;
+    let known = match parse_tag(&headers, header::IF_NONE_MATCH)? {
+        Some(Tag::Version(v)) => Some(v),
+        Some(Tag::Any) => {
+            return Err(ApiError::invalid(
+                Place::Header,
+                "if-none-match",
+                "`*` only applies to writes",
+            ));
+        }
+        None => None,
+    };
+    let client = state.zk.current()?.client;
+    let path = format!("{}/kv/{key}", state.config.root);
+    if let (Some(version), Some(wait)) = (known, query.wait) {
+        let wait = wait.0.min(state.config.max_wait);
+        let _ = tokio::time::timeout(wait, config::wait_change(&client, &path, version)).await;
+    }
+    let Some(entry) = config::read(&client, &path).await? else {
+        return Err(ApiError::not_found("key", format!("no key `{key}`")));
+    };
+    let tag = HeaderValue::from_str(&etag(entry.stat.mzxid)).map_err(|e| ApiError::internal(e.to_string()))?;
+    if known == Some(entry.stat.mzxid) {
+        return Ok((StatusCode::NOT_MODIFIED, [(header::ETAG, tag)]).into_response());
+    }
+    let content_type = if serde_json::from_slice::<serde::de::IgnoredAny>(&entry.data).is_ok() {
+        "application/json"
+    } else if std::str::from_utf8(&entry.data).is_ok() {
+        "text/plain; charset=utf-8"
+    } else {
+        "application/octet-stream"
+    };
+    Ok((
+        StatusCode::OK,
+        [
+            (header::ETAG, tag),
+            (header::CONTENT_TYPE, HeaderValue::from_static(content_type)),
+        ],
+        entry.data,
+    )
+        .into_response())
+}
+
+/// Writes a key (creating it and its parents). A JSON `Content-Type` must carry valid JSON;
+/// anything else is stored as bytes. `If-Match: "<etag>"` writes only over that version
+/// (compare-and-set; `*`: only if it exists), `If-None-Match: *` only if the key is new; a
+/// failed condition answers 412 with the current ETag.
+#[utoipa::path(put, path = "/v1/kv/{key}", tag = "kv",
+    params(("key" = String, Path, description = "Key: segments separated by `/`"),
+        ("If-Match" = Option<String>, Header, description = "Write only over this ETag (`*`: only if it exists)"),
+        ("If-None-Match" = Option<String>, Header, description = "`*`: create only")),
+    request_body(content = String, description = "The value: JSON, text or bytes", content_type = "application/octet-stream"),
+    responses(
+        (status = 201, description = "Created", body = Written),
+        (status = 200, description = "Replaced", body = Written),
+        (status = 400, description = "Bad key, header or JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 412, description = "The condition did not hold", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Value too large", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "ZooKeeper unreachable", body = Problem, content_type = "application/problem+json"),
+    ))]
+pub async fn put_value(
+    State(state): State<AppState>,
+    ApiPath(key): ApiPath<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Result<Response, ApiError> {
+    check_key(&key)?;
+    let body = body.map_err(super::extract::body_rejection)?;
+    let condition = match (
+        parse_tag(&headers, header::IF_MATCH)?,
+        parse_tag(&headers, header::IF_NONE_MATCH)?,
+    ) {
+        (Some(_), Some(_)) => {
+            return Err(ApiError::invalid(
+                Place::Header,
+                "if-match",
+                "cannot be combined with `If-None-Match`",
+            ));
+        }
+        (Some(Tag::Version(v)), None) => Condition::Version(v),
+        (Some(Tag::Any), None) => Condition::Exists,
+        (None, Some(Tag::Any)) => Condition::Absent,
+        (None, Some(Tag::Version(_))) => {
+            return Err(ApiError::invalid(
+                Place::Header,
+                "if-none-match",
+                "only `*` applies to writes",
+            ));
+        }
+        (None, None) => Condition::Any,
+    };
+    let is_json = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|t| t.starts_with("application/json") || t.contains("+json"));
+    if is_json && let Err(err) = serde_json::from_slice::<serde::de::IgnoredAny>(&body) {
+        return Err(ApiError::malformed_body(format!("the body is not valid JSON: {err}")));
+    }
+    let client = state.zk.connected().await?.client;
+    let path = format!("{}/kv/{key}", state.config.root);
+    let (stat, created) = config::write(&client, &path, &body, condition)
+        .await
+        .map_err(|e| write_error(&key, e))?;
+    let tag = etag(stat.mzxid);
+    let status = if created { StatusCode::CREATED } else { StatusCode::OK };
+    let header_tag = HeaderValue::from_str(&tag).map_err(|e| ApiError::internal(e.to_string()))?;
+    Ok((
+        status,
+        [(header::ETAG, header_tag)],
+        axum::Json(Written {
+            key,
+            etag: tag,
+            created,
+        }),
+    )
+        .into_response())
+}
+
+fn write_error(key: &str, err: WriteError) -> ApiError {
+    match err {
+        WriteError::Precondition(current) => precondition_failed(key, current),
+        WriteError::Missing => ApiError::not_found("key", format!("no key `{key}`")),
+        WriteError::NotEmpty => ApiError::conflict(
+            "key-not-empty",
+            "Key has keys below it",
+            format!("key `{key}` has keys below it; delete those first"),
+        ),
+        WriteError::ZooKeeper(err) => err.into(),
+    }
+}
+
+/// Deletes a key (which must have no keys below it); `If-Match` makes it conditional.
+#[utoipa::path(delete, path = "/v1/kv/{key}", tag = "kv",
+    params(("key" = String, Path, description = "Key"),
+        ("If-Match" = Option<String>, Header, description = "Delete only this ETag")),
+    responses(
+        (status = 204, description = "Deleted"),
+        (status = 400, description = "Bad key or header", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such key", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The key has keys below it", body = Problem, content_type = "application/problem+json"),
+        (status = 412, description = "The condition did not hold", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "ZooKeeper unreachable", body = Problem, content_type = "application/problem+json"),
+    ))]
+pub async fn delete_value(
+    State(state): State<AppState>,
+    ApiPath(key): ApiPath<String>,
+    headers: HeaderMap,
+) -> Result<StatusCode, ApiError> {
+    check_key(&key)?;
+    let condition = match parse_tag(&headers, header::IF_MATCH)? {
+        Some(Tag::Version(v)) => Condition::Version(v),
+        Some(Tag::Any) | None => Condition::Any,
+    };
+    let client = state.zk.connected().await?.client;
+    let path = format!("{}/kv/{key}", state.config.root);
+    config::delete(&client, &path, condition)
+        .await
+        .map_err(|e| write_error(&key, e))?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Lists the keys directly under `prefix` (the top level without it).
+#[utoipa::path(get, path = "/v1/kv", tag = "kv", params(ListQuery),
+    responses(
+        (status = 200, body = KeyList),
+        (status = 400, description = "Bad prefix", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such prefix", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "ZooKeeper unreachable", body = Problem, content_type = "application/problem+json"),
+    ))]
+pub async fn list_keys(
+    State(state): State<AppState>,
+    ApiQuery(query): ApiQuery<ListQuery>,
+) -> Result<axum::Json<KeyList>, ApiError> {
+    let prefix = query.prefix.unwrap_or_default();
+    let path = if prefix.is_empty() {
+        format!("{}/kv", state.config.root)
+    } else {
+        check_key(&prefix).map_err(|_| ApiError::invalid(Place::Query, "prefix", "must be a valid key (`a/b`)"))?;
+        format!("{}/kv/{prefix}", state.config.root)
+    };
+    let client = state.zk.current()?.client;
+    match config::children(&client, &path).await? {
+        Some(keys) => Ok(axum::Json(KeyList { prefix, keys })),
+        None if prefix.is_empty() => Ok(axum::Json(KeyList {
+            prefix,
+            keys: Vec::new(),
+        })),
+        None => Err(ApiError::not_found("key", format!("no key `{prefix}`"))),
+    }
+}
