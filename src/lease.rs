@@ -89,6 +89,10 @@ pub struct HoldingView {
     pub state: &'static str,
     /// The fencing token, once granted.
     pub fencing_token: Option<i64>,
+    /// Someone asked the holder to give this up: release it when ready (before the grace, if
+    /// one is given, runs out).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub revocation: Option<crate::recipes::revocation::Revocation>,
 }
 
 /// Something that a lease holds: it owns one ephemeral znode and cleans it up when the lease's

@@ -115,6 +115,14 @@ async fn bad_names_bodies_and_handles_are_refused_and_change_nothing() {
         ("GET", "/v1/kv?prefix=..", vec![], b"", StatusCode::BAD_REQUEST, Some("prefix")),
         ("GET", "/v1/kv/missing", vec![], b"", StatusCode::NOT_FOUND, None),
         ("DELETE", "/v1/kv/missing", vec![], b"", StatusCode::NOT_FOUND, None),
+        // Revocation requests.
+        ("POST", "/v1/locks/keep/revoke", vec![], b"{\"by\": \"\", \"reason\": \"x\"}", StatusCode::BAD_REQUEST, Some("by")),
+        ("POST", "/v1/locks/keep/revoke", vec![], b"{\"by\": \"a\"}", StatusCode::BAD_REQUEST, None),
+        ("POST", "/v1/locks/keep/revoke", vec![], b"{\"by\": \"a\", \"reason\": \"b\", \"grace\": \"soon\"}", StatusCode::BAD_REQUEST, Some("grace")),
+        ("POST", "/v1/locks/keep/revoke", vec![], b"{\"by\": \"a\", \"reason\": \"b\", \"node\": \"nope\"}", StatusCode::NOT_FOUND, None),
+        ("POST", "/v1/rwlocks/../revoke", vec![], b"{\"by\": \"a\", \"reason\": \"b\"}", StatusCode::BAD_REQUEST, Some("name")),
+        ("GET", "/v1/revocations?limit=x", vec![], b"", StatusCode::BAD_REQUEST, Some("limit")),
+        ("GET", "/v1/locks/keep/handles/nope?wait=x", vec![], b"", StatusCode::BAD_REQUEST, Some("wait")),
         // Unknown endpoints and methods.
         ("GET", "/v2/locks", vec![], b"", StatusCode::NOT_FOUND, None),
         ("PUT", "/v1/locks/keep/acquire", vec![], b"", StatusCode::METHOD_NOT_ALLOWED, None),

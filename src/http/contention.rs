@@ -16,7 +16,8 @@ use super::leases::LeaseView;
 use super::{millis_since, timestamp};
 use crate::AppState;
 use crate::lease::{EndReason, Lease};
-use crate::recipes::contender::{Contender, ContenderRecord, Contenders, Next, Phase, Refused, Role};
+use crate::recipes::contender::{Contender, ContenderRecord, Contenders, Next, Phase, Refused, Role, read_contenders};
+use crate::recipes::revocation::{self, Revocation};
 use crate::zk::names::validate_name;
 
 /// How long an acquire waits for ZooKeeper to create the contender and answer the first
@@ -101,6 +102,11 @@ pub struct ContenderView {
     /// Who created it: `zkgate`, `curator` or `kazoo` (by node name), or `other`.
     #[schema(example = "zkgate")]
     pub client: &'static str,
+    /// Whether someone asked this holder to give the lock up.
+    pub revocation_requested: bool,
+    /// Who asked, why and when (for zkgate's holders; Curator's signal carries no record).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub revocation: Option<Revocation>,
 }
 
 /// A resource in a list.
@@ -132,6 +138,9 @@ pub struct HandleView {
     pub held_since: Option<String>,
     /// Why it was lost or failed.
     pub reason: Option<String>,
+    /// Someone asked the holder to give the lock up: release it when ready.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub revocation: Option<Revocation>,
 }
 
 /// `read` / `write` for the roles of a read/write lock.
@@ -354,7 +363,11 @@ pub fn contender_view(
     } else {
         "other"
     };
+    let revocation = revocation::record_in(&record.data);
+    let revocation_requested = revocation.is_some() || record.data == revocation::CURATOR_REVOKE;
     ContenderView {
+        revocation_requested,
+        revocation,
         node: record.name,
         sequence: record.sequence,
         mode,
@@ -405,6 +418,7 @@ pub async fn handle_view(state: &AppState, registry: &Contenders, contender: &Co
         node: current.node.map(|n| n.name),
         held_since,
         reason,
+        revocation: current.revocation,
     }
 }
 
@@ -429,4 +443,129 @@ async fn fresh_position(state: &AppState, registry: &Contenders, contender: &Con
         Next::Wait { position, .. } => Some(position),
         _ => None,
     }
+}
+
+/// Query of a handle read.
+#[derive(Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct HandleQuery {
+    /// Wait (up to this long, capped by the server's maximum) for something the holder must
+    /// act on: a revocation request, a loss, or (for a waiter) the grant.
+    #[param(value_type = Option<String>, example = "30s")]
+    pub wait: Option<HumanDuration>,
+}
+
+/// Waits for what [HandleQuery::wait] describes.
+pub async fn wait_for_news(state: &AppState, contender: &Contender, wait: Option<HumanDuration>) {
+    let Some(wait) = wait else { return };
+    let was_held = matches!(contender.state().phase, Phase::Held { .. });
+    let mut updates = contender.subscribe();
+    let news = updates.wait_for(|s| {
+        s.revocation.is_some() || s.phase.is_final() || (!was_held && matches!(s.phase, Phase::Held { .. }))
+    });
+    let _ = tokio::time::timeout(wait.0.min(state.config.max_wait), news).await;
+}
+
+/// Body of a revocation request.
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RevokeBody {
+    /// Who asks (recorded).
+    #[schema(example = "ops@example.com")]
+    pub by: String,
+    /// Why (recorded, shown to the holder).
+    #[schema(example = "deploy in progress")]
+    pub reason: String,
+    /// After this long zkgate deletes the holder's node itself (the holder loses the lock).
+    /// Without it, the holder releases when it is ready.
+    pub grace: Option<HumanDuration>,
+    /// Revoke only this contender node (default: every current holder).
+    pub node: Option<String>,
+}
+
+/// The revocations made.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct Revoked {
+    pub revocations: Vec<Revocation>,
+}
+
+/// Longest `by` or `reason` accepted.
+const MAX_TEXT: usize = 500;
+
+/// Asks the holders of `name` (or the one `node`) to give the lock up; `role_of` tells a
+/// node's role from its name (reader or writer), which decides who holds.
+pub async fn revoke(
+    state: &AppState,
+    registry: &Contenders,
+    kind: &str,
+    name: &str,
+    role_of: fn(&str) -> Role,
+    body: RevokeBody,
+) -> Result<Response, ApiError> {
+    check_name(name)?;
+    for (field, text) in [("by", &body.by), ("reason", &body.reason)] {
+        if text.trim().is_empty() || text.len() > MAX_TEXT {
+            return Err(ApiError::invalid(
+                Place::Body,
+                field,
+                format!("must be 1 to {MAX_TEXT} bytes"),
+            ));
+        }
+    }
+    let client = state.zk.connected().await?.client;
+    let dir = registry.dir(name);
+    let records = read_contenders(&client, &dir).await?.unwrap_or_default();
+    let children: Vec<String> = records.iter().map(|r| r.name.clone()).collect();
+    let targets: Vec<&ContenderRecord> = match &body.node {
+        Some(node) => match records.iter().find(|r| &r.name == node) {
+            Some(record) => vec![record],
+            None => {
+                return Err(ApiError::not_found(
+                    "node",
+                    format!("`{node}` is not a contender of `{name}`"),
+                ));
+            }
+        },
+        None => records
+            .iter()
+            .filter(|r| role_of(&r.name).next_step(&children, &r.name) == Next::Hold)
+            .collect(),
+    };
+    if targets.is_empty() {
+        return Err(ApiError::conflict(
+            "nothing-to-revoke",
+            "Nothing to revoke",
+            format!("`{name}` has no holder"),
+        ));
+    }
+    let at_ms = std::time::SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_millis() as i64;
+    let mut revocations = Vec::new();
+    for target in targets {
+        let record = Revocation {
+            kind: kind.to_string(),
+            lock: name.to_string(),
+            node: target.name.clone(),
+            by: body.by.clone(),
+            reason: body.reason.clone(),
+            at_ms,
+            grace_ms: body.grace.map(|g| g.0.as_millis() as u64),
+        };
+        let path = format!("{dir}/{}", target.name);
+        match revocation::signal(&client, &path, &record).await {
+            Ok(_) => {}
+            Err(zookeeper_client::Error::NoNode) => continue, // released meanwhile
+            Err(err) => return Err(err.into()),
+        }
+        if let Some(grace) = body.grace {
+            revocation::force_after(client.clone(), path, target.czxid, grace.0);
+        }
+        revocation::audit(&client, &format!("{}/revocations", state.config.root), &record).await?;
+        tracing::info!(kind, lock = name, node = %record.node, by = %record.by, reason = %record.reason, "revocation requested");
+        revocations.push(record);
+    }
+    Ok((StatusCode::ACCEPTED, Json(Revoked { revocations })).into_response())
 }

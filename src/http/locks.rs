@@ -7,12 +7,14 @@ use axum::response::Response;
 use serde::Serialize;
 
 use super::contention::{
-    self, AcquireBody, AcquireParams, Acquisition, ContenderView, HandleView, LockSummary, check_name, find_handle,
+    self, AcquireBody, AcquireParams, Acquisition, ContenderView, HandleQuery, HandleView, LockSummary, RevokeBody,
+    Revoked, check_name, find_handle,
 };
 use super::error::{ApiError, Problem};
 use super::extract::{ApiJson, ApiPath, ApiQuery};
 use crate::AppState;
 use crate::recipes::contender::{Role, read_contenders, read_names};
+use crate::recipes::revocation::{AUDIT_KEPT, Revocation, read_audit};
 
 /// A lock's holder and queue.
 #[derive(Serialize, utoipa::ToSchema)]
@@ -101,7 +103,7 @@ pub async fn list_locks(State(state): State<AppState>) -> Result<Json<Vec<LockSu
 
 /// Reads a handle: waiting (with position), held (with fencing token) or lost (with reason).
 #[utoipa::path(get, path = "/v1/locks/{name}/handles/{handle}", tag = "locks",
-    params(("name" = String, Path, description = "Lock name"), ("handle" = String, Path, description = "Handle from the acquire")),
+    params(("name" = String, Path, description = "Lock name"), ("handle" = String, Path, description = "Handle from the acquire"), HandleQuery),
     responses(
         (status = 200, body = HandleView),
         (status = 400, description = "Bad name", body = Problem, content_type = "application/problem+json"),
@@ -110,8 +112,10 @@ pub async fn list_locks(State(state): State<AppState>) -> Result<Json<Vec<LockSu
 pub async fn get_handle(
     State(state): State<AppState>,
     ApiPath((name, handle)): ApiPath<(String, String)>,
+    ApiQuery(query): ApiQuery<HandleQuery>,
 ) -> Result<Json<HandleView>, ApiError> {
     let contender = find_handle(&state.locks, &name, &handle)?;
+    contention::wait_for_news(&state, &contender, query.wait).await;
     Ok(Json(contention::handle_view(&state, &state.locks, &contender).await))
 }
 
@@ -130,4 +134,53 @@ pub async fn release(
     ApiPath((name, handle)): ApiPath<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
     contention::release(&state.locks, &find_handle(&state.locks, &name, &handle)?).await
+}
+
+/// Asks the holder(s) of a lock to give it up. Each holder learns it on its handle
+/// (`GET .../handles/{handle}?wait=` returns at once), its lease's keepalive and the lock's
+/// state, and releases when ready; with `grace`, zkgate deletes the holder's node when the
+/// grace runs out and the holder's lease reports the lock lost. Recorded in the audit log.
+#[utoipa::path(post, path = "/v1/locks/{name}/revoke", tag = "locks",
+    params(("name" = String, Path, description = "Lock name")),
+    request_body(content = RevokeBody, example = json!({"by": "ops@example.com", "reason": "deploy in progress", "grace": "30s"})),
+    responses(
+        (status = 202, description = "Asked; the holders decide (or the grace decides)", body = Revoked),
+        (status = 400, description = "Bad name or body", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such contender node", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Nobody holds the lock", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "ZooKeeper unreachable", body = Problem, content_type = "application/problem+json"),
+    ))]
+pub async fn revoke(
+    State(state): State<AppState>,
+    ApiPath(name): ApiPath<String>,
+    ApiJson(body): ApiJson<RevokeBody>,
+) -> Result<Response, ApiError> {
+    contention::revoke(&state, &state.locks, "lock", &name, |_| Role::Exclusive, body).await
+}
+
+/// Query of the revocation audit log.
+#[derive(serde::Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct AuditQuery {
+    /// How many records, newest first (default 100, at most 1000).
+    pub limit: Option<usize>,
+}
+
+/// The revocation audit log: who asked for which lock back, why and when, newest first.
+#[utoipa::path(get, path = "/v1/revocations", tag = "locks", params(AuditQuery),
+    responses(
+        (status = 200, body = Vec<Revocation>),
+        (status = 400, description = "Bad limit", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "ZooKeeper unreachable", body = Problem, content_type = "application/problem+json"),
+    ))]
+pub async fn revocations(
+    State(state): State<AppState>,
+    ApiQuery(query): ApiQuery<AuditQuery>,
+) -> Result<Json<Vec<Revocation>>, ApiError> {
+    let limit = query.limit.unwrap_or(100).min(AUDIT_KEPT);
+    let client = state.zk.current()?.client;
+    Ok(Json(
+        read_audit(&client, &format!("{}/revocations", state.config.root), limit).await?,
+    ))
 }

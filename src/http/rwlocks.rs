@@ -7,7 +7,8 @@ use axum::response::Response;
 use serde::Serialize;
 
 use super::contention::{
-    self, AcquireBody, AcquireParams, Acquisition, ContenderView, HandleView, LockSummary, check_name, find_handle,
+    self, AcquireBody, AcquireParams, Acquisition, ContenderView, HandleQuery, HandleView, LockSummary, RevokeBody,
+    Revoked, check_name, find_handle,
 };
 use super::error::{ApiError, Problem};
 use super::extract::{ApiJson, ApiPath, ApiQuery};
@@ -125,7 +126,7 @@ pub async fn list_rwlocks(State(state): State<AppState>) -> Result<Json<Vec<Lock
 
 /// Reads a handle: waiting (with position), held (with fencing token) or lost (with reason).
 #[utoipa::path(get, path = "/v1/rwlocks/{name}/handles/{handle}", tag = "rwlocks",
-    params(("name" = String, Path, description = "Lock name"), ("handle" = String, Path, description = "Handle from the acquire")),
+    params(("name" = String, Path, description = "Lock name"), ("handle" = String, Path, description = "Handle from the acquire"), HandleQuery),
     responses(
         (status = 200, body = HandleView),
         (status = 400, description = "Bad name", body = Problem, content_type = "application/problem+json"),
@@ -134,8 +135,10 @@ pub async fn list_rwlocks(State(state): State<AppState>) -> Result<Json<Vec<Lock
 pub async fn get_handle(
     State(state): State<AppState>,
     ApiPath((name, handle)): ApiPath<(String, String)>,
+    ApiQuery(query): ApiQuery<HandleQuery>,
 ) -> Result<Json<HandleView>, ApiError> {
     let contender = find_handle(&state.rwlocks, &name, &handle)?;
+    contention::wait_for_news(&state, &contender, query.wait).await;
     Ok(Json(contention::handle_view(&state, &state.rwlocks, &contender).await))
 }
 
@@ -153,4 +156,30 @@ pub async fn release(
     ApiPath((name, handle)): ApiPath<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
     contention::release(&state.rwlocks, &find_handle(&state.rwlocks, &name, &handle)?).await
+}
+
+/// Asks the holder(s) of a read/write lock to give it up. Each holder learns it on its handle
+/// (`GET .../handles/{handle}?wait=` returns at once), its lease's keepalive and the lock's
+/// state, and releases when ready; with `grace`, zkgate deletes the holder's node when the
+/// grace runs out and the holder's lease reports the lock lost. Recorded in the audit log.
+#[utoipa::path(post, path = "/v1/rwlocks/{name}/revoke", tag = "rwlocks",
+    params(("name" = String, Path, description = "Lock name")),
+    request_body(content = RevokeBody, example = json!({"by": "ops@example.com", "reason": "deploy in progress", "grace": "30s"})),
+    responses(
+        (status = 202, description = "Asked; the holders decide (or the grace decides)", body = Revoked),
+        (status = 400, description = "Bad name or body", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such contender node", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Nobody holds the lock", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "ZooKeeper unreachable", body = Problem, content_type = "application/problem+json"),
+    ))]
+pub async fn revoke(
+    State(state): State<AppState>,
+    ApiPath(name): ApiPath<String>,
+    ApiJson(body): ApiJson<RevokeBody>,
+) -> Result<Response, ApiError> {
+    contention::revoke(&state, &state.rwlocks, "rwlock", &name, rw_role, body).await
+}
+
+fn rw_role(node: &str) -> Role {
+    if is_reader(node) { Role::Read } else { Role::Write }
 }

@@ -21,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError, EventType, MultiReadResult};
 
 use crate::lease::{Holding, HoldingView, Lease};
+use crate::recipes::revocation::{self, Revocation};
 use crate::recipes::{election, in_sequence_order, lock, rwlock};
 use crate::zk::retry_on_loss;
 use crate::zk::session::ZkSession;
@@ -139,6 +140,8 @@ pub struct ContenderState {
     pub node: Option<Node>,
     /// Whether it was ever granted: its fencing token is meaningful (held, or lost after).
     pub granted: bool,
+    /// A request to give the lock up, once its holder has seen one.
+    pub revocation: Option<Revocation>,
 }
 
 impl ContenderState {
@@ -206,6 +209,7 @@ impl Holding for Contender {
             handle: self.handle.clone(),
             state: state.phase.name(),
             fencing_token: state.fencing_token(),
+            revocation: state.revocation,
         }
     }
 
@@ -257,6 +261,7 @@ pub fn spawn_contender(
             phase: Phase::Pending,
             node: None,
             granted: false,
+            revocation: None,
         }),
         release: CancellationToken::new(),
         finished: watch::Sender::new(false),
@@ -298,7 +303,7 @@ async fn drive(contender: &Arc<Contender>, zk: ZkSession) {
             // dropping it first would cost a removeWatches request on every release.
             let was_there = remove_node(contender, &client).await;
             match exit {
-                Exit::Released if !was_there => Exit::Lost(DELETED_WHILE_HELD.into()),
+                Exit::Released if !was_there => Exit::Lost(deleted_while_held(contender)),
                 exit => exit,
             }
         }
@@ -376,17 +381,39 @@ async fn contend(contender: &Contender, client: &Client) -> Exit {
     tokio::time::sleep(HELD_WATCH_DELAY).await;
     let own = format!("{}/{}", contender.dir, node.name);
     loop {
-        match retry_on_loss(|| client.check_and_watch_stat(&own)).await {
-            Ok((None, _)) => return Exit::Lost(DELETED_WHILE_HELD.into()),
-            Ok((Some(_), watcher)) => match watcher.changed().await.event_type {
-                EventType::NodeDeleted => return Exit::Lost(DELETED_WHILE_HELD.into()),
-                EventType::Session => {
-                    return Exit::Lost("the ZooKeeper session ended while it held the lock".into());
+        // A data watch: it fires on a revocation request (the node's data changes) and on the
+        // node's deletion.
+        match retry_on_loss(|| client.get_and_watch_data(&own)).await {
+            Ok((data, _, watcher)) => {
+                let requested = revocation::record_in(&data);
+                if requested.is_some() && contender.state.borrow().revocation != requested {
+                    tracing::info!(name = %contender.name, handle = %contender.handle, "revocation requested");
+                    contender.state.send_modify(|s| s.revocation = requested);
                 }
-                _ => continue,
-            },
+                match watcher.changed().await.event_type {
+                    EventType::NodeDeleted => return Exit::Lost(deleted_while_held(contender)),
+                    EventType::Session => {
+                        return Exit::Lost("the ZooKeeper session ended while it held the lock".into());
+                    }
+                    _ => continue,
+                }
+            }
+            Err(ZkError::NoNode) => return Exit::Lost(deleted_while_held(contender)),
             Err(err) => return lost_or_failed(err),
         }
+    }
+}
+
+/// Why a held node vanished: a forced revocation if one was asked with a grace, else unknown.
+fn deleted_while_held(contender: &Contender) -> String {
+    match &contender.state.borrow().revocation {
+        Some(r) if r.grace_ms.is_some() => {
+            format!(
+                "revoked by {} ({}): its znode was deleted when the grace period ran out",
+                r.by, r.reason
+            )
+        }
+        _ => DELETED_WHILE_HELD.into(),
     }
 }
 

@@ -35,6 +35,7 @@ impl Holding for Member {
             handle: self.id.clone(),
             state: if *self.finished.borrow() { "released" } else { "held" },
             fencing_token: None,
+            revocation: None,
         }
     }
 

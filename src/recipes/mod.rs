@@ -6,6 +6,7 @@ pub mod contender;
 pub mod election;
 pub mod group;
 pub mod lock;
+pub mod revocation;
 pub mod rwlock;
 
 /// The sequence number ZooKeeper appended to a sequential znode's name: the trailing run of
