@@ -21,6 +21,7 @@ use crate::config::ServeConfig;
 use crate::lease::Leases;
 use crate::recipes::contender::Contenders;
 use crate::recipes::group::Groups;
+use crate::recipes::semaphore::Semaphores;
 use crate::zk::session::ZkSession;
 
 /// Everything the handlers share.
@@ -33,6 +34,7 @@ pub struct AppState {
     pub rwlocks: Contenders,
     pub elections: Contenders,
     pub groups: Groups,
+    pub semaphores: Semaphores,
 }
 
 impl AppState {
@@ -46,6 +48,7 @@ impl AppState {
         let rwlocks = Contenders::new(zk.clone(), &config.root, "rwlocks");
         let elections = Contenders::new(zk.clone(), &config.root, "elections");
         let groups = Groups::new(&config.root);
+        let semaphores = Semaphores::new(zk.clone(), &config.root);
         AppState {
             config: Arc::new(config),
             zk,
@@ -54,6 +57,7 @@ impl AppState {
             rwlocks,
             elections,
             groups,
+            semaphores,
         }
     }
 }

@@ -123,6 +123,14 @@ async fn bad_names_bodies_and_handles_are_refused_and_change_nothing() {
         ("POST", "/v1/rwlocks/../revoke", vec![], b"{\"by\": \"a\", \"reason\": \"b\"}", StatusCode::BAD_REQUEST, Some("name")),
         ("GET", "/v1/revocations?limit=x", vec![], b"", StatusCode::BAD_REQUEST, Some("limit")),
         ("GET", "/v1/locks/keep/handles/nope?wait=x", vec![], b"", StatusCode::BAD_REQUEST, Some("wait")),
+        // Semaphores.
+        ("POST", "/v1/semaphores/s/acquire", vec![], b"", StatusCode::BAD_REQUEST, Some("permits")),
+        ("POST", "/v1/semaphores/s/acquire?permits=0", vec![], b"", StatusCode::BAD_REQUEST, Some("permits")),
+        ("POST", "/v1/semaphores/s/acquire?permits=-1", vec![], b"", StatusCode::BAD_REQUEST, Some("permits")),
+        ("POST", "/v1/semaphores/s/acquire?permits=99999", vec![], b"", StatusCode::BAD_REQUEST, Some("permits")),
+        ("POST", "/v1/semaphores/../acquire?permits=1", vec![], b"", StatusCode::BAD_REQUEST, Some("name")),
+        ("POST", "/v1/semaphores/s/acquire?permits=1", vec![], b"{\"lease\": 1}", StatusCode::BAD_REQUEST, Some("lease")),
+        ("DELETE", "/v1/semaphores/s/permits/nope", vec![], b"", StatusCode::NOT_FOUND, None),
         // Unknown endpoints and methods.
         ("GET", "/v2/locks", vec![], b"", StatusCode::NOT_FOUND, None),
         ("PUT", "/v1/locks/keep/acquire", vec![], b"", StatusCode::METHOD_NOT_ALLOWED, None),

@@ -64,6 +64,25 @@ impl Peer {
         Peer::spawn(command).await
     }
 
+    /// A Curator `InterProcessSemaphoreV2` peer with `permits` leases.
+    async fn curator_semaphore(connect: &str, path: &str, permits: u32) -> Peer {
+        let classpath = std::process::Command::new(format!("{INTEROP}/classpath.sh"))
+            .output()
+            .expect("classpath.sh");
+        let classpath = String::from_utf8(classpath.stdout).expect("utf-8").trim().to_string();
+        let mut command = Command::new("java");
+        let permits = permits.to_string();
+        command.args([
+            "-cp",
+            &classpath,
+            &format!("{INTEROP}/CuratorSemaphore.java"),
+            connect,
+            path,
+            &permits,
+        ]);
+        Peer::spawn(command).await
+    }
+
     async fn kazoo(connect: &str, lock_path: &str) -> Peer {
         let mut command = Command::new("/usr/bin/python3");
         command.args(["-B", &format!("{INTEROP}/kazoo_lock.py"), connect, lock_path]);
@@ -266,4 +285,43 @@ async fn http_candidates_and_a_curator_leader_latch_see_one_leader_between_them(
     assert_eq!(leading.status, StatusCode::OK, "{leading:?}");
     assert!(leading.i64("term") > first.i64("term"), "terms increase");
     latch.quit().await;
+}
+
+#[tokio::test]
+async fn http_and_a_curator_semaphore_share_the_same_permits() {
+    let zk = zookeeper().await;
+    let connect = zk.connect_string();
+    let gate = Gate::start(&connect).await;
+    let mut curator = Peer::curator_semaphore(&connect, "/zkgate/semaphores/exports", 2).await;
+
+    let first = gate.post("/v1/semaphores/exports/acquire?permits=2&wait=0", None).await;
+    assert_eq!(first.status, StatusCode::OK, "{first:?}");
+    assert_eq!(curator.send("acquire 5000").await, "ACQUIRED");
+    // Both permits are taken, one by each side.
+    gate.post("/v1/semaphores/exports/acquire?permits=2&wait=0", None)
+        .await
+        .assert_problem(StatusCode::CONFLICT, None);
+    let state = gate.get("/v1/semaphores/exports").await;
+    let clients: Vec<_> = state.body["holders"]
+        .as_array()
+        .expect("holders")
+        .iter()
+        .map(|h| h["client"].clone())
+        .collect();
+    assert_eq!(
+        clients,
+        vec![serde_json::json!("zkgate"), serde_json::json!("curator")],
+        "{state:?}"
+    );
+
+    assert_eq!(curator.send("release").await, "RELEASED");
+    let second = gate
+        .post("/v1/semaphores/exports/acquire?permits=2&wait=5s", None)
+        .await;
+    assert_eq!(second.status, StatusCode::OK, "{second:?}");
+    assert_eq!(curator.send("acquire 300").await, "TIMEOUT");
+    gate.delete(&format!("/v1/semaphores/exports/permits/{}", first.str("handle")))
+        .await;
+    assert_eq!(curator.send("acquire 5000").await, "ACQUIRED");
+    curator.quit().await;
 }

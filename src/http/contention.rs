@@ -183,22 +183,7 @@ pub async fn contend(state: &AppState, registry: &Contenders, request: Request<'
     let name = request.name;
     check_name(name)?;
     let wait = request.wait.unwrap_or(state.config.max_wait).min(state.config.max_wait);
-    let (lease, own_lease) = match (&request.lease, request.ttl) {
-        (Some(_), Some(_)) => {
-            return Err(ApiError::invalid(
-                Place::Body,
-                "ttl",
-                "only applies when no `lease` is given",
-            ));
-        }
-        (Some(id), None) => (state.leases.get(id)?, false),
-        (None, ttl) => {
-            if ttl.is_some_and(|t| t.is_zero()) {
-                return Err(ApiError::invalid(Place::Body, "ttl", "must be above zero"));
-            }
-            (state.leases.create(ttl, None)?, true)
-        }
-    };
+    let (lease, own_lease) = lease_for(state, request.lease, request.ttl)?;
     let contender = match registry.contend(&lease, name, request.role, request.value) {
         Ok((contender, _new)) => contender,
         Err(Refused::LeaseEnded) => return Err(lease_gone(state, &lease)),
@@ -274,7 +259,31 @@ pub async fn acquire(
     Ok((status, Json(acquisition(&outcome.contender, &outcome.lease))).into_response())
 }
 
-fn lease_gone(state: &AppState, lease: &Lease) -> ApiError {
+/// The lease a request names, or a new one (with `ttl`) when it names none; the flag says
+/// whether it was made for this request (and should go if the request comes to nothing).
+pub fn lease_for(
+    state: &AppState,
+    lease: Option<String>,
+    ttl: Option<Duration>,
+) -> Result<(Arc<Lease>, bool), ApiError> {
+    match (lease, ttl) {
+        (Some(_), Some(_)) => Err(ApiError::invalid(
+            Place::Body,
+            "ttl",
+            "only applies when no `lease` is given",
+        )),
+        (Some(id), None) => Ok((state.leases.get(&id)?, false)),
+        (None, ttl) => {
+            if ttl.is_some_and(|t| t.is_zero()) {
+                return Err(ApiError::invalid(Place::Body, "ttl", "must be above zero"));
+            }
+            Ok((state.leases.create(ttl, None)?, true))
+        }
+    }
+}
+
+/// The error for a request whose lease ended while it was served.
+pub fn lease_gone(state: &AppState, lease: &Lease) -> ApiError {
     state
         .leases
         .get(&lease.id)

@@ -12,6 +12,7 @@ mod kv;
 mod leases;
 mod locks;
 mod rwlocks;
+mod semaphores;
 
 use std::time::SystemTime;
 
@@ -37,7 +38,7 @@ pub const BODY_LIMIT_BYTES: usize = 512 * 1024;
     paths(kv::get_value, kv::put_value, kv::delete_value),
     info(
         title = "zkgate",
-        description = "Apache ZooKeeper's coordination recipes over HTTP: leases, exclusive and read/write locks with fencing tokens, leader election, group membership, configuration.\n\n\
+        description = "Apache ZooKeeper's coordination recipes over HTTP: leases, exclusive and read/write locks with fencing tokens, semaphores, leader election, group membership, configuration.\n\n\
             Errors are RFC 9457 problem documents (`application/problem+json`) whose `type` is `urn:zkgate:problem:<slug>`.\n\
             Durations are written like `500ms`, `5s`, `1m`.",
         license(name = "MIT")
@@ -47,6 +48,7 @@ pub const BODY_LIMIT_BYTES: usize = 512 * 1024;
         (name = "locks", description = "Exclusive locks (ZooKeeper's lock recipe on Curator's znode names), with fencing tokens."),
         (name = "elections", description = "Leader election (the guide's recipe on Curator's LeaderLatch names): campaign, resign, leader with term, proclaim."),
         (name = "kv", description = "Configuration and names: plain znodes, ETag versions, compare-and-set, blocking reads."),
+        (name = "semaphores", description = "Counting semaphores with N permits (Curator's InterProcessSemaphoreV2 znodes)."),
         (name = "groups", description = "Group membership: lease-bound members with data, and a blocking read of changes."),
         (name = "rwlocks", description = "Shared (read/write) locks: readers share, a writer excludes all (Curator's InterProcessReadWriteLock names)."),
         (name = "health", description = "Liveness and readiness.")
@@ -78,6 +80,10 @@ fn api_router() -> OpenApiRouter<AppState> {
         .routes(routes!(elections::campaign))
         .routes(routes!(elections::proclaim))
         .routes(routes!(elections::get_candidate, elections::resign))
+        .routes(routes!(semaphores::list_semaphores))
+        .routes(routes!(semaphores::semaphore_state))
+        .routes(routes!(semaphores::acquire))
+        .routes(routes!(semaphores::get_permit, semaphores::release))
         .routes(routes!(groups::list_groups))
         .routes(routes!(groups::members))
         .routes(routes!(groups::join, groups::leave))

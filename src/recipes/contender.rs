@@ -472,7 +472,7 @@ async fn create_node(contender: &Contender, client: &Client) -> Result<(Node, Ve
 }
 
 /// The node of ours (by GUID) under `dir`, if the server has one.
-async fn find_by_guid(client: &Client, dir: &str, guid: &str) -> Result<Option<Node>, ZkError> {
+pub(crate) async fn find_by_guid(client: &Client, dir: &str, guid: &str) -> Result<Option<Node>, ZkError> {
     let children = match retry_on_loss(|| client.list_children(dir)).await {
         Ok(children) => children,
         // The create failed for want of the lock znode (and its reply was lost).
@@ -494,7 +494,7 @@ async fn find_by_guid(client: &Client, dir: &str, guid: &str) -> Result<Option<N
 
 /// Creates the resource's znode as a container (ZooKeeper removes it once its last child is
 /// gone, as Curator's are), creating `<root>/<kind>` if needed.
-async fn ensure_dir(client: &Client, dir: &str) -> Result<(), ZkError> {
+pub(crate) async fn ensure_dir(client: &Client, dir: &str) -> Result<(), ZkError> {
     let options = CreateMode::Container.with_acls(Acls::anyone_all());
     match retry_on_loss(|| client.create(dir, &[], &options)).await {
         Ok(_) | Err(ZkError::NodeExists) => Ok(()),

@@ -8,6 +8,7 @@ pub mod group;
 pub mod lock;
 pub mod revocation;
 pub mod rwlock;
+pub mod semaphore;
 
 /// The sequence number ZooKeeper appended to a sequential znode's name: the trailing run of
 /// digits, 10 of them (or 19 once a parent's counter passes `i32::MAX`).
