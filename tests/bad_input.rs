@@ -131,6 +131,11 @@ async fn bad_names_bodies_and_handles_are_refused_and_change_nothing() {
         ("POST", "/v1/semaphores/../acquire?permits=1", vec![], b"", StatusCode::BAD_REQUEST, Some("name")),
         ("POST", "/v1/semaphores/s/acquire?permits=1", vec![], b"{\"lease\": 1}", StatusCode::BAD_REQUEST, Some("lease")),
         ("DELETE", "/v1/semaphores/s/permits/nope", vec![], b"", StatusCode::NOT_FOUND, None),
+        ("GET", "/v1/rwlocks/keep/handles/nope", vec![], b"", StatusCode::NOT_FOUND, None),
+        ("GET", "/v1/elections/e/candidates/nope", vec![], b"", StatusCode::NOT_FOUND, None),
+        ("GET", "/v1/semaphores/%2E%2E", vec![], b"", StatusCode::BAD_REQUEST, Some("name")),
+        ("GET", "/v1/semaphores/s/permits/nope", vec![], b"", StatusCode::NOT_FOUND, None),
+        ("GET", "/v1/groups/a%2Fb", vec![], b"", StatusCode::BAD_REQUEST, Some("name")),
         // Unknown endpoints and methods.
         ("GET", "/v2/locks", vec![], b"", StatusCode::NOT_FOUND, None),
         ("PUT", "/v1/locks/keep/acquire", vec![], b"", StatusCode::METHOD_NOT_ALLOWED, None),
