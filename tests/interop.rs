@@ -30,56 +30,30 @@ impl Peer {
 
     /// A Curator peer on a `mutex`, or on the `read` or `write` side of a read/write lock.
     async fn curator_kind(connect: &str, lock_path: &str, kind: &str) -> Peer {
-        let classpath = std::process::Command::new(format!("{INTEROP}/classpath.sh"))
-            .output()
-            .expect("classpath.sh");
-        let classpath = String::from_utf8(classpath.stdout).expect("utf-8").trim().to_string();
-        let mut command = Command::new("java");
-        command.args([
-            "-cp",
-            &classpath,
-            &format!("{INTEROP}/CuratorLock.java"),
-            connect,
-            lock_path,
-            kind,
-        ]);
-        Peer::spawn(command).await
+        Peer::java("CuratorLock", &[connect, lock_path, kind]).await
     }
 
     /// A Curator `LeaderLatch` peer with participant id `id`.
     async fn curator_latch(connect: &str, path: &str, id: &str) -> Peer {
-        let classpath = std::process::Command::new(format!("{INTEROP}/classpath.sh"))
-            .output()
-            .expect("classpath.sh");
-        let classpath = String::from_utf8(classpath.stdout).expect("utf-8").trim().to_string();
-        let mut command = Command::new("java");
-        command.args([
-            "-cp",
-            &classpath,
-            &format!("{INTEROP}/CuratorLatch.java"),
-            connect,
-            path,
-            id,
-        ]);
-        Peer::spawn(command).await
+        Peer::java("CuratorLatch", &[connect, path, id]).await
     }
 
     /// A Curator `InterProcessSemaphoreV2` peer with `permits` leases.
     async fn curator_semaphore(connect: &str, path: &str, permits: u32) -> Peer {
+        Peer::java("CuratorSemaphore", &[connect, path, &permits.to_string()]).await
+    }
+
+    /// Runs `tests/interop/<class>.java` (Java's source launcher: no compile step) on the
+    /// Curator class path.
+    async fn java(class: &str, args: &[&str]) -> Peer {
         let classpath = std::process::Command::new(format!("{INTEROP}/classpath.sh"))
             .output()
             .expect("classpath.sh");
         let classpath = String::from_utf8(classpath.stdout).expect("utf-8").trim().to_string();
         let mut command = Command::new("java");
-        let permits = permits.to_string();
-        command.args([
-            "-cp",
-            &classpath,
-            &format!("{INTEROP}/CuratorSemaphore.java"),
-            connect,
-            path,
-            &permits,
-        ]);
+        command
+            .args(["-cp", &classpath, &format!("{INTEROP}/{class}.java")])
+            .args(args);
         Peer::spawn(command).await
     }
 
