@@ -83,6 +83,12 @@ pub async fn start(config: ServeConfig) -> std::io::Result<Running> {
     let stop = CancellationToken::new();
     let router = app(state.clone());
     let shutdown = stop.clone();
+    // Small request/response exchanges: do not let Nagle's algorithm hold a reply back.
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        if let Err(err) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %err, "could not set TCP_NODELAY");
+        }
+    });
     let task = tokio::spawn(async move {
         axum::serve(listener, router)
             .with_graceful_shutdown(shutdown.cancelled_owned())
