@@ -20,9 +20,10 @@ use tokio_util::sync::CancellationToken;
 use crate::config::ServeConfig;
 use crate::lease::Leases;
 use crate::recipes::contender::Contenders;
-use crate::recipes::group::Groups;
+use crate::recipes::ephemeral::BoundNodes;
 use crate::recipes::semaphore::Semaphores;
 use crate::zk::session::ZkSession;
+use crate::zk::watch::ExistsWatches;
 
 /// Everything the handlers share.
 #[derive(Clone)]
@@ -33,8 +34,11 @@ pub struct AppState {
     pub locks: Contenders,
     pub rwlocks: Contenders,
     pub elections: Contenders,
-    pub groups: Groups,
+    pub groups: BoundNodes,
     pub semaphores: Semaphores,
+    pub barriers: BoundNodes,
+    /// The shared exists-watches barrier waiters wait on.
+    pub barrier_watches: ExistsWatches,
 }
 
 impl AppState {
@@ -47,8 +51,10 @@ impl AppState {
         let locks = Contenders::new(zk.clone(), &config.root, "locks");
         let rwlocks = Contenders::new(zk.clone(), &config.root, "rwlocks");
         let elections = Contenders::new(zk.clone(), &config.root, "elections");
-        let groups = Groups::new(&config.root);
+        let groups = BoundNodes::new(&config.root, "member", "groups");
         let semaphores = Semaphores::new(zk.clone(), &config.root);
+        let barriers = BoundNodes::new(&config.root, "barrier", "barriers");
+        let barrier_watches = ExistsWatches::new(zk.clone());
         AppState {
             config: Arc::new(config),
             zk,
@@ -58,6 +64,8 @@ impl AppState {
             elections,
             groups,
             semaphores,
+            barriers,
+            barrier_watches,
         }
     }
 }

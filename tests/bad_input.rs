@@ -136,6 +136,13 @@ async fn bad_names_bodies_and_handles_are_refused_and_change_nothing() {
         ("GET", "/v1/semaphores/%2E%2E", vec![], b"", StatusCode::BAD_REQUEST, Some("name")),
         ("GET", "/v1/semaphores/s/permits/nope", vec![], b"", StatusCode::NOT_FOUND, None),
         ("GET", "/v1/groups/a%2Fb", vec![], b"", StatusCode::BAD_REQUEST, Some("name")),
+        // Barriers.
+        ("PUT", "/v1/barriers/..", vec![], b"", StatusCode::BAD_REQUEST, Some("name")),
+        ("PUT", "/v1/barriers/b", vec![], b"{\"ttl\": 5}", StatusCode::BAD_REQUEST, Some("ttl")),
+        ("PUT", "/v1/barriers/b", vec![], b"{\"lease\": \"nope\"}", StatusCode::NOT_FOUND, None),
+        ("GET", "/v1/barriers/b/wait?wait=later", vec![], b"", StatusCode::BAD_REQUEST, Some("wait")),
+        ("GET", "/v1/barriers/%0A/wait", vec![], b"", StatusCode::BAD_REQUEST, Some("name")),
+        ("DELETE", "/v1/barriers/never-raised", vec![], b"", StatusCode::NOT_FOUND, None),
         // Unknown endpoints and methods.
         ("GET", "/v2/locks", vec![], b"", StatusCode::NOT_FOUND, None),
         ("PUT", "/v1/locks/keep/acquire", vec![], b"", StatusCode::METHOD_NOT_ALLOWED, None),

@@ -16,7 +16,7 @@ use super::extract::{ApiJson, ApiPath, ApiQuery, HumanDuration};
 use super::leases::LeaseView;
 use super::timestamp;
 use crate::AppState;
-use crate::recipes::group::JoinError;
+use crate::recipes::ephemeral::{BindError, BoundNode};
 use crate::zk::names::validate_name;
 use crate::zk::retry_on_loss;
 
@@ -121,7 +121,7 @@ pub async fn join(
     names(&group, Some(&member))?;
     let body = body.unwrap_or_default();
     let data = serde_json::to_vec(&body.data.unwrap_or(serde_json::Value::Null)).unwrap_or_default();
-    if let Some(existing) = state.groups.member(&group, &member) {
+    if let Some(existing) = state.groups.get(&group, &member) {
         if body.lease.as_deref() == Some(existing.lease.id.as_str()) {
             return Ok((StatusCode::OK, Json(joined(&existing))).into_response());
         }
@@ -144,24 +144,28 @@ pub async fn join(
         }
     };
     let client = state.zk.connected().await?.client;
-    match state.groups.join(&client, &group, &member, &data, &lease).await {
+    match state
+        .groups
+        .bind(&client, &state.groups.dir(&group), &group, &member, &data, &lease)
+        .await
+    {
         Ok(joined_member) => Ok((StatusCode::CREATED, Json(joined(&joined_member))).into_response()),
-        Err(JoinError::Taken) => Err(taken(&group, &member)),
-        Err(JoinError::LeaseEnded) => Err(state
+        Err(BindError::Taken) => Err(taken(&group, &member)),
+        Err(BindError::LeaseEnded) => Err(state
             .leases
             .get(&lease.id)
             .err()
             .map(ApiError::from)
             .unwrap_or_else(|| ApiError::gone("lease-ended", "Lease ended", "the lease ended while joining"))),
-        Err(JoinError::ZooKeeper(err)) => Err(err.into()),
+        Err(BindError::ZooKeeper(err)) => Err(err.into()),
     }
 }
 
-fn joined(member: &crate::recipes::group::Member) -> Joined {
+fn joined(member: &BoundNode) -> Joined {
     Joined {
-        group: member.group.clone(),
+        group: member.resource.clone(),
         member: member.id.clone(),
-        joined_at: timestamp(member.joined_at),
+        joined_at: timestamp(member.created_at),
         lease: LeaseView::of(&member.lease),
     }
 }
@@ -187,13 +191,13 @@ pub async fn leave(
     ApiPath((group, member)): ApiPath<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
     names(&group, Some(&member))?;
-    let Some(joined) = state.groups.member(&group, &member) else {
+    let Some(joined) = state.groups.get(&group, &member) else {
         return Err(ApiError::not_found(
             "member",
             format!("no member `{member}` of `{group}` joined through this instance"),
         ));
     };
-    joined.leave().await;
+    joined.remove().await;
     Ok(StatusCode::NO_CONTENT)
 }
 

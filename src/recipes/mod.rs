@@ -1,10 +1,11 @@
 //! The ZooKeeper recipes, one file each: pure decision logic (children in, next step out) kept
 //! free of I/O, and a thin async driver beside it.
 
+pub mod barrier;
 pub mod config;
 pub mod contender;
 pub mod election;
-pub mod group;
+pub mod ephemeral;
 pub mod lock;
 pub mod revocation;
 pub mod rwlock;

@@ -4,6 +4,7 @@
 pub mod names;
 pub mod server;
 pub mod session;
+pub mod watch;
 
 use std::future::Future;
 use std::time::Duration;

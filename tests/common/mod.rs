@@ -402,3 +402,38 @@ pub async fn server_mode(port: u16) -> Option<String> {
     text.lines()
         .find_map(|l| l.strip_prefix("Mode: ").map(|m| m.trim().to_string()))
 }
+
+/// How many sessions a ZooKeeper server says watch `path` (the `wchp` four-letter word).
+pub async fn sessions_watching(port: u16, path: &str) -> usize {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
+    stream.write_all(b"wchp").await.expect("wchp");
+    let mut text = String::new();
+    within(Duration::from_secs(5), "wchp", stream.read_to_string(&mut text))
+        .await
+        .expect("read wchp");
+    let mut lines = text.lines().skip_while(|line| *line != path);
+    lines.next();
+    lines.take_while(|line| line.starts_with(char::is_whitespace)).count()
+}
+
+/// How many packets a ZooKeeper server has received (the `mntr` four-letter word).
+pub async fn packets_received(port: u16) -> u64 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
+    stream.write_all(b"mntr").await.expect("mntr");
+    let mut text = String::new();
+    within(Duration::from_secs(5), "mntr", stream.read_to_string(&mut text))
+        .await
+        .expect("read mntr");
+    text.lines()
+        .find_map(|line| {
+            line.strip_prefix("zk_packets_received")
+                .map(|v| v.trim().parse().expect("a count"))
+        })
+        .expect("zk_packets_received in mntr")
+}

@@ -1,0 +1,133 @@
+//! Shared watches: one ZooKeeper watch per path per instance, however many HTTP clients wait
+//! on that path.
+//!
+//! A waiter subscribes to a path and gets the path's latest known state (does it exist, and
+//! its stat). The first subscriber starts a task that keeps one exists-watch armed on the
+//! path and publishes every change; waiters are woken in process. When the last subscription
+//! is dropped the task ends. So the load on ZooKeeper does not grow with the number of
+//! waiters: a thousand clients waiting on one barrier cost one watch, not a thousand.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::watch;
+use zookeeper_client::Stat;
+
+use crate::zk::retry_on_loss;
+use crate::zk::session::ZkSession;
+
+/// What is known of a watched path: `None` until the first read, then whether it exists.
+pub type Known = Option<Option<Stat>>;
+
+struct Entry {
+    state: watch::Sender<Known>,
+    /// How many subscriptions are live.
+    listeners: watch::Sender<usize>,
+}
+
+/// Watched paths.
+type Paths = Arc<Mutex<HashMap<String, Arc<Entry>>>>;
+
+/// The shared exists-watches of this instance.
+#[derive(Clone)]
+pub struct ExistsWatches {
+    zk: ZkSession,
+    paths: Paths,
+}
+
+/// A live subscription to a path's state; dropping it lets the watch go when it was the last.
+pub struct Subscription {
+    pub state: watch::Receiver<Known>,
+    entry: Arc<Entry>,
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        self.entry.listeners.send_modify(|n| *n = n.saturating_sub(1));
+    }
+}
+
+impl ExistsWatches {
+    pub fn new(zk: ZkSession) -> ExistsWatches {
+        ExistsWatches {
+            zk,
+            paths: Arc::default(),
+        }
+    }
+
+    /// Subscribes to `path`'s state, kept current by the path's one watch.
+    pub fn subscribe(&self, path: &str) -> Subscription {
+        let mut paths = self.paths.lock().unwrap_or_else(|e| e.into_inner());
+        let entry = match paths.get(path) {
+            Some(entry) if *entry.listeners.borrow() > 0 => entry.clone(),
+            _ => {
+                let entry = Arc::new(Entry {
+                    state: watch::Sender::new(None),
+                    listeners: watch::Sender::new(0),
+                });
+                paths.insert(path.to_string(), entry.clone());
+                tokio::spawn(keep_watching(
+                    self.zk.clone(),
+                    path.to_string(),
+                    entry.clone(),
+                    self.paths.clone(),
+                ));
+                entry
+            }
+        };
+        entry.listeners.send_modify(|n| *n += 1);
+        Subscription {
+            state: entry.state.subscribe(),
+            entry,
+        }
+    }
+
+    /// How many subscriptions `path` has now, as a receiver that follows changes.
+    pub fn listeners(&self, path: &str) -> Option<watch::Receiver<usize>> {
+        let paths = self.paths.lock().unwrap_or_else(|e| e.into_inner());
+        paths.get(path).map(|entry| entry.listeners.subscribe())
+    }
+}
+
+/// Keeps one exists-watch armed on `path` while anyone listens; publishes each state.
+async fn keep_watching(zk: ZkSession, path: String, entry: Arc<Entry>, paths: Paths) {
+    let mut listeners = entry.listeners.subscribe();
+    let nobody = async move {
+        let _ = listeners.wait_for(|n| *n == 0).await;
+    };
+    tokio::pin!(nobody);
+    loop {
+        let session = tokio::select! {
+            session = zk.connected() => session,
+            _ = &mut nobody => break,
+        };
+        let Ok(session) = session else {
+            // No session for now: wait for the supervisor's next one (or for nobody to care).
+            let mut status = zk.subscribe();
+            tokio::select! {
+                _ = status.changed() => continue,
+                _ = &mut nobody => break,
+            }
+        };
+        match retry_on_loss(|| session.client.check_and_watch_stat(&path)).await {
+            Ok((stat, watcher)) => {
+                entry.state.send_replace(Some(stat));
+                tokio::select! {
+                    _ = watcher.changed() => {}
+                    _ = &mut nobody => break,
+                }
+            }
+            Err(err) => {
+                tracing::warn!(%path, error = %err, "shared watch could not be set; retrying");
+                tokio::select! {
+                    _ = tokio::time::sleep(std::time::Duration::from_millis(200)) => {}
+                    _ = &mut nobody => break,
+                }
+            }
+        }
+    }
+    let mut paths = paths.lock().unwrap_or_else(|e| e.into_inner());
+    if paths.get(&path).is_some_and(|e| Arc::ptr_eq(e, &entry)) {
+        paths.remove(&path);
+    }
+}
