@@ -37,7 +37,8 @@ pub struct AppState {
     pub groups: BoundNodes,
     pub semaphores: Semaphores,
     pub barriers: BoundNodes,
-    /// The shared exists-watches barrier waiters wait on.
+    pub double_barriers: BoundNodes,
+    /// The shared exists-watches that barrier and double-barrier waiters wait on.
     pub barrier_watches: ExistsWatches,
 }
 
@@ -54,6 +55,7 @@ impl AppState {
         let groups = BoundNodes::new(&config.root, "member", "groups");
         let semaphores = Semaphores::new(zk.clone(), &config.root);
         let barriers = BoundNodes::new(&config.root, "barrier", "barriers");
+        let double_barriers = BoundNodes::new(&config.root, "participant", "double-barriers");
         let barrier_watches = ExistsWatches::new(zk.clone());
         AppState {
             config: Arc::new(config),
@@ -65,6 +67,7 @@ impl AppState {
             groups,
             semaphores,
             barriers,
+            double_barriers,
             barrier_watches,
         }
     }

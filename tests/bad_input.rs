@@ -143,6 +143,14 @@ async fn bad_names_bodies_and_handles_are_refused_and_change_nothing() {
         ("GET", "/v1/barriers/b/wait?wait=later", vec![], b"", StatusCode::BAD_REQUEST, Some("wait")),
         ("GET", "/v1/barriers/%0A/wait", vec![], b"", StatusCode::BAD_REQUEST, Some("name")),
         ("DELETE", "/v1/barriers/never-raised", vec![], b"", StatusCode::NOT_FOUND, None),
+        // Double barriers.
+        ("POST", "/v1/double-barriers/d/enter", vec![], b"{\"participant\": \"p\"}", StatusCode::BAD_REQUEST, None),
+        ("POST", "/v1/double-barriers/d/enter", vec![], b"{\"participant\": \"p\", \"size\": 0}", StatusCode::BAD_REQUEST, Some("size")),
+        ("POST", "/v1/double-barriers/d/enter", vec![], b"{\"participant\": \"ready\", \"size\": 2}", StatusCode::BAD_REQUEST, Some("participant")),
+        ("POST", "/v1/double-barriers/d/enter", vec![], b"{\"participant\": \"a/b\", \"size\": 2}", StatusCode::BAD_REQUEST, Some("participant")),
+        ("POST", "/v1/double-barriers/../enter", vec![], b"{\"participant\": \"p\", \"size\": 2}", StatusCode::BAD_REQUEST, Some("name")),
+        ("POST", "/v1/double-barriers/d/leave?wait=x", vec![], b"{\"participant\": \"p\"}", StatusCode::BAD_REQUEST, Some("wait")),
+        ("POST", "/v1/double-barriers/d/leave", vec![], b"{}", StatusCode::BAD_REQUEST, None),
         // Unknown endpoints and methods.
         ("GET", "/v2/locks", vec![], b"", StatusCode::NOT_FOUND, None),
         ("PUT", "/v1/locks/keep/acquire", vec![], b"", StatusCode::METHOD_NOT_ALLOWED, None),

@@ -4,6 +4,7 @@
 
 mod barriers;
 mod contention;
+mod double_barriers;
 mod elections;
 pub mod error;
 pub mod extract;
@@ -39,7 +40,7 @@ pub const BODY_LIMIT_BYTES: usize = 512 * 1024;
     paths(kv::get_value, kv::put_value, kv::delete_value),
     info(
         title = "zkgate",
-        description = "Apache ZooKeeper's coordination recipes over HTTP: leases, exclusive and read/write locks with fencing tokens, semaphores, leader election, group membership, configuration, barriers.\n\n\
+        description = "Apache ZooKeeper's coordination recipes over HTTP: leases, exclusive and read/write locks with fencing tokens, semaphores, leader election, group membership, configuration, barriers and double barriers.\n\n\
             Errors are RFC 9457 problem documents (`application/problem+json`) whose `type` is `urn:zkgate:problem:<slug>`.\n\
             Durations are written like `500ms`, `5s`, `1m`.",
         license(name = "MIT")
@@ -50,7 +51,7 @@ pub const BODY_LIMIT_BYTES: usize = 512 * 1024;
         (name = "elections", description = "Leader election (the guide's recipe on Curator's LeaderLatch names): campaign, resign, leader with term, proclaim."),
         (name = "kv", description = "Configuration and names: plain znodes, ETag versions, compare-and-set, blocking reads."),
         (name = "semaphores", description = "Counting semaphores with N permits (Curator's InterProcessSemaphoreV2 znodes)."),
-        (name = "barriers", description = "Barriers: raise, lower, and wait until down (one ZooKeeper watch per barrier per instance)."),
+        (name = "barriers", description = "Barriers (raise, lower, wait until down) and double barriers (enter together, leave together)."),
         (name = "groups", description = "Group membership: lease-bound members with data, and a blocking read of changes."),
         (name = "rwlocks", description = "Shared (read/write) locks: readers share, a writer excludes all (Curator's InterProcessReadWriteLock names)."),
         (name = "health", description = "Liveness and readiness.")
@@ -89,6 +90,10 @@ fn api_router() -> OpenApiRouter<AppState> {
         .routes(routes!(barriers::list_barriers))
         .routes(routes!(barriers::barrier_state, barriers::raise, barriers::lower))
         .routes(routes!(barriers::wait))
+        .routes(routes!(double_barriers::list_double_barriers))
+        .routes(routes!(double_barriers::double_barrier_state))
+        .routes(routes!(double_barriers::enter))
+        .routes(routes!(double_barriers::leave))
         .routes(routes!(groups::list_groups))
         .routes(routes!(groups::members))
         .routes(routes!(groups::join, groups::leave))

@@ -325,9 +325,11 @@ pub async fn wait_children(connect: &str, path: &str, count: usize) -> Vec<Strin
                         watcher.changed().await;
                     }
                     Err(zookeeper_client::Error::NoNode) => {
-                        // Not created yet: watch for its creation instead.
-                        let (_, watcher) = client.check_and_watch_stat(path).await.expect("exists watch");
-                        watcher.changed().await;
+                        // Not created yet: watch for its creation instead (unless it just was).
+                        let (stat, watcher) = client.check_and_watch_stat(path).await.expect("exists watch");
+                        if stat.is_none() {
+                            watcher.changed().await;
+                        }
                     }
                     Err(err) => panic!("listing {path}: {err}"),
                 }
