@@ -38,7 +38,9 @@ pub struct AppState {
     pub semaphores: Semaphores,
     pub barriers: BoundNodes,
     pub double_barriers: BoundNodes,
-    /// The shared exists-watches that barrier and double-barrier waiters wait on.
+    /// Two-phase commit transactions (`<root>/txns/<id>`) and their registered participants.
+    pub txn_members: BoundNodes,
+    /// The shared exists-watches that barrier, double-barrier and decision waiters wait on.
     pub barrier_watches: ExistsWatches,
 }
 
@@ -56,6 +58,7 @@ impl AppState {
         let semaphores = Semaphores::new(zk.clone(), &config.root);
         let barriers = BoundNodes::new(&config.root, "barrier", "barriers");
         let double_barriers = BoundNodes::new(&config.root, "participant", "double-barriers");
+        let txn_members = BoundNodes::new(&config.root, "participant", "txns");
         let barrier_watches = ExistsWatches::new(zk.clone());
         AppState {
             config: Arc::new(config),
@@ -68,6 +71,7 @@ impl AppState {
             semaphores,
             barriers,
             double_barriers,
+            txn_members,
             barrier_watches,
         }
     }

@@ -151,6 +151,14 @@ async fn bad_names_bodies_and_handles_are_refused_and_change_nothing() {
         ("POST", "/v1/double-barriers/../enter", vec![], b"{\"participant\": \"p\", \"size\": 2}", StatusCode::BAD_REQUEST, Some("name")),
         ("POST", "/v1/double-barriers/d/leave?wait=x", vec![], b"{\"participant\": \"p\"}", StatusCode::BAD_REQUEST, Some("wait")),
         ("POST", "/v1/double-barriers/d/leave", vec![], b"{}", StatusCode::BAD_REQUEST, None),
+        // Transactions.
+        ("POST", "/v1/txns", vec![], b"{\"participants\": []}", StatusCode::BAD_REQUEST, Some("participants")),
+        ("POST", "/v1/txns", vec![], b"{\"participants\": [\"a\", \"a\"]}", StatusCode::BAD_REQUEST, Some("participants")),
+        ("POST", "/v1/txns", vec![], b"{\"id\": \"a/b\", \"participants\": [\"a\"]}", StatusCode::BAD_REQUEST, Some("id")),
+        ("POST", "/v1/txns", vec![], b"{\"participants\": [\"a\"], \"deadline\": \"never\"}", StatusCode::BAD_REQUEST, Some("deadline")),
+        ("POST", "/v1/txns/t/participants/a/vote", vec![], b"{\"vote\": \"maybe\"}", StatusCode::BAD_REQUEST, Some("vote")),
+        ("PUT", "/v1/txns/nope/participants/a", vec![], b"", StatusCode::NOT_FOUND, None),
+        ("GET", "/v1/txns/%2E%2E", vec![], b"", StatusCode::BAD_REQUEST, Some("name")),
         // Unknown endpoints and methods.
         ("GET", "/v2/locks", vec![], b"", StatusCode::NOT_FOUND, None),
         ("PUT", "/v1/locks/keep/acquire", vec![], b"", StatusCode::METHOD_NOT_ALLOWED, None),

@@ -15,6 +15,7 @@ mod leases;
 mod locks;
 mod rwlocks;
 mod semaphores;
+mod txns;
 
 use std::time::SystemTime;
 
@@ -40,7 +41,7 @@ pub const BODY_LIMIT_BYTES: usize = 512 * 1024;
     paths(kv::get_value, kv::put_value, kv::delete_value),
     info(
         title = "zkgate",
-        description = "Apache ZooKeeper's coordination recipes over HTTP: leases, exclusive and read/write locks with fencing tokens, semaphores, leader election, group membership, configuration, barriers and double barriers.\n\n\
+        description = "Apache ZooKeeper's coordination recipes over HTTP: leases, exclusive and read/write locks with fencing tokens, semaphores, leader election, group membership, configuration, barriers and double barriers, two-phase commit.\n\n\
             Errors are RFC 9457 problem documents (`application/problem+json`) whose `type` is `urn:zkgate:problem:<slug>`.\n\
             Durations are written like `500ms`, `5s`, `1m`.",
         license(name = "MIT")
@@ -52,6 +53,7 @@ pub const BODY_LIMIT_BYTES: usize = 512 * 1024;
         (name = "kv", description = "Configuration and names: plain znodes, ETag versions, compare-and-set, blocking reads."),
         (name = "semaphores", description = "Counting semaphores with N permits (Curator's InterProcessSemaphoreV2 znodes)."),
         (name = "barriers", description = "Barriers (raise, lower, wait until down) and double barriers (enter together, leave together)."),
+        (name = "txns", description = "Two-phase commit: participants register (lease-bound), vote, and read the decision, written once."),
         (name = "groups", description = "Group membership: lease-bound members with data, and a blocking read of changes."),
         (name = "rwlocks", description = "Shared (read/write) locks: readers share, a writer excludes all (Curator's InterProcessReadWriteLock names)."),
         (name = "health", description = "Liveness and readiness.")
@@ -94,6 +96,10 @@ fn api_router() -> OpenApiRouter<AppState> {
         .routes(routes!(double_barriers::double_barrier_state))
         .routes(routes!(double_barriers::enter))
         .routes(routes!(double_barriers::leave))
+        .routes(routes!(txns::list_txns, txns::create))
+        .routes(routes!(txns::get_txn))
+        .routes(routes!(txns::register))
+        .routes(routes!(txns::vote))
         .routes(routes!(groups::list_groups))
         .routes(routes!(groups::members))
         .routes(routes!(groups::join, groups::leave))

@@ -11,6 +11,7 @@ pub mod lock;
 pub mod revocation;
 pub mod rwlock;
 pub mod semaphore;
+pub mod txn;
 
 /// The sequence number ZooKeeper appended to a sequential znode's name: the trailing run of
 /// digits, 10 of them (or 19 once a parent's counter passes `i32::MAX`).

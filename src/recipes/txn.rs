@@ -1,0 +1,390 @@
+//! Two-phase commit, the guide's recipe with both of its fixes.
+//!
+//! A transaction is `<root>/txns/<id>` holding the participants, the payload and a deadline.
+//! Each participant registers with its own ephemeral node `members/<p>` (bound to its lease),
+//! so its failure is seen (the guide's second fix), and votes by creating `votes/<p>` holding
+//! `commit` or `abort` (create-only: a vote never changes). The outcome is written once, as
+//! `decision` (create-only, so it never changes either): commit only if every participant
+//! voted commit; abort at the first abort, when a registered participant vanishes before it
+//! voted, or at the deadline. Only the coordinator (the instance that created the
+//! transaction) watches the members and the votes and publishes the decision, so
+//! notifications stay O(n) (the guide's first fix); anyone reading the decision after the
+//! deadline may write the abort itself, so a dead coordinator cannot block the transaction.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+
+/// A vote.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Vote {
+    Commit,
+    Abort,
+}
+
+impl Vote {
+    pub fn parse(data: &[u8]) -> Option<Vote> {
+        match data {
+            b"commit" => Some(Vote::Commit),
+            b"abort" => Some(Vote::Abort),
+            _ => None,
+        }
+    }
+
+    pub fn as_bytes(self) -> &'static [u8] {
+        match self {
+            Vote::Commit => b"commit",
+            Vote::Abort => b"abort",
+        }
+    }
+}
+
+/// The outcome.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Outcome {
+    Commit,
+    Abort,
+}
+
+/// The decision, as written once.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Decision {
+    pub outcome: Outcome,
+    /// Why, in words.
+    #[schema(example = "every participant voted commit")]
+    pub reason: String,
+    /// When it was decided, ms since the epoch.
+    pub at_ms: i64,
+}
+
+/// What the coordinator knows.
+#[derive(Debug, Default)]
+pub struct Tally<'a> {
+    /// Every participant of the transaction.
+    pub participants: &'a [String],
+    /// Participants registered now.
+    pub registered: BTreeSet<String>,
+    /// Participants seen registered at some point.
+    pub ever_registered: BTreeSet<String>,
+    pub votes: BTreeMap<String, Vote>,
+    /// Whether the deadline has passed.
+    pub past_deadline: bool,
+}
+
+/// The recipe's decision, if the tally settles it: `None` means "keep waiting".
+pub fn decide(tally: &Tally<'_>) -> Option<(Outcome, String)> {
+    if let Some((p, _)) = tally.votes.iter().find(|(_, v)| **v == Vote::Abort) {
+        return Some((Outcome::Abort, format!("`{p}` voted abort")));
+    }
+    if let Some(p) = tally
+        .ever_registered
+        .iter()
+        .find(|p| !tally.registered.contains(*p) && !tally.votes.contains_key(*p))
+    {
+        return Some((Outcome::Abort, format!("`{p}` was lost before it voted")));
+    }
+    if tally
+        .participants
+        .iter()
+        .all(|p| tally.votes.get(p) == Some(&Vote::Commit))
+    {
+        return Some((Outcome::Commit, "every participant voted commit".into()));
+    }
+    if tally.past_deadline {
+        return Some((
+            Outcome::Abort,
+            "the deadline passed before every participant voted".into(),
+        ));
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tally<'a>(participants: &'a [String], registered: &[&str], ever: &[&str], votes: &[(&str, Vote)]) -> Tally<'a> {
+        Tally {
+            participants,
+            registered: registered.iter().map(|s| s.to_string()).collect(),
+            ever_registered: ever.iter().map(|s| s.to_string()).collect(),
+            votes: votes.iter().map(|(p, v)| (p.to_string(), *v)).collect(),
+            past_deadline: false,
+        }
+    }
+
+    #[test]
+    fn the_recipes_outcomes() {
+        let ps = vec!["a".to_string(), "b".to_string()];
+        let all = tally(
+            &ps,
+            &["a", "b"],
+            &["a", "b"],
+            &[("a", Vote::Commit), ("b", Vote::Commit)],
+        );
+        assert_eq!(decide(&all).map(|d| d.0), Some(Outcome::Commit));
+        let one_abort = tally(&ps, &["a", "b"], &["a", "b"], &[("a", Vote::Abort)]);
+        assert_eq!(decide(&one_abort).map(|d| d.0), Some(Outcome::Abort));
+        let waiting = tally(&ps, &["a", "b"], &["a", "b"], &[("a", Vote::Commit)]);
+        assert_eq!(decide(&waiting), None);
+        let lost = tally(&ps, &["a"], &["a", "b"], &[("a", Vote::Commit)]);
+        assert_eq!(decide(&lost).map(|d| d.0), Some(Outcome::Abort));
+        // Lost after voting commit is no loss: the vote stands.
+        let voted_then_gone = tally(&ps, &["a"], &["a", "b"], &[("a", Vote::Commit), ("b", Vote::Commit)]);
+        assert_eq!(decide(&voted_then_gone).map(|d| d.0), Some(Outcome::Commit));
+        let late = Tally {
+            past_deadline: true,
+            ..tally(&ps, &["a"], &["a"], &[])
+        };
+        assert_eq!(decide(&late).map(|d| d.0), Some(Outcome::Abort));
+    }
+}
+
+/// What a transaction znode holds.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Spec {
+    pub participants: Vec<String>,
+    pub payload: Option<serde_json::Value>,
+    pub deadline_ms: i64,
+    pub created_at_ms: i64,
+}
+
+/// A transaction as read from ZooKeeper.
+#[derive(Clone, Debug)]
+pub struct Record {
+    pub spec: Spec,
+    pub registered: BTreeSet<String>,
+    pub votes: BTreeMap<String, Vote>,
+    pub decision: Option<Decision>,
+}
+
+/// Why a vote was not recorded.
+#[derive(Debug)]
+pub enum VoteError {
+    /// This participant already voted otherwise.
+    AlreadyVoted(Vote),
+    ZooKeeper(zookeeper_client::Error),
+}
+
+pub use io::{coordinate, create, decide_now, now_ms, read, record_vote};
+
+mod io {
+    use std::collections::BTreeSet;
+    use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+    use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError, MultiReadResult};
+
+    use super::{Decision, Outcome, Record, Spec, Tally, Vote, VoteError, decide};
+    use crate::zk::retry_on_loss;
+    use crate::zk::session::ZkSession;
+
+    pub fn now_ms() -> i64 {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_millis() as i64
+    }
+
+    /// Creates the transaction znode with its `members` and `votes` children in one multi.
+    /// `NodeExists` if the id is taken.
+    pub async fn create(client: &Client, dir: &str, spec: &Spec) -> Result<(), ZkError> {
+        let data = serde_json::to_vec(spec).unwrap_or_default();
+        let options = CreateMode::Persistent.with_acls(Acls::anyone_all());
+        loop {
+            let mut writer = client.new_multi_writer();
+            writer.add_create(dir, &data, &options)?;
+            writer.add_create(&format!("{dir}/members"), &[], &options)?;
+            writer.add_create(&format!("{dir}/votes"), &[], &options)?;
+            match writer.commit().await {
+                Ok(_) => return Ok(()),
+                Err(zookeeper_client::MultiWriteError::OperationFailed {
+                    source: ZkError::NoNode,
+                    ..
+                }) => {
+                    crate::zk::session::ensure_path(client, &dir[..dir.rfind('/').unwrap_or(0)]).await?;
+                }
+                Err(zookeeper_client::MultiWriteError::OperationFailed { source, .. }) => return Err(source),
+                Err(zookeeper_client::MultiWriteError::RequestFailed {
+                    source: ZkError::ConnectionLoss,
+                }) => {
+                    // Applied or not: a transaction znode with our exact spec is ours.
+                    match retry_on_loss(|| client.get_data(dir)).await {
+                        Ok((existing, _)) if existing == data => return Ok(()),
+                        Ok(_) => return Err(ZkError::NodeExists),
+                        Err(ZkError::NoNode) => continue,
+                        Err(err) => return Err(err),
+                    }
+                }
+                Err(zookeeper_client::MultiWriteError::RequestFailed { source }) => return Err(source),
+            }
+        }
+    }
+
+    /// Reads a transaction; `None` if there is none with that id.
+    pub async fn read(client: &Client, dir: &str) -> Result<Option<Record>, ZkError> {
+        let spec: Spec = match retry_on_loss(|| client.get_data(dir)).await {
+            Ok((data, _)) => match serde_json::from_slice(&data) {
+                Ok(spec) => spec,
+                Err(_) => return Err(ZkError::UnexpectedError(format!("{dir} is not a zkgate transaction"))),
+            },
+            Err(ZkError::NoNode) => return Ok(None),
+            Err(err) => return Err(err),
+        };
+        let registered: BTreeSet<String> = retry_on_loss(|| client.list_children(&format!("{dir}/members")))
+            .await?
+            .into_iter()
+            .collect();
+        let votes = read_votes(client, dir).await?;
+        let decision = match retry_on_loss(|| client.get_data(&format!("{dir}/decision"))).await {
+            Ok((data, _)) => serde_json::from_slice(&data).ok(),
+            Err(ZkError::NoNode) => None,
+            Err(err) => return Err(err),
+        };
+        Ok(Some(Record {
+            spec,
+            registered,
+            votes,
+            decision,
+        }))
+    }
+
+    async fn read_votes(client: &Client, dir: &str) -> Result<std::collections::BTreeMap<String, Vote>, ZkError> {
+        let votes_dir = format!("{dir}/votes");
+        let names = retry_on_loss(|| client.list_children(&votes_dir)).await?;
+        if names.is_empty() {
+            return Ok(Default::default());
+        }
+        let results = retry_on_loss(|| {
+            let mut reader = client.new_multi_reader();
+            for name in &names {
+                let _ = reader.add_get_data(&format!("{votes_dir}/{name}"));
+            }
+            reader.commit()
+        })
+        .await?;
+        Ok(names
+            .into_iter()
+            .zip(results)
+            .filter_map(|(name, result)| match result {
+                MultiReadResult::Data { data, .. } => Vote::parse(&data).map(|v| (name, v)),
+                _ => None,
+            })
+            .collect())
+    }
+
+    /// Records `vote` for `participant` (create-only): the same vote again is fine.
+    pub async fn record_vote(client: &Client, dir: &str, participant: &str, vote: Vote) -> Result<(), VoteError> {
+        let path = format!("{dir}/votes/{participant}");
+        let options = CreateMode::Persistent.with_acls(Acls::anyone_all());
+        loop {
+            match client.create(&path, vote.as_bytes(), &options).await {
+                Ok(_) => return Ok(()),
+                Err(ZkError::NodeExists | ZkError::ConnectionLoss) => {
+                    match retry_on_loss(|| client.get_data(&path)).await {
+                        Ok((data, _)) => {
+                            return match Vote::parse(&data) {
+                                Some(existing) if existing == vote => Ok(()),
+                                Some(existing) => Err(VoteError::AlreadyVoted(existing)),
+                                None => Err(VoteError::ZooKeeper(ZkError::UnexpectedError("unreadable vote".into()))),
+                            };
+                        }
+                        Err(ZkError::NoNode) => continue,
+                        Err(err) => return Err(VoteError::ZooKeeper(err)),
+                    }
+                }
+                Err(err) => return Err(VoteError::ZooKeeper(err)),
+            }
+        }
+    }
+
+    /// Writes the decision once; returns the decision in force (ours, or one written before).
+    async fn write_decision(client: &Client, dir: &str, outcome: Outcome, reason: String) -> Result<Decision, ZkError> {
+        let path = format!("{dir}/decision");
+        let decision = Decision {
+            outcome,
+            reason,
+            at_ms: now_ms(),
+        };
+        let data = serde_json::to_vec(&decision).unwrap_or_default();
+        let options = CreateMode::Persistent.with_acls(Acls::anyone_all());
+        loop {
+            match client.create(&path, &data, &options).await {
+                Ok(_) => return Ok(decision),
+                Err(ZkError::NodeExists | ZkError::ConnectionLoss) => {
+                    match retry_on_loss(|| client.get_data(&path)).await {
+                        Ok((existing, _)) => {
+                            return serde_json::from_slice(&existing)
+                                .map_err(|_| ZkError::UnexpectedError("unreadable decision".into()));
+                        }
+                        Err(ZkError::NoNode) => continue,
+                        Err(err) => return Err(err),
+                    }
+                }
+                Err(err) => return Err(err),
+            }
+        }
+    }
+
+    /// Decides now if the transaction's state (as read now) settles it, writing the decision.
+    pub async fn decide_now(
+        client: &Client,
+        dir: &str,
+        ever_registered: &BTreeSet<String>,
+    ) -> Result<Option<Decision>, ZkError> {
+        let Some(record) = read(client, dir).await? else {
+            return Ok(None);
+        };
+        if record.decision.is_some() {
+            return Ok(record.decision);
+        }
+        let mut ever = ever_registered.clone();
+        ever.extend(record.registered.iter().cloned());
+        let tally = Tally {
+            participants: &record.spec.participants,
+            registered: record.registered.clone(),
+            ever_registered: ever,
+            votes: record.votes.clone(),
+            past_deadline: now_ms() >= record.spec.deadline_ms,
+        };
+        match decide(&tally) {
+            Some((outcome, reason)) => write_decision(client, dir, outcome, reason).await.map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// The coordinator: watches the members and the votes (two watches, on this instance only)
+    /// and writes the decision as soon as the tally settles it, or at the deadline.
+    pub async fn coordinate(zk: ZkSession, dir: String, deadline_ms: i64) {
+        let mut ever_registered = BTreeSet::new();
+        loop {
+            let Ok(session) = zk.connected().await else {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                continue;
+            };
+            let client = session.client;
+            let members = retry_on_loss(|| client.get_and_watch_children(&format!("{dir}/members"))).await;
+            let votes = retry_on_loss(|| client.get_and_watch_children(&format!("{dir}/votes"))).await;
+            let (Ok((registered, _, members_changed)), Ok((_, _, votes_changed))) = (members, votes) else {
+                tracing::warn!(%dir, "transaction coordinator cannot read its transaction; giving up");
+                return;
+            };
+            ever_registered.extend(registered);
+            match decide_now(&client, &dir, &ever_registered).await {
+                Ok(Some(decision)) => {
+                    tracing::info!(%dir, outcome = ?decision.outcome, reason = %decision.reason, "transaction decided");
+                    return;
+                }
+                Ok(None) => {}
+                Err(err) => tracing::warn!(%dir, error = %err, "transaction coordinator could not decide yet"),
+            }
+            let until = Duration::from_millis((deadline_ms - now_ms()).max(0) as u64);
+            tokio::select! {
+                _ = members_changed.changed() => {}
+                _ = votes_changed.changed() => {}
+                _ = tokio::time::sleep(until) => {}
+            }
+        }
+    }
+}
