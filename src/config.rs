@@ -46,6 +46,15 @@ pub struct ServeConfig {
     #[arg(long, env = "ZKGATE_MAX_WAIT", default_value = "60s", value_parser = duration)]
     pub max_wait: Duration,
 
+    /// Most items a queue may hold; a put beyond it answers 507. It keeps a queue's children
+    /// listing well within what ZooKeeper carries in one reply.
+    #[arg(long, env = "ZKGATE_QUEUE_MAX_DEPTH", default_value_t = 10_000)]
+    pub queue_max_depth: usize,
+
+    /// How many times an item is delivered (claimed) before it moves to the dead letters.
+    #[arg(long, env = "ZKGATE_QUEUE_MAX_DELIVERIES", default_value_t = 5)]
+    pub queue_max_deliveries: u32,
+
     /// Data directory of the embedded ZooKeeper (default: a new temporary directory, removed
     /// on exit). Ignored with `--zookeeper`.
     #[arg(long, env = "ZKGATE_ZOOKEEPER_DATA_DIR")]
@@ -68,6 +77,8 @@ impl ServeConfig {
             lease_ttl_min: Duration::from_secs(1),
             lease_ttl_max: Duration::from_secs(3600),
             max_wait: Duration::from_secs(60),
+            queue_max_depth: 10_000,
+            queue_max_deliveries: 5,
             zookeeper_data_dir: None,
         }
     }

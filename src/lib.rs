@@ -21,6 +21,7 @@ use crate::config::ServeConfig;
 use crate::lease::Leases;
 use crate::recipes::contender::Contenders;
 use crate::recipes::ephemeral::BoundNodes;
+use crate::recipes::queue::service::Queues;
 use crate::recipes::semaphore::Semaphores;
 use crate::zk::session::ZkSession;
 use crate::zk::watch::ExistsWatches;
@@ -40,6 +41,7 @@ pub struct AppState {
     pub double_barriers: BoundNodes,
     /// Two-phase commit transactions (`<root>/txns/<id>`) and their registered participants.
     pub txn_members: BoundNodes,
+    pub queues: Queues,
     /// The shared exists-watches that barrier, double-barrier and decision waiters wait on.
     pub barrier_watches: ExistsWatches,
 }
@@ -60,6 +62,7 @@ impl AppState {
         let double_barriers = BoundNodes::new(&config.root, "participant", "double-barriers");
         let txn_members = BoundNodes::new(&config.root, "participant", "txns");
         let barrier_watches = ExistsWatches::new(zk.clone());
+        let queues = Queues::new(zk.clone(), &config.root, barrier_watches.clone());
         AppState {
             config: Arc::new(config),
             zk,
@@ -72,6 +75,7 @@ impl AppState {
             barriers,
             double_barriers,
             txn_members,
+            queues,
             barrier_watches,
         }
     }

@@ -145,6 +145,16 @@ impl ApiError {
         )
     }
 
+    /// Any status with its own problem type.
+    pub fn new_status(
+        status: StatusCode,
+        slug: &'static str,
+        title: &'static str,
+        detail: impl Into<String>,
+    ) -> ApiError {
+        ApiError::new(status, slug, title, detail)
+    }
+
     /// 409: the request conflicts with what the resource (or lease) is in now.
     pub fn conflict(slug: &'static str, title: &'static str, detail: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::CONFLICT, slug, title, detail)

@@ -13,6 +13,7 @@ mod health;
 mod kv;
 mod leases;
 mod locks;
+mod queues;
 mod rwlocks;
 mod semaphores;
 mod txns;
@@ -41,7 +42,7 @@ pub const BODY_LIMIT_BYTES: usize = 512 * 1024;
     paths(kv::get_value, kv::put_value, kv::delete_value),
     info(
         title = "zkgate",
-        description = "Apache ZooKeeper's coordination recipes over HTTP: leases, exclusive and read/write locks with fencing tokens, semaphores, leader election, group membership, configuration, barriers and double barriers, two-phase commit.\n\n\
+        description = "Apache ZooKeeper's coordination recipes over HTTP: leases, exclusive and read/write locks with fencing tokens, semaphores, leader election, group membership, configuration, barriers and double barriers, two-phase commit, queues.\n\n\
             Errors are RFC 9457 problem documents (`application/problem+json`) whose `type` is `urn:zkgate:problem:<slug>`.\n\
             Durations are written like `500ms`, `5s`, `1m`.",
         license(name = "MIT")
@@ -54,6 +55,7 @@ pub const BODY_LIMIT_BYTES: usize = 512 * 1024;
         (name = "semaphores", description = "Counting semaphores with N permits (Curator's InterProcessSemaphoreV2 znodes)."),
         (name = "barriers", description = "Barriers (raise, lower, wait until down) and double barriers (enter together, leave together)."),
         (name = "txns", description = "Two-phase commit: participants register (lease-bound), vote, and read the decision, written once."),
+        (name = "queues", description = "Durable queues and priority queues: idempotent puts, at-least-once takes with ack deadlines, dead letters."),
         (name = "groups", description = "Group membership: lease-bound members with data, and a blocking read of changes."),
         (name = "rwlocks", description = "Shared (read/write) locks: readers share, a writer excludes all (Curator's InterProcessReadWriteLock names)."),
         (name = "health", description = "Liveness and readiness.")
@@ -100,6 +102,14 @@ fn api_router() -> OpenApiRouter<AppState> {
         .routes(routes!(txns::get_txn))
         .routes(routes!(txns::register))
         .routes(routes!(txns::vote))
+        .routes(routes!(queues::list_queues))
+        .routes(routes!(queues::queue_state))
+        .routes(routes!(queues::put))
+        .routes(routes!(queues::take))
+        .routes(routes!(queues::ack))
+        .routes(routes!(queues::nack))
+        .routes(routes!(queues::dead_letters))
+        .routes(routes!(queues::replay))
         .routes(routes!(groups::list_groups))
         .routes(routes!(groups::members))
         .routes(routes!(groups::join, groups::leave))

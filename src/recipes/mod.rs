@@ -8,6 +8,7 @@ pub mod double_barrier;
 pub mod election;
 pub mod ephemeral;
 pub mod lock;
+pub mod queue;
 pub mod revocation;
 pub mod rwlock;
 pub mod semaphore;

@@ -1,5 +1,5 @@
 //! Shared watches: one ZooKeeper watch per path per instance, however many HTTP clients wait
-//! on that path.
+//! on that path (an exists-watch for barriers and decisions, a children watch for queues).
 //!
 //! A waiter subscribes to a path and gets the path's latest known state (does it exist, and
 //! its stat). The first subscriber starts a task that keeps one exists-watch armed on the
@@ -16,8 +16,18 @@ use zookeeper_client::Stat;
 use crate::zk::retry_on_loss;
 use crate::zk::session::ZkSession;
 
-/// What is known of a watched path: `None` until the first read, then whether it exists.
+/// What is known of a watched path: `None` until the first read, then its stat if it exists
+/// (for a children watch, the parent's stat: `cversion` and `num_children` follow its children).
 pub type Known = Option<Option<Stat>>;
+
+/// What a shared watch follows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Mode {
+    /// The path's existence and data (an exists-watch).
+    Exists,
+    /// The path's children (a children watch).
+    Children,
+}
 
 struct Entry {
     state: watch::Sender<Known>,
@@ -26,7 +36,7 @@ struct Entry {
 }
 
 /// Watched paths.
-type Paths = Arc<Mutex<HashMap<String, Arc<Entry>>>>;
+type Paths = Arc<Mutex<HashMap<(Mode, String), Arc<Entry>>>>;
 
 /// The shared exists-watches of this instance.
 #[derive(Clone)]
@@ -55,23 +65,29 @@ impl ExistsWatches {
         }
     }
 
-    /// Subscribes to `path`'s state, kept current by the path's one watch.
+    /// Subscribes to `path`'s state, kept current by the path's one exists-watch.
     pub fn subscribe(&self, path: &str) -> Subscription {
+        self.subscribe_to(Mode::Exists, path)
+    }
+
+    /// Subscribes to `path`'s children (its stat), kept current by the path's one children
+    /// watch.
+    pub fn subscribe_children(&self, path: &str) -> Subscription {
+        self.subscribe_to(Mode::Children, path)
+    }
+
+    fn subscribe_to(&self, mode: Mode, path: &str) -> Subscription {
+        let key = (mode, path.to_string());
         let mut paths = self.paths.lock().unwrap_or_else(|e| e.into_inner());
-        let entry = match paths.get(path) {
+        let entry = match paths.get(&key) {
             Some(entry) if *entry.listeners.borrow() > 0 => entry.clone(),
             _ => {
                 let entry = Arc::new(Entry {
                     state: watch::Sender::new(None),
                     listeners: watch::Sender::new(0),
                 });
-                paths.insert(path.to_string(), entry.clone());
-                tokio::spawn(keep_watching(
-                    self.zk.clone(),
-                    path.to_string(),
-                    entry.clone(),
-                    self.paths.clone(),
-                ));
+                paths.insert(key.clone(), entry.clone());
+                tokio::spawn(keep_watching(self.zk.clone(), key, entry.clone(), self.paths.clone()));
                 entry
             }
         };
@@ -85,12 +101,15 @@ impl ExistsWatches {
     /// How many subscriptions `path` has now, as a receiver that follows changes.
     pub fn listeners(&self, path: &str) -> Option<watch::Receiver<usize>> {
         let paths = self.paths.lock().unwrap_or_else(|e| e.into_inner());
-        paths.get(path).map(|entry| entry.listeners.subscribe())
+        paths
+            .get(&(Mode::Exists, path.to_string()))
+            .map(|entry| entry.listeners.subscribe())
     }
 }
 
 /// Keeps one exists-watch armed on `path` while anyone listens; publishes each state.
-async fn keep_watching(zk: ZkSession, path: String, entry: Arc<Entry>, paths: Paths) {
+async fn keep_watching(zk: ZkSession, key: (Mode, String), entry: Arc<Entry>, paths: Paths) {
+    let (mode, path) = (key.0, key.1.clone());
     let mut listeners = entry.listeners.subscribe();
     let nobody = async move {
         let _ = listeners.wait_for(|n| *n == 0).await;
@@ -109,7 +128,23 @@ async fn keep_watching(zk: ZkSession, path: String, entry: Arc<Entry>, paths: Pa
                 _ = &mut nobody => break,
             }
         };
-        match retry_on_loss(|| session.client.check_and_watch_stat(&path)).await {
+        let armed = match mode {
+            Mode::Exists => retry_on_loss(|| session.client.check_and_watch_stat(&path)).await,
+            Mode::Children => match retry_on_loss(|| session.client.get_and_watch_children(&path)).await {
+                Ok((_, stat, watcher)) => Ok((Some(stat), watcher)),
+                // No parent yet: follow its creation instead.
+                Err(zookeeper_client::Error::NoNode) => retry_on_loss(|| session.client.check_and_watch_stat(&path))
+                    .await
+                    .and_then(|(stat, watcher)| match stat {
+                        Some(_) => Err(zookeeper_client::Error::NodeExists),
+                        None => Ok((None, watcher)),
+                    }),
+                Err(err) => Err(err),
+            },
+        };
+        match armed {
+            // Created between the two reads: arm the children watch now.
+            Err(zookeeper_client::Error::NodeExists) => continue,
             Ok((stat, watcher)) => {
                 entry.state.send_replace(Some(stat));
                 tokio::select! {
@@ -127,7 +162,7 @@ async fn keep_watching(zk: ZkSession, path: String, entry: Arc<Entry>, paths: Pa
         }
     }
     let mut paths = paths.lock().unwrap_or_else(|e| e.into_inner());
-    if paths.get(&path).is_some_and(|e| Arc::ptr_eq(e, &entry)) {
-        paths.remove(&path);
+    if paths.get(&key).is_some_and(|e| Arc::ptr_eq(e, &entry)) {
+        paths.remove(&key);
     }
 }

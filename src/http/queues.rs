@@ -1,0 +1,492 @@
+//! `/v1/queues`: durable queues and priority queues: put (idempotent with a key, bounded),
+//! take at least once (claim, ack, nack, ack deadline, dead letters) or at most once, long
+//! polls, depth and peek.
+
+use std::time::{Duration, UNIX_EPOCH};
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
+
+use super::contention::{LockSummary, check_name};
+use super::error::{ApiError, Place, Problem};
+use super::extract::{ApiPath, ApiQuery, HumanDuration};
+use super::{millis_since, timestamp};
+use crate::AppState;
+use crate::recipes::contender::read_names;
+use crate::recipes::queue::service::{self, Claim};
+use crate::recipes::queue::{self, Envelope, Put, Taken};
+use crate::zk::names::validate_name;
+use crate::zk::retry_on_loss;
+
+/// Query of a put.
+#[derive(Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct PutQuery {
+    /// 0 (first) to 99 (last); items of one priority are taken in the order they were put.
+    /// Default 50.
+    pub priority: Option<u8>,
+}
+
+/// Answer of a put.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct Stored {
+    #[schema(example = "emails")]
+    pub queue: String,
+    /// The item's znode, when stored by this request.
+    #[schema(example = "queue-0000000042")]
+    pub item: Option<String>,
+    /// `true` when an earlier put with the same `Idempotency-Key` stored it.
+    pub duplicate: bool,
+}
+
+/// How to take.
+#[derive(Deserialize, Clone, Copy, PartialEq, Eq, utoipa::ToSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum TakeMode {
+    /// Claim the item; it is removed by an ack and comes back after a nack or the deadline.
+    AtLeastOnce,
+    /// Remove the item before returning it: a lost reply loses it.
+    AtMostOnce,
+}
+
+/// Query of a take.
+#[derive(Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct TakeQuery {
+    /// How long to wait for an item (capped by the server's maximum, which is the default).
+    #[param(value_type = Option<String>, example = "30s")]
+    pub wait: Option<HumanDuration>,
+    /// `at-least-once` (default) or `at-most-once`.
+    #[param(value_type = Option<String>, example = "at-least-once")]
+    pub mode: Option<TakeMode>,
+    /// How long a claim lasts without an ack (default 30s).
+    #[param(value_type = Option<String>, example = "30s")]
+    pub ack_deadline: Option<HumanDuration>,
+}
+
+/// A taken item.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct Delivery {
+    #[schema(example = "emails")]
+    pub queue: String,
+    #[schema(example = "queue-0000000042")]
+    pub item: String,
+    pub priority: u8,
+    /// Acknowledge with `POST /v1/queues/{name}/claims/{claim}/ack` (at least once only).
+    pub claim: Option<String>,
+    /// When the claim lapses and the item is delivered again.
+    pub ack_deadline_at: Option<String>,
+    /// How many times the item has been claimed, this one included.
+    pub deliveries: u32,
+    pub put_at: String,
+    pub content_type: String,
+    /// The body, when JSON.
+    #[schema(value_type = Option<Object>)]
+    pub body: Option<serde_json::Value>,
+    /// The body, when text.
+    pub text: Option<String>,
+    /// The body, base64-encoded, when it is binary.
+    pub body_base64: Option<String>,
+}
+
+/// An item waiting (or dead) in a queue.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct Waiting {
+    pub item: String,
+    pub priority: u8,
+    pub deliveries: u32,
+    pub age_ms: u64,
+    pub content_type: String,
+    #[schema(value_type = Option<Object>)]
+    pub body: Option<serde_json::Value>,
+    pub text: Option<String>,
+    pub body_base64: Option<String>,
+}
+
+/// A queue's state.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct QueueView {
+    #[schema(example = "emails")]
+    pub name: String,
+    /// Items waiting to be taken (claimed ones excluded).
+    pub depth: usize,
+    /// Items claimed and not yet acknowledged.
+    pub in_flight: usize,
+    /// Items in the dead-letter queue.
+    pub dead: usize,
+    /// Age of the oldest item, in ms.
+    pub oldest_age_ms: Option<u64>,
+    /// The first items, in the order they will be taken.
+    pub head: Vec<Waiting>,
+}
+
+fn body_of(headers: &HeaderMap, bytes: &[u8]) -> Result<Envelope, ApiError> {
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("application/octet-stream");
+    let is_json = content_type.starts_with("application/json") || content_type.contains("+json");
+    let (body, text, base64) = if is_json {
+        let value = serde_json::from_slice(bytes)
+            .map_err(|e| ApiError::malformed_body(format!("the body is not valid JSON: {e}")))?;
+        (Some(value), None, None)
+    } else {
+        match String::from_utf8(bytes.to_vec()) {
+            Ok(text) => (None, Some(text), None),
+            Err(_) => (
+                None,
+                None,
+                Some(base64::Engine::encode(
+                    &base64::engine::general_purpose::STANDARD,
+                    bytes,
+                )),
+            ),
+        }
+    };
+    Ok(Envelope {
+        content_type: content_type.to_string(),
+        body,
+        text,
+        base64,
+        put_at_ms: crate::recipes::txn::now_ms(),
+        deliveries: 0,
+    })
+}
+
+fn waiting_view(item: String, envelope: Envelope, ctime: i64) -> Waiting {
+    Waiting {
+        priority: queue::order_of(&item).map(|o| o.0).unwrap_or(queue::DEFAULT_PRIORITY),
+        item,
+        deliveries: envelope.deliveries,
+        age_ms: millis_since(UNIX_EPOCH + Duration::from_millis(ctime.max(0) as u64)),
+        content_type: envelope.content_type,
+        body: envelope.body,
+        text: envelope.text,
+        body_base64: envelope.base64,
+    }
+}
+
+/// Puts an item: JSON (`Content-Type: application/json`), text, or any bytes (returned
+/// base64-encoded). With an
+/// `Idempotency-Key`, a retried put is stored once. A full queue answers 507.
+#[utoipa::path(post, path = "/v1/queues/{name}/items", tag = "queues",
+    params(("name" = String, Path, description = "Queue name"), PutQuery,
+        ("Idempotency-Key" = Option<String>, Header, description = "Makes the put safe to retry (1 to 128 bytes, no `/`)")),
+    request_body(content = String, description = "The item", content_type = "application/json"),
+    responses(
+        (status = 201, description = "Stored", body = Stored),
+        (status = 200, description = "A put with this key was stored before", body = Stored),
+        (status = 400, description = "Bad name, priority, key or body", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Item too large", body = Problem, content_type = "application/problem+json"),
+        (status = 507, description = "The queue is full", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "ZooKeeper unreachable", body = Problem, content_type = "application/problem+json"),
+    ))]
+pub async fn put(
+    State(state): State<AppState>,
+    ApiPath(name): ApiPath<String>,
+    ApiQuery(query): ApiQuery<PutQuery>,
+    headers: HeaderMap,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Result<Response, ApiError> {
+    check_name(&name)?;
+    if query.priority.is_some_and(|p| p > 99) {
+        return Err(ApiError::invalid(Place::Query, "priority", "must be 0 to 99"));
+    }
+    let key = match headers.get(super::leases::IDEMPOTENCY_KEY) {
+        Some(value) => {
+            let key = value
+                .to_str()
+                .map_err(|_| ApiError::invalid(Place::Header, "Idempotency-Key", "must be ASCII"))?;
+            validate_name(key).map_err(|e| ApiError::invalid(Place::Header, "Idempotency-Key", e))?;
+            Some(key.to_string())
+        }
+        None => None,
+    };
+    let bytes = body.map_err(super::extract::body_rejection)?;
+    let envelope = body_of(&headers, &bytes)?;
+    let client = state.zk.connected().await?.client;
+    let paths = state.queues.paths(&name);
+    let depth = match retry_on_loss(|| client.check_stat(&paths.items)).await? {
+        Some(stat) => stat.num_children as usize,
+        None => 0,
+    };
+    if depth >= state.config.queue_max_depth {
+        return Err(ApiError::new_status(
+            StatusCode::INSUFFICIENT_STORAGE,
+            "queue-full",
+            "Queue full",
+            format!("queue `{name}` holds {depth} items, its limit (--queue-max-depth); take some first"),
+        )
+        .with("depth", depth));
+    }
+    let (status, stored) = match queue::put(&client, &paths, query.priority, &envelope, key.as_deref()).await? {
+        Put::Stored(item) => (
+            StatusCode::CREATED,
+            Stored {
+                queue: name,
+                item: Some(item),
+                duplicate: false,
+            },
+        ),
+        Put::Duplicate => (
+            StatusCode::OK,
+            Stored {
+                queue: name,
+                item: None,
+                duplicate: true,
+            },
+        ),
+    };
+    Ok((status, Json(stored)).into_response())
+}
+
+/// Takes the next item (a long poll): by default claims it (at least once: acknowledge it, or
+/// it comes back after the ack deadline); with `mode=at-most-once` removes it. 204 when the
+/// wait ends with the queue empty. Waiters on one instance share one ZooKeeper watch, and
+/// each new item wakes one of them.
+#[utoipa::path(post, path = "/v1/queues/{name}/take", tag = "queues",
+    params(("name" = String, Path, description = "Queue name"), TakeQuery),
+    responses(
+        (status = 200, description = "An item", body = Delivery),
+        (status = 204, description = "No item within the wait"),
+        (status = 400, description = "Bad name or query", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "ZooKeeper unreachable", body = Problem, content_type = "application/problem+json"),
+    ))]
+pub async fn take(
+    State(state): State<AppState>,
+    ApiPath(name): ApiPath<String>,
+    ApiQuery(query): ApiQuery<TakeQuery>,
+) -> Result<Response, ApiError> {
+    check_name(&name)?;
+    let mode = query.mode.unwrap_or(TakeMode::AtLeastOnce);
+    let ack_deadline = match (mode, query.ack_deadline) {
+        (TakeMode::AtMostOnce, Some(_)) => {
+            return Err(ApiError::invalid(
+                Place::Query,
+                "ack_deadline",
+                "only applies to at-least-once takes",
+            ));
+        }
+        (TakeMode::AtMostOnce, None) => None,
+        (TakeMode::AtLeastOnce, deadline) => {
+            let deadline = deadline.map(|d| d.0).unwrap_or(Duration::from_secs(30));
+            if deadline.is_zero() {
+                return Err(ApiError::invalid(Place::Query, "ack_deadline", "must be above zero"));
+            }
+            Some(deadline)
+        }
+    };
+    state.zk.current()?;
+    let wait = query
+        .wait
+        .map(|w| w.0)
+        .unwrap_or(state.config.max_wait)
+        .min(state.config.max_wait);
+    let taken = state
+        .queues
+        .take(
+            &name,
+            ack_deadline,
+            state.config.queue_max_deliveries,
+            Instant::now() + wait,
+        )
+        .await?;
+    match taken {
+        None => Ok(StatusCode::NO_CONTENT.into_response()),
+        Some((taken, claim)) => Ok(Json(delivery(&name, taken, claim.as_ref())).into_response()),
+    }
+}
+
+fn delivery(queue: &str, taken: Taken, claim: Option<&Claim>) -> Delivery {
+    Delivery {
+        queue: queue.to_string(),
+        priority: queue::order_of(&taken.item)
+            .map(|o| o.0)
+            .unwrap_or(queue::DEFAULT_PRIORITY),
+        item: taken.item,
+        claim: claim.map(service::id_of),
+        ack_deadline_at: claim.map(|c| timestamp(UNIX_EPOCH + Duration::from_millis(c.deadline_ms.max(0) as u64))),
+        deliveries: taken.envelope.deliveries,
+        put_at: timestamp(UNIX_EPOCH + Duration::from_millis(taken.envelope.put_at_ms.max(0) as u64)),
+        content_type: taken.envelope.content_type,
+        body: taken.envelope.body,
+        text: taken.envelope.text,
+        body_base64: taken.envelope.base64,
+    }
+}
+
+fn claim_lost(claim: &str) -> ApiError {
+    ApiError::gone(
+        "claim-lost",
+        "Claim lost",
+        format!(
+            "claim `{claim}` is not held (acknowledged before, given back, or its ack deadline passed: the item is delivered again)"
+        ),
+    )
+}
+
+/// Acknowledges a claim: the item is removed for good.
+#[utoipa::path(post, path = "/v1/queues/{name}/claims/{claim}/ack", tag = "queues",
+    params(("name" = String, Path, description = "Queue name"), ("claim" = String, Path, description = "Claim from the take")),
+    responses(
+        (status = 204, description = "Acknowledged: the item is gone"),
+        (status = 400, description = "Bad name", body = Problem, content_type = "application/problem+json"),
+        (status = 410, description = "The claim is no longer held", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "ZooKeeper unreachable", body = Problem, content_type = "application/problem+json"),
+    ))]
+pub async fn ack(
+    State(state): State<AppState>,
+    ApiPath((name, claim)): ApiPath<(String, String)>,
+) -> Result<StatusCode, ApiError> {
+    check_name(&name)?;
+    let held = state.queues.claim(&name, &claim).ok_or_else(|| claim_lost(&claim))?;
+    let client = state.zk.connected().await?.client;
+    let acked = queue::ack(&client, &state.queues.paths(&name), &held.item, &held.data).await?;
+    state.queues.forget(&claim);
+    if acked {
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(claim_lost(&claim))
+    }
+}
+
+/// Gives a claim back: the item is delivered again (its delivery count already counts this
+/// one).
+#[utoipa::path(post, path = "/v1/queues/{name}/claims/{claim}/nack", tag = "queues",
+    params(("name" = String, Path, description = "Queue name"), ("claim" = String, Path, description = "Claim from the take")),
+    responses(
+        (status = 204, description = "Given back"),
+        (status = 400, description = "Bad name", body = Problem, content_type = "application/problem+json"),
+        (status = 410, description = "The claim is no longer held", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "ZooKeeper unreachable", body = Problem, content_type = "application/problem+json"),
+    ))]
+pub async fn nack(
+    State(state): State<AppState>,
+    ApiPath((name, claim)): ApiPath<(String, String)>,
+) -> Result<StatusCode, ApiError> {
+    check_name(&name)?;
+    let held = state.queues.claim(&name, &claim).ok_or_else(|| claim_lost(&claim))?;
+    let client = state.zk.connected().await?.client;
+    let released = queue::release_claim(&client, &state.queues.paths(&name), &held.item, &held.data).await?;
+    state.queues.forget(&claim);
+    if released {
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(claim_lost(&claim))
+    }
+}
+
+/// A queue's depth, claims in flight, dead letters, oldest item and first items (peek).
+#[utoipa::path(get, path = "/v1/queues/{name}", tag = "queues",
+    params(("name" = String, Path, description = "Queue name")),
+    responses(
+        (status = 200, body = QueueView),
+        (status = 400, description = "Bad name", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "ZooKeeper unreachable", body = Problem, content_type = "application/problem+json"),
+    ))]
+pub async fn queue_state(
+    State(state): State<AppState>,
+    ApiPath(name): ApiPath<String>,
+) -> Result<Json<QueueView>, ApiError> {
+    check_name(&name)?;
+    let client = state.zk.current()?.client;
+    let paths = state.queues.paths(&name);
+    let claimed: Vec<String> = match retry_on_loss(|| client.list_children(&paths.claims)).await {
+        Ok(claimed) => claimed,
+        Err(zookeeper_client::Error::NoNode) => Vec::new(),
+        Err(err) => return Err(err.into()),
+    };
+    let items = queue::list(&client, &paths.items, usize::MAX).await?;
+    let dead = match retry_on_loss(|| client.check_stat(&paths.dead)).await? {
+        Some(stat) => stat.num_children as usize,
+        None => 0,
+    };
+    let oldest = items.iter().map(|(_, _, stat)| stat.ctime).min();
+    let waiting: Vec<_> = items
+        .into_iter()
+        .filter(|(item, _, _)| !claimed.contains(item))
+        .collect();
+    Ok(Json(QueueView {
+        name,
+        depth: waiting.len(),
+        in_flight: claimed.len(),
+        dead,
+        oldest_age_ms: oldest.map(|ctime| millis_since(UNIX_EPOCH + Duration::from_millis(ctime.max(0) as u64))),
+        head: waiting
+            .into_iter()
+            .take(10)
+            .map(|(item, envelope, stat)| waiting_view(item, envelope, stat.ctime))
+            .collect(),
+    }))
+}
+
+/// The dead-letter queue: items delivered too many times, oldest first.
+#[utoipa::path(get, path = "/v1/queues/{name}/dead", tag = "queues",
+    params(("name" = String, Path, description = "Queue name")),
+    responses(
+        (status = 200, body = Vec<Waiting>),
+        (status = 400, description = "Bad name", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "ZooKeeper unreachable", body = Problem, content_type = "application/problem+json"),
+    ))]
+pub async fn dead_letters(
+    State(state): State<AppState>,
+    ApiPath(name): ApiPath<String>,
+) -> Result<Json<Vec<Waiting>>, ApiError> {
+    check_name(&name)?;
+    let client = state.zk.current()?.client;
+    let dead = queue::list(&client, &state.queues.paths(&name).dead, 1000).await?;
+    Ok(Json(
+        dead.into_iter()
+            .map(|(item, envelope, stat)| waiting_view(item, envelope, stat.ctime))
+            .collect(),
+    ))
+}
+
+/// Puts a dead item back into the queue, in its old place, its delivery count reset.
+#[utoipa::path(post, path = "/v1/queues/{name}/dead/{item}/replay", tag = "queues",
+    params(("name" = String, Path, description = "Queue name"), ("item" = String, Path, description = "Dead item")),
+    responses(
+        (status = 204, description = "Back in the queue"),
+        (status = 400, description = "Bad name", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such dead item", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "ZooKeeper unreachable", body = Problem, content_type = "application/problem+json"),
+    ))]
+pub async fn replay(
+    State(state): State<AppState>,
+    ApiPath((name, item)): ApiPath<(String, String)>,
+) -> Result<StatusCode, ApiError> {
+    check_name(&name)?;
+    validate_name(&item).map_err(|e| ApiError::invalid(Place::Path, "item", e))?;
+    let client = state.zk.connected().await?.client;
+    if queue::replay(&client, &state.queues.paths(&name), &item).await? {
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(ApiError::not_found(
+            "item",
+            format!("no dead item `{item}` in `{name}`"),
+        ))
+    }
+}
+
+/// Lists the queues.
+#[utoipa::path(get, path = "/v1/queues", tag = "queues", responses(
+    (status = 200, body = Vec<LockSummary>),
+    (status = 503, description = "ZooKeeper unreachable", body = Problem, content_type = "application/problem+json"),
+))]
+pub async fn list_queues(State(state): State<AppState>) -> Result<Json<Vec<LockSummary>>, ApiError> {
+    let client = state.zk.current()?.client;
+    let names = read_names(&client, state.queues.base()).await?;
+    Ok(Json(
+        names
+            .into_iter()
+            .map(|(name, contenders)| LockSummary { name, contenders })
+            .collect(),
+    ))
+}

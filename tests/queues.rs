@@ -1,0 +1,459 @@
+//! Queues over HTTP: at-least-once delivery through consumers that vanish (every item acked
+//! exactly once, none lost), idempotent puts, priority order with FIFO within a priority,
+//! dead letters and replay, long-poll takes, bounded depth.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::{Gate, Reply, within, zookeeper};
+use reqwest::StatusCode;
+use serde_json::json;
+
+async fn put(gate: &Gate, queue: &str, query: &str, body: serde_json::Value) -> Reply {
+    gate.post(&format!("/v1/queues/{queue}/items?{query}"), Some(body))
+        .await
+}
+
+async fn take(gate: &Gate, queue: &str, query: &str) -> Reply {
+    gate.post(&format!("/v1/queues/{queue}/take?{query}"), None).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_thousand_items_through_vanishing_consumers_are_each_acked_exactly_once() {
+    let zk = zookeeper().await;
+    let gate = Arc::new(Gate::start(&zk.connect_string()).await);
+    const ITEMS: usize = 1000;
+    let producers: Vec<_> = (0..8)
+        .map(|p| {
+            let gate = gate.clone();
+            tokio::spawn(async move {
+                for i in (p..ITEMS).step_by(8) {
+                    let reply = put(&gate, "work", "", json!({ "id": i })).await;
+                    assert_eq!(reply.status, StatusCode::CREATED, "{reply:?}");
+                }
+            })
+        })
+        .collect();
+    for producer in producers {
+        within(Duration::from_secs(120), "the producers", producer)
+            .await
+            .expect("producer");
+    }
+
+    let acked = Arc::new(Mutex::new(Vec::new()));
+    let vanished = Arc::new(Mutex::new(BTreeSet::new()));
+    let consumers: Vec<_> = (0..4)
+        .map(|c| {
+            let (gate, acked, vanished) = (gate.clone(), acked.clone(), vanished.clone());
+            tokio::spawn(async move {
+                loop {
+                    let item = take(&gate, "work", "wait=2s&ack_deadline=300ms").await;
+                    if item.status == StatusCode::NO_CONTENT {
+                        if acked.lock().unwrap().len() >= ITEMS {
+                            return;
+                        }
+                        continue;
+                    }
+                    assert_eq!(item.status, StatusCode::OK, "{item:?}");
+                    let id = item.body["body"]["id"].as_u64().expect("id");
+                    // Consumers 0 and 1 vanish with every seventh item on its first delivery:
+                    // no ack, no nack; the claim lapses and the item comes back.
+                    if c < 2 && id % 7 == 0 && item.body["deliveries"] == 1 {
+                        vanished.lock().unwrap().insert(id);
+                        continue;
+                    }
+                    let claim = item.str("claim");
+                    let ack = gate.post(&format!("/v1/queues/work/claims/{claim}/ack"), None).await;
+                    if ack.status == StatusCode::NO_CONTENT {
+                        acked.lock().unwrap().push(id);
+                    } else {
+                        assert_eq!(ack.status, StatusCode::GONE, "{ack:?}");
+                    }
+                }
+            })
+        })
+        .collect();
+    for consumer in consumers {
+        within(Duration::from_secs(180), "the consumers", consumer)
+            .await
+            .expect("consumer");
+    }
+    let acked = std::mem::take(&mut *acked.lock().unwrap());
+    let mut counts = BTreeMap::new();
+    for id in &acked {
+        *counts.entry(*id).or_insert(0) += 1;
+    }
+    assert_eq!(counts.len(), ITEMS, "every item acked");
+    assert!(counts.values().all(|&n| n == 1), "no item acked twice");
+    assert!(!vanished.lock().unwrap().is_empty(), "some consumers vanished");
+    let state = gate.get("/v1/queues/work").await;
+    assert_eq!(
+        (
+            state.body["depth"].as_u64(),
+            state.body["in_flight"].as_u64(),
+            state.body["dead"].as_u64()
+        ),
+        (Some(0), Some(0), Some(0)),
+        "{state:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_retried_put_lands_once_and_a_full_queue_refuses_more() {
+    let zk = zookeeper().await;
+    let mut config = common::test_config(&zk.connect_string());
+    config.queue_max_depth = 3;
+    let gate = Gate::start_with(config).await;
+    let send = |key: &'static str| {
+        let request = gate
+            .http
+            .post(format!("{}/v1/queues/orders/items", gate.url))
+            .header("Idempotency-Key", key)
+            .json(&json!({"order": key}));
+        async move { Reply::read(request.send().await.expect("put")).await }
+    };
+    assert_eq!(send("o-1").await.status, StatusCode::CREATED);
+    let retried = send("o-1").await;
+    assert_eq!(
+        (retried.status, retried.body["duplicate"].as_bool()),
+        (StatusCode::OK, Some(true))
+    );
+    assert_eq!(
+        gate.get("/v1/queues/orders").await.body["depth"],
+        1,
+        "the retried put appears once"
+    );
+    assert_eq!(send("o-2").await.status, StatusCode::CREATED);
+    assert_eq!(send("o-3").await.status, StatusCode::CREATED);
+    let full = send("o-4").await;
+    full.assert_problem(StatusCode::INSUFFICIENT_STORAGE, None);
+    assert_eq!(full.body["type"], "urn:zkgate:problem:queue-full");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn priorities_come_first_and_each_priority_is_fifo() {
+    let zk = zookeeper().await;
+    let gate = Arc::new(Gate::start(&zk.connect_string()).await);
+    let producers: Vec<_> = (0..4u64)
+        .map(|producer| {
+            let gate = gate.clone();
+            tokio::spawn(async move {
+                for index in 0..25u64 {
+                    let priority = (producer * 7 + index * 3) % 4;
+                    let reply = put(
+                        &gate,
+                        "jobs",
+                        &format!("priority={priority}"),
+                        json!({"producer": producer, "index": index}),
+                    )
+                    .await;
+                    assert_eq!(reply.status, StatusCode::CREATED);
+                }
+            })
+        })
+        .collect();
+    for producer in producers {
+        within(Duration::from_secs(60), "the producers", producer)
+            .await
+            .expect("producer");
+    }
+    let mut taken = Vec::new();
+    loop {
+        let item = take(&gate, "jobs", "mode=at-most-once&wait=0").await;
+        if item.status == StatusCode::NO_CONTENT {
+            break;
+        }
+        taken.push((
+            item.body["priority"].as_u64().expect("priority"),
+            item.body["body"]["producer"].as_u64().expect("p"),
+            item.body["body"]["index"].as_u64().expect("i"),
+        ));
+    }
+    assert_eq!(taken.len(), 100);
+    assert!(
+        taken.windows(2).all(|w| w[0].0 <= w[1].0),
+        "lower priority numbers first"
+    );
+    for producer in 0..4 {
+        for priority in 0..4 {
+            let indices: Vec<u64> = taken
+                .iter()
+                .filter(|t| t.1 == producer && t.0 == priority)
+                .map(|t| t.2)
+                .collect();
+            assert!(
+                indices.windows(2).all(|w| w[0] < w[1]),
+                "FIFO within priority {priority} for producer {producer}: {indices:?}"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn an_item_delivered_too_often_is_dead_lettered_and_can_be_replayed() {
+    let zk = zookeeper().await;
+    let mut config = common::test_config(&zk.connect_string());
+    config.queue_max_deliveries = 2;
+    let gate = Gate::start_with(config).await;
+    put(&gate, "mail", "", json!({"to": "nobody"})).await;
+    for delivery in 1..=2 {
+        let item = take(&gate, "mail", "wait=0").await;
+        assert_eq!(item.body["deliveries"], delivery, "{item:?}");
+        let nacked = gate
+            .post(&format!("/v1/queues/mail/claims/{}/nack", item.str("claim")), None)
+            .await;
+        assert_eq!(nacked.status, StatusCode::NO_CONTENT);
+    }
+    assert_eq!(
+        take(&gate, "mail", "wait=0").await.status,
+        StatusCode::NO_CONTENT,
+        "the third delivery goes to the dead letters"
+    );
+    let dead = gate.get("/v1/queues/mail/dead").await;
+    assert_eq!(dead.body[0]["body"]["to"], "nobody", "{dead:?}");
+    let item = dead.body[0]["item"].as_str().expect("item").to_string();
+    assert_eq!(
+        gate.post(&format!("/v1/queues/mail/dead/{item}/replay"), None)
+            .await
+            .status,
+        StatusCode::NO_CONTENT
+    );
+    let again = take(&gate, "mail", "wait=0").await;
+    assert_eq!(
+        (again.status, again.body["deliveries"].as_u64()),
+        (StatusCode::OK, Some(1)),
+        "{again:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_taker_gets_an_item_as_soon_as_it_is_put_and_one_item_serves_one_taker() {
+    let zk = zookeeper().await;
+    let gate = Arc::new(Gate::start(&zk.connect_string()).await);
+    let takers: Vec<_> = (0..3)
+        .map(|_| {
+            let gate = gate.clone();
+            tokio::spawn(async move { take(&gate, "inbox", "wait=3s&mode=at-most-once").await })
+        })
+        .collect();
+    let put_reply = put(&gate, "inbox", "", json!({"hello": "world"})).await;
+    assert_eq!(put_reply.status, StatusCode::CREATED);
+    let mut statuses = Vec::new();
+    for taker in takers {
+        statuses.push(
+            within(Duration::from_secs(10), "a taker", taker)
+                .await
+                .expect("taker")
+                .status,
+        );
+    }
+    assert_eq!(
+        statuses.iter().filter(|s| **s == StatusCode::OK).count(),
+        1,
+        "{statuses:?}"
+    );
+    assert_eq!(
+        statuses.iter().filter(|s| **s == StatusCode::NO_CONTENT).count(),
+        2,
+        "{statuses:?}"
+    );
+}
+
+/// A zkgate process (not in-process: it is killed with SIGKILL).
+struct Process {
+    child: tokio::process::Child,
+    url: String,
+}
+
+impl Process {
+    async fn start(connect: &str) -> Process {
+        use tokio::io::AsyncBufReadExt;
+        let port = zkgate::zk::server::free_port().expect("port");
+        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_zkgate"))
+            .args([
+                "serve",
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--zookeeper",
+                connect,
+                "--session-timeout",
+                "2s",
+            ])
+            .env("ZKGATE_LOG", "info")
+            .stdout(std::process::Stdio::piped())
+            .stdin(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start zkgate");
+        let mut lines = tokio::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
+        within(Duration::from_secs(60), "zkgate to serve", async {
+            while let Some(line) = lines.next_line().await.expect("log") {
+                if line.contains("zkgate serving") {
+                    return;
+                }
+            }
+            panic!("zkgate exited before serving");
+        })
+        .await;
+        // Keep draining the log so the process never blocks on a full pipe.
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        Process {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_acknowledged_put_survives_a_kill_9_of_the_instance() {
+    let zk = zookeeper().await;
+    let first = Process::start(&zk.connect_string()).await;
+    let http = reqwest::Client::new();
+    let accepted = Arc::new(Mutex::new(BTreeSet::new()));
+    let consumed = Arc::new(Mutex::new(BTreeSet::new()));
+
+    // A producer and a consumer run against the first instance until it is killed.
+    let (progress, mut acknowledged) = tokio::sync::watch::channel(0usize);
+    let producer = {
+        let (http, url, accepted) = (http.clone(), first.url.clone(), accepted.clone());
+        tokio::spawn(async move {
+            for id in 0u64.. {
+                let sent = http
+                    .post(format!("{url}/v1/queues/durable/items"))
+                    .json(&json!({"id": id}))
+                    .send()
+                    .await;
+                match sent {
+                    Ok(response) if response.status() == StatusCode::CREATED => {
+                        let count = {
+                            let mut accepted = accepted.lock().unwrap();
+                            accepted.insert(id);
+                            accepted.len()
+                        };
+                        progress.send_replace(count);
+                    }
+                    _ => return, // the instance is gone
+                }
+            }
+        })
+    };
+    let consumer = {
+        let (http, url, consumed) = (http.clone(), first.url.clone(), consumed.clone());
+        tokio::spawn(async move {
+            loop {
+                let Ok(response) = http
+                    .post(format!("{url}/v1/queues/durable/take?wait=1s&ack_deadline=5s"))
+                    .send()
+                    .await
+                else {
+                    return;
+                };
+                if response.status() != StatusCode::OK {
+                    continue;
+                }
+                let Ok(item) = response.json::<serde_json::Value>().await else {
+                    return;
+                };
+                let claim = item["claim"].as_str().unwrap_or_default().to_string();
+                let Ok(ack) = http
+                    .post(format!("{url}/v1/queues/durable/claims/{claim}/ack"))
+                    .send()
+                    .await
+                else {
+                    return;
+                };
+                if ack.status() == StatusCode::NO_CONTENT {
+                    consumed
+                        .lock()
+                        .unwrap()
+                        .insert(item["body"]["id"].as_u64().expect("id"));
+                }
+            }
+        })
+    };
+    // Kill it in the middle of the traffic, once 300 puts were acknowledged.
+    within(
+        Duration::from_secs(60),
+        "300 acknowledged puts",
+        acknowledged.wait_for(|n| *n >= 300),
+    )
+    .await
+    .expect("the producer runs");
+    let mut first = first;
+    first.child.start_kill().expect("kill -9");
+    first.child.wait().await.expect("reaped");
+    within(Duration::from_secs(30), "the producer to notice", producer)
+        .await
+        .expect("producer");
+    within(Duration::from_secs(30), "the consumer to notice", consumer)
+        .await
+        .expect("consumer");
+
+    // A new instance: everything acknowledged and not yet consumed is still delivered (items
+    // claimed by the dead instance come back once its session expires).
+    let second = Process::start(&zk.connect_string()).await;
+    let accepted = std::mem::take(&mut *accepted.lock().unwrap());
+    let mut delivered = std::mem::take(&mut *consumed.lock().unwrap());
+    within(Duration::from_secs(120), "draining the queue", async {
+        while !accepted.is_subset(&delivered) {
+            let response = http
+                .post(format!(
+                    "{}/v1/queues/durable/take?wait=5s&ack_deadline=30s",
+                    second.url
+                ))
+                .send()
+                .await
+                .expect("take");
+            if response.status() != StatusCode::OK {
+                continue;
+            }
+            let item: serde_json::Value = response.json().await.expect("item");
+            let claim = item["claim"].as_str().expect("claim");
+            let ack = http
+                .post(format!("{}/v1/queues/durable/claims/{claim}/ack", second.url))
+                .send()
+                .await
+                .expect("ack");
+            assert_eq!(ack.status(), StatusCode::NO_CONTENT);
+            delivered.insert(item["body"]["id"].as_u64().expect("id"));
+        }
+    })
+    .await;
+    assert!(accepted.len() >= 300);
+    assert!(accepted.is_subset(&delivered), "an acknowledged put was lost");
+}
+
+#[tokio::test]
+async fn bytes_text_and_json_come_back_as_they_went_in() {
+    let zk = zookeeper().await;
+    let gate = Gate::start(&zk.connect_string()).await;
+    let raw = |body: Vec<u8>, content_type: &'static str| {
+        let request = gate
+            .http
+            .post(format!("{}/v1/queues/mixed/items", gate.url))
+            .header("Content-Type", content_type)
+            .body(body);
+        async move { Reply::read(request.send().await.expect("put")).await }
+    };
+    assert_eq!(
+        raw(vec![0, 159, 146, 150], "application/octet-stream").await.status,
+        StatusCode::CREATED
+    );
+    assert_eq!(
+        raw(b"plain words".to_vec(), "text/plain").await.status,
+        StatusCode::CREATED
+    );
+    assert_eq!(
+        raw(br#"{"n":1}"#.to_vec(), "application/json").await.status,
+        StatusCode::CREATED
+    );
+    let bytes = take(&gate, "mixed", "mode=at-most-once&wait=0").await;
+    assert_eq!(bytes.body["body_base64"], "AJ+Slg==", "{bytes:?}");
+    let text = take(&gate, "mixed", "mode=at-most-once&wait=0").await;
+    assert_eq!(text.body["text"], "plain words");
+    let json = take(&gate, "mixed", "mode=at-most-once&wait=0").await;
+    assert_eq!(json.body["body"], json!({"n": 1}));
+}
