@@ -266,9 +266,18 @@ async fn a_waiting_taker_gets_an_item_as_soon_as_it_is_put_and_one_item_serves_o
 struct Process {
     child: tokio::process::Child,
     url: String,
+    log: Arc<Mutex<Vec<String>>>,
 }
 
 impl Process {
+    /// Whether the process still runs, and the end of its log: for failure messages.
+    fn diagnose(&mut self) -> String {
+        let status = self.child.try_wait();
+        let log = self.log.lock().unwrap();
+        let tail: Vec<&String> = log.iter().rev().take(30).collect();
+        format!("exit status {status:?}; last log lines (newest first): {tail:#?}")
+    }
+
     async fn start(connect: &str) -> Process {
         use tokio::io::AsyncBufReadExt;
         let port = zkgate::zk::server::free_port().expect("port");
@@ -298,11 +307,18 @@ impl Process {
             panic!("zkgate exited before serving");
         })
         .await;
-        // Keep draining the log so the process never blocks on a full pipe.
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        // Keep draining the log (kept for diagnosis) so the process never blocks on a full pipe.
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let kept = log.clone();
+        tokio::spawn(async move {
+            while let Ok(Some(line)) = lines.next_line().await {
+                kept.lock().unwrap().push(line);
+            }
+        });
         Process {
             child,
             url: format!("http://127.0.0.1:{port}"),
+            log,
         }
     }
 }
@@ -394,34 +410,42 @@ async fn every_acknowledged_put_survives_a_kill_9_of_the_instance() {
 
     // A new instance: everything acknowledged and not yet consumed is still delivered (items
     // claimed by the dead instance come back once its session expires).
-    let second = Process::start(&zk.connect_string()).await;
+    let mut second = Process::start(&zk.connect_string()).await;
     let accepted = std::mem::take(&mut *accepted.lock().unwrap());
     let mut delivered = std::mem::take(&mut *consumed.lock().unwrap());
-    within(Duration::from_secs(120), "draining the queue", async {
+    let url = second.url.clone();
+    let drained = within(Duration::from_secs(120), "draining the queue", async {
         while !accepted.is_subset(&delivered) {
-            let response = http
-                .post(format!(
-                    "{}/v1/queues/durable/take?wait=5s&ack_deadline=30s",
-                    second.url
-                ))
+            let response = match http
+                .post(format!("{url}/v1/queues/durable/take?wait=5s&ack_deadline=30s"))
                 .send()
                 .await
-                .expect("take");
+            {
+                Ok(response) => response,
+                Err(err) => return Err(err),
+            };
             if response.status() != StatusCode::OK {
                 continue;
             }
             let item: serde_json::Value = response.json().await.expect("item");
             let claim = item["claim"].as_str().expect("claim");
-            let ack = http
-                .post(format!("{}/v1/queues/durable/claims/{claim}/ack", second.url))
+            let ack = match http
+                .post(format!("{url}/v1/queues/durable/claims/{claim}/ack"))
                 .send()
                 .await
-                .expect("ack");
+            {
+                Ok(ack) => ack,
+                Err(err) => return Err(err),
+            };
             assert_eq!(ack.status(), StatusCode::NO_CONTENT);
             delivered.insert(item["body"]["id"].as_u64().expect("id"));
         }
+        Ok(())
     })
     .await;
+    if let Err(err) = drained {
+        panic!("the second instance failed: {err}; {}", second.diagnose());
+    }
     assert!(accepted.len() >= 300);
     assert!(accepted.is_subset(&delivered), "an acknowledged put was lost");
 }
