@@ -5,9 +5,11 @@
 //! command line around them.
 
 pub mod config;
+pub mod events;
 pub mod http;
 pub mod lease;
 pub mod recipes;
+pub mod ws;
 pub mod zk;
 
 use std::net::SocketAddr;
@@ -18,6 +20,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::ServeConfig;
+use crate::events::Events;
 use crate::lease::Leases;
 use crate::recipes::contender::Contenders;
 use crate::recipes::ephemeral::BoundNodes;
@@ -42,6 +45,7 @@ pub struct AppState {
     /// Two-phase commit transactions (`<root>/txns/<id>`) and their registered participants.
     pub txn_members: BoundNodes,
     pub queues: Queues,
+    pub events: Events,
     /// The shared exists-watches that barrier, double-barrier and decision waiters wait on.
     pub barrier_watches: ExistsWatches,
 }
@@ -63,6 +67,7 @@ impl AppState {
         let txn_members = BoundNodes::new(&config.root, "participant", "txns");
         let barrier_watches = ExistsWatches::new(zk.clone());
         let queues = Queues::new(zk.clone(), &config.root, barrier_watches.clone());
+        let events = Events::new(zk.clone(), barrier_watches.clone());
         AppState {
             config: Arc::new(config),
             zk,
@@ -76,6 +81,7 @@ impl AppState {
             double_barriers,
             txn_members,
             queues,
+            events,
             barrier_watches,
         }
     }

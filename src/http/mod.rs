@@ -119,6 +119,8 @@ fn api_router() -> OpenApiRouter<AppState> {
             "/v1/kv/{*key}",
             get(kv::get_value).put(kv::put_value).delete(kv::delete_value),
         )
+        // A WebSocket: described in the README (OpenAPI has no words for one).
+        .route("/v1/elections/{name}/observe", get(crate::ws::observe_election))
 }
 
 /// The OpenAPI description of the API (what `/openapi.json` serves and

@@ -114,3 +114,69 @@ pub async fn proclaim(
         }
     }
 }
+
+/// An election as observers see it: who leads (candidate, term, value, whether acknowledged)
+/// and how many candidates there are. Read from the candidates and the acknowledgement.
+pub async fn observed(client: &Client, dir: &str) -> Result<serde_json::Value, ZkError> {
+    let candidates = super::contender::read_contenders(client, dir)
+        .await?
+        .unwrap_or_default();
+    let ack = match retry_on_loss(|| client.get_data(&format!("{dir}/{ACK_NODE}"))).await {
+        Ok((data, stat)) => Acknowledgement::parse(&data).map(|a| (a, stat.ctime)),
+        Err(ZkError::NoNode) => None,
+        Err(err) => return Err(err),
+    };
+    let leader = candidates.first().map(|first| {
+        let acknowledged = ack.as_ref().filter(|(a, _)| a.candidate == first.name);
+        serde_json::json!({
+            "node": first.name,
+            "term": first.czxid,
+            "acknowledged": acknowledged.is_some(),
+            "value": acknowledged.and_then(|(a, _)| a.value.clone()),
+            "since_ms": acknowledged.map(|(_, ctime)| *ctime),
+        })
+    });
+    Ok(serde_json::json!({ "leader": leader, "candidates": candidates.len() }))
+}
+
+/// The leadership of one election, as an event topic.
+pub struct Leadership {
+    pub dir: String,
+}
+
+impl crate::events::Source for Leadership {
+    fn path(&self) -> String {
+        self.dir.clone()
+    }
+
+    fn read(
+        &self,
+        zk: crate::zk::session::ZkSession,
+    ) -> futures::future::BoxFuture<'static, Option<serde_json::Value>> {
+        let dir = self.dir.clone();
+        Box::pin(async move {
+            let client = zk.connected().await.ok()?.client;
+            observed(&client, &dir).await.ok()
+        })
+    }
+
+    fn change(&self, before: &serde_json::Value, after: &serde_json::Value) -> Option<&'static str> {
+        let term = |state: &serde_json::Value| state["leader"]["term"].as_i64();
+        if term(before) != term(after) {
+            return Some(if after["leader"].is_null() {
+                "no_leader"
+            } else {
+                "leader"
+            });
+        }
+        if before["leader"]["acknowledged"] != after["leader"]["acknowledged"]
+            || before["leader"]["value"] != after["leader"]["value"]
+        {
+            return Some("leader_updated");
+        }
+        if before["candidates"] != after["candidates"] {
+            return Some("candidates");
+        }
+        None
+    }
+}

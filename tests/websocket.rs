@@ -1,0 +1,126 @@
+//! WebSocket push: a hundred sockets observing one election each see the same sequence of
+//! leaders, with increasing terms and sequence numbers, ending with "no leader".
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Gate, within, zookeeper};
+use futures::StreamExt;
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use tokio_tungstenite::tungstenite::Message;
+
+type Socket = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+async fn next_message(socket: &mut Socket) -> Value {
+    loop {
+        let message = within(Duration::from_secs(20), "a socket message", socket.next())
+            .await
+            .expect("open")
+            .expect("message");
+        if let Message::Text(text) = message {
+            return serde_json::from_str(&text).expect("JSON event");
+        }
+    }
+}
+
+/// Reads until a leadership change (`leader` or `no_leader`); returns it and the sequence
+/// numbers seen on the way.
+async fn next_leadership(socket: &mut Socket, seqs: &mut Vec<u64>) -> Value {
+    loop {
+        let event = next_message(socket).await;
+        seqs.push(event["seq"].as_u64().expect("seq"));
+        if event["type"] == "leader" || event["type"] == "no_leader" {
+            return event;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hundred_sockets_see_the_same_leaders_with_increasing_terms() {
+    let zk = zookeeper().await;
+    let gate = std::sync::Arc::new(Gate::start(&zk.connect_string()).await);
+    let url = format!("ws://{}/v1/elections/jobs/observe", gate.running.addr);
+    let mut sockets = Vec::new();
+    for _ in 0..100 {
+        let (mut socket, _) = tokio_tungstenite::connect_async(&url).await.expect("connect");
+        let first = next_message(&mut socket).await;
+        assert_eq!(
+            (first["type"].as_str(), first["state"]["leader"].clone()),
+            (Some("state"), Value::Null),
+            "{first}"
+        );
+        sockets.push(socket);
+    }
+    let mut watcher_seqs = Vec::new();
+
+    // Three candidates lead in turn; the test moves on once the first socket has seen each.
+    let a = gate.post("/v1/elections/jobs/campaign?wait=5s", None).await;
+    assert_eq!(a.status, StatusCode::OK);
+    let queued: Vec<_> = (0..2)
+        .map(|_| {
+            let gate = gate.clone();
+            async move { gate.post("/v1/elections/jobs/campaign?wait=0", None).await }
+        })
+        .collect();
+    let mut candidates = Vec::new();
+    for candidate in queued {
+        let reply = candidate.await;
+        assert_eq!(reply.status, StatusCode::ACCEPTED);
+        candidates.push(reply);
+    }
+    let mut expected = vec![a.i64("term")];
+    assert_eq!(
+        next_leadership(&mut sockets[0], &mut watcher_seqs).await["state"]["leader"]["term"],
+        json!(expected[0])
+    );
+    let mut leading = a;
+    for next in candidates {
+        let lease = next.body["lease"]["id"].as_str().expect("lease").to_string();
+        let waiting = {
+            let gate = gate.clone();
+            tokio::spawn(async move {
+                gate.post("/v1/elections/jobs/campaign?wait=20s", Some(json!({"lease": lease})))
+                    .await
+            })
+        };
+        let resigned = gate
+            .delete(&format!("/v1/elections/jobs/candidates/{}", leading.str("handle")))
+            .await;
+        assert_eq!(resigned.status, StatusCode::NO_CONTENT);
+        leading = within(Duration::from_secs(20), "the next leader", waiting)
+            .await
+            .expect("campaign");
+        assert_eq!(leading.status, StatusCode::OK, "{leading:?}");
+        expected.push(leading.i64("term"));
+        let seen = next_leadership(&mut sockets[0], &mut watcher_seqs).await;
+        assert_eq!(seen["state"]["leader"]["term"], json!(leading.i64("term")), "{seen}");
+    }
+    gate.delete(&format!("/v1/elections/jobs/candidates/{}", leading.str("handle")))
+        .await;
+    assert_eq!(
+        next_leadership(&mut sockets[0], &mut watcher_seqs).await["type"],
+        "no_leader"
+    );
+    assert!(expected.windows(2).all(|w| w[0] < w[1]), "terms increase: {expected:?}");
+
+    // Every other socket saw exactly the same leaders, in order, ending with no leader.
+    for socket in sockets.iter_mut().skip(1) {
+        let mut seqs = Vec::new();
+        let mut terms = Vec::new();
+        loop {
+            let event = next_leadership(socket, &mut seqs).await;
+            if event["type"] == "no_leader" {
+                break;
+            }
+            terms.push(event["state"]["leader"]["term"].as_i64().expect("term"));
+        }
+        assert_eq!(terms, expected);
+        assert!(
+            seqs.windows(2).all(|w| w[0] < w[1]),
+            "sequence numbers increase: {seqs:?}"
+        );
+    }
+    assert!(watcher_seqs.windows(2).all(|w| w[0] < w[1]));
+}
