@@ -8,7 +8,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
-use zookeeper_client::{Client, Error as ZkError, MultiReadResult};
+use zookeeper_client::{Client, Error as ZkError};
 
 use super::contention::check_name;
 use super::error::{ApiError, Place, Problem};
@@ -270,29 +270,20 @@ async fn read_group(client: &Client, dir: &str, group: String) -> Result<GroupVi
         Err(err) => return Err(err.into()),
     };
     ids.sort();
-    let mut members = Vec::with_capacity(ids.len());
-    if !ids.is_empty() {
-        let results = retry_on_loss(|| {
-            let mut reader = client.new_multi_reader();
-            for id in &ids {
-                let _ = reader.add_get_data(&format!("{dir}/{id}"));
+    let members = crate::zk::read_each(client, dir, ids)
+        .await?
+        .into_iter()
+        .map(|(id, data, stat)| {
+            let data = serde_json::from_slice(&data)
+                .unwrap_or_else(|_| serde_json::Value::String(String::from_utf8_lossy(&data).into()));
+            let joined = UNIX_EPOCH + Duration::from_millis(stat.ctime.max(0) as u64);
+            MemberView {
+                id,
+                data,
+                joined_at: timestamp(joined),
             }
-            reader.commit()
         })
-        .await?;
-        for (id, result) in ids.into_iter().zip(results) {
-            if let MultiReadResult::Data { data, stat } = result {
-                let data = serde_json::from_slice(&data)
-                    .unwrap_or_else(|_| serde_json::Value::String(String::from_utf8_lossy(&data).into()));
-                let joined = UNIX_EPOCH + Duration::from_millis(stat.ctime.max(0) as u64);
-                members.push(MemberView {
-                    id,
-                    data,
-                    joined_at: timestamp(joined),
-                });
-            }
-        }
-    }
+        .collect();
     Ok(GroupView {
         group,
         index: stat.pzxid,

@@ -18,7 +18,7 @@ use std::time::{Duration, SystemTime};
 
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError, EventType, MultiReadResult};
+use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError, EventType};
 
 use crate::lease::{Holding, HoldingView, Lease};
 use crate::recipes::revocation::{self, Revocation};
@@ -702,35 +702,23 @@ pub async fn read_contenders(client: &Client, dir: &str) -> Result<Option<Vec<Co
         Err(ZkError::NoNode) => return Ok(None),
         Err(err) => return Err(err),
     };
-    let ordered: Vec<(u64, String)> = in_sequence_order(&children)
+    let ordered: Vec<String> = in_sequence_order(&children)
         .into_iter()
-        .map(|(seq, name)| (seq, name.to_string()))
+        .map(|(_, name)| name.to_string())
         .collect();
-    if ordered.is_empty() {
-        return Ok(Some(Vec::new()));
-    }
-    let results = retry_on_loss(|| {
-        let mut reader = client.new_multi_reader();
-        for (_, name) in &ordered {
-            // Only fails for an invalid path, which a listed child cannot be.
-            let _ = reader.add_get_data(&format!("{dir}/{name}"));
-        }
-        reader.commit()
-    })
-    .await?;
-    let records = ordered
+    // A contender gone between the listing and the read has left the queue.
+    let records = crate::zk::read_each(client, dir, ordered)
+        .await?
         .into_iter()
-        .zip(results)
-        .filter_map(|((sequence, name), result)| match result {
-            MultiReadResult::Data { data, stat } => Some(ContenderRecord {
+        .filter_map(|(name, data, stat)| {
+            let sequence = super::sequence_of(&name)?;
+            Some(ContenderRecord {
                 name,
                 sequence,
                 czxid: stat.czxid,
                 ctime: stat.ctime,
                 data,
-            }),
-            // Gone between the listing and the read: it left the queue.
-            _ => None,
+            })
         })
         .collect();
     Ok(Some(records))
@@ -744,23 +732,9 @@ pub async fn read_names(client: &Client, base: &str) -> Result<Vec<(String, i32)
         Err(err) => return Err(err),
     };
     names.sort();
-    if names.is_empty() {
-        return Ok(Vec::new());
-    }
-    let results = retry_on_loss(|| {
-        let mut reader = client.new_multi_reader();
-        for name in &names {
-            let _ = reader.add_get_data(&format!("{base}/{name}"));
-        }
-        reader.commit()
-    })
-    .await?;
-    Ok(names
+    let read = crate::zk::read_each(client, base, names).await?;
+    Ok(read
         .into_iter()
-        .zip(results)
-        .filter_map(|(name, result)| match result {
-            MultiReadResult::Data { stat, .. } => Some((name, stat.num_children)),
-            _ => None,
-        })
+        .map(|(name, _, stat)| (name, stat.num_children))
         .collect())
 }

@@ -16,7 +16,7 @@
 //! multi-op, so a retried put lands once.
 
 use serde::{Deserialize, Serialize};
-use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError, MultiReadResult, MultiWriteError, Stat};
+use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError, MultiWriteError, Stat};
 
 use crate::zk::retry_on_loss;
 
@@ -384,24 +384,10 @@ pub async fn list(client: &Client, dir: &str, limit: usize) -> Result<Vec<(Strin
         .take(limit)
         .map(str::to_string)
         .collect();
-    if names.is_empty() {
-        return Ok(Vec::new());
-    }
-    let results = retry_on_loss(|| {
-        let mut reader = client.new_multi_reader();
-        for name in &names {
-            let _ = reader.add_get_data(&format!("{dir}/{name}"));
-        }
-        reader.commit()
-    })
-    .await?;
-    Ok(names
+    let read = crate::zk::read_each(client, dir, names).await?;
+    Ok(read
         .into_iter()
-        .zip(results)
-        .filter_map(|(name, result)| match result {
-            MultiReadResult::Data { data, stat } => Some((name, Envelope::parse(&data), stat)),
-            _ => None,
-        })
+        .map(|(name, data, stat)| (name, Envelope::parse(&data), stat))
         .collect())
 }
 

@@ -174,7 +174,7 @@ mod io {
     use std::collections::BTreeSet;
     use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-    use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError, MultiReadResult};
+    use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError};
 
     use super::{Decision, Outcome, Record, Spec, Tally, Vote, VoteError, decide};
     use crate::zk::retry_on_loss;
@@ -253,24 +253,10 @@ mod io {
     async fn read_votes(client: &Client, dir: &str) -> Result<std::collections::BTreeMap<String, Vote>, ZkError> {
         let votes_dir = format!("{dir}/votes");
         let names = retry_on_loss(|| client.list_children(&votes_dir)).await?;
-        if names.is_empty() {
-            return Ok(Default::default());
-        }
-        let results = retry_on_loss(|| {
-            let mut reader = client.new_multi_reader();
-            for name in &names {
-                let _ = reader.add_get_data(&format!("{votes_dir}/{name}"));
-            }
-            reader.commit()
-        })
-        .await?;
-        Ok(names
+        let read = crate::zk::read_each(client, &votes_dir, names).await?;
+        Ok(read
             .into_iter()
-            .zip(results)
-            .filter_map(|(name, result)| match result {
-                MultiReadResult::Data { data, .. } => Vote::parse(&data).map(|v| (name, v)),
-                _ => None,
-            })
+            .filter_map(|(name, data, _)| Vote::parse(&data).map(|v| (name, v)))
             .collect())
     }
 

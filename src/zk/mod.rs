@@ -33,3 +33,33 @@ where
         }
     }
 }
+
+/// Reads the data and stat of `<dir>/<name>` for each of `names` in one round trip (a
+/// multi-read), in the order given; a node gone between its listing and this read is left
+/// out.
+pub async fn read_each(
+    client: &zookeeper_client::Client,
+    dir: &str,
+    names: Vec<String>,
+) -> Result<Vec<(String, Vec<u8>, zookeeper_client::Stat)>, ZkError> {
+    if names.is_empty() {
+        return Ok(Vec::new());
+    }
+    let results = retry_on_loss(|| {
+        let mut reader = client.new_multi_reader();
+        for name in &names {
+            // Only fails for an invalid path, which a listed child cannot make.
+            let _ = reader.add_get_data(&format!("{dir}/{name}"));
+        }
+        reader.commit()
+    })
+    .await?;
+    Ok(names
+        .into_iter()
+        .zip(results)
+        .filter_map(|(name, result)| match result {
+            zookeeper_client::MultiReadResult::Data { data, stat } => Some((name, data, stat)),
+            _ => None,
+        })
+        .collect())
+}
