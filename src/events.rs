@@ -66,7 +66,9 @@ pub struct Events {
 /// A subscription: the state when it began, then the events.
 pub struct Subscription {
     pub first: Event,
-    pub events: broadcast::Receiver<Event>,
+    events: broadcast::Receiver<Event>,
+    /// The sequence number of the last event handed out.
+    seen: u64,
     topic: Arc<Topic>,
     name: String,
 }
@@ -78,6 +80,23 @@ impl Drop for Subscription {
 }
 
 impl Subscription {
+    /// The next event after the ones already seen (the first state included); a `resync`
+    /// with the current state if this subscriber fell behind; `None` when the topic ends.
+    pub async fn next(&mut self) -> Option<Event> {
+        loop {
+            let event = match self.events.recv().await {
+                Ok(event) => event,
+                Err(broadcast::error::RecvError::Lagged(_)) => self.resync(),
+                Err(broadcast::error::RecvError::Closed) => return None,
+            };
+            // The receiver may hold events from before the first state was taken.
+            if event.seq > self.seen || event.kind == "resync" {
+                self.seen = event.seq;
+                return Some(event);
+            }
+        }
+    }
+
     /// The state now (after falling behind), as an event of kind `resync`.
     pub fn resync(&self) -> Event {
         let (seq, state) = self.topic.last.lock().unwrap_or_else(|e| e.into_inner()).clone();
@@ -148,6 +167,7 @@ impl Events {
                 state,
             },
             events,
+            seen: seq,
             topic,
             name: name.to_string(),
         }

@@ -124,3 +124,126 @@ async fn a_hundred_sockets_see_the_same_leaders_with_increasing_terms() {
     }
     assert!(watcher_seqs.windows(2).all(|w| w[0] < w[1]));
 }
+
+async fn send(socket: &mut Socket, message: Value) {
+    use futures::SinkExt;
+    socket
+        .send(Message::Text(message.to_string().into()))
+        .await
+        .expect("send");
+}
+
+#[tokio::test]
+async fn one_socket_subscribes_to_a_lock_and_an_election_and_bad_messages_get_errors() {
+    let zk = zookeeper().await;
+    let gate = Gate::start(&zk.connect_string()).await;
+    let (mut socket, _) = tokio_tungstenite::connect_async(format!("ws://{}/v1/ws", gate.running.addr))
+        .await
+        .expect("connect");
+
+    // Malformed messages and unknown topics get an error; the socket stays up.
+    send(&mut socket, json!("hello")).await;
+    assert_eq!(
+        next_message(&mut socket).await["type"],
+        "urn:zkgate:problem:malformed-message"
+    );
+    send(
+        &mut socket,
+        json!({"op": "subscribe", "id": "q", "topic": {"nothing": "x"}}),
+    )
+    .await;
+    assert_eq!(
+        next_message(&mut socket).await["type"],
+        "urn:zkgate:problem:malformed-message"
+    );
+    send(
+        &mut socket,
+        json!({"op": "subscribe", "id": "q", "topic": {"lock": ".."}}),
+    )
+    .await;
+    assert_eq!(
+        next_message(&mut socket).await["type"],
+        "urn:zkgate:problem:invalid-topic"
+    );
+    send(&mut socket, json!({"op": "unsubscribe", "id": "never"})).await;
+    assert_eq!(
+        next_message(&mut socket).await["type"],
+        "urn:zkgate:problem:unknown-subscription"
+    );
+
+    send(
+        &mut socket,
+        json!({"op": "subscribe", "id": "L", "topic": {"lock": "orders"}}),
+    )
+    .await;
+    let first = next_message(&mut socket).await;
+    assert_eq!(
+        (
+            first["id"].as_str(),
+            first["type"].as_str(),
+            first["state"]["holder"].clone()
+        ),
+        (Some("L"), Some("state"), Value::Null),
+        "{first}"
+    );
+    send(
+        &mut socket,
+        json!({"op": "subscribe", "id": "L", "topic": {"lock": "orders"}}),
+    )
+    .await;
+    assert_eq!(
+        next_message(&mut socket).await["type"],
+        "urn:zkgate:problem:duplicate-subscription"
+    );
+
+    // The lock is granted, then a waiter queues, then it is released to the waiter.
+    let held = gate.post("/v1/locks/orders/acquire?wait=0", None).await;
+    let granted = next_message(&mut socket).await;
+    assert_eq!(
+        (granted["id"].as_str(), granted["type"].as_str()),
+        (Some("L"), Some("granted")),
+        "{granted}"
+    );
+    assert_eq!(
+        granted["state"]["holder"]["fencing_token"].as_i64(),
+        Some(held.i64("fencing_token"))
+    );
+    let waiter = gate
+        .post("/v1/locks/orders/acquire?wait=0&keep_queued=true", None)
+        .await;
+    assert_eq!(waiter.status, StatusCode::ACCEPTED);
+    let queued = next_message(&mut socket).await;
+    assert_eq!(
+        (queued["type"].as_str(), queued["state"]["waiters"].as_u64()),
+        (Some("waiters"), Some(1)),
+        "{queued}"
+    );
+    gate.release("orders", &held.str("handle")).await;
+    let passed = next_message(&mut socket).await;
+    assert_eq!(passed["type"], "granted", "{passed}");
+    assert!(passed["seq"].as_u64() > queued["seq"].as_u64() && queued["seq"].as_u64() > granted["seq"].as_u64());
+
+    // Limits: at most 64 subscriptions on one socket.
+    for i in 1..64 {
+        send(
+            &mut socket,
+            json!({"op": "subscribe", "id": format!("e{i}"), "topic": {"election": format!("e{i}")}}),
+        )
+        .await;
+    }
+    send(
+        &mut socket,
+        json!({"op": "subscribe", "id": "one-too-many", "topic": {"election": "x"}}),
+    )
+    .await;
+    let mut refused = false;
+    for _ in 0..64 {
+        let message = next_message(&mut socket).await;
+        if message["type"] == "urn:zkgate:problem:too-many-subscriptions" {
+            refused = true;
+            break;
+        }
+        assert_eq!(message["type"], "state", "{message}");
+    }
+    assert!(refused, "the 65th subscription is refused");
+}

@@ -121,6 +121,7 @@ fn api_router() -> OpenApiRouter<AppState> {
         )
         // A WebSocket: described in the README (OpenAPI has no words for one).
         .route("/v1/elections/{name}/observe", get(crate::ws::observe_election))
+        .route("/v1/ws", get(crate::ws::socket))
 }
 
 /// The OpenAPI description of the API (what `/openapi.json` serves and

@@ -34,6 +34,47 @@ pub fn next_step<'a, S: AsRef<str>>(children: &'a [S], me: &str) -> Next<'a> {
     }
 }
 
+/// An exclusive lock's holder and queue, as an event topic: `granted` when the holder
+/// changes, `released` when nobody holds it any more, `waiters` when only the queue changes.
+pub struct LockTopic {
+    pub dir: String,
+}
+
+impl crate::events::Source for LockTopic {
+    fn path(&self) -> String {
+        self.dir.clone()
+    }
+
+    fn read(
+        &self,
+        zk: crate::zk::session::ZkSession,
+    ) -> futures::future::BoxFuture<'static, Option<serde_json::Value>> {
+        let dir = self.dir.clone();
+        Box::pin(async move {
+            let client = zk.connected().await.ok()?.client;
+            let contenders = super::contender::read_contenders(&client, &dir)
+                .await
+                .ok()?
+                .unwrap_or_default();
+            let holder = contenders
+                .first()
+                .map(|c| serde_json::json!({ "node": c.name, "fencing_token": c.czxid }));
+            Some(serde_json::json!({ "holder": holder, "waiters": contenders.len().saturating_sub(1) }))
+        })
+    }
+
+    fn change(&self, before: &serde_json::Value, after: &serde_json::Value) -> Option<&'static str> {
+        if before["holder"]["node"] != after["holder"]["node"] {
+            return Some(if after["holder"].is_null() {
+                "released"
+            } else {
+                "granted"
+            });
+        }
+        (before["waiters"] != after["waiters"]).then_some("waiters")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
