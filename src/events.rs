@@ -47,6 +47,18 @@ pub trait Source: Send + Sync + 'static {
     fn change(&self, before: &serde_json::Value, after: &serde_json::Value) -> Option<&'static str>;
 }
 
+impl Source for Box<dyn Source> {
+    fn path(&self) -> String {
+        (**self).path()
+    }
+    fn read(&self, zk: ZkSession) -> futures::future::BoxFuture<'static, Option<serde_json::Value>> {
+        (**self).read(zk)
+    }
+    fn change(&self, before: &serde_json::Value, after: &serde_json::Value) -> Option<&'static str> {
+        (**self).change(before, after)
+    }
+}
+
 struct Topic {
     sender: broadcast::Sender<Event>,
     /// The last state published and its sequence number.
@@ -200,9 +212,14 @@ async fn follow(
                 continue;
             }
         }
-        let Some(after) = source.read(events.zk.clone()).await else {
-            continue;
-        };
+        // A failed read is tried again: waiting for the next change instead could leave the
+        // subscribers with a stale state for good.
+        let mut after = source.read(events.zk.clone()).await;
+        while after.is_none() && *topic.listeners.borrow() > 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            after = source.read(events.zk.clone()).await;
+        }
+        let Some(after) = after else { continue };
         let before = topic.last.lock().unwrap_or_else(|e| e.into_inner()).1.clone();
         if let Some(kind) = source.change(&before, &after) {
             publish(&topic, &name, kind, after);
@@ -225,4 +242,98 @@ fn publish(topic: &Topic, name: &str, kind: &'static str, state: serde_json::Val
         state,
     };
     let _ = topic.sender.send(event);
+}
+
+/// Topics of the recipes that are plain znodes with children: a barrier (`raised` /
+/// `lowered`), a double barrier (`entered` when all are in, `left` when all are out,
+/// `participants`), a queue (`depth`), a group (`joined` / `left`).
+pub mod sources {
+    use futures::future::BoxFuture;
+    use serde_json::{Value, json};
+
+    use super::Source;
+    use crate::zk::retry_on_loss;
+    use crate::zk::session::ZkSession;
+
+    /// Children of `path` (none if it does not exist) and whether it exists.
+    async fn children(zk: &ZkSession, path: &str) -> Option<(bool, Vec<String>)> {
+        let client = zk.connected().await.ok()?.client;
+        match retry_on_loss(|| client.list_children(path)).await {
+            Ok(mut names) => {
+                names.sort();
+                Some((true, names))
+            }
+            Err(zookeeper_client::Error::NoNode) => Some((false, Vec::new())),
+            Err(_) => None,
+        }
+    }
+
+    /// A barrier: up while its znode exists. Watches its parent's children.
+    pub struct Barrier {
+        pub parent: String,
+        pub name: String,
+    }
+
+    impl Source for Barrier {
+        fn path(&self) -> String {
+            self.parent.clone()
+        }
+        fn read(&self, zk: ZkSession) -> BoxFuture<'static, Option<Value>> {
+            let (parent, name) = (self.parent.clone(), self.name.clone());
+            Box::pin(async move {
+                let (_, names) = children(&zk, &parent).await?;
+                Some(json!({ "up": names.contains(&name) }))
+            })
+        }
+        fn change(&self, before: &Value, after: &Value) -> Option<&'static str> {
+            (before["up"] != after["up"]).then(|| if after["up"] == true { "raised" } else { "lowered" })
+        }
+    }
+
+    /// A queue's depth (items, in flight or not).
+    pub struct Queue {
+        pub items: String,
+    }
+
+    impl Source for Queue {
+        fn path(&self) -> String {
+            self.items.clone()
+        }
+        fn read(&self, zk: ZkSession) -> BoxFuture<'static, Option<Value>> {
+            let items = self.items.clone();
+            Box::pin(async move {
+                let (_, names) = children(&zk, &items).await?;
+                Some(json!({ "depth": names.len() }))
+            })
+        }
+        fn change(&self, before: &Value, after: &Value) -> Option<&'static str> {
+            (before["depth"] != after["depth"]).then_some("depth")
+        }
+    }
+
+    /// A group's members.
+    pub struct Group {
+        pub dir: String,
+    }
+
+    impl Source for Group {
+        fn path(&self) -> String {
+            self.dir.clone()
+        }
+        fn read(&self, zk: ZkSession) -> BoxFuture<'static, Option<Value>> {
+            let dir = self.dir.clone();
+            Box::pin(async move {
+                let (_, names) = children(&zk, &dir).await?;
+                Some(json!({ "members": names }))
+            })
+        }
+        fn change(&self, before: &Value, after: &Value) -> Option<&'static str> {
+            let count = |v: &Value| v["members"].as_array().map(Vec::len).unwrap_or(0);
+            match count(after).cmp(&count(before)) {
+                std::cmp::Ordering::Greater => Some("joined"),
+                std::cmp::Ordering::Less => Some("left"),
+                std::cmp::Ordering::Equal => (before != after).then_some("members"),
+            }
+        }
+    }
 }

@@ -22,7 +22,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use crate::AppState;
-use crate::events::{Event, Subscription};
+use crate::events::{Event, Source, Subscription, sources};
 use crate::http::error::ApiError;
 use crate::http::extract::ApiPath;
 use crate::recipes::election::Leadership;
@@ -96,6 +96,45 @@ enum Topic {
     Election(String),
     /// An exclusive lock's holder and queue.
     Lock(String),
+    /// A barrier: raised or lowered.
+    Barrier(String),
+    /// A queue's depth.
+    Queue(String),
+    /// A group's members.
+    Group(String),
+}
+
+impl Topic {
+    /// The topic's name on the bus and the source that feeds it.
+    fn resolve(self, root: &str) -> Result<(String, Box<dyn Source>), String> {
+        let (kind, name) = match &self {
+            Topic::Election(name) => ("election", name.clone()),
+            Topic::Lock(name) => ("lock", name.clone()),
+            Topic::Barrier(name) => ("barrier", name.clone()),
+            Topic::Queue(name) => ("queue", name.clone()),
+            Topic::Group(name) => ("group", name.clone()),
+        };
+        validate_name(&name).map_err(|e| format!("{kind} name {e}"))?;
+        let source: Box<dyn Source> = match self {
+            Topic::Election(name) => Box::new(Leadership {
+                dir: format!("{root}/elections/{name}"),
+            }),
+            Topic::Lock(name) => Box::new(LockTopic {
+                dir: format!("{root}/locks/{name}"),
+            }),
+            Topic::Barrier(name) => Box::new(sources::Barrier {
+                parent: format!("{root}/barriers"),
+                name,
+            }),
+            Topic::Queue(name) => Box::new(sources::Queue {
+                items: format!("{root}/queues/{name}/items"),
+            }),
+            Topic::Group(name) => Box::new(sources::Group {
+                dir: format!("{root}/groups/{name}"),
+            }),
+        };
+        Ok((format!("{kind}:{name}"), source))
+    }
 }
 
 /// Upgrades to the general socket.
@@ -167,26 +206,10 @@ async fn handle(
                     &format!("at most {MAX_SUBSCRIPTIONS} per socket"),
                 ));
             }
-            let (name, subscription) = match topic {
-                Topic::Election(name) => {
-                    validate_name(&name)
-                        .map_err(|e| error_message(Some(&id), "invalid-topic", &format!("election name {e}")))?;
-                    let source = Leadership {
-                        dir: format!("{}/elections/{name}", state.config.root),
-                    };
-                    let topic = format!("election:{name}");
-                    (topic.clone(), state.events.subscribe(&topic, source).await)
-                }
-                Topic::Lock(name) => {
-                    validate_name(&name)
-                        .map_err(|e| error_message(Some(&id), "invalid-topic", &format!("lock name {e}")))?;
-                    let source = LockTopic {
-                        dir: format!("{}/locks/{name}", state.config.root),
-                    };
-                    let topic = format!("lock:{name}");
-                    (topic.clone(), state.events.subscribe(&topic, source).await)
-                }
-            };
+            let (name, source) = topic
+                .resolve(&state.config.root)
+                .map_err(|detail| error_message(Some(&id), "invalid-topic", &detail))?;
+            let subscription = state.events.subscribe(&name, source).await;
             tracing::debug!(%id, topic = %name, "socket subscribed");
             subscriptions.insert(id.clone(), tokio::spawn(forward(id, subscription, outbox.clone())));
             Ok(())

@@ -247,3 +247,75 @@ async fn one_socket_subscribes_to_a_lock_and_an_election_and_bad_messages_get_er
     }
     assert!(refused, "the 65th subscription is refused");
 }
+
+#[tokio::test]
+async fn barrier_queue_and_group_topics_report_their_changes() {
+    let zk = zookeeper().await;
+    let gate = Gate::start(&zk.connect_string()).await;
+    let (mut socket, _) = tokio_tungstenite::connect_async(format!("ws://{}/v1/ws", gate.running.addr))
+        .await
+        .expect("connect");
+    for (id, topic) in [
+        ("B", json!({"barrier": "start"})),
+        ("Q", json!({"queue": "jobs"})),
+        ("G", json!({"group": "workers"})),
+    ] {
+        send(&mut socket, json!({"op": "subscribe", "id": id, "topic": topic})).await;
+        let first = next_message(&mut socket).await;
+        assert_eq!(
+            (first["id"].as_str(), first["type"].as_str()),
+            (Some(id), Some("state")),
+            "{first}"
+        );
+    }
+
+    assert_eq!(
+        gate.call(reqwest::Method::PUT, "/v1/barriers/start", None).await.status,
+        StatusCode::CREATED
+    );
+    let raised = next_message(&mut socket).await;
+    assert_eq!(
+        (raised["id"].as_str(), raised["type"].as_str()),
+        (Some("B"), Some("raised")),
+        "{raised}"
+    );
+    assert_eq!(gate.delete("/v1/barriers/start").await.status, StatusCode::NO_CONTENT);
+    let lowered = next_message(&mut socket).await;
+    assert_eq!(
+        (lowered["id"].as_str(), lowered["type"].as_str()),
+        (Some("B"), Some("lowered")),
+        "{lowered}"
+    );
+
+    assert_eq!(
+        gate.post("/v1/queues/jobs/items", Some(json!({"n": 1}))).await.status,
+        StatusCode::CREATED
+    );
+    let depth = next_message(&mut socket).await;
+    assert_eq!(
+        (
+            depth["id"].as_str(),
+            depth["type"].as_str(),
+            depth["state"]["depth"].as_u64()
+        ),
+        (Some("Q"), Some("depth"), Some(1)),
+        "{depth}"
+    );
+
+    assert_eq!(
+        gate.call(reqwest::Method::PUT, "/v1/groups/workers/members/w1", None)
+            .await
+            .status,
+        StatusCode::CREATED
+    );
+    let joined = next_message(&mut socket).await;
+    assert_eq!(
+        (
+            joined["id"].as_str(),
+            joined["type"].as_str(),
+            joined["state"]["members"].clone()
+        ),
+        (Some("G"), Some("joined"), json!(["w1"])),
+        "{joined}"
+    );
+}
