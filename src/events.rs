@@ -122,42 +122,8 @@ impl Subscription {
 }
 
 impl Events {
-    pub fn new(zk: ZkSession, watches: ExistsWatches) -> Events {
-        Events {
-            zk,
-            watches,
-            topics: Arc::default(),
-        }
-    }
-
-    /// Subscribes to topic `name`, fed by `source` (used only if the topic is not live yet).
-    pub async fn subscribe(&self, name: &str, source: impl Source) -> Subscription {
-        let topic = {
-            let mut topics = self.topics.lock().unwrap_or_else(|e| e.into_inner());
-            let topic = match topics.get(name) {
-                Some(topic) if *topic.listeners.borrow() > 0 => topic.clone(),
-                _ => {
-                    let topic = Arc::new(Topic {
-                        sender: broadcast::channel(BACKLOG).0,
-                        last: Mutex::new((0, serde_json::Value::Null)),
-                        listeners: watch::Sender::new(0),
-                    });
-                    topics.insert(name.to_string(), topic.clone());
-                    let first_state = source.read(self.zk.clone());
-                    tokio::spawn(follow(
-                        self.clone(),
-                        name.to_string(),
-                        topic.clone(),
-                        source,
-                        first_state,
-                    ));
-                    topic
-                }
-            };
-            // Counted under the lock the task takes to leave, so it never leaves one behind.
-            topic.listeners.send_modify(|n| *n += 1);
-            topic
-        };
+    /// The subscription to a topic already counted in: its current state, then its events.
+    async fn finish_subscribe(&self, name: &str, topic: Arc<Topic>) -> Subscription {
         let events = topic.sender.subscribe();
         // The state as of the subscription: after it, every change arrives as an event.
         let (seq, state) = loop {
@@ -183,6 +149,48 @@ impl Events {
             topic,
             name: name.to_string(),
         }
+    }
+
+    pub fn new(zk: ZkSession, watches: ExistsWatches) -> Events {
+        Events {
+            zk,
+            watches,
+            topics: Arc::default(),
+        }
+    }
+
+    /// Subscribes to topic `name`, fed by `source` (used only if the topic is not live yet).
+    pub async fn subscribe(&self, name: &str, source: impl Source) -> Subscription {
+        let topic = {
+            let mut topics = self.topics.lock().unwrap_or_else(|e| e.into_inner());
+            match topics.get(name).filter(|t| *t.listeners.borrow() > 0) {
+                None => {
+                    let topic = Arc::new(Topic {
+                        sender: broadcast::channel(BACKLOG).0,
+                        last: Mutex::new((0, serde_json::Value::Null)),
+                        listeners: watch::Sender::new(0),
+                    });
+                    topics.insert(name.to_string(), topic.clone());
+                    // Counted before the task starts (a task that saw no listener would
+                    // leave at once) and under the lock it takes to leave.
+                    topic.listeners.send_modify(|n| *n += 1);
+                    let first_state = source.read(self.zk.clone());
+                    tokio::spawn(follow(
+                        self.clone(),
+                        name.to_string(),
+                        topic.clone(),
+                        source,
+                        first_state,
+                    ));
+                    topic
+                }
+                Some(topic) => {
+                    topic.listeners.send_modify(|n| *n += 1);
+                    topic.clone()
+                }
+            }
+        };
+        self.finish_subscribe(name, topic).await
     }
 }
 

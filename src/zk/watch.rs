@@ -79,19 +79,23 @@ impl ExistsWatches {
     fn subscribe_to(&self, mode: Mode, path: &str) -> Subscription {
         let key = (mode, path.to_string());
         let mut paths = self.paths.lock().unwrap_or_else(|e| e.into_inner());
-        let entry = match paths.get(&key) {
-            Some(entry) if *entry.listeners.borrow() > 0 => entry.clone(),
+        let (entry, new) = match paths.get(&key) {
+            Some(entry) if *entry.listeners.borrow() > 0 => (entry.clone(), false),
             _ => {
                 let entry = Arc::new(Entry {
                     state: watch::Sender::new(None),
                     listeners: watch::Sender::new(0),
                 });
                 paths.insert(key.clone(), entry.clone());
-                tokio::spawn(keep_watching(self.zk.clone(), key, entry.clone(), self.paths.clone()));
-                entry
+                (entry, true)
             }
         };
+        // Counted before the task starts (and under the lock it takes to leave): a task that
+        // saw no listener yet would leave at once, and this subscriber would never be woken.
         entry.listeners.send_modify(|n| *n += 1);
+        if new {
+            tokio::spawn(keep_watching(self.zk.clone(), key, entry.clone(), self.paths.clone()));
+        }
         Subscription {
             state: entry.state.subscribe(),
             entry,
@@ -111,21 +115,23 @@ impl ExistsWatches {
 async fn keep_watching(zk: ZkSession, key: (Mode, String), entry: Arc<Entry>, paths: Paths) {
     let (mode, path) = (key.0, key.1.clone());
     let mut listeners = entry.listeners.subscribe();
-    let nobody = async move {
-        let _ = listeners.wait_for(|n| *n == 0).await;
-    };
-    tokio::pin!(nobody);
     loop {
         let session = tokio::select! {
             session = zk.connected() => session,
-            _ = &mut nobody => break,
+            _ = listeners.wait_for(|n| *n == 0) => {
+                if leave_if_idle(&key, &entry, &paths) { return }
+                continue;
+            }
         };
         let Ok(session) = session else {
             // No session for now: wait for the supervisor's next one (or for nobody to care).
             let mut status = zk.subscribe();
             tokio::select! {
                 _ = status.changed() => continue,
-                _ = &mut nobody => break,
+                _ = listeners.wait_for(|n| *n == 0) => {
+                    if leave_if_idle(&key, &entry, &paths) { return }
+                    continue;
+                }
             }
         };
         let armed = match mode {
@@ -149,20 +155,33 @@ async fn keep_watching(zk: ZkSession, key: (Mode, String), entry: Arc<Entry>, pa
                 entry.state.send_replace(Some(stat));
                 tokio::select! {
                     _ = watcher.changed() => {}
-                    _ = &mut nobody => break,
+                    _ = listeners.wait_for(|n| *n == 0) => {
+                        if leave_if_idle(&key, &entry, &paths) { return }
+                    }
                 }
             }
             Err(err) => {
                 tracing::warn!(%path, error = %err, "shared watch could not be set; retrying");
                 tokio::select! {
                     _ = tokio::time::sleep(std::time::Duration::from_millis(200)) => {}
-                    _ = &mut nobody => break,
+                    _ = listeners.wait_for(|n| *n == 0) => {
+                        if leave_if_idle(&key, &entry, &paths) { return }
+                    }
                 }
             }
         }
     }
+}
+
+/// Removes the path's entry if nobody listens, under the lock subscribers take to join, so a
+/// subscriber is never left with an entry whose task has gone. `true` if the task should end.
+fn leave_if_idle(key: &(Mode, String), entry: &Arc<Entry>, paths: &Paths) -> bool {
     let mut paths = paths.lock().unwrap_or_else(|e| e.into_inner());
-    if paths.get(&key).is_some_and(|e| Arc::ptr_eq(e, &entry)) {
-        paths.remove(&key);
+    if *entry.listeners.borrow() > 0 {
+        return false;
     }
+    if paths.get(key).is_some_and(|e| Arc::ptr_eq(e, entry)) {
+        paths.remove(key);
+    }
+    true
 }
