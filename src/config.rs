@@ -83,6 +83,12 @@ impl ServeConfig {
         }
     }
 
+    /// How long a blocking call waits: what it asked for, capped at `max_wait`; `max_wait` when
+    /// it did not ask.
+    pub fn wait(&self, asked: Option<Duration>) -> Duration {
+        asked.unwrap_or(self.max_wait).min(self.max_wait)
+    }
+
     pub fn lease_policy(&self) -> LeasePolicy {
         LeasePolicy {
             default_ttl: self.lease_ttl,

@@ -15,7 +15,6 @@ use super::leases::LeaseView;
 use super::timestamp;
 use crate::AppState;
 use crate::recipes::barrier;
-use crate::recipes::contender::read_names;
 use crate::recipes::ephemeral::BindError;
 use crate::zk::retry_on_loss;
 
@@ -166,11 +165,7 @@ pub async fn wait(
 ) -> Result<Json<BarrierView>, ApiError> {
     check_name(&name)?;
     state.zk.current()?;
-    let wait = query
-        .wait
-        .map(|w| w.0)
-        .unwrap_or(state.config.max_wait)
-        .min(state.config.max_wait);
+    let wait = state.config.wait(query.wait.map(|w| w.0));
     let path = state.barriers.dir(&name);
     let down = barrier::wait_down(&state.barrier_watches, &path);
     if tokio::time::timeout(wait, down).await.is_err() {
@@ -198,12 +193,5 @@ pub async fn wait(
     (status = 503, description = "ZooKeeper unreachable", body = Problem, content_type = "application/problem+json"),
 ))]
 pub async fn list_barriers(State(state): State<AppState>) -> Result<Json<Vec<LockSummary>>, ApiError> {
-    let client = state.zk.current()?.client;
-    let names = read_names(&client, state.barriers.base()).await?;
-    Ok(Json(
-        names
-            .into_iter()
-            .map(|(name, contenders)| LockSummary { name, contenders })
-            .collect(),
-    ))
+    super::contention::list_summaries(&state, state.barriers.base()).await
 }

@@ -118,6 +118,19 @@ pub struct LockSummary {
     pub contenders: i32,
 }
 
+/// The `GET /v1/<recipe>` listing shared by every recipe kept as one directory per name: each
+/// name under `base` with its number of children (contenders, members, items).
+pub async fn list_summaries(state: &AppState, base: &str) -> Result<Json<Vec<LockSummary>>, ApiError> {
+    let client = state.zk.current()?.client;
+    let names = crate::recipes::contender::read_names(&client, base).await?;
+    Ok(Json(
+        names
+            .into_iter()
+            .map(|(name, contenders)| LockSummary { name, contenders })
+            .collect(),
+    ))
+}
+
 /// A handle: one lease's place at one lock.
 #[derive(Serialize, utoipa::ToSchema)]
 pub struct HandleView {
@@ -182,7 +195,7 @@ pub struct Contention {
 pub async fn contend(state: &AppState, registry: &Contenders, request: Request<'_>) -> Result<Contention, ApiError> {
     let name = request.name;
     check_name(name)?;
-    let wait = request.wait.unwrap_or(state.config.max_wait).min(state.config.max_wait);
+    let wait = state.config.wait(request.wait);
     let (lease, own_lease) = lease_for(state, request.lease, request.ttl)?;
     let contender = match registry.contend(&lease, name, request.role, request.value) {
         Ok((contender, _new)) => contender,

@@ -13,7 +13,6 @@ use super::contention::{self, LockSummary, check_name};
 use super::error::{ApiError, Place, Problem};
 use super::extract::{ApiJson, ApiPath, ApiQuery, HumanDuration};
 use crate::AppState;
-use crate::recipes::contender::read_names;
 use crate::recipes::double_barrier::{self, LeaveStep, READY};
 use crate::recipes::ephemeral::BindError;
 use crate::zk::names::validate_name;
@@ -160,12 +159,7 @@ pub async fn enter(
     if body.size == 0 {
         return Err(ApiError::invalid(Place::Body, "size", "must be at least 1"));
     }
-    let deadline = Instant::now()
-        + query
-            .wait
-            .map(|w| w.0)
-            .unwrap_or(state.config.max_wait)
-            .min(state.config.max_wait);
+    let deadline = Instant::now() + state.config.wait(query.wait.map(|w| w.0));
     let client = state.zk.connected().await?.client;
     let dir = state.double_barriers.dir(&name);
     settle_size(&client, &dir, &name, body.size).await?;
@@ -247,12 +241,7 @@ pub async fn leave(
 ) -> Result<Response, ApiError> {
     check_name(&name)?;
     check_participant(&body.participant)?;
-    let deadline = Instant::now()
-        + query
-            .wait
-            .map(|w| w.0)
-            .unwrap_or(state.config.max_wait)
-            .min(state.config.max_wait);
+    let deadline = Instant::now() + state.config.wait(query.wait.map(|w| w.0));
     let client = state.zk.connected().await?.client;
     let dir = state.double_barriers.dir(&name);
     let me = body.participant.as_str();
@@ -347,12 +336,5 @@ pub async fn double_barrier_state(
     (status = 503, description = "ZooKeeper unreachable", body = Problem, content_type = "application/problem+json"),
 ))]
 pub async fn list_double_barriers(State(state): State<AppState>) -> Result<Json<Vec<LockSummary>>, ApiError> {
-    let client = state.zk.current()?.client;
-    let names = read_names(&client, state.double_barriers.base()).await?;
-    Ok(Json(
-        names
-            .into_iter()
-            .map(|(name, contenders)| LockSummary { name, contenders })
-            .collect(),
-    ))
+    super::contention::list_summaries(&state, state.double_barriers.base()).await
 }

@@ -15,7 +15,7 @@ use super::extract::{ApiJson, ApiPath, ApiQuery, HumanDuration};
 use super::leases::LeaseView;
 use super::timestamp;
 use crate::AppState;
-use crate::recipes::contender::{Contender, Phase, Role, read_contenders, read_names};
+use crate::recipes::contender::{Contender, Phase, Role, read_contenders};
 use crate::recipes::election::{self, ACK_NODE, Acknowledgement};
 use crate::zk::retry_on_loss;
 
@@ -226,14 +226,7 @@ pub async fn election_state(
     (status = 503, description = "ZooKeeper unreachable", body = Problem, content_type = "application/problem+json"),
 ))]
 pub async fn list_elections(State(state): State<AppState>) -> Result<Json<Vec<LockSummary>>, ApiError> {
-    let client = state.zk.current()?.client;
-    let names = read_names(&client, state.elections.base()).await?;
-    Ok(Json(
-        names
-            .into_iter()
-            .map(|(name, contenders)| LockSummary { name, contenders })
-            .collect(),
-    ))
+    super::contention::list_summaries(&state, state.elections.base()).await
 }
 
 /// Changes the value the leader proclaims. Only the leader may: anyone else gets 409.

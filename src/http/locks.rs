@@ -13,7 +13,7 @@ use super::contention::{
 use super::error::{ApiError, Problem};
 use super::extract::{ApiJson, ApiPath, ApiQuery};
 use crate::AppState;
-use crate::recipes::contender::{Role, read_contenders, read_names};
+use crate::recipes::contender::{Role, read_contenders};
 use crate::recipes::revocation::{AUDIT_KEPT, Revocation, read_audit};
 
 /// A lock's holder and queue.
@@ -91,14 +91,7 @@ pub async fn lock_state(
     (status = 503, description = "ZooKeeper unreachable", body = Problem, content_type = "application/problem+json"),
 ))]
 pub async fn list_locks(State(state): State<AppState>) -> Result<Json<Vec<LockSummary>>, ApiError> {
-    let client = state.zk.current()?.client;
-    let names = read_names(&client, state.locks.base()).await?;
-    Ok(Json(
-        names
-            .into_iter()
-            .map(|(name, contenders)| LockSummary { name, contenders })
-            .collect(),
-    ))
+    super::contention::list_summaries(&state, state.locks.base()).await
 }
 
 /// Reads a handle: waiting (with position), held (with fencing token) or lost (with reason).

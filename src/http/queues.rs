@@ -17,7 +17,6 @@ use super::error::{ApiError, Place, Problem};
 use super::extract::{ApiPath, ApiQuery, HumanDuration};
 use super::{millis_since, timestamp};
 use crate::AppState;
-use crate::recipes::contender::read_names;
 use crate::recipes::queue::service::{self, Claim};
 use crate::recipes::queue::{self, Envelope, Put, Taken};
 use crate::zk::names::validate_name;
@@ -284,11 +283,7 @@ pub async fn take(
         }
     };
     state.zk.current()?;
-    let wait = query
-        .wait
-        .map(|w| w.0)
-        .unwrap_or(state.config.max_wait)
-        .min(state.config.max_wait);
+    let wait = state.config.wait(query.wait.map(|w| w.0));
     let taken = state
         .queues
         .take(
@@ -481,12 +476,5 @@ pub async fn replay(
     (status = 503, description = "ZooKeeper unreachable", body = Problem, content_type = "application/problem+json"),
 ))]
 pub async fn list_queues(State(state): State<AppState>) -> Result<Json<Vec<LockSummary>>, ApiError> {
-    let client = state.zk.current()?.client;
-    let names = read_names(&client, state.queues.base()).await?;
-    Ok(Json(
-        names
-            .into_iter()
-            .map(|(name, contenders)| LockSummary { name, contenders })
-            .collect(),
-    ))
+    super::contention::list_summaries(&state, state.queues.base()).await
 }

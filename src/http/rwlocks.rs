@@ -13,7 +13,7 @@ use super::contention::{
 use super::error::{ApiError, Problem};
 use super::extract::{ApiJson, ApiPath, ApiQuery};
 use crate::AppState;
-use crate::recipes::contender::{Next, Role, read_contenders, read_names};
+use crate::recipes::contender::{Next, Role, read_contenders};
 use crate::recipes::rwlock::is_reader;
 
 /// A read/write lock's holders and queue.
@@ -114,14 +114,7 @@ pub async fn rwlock_state(
     (status = 503, description = "ZooKeeper unreachable", body = Problem, content_type = "application/problem+json"),
 ))]
 pub async fn list_rwlocks(State(state): State<AppState>) -> Result<Json<Vec<LockSummary>>, ApiError> {
-    let client = state.zk.current()?.client;
-    let names = read_names(&client, state.rwlocks.base()).await?;
-    Ok(Json(
-        names
-            .into_iter()
-            .map(|(name, contenders)| LockSummary { name, contenders })
-            .collect(),
-    ))
+    super::contention::list_summaries(&state, state.rwlocks.base()).await
 }
 
 /// Reads a handle: waiting (with position), held (with fencing token) or lost (with reason).

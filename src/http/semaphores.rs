@@ -18,7 +18,7 @@ use super::leases::LeaseView;
 use super::timestamp;
 use crate::AppState;
 use crate::lease::EndReason;
-use crate::recipes::contender::{Phase, read_contenders, read_names};
+use crate::recipes::contender::{Phase, read_contenders};
 use crate::recipes::semaphore::{Permit, Settle, settle_permits};
 
 /// Most permits a semaphore may have.
@@ -120,11 +120,7 @@ pub async fn acquire(
         ));
     }
     let body = body.unwrap_or_default();
-    let wait = params
-        .wait
-        .map(|w| w.0)
-        .unwrap_or(state.config.max_wait)
-        .min(state.config.max_wait);
+    let wait = state.config.wait(params.wait.map(|w| w.0));
     let client = state.zk.connected().await?.client;
     match settle_permits(&client, &state.semaphores.dir(&name), params.permits).await {
         Ok(()) => {}
@@ -239,14 +235,7 @@ pub async fn semaphore_state(
     (status = 503, description = "ZooKeeper unreachable", body = Problem, content_type = "application/problem+json"),
 ))]
 pub async fn list_semaphores(State(state): State<AppState>) -> Result<Json<Vec<LockSummary>>, ApiError> {
-    let client = state.zk.current()?.client;
-    let names = read_names(&client, state.semaphores.base()).await?;
-    Ok(Json(
-        names
-            .into_iter()
-            .map(|(name, contenders)| LockSummary { name, contenders })
-            .collect(),
-    ))
+    super::contention::list_summaries(&state, state.semaphores.base()).await
 }
 
 fn find(state: &AppState, name: &str, handle: &str) -> Result<Arc<Permit>, ApiError> {

@@ -16,7 +16,6 @@ use super::error::{ApiError, Place, Problem};
 use super::extract::{ApiJson, ApiPath, ApiQuery, HumanDuration};
 use super::timestamp;
 use crate::AppState;
-use crate::recipes::contender::read_names;
 use crate::recipes::ephemeral::BindError;
 use crate::recipes::txn::{self, Decision, Record, Spec, Vote, VoteError};
 use crate::zk::names::validate_name;
@@ -321,12 +320,5 @@ async fn participant_of(
     (status = 503, description = "ZooKeeper unreachable", body = Problem, content_type = "application/problem+json"),
 ))]
 pub async fn list_txns(State(state): State<AppState>) -> Result<Json<Vec<LockSummary>>, ApiError> {
-    let client = state.zk.current()?.client;
-    let names = read_names(&client, state.txn_members.base()).await?;
-    Ok(Json(
-        names
-            .into_iter()
-            .map(|(name, contenders)| LockSummary { name, contenders })
-            .collect(),
-    ))
+    super::contention::list_summaries(&state, state.txn_members.base()).await
 }
