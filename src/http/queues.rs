@@ -17,7 +17,7 @@ use super::error::{ApiError, Place, Problem};
 use super::extract::{ApiPath, ApiQuery, HumanDuration};
 use super::{millis_since, timestamp};
 use crate::AppState;
-use crate::recipes::queue::service::{self, Claim};
+use crate::recipes::queue::service::Claim;
 use crate::recipes::queue::{self, Envelope, Put, Taken};
 use crate::zk::names::validate_name;
 use crate::zk::retry_on_loss;
@@ -306,7 +306,7 @@ fn delivery(queue: &str, taken: Taken, claim: Option<&Claim>) -> Delivery {
             .map(|o| o.0)
             .unwrap_or(queue::DEFAULT_PRIORITY),
         item: taken.item,
-        claim: claim.map(service::id_of),
+        claim: claim.map(|c| c.id.clone()),
         ack_deadline_at: claim.map(|c| timestamp(UNIX_EPOCH + Duration::from_millis(c.deadline_ms.max(0) as u64))),
         deliveries: taken.envelope.deliveries,
         put_at: timestamp(UNIX_EPOCH + Duration::from_millis(taken.envelope.put_at_ms.max(0) as u64)),

@@ -477,7 +477,10 @@ pub mod service {
     /// A claim made through this instance.
     #[derive(Clone)]
     pub struct Claim {
+        /// The public claim id (also written into the claimed item's claim record).
+        pub id: String,
         pub queue: String,
+        /// The claimed item; empty until the take succeeds.
         pub item: String,
         pub data: Vec<u8>,
         pub deadline_ms: i64,
@@ -570,8 +573,9 @@ pub mod service {
             let data =
                 serde_json::to_vec(&serde_json::json!({ "claim": id, "deadline_ms": deadline_ms })).unwrap_or_default();
             Claim {
+                id,
                 queue: queue.to_string(),
-                item: id,
+                item: String::new(),
                 data,
                 deadline_ms,
                 expire: CancellationToken::new(),
@@ -580,7 +584,7 @@ pub mod service {
 
         /// Remembers a claim and gives it back when its deadline passes unacknowledged.
         fn keep(&self, claim: Claim, deadline: Duration) {
-            let id = claim_id(&claim);
+            let id = claim.id.clone();
             self.claims
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
@@ -643,19 +647,6 @@ pub mod service {
             ));
             waiting
         }
-    }
-
-    /// The id of a claim (kept in its data).
-    fn claim_id(claim: &Claim) -> String {
-        serde_json::from_slice::<serde_json::Value>(&claim.data)
-            .ok()
-            .and_then(|v| v["claim"].as_str().map(str::to_string))
-            .unwrap_or_default()
-    }
-
-    /// The public id of a claim.
-    pub fn id_of(claim: &Claim) -> String {
-        claim_id(claim)
     }
 
     /// Decrements the takers on drop and wakes the pump when none are left.
