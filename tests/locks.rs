@@ -287,8 +287,23 @@ async fn session_expiry_loses_leases_passes_locks_on_and_the_instance_recovers()
 
 #[tokio::test]
 async fn a_lost_create_reply_is_recovered_by_the_guid_without_an_orphan() {
+    lose_a_create_reply(false).await;
+}
+
+/// The same with the connection reset (a dying host) instead of closed: the client then
+/// fails the create with an I/O error instead of `ConnectionLoss`, and the GUID rule must
+/// run all the same (a "Broken pipe" once turned this into a 500).
+#[tokio::test]
+async fn a_create_reply_lost_to_a_connection_reset_is_recovered_the_same_way() {
+    lose_a_create_reply(true).await;
+}
+
+async fn lose_a_create_reply(reset: bool) {
     let zk = zookeeper().await;
     let proxy = Proxy::start(&zk.connect_string()).await;
+    if reset {
+        proxy.reset_on_cut();
+    }
     let gate = Gate::start(&proxy.connect_string()).await;
     let lease = gate.lease("60s").await;
     // Once without the fault (the lock znode now exists), once with it, each from scratch.

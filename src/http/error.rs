@@ -205,8 +205,8 @@ impl ApiError {
 impl From<ZkError> for ApiError {
     fn from(err: ZkError) -> ApiError {
         match err {
-            ZkError::ConnectionLoss
-            | ZkError::Timeout
+            err if crate::zk::is_loss(&err) => ApiError::unavailable(format!("ZooKeeper did not answer: {err}")),
+            ZkError::Timeout
             | ZkError::NoHosts
             | ZkError::SessionExpired
             | ZkError::ClientClosed

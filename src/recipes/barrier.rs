@@ -18,7 +18,7 @@ pub async fn raise(client: &Client, path: &str) -> Result<bool, ZkError> {
             Ok(_) => return Ok(true),
             // A lost reply of our own create also lands here: either way it is up.
             Err(ZkError::NodeExists) => return Ok(false),
-            Err(ZkError::ConnectionLoss) => continue,
+            Err(err) if crate::zk::is_loss(&err) => continue,
             Err(ZkError::NoNode) => {
                 let parent = &path[..path.rfind('/').unwrap_or(0)];
                 crate::zk::session::ensure_path(client, parent).await?;
@@ -36,7 +36,7 @@ pub async fn lower(client: &Client, path: &str) -> Result<bool, ZkError> {
             Ok(()) => return Ok(true),
             // After a lost reply, a missing node is our own deletion.
             Err(ZkError::NoNode) => return Ok(retried),
-            Err(ZkError::ConnectionLoss) => retried = true,
+            Err(err) if crate::zk::is_loss(&err) => retried = true,
             Err(err) => return Err(err),
         }
     }

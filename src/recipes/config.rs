@@ -103,7 +103,7 @@ pub async fn write(client: &Client, path: &str, data: &[u8], condition: Conditio
             }
             // The reply was lost: the write may have happened; read again and report what is
             // there if it is our data, else try again.
-            Err(ZkError::ConnectionLoss) => {
+            Err(err) if crate::zk::is_loss(&err) => {
                 if let Some(entry) = read(client, path).await?
                     && entry.data == data
                     && entry.stat.version == stat.version + 1
@@ -129,7 +129,7 @@ async fn create(client: &Client, path: &str, data: &[u8]) -> Result<Stat, ZkErro
                 let parent = &path[..path.rfind('/').unwrap_or(0)];
                 crate::zk::session::ensure_path(client, parent).await?;
             }
-            Err(ZkError::ConnectionLoss) => {
+            Err(err) if crate::zk::is_loss(&err) => {
                 // Did the create happen? Ours if the data matches and nobody changed it since.
                 if let Some(entry) = read(client, path).await?
                     && entry.data == data
@@ -168,7 +168,7 @@ pub async fn delete(client: &Client, path: &str, condition: Condition) -> Result
                 let now = retry_on_loss(|| client.check_stat(path)).await?;
                 return Err(WriteError::Precondition(now.map(|s| s.mzxid)));
             }
-            Err(ZkError::ConnectionLoss) => retried = true,
+            Err(err) if crate::zk::is_loss(&err) => retried = true,
             Err(err) => return Err(err.into()),
         }
     }

@@ -460,7 +460,7 @@ async fn create_node(contender: &Contender, client: &Client) -> Result<(Node, Ve
                 ));
             }
             Err(ZkError::NoNode) => ensure_dir(client, &contender.dir).await?,
-            Err(ZkError::ConnectionLoss) => {
+            Err(err) if crate::zk::is_loss(&err) => {
                 if let Some(node) = find_by_guid(client, &contender.dir, &contender.guid).await? {
                     let children = retry_on_loss(|| client.list_children(&contender.dir)).await?;
                     return Ok((node, children));

@@ -57,7 +57,7 @@ pub async fn acknowledge(client: &Client, dir: &str, ack: &Acknowledgement) -> R
     loop {
         match client.create(&path, &data, &options).await {
             Ok(_) => return Ok(()),
-            Err(ZkError::NodeExists | ZkError::ConnectionLoss) => {
+            Err(err) if err == ZkError::NodeExists || crate::zk::is_loss(&err) => {
                 match retry_on_loss(|| client.get_and_watch_data(&path)).await {
                     Ok((existing, _, watcher)) => {
                         if Acknowledgement::parse(&existing).is_some_and(|a| a.candidate == ack.candidate) {

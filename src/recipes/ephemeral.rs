@@ -173,13 +173,14 @@ async fn create(client: &Client, parent: &str, path: &str, data: &[u8]) -> Resul
                     .await
                     .map_err(BindError::ZooKeeper)?;
             }
-            Err(ZkError::NodeExists | ZkError::ConnectionLoss) => match retry_on_loss(|| client.check_stat(path)).await
-            {
-                Ok(Some(stat)) if stat.ephemeral_owner == client.session_id().0 => return Ok(()),
-                Ok(Some(_)) => return Err(BindError::Taken),
-                Ok(None) => continue,
-                Err(err) => return Err(BindError::ZooKeeper(err)),
-            },
+            Err(err) if err == ZkError::NodeExists || crate::zk::is_loss(&err) => {
+                match retry_on_loss(|| client.check_stat(path)).await {
+                    Ok(Some(stat)) if stat.ephemeral_owner == client.session_id().0 => return Ok(()),
+                    Ok(Some(_)) => return Err(BindError::Taken),
+                    Ok(None) => continue,
+                    Err(err) => return Err(BindError::ZooKeeper(err)),
+                }
+            }
             Err(err) => return Err(BindError::ZooKeeper(err)),
         }
     }

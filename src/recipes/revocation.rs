@@ -105,7 +105,7 @@ pub async fn audit(client: &Client, base: &str, record: &Revocation) -> Result<(
         match client.create(&prefix, &data, &options).await {
             Ok(_) => break,
             Err(ZkError::NoNode) => crate::zk::session::ensure_path(client, base).await?,
-            Err(ZkError::ConnectionLoss) => {}
+            Err(err) if crate::zk::is_loss(&err) => {}
             Err(err) => return Err(err),
         }
     }

@@ -333,7 +333,7 @@ async fn create(client: &Client, dir: &str, guid: &str, infix: &str, permit: &Pe
         match client.create(&prefix, data.as_bytes(), &options).await {
             Ok((_, sequence)) => return Ok(format!("_c_{guid}{infix}{sequence}")),
             Err(ZkError::NoNode) => ensure_dir(client, dir).await?,
-            Err(ZkError::ConnectionLoss) => {
+            Err(err) if crate::zk::is_loss(&err) => {
                 if let Some(node) = find_by_guid(client, dir, guid).await? {
                     return Ok(node.name);
                 }

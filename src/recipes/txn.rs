@@ -267,7 +267,7 @@ mod io {
         loop {
             match client.create(&path, vote.as_bytes(), &options).await {
                 Ok(_) => return Ok(()),
-                Err(ZkError::NodeExists | ZkError::ConnectionLoss) => {
+                Err(err) if err == ZkError::NodeExists || crate::zk::is_loss(&err) => {
                     match retry_on_loss(|| client.get_data(&path)).await {
                         Ok((data, _)) => {
                             return match Vote::parse(&data) {
@@ -298,7 +298,7 @@ mod io {
         loop {
             match client.create(&path, &data, &options).await {
                 Ok(_) => return Ok(decision),
-                Err(ZkError::NodeExists | ZkError::ConnectionLoss) => {
+                Err(err) if err == ZkError::NodeExists || crate::zk::is_loss(&err) => {
                     match retry_on_loss(|| client.get_data(&path)).await {
                         Ok((existing, _)) => {
                             return serde_json::from_slice(&existing)

@@ -11,7 +11,23 @@ use std::time::Duration;
 
 use zookeeper_client::Error as ZkError;
 
-/// Runs `op` again while it fails with `ConnectionLoss`, with a short backoff.
+/// Whether `err` means "the connection broke before the reply came": the request may or may
+/// not have been applied, and the session may still be alive.
+///
+/// zookeeper-client reports that in two shapes. `ConnectionLoss` when the server closed the
+/// socket cleanly, but `Custom` (an I/O error such as a broken pipe or a reset, or its own
+/// "no response from connection" read timeout) when the socket failed under a request in
+/// flight: the client fails every pending request with the error that ended the connection.
+/// No reply from a server ever becomes `Custom`, and client-side argument checks are
+/// `BadArguments`, so every `Custom` on a request is a transport failure. Every recipe asks
+/// this predicate instead of matching `ConnectionLoss`, so that the GUID rule and the retries
+/// also run when a server dies mid-request (found by the follower-kill test on the ensemble,
+/// which saw "Broken pipe" turn a try-lock into a 500).
+pub fn is_loss(err: &ZkError) -> bool {
+    matches!(err, ZkError::ConnectionLoss | ZkError::Custom(_))
+}
+
+/// Runs `op` again while it fails with a connection loss ([`is_loss`]), with a short backoff.
 ///
 /// Only for operations that are safe to repeat: reads, watches, deletes of our own nodes. A
 /// create is not (its reply may be lost after it happened): see the GUID rule in the recipes.
@@ -25,7 +41,7 @@ where
     let mut backoff = Duration::from_millis(20);
     loop {
         match op().await {
-            Err(ZkError::ConnectionLoss) => {
+            Err(err) if is_loss(&err) => {
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_millis(500));
             }

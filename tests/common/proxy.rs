@@ -1,7 +1,9 @@
 //! A TCP proxy between zkgate and ZooKeeper that injects network faults on loopback:
 //! a partition (cut every connection, refuse new ones) and the lost create reply of the
 //! recipes guide (forward a create, let the server apply it, drop its reply with the
-//! connection, so the client cannot know whether it happened).
+//! connection, so the client cannot know whether it happened). A cut closes the connection
+//! cleanly (FIN) by default, or with a reset (RST, as from a host that died) after
+//! [Proxy::reset_on_cut]: clients report the two differently.
 //!
 //! To find creates and their replies it reads ZooKeeper's framing: every packet is a 4-byte
 //! big-endian length and a body; after the connect handshake (first packet each way), a
@@ -23,6 +25,7 @@ pub struct Proxy {
     blocked: watch::Sender<bool>,
     drop_next_create_reply: Arc<AtomicBool>,
     create_replies_dropped: Arc<AtomicUsize>,
+    reset_on_cut: Arc<AtomicBool>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -36,10 +39,12 @@ impl Proxy {
             blocked: blocked.subscribe(),
             drop_next_create_reply: Arc::new(AtomicBool::new(false)),
             create_replies_dropped: Arc::new(AtomicUsize::new(0)),
+            reset_on_cut: Arc::new(AtomicBool::new(false)),
         };
-        let (drop_next_create_reply, create_replies_dropped) = (
+        let (drop_next_create_reply, create_replies_dropped, reset_on_cut) = (
             faults.drop_next_create_reply.clone(),
             faults.create_replies_dropped.clone(),
+            faults.reset_on_cut.clone(),
         );
         let target = target.to_string();
         let task = tokio::spawn(async move {
@@ -56,6 +61,7 @@ impl Proxy {
             blocked,
             drop_next_create_reply,
             create_replies_dropped,
+            reset_on_cut,
             task,
         }
     }
@@ -79,6 +85,12 @@ impl Proxy {
         self.drop_next_create_reply.store(true, Ordering::SeqCst);
     }
 
+    /// From now on, connections accepted by the proxy are cut with a TCP reset instead of a
+    /// clean close, so the client's next read or write fails with an I/O error.
+    pub fn reset_on_cut(&self) {
+        self.reset_on_cut.store(true, Ordering::SeqCst);
+    }
+
     /// How many creates were applied by the server with their replies dropped.
     pub fn create_replies_lost(&self) -> usize {
         self.create_replies_dropped.load(Ordering::SeqCst)
@@ -96,13 +108,18 @@ struct Faults {
     blocked: watch::Receiver<bool>,
     drop_next_create_reply: Arc<AtomicBool>,
     create_replies_dropped: Arc<AtomicUsize>,
+    reset_on_cut: Arc<AtomicBool>,
 }
 
 async fn forward(inbound: TcpStream, target: String, mut faults: Faults) {
     let Ok(outbound) = TcpStream::connect(&target).await else {
         return;
     };
-    let (client_read, client_write) = inbound.into_split();
+    if faults.reset_on_cut.load(Ordering::SeqCst) {
+        // With a zero linger, dropping the socket sends RST instead of FIN.
+        inbound.set_zero_linger().expect("SO_LINGER on the proxy's client side");
+    }
+    let (client_read, mut client_write) = inbound.into_split();
     let (server_read, server_write) = outbound.into_split();
     // The xid of a create whose reply must be swallowed, set by the client-to-server pump.
     let (doomed_tx, doomed_rx) = watch::channel(None::<i32>);
@@ -115,7 +132,7 @@ async fn forward(inbound: TcpStream, target: String, mut faults: Faults) {
     });
     let armed = faults.drop_next_create_reply.clone();
     let dropped = faults.create_replies_dropped.clone();
-    let downstream = pump(server_read, client_write, move |body| {
+    let downstream = pump(server_read, &mut client_write, move |body| {
         let xid = (body.len() >= 4).then(|| i32::from_be_bytes([body[0], body[1], body[2], body[3]]));
         if xid.is_some() && xid == *doomed_rx.borrow() && is_success(body) && armed.swap(false, Ordering::SeqCst) {
             dropped.fetch_add(1, Ordering::SeqCst);
@@ -127,6 +144,11 @@ async fn forward(inbound: TcpStream, target: String, mut faults: Faults) {
         _ = upstream => {}
         _ = downstream => {}
         _ = faults.blocked.wait_for(|b| *b) => {}
+    }
+    if faults.reset_on_cut.load(Ordering::SeqCst) {
+        // Dropping the write half would send FIN first (it shuts down writing), and the
+        // client would read a clean end of stream before the reset.
+        client_write.forget();
     }
 }
 
