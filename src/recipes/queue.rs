@@ -167,9 +167,7 @@ pub async fn put(
             // A lost reply: with a key, the key tells whether it happened; without, the put is
             // not retried (it may have happened, and a second copy is worse for most users
             // than a clear error they can retry with a key).
-            Err(MultiWriteError::RequestFailed {
-                source: ZkError::ConnectionLoss,
-            }) if key.is_some() => continue,
+            Err(MultiWriteError::RequestFailed { source }) if crate::zk::is_loss(&source) && key.is_some() => continue,
             Err(MultiWriteError::RequestFailed { source }) => return Err(source),
         }
     }
@@ -281,13 +279,13 @@ async fn claim(
         }) => Ok(false),
         Err(MultiWriteError::OperationFailed { source, .. }) => Err(source),
         // A lost reply: the claim is ours if its node holds our claim data.
-        Err(MultiWriteError::RequestFailed {
-            source: ZkError::ConnectionLoss,
-        }) => match retry_on_loss(|| client.get_data(&claim_path)).await {
-            Ok((data, _)) => Ok(data == claim_data),
-            Err(ZkError::NoNode) => Ok(false),
-            Err(err) => Err(err),
-        },
+        Err(MultiWriteError::RequestFailed { source }) if crate::zk::is_loss(&source) => {
+            match retry_on_loss(|| client.get_data(&claim_path)).await {
+                Ok((data, _)) => Ok(data == claim_data),
+                Err(ZkError::NoNode) => Ok(false),
+                Err(err) => Err(err),
+            }
+        }
         Err(MultiWriteError::RequestFailed { source }) => Err(source),
     }
 }
@@ -313,9 +311,7 @@ async fn bury(
             Ok(())
         }
         Err(MultiWriteError::OperationFailed { .. }) => Ok(()), // changed meanwhile: someone else decides
-        Err(MultiWriteError::RequestFailed {
-            source: ZkError::ConnectionLoss,
-        }) => Ok(()),
+        Err(MultiWriteError::RequestFailed { source }) if crate::zk::is_loss(&source) => Ok(()),
         Err(MultiWriteError::RequestFailed { source }) => Err(source),
     }
 }
@@ -340,9 +336,7 @@ pub async fn ack(client: &Client, paths: &QueuePaths, item: &str, claim_data: &[
         Err(MultiWriteError::OperationFailed { .. }) => Ok(false),
         // A lost reply: done if the item is gone (nobody else could delete it while our claim
         // stood), otherwise not.
-        Err(MultiWriteError::RequestFailed {
-            source: ZkError::ConnectionLoss,
-        }) => {
+        Err(MultiWriteError::RequestFailed { source }) if crate::zk::is_loss(&source) => {
             let item_path = format!("{}/{item}", paths.items);
             Ok(retry_on_loss(|| client.check_stat(&item_path)).await?.is_none())
         }

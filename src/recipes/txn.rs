@@ -206,9 +206,7 @@ mod io {
                     crate::zk::session::ensure_path(client, &dir[..dir.rfind('/').unwrap_or(0)]).await?;
                 }
                 Err(zookeeper_client::MultiWriteError::OperationFailed { source, .. }) => return Err(source),
-                Err(zookeeper_client::MultiWriteError::RequestFailed {
-                    source: ZkError::ConnectionLoss,
-                }) => {
+                Err(zookeeper_client::MultiWriteError::RequestFailed { source }) if crate::zk::is_loss(&source) => {
                     // Applied or not: a transaction znode with our exact spec is ours.
                     match retry_on_loss(|| client.get_data(dir)).await {
                         Ok((existing, _)) if existing == data => return Ok(()),
