@@ -55,6 +55,21 @@ pub struct ServeConfig {
     #[arg(long, env = "ZKGATE_QUEUE_MAX_DELIVERIES", default_value_t = 5)]
     pub queue_max_deliveries: u32,
 
+    /// Messages queued for one WebSocket before its subscriptions skip events and send a
+    /// `resync` with the current state once the client reads again.
+    #[arg(long, env = "ZKGATE_WS_SEND_QUEUE", default_value_t = 256)]
+    pub ws_send_queue: usize,
+
+    /// How often a WebSocket is pinged (and its socket-bound leases kept alive, at least three
+    /// times per lease TTL).
+    #[arg(long, env = "ZKGATE_WS_PING_INTERVAL", default_value = "15s", value_parser = duration)]
+    pub ws_ping_interval: Duration,
+
+    /// A WebSocket from which nothing (not even a pong) came for this long, or whose sends
+    /// have been blocked this long, is closed (code 4000).
+    #[arg(long, env = "ZKGATE_WS_IDLE_TIMEOUT", default_value = "45s", value_parser = duration)]
+    pub ws_idle_timeout: Duration,
+
     /// Data directory of the embedded ZooKeeper (default: a new temporary directory, removed
     /// on exit). Ignored with `--zookeeper`.
     #[arg(long, env = "ZKGATE_ZOOKEEPER_DATA_DIR")]
@@ -79,6 +94,9 @@ impl ServeConfig {
             max_wait: Duration::from_secs(60),
             queue_max_depth: 10_000,
             queue_max_deliveries: 5,
+            ws_send_queue: 256,
+            ws_ping_interval: Duration::from_secs(15),
+            ws_idle_timeout: Duration::from_secs(45),
             zookeeper_data_dir: None,
         }
     }

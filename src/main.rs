@@ -19,7 +19,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Serve the HTTP API (with an embedded ZooKeeper unless --zookeeper is given).
-    Serve(ServeConfig),
+    Serve(Box<ServeConfig>),
     /// Print the OpenAPI description as JSON.
     Openapi,
 }
@@ -33,7 +33,7 @@ async fn main() -> ExitCode {
         )
         .init();
     let result = match Cli::parse().command {
-        Command::Serve(config) => serve(config).await,
+        Command::Serve(config) => serve(*config).await,
         Command::Openapi => zkgate::http::openapi()
             .to_pretty_json()
             .map(|json| println!("{json}"))

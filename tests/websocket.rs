@@ -298,7 +298,7 @@ async fn barrier_queue_and_group_topics_report_their_changes() {
             depth["type"].as_str(),
             depth["state"]["depth"].as_u64()
         ),
-        (Some("Q"), Some("depth"), Some(1)),
+        (Some("Q"), Some("available"), Some(1)),
         "{depth}"
     );
 

@@ -11,7 +11,7 @@ pub mod extract;
 mod groups;
 mod health;
 mod kv;
-mod leases;
+pub mod leases;
 mod locks;
 mod queues;
 mod rwlocks;
@@ -144,6 +144,23 @@ pub fn router(state: AppState) -> Router {
         .layer(DefaultBodyLimit::max(BODY_LIMIT_BYTES))
         .layer(TraceLayer::new_for_http())
         .with_state(state)
+}
+
+/// The API alone (no docs, no status page), for requests that arrive over a WebSocket
+/// (`"op": "call"`): the same handlers, validation and errors as over HTTP. The routes are
+/// built once; each socket gives them its state.
+pub fn api(state: AppState) -> Router {
+    static API: std::sync::OnceLock<Router<AppState>> = std::sync::OnceLock::new();
+    API.get_or_init(|| {
+        api_router()
+            .split_for_parts()
+            .0
+            .fallback(no_route)
+            .method_not_allowed_fallback(method_not_allowed)
+            .layer(DefaultBodyLimit::max(BODY_LIMIT_BYTES))
+    })
+    .clone()
+    .with_state(state)
 }
 
 /// The status page from `web/`, compiled into the binary (it loads nothing from elsewhere).

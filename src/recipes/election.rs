@@ -145,8 +145,12 @@ pub struct Leadership {
 }
 
 impl crate::events::Source for Leadership {
-    fn path(&self) -> String {
-        self.dir.clone()
+    fn watches(&self) -> Vec<(crate::zk::watch::Mode, String)> {
+        // The candidates, and the acknowledgement node whose data is the leader's value.
+        vec![
+            (crate::zk::watch::Mode::Children, self.dir.clone()),
+            (crate::zk::watch::Mode::Exists, format!("{}/{}", self.dir, ACK_NODE)),
+        ]
     }
 
     fn read(

@@ -41,8 +41,8 @@ pub struct LockTopic {
 }
 
 impl crate::events::Source for LockTopic {
-    fn path(&self) -> String {
-        self.dir.clone()
+    fn watches(&self) -> Vec<(crate::zk::watch::Mode, String)> {
+        vec![(crate::zk::watch::Mode::Children, self.dir.clone())]
     }
 
     fn read(

@@ -40,6 +40,67 @@ pub fn next_read_step<'a, S: AsRef<str>>(children: &'a [S], me: &str) -> Next<'a
     }
 }
 
+/// A read/write lock's holders and queue, as an event topic: the holders are the writer at
+/// the head of the queue, or the readers ahead of the first writer. `granted` when the set
+/// of holders changes and is not empty, `released` when it becomes empty, `waiters` when only
+/// the queue changes.
+pub struct RwLockTopic {
+    pub dir: String,
+}
+
+impl crate::events::Source for RwLockTopic {
+    fn watches(&self) -> Vec<(crate::zk::watch::Mode, String)> {
+        vec![(crate::zk::watch::Mode::Children, self.dir.clone())]
+    }
+
+    fn read(
+        &self,
+        zk: crate::zk::session::ZkSession,
+    ) -> futures::future::BoxFuture<'static, Option<serde_json::Value>> {
+        let dir = self.dir.clone();
+        Box::pin(async move {
+            let client = zk.connected().await.ok()?.client;
+            let contenders = super::contender::read_contenders(&client, &dir)
+                .await
+                .ok()?
+                .unwrap_or_default();
+            let holding = match contenders.first() {
+                Some(first) if is_reader(&first.name) => contenders.iter().take_while(|c| is_reader(&c.name)).count(),
+                Some(_) => 1,
+                None => 0,
+            };
+            let holders: Vec<_> = contenders[..holding]
+                .iter()
+                .map(|c| {
+                    let mode = if is_reader(&c.name) { "read" } else { "write" };
+                    serde_json::json!({ "node": c.name, "mode": mode, "fencing_token": c.czxid })
+                })
+                .collect();
+            Some(serde_json::json!({ "holders": holders, "waiters": contenders.len() - holding }))
+        })
+    }
+
+    fn change(&self, before: &serde_json::Value, after: &serde_json::Value) -> Option<&'static str> {
+        let nodes = |v: &serde_json::Value| {
+            v["holders"]
+                .as_array()
+                .map(|h| h.iter().map(|c| c["node"].clone()).collect::<Vec<_>>())
+                .unwrap_or_default()
+        };
+        let (was, now) = (nodes(before), nodes(after));
+        if was != now {
+            // A holder leaving while others still hold (a reader among readers) is a release
+            // too: nothing new was granted.
+            return Some(if now.is_empty() || now.iter().all(|n| was.contains(n)) {
+                "released"
+            } else {
+                "granted"
+            });
+        }
+        (before["waiters"] != after["waiters"]).then_some("waiters")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

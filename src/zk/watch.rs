@@ -76,7 +76,7 @@ impl ExistsWatches {
         self.subscribe_to(Mode::Children, path)
     }
 
-    fn subscribe_to(&self, mode: Mode, path: &str) -> Subscription {
+    pub fn subscribe_to(&self, mode: Mode, path: &str) -> Subscription {
         let key = (mode, path.to_string());
         let mut paths = self.paths.lock().unwrap_or_else(|e| e.into_inner());
         let (entry, new) = match paths.get(&key) {

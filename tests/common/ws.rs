@@ -1,0 +1,109 @@
+//! A WebSocket client for tests: a task reads the socket all the time (so that the server's
+//! pings are answered, as by any live client) and hands messages over in order.
+
+use std::time::Duration;
+
+use futures::{SinkExt, StreamExt};
+use serde_json::Value;
+use tokio::sync::mpsc;
+use tokio_tungstenite::tungstenite::Message;
+
+use super::within;
+
+pub struct Ws {
+    messages: mpsc::UnboundedReceiver<Value>,
+    outgoing: mpsc::UnboundedSender<Message>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Ws {
+    /// Connects to `ws://<addr><path>`.
+    pub async fn connect(addr: std::net::SocketAddr, path: &str) -> Ws {
+        let (socket, _) = tokio_tungstenite::connect_async(format!("ws://{addr}{path}"))
+            .await
+            .expect("WebSocket connect");
+        let (mut sink, mut stream) = socket.split();
+        let (deliver, messages) = mpsc::unbounded_channel();
+        let (outgoing, mut to_send) = mpsc::unbounded_channel::<Message>();
+        let task = tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    incoming = stream.next() => match incoming {
+                        Some(Ok(Message::Text(text))) => {
+                            let value = serde_json::from_str(&text).expect("a JSON message");
+                            if deliver.send(value).is_err() {
+                                return;
+                            }
+                        }
+                        Some(Ok(Message::Close(frame))) => {
+                            let code = frame.map(|f| u16::from(f.code));
+                            let _ = deliver.send(serde_json::json!({ "op": "closed", "code": code }));
+                            return;
+                        }
+                        Some(Ok(_)) => {}
+                        Some(Err(_)) | None => return,
+                    },
+                    message = to_send.recv() => match message {
+                        Some(message) => {
+                            if sink.send(message).await.is_err() {
+                                return;
+                            }
+                        }
+                        None => {
+                            let _ = sink.close().await;
+                            return;
+                        }
+                    },
+                }
+                // Pongs to the server's pings are queued by the library: let them out.
+                let _ = sink.flush().await;
+            }
+        });
+        Ws {
+            messages,
+            outgoing,
+            task,
+        }
+    }
+
+    pub fn send(&self, message: Value) {
+        self.outgoing
+            .send(Message::Text(message.to_string().into()))
+            .expect("socket open");
+    }
+
+    /// The next message, failing the test after 20 s.
+    pub async fn next(&mut self) -> Value {
+        within(Duration::from_secs(20), "a socket message", self.messages.recv())
+            .await
+            .expect("the socket is open")
+    }
+
+    /// The next message about `id` (events, replies, errors), skipping others.
+    pub async fn next_for(&mut self, id: &str) -> Value {
+        loop {
+            let message = self.next().await;
+            if message["id"] == id {
+                return message;
+            }
+        }
+    }
+
+    /// Sends a call and waits for its reply.
+    pub async fn call(&mut self, id: &str, method: &str, path: &str, body: Option<Value>) -> Value {
+        let mut call = serde_json::json!({ "op": "call", "id": id, "method": method, "path": path });
+        if let Some(body) = body {
+            call["body"] = body;
+        }
+        self.send(call);
+        let reply = self.next_for(id).await;
+        assert_eq!(reply["op"], "reply", "{reply}");
+        reply
+    }
+
+    /// Closes the socket (a close frame, then the connection).
+    pub async fn close(self) {
+        drop(self.outgoing);
+        let _ = within(Duration::from_secs(10), "the socket to close", self.task).await;
+    }
+}
