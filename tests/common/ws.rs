@@ -11,6 +11,7 @@ use tokio_tungstenite::tungstenite::Message;
 use super::within;
 
 pub struct Ws {
+    pending: std::collections::VecDeque<Value>,
     messages: mpsc::UnboundedReceiver<Value>,
     outgoing: mpsc::UnboundedSender<Message>,
     task: tokio::task::JoinHandle<()>,
@@ -60,6 +61,7 @@ impl Ws {
             }
         });
         Ws {
+            pending: Default::default(),
             messages,
             outgoing,
             task,
@@ -72,20 +74,32 @@ impl Ws {
             .expect("socket open");
     }
 
-    /// The next message, failing the test after 20 s.
+    /// The next message not yet handed out, failing the test after 20 s.
     pub async fn next(&mut self) -> Value {
+        match self.pending.pop_front() {
+            Some(message) => message,
+            None => self.receive().await,
+        }
+    }
+
+    async fn receive(&mut self) -> Value {
         within(Duration::from_secs(20), "a socket message", self.messages.recv())
             .await
             .expect("the socket is open")
     }
 
-    /// The next message about `id` (events, replies, errors), skipping others.
+    /// The next message about `id` (events, replies, errors); messages about other ids are
+    /// kept for their own `next_for`.
     pub async fn next_for(&mut self, id: &str) -> Value {
         loop {
-            let message = self.next().await;
+            if let Some(at) = self.pending.iter().position(|m| m["id"] == id) {
+                return self.pending.remove(at).expect("pending message");
+            }
+            let message = self.receive().await;
             if message["id"] == id {
                 return message;
             }
+            self.pending.push_back(message);
         }
     }
 
