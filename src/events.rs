@@ -56,9 +56,11 @@ pub struct Event {
 /// What a topic's reader makes of its znode: the state, and which kind of change it is
 /// relative to the previous state.
 pub trait Source: Send + Sync + 'static {
-    /// The znodes the topic follows, and how: their children or their existence and data.
-    /// Each is one shared watch of the instance, whatever the number of subscribers.
-    fn watches(&self) -> Vec<(Mode, String)>;
+    /// The znodes the topic follows, and how: their children or their existence and data,
+    /// given the topic's last state (`null` before the first read): a lock follows its
+    /// current holder's node, say. Each is one shared watch of the instance, whatever the
+    /// number of subscribers.
+    fn watches(&self, state: &serde_json::Value) -> Vec<(Mode, String)>;
     /// Reads the current state.
     fn read(&self, zk: ZkSession) -> BoxFuture<'static, Option<serde_json::Value>>;
     /// The kind of event from `before` to `after` (both states), or `None` if nothing changed
@@ -67,8 +69,8 @@ pub trait Source: Send + Sync + 'static {
 }
 
 impl Source for Box<dyn Source> {
-    fn watches(&self) -> Vec<(Mode, String)> {
-        (**self).watches()
+    fn watches(&self, state: &serde_json::Value) -> Vec<(Mode, String)> {
+        (**self).watches(state)
     }
     fn read(&self, zk: ZkSession) -> BoxFuture<'static, Option<serde_json::Value>> {
         (**self).read(zk)
@@ -344,6 +346,14 @@ impl Events {
         }
     }
 
+    /// Subscribes to each of `watches` on the instance's shared watches.
+    fn watch_all(&self, watches: &[(Mode, String)]) -> Vec<(Mode, crate::zk::watch::Subscription)> {
+        watches
+            .iter()
+            .map(|(mode, path)| (*mode, self.watches.subscribe_to(*mode, path)))
+            .collect()
+    }
+
     /// How many topics are live on this instance (each costs one ZooKeeper watch).
     pub fn topics(&self) -> usize {
         self.topics.lock().unwrap_or_else(|e| e.into_inner()).len()
@@ -410,15 +420,23 @@ async fn follow(
     source: Box<dyn Source>,
     first_state: BoxFuture<'static, Option<serde_json::Value>>,
 ) {
-    let mut watches: Vec<(Mode, crate::zk::watch::Subscription)> = source
-        .watches()
-        .into_iter()
-        .map(|(mode, path)| (mode, publisher.events.watches.subscribe_to(mode, &path)))
-        .collect();
     let mut recoveries = Recoveries::new(&publisher.events.zk);
     let state = first_state.await.unwrap_or(serde_json::Value::Null);
+    let mut watching = source.watches(&state);
+    let mut watches = publisher.events.watch_all(&watching);
     publisher.publish("state", state, last_zxid(&mut watches));
     loop {
+        // The state may call for other watches (a new lock holder's node). A new watch
+        // counts as changed, so the state is read again once it is set, and nothing that
+        // changed between the last read and the watch is missed.
+        let wanted = source.watches(&publisher.last_state());
+        if wanted != watching {
+            watches = publisher.events.watch_all(&wanted);
+            for (_, watch) in &mut watches {
+                watch.state.mark_changed();
+            }
+            watching = wanted;
+        }
         let any_change = futures::future::select_all(watches.iter_mut().map(|(_, w)| Box::pin(w.state.changed())));
         let resync = tokio::select! {
             (changed, _, _) = any_change => if changed.is_err() { break } else { None },
@@ -501,7 +519,7 @@ pub mod sources {
     }
 
     impl Source for Barrier {
-        fn watches(&self) -> Vec<(Mode, String)> {
+        fn watches(&self, _: &Value) -> Vec<(Mode, String)> {
             vec![(Mode::Children, self.parent.clone())]
         }
         fn read(&self, zk: ZkSession) -> BoxFuture<'static, Option<Value>> {
@@ -522,7 +540,7 @@ pub mod sources {
     }
 
     impl Source for DoubleBarrier {
-        fn watches(&self) -> Vec<(Mode, String)> {
+        fn watches(&self, _: &Value) -> Vec<(Mode, String)> {
             vec![(Mode::Children, self.dir.clone())]
         }
         fn read(&self, zk: ZkSession) -> BoxFuture<'static, Option<Value>> {
@@ -549,7 +567,7 @@ pub mod sources {
     }
 
     impl Source for Queue {
-        fn watches(&self) -> Vec<(Mode, String)> {
+        fn watches(&self, _: &Value) -> Vec<(Mode, String)> {
             ["items", "claims", "dead"]
                 .into_iter()
                 .map(|sub| (Mode::Children, format!("{}/{sub}", self.dir)))
@@ -581,7 +599,7 @@ pub mod sources {
     }
 
     impl Source for Group {
-        fn watches(&self) -> Vec<(Mode, String)> {
+        fn watches(&self, _: &Value) -> Vec<(Mode, String)> {
             vec![(Mode::Children, self.dir.clone())]
         }
         fn read(&self, zk: ZkSession) -> BoxFuture<'static, Option<Value>> {
@@ -607,7 +625,7 @@ pub mod sources {
     }
 
     impl Source for Txn {
-        fn watches(&self) -> Vec<(Mode, String)> {
+        fn watches(&self, _: &Value) -> Vec<(Mode, String)> {
             vec![
                 (Mode::Children, format!("{}/votes", self.dir)),
                 (Mode::Exists, format!("{}/decision", self.dir)),
@@ -659,7 +677,7 @@ pub mod sources {
     }
 
     impl Source for ZnodeData {
-        fn watches(&self) -> Vec<(Mode, String)> {
+        fn watches(&self, _: &Value) -> Vec<(Mode, String)> {
             vec![(Mode::Exists, self.path.clone())]
         }
         fn read(&self, zk: ZkSession) -> BoxFuture<'static, Option<Value>> {
@@ -691,7 +709,7 @@ pub mod sources {
     }
 
     impl Source for ZnodeChildren {
-        fn watches(&self) -> Vec<(Mode, String)> {
+        fn watches(&self, _: &Value) -> Vec<(Mode, String)> {
             vec![(Mode::Children, self.path.clone())]
         }
         fn read(&self, zk: ZkSession) -> BoxFuture<'static, Option<Value>> {

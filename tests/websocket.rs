@@ -218,10 +218,29 @@ async fn one_socket_subscribes_to_a_lock_and_an_election_and_bad_messages_get_er
         (Some("waiters"), Some(1)),
         "{queued}"
     );
+    // Asking the holder to give the lock up is an event too (it is written into the
+    // holder's node, which the topic watches).
+    let revoked = gate
+        .post(
+            "/v1/locks/orders/revoke",
+            Some(json!({"by": "ops", "reason": "deploy"})),
+        )
+        .await;
+    assert_eq!(revoked.status, StatusCode::ACCEPTED, "{revoked:?}");
+    let asked = next_message(&mut socket).await;
+    assert_eq!(
+        (
+            asked["type"].as_str(),
+            asked["state"]["holder"]["revocation"]["by"].as_str(),
+            asked["state"]["holder"]["revocation"]["reason"].as_str()
+        ),
+        (Some("revocation"), Some("ops"), Some("deploy")),
+        "{asked}"
+    );
     gate.release("orders", &held.str("handle")).await;
     let passed = next_message(&mut socket).await;
     assert_eq!(passed["type"], "granted", "{passed}");
-    assert!(passed["seq"].as_u64() > queued["seq"].as_u64() && queued["seq"].as_u64() > granted["seq"].as_u64());
+    assert!(passed["seq"].as_u64() > asked["seq"].as_u64() && queued["seq"].as_u64() > granted["seq"].as_u64());
 
     // Limits: at most 64 subscriptions on one socket.
     for i in 1..64 {

@@ -145,7 +145,7 @@ pub struct Leadership {
 }
 
 impl crate::events::Source for Leadership {
-    fn watches(&self) -> Vec<(crate::zk::watch::Mode, String)> {
+    fn watches(&self, _: &serde_json::Value) -> Vec<(crate::zk::watch::Mode, String)> {
         // The candidates, and the acknowledgement node whose data is the leader's value.
         vec![
             (crate::zk::watch::Mode::Children, self.dir.clone()),

@@ -35,14 +35,20 @@ pub fn next_step<'a, S: AsRef<str>>(children: &'a [S], me: &str) -> Next<'a> {
 }
 
 /// An exclusive lock's holder and queue, as an event topic: `granted` when the holder
-/// changes, `released` when nobody holds it any more, `waiters` when only the queue changes.
+/// changes, `released` when nobody holds it any more, `revocation` when someone asks the
+/// holder to give it up (the request is written into the holder's node, so the topic also
+/// watches that node's data), `waiters` when only the queue changes.
 pub struct LockTopic {
     pub dir: String,
 }
 
 impl crate::events::Source for LockTopic {
-    fn watches(&self) -> Vec<(crate::zk::watch::Mode, String)> {
-        vec![(crate::zk::watch::Mode::Children, self.dir.clone())]
+    fn watches(&self, state: &serde_json::Value) -> Vec<(crate::zk::watch::Mode, String)> {
+        let mut watches = vec![(crate::zk::watch::Mode::Children, self.dir.clone())];
+        if let Some(holder) = state["holder"]["node"].as_str() {
+            watches.push((crate::zk::watch::Mode::Exists, format!("{}/{holder}", self.dir)));
+        }
+        watches
     }
 
     fn read(
@@ -56,9 +62,15 @@ impl crate::events::Source for LockTopic {
                 .await
                 .ok()?
                 .unwrap_or_default();
-            let holder = contenders
-                .first()
-                .map(|c| serde_json::json!({ "node": c.name, "fencing_token": c.czxid }));
+            let holder = contenders.first().map(|c| {
+                // zkgate's record, or Curator's bare signal (who and why unknown).
+                let revocation = match super::revocation::record_in(&c.data) {
+                    Some(record) => serde_json::json!(record),
+                    None if c.data == super::revocation::CURATOR_REVOKE => serde_json::json!({}),
+                    None => serde_json::Value::Null,
+                };
+                serde_json::json!({ "node": c.name, "fencing_token": c.czxid, "revocation": revocation })
+            });
             Some(serde_json::json!({ "holder": holder, "waiters": contenders.len().saturating_sub(1) }))
         })
     }
@@ -70,6 +82,9 @@ impl crate::events::Source for LockTopic {
             } else {
                 "granted"
             });
+        }
+        if before["holder"]["revocation"] != after["holder"]["revocation"] {
+            return Some("revocation");
         }
         (before["waiters"] != after["waiters"]).then_some("waiters")
     }

@@ -49,7 +49,7 @@ pub struct RwLockTopic {
 }
 
 impl crate::events::Source for RwLockTopic {
-    fn watches(&self) -> Vec<(crate::zk::watch::Mode, String)> {
+    fn watches(&self, _: &serde_json::Value) -> Vec<(crate::zk::watch::Mode, String)> {
         vec![(crate::zk::watch::Mode::Children, self.dir.clone())]
     }
 
