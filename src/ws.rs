@@ -55,7 +55,20 @@ use crate::recipes::lock::LockTopic;
 use crate::recipes::rwlock::RwLockTopic;
 use crate::zk::names::validate_name;
 
-/// Upgrades to a socket that streams the election's leadership.
+/// Streams an election's leadership over a WebSocket.
+///
+/// Upgrade with `Connection: Upgrade` and `Upgrade: websocket`. The first message is the
+/// election's state (`{"topic":"election:NAME","seq":1,"type":"state","state":{...}}`), then
+/// one message per change: `leader` (a new leader, with its `term`), `no_leader`,
+/// `leader_updated`, `candidates`, or `resync` (with a `reason`) when changes may have been
+/// missed. The socket only listens.
+#[utoipa::path(get, path = "/v1/elections/{name}/observe", tag = "websocket",
+    params(("name" = String, Path, description = "Election name")),
+    responses(
+        (status = 101, description = "Switching to the WebSocket protocol; events follow as text messages"),
+        (status = 400, description = "Bad name, or not a WebSocket upgrade", body = crate::http::error::Problem, content_type = "application/problem+json"),
+        (status = 503, description = "ZooKeeper unreachable", body = crate::http::error::Problem, content_type = "application/problem+json"),
+    ))]
 pub async fn observe_election(
     State(state): State<AppState>,
     ApiPath(name): ApiPath<String>,
@@ -67,7 +80,7 @@ pub async fn observe_election(
     let source = Leadership {
         dir: format!("{}/elections/{name}", state.config.root),
     };
-    Ok(upgrade.on_upgrade(move |socket| async move {
+    Ok(lean(upgrade).on_upgrade(move |socket| async move {
         let subscription = state.events.subscribe(&topic, source).await;
         stream(socket, subscription).await;
     }))
@@ -88,11 +101,18 @@ async fn stream(mut socket: WebSocket, mut subscription: Subscription) {
             }
             incoming = socket.recv() => match incoming {
                 // This socket only listens; pings are answered by the library.
-                Some(Ok(Message::Close(_))) | Some(Err(_)) | None => return,
+                Some(Ok(Message::Close(_))) => return finish(&mut socket).await,
+                Some(Err(_)) | None => return,
                 Some(Ok(_)) => {}
             },
         }
     }
+}
+
+/// Completes the closing handshake the client began (bounded: the client may be gone).
+async fn finish(socket: &mut WebSocket) {
+    use futures::SinkExt;
+    let _ = tokio::time::timeout(Duration::from_secs(1), socket.close()).await;
 }
 
 async fn send(socket: &mut WebSocket, event: &Event) -> Result<(), axum::Error> {
@@ -115,6 +135,21 @@ pub const SOCKET_LEASE_TTL: Duration = Duration::from_secs(5);
 
 /// The close code of a socket closed for silence or for not reading.
 pub const IDLE_CLOSE_CODE: u16 = 4000;
+
+/// The read buffer of a socket. tungstenite's default (128 KiB, allocated up front) would
+/// make an idle socket cost ~150 KiB; clients send small messages, and a larger one still
+/// arrives (the buffer grows for it).
+const READ_BUFFER_BYTES: usize = 4 * 1024;
+
+/// Sockets are flushed after each message anyway: no write buffer to fill first.
+const WRITE_BUFFER_BYTES: usize = 0;
+
+/// Sizes an upgrade's buffers for many mostly idle sockets.
+fn lean(upgrade: WebSocketUpgrade) -> WebSocketUpgrade {
+    upgrade
+        .read_buffer_size(READ_BUFFER_BYTES)
+        .write_buffer_size(WRITE_BUFFER_BYTES)
+}
 
 /// Largest reply body relayed for a call.
 const MAX_REPLY_BYTES: usize = 4 * 1024 * 1024;
@@ -359,9 +394,31 @@ async fn follow_lease(publisher: Publisher, leases: Leases, lease: Arc<Lease>) {
     publisher.idle().await;
 }
 
-/// Upgrades to the general socket.
+/// The general WebSocket: subscriptions to topics, socket-bound leases, API calls.
+///
+/// Upgrade with `Connection: Upgrade` and `Upgrade: websocket`, then send JSON text messages:
+///
+/// - `{"op":"subscribe","id":"s1","topic":{"lock":"orders"}}`: topics `lock`, `rwlock`,
+///   `election`, `barrier`, `double_barrier`, `queue`, `group`, `txn`, `lease` (each with a
+///   name), and `{"znode":{"path":"kv/app","watch":"data|children|recursive"}}` (relative to
+///   the root). Events: `{"op":"event","id":"s1","topic":...,"seq":N,"type":...,"zxid":...,
+///   "state":{...}}`, the first of type `state`; `resync` (with a `reason`) replaces the
+///   client's view when events may have been missed.
+/// - `{"op":"unsubscribe","id":"s1"}`.
+/// - `{"op":"lease","id":"l1","ttl":"5s"}` (or `"attach":"<lease id>"`): a lease kept alive
+///   while the socket is; answered by `{"op":"lease","id":"l1","lease":{...}}`.
+/// - `{"op":"call","id":"c1","method":"POST","path":"/v1/...","body":{...}}`: any API request;
+///   answered by `{"op":"reply","id":"c1","status":200,"body":{...}}`.
+///
+/// Errors: `{"op":"error","id":...,"type":"urn:zkgate:problem:...","detail":...}`; the socket
+/// stays open. Silent sockets are closed with code 4000.
+#[utoipa::path(get, path = "/v1/ws", tag = "websocket",
+    responses(
+        (status = 101, description = "Switching to the WebSocket protocol"),
+        (status = 400, description = "Not a WebSocket upgrade", body = crate::http::error::Problem, content_type = "application/problem+json"),
+    ))]
 pub async fn socket(State(state): State<AppState>, upgrade: WebSocketUpgrade) -> Response {
-    upgrade.on_upgrade(move |socket| serve_socket(state, socket))
+    lean(upgrade).on_upgrade(move |socket| serve_socket(state, socket))
 }
 
 /// One general socket's state.
@@ -404,7 +461,13 @@ async fn serve_socket(state: AppState, mut socket: WebSocket) {
                         // A new lease may need keepalives sooner than the next beat.
                         next_beat = next_beat.min(Instant::now() + conn.beat(ping_interval));
                     }
-                    Some(Ok(Message::Close(_))) | Some(Err(_)) | None => break,
+                    Some(Ok(Message::Close(_))) => {
+                        // The library queued the close reply: send it, so that the client
+                        // sees a clean close rather than a dropped connection.
+                        finish(&mut socket).await;
+                        break;
+                    }
+                    Some(Err(_)) | None => break,
                     Some(Ok(_)) => {}
                 }
             }

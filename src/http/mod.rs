@@ -57,6 +57,7 @@ pub const BODY_LIMIT_BYTES: usize = 512 * 1024;
         (name = "txns", description = "Two-phase commit: participants register (lease-bound), vote, and read the decision, written once."),
         (name = "queues", description = "Durable queues and priority queues: idempotent puts, at-least-once takes with ack deadlines, dead letters."),
         (name = "groups", description = "Group membership: lease-bound members with data, and a blocking read of changes."),
+        (name = "websocket", description = "Push over WebSockets: subscriptions to every recipe and to znodes, socket-bound leases, API calls."),
         (name = "rwlocks", description = "Shared (read/write) locks: readers share, a writer excludes all (Curator's InterProcessReadWriteLock names)."),
         (name = "health", description = "Liveness and readiness.")
     )
@@ -119,9 +120,10 @@ fn api_router() -> OpenApiRouter<AppState> {
             "/v1/kv/{*key}",
             get(kv::get_value).put(kv::put_value).delete(kv::delete_value),
         )
-        // A WebSocket: described in the README (OpenAPI has no words for one).
-        .route("/v1/elections/{name}/observe", get(crate::ws::observe_election))
-        .route("/v1/ws", get(crate::ws::socket))
+        // WebSockets: OpenAPI can describe the upgrade, the README and the handlers' docs the
+        // messages.
+        .routes(routes!(crate::ws::observe_election))
+        .routes(routes!(crate::ws::socket))
 }
 
 /// The OpenAPI description of the API (what `/openapi.json` serves and
