@@ -190,7 +190,7 @@ enum Topic {
     /// An election's leadership: `leader` (with its term), `no_leader`, `leader_updated`,
     /// `candidates`.
     Election(String),
-    /// An exclusive lock: `granted`, `released`, `waiters`, `revocation`.
+    /// An exclusive lock: `granted`, `released`, `lost`, `waiters`, `revocation`.
     Lock(String),
     /// A read/write lock: `granted`, `released`, `waiters`.
     Rwlock(String),
@@ -255,6 +255,7 @@ impl Topic {
                 named("lock", &name)?,
                 LockTopic {
                     dir: format!("{root}/locks/{name}"),
+                    leases: state.leases.clone(),
                 }
                 .into(),
             ),

@@ -219,6 +219,10 @@ async fn a_lease_topic_warns_before_expiry_and_reports_the_loss() {
     assert_eq!(ws.next().await["type"], "urn:zkgate:problem:invalid-topic");
 
     let lease = gate.lease("1500ms").await;
+    let held = gate.acquire("expiring", &lease, "wait=0").await;
+    assert_eq!(held.status, StatusCode::OK);
+    let lock = subscribe(&mut ws, "K", json!({"lock": "expiring"})).await;
+    assert_eq!(lock["state"]["holder"]["lease"], json!(lease), "{lock}");
     let first = subscribe(&mut ws, "L", json!({"lease": lease})).await;
     assert_eq!(
         (first["state"]["ended"].as_bool(), first["state"]["ttl_ms"].as_u64()),

@@ -724,6 +724,13 @@ pub async fn read_contenders(client: &Client, dir: &str) -> Result<Option<Vec<Co
     Ok(Some(records))
 }
 
+/// The contenders of the lock at `dir` on the current session, for event topics: none if the
+/// lock does not exist, `None` if ZooKeeper cannot be read now (the topic tries again).
+pub async fn contenders_now(zk: &crate::zk::session::ZkSession, dir: &str) -> Option<Vec<ContenderRecord>> {
+    let client = zk.connected().await.ok()?.client;
+    Some(read_contenders(&client, dir).await.ok()?.unwrap_or_default())
+}
+
 /// Every resource znode under `base` with its number of children, read in two round trips.
 pub async fn read_names(client: &Client, base: &str) -> Result<Vec<(String, i32)>, ZkError> {
     let mut names = match retry_on_loss(|| client.list_children(base)).await {

@@ -35,11 +35,17 @@ pub fn next_step<'a, S: AsRef<str>>(children: &'a [S], me: &str) -> Next<'a> {
 }
 
 /// An exclusive lock's holder and queue, as an event topic: `granted` when the holder
-/// changes, `released` when nobody holds it any more, `revocation` when someone asks the
-/// holder to give it up (the request is written into the holder's node, so the topic also
-/// watches that node's data), `waiters` when only the queue changes.
+/// changes, `released` when nobody holds it any more, `lost` instead when the holder's lease
+/// is known (on this instance) to have expired or died with its session, `revocation` when
+/// someone asks the holder to give it up (the request is written into the holder's node, so
+/// the topic also watches that node's data), `waiters` when only the queue changes.
+///
+/// ZooKeeper only says that the holder's node went; whether that was a release or a loss is
+/// known to the instance that held the lease. Other instances (and Curator or kazoo holders)
+/// report `released`.
 pub struct LockTopic {
     pub dir: String,
+    pub leases: crate::lease::Leases,
 }
 
 impl crate::events::Source for LockTopic {
@@ -57,11 +63,7 @@ impl crate::events::Source for LockTopic {
     ) -> futures::future::BoxFuture<'static, Option<serde_json::Value>> {
         let dir = self.dir.clone();
         Box::pin(async move {
-            let client = zk.connected().await.ok()?.client;
-            let contenders = super::contender::read_contenders(&client, &dir)
-                .await
-                .ok()?
-                .unwrap_or_default();
+            let contenders = super::contender::contenders_now(&zk, &dir).await?;
             let holder = contenders.first().map(|c| {
                 // zkgate's record, or Curator's bare signal (who and why unknown).
                 let revocation = match super::revocation::record_in(&c.data) {
@@ -69,7 +71,12 @@ impl crate::events::Source for LockTopic {
                     None if c.data == super::revocation::CURATOR_REVOKE => serde_json::json!({}),
                     None => serde_json::Value::Null,
                 };
-                serde_json::json!({ "node": c.name, "fencing_token": c.czxid, "revocation": revocation })
+                // zkgate's holders name their lease in their node's data.
+                let lease = serde_json::from_slice::<serde_json::Value>(&c.data)
+                    .ok()
+                    .and_then(|data| data.get("lease").cloned())
+                    .unwrap_or(serde_json::Value::Null);
+                serde_json::json!({ "node": c.name, "fencing_token": c.czxid, "lease": lease, "revocation": revocation })
             });
             Some(serde_json::json!({ "holder": holder, "waiters": contenders.len().saturating_sub(1) }))
         })
@@ -77,11 +84,16 @@ impl crate::events::Source for LockTopic {
 
     fn change(&self, before: &serde_json::Value, after: &serde_json::Value) -> Option<&'static str> {
         if before["holder"]["node"] != after["holder"]["node"] {
-            return Some(if after["holder"].is_null() {
-                "released"
-            } else {
-                "granted"
+            if !after["holder"].is_null() {
+                return Some("granted");
+            }
+            let lost = before["holder"]["lease"].as_str().is_some_and(|id| {
+                matches!(
+                    self.leases.get(id),
+                    Err(crate::lease::LeaseError::Ended { reason, .. }) if reason != crate::lease::EndReason::Deleted
+                )
             });
+            return Some(if lost { "lost" } else { "released" });
         }
         if before["holder"]["revocation"] != after["holder"]["revocation"] {
             return Some("revocation");

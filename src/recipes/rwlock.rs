@@ -59,11 +59,7 @@ impl crate::events::Source for RwLockTopic {
     ) -> futures::future::BoxFuture<'static, Option<serde_json::Value>> {
         let dir = self.dir.clone();
         Box::pin(async move {
-            let client = zk.connected().await.ok()?.client;
-            let contenders = super::contender::read_contenders(&client, &dir)
-                .await
-                .ok()?
-                .unwrap_or_default();
+            let contenders = super::contender::contenders_now(&zk, &dir).await?;
             let holding = match contenders.first() {
                 Some(first) if is_reader(&first.name) => contenders.iter().take_while(|c| is_reader(&c.name)).count(),
                 Some(_) => 1,
