@@ -253,28 +253,27 @@ impl Publisher {
     }
 }
 
-/// Follows the session supervisor and says when a topic must resync: each time a connected
-/// session comes back after a time without one.
+/// Follows the session supervisor and says when a topic must resync: each time a connection
+/// is established again, in the same session or a new one. It counts connections rather than
+/// watching for a disconnected state, which a busy topic may never see (the status channel
+/// keeps only the latest value, and a short drop is over before the topic looks).
 pub struct Recoveries {
     status: watch::Receiver<Status>,
     generation: u64,
-    connected: bool,
+    connects: u64,
 }
 
 impl Recoveries {
     pub fn new(zk: &ZkSession) -> Recoveries {
         let mut status = zk.subscribe();
-        let (generation, connected) = {
+        let (generation, connects) = {
             let s = status.borrow_and_update();
-            (
-                s.generation,
-                s.client.is_some() && s.connection == Connection::Connected,
-            )
+            (s.generation, s.connects)
         };
         Recoveries {
             status,
             generation,
-            connected,
+            connects,
         }
     }
 
@@ -285,22 +284,24 @@ impl Recoveries {
             if self.status.changed().await.is_err() {
                 return std::future::pending().await;
             }
-            let (generation, connected) = {
+            let (generation, connects, connected) = {
                 let s = self.status.borrow_and_update();
                 (
                     s.generation,
+                    s.connects,
                     s.client.is_some() && s.connection == Connection::Connected,
                 )
             };
-            let was = (std::mem::replace(&mut self.generation, generation), self.connected);
-            self.connected = connected;
-            if connected && (!was.1 || was.0 != generation) {
-                return if was.0 == generation || was.0 == 0 {
-                    "reconnected"
-                } else {
-                    "session_expired"
-                };
+            if !connected || connects == self.connects {
+                continue;
             }
+            self.connects = connects;
+            let before = std::mem::replace(&mut self.generation, generation);
+            return if before == generation || before == 0 {
+                "reconnected"
+            } else {
+                "session_expired"
+            };
         }
     }
 }

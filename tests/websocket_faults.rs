@@ -101,6 +101,63 @@ async fn a_session_expiry_brings_a_resync_with_the_state_after_it() {
 }
 
 #[tokio::test]
+async fn a_dropped_connection_brings_a_resync_when_it_comes_back() {
+    let zk = zookeeper().await;
+    let proxy = Proxy::start(&zk.connect_string()).await;
+    let gate = Gate::start(&proxy.connect_string()).await;
+    let mut ws = Ws::connect(gate.running.addr, "/v1/ws").await;
+    ws.send(json!({"op": "subscribe", "id": "Q", "topic": {"queue": "jobs"}}));
+    ws.send(json!({"op": "subscribe", "id": "R", "topic": {"znode": {"path": "queues", "watch": "recursive"}}}));
+    let mut queue_events = vec![ws.next_for("Q").await];
+    let mut tree_events = vec![ws.next_for("R").await];
+
+    // Cut zkgate off ZooKeeper for less than its session timeout: the session survives, the
+    // connection comes back, and whatever happened meanwhile is not replayed by ZooKeeper.
+    let mut status = gate.running.state.zk.subscribe();
+    proxy.partition();
+    within(
+        Duration::from_secs(20),
+        "zkgate to see the disconnection",
+        status.wait_for(|s| s.connection == zkgate::zk::session::Connection::Disconnected),
+    )
+    .await
+    .expect("supervisor");
+    proxy.heal();
+    let generation = within(
+        Duration::from_secs(20),
+        "zkgate to reconnect",
+        status.wait_for(|s| s.connection == zkgate::zk::session::Connection::Connected),
+    )
+    .await
+    .expect("supervisor")
+    .generation;
+    assert_eq!(generation, 1, "the same session");
+    for (id, events) in [("Q", &mut queue_events), ("R", &mut tree_events)] {
+        loop {
+            let event = ws.next_for(id).await;
+            events.push(event.clone());
+            if event["type"] == "resync" {
+                assert_eq!(event["reason"], "reconnected", "{event}");
+                break;
+            }
+        }
+    }
+
+    // Events flow again after the resync.
+    let put = gate.post("/v1/queues/jobs/items", Some(json!({"n": 1}))).await;
+    assert_eq!(put.status, StatusCode::CREATED);
+    loop {
+        let event = ws.next_for("Q").await;
+        queue_events.push(event.clone());
+        if event["type"] == "available" {
+            break;
+        }
+    }
+    assert_no_silent_gap(&queue_events);
+    assert_no_silent_gap(&tree_events);
+}
+
+#[tokio::test]
 async fn a_client_that_stops_reading_gets_a_resync_instead_of_a_gap() {
     let zk = zookeeper().await;
     let mut config = test_config(&zk.connect_string());

@@ -34,6 +34,10 @@ pub struct Status {
     /// Incremented with every new session; 0 before the first one.
     pub generation: u64,
     pub connection: Connection,
+    /// How many times a connection has been established, over all sessions: a watcher that
+    /// missed a brief disconnection (watch channels keep only the latest status) still sees
+    /// that it reconnected.
+    pub connects: u64,
 }
 
 /// A borrowed client, with the generation of the session it belongs to.
@@ -71,6 +75,7 @@ impl ZkSession {
             client: None,
             generation: 0,
             connection: Connection::Connecting,
+            connects: 0,
         });
         let stop = CancellationToken::new();
         let supervisor = Supervisor {
@@ -202,15 +207,23 @@ impl Supervisor {
     }
 
     fn publish(&self, client: Option<Client>, generation: u64, connection: Connection) {
-        self.status.send_replace(Status {
-            client,
-            generation,
-            connection,
+        self.status.send_modify(|s| {
+            if connection == Connection::Connected {
+                s.connects += 1;
+            }
+            s.client = client;
+            s.generation = generation;
+            s.connection = connection;
         });
     }
 
     fn set_connection(&self, connection: Connection) {
-        self.status.send_modify(|s| s.connection = connection);
+        self.status.send_modify(|s| {
+            if connection == Connection::Connected && s.connection != Connection::Connected {
+                s.connects += 1;
+            }
+            s.connection = connection;
+        });
     }
 
     /// Connects, creating the chroot and the root, retrying with backoff until it works.
