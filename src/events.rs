@@ -152,6 +152,7 @@ impl Subscription {
     pub fn resync(&mut self) -> Event {
         let (seq, state) = self.topic.last();
         self.seen = seq;
+        crate::metrics::get().resyncs.with_label_values(&["fell_behind"]).inc();
         Event {
             topic: self.name.clone(),
             seq,
@@ -185,6 +186,7 @@ impl Publisher {
 
     /// Publishes a `resync` with the state after a time in which changes may have been lost.
     pub fn resync(&self, reason: &'static str, state: serde_json::Value) {
+        crate::metrics::get().resyncs.with_label_values(&[reason]).inc();
         self.publish_event("resync", state, None, Some(reason), None);
     }
 

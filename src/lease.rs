@@ -53,6 +53,15 @@ pub enum EndReason {
 }
 
 impl EndReason {
+    /// The reason as it is serialised (`deleted`, `expired`, `session_lost`).
+    pub fn label(self) -> &'static str {
+        match self {
+            EndReason::Deleted => "deleted",
+            EndReason::Expired => "expired",
+            EndReason::SessionLost => "session_lost",
+        }
+    }
+
     pub fn describe(self) -> &'static str {
         match self {
             EndReason::Deleted => "the lease was deleted",
@@ -233,6 +242,7 @@ impl Leases {
         }
         drop(table);
         tokio::spawn(expire_when_silent(Arc::downgrade(&self.inner), lease.clone()));
+        crate::metrics::get().leases_created.inc();
         Ok(lease)
     }
 
@@ -306,6 +316,10 @@ impl Registry {
         let _inner = lease.lock();
         lease.ended.cancel();
         tracing::info!(lease = %id, ?reason, "lease ended");
+        crate::metrics::get()
+            .leases_ended
+            .with_label_values(&[reason.label()])
+            .inc();
         Some(lease.clone())
     }
 }

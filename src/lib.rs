@@ -8,6 +8,7 @@ pub mod config;
 pub mod events;
 pub mod http;
 pub mod lease;
+pub mod metrics;
 pub mod recipes;
 pub mod ws;
 pub mod zk;

@@ -86,8 +86,28 @@ pub async fn observe_election(
     }))
 }
 
+/// Counts a socket or a subscription in its gauge while it lives.
+struct Counted(&'static prometheus::IntGauge);
+
+impl Counted {
+    fn new(gauge: &'static prometheus::IntGauge) -> Counted {
+        gauge.inc();
+        Counted(gauge)
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
 /// Sends the subscription's first state and then its events until either side goes.
 async fn stream(mut socket: WebSocket, mut subscription: Subscription) {
+    let _counted = (
+        Counted::new(&crate::metrics::get().sockets),
+        Counted::new(&crate::metrics::get().subscriptions),
+    );
     if send(&mut socket, &subscription.first).await.is_err() {
         return;
     }
@@ -436,6 +456,7 @@ struct Conn {
 }
 
 async fn serve_socket(state: AppState, mut socket: WebSocket) {
+    let _counted = Counted::new(&crate::metrics::get().sockets);
     let (idle_timeout, ping_interval) = (state.config.ws_idle_timeout, state.config.ws_ping_interval);
     let (outbox, mut queued) = mpsc::channel::<String>(state.config.ws_send_queue.max(1));
     let mut conn = Conn {
@@ -694,6 +715,8 @@ impl Conn {
 /// after it. So a slow socket costs a bounded queue, never holds the topic or the other
 /// sockets back, and is told what it missed instead of seeing a silent gap.
 async fn forward(id: String, mut subscription: Subscription, outbox: mpsc::Sender<String>) {
+    // Dropped when the task ends or is aborted (unsubscribe, socket closed).
+    let _counted = Counted::new(&crate::metrics::get().subscriptions);
     let mut next = Some(subscription.first.clone());
     loop {
         let event = match next.take() {

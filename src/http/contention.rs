@@ -202,7 +202,14 @@ pub async fn contend(state: &AppState, registry: &Contenders, request: Request<'
         Err(Refused::LeaseEnded) => return Err(lease_gone(state, &lease)),
         Err(Refused::OtherRole(existing)) => return Err(other_role(name, &existing, request.role)),
     };
-    match wait_for_grant(&contender, wait).await {
+    let outcome = wait_for_grant(&contender, wait).await;
+    if matches!(outcome, Phase::Waiting { .. }) {
+        crate::metrics::get()
+            .lock_timeouts
+            .with_label_values(&[request.role.kind(), name])
+            .inc();
+    }
+    match outcome {
         Phase::Held { .. } => Ok(Contention {
             contender,
             lease,
@@ -587,6 +594,10 @@ pub async fn revoke(
         }
         revocation::audit(&client, &format!("{}/revocations", state.config.root), &record).await?;
         tracing::info!(kind, lock = name, node = %record.node, by = %record.by, reason = %record.reason, "revocation requested");
+        crate::metrics::get()
+            .lock_revocations
+            .with_label_values(&[kind, name])
+            .inc();
         revocations.push(record);
     }
     Ok((StatusCode::ACCEPTED, Json(Revoked { revocations })).into_response())

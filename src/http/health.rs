@@ -59,3 +59,19 @@ pub async fn readyz(State(state): State<AppState>) -> Result<Json<Health>, ApiEr
     state.zk.current()?;
     Ok(Json(health(&state, "ok")))
 }
+
+/// Prometheus metrics in the text exposition format: lock waits and holds, queue traffic and
+/// depth, elections, leases, sockets, ZooKeeper requests and session.
+#[utoipa::path(get, path = "/metrics", tag = "health", responses(
+    (status = 200, description = "Prometheus text format 0.0.4", body = String, content_type = "text/plain; version=0.0.4",
+        example = "# HELP zkgate_leases Live leases of this instance.\n# TYPE zkgate_leases gauge\nzkgate_leases 3\n"),
+))]
+pub async fn metrics(State(state): State<AppState>) -> impl axum::response::IntoResponse {
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        crate::metrics::render(&state).await,
+    )
+}

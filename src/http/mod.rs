@@ -68,6 +68,7 @@ fn api_router() -> OpenApiRouter<AppState> {
     OpenApiRouter::with_openapi(ApiDoc::openapi())
         .routes(routes!(health::healthz))
         .routes(routes!(health::readyz))
+        .routes(routes!(health::metrics))
         .routes(routes!(leases::create_lease, leases::list_leases))
         .routes(routes!(leases::get_lease, leases::delete_lease))
         .routes(routes!(leases::keepalive))

@@ -227,7 +227,13 @@ pub async fn put(
     }
     let (status, stored) = match queue::put(&client, &paths, query.priority, &envelope, key.as_deref()).await? {
         Put::Stored(item) => (
-            StatusCode::CREATED,
+            {
+                crate::metrics::get()
+                    .queue_puts
+                    .with_label_values(&[name.as_str()])
+                    .inc();
+                StatusCode::CREATED
+            },
             Stored {
                 queue: name,
                 item: Some(item),
@@ -295,7 +301,19 @@ pub async fn take(
         .await?;
     match taken {
         None => Ok(StatusCode::NO_CONTENT.into_response()),
-        Some((taken, claim)) => Ok(Json(delivery(&name, taken, claim.as_ref())).into_response()),
+        Some((taken, claim)) => {
+            let m = crate::metrics::get();
+            let mode = if claim.is_some() {
+                "at_least_once"
+            } else {
+                "at_most_once"
+            };
+            m.queue_takes.with_label_values(&[name.as_str(), mode]).inc();
+            if taken.envelope.deliveries > 1 {
+                m.queue_redeliveries.with_label_values(&[name.as_str()]).inc();
+            }
+            Ok(Json(delivery(&name, taken, claim.as_ref())).into_response())
+        }
     }
 }
 
@@ -346,6 +364,10 @@ pub async fn ack(
     let acked = queue::ack(&client, &state.queues.paths(&name), &held.item, &held.data).await?;
     state.queues.forget(&claim);
     if acked {
+        crate::metrics::get()
+            .queue_acks
+            .with_label_values(&[name.as_str()])
+            .inc();
         Ok(StatusCode::NO_CONTENT)
     } else {
         Err(claim_lost(&claim))
@@ -372,6 +394,10 @@ pub async fn nack(
     let released = queue::release_claim(&client, &state.queues.paths(&name), &held.item, &held.data).await?;
     state.queues.forget(&claim);
     if released {
+        crate::metrics::get()
+            .queue_nacks
+            .with_label_values(&[name.as_str()])
+            .inc();
         Ok(StatusCode::NO_CONTENT)
     } else {
         Err(claim_lost(&claim))

@@ -195,6 +195,32 @@ impl Contender {
         let _ = finished.wait_for(|f| *f).await;
     }
 
+    /// Metrics of a grant: the wait since the contender joined, one more acquisition (and
+    /// leader change, for a candidate).
+    fn record_grant(&self, since: SystemTime) {
+        let m = crate::metrics::get();
+        let labels = [self.role.kind(), self.name.as_str()];
+        let waited = since.duration_since(self.created_at).unwrap_or_default();
+        m.lock_wait.with_label_values(&labels).observe(waited.as_secs_f64());
+        m.lock_acquisitions.with_label_values(&labels).inc();
+        if self.role == Role::Candidate {
+            m.leader_changes.with_label_values(&[self.name.as_str()]).inc();
+        }
+    }
+
+    /// Metrics of the end: the hold's length if it held, a loss if it was lost.
+    fn record_end(&self, end: &Phase) {
+        let m = crate::metrics::get();
+        let labels = [self.role.kind(), self.name.as_str()];
+        if let Phase::Held { since } = self.state().phase {
+            let held = since.elapsed().unwrap_or_default();
+            m.lock_hold.with_label_values(&labels).observe(held.as_secs_f64());
+        }
+        if matches!(end, Phase::Lost { .. }) {
+            m.lock_losses.with_label_values(&labels).inc();
+        }
+    }
+
     fn set_phase(&self, phase: Phase) {
         self.state.send_modify(|s| s.phase = phase);
     }
@@ -314,6 +340,7 @@ async fn drive(contender: &Arc<Contender>, zk: ZkSession) {
         Exit::Failed(error) => Phase::Failed { error },
     };
     tracing::debug!(name = %contender.name, role = ?contender.role, handle = %contender.handle, phase = phase.name(), "contender finished");
+    contender.record_end(&phase);
     contender.set_phase(phase);
     contender.finished.send_replace(true);
     // Lost contenders stay on the lease so its holder learns of the loss; the rest leave it.
@@ -367,12 +394,12 @@ async fn contend(contender: &Contender, client: &Client) -> Exit {
             return lost_or_failed(err);
         }
     }
+    let since = SystemTime::now();
     contender.state.send_modify(|s| {
-        s.phase = Phase::Held {
-            since: SystemTime::now(),
-        };
+        s.phase = Phase::Held { since };
         s.granted = true;
     });
+    contender.record_grant(since);
     // Only now, and only for a hold that lasts, watch the own node so that a deletion by
     // anyone else (an operator, a forced revocation) is reported as a loss. A watch set at once
     // would cost a request and a notification on every grant, a third of an uncontended
@@ -443,7 +470,9 @@ async fn create_node(contender: &Contender, client: &Client) -> Result<(Node, Ve
     loop {
         let create = client.create(&prefix, data.as_bytes(), &options);
         let list = client.list_children(&contender.dir);
+        let started = std::time::Instant::now();
         let (created, listed) = tokio::join!(create, list);
+        crate::metrics::zookeeper_request(started.elapsed());
         match created {
             Ok((stat, sequence)) => {
                 let name = format!("_c_{}{}{}", contender.guid, infix, sequence);

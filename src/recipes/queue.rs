@@ -308,6 +308,11 @@ async fn bury(
     match writer.commit().await {
         Ok(_) => {
             tracing::info!(queue = %paths.dir, %item, deliveries = envelope.deliveries, "item dead-lettered");
+            let queue = paths.dir.rsplit('/').next().unwrap_or_default();
+            crate::metrics::get()
+                .queue_dead_lettered
+                .with_label_values(&[queue])
+                .inc();
             Ok(())
         }
         Err(MultiWriteError::OperationFailed { .. }) => Ok(()), // changed meanwhile: someone else decides

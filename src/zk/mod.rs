@@ -40,7 +40,10 @@ where
 {
     let mut backoff = Duration::from_millis(20);
     loop {
-        match op().await {
+        let started = std::time::Instant::now();
+        let result = op().await;
+        crate::metrics::zookeeper_request(started.elapsed());
+        match result {
             Err(err) if is_loss(&err) => {
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_millis(500));

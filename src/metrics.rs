@@ -1,0 +1,298 @@
+//! Prometheus metrics, served at `/metrics` in the text exposition format.
+//!
+//! Counters and histograms are process-wide (one zkgate instance per process, as deployed),
+//! recorded where things happen: grants and releases in the contender driver, queue
+//! operations in the handlers, leases in their registry, sockets in the socket loop,
+//! ZooKeeper request times in the retrying helper and the contender's create. Gauges that
+//! describe ZooKeeper's state (queue depths) or the instance's (live leases, topics, the
+//! session) are read when scraped, so they are never stale.
+//!
+//! Names follow Prometheus conventions: `zkgate_` prefix, base units (`_seconds`), `_total`
+//! for counters. Resource names are labels (`name`, `queue`): their number is the number of
+//! locks and queues in use, which an operator controls.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    TextEncoder,
+};
+
+use crate::AppState;
+
+/// Buckets for waits and holds: 1 ms to 10 min.
+const WAIT_BUCKETS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 600.0,
+];
+
+/// Buckets for ZooKeeper requests: 100 µs to 5 s.
+const REQUEST_BUCKETS: &[f64] = &[
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0,
+];
+
+pub struct Metrics {
+    registry: Registry,
+    pub lock_wait: HistogramVec,
+    pub lock_hold: HistogramVec,
+    pub lock_acquisitions: IntCounterVec,
+    pub lock_timeouts: IntCounterVec,
+    pub lock_losses: IntCounterVec,
+    pub lock_revocations: IntCounterVec,
+    pub leader_changes: IntCounterVec,
+    pub queue_puts: IntCounterVec,
+    pub queue_takes: IntCounterVec,
+    pub queue_acks: IntCounterVec,
+    pub queue_nacks: IntCounterVec,
+    pub queue_redeliveries: IntCounterVec,
+    pub queue_dead_lettered: IntCounterVec,
+    pub leases_created: IntCounter,
+    pub leases_ended: IntCounterVec,
+    pub sockets: IntGauge,
+    pub subscriptions: IntGauge,
+    pub resyncs: IntCounterVec,
+    pub zookeeper_requests: Histogram,
+    // Read when scraped.
+    queue_depth: IntGaugeVec,
+    queue_in_flight: IntGaugeVec,
+    queue_dead_letters: IntGaugeVec,
+    leases: IntGauge,
+    topics: IntGauge,
+    zookeeper_connected: IntGauge,
+    zookeeper_generation: IntGauge,
+    zookeeper_connections: IntGauge,
+}
+
+fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    let metric = IntCounterVec::new(Opts::new(name, help), labels).expect("valid counter");
+    registry.register(Box::new(metric.clone())).expect("unique metric");
+    metric
+}
+
+fn histogram(registry: &Registry, name: &str, help: &str, labels: &[&str], buckets: &[f64]) -> HistogramVec {
+    let opts = HistogramOpts::new(name, help).buckets(buckets.to_vec());
+    let metric = HistogramVec::new(opts, labels).expect("valid histogram");
+    registry.register(Box::new(metric.clone())).expect("unique metric");
+    metric
+}
+
+fn gauge(registry: &Registry, name: &str, help: &str) -> IntGauge {
+    let metric = IntGauge::new(name, help).expect("valid gauge");
+    registry.register(Box::new(metric.clone())).expect("unique metric");
+    metric
+}
+
+fn gauges(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+    let metric = IntGaugeVec::new(Opts::new(name, help), labels).expect("valid gauge");
+    registry.register(Box::new(metric.clone())).expect("unique metric");
+    metric
+}
+
+impl Metrics {
+    fn new() -> Metrics {
+        let r = Registry::new();
+        let kn = &["kind", "name"][..];
+        Metrics {
+            lock_wait: histogram(
+                &r,
+                "zkgate_lock_wait_seconds",
+                "Time from joining the queue to being granted (kind: lock, rwlock, election).",
+                kn,
+                WAIT_BUCKETS,
+            ),
+            lock_hold: histogram(
+                &r,
+                "zkgate_lock_hold_seconds",
+                "Time from grant to release or loss.",
+                kn,
+                WAIT_BUCKETS,
+            ),
+            lock_acquisitions: counter(&r, "zkgate_lock_acquisitions_total", "Grants.", kn),
+            lock_timeouts: counter(
+                &r,
+                "zkgate_lock_timeouts_total",
+                "Acquire waits that ended without a grant (409, or 202 when staying queued).",
+                kn,
+            ),
+            lock_losses: counter(
+                &r,
+                "zkgate_lock_losses_total",
+                "Contenders lost without a release (lease or session ended, node deleted).",
+                kn,
+            ),
+            lock_revocations: counter(
+                &r,
+                "zkgate_lock_revocations_total",
+                "Revocation requests sent to holders.",
+                kn,
+            ),
+            leader_changes: counter(
+                &r,
+                "zkgate_election_leader_changes_total",
+                "Candidates of this instance that became leader.",
+                &["name"],
+            ),
+            queue_puts: counter(&r, "zkgate_queue_puts_total", "Items put.", &["queue"]),
+            queue_takes: counter(
+                &r,
+                "zkgate_queue_takes_total",
+                "Items taken (mode: at_least_once, at_most_once).",
+                &["queue", "mode"],
+            ),
+            queue_acks: counter(&r, "zkgate_queue_acks_total", "Claims acknowledged.", &["queue"]),
+            queue_nacks: counter(&r, "zkgate_queue_nacks_total", "Claims given back.", &["queue"]),
+            queue_redeliveries: counter(
+                &r,
+                "zkgate_queue_redeliveries_total",
+                "Items delivered again after an earlier claim was not acknowledged.",
+                &["queue"],
+            ),
+            queue_dead_lettered: counter(
+                &r,
+                "zkgate_queue_dead_lettered_total",
+                "Items moved to the dead letters after too many deliveries.",
+                &["queue"],
+            ),
+            leases_created: {
+                let metric = IntCounter::new("zkgate_leases_created_total", "Leases created.").expect("valid counter");
+                r.register(Box::new(metric.clone())).expect("unique metric");
+                metric
+            },
+            leases_ended: counter(
+                &r,
+                "zkgate_leases_ended_total",
+                "Leases ended (reason: deleted, expired, session_lost).",
+                &["reason"],
+            ),
+            sockets: gauge(&r, "zkgate_websocket_connections", "Open WebSocket connections."),
+            subscriptions: gauge(
+                &r,
+                "zkgate_websocket_subscriptions",
+                "Live subscriptions over all sockets.",
+            ),
+            resyncs: counter(
+                &r,
+                "zkgate_websocket_resyncs_total",
+                "Resync events published or sent (reason: reconnected, session_expired, fell_behind).",
+                &["reason"],
+            ),
+            zookeeper_requests: {
+                let opts = HistogramOpts::new(
+                    "zkgate_zookeeper_request_duration_seconds",
+                    "Time of ZooKeeper requests (reads, deletes, contender creates), per attempt.",
+                )
+                .buckets(REQUEST_BUCKETS.to_vec());
+                let metric = Histogram::with_opts(opts).expect("valid histogram");
+                r.register(Box::new(metric.clone())).expect("unique metric");
+                metric
+            },
+            queue_depth: gauges(
+                &r,
+                "zkgate_queue_depth",
+                "Items waiting to be taken, claimed ones not counted (read from ZooKeeper when scraped).",
+                &["queue"],
+            ),
+            queue_in_flight: gauges(
+                &r,
+                "zkgate_queue_in_flight",
+                "Items claimed and not yet acknowledged.",
+                &["queue"],
+            ),
+            queue_dead_letters: gauges(
+                &r,
+                "zkgate_queue_dead_letters",
+                "Items in the dead letters.",
+                &["queue"],
+            ),
+            leases: gauge(&r, "zkgate_leases", "Live leases of this instance."),
+            topics: gauge(
+                &r,
+                "zkgate_event_topics",
+                "Live event topics (each holds one ZooKeeper watch per znode it follows).",
+            ),
+            zookeeper_connected: gauge(
+                &r,
+                "zkgate_zookeeper_connected",
+                "1 while the ZooKeeper session is connected, else 0.",
+            ),
+            zookeeper_generation: gauge(
+                &r,
+                "zkgate_zookeeper_session_generation",
+                "The ZooKeeper session's number: it grows by one with each new session (after an expiry).",
+            ),
+            zookeeper_connections: gauge(
+                &r,
+                "zkgate_zookeeper_connections",
+                "Connections to ZooKeeper established so far (reconnections included).",
+            ),
+            registry: r,
+        }
+    }
+}
+
+static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
+
+/// The process's metrics.
+pub fn get() -> &'static Metrics {
+    &METRICS
+}
+
+/// Records one ZooKeeper request's time.
+pub fn zookeeper_request(elapsed: Duration) {
+    get().zookeeper_requests.observe(elapsed.as_secs_f64());
+}
+
+/// The text exposition of every metric, gauges read now.
+pub async fn render(state: &AppState) -> String {
+    let m = get();
+    let status = state.zk.status();
+    m.zookeeper_connected.set(i64::from(
+        status.client.is_some() && status.connection == crate::zk::session::Connection::Connected,
+    ));
+    m.zookeeper_generation.set(status.generation as i64);
+    m.zookeeper_connections.set(status.connects as i64);
+    m.leases.set(state.leases.list().len() as i64);
+    m.topics.set(state.events.topics() as i64);
+    read_queue_gauges(state).await;
+    let mut text = Vec::new();
+    let _ = TextEncoder::new().encode(&m.registry.gather(), &mut text);
+    String::from_utf8(text).unwrap_or_default()
+}
+
+/// Sets the queue gauges from ZooKeeper: the number of children of each queue's `items`,
+/// `claims` and `dead`, in one multi-read. Queues that are gone leave the gauges.
+async fn read_queue_gauges(state: &AppState) {
+    let m = get();
+    let Ok(session) = state.zk.current() else { return };
+    let base = state.queues.base();
+    let Ok(queues) = crate::zk::retry_on_loss(|| session.client.list_children(base)).await else {
+        return;
+    };
+    let paths: Vec<String> = queues
+        .iter()
+        .flat_map(|q| ["items", "claims", "dead"].map(|sub| format!("{q}/{sub}")))
+        .collect();
+    let Ok(read) = crate::zk::read_each(&session.client, base, paths).await else {
+        return;
+    };
+    let mut counts: std::collections::BTreeMap<&str, [i64; 3]> = Default::default();
+    for (path, _, stat) in &read {
+        let Some((queue, sub)) = path.split_once('/') else {
+            continue;
+        };
+        let at = match sub {
+            "items" => 0,
+            "claims" => 1,
+            _ => 2,
+        };
+        counts.entry(queue).or_default()[at] = i64::from(stat.num_children);
+    }
+    m.queue_depth.reset();
+    m.queue_in_flight.reset();
+    m.queue_dead_letters.reset();
+    for (queue, [items, claims, dead]) in counts {
+        m.queue_depth.with_label_values(&[queue]).set((items - claims).max(0));
+        m.queue_in_flight.with_label_values(&[queue]).set(claims);
+        m.queue_dead_letters.with_label_values(&[queue]).set(dead);
+    }
+}
