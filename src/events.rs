@@ -384,8 +384,7 @@ impl Events {
                     };
                     match feed.into() {
                         Feed::State(source) => {
-                            // Started here, so that a failed read cannot leave the topic
-                            // without a first state for long.
+                            // Runs in the task, after the watches are set (futures are lazy).
                             let first_state = source.read(self.zk.clone());
                             tokio::spawn(follow(publisher, source, first_state));
                         }
@@ -424,10 +423,16 @@ async fn follow(
     first_state: BoxFuture<'static, Option<serde_json::Value>>,
 ) {
     let mut recoveries = Recoveries::new(&publisher.events.zk);
-    let state = first_state.await.unwrap_or(serde_json::Value::Null);
-    let mut watching = source.watches(&state);
+    // The watches first, then the read: a change after the watches are set wakes the loop
+    // even if the read missed it. (The read's future is lazy: it runs at its first poll.)
+    let mut watching = source.watches(&serde_json::Value::Null);
     let mut watches = publisher.events.watch_all(&watching);
-    publisher.publish("state", state, last_zxid(&mut watches));
+    let state = first_state.await.unwrap_or(serde_json::Value::Null);
+    let zxid = watches
+        .iter()
+        .filter_map(|(mode, watch)| zxid_of(*mode, &watch.state.borrow()))
+        .max();
+    publisher.publish("state", state, zxid);
     loop {
         // The state may call for other watches (a new lock holder's node). A new watch
         // counts as changed, so the state is read again once it is set, and nothing that
@@ -446,6 +451,10 @@ async fn follow(
             reason = recoveries.next() => Some(reason),
             _ = publisher.idle() => return,
         };
+        // Mark what the watches saw as seen *before* reading: a change that lands during the
+        // read then wakes the loop again. (Marking after the read would swallow it, and the
+        // state would stay behind with nothing left to wake it.)
+        let zxid = last_zxid(&mut watches);
         // A failed read is tried again: waiting for the next change instead could leave the
         // subscribers with a stale state for good.
         let mut after = source.read(publisher.events.zk.clone()).await;
@@ -458,7 +467,6 @@ async fn follow(
             publisher.resync(reason, after);
             continue;
         }
-        let zxid = last_zxid(&mut watches);
         if let Some(kind) = source.change(&publisher.last_state(), &after) {
             publisher.publish(kind, after, zxid);
         }
@@ -471,15 +479,16 @@ async fn follow(
 fn last_zxid(watches: &mut [(Mode, crate::zk::watch::Subscription)]) -> Option<i64> {
     watches
         .iter_mut()
-        .filter_map(|(mode, watch)| {
-            let known = watch.state.borrow_and_update();
-            let stat = known.as_ref()?.as_ref()?;
-            Some(match mode {
-                Mode::Exists => stat.mzxid,
-                Mode::Children => stat.pzxid,
-            })
-        })
+        .filter_map(|(mode, watch)| zxid_of(*mode, &watch.state.borrow_and_update()))
         .max()
+}
+
+fn zxid_of(mode: Mode, known: &crate::zk::watch::Known) -> Option<i64> {
+    let stat = known.as_ref()?.as_ref()?;
+    Some(match mode {
+        Mode::Exists => stat.mzxid,
+        Mode::Children => stat.pzxid,
+    })
 }
 
 /// Topics of the recipes that are plain znodes with children: a barrier (`raised` /
@@ -564,7 +573,8 @@ pub mod sources {
         }
     }
 
-    /// A queue: items waiting or in flight (`depth`), claims in flight, dead letters.
+    /// A queue: items waiting (`depth`, claimed ones not counted), all `items`, claims in
+    /// flight, dead letters, and when the oldest item was put.
     pub struct Queue {
         pub dir: String,
     }
@@ -582,7 +592,27 @@ pub mod sources {
                 let (_, items) = children(&zk, &format!("{dir}/items")).await?;
                 let (_, claims) = children(&zk, &format!("{dir}/claims")).await?;
                 let (_, dead) = children(&zk, &format!("{dir}/dead")).await?;
-                Some(json!({ "depth": items.len(), "in_flight": claims.len(), "dead_letters": dead.len() }))
+                // The oldest item is the one put first: the lowest sequence number, whatever
+                // its priority. One more read, of its stat.
+                let oldest = items
+                    .iter()
+                    .filter_map(|i| crate::recipes::queue::order_of(i).map(|(_, seq)| (seq, i)))
+                    .min()
+                    .map(|(_, item)| format!("{dir}/items/{item}"));
+                let oldest_ms = match oldest {
+                    Some(path) => {
+                        let client = zk.connected().await.ok()?.client;
+                        retry_on_loss(|| client.check_stat(&path)).await.ok()?.map(|s| s.ctime)
+                    }
+                    None => None,
+                };
+                Some(json!({
+                    "depth": items.len() - claims.iter().filter(|c| items.contains(c)).count(),
+                    "items": items.len(),
+                    "in_flight": claims.len(),
+                    "dead_letters": dead.len(),
+                    "oldest_put_ms": oldest_ms,
+                }))
             })
         }
         fn change(&self, before: &Value, after: &Value) -> Option<&'static str> {

@@ -254,3 +254,28 @@ async fn a_lease_topic_warns_before_expiry_and_reports_the_loss() {
         "{ended}"
     );
 }
+
+/// A topic subscribed while its queue is being written must end on the latest state: a change
+/// that lands while the topic reads, or before its watch is set, wakes it again (once, both
+/// were swallowed and the depth stayed behind for good).
+#[tokio::test]
+async fn a_topic_subscribed_amid_changes_ends_on_the_latest_state() {
+    let zk = zookeeper().await;
+    let gate = Gate::start(&zk.connect_string()).await;
+    for round in 0..20 {
+        let queue = format!("q{round}");
+        let mut ws = Ws::connect(gate.running.addr, "/v1/ws").await;
+        let put = format!("/v1/queues/{queue}/items");
+        assert_eq!(gate.post(&put, Some(json!({"n": 0}))).await.status, StatusCode::CREATED);
+        ws.send(json!({"op": "subscribe", "id": "Q", "topic": {"queue": queue}}));
+        for n in 1..3 {
+            assert_eq!(gate.post(&put, Some(json!({"n": n}))).await.status, StatusCode::CREATED);
+        }
+        loop {
+            let event = ws.next_for("Q").await;
+            if event["state"]["depth"] == 3 {
+                break;
+            }
+        }
+    }
+}
