@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Installs what zkgate needs from Debian's packages, if it is missing.
 #   scripts/install-deps.sh run    Java and ZooKeeper (for the embedded ZooKeeper)
-#   scripts/install-deps.sh test   that, plus the interoperability peers (Curator, kazoo)
+#   scripts/install-deps.sh test   that, plus the interoperability peers (Curator, kazoo) and
+#                                  the browser for the dashboard test (chromium)
 set -euo pipefail
 
 want=(zookeeper)
 command -v java >/dev/null 2>&1 || want+=(default-jre-headless)
 if [[ "${1:-run}" == test ]]; then
-    want+=(libcurator-recipes-java libslf4j-java python3-kazoo)
+    want+=(libcurator-recipes-java libslf4j-java python3-kazoo chromium)
 fi
 
 missing=()

@@ -753,6 +753,24 @@ pub async fn read_contenders(client: &Client, dir: &str) -> Result<Option<Vec<Co
     Ok(Some(records))
 }
 
+/// Most waiters an event topic lists (with their wait start); the count is always complete.
+pub const LISTED_WAITERS: usize = 50;
+
+/// The first waiters of a queue of contenders, as event topics show them: node, the lease
+/// (for zkgate's), when it joined (ms since the epoch).
+pub fn queue_view<'a>(waiters: impl Iterator<Item = &'a ContenderRecord>) -> Vec<serde_json::Value> {
+    waiters
+        .take(LISTED_WAITERS)
+        .map(|c| {
+            let lease = serde_json::from_slice::<serde_json::Value>(&c.data)
+                .ok()
+                .and_then(|data| data.get("lease").cloned())
+                .unwrap_or(serde_json::Value::Null);
+            serde_json::json!({ "node": c.name, "lease": lease, "created_ms": c.ctime })
+        })
+        .collect()
+}
+
 /// The contenders of the lock at `dir` on the current session, for event topics: none if the
 /// lock does not exist, `None` if ZooKeeper cannot be read now (the topic tries again).
 pub async fn contenders_now(zk: &crate::zk::session::ZkSession, dir: &str) -> Option<Vec<ContenderRecord>> {

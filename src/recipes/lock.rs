@@ -76,9 +76,10 @@ impl crate::events::Source for LockTopic {
                     .ok()
                     .and_then(|data| data.get("lease").cloned())
                     .unwrap_or(serde_json::Value::Null);
-                serde_json::json!({ "node": c.name, "fencing_token": c.czxid, "lease": lease, "revocation": revocation })
+                serde_json::json!({ "node": c.name, "fencing_token": c.czxid, "lease": lease, "created_ms": c.ctime, "revocation": revocation })
             });
-            Some(serde_json::json!({ "holder": holder, "waiters": contenders.len().saturating_sub(1) }))
+            let queue = super::contender::queue_view(contenders.iter().skip(1));
+            Some(serde_json::json!({ "holder": holder, "waiters": contenders.len().saturating_sub(1), "queue": queue }))
         })
     }
 

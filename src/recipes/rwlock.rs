@@ -69,10 +69,11 @@ impl crate::events::Source for RwLockTopic {
                 .iter()
                 .map(|c| {
                     let mode = if is_reader(&c.name) { "read" } else { "write" };
-                    serde_json::json!({ "node": c.name, "mode": mode, "fencing_token": c.czxid })
+                    serde_json::json!({ "node": c.name, "mode": mode, "fencing_token": c.czxid, "created_ms": c.ctime })
                 })
                 .collect();
-            Some(serde_json::json!({ "holders": holders, "waiters": contenders.len() - holding }))
+            let queue = super::contender::queue_view(contenders.iter().skip(holding));
+            Some(serde_json::json!({ "holders": holders, "waiters": contenders.len() - holding, "queue": queue }))
         })
     }
 
