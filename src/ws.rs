@@ -35,6 +35,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::extract::State;
+use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
 use axum::http::{HeaderName, HeaderValue, Method};
 use axum::response::Response;
@@ -72,9 +73,10 @@ use crate::zk::names::validate_name;
 pub async fn observe_election(
     State(state): State<AppState>,
     ApiPath(name): ApiPath<String>,
-    upgrade: WebSocketUpgrade,
+    upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Result<Response, ApiError> {
     validate_name(&name).map_err(|e| ApiError::invalid(crate::http::error::Place::Path, "name", e))?;
+    let upgrade = upgrade.map_err(not_a_websocket)?;
     state.zk.current()?;
     let topic = format!("election:{name}");
     let source = Leadership {
@@ -438,8 +440,26 @@ async fn follow_lease(publisher: Publisher, leases: Leases, lease: Arc<Lease>) {
         (status = 101, description = "Switching to the WebSocket protocol"),
         (status = 400, description = "Not a WebSocket upgrade", body = crate::http::error::Problem, content_type = "application/problem+json"),
     ))]
-pub async fn socket(State(state): State<AppState>, upgrade: WebSocketUpgrade) -> Response {
-    lean(upgrade).on_upgrade(move |socket| serve_socket(state, socket))
+pub async fn socket(
+    State(state): State<AppState>,
+    upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
+) -> Result<Response, ApiError> {
+    let upgrade = upgrade.map_err(not_a_websocket)?;
+    Ok(lean(upgrade).on_upgrade(move |socket| serve_socket(state, socket)))
+}
+
+/// A plain request to a socket endpoint: a problem document like every other error, not the
+/// library's plain text.
+fn not_a_websocket(rejection: WebSocketUpgradeRejection) -> ApiError {
+    ApiError::new_status(
+        axum::http::StatusCode::BAD_REQUEST,
+        "not-a-websocket",
+        "Not a WebSocket upgrade",
+        format!(
+            "this endpoint speaks WebSocket: send `Connection: Upgrade` and `Upgrade: websocket` ({})",
+            rejection.body_text()
+        ),
+    )
 }
 
 /// One general socket's state.

@@ -47,6 +47,10 @@ async fn bad_names_bodies_and_handles_are_refused_and_change_nothing() {
         ("POST", "/v1/locks/a%0Ab/acquire", vec![], b"", StatusCode::BAD_REQUEST, Some("name")),
         ("POST", "/v1/locks/a%00b/acquire", vec![], b"", StatusCode::BAD_REQUEST, Some("name")),
         ("POST", &acquire_long, vec![], b"", StatusCode::BAD_REQUEST, Some("name")),
+        // Beyond U+FFFF (an emoji): ZooKeeper refuses it, so zkgate does first (not a 500).
+        ("POST", "/v1/semaphores/a%F0%9F%98%80/acquire?permits=2", vec![], b"", StatusCode::BAD_REQUEST, Some("name")),
+        ("PUT", "/v1/groups/g/members/%F0%9F%98%80", vec![], b"", StatusCode::BAD_REQUEST, Some("member")),
+        ("PUT", "/v1/kv/a/%F0%9F%98%80", vec![], b"x", StatusCode::BAD_REQUEST, Some("key")),
         ("GET", "/v1/locks/a%2Fb", vec![], b"", StatusCode::BAD_REQUEST, Some("name")),
         ("GET", "/v1/locks/%2E%2E/handles/x", vec![], b"", StatusCode::BAD_REQUEST, Some("name")),
         // Query parameters.

@@ -42,7 +42,7 @@ pub struct CampaignBody {
     /// TTL of the lease created when `lease` is not given.
     pub ttl: Option<HumanDuration>,
     /// The value this candidate proclaims once it leads (any JSON, e.g. its address).
-    #[schema(value_type = Option<Object>, example = json!({"address": "10.0.0.7:8080"}))]
+    #[schema(example = json!({"address": "10.0.0.7:8080"}))]
     pub value: Option<serde_json::Value>,
 }
 
@@ -74,7 +74,6 @@ pub struct LeaderView {
     /// The term: the leader's candidate czxid, strictly increasing with every new leader.
     pub term: i64,
     /// The value it proclaims.
-    #[schema(value_type = Option<Object>)]
     pub value: Option<serde_json::Value>,
     /// The leader's zkgate lease, for zkgate's candidates.
     pub lease: Option<String>,
@@ -105,7 +104,7 @@ pub struct Proclamation {
     /// The leader's handle.
     pub handle: String,
     /// The new value.
-    #[schema(value_type = Object, example = json!({"address": "10.0.0.8:8080"}))]
+    #[schema(example = json!({"address": "10.0.0.8:8080"}))]
     pub value: serde_json::Value,
 }
 

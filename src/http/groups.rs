@@ -29,7 +29,7 @@ pub struct JoinBody {
     /// TTL of the lease created when `lease` is not given.
     pub ttl: Option<HumanDuration>,
     /// The member's data (any JSON), shown to everyone who lists the group.
-    #[schema(value_type = Option<Object>, example = json!({"address": "10.0.0.7:8080"}))]
+    #[schema(example = json!({"address": "10.0.0.7:8080"}))]
     pub data: Option<serde_json::Value>,
 }
 
@@ -50,8 +50,8 @@ pub struct Joined {
 pub struct MemberView {
     #[schema(example = "worker-7")]
     pub id: String,
-    /// Its data: JSON as given, or the bytes as text for members created by other clients.
-    #[schema(value_type = Object)]
+    /// Its data: JSON as given (`null` when none was), or the bytes as text for members
+    /// created by other clients.
     pub data: serde_json::Value,
     pub joined_at: String,
 }

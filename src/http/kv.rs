@@ -128,7 +128,8 @@ fn precondition_failed(key: &str, current: Option<i64>) -> ApiError {
         ReadQuery,
         ("If-None-Match" = Option<String>, Header, description = "An ETag: 304 if the value still has it (after waiting, with `wait`)")),
     responses(
-        (status = 200, description = "The value, with its `ETag`", content_type = "application/octet-stream"),
+        (status = 200, description = "The value, with its `ETag`, in the `Content-Type` it was written with (a value written by another client comes as bytes)",
+            content((serde_json::Value = "application/json"), (String = "text/plain"), (Vec<u8> = "application/octet-stream"))),
         (status = 304, description = "Not modified (within the wait)"),
         (status = 400, description = "Bad key, query or header", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such key", body = Problem, content_type = "application/problem+json"),

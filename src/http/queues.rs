@@ -86,8 +86,7 @@ pub struct Delivery {
     pub deliveries: u32,
     pub put_at: String,
     pub content_type: String,
-    /// The body, when JSON.
-    #[schema(value_type = Option<Object>)]
+    /// The body, when JSON (any JSON value).
     pub body: Option<serde_json::Value>,
     /// The body, when text.
     pub text: Option<String>,
@@ -103,7 +102,7 @@ pub struct Waiting {
     pub deliveries: u32,
     pub age_ms: u64,
     pub content_type: String,
-    #[schema(value_type = Option<Object>)]
+    /// The body, when JSON (any JSON value).
     pub body: Option<serde_json::Value>,
     pub text: Option<String>,
     pub body_base64: Option<String>,

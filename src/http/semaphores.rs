@@ -253,6 +253,7 @@ fn find(state: &AppState, name: &str, handle: &str) -> Result<Arc<Permit>, ApiEr
     params(("name" = String, Path, description = "Semaphore name"), ("handle" = String, Path, description = "Handle from the acquire")),
     responses(
         (status = 200, body = PermitView),
+        (status = 400, description = "Bad name", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such handle", body = Problem, content_type = "application/problem+json"),
     ))]
 pub async fn get_permit(
@@ -268,6 +269,7 @@ pub async fn get_permit(
     params(("name" = String, Path, description = "Semaphore name"), ("handle" = String, Path, description = "Handle from the acquire")),
     responses(
         (status = 204, description = "Given back"),
+        (status = 400, description = "Bad name", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such handle", body = Problem, content_type = "application/problem+json"),
     ))]
 pub async fn release(

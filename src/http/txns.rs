@@ -33,7 +33,7 @@ pub struct CreateTxn {
     #[schema(example = json!(["billing", "inventory"]))]
     pub participants: Vec<String>,
     /// What is being decided, shown to everyone.
-    #[schema(value_type = Option<Object>, example = json!({"order": 42}))]
+    #[schema(example = json!({"order": 42}))]
     pub payload: Option<serde_json::Value>,
     /// How long the participants have to vote; then the transaction aborts (default 60s).
     pub deadline: Option<HumanDuration>,
@@ -45,7 +45,6 @@ pub struct TxnView {
     #[schema(example = "order-42")]
     pub id: String,
     pub participants: Vec<String>,
-    #[schema(value_type = Option<Object>)]
     pub payload: Option<serde_json::Value>,
     /// When it aborts if not decided before.
     pub deadline_at: String,
@@ -211,6 +210,7 @@ pub async fn get_txn(
         (status = 400, description = "Bad id, participant or body", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such transaction or lease", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "Not a participant, or registered by another", body = Problem, content_type = "application/problem+json"),
+        (status = 410, description = "The lease named has ended", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "ZooKeeper unreachable", body = Problem, content_type = "application/problem+json"),
     ))]
 pub async fn register(

@@ -43,8 +43,10 @@ pub fn validate_name(name: &str) -> Result<(), NameError> {
         if c.is_control() {
             return Err(NameError::Control(code));
         }
-        // ZooKeeper's PathUtils rejects these ranges (private use area and specials).
-        if (0xE000..=0xF8FF).contains(&code) || (0xFFF0..=0xFFFF).contains(&code) {
+        // ZooKeeper's PathUtils rejects these ranges (private use area and specials), and,
+        // since it checks Java's UTF-16 code units, every character beyond U+FFFF (written as
+        // a surrogate pair, which it refuses as U+D800..U+DFFF).
+        if (0xE000..=0xF8FF).contains(&code) || (0xFFF0..=0xFFFF).contains(&code) || code > 0xFFFF {
             return Err(NameError::Reserved(code));
         }
     }
@@ -94,6 +96,10 @@ mod tests {
         assert_eq!(validate_name("a\nb"), Err(NameError::Control(10)));
         assert_eq!(validate_name("a\u{0}b"), Err(NameError::Control(0)));
         assert_eq!(validate_name("\u{E000}"), Err(NameError::Reserved(0xE000)));
+        // Found by schemathesis: ZooKeeper refused these with "bad arguments" (a 500).
+        assert_eq!(validate_name("L\u{3F59B}"), Err(NameError::Reserved(0x3F59B)));
+        assert_eq!(validate_name("smile\u{1F600}"), Err(NameError::Reserved(0x1F600)));
+        assert_eq!(validate_name("caf\u{E9}-\u{4E2D}"), Ok(()));
         let long = "x".repeat(MAX_NAME_BYTES + 1);
         assert_eq!(validate_name(&long), Err(NameError::TooLong(MAX_NAME_BYTES + 1)));
     }
