@@ -12,3 +12,5 @@ npm ci --prefix tests/browser --no-audit --no-fund --silent
 cargo fmt --check
 cargo clippy --all-targets --quiet -- -D warnings
 cargo nextest run --profile ci "$@"
+# The API against its spec: no 5xx, and every answer as documented (schemathesis, PyPI).
+scripts/schemathesis.sh --seed 20261122
