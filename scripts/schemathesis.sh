@@ -12,7 +12,7 @@ if [[ ! -x $venv/bin/schemathesis ]]; then
     python3 -m venv "$venv"
     "$venv/bin/pip" install --quiet --disable-pip-version-check 'schemathesis==4.32.5'
 fi
-scripts/install-deps.sh run
+scripts/install-deps.sh test
 cargo build --quiet
 port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 log=target/schemathesis-zkgate.log

@@ -70,14 +70,19 @@ pub struct Candidacy {
 #[derive(Serialize, utoipa::ToSchema)]
 pub struct LeaderView {
     /// The leader's candidate node.
+    #[schema(example = "_c_3f1e2d4c-5b6a-4798-8a9b-0c1d2e3f4a5b-latch-0000000007")]
     pub node: String,
     /// The term: the leader's candidate czxid, strictly increasing with every new leader.
+    #[schema(example = 4294967321_i64)]
     pub term: i64,
     /// The value it proclaims.
+    #[schema(example = json!({"address": "10.0.0.8:8080"}))]
     pub value: Option<serde_json::Value>,
     /// The leader's zkgate lease, for zkgate's candidates.
+    #[schema(example = "6f1c2a9e0b7d4e3f8a5b6c7d8e9f0a1b")]
     pub lease: Option<String>,
     /// When it took over (its acknowledgement's creation), if acknowledged.
+    #[schema(example = "2026-11-22T10:00:00.000Z")]
     pub since: Option<String>,
     /// Whether the leader has written the acknowledgement node: it knows it leads. (A Curator
     /// `LeaderLatch` leader never does.)

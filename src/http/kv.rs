@@ -129,7 +129,9 @@ fn precondition_failed(key: &str, current: Option<i64>) -> ApiError {
         ("If-None-Match" = Option<String>, Header, description = "An ETag: 304 if the value still has it (after waiting, with `wait`)")),
     responses(
         (status = 200, description = "The value, with its `ETag`, in the `Content-Type` it was written with (a value written by another client comes as bytes)",
-            content((serde_json::Value = "application/json"), (String = "text/plain"), (Vec<u8> = "application/octet-stream"))),
+            content((serde_json::Value = "application/json", example = json!({"dark_mode": true, "max_items": 50})),
+                (String = "text/plain", example = json!("maintenance at 22:00")),
+                (String = "application/octet-stream"))),
         (status = 304, description = "Not modified (within the wait)"),
         (status = 400, description = "Bad key, query or header", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such key", body = Problem, content_type = "application/problem+json"),
@@ -192,7 +194,10 @@ pub async fn get_value(
     params(("key" = String, Path, description = "Key: segments separated by `/`"),
         ("If-Match" = Option<String>, Header, description = "Write only over this ETag (`*`: only if it exists)"),
         ("If-None-Match" = Option<String>, Header, description = "`*`: create only")),
-    request_body(content = String, description = "The value: JSON, text or bytes", content_type = "application/octet-stream"),
+    request_body(description = "The value: JSON, text or bytes, kept with its `Content-Type`",
+        content((serde_json::Value = "application/json", example = json!({"dark_mode": true, "max_items": 50})),
+            (String = "text/plain", example = json!("maintenance at 22:00")),
+            (String = "application/octet-stream"))),
     responses(
         (status = 201, description = "Created", body = Written),
         (status = 200, description = "Replaced", body = Written),

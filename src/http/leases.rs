@@ -66,12 +66,17 @@ impl LeaseView {
 /// Summary of a lease in the list.
 #[derive(Serialize, utoipa::ToSchema)]
 pub struct LeaseSummary {
+    #[schema(example = "6f1c2a9e0b7d4e3f8a5b6c7d8e9f0a1b")]
     pub id: String,
+    #[schema(example = 30000)]
     pub ttl_ms: u64,
+    #[schema(example = 21450)]
     pub remaining_ms: u64,
     /// Age of the lease in milliseconds.
+    #[schema(example = 95120)]
     pub age_ms: u64,
     /// Number of holdings.
+    #[schema(example = 2)]
     pub holdings: usize,
 }
 

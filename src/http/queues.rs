@@ -97,12 +97,18 @@ pub struct Delivery {
 /// An item waiting (or dead) in a queue.
 #[derive(Serialize, utoipa::ToSchema)]
 pub struct Waiting {
+    #[schema(example = "queue-500000000042")]
     pub item: String,
+    #[schema(example = 50)]
     pub priority: u8,
+    #[schema(example = 1)]
     pub deliveries: u32,
+    #[schema(example = 5300)]
     pub age_ms: u64,
+    #[schema(example = "application/json")]
     pub content_type: String,
     /// The body, when JSON (any JSON value).
+    #[schema(example = json!({"to": "ada@example.com"}))]
     pub body: Option<serde_json::Value>,
     pub text: Option<String>,
     pub body_base64: Option<String>,
@@ -177,7 +183,10 @@ fn waiting_view(item: String, envelope: Envelope, ctime: i64) -> Waiting {
 #[utoipa::path(post, path = "/v1/queues/{name}/items", tag = "queues",
     params(("name" = String, Path, description = "Queue name"), PutQuery,
         ("Idempotency-Key" = Option<String>, Header, description = "Makes the put safe to retry (1 to 128 bytes, no `/`)")),
-    request_body(content = String, description = "The item", content_type = "application/json"),
+    request_body(description = "The item: JSON, text or bytes, kept with its `Content-Type`",
+        content((serde_json::Value = "application/json", example = json!({"to": "ada@example.com", "template": "welcome"})),
+            (String = "text/plain", example = json!("resize photo 42")),
+            (String = "application/octet-stream"))),
     responses(
         (status = 201, description = "Stored", body = Stored),
         (status = 200, description = "A put with this key was stored before", body = Stored),
