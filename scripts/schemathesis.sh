@@ -14,17 +14,10 @@ if [[ ! -x $venv/bin/schemathesis ]]; then
 fi
 scripts/install-deps.sh test
 cargo build --quiet
-port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-log=target/schemathesis-zkgate.log
+source scripts/background-zkgate.sh
 # Short waits: generated long polls must not hold the run up.
-target/debug/zkgate serve --listen "127.0.0.1:$port" --max-wait 1s >"$log" 2>&1 &
-zkgate=$!
-trap 'kill $zkgate 2>/dev/null; wait $zkgate 2>/dev/null || true' EXIT
-for _ in $(seq 1 120); do
-    curl -sf "http://127.0.0.1:$port/readyz" >/dev/null && break
-    sleep 0.5
-done
-url="http://127.0.0.1:$port"
+start_zkgate target/debug/zkgate target/schemathesis-zkgate.log --max-wait 1s
+url=$ZKGATE_URL
 "$venv/bin/schemathesis" run "$url/openapi.json" --url "$url" \
     --checks not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance \
     --request-timeout 10 --max-examples 15 --no-color "$@"

@@ -4,6 +4,7 @@
 //
 //   node tests/browser/dashboard.mjs http://127.0.0.1:PORT screenshot.png
 import { chromium } from "playwright-core";
+import { client } from "./api.mjs";
 
 const [base, screenshot] = process.argv.slice(2);
 if (!base || !screenshot) {
@@ -12,16 +13,7 @@ if (!base || !screenshot) {
 }
 const executablePath = process.env.CHROMIUM || "/usr/bin/chromium";
 
-async function api(method, path, body) {
-  const response = await fetch(base + path, {
-    method,
-    headers: body ? { "content-type": "application/json" } : {},
-    body: body ? JSON.stringify(body) : undefined,
-  });
-  const text = await response.text();
-  const json = text ? JSON.parse(text) : null;
-  return { status: response.status, json };
-}
+const api = client(base);
 
 function expect(condition, message) {
   if (!condition) throw new Error(message);

@@ -3,6 +3,7 @@
 //
 //   node tests/browser/showcase.mjs http://127.0.0.1:PORT docs/dashboard.png [seconds]
 import { chromium } from "playwright-core";
+import { client } from "./api.mjs";
 
 const [base, screenshot, secondsArg] = process.argv.slice(2);
 const seconds = Number(secondsArg || 40);
@@ -10,15 +11,7 @@ const executablePath = process.env.CHROMIUM || "/usr/bin/chromium";
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 const random = (lo, hi) => lo + Math.random() * (hi - lo);
 
-async function api(method, path, body) {
-  const response = await fetch(base + path, {
-    method,
-    headers: body ? { "content-type": "application/json" } : {},
-    body: body ? JSON.stringify(body) : undefined,
-  });
-  const text = await response.text();
-  return { status: response.status, json: text ? JSON.parse(text) : null };
-}
+const api = client(base);
 const lease = async (ttl = "120s") => (await api("POST", "/v1/leases", { ttl })).json.id;
 
 let running = true;
