@@ -4,6 +4,7 @@
 //! Nothing here mocks ZooKeeper. Servers and instances stop when their handles drop.
 #![allow(dead_code)] // each test binary uses a different part of the harness
 
+pub mod checker;
 pub mod proxy;
 pub mod ws;
 
@@ -404,6 +405,21 @@ pub async fn server_mode(port: u16) -> Option<String> {
         .ok()?;
     text.lines()
         .find_map(|l| l.strip_prefix("Mode: ").map(|m| m.trim().to_string()))
+}
+
+/// Whether the server on `port` holds a connection of session `session_id` (the `cons`
+/// four-letter word).
+pub async fn serves_session(port: u16, session_id: i64) -> bool {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(mut stream) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else {
+        return false;
+    };
+    if stream.write_all(b"cons").await.is_err() {
+        return false;
+    }
+    let mut text = String::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), stream.read_to_string(&mut text)).await;
+    text.contains(&format!("sid={session_id:#x}"))
 }
 
 /// How many sessions a ZooKeeper server says watch `path` (the `wchp` four-letter word).
