@@ -11,12 +11,14 @@ mod common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use common::checker::FencedRegister;
+use common::checker::{FencedRegister, Terms};
+use common::process::Process;
 use common::{Ensemble, Gate, test_config, within, zookeeper};
 use reqwest::StatusCode;
 use serde_json::json;
+use tokio::sync::mpsc;
 
 /// How long the faulty phase of a scenario lasts.
 fn fault_seconds() -> u64 {
@@ -260,4 +262,255 @@ async fn the_checker_catches_two_holders_when_fencing_is_off() {
     pause_a_holder(&register).await;
     let violation = register.check().expect_err("a lost update");
     assert!(violation.contains("lost update"), "{violation}");
+}
+
+/// A candidate on one zkgate process: campaigns (staying a candidate across waits), reports
+/// each time it is told it leads, then keeps its lease alive until its process dies.
+async fn candidate(
+    index: usize,
+    url: String,
+    terms: Arc<Terms>,
+    leaders: mpsc::UnboundedSender<(usize, i64, Instant)>,
+) {
+    let http = reqwest::Client::new();
+    let Ok(created) = http
+        .post(format!("{url}/v1/leases"))
+        .json(&json!({"ttl": "30s"}))
+        .send()
+        .await
+    else {
+        return;
+    };
+    let Ok(lease) = created.json::<serde_json::Value>().await else {
+        return;
+    };
+    let lease = lease["id"].as_str().unwrap_or_default().to_string();
+    loop {
+        let Ok(reply) = http
+            .post(format!("{url}/v1/elections/failover/campaign?wait=5s"))
+            .json(&json!({"lease": lease, "value": format!("process-{index}")}))
+            .send()
+            .await
+        else {
+            return; // its process is gone
+        };
+        if reply.status() != StatusCode::OK {
+            continue; // 202: still a candidate; campaign again with the same lease
+        }
+        let Ok(body) = reply.json::<serde_json::Value>().await else {
+            return;
+        };
+        let term = body["term"].as_i64().expect("term");
+        terms.record(term, &format!("process-{index}"));
+        let _ = leaders.send((index, term, Instant::now()));
+        // Lead until the process dies.
+        while http
+            .post(format!("{url}/v1/leases/{lease}/keepalive"))
+            .send()
+            .await
+            .is_ok()
+        {
+            tokio::time::sleep(Duration::from_millis(500)).await; // the keepalive period
+        }
+        return;
+    }
+}
+
+/// Three zkgate processes on an ensemble, one candidate on each; the leader's process is
+/// killed with `kill -9`, twice. Each time the next candidate leads once ZooKeeper has
+/// expired the dead process's session (2 s here) and the ephemeral candidate node is gone;
+/// terms increase and no term has two leaders.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_leader_follows_a_kill_9_of_the_leaders_instance() {
+    let ensemble = Ensemble::start(3).await;
+    let connect = ensemble.connect_string();
+    let mut processes = Vec::new();
+    for _ in 0..3 {
+        processes.push(Process::start(&connect).await);
+    }
+    let terms = Arc::new(Terms::default());
+    let (leaders, mut elected) = mpsc::unbounded_channel();
+    for (i, process) in processes.iter().enumerate() {
+        tokio::spawn(candidate(i, process.url.clone(), terms.clone(), leaders.clone()));
+    }
+    let (mut leader, mut term, _) = within(Duration::from_secs(30), "a first leader", elected.recv())
+        .await
+        .expect("a leader");
+    let mut failovers = Vec::new();
+    for _ in 0..2 {
+        let killed_at = Instant::now();
+        processes[leader].kill().await;
+        let (next, next_term, at) = within(Duration::from_secs(30), "the next leader", elected.recv())
+            .await
+            .expect("a leader");
+        assert_ne!(next, leader, "the dead process cannot lead");
+        assert!(next_term > term, "terms increase: {term} then {next_term}");
+        failovers.push(at - killed_at);
+        (leader, term) = (next, next_term);
+    }
+    let seen = terms.check().unwrap_or_else(|violation| panic!("{violation}"));
+    println!("election failover after kill -9 (session timeout 2 s): {failovers:?}, {seen} terms");
+    // Liveness, generously bounded: the session timeout plus ZooKeeper's tick and the
+    // notification, with room for a loaded machine.
+    for failover in &failovers {
+        assert!(*failover < Duration::from_secs(8), "failover took {failover:?}");
+    }
+}
+
+/// A waiter whose lease expires while it waits is never granted: its long poll ends with the
+/// lease's end, its contender leaves the queue, and the lock passes over it.
+#[tokio::test]
+async fn a_waiter_whose_lease_expires_while_it_waits_is_never_granted() {
+    let zk = zookeeper().await;
+    let gate = Arc::new(Gate::start(&zk.connect_string()).await);
+    let holder = gate.lease("30s").await;
+    let held = gate.acquire("passing", &holder, "wait=0").await;
+    assert_eq!(held.status, StatusCode::OK);
+
+    let doomed = gate.lease("1s").await;
+    let waiting = gate.acquire("passing", &doomed, "wait=20s").await;
+    waiting.assert_problem(StatusCode::GONE, None);
+    assert_eq!(waiting.body["reason"], "expired", "{waiting:?}");
+    let state = gate.get("/v1/locks/passing").await;
+    assert_eq!(
+        state.body["waiters"],
+        json!([]),
+        "the expired waiter left the queue: {state:?}"
+    );
+
+    // The next contender, not the expired one, gets the lock after the holder.
+    let next = gate.lease("30s").await;
+    let queued = gate.acquire("passing", &next, "wait=0&keep_queued=true").await;
+    assert_eq!(queued.status, StatusCode::ACCEPTED);
+    gate.release("passing", &held.str("handle")).await;
+    let granted = gate.acquire("passing", &next, "wait=10s").await;
+    assert_eq!(granted.status, StatusCode::OK, "{granted:?}");
+    let state = gate.get("/v1/locks/passing").await;
+    assert_eq!(state.body["holder"]["lease"], json!(next), "{state:?}");
+}
+
+/// The whole ensemble goes down and comes back (two of three servers): meanwhile zkgate
+/// answers 503 with `Retry-After`; afterwards it serves again, and every put it acknowledged
+/// before is still there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_whole_ensemble_down_and_back_loses_nothing_acknowledged() {
+    let mut ensemble = Ensemble::start(3).await;
+    let gate = Gate::start(&ensemble.connect_string()).await;
+    let mut acknowledged = Vec::new();
+    for n in 0..20 {
+        let put = gate.post("/v1/queues/durable/items", Some(json!({"n": n}))).await;
+        assert_eq!(put.status, StatusCode::CREATED, "{put:?}");
+        acknowledged.push(n);
+    }
+
+    for server in &mut ensemble.servers {
+        server.kill();
+    }
+    // Unavailable, and saying so: 503 with Retry-After (after at most the session timeout,
+    // for which zkgate waits for a reconnection).
+    let refused = within(Duration::from_secs(30), "a 503 while ZooKeeper is down", async {
+        loop {
+            let reply = gate.post("/v1/queues/durable/items", Some(json!({"n": "lost"}))).await;
+            if reply.status == StatusCode::SERVICE_UNAVAILABLE {
+                return reply;
+            }
+            assert_ne!(
+                reply.status,
+                StatusCode::CREATED,
+                "a put acknowledged with no ZooKeeper"
+            );
+        }
+    })
+    .await;
+    refused.assert_problem(StatusCode::SERVICE_UNAVAILABLE, None);
+    assert_eq!(gate.get("/readyz").await.status, StatusCode::SERVICE_UNAVAILABLE);
+
+    // Two of three come back: a quorum.
+    for server in ensemble.servers.iter_mut().take(2) {
+        server.restart(&ensemble.options).expect("restart");
+    }
+    for server in ensemble.servers.iter_mut().take(2) {
+        server
+            .wait_serving(Duration::from_secs(60))
+            .await
+            .expect("serves again");
+    }
+    within(Duration::from_secs(60), "zkgate to be ready again", async {
+        while gate.get("/readyz").await.status != StatusCode::OK {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    let mut delivered = Vec::new();
+    loop {
+        let taken = gate
+            .post("/v1/queues/durable/take?wait=0&mode=at-most-once", None)
+            .await;
+        if taken.status == StatusCode::NO_CONTENT {
+            break;
+        }
+        assert_eq!(taken.status, StatusCode::OK, "{taken:?}");
+        delivered.push(taken.body["body"]["n"].clone());
+    }
+    let acknowledged: Vec<_> = acknowledged.into_iter().map(|n| json!(n)).collect();
+    assert_eq!(
+        delivered, acknowledged,
+        "every acknowledged put, in order, and nothing else"
+    );
+}
+
+/// WebSocket subscribers across the kill of the ZooKeeper server that zkgate's session is
+/// connected to: the session moves to another server, the subscribers get a `resync`
+/// (reason `reconnected`) with the state, and events go on, numbered without a silent gap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscribers_resync_across_the_kill_of_zkgates_server() {
+    let mut ensemble = Ensemble::start(3).await;
+    let gate = Gate::start(&ensemble.connect_string()).await;
+    let mut ws = common::ws::Ws::connect(gate.running.addr, "/v1/ws").await;
+    ws.send(json!({"op": "subscribe", "id": "L", "topic": {"lock": "orders"}}));
+    let mut events = vec![ws.next_for("L").await];
+    let lease = gate.lease("60s").await;
+    assert_eq!(gate.acquire("orders", &lease, "wait=0").await.status, StatusCode::OK);
+
+    let session = gate.session().id().0;
+    let mut serving = None;
+    for (i, server) in ensemble.servers.iter().enumerate() {
+        if common::serves_session(server.client_port(), session).await {
+            serving = Some(i);
+        }
+    }
+    let serving = serving.expect("a server holds zkgate's session");
+    ensemble.servers[serving].kill();
+    loop {
+        let event = ws.next_for("L").await;
+        events.push(event.clone());
+        if event["type"] == "resync" {
+            assert_eq!(event["reason"], "reconnected", "{event}");
+            assert_eq!(
+                event["state"]["holder"]["lease"],
+                json!(lease),
+                "the lock is still held: {event}"
+            );
+            break;
+        }
+    }
+    let next = gate.lease("60s").await;
+    let queued = gate.acquire("orders", &next, "wait=0&keep_queued=true").await;
+    assert_eq!(queued.status, StatusCode::ACCEPTED);
+    loop {
+        let event = ws.next_for("L").await;
+        events.push(event.clone());
+        if event["type"] == "waiters" {
+            break;
+        }
+    }
+    for pair in events.windows(2) {
+        let (a, b) = (pair[0]["seq"].as_u64().unwrap(), pair[1]["seq"].as_u64().unwrap());
+        assert!(
+            b == a + 1 || (b > a && pair[1]["type"] == "resync"),
+            "a silent gap: {} then {}",
+            pair[0],
+            pair[1]
+        );
+    }
 }

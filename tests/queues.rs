@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::process::Process;
 use common::{Gate, Reply, within, zookeeper};
 use reqwest::StatusCode;
 use serde_json::json;
@@ -260,67 +261,6 @@ async fn a_waiting_taker_gets_an_item_as_soon_as_it_is_put_and_one_item_serves_o
         2,
         "{statuses:?}"
     );
-}
-
-/// A zkgate process (not in-process: it is killed with SIGKILL).
-struct Process {
-    child: tokio::process::Child,
-    url: String,
-    log: Arc<Mutex<Vec<String>>>,
-}
-
-impl Process {
-    /// Whether the process still runs, and the end of its log: for failure messages.
-    fn diagnose(&mut self) -> String {
-        let status = self.child.try_wait();
-        let log = self.log.lock().unwrap();
-        let tail: Vec<&String> = log.iter().rev().take(30).collect();
-        format!("exit status {status:?}; last log lines (newest first): {tail:#?}")
-    }
-
-    async fn start(connect: &str) -> Process {
-        use tokio::io::AsyncBufReadExt;
-        let port = zkgate::zk::server::free_port().expect("port");
-        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_zkgate"))
-            .args([
-                "serve",
-                "--listen",
-                &format!("127.0.0.1:{port}"),
-                "--zookeeper",
-                connect,
-                "--session-timeout",
-                "2s",
-            ])
-            .env("ZKGATE_LOG", "info")
-            .stdout(std::process::Stdio::piped())
-            .stdin(std::process::Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("start zkgate");
-        let mut lines = tokio::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
-        within(Duration::from_secs(60), "zkgate to serve", async {
-            while let Some(line) = lines.next_line().await.expect("log") {
-                if line.contains("zkgate serving") {
-                    return;
-                }
-            }
-            panic!("zkgate exited before serving");
-        })
-        .await;
-        // Keep draining the log (kept for diagnosis) so the process never blocks on a full pipe.
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let kept = log.clone();
-        tokio::spawn(async move {
-            while let Ok(Some(line)) = lines.next_line().await {
-                kept.lock().unwrap().push(line);
-            }
-        });
-        Process {
-            child,
-            url: format!("http://127.0.0.1:{port}"),
-            log,
-        }
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

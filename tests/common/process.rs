@@ -1,0 +1,74 @@
+//! zkgate as a separate process, for the faults that an in-process instance cannot take
+//! (`kill -9`).
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use super::within;
+
+/// A zkgate process (not in-process: it is killed with SIGKILL).
+pub struct Process {
+    pub child: tokio::process::Child,
+    pub url: String,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl Process {
+    /// `kill -9`, and waits until it is gone.
+    pub async fn kill(&mut self) {
+        self.child.start_kill().expect("kill -9");
+        self.child.wait().await.expect("reaped");
+    }
+
+    /// Whether the process still runs, and the end of its log: for failure messages.
+    pub fn diagnose(&mut self) -> String {
+        let status = self.child.try_wait();
+        let log = self.log.lock().unwrap();
+        let tail: Vec<&String> = log.iter().rev().take(30).collect();
+        format!("exit status {status:?}; last log lines (newest first): {tail:#?}")
+    }
+
+    pub async fn start(connect: &str) -> Process {
+        use tokio::io::AsyncBufReadExt;
+        let port = zkgate::zk::server::free_port().expect("port");
+        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_zkgate"))
+            .args([
+                "serve",
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--zookeeper",
+                connect,
+                "--session-timeout",
+                "2s",
+            ])
+            .env("ZKGATE_LOG", "info")
+            .stdout(std::process::Stdio::piped())
+            .stdin(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start zkgate");
+        let mut lines = tokio::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
+        within(Duration::from_secs(60), "zkgate to serve", async {
+            while let Some(line) = lines.next_line().await.expect("log") {
+                if line.contains("zkgate serving") {
+                    return;
+                }
+            }
+            panic!("zkgate exited before serving");
+        })
+        .await;
+        // Keep draining the log (kept for diagnosis) so the process never blocks on a full pipe.
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let kept = log.clone();
+        tokio::spawn(async move {
+            while let Ok(Some(line)) = lines.next_line().await {
+                kept.lock().unwrap().push(line);
+            }
+        });
+        Process {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+            log,
+        }
+    }
+}
