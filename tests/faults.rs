@@ -514,3 +514,306 @@ async fn subscribers_resync_across_the_kill_of_zkgates_server() {
         );
     }
 }
+
+#[derive(Default)]
+struct QueueLedger {
+    /// Ids whose put was acknowledged (201).
+    put: std::collections::BTreeSet<u64>,
+    /// Successful acks (204) per id.
+    acked: std::collections::BTreeMap<u64, usize>,
+    /// Ids whose ack was cut off by the kill: it may have happened (the item is gone) or not
+    /// (it comes back and is acked again).
+    in_doubt: std::collections::BTreeSet<u64>,
+    deliveries: usize,
+}
+
+/// Puts ids `from..` on `url` until the process dies or `stop`.
+async fn queue_producer(url: String, from: u64, ledger: Arc<std::sync::Mutex<QueueLedger>>, stop: Arc<AtomicBool>) {
+    let http = reqwest::Client::new();
+    for id in from.. {
+        if stop.load(Ordering::SeqCst) {
+            return;
+        }
+        match http
+            .post(format!("{url}/v1/queues/work/items"))
+            .json(&json!({"id": id}))
+            .send()
+            .await
+        {
+            Ok(reply) if reply.status() == StatusCode::CREATED => {
+                ledger.lock().unwrap().put.insert(id);
+            }
+            Ok(_) => {}
+            Err(_) => return, // the process is gone
+        }
+    }
+}
+
+/// Takes (at least once), then acks, until the process dies or `stop` and the queue is empty.
+async fn queue_consumer(url: String, ledger: Arc<std::sync::Mutex<QueueLedger>>, stop: Arc<AtomicBool>) {
+    let http = reqwest::Client::new();
+    loop {
+        let Ok(reply) = http
+            .post(format!("{url}/v1/queues/work/take?wait=1s&ack_deadline=5s"))
+            .send()
+            .await
+        else {
+            return;
+        };
+        if reply.status() == StatusCode::NO_CONTENT {
+            // Done when asked to stop and nothing is left, claimed items included (those of
+            // a dead process come back when its session expires).
+            if stop.load(Ordering::SeqCst) {
+                let Ok(state) = http.get(format!("{url}/v1/queues/work")).send().await else {
+                    return;
+                };
+                let Ok(state) = state.json::<serde_json::Value>().await else {
+                    return;
+                };
+                if state["depth"] == 0 && state["in_flight"] == 0 {
+                    return;
+                }
+            }
+            continue;
+        }
+        if reply.status() != StatusCode::OK {
+            continue;
+        }
+        let Ok(item) = reply.json::<serde_json::Value>().await else {
+            return;
+        };
+        let id = item["body"]["id"].as_u64().expect("id");
+        ledger.lock().unwrap().deliveries += 1;
+        let claim = item["claim"].as_str().unwrap_or_default();
+        match http
+            .post(format!("{url}/v1/queues/work/claims/{claim}/ack"))
+            .send()
+            .await
+        {
+            Ok(ack) if ack.status() == StatusCode::NO_CONTENT => {
+                *ledger.lock().unwrap().acked.entry(id).or_default() += 1;
+            }
+            Ok(_) => {} // the claim was lost (the item comes back)
+            Err(_) => {
+                ledger.lock().unwrap().in_doubt.insert(id);
+                return;
+            }
+        }
+    }
+}
+
+/// Producers and consumers on two zkgate processes; one process is killed with `kill -9` in
+/// the middle, with items claimed and acks in flight. Every acknowledged put is acknowledged
+/// by a consumer exactly once (redeliveries happen, double acks never).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_acknowledged_put_is_acked_exactly_once_across_an_instance_kill() {
+    let ensemble = Ensemble::start(3).await;
+    let connect = ensemble.connect_string();
+    let mut processes = [Process::start(&connect).await, Process::start(&connect).await];
+    let ledger = Arc::new(std::sync::Mutex::new(QueueLedger::default()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for (i, process) in processes.iter().enumerate() {
+        let url = process.url.clone();
+        tasks.push(tokio::spawn(queue_producer(
+            url.clone(),
+            i as u64 * 1_000_000,
+            ledger.clone(),
+            stop.clone(),
+        )));
+        for _ in 0..2 {
+            tasks.push(tokio::spawn(queue_consumer(url.clone(), ledger.clone(), stop.clone())));
+        }
+    }
+    let acked = |ledger: &std::sync::Mutex<QueueLedger>| ledger.lock().unwrap().acked.len();
+    within(Duration::from_secs(60), "traffic before the kill", async {
+        while acked(&ledger) < 200 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    processes[0].kill().await;
+    let at_kill = acked(&ledger);
+    within(Duration::from_secs(60), "traffic after the kill", async {
+        while acked(&ledger) < at_kill + 200 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    stop.store(true, Ordering::SeqCst);
+    // The survivors drain the queue; items claimed by the dead process come back once its
+    // session expires.
+    for task in tasks {
+        within(Duration::from_secs(60), "producers and consumers to finish", task)
+            .await
+            .expect("task");
+    }
+    let ledger = ledger.lock().unwrap();
+    let missing: Vec<_> = ledger
+        .put
+        .iter()
+        .filter(|id| !ledger.acked.contains_key(id) && !ledger.in_doubt.contains(id))
+        .collect();
+    assert!(missing.is_empty(), "acknowledged puts never acked: {missing:?}");
+    let twice: Vec<_> = ledger.acked.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "acked more than once: {twice:?}");
+    println!(
+        "queue across a kill -9: {} puts acknowledged, {} acked exactly once, {} acks cut off by the kill, {} deliveries ({} redeliveries)",
+        ledger.put.len(),
+        ledger.acked.len(),
+        ledger.in_doubt.len(),
+        ledger.deliveries,
+        ledger
+            .deliveries
+            .saturating_sub(ledger.acked.len() + ledger.in_doubt.len())
+    );
+}
+
+/// Enters the double barrier as `participant` with `lease`, waiting (and entering again after
+/// each 202) until it is let through or its lease ends; returns when it passed, if it did.
+async fn enter_until_through(gate: Arc<Gate>, participant: &'static str, lease: String) -> Option<Instant> {
+    loop {
+        let reply = gate
+            .post(
+                "/v1/double-barriers/batch/enter?wait=10s",
+                Some(json!({"participant": participant, "size": 3, "lease": lease})),
+            )
+            .await;
+        match reply.status {
+            StatusCode::OK => return Some(Instant::now()),
+            StatusCode::ACCEPTED | StatusCode::SERVICE_UNAVAILABLE => continue,
+            _ => return None, // its lease ended: it died
+        }
+    }
+}
+
+/// A double barrier of 3: one participant dies (its lease is deleted) while the others wait,
+/// and the ZooKeeper leader is killed and restarted meanwhile. Nobody passes until three live
+/// participants are in; then all three pass, and the dead one never does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nobody_passes_a_double_barrier_early_across_a_death_and_a_server_restart() {
+    let mut ensemble = Ensemble::start(3).await;
+    let gate = Arc::new(Gate::start(&ensemble.connect_string()).await);
+    let leases: Vec<String> = {
+        let mut leases = Vec::new();
+        for _ in 0..4 {
+            leases.push(gate.lease("60s").await);
+        }
+        leases
+    };
+    let dying = tokio::spawn(enter_until_through(gate.clone(), "a-dies", leases[0].clone()));
+    let b = tokio::spawn(enter_until_through(gate.clone(), "b", leases[1].clone()));
+    common::wait_children(&ensemble.connect_string(), "/zkgate/double-barriers/batch", 2).await;
+
+    // "a" dies; the leader of the ensemble is killed and comes back.
+    assert_eq!(
+        gate.delete(&format!("/v1/leases/{}", leases[0])).await.status,
+        StatusCode::NO_CONTENT
+    );
+    assert_eq!(
+        within(Duration::from_secs(20), "the dead participant's answer", dying)
+            .await
+            .expect("task"),
+        None
+    );
+    let leader = ensemble.leader().await.expect("a leader");
+    ensemble.servers[leader].kill();
+    ensemble.servers[leader].restart(&ensemble.options).expect("restart");
+    ensemble.servers[leader]
+        .wait_serving(Duration::from_secs(60))
+        .await
+        .expect("serves again");
+
+    // Two live participants are not three: "c" joins "b" and both wait.
+    let c = tokio::spawn(enter_until_through(gate.clone(), "c", leases[2].clone()));
+    common::wait_children(&ensemble.connect_string(), "/zkgate/double-barriers/batch", 2).await;
+    assert!(!b.is_finished() && !c.is_finished(), "nobody passes with two of three");
+    let third_in = Instant::now();
+    let d = tokio::spawn(enter_until_through(gate.clone(), "d", leases[3].clone()));
+    for (name, task) in [("b", b), ("c", c), ("d", d)] {
+        let passed = within(Duration::from_secs(30), "the three to pass", task)
+            .await
+            .expect("task")
+            .unwrap_or_else(|| panic!("{name} did not pass"));
+        assert!(
+            passed >= third_in,
+            "{name} passed before the third live participant entered"
+        );
+    }
+}
+
+/// The zkgate process of a lock holder freezes (SIGSTOP) past its ZooKeeper session timeout:
+/// ZooKeeper expires the session, the holder's node goes, a waiter on the other instance is
+/// granted with a higher token. When the frozen process resumes, the holder's write is fenced
+/// off, and its lease says the session was lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_instance_loses_its_lock_to_the_other_and_is_fenced_off() {
+    let zk = zookeeper().await;
+    let frozen = Process::start(&zk.connect_string()).await;
+    let other = Arc::new(Gate::start(&zk.connect_string()).await);
+    let register = FencedRegister::new(true);
+    let http = reqwest::Client::new();
+    let lease: serde_json::Value = http
+        .post(format!("{}/v1/leases", frozen.url))
+        .json(&json!({"ttl": "60s"}))
+        .send()
+        .await
+        .expect("lease")
+        .json()
+        .await
+        .expect("JSON");
+    let lease = lease["id"].as_str().expect("id").to_string();
+    let held: serde_json::Value = http
+        .post(format!("{}/v1/locks/frozen/acquire?wait=0", frozen.url))
+        .json(&json!({"lease": lease}))
+        .send()
+        .await
+        .expect("acquire")
+        .json()
+        .await
+        .expect("JSON");
+    let stale_token = held["fencing_token"].as_i64().expect("token");
+    let stale_read = register.read();
+
+    let rival = other.lease("60s").await;
+    let waiting = {
+        let (other, rival) = (other.clone(), rival.clone());
+        tokio::spawn(async move { other.acquire("frozen", &rival, "wait=30s").await })
+    };
+    common::wait_children(&zk.connect_string(), "/zkgate/locks/frozen", 2).await;
+    frozen.pause(true);
+    let granted = within(Duration::from_secs(30), "the rival's grant", waiting)
+        .await
+        .expect("task");
+    assert_eq!(granted.status, StatusCode::OK, "{granted:?}");
+    assert!(granted.i64("fencing_token") > stale_token);
+    let read = register.read();
+    assert!(register.write("rival", granted.i64("fencing_token"), read));
+
+    frozen.pause(false);
+    assert!(
+        !register.write("frozen", stale_token, stale_read),
+        "the stale holder is fenced off"
+    );
+    let told = within(
+        Duration::from_secs(30),
+        "the frozen instance to learn of the loss",
+        async {
+            loop {
+                let reply = http
+                    .get(format!("{}/v1/leases/{lease}", frozen.url))
+                    .send()
+                    .await
+                    .expect("GET");
+                if reply.status() == StatusCode::GONE {
+                    return reply.json::<serde_json::Value>().await.expect("JSON");
+                }
+                tokio::task::yield_now().await;
+            }
+        },
+    )
+    .await;
+    assert_eq!(told["reason"], "session_lost", "{told}");
+    let tally = register.check().unwrap_or_else(|violation| panic!("{violation}"));
+    assert_eq!((tally.accepted, tally.rejected), (1, 1));
+}

@@ -14,6 +14,18 @@ pub struct Process {
 }
 
 impl Process {
+    /// SIGSTOP (`true`) or SIGCONT (`false`): the whole process freezes, as in a long GC
+    /// pause or a stopped VM, with its sockets open.
+    pub fn pause(&self, paused: bool) {
+        if let Some(pid) = self.child.id() {
+            let signal = if paused { libc::SIGSTOP } else { libc::SIGCONT };
+            // SAFETY: plain kill(2) on the pid of a child we own and have not reaped.
+            unsafe {
+                libc::kill(pid as libc::pid_t, signal);
+            }
+        }
+    }
+
     /// `kill -9`, and waits until it is gone.
     pub async fn kill(&mut self) {
         self.child.start_kill().expect("kill -9");
