@@ -139,3 +139,62 @@ impl Terms {
         Ok(terms.len())
     }
 }
+
+/// What happened to a lock, in the order clients saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LockEvent {
+    Granted,
+    Released,
+    /// The release found the lock already lost (`410`), or the lease ended.
+    Lost,
+}
+
+/// The history of a lock: every grant, release and loss with its client, token and time.
+#[derive(Default)]
+pub struct History {
+    inner: Mutex<Vec<(Instant, String, i64, LockEvent)>>,
+}
+
+impl History {
+    pub fn record(&self, client: &str, token: i64, event: LockEvent) {
+        self.inner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((Instant::now(), client.to_string(), token, event));
+    }
+
+    /// Grants come with strictly increasing fencing tokens, and each release or loss follows
+    /// the grant of the same token to the same client, after no other grant: one holder at a
+    /// time as the clients saw it. Returns the number of grants.
+    pub fn check(&self) -> Result<usize, String> {
+        let history = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let mut holder: Option<(&str, i64)> = None;
+        let mut last_token = i64::MIN;
+        let mut grants = 0;
+        for (_, client, token, event) in history.iter() {
+            match event {
+                LockEvent::Granted => {
+                    if *token <= last_token {
+                        return Err(format!("{client} was granted token {token} after token {last_token}"));
+                    }
+                    if let Some((other, other_token)) = holder {
+                        return Err(format!(
+                            "{client} was granted token {token} while {other} held token {other_token}"
+                        ));
+                    }
+                    holder = Some((client, *token));
+                    last_token = *token;
+                    grants += 1;
+                }
+                LockEvent::Released | LockEvent::Lost => {
+                    if holder.is_some_and(|(c, t)| c == client && t == *token) {
+                        holder = None;
+                    } else if *event == LockEvent::Released {
+                        return Err(format!("{client} released token {token} it was not seen to hold"));
+                    }
+                }
+            }
+        }
+        Ok(grants)
+    }
+}

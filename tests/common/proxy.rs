@@ -3,7 +3,9 @@
 //! recipes guide (forward a create, let the server apply it, drop its reply with the
 //! connection, so the client cannot know whether it happened). A cut closes the connection
 //! cleanly (FIN) by default, or with a reset (RST, as from a host that died) after
-//! [Proxy::reset_on_cut]: clients report the two differently.
+//! [Proxy::reset_on_cut]: clients report the two differently. A black hole
+//! ([Proxy::black_hole]) keeps the connections open but forwards nothing until lifted, as a
+//! network that silently drops everything.
 //!
 //! To find creates and their replies it reads ZooKeeper's framing: every packet is a 4-byte
 //! big-endian length and a body; after the connect handshake (first packet each way), a
@@ -26,6 +28,7 @@ pub struct Proxy {
     drop_next_create_reply: Arc<AtomicBool>,
     create_replies_dropped: Arc<AtomicUsize>,
     reset_on_cut: Arc<AtomicBool>,
+    silent: watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -35,11 +38,13 @@ impl Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
         let addr = listener.local_addr().expect("proxy address");
         let (blocked, _) = watch::channel(false);
+        let (silent, _) = watch::channel(false);
         let faults = Faults {
             blocked: blocked.subscribe(),
             drop_next_create_reply: Arc::new(AtomicBool::new(false)),
             create_replies_dropped: Arc::new(AtomicUsize::new(0)),
             reset_on_cut: Arc::new(AtomicBool::new(false)),
+            silent: silent.subscribe(),
         };
         let (drop_next_create_reply, create_replies_dropped, reset_on_cut) = (
             faults.drop_next_create_reply.clone(),
@@ -62,6 +67,7 @@ impl Proxy {
             drop_next_create_reply,
             create_replies_dropped,
             reset_on_cut,
+            silent,
             task,
         }
     }
@@ -83,6 +89,12 @@ impl Proxy {
     /// Arms the lost-create-reply fault for the next lock contender create that succeeds.
     pub fn lose_next_create_reply(&self) {
         self.drop_next_create_reply.store(true, Ordering::SeqCst);
+    }
+
+    /// Stops forwarding anything, either way, on every connection (open ones stay open, new
+    /// ones are accepted), until called with `false`.
+    pub fn black_hole(&self, silent: bool) {
+        self.silent.send_replace(silent);
     }
 
     /// From now on, connections accepted by the proxy are cut with a TCP reset instead of a
@@ -109,6 +121,7 @@ struct Faults {
     drop_next_create_reply: Arc<AtomicBool>,
     create_replies_dropped: Arc<AtomicUsize>,
     reset_on_cut: Arc<AtomicBool>,
+    silent: watch::Receiver<bool>,
 }
 
 async fn forward(inbound: TcpStream, target: String, mut faults: Faults) {
@@ -123,7 +136,7 @@ async fn forward(inbound: TcpStream, target: String, mut faults: Faults) {
     let (server_read, server_write) = outbound.into_split();
     // The xid of a create whose reply must be swallowed, set by the client-to-server pump.
     let (doomed_tx, doomed_rx) = watch::channel(None::<i32>);
-    let upstream = pump(client_read, server_write, move |body| {
+    let upstream = pump(client_read, server_write, faults.silent.clone(), move |body| {
         if is_lock_create(body) {
             let xid = i32::from_be_bytes([body[0], body[1], body[2], body[3]]);
             doomed_tx.send_replace(Some(xid));
@@ -132,7 +145,7 @@ async fn forward(inbound: TcpStream, target: String, mut faults: Faults) {
     });
     let armed = faults.drop_next_create_reply.clone();
     let dropped = faults.create_replies_dropped.clone();
-    let downstream = pump(server_read, &mut client_write, move |body| {
+    let downstream = pump(server_read, &mut client_write, faults.silent.clone(), move |body| {
         let xid = (body.len() >= 4).then(|| i32::from_be_bytes([body[0], body[1], body[2], body[3]]));
         if xid.is_some() && xid == *doomed_rx.borrow() && is_success(body) && armed.swap(false, Ordering::SeqCst) {
             dropped.fetch_add(1, Ordering::SeqCst);
@@ -180,6 +193,7 @@ enum Verdict {
 async fn pump(
     mut from: impl AsyncRead + Unpin,
     mut to: impl AsyncWrite + Unpin,
+    mut silent: watch::Receiver<bool>,
     mut inspect: impl FnMut(&[u8]) -> Verdict,
 ) {
     let mut first = true;
@@ -196,6 +210,11 @@ async fn pump(
             return;
         }
         first = false;
+        // A black hole holds everything back (the bytes stay in this pump, as in a queue of
+        // a router that drops nothing but delivers nothing either) until it is lifted.
+        if silent.wait_for(|s| !*s).await.is_err() {
+            return;
+        }
         if to.write_all(&len).await.is_err() || to.write_all(&body).await.is_err() {
             return;
         }
