@@ -50,6 +50,8 @@ pub enum EndReason {
     Expired,
     /// The ZooKeeper session it was bound to expired; its znodes went with it.
     SessionLost,
+    /// The zkgate instance that held it shut down (SIGTERM) and released it on the way out.
+    Shutdown,
 }
 
 impl EndReason {
@@ -59,6 +61,7 @@ impl EndReason {
             EndReason::Deleted => "deleted",
             EndReason::Expired => "expired",
             EndReason::SessionLost => "session_lost",
+            EndReason::Shutdown => "shutdown",
         }
     }
 
@@ -67,6 +70,7 @@ impl EndReason {
             EndReason::Deleted => "the lease was deleted",
             EndReason::Expired => "the lease expired: no keepalive arrived within its TTL",
             EndReason::SessionLost => "the lease was lost with zkgate's ZooKeeper session, which expired",
+            EndReason::Shutdown => "the zkgate instance that held the lease shut down and released it",
         }
     }
 }
@@ -280,6 +284,15 @@ impl Leases {
         inner.last_keepalive = SystemTime::now();
         drop(inner);
         Ok(lease)
+    }
+
+    /// Ends every live lease (reason `shutdown`) and waits (bounded) until their holdings have
+    /// removed their znodes: on the way out, so that waiters elsewhere proceed at once instead
+    /// of after the session timeout. Returns how many leases it ended.
+    pub async fn end_all(&self) -> usize {
+        let ids: Vec<String> = self.list().into_iter().map(|l| l.id.clone()).collect();
+        let ended = futures::future::join_all(ids.iter().map(|id| self.end(id, EndReason::Shutdown))).await;
+        ended.iter().filter(|r| r.is_ok()).count()
     }
 
     /// Ends the lease and waits (bounded) until its holdings have removed their znodes, so that

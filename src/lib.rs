@@ -49,6 +49,8 @@ pub struct AppState {
     pub events: Events,
     /// The shared exists-watches that barrier, double-barrier and decision waiters wait on.
     pub barrier_watches: ExistsWatches,
+    /// Cancelled when the instance shuts down: sockets close with a close frame.
+    pub shutdown: CancellationToken,
 }
 
 impl AppState {
@@ -84,6 +86,7 @@ impl AppState {
             queues,
             events,
             barrier_watches,
+            shutdown: CancellationToken::new(),
         }
     }
 }
@@ -134,9 +137,15 @@ impl Running {
         format!("http://{}", self.addr)
     }
 
-    /// Stops accepting, lets requests in flight finish, and closes the ZooKeeper session.
+    /// Shuts down gracefully: stops accepting, closes the WebSockets (close frame 1001), ends
+    /// every lease it holds so that their locks, leaderships and memberships pass to waiters
+    /// elsewhere at once (not one session timeout later), lets requests in flight finish
+    /// (briefly), and closes the ZooKeeper session.
     pub async fn stop(mut self) -> std::io::Result<()> {
         self.stop.cancel();
+        self.state.shutdown.cancel();
+        let ended = self.state.leases.end_all().await;
+        tracing::info!(leases = ended, "leases released for shutdown");
         self.state.zk.shutdown();
         let abort = self.task.abort_handle();
         // Long polls may hold connections for up to `max_wait`; do not wait for them.

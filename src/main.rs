@@ -79,8 +79,15 @@ async fn serve(mut config: ServeConfig) -> Result<(), String> {
     }
     tracing::info!(url = %running.url(), docs = %format!("{}/docs", running.url()), "zkgate serving");
     shutdown_signal().await;
-    tracing::info!("shutting down");
-    running.stop().await.map_err(|e| e.to_string())
+    tracing::info!("shutting down: closing sockets, releasing leases (a second signal exits at once)");
+    tokio::select! {
+        stopped = running.stop() => stopped.map_err(|e| e.to_string()),
+        _ = shutdown_signal() => {
+            tracing::warn!("second signal: exiting without finishing the shutdown");
+            // The embedded ZooKeeper (if any) dies with us (PR_SET_PDEATHSIG).
+            std::process::exit(1);
+        }
+    }
 }
 
 async fn shutdown_signal() {

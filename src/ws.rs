@@ -84,7 +84,7 @@ pub async fn observe_election(
     };
     Ok(lean(upgrade).on_upgrade(move |socket| async move {
         let subscription = state.events.subscribe(&topic, source).await;
-        stream(socket, subscription).await;
+        stream(socket, subscription, state.shutdown.clone()).await;
     }))
 }
 
@@ -105,7 +105,7 @@ impl Drop for Counted {
 }
 
 /// Sends the subscription's first state and then its events until either side goes.
-async fn stream(mut socket: WebSocket, mut subscription: Subscription) {
+async fn stream(mut socket: WebSocket, mut subscription: Subscription, shutdown: tokio_util::sync::CancellationToken) {
     let _counted = (
         Counted::new(&crate::metrics::get().sockets),
         Counted::new(&crate::metrics::get().subscriptions),
@@ -121,6 +121,7 @@ async fn stream(mut socket: WebSocket, mut subscription: Subscription) {
                     return;
                 }
             }
+            _ = shutdown.cancelled() => return going_away(&mut socket).await,
             incoming = socket.recv() => match incoming {
                 // This socket only listens; pings are answered by the library.
                 Some(Ok(Message::Close(_))) => return finish(&mut socket).await,
@@ -129,6 +130,15 @@ async fn stream(mut socket: WebSocket, mut subscription: Subscription) {
             },
         }
     }
+}
+
+/// Closes a socket because the instance shuts down (code 1001, "going away").
+async fn going_away(socket: &mut WebSocket) {
+    let close = CloseFrame {
+        code: 1001,
+        reason: "zkgate is shutting down".into(),
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(1), socket.send(Message::Close(Some(close)))).await;
 }
 
 /// Completes the closing handshake the client began (bounded: the client may be gone).
@@ -489,8 +499,13 @@ async fn serve_socket(state: AppState, mut socket: WebSocket) {
     };
     let mut last_heard = Instant::now();
     let mut next_beat = Instant::now() + conn.beat(ping_interval);
+    let shutdown = conn.state.shutdown.clone();
     loop {
         tokio::select! {
+            _ = shutdown.cancelled() => {
+                going_away(&mut socket).await;
+                break;
+            }
             incoming = socket.recv() => {
                 last_heard = Instant::now();
                 match incoming {

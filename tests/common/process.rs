@@ -41,6 +41,21 @@ impl Process {
     }
 
     pub async fn start(connect: &str) -> Process {
+        Process::start_with(connect, &["--session-timeout", "2s"]).await
+    }
+
+    /// SIGTERM, as a service manager stops a service.
+    pub fn terminate(&self) {
+        if let Some(pid) = self.child.id() {
+            // SAFETY: plain kill(2) on the pid of a child we own and have not reaped.
+            unsafe {
+                libc::kill(pid as libc::pid_t, libc::SIGTERM);
+            }
+        }
+    }
+
+    /// A process with these `serve` flags.
+    pub async fn start_with(connect: &str, flags: &[&str]) -> Process {
         use tokio::io::AsyncBufReadExt;
         let port = zkgate::zk::server::free_port().expect("port");
         let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_zkgate"))
@@ -50,9 +65,8 @@ impl Process {
                 &format!("127.0.0.1:{port}"),
                 "--zookeeper",
                 connect,
-                "--session-timeout",
-                "2s",
             ])
+            .args(flags)
             .env("ZKGATE_LOG", "info")
             .stdout(std::process::Stdio::piped())
             .stdin(std::process::Stdio::null())

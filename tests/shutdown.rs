@@ -1,0 +1,91 @@
+//! Graceful shutdown: on SIGTERM an instance closes its sockets with a close frame and
+//! releases every lease it holds, so that waiters on other instances are granted at once
+//! rather than after its ZooKeeper session times out.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::process::Process;
+use common::{Gate, wait_children, within, zookeeper};
+use futures::StreamExt;
+use reqwest::StatusCode;
+use serde_json::json;
+use tokio_tungstenite::tungstenite::Message;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_releases_held_locks_to_waiters_on_another_instance_at_once() {
+    let zk = zookeeper().await;
+    // A long session timeout: without the release on shutdown, the waiter would wait 20 s.
+    let mut leaving = Process::start_with(&zk.connect_string(), &["--session-timeout", "20s"]).await;
+    let staying = Arc::new(Gate::start(&zk.connect_string()).await);
+    let http = reqwest::Client::new();
+    let lease: serde_json::Value = http
+        .post(format!("{}/v1/leases", leaving.url))
+        .json(&json!({"ttl": "60s"}))
+        .send()
+        .await
+        .expect("lease")
+        .json()
+        .await
+        .expect("JSON");
+    let lease = lease["id"].as_str().expect("id").to_string();
+    let held = http
+        .post(format!("{}/v1/locks/handover/acquire?wait=0", leaving.url))
+        .json(&json!({"lease": lease}))
+        .send()
+        .await
+        .expect("acquire");
+    assert_eq!(held.status(), StatusCode::OK);
+    let joined = http
+        .put(format!("{}/v1/groups/workers/members/leaving", leaving.url))
+        .json(&json!({"lease": lease}))
+        .send()
+        .await
+        .expect("join");
+    assert_eq!(joined.status(), StatusCode::CREATED);
+    let (mut socket, _) =
+        tokio_tungstenite::connect_async(format!("ws{}/v1/ws", leaving.url.trim_start_matches("http")))
+            .await
+            .expect("socket");
+
+    let waiter = staying.lease("60s").await;
+    let waiting = {
+        let staying = staying.clone();
+        tokio::spawn(async move { staying.acquire("handover", &waiter, "wait=30s").await })
+    };
+    wait_children(&zk.connect_string(), "/zkgate/locks/handover", 2).await;
+
+    let sent = Instant::now();
+    leaving.terminate();
+    let granted = within(Duration::from_secs(30), "the waiter's grant", waiting)
+        .await
+        .expect("task");
+    let handover = sent.elapsed();
+    assert_eq!(granted.status, StatusCode::OK, "{granted:?}");
+    // "At once": far below the 20 s session timeout (it takes milliseconds; the bound leaves
+    // room for a loaded machine).
+    assert!(handover < Duration::from_secs(2), "handed over after {handover:?}");
+    println!("lock handed over {handover:?} after SIGTERM");
+
+    // The socket got a close frame saying the server goes away.
+    let close = within(Duration::from_secs(10), "the close frame", async {
+        loop {
+            match socket.next().await {
+                Some(Ok(Message::Close(frame))) => return frame.map(|f| u16::from(f.code)),
+                Some(Ok(_)) => continue,
+                other => panic!("no close frame: {other:?}"),
+            }
+        }
+    })
+    .await;
+    assert_eq!(close, Some(1001));
+    // The membership went with the lease, and the process exits cleanly.
+    let members = staying.get("/v1/groups/workers").await;
+    assert_eq!(members.body["members"], json!([]), "{members:?}");
+    let status = within(Duration::from_secs(30), "the process to exit", leaving.child.wait())
+        .await
+        .expect("exit status");
+    assert!(status.success(), "{status:?}; {}", leaving.diagnose());
+}
