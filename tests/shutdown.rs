@@ -89,3 +89,44 @@ async fn sigterm_releases_held_locks_to_waiters_on_another_instance_at_once() {
         .expect("exit status");
     assert!(status.success(), "{status:?}; {}", leaving.diagnose());
 }
+
+/// When the graceful part cannot finish (here ZooKeeper is unreachable, so the leases' nodes
+/// cannot be deleted), a second SIGTERM ends the process at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_sigterm_exits_at_once() {
+    let zk = zookeeper().await;
+    let proxy = common::proxy::Proxy::start(&zk.connect_string()).await;
+    let mut leaving = Process::start_with(&proxy.connect_string(), &["--session-timeout", "20s"]).await;
+    let http = reqwest::Client::new();
+    let held = http
+        .post(format!("{}/v1/locks/stuck/acquire?wait=0", leaving.url))
+        .send()
+        .await
+        .expect("acquire");
+    assert_eq!(held.status(), StatusCode::OK);
+
+    proxy.partition();
+    leaving.terminate();
+    // The first signal's shutdown now waits for ZooKeeper to delete the lock's node.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), leaving.child.wait())
+            .await
+            .is_err(),
+        "the graceful shutdown is under way"
+    );
+    let second = Instant::now();
+    leaving.terminate();
+    let status = within(
+        Duration::from_secs(5),
+        "the exit after the second signal",
+        leaving.child.wait(),
+    )
+    .await
+    .expect("exit status");
+    assert!(
+        second.elapsed() < Duration::from_secs(2),
+        "exited {:?} after the second signal",
+        second.elapsed()
+    );
+    assert_eq!(status.code(), Some(1), "{status:?}");
+}
