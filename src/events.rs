@@ -172,6 +172,7 @@ impl Topic {
 }
 
 /// A topic's task's handle on it: publishes events, and tells when nobody listens any more.
+#[derive(Clone)]
 pub struct Publisher {
     events: Events,
     name: String,
@@ -238,9 +239,7 @@ impl Publisher {
             let _ = listeners.wait_for(|n| *n == 0).await;
             let mut topics = self.events.topics.lock().unwrap_or_else(|e| e.into_inner());
             if *self.topic.listeners.borrow() == 0 {
-                if topics.get(&self.name).is_some_and(|t| Arc::ptr_eq(t, &self.topic)) {
-                    topics.remove(&self.name);
-                }
+                self.remove_from(&mut topics);
                 return;
             }
         }
@@ -248,7 +247,12 @@ impl Publisher {
 
     /// Removes the topic (its task is ending for another reason than idleness).
     fn retire(&self) {
-        let mut topics = self.events.topics.lock().unwrap_or_else(|e| e.into_inner());
+        self.remove_from(&mut self.events.topics.lock().unwrap_or_else(|e| e.into_inner()));
+    }
+
+    /// Removes this topic from the instance's map, unless a new topic of the same name
+    /// already took its place.
+    fn remove_from(&self, topics: &mut HashMap<String, Arc<Topic>>) {
         if topics.get(&self.name).is_some_and(|t| Arc::ptr_eq(t, &self.topic)) {
             topics.remove(&self.name);
         }
@@ -390,11 +394,7 @@ impl Events {
                         }
                         Feed::Stream(run) => {
                             tokio::spawn(async move {
-                                let retire = Publisher {
-                                    events: publisher.events.clone(),
-                                    name: publisher.name.clone(),
-                                    topic: publisher.topic.clone(),
-                                };
+                                let retire = publisher.clone();
                                 run(publisher).await;
                                 retire.retire();
                             });

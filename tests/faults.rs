@@ -537,15 +537,7 @@ async fn subscribers_resync_across_the_kill_of_zkgates_server() {
             break;
         }
     }
-    for pair in events.windows(2) {
-        let (a, b) = (pair[0]["seq"].as_u64().unwrap(), pair[1]["seq"].as_u64().unwrap());
-        assert!(
-            b == a + 1 || (b > a && pair[1]["type"] == "resync"),
-            "a silent gap: {} then {}",
-            pair[0],
-            pair[1]
-        );
-    }
+    common::ws::assert_no_silent_gap(&events);
 }
 
 #[derive(Default)]
@@ -786,25 +778,15 @@ async fn a_frozen_instance_loses_its_lock_to_the_other_and_is_fenced_off() {
     let other = Arc::new(Gate::start(&zk.connect_string()).await);
     let register = FencedRegister::new(true);
     let http = reqwest::Client::new();
-    let lease: serde_json::Value = http
-        .post(format!("{}/v1/leases", frozen.url))
-        .json(&json!({"ttl": "60s"}))
-        .send()
-        .await
-        .expect("lease")
-        .json()
-        .await
-        .expect("JSON");
-    let lease = lease["id"].as_str().expect("id").to_string();
-    let held: serde_json::Value = http
-        .post(format!("{}/v1/locks/frozen/acquire?wait=0", frozen.url))
-        .json(&json!({"lease": lease}))
-        .send()
-        .await
-        .expect("acquire")
-        .json()
-        .await
-        .expect("JSON");
+    let lease = frozen.lease("60s").await;
+    let (status, held) = frozen
+        .call(
+            reqwest::Method::POST,
+            "/v1/locks/frozen/acquire?wait=0",
+            Some(json!({"lease": lease})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{held}");
     let stale_token = held["fencing_token"].as_i64().expect("token");
     let stale_read = register.read();
 

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use common::process::Process;
 use common::{Gate, wait_children, within, zookeeper};
 use futures::StreamExt;
-use reqwest::StatusCode;
+use reqwest::{Method, StatusCode};
 use serde_json::json;
 use tokio_tungstenite::tungstenite::Message;
 
@@ -20,31 +20,23 @@ async fn sigterm_releases_held_locks_to_waiters_on_another_instance_at_once() {
     // A long session timeout: without the release on shutdown, the waiter would wait 20 s.
     let mut leaving = Process::start_with(&zk.connect_string(), &["--session-timeout", "20s"]).await;
     let staying = Arc::new(Gate::start(&zk.connect_string()).await);
-    let http = reqwest::Client::new();
-    let lease: serde_json::Value = http
-        .post(format!("{}/v1/leases", leaving.url))
-        .json(&json!({"ttl": "60s"}))
-        .send()
-        .await
-        .expect("lease")
-        .json()
-        .await
-        .expect("JSON");
-    let lease = lease["id"].as_str().expect("id").to_string();
-    let held = http
-        .post(format!("{}/v1/locks/handover/acquire?wait=0", leaving.url))
-        .json(&json!({"lease": lease}))
-        .send()
-        .await
-        .expect("acquire");
-    assert_eq!(held.status(), StatusCode::OK);
-    let joined = http
-        .put(format!("{}/v1/groups/workers/members/leaving", leaving.url))
-        .json(&json!({"lease": lease}))
-        .send()
-        .await
-        .expect("join");
-    assert_eq!(joined.status(), StatusCode::CREATED);
+    let lease = leaving.lease("60s").await;
+    let (held, _) = leaving
+        .call(
+            Method::POST,
+            "/v1/locks/handover/acquire?wait=0",
+            Some(json!({"lease": lease})),
+        )
+        .await;
+    assert_eq!(held, StatusCode::OK);
+    let (joined, _) = leaving
+        .call(
+            Method::PUT,
+            "/v1/groups/workers/members/leaving",
+            Some(json!({"lease": lease})),
+        )
+        .await;
+    assert_eq!(joined, StatusCode::CREATED);
     let (mut socket, _) =
         tokio_tungstenite::connect_async(format!("ws{}/v1/ws", leaving.url.trim_start_matches("http")))
             .await
@@ -97,13 +89,8 @@ async fn a_second_sigterm_exits_at_once() {
     let zk = zookeeper().await;
     let proxy = common::proxy::Proxy::start(&zk.connect_string()).await;
     let mut leaving = Process::start_with(&proxy.connect_string(), &["--session-timeout", "20s"]).await;
-    let http = reqwest::Client::new();
-    let held = http
-        .post(format!("{}/v1/locks/stuck/acquire?wait=0", leaving.url))
-        .send()
-        .await
-        .expect("acquire");
-    assert_eq!(held.status(), StatusCode::OK);
+    let (held, _) = leaving.call(Method::POST, "/v1/locks/stuck/acquire?wait=0", None).await;
+    assert_eq!(held, StatusCode::OK);
 
     proxy.partition();
     leaving.terminate();

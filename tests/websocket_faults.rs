@@ -7,29 +7,13 @@ mod common;
 use std::time::Duration;
 
 use common::proxy::Proxy;
-use common::ws::Ws;
+use common::ws::{Ws, assert_no_silent_gap};
 use common::{Gate, expire_session, test_config, within, zookeeper};
 use futures::{SinkExt, StreamExt};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_tungstenite::tungstenite::Message;
-
-/// Checks that `events` (of one subscription, in arrival order) have no silent gap: each
-/// sequence number is the previous plus one, unless the event is a `resync`.
-fn assert_no_silent_gap(events: &[Value]) {
-    for pair in events.windows(2) {
-        let (before, after) = (pair[0]["seq"].as_u64().unwrap(), pair[1]["seq"].as_u64().unwrap());
-        if after != before + 1 {
-            assert!(
-                after > before && pair[1]["type"] == "resync",
-                "a gap without a resync: {} then {}",
-                pair[0],
-                pair[1]
-            );
-        }
-    }
-}
 
 #[tokio::test]
 async fn a_session_expiry_brings_a_resync_with_the_state_after_it() {

@@ -756,18 +756,20 @@ pub async fn read_contenders(client: &Client, dir: &str) -> Result<Option<Vec<Co
 /// Most waiters an event topic lists (with their wait start); the count is always complete.
 pub const LISTED_WAITERS: usize = 50;
 
+/// The lease a zkgate contender names in its node's data (`null` for other clients' nodes).
+pub fn lease_of(data: &[u8]) -> serde_json::Value {
+    serde_json::from_slice::<serde_json::Value>(data)
+        .ok()
+        .and_then(|data| data.get("lease").cloned())
+        .unwrap_or(serde_json::Value::Null)
+}
+
 /// The first waiters of a queue of contenders, as event topics show them: node, the lease
 /// (for zkgate's), when it joined (ms since the epoch).
 pub fn queue_view<'a>(waiters: impl Iterator<Item = &'a ContenderRecord>) -> Vec<serde_json::Value> {
     waiters
         .take(LISTED_WAITERS)
-        .map(|c| {
-            let lease = serde_json::from_slice::<serde_json::Value>(&c.data)
-                .ok()
-                .and_then(|data| data.get("lease").cloned())
-                .unwrap_or(serde_json::Value::Null);
-            serde_json::json!({ "node": c.name, "lease": lease, "created_ms": c.ctime })
-        })
+        .map(|c| serde_json::json!({ "node": c.name, "lease": lease_of(&c.data), "created_ms": c.ctime }))
         .collect()
 }
 

@@ -71,11 +71,7 @@ impl crate::events::Source for LockTopic {
                     None if c.data == super::revocation::CURATOR_REVOKE => serde_json::json!({}),
                     None => serde_json::Value::Null,
                 };
-                // zkgate's holders name their lease in their node's data.
-                let lease = serde_json::from_slice::<serde_json::Value>(&c.data)
-                    .ok()
-                    .and_then(|data| data.get("lease").cloned())
-                    .unwrap_or(serde_json::Value::Null);
+                let lease = super::contender::lease_of(&c.data);
                 serde_json::json!({ "node": c.name, "fencing_token": c.czxid, "lease": lease, "created_ms": c.ctime, "revocation": revocation })
             });
             let queue = super::contender::queue_view(contenders.iter().skip(1));

@@ -26,6 +26,37 @@ impl Process {
         }
     }
 
+    /// Sends `method path` with an optional JSON body; the status and the JSON answer (`null`
+    /// for an empty one).
+    pub async fn call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<serde_json::Value>,
+    ) -> (reqwest::StatusCode, serde_json::Value) {
+        let mut request = reqwest::Client::new().request(method, format!("{}{path}", self.url));
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let reply = request.send().await.expect("HTTP request");
+        let status = reply.status();
+        let text = reply.text().await.expect("body");
+        (status, serde_json::from_str(&text).unwrap_or(serde_json::Value::Null))
+    }
+
+    /// Creates a lease with `ttl` on this process and returns its id.
+    pub async fn lease(&self, ttl: &str) -> String {
+        let (status, lease) = self
+            .call(
+                reqwest::Method::POST,
+                "/v1/leases",
+                Some(serde_json::json!({ "ttl": ttl })),
+            )
+            .await;
+        assert_eq!(status, reqwest::StatusCode::CREATED, "{lease}");
+        lease["id"].as_str().expect("lease id").to_string()
+    }
+
     /// `kill -9`, and waits until it is gone.
     pub async fn kill(&mut self) {
         self.child.start_kill().expect("kill -9");

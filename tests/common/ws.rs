@@ -121,3 +121,19 @@ impl Ws {
         let _ = within(Duration::from_secs(10), "the socket to close", self.task).await;
     }
 }
+
+/// Checks that `events` (of one subscription, in arrival order) have no silent gap: each
+/// sequence number is the previous plus one, unless the event is a `resync`.
+pub fn assert_no_silent_gap(events: &[Value]) {
+    for pair in events.windows(2) {
+        let (before, after) = (pair[0]["seq"].as_u64().unwrap(), pair[1]["seq"].as_u64().unwrap());
+        if after != before + 1 {
+            assert!(
+                after > before && pair[1]["type"] == "resync",
+                "a gap without a resync: {} then {}",
+                pair[0],
+                pair[1]
+            );
+        }
+    }
+}
