@@ -70,6 +70,11 @@ pub struct ServeConfig {
     #[arg(long, env = "ZKGATE_WS_IDLE_TIMEOUT", default_value = "45s", value_parser = duration)]
     pub ws_idle_timeout: Duration,
 
+    /// Bearer tokens, principals and their grants (TOML; see the README's "Authentication").
+    /// Without it everyone may do everything: fine on loopback, loudly warned about elsewhere.
+    #[arg(long, env = "ZKGATE_AUTH_CONFIG")]
+    pub auth_config: Option<PathBuf>,
+
     /// Data directory of the embedded ZooKeeper (default: a new temporary directory, removed
     /// on exit). Ignored with `--zookeeper`.
     #[arg(long, env = "ZKGATE_ZOOKEEPER_DATA_DIR")]
@@ -98,6 +103,7 @@ impl ServeConfig {
             ws_ping_interval: Duration::from_secs(15),
             ws_idle_timeout: Duration::from_secs(45),
             zookeeper_data_dir: None,
+            auth_config: None,
         }
     }
 
@@ -113,6 +119,14 @@ impl ServeConfig {
             min_ttl: self.lease_ttl_min,
             max_ttl: self.lease_ttl_max,
         }
+    }
+
+    /// The principals of `--auth-config`, `None` without it.
+    pub fn load_authority(&self) -> Result<Option<crate::auth::Authority>, String> {
+        self.auth_config
+            .as_deref()
+            .map(crate::auth::Authority::load)
+            .transpose()
     }
 
     /// Checks what clap cannot: the root path and the order of the TTL bounds.

@@ -82,6 +82,8 @@ pub enum LeaseError {
     Unknown(String),
     #[error("lease `{id}` has ended: {}", reason.describe())]
     Ended { id: String, reason: EndReason },
+    #[error("lease `{0}` belongs to another principal")]
+    NotYours(String),
     #[error(transparent)]
     Unavailable(#[from] Unavailable),
 }
@@ -126,6 +128,9 @@ pub struct Lease {
     pub created_at: SystemTime,
     /// The generation of the ZooKeeper session this lease is bound to.
     pub generation: u64,
+    /// The principal that created it (`None` when auth is off); only it (or an admin) may use
+    /// it, or anything held with it.
+    pub owner: Option<String>,
     ended: CancellationToken,
     inner: Mutex<LeaseInner>,
 }
@@ -152,6 +157,16 @@ impl Lease {
 
     pub fn holdings(&self) -> Vec<HoldingView> {
         self.lock().holdings.iter().map(|h| h.view()).collect()
+    }
+
+    /// `Ok` if the current caller may use this lease and what it holds (its owner, or an
+    /// admin).
+    pub fn check_owner(&self) -> Result<(), LeaseError> {
+        if crate::auth::current().owns(self.owner.as_deref()) {
+            Ok(())
+        } else {
+            Err(LeaseError::NotYours(self.id.clone()))
+        }
     }
 
     /// Attaches a holding; refused once the lease has ended, so nothing is attached to a lease
@@ -211,14 +226,19 @@ impl Leases {
         self.inner.policy
     }
 
-    /// Creates a lease bound to the current session. With an idempotency key, a retry of the
-    /// same request returns the lease the first one created (while it lives).
+    /// Creates a lease bound to the current session, owned by the current caller. With an
+    /// idempotency key, a retry of the same request (by the same principal) returns the lease
+    /// the first one created (while it lives).
     pub fn create(
         &self,
         requested_ttl: Option<Duration>,
         idempotency_key: Option<&str>,
     ) -> Result<Arc<Lease>, LeaseError> {
         let session = self.inner.zk.current()?;
+        let owner = crate::auth::current().name().map(str::to_string);
+        // Keys are per principal: another principal's key must not reach this one's lease.
+        let idempotency_key = idempotency_key.map(|key| format!("{}\0{key}", owner.as_deref().unwrap_or_default()));
+        let idempotency_key = idempotency_key.as_deref();
         let mut table = self.inner.table();
         if let Some(existing) = idempotency_key
             .and_then(|key| table.by_idempotency_key.get(key))
@@ -233,6 +253,7 @@ impl Leases {
             requested_ttl,
             created_at: SystemTime::now(),
             generation: session.generation,
+            owner,
             ended: CancellationToken::new(),
             inner: Mutex::new(LeaseInner {
                 deadline: Instant::now() + ttl,
@@ -250,14 +271,16 @@ impl Leases {
         Ok(lease)
     }
 
-    /// The live lease with this id.
+    /// The live lease with this id, if the current caller owns it.
     ///
     /// # Notable errors
     /// * [LeaseError::Ended] for a lease that ended (deleted, expired or lost with its session).
     /// * [LeaseError::Unknown] for an id never issued here (or ended too long ago).
+    /// * [LeaseError::NotYours] for another principal's lease.
     pub fn get(&self, id: &str) -> Result<Arc<Lease>, LeaseError> {
         let table = self.inner.table();
         if let Some(lease) = table.live.get(id) {
+            lease.check_owner()?;
             return Ok(lease.clone());
         }
         match table.ended.get(id) {
@@ -269,9 +292,17 @@ impl Leases {
         }
     }
 
-    /// Every live lease, oldest first.
+    /// Every live lease the current caller owns (all of them for an admin), oldest first.
     pub fn list(&self) -> Vec<Arc<Lease>> {
-        let mut leases: Vec<_> = self.inner.table().live.values().cloned().collect();
+        let caller = crate::auth::current();
+        let mut leases: Vec<_> = self
+            .inner
+            .table()
+            .live
+            .values()
+            .filter(|l| caller.owns(l.owner.as_deref()))
+            .cloned()
+            .collect();
         leases.sort_by_key(|l| l.created_at);
         leases
     }
@@ -298,6 +329,7 @@ impl Leases {
     /// Ends the lease and waits (bounded) until its holdings have removed their znodes, so that
     /// when this returns the next waiters are already being woken.
     pub async fn end(&self, id: &str, reason: EndReason) -> Result<(), LeaseError> {
+        self.get(id)?;
         let lease = self.inner.end(id, reason).ok_or_else(|| match self.get(id) {
             Err(err) => err,
             Ok(_) => LeaseError::Unknown(id.to_string()),

@@ -4,6 +4,7 @@
 //! runs it in the background (tests use it to run zkgate in-process); `main.rs` is only the
 //! command line around them.
 
+pub mod auth;
 pub mod config;
 pub mod events;
 pub mod http;
@@ -51,12 +52,14 @@ pub struct AppState {
     pub barrier_watches: ExistsWatches,
     /// Cancelled when the instance shuts down: sockets close with a close frame.
     pub shutdown: CancellationToken,
+    /// The principals of `--auth-config`; `None` when auth is off.
+    pub authority: Option<Arc<auth::Authority>>,
 }
 
 impl AppState {
     /// Starts the session supervisor for `config.zookeeper` (which must be set) and the
     /// registries on top of it.
-    pub fn new(config: ServeConfig) -> AppState {
+    pub fn new(config: ServeConfig, authority: Option<auth::Authority>) -> AppState {
         let connect = config.zookeeper.clone().unwrap_or_default();
         let zk = ZkSession::start(&connect, &config.root, config.session_timeout);
         let leases = Leases::new(config.lease_policy(), zk.clone());
@@ -87,6 +90,7 @@ impl AppState {
             events,
             barrier_watches,
             shutdown: CancellationToken::new(),
+            authority: authority.map(Arc::new),
         }
     }
 }
@@ -105,10 +109,16 @@ pub struct Running {
 }
 
 /// Binds `config.listen` and serves [app] until [Running::stop] (or drop).
+///
+/// # Notable errors
+/// * `InvalidInput` when `--auth-config` cannot be read or is wrong (the message says why).
 pub async fn start(config: ServeConfig) -> std::io::Result<Running> {
+    let authority = config
+        .load_authority()
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
     let listener = tokio::net::TcpListener::bind(config.listen).await?;
     let addr = listener.local_addr()?;
-    let state = AppState::new(config);
+    let state = AppState::new(config, authority);
     let stop = CancellationToken::new();
     let router = app(state.clone());
     let shutdown = stop.clone();

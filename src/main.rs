@@ -22,6 +22,8 @@ enum Command {
     Serve(Box<ServeConfig>),
     /// Print the OpenAPI description as JSON.
     Openapi,
+    /// Make a new bearer token, and the line that lists it in the `--auth-config` file.
+    Token,
 }
 
 #[tokio::main]
@@ -38,6 +40,12 @@ async fn main() -> ExitCode {
             .to_pretty_json()
             .map(|json| println!("{json}"))
             .map_err(|e| e.to_string()),
+        Command::Token => {
+            let (token, hash) = zkgate::auth::new_token();
+            println!("{token}");
+            eprintln!("give the token above to the client; list it in --auth-config as:\n  tokens = [\"{hash}\"]");
+            Ok(())
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -50,6 +58,16 @@ async fn main() -> ExitCode {
 
 async fn serve(mut config: ServeConfig) -> Result<(), String> {
     config.validate()?;
+    match config.load_authority()? {
+        Some(_) => tracing::info!("authentication on: bearer tokens from {:?}", config.auth_config),
+        None if config.listen.ip().is_loopback() => {
+            tracing::info!(
+                "authentication off (no --auth-config): anyone who can reach {} may do anything",
+                config.listen
+            )
+        }
+        None => warn_open_to_the_network(&config),
+    }
     // Kept alive until the end of `serve`: dropping it stops the embedded ZooKeeper.
     let _embedded = match &config.zookeeper {
         Some(_) => None,
@@ -88,6 +106,19 @@ async fn serve(mut config: ServeConfig) -> Result<(), String> {
             std::process::exit(1);
         }
     }
+}
+
+/// Listening beyond loopback without tokens: say so where nobody can miss it.
+fn warn_open_to_the_network(config: &ServeConfig) {
+    let line = "!".repeat(78);
+    tracing::warn!("{line}");
+    tracing::warn!(
+        "AUTHENTICATION IS OFF and zkgate listens on {}: anyone who can reach it may take, \
+         release and revoke every lock, read and write every value. Pass --auth-config \
+         (see `zkgate token`) or listen on 127.0.0.1.",
+        config.listen
+    );
+    tracing::warn!("{line}");
 }
 
 async fn shutdown_signal() {

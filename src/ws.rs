@@ -47,6 +47,7 @@ use tokio::time::Instant;
 use tower::ServiceExt;
 
 use crate::AppState;
+use crate::auth::Access;
 use crate::events::{Event, Feed, Publisher, Subscription, sources};
 use crate::http::error::ApiError;
 use crate::http::extract::{ApiPath, HumanDuration};
@@ -179,6 +180,9 @@ const WRITE_BUFFER_BYTES: usize = 0;
 /// Sizes an upgrade's buffers for many mostly idle sockets.
 fn lean(upgrade: WebSocketUpgrade) -> WebSocketUpgrade {
     upgrade
+        // A browser that sends its token as the `zkgate.bearer.…` subprotocol also offers
+        // `zkgate`, which is the one answered (never the one with the token).
+        .protocols([crate::auth::SUBPROTOCOL])
         .read_buffer_size(READ_BUFFER_BYTES)
         .write_buffer_size(WRITE_BUFFER_BYTES)
 }
@@ -269,10 +273,18 @@ const MAX_ZNODE_DEPTH: usize = 32;
 
 impl Topic {
     /// The topic's name on the bus and what feeds it.
-    fn resolve(self, state: &AppState) -> Result<(String, Feed), String> {
+    fn resolve(self, state: &AppState) -> Result<(String, Feed), TopicError> {
         let root = state.config.root.as_str();
-        let named = |kind: &str, name: &str| -> Result<String, String> {
+        let caller = crate::auth::current();
+        let named = |kind: &str, name: &str| -> Result<String, TopicError> {
             validate_name(name).map_err(|e| format!("{kind} name {e}"))?;
+            let plural = match kind {
+                "double_barrier" => "double-barriers".to_string(),
+                kind => format!("{kind}s"),
+            };
+            if kind != "lease" && !caller.may(&plural, name, Access::Read) {
+                return Err(TopicError::Forbidden(format!("no read access to {plural} `{name}`")));
+            }
             Ok(format!("{kind}:{name}"))
         };
         Ok(match self {
@@ -336,14 +348,17 @@ impl Topic {
             ),
             Topic::Lease(id) => {
                 let name = named("lease", &id)?;
-                let lease = state.leases.get(&id).map_err(|e| e.to_string())?;
+                let lease = state.leases.get(&id).map_err(|e| match e {
+                    LeaseError::NotYours(_) => TopicError::Forbidden(e.to_string()),
+                    e => TopicError::Invalid(e.to_string()),
+                })?;
                 (name, lease_feed(state.leases.clone(), lease))
             }
             Topic::Znode(ZnodeTopic { path, watch }) => {
                 if path.starts_with('/') {
-                    return Err(format!(
+                    return Err(TopicError::from(format!(
                         "znode path `{path}` must be relative to zkgate's root ({root}), without a leading `/`"
-                    ));
+                    )));
                 }
                 let relative = path.as_str();
                 let segments: Vec<&str> = if relative.is_empty() {
@@ -352,10 +367,15 @@ impl Topic {
                     relative.split('/').collect()
                 };
                 if segments.len() > MAX_ZNODE_DEPTH {
-                    return Err(format!("znode path must have at most {MAX_ZNODE_DEPTH} segments"));
+                    return Err(format!("znode path must have at most {MAX_ZNODE_DEPTH} segments").into());
                 }
                 for segment in &segments {
                     validate_name(segment).map_err(|e| format!("znode path segment `{segment}` {e}"))?;
+                }
+                if !may_read_znode(&caller, &segments) {
+                    return Err(TopicError::Forbidden(format!(
+                        "no read access to the znode `{relative}`"
+                    )));
                 }
                 let absolute = if relative.is_empty() {
                     root.to_string()
@@ -378,6 +398,36 @@ impl Topic {
                 }
             }
         })
+    }
+}
+
+/// Why a topic cannot be subscribed to.
+enum TopicError {
+    Invalid(String),
+    Forbidden(String),
+}
+
+impl From<String> for TopicError {
+    fn from(detail: String) -> TopicError {
+        TopicError::Invalid(detail)
+    }
+}
+
+/// A znode under the root is readable by whoever may read the resource it belongs to
+/// (`locks/orders/...` → lock `orders`, `kv/app/flags` → key `app/flags`); a kind's directory
+/// (which lists every name) needs a grant on every name of that kind; the rest (the root
+/// itself, `leases/`, the audit log) needs an admin.
+fn may_read_znode(caller: &crate::auth::Caller, segments: &[&str]) -> bool {
+    match segments {
+        [kind, rest @ ..] if crate::auth::KINDS.contains(kind) && *kind != "metrics" => {
+            let name = match (*kind, rest) {
+                ("kv", rest) => rest.join("/"),
+                (_, [name, ..]) => name.to_string(),
+                (_, []) => String::new(),
+            };
+            caller.may(kind, &name, Access::Read)
+        }
+        _ => caller.is_admin(),
     }
 }
 
@@ -455,7 +505,9 @@ pub async fn socket(
     upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Result<Response, ApiError> {
     let upgrade = upgrade.map_err(not_a_websocket)?;
-    Ok(lean(upgrade).on_upgrade(move |socket| serve_socket(state, socket)))
+    // The socket outlives the handshake's request: it acts as the caller of the handshake.
+    let caller = crate::auth::current();
+    Ok(lean(upgrade).on_upgrade(move |socket| crate::auth::scope(caller, serve_socket(state, socket))))
 }
 
 /// A plain request to a socket endpoint: a problem document like every other error, not the
@@ -631,9 +683,10 @@ impl Conn {
                 &format!("at most {MAX_SUBSCRIPTIONS} per socket"),
             ));
         }
-        let (name, feed) = topic
-            .resolve(&self.state)
-            .map_err(|detail| error_message(Some(&id), "invalid-topic", &detail))?;
+        let (name, feed) = topic.resolve(&self.state).map_err(|err| match err {
+            TopicError::Invalid(detail) => error_message(Some(&id), "invalid-topic", &detail),
+            TopicError::Forbidden(detail) => error_message(Some(&id), "forbidden", &detail),
+        })?;
         let subscription = self.state.events.subscribe(&name, feed).await;
         tracing::debug!(%id, topic = %name, "socket subscribed");
         let task = tokio::spawn(forward(id.clone(), subscription, self.outbox.clone()));
@@ -660,6 +713,7 @@ impl Conn {
         .map_err(|err| {
             let kind = match err {
                 LeaseError::Unknown(_) => "unknown-lease",
+                LeaseError::NotYours(_) => "forbidden",
                 LeaseError::Ended { .. } => "lease-ended",
                 LeaseError::Unavailable(_) => "zookeeper-unavailable",
             };
@@ -715,7 +769,9 @@ impl Conn {
             }
             None => axum::body::Body::empty(),
         };
-        let request = request.body(body).map_err(|e| invalid(e.to_string()))?;
+        let mut request = request.body(body).map_err(|e| invalid(e.to_string()))?;
+        // The call is the socket's caller's: the API's authorisation layer reads it here.
+        request.extensions_mut().insert(crate::auth::current());
         let api = self
             .api
             .get_or_insert_with(|| crate::http::api(self.state.clone()))

@@ -157,3 +157,83 @@ async fn openapi_prints_the_spec() {
     assert_eq!(printed["info"]["title"], "zkgate");
     assert!(printed["paths"]["/v1/locks/{name}/acquire"]["post"].is_object());
 }
+
+#[tokio::test]
+async fn serving_beyond_loopback_without_tokens_is_warned_about_loudly() {
+    let port = free_port().expect("port");
+    let mut child = Command::new(ZKGATE)
+        .args([
+            "serve",
+            "--listen",
+            &format!("0.0.0.0:{port}"),
+            "--zookeeper",
+            "127.0.0.1:1",
+        ])
+        .env("ZKGATE_LOG", "info")
+        .env_remove("ZKGATE_AUTH_CONFIG")
+        .stdout(Stdio::piped())
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start zkgate");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    within(Duration::from_secs(30), "the warning", async {
+        while let Some(line) = lines.next_line().await.expect("read log") {
+            if line.contains("AUTHENTICATION IS OFF") && line.contains(&format!("0.0.0.0:{port}")) {
+                return;
+            }
+        }
+        panic!("zkgate exited without warning");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn token_makes_a_token_and_its_config_line_and_a_bad_auth_config_is_refused() {
+    let output = Command::new(ZKGATE).arg("token").output().await.expect("run");
+    assert!(output.status.success());
+    let token = String::from_utf8_lossy(&output.stdout).trim().to_string();
+    let advice = String::from_utf8_lossy(&output.stderr).to_string();
+    let line = advice
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("tokens = "))
+        .unwrap_or_else(|| panic!("no config line in {advice}"));
+    let config = format!("[[principals]]\nname = \"ci\"\ntokens = {line}\nadmin = true\n");
+    let authority = zkgate::auth::Authority::parse(&config).expect("the printed line is valid config");
+    assert!(authority.principal(&token).is_some(), "the token matches its line");
+
+    let (ok, stderr) = run(
+        &[
+            "serve",
+            "--zookeeper",
+            "127.0.0.1:1",
+            "--auth-config",
+            "/nonexistent/auth.toml",
+        ],
+        &[],
+        false,
+    )
+    .await;
+    assert!(!ok);
+    assert!(stderr.contains("cannot read /nonexistent/auth.toml"), "{stderr}");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("auth.toml");
+    std::fs::write(&path, "[[principals]]\nname = \"a\"\ntokens = [\"plaintext\"]\n").expect("write");
+    let (ok, stderr) = run(
+        &[
+            "serve",
+            "--zookeeper",
+            "127.0.0.1:1",
+            "--auth-config",
+            path.to_str().expect("utf-8"),
+        ],
+        &[],
+        false,
+    )
+    .await;
+    assert!(!ok);
+    assert!(
+        stderr.contains("sha256:") && stderr.contains("zkgate token"),
+        "{stderr}"
+    );
+}

@@ -8,37 +8,74 @@ mod common;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use common::{Gate, within, zookeeper};
+use common::{Gate, test_config, within, zookeeper};
 
-#[tokio::test]
-async fn the_dashboard_follows_contention_and_queue_traffic_live() {
-    let browser_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/browser");
+fn browser_dir() -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/browser");
     assert!(
-        browser_dir.join("node_modules/playwright-core").exists(),
+        dir.join("node_modules/playwright-core").exists(),
         "playwright-core is not installed: run `npm ci --prefix tests/browser` (scripts/test.sh does)"
     );
-    let zk = zookeeper().await;
-    let gate = Gate::start(&zk.connect_string()).await;
-    let screenshot = std::env::var_os("ZKGATE_SCREENSHOT")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("dashboard.png"));
-    let _ = std::fs::remove_file(&screenshot);
-    let run = tokio::process::Command::new("node")
-        .arg(browser_dir.join("dashboard.mjs"))
-        .arg(&gate.url)
-        .arg(&screenshot)
-        .kill_on_drop(true)
-        .output();
-    let output = within(Duration::from_secs(120), "the browser run", run)
-        .await
-        .expect("run node");
+    dir
+}
+
+/// Runs a browser script to completion (bounded); panics with its output unless it succeeds.
+async fn run_script(mut command: tokio::process::Command) -> String {
+    let output = within(
+        Duration::from_secs(120),
+        "the browser run",
+        command.kill_on_drop(true).output(),
+    )
+    .await
+    .expect("run node");
     let report = format!(
         "{}{}",
         String::from_utf8_lossy(&output.stdout),
         String::from_utf8_lossy(&output.stderr)
     );
     assert!(output.status.success(), "the browser check failed:\n{report}");
+    report
+}
+
+#[tokio::test]
+async fn the_dashboard_follows_contention_and_queue_traffic_live() {
+    let browser_dir = browser_dir();
+    let zk = zookeeper().await;
+    let gate = Gate::start(&zk.connect_string()).await;
+    let screenshot = std::env::var_os("ZKGATE_SCREENSHOT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("dashboard.png"));
+    let _ = std::fs::remove_file(&screenshot);
+    let mut command = tokio::process::Command::new("node");
+    command
+        .arg(browser_dir.join("dashboard.mjs"))
+        .arg(&gate.url)
+        .arg(&screenshot);
+    let report = run_script(command).await;
     let png = std::fs::read(&screenshot).expect("the screenshot");
     assert!(png.starts_with(b"\x89PNG"), "a PNG screenshot");
     println!("{report}");
+}
+
+#[tokio::test]
+async fn with_auth_the_dashboard_asks_for_a_token_and_is_live_once_signed_in() {
+    let browser_dir = browser_dir();
+    let zk = zookeeper().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (token, hash) = zkgate::auth::new_token();
+    let path = dir.path().join("auth.toml");
+    std::fs::write(
+        &path,
+        format!("[[principals]]\nname = \"ops\"\ntokens = [\"{hash}\"]\nadmin = true\n"),
+    )
+    .expect("write auth config");
+    let mut config = test_config(&zk.connect_string());
+    config.auth_config = Some(path);
+    let gate = Gate::start_with(config).await;
+    let mut command = tokio::process::Command::new("node");
+    command
+        .arg(browser_dir.join("signin.mjs"))
+        .arg(&gate.url)
+        .env("TOKEN", &token);
+    println!("{}", run_script(command).await);
 }

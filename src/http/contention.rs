@@ -122,13 +122,23 @@ pub struct LockSummary {
 /// name under `base` with its number of children (contenders, members, items).
 pub async fn list_summaries(state: &AppState, base: &str) -> Result<Json<Vec<LockSummary>>, ApiError> {
     let client = state.zk.current()?.client;
-    let names = crate::recipes::contender::read_names(&client, base).await?;
+    let names = readable_names(base, crate::recipes::contender::read_names(&client, base).await?);
     Ok(Json(
         names
             .into_iter()
             .map(|(name, contenders)| LockSummary { name, contenders })
             .collect(),
     ))
+}
+
+/// The names under `base` (`<root>/<kind>`) that the caller may read.
+pub fn readable_names<T>(base: &str, names: Vec<(String, T)>) -> Vec<(String, T)> {
+    let kind = base.rsplit('/').next().unwrap_or_default();
+    let caller = crate::auth::current();
+    names
+        .into_iter()
+        .filter(|(name, _)| caller.may(kind, name, crate::auth::Access::Read))
+        .collect()
 }
 
 /// A handle: one lease's place at one lock.
@@ -413,12 +423,14 @@ pub fn contender_view(
 /// The contender with this handle at `name`, or 404.
 pub fn find_handle(registry: &Contenders, name: &str, handle: &str) -> Result<Arc<Contender>, ApiError> {
     check_name(name)?;
-    registry.by_handle(name, handle).ok_or_else(|| {
+    let contender = registry.by_handle(name, handle).ok_or_else(|| {
         ApiError::not_found(
             "handle",
             format!("no handle `{handle}` for lock `{name}` on this instance"),
         )
-    })
+    })?;
+    contender.lease.check_owner()?;
+    Ok(contender)
 }
 
 /// Where a handle stands. A waiter's position is read afresh: it watches only the node right
@@ -567,6 +579,15 @@ pub async fn revoke(
             "Nothing to revoke",
             format!("`{name}` has no holder"),
         ));
+    }
+    // Only the holder's own principal, or an admin, may take it back (Curator's and kazoo's
+    // holders have no principal: admins only).
+    let caller = crate::auth::current();
+    for target in &targets {
+        let owner = serde_json::from_slice::<serde_json::Value>(&target.data)
+            .ok()
+            .and_then(|data| data.get("principal").and_then(|p| p.as_str()).map(str::to_string));
+        caller.require_owner(owner.as_deref(), &format!("the holder `{}`", target.name))?;
     }
     let at_ms = std::time::SystemTime::now()
         .duration_since(UNIX_EPOCH)

@@ -241,6 +241,9 @@ pub async fn leave(
 ) -> Result<Response, ApiError> {
     check_name(&name)?;
     check_participant(&body.participant)?;
+    if let Some(node) = state.double_barriers.get(&name, &body.participant) {
+        node.lease.check_owner()?;
+    }
     let deadline = Instant::now() + state.config.wait(query.wait.map(|w| w.0));
     let client = state.zk.connected().await?.client;
     let dir = state.double_barriers.dir(&name);
@@ -287,6 +290,7 @@ async fn remove_participant(
     me: &str,
 ) -> Result<(), ApiError> {
     if let Some(node) = state.double_barriers.get(name, me) {
+        node.lease.check_owner()?;
         node.remove().await;
         return Ok(());
     }

@@ -61,6 +61,8 @@ pub struct ApiError {
     detail: String,
     extra: Map<String, Value>,
     retry_after: Option<u64>,
+    /// `WWW-Authenticate` of a 401.
+    challenge: Option<&'static str>,
 }
 
 impl ApiError {
@@ -72,6 +74,7 @@ impl ApiError {
             detail: detail.into(),
             extra: Map::new(),
             retry_after: None,
+            challenge: None,
         }
     }
 
@@ -192,6 +195,30 @@ impl ApiError {
         err
     }
 
+    /// 401: no token, or not a valid one.
+    pub fn unauthorized(detail: impl Into<String>) -> ApiError {
+        let mut err = ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "Authentication required",
+            detail,
+        );
+        err.challenge = Some("Bearer realm=\"zkgate\"");
+        err
+    }
+
+    /// 403: the principal may not do this.
+    pub fn forbidden(detail: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::FORBIDDEN, "forbidden", "Not allowed", detail)
+    }
+
+    /// 429 with `Retry-After`: a limit was reached; trying again later may succeed.
+    pub fn too_many(slug: &'static str, title: &'static str, detail: impl Into<String>, retry_after: u64) -> ApiError {
+        let mut err = ApiError::new(StatusCode::TOO_MANY_REQUESTS, slug, title, detail);
+        err.retry_after = Some(retry_after.max(1));
+        err
+    }
+
     /// 500: a ZooKeeper answer zkgate did not expect.
     pub fn internal(detail: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "Internal error", detail)
@@ -229,6 +256,7 @@ impl From<LeaseError> for ApiError {
             LeaseError::Ended { reason, .. } => {
                 ApiError::gone("lease-ended", "Lease ended", err.to_string()).with("reason", reason)
             }
+            LeaseError::NotYours(_) => ApiError::forbidden(err.to_string()),
             LeaseError::Unavailable(u) => ApiError::from(*u),
         }
     }
@@ -250,6 +278,9 @@ impl IntoResponse for ApiError {
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
         if let Some(seconds) = self.retry_after {
             headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+        }
+        if let Some(challenge) = self.challenge {
+            headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static(challenge));
         }
         response
     }

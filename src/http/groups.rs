@@ -197,6 +197,7 @@ pub async fn leave(
             format!("no member `{member}` of `{group}` joined through this instance"),
         ));
     };
+    joined.lease.check_owner()?;
     joined.remove().await;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -298,7 +299,10 @@ async fn read_group(client: &Client, dir: &str, group: String) -> Result<GroupVi
 ))]
 pub async fn list_groups(State(state): State<AppState>) -> Result<Json<Vec<GroupSummary>>, ApiError> {
     let client = state.zk.current()?.client;
-    let names = crate::recipes::contender::read_names(&client, state.groups.base()).await?;
+    let names = super::contention::readable_names(
+        state.groups.base(),
+        crate::recipes::contender::read_names(&client, state.groups.base()).await?,
+    );
     Ok(Json(
         names
             .into_iter()

@@ -328,7 +328,23 @@ pub async fn list_keys(
     };
     let client = state.zk.current()?.client;
     match config::children(&client, &path).await? {
-        Some(keys) => Ok(axum::Json(KeyList { prefix, keys })),
+        Some(keys) => {
+            // Only the keys the caller may read (a principal limited to `app/` lists with
+            // `?prefix=app`).
+            let caller = crate::auth::current();
+            let keys = keys
+                .into_iter()
+                .filter(|key| {
+                    let full = if prefix.is_empty() {
+                        key.clone()
+                    } else {
+                        format!("{prefix}/{key}")
+                    };
+                    caller.may("kv", &full, crate::auth::Access::Read)
+                })
+                .collect();
+            Ok(axum::Json(KeyList { prefix, keys }))
+        }
         None if prefix.is_empty() => Ok(axum::Json(KeyList {
             prefix,
             keys: Vec::new(),

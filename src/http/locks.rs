@@ -173,7 +173,8 @@ pub async fn revocations(
 ) -> Result<Json<Vec<Revocation>>, ApiError> {
     let limit = query.limit.unwrap_or(100).min(AUDIT_KEPT);
     let client = state.zk.current()?.client;
-    Ok(Json(
-        read_audit(&client, &format!("{}/revocations", state.config.root), limit).await?,
-    ))
+    let caller = crate::auth::current();
+    let mut records = read_audit(&client, &format!("{}/revocations", state.config.root), limit).await?;
+    records.retain(|r| caller.may(&format!("{}s", r.kind), &r.lock, crate::auth::Access::Read));
+    Ok(Json(records))
 }

@@ -130,34 +130,93 @@ fn api_router() -> OpenApiRouter<AppState> {
 /// The OpenAPI description of the API (what `/openapi.json` serves and
 /// `openapi/openapi.json` holds).
 pub fn openapi() -> utoipa::openapi::OpenApi {
-    api_router().into_openapi()
+    let mut spec = api_router().into_openapi();
+    document_auth(&mut spec);
+    spec
+}
+
+/// Bearer tokens in the spec: the scheme, and on every operation but the probes the
+/// requirement and its two refusals (401 without a valid token, 403 outside the grants). They
+/// apply when zkgate runs with `--auth-config`.
+fn document_auth(spec: &mut utoipa::openapi::OpenApi) {
+    use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme};
+    use utoipa::openapi::{ContentBuilder, Ref, ResponseBuilder};
+    let components = spec.components.get_or_insert_with(Default::default);
+    components.add_security_scheme(
+        "bearer",
+        SecurityScheme::Http(
+            HttpBuilder::new()
+                .scheme(HttpAuthScheme::Bearer)
+                .description(Some(
+                    "With `--auth-config`: `Authorization: Bearer <token>`; on a WebSocket handshake also the \
+                     `zkgate.bearer.<base64url token>` subprotocol (offered with `zkgate`).",
+                ))
+                .build(),
+        ),
+    );
+    let refusal = |description: &str| {
+        ResponseBuilder::new()
+            .description(description)
+            .content(
+                error::PROBLEM_JSON,
+                ContentBuilder::new()
+                    .schema(Some(Ref::from_schema_name("Problem")))
+                    .build(),
+            )
+            .build()
+    };
+    for (path, item) in spec.paths.paths.iter_mut() {
+        if path == "/healthz" || path == "/readyz" {
+            continue;
+        }
+        for operation in [&mut item.get, &mut item.put, &mut item.post, &mut item.delete]
+            .into_iter()
+            .flatten()
+        {
+            operation.security = Some(vec![SecurityRequirement::new("bearer", Vec::<String>::new())]);
+            let responses = &mut operation.responses.responses;
+            responses.insert(
+                "401".into(),
+                refusal("No valid bearer token (with `--auth-config`)").into(),
+            );
+            responses.insert("403".into(), refusal("The token's principal may not do this").into());
+        }
+    }
 }
 
 /// The full router: the API, `/openapi.json`, Swagger UI at `/docs`, the status page at `/`,
 /// problem documents for unknown routes and methods.
 pub fn router(state: AppState) -> Router {
-    let (api, spec) = api_router().split_for_parts();
+    let (api, mut spec) = api_router().split_for_parts();
+    document_auth(&mut spec);
     let docs = SwaggerUi::new("/docs")
         .url("/openapi.json", spec)
         .config(SwaggerConfig::default().validator_url("none"));
-    api.merge(docs)
+    api.layer(axum::middleware::from_fn(crate::auth::authorize))
+        .merge(docs)
         .route("/", axum::routing::get(index))
         .fallback(no_route)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(BODY_LIMIT_BYTES))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            crate::auth::authenticate,
+        ))
         .layer(TraceLayer::new_for_http())
         .with_state(state)
 }
 
 /// The API alone (no docs, no status page), for requests that arrive over a WebSocket
-/// (`"op": "call"`): the same handlers, validation and errors as over HTTP. The routes are
-/// built once; each socket gives them its state.
+/// (`"op": "call"`): the same handlers, validation, authorisation and errors as over HTTP
+/// (the socket puts its caller in each request's extensions). The routes are built once; each
+/// socket gives them its state.
 pub fn api(state: AppState) -> Router {
     static API: std::sync::OnceLock<Router<AppState>> = std::sync::OnceLock::new();
     API.get_or_init(|| {
         api_router()
             .split_for_parts()
             .0
+            .layer(axum::middleware::from_fn(crate::auth::authorize))
             .fallback(no_route)
             .method_not_allowed_fallback(method_not_allowed)
             .layer(DefaultBodyLimit::max(BODY_LIMIT_BYTES))

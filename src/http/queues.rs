@@ -368,6 +368,7 @@ pub async fn ack(
 ) -> Result<StatusCode, ApiError> {
     check_name(&name)?;
     let held = state.queues.claim(&name, &claim).ok_or_else(|| claim_lost(&claim))?;
+    crate::auth::current().require_owner(held.owner.as_deref(), &format!("claim `{claim}`"))?;
     let client = state.zk.connected().await?.client;
     let acked = queue::ack(&client, &state.queues.paths(&name), &held.item, &held.data).await?;
     state.queues.forget(&claim);
@@ -398,6 +399,7 @@ pub async fn nack(
 ) -> Result<StatusCode, ApiError> {
     check_name(&name)?;
     let held = state.queues.claim(&name, &claim).ok_or_else(|| claim_lost(&claim))?;
+    crate::auth::current().require_owner(held.owner.as_deref(), &format!("claim `{claim}`"))?;
     let client = state.zk.connected().await?.client;
     let released = queue::release_claim(&client, &state.queues.paths(&name), &held.item, &held.data).await?;
     state.queues.forget(&claim);

@@ -240,12 +240,14 @@ pub async fn list_semaphores(State(state): State<AppState>) -> Result<Json<Vec<L
 
 fn find(state: &AppState, name: &str, handle: &str) -> Result<Arc<Permit>, ApiError> {
     check_name(name)?;
-    state.semaphores.by_handle(name, handle).ok_or_else(|| {
+    let permit = state.semaphores.by_handle(name, handle).ok_or_else(|| {
         ApiError::not_found(
             "handle",
             format!("no permit handle `{handle}` for `{name}` on this instance"),
         )
-    })
+    })?;
+    permit.lease.check_owner()?;
+    Ok(permit)
 }
 
 /// Reads a permit request.

@@ -111,6 +111,7 @@ fn not_found(id: &str) -> ApiError {
 pub async fn create(State(state): State<AppState>, ApiJson(body): ApiJson<CreateTxn>) -> Result<Response, ApiError> {
     let id = body.id.unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
     validate_name(&id).map_err(|e| ApiError::invalid(Place::Body, "id", e))?;
+    crate::auth::current().require("txns", &id, crate::auth::Access::Write)?;
     if body.participants.is_empty() || body.participants.len() > MAX_PARTICIPANTS {
         return Err(ApiError::invalid(
             Place::Body,
@@ -301,6 +302,10 @@ async fn participant_of(
 ) -> Result<(zookeeper_client::Client, String, Record), ApiError> {
     check_name(id)?;
     validate_name(participant).map_err(|e| ApiError::invalid(Place::Path, "participant", e))?;
+    // A participant registered here with another principal's lease is not the caller's.
+    if let Some(node) = state.txn_members.get(id, participant) {
+        node.lease.check_owner()?;
+    }
     let client = state.zk.connected().await?.client;
     let dir = state.txn_members.dir(id);
     let record = txn::read(&client, &dir).await?.ok_or_else(|| not_found(id))?;

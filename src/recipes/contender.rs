@@ -465,6 +465,10 @@ async fn create_node(contender: &Contender, client: &Client) -> Result<(Node, Ve
     if let Some(value) = &contender.value {
         data["value"] = value.clone();
     }
+    // Whose it is, for any instance that must decide whether a caller may revoke it.
+    if let Some(owner) = &contender.lease.owner {
+        data["principal"] = owner.as_str().into();
+    }
     let data = data.to_string();
     let options = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
     loop {

@@ -483,6 +483,8 @@ pub mod service {
         pub item: String,
         pub data: Vec<u8>,
         pub deadline_ms: i64,
+        /// The principal that took it (`None` with auth off): only it (or an admin) acks.
+        pub owner: Option<String>,
         expire: CancellationToken,
     }
 
@@ -577,6 +579,7 @@ pub mod service {
                 item: String::new(),
                 data,
                 deadline_ms,
+                owner: crate::auth::current().name().map(str::to_string),
                 expire: CancellationToken::new(),
             }
         }

@@ -124,7 +124,15 @@ impl Gate {
 
     /// Sends a request; the body is JSON when given.
     pub async fn call(&self, method: Method, path: &str, body: Option<Value>) -> Reply {
+        self.call_as(None, method, path, body).await
+    }
+
+    /// Sends a request with `Authorization: Bearer <token>` when a token is given.
+    pub async fn call_as(&self, token: Option<&str>, method: Method, path: &str, body: Option<Value>) -> Reply {
         let mut request = self.http.request(method, format!("{}{}", self.url, path));
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
         if let Some(body) = body {
             request = request.json(&body);
         }

@@ -20,9 +20,24 @@ pub struct Ws {
 impl Ws {
     /// Connects to `ws://<addr><path>`.
     pub async fn connect(addr: std::net::SocketAddr, path: &str) -> Ws {
-        let (socket, _) = tokio_tungstenite::connect_async(format!("ws://{addr}{path}"))
-            .await
-            .expect("WebSocket connect");
+        Ws::connect_with(addr, path, &[]).await.expect("WebSocket connect")
+    }
+
+    /// Connects with extra handshake headers; the server's refusal (e.g. a 401) is the error.
+    pub async fn connect_with(
+        addr: std::net::SocketAddr,
+        path: &str,
+        headers: &[(&str, &str)],
+    ) -> Result<Ws, tokio_tungstenite::tungstenite::Error> {
+        use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+        let mut request = format!("ws://{addr}{path}").into_client_request()?;
+        for (name, value) in headers {
+            request.headers_mut().insert(
+                reqwest::header::HeaderName::from_bytes(name.as_bytes()).expect("header name"),
+                value.parse().expect("header value"),
+            );
+        }
+        let (socket, _) = tokio_tungstenite::connect_async(request).await?;
         let (mut sink, mut stream) = socket.split();
         let (deliver, messages) = mpsc::unbounded_channel();
         let (outgoing, mut to_send) = mpsc::unbounded_channel::<Message>();
@@ -60,12 +75,12 @@ impl Ws {
                 let _ = sink.flush().await;
             }
         });
-        Ws {
+        Ok(Ws {
             pending: Default::default(),
             messages,
             outgoing,
             task,
-        }
+        })
     }
 
     pub fn send(&self, message: Value) {
