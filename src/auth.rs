@@ -338,6 +338,13 @@ pub async fn authenticate(State(state): State<AppState>, mut request: Request, n
         },
     };
     request.extensions_mut().insert(caller.clone());
+    let address = request
+        .extensions()
+        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+        .map(|info| crate::limits::ClientAddr(info.0.ip()));
+    if let Some(address) = address {
+        request.extensions_mut().insert(address);
+    }
     scope(caller, next.run(request)).await
 }
 

@@ -46,7 +46,7 @@ pub struct ServeConfig {
     #[arg(long, env = "ZKGATE_MAX_WAIT", default_value = "60s", value_parser = duration)]
     pub max_wait: Duration,
 
-    /// Most items a queue may hold; a put beyond it answers 507. It keeps a queue's children
+    /// Most items a queue may hold; a put beyond it answers 429. It keeps a queue's children
     /// listing well within what ZooKeeper carries in one reply.
     #[arg(long, env = "ZKGATE_QUEUE_MAX_DEPTH", default_value_t = 10_000)]
     pub queue_max_depth: usize,
@@ -69,6 +69,37 @@ pub struct ServeConfig {
     /// have been blocked this long, is closed (code 4000).
     #[arg(long, env = "ZKGATE_WS_IDLE_TIMEOUT", default_value = "45s", value_parser = duration)]
     pub ws_idle_timeout: Duration,
+
+    /// Writes (requests other than GET) per second per principal, or per client address when
+    /// auth is off; beyond it 429 with `Retry-After`. 0 turns the limit off.
+    #[arg(long, env = "ZKGATE_WRITE_RATE", default_value_t = 1000)]
+    pub write_rate: u32,
+
+    /// Live leases one principal may hold (with auth off: the whole instance).
+    #[arg(long, env = "ZKGATE_MAX_LEASES_PER_PRINCIPAL", default_value_t = 10_000)]
+    pub max_leases_per_principal: usize,
+
+    /// Contenders one principal may have queued (not yet granted) on this instance, over all
+    /// locks, read/write locks and elections.
+    #[arg(long, env = "ZKGATE_MAX_WAITERS_PER_PRINCIPAL", default_value_t = 1_000)]
+    pub max_waiters_per_principal: usize,
+
+    /// Contenders that may queue (not yet granted) for one lock or election through this
+    /// instance.
+    #[arg(long, env = "ZKGATE_MAX_WAITERS_PER_LOCK", default_value_t = 1_000)]
+    pub max_waiters_per_lock: usize,
+
+    /// WebSockets one principal may have open on this instance.
+    #[arg(long, env = "ZKGATE_MAX_SOCKETS_PER_PRINCIPAL", default_value_t = 10_000)]
+    pub max_sockets_per_principal: usize,
+
+    /// WebSockets one client address may have open on this instance.
+    #[arg(long, env = "ZKGATE_MAX_SOCKETS_PER_ADDRESS", default_value_t = 10_000)]
+    pub max_sockets_per_address: usize,
+
+    /// Subscriptions one principal may hold over all its sockets.
+    #[arg(long, env = "ZKGATE_MAX_SUBSCRIPTIONS_PER_PRINCIPAL", default_value_t = 100_000)]
+    pub max_subscriptions_per_principal: usize,
 
     /// Bearer tokens, principals and their grants (TOML; see the README's "Authentication").
     /// Without it everyone may do everything: fine on loopback, loudly warned about elsewhere.
@@ -104,6 +135,13 @@ impl ServeConfig {
             ws_idle_timeout: Duration::from_secs(45),
             zookeeper_data_dir: None,
             auth_config: None,
+            write_rate: 1000,
+            max_leases_per_principal: 10_000,
+            max_waiters_per_principal: 1_000,
+            max_waiters_per_lock: 1_000,
+            max_sockets_per_principal: 10_000,
+            max_sockets_per_address: 10_000,
+            max_subscriptions_per_principal: 100_000,
         }
     }
 
@@ -111,6 +149,18 @@ impl ServeConfig {
     /// it did not ask.
     pub fn wait(&self, asked: Option<Duration>) -> Duration {
         asked.unwrap_or(self.max_wait).min(self.max_wait)
+    }
+
+    pub fn limit_settings(&self) -> crate::limits::LimitSettings {
+        crate::limits::LimitSettings {
+            write_rate: self.write_rate,
+            leases_per_principal: self.max_leases_per_principal,
+            waiters_per_principal: self.max_waiters_per_principal,
+            waiters_per_lock: self.max_waiters_per_lock,
+            sockets_per_principal: self.max_sockets_per_principal,
+            sockets_per_address: self.max_sockets_per_address,
+            subscriptions_per_principal: self.max_subscriptions_per_principal,
+        }
     }
 
     pub fn lease_policy(&self) -> LeasePolicy {

@@ -84,6 +84,8 @@ pub enum LeaseError {
     Ended { id: String, reason: EndReason },
     #[error("lease `{0}` belongs to another principal")]
     NotYours(String),
+    #[error("at most {0} live leases per principal; delete or let expire one first")]
+    TooMany(usize),
     #[error(transparent)]
     Unavailable(#[from] Unavailable),
 }
@@ -198,6 +200,7 @@ pub struct Leases {
 
 struct Registry {
     policy: LeasePolicy,
+    max_per_owner: usize,
     zk: ZkSession,
     table: Mutex<Table>,
 }
@@ -208,13 +211,16 @@ struct Table {
     ended: HashMap<String, EndReason>,
     ended_order: VecDeque<String>,
     by_idempotency_key: HashMap<String, String>,
+    /// Live leases per owner (`None`: auth off), for the per-principal limit.
+    per_owner: HashMap<Option<String>, usize>,
 }
 
 impl Leases {
     /// Creates the registry and starts ending the leases of every session that ends.
-    pub fn new(policy: LeasePolicy, zk: ZkSession) -> Leases {
+    pub fn new(policy: LeasePolicy, max_per_owner: usize, zk: ZkSession) -> Leases {
         let inner = Arc::new(Registry {
             policy,
+            max_per_owner,
             zk: zk.clone(),
             table: Mutex::default(),
         });
@@ -246,6 +252,11 @@ impl Leases {
         {
             return Ok(existing.clone());
         }
+        let held = table.per_owner.get(&owner).copied().unwrap_or(0);
+        if held >= self.inner.max_per_owner {
+            return Err(LeaseError::TooMany(self.inner.max_per_owner));
+        }
+        *table.per_owner.entry(owner.clone()).or_default() += 1;
         let ttl = self.inner.policy.grant(requested_ttl);
         let lease = Arc::new(Lease {
             id: uuid::Uuid::new_v4().simple().to_string(),
@@ -348,6 +359,12 @@ impl Registry {
     fn end(&self, id: &str, reason: EndReason) -> Option<Arc<Lease>> {
         let mut table = self.table();
         let lease = table.live.remove(id)?;
+        if let Some(count) = table.per_owner.get_mut(&lease.owner) {
+            *count -= 1;
+            if *count == 0 {
+                table.per_owner.remove(&lease.owner);
+            }
+        }
         table.by_idempotency_key.retain(|_, lease_id| lease_id != id);
         table.ended.insert(id.to_string(), reason);
         table.ended_order.push_back(id.to_string());

@@ -9,6 +9,7 @@ pub mod config;
 pub mod events;
 pub mod http;
 pub mod lease;
+pub mod limits;
 pub mod metrics;
 pub mod recipes;
 pub mod ws;
@@ -54,6 +55,7 @@ pub struct AppState {
     pub shutdown: CancellationToken,
     /// The principals of `--auth-config`; `None` when auth is off.
     pub authority: Option<Arc<auth::Authority>>,
+    pub limits: Arc<limits::Limits>,
 }
 
 impl AppState {
@@ -61,8 +63,9 @@ impl AppState {
     /// registries on top of it.
     pub fn new(config: ServeConfig, authority: Option<auth::Authority>) -> AppState {
         let connect = config.zookeeper.clone().unwrap_or_default();
+        let config_limits = config.limit_settings();
         let zk = ZkSession::start(&connect, &config.root, config.session_timeout);
-        let leases = Leases::new(config.lease_policy(), zk.clone());
+        let leases = Leases::new(config.lease_policy(), config.max_leases_per_principal, zk.clone());
         let locks = Contenders::new(zk.clone(), &config.root, "locks");
         let rwlocks = Contenders::new(zk.clone(), &config.root, "rwlocks");
         let elections = Contenders::new(zk.clone(), &config.root, "elections");
@@ -91,6 +94,7 @@ impl AppState {
             barrier_watches,
             shutdown: CancellationToken::new(),
             authority: authority.map(Arc::new),
+            limits: Arc::new(limits::Limits::new(config_limits)),
         }
     }
 }
@@ -129,7 +133,7 @@ pub async fn start(config: ServeConfig) -> std::io::Result<Running> {
         }
     });
     let task = tokio::spawn(async move {
-        axum::serve(listener, router)
+        axum::serve(listener, router.into_make_service_with_connect_info::<SocketAddr>())
             .with_graceful_shutdown(shutdown.cancelled_owned())
             .await
     });

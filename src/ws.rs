@@ -52,6 +52,7 @@ use crate::events::{Event, Feed, Publisher, Subscription, sources};
 use crate::http::error::ApiError;
 use crate::http::extract::{ApiPath, HumanDuration};
 use crate::lease::{Lease, LeaseError, Leases};
+use crate::limits::{ClientAddr, Permit};
 use crate::recipes::election::Leadership;
 use crate::recipes::lock::LockTopic;
 use crate::recipes::rwlock::RwLockTopic;
@@ -74,16 +75,19 @@ use crate::zk::names::validate_name;
 pub async fn observe_election(
     State(state): State<AppState>,
     ApiPath(name): ApiPath<String>,
+    address: Option<axum::Extension<ClientAddr>>,
     upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Result<Response, ApiError> {
     validate_name(&name).map_err(|e| ApiError::invalid(crate::http::error::Place::Path, "name", e))?;
     let upgrade = upgrade.map_err(not_a_websocket)?;
     state.zk.current()?;
+    let permits = socket_permits(&state, address.map(|a| a.0))?;
     let topic = format!("election:{name}");
     let source = Leadership {
         dir: format!("{}/elections/{name}", state.config.root),
     };
     Ok(lean(upgrade).on_upgrade(move |socket| async move {
+        let _permits = permits;
         let subscription = state.events.subscribe(&topic, source).await;
         stream(socket, subscription, state.shutdown.clone()).await;
     }))
@@ -502,12 +506,38 @@ async fn follow_lease(publisher: Publisher, leases: Leases, lease: Arc<Lease>) {
     ))]
 pub async fn socket(
     State(state): State<AppState>,
+    address: Option<axum::Extension<ClientAddr>>,
     upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Result<Response, ApiError> {
     let upgrade = upgrade.map_err(not_a_websocket)?;
+    let address = address.map(|a| a.0);
+    let permits = socket_permits(&state, address)?;
     // The socket outlives the handshake's request: it acts as the caller of the handshake.
     let caller = crate::auth::current();
-    Ok(lean(upgrade).on_upgrade(move |socket| crate::auth::scope(caller, serve_socket(state, socket))))
+    Ok(lean(upgrade).on_upgrade(move |socket| {
+        crate::auth::scope(caller, async move {
+            let _permits = permits;
+            serve_socket(state, socket, address).await
+        })
+    }))
+}
+
+/// The socket counted against its principal's and its address's limits (429 beyond them).
+fn socket_permits(state: &AppState, address: Option<ClientAddr>) -> Result<Vec<Permit>, ApiError> {
+    let settings = state.limits.settings;
+    let mut permits = vec![state.limits.hold(
+        format!("sockets of {}", crate::limits::client_key(None)),
+        settings.sockets_per_principal,
+        "WebSockets per principal",
+    )?];
+    if let Some(ClientAddr(ip)) = address {
+        permits.push(state.limits.hold(
+            format!("sockets of {ip}"),
+            settings.sockets_per_address,
+            "WebSockets per address",
+        )?);
+    }
+    Ok(permits)
 }
 
 /// A plain request to a socket endpoint: a problem document like every other error, not the
@@ -535,9 +565,11 @@ struct Conn {
     leases: Vec<Arc<Lease>>,
     /// The API, for calls; made on the first one.
     api: Option<Router>,
+    /// Where the client connects from (for the per-address limits of its calls).
+    address: Option<ClientAddr>,
 }
 
-async fn serve_socket(state: AppState, mut socket: WebSocket) {
+async fn serve_socket(state: AppState, mut socket: WebSocket, address: Option<ClientAddr>) {
     let _counted = Counted::new(&crate::metrics::get().sockets);
     let (idle_timeout, ping_interval) = (state.config.ws_idle_timeout, state.config.ws_ping_interval);
     let (outbox, mut queued) = mpsc::channel::<String>(state.config.ws_send_queue.max(1));
@@ -548,6 +580,7 @@ async fn serve_socket(state: AppState, mut socket: WebSocket) {
         calls: JoinSet::new(),
         leases: Vec::new(),
         api: None,
+        address,
     };
     let mut last_heard = Instant::now();
     let mut next_beat = Instant::now() + conn.beat(ping_interval);
@@ -687,9 +720,27 @@ impl Conn {
             TopicError::Invalid(detail) => error_message(Some(&id), "invalid-topic", &detail),
             TopicError::Forbidden(detail) => error_message(Some(&id), "forbidden", &detail),
         })?;
+        let permit = self
+            .state
+            .limits
+            .hold(
+                format!("subscriptions of {}", crate::limits::client_key(None)),
+                self.state.limits.settings.subscriptions_per_principal,
+                "subscriptions per principal",
+            )
+            .map_err(|_| {
+                error_message(
+                    Some(&id),
+                    "too-many",
+                    &format!(
+                        "at most {} subscriptions per principal",
+                        self.state.limits.settings.subscriptions_per_principal
+                    ),
+                )
+            })?;
         let subscription = self.state.events.subscribe(&name, feed).await;
         tracing::debug!(%id, topic = %name, "socket subscribed");
-        let task = tokio::spawn(forward(id.clone(), subscription, self.outbox.clone()));
+        let task = tokio::spawn(forward(id.clone(), subscription, self.outbox.clone(), permit));
         self.subscriptions.insert(id, task);
         Ok(())
     }
@@ -714,6 +765,7 @@ impl Conn {
             let kind = match err {
                 LeaseError::Unknown(_) => "unknown-lease",
                 LeaseError::NotYours(_) => "forbidden",
+                LeaseError::TooMany(_) => "too-many",
                 LeaseError::Ended { .. } => "lease-ended",
                 LeaseError::Unavailable(_) => "zookeeper-unavailable",
             };
@@ -754,7 +806,7 @@ impl Conn {
         }
         let method = Method::from_bytes(method.to_ascii_uppercase().as_bytes())
             .map_err(|_| invalid(format!("method `{method}` is not an HTTP method")))?;
-        let mut request = axum::http::Request::builder().method(method).uri(path);
+        let mut request = axum::http::Request::builder().method(method.clone()).uri(path);
         for (name, value) in &headers {
             let name = HeaderName::from_bytes(name.as_bytes())
                 .map_err(|_| invalid(format!("header name `{name}` is invalid")))?;
@@ -769,6 +821,9 @@ impl Conn {
             }
             None => axum::body::Body::empty(),
         };
+        if let Err(refused) = self.state.limits.check_rate(&method, self.address) {
+            return Err(error_message(Some(&id), "rate-limited", refused.detail()));
+        }
         let mut request = request.body(body).map_err(|e| invalid(e.to_string()))?;
         // The call is the socket's caller's: the API's authorisation layer reads it here.
         request.extensions_mut().insert(crate::auth::current());
@@ -805,9 +860,9 @@ impl Conn {
 /// gets a `resync` with the topic's state as it is then (reason `fell_behind`), and events
 /// after it. So a slow socket costs a bounded queue, never holds the topic or the other
 /// sockets back, and is told what it missed instead of seeing a silent gap.
-async fn forward(id: String, mut subscription: Subscription, outbox: mpsc::Sender<String>) {
+async fn forward(id: String, mut subscription: Subscription, outbox: mpsc::Sender<String>, permit: Permit) {
     // Dropped when the task ends or is aborted (unsubscribe, socket closed).
-    let _counted = Counted::new(&crate::metrics::get().subscriptions);
+    let _counted = (Counted::new(&crate::metrics::get().subscriptions), permit);
     let mut next = Some(subscription.first.clone());
     loop {
         let event = match next.take() {

@@ -130,7 +130,7 @@ async fn a_retried_put_lands_once_and_a_full_queue_refuses_more() {
     assert_eq!(send("o-2").await.status, StatusCode::CREATED);
     assert_eq!(send("o-3").await.status, StatusCode::CREATED);
     let full = send("o-4").await;
-    full.assert_problem(StatusCode::INSUFFICIENT_STORAGE, None);
+    full.assert_problem(StatusCode::TOO_MANY_REQUESTS, None);
     assert_eq!(full.body["type"], "urn:zkgate:problem:queue-full");
 }
 

@@ -207,6 +207,12 @@ pub async fn contend(state: &AppState, registry: &Contenders, request: Request<'
     check_name(name)?;
     let wait = state.config.wait(request.wait);
     let (lease, own_lease) = lease_for(state, request.lease, request.ttl)?;
+    if let Err(refused) = check_waiter_limits(state, registry, &lease, name) {
+        if own_lease {
+            let _ = state.leases.end(&lease.id, EndReason::Deleted).await;
+        }
+        return Err(refused);
+    }
     let contender = match registry.contend(&lease, name, request.role, request.value) {
         Ok((contender, _new)) => contender,
         Err(Refused::LeaseEnded) => return Err(lease_gone(state, &lease)),
@@ -287,6 +293,41 @@ pub async fn acquire(
         StatusCode::ACCEPTED
     };
     Ok((status, Json(acquisition(&outcome.contender, &outcome.lease))).into_response())
+}
+
+/// Refuses (429) a new contender beyond the waiters allowed per lock or per principal on this
+/// instance; a retry by a lease that already contends is never refused.
+fn check_waiter_limits(state: &AppState, registry: &Contenders, lease: &Lease, name: &str) -> Result<(), ApiError> {
+    if registry.contends(lease, name) {
+        return Ok(());
+    }
+    let settings = state.limits.settings;
+    let retry = Duration::from_secs(1);
+    if registry.queued(|c| c.name == name) >= settings.waiters_per_lock {
+        return Err(crate::limits::refusal(
+            "too-many",
+            format!(
+                "at most {} contenders may wait for `{name}` on this instance",
+                settings.waiters_per_lock
+            ),
+            retry,
+        ));
+    }
+    let mine: usize = [&state.locks, &state.rwlocks, &state.elections]
+        .iter()
+        .map(|r| r.queued(|c| c.lease.owner == lease.owner))
+        .sum();
+    if mine >= settings.waiters_per_principal {
+        return Err(crate::limits::refusal(
+            "too-many",
+            format!(
+                "at most {} waiting contenders per principal on this instance",
+                settings.waiters_per_principal
+            ),
+            retry,
+        ));
+    }
+    Ok(())
 }
 
 /// The lease a request names, or a new one (with `ttl`) when it names none; the flag says

@@ -224,6 +224,10 @@ impl ApiError {
         ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "Internal error", detail)
     }
 
+    pub fn detail(&self) -> &str {
+        &self.detail
+    }
+
     pub fn status(&self) -> StatusCode {
         self.status
     }
@@ -257,6 +261,7 @@ impl From<LeaseError> for ApiError {
                 ApiError::gone("lease-ended", "Lease ended", err.to_string()).with("reason", reason)
             }
             LeaseError::NotYours(_) => ApiError::forbidden(err.to_string()),
+            LeaseError::TooMany(_) => ApiError::too_many("too-many", "Limit reached", err.to_string(), 1),
             LeaseError::Unavailable(u) => ApiError::from(*u),
         }
     }

@@ -136,8 +136,9 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
 }
 
 /// Bearer tokens in the spec: the scheme, and on every operation but the probes the
-/// requirement and its two refusals (401 without a valid token, 403 outside the grants). They
-/// apply when zkgate runs with `--auth-config`.
+/// requirement and its two refusals (401 without a valid token, 403 outside the grants; they
+/// apply when zkgate runs with `--auth-config`); on every write and socket, the 429 of the
+/// limits.
 fn document_auth(spec: &mut utoipa::openapi::OpenApi) {
     use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme};
     use utoipa::openapi::{ContentBuilder, Ref, ResponseBuilder};
@@ -169,17 +170,30 @@ fn document_auth(spec: &mut utoipa::openapi::OpenApi) {
         if path == "/healthz" || path == "/readyz" {
             continue;
         }
-        for operation in [&mut item.get, &mut item.put, &mut item.post, &mut item.delete]
+        let socket = path == "/v1/ws" || path.ends_with("/observe");
+        let operations = [
+            (false, &mut item.get),
+            (true, &mut item.put),
+            (true, &mut item.post),
+            (true, &mut item.delete),
+        ];
+        for (write, operation) in operations
             .into_iter()
-            .flatten()
+            .filter_map(|(write, op)| op.as_mut().map(|op| (write, op)))
         {
             operation.security = Some(vec![SecurityRequirement::new("bearer", Vec::<String>::new())]);
             let responses = &mut operation.responses.responses;
-            responses.insert(
-                "401".into(),
-                refusal("No valid bearer token (with `--auth-config`)").into(),
-            );
+            let no_token = refusal("No valid bearer token (with `--auth-config`)");
+            responses.insert("401".into(), no_token.into());
             responses.insert("403".into(), refusal("The token's principal may not do this").into());
+            if (write || socket) && !responses.contains_key("429") {
+                let why = if socket {
+                    "Too many WebSockets for this principal or address; retry after `Retry-After`"
+                } else {
+                    "Too many writes a second (`--write-rate`), or a limit reached; retry after `Retry-After`"
+                };
+                responses.insert("429".into(), refusal(why).into());
+            }
         }
     }
 }
@@ -192,23 +206,28 @@ pub fn router(state: AppState) -> Router {
     let docs = SwaggerUi::new("/docs")
         .url("/openapi.json", spec)
         .config(SwaggerConfig::default().validator_url("none"));
-    api.layer(axum::middleware::from_fn(crate::auth::authorize))
-        .merge(docs)
-        .route("/", axum::routing::get(index))
-        .fallback(no_route)
-        .method_not_allowed_fallback(method_not_allowed)
-        .layer(DefaultBodyLimit::max(BODY_LIMIT_BYTES))
-        .layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            crate::auth::authenticate,
-        ))
-        .layer(TraceLayer::new_for_http())
-        .with_state(state)
+    api.layer(axum::middleware::from_fn_with_state(
+        state.clone(),
+        crate::limits::rate_limit,
+    ))
+    .layer(axum::middleware::from_fn(crate::auth::authorize))
+    .merge(docs)
+    .route("/", axum::routing::get(index))
+    .fallback(no_route)
+    .method_not_allowed_fallback(method_not_allowed)
+    .layer(DefaultBodyLimit::max(BODY_LIMIT_BYTES))
+    .layer(axum::middleware::from_fn_with_state(
+        state.clone(),
+        crate::auth::authenticate,
+    ))
+    .layer(TraceLayer::new_for_http())
+    .with_state(state)
 }
 
 /// The API alone (no docs, no status page), for requests that arrive over a WebSocket
 /// (`"op": "call"`): the same handlers, validation, authorisation and errors as over HTTP
-/// (the socket puts its caller in each request's extensions). The routes are built once; each
+/// (the socket puts its caller in each request's extensions, and checks the write rate
+/// itself: this router is shared by all sockets and holds no state). The routes are built once; each
 /// socket gives them its state.
 pub fn api(state: AppState) -> Router {
     static API: std::sync::OnceLock<Router<AppState>> = std::sync::OnceLock::new();

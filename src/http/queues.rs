@@ -179,7 +179,7 @@ fn waiting_view(item: String, envelope: Envelope, ctime: i64) -> Waiting {
 
 /// Puts an item: JSON (`Content-Type: application/json`), text, or any bytes (returned
 /// base64-encoded). With an
-/// `Idempotency-Key`, a retried put is stored once. A full queue answers 507.
+/// `Idempotency-Key`, a retried put is stored once. A full queue answers 429 (with `Retry-After`).
 #[utoipa::path(post, path = "/v1/queues/{name}/items", tag = "queues",
     params(("name" = String, Path, description = "Queue name"), PutQuery,
         ("Idempotency-Key" = Option<String>, Header, description = "Makes the put safe to retry (1 to 128 bytes, no `/`)")),
@@ -192,7 +192,7 @@ fn waiting_view(item: String, envelope: Envelope, ctime: i64) -> Waiting {
         (status = 200, description = "A put with this key was stored before", body = Stored),
         (status = 400, description = "Bad name, priority, key or body", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Item too large", body = Problem, content_type = "application/problem+json"),
-        (status = 507, description = "The queue is full", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "The queue is full (or writes come too fast): retry after `Retry-After`", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "ZooKeeper unreachable", body = Problem, content_type = "application/problem+json"),
     ))]
 pub async fn put(
@@ -225,11 +225,12 @@ pub async fn put(
         None => 0,
     };
     if depth >= state.config.queue_max_depth {
-        return Err(ApiError::new_status(
-            StatusCode::INSUFFICIENT_STORAGE,
+        // 429 with Retry-After: the producer should back off until consumers catch up.
+        return Err(ApiError::too_many(
             "queue-full",
             "Queue full",
             format!("queue `{name}` holds {depth} items, its limit (--queue-max-depth); take some first"),
+            1,
         )
         .with("depth", depth));
     }

@@ -683,6 +683,24 @@ impl Contenders {
         self.index().by_handle.get(handle).filter(|c| c.name == name).cloned()
     }
 
+    /// Whether the lease already has a live contender for `name` (a retried request).
+    pub fn contends(&self, lease: &Lease, name: &str) -> bool {
+        self.index()
+            .by_lease
+            .get(&(lease.id.clone(), name.to_string()))
+            .is_some_and(|c| !c.state().phase.is_final())
+    }
+
+    /// How many contenders of this instance that `matching` selects are queued (not granted,
+    /// not finished), for the waiter limits.
+    pub fn queued(&self, matching: impl Fn(&Contender) -> bool) -> usize {
+        self.index()
+            .by_handle
+            .values()
+            .filter(|c| matching(c) && matches!(c.state().phase, Phase::Pending | Phase::Waiting { .. }))
+            .count()
+    }
+
     /// Every contender of this instance for `name`, keyed by its znode name.
     pub fn local_contenders(&self, name: &str) -> HashMap<String, Arc<Contender>> {
         self.index()

@@ -98,6 +98,8 @@ pub fn test_config(connect: &str) -> ServeConfig {
     config.session_timeout = Duration::from_secs(4);
     config.lease_ttl_min = Duration::from_millis(500);
     config.max_wait = Duration::from_secs(30);
+    // Tests drive instances hard from one address; tests/limits.rs turns it on.
+    config.write_rate = 0;
     config
 }
 
@@ -204,6 +206,8 @@ pub struct Reply {
     pub status: StatusCode,
     pub content_type: String,
     pub body: Value,
+    /// `Retry-After`, in seconds, when present.
+    pub retry_after: Option<u64>,
 }
 
 impl Reply {
@@ -215,12 +219,18 @@ impl Reply {
             .and_then(|v| v.to_str().ok())
             .unwrap_or_default()
             .to_string();
+        let retry_after = response
+            .headers()
+            .get(reqwest::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse().ok());
         let bytes = response.bytes().await.expect("body");
         let body = serde_json::from_slice(&bytes).unwrap_or(Value::String(String::from_utf8_lossy(&bytes).into()));
         Reply {
             status,
             content_type,
             body,
+            retry_after,
         }
     }
 
@@ -395,10 +405,16 @@ pub async fn raw_request(
         })
         .unwrap_or_default();
     let body = serde_json::from_str(body).unwrap_or(Value::String(body.to_string()));
+    let retry_after = head.lines().find_map(|l| {
+        l.to_ascii_lowercase()
+            .strip_prefix("retry-after:")
+            .and_then(|v| v.trim().parse().ok())
+    });
     Reply {
         status: StatusCode::from_u16(status).expect("status"),
         content_type,
         body,
+        retry_after,
     }
 }
 

@@ -96,6 +96,10 @@ impl Process {
                 &format!("127.0.0.1:{port}"),
                 "--zookeeper",
                 connect,
+                // The fault scenarios drive instances hard from one address; limits have
+                // their own tests.
+                "--write-rate",
+                "0",
             ])
             .args(flags)
             .env("ZKGATE_LOG", "info")

@@ -1,0 +1,214 @@
+//! Limits that hold under abuse: how much one principal (or, for sockets and requests, one
+//! client address) may hold or ask at once. Every refusal is a 429 problem document with
+//! `Retry-After` naming the limit; nothing queues without bound and nobody else is slowed.
+//!
+//! - the rate of writes (every request but `GET`/`HEAD`: they cost ZooKeeper writes and
+//!   watches), per principal (per client address when auth is off): a token bucket;
+//! - open WebSockets per principal and per client address, subscriptions per principal;
+//! - live leases per principal, queued contenders per principal and per lock ([crate::lease]
+//!   and [crate::http::contention] ask here);
+//! - request bodies (413) and waits (capped) are bounded where they are read; queue depth
+//!   where items are put.
+//!
+//! With auth off every caller is the same principal, so the per-principal limits are limits
+//! of the whole instance; the per-address ones still tell clients apart.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::{Request, State};
+use axum::http::Method;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use tokio::time::Instant;
+
+use crate::AppState;
+use crate::http::error::ApiError;
+
+/// The address a request came from (absent for requests built in-process).
+#[derive(Clone, Copy, Debug)]
+pub struct ClientAddr(pub IpAddr);
+
+/// The limits, from the command line.
+#[derive(Clone, Copy, Debug)]
+pub struct LimitSettings {
+    /// Writes per second per principal (per address with auth off); 0 turns it off.
+    pub write_rate: u32,
+    pub leases_per_principal: usize,
+    pub waiters_per_principal: usize,
+    pub waiters_per_lock: usize,
+    pub sockets_per_principal: usize,
+    pub sockets_per_address: usize,
+    pub subscriptions_per_principal: usize,
+}
+
+/// Counters and buckets shared by the whole instance.
+pub struct Limits {
+    pub settings: LimitSettings,
+    buckets: Mutex<HashMap<String, Bucket>>,
+    held: Arc<Mutex<HashMap<String, usize>>>,
+}
+
+/// A token bucket: `rate` tokens a second, up to one second's worth in reserve.
+struct Bucket {
+    tokens: f64,
+    at: Instant,
+}
+
+/// Most buckets kept; beyond, the full ones (idle clients) are forgotten.
+const MAX_BUCKETS: usize = 100_000;
+
+impl Limits {
+    pub fn new(settings: LimitSettings) -> Limits {
+        Limits {
+            settings,
+            buckets: Mutex::default(),
+            held: Arc::default(),
+        }
+    }
+
+    /// Takes one token from `key`'s bucket, or says how long until there is one.
+    fn take(&self, key: &str) -> Result<(), Duration> {
+        let rate = f64::from(self.settings.write_rate);
+        let now = Instant::now();
+        let mut buckets = self.buckets.lock().unwrap_or_else(|e| e.into_inner());
+        if buckets.len() >= MAX_BUCKETS && !buckets.contains_key(key) {
+            buckets.retain(|_, b| b.tokens + now.duration_since(b.at).as_secs_f64() * rate < rate);
+        }
+        let bucket = buckets
+            .entry(key.to_string())
+            .or_insert(Bucket { tokens: rate, at: now });
+        bucket.tokens = (bucket.tokens + now.duration_since(bucket.at).as_secs_f64() * rate).min(rate);
+        bucket.at = now;
+        if bucket.tokens >= 1.0 {
+            bucket.tokens -= 1.0;
+            Ok(())
+        } else {
+            Err(Duration::from_secs_f64((1.0 - bucket.tokens) / rate))
+        }
+    }
+
+    /// Holds one of at most `max` of `key` (a socket, a subscription) until the permit drops.
+    pub fn hold(&self, key: String, max: usize, what: &str) -> Result<Permit, ApiError> {
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        let count = held.entry(key.clone()).or_default();
+        if *count >= max {
+            return Err(refusal(
+                "too-many",
+                format!("at most {max} {what}; close one first"),
+                Duration::from_secs(1),
+            ));
+        }
+        *count += 1;
+        Ok(Permit {
+            key,
+            held: self.held.clone(),
+        })
+    }
+}
+
+/// One socket or subscription counted against its limit; released when dropped.
+pub struct Permit {
+    key: String,
+    held: Arc<Mutex<HashMap<String, usize>>>,
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(count) = held.get_mut(&self.key) {
+            *count -= 1;
+            if *count == 0 {
+                held.remove(&self.key);
+            }
+        }
+    }
+}
+
+/// The 429 of every limit.
+pub fn refusal(slug: &'static str, detail: String, retry_after: Duration) -> ApiError {
+    ApiError::too_many(slug, "Limit reached", detail, retry_after.as_secs_f64().ceil() as u64)
+}
+
+/// The key of the current caller for per-principal limits: its principal, or with auth off
+/// `address` (when known).
+pub fn client_key(address: Option<ClientAddr>) -> String {
+    match crate::auth::current().name() {
+        Some(name) => format!("principal:{name}"),
+        None => match address {
+            Some(ClientAddr(ip)) => format!("address:{ip}"),
+            None => "anyone".to_string(),
+        },
+    }
+}
+
+impl Limits {
+    /// A write (any method but `GET`/`HEAD`) takes a token from the caller's bucket; 429 with
+    /// the time until the next token when there is none.
+    pub fn check_rate(&self, method: &Method, address: Option<ClientAddr>) -> Result<(), ApiError> {
+        let write = !matches!(*method, Method::GET | Method::HEAD);
+        if !write || self.settings.write_rate == 0 {
+            return Ok(());
+        }
+        let key = client_key(address);
+        self.take(&key).map_err(|wait| {
+            let rate = self.settings.write_rate;
+            refusal(
+                "rate-limited",
+                format!("more than {rate} writes a second from {key}; slow down"),
+                wait,
+            )
+        })
+    }
+}
+
+/// The layer on the API routes (inside [crate::auth::authorize], so the caller is known):
+/// [Limits::check_rate].
+pub async fn rate_limit(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let address = request.extensions().get::<ClientAddr>().copied();
+    if let Err(err) = state.limits.check_rate(request.method(), address) {
+        return err.into_response();
+    }
+    next.run(request).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(write_rate: u32) -> LimitSettings {
+        LimitSettings {
+            write_rate,
+            leases_per_principal: 1,
+            waiters_per_principal: 1,
+            waiters_per_lock: 1,
+            sockets_per_principal: 1,
+            sockets_per_address: 1,
+            subscriptions_per_principal: 1,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_bucket_allows_its_rate_and_says_when_to_come_back() {
+        let limits = Limits::new(settings(10));
+        for _ in 0..10 {
+            assert!(limits.take("a").is_ok());
+        }
+        let wait = limits.take("a").expect_err("the eleventh write within a second");
+        assert!(wait <= Duration::from_millis(100), "{wait:?}");
+        assert!(limits.take("b").is_ok(), "another client has its own bucket");
+        tokio::time::advance(Duration::from_millis(100)).await;
+        assert!(limits.take("a").is_ok());
+    }
+
+    #[test]
+    fn permits_count_until_dropped() {
+        let limits = Limits::new(settings(0));
+        let first = limits.hold("k".into(), 1, "sockets").expect("first");
+        assert!(limits.hold("k".into(), 1, "sockets").is_err());
+        drop(first);
+        assert!(limits.hold("k".into(), 1, "sockets").is_ok());
+    }
+}
