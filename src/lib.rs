@@ -1,8 +1,8 @@
 //! zkgate: Apache ZooKeeper's coordination recipes behind HTTP.
 //!
 //! [app] builds the HTTP application from an [AppState]; [start] binds it to a listener and
-//! runs it in the background (tests use it to run zkgate in-process); `main.rs` is only the
-//! command line around them.
+//! runs it in the background (tests use it to run zkgate in-process); [runner] is the client
+//! side of `zkgate lock` / `zkgate elect`; `main.rs` is only the command line around them.
 
 pub mod auth;
 pub mod config;
@@ -12,6 +12,7 @@ pub mod lease;
 pub mod limits;
 pub mod metrics;
 pub mod recipes;
+pub mod runner;
 pub mod ws;
 pub mod zk;
 

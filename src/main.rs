@@ -6,6 +6,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 use zkgate::config::ServeConfig;
+use zkgate::runner::{ElectArgs, LockArgs};
 use zkgate::zk::server::{ServerOptions, ZooKeeperServer};
 
 /// ZooKeeper's coordination recipes over HTTP.
@@ -24,18 +25,19 @@ enum Command {
     Openapi,
     /// Make a new bearer token, and the line that lists it in the `--auth-config` file.
     Token,
+    /// Run a command while holding a lock of a running zkgate (like `etcdctl lock`).
+    Lock(Box<LockArgs>),
+    /// Run a command while leading an election of a running zkgate.
+    Elect(Box<ElectArgs>),
 }
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
-        .with_env_filter(
-            EnvFilter::try_from_env("ZKGATE_LOG").unwrap_or_else(|_| EnvFilter::new("info,zookeeper_client=error")),
-        )
-        .init();
     let result = match Cli::parse().command {
-        Command::Serve(config) => serve(*config).await,
+        Command::Serve(config) => {
+            init_logging();
+            serve(*config).await
+        }
         Command::Openapi => zkgate::http::openapi()
             .to_pretty_json()
             .map(|json| println!("{json}"))
@@ -46,6 +48,10 @@ async fn main() -> ExitCode {
             eprintln!("give the token above to the client; list it in --auth-config as:\n  tokens = [\"{hash}\"]");
             Ok(())
         }
+        // The runners log nothing: the command's output is theirs, and their own messages are
+        // one-line `zkgate: ...` notices on stderr. Their exit code is the command's.
+        Command::Lock(args) => return ExitCode::from(zkgate::runner::lock(*args).await),
+        Command::Elect(args) => return ExitCode::from(zkgate::runner::elect(*args).await),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -54,6 +60,15 @@ async fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn init_logging() {
+    tracing_subscriber::fmt()
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
+        .with_env_filter(
+            EnvFilter::try_from_env("ZKGATE_LOG").unwrap_or_else(|_| EnvFilter::new("info,zookeeper_client=error")),
+        )
+        .init();
 }
 
 async fn serve(mut config: ServeConfig) -> Result<(), String> {

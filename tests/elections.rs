@@ -195,3 +195,37 @@ async fn no_leader_is_a_visible_state_and_a_lone_candidate_leads_at_once() {
             .is_none()
     );
 }
+
+#[tokio::test]
+async fn a_leader_waiting_on_its_candidate_learns_at_once_that_it_lost_the_lead() {
+    let zk = zookeeper().await;
+    let gate = Arc::new(Gate::start(&zk.connect_string()).await);
+    let led = gate.post("/v1/elections/watched/campaign?wait=5s", None).await;
+    assert_eq!(led.status, StatusCode::OK, "{led:?}");
+    let handle = led.str("handle");
+    let node = led.str("node");
+
+    // Nothing to report: the long poll runs its course and says it still leads.
+    let quiet = gate
+        .get(&format!("/v1/elections/watched/candidates/{handle}?wait=200ms"))
+        .await;
+    assert_eq!(quiet.body["state"], "held", "{quiet:?}");
+
+    let news = {
+        let gate = gate.clone();
+        tokio::spawn(async move {
+            gate.get(&format!("/v1/elections/watched/candidates/{handle}?wait=30s"))
+                .await
+        })
+    };
+    // Someone removes the leader's node behind zkgate's back.
+    let client = common::zk_client(&zk.connect_string()).await;
+    client
+        .delete(&format!("/zkgate/elections/watched/{node}"), None)
+        .await
+        .expect("delete the candidate");
+    let news = within(Duration::from_secs(10), "the leader's news", news)
+        .await
+        .expect("task");
+    assert_eq!(news.body["state"], "lost", "{news:?}");
+}

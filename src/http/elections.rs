@@ -9,7 +9,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 
-use super::contention::{self, ContenderView, HandleView, LockSummary, Request, check_name, find_handle};
+use super::contention::{self, ContenderView, HandleQuery, HandleView, LockSummary, Request, check_name, find_handle};
 use super::error::{ApiError, Problem};
 use super::extract::{ApiJson, ApiPath, ApiQuery, HumanDuration};
 use super::leases::LeaseView;
@@ -288,8 +288,11 @@ fn not_leader(name: &str, contender: &Contender) -> ApiError {
 }
 
 /// Reads a candidate: waiting (with position), leading (`held`, with term) or lost.
+///
+/// With `?wait=` it is a long poll that answers as soon as the candidate becomes leader or is
+/// lost (or resigns), so a leader learns at once that it no longer leads.
 #[utoipa::path(get, path = "/v1/elections/{name}/candidates/{handle}", tag = "elections",
-    params(("name" = String, Path, description = "Election name"), ("handle" = String, Path, description = "Handle from the campaign")),
+    params(("name" = String, Path, description = "Election name"), ("handle" = String, Path, description = "Handle from the campaign"), HandleQuery),
     responses(
         (status = 200, body = HandleView),
         (status = 400, description = "Bad name", body = Problem, content_type = "application/problem+json"),
@@ -298,8 +301,10 @@ fn not_leader(name: &str, contender: &Contender) -> ApiError {
 pub async fn get_candidate(
     State(state): State<AppState>,
     ApiPath((name, handle)): ApiPath<(String, String)>,
+    ApiQuery(query): ApiQuery<HandleQuery>,
 ) -> Result<Json<HandleView>, ApiError> {
     let contender = find_handle(&state.elections, &name, &handle)?;
+    contention::wait_for_news(&state, &contender, query.wait).await;
     Ok(Json(
         contention::handle_view(&state, &state.elections, &contender).await,
     ))

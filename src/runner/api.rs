@@ -1,0 +1,387 @@
+//! The runner's side of the HTTP API: the few calls `zkgate lock` and `zkgate elect` make
+//! (create, keep alive and delete a lease; acquire or campaign; long-poll a handle), each
+//! answering a typed reply or a [CallError] that is worth showing to a user as it is.
+//!
+//! Plain `http://` only: reqwest is built without a TLS backend. `https://` comes with the
+//! listener's TLS; until then such a URL is refused up front rather than failing on first use.
+
+use std::time::Duration;
+
+use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderValue};
+use reqwest::{Client, Method, StatusCode, Url};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::recipes::revocation::Revocation;
+
+/// How long to wait for a TCP connection to zkgate.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Time allowed on top of a long poll's `wait` for the answer to arrive (zkgate may spend up
+/// to 10 s on its first round trip to ZooKeeper even for `wait=0`).
+const ANSWER_MARGIN: Duration = Duration::from_secs(15);
+
+/// Limit of the calls that do not wait for anything.
+const QUICK_CALL: Duration = Duration::from_secs(10);
+
+/// Why a call to zkgate failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    /// No answer: connection refused or reset, or no reply in time.
+    #[error("cannot reach zkgate at {url}: {cause}")]
+    Unreachable { url: String, cause: String },
+    /// An error answer; `detail` is the problem document's, which says what went wrong.
+    #[error("{detail}")]
+    Refused { status: StatusCode, detail: String },
+    /// An answer that is not what zkgate sends (another server at that address?).
+    #[error("unexpected answer from {url}: {what}")]
+    Unexpected { url: String, what: String },
+}
+
+impl CallError {
+    /// Worth trying again: no answer, or zkgate cannot reach ZooKeeper for now (503).
+    pub fn is_transient(&self) -> bool {
+        match self {
+            CallError::Unreachable { .. } => true,
+            CallError::Refused { status, .. } => *status == StatusCode::SERVICE_UNAVAILABLE,
+            CallError::Unexpected { .. } => false,
+        }
+    }
+
+    /// The lease or handle is no more (404: unknown, e.g. zkgate restarted; 410: ended).
+    pub fn is_gone(&self) -> bool {
+        matches!(self, CallError::Refused { status, .. }
+            if *status == StatusCode::NOT_FOUND || *status == StatusCode::GONE)
+    }
+}
+
+/// What a runner contends for.
+#[derive(Clone, Debug)]
+pub enum Target {
+    Lock {
+        name: String,
+    },
+    /// Leadership, proclaiming `value` once it leads.
+    Election {
+        name: String,
+        value: Option<Value>,
+    },
+}
+
+impl Target {
+    pub fn name(&self) -> &str {
+        match self {
+            Target::Lock { name } | Target::Election { name, .. } => name,
+        }
+    }
+
+    /// What the grant is called in messages.
+    pub fn noun(&self) -> &'static str {
+        match self {
+            Target::Lock { .. } => "lock",
+            Target::Election { .. } => "leadership of",
+        }
+    }
+
+    /// The environment variable that names the resource for the command.
+    pub fn env_var(&self) -> &'static str {
+        match self {
+            Target::Lock { .. } => "ZKGATE_LOCK",
+            Target::Election { .. } => "ZKGATE_ELECTION",
+        }
+    }
+
+    fn contend_path(&self) -> [&str; 4] {
+        match self {
+            Target::Lock { name } => ["v1", "locks", name, "acquire"],
+            Target::Election { name, .. } => ["v1", "elections", name, "campaign"],
+        }
+    }
+
+    fn handle_path<'a>(&'a self, handle: &'a str) -> [&'a str; 5] {
+        match self {
+            Target::Lock { name } => ["v1", "locks", name, "handles", handle],
+            Target::Election { name, .. } => ["v1", "elections", name, "candidates", handle],
+        }
+    }
+
+    fn contend_body(&self, lease: &str) -> Value {
+        match self {
+            Target::Lock { .. } => json!({ "lease": lease }),
+            Target::Election { value: None, .. } => json!({ "lease": lease }),
+            Target::Election { value: Some(value), .. } => json!({ "lease": lease, "value": value }),
+        }
+    }
+}
+
+/// A lease as created.
+#[derive(Clone, Debug, Deserialize)]
+pub struct Lease {
+    pub id: String,
+    /// The TTL granted (zkgate clamps what is asked to its bounds).
+    pub ttl_ms: u64,
+}
+
+impl Lease {
+    pub fn ttl(&self) -> Duration {
+        Duration::from_millis(self.ttl_ms)
+    }
+}
+
+/// Where an acquire or a campaign stands when its long poll answers.
+#[derive(Debug)]
+pub enum Standing {
+    /// Granted (200): the handle and its fencing token (a lock's, or the leader's term).
+    Granted { handle: String, fencing_token: i64 },
+    /// Still queued (202) at `position`.
+    Queued { position: u64 },
+}
+
+/// A handle's long poll answer, reduced to what a runner acts on.
+#[derive(Debug, Deserialize)]
+pub struct HandleNews {
+    /// `held` while all is well; `lost`, `released` or `failed` once it is not.
+    pub state: String,
+    /// Why it was lost or failed.
+    pub reason: Option<String>,
+    /// Someone asked for the lock back.
+    pub revocation: Option<Revocation>,
+}
+
+/// A client of one zkgate.
+#[derive(Clone)]
+pub struct Api {
+    http: Client,
+    base: Url,
+}
+
+impl Api {
+    /// A client for the zkgate at `base` (`http://host:port`, maybe with a path prefix),
+    /// sending `Authorization: Bearer <token>` when a token is given.
+    pub fn new(base: &str, token: Option<&str>) -> Result<Api, String> {
+        let base = Url::parse(base).map_err(|e| format!("--url `{base}` is not a URL: {e}"))?;
+        match base.scheme() {
+            "http" => {}
+            "https" => {
+                return Err(format!(
+                    "--url `{base}`: https is not supported yet (it comes with TLS on zkgate's listener); use http://"
+                ));
+            }
+            other => return Err(format!("--url `{base}`: the scheme must be http, not `{other}`")),
+        }
+        if base.cannot_be_a_base() || base.host().is_none() {
+            return Err(format!("--url `{base}` names no host"));
+        }
+        let mut headers = HeaderMap::new();
+        if let Some(token) = token {
+            let mut value = HeaderValue::from_str(&format!("Bearer {token}"))
+                .map_err(|_| "the token must be visible ASCII (--token / ZKGATE_TOKEN)".to_string())?;
+            value.set_sensitive(true);
+            headers.insert(AUTHORIZATION, value);
+        }
+        let http = Client::builder()
+            .default_headers(headers)
+            .connect_timeout(CONNECT_TIMEOUT)
+            .user_agent(concat!("zkgate-runner/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|e| format!("cannot set up an HTTP client: {e}"))?;
+        Ok(Api { http, base })
+    }
+
+    /// Creates a lease with `ttl`.
+    pub async fn create_lease(&self, ttl: Duration) -> Result<Lease, CallError> {
+        let body = json!({ "ttl": wire_duration(ttl) });
+        let (_, answer) = self
+            .call(Method::POST, &["v1", "leases"], &[], Some(body), QUICK_CALL)
+            .await?;
+        self.parse(answer)
+    }
+
+    /// Restarts the lease's TTL; gives up after `limit`.
+    pub async fn keepalive(&self, lease: &str, limit: Duration) -> Result<(), CallError> {
+        let path = ["v1", "leases", lease, "keepalive"];
+        self.call(Method::POST, &path, &[], None, limit).await.map(drop)
+    }
+
+    /// Deletes the lease, which releases everything it holds before zkgate answers.
+    pub async fn delete_lease(&self, lease: &str) -> Result<(), CallError> {
+        let path = ["v1", "leases", lease];
+        self.call(Method::DELETE, &path, &[], None, QUICK_CALL).await.map(drop)
+    }
+
+    /// Acquires (or campaigns) with `lease`, waiting up to `wait` and staying queued when the
+    /// wait ends first; the same call again resumes the wait with the same place in the queue.
+    pub async fn contend(&self, target: &Target, lease: &str, wait: Duration) -> Result<Standing, CallError> {
+        let query = [("wait", wire_duration(wait)), ("keep_queued", "true".to_string())];
+        let body = target.contend_body(lease);
+        let (status, answer) = self
+            .call(
+                Method::POST,
+                &target.contend_path(),
+                &query,
+                Some(body),
+                wait + ANSWER_MARGIN,
+            )
+            .await?;
+        // A lock's grant says `fencing_token`; a leader's says `term`, which plays that part.
+        let token = answer["fencing_token"].as_i64().or(answer["term"].as_i64());
+        match (status, answer["handle"].as_str(), token) {
+            (StatusCode::OK, Some(handle), Some(fencing_token)) => Ok(Standing::Granted {
+                handle: handle.to_string(),
+                fencing_token,
+            }),
+            (StatusCode::ACCEPTED, Some(_), _) => Ok(Standing::Queued {
+                position: answer["position"].as_u64().unwrap_or_default(),
+            }),
+            _ => Err(self.unexpected(format!("{status} with {answer}"))),
+        }
+    }
+
+    /// Reads a handle, waiting up to `wait` for news (a revocation request, a loss).
+    pub async fn news(&self, target: &Target, handle: &str, wait: Duration) -> Result<HandleNews, CallError> {
+        let query = [("wait", wire_duration(wait))];
+        let (_, answer) = self
+            .call(
+                Method::GET,
+                &target.handle_path(handle),
+                &query,
+                None,
+                wait + ANSWER_MARGIN,
+            )
+            .await?;
+        self.parse(answer)
+    }
+
+    /// Sends one request; a success status with its JSON answer (`null` when empty), or why not.
+    async fn call(
+        &self,
+        method: Method,
+        path: &[&str],
+        query: &[(&str, String)],
+        body: Option<Value>,
+        limit: Duration,
+    ) -> Result<(StatusCode, Value), CallError> {
+        let url = self.url(path, query);
+        let mut request = self.http.request(method, url.clone()).timeout(limit);
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let response = request.send().await.map_err(|e| self.unreachable(&e, limit))?;
+        let status = response.status();
+        let bytes = response.bytes().await.map_err(|e| self.unreachable(&e, limit))?;
+        let answer = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes).unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()))
+        };
+        if status.is_success() {
+            Ok((status, answer))
+        } else {
+            Err(refused(status, &answer))
+        }
+    }
+
+    /// `base` + the path segments (each percent-encoded, so a name is always one segment).
+    fn url(&self, path: &[&str], query: &[(&str, String)]) -> Url {
+        let mut url = self.base.clone();
+        if let Ok(mut segments) = url.path_segments_mut() {
+            segments.pop_if_empty().extend(path);
+        }
+        if !query.is_empty() {
+            url.query_pairs_mut().extend_pairs(query);
+        }
+        url
+    }
+
+    fn parse<T: serde::de::DeserializeOwned>(&self, answer: Value) -> Result<T, CallError> {
+        serde_json::from_value(answer).map_err(|e| self.unexpected(e.to_string()))
+    }
+
+    fn unexpected(&self, what: String) -> CallError {
+        CallError::Unexpected {
+            url: self.base.to_string(),
+            what,
+        }
+    }
+
+    fn unreachable(&self, error: &reqwest::Error, limit: Duration) -> CallError {
+        let cause = if error.is_timeout() {
+            format!("no answer within {}", humantime::format_duration(limit))
+        } else {
+            innermost_cause(error)
+        };
+        CallError::Unreachable {
+            url: self.base.to_string(),
+            cause,
+        }
+    }
+}
+
+/// The error for a failure status: the problem document's `detail` when there is one.
+fn refused(status: StatusCode, answer: &Value) -> CallError {
+    let detail = match (answer["detail"].as_str(), answer.as_str()) {
+        (Some(detail), _) => detail.to_string(),
+        (None, Some(text)) if !text.trim().is_empty() => {
+            format!("{status}: {}", text.trim().chars().take(200).collect::<String>())
+        }
+        _ => status.to_string(),
+    };
+    CallError::Refused { status, detail }
+}
+
+/// reqwest's own message ("error sending request for url ...") hides the reason ("Connection
+/// refused"), which is at the bottom of the chain of sources.
+fn innermost_cause(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut cause = error;
+    while let Some(source) = cause.source() {
+        cause = source;
+    }
+    cause.to_string()
+}
+
+/// A duration as zkgate reads it (`1500ms`).
+fn wire_duration(duration: Duration) -> String {
+    format!("{}ms", duration.as_millis())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_one_path_segment_each() {
+        let api = Api::new("http://127.0.0.1:7070/prefix/", None).expect("api");
+        let url = api.url(&["v1", "locks", "a/b c", "acquire"], &[("wait", "0ms".into())]);
+        assert_eq!(
+            url.as_str(),
+            "http://127.0.0.1:7070/prefix/v1/locks/a%2Fb%20c/acquire?wait=0ms"
+        );
+    }
+
+    #[test]
+    fn only_plain_http_urls_are_accepted() {
+        assert!(Api::new("http://zkgate:7070", Some("t0ken")).is_ok());
+        for (url, complaint) in [
+            ("https://zkgate", "https is not supported yet"),
+            ("zkgate:7070", "the scheme must be http"),
+            ("not a url", "is not a URL"),
+        ] {
+            match Api::new(url, None) {
+                Ok(_) => panic!("{url} accepted"),
+                Err(message) => assert!(message.contains(complaint), "{url}: {message}"),
+            }
+        }
+        assert!(Api::new("http://zkgate", Some("bad\ntoken")).is_err());
+    }
+
+    #[test]
+    fn a_problem_document_is_reported_by_its_detail() {
+        let problem = json!({"type": "urn:zkgate:problem:lease-ended", "status": 410, "detail": "lease `x` has ended"});
+        let error = refused(StatusCode::GONE, &problem);
+        assert_eq!(error.to_string(), "lease `x` has ended");
+        assert!(error.is_gone() && !error.is_transient());
+        let plain = refused(StatusCode::BAD_GATEWAY, &Value::String("upstream down\n".into()));
+        assert_eq!(plain.to_string(), "502 Bad Gateway: upstream down");
+        assert!(refused(StatusCode::SERVICE_UNAVAILABLE, &Value::Null).is_transient());
+    }
+}
