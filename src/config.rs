@@ -101,6 +101,12 @@ pub struct ServeConfig {
     #[arg(long, env = "ZKGATE_MAX_SUBSCRIPTIONS_PER_PRINCIPAL", default_value_t = 100_000)]
     pub max_subscriptions_per_principal: usize,
 
+    /// Origins (`https://app.example.com`) whose pages may call the API from a browser (CORS)
+    /// and open its WebSockets; repeat, or separate with commas. Pages elsewhere get 403 on
+    /// anything but reads.
+    #[arg(long, env = "ZKGATE_CORS_ORIGIN", value_delimiter = ',')]
+    pub cors_origin: Vec<String>,
+
     /// Bearer tokens, principals and their grants (TOML; see the README's "Authentication").
     /// Without it everyone may do everything: fine on loopback, loudly warned about elsewhere.
     #[arg(long, env = "ZKGATE_AUTH_CONFIG")]
@@ -135,6 +141,7 @@ impl ServeConfig {
             ws_idle_timeout: Duration::from_secs(45),
             zookeeper_data_dir: None,
             auth_config: None,
+            cors_origin: Vec::new(),
             write_rate: 1000,
             max_leases_per_principal: 10_000,
             max_waiters_per_principal: 1_000,

@@ -13,6 +13,7 @@ mod health;
 mod kv;
 pub mod leases;
 mod locks;
+pub mod origin;
 mod queues;
 mod rwlocks;
 mod semaphores;
@@ -220,6 +221,11 @@ pub fn router(state: AppState) -> Router {
         state.clone(),
         crate::auth::authenticate,
     ))
+    .layer(axum::middleware::from_fn_with_state(
+        state.clone(),
+        origin::check_origin,
+    ))
+    .layer(origin::cors(&state.config.cors_origin))
     .layer(TraceLayer::new_for_http())
     .with_state(state)
 }
