@@ -68,7 +68,10 @@ struct Report {
 }
 
 async fn measure(gate: &Gate, size: usize, rounds: usize) -> Report {
-    let http = reqwest::Client::new();
+    let http = {
+        zkgate::install_crypto_provider();
+        reqwest::Client::new()
+    };
     let base = format!("http://{}", gate.addr);
     // One change first, so that the election's znodes exist and the code paths are warm.
     let warm = campaign(&http, &base).await;

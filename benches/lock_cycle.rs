@@ -144,10 +144,13 @@ impl Gate {
             .wait_connected(Duration::from_secs(20))
             .await
             .expect("zkgate connected");
-        let http = reqwest::Client::builder()
-            .pool_max_idle_per_host(1)
-            .build()
-            .expect("http");
+        let http = {
+            zkgate::install_crypto_provider();
+            reqwest::Client::builder()
+        }
+        .pool_max_idle_per_host(1)
+        .build()
+        .expect("http");
         let lease: serde_json::Value = http
             .post(format!("{}/v1/leases", running.url()))
             .json(&serde_json::json!({"ttl": "1h"}))

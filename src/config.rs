@@ -107,6 +107,14 @@ pub struct ServeConfig {
     #[arg(long, env = "ZKGATE_CORS_ORIGIN", value_delimiter = ',')]
     pub cors_origin: Vec<String>,
 
+    /// Serve HTTPS (and WSS) with this certificate chain (PEM); needs `--tls-key`.
+    #[arg(long, env = "ZKGATE_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// The private key (PEM: PKCS#8, PKCS#1 or SEC1) of `--tls-cert`.
+    #[arg(long, env = "ZKGATE_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+
     /// Bearer tokens, principals and their grants (TOML; see the README's "Authentication").
     /// Without it everyone may do everything: fine on loopback, loudly warned about elsewhere.
     #[arg(long, env = "ZKGATE_AUTH_CONFIG")]
@@ -142,6 +150,8 @@ impl ServeConfig {
             zookeeper_data_dir: None,
             auth_config: None,
             cors_origin: Vec::new(),
+            tls_cert: None,
+            tls_key: None,
             write_rate: 1000,
             max_leases_per_principal: 10_000,
             max_waiters_per_principal: 1_000,
@@ -175,6 +185,15 @@ impl ServeConfig {
             default_ttl: self.lease_ttl,
             min_ttl: self.lease_ttl_min,
             max_ttl: self.lease_ttl_max,
+        }
+    }
+
+    /// The TLS acceptor of `--tls-cert`/`--tls-key`, `None` without them.
+    pub fn tls_acceptor(&self) -> Result<Option<tokio_rustls::TlsAcceptor>, String> {
+        match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => crate::tls::acceptor(cert, key).map(Some),
+            (None, None) => Ok(None),
+            _ => Err("--tls-cert and --tls-key go together".into()),
         }
     }
 

@@ -13,6 +13,7 @@ pub mod limits;
 pub mod metrics;
 pub mod recipes;
 pub mod runner;
+pub mod tls;
 pub mod ws;
 pub mod zk;
 
@@ -32,6 +33,15 @@ use crate::recipes::queue::service::Queues;
 use crate::recipes::semaphore::Semaphores;
 use crate::zk::session::ZkSession;
 use crate::zk::watch::ExistsWatches;
+
+/// Makes rustls's `ring` provider the process's default, for the HTTP clients (reqwest is
+/// built without a provider of its own, so that no C toolchain beyond the usual is needed).
+/// Idempotent; the binary calls it first thing, tests and benches before building clients.
+pub fn install_crypto_provider() {
+    let _ = tokio_rustls::rustls::crypto::CryptoProvider::install_default(
+        tokio_rustls::rustls::crypto::ring::default_provider(),
+    );
+}
 
 /// Everything the handlers share.
 #[derive(Clone)]
@@ -108,6 +118,8 @@ pub fn app(state: AppState) -> Router {
 /// A zkgate instance serving in the background.
 pub struct Running {
     pub addr: SocketAddr,
+    /// Whether the listener speaks TLS (`--tls-cert`).
+    pub tls: bool,
     pub state: AppState,
     stop: CancellationToken,
     task: JoinHandle<std::io::Result<()>>,
@@ -116,30 +128,38 @@ pub struct Running {
 /// Binds `config.listen` and serves [app] until [Running::stop] (or drop).
 ///
 /// # Notable errors
-/// * `InvalidInput` when `--auth-config` cannot be read or is wrong (the message says why).
+/// * `InvalidInput` when `--auth-config`, `--tls-cert` or `--tls-key` cannot be read or are
+///   wrong (the message says why).
 pub async fn start(config: ServeConfig) -> std::io::Result<Running> {
-    let authority = config
-        .load_authority()
-        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    let invalid = |e: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, e);
+    let authority = config.load_authority().map_err(invalid)?;
+    let acceptor = config.tls_acceptor().map_err(invalid)?;
     let listener = tokio::net::TcpListener::bind(config.listen).await?;
     let addr = listener.local_addr()?;
     let state = AppState::new(config, authority);
     let stop = CancellationToken::new();
-    let router = app(state.clone());
-    let shutdown = stop.clone();
-    // Small request/response exchanges: do not let Nagle's algorithm hold a reply back.
-    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-        if let Err(err) = tcp.set_nodelay(true) {
-            tracing::debug!(error = %err, "could not set TCP_NODELAY");
+    let router = app(state.clone()).into_make_service_with_connect_info::<SocketAddr>();
+    let shutdown = stop.clone().cancelled_owned();
+    let tls = acceptor.is_some();
+    // `tap_io` also gives both listeners the client address for `ConnectInfo`.
+    let task = match acceptor {
+        Some(acceptor) => {
+            let listener = axum::serve::ListenerExt::tap_io(tls::TlsListener::new(listener, acceptor)?, |_| {});
+            tokio::spawn(async move { axum::serve(listener, router).with_graceful_shutdown(shutdown).await })
         }
-    });
-    let task = tokio::spawn(async move {
-        axum::serve(listener, router.into_make_service_with_connect_info::<SocketAddr>())
-            .with_graceful_shutdown(shutdown.cancelled_owned())
-            .await
-    });
+        None => {
+            // Small request/response exchanges: do not let Nagle's algorithm hold a reply back.
+            let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+                if let Err(err) = tcp.set_nodelay(true) {
+                    tracing::debug!(error = %err, "could not set TCP_NODELAY");
+                }
+            });
+            tokio::spawn(async move { axum::serve(listener, router).with_graceful_shutdown(shutdown).await })
+        }
+    };
     Ok(Running {
         addr,
+        tls,
         state,
         stop,
         task,
@@ -147,9 +167,10 @@ pub async fn start(config: ServeConfig) -> std::io::Result<Running> {
 }
 
 impl Running {
-    /// `http://<addr>`.
+    /// `http://<addr>` (`https://` with TLS).
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://{}", self.addr)
     }
 
     /// Shuts down gracefully: stops accepting, closes the WebSockets (close frame 1001), ends

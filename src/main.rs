@@ -33,6 +33,7 @@ enum Command {
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    zkgate::install_crypto_provider();
     let result = match Cli::parse().command {
         Command::Serve(config) => {
             init_logging();
@@ -73,6 +74,7 @@ fn init_logging() {
 
 async fn serve(mut config: ServeConfig) -> Result<(), String> {
     config.validate()?;
+    config.tls_acceptor()?;
     match config.load_authority()? {
         Some(_) => tracing::info!("authentication on: bearer tokens from {:?}", config.auth_config),
         None if config.listen.ip().is_loopback() => {
@@ -82,6 +84,12 @@ async fn serve(mut config: ServeConfig) -> Result<(), String> {
             )
         }
         None => warn_open_to_the_network(&config),
+    }
+    if config.auth_config.is_some() && config.tls_cert.is_none() && !config.listen.ip().is_loopback() {
+        tracing::warn!(
+            "bearer tokens will cross the network in clear text: serve HTTPS with --tls-cert/--tls-key \
+             or put a TLS-terminating proxy in front"
+        );
     }
     // Kept alive until the end of `serve`: dropping it stops the embedded ZooKeeper.
     let _embedded = match &config.zookeeper {

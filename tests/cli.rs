@@ -121,7 +121,7 @@ async fn serve_runs_an_embedded_zookeeper_serves_locks_and_stops_it_on_exit() {
         "the data directory given is used"
     );
 
-    let http = reqwest::Client::new();
+    let http = common::http_client();
     let url = format!("http://127.0.0.1:{port}");
     let ready = http.get(format!("{url}/readyz")).send().await.expect("readyz");
     assert_eq!(ready.status(), StatusCode::OK);

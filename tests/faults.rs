@@ -305,7 +305,7 @@ async fn candidate(
     terms: Arc<Terms>,
     leaders: mpsc::UnboundedSender<(usize, i64, Instant)>,
 ) {
-    let http = reqwest::Client::new();
+    let http = common::http_client();
     let Ok(created) = http
         .post(format!("{url}/v1/leases"))
         .json(&json!({"ttl": "30s"}))
@@ -554,7 +554,7 @@ struct QueueLedger {
 
 /// Puts ids `from..` on `url` until the process dies or `stop`.
 async fn queue_producer(url: String, from: u64, ledger: Arc<std::sync::Mutex<QueueLedger>>, stop: Arc<AtomicBool>) {
-    let http = reqwest::Client::new();
+    let http = common::http_client();
     for id in from.. {
         if stop.load(Ordering::SeqCst) {
             return;
@@ -576,7 +576,7 @@ async fn queue_producer(url: String, from: u64, ledger: Arc<std::sync::Mutex<Que
 
 /// Takes (at least once), then acks, until the process dies or `stop` and the queue is empty.
 async fn queue_consumer(url: String, ledger: Arc<std::sync::Mutex<QueueLedger>>, stop: Arc<AtomicBool>) {
-    let http = reqwest::Client::new();
+    let http = common::http_client();
     loop {
         let Ok(reply) = http
             .post(format!("{url}/v1/queues/work/take?wait=1s&ack_deadline=5s"))
@@ -777,7 +777,7 @@ async fn a_frozen_instance_loses_its_lock_to_the_other_and_is_fenced_off() {
     let frozen = Process::start(&zk.connect_string()).await;
     let other = Arc::new(Gate::start(&zk.connect_string()).await);
     let register = FencedRegister::new(true);
-    let http = reqwest::Client::new();
+    let http = common::http_client();
     let lease = frozen.lease("60s").await;
     let (status, held) = frozen
         .call(

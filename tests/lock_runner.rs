@@ -228,12 +228,47 @@ async fn an_unreachable_zkgate_is_exit_125_with_a_one_line_reason() {
     );
     assert!(stderr.contains("refused"), "{stderr}");
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
+}
 
-    let (code, stderr) = Runner::start("https://127.0.0.1:1", &["elect", "any"], "echo ran")
+#[tokio::test]
+async fn the_runner_speaks_https_with_a_token_to_a_zkgate_that_wants_both() {
+    let zk = zookeeper().await;
+    let certificate = common::certificate();
+    let (token, hash) = zkgate::auth::new_token();
+    let auth = certificate.dir.path().join("auth.toml");
+    std::fs::write(
+        &auth,
+        format!("[[principals]]\nname = \"ci\"\ntokens = [\"{hash}\"]\nadmin = true\n"),
+    )
+    .expect("auth config");
+    let mut config = common::test_config(&zk.connect_string());
+    config.tls_cert = Some(certificate.cert.clone());
+    config.tls_key = Some(certificate.key.clone());
+    config.auth_config = Some(auth);
+    let running = zkgate::start(config).await.expect("start");
+    let url = running.url();
+    let ca = certificate.cert.to_str().expect("utf-8");
+
+    // The command runs holding the lock, with its token, over TLS and with the bearer token.
+    let (code, stderr) = Runner::start(
+        &url,
+        &["lock", "tls", "--ca", ca, "--token", &token],
+        "test -n \"$ZKGATE_FENCING_TOKEN\"",
+    )
+    .exit()
+    .await;
+    assert_eq!(code, 0, "{stderr}");
+    // Without the token: the server's 401, as a one-line reason.
+    let (code, stderr) = Runner::start(&url, &["lock", "tls", "--ca", ca], "echo ran")
         .exit()
         .await;
     assert_eq!(code, 125, "{stderr}");
-    assert!(stderr.contains("https is not supported yet"), "{stderr}");
+    assert!(stderr.starts_with("zkgate: ") && stderr.contains("token"), "{stderr}");
+    // Without trusting the certificate: refused by the client.
+    let (code, stderr) = Runner::start(&url, &["lock", "tls", "--token", &token], "echo ran")
+        .exit()
+        .await;
+    assert_eq!(code, 125, "{stderr}");
 }
 
 #[tokio::test]

@@ -33,7 +33,7 @@ async fn serves_the_spec_and_docs_and_answers_503_without_zookeeper() {
     // Nothing listens on this port: ZooKeeper is unreachable for the whole test.
     let nowhere = format!("127.0.0.1:{}", free_port().expect("port"));
     let running = zkgate::start(common::test_config(&nowhere)).await.expect("start");
-    let http = reqwest::Client::new();
+    let http = common::http_client();
     let url = running.url();
     let get = |path: &str| http.get(format!("{url}{path}")).timeout(Duration::from_secs(10)).send();
 

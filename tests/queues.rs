@@ -267,7 +267,7 @@ async fn a_waiting_taker_gets_an_item_as_soon_as_it_is_put_and_one_item_serves_o
 async fn every_acknowledged_put_survives_a_kill_9_of_the_instance() {
     let zk = zookeeper().await;
     let first = Process::start(&zk.connect_string()).await;
-    let http = reqwest::Client::new();
+    let http = common::http_client();
     let accepted = Arc::new(Mutex::new(BTreeSet::new()));
     let consumed = Arc::new(Mutex::new(BTreeSet::new()));
 

@@ -2,8 +2,7 @@
 //! (create, keep alive and delete a lease; acquire or campaign; long-poll a handle), each
 //! answering a typed reply or a [CallError] that is worth showing to a user as it is.
 //!
-//! Plain `http://` only: reqwest is built without a TLS backend. `https://` comes with the
-//! listener's TLS; until then such a URL is refused up front rather than failing on first use.
+//! `http://` and `https://` (rustls with the ring provider; the system's CAs, plus `--ca`).
 
 use std::time::Duration;
 
@@ -156,18 +155,18 @@ pub struct Api {
 }
 
 impl Api {
-    /// A client for the zkgate at `base` (`http://host:port`, maybe with a path prefix),
-    /// sending `Authorization: Bearer <token>` when a token is given.
-    pub fn new(base: &str, token: Option<&str>) -> Result<Api, String> {
+    /// A client for the zkgate at `base` (`http(s)://host:port`, maybe with a path prefix),
+    /// sending `Authorization: Bearer <token>` when a token is given, and trusting the CAs in
+    /// the PEM file `ca` besides the system's.
+    pub fn new(base: &str, token: Option<&str>, ca: Option<&std::path::Path>) -> Result<Api, String> {
         let base = Url::parse(base).map_err(|e| format!("--url `{base}` is not a URL: {e}"))?;
         match base.scheme() {
-            "http" => {}
-            "https" => {
+            "http" | "https" => {}
+            other => {
                 return Err(format!(
-                    "--url `{base}`: https is not supported yet (it comes with TLS on zkgate's listener); use http://"
+                    "--url `{base}`: the scheme must be http or https, not `{other}`"
                 ));
             }
-            other => return Err(format!("--url `{base}`: the scheme must be http, not `{other}`")),
         }
         if base.cannot_be_a_base() || base.host().is_none() {
             return Err(format!("--url `{base}` names no host"));
@@ -179,7 +178,15 @@ impl Api {
             value.set_sensitive(true);
             headers.insert(AUTHORIZATION, value);
         }
-        let http = Client::builder()
+        crate::install_crypto_provider();
+        let mut builder = Client::builder();
+        if let Some(ca) = ca {
+            let pem = std::fs::read(ca).map_err(|e| format!("--ca {}: {e}", ca.display()))?;
+            let certs = reqwest::Certificate::from_pem_bundle(&pem)
+                .map_err(|e| format!("--ca {}: not PEM certificates: {e}", ca.display()))?;
+            builder = builder.tls_certs_merge(certs);
+        }
+        let http = builder
             .default_headers(headers)
             .connect_timeout(CONNECT_TIMEOUT)
             .user_agent(concat!("zkgate-runner/", env!("CARGO_PKG_VERSION")))
@@ -350,7 +357,7 @@ mod tests {
 
     #[test]
     fn names_are_one_path_segment_each() {
-        let api = Api::new("http://127.0.0.1:7070/prefix/", None).expect("api");
+        let api = Api::new("http://127.0.0.1:7070/prefix/", None, None).expect("api");
         let url = api.url(&["v1", "locks", "a/b c", "acquire"], &[("wait", "0ms".into())]);
         assert_eq!(
             url.as_str(),
@@ -359,19 +366,20 @@ mod tests {
     }
 
     #[test]
-    fn only_plain_http_urls_are_accepted() {
-        assert!(Api::new("http://zkgate:7070", Some("t0ken")).is_ok());
+    fn only_http_and_https_urls_are_accepted() {
+        assert!(Api::new("http://zkgate:7070", Some("t0ken"), None).is_ok());
+        assert!(Api::new("https://zkgate:7070", Some("t0ken"), None).is_ok());
         for (url, complaint) in [
-            ("https://zkgate", "https is not supported yet"),
+            ("ftp://zkgate", "the scheme must be http or https"),
             ("zkgate:7070", "the scheme must be http"),
             ("not a url", "is not a URL"),
         ] {
-            match Api::new(url, None) {
+            match Api::new(url, None, None) {
                 Ok(_) => panic!("{url} accepted"),
                 Err(message) => assert!(message.contains(complaint), "{url}: {message}"),
             }
         }
-        assert!(Api::new("http://zkgate", Some("bad\ntoken")).is_err());
+        assert!(Api::new("http://zkgate", Some("bad\ntoken"), None).is_err());
     }
 
     #[test]

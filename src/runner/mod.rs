@@ -53,9 +53,13 @@ Exit status: the command's, or 128 + the signal that ended it. Otherwise:
 /// Options shared by `zkgate lock` and `zkgate elect`.
 #[derive(Args, Clone, Debug)]
 pub struct RunnerOptions {
-    /// Base URL of the zkgate to use (plain http).
+    /// Base URL of the zkgate to use (`http://` or `https://`).
     #[arg(long, env = "ZKGATE_URL", default_value = "http://127.0.0.1:7070")]
     pub url: String,
+
+    /// CA certificates (PEM) to trust for an `https://` zkgate, besides the system's.
+    #[arg(long, env = "ZKGATE_CA")]
+    pub ca: Option<std::path::PathBuf>,
 
     /// Bearer token sent as `Authorization: Bearer <token>`.
     #[arg(long, env = "ZKGATE_TOKEN", hide_env_values = true)]
@@ -166,7 +170,7 @@ impl NotGranted {
 
 async fn run(target: Target, options: &RunnerOptions, argv: &[String]) -> u8 {
     let what = format!("{} \"{}\"", target.noun(), target.name());
-    let api = match Api::new(&options.url, options.token.as_deref()) {
+    let api = match Api::new(&options.url, options.token.as_deref(), options.ca.as_deref()) {
         Ok(api) => api,
         Err(message) => return fail(&message),
     };

@@ -117,10 +117,7 @@ impl Gate {
             .await
             .expect("zkgate connects to ZooKeeper");
         let url = running.url();
-        let http = reqwest::Client::builder()
-            .pool_max_idle_per_host(64)
-            .build()
-            .expect("http client");
+        let http = http_builder().pool_max_idle_per_host(64).build().expect("http client");
         Gate { running, url, http }
     }
 
@@ -480,4 +477,33 @@ pub async fn packets_received(port: u16) -> u64 {
                 .map(|v| v.trim().parse().expect("a count"))
         })
         .expect("zk_packets_received in mntr")
+}
+
+/// A throwaway self-signed certificate for `localhost` and `127.0.0.1`, in PEM files.
+pub struct Certificate {
+    pub dir: tempfile::TempDir,
+    pub cert: std::path::PathBuf,
+    pub key: std::path::PathBuf,
+    pub pem: String,
+}
+
+pub fn certificate() -> Certificate {
+    let generated =
+        rcgen::generate_simple_self_signed(vec!["localhost".into(), "127.0.0.1".into()]).expect("certificate");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    let pem = generated.cert.pem();
+    std::fs::write(&cert, &pem).expect("write cert");
+    std::fs::write(&key, generated.signing_key.serialize_pem()).expect("write key");
+    Certificate { dir, cert, key, pem }
+}
+
+/// An HTTP client (reqwest needs the process's rustls provider installed first).
+pub fn http_client() -> reqwest::Client {
+    http_builder().build().expect("http client")
+}
+
+pub fn http_builder() -> reqwest::ClientBuilder {
+    zkgate::install_crypto_provider();
+    reqwest::Client::builder()
 }

@@ -34,7 +34,7 @@ impl Process {
         path: &str,
         body: Option<serde_json::Value>,
     ) -> (reqwest::StatusCode, serde_json::Value) {
-        let mut request = reqwest::Client::new().request(method, format!("{}{path}", self.url));
+        let mut request = super::http_client().request(method, format!("{}{path}", self.url));
         if let Some(body) = body {
             request = request.json(&body);
         }
