@@ -115,6 +115,12 @@ pub struct ServeConfig {
     #[arg(long, env = "ZKGATE_TLS_KEY", requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
 
+    /// The URL other zkgate instances reach this one at, to forward requests for its leases
+    /// (default: the listen address; with an unspecified address such as 0.0.0.0, this host's
+    /// name).
+    #[arg(long, env = "ZKGATE_ADVERTISE_URL")]
+    pub advertise_url: Option<String>,
+
     /// Bearer tokens, principals and their grants (TOML; see the README's "Authentication").
     /// Without it everyone may do everything: fine on loopback, loudly warned about elsewhere.
     #[arg(long, env = "ZKGATE_AUTH_CONFIG")]
@@ -150,6 +156,7 @@ impl ServeConfig {
             zookeeper_data_dir: None,
             auth_config: None,
             cors_origin: Vec::new(),
+            advertise_url: None,
             tls_cert: None,
             tls_key: None,
             write_rate: 1000,
@@ -188,6 +195,20 @@ impl ServeConfig {
         }
     }
 
+    /// `--advertise-url`, or one made from the listen address.
+    pub fn advertised_url(&self) -> String {
+        if let Some(url) = &self.advertise_url {
+            return url.trim_end_matches('/').to_string();
+        }
+        let scheme = if self.tls_cert.is_some() { "https" } else { "http" };
+        let host = if self.listen.ip().is_unspecified() {
+            hostname().unwrap_or_else(|| "localhost".into())
+        } else {
+            self.listen.ip().to_string()
+        };
+        format!("{scheme}://{host}:{}", self.listen.port())
+    }
+
     /// The TLS acceptor of `--tls-cert`/`--tls-key`, `None` without them.
     pub fn tls_acceptor(&self) -> Result<Option<tokio_rustls::TlsAcceptor>, String> {
         match (&self.tls_cert, &self.tls_key) {
@@ -216,4 +237,16 @@ impl ServeConfig {
         }
         Ok(())
     }
+}
+
+/// This host's name (gethostname(2)).
+fn hostname() -> Option<String> {
+    let mut buffer = [0u8; 256];
+    // SAFETY: the buffer is valid for its length; gethostname writes at most that many bytes.
+    let result = unsafe { libc::gethostname(buffer.as_mut_ptr().cast(), buffer.len()) };
+    if result != 0 {
+        return None;
+    }
+    let end = buffer.iter().position(|&b| b == 0).unwrap_or(buffer.len());
+    String::from_utf8(buffer[..end].to_vec()).ok().filter(|h| !h.is_empty())
 }

@@ -82,6 +82,10 @@ pub enum LeaseError {
     Unknown(String),
     #[error("lease `{id}` has ended: {}", reason.describe())]
     Ended { id: String, reason: EndReason },
+    #[error(
+        "lease `{id}` is held by the zkgate instance `{instance}`: HTTP requests are forwarded there, a socket must be on that instance"
+    )]
+    Elsewhere { id: String, instance: String },
     #[error("lease `{0}` belongs to another principal")]
     NotYours(String),
     #[error("at most {0} live leases per principal; delete or let expire one first")]
@@ -200,6 +204,8 @@ pub struct Leases {
 
 struct Registry {
     policy: LeasePolicy,
+    /// This instance's id: the prefix of every lease id issued here.
+    instance: Arc<str>,
     max_per_owner: usize,
     zk: ZkSession,
     table: Mutex<Table>,
@@ -217,9 +223,10 @@ struct Table {
 
 impl Leases {
     /// Creates the registry and starts ending the leases of every session that ends.
-    pub fn new(policy: LeasePolicy, max_per_owner: usize, zk: ZkSession) -> Leases {
+    pub fn new(policy: LeasePolicy, max_per_owner: usize, instance: Arc<str>, zk: ZkSession) -> Leases {
         let inner = Arc::new(Registry {
             policy,
+            instance,
             max_per_owner,
             zk: zk.clone(),
             table: Mutex::default(),
@@ -259,7 +266,7 @@ impl Leases {
         *table.per_owner.entry(owner.clone()).or_default() += 1;
         let ttl = self.inner.policy.grant(requested_ttl);
         let lease = Arc::new(Lease {
-            id: uuid::Uuid::new_v4().simple().to_string(),
+            id: crate::instances::owned_id(&self.inner.instance),
             ttl,
             requested_ttl,
             created_at: SystemTime::now(),
@@ -299,7 +306,13 @@ impl Leases {
                 id: id.to_string(),
                 reason,
             }),
-            None => Err(LeaseError::Unknown(id.to_string())),
+            None => match crate::instances::owner_of(id).filter(|owner| *owner != &*self.inner.instance) {
+                Some(instance) => Err(LeaseError::Elsewhere {
+                    id: id.to_string(),
+                    instance: instance.to_string(),
+                }),
+                None => Err(LeaseError::Unknown(id.to_string())),
+            },
         }
     }
 

@@ -8,6 +8,7 @@ pub mod auth;
 pub mod config;
 pub mod events;
 pub mod http;
+pub mod instances;
 pub mod lease;
 pub mod limits;
 pub mod metrics;
@@ -67,6 +68,12 @@ pub struct AppState {
     /// The principals of `--auth-config`; `None` when auth is off.
     pub authority: Option<Arc<auth::Authority>>,
     pub limits: Arc<limits::Limits>,
+    /// This instance (its id prefixes the leases, handles and claims it issues) and the
+    /// registry of all of them, for forwarding.
+    pub instance: instances::Instance,
+    pub instances: instances::Instances,
+    /// The HTTP client that forwards requests to other instances.
+    pub peers: reqwest::Client,
 }
 
 impl AppState {
@@ -75,8 +82,16 @@ impl AppState {
     pub fn new(config: ServeConfig, authority: Option<auth::Authority>) -> AppState {
         let connect = config.zookeeper.clone().unwrap_or_default();
         let config_limits = config.limit_settings();
+        let config_for_peers = config.clone();
         let zk = ZkSession::start(&connect, &config.root, config.session_timeout);
-        let leases = Leases::new(config.lease_policy(), config.max_leases_per_principal, zk.clone());
+        let instance = instances::Instance::new(config.advertised_url());
+        let instances = instances::Instances::start(zk.clone(), &config.root, instance.clone());
+        let leases = Leases::new(
+            config.lease_policy(),
+            config.max_leases_per_principal,
+            instance.id.clone(),
+            zk.clone(),
+        );
         let locks = Contenders::new(zk.clone(), &config.root, "locks");
         let rwlocks = Contenders::new(zk.clone(), &config.root, "rwlocks");
         let elections = Contenders::new(zk.clone(), &config.root, "elections");
@@ -86,7 +101,7 @@ impl AppState {
         let double_barriers = BoundNodes::new(&config.root, "participant", "double-barriers");
         let txn_members = BoundNodes::new(&config.root, "participant", "txns");
         let barrier_watches = ExistsWatches::new(zk.clone());
-        let queues = Queues::new(zk.clone(), &config.root, barrier_watches.clone());
+        let queues = Queues::new(zk.clone(), &config.root, barrier_watches.clone(), instance.id.clone());
         let events = Events::new(zk.clone(), barrier_watches.clone());
         AppState {
             config: Arc::new(config),
@@ -106,6 +121,9 @@ impl AppState {
             shutdown: CancellationToken::new(),
             authority: authority.map(Arc::new),
             limits: Arc::new(limits::Limits::new(config_limits)),
+            instance,
+            instances,
+            peers: http::forward::peer_client(&config_for_peers),
         }
     }
 }
@@ -130,12 +148,14 @@ pub struct Running {
 /// # Notable errors
 /// * `InvalidInput` when `--auth-config`, `--tls-cert` or `--tls-key` cannot be read or are
 ///   wrong (the message says why).
-pub async fn start(config: ServeConfig) -> std::io::Result<Running> {
+pub async fn start(mut config: ServeConfig) -> std::io::Result<Running> {
     let invalid = |e: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, e);
     let authority = config.load_authority().map_err(invalid)?;
     let acceptor = config.tls_acceptor().map_err(invalid)?;
     let listener = tokio::net::TcpListener::bind(config.listen).await?;
     let addr = listener.local_addr()?;
+    // The port actually bound (for `--listen host:0`), which the advertised URL is made of.
+    config.listen = addr;
     let state = AppState::new(config, authority);
     let stop = CancellationToken::new();
     let router = app(state.clone()).into_make_service_with_connect_info::<SocketAddr>();

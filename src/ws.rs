@@ -763,7 +763,7 @@ impl Conn {
         }
         .map_err(|err| {
             let kind = match err {
-                LeaseError::Unknown(_) => "unknown-lease",
+                LeaseError::Unknown(_) | LeaseError::Elsewhere { .. } => "unknown-lease",
                 LeaseError::NotYours(_) => "forbidden",
                 LeaseError::TooMany(_) => "too-many",
                 LeaseError::Ended { .. } => "lease-ended",

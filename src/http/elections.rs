@@ -79,7 +79,7 @@ pub struct LeaderView {
     #[schema(example = json!({"address": "10.0.0.8:8080"}))]
     pub value: Option<serde_json::Value>,
     /// The leader's zkgate lease, for zkgate's candidates.
-    #[schema(example = "6f1c2a9e0b7d4e3f8a5b6c7d8e9f0a1b")]
+    #[schema(example = "3c9e1f07-6f1c2a9e0b7d4e3f8a5b6c7d8e9f0a1b")]
     pub lease: Option<String>,
     /// When it took over (its acknowledgement's creation), if acknowledged.
     #[schema(example = "2026-11-22T10:00:00.000Z")]

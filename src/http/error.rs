@@ -256,7 +256,7 @@ impl From<Unavailable> for ApiError {
 impl From<LeaseError> for ApiError {
     fn from(err: LeaseError) -> ApiError {
         match &err {
-            LeaseError::Unknown(_) => ApiError::not_found("lease", err.to_string()),
+            LeaseError::Unknown(_) | LeaseError::Elsewhere { .. } => ApiError::not_found("lease", err.to_string()),
             LeaseError::Ended { reason, .. } => {
                 ApiError::gone("lease-ended", "Lease ended", err.to_string()).with("reason", reason)
             }

@@ -30,7 +30,7 @@ pub struct CreateLease {
 #[derive(Serialize, utoipa::ToSchema)]
 pub struct LeaseView {
     /// The lease id: pass it as `lease` to acquire more with this lease.
-    #[schema(example = "6f1c2a9e0b7d4e3f8a5b6c7d8e9f0a1b")]
+    #[schema(example = "3c9e1f07-6f1c2a9e0b7d4e3f8a5b6c7d8e9f0a1b")]
     pub id: String,
     /// The TTL granted, in milliseconds.
     #[schema(example = 30000)]
@@ -66,7 +66,7 @@ impl LeaseView {
 /// Summary of a lease in the list.
 #[derive(Serialize, utoipa::ToSchema)]
 pub struct LeaseSummary {
-    #[schema(example = "6f1c2a9e0b7d4e3f8a5b6c7d8e9f0a1b")]
+    #[schema(example = "3c9e1f07-6f1c2a9e0b7d4e3f8a5b6c7d8e9f0a1b")]
     pub id: String,
     #[schema(example = 30000)]
     pub ttl_ms: u64,

@@ -8,6 +8,7 @@ mod double_barriers;
 mod elections;
 pub mod error;
 pub mod extract;
+pub mod forward;
 mod groups;
 mod health;
 mod kv;
@@ -217,6 +218,9 @@ pub fn router(state: AppState) -> Router {
     .fallback(no_route)
     .method_not_allowed_fallback(method_not_allowed)
     .layer(DefaultBodyLimit::max(BODY_LIMIT_BYTES))
+    // After authentication (a stranger is refused here), before everything else (the owner
+    // authorises, limits and serves).
+    .layer(axum::middleware::from_fn_with_state(state.clone(), forward::forward))
     .layer(axum::middleware::from_fn_with_state(
         state.clone(),
         crate::auth::authenticate,

@@ -275,7 +275,7 @@ pub fn spawn_contender(
         value,
     } = spec;
     let contender = Arc::new(Contender {
-        handle: uuid::Uuid::new_v4().simple().to_string(),
+        handle: crate::instances::sibling_id(&lease.id),
         role,
         name,
         lease: lease.clone(),

@@ -500,6 +500,8 @@ pub mod service {
     #[derive(Clone)]
     pub struct Queues {
         zk: ZkSession,
+        /// This instance's id: the prefix of its claims.
+        instance: Arc<str>,
         base: Arc<str>,
         watches: ExistsWatches,
         claims: Arc<Mutex<HashMap<String, Claim>>>,
@@ -507,9 +509,10 @@ pub mod service {
     }
 
     impl Queues {
-        pub fn new(zk: ZkSession, root: &str, watches: ExistsWatches) -> Queues {
+        pub fn new(zk: ZkSession, root: &str, watches: ExistsWatches, instance: Arc<str>) -> Queues {
             Queues {
                 zk,
+                instance,
                 base: format!("{root}/queues").into(),
                 watches,
                 claims: Arc::default(),
@@ -569,7 +572,7 @@ pub mod service {
         }
 
         fn new_claim(&self, queue: &str, deadline: Duration) -> Claim {
-            let id = uuid::Uuid::new_v4().simple().to_string();
+            let id = crate::instances::owned_id(&self.instance);
             let deadline_ms = super::super::txn::now_ms() + deadline.as_millis() as i64;
             let data =
                 serde_json::to_vec(&serde_json::json!({ "claim": id, "deadline_ms": deadline_ms })).unwrap_or_default();

@@ -171,7 +171,7 @@ impl Semaphores {
             return Some(existing.clone());
         }
         let permit = Arc::new(Permit {
-            handle: uuid::Uuid::new_v4().simple().to_string(),
+            handle: crate::instances::sibling_id(&lease.id),
             semaphore: name.to_string(),
             permits,
             lease: lease.clone(),

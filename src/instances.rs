@@ -1,0 +1,161 @@
+//! Several zkgate instances on one ensemble: who owns a lease, and where that instance is.
+//!
+//! All recipe state lives in ZooKeeper, so any instance reads any lock, leader or queue. A
+//! lease, though, is kept alive by the instance that made it (its timer, its socket, its
+//! ZooKeeper session, which its ephemeral znodes belong to). So that a load balancer without
+//! stickiness works:
+//! - every lease id, handle and claim an instance issues starts with the instance's id
+//!   (`<8 hex>-<32 hex>`), and the znodes held for a lease record the lease (and so its
+//!   instance): any instance can tell whose an id is without a lookup;
+//! - each instance registers itself while its session lives: an ephemeral znode
+//!   `<root>/instances/<id>` holding the URL it is reached at (`--advertise-url`);
+//! - a request naming another instance's lease, handle or claim is forwarded there
+//!   ([crate::http::forward]); if that instance is gone, so are its leases (its session
+//!   ended and its znodes with it), which is what the answer says.
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use zookeeper_client::{Acls, CreateMode, Error as ZkError};
+
+use crate::zk::retry_on_loss;
+use crate::zk::session::ZkSession;
+
+/// This instance's identity.
+#[derive(Clone, Debug)]
+pub struct Instance {
+    /// 8 lowercase hex digits, random at start.
+    pub id: Arc<str>,
+    /// The URL other instances forward to.
+    pub url: Arc<str>,
+}
+
+impl Instance {
+    pub fn new(url: String) -> Instance {
+        let id = format!("{:08x}", rand::random::<u32>());
+        Instance {
+            id: id.into(),
+            url: url.into(),
+        }
+    }
+
+    /// A new id owned by this instance: `<instance>-<32 hex>`.
+    pub fn new_id(&self) -> String {
+        owned_id(&self.id)
+    }
+}
+
+/// A new id owned by `instance`.
+pub fn owned_id(instance: &str) -> String {
+    format!("{instance}-{}", uuid::Uuid::new_v4().simple())
+}
+
+/// A new id owned by the same instance as `of` (a lease's handles are its instance's).
+pub fn sibling_id(of: &str) -> String {
+    match owner_of(of) {
+        Some(instance) => owned_id(instance),
+        None => uuid::Uuid::new_v4().simple().to_string(),
+    }
+}
+
+/// The instance that issued a lease id, handle or claim (`None` if it is not one of ours).
+pub fn owner_of(id: &str) -> Option<&str> {
+    let (instance, rest) = id.split_once('-')?;
+    let hex = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+    (hex(instance, 8) && hex(rest, 32)).then_some(instance)
+}
+
+/// What an instance's registration znode holds.
+#[derive(Serialize, Deserialize)]
+struct Registration {
+    url: String,
+}
+
+/// The registrations under `<root>/instances`.
+#[derive(Clone)]
+pub struct Instances {
+    zk: ZkSession,
+    dir: Arc<str>,
+}
+
+impl Instances {
+    /// Registers `me` on every session the supervisor opens, for as long as `zk` runs.
+    pub fn start(zk: ZkSession, root: &str, me: Instance) -> Instances {
+        let instances = Instances {
+            zk: zk.clone(),
+            dir: format!("{root}/instances").into(),
+        };
+        tokio::spawn(register_on_every_session(instances.clone(), me));
+        instances
+    }
+
+    /// The URL of a live instance; `None` when it is not registered (gone).
+    ///
+    /// # Notable errors
+    /// * Connection loss and the like when ZooKeeper cannot be asked.
+    pub async fn url_of(&self, instance: &str) -> Result<Option<String>, ZkError> {
+        let client = self.zk.connected().await.map_err(|_| ZkError::ConnectionLoss)?.client;
+        let path = format!("{}/{instance}", self.dir);
+        match retry_on_loss(|| client.get_data(&path)).await {
+            Ok((data, _)) => Ok(serde_json::from_slice::<Registration>(&data).ok().map(|r| r.url)),
+            Err(ZkError::NoNode) => Ok(None),
+            Err(err) => Err(err),
+        }
+    }
+}
+
+/// The registration is ephemeral: it goes with the session (and the session's leases), and is
+/// made again on each new session.
+async fn register_on_every_session(instances: Instances, me: Instance) {
+    let mut status = instances.zk.subscribe();
+    let mut registered = None;
+    loop {
+        let current = status.borrow_and_update().clone();
+        if let Some(client) = current.client.filter(|_| registered != Some(current.generation)) {
+            let data = serde_json::to_vec(&Registration {
+                url: me.url.to_string(),
+            })
+            .unwrap_or_default();
+            let path = format!("{}/{}", instances.dir, me.id);
+            let options = CreateMode::Ephemeral.with_acls(Acls::anyone_all());
+            let created = match retry_on_loss(|| client.create(&path, &data, &options)).await {
+                Ok(_) | Err(ZkError::NodeExists) => Ok(()),
+                Err(ZkError::NoNode) => {
+                    let parent = CreateMode::Persistent.with_acls(Acls::anyone_all());
+                    match client.create(&instances.dir, &[], &parent).await {
+                        Ok(_) | Err(ZkError::NodeExists) => client.create(&path, &data, &options).await.map(|_| ()),
+                        Err(err) => Err(err),
+                    }
+                }
+                Err(err) => Err(err),
+            };
+            match created {
+                Ok(()) => {
+                    registered = Some(current.generation);
+                    tracing::info!(instance = %me.id, url = %me.url, "instance registered");
+                }
+                Err(err) => {
+                    tracing::warn!(error = %err, "could not register this instance; retrying on the next change")
+                }
+            }
+        }
+        if status.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_name_their_instance() {
+        let me = Instance::new("http://a:7070".into());
+        let id = me.new_id();
+        assert_eq!(owner_of(&id), Some(&*me.id));
+        assert_eq!(owner_of("6f1c2a9e0b7d4e3f8a5b6c7d8e9f0a1b"), None);
+        assert_eq!(owner_of("zzzzzzzz-6f1c2a9e0b7d4e3f8a5b6c7d8e9f0a1b"), None);
+        assert_eq!(owner_of("0123abcd-short"), None);
+    }
+}

@@ -1,0 +1,155 @@
+//! Two instances on one ensemble behind no sticky load balancer: a lease made on one is read,
+//! kept alive, used and released through the other (forwarded to its owner); locks stay
+//! exclusive whichever instance each call lands on; an owner that is gone is reported as such.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::checker::FencedRegister;
+use common::{Gate, test_config, zookeeper};
+use reqwest::{Method, StatusCode};
+use serde_json::json;
+
+#[tokio::test]
+async fn a_lease_made_on_one_instance_is_kept_alive_used_and_released_through_the_other() {
+    let zk = zookeeper().await;
+    let a = Gate::start(&zk.connect_string()).await;
+    let b = Gate::start(&zk.connect_string()).await;
+    assert_ne!(a.running.state.instance.id, b.running.state.instance.id);
+
+    let lease = a.lease("30s").await;
+    assert!(lease.starts_with(&*a.running.state.instance.id), "{lease}");
+    let read = b.get(&format!("/v1/leases/{lease}")).await;
+    assert_eq!(read.status, StatusCode::OK, "{read:?}");
+    assert_eq!(read.str("id"), lease);
+    let kept = b.post(&format!("/v1/leases/{lease}/keepalive"), None).await;
+    assert_eq!(kept.status, StatusCode::OK, "{kept:?}");
+
+    // Acquire through B with A's lease: the contender is A's, and so is the handle.
+    let granted = b.acquire("shared", &lease, "wait=0").await;
+    assert_eq!(granted.status, StatusCode::OK, "{granted:?}");
+    let handle = granted.str("handle");
+    assert!(handle.starts_with(&*a.running.state.instance.id), "{handle}");
+    // Reads work on either instance.
+    for gate in [&a, &b] {
+        let state = gate.get("/v1/locks/shared").await;
+        assert_eq!(
+            state.body["holder"]["fencing_token"], granted.body["fencing_token"],
+            "{state:?}"
+        );
+        let view = gate.get(&format!("/v1/locks/shared/handles/{handle}")).await;
+        assert_eq!(view.str("state"), "held", "{view:?}");
+    }
+    // The lease lists its lock, wherever it is asked.
+    let listed = b.get(&format!("/v1/leases/{lease}")).await;
+    assert_eq!(listed.body["holdings"][0]["handle"], handle.as_str(), "{listed:?}");
+
+    b.release("shared", &handle).await;
+    assert!(a.get("/v1/locks/shared").await.body["holder"].is_null());
+    assert_eq!(
+        b.delete(&format!("/v1/leases/{lease}")).await.status,
+        StatusCode::NO_CONTENT
+    );
+    let gone = a.get(&format!("/v1/leases/{lease}")).await;
+    gone.assert_problem(StatusCode::GONE, None);
+    assert_eq!(gone.body["reason"], "deleted");
+}
+
+#[tokio::test]
+async fn locks_stay_exclusive_when_every_call_lands_on_either_instance() {
+    let zk = zookeeper().await;
+    let gates = Arc::new([
+        Gate::start(&zk.connect_string()).await,
+        Gate::start(&zk.connect_string()).await,
+    ]);
+    let register = Arc::new(FencedRegister::new(false));
+    let workers = (0..4).map(|worker| {
+        let (gates, register) = (gates.clone(), register.clone());
+        tokio::spawn(async move {
+            for cycle in 0..15usize {
+                // Alternate instances between every call of a cycle.
+                let first = &gates[(worker + cycle) % 2];
+                let second = &gates[(worker + cycle + 1) % 2];
+                let lease = first.lease("30s").await;
+                let granted = second.acquire("counter", &lease, "wait=30s").await;
+                assert_eq!(granted.status, StatusCode::OK, "{granted:?}");
+                let value = register.read();
+                // Something asynchronous between the read and the write, as a real holder has.
+                let view = first
+                    .get(&format!("/v1/locks/counter/handles/{}", granted.str("handle")))
+                    .await;
+                assert_eq!(view.str("state"), "held", "{view:?}");
+                register.write(&format!("w{worker}"), granted.i64("fencing_token"), value);
+                let released = second
+                    .delete(&format!("/v1/locks/counter/handles/{}", granted.str("handle")))
+                    .await;
+                assert_eq!(released.status, StatusCode::NO_CONTENT, "{released:?}");
+                assert_eq!(
+                    first.delete(&format!("/v1/leases/{lease}")).await.status,
+                    StatusCode::NO_CONTENT
+                );
+            }
+        })
+    });
+    for worker in futures::future::join_all(workers).await {
+        worker.expect("worker");
+    }
+    let tally = register.check().expect("exclusive");
+    assert_eq!(tally.value, 60);
+}
+
+#[tokio::test]
+async fn a_lease_whose_instance_is_gone_is_reported_gone() {
+    let zk = zookeeper().await;
+    let a = Gate::start(&zk.connect_string()).await;
+    let b = Gate::start(&zk.connect_string()).await;
+    let lease = a.lease("30s").await;
+    let granted = a.acquire("orphan", &lease, "wait=0").await;
+    let handle = granted.str("handle");
+    a.running.stop().await.expect("stop A");
+
+    let gone = b.post(&format!("/v1/leases/{lease}/keepalive"), None).await;
+    gone.assert_problem(StatusCode::GONE, None);
+    assert_eq!(gone.body["reason"], "session_lost", "{gone:?}");
+    let handle = b
+        .call(Method::GET, &format!("/v1/locks/orphan/handles/{handle}"), None)
+        .await;
+    handle.assert_problem(StatusCode::GONE, None);
+    // A's holder went with it: B grants the lock at once.
+    let next = b.post("/v1/locks/orphan/acquire?wait=5s", Some(json!({}))).await;
+    assert_eq!(next.status, StatusCode::OK, "{next:?}");
+}
+
+#[tokio::test]
+async fn a_forwarded_request_is_authorised_by_the_owner_as_its_sender() {
+    let zk = zookeeper().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (owner, owner_hash) = zkgate::auth::new_token();
+    let (other, other_hash) = zkgate::auth::new_token();
+    let grants = "[[principals.grants]]\nkinds = [\"*\"]\nprefixes = [\"\"]\naccess = \"write\"\n";
+    let path = dir.path().join("auth.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[[principals]]\nname = \"owner\"\ntokens = [\"{owner_hash}\"]\n{grants}\n[[principals]]\nname = \"other\"\ntokens = [\"{other_hash}\"]\n{grants}"
+        ),
+    )
+    .expect("auth config");
+    let mut config = test_config(&zk.connect_string());
+    config.auth_config = Some(path);
+    let a = Gate::start_with(config.clone()).await;
+    let b = Gate::start_with(config).await;
+
+    let created = a.call_as(Some(&owner), Method::POST, "/v1/leases", None).await;
+    let lease = created.str("id");
+    let keepalive = format!("/v1/leases/{lease}/keepalive");
+    b.call_as(None, Method::POST, &keepalive, None)
+        .await
+        .assert_problem(StatusCode::UNAUTHORIZED, None);
+    b.call_as(Some(&other), Method::POST, &keepalive, None)
+        .await
+        .assert_problem(StatusCode::FORBIDDEN, None);
+    let kept = b.call_as(Some(&owner), Method::POST, &keepalive, None).await;
+    assert_eq!(kept.status, StatusCode::OK, "{kept:?}");
+}
