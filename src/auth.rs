@@ -401,7 +401,7 @@ fn check_path(caller: &Caller, method: &Method, path: &str) -> Result<(), ApiErr
 }
 
 /// Percent-decoding as in a URL path (`+` stays `+`).
-fn percent_decode(text: &str) -> String {
+pub(crate) fn percent_decode(text: &str) -> String {
     let bytes = text.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;

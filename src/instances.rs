@@ -104,6 +104,35 @@ impl Instances {
     }
 }
 
+impl Instances {
+    /// The instance whose session owns the ephemeral znode at `path` (a member joined through
+    /// it): found by matching the node's owner session with the registrations' (rare: only
+    /// requests that land on the wrong instance ask). `None` if the node or its instance is gone.
+    pub async fn owner_of_node(&self, path: &str) -> Result<Option<String>, ZkError> {
+        let client = self.zk.connected().await.map_err(|_| ZkError::ConnectionLoss)?.client;
+        let Some(stat) = retry_on_loss(|| client.check_stat(path)).await? else {
+            return Ok(None);
+        };
+        if stat.ephemeral_owner == 0 {
+            return Ok(None);
+        }
+        let names = match retry_on_loss(|| client.list_children(&self.dir)).await {
+            Ok(names) => names,
+            Err(ZkError::NoNode) => return Ok(None),
+            Err(err) => return Err(err),
+        };
+        for name in names {
+            let registration = format!("{}/{name}", self.dir);
+            if let Some(registered) = retry_on_loss(|| client.check_stat(&registration)).await?
+                && registered.ephemeral_owner == stat.ephemeral_owner
+            {
+                return Ok(Some(name));
+            }
+        }
+        Ok(None)
+    }
+}
+
 /// The registration is ephemeral: it goes with the session (and the session's leases), and is
 /// made again on each new session.
 async fn register_on_every_session(instances: Instances, me: Instance) {

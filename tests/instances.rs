@@ -153,3 +153,26 @@ async fn a_forwarded_request_is_authorised_by_the_owner_as_its_sender() {
     let kept = b.call_as(Some(&owner), Method::POST, &keepalive, None).await;
     assert_eq!(kept.status, StatusCode::OK, "{kept:?}");
 }
+
+#[tokio::test]
+async fn a_member_that_joined_through_one_instance_leaves_through_the_other() {
+    let zk = zookeeper().await;
+    let a = Gate::start(&zk.connect_string()).await;
+    let b = Gate::start(&zk.connect_string()).await;
+    let joined = a
+        .call(
+            Method::PUT,
+            "/v1/groups/workers/members/w1",
+            Some(json!({"data": {"slot": 1}})),
+        )
+        .await;
+    assert!(joined.status.is_success(), "{joined:?}");
+    let left = b.delete("/v1/groups/workers/members/w1").await;
+    assert_eq!(left.status, StatusCode::NO_CONTENT, "{left:?}");
+    let members = a.get("/v1/groups/workers").await;
+    assert_eq!(members.body["members"].as_array().map(Vec::len), Some(0), "{members:?}");
+    // A member nobody has: 404, wherever asked.
+    b.delete("/v1/groups/workers/members/w9")
+        .await
+        .assert_problem(StatusCode::NOT_FOUND, None);
+}

@@ -32,6 +32,14 @@ pub async fn forward(State(state): State<AppState>, request: Request, next: Next
     let (parts, body) = request.into_parts();
     let (owner, body) = match owner_in_path(parts.uri.path()) {
         Some(owner) => (Some(owner.to_string()), body),
+        None if parts.method == Method::DELETE
+            && let Some(path) = member_node(&state, parts.uri.path()) =>
+        {
+            match state.instances.owner_of_node(&path).await {
+                Ok(owner) => (owner, body),
+                Err(err) => return ApiError::from(err).into_response(),
+            }
+        }
         None if carries_lease(&parts.method, &parts.headers, parts.uri.path()) => {
             // Small JSON bodies naming a lease: read here (within the body limit) and handed on.
             let bytes = match axum::body::to_bytes(body, super::BODY_LIMIT_BYTES).await {
@@ -61,6 +69,21 @@ fn owner_in_path(path: &str) -> Option<&str> {
         _ => return None,
     };
     owner_of(id)
+}
+
+/// A group member named in `DELETE /v1/groups/{group}/members/{member}` that did not join
+/// through this instance: its znode, whose owner session tells its instance.
+fn member_node(state: &AppState, path: &str) -> Option<String> {
+    let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    let ["v1", "groups", group, "members", member] = segments.as_slice() else {
+        return None;
+    };
+    let (group, member) = (crate::auth::percent_decode(group), crate::auth::percent_decode(member));
+    let valid = |name: &str| crate::zk::names::validate_name(name).is_ok();
+    if !valid(&group) || !valid(&member) || state.groups.get(&group, &member).is_some() {
+        return None;
+    }
+    Some(format!("{}/{member}", state.groups.dir(&group)))
 }
 
 /// Requests whose JSON body may name a lease: the ones that contend, join or register.
