@@ -76,7 +76,14 @@ async fn serve(mut config: ServeConfig) -> Result<(), String> {
     config.validate()?;
     config.tls_acceptor()?;
     match config.load_authority()? {
-        Some(_) => tracing::info!("authentication on: bearer tokens from {:?}", config.auth_config),
+        Some(_) => tracing::info!(
+            "authentication on: bearer tokens from {}",
+            config
+                .auth_config
+                .as_deref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default()
+        ),
         None if config.listen.ip().is_loopback() => {
             tracing::info!(
                 "authentication off (no --auth-config): anyone who can reach {} may do anything",
