@@ -87,21 +87,38 @@ async fn the_embedded_zookeeper_needs_java_and_zookeeper_and_says_how_to_get_the
     );
 }
 
-#[tokio::test]
-async fn serve_runs_an_embedded_zookeeper_serves_locks_and_stops_it_on_exit() {
-    let port = free_port().expect("port");
-    let data = tempfile::tempdir().expect("tempdir");
+/// `zkgate serve <args>` with its log (stdout, level info) as lines; killed when dropped.
+fn serve_logging(
+    args: &[&str],
+) -> (
+    tokio::process::Child,
+    tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
+) {
     let mut child = Command::new(ZKGATE)
-        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
-        .arg("--zookeeper-data-dir")
-        .arg(data.path())
+        .arg("serve")
+        .args(args)
         .env("ZKGATE_LOG", "info")
+        .env_remove("ZKGATE_AUTH_CONFIG")
         .stdout(Stdio::piped())
         .stdin(Stdio::null())
         .kill_on_drop(true)
         .spawn()
         .expect("start zkgate");
-    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    (child, lines)
+}
+
+#[tokio::test]
+async fn serve_runs_an_embedded_zookeeper_serves_locks_and_stops_it_on_exit() {
+    let port = free_port().expect("port");
+    let data = tempfile::tempdir().expect("tempdir");
+    let data_dir = data.path().to_str().expect("utf-8");
+    let (mut child, mut lines) = serve_logging(&[
+        "--listen",
+        &format!("127.0.0.1:{port}"),
+        "--zookeeper-data-dir",
+        data_dir,
+    ]);
     let mut zookeeper = None;
     within(Duration::from_secs(60), "zkgate to report it serves", async {
         while let Some(line) = lines.next_line().await.expect("read log") {
@@ -161,22 +178,7 @@ async fn openapi_prints_the_spec() {
 #[tokio::test]
 async fn serving_beyond_loopback_without_tokens_is_warned_about_loudly() {
     let port = free_port().expect("port");
-    let mut child = Command::new(ZKGATE)
-        .args([
-            "serve",
-            "--listen",
-            &format!("0.0.0.0:{port}"),
-            "--zookeeper",
-            "127.0.0.1:1",
-        ])
-        .env("ZKGATE_LOG", "info")
-        .env_remove("ZKGATE_AUTH_CONFIG")
-        .stdout(Stdio::piped())
-        .stdin(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("start zkgate");
-    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let (_child, mut lines) = serve_logging(&["--listen", &format!("0.0.0.0:{port}"), "--zookeeper", "127.0.0.1:1"]);
     within(Duration::from_secs(30), "the warning", async {
         while let Some(line) = lines.next_line().await.expect("read log") {
             if line.contains("AUTHENTICATION IS OFF") && line.contains(&format!("0.0.0.0:{port}")) {
