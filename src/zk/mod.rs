@@ -1,10 +1,14 @@
 //! Everything that talks to ZooKeeper as such: the session supervisor, the server process we
-//! start when no ensemble is given, and the validation of names before they become paths.
+//! start when no ensemble is given, the validation of names before they become paths, and the
+//! ACL of the znodes zkgate creates.
 
+pub mod acl;
 pub mod names;
 pub mod server;
 pub mod session;
 pub mod watch;
+
+pub use acl::acls;
 
 use std::future::Future;
 use std::time::Duration;

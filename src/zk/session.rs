@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use zookeeper_client::{Acls, Client, CreateMode, SessionInfo, SessionState};
+use zookeeper_client::{Client, CreateMode, SessionInfo, SessionState};
 
 /// What a caller sees of the connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
@@ -264,7 +264,7 @@ impl Supervisor {
 /// Creates `path` and its missing ancestors as persistent znodes.
 pub async fn ensure_path(client: &Client, path: &str) -> Result<(), zookeeper_client::Error> {
     match client
-        .mkdir(path, &CreateMode::Persistent.with_acls(Acls::anyone_all()))
+        .mkdir(path, &CreateMode::Persistent.with_acls(super::acls()))
         .await
     {
         Ok(()) | Err(zookeeper_client::Error::NodeExists) => Ok(()),
