@@ -65,7 +65,12 @@ impl AppState {
     pub fn new(config: ServeConfig, authority: Option<auth::Authority>) -> AppState {
         let connect = config.zookeeper.clone().unwrap_or_default();
         let config_limits = config.limit_settings();
-        let zk = ZkSession::start(&connect, &config.root, config.session_timeout);
+        let zk = ZkSession::start(
+            &connect,
+            &config.root,
+            config.session_timeout,
+            config.zookeeper_security.clone(),
+        );
         let leases = Leases::new(config.lease_policy(), config.max_leases_per_principal, zk.clone());
         let locks = Contenders::new(zk.clone(), &config.root, "locks");
         let rwlocks = Contenders::new(zk.clone(), &config.root, "rwlocks");

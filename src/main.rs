@@ -83,6 +83,7 @@ async fn serve(mut config: ServeConfig) -> Result<(), String> {
         }
         None => warn_open_to_the_network(&config),
     }
+    config.zookeeper_security.log_summary();
     // Kept alive until the end of `serve`: dropping it stops the embedded ZooKeeper.
     let _embedded = match &config.zookeeper {
         Some(_) => None,
