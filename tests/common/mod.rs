@@ -27,6 +27,7 @@ pub fn test_server_options() -> ServerOptions {
         force_sync: false,
         heap_mb: 256,
         quick_start: true,
+        extra_config: Vec::new(),
     }
 }
 
