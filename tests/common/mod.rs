@@ -7,6 +7,7 @@
 pub mod checker;
 pub mod process;
 pub mod proxy;
+pub mod tls;
 pub mod ws;
 
 use std::collections::BTreeMap;
