@@ -130,6 +130,10 @@ pub struct ServeConfig {
     /// on exit). Ignored with `--zookeeper`.
     #[arg(long, env = "ZKGATE_ZOOKEEPER_DATA_DIR")]
     pub zookeeper_data_dir: Option<PathBuf>,
+
+    /// Digest authentication, ACLs and TLS of the ZooKeeper session (`--zookeeper-auth`, ...).
+    #[command(flatten)]
+    pub zookeeper_security: crate::zk::security::ZkSecurity,
 }
 
 fn duration(text: &str) -> Result<Duration, String> {
@@ -166,6 +170,7 @@ impl ServeConfig {
             max_sockets_per_principal: 10_000,
             max_sockets_per_address: 10_000,
             max_subscriptions_per_principal: 100_000,
+            zookeeper_security: Default::default(),
         }
     }
 
@@ -226,9 +231,11 @@ impl ServeConfig {
             .transpose()
     }
 
-    /// Checks what clap cannot: the root path and the order of the TTL bounds.
+    /// Checks what clap cannot: the root path, the order of the TTL bounds, and the ZooKeeper
+    /// security flags against each other and `--zookeeper`.
     pub fn validate(&self) -> Result<(), String> {
         crate::zk::names::validate_root(&self.root)?;
+        self.zookeeper_security.validate(self.zookeeper.as_deref())?;
         if self.lease_ttl_min.is_zero() || self.lease_ttl_min > self.lease_ttl_max {
             return Err(format!(
                 "--lease-ttl-min ({:?}) must be above zero and at most --lease-ttl-max ({:?})",

@@ -16,7 +16,7 @@
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
-use zookeeper_client::{Acls, CreateMode, Error as ZkError};
+use zookeeper_client::{CreateMode, Error as ZkError};
 
 use crate::zk::retry_on_loss;
 use crate::zk::session::ZkSession;
@@ -146,11 +146,11 @@ async fn register_on_every_session(instances: Instances, me: Instance) {
             })
             .unwrap_or_default();
             let path = format!("{}/{}", instances.dir, me.id);
-            let options = CreateMode::Ephemeral.with_acls(Acls::anyone_all());
+            let options = CreateMode::Ephemeral.with_acls(crate::zk::acls());
             let created = match retry_on_loss(|| client.create(&path, &data, &options)).await {
                 Ok(_) | Err(ZkError::NodeExists) => Ok(()),
                 Err(ZkError::NoNode) => {
-                    let parent = CreateMode::Persistent.with_acls(Acls::anyone_all());
+                    let parent = CreateMode::Persistent.with_acls(crate::zk::acls());
                     match client.create(&instances.dir, &[], &parent).await {
                         Ok(_) | Err(ZkError::NodeExists) => client.create(&path, &data, &options).await.map(|_| ()),
                         Err(err) => Err(err),

@@ -35,9 +35,12 @@ use crate::recipes::semaphore::Semaphores;
 use crate::zk::session::ZkSession;
 use crate::zk::watch::ExistsWatches;
 
-/// Makes rustls's `ring` provider the process's default, for the HTTP clients (reqwest is
-/// built without a provider of its own, so that no C toolchain beyond the usual is needed).
-/// Idempotent; the binary calls it first thing, tests and benches before building clients.
+/// Makes rustls's `ring` provider the process's default. reqwest (built without a provider of
+/// its own) and zookeeper-client's TLS both build on the process default, which rustls picks
+/// by itself only while exactly one provider is compiled in (zookeeper-client's rustls brings
+/// aws-lc-rs too): naming one keeps every TLS connect from panicking. Idempotent; the binary
+/// calls it first thing, the session before a TLS connect, tests and benches before building
+/// clients.
 pub fn install_crypto_provider() {
     let _ = tokio_rustls::rustls::crypto::CryptoProvider::install_default(
         tokio_rustls::rustls::crypto::ring::default_provider(),
@@ -83,7 +86,12 @@ impl AppState {
         let connect = config.zookeeper.clone().unwrap_or_default();
         let config_limits = config.limit_settings();
         let config_for_peers = config.clone();
-        let zk = ZkSession::start(&connect, &config.root, config.session_timeout);
+        let zk = ZkSession::start(
+            &connect,
+            &config.root,
+            config.session_timeout,
+            config.zookeeper_security.clone(),
+        );
         let instance = instances::Instance::new(config.advertised_url());
         let instances = instances::Instances::start(zk.clone(), &config.root, instance.clone());
         let leases = Leases::new(

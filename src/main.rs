@@ -98,6 +98,7 @@ async fn serve(mut config: ServeConfig) -> Result<(), String> {
              or put a TLS-terminating proxy in front"
         );
     }
+    config.zookeeper_security.log_summary();
     // Kept alive until the end of `serve`: dropping it stops the embedded ZooKeeper.
     let _embedded = match &config.zookeeper {
         Some(_) => None,

@@ -9,8 +9,9 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::process::Process;
 use common::{Gate, wait_children, within, zookeeper};
-use reqwest::StatusCode;
+use reqwest::{Method, StatusCode};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 
@@ -46,6 +47,25 @@ impl Peer {
     /// Runs `tests/interop/<class>.java` (Java's source launcher: no compile step) on the
     /// Curator class path.
     async fn java(class: &str, args: &[&str]) -> Peer {
+        Peer::spawn(Peer::java_command(class, args)).await
+    }
+
+    /// A Curator `InterProcessMutex` peer that authenticates with `digest` (`user:password`)
+    /// and creates its znodes for that digest only, as next to `zkgate --zookeeper-auth`.
+    async fn curator_with_digest(connect: &str, lock_path: &str, digest: &str) -> Peer {
+        let mut command = Peer::java_command("CuratorLock", &[connect, lock_path, "mutex"]);
+        command.env("ZKGATE_PEER_DIGEST", digest);
+        Peer::spawn(command).await
+    }
+
+    /// A kazoo `Lock` peer that authenticates with `digest`, like [Peer::curator_with_digest].
+    async fn kazoo_with_digest(connect: &str, lock_path: &str, digest: &str) -> Peer {
+        let mut command = Peer::kazoo_command(connect, lock_path);
+        command.env("ZKGATE_PEER_DIGEST", digest);
+        Peer::spawn(command).await
+    }
+
+    fn java_command(class: &str, args: &[&str]) -> Command {
         let classpath = std::process::Command::new(format!("{INTEROP}/classpath.sh"))
             .output()
             .expect("classpath.sh");
@@ -54,13 +74,17 @@ impl Peer {
         command
             .args(["-cp", &classpath, &format!("{INTEROP}/{class}.java")])
             .args(args);
-        Peer::spawn(command).await
+        command
     }
 
     async fn kazoo(connect: &str, lock_path: &str) -> Peer {
+        Peer::spawn(Peer::kazoo_command(connect, lock_path)).await
+    }
+
+    fn kazoo_command(connect: &str, lock_path: &str) -> Command {
         let mut command = Command::new("/usr/bin/python3");
         command.args(["-B", &format!("{INTEROP}/kazoo_lock.py"), connect, lock_path]);
-        Peer::spawn(command).await
+        command
     }
 
     async fn spawn(mut command: Command) -> Peer {
@@ -298,4 +322,49 @@ async fn http_and_a_curator_semaphore_share_the_same_permits() {
         .await;
     assert_eq!(curator.send("acquire 5000").await, "ACQUIRED");
     curator.quit().await;
+}
+
+/// With `zkgate serve --zookeeper-auth`, a Curator or kazoo peer that authenticates with the
+/// same digest shares zkgate's locks as before; one without it is refused (NoAuth) instead of
+/// contending. (zkgate runs as a process: the ACL setting is process-wide.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peers_with_zkgates_digest_share_its_locks_and_others_are_refused() {
+    const DIGEST: &str = "zkgate:s3cret";
+    let zk = zookeeper().await;
+    let connect = zk.connect_string();
+    let mut gate = Process::start_with(&connect, &["--zookeeper-auth", DIGEST]).await;
+    gate.wait_ready().await;
+    let path = "/zkgate/locks/shared";
+    let acquire = "/v1/locks/shared/acquire?wait=0";
+    let lease = gate.lease("60s").await;
+    let body = serde_json::json!({ "lease": lease });
+    let (status, held) = gate.call(Method::POST, acquire, Some(body.clone())).await;
+    assert_eq!(status, StatusCode::OK, "{held}");
+
+    let (mut curator, mut kazoo, mut stranger) = tokio::join!(
+        Peer::curator_with_digest(&connect, path, DIGEST),
+        Peer::kazoo_with_digest(&connect, path, DIGEST),
+        Peer::curator(&connect, path),
+    );
+    let refused = stranger.send("acquire 300").await;
+    assert!(refused.starts_with("ERROR") && refused.contains("NoAuth"), "{refused}");
+    assert_eq!(curator.send("acquire 300").await, "TIMEOUT");
+
+    let handle = held["handle"].as_str().expect("handle");
+    let (released, _) = gate
+        .call(Method::DELETE, &format!("/v1/locks/shared/handles/{handle}"), None)
+        .await;
+    assert_eq!(released, StatusCode::NO_CONTENT);
+    assert_eq!(curator.send("acquire 10000").await, "ACQUIRED");
+    let (status, _) = gate.call(Method::POST, acquire, Some(body.clone())).await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    assert_eq!(curator.send("release").await, "RELEASED");
+
+    assert_eq!(kazoo.send("acquire 10000").await, "ACQUIRED");
+    let (status, _) = gate.call(Method::POST, acquire, Some(body)).await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    assert_eq!(kazoo.send("release").await, "RELEASED");
+    for peer in [curator, kazoo, stranger] {
+        peer.quit().await;
+    }
 }

@@ -7,7 +7,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
-use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError};
+use zookeeper_client::{Client, CreateMode, Error as ZkError};
 
 use super::contention::{self, LockSummary, check_name};
 use super::error::{ApiError, Place, Problem};
@@ -120,7 +120,7 @@ async fn settle_size(client: &Client, dir: &str, name: &str, size: u32) -> Resul
                 }
             }
             Err(ZkError::NoNode) => {
-                let options = CreateMode::Persistent.with_acls(Acls::anyone_all());
+                let options = CreateMode::Persistent.with_acls(crate::zk::acls());
                 match retry_on_loss(|| client.create(dir, &ours, &options)).await {
                     Ok(_) | Err(ZkError::NodeExists) => continue,
                     Err(ZkError::NoNode) => {

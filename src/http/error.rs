@@ -242,6 +242,15 @@ impl From<ZkError> for ApiError {
             | ZkError::SessionExpired
             | ZkError::ClientClosed
             | ZkError::Throttled => ApiError::unavailable(format!("ZooKeeper did not answer: {err}")),
+            // zkgate's own session may not touch the znode: its ACL (set by a peer, or by an
+            // instance with another digest) leaves zkgate out. Not the client's doing, and not
+            // a bug in zkgate: say exactly that.
+            ZkError::NoAuth => ApiError::new_status(
+                axum::http::StatusCode::FORBIDDEN,
+                "zookeeper-refused",
+                "ZooKeeper refused",
+                "ZooKeeper refuses zkgate's session access to this znode: its ACL leaves zkgate's identity out (see --zookeeper-auth)",
+            ),
             err => ApiError::internal(format!("unexpected ZooKeeper error: {err}")),
         }
     }

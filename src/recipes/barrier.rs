@@ -6,13 +6,13 @@
 //! reports the node gone. A barrier is either persistent (lowered by a `DELETE`) or bound to
 //! its owner's lease (an ephemeral node, so it falls when the owner goes silent or dies).
 
-use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError};
+use zookeeper_client::{Client, CreateMode, Error as ZkError};
 
 use crate::zk::watch::ExistsWatches;
 
 /// Raises a persistent barrier at `path`; `false` if it was already up.
 pub async fn raise(client: &Client, path: &str) -> Result<bool, ZkError> {
-    let options = CreateMode::Persistent.with_acls(Acls::anyone_all());
+    let options = CreateMode::Persistent.with_acls(crate::zk::acls());
     loop {
         match client.create(path, &[], &options).await {
             Ok(_) => return Ok(true),

@@ -7,7 +7,7 @@
 //! conditional on an mzxid reads the stat, compares the mzxid, and writes with the data
 //! version it read, so a change in between still fails the write.
 
-use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError, Stat};
+use zookeeper_client::{Client, CreateMode, Error as ZkError, Stat};
 
 use crate::zk::retry_on_loss;
 
@@ -121,7 +121,7 @@ pub async fn write(client: &Client, path: &str, data: &[u8], condition: Conditio
 }
 
 async fn create(client: &Client, path: &str, data: &[u8]) -> Result<Stat, ZkError> {
-    let options = CreateMode::Persistent.with_acls(Acls::anyone_all());
+    let options = CreateMode::Persistent.with_acls(crate::zk::acls());
     loop {
         match client.create(path, data, &options).await {
             Ok((stat, _)) => return Ok(stat),

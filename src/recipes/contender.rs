@@ -18,7 +18,7 @@ use std::time::{Duration, SystemTime};
 
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError, EventType};
+use zookeeper_client::{Client, CreateMode, Error as ZkError, EventType};
 
 use crate::lease::{Holding, HoldingView, Lease};
 use crate::recipes::revocation::{self, Revocation};
@@ -470,7 +470,7 @@ async fn create_node(contender: &Contender, client: &Client) -> Result<(Node, Ve
         data["principal"] = owner.as_str().into();
     }
     let data = data.to_string();
-    let options = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
+    let options = CreateMode::EphemeralSequential.with_acls(crate::zk::acls());
     loop {
         let create = client.create(&prefix, data.as_bytes(), &options);
         let list = client.list_children(&contender.dir);
@@ -528,7 +528,7 @@ pub(crate) async fn find_by_guid(client: &Client, dir: &str, guid: &str) -> Resu
 /// Creates the resource's znode as a container (ZooKeeper removes it once its last child is
 /// gone, as Curator's are), creating `<root>/<kind>` if needed.
 pub(crate) async fn ensure_dir(client: &Client, dir: &str) -> Result<(), ZkError> {
-    let options = CreateMode::Container.with_acls(Acls::anyone_all());
+    let options = CreateMode::Container.with_acls(crate::zk::acls());
     match retry_on_loss(|| client.create(dir, &[], &options)).await {
         Ok(_) | Err(ZkError::NodeExists) => Ok(()),
         Err(ZkError::NoNode) => {

@@ -14,7 +14,7 @@
 //!   waits for the lowest to go; the last one out removes `ready`. Each deletion wakes one
 //!   waiter, except the last.
 
-use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError};
+use zookeeper_client::{Client, CreateMode, Error as ZkError};
 
 use crate::zk::retry_on_loss;
 
@@ -64,7 +64,7 @@ pub async fn participants(client: &Client, dir: &str) -> Result<Vec<String>, ZkE
 /// Creates `ready` (persistent: it must outlive the instance that happened to create it, since
 /// participants on other instances rely on it); already there is fine.
 pub async fn make_ready(client: &Client, dir: &str) -> Result<(), ZkError> {
-    let options = CreateMode::Persistent.with_acls(Acls::anyone_all());
+    let options = CreateMode::Persistent.with_acls(crate::zk::acls());
     let path = format!("{dir}/{READY}");
     match retry_on_loss(|| client.create(&path, &[], &options)).await {
         Ok(_) | Err(ZkError::NodeExists) => Ok(()),

@@ -18,7 +18,7 @@
 //! node was created after every earlier leader's, and terms strictly increase.
 
 use serde::{Deserialize, Serialize};
-use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError};
+use zookeeper_client::{Client, CreateMode, Error as ZkError};
 
 use crate::zk::retry_on_loss;
 
@@ -53,7 +53,7 @@ impl Acknowledgement {
 pub async fn acknowledge(client: &Client, dir: &str, ack: &Acknowledgement) -> Result<(), ZkError> {
     let path = format!("{dir}/{ACK_NODE}");
     let data = serde_json::to_vec(ack).unwrap_or_default();
-    let options = CreateMode::Ephemeral.with_acls(Acls::anyone_all());
+    let options = CreateMode::Ephemeral.with_acls(crate::zk::acls());
     loop {
         match client.create(&path, &data, &options).await {
             Ok(_) => return Ok(()),

@@ -11,7 +11,7 @@ use std::time::SystemTime;
 
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError};
+use zookeeper_client::{Client, CreateMode, Error as ZkError};
 
 use crate::lease::{Holding, HoldingView, Lease};
 use crate::zk::retry_on_loss;
@@ -164,7 +164,7 @@ impl BoundNodes {
 }
 
 async fn create(client: &Client, parent: &str, path: &str, data: &[u8]) -> Result<(), BindError> {
-    let options = CreateMode::Ephemeral.with_acls(Acls::anyone_all());
+    let options = CreateMode::Ephemeral.with_acls(crate::zk::acls());
     loop {
         match client.create(path, data, &options).await {
             Ok(_) => return Ok(()),

@@ -16,7 +16,7 @@
 //! multi-op, so a retried put lands once.
 
 use serde::{Deserialize, Serialize};
-use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError, MultiWriteError, Stat};
+use zookeeper_client::{Client, CreateMode, Error as ZkError, MultiWriteError, Stat};
 
 use crate::zk::retry_on_loss;
 
@@ -137,8 +137,8 @@ pub async fn put(
         None => format!("{}/{PREFIX}", paths.items),
     };
     let data = envelope.to_bytes();
-    let options = CreateMode::PersistentSequential.with_acls(Acls::anyone_all());
-    let plain = CreateMode::Persistent.with_acls(Acls::anyone_all());
+    let options = CreateMode::PersistentSequential.with_acls(crate::zk::acls());
+    let plain = CreateMode::Persistent.with_acls(crate::zk::acls());
     loop {
         let mut writer = client.new_multi_writer();
         writer.add_create(&prefix, &data, &options)?;
@@ -269,7 +269,7 @@ async fn claim(
     writer.add_create(
         &claim_path,
         claim_data,
-        &CreateMode::Ephemeral.with_acls(Acls::anyone_all()),
+        &CreateMode::Ephemeral.with_acls(crate::zk::acls()),
     )?;
     match writer.commit().await {
         Ok(_) => Ok(true),
@@ -303,7 +303,7 @@ async fn bury(
     writer.add_create(
         &format!("{}/{item}", paths.dead),
         &envelope.to_bytes(),
-        &CreateMode::Persistent.with_acls(Acls::anyone_all()),
+        &CreateMode::Persistent.with_acls(crate::zk::acls()),
     )?;
     match writer.commit().await {
         Ok(_) => {
@@ -405,7 +405,7 @@ pub async fn replay(client: &Client, paths: &QueuePaths, item: &str) -> Result<b
     writer.add_create(
         &format!("{}/{item}", paths.items),
         &envelope.to_bytes(),
-        &CreateMode::Persistent.with_acls(Acls::anyone_all()),
+        &CreateMode::Persistent.with_acls(crate::zk::acls()),
     )?;
     match writer.commit().await {
         Ok(_) => Ok(true),

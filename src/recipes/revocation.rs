@@ -14,7 +14,7 @@
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError};
+use zookeeper_client::{Client, CreateMode, Error as ZkError};
 
 use crate::zk::retry_on_loss;
 
@@ -97,7 +97,7 @@ pub fn force_after(client: Client, path: String, czxid: i64, grace: Duration) {
 /// [AUDIT_KEPT] records.
 pub async fn audit(client: &Client, base: &str, record: &Revocation) -> Result<(), ZkError> {
     let data = serde_json::to_vec(record).unwrap_or_default();
-    let options = CreateMode::PersistentSequential.with_acls(Acls::anyone_all());
+    let options = CreateMode::PersistentSequential.with_acls(crate::zk::acls());
     let prefix = format!("{base}/r-");
     // A lost reply may leave a duplicate record: an audit log can bear that; a lost one it
     // could not, so the create is retried.

@@ -18,7 +18,7 @@ use std::time::SystemTime;
 
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError, EventType};
+use zookeeper_client::{Client, CreateMode, Error as ZkError, EventType};
 
 use super::contender::{ContenderState, Next, Phase, ensure_dir, find_by_guid};
 use super::{in_sequence_order, lock};
@@ -58,7 +58,7 @@ pub async fn settle_permits(client: &Client, dir: &str, permits: u32) -> Result<
                 }
             }
             Err(ZkError::NoNode) => {
-                let options = CreateMode::Container.with_acls(Acls::anyone_all());
+                let options = CreateMode::Container.with_acls(crate::zk::acls());
                 match retry_on_loss(|| client.create(dir, &ours, &options)).await {
                     Ok(_) => return Ok(()),
                     Err(ZkError::NodeExists) => continue,
@@ -327,7 +327,7 @@ async fn acquire(permit: &Permit, client: &Client) -> Result<(), ZkError> {
 /// adopting it by GUID after a lost reply; returns its name.
 async fn create(client: &Client, dir: &str, guid: &str, infix: &str, permit: &Permit) -> Result<String, ZkError> {
     let prefix = format!("{dir}/_c_{guid}{infix}");
-    let options = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
+    let options = CreateMode::EphemeralSequential.with_acls(crate::zk::acls());
     let data = serde_json::json!({ "lease": permit.lease.id, "handle": permit.handle }).to_string();
     loop {
         match client.create(&prefix, data.as_bytes(), &options).await {

@@ -174,7 +174,7 @@ mod io {
     use std::collections::BTreeSet;
     use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-    use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError};
+    use zookeeper_client::{Client, CreateMode, Error as ZkError};
 
     use super::{Decision, Outcome, Record, Spec, Tally, Vote, VoteError, decide};
     use crate::zk::retry_on_loss;
@@ -191,7 +191,7 @@ mod io {
     /// `NodeExists` if the id is taken.
     pub async fn create(client: &Client, dir: &str, spec: &Spec) -> Result<(), ZkError> {
         let data = serde_json::to_vec(spec).unwrap_or_default();
-        let options = CreateMode::Persistent.with_acls(Acls::anyone_all());
+        let options = CreateMode::Persistent.with_acls(crate::zk::acls());
         loop {
             let mut writer = client.new_multi_writer();
             writer.add_create(dir, &data, &options)?;
@@ -261,7 +261,7 @@ mod io {
     /// Records `vote` for `participant` (create-only): the same vote again is fine.
     pub async fn record_vote(client: &Client, dir: &str, participant: &str, vote: Vote) -> Result<(), VoteError> {
         let path = format!("{dir}/votes/{participant}");
-        let options = CreateMode::Persistent.with_acls(Acls::anyone_all());
+        let options = CreateMode::Persistent.with_acls(crate::zk::acls());
         loop {
             match client.create(&path, vote.as_bytes(), &options).await {
                 Ok(_) => return Ok(()),
@@ -292,7 +292,7 @@ mod io {
             at_ms: now_ms(),
         };
         let data = serde_json::to_vec(&decision).unwrap_or_default();
-        let options = CreateMode::Persistent.with_acls(Acls::anyone_all());
+        let options = CreateMode::Persistent.with_acls(crate::zk::acls());
         loop {
             match client.create(&path, &data, &options).await {
                 Ok(_) => return Ok(decision),

@@ -1,10 +1,15 @@
 //! Everything that talks to ZooKeeper as such: the session supervisor, the server process we
-//! start when no ensemble is given, and the validation of names before they become paths.
+//! start when no ensemble is given, the validation of names before they become paths, and the
+//! session's security (digest authentication, the ACL of the znodes zkgate creates, TLS).
 
+pub mod acl;
 pub mod names;
+pub mod security;
 pub mod server;
 pub mod session;
 pub mod watch;
+
+pub use acl::acls;
 
 use std::future::Future;
 use std::time::Duration;

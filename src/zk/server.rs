@@ -50,6 +50,11 @@ pub struct ServerOptions {
     /// Start fast at the cost of peak speed (the JVM's C1 compiler only): for tests, which
     /// start many short-lived servers.
     pub quick_start: bool,
+    /// Lines appended to `zoo.cfg` as they are, e.g. a TLS client port:
+    /// `secureClientPort=...`, `serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory`,
+    /// `ssl.keyStore.location=...` (ZooKeeper turns unknown keys into `zookeeper.*` system
+    /// properties, which is where its TLS settings are read).
+    pub extra_config: Vec<String>,
 }
 
 impl Default for ServerOptions {
@@ -60,6 +65,7 @@ impl Default for ServerOptions {
             force_sync: true,
             heap_mb: 512,
             quick_start: false,
+            extra_config: Vec::new(),
         }
     }
 }
@@ -303,8 +309,20 @@ fn config_text(options: &ServerOptions, data_dir: &Path, client_port: u16, membe
             text.push_str(&format!("server.{}=127.0.0.1:{}:{}\n", i + 1, m.quorum, m.election));
         }
     }
+    for line in &options.extra_config {
+        text.push_str(line);
+        text.push('\n');
+    }
     text
 }
+
+/// Debian's `zookeeper.jar` manifest lists netty-handler and netty-transport but not what they
+/// need to run (found by starting a server with `secureClientPort`).
+const DEBIAN_NETTY_JARS_BEYOND_THE_MANIFEST: [&str; 3] = [
+    "netty-codec.jar",
+    "netty-resolver.jar",
+    "netty-transport-native-unix-common.jar",
+];
 
 /// A loopback port that was free a moment ago. There is a window in which another process may
 /// take it; callers that care retry on a failed start.
@@ -329,7 +347,9 @@ pub fn find_java() -> Result<PathBuf, ServerError> {
 }
 
 /// The class path of the ZooKeeper server: every jar of `$ZOOKEEPER_HOME` (an Apache binary
-/// tarball keeps them in `lib/`), else Debian's `zookeeper.jar`, whose manifest names the rest.
+/// tarball keeps them in `lib/`), else Debian's `zookeeper.jar`, whose manifest names the rest
+/// but for the Netty jars that only the Netty connection factory (TLS client ports) loads:
+/// those are added when Debian's `libnetty-java` has them.
 pub fn find_classpath() -> Result<String, ServerError> {
     if let Some(home) = std::env::var_os("ZOOKEEPER_HOME") {
         let home = PathBuf::from(home);
@@ -354,8 +374,16 @@ pub fn find_classpath() -> Result<String, ServerError> {
         return Err(ServerError::ZooKeeperMissing);
     }
     let debian = Path::new("/usr/share/java/zookeeper.jar");
-    if debian.is_file() {
-        return Ok(debian.display().to_string());
+    if !debian.is_file() {
+        return Err(ServerError::ZooKeeperMissing);
     }
-    Err(ServerError::ZooKeeperMissing)
+    let netty = DEBIAN_NETTY_JARS_BEYOND_THE_MANIFEST
+        .iter()
+        .map(|jar| Path::new("/usr/share/java").join(jar))
+        .filter(|jar| jar.is_file());
+    let parts: Vec<String> = std::iter::once(debian.to_path_buf())
+        .chain(netty)
+        .map(|jar| jar.display().to_string())
+        .collect();
+    Ok(parts.join(":"))
 }

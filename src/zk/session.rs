@@ -6,13 +6,19 @@
 //! client. Each client gets a new *generation* number: a lease remembers the generation it was
 //! born in, and a lease of an older generation is lost, because the ephemeral znodes it held
 //! died with that session. ZooKeeper, not zkgate, decides when a session is gone.
+//!
+//! Every session is built with the settings of [ZkSecurity] (digest authentication, TLS), so a
+//! new session after an expiry authenticates again before it creates anything.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use zookeeper_client::{Acls, Client, CreateMode, SessionInfo, SessionState};
+use zookeeper_client::{Client, CreateMode, SessionInfo, SessionState};
+
+use super::acl::AclPolicy;
+use super::security::{ConnectError, ZkSecurity};
 
 /// What a caller sees of the connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
@@ -67,9 +73,16 @@ pub struct ZkSession {
 }
 
 impl ZkSession {
-    /// Starts supervising a session to `connect` (`host:port,...[/chroot]`), creating `root`
-    /// (and the chroot) if missing. Returns at once; see [ZkSession::wait_connected].
-    pub fn start(connect: &str, root: &str, session_timeout: Duration) -> ZkSession {
+    /// Starts supervising a session to `connect` (`host:port,...[/chroot]`) with `security`,
+    /// creating `root` (and the chroot) if missing. Returns at once; see
+    /// [ZkSession::wait_connected].
+    ///
+    /// It also installs the ACL policy that `security` calls for as the process's (see
+    /// [super::acl]): every znode created from then on, by any session of the process, gets
+    /// it. If the process already has another policy, this session never connects (and says
+    /// why in the log) rather than create znodes with an ACL it was not configured for.
+    pub fn start(connect: &str, root: &str, session_timeout: Duration, security: ZkSecurity) -> ZkSession {
+        let installed_acl_policy = super::acl::install(security.acl_policy()).err();
         let (hosts, chroot) = split_chroot(connect);
         let (sender, status) = watch::channel(Status {
             client: None,
@@ -83,6 +96,8 @@ impl ZkSession {
             chroot: chroot.map(str::to_string),
             root: root.to_string(),
             session_timeout,
+            security,
+            installed_acl_policy,
             status: sender,
         };
         tokio::spawn(supervisor.run(stop.clone()));
@@ -159,6 +174,9 @@ struct Supervisor {
     chroot: Option<String>,
     root: String,
     session_timeout: Duration,
+    security: ZkSecurity,
+    /// The process's ACL policy when it differs from this session's: it then never connects.
+    installed_acl_policy: Option<AclPolicy>,
     status: watch::Sender<Status>,
 }
 
@@ -241,12 +259,15 @@ impl Supervisor {
         }
     }
 
-    async fn connect_once(&self) -> Result<Client, zookeeper_client::Error> {
-        let client = Client::connector()
+    async fn connect_once(&self) -> Result<Client, ConnectError> {
+        if let Some(installed) = self.installed_acl_policy {
+            let wanted = self.security.acl_policy();
+            return Err(ConnectError::AclConflict { installed, wanted });
+        }
+        let connector = Client::connector()
             .with_session_timeout(self.session_timeout)
-            .with_fail_eagerly()
-            .connect(&self.hosts)
-            .await?;
+            .with_fail_eagerly();
+        let client = self.security.connect(connector, &self.hosts).await?;
         let client = match &self.chroot {
             Some(chroot) => {
                 ensure_path(&client, chroot).await?;
@@ -257,6 +278,11 @@ impl Supervisor {
             None => client,
         };
         ensure_path(&client, &self.root).await?;
+        // A root that another identity created with its own ACL (an instance given
+        // --zookeeper-auth, and this one not) would fail every request: say so here instead.
+        if let Err(zookeeper_client::Error::NoAuth) = client.get_data(&self.root).await {
+            return Err(ConnectError::RootDenied(self.root.clone()));
+        }
         Ok(client)
     }
 }
@@ -264,7 +290,7 @@ impl Supervisor {
 /// Creates `path` and its missing ancestors as persistent znodes.
 pub async fn ensure_path(client: &Client, path: &str) -> Result<(), zookeeper_client::Error> {
     match client
-        .mkdir(path, &CreateMode::Persistent.with_acls(Acls::anyone_all()))
+        .mkdir(path, &CreateMode::Persistent.with_acls(super::acls()))
         .await
     {
         Ok(()) | Err(zookeeper_client::Error::NodeExists) => Ok(()),

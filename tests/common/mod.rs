@@ -7,6 +7,7 @@
 pub mod checker;
 pub mod process;
 pub mod proxy;
+pub mod tls;
 pub mod ws;
 
 use std::collections::BTreeMap;
@@ -27,6 +28,7 @@ pub fn test_server_options() -> ServerOptions {
         force_sync: false,
         heap_mb: 256,
         quick_start: true,
+        extra_config: Vec::new(),
     }
 }
 

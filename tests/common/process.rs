@@ -44,6 +44,20 @@ impl Process {
         (status, serde_json::from_str(&text).unwrap_or(serde_json::Value::Null))
     }
 
+    /// Waits (bounded) until `/readyz` answers 200: the process has a connected session.
+    pub async fn wait_ready(&mut self) {
+        let ready = tokio::time::timeout(Duration::from_secs(30), async {
+            while self.call(reqwest::Method::GET, "/readyz", None).await.0 != reqwest::StatusCode::OK {
+                // Readiness has no long poll: ask again shortly.
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await;
+        if ready.is_err() {
+            panic!("zkgate not ready after 30s: {}", self.diagnose());
+        }
+    }
+
     /// Creates a lease with `ttl` on this process and returns its id.
     pub async fn lease(&self, ttl: &str) -> String {
         let (status, lease) = self
@@ -85,8 +99,15 @@ impl Process {
         }
     }
 
-    /// A process with these `serve` flags.
+    /// A process with these `serve` flags, once it logs that it serves (which it does after
+    /// connecting to ZooKeeper, or after giving up waiting for that).
     pub async fn start_with(connect: &str, flags: &[&str]) -> Process {
+        Process::start_until(connect, flags, "zkgate serving").await
+    }
+
+    /// A process with these `serve` flags, once a line of its log contains `marker` (say, the
+    /// warning that it cannot reach ZooKeeper). Its HTTP listener is up by then.
+    pub async fn start_until(connect: &str, flags: &[&str], marker: &str) -> Process {
         use tokio::io::AsyncBufReadExt;
         let port = zkgate::zk::server::free_port().expect("port");
         let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_zkgate"))
@@ -109,13 +130,15 @@ impl Process {
             .spawn()
             .expect("start zkgate");
         let mut lines = tokio::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
-        within(Duration::from_secs(60), "zkgate to serve", async {
+        let mut seen = Vec::new();
+        within(Duration::from_secs(60), &format!("zkgate to log {marker:?}"), async {
             while let Some(line) = lines.next_line().await.expect("log") {
-                if line.contains("zkgate serving") {
+                if line.contains(marker) {
                     return;
                 }
+                seen.push(line);
             }
-            panic!("zkgate exited before serving");
+            panic!("zkgate exited before logging {marker:?}; its log: {seen:#?}");
         })
         .await;
         // Keep draining the log (kept for diagnosis) so the process never blocks on a full pipe.

@@ -13,18 +13,26 @@
 //
 // Only protocol lines are written to the real stdout; System.out is redirected
 // to stderr so that no library chatter can corrupt the protocol.
+//
+// With ZKGATE_PEER_DIGEST=user:password in the environment the client
+// authenticates with that digest and creates its znodes with ACL creator-all,
+// as a Curator service sharing locks with `zkgate serve --zookeeper-auth` must.
 
 import java.io.BufferedReader;
 import java.io.InputStreamReader;
 import java.io.PrintStream;
 import java.nio.charset.StandardCharsets;
+import java.util.List;
 import java.util.concurrent.TimeUnit;
 
 import org.apache.curator.framework.CuratorFramework;
 import org.apache.curator.framework.CuratorFrameworkFactory;
+import org.apache.curator.framework.api.ACLProvider;
 import org.apache.curator.framework.recipes.locks.InterProcessMutex;
 import org.apache.curator.framework.recipes.locks.InterProcessReadWriteLock;
 import org.apache.curator.retry.ExponentialBackoffRetry;
+import org.apache.zookeeper.ZooDefs;
+import org.apache.zookeeper.data.ACL;
 
 public class CuratorLock {
     private static PrintStream proto;
@@ -55,12 +63,27 @@ public class CuratorLock {
         CuratorFramework client;
         InterProcessMutex mutex;
         try {
-            client = CuratorFrameworkFactory.builder()
+            CuratorFrameworkFactory.Builder builder = CuratorFrameworkFactory.builder()
                     .connectString(connectString)
                     .sessionTimeoutMs(10_000)
                     .connectionTimeoutMs(10_000)
-                    .retryPolicy(new ExponentialBackoffRetry(200, 5))
-                    .build();
+                    .retryPolicy(new ExponentialBackoffRetry(200, 5));
+            String digest = System.getenv("ZKGATE_PEER_DIGEST");
+            if (digest != null) {
+                builder.authorization("digest", digest.getBytes(StandardCharsets.UTF_8))
+                        .aclProvider(new ACLProvider() {
+                            @Override
+                            public List<ACL> getDefaultAcl() {
+                                return ZooDefs.Ids.CREATOR_ALL_ACL;
+                            }
+
+                            @Override
+                            public List<ACL> getAclForPath(String path) {
+                                return ZooDefs.Ids.CREATOR_ALL_ACL;
+                            }
+                        });
+            }
+            client = builder.build();
             client.start();
             if (!client.blockUntilConnected(30, TimeUnit.SECONDS)) {
                 say("ERROR could not connect to " + connectString + " within 30s");

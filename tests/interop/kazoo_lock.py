@@ -19,13 +19,19 @@ counts zkgate's (Curator-style) "_c_<uuid>-lock-<seq>" nodes as contenders.
 zkgate orders every child by its sequence suffix whatever the prefix, so the
 two exclude each other. (Curator itself orders by the text after the last
 "lock-" and mis-orders kazoo's nodes: Curator and kazoo must not share a lock.)
+
+With ZKGATE_PEER_DIGEST=user:password in the environment the client
+authenticates with that digest and creates its znodes with a digest ACL for
+it, as a kazoo service sharing locks with `zkgate serve --zookeeper-auth` must.
 """
 import logging
+import os
 import sys
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import LockTimeout
 from kazoo.recipe.lock import Lock
+from kazoo.security import make_digest_acl
 
 # Keep the real stdout for protocol lines only; anything else printed goes to
 # stderr.
@@ -51,7 +57,15 @@ def main():
     connect_string, lock_path = sys.argv[1], sys.argv[2]
 
     try:
-        client = KazooClient(hosts=connect_string, timeout=10.0)
+        digest = os.environ.get("ZKGATE_PEER_DIGEST")
+        if digest:
+            user, password = digest.split(":", 1)
+            client = KazooClient(
+                hosts=connect_string, timeout=10.0,
+                auth_data=[("digest", digest)],
+                default_acl=[make_digest_acl(user, password, all=True)])
+        else:
+            client = KazooClient(hosts=connect_string, timeout=10.0)
         client.start(timeout=30)
         lock = Lock(client, lock_path, identifier="kazoo",
                     extra_lock_patterns=["-lock-"])
