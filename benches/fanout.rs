@@ -20,6 +20,8 @@ use tokio_tungstenite::tungstenite::Message;
 use zkgate::zk::server::{ServerOptions, ZooKeeperServer, free_port};
 
 fn main() {
+    // reqwest is built without a TLS provider of its own.
+    zkgate::install_crypto_provider();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -68,10 +70,7 @@ struct Report {
 }
 
 async fn measure(gate: &Gate, size: usize, rounds: usize) -> Report {
-    let http = {
-        zkgate::install_crypto_provider();
-        reqwest::Client::new()
-    };
+    let http = reqwest::Client::new();
     let base = format!("http://{}", gate.addr);
     // One change first, so that the election's znodes exist and the code paths are warm.
     let warm = campaign(&http, &base).await;

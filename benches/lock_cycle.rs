@@ -17,6 +17,8 @@ use zkgate::zk::server::{ServerOptions, ZooKeeperServer};
 use zookeeper_client::{Acls, Client, CreateMode};
 
 fn main() {
+    // reqwest is built without a TLS provider of its own.
+    zkgate::install_crypto_provider();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -144,13 +146,10 @@ impl Gate {
             .wait_connected(Duration::from_secs(20))
             .await
             .expect("zkgate connected");
-        let http = {
-            zkgate::install_crypto_provider();
-            reqwest::Client::builder()
-        }
-        .pool_max_idle_per_host(1)
-        .build()
-        .expect("http");
+        let http = reqwest::Client::builder()
+            .pool_max_idle_per_host(1)
+            .build()
+            .expect("http");
         let lease: serde_json::Value = http
             .post(format!("{}/v1/leases", running.url()))
             .json(&serde_json::json!({"ttl": "1h"}))
