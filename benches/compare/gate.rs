@@ -1,0 +1,272 @@
+//! zkgate as its own process (the release binary), driven over kept-alive HTTP connections.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use super::process::{Child, wait_http_ok};
+
+pub struct Zkgate {
+    pub child: Child,
+    pub base: String,
+    pub http: reqwest::Client,
+}
+
+impl Zkgate {
+    pub async fn start(connect: &str) -> Zkgate {
+        let port = zkgate::zk::server::free_port().expect("port");
+        let base = format!("http://127.0.0.1:{port}");
+        let child = Child::spawn(
+            env!("CARGO_BIN_EXE_zkgate"),
+            &[
+                "serve",
+                "--zookeeper",
+                connect,
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                // One client address drives all the load: measure zkgate, not its limits.
+                "--write-rate",
+                "0",
+                "--max-waiters-per-lock",
+                "100000",
+                "--max-waiters-per-principal",
+                "100000",
+                "--max-leases-per-principal",
+                "1000000",
+            ],
+        );
+        let http = super::http_client();
+        wait_http_ok(&http, &format!("{base}/readyz")).await;
+        Zkgate { child, base, http }
+    }
+
+    async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> (u16, Value) {
+        let mut request = self.http.request(method, format!("{}{path}", self.base));
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let response = request.send().await.expect("zkgate answers");
+        let status = response.status().as_u16();
+        let bytes = response.bytes().await.expect("body");
+        (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+    }
+
+    pub async fn lease(&self, ttl: &str) -> String {
+        let (status, body) = self
+            .call(reqwest::Method::POST, "/v1/leases", Some(json!({ "ttl": ttl })))
+            .await;
+        assert_eq!(status, 201, "{body}");
+        body["id"].as_str().expect("lease id").to_string()
+    }
+
+    /// Acquire (waiting up to `wait`), then release; `None` if not granted.
+    async fn cycle(&self, lock: &str, lease: &str, wait: &str) -> Option<()> {
+        let (status, body) = self
+            .call(
+                reqwest::Method::POST,
+                &format!("/v1/locks/{lock}/acquire?wait={wait}"),
+                Some(json!({ "lease": lease })),
+            )
+            .await;
+        if status != 200 {
+            return None;
+        }
+        let handle = body["handle"].as_str().expect("handle");
+        let (status, _) = self
+            .call(
+                reqwest::Method::DELETE,
+                &format!("/v1/locks/{lock}/handles/{handle}"),
+                None,
+            )
+            .await;
+        assert_eq!(status, 204);
+        Some(())
+    }
+
+    /// Uncontended cycles, one after the other, with one lease.
+    pub async fn cycles(&self, count: usize) -> Vec<Duration> {
+        let lease = self.lease("1h").await;
+        let mut samples = Vec::with_capacity(count);
+        for _ in 0..count {
+            let start = Instant::now();
+            self.cycle("uncontended", &lease, "0").await.expect("granted");
+            samples.push(start.elapsed());
+        }
+        samples
+    }
+
+    /// `clients` clients, each with its own lease, cycling on `locks` locks (client `i` on lock
+    /// `i % locks`) for `duration`: grants per second.
+    pub async fn contended(self: &Arc<Self>, clients: usize, locks: usize, duration: Duration) -> f64 {
+        let granted = Arc::new(AtomicUsize::new(0));
+        let deadline = Instant::now() + duration;
+        let tasks: Vec<_> = (0..clients)
+            .map(|i| {
+                let (gate, granted) = (self.clone(), granted.clone());
+                tokio::spawn(async move {
+                    let lease = gate.lease("1h").await;
+                    let lock = format!("c{locks}-{}", i % locks);
+                    while Instant::now() < deadline {
+                        if gate.cycle(&lock, &lease, "30s").await.is_some() && Instant::now() < deadline {
+                            granted.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await.expect("client");
+        }
+        granted.load(Ordering::Relaxed) as f64 / duration.as_secs_f64()
+    }
+
+    /// `producers` clients putting small JSON items for `duration`: items per second.
+    pub async fn queue_put(self: &Arc<Self>, producers: usize, duration: Duration) -> f64 {
+        let put = Arc::new(AtomicUsize::new(0));
+        let deadline = Instant::now() + duration;
+        let tasks: Vec<_> = (0..producers)
+            .map(|i| {
+                let (gate, put) = (self.clone(), put.clone());
+                tokio::spawn(async move {
+                    while Instant::now() < deadline {
+                        let (status, body) = gate
+                            .call(
+                                reqwest::Method::POST,
+                                "/v1/queues/bench-put/items",
+                                Some(json!({ "n": i })),
+                            )
+                            .await;
+                        assert_eq!(status, 201, "{body}");
+                        put.fetch_add(1, Ordering::Relaxed);
+                    }
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await.expect("producer");
+        }
+        put.load(Ordering::Relaxed) as f64 / duration.as_secs_f64()
+    }
+
+    /// `items` items put first, then taken at least once and acked by `consumers` clients:
+    /// items per second of the take + ack phase.
+    pub async fn queue_take_ack(self: &Arc<Self>, consumers: usize, items: usize) -> f64 {
+        let queue = "bench-take";
+        let fill: Vec<_> = (0..consumers)
+            .map(|c| {
+                let gate = self.clone();
+                tokio::spawn(async move {
+                    for n in (c..items).step_by(consumers) {
+                        let path = format!("/v1/queues/{queue}/items");
+                        let (status, _) = gate.call(reqwest::Method::POST, &path, Some(json!({ "n": n }))).await;
+                        assert_eq!(status, 201);
+                    }
+                })
+            })
+            .collect();
+        for task in fill {
+            task.await.expect("fill");
+        }
+        let taken = Arc::new(AtomicUsize::new(0));
+        let start = Instant::now();
+        let tasks: Vec<_> = (0..consumers)
+            .map(|_| {
+                let (gate, taken) = (self.clone(), taken.clone());
+                tokio::spawn(async move {
+                    loop {
+                        let path = format!("/v1/queues/{queue}/take?wait=0&ack_deadline=60s");
+                        let (status, body) = gate.call(reqwest::Method::POST, &path, None).await;
+                        if status == 204 {
+                            return;
+                        }
+                        assert_eq!(status, 200, "{body}");
+                        let claim = body["claim"].as_str().expect("claim");
+                        let ack = format!("/v1/queues/{queue}/claims/{claim}/ack");
+                        let (status, _) = gate.call(reqwest::Method::POST, &ack, None).await;
+                        assert_eq!(status, 204);
+                        taken.fetch_add(1, Ordering::Relaxed);
+                    }
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await.expect("consumer");
+        }
+        let elapsed = start.elapsed();
+        assert_eq!(taken.load(Ordering::Relaxed), items, "every item taken once");
+        items as f64 / elapsed.as_secs_f64()
+    }
+
+    /// The leader's lease is deleted while a second candidate waits: time until that
+    /// candidate's campaign answers "leader".
+    pub async fn failover(self: &Arc<Self>, rounds: usize) -> Vec<Duration> {
+        let mut samples = Vec::new();
+        for round in 0..rounds {
+            let election = format!("/v1/elections/failover-{round}/campaign");
+            let (a, b) = (self.lease("1h").await, self.lease("1h").await);
+            let (status, _) = self
+                .call(
+                    reqwest::Method::POST,
+                    &format!("{election}?wait=0"),
+                    Some(json!({ "lease": a, "value": "a" })),
+                )
+                .await;
+            assert_eq!(status, 200);
+            // B joins the queue (202), then waits for leadership in a long poll.
+            let queued = format!("{election}?wait=0&keep_queued=true");
+            let (status, _) = self
+                .call(
+                    reqwest::Method::POST,
+                    &queued,
+                    Some(json!({ "lease": b, "value": "b" })),
+                )
+                .await;
+            assert_eq!(status, 202);
+            let gate = self.clone();
+            let waiting = tokio::spawn(async move {
+                let (status, _) = gate
+                    .call(
+                        reqwest::Method::POST,
+                        &format!("{election}?wait=30s&keep_queued=true"),
+                        Some(json!({ "lease": b, "value": "b" })),
+                    )
+                    .await;
+                (status, Instant::now())
+            });
+            // Let the long poll reach zkgate before the leader goes (it resumes the queued
+            // candidate, so arriving late would only shorten the measured time).
+            tokio::task::yield_now().await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let start = Instant::now();
+            let (status, _) = self
+                .call(reqwest::Method::DELETE, &format!("/v1/leases/{a}"), None)
+                .await;
+            assert_eq!(status, 204);
+            let (status, led_at) = waiting.await.expect("candidate");
+            assert_eq!(status, 200);
+            samples.push(led_at.saturating_duration_since(start));
+        }
+        samples
+    }
+
+    /// Extra resident memory per idle lease, over `count` leases.
+    pub async fn idle_lease_bytes(self: &Arc<Self>, count: usize) -> f64 {
+        let before = self.child.rss_bytes();
+        let tasks: Vec<_> = (0..32)
+            .map(|c| {
+                let gate = self.clone();
+                tokio::spawn(async move {
+                    for _ in (c..count).step_by(32) {
+                        gate.lease("1h").await;
+                    }
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await.expect("leases");
+        }
+        (self.child.rss_bytes().saturating_sub(before)) as f64 / count as f64
+    }
+}

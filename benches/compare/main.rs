@@ -1,0 +1,245 @@
+//! zkgate against the raw ZooKeeper floor and against what users would pick instead, in one
+//! run on one machine: kazoo's recipes on the same ZooKeeper, and etcd's HTTP lock and
+//! election API.
+//!
+//! Run: `cargo bench --bench compare` (prints a Markdown table for BENCHMARKS.md).
+//! `ZKGATE_BENCH_QUICK=1` makes every workload tiny: CI runs it so that the bench cannot rot
+//! (it asserts what each system answered, never how fast).
+//!
+//! Everything shares the machine: ZooKeeper (standalone, `forceSync=no`), zkgate (the release
+//! binary, its own process), etcd (single member, data in `/dev/shm`), kazoo (Python threads),
+//! and this client. kazoo or etcd missing: their columns say so.
+
+mod etcd;
+mod floor;
+mod gate;
+mod kazoo;
+mod process;
+mod stats;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use stats::{Figure, Latency};
+use zkgate::zk::server::{ServerOptions, ZooKeeperServer};
+
+/// Sizes of the workloads.
+struct Sizes {
+    cycles: usize,
+    warmup: usize,
+    seconds: Duration,
+    items: usize,
+    failovers: usize,
+    leases: usize,
+}
+
+impl Sizes {
+    fn from_env() -> Sizes {
+        if std::env::var_os("ZKGATE_BENCH_QUICK").is_some() {
+            Sizes {
+                cycles: 100,
+                warmup: 50,
+                seconds: Duration::from_millis(500),
+                items: 100,
+                failovers: 2,
+                leases: 500,
+            }
+        } else {
+            Sizes {
+                cycles: 3000,
+                warmup: 1000,
+                seconds: Duration::from_secs(5),
+                items: 3000,
+                failovers: 7,
+                leases: 10_000,
+            }
+        }
+    }
+}
+
+/// One row: a workload and each system's figure.
+struct Row {
+    workload: String,
+    floor: Figure,
+    zkgate: Figure,
+    kazoo: Figure,
+    etcd: Figure,
+}
+
+pub fn http_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .pool_max_idle_per_host(256)
+        .tcp_nodelay(true)
+        .build()
+        .expect("http client")
+}
+
+fn main() {
+    zkgate::install_crypto_provider();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(run());
+}
+
+fn median_millis(samples: &[Duration]) -> Figure {
+    Figure::Millis(Latency::of(samples).p50 / 1000.0)
+}
+
+async fn run() {
+    let sizes = Sizes::from_env();
+    let options = ServerOptions {
+        force_sync: false,
+        ..ServerOptions::default()
+    };
+    let server = ZooKeeperServer::start_standalone(&options).await.expect("ZooKeeper");
+    let connect = server.connect_string();
+    let floor = floor::Floor::connect(&connect).await;
+    let gate = Arc::new(gate::Zkgate::start(&connect).await);
+    let kazoo = kazoo::Kazoo::new(&connect);
+    let etcd = etcd::Etcd::start().await.map(Arc::new);
+    let no_kazoo = || Figure::Absent("python3-kazoo missing");
+    let no_etcd = || Figure::Absent("etcd missing");
+    let mut rows = Vec::new();
+
+    // Uncontended cycle. Warm up every side (JIT, connections), then measure.
+    floor.serial(sizes.warmup).await;
+    floor.pipelined(sizes.warmup).await;
+    gate.cycles(sizes.warmup).await;
+    let serial = Latency::of(&floor.serial(sizes.cycles).await);
+    let pipelined = Latency::of(&floor.pipelined(sizes.cycles).await);
+    let cpu_before = gate.child.cpu_time();
+    let http = Latency::of(&gate.cycles(sizes.cycles).await);
+    let cpu = gate.child.cpu_time().saturating_sub(cpu_before);
+    let kazoo_cycle = kazoo.as_ref().map_or_else(no_kazoo, |k| {
+        k.cycles(sizes.warmup);
+        Figure::Latency(Latency::of(&k.cycles(sizes.cycles)))
+    });
+    let etcd_cycle = match &etcd {
+        Some(e) => {
+            e.cycles(sizes.warmup).await;
+            Figure::Latency(Latency::of(&e.cycles(sizes.cycles).await))
+        }
+        None => no_etcd(),
+    };
+    rows.push(Row {
+        workload: "uncontended lock cycle (serial floor: create, getChildren, delete)".into(),
+        floor: Figure::Latency(serial),
+        zkgate: Figure::Latency(http),
+        kazoo: kazoo_cycle,
+        etcd: etcd_cycle,
+    });
+    rows.push(Row {
+        workload: "uncontended lock cycle (pipelined floor: create + getChildren, delete)".into(),
+        floor: Figure::Latency(pipelined),
+        zkgate: Figure::Latency(http),
+        kazoo: Figure::Absent("above"),
+        etcd: Figure::Absent("above"),
+    });
+    rows.push(Row {
+        workload: "zkgate CPU per HTTP request (uncontended cycle)".into(),
+        floor: Figure::Absent("n/a"),
+        zkgate: Figure::CpuMicros(cpu.as_secs_f64() * 1e6 / (2 * sizes.cycles) as f64),
+        kazoo: Figure::Absent("n/a"),
+        etcd: Figure::Absent("n/a"),
+    });
+
+    // Contention: one lock, 32 clients; then many locks, one client each.
+    for (clients, locks, what) in [
+        (32, 1, "one lock, 32 clients: grants per second"),
+        (32, 32, "32 locks, 32 clients: cycles per second"),
+        (64, 64, "64 locks, 64 clients: cycles per second"),
+    ] {
+        let zkgate = Figure::Rate(gate.contended(clients, locks, sizes.seconds).await);
+        let kazoo = kazoo
+            .as_ref()
+            .map_or_else(no_kazoo, |k| Figure::Rate(k.contended(clients, locks, sizes.seconds)));
+        let etcd = match &etcd {
+            Some(e) => Figure::Rate(e.contended(clients, locks, sizes.seconds).await),
+            None => no_etcd(),
+        };
+        rows.push(Row {
+            workload: what.into(),
+            floor: Figure::Absent("n/a"),
+            zkgate,
+            kazoo,
+            etcd,
+        });
+    }
+
+    // Queues: 32 producers, then 32 consumers taking at least once and acknowledging.
+    rows.push(Row {
+        workload: "queue put, 32 producers: items per second".into(),
+        floor: Figure::Absent("n/a"),
+        zkgate: Figure::Rate(gate.queue_put(32, sizes.seconds).await),
+        kazoo: kazoo
+            .as_ref()
+            .map_or_else(no_kazoo, |k| Figure::Rate(k.queue_put(32, sizes.seconds))),
+        etcd: Figure::Absent("no queue API"),
+    });
+    rows.push(Row {
+        workload: "queue take + ack (at least once), 32 consumers: items per second".into(),
+        floor: Figure::Absent("n/a"),
+        zkgate: Figure::Rate(gate.queue_take_ack(32, sizes.items).await),
+        kazoo: kazoo
+            .as_ref()
+            .map_or_else(no_kazoo, |k| Figure::Rate(k.queue_take(32, sizes.items))),
+        etcd: Figure::Absent("no queue API"),
+    });
+
+    // Election failover: the leader's lease (session) ends; the next candidate learns it leads.
+    rows.push(Row {
+        workload: "election failover after the leader's lease ends (median)".into(),
+        floor: Figure::Absent("n/a"),
+        zkgate: median_millis(&gate.failover(sizes.failovers).await),
+        kazoo: kazoo
+            .as_ref()
+            .map_or_else(no_kazoo, |k| median_millis(&k.failover(sizes.failovers))),
+        etcd: match &etcd {
+            Some(e) => median_millis(&e.failover(sizes.failovers).await),
+            None => no_etcd(),
+        },
+    });
+
+    rows.push(Row {
+        workload: format!("zkgate memory per idle lease ({} leases)", sizes.leases),
+        floor: Figure::Absent("n/a"),
+        zkgate: Figure::Bytes(gate.idle_lease_bytes(sizes.leases).await),
+        kazoo: Figure::Absent("n/a"),
+        etcd: Figure::Absent("n/a"),
+    });
+
+    report(&rows);
+    drop(server);
+}
+
+fn report(rows: &[Row]) {
+    println!(
+        "| workload | raw floor | zkgate | kazoo | etcd (HTTP) | zkgate vs floor | zkgate vs kazoo | zkgate vs etcd |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
+    let ratio = |zkgate: &Figure, other: &Figure| match zkgate.advantage_over(other) {
+        Some(factor) => format!("{factor:.2}x"),
+        None => "–".into(),
+    };
+    for row in rows {
+        println!(
+            "| {} | {} | {} | {} | {} | {} | {} | {} |",
+            row.workload,
+            row.floor.show(),
+            row.zkgate.show(),
+            row.kazoo.show(),
+            row.etcd.show(),
+            ratio(&row.zkgate, &row.floor),
+            ratio(&row.zkgate, &row.kazoo),
+            ratio(&row.zkgate, &row.etcd),
+        );
+    }
+    println!();
+    println!(
+        "Ratios are zkgate's advantage: above 1 means zkgate is faster (higher rate, lower latency \
+         or time); against the floor, below 1 is zkgate's overhead (the floor's p50 / zkgate's p50)."
+    );
+}

@@ -1,0 +1,69 @@
+//! The systems under test as child processes: their memory and CPU time from `/proc`.
+
+use std::time::{Duration, Instant};
+
+/// A child process, killed when dropped.
+pub struct Child {
+    child: std::process::Child,
+}
+
+impl Child {
+    pub fn spawn(program: &str, args: &[&str]) -> Child {
+        let child = std::process::Command::new(program)
+            .args(args)
+            .env("ZKGATE_LOG", "warn")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {program}: {e}"));
+        Child { child }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Resident memory, from `/proc/<pid>/status`.
+    pub fn rss_bytes(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).expect("proc status");
+        let kib: u64 = status
+            .lines()
+            .find_map(|line| line.strip_prefix("VmRSS:"))
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .expect("VmRSS");
+        kib * 1024
+    }
+
+    /// CPU time used so far (user + system), from `/proc/<pid>/stat`.
+    pub fn cpu_time(&self) -> Duration {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid())).expect("proc stat");
+        // Fields after the command name (which may hold spaces) start after the last ')'.
+        let fields: Vec<&str> = stat[stat.rfind(')').expect("comm") + 2..].split(' ').collect();
+        let ticks: u64 = fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime");
+        // SAFETY: sysconf has no preconditions.
+        let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+        Duration::from_micros(ticks * 1_000_000 / per_second)
+    }
+}
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Waits until `url` answers 2xx (a process starting up).
+pub async fn wait_http_ok(http: &reqwest::Client, url: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Ok(reply) = http.get(url).send().await
+            && reply.status().is_success()
+        {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{url} did not answer");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

@@ -1,0 +1,70 @@
+//! Latency summaries and the figures a row of the report holds.
+
+use std::time::Duration;
+
+/// Percentiles of a latency sample, in microseconds.
+#[derive(Clone, Copy, Debug)]
+pub struct Latency {
+    pub p50: f64,
+    pub p99: f64,
+}
+
+impl Latency {
+    pub fn of(samples: &[Duration]) -> Latency {
+        let mut micros: Vec<f64> = samples.iter().map(|d| d.as_secs_f64() * 1e6).collect();
+        micros.sort_by(f64::total_cmp);
+        let at = |q: f64| micros[((micros.len() - 1) as f64 * q).round() as usize];
+        Latency {
+            p50: at(0.50),
+            p99: at(0.99),
+        }
+    }
+}
+
+/// One measured figure of one system.
+#[derive(Clone, Debug)]
+pub enum Figure {
+    /// A latency distribution (lower is better).
+    Latency(Latency),
+    /// Operations per second (higher is better).
+    Rate(f64),
+    /// A duration in milliseconds (lower is better), e.g. a failover's median.
+    Millis(f64),
+    /// Bytes (lower is better).
+    Bytes(f64),
+    /// Microseconds of CPU (lower is better).
+    CpuMicros(f64),
+    /// Not measured, and why.
+    Absent(&'static str),
+}
+
+impl Figure {
+    pub fn show(&self) -> String {
+        match self {
+            Figure::Latency(l) => format!("p50 {:.0} µs, p99 {:.0} µs", l.p50, l.p99),
+            Figure::Rate(r) => format!("{r:.0}/s"),
+            Figure::Millis(ms) => format!("{ms:.0} ms"),
+            Figure::Bytes(b) if *b >= 1024.0 => format!("{:.1} KiB", b / 1024.0),
+            Figure::Bytes(b) => format!("{b:.0} B"),
+            Figure::CpuMicros(us) => format!("{us:.0} µs"),
+            Figure::Absent(why) => format!("– ({why})"),
+        }
+    }
+
+    /// A number where smaller is better (a latency's p50, a duration), or the inverse of a
+    /// rate, so that `zkgate / other` reads the same way for every row: below 1 is better.
+    fn cost(&self) -> Option<f64> {
+        match self {
+            Figure::Latency(l) => Some(l.p50),
+            Figure::Rate(r) if *r > 0.0 => Some(1.0 / r),
+            Figure::Millis(v) | Figure::Bytes(v) | Figure::CpuMicros(v) => Some(*v),
+            _ => None,
+        }
+    }
+
+    /// How much better `self` is than `other`, as a factor (2.0: twice the rate, or half the
+    /// latency).
+    pub fn advantage_over(&self, other: &Figure) -> Option<f64> {
+        Some(other.cost()? / self.cost()?)
+    }
+}
