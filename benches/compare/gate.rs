@@ -35,6 +35,8 @@ impl Zkgate {
                 "100000",
                 "--max-leases-per-principal",
                 "1000000",
+                "--queue-max-depth",
+                "1000000",
             ],
         );
         let http = super::http_client();

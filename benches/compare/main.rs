@@ -3,6 +3,7 @@
 //! election API.
 //!
 //! Run: `cargo bench --bench compare` (prints a Markdown table for BENCHMARKS.md).
+//! `ZKGATE_BENCH_ONLY=zkgate` leaves kazoo and etcd out (to profile zkgate).
 //! `ZKGATE_BENCH_QUICK=1` makes every workload tiny: CI runs it so that the bench cannot rot
 //! (it asserts what each system answered, never how fast).
 //!
@@ -98,8 +99,13 @@ async fn run() {
     let connect = server.connect_string();
     let floor = floor::Floor::connect(&connect).await;
     let gate = Arc::new(gate::Zkgate::start(&connect).await);
-    let kazoo = kazoo::Kazoo::new(&connect);
-    let etcd = etcd::Etcd::start().await.map(Arc::new);
+    // `ZKGATE_BENCH_ONLY=zkgate`: zkgate and the floor alone (for profiling zkgate).
+    let peers = std::env::var("ZKGATE_BENCH_ONLY").map_or(true, |only| only != "zkgate");
+    let kazoo = kazoo::Kazoo::new(&connect).filter(|_| peers);
+    let etcd = match peers {
+        true => etcd::Etcd::start().await.map(Arc::new),
+        false => None,
+    };
     let no_kazoo = || Figure::Absent("python3-kazoo missing");
     let no_etcd = || Figure::Absent("etcd missing");
     let mut rows = Vec::new();
@@ -124,27 +130,36 @@ async fn run() {
         }
         None => no_etcd(),
     };
-    rows.push(Row {
-        workload: "uncontended lock cycle (serial floor: create, getChildren, delete)".into(),
-        floor: Figure::Latency(serial),
-        zkgate: Figure::Latency(http),
-        kazoo: kazoo_cycle,
-        etcd: etcd_cycle,
-    });
-    rows.push(Row {
-        workload: "uncontended lock cycle (pipelined floor: create + getChildren, delete)".into(),
-        floor: Figure::Latency(pipelined),
-        zkgate: Figure::Latency(http),
-        kazoo: Figure::Absent("above"),
-        etcd: Figure::Absent("above"),
-    });
-    rows.push(Row {
-        workload: "zkgate CPU per HTTP request (uncontended cycle)".into(),
-        floor: Figure::Absent("n/a"),
-        zkgate: Figure::CpuMicros(cpu.as_secs_f64() * 1e6 / (2 * sizes.cycles) as f64),
-        kazoo: Figure::Absent("n/a"),
-        etcd: Figure::Absent("n/a"),
-    });
+    push(
+        &mut rows,
+        Row {
+            workload: "uncontended lock cycle (serial floor: create, getChildren, delete)".into(),
+            floor: Figure::Latency(serial),
+            zkgate: Figure::Latency(http),
+            kazoo: kazoo_cycle,
+            etcd: etcd_cycle,
+        },
+    );
+    push(
+        &mut rows,
+        Row {
+            workload: "uncontended lock cycle (pipelined floor: create + getChildren, delete)".into(),
+            floor: Figure::Latency(pipelined),
+            zkgate: Figure::Latency(http),
+            kazoo: Figure::Absent("above"),
+            etcd: Figure::Absent("above"),
+        },
+    );
+    push(
+        &mut rows,
+        Row {
+            workload: "zkgate CPU per HTTP request (uncontended cycle)".into(),
+            floor: Figure::Absent("n/a"),
+            zkgate: Figure::CpuMicros(cpu.as_secs_f64() * 1e6 / (2 * sizes.cycles) as f64),
+            kazoo: Figure::Absent("n/a"),
+            etcd: Figure::Absent("n/a"),
+        },
+    );
 
     // Contention: one lock, 32 clients; then many locks, one client each.
     for (clients, locks, what) in [
@@ -160,59 +175,87 @@ async fn run() {
             Some(e) => Figure::Rate(e.contended(clients, locks, sizes.seconds).await),
             None => no_etcd(),
         };
-        rows.push(Row {
-            workload: what.into(),
-            floor: Figure::Absent("n/a"),
-            zkgate,
-            kazoo,
-            etcd,
-        });
+        push(
+            &mut rows,
+            Row {
+                workload: what.into(),
+                floor: Figure::Absent("n/a"),
+                zkgate,
+                kazoo,
+                etcd,
+            },
+        );
     }
 
     // Queues: 32 producers, then 32 consumers taking at least once and acknowledging.
-    rows.push(Row {
-        workload: "queue put, 32 producers: items per second".into(),
-        floor: Figure::Absent("n/a"),
-        zkgate: Figure::Rate(gate.queue_put(32, sizes.seconds).await),
-        kazoo: kazoo
-            .as_ref()
-            .map_or_else(no_kazoo, |k| Figure::Rate(k.queue_put(32, sizes.seconds))),
-        etcd: Figure::Absent("no queue API"),
-    });
-    rows.push(Row {
-        workload: "queue take + ack (at least once), 32 consumers: items per second".into(),
-        floor: Figure::Absent("n/a"),
-        zkgate: Figure::Rate(gate.queue_take_ack(32, sizes.items).await),
-        kazoo: kazoo
-            .as_ref()
-            .map_or_else(no_kazoo, |k| Figure::Rate(k.queue_take(32, sizes.items))),
-        etcd: Figure::Absent("no queue API"),
-    });
+    push(
+        &mut rows,
+        Row {
+            workload: "queue put, 32 producers: items per second".into(),
+            floor: Figure::Absent("n/a"),
+            zkgate: Figure::Rate(gate.queue_put(32, sizes.seconds).await),
+            kazoo: kazoo
+                .as_ref()
+                .map_or_else(no_kazoo, |k| Figure::Rate(k.queue_put(32, sizes.seconds))),
+            etcd: Figure::Absent("no queue API"),
+        },
+    );
+    push(
+        &mut rows,
+        Row {
+            workload: "queue take + ack (at least once), 32 consumers: items per second".into(),
+            floor: Figure::Absent("n/a"),
+            zkgate: Figure::Rate(gate.queue_take_ack(32, sizes.items).await),
+            kazoo: kazoo
+                .as_ref()
+                .map_or_else(no_kazoo, |k| Figure::Rate(k.queue_take(32, sizes.items))),
+            etcd: Figure::Absent("no queue API"),
+        },
+    );
 
     // Election failover: the leader's lease (session) ends; the next candidate learns it leads.
-    rows.push(Row {
-        workload: "election failover after the leader's lease ends (median)".into(),
-        floor: Figure::Absent("n/a"),
-        zkgate: median_millis(&gate.failover(sizes.failovers).await),
-        kazoo: kazoo
-            .as_ref()
-            .map_or_else(no_kazoo, |k| median_millis(&k.failover(sizes.failovers))),
-        etcd: match &etcd {
-            Some(e) => median_millis(&e.failover(sizes.failovers).await),
-            None => no_etcd(),
+    push(
+        &mut rows,
+        Row {
+            workload: "election failover after the leader's lease ends (median)".into(),
+            floor: Figure::Absent("n/a"),
+            zkgate: median_millis(&gate.failover(sizes.failovers).await),
+            kazoo: kazoo
+                .as_ref()
+                .map_or_else(no_kazoo, |k| median_millis(&k.failover(sizes.failovers))),
+            etcd: match &etcd {
+                Some(e) => median_millis(&e.failover(sizes.failovers).await),
+                None => no_etcd(),
+            },
         },
-    });
+    );
 
-    rows.push(Row {
-        workload: format!("zkgate memory per idle lease ({} leases)", sizes.leases),
-        floor: Figure::Absent("n/a"),
-        zkgate: Figure::Bytes(gate.idle_lease_bytes(sizes.leases).await),
-        kazoo: Figure::Absent("n/a"),
-        etcd: Figure::Absent("n/a"),
-    });
+    push(
+        &mut rows,
+        Row {
+            workload: format!("zkgate memory per idle lease ({} leases)", sizes.leases),
+            floor: Figure::Absent("n/a"),
+            zkgate: Figure::Bytes(gate.idle_lease_bytes(sizes.leases).await),
+            kazoo: Figure::Absent("n/a"),
+            etcd: Figure::Absent("n/a"),
+        },
+    );
 
     report(&rows);
     drop(server);
+}
+
+/// Adds a row, and says so on stderr as the run goes (a full run takes minutes).
+fn push(rows: &mut Vec<Row>, row: Row) {
+    eprintln!(
+        "{}: zkgate {}, kazoo {}, etcd {}, floor {}",
+        row.workload,
+        row.zkgate.show(),
+        row.kazoo.show(),
+        row.etcd.show(),
+        row.floor.show()
+    );
+    rows.push(row);
 }
 
 fn report(rows: &[Row]) {
