@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs zkgate's whole test suite on a fresh machine: installs what is missing (ZooKeeper,
-# Curator, kazoo, chromium from Debian; cargo-nextest from crates.io; playwright-core from npm),
+# Curator, kazoo, chromium, etcd from Debian; cargo-nextest from crates.io; playwright-core from npm),
 # checks formatting and lints, then runs every test against real ZooKeeper servers that the
 # tests start on free loopback ports.
 set -euo pipefail
@@ -14,3 +14,6 @@ cargo clippy --all-targets --quiet -- -D warnings
 cargo nextest run --profile ci "$@"
 # The API against its spec: no 5xx, and every answer as documented (schemathesis, PyPI).
 scripts/schemathesis.sh --seed 20261122
+# The comparison bench, tiny and unoptimised, so that it cannot rot: it checks every answer of
+# zkgate, kazoo and etcd, never a speed (BENCHMARKS.md has the real runs).
+ZKGATE_BENCH_QUICK=1 cargo bench --profile dev --bench compare

@@ -110,15 +110,23 @@ async fn run() {
     let no_etcd = || Figure::Absent("etcd missing");
     let mut rows = Vec::new();
 
-    // Uncontended cycle. Warm up every side (JIT, connections), then measure.
+    // Uncontended cycle. Warm up every side (JIT, connections), then measure the floor and
+    // zkgate in alternating short rounds, so that the shared machine's bursts of noise hit
+    // all three alike.
     floor.serial(sizes.warmup).await;
     floor.pipelined(sizes.warmup).await;
     gate.cycles(sizes.warmup).await;
-    let serial = Latency::of(&floor.serial(sizes.cycles).await);
-    let pipelined = Latency::of(&floor.pipelined(sizes.cycles).await);
-    let cpu_before = gate.child.cpu_time();
-    let http = Latency::of(&gate.cycles(sizes.cycles).await);
-    let cpu = gate.child.cpu_time().saturating_sub(cpu_before);
+    let (mut serial, mut pipelined, mut http) = (Vec::new(), Vec::new(), Vec::new());
+    let mut cpu = Duration::ZERO;
+    let round = 200.min(sizes.cycles);
+    for _ in 0..sizes.cycles / round {
+        serial.extend(floor.serial(round).await);
+        pipelined.extend(floor.pipelined(round).await);
+        let cpu_before = gate.child.cpu_time();
+        http.extend(gate.cycles(round).await);
+        cpu += gate.child.cpu_time().saturating_sub(cpu_before);
+    }
+    let (serial, pipelined, http) = (Latency::of(&serial), Latency::of(&pipelined), Latency::of(&http));
     let kazoo_cycle = kazoo.as_ref().map_or_else(no_kazoo, |k| {
         k.cycles(sizes.warmup);
         Figure::Latency(Latency::of(&k.cycles(sizes.cycles)))
