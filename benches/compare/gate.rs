@@ -99,6 +99,18 @@ impl Zkgate {
         samples
     }
 
+    /// `GET /healthz` round trips: what HTTP alone costs (no ZooKeeper).
+    pub async fn health_round_trips(&self, count: usize) -> Vec<Duration> {
+        let mut samples = Vec::with_capacity(count);
+        for _ in 0..count {
+            let start = Instant::now();
+            let (status, _) = self.call(reqwest::Method::GET, "/healthz", None).await;
+            assert_eq!(status, 200);
+            samples.push(start.elapsed());
+        }
+        samples
+    }
+
     /// `clients` clients, each with its own lease, cycling on `locks` locks (client `i` on lock
     /// `i % locks`) for `duration`: grants per second.
     pub async fn contended(self: &Arc<Self>, clients: usize, locks: usize, duration: Duration) -> f64 {

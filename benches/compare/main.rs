@@ -161,6 +161,16 @@ async fn run() {
     push(
         &mut rows,
         Row {
+            workload: "one HTTP round trip to zkgate (GET /healthz, no ZooKeeper)".into(),
+            floor: Figure::Absent("n/a"),
+            zkgate: Figure::Latency(Latency::of(&gate.health_round_trips(sizes.cycles).await)),
+            kazoo: Figure::Absent("n/a"),
+            etcd: Figure::Absent("n/a"),
+        },
+    );
+    push(
+        &mut rows,
+        Row {
             workload: "zkgate CPU per HTTP request (uncontended cycle)".into(),
             floor: Figure::Absent("n/a"),
             zkgate: Figure::CpuMicros(cpu.as_secs_f64() * 1e6 / (2 * sizes.cycles) as f64),

@@ -188,15 +188,58 @@ pub enum Attempt {
     Empty,
 }
 
-/// Takes the first item nobody has claimed: claims it (`claim_data` in the ephemeral claim
-/// node) or, with `at_most_once`, deletes it. Items claimed `max_deliveries` times already
-/// move to `dead/` on the way.
+/// The items that takers on this instance are trying to claim right now.
+///
+/// Every taker lists the queue and would otherwise go for the same first item: with N takers
+/// on one instance, N-1 lose that race and pay a read and a failed multi-op each, then race
+/// for the next item. A taker skips an item another local taker is trying, so concurrent
+/// takers here claim different items at once, still in queue order between them. (Takers on
+/// other instances still race, and ZooKeeper's multi-op decides, as before.)
+#[derive(Default)]
+pub struct Trying {
+    items: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// Woken when a reservation ends: a taker that found only reserved items looks again
+    /// (the other taker may have failed, leaving the item there).
+    released: tokio::sync::Notify,
+}
+
+/// An item reserved in [Trying] until this is dropped.
+pub struct Reserved<'a> {
+    trying: &'a Trying,
+    item: String,
+}
+
+impl Trying {
+    fn reserve(&self, item: &str) -> Option<Reserved<'_>> {
+        let mut set = self.items.lock().unwrap_or_else(|e| e.into_inner());
+        set.insert(item.to_string()).then(|| Reserved {
+            trying: self,
+            item: item.to_string(),
+        })
+    }
+}
+
+impl Drop for Reserved<'_> {
+    fn drop(&mut self) {
+        self.trying
+            .items
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.item);
+        self.trying.released.notify_waiters();
+    }
+}
+
+/// Takes the first item nobody has claimed (and no other local taker is trying): claims it
+/// (`claim_data` in the ephemeral claim node) or, with `at_most_once`, deletes it. Items
+/// claimed `max_deliveries` times already move to `dead/` on the way.
 pub async fn take(
     client: &Client,
     paths: &QueuePaths,
     claim_data: &[u8],
     at_most_once: bool,
     max_deliveries: u32,
+    trying: &Trying,
 ) -> Result<Attempt, ZkError> {
     let items = match retry_on_loss(|| client.list_children(&paths.items)).await {
         Ok(items) => items,
@@ -211,6 +254,9 @@ pub async fn take(
         .filter(|i| !claimed.iter().any(|c| c == i))
         .collect();
     for (index, item) in candidates.iter().enumerate() {
+        let Some(_reserved) = trying.reserve(item) else {
+            continue;
+        };
         let path = format!("{}/{item}", paths.items);
         let (data, stat) = match retry_on_loss(|| client.get_data(&path)).await {
             Ok(read) => read,
@@ -493,6 +539,8 @@ pub mod service {
         /// Woken once per change of the queue's items (and again by a taker that saw more).
         item: Notify,
         takers: AtomicUsize,
+        /// Items local takers are claiming now.
+        trying: super::Trying,
         /// Woken when the last taker stops waiting, so the pump can go.
         idle: Notify,
     }
@@ -546,10 +594,13 @@ pub mod service {
                 let notified = waiting.item.notified();
                 tokio::pin!(notified);
                 notified.as_mut().enable();
+                let released = waiting.trying.released.notified();
+                tokio::pin!(released);
+                released.as_mut().enable();
                 let client = self.zk.connected().await.map_err(|_| ZkError::ConnectionLoss)?.client;
                 let claim = ack_deadline.map(|deadline| self.new_claim(queue, deadline));
                 let data = claim.as_ref().map(|c| c.data.clone()).unwrap_or_default();
-                match super::take(&client, &paths, &data, claim.is_none(), max_deliveries).await? {
+                match super::take(&client, &paths, &data, claim.is_none(), max_deliveries, &waiting.trying).await? {
                     Attempt::Got(taken, more) => {
                         if more {
                             waiting.item.notify_one(); // pass the turn on: another item waits
@@ -565,8 +616,10 @@ pub mod service {
                     }
                     Attempt::Empty => {}
                 }
-                if tokio::time::timeout_at(until, notified).await.is_err() {
-                    return Ok(None);
+                tokio::select! {
+                    _ = &mut notified => {}
+                    _ = &mut released => {}
+                    _ = tokio::time::sleep_until(until) => return Ok(None),
                 }
             }
         }
@@ -640,6 +693,7 @@ pub mod service {
             let waiting = Arc::new(Waiting {
                 item: Notify::new(),
                 takers: AtomicUsize::new(1),
+                trying: super::Trying::default(),
                 idle: Notify::new(),
             });
             all.insert(queue.to_string(), waiting.clone());
