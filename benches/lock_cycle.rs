@@ -14,7 +14,11 @@ use std::time::{Duration, Instant};
 
 use zkgate::config::ServeConfig;
 use zkgate::zk::server::{ServerOptions, ZooKeeperServer};
-use zookeeper_client::{Acls, Client, CreateMode};
+
+// The same floor as the comparison bench's (this bench keeps zkgate in-process).
+#[allow(dead_code)]
+#[path = "compare/floor.rs"]
+mod floor;
 
 fn main() {
     // reqwest is built without a TLS provider of its own.
@@ -48,15 +52,15 @@ async fn run() {
     };
     // Warm up both (the JVM's JIT and zkgate), then measure in alternating rounds so that
     // drift on a shared 2-core machine hits both sides alike.
-    let floor_client = Floor::connect(&connect).await;
+    let floor_client = floor::Floor::connect(&connect).await;
     let gate = Gate::start(&connect).await;
-    floor_client.cycles(1000).await;
+    floor_client.serial(1000).await;
     gate.cycles(1000).await;
     // The machine's noise comes in bursts of seconds; many short rounds spread it evenly.
     let rounds = (cycles / 200).max(1);
     let (mut floor, mut http, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..rounds {
-        let f = floor_client.cycles(cycles / rounds).await;
+        let f = floor_client.serial(cycles / rounds).await;
         let g = gate.cycles(cycles / rounds).await;
         ratios.push(Summary::of(&g).p50 / Summary::of(&f).p50);
         floor.extend(f);
@@ -85,46 +89,6 @@ async fn run() {
         ratios.len(),
         ratios[ratios.len() / 2]
     );
-}
-
-/// The native client doing the lock recipe's three calls.
-struct Floor {
-    client: Client,
-    dir: &'static str,
-    prefix: String,
-}
-
-impl Floor {
-    async fn connect(connect: &str) -> Floor {
-        let client = Client::connector()
-            .with_session_timeout(Duration::from_secs(10))
-            .connect(connect)
-            .await
-            .expect("connect");
-        let dir = "/bench-floor";
-        let _ = client
-            .create(dir, &[], &CreateMode::Persistent.with_acls(Acls::anyone_all()))
-            .await;
-        let prefix = format!("{dir}/_c_{}-lock-", uuid::Uuid::new_v4());
-        Floor { client, dir, prefix }
-    }
-
-    async fn cycles(&self, count: usize) -> Vec<Duration> {
-        let options = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
-        let mut samples = Vec::with_capacity(count);
-        for _ in 0..count {
-            let start = Instant::now();
-            let (_, sequence) = self.client.create(&self.prefix, b"", &options).await.expect("create");
-            let children = self.client.list_children(self.dir).await.expect("list");
-            assert!(!children.is_empty());
-            self.client
-                .delete(&format!("{}{sequence}", self.prefix), None)
-                .await
-                .expect("delete");
-            samples.push(start.elapsed());
-        }
-        samples
-    }
 }
 
 /// zkgate in-process, driven over one kept-alive HTTP connection with one lease.

@@ -223,6 +223,7 @@ impl Running {
         self.state.shutdown.cancel();
         let ended = self.state.leases.end_all().await;
         tracing::info!(leases = ended, "leases released for shutdown");
+        self.state.instances.deregister(&self.state.instance).await;
         self.state.zk.shutdown();
         let abort = self.task.abort_handle();
         // Long polls may hold connections for up to `max_wait`; do not wait for them.

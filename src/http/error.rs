@@ -219,6 +219,19 @@ impl ApiError {
         err
     }
 
+    /// 503 with `Retry-After`: the instance that owns a lease did not answer a forwarded
+    /// request (it may be restarting; once its session ends, its leases are gone: 410).
+    pub fn instance_unavailable(detail: impl Into<String>) -> ApiError {
+        let mut err = ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "instance-unavailable",
+            "Owning instance unavailable",
+            detail,
+        );
+        err.retry_after = Some(1);
+        err
+    }
+
     /// 500: a ZooKeeper answer zkgate did not expect.
     pub fn internal(detail: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "Internal error", detail)

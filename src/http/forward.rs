@@ -154,7 +154,7 @@ async fn relay(state: &AppState, owner: &str, request: Request) -> Response {
         Ok(answer) => answer,
         Err(err) => {
             tracing::warn!(%owner, %url, error = %err, "forwarding failed");
-            return ApiError::unavailable(format!(
+            return ApiError::instance_unavailable(format!(
                 "the instance `{owner}` that owns this lease did not answer at {url}: {err}"
             ))
             .into_response();
