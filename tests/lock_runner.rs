@@ -105,14 +105,23 @@ impl Runner {
     }
 }
 
-/// Waits, checking every 50 ms, until `check` holds.
-async fn eventually<F: std::future::Future<Output = bool>>(what: &str, mut check: impl FnMut() -> F) {
-    within(Duration::from_secs(30), what, async {
-        while !check().await {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    })
-    .await
+/// Waits (bounded) until process `pid` (not our child) has ended: its pidfd becomes readable
+/// then, zombie or reaped.
+async fn ended(pid: i32) {
+    use std::os::fd::FromRawFd;
+    // SAFETY: pidfd_open(2) takes a pid and no flags and returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return; // no such process: it has ended and been reaped
+    }
+    // SAFETY: the descriptor is new and ours alone.
+    let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) };
+    // SAFETY: the AsyncFd owns the descriptor, which stays open until it is dropped.
+    let fd = unsafe { tokio::io::unix::AsyncFd::register(fd) }.expect("watch the pidfd");
+    within(Duration::from_secs(30), "the process to end", fd.readable())
+        .await
+        .expect("pidfd readable")
+        .retain_ready();
 }
 
 /// The lease and token of a lock's holder (`None` when nobody holds it).
@@ -135,16 +144,17 @@ async fn the_command_runs_under_the_lock_with_the_holders_token_and_the_lock_is_
     assert_eq!(env[3], "orders");
     assert_eq!(holder(&gate, "orders").await, Some((lease.clone(), token)));
 
-    // The runner keeps the lease alive: the lock outlives two TTLs with the same holder.
-    eventually("the lease to be two TTLs old", || async {
-        let leases = gate.get("/v1/leases").await;
-        let ours = leases
-            .body
-            .as_array()
-            .and_then(|all| all.iter().find(|l| l["id"] == lease.as_str()));
-        ours.is_some_and(|l| l["age_ms"].as_u64() > Some(2 * l["ttl_ms"].as_u64().unwrap_or(u64::MAX)))
-    })
-    .await;
+    // The runner keeps the lease alive: the lock outlives two TTLs with the same holder. (The
+    // wait is the span under test, not a synchronisation.)
+    let ttl = zkgate::http::extract::parse_duration(TTL).expect("TTL");
+    tokio::time::sleep(2 * ttl + Duration::from_millis(100)).await;
+    let leases = gate.get("/v1/leases").await;
+    let ours = leases
+        .body
+        .as_array()
+        .and_then(|all| all.iter().find(|l| l["id"] == lease.as_str()))
+        .unwrap_or_else(|| panic!("the lease is gone: {leases:?}"));
+    assert!(ours["age_ms"].as_u64() > Some(2 * ttl.as_millis() as u64), "{ours}");
     assert_eq!(holder(&gate, "orders").await, Some((lease.clone(), token)));
     let handle = gate.get(&format!("/v1/locks/orders/handles/{}", env[4])).await;
     assert_eq!(handle.body["state"], "held", "{handle:?}");
@@ -375,7 +385,8 @@ async fn a_command_that_ignores_sigterm_is_killed_with_its_children_after_the_gr
         "{stderr}"
     );
     // The whole process group was killed, the command's children too.
-    eventually("the command's child to be gone", || async { !runs(sleeper) }).await;
+    ended(sleeper).await;
+    assert!(!runs(sleeper));
 }
 
 /// A TCP forwarder to a zkgate that can cut every connection and refuse new ones: zkgate
@@ -448,8 +459,10 @@ async fn when_no_keepalive_gets_through_for_a_ttl_the_command_is_stopped() {
     );
     assert!(stderr.contains("zkgate: could not delete lease"), "{stderr}");
     // zkgate, which heard nothing either, let the lease expire and the lock go.
-    eventually("the lock to be free", || async {
-        holder(&gate, "island").await.is_none()
+    let mut ws = common::ws::Ws::connect(gate.running.addr, "/v1/ws").await;
+    ws.send(json!({"op": "subscribe", "id": "l", "topic": {"lock": "island"}}));
+    within(Duration::from_secs(30), "the lock to be free", async {
+        while !ws.next_for("l").await["state"]["holder"].is_null() {}
     })
     .await;
 }

@@ -123,22 +123,6 @@ async fn assert_digest_only(peer: &Client, outsider: &Client, expected: &[Acl]) 
     nodes.len()
 }
 
-/// Waits (bounded) until `gate` runs a connected session of at least `generation`.
-async fn wait_generation(gate: &Process, generation: u64) {
-    within(Duration::from_secs(30), "zkgate's new session", async {
-        loop {
-            let (status, health) = gate.call(Method::GET, "/readyz", None).await;
-            let current = health["zookeeper"]["session_generation"].as_u64().unwrap_or(0);
-            if status == StatusCode::OK && current >= generation {
-                return;
-            }
-            // Readiness has no long poll: ask again shortly.
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    })
-    .await
-}
-
 /// zkgate with `--zookeeper-auth`: what it creates admits its digest only; a client without
 /// it is refused everything, a peer with it may change and delete; after a session expiry the
 /// new session authenticates again (its creates would fail otherwise) and what it creates is
@@ -173,7 +157,7 @@ async fn a_digest_closes_zkgates_znodes_to_everyone_else_across_a_session_expiry
     proxy.partition();
     within(Duration::from_secs(30), "the session to expire", deleted.changed()).await;
     proxy.heal();
-    wait_generation(&gate, 2).await;
+    gate.wait_session(2).await;
     use_every_kind(&gate, 2).await;
     let checked = assert_digest_only(&peer, &outsider, &expected).await;
     assert!(checked >= 10, "only {checked} znodes under {ROOT}");

@@ -4,13 +4,13 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use super::within;
-
 /// A zkgate process (not in-process: it is killed with SIGKILL).
 pub struct Process {
     pub child: tokio::process::Child,
     pub url: String,
     log: Arc<Mutex<Vec<String>>>,
+    /// The number of log lines so far: changes with every line, for waiting on one.
+    logged: tokio::sync::watch::Receiver<usize>,
 }
 
 impl Process {
@@ -44,18 +44,39 @@ impl Process {
         (status, serde_json::from_str(&text).unwrap_or(serde_json::Value::Null))
     }
 
-    /// Waits (bounded) until `/readyz` answers 200: the process has a connected session.
-    pub async fn wait_ready(&mut self) {
-        let ready = tokio::time::timeout(Duration::from_secs(30), async {
-            while self.call(reqwest::Method::GET, "/readyz", None).await.0 != reqwest::StatusCode::OK {
-                // Readiness has no long poll: ask again shortly.
-                tokio::time::sleep(Duration::from_millis(50)).await;
+    /// Waits (bounded) until a line of the log matches: the process says when things happen.
+    pub async fn wait_log(&self, within_: Duration, what: &str, matches: impl Fn(&str) -> bool) {
+        let mut logged = self.logged.clone();
+        let found = tokio::time::timeout(within_, async {
+            loop {
+                if self.log.lock().unwrap().iter().any(|line| matches(line)) {
+                    return true;
+                }
+                if logged.changed().await.is_err() {
+                    return false; // the log ended: the process exited
+                }
             }
         })
         .await;
-        if ready.is_err() {
-            panic!("zkgate not ready after 30s: {}", self.diagnose());
+        if found != Ok(true) {
+            let log = self.log.lock().unwrap().clone();
+            panic!("zkgate never logged {what:?}; its log: {log:#?}");
         }
+    }
+
+    /// Waits (bounded) until the process has had ZooKeeper session number `generation` (it
+    /// logs each one it establishes).
+    pub async fn wait_session(&self, generation: u64) {
+        let established = format!("generation={generation} ");
+        self.wait_log(Duration::from_secs(30), "the ZooKeeper session", |line| {
+            line.contains("ZooKeeper session established") && line.contains(&established)
+        })
+        .await;
+    }
+
+    /// Waits (bounded) until the process has a ZooKeeper session, which is when it is ready.
+    pub async fn wait_ready(&mut self) {
+        self.wait_session(1).await;
     }
 
     /// Creates a lease with `ttl` on this process and returns its id.
@@ -130,29 +151,27 @@ impl Process {
             .spawn()
             .expect("start zkgate");
         let mut lines = tokio::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
-        let mut seen = Vec::new();
-        within(Duration::from_secs(60), &format!("zkgate to log {marker:?}"), async {
-            while let Some(line) = lines.next_line().await.expect("log") {
-                if line.contains(marker) {
-                    return;
-                }
-                seen.push(line);
-            }
-            panic!("zkgate exited before logging {marker:?}; its log: {seen:#?}");
-        })
-        .await;
-        // Keep draining the log (kept for diagnosis) so the process never blocks on a full pipe.
+        // The whole log is kept (for waiting on a line, and for diagnosis), and drained all the
+        // time so that the process never blocks on a full pipe.
         let log = Arc::new(Mutex::new(Vec::new()));
+        let (count, logged) = tokio::sync::watch::channel(0);
         let kept = log.clone();
         tokio::spawn(async move {
             while let Ok(Some(line)) = lines.next_line().await {
-                kept.lock().unwrap().push(line);
+                let mut log = kept.lock().unwrap();
+                log.push(line);
+                count.send_replace(log.len());
             }
         });
-        Process {
+        let process = Process {
             child,
             url: format!("http://127.0.0.1:{port}"),
             log,
-        }
+            logged,
+        };
+        process
+            .wait_log(Duration::from_secs(60), marker, |line| line.contains(marker))
+            .await;
+        process
     }
 }
