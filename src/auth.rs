@@ -400,28 +400,11 @@ fn check_path(caller: &Caller, method: &Method, path: &str) -> Result<(), ApiErr
     }
 }
 
-/// Percent-decoding as in a URL path (`+` stays `+`).
+/// Percent-decoding as in a URL path (`+` stays `+`), as axum's path extractor does.
 pub(crate) fn percent_decode(text: &str) -> String {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%'
-            && i + 2 < bytes.len()
-            && let (Some(hi), Some(lo)) = (hex_digit(bytes[i + 1]), hex_digit(bytes[i + 2]))
-        {
-            out.push(hi * 16 + lo);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-fn hex_digit(b: u8) -> Option<u8> {
-    (b as char).to_digit(16).map(|d| d as u8)
+    percent_encoding::percent_decode_str(text)
+        .decode_utf8_lossy()
+        .into_owned()
 }
 
 #[cfg(test)]

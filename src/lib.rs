@@ -98,7 +98,7 @@ impl AppState {
     pub fn new(config: ServeConfig, authority: Option<auth::Authority>) -> AppState {
         let connect = config.zookeeper.clone().unwrap_or_default();
         let config_limits = config.limit_settings();
-        let config_for_peers = config.clone();
+        let peers = http::forward::peer_client(&config);
         let zk = ZkSession::start(
             &connect,
             &config.root,
@@ -144,7 +144,7 @@ impl AppState {
             limits: Arc::new(limits::Limits::new(config_limits)),
             instance,
             instances,
-            peers: http::forward::peer_client(&config_for_peers),
+            peers,
         }))
     }
 }
