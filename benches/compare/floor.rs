@@ -2,9 +2,11 @@
 //! zookeeper-client: create an ephemeral sequential contender, list the lock's children,
 //! delete the contender.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use zookeeper_client::{Acls, Client, CreateMode};
+use zookeeper_client::{Acls, Client, CreateMode, EventType};
 
 pub struct Floor {
     client: Client,
@@ -63,4 +65,63 @@ impl Floor {
         }
         samples
     }
+
+    /// The lock recipe itself on this one session (as zkgate has one), `clients` tasks on
+    /// `locks` locks (task `i` on lock `i % locks`) for `duration`: grants per second. Each
+    /// cycle: create + list together, then while not lowest an exists-watch on the next lower
+    /// node and a new listing once it goes, then the delete. No HTTP, no lease, no bookkeeping:
+    /// what ZooKeeper and one client session can do on this machine.
+    pub async fn contended(&self, clients: usize, locks: usize, duration: Duration) -> f64 {
+        let granted = Arc::new(AtomicUsize::new(0));
+        let deadline = Instant::now() + duration;
+        let tasks: Vec<_> = (0..clients)
+            .map(|i| {
+                let (client, granted) = (self.client.clone(), granted.clone());
+                let dir = format!("{}/c{locks}-{}", self.dir, i % locks);
+                tokio::spawn(async move {
+                    let persistent = CreateMode::Persistent.with_acls(Acls::anyone_all());
+                    let _ = client.create(&dir, &[], &persistent).await;
+                    let prefix = format!("{dir}/_c_{}-lock-", uuid::Uuid::new_v4());
+                    while Instant::now() < deadline {
+                        recipe_cycle(&client, &dir, &prefix).await;
+                        if Instant::now() < deadline {
+                            granted.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await.expect("floor client");
+        }
+        granted.load(Ordering::Relaxed) as f64 / duration.as_secs_f64()
+    }
+}
+
+/// One acquire and release of the lock at `dir` by the ZooKeeper guide's recipe.
+async fn recipe_cycle(client: &Client, dir: &str, prefix: &str) {
+    let options = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
+    let (created, listed) = tokio::join!(client.create(prefix, b"", &options), client.list_children(dir));
+    let sequence = created.expect("create").1.into_i64();
+    let mut children = listed.expect("list");
+    loop {
+        let mut lower: Vec<(i64, &String)> = children
+            .iter()
+            .filter_map(|c| Some((c.rsplit('-').next()?.parse::<i64>().ok()?, c)))
+            .filter(|(s, _)| *s < sequence)
+            .collect();
+        lower.sort();
+        let Some((_, predecessor)) = lower.last() else {
+            break;
+        };
+        let path = format!("{dir}/{predecessor}");
+        if let (Some(_), watcher) = client.check_and_watch_stat(&path).await.expect("exists") {
+            assert_eq!(watcher.changed().await.event_type, EventType::NodeDeleted);
+        }
+        children = client.list_children(dir).await.expect("list");
+    }
+    client
+        .delete(&format!("{prefix}{sequence:010}"), None)
+        .await
+        .expect("delete");
 }
