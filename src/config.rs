@@ -9,6 +9,11 @@ use clap::Args;
 use crate::http::extract::parse_duration;
 use crate::lease::LeasePolicy;
 
+/// ZooKeeper sessions per instance unless `--zookeeper-sessions` says otherwise: on the
+/// compare bench, 4 sessions turn over 32 locks about 1.4 times as fast as one, and the raw
+/// floor gains little beyond 4 on 2 cores (BENCHMARKS.md).
+pub const DEFAULT_ZOOKEEPER_SESSIONS: u16 = 4;
+
 /// Options of `zkgate serve`.
 #[derive(Args, Clone, Debug)]
 pub struct ServeConfig {
@@ -28,6 +33,15 @@ pub struct ServeConfig {
     /// ZooKeeper session timeout asked for (the server may adjust it to 2..20 ticks).
     #[arg(long, env = "ZKGATE_SESSION_TIMEOUT", default_value = "10s", value_parser = duration)]
     pub session_timeout: Duration,
+
+    /// ZooKeeper sessions this instance opens; each lease lives on one of them. ZooKeeper
+    /// serves one session's requests in order, so a single session limits how many locks a busy
+    /// instance turns over (BENCHMARKS.md); losing one session ends only its own leases. With
+    /// more than one, a read may briefly miss a write just made on another session when they
+    /// are served by different servers of an ensemble, as with two instances.
+    #[arg(long, env = "ZKGATE_ZOOKEEPER_SESSIONS", default_value_t = DEFAULT_ZOOKEEPER_SESSIONS,
+          value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub zookeeper_sessions: u16,
 
     /// Lease TTL when a request does not ask for one.
     #[arg(long, env = "ZKGATE_LEASE_TTL", default_value = "30s", value_parser = duration)]
@@ -148,6 +162,7 @@ impl ServeConfig {
             zookeeper: Some(connect.to_string()),
             root: "/zkgate".into(),
             session_timeout: Duration::from_secs(10),
+            zookeeper_sessions: DEFAULT_ZOOKEEPER_SESSIONS,
             lease_ttl: Duration::from_secs(30),
             lease_ttl_min: Duration::from_secs(1),
             lease_ttl_max: Duration::from_secs(3600),

@@ -8,7 +8,10 @@
 //!   (`<8 hex>-<32 hex>`), and the znodes held for a lease record the lease (and so its
 //!   instance): any instance can tell whose an id is without a lookup;
 //! - each instance registers itself while its session lives: an ephemeral znode
-//!   `<root>/instances/<id>` holding the URL it is reached at (`--advertise-url`);
+//!   `<root>/instances/<id>` holding the URL it is reached at (`--advertise-url`), made by its
+//!   primary session; each further session (lane, see [crate::zk::session]) makes
+//!   `<root>/instances/<id>~<lane>`, so that the owner session of a member's znode names its
+//!   instance whichever lane made it;
 //! - a request naming another instance's lease, handle or claim is forwarded there
 //!   ([crate::http::forward]); if that instance is gone, so are its leases (its session
 //!   ended and its znodes with it), which is what the answer says.
@@ -19,7 +22,7 @@ use serde::{Deserialize, Serialize};
 use zookeeper_client::{CreateMode, Error as ZkError};
 
 use crate::zk::retry_on_loss;
-use crate::zk::session::ZkSession;
+use crate::zk::session::{Lanes, ZkSession};
 
 /// This instance's identity.
 #[derive(Clone, Debug)]
@@ -78,14 +81,28 @@ pub struct Instances {
     dir: Arc<str>,
 }
 
+/// Separates an instance's id from a lane number in the names of lane registrations.
+const LANE_SEPARATOR: char = '~';
+
 impl Instances {
-    /// Registers `me` on every session the supervisor opens, for as long as `zk` runs.
-    pub fn start(zk: ZkSession, root: &str, me: Instance) -> Instances {
+    /// Registers `me` on every session each lane's supervisor opens, for as long as it runs.
+    pub fn start(lanes: Lanes, root: &str, me: Instance) -> Instances {
         let instances = Instances {
-            zk: zk.clone(),
+            zk: lanes.primary().clone(),
             dir: format!("{root}/instances").into(),
         };
-        tokio::spawn(register_on_every_session(instances.clone(), me));
+        for lane in lanes.all() {
+            let name = match lane.lane() {
+                0 => me.id.to_string(),
+                n => format!("{}{LANE_SEPARATOR}{n}", me.id),
+            };
+            tokio::spawn(register_on_every_session(
+                instances.dir.clone(),
+                lane.clone(),
+                name,
+                me.clone(),
+            ));
+        }
         instances
     }
 
@@ -141,17 +158,18 @@ impl Instances {
             if let Some(registered) = retry_on_loss(|| client.check_stat(&registration)).await?
                 && registered.ephemeral_owner == stat.ephemeral_owner
             {
-                return Ok(Some(name));
+                let instance = name.split(LANE_SEPARATOR).next().unwrap_or_default();
+                return Ok(Some(instance.to_string()));
             }
         }
         Ok(None)
     }
 }
 
-/// The registration is ephemeral: it goes with the session (and the session's leases), and is
-/// made again on each new session.
-async fn register_on_every_session(instances: Instances, me: Instance) {
-    let mut status = instances.zk.subscribe();
+/// The registration `<dir>/<name>` is ephemeral: it goes with the session (and the session's
+/// leases), and is made again on each new session of `zk`.
+async fn register_on_every_session(dir: Arc<str>, zk: ZkSession, name: String, me: Instance) {
+    let mut status = zk.subscribe();
     let mut registered = None;
     loop {
         let current = status.borrow_and_update().clone();
@@ -160,13 +178,13 @@ async fn register_on_every_session(instances: Instances, me: Instance) {
                 url: me.url.to_string(),
             })
             .unwrap_or_default();
-            let path = format!("{}/{}", instances.dir, me.id);
+            let path = format!("{dir}/{name}");
             let options = CreateMode::Ephemeral.with_acls(crate::zk::acls());
             let created = match retry_on_loss(|| client.create(&path, &data, &options)).await {
                 Ok(_) | Err(ZkError::NodeExists) => Ok(()),
                 Err(ZkError::NoNode) => {
                     let parent = CreateMode::Persistent.with_acls(crate::zk::acls());
-                    match client.create(&instances.dir, &[], &parent).await {
+                    match client.create(&dir, &[], &parent).await {
                         Ok(_) | Err(ZkError::NodeExists) => client.create(&path, &data, &options).await.map(|_| ()),
                         Err(err) => Err(err),
                     }
@@ -176,7 +194,7 @@ async fn register_on_every_session(instances: Instances, me: Instance) {
             match created {
                 Ok(()) => {
                     registered = Some(current.generation);
-                    tracing::info!(instance = %me.id, url = %me.url, "instance registered");
+                    tracing::info!(instance = %me.id, lane = zk.lane(), url = %me.url, "instance registered");
                 }
                 Err(err) => {
                     tracing::warn!(error = %err, "could not register this instance; retrying on the next change")

@@ -20,7 +20,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::zk::session::{Unavailable, ZkSession};
+use crate::zk::session::{Lanes, Unavailable, ZkSession};
 
 /// How many ended leases are remembered for 410 answers.
 const REMEMBERED_ENDED: usize = 100_000;
@@ -132,7 +132,10 @@ pub struct Lease {
     /// The TTL asked for, if one was (it may differ from `ttl` by the policy's clamping).
     pub requested_ttl: Option<Duration>,
     pub created_at: SystemTime,
-    /// The generation of the ZooKeeper session this lease is bound to.
+    /// The instance's ZooKeeper session (lane) this lease lives on: everything it holds is
+    /// created on it.
+    pub zk: ZkSession,
+    /// The generation of that session this lease is bound to.
     pub generation: u64,
     /// The principal that created it (`None` when auth is off); only it (or an admin) may use
     /// it, or anything held with it.
@@ -175,6 +178,24 @@ impl Lease {
         }
     }
 
+    /// The client of the lease's own session, on which whatever it holds is created (and read
+    /// back in the same request: a session sees its own writes, another session served by
+    /// another server of an ensemble might not yet).
+    ///
+    /// # Notable errors
+    /// * [LeaseError::Ended] (`session_lost`) when that session has ended since the lease began.
+    /// * [LeaseError::Unavailable] while ZooKeeper cannot be reached.
+    pub async fn session(&self) -> Result<zookeeper_client::Client, LeaseError> {
+        let session = self.zk.connected().await?;
+        if session.generation != self.generation {
+            return Err(LeaseError::Ended {
+                id: self.id.clone(),
+                reason: EndReason::SessionLost,
+            });
+        }
+        Ok(session.client)
+    }
+
     /// Attaches a holding; refused once the lease has ended, so nothing is attached to a lease
     /// that will never clean it up.
     pub fn attach(&self, holding: Arc<dyn Holding>) -> bool {
@@ -207,7 +228,7 @@ struct Registry {
     /// This instance's id: the prefix of every lease id issued here.
     instance: Arc<str>,
     max_per_owner: usize,
-    zk: ZkSession,
+    lanes: Lanes,
     table: Mutex<Table>,
 }
 
@@ -222,16 +243,19 @@ struct Table {
 }
 
 impl Leases {
-    /// Creates the registry and starts ending the leases of every session that ends.
-    pub fn new(policy: LeasePolicy, max_per_owner: usize, instance: Arc<str>, zk: ZkSession) -> Leases {
+    /// Creates the registry and starts ending the leases of every session that ends, on each
+    /// of the `lanes`.
+    pub fn new(policy: LeasePolicy, max_per_owner: usize, instance: Arc<str>, lanes: Lanes) -> Leases {
         let inner = Arc::new(Registry {
             policy,
             instance,
             max_per_owner,
-            zk: zk.clone(),
+            lanes: lanes.clone(),
             table: Mutex::default(),
         });
-        tokio::spawn(end_leases_of_lost_sessions(Arc::downgrade(&inner), zk));
+        for lane in lanes.all() {
+            tokio::spawn(end_leases_of_lost_sessions(Arc::downgrade(&inner), lane.clone()));
+        }
         Leases { inner }
     }
 
@@ -239,7 +263,8 @@ impl Leases {
         self.inner.policy
     }
 
-    /// Creates a lease bound to the current session, owned by the current caller. With an
+    /// Creates a lease bound to the current session of a connected lane (round robin), owned by
+    /// the current caller. With an
     /// idempotency key, a retry of the same request (by the same principal) returns the lease
     /// the first one created (while it lives).
     pub fn create(
@@ -247,7 +272,7 @@ impl Leases {
         requested_ttl: Option<Duration>,
         idempotency_key: Option<&str>,
     ) -> Result<Arc<Lease>, LeaseError> {
-        let session = self.inner.zk.current()?;
+        let (lane, session) = self.inner.lanes.pick()?;
         let owner = crate::auth::current().name().map(str::to_string);
         // Keys are per principal: another principal's key must not reach this one's lease.
         let idempotency_key = idempotency_key.map(|key| format!("{}\0{key}", owner.as_deref().unwrap_or_default()));
@@ -270,6 +295,7 @@ impl Leases {
             ttl,
             requested_ttl,
             created_at: SystemTime::now(),
+            zk: lane.clone(),
             generation: session.generation,
             owner,
             ended: CancellationToken::new(),
@@ -426,8 +452,8 @@ async fn expire_when_silent(registry: Weak<Registry>, lease: Arc<Lease>) {
     }
 }
 
-/// Ends every lease bound to a session generation that is over: older than the current
-/// session's, or the current one once it has ended.
+/// Ends every lease of `zk`'s lane bound to a session generation that is over: older than the
+/// current session's, or the current one once it has ended.
 async fn end_leases_of_lost_sessions(registry: Weak<Registry>, zk: ZkSession) {
     let mut status = zk.subscribe();
     while status.changed().await.is_ok() {
@@ -443,7 +469,7 @@ async fn end_leases_of_lost_sessions(registry: Weak<Registry>, zk: ZkSession) {
             .table()
             .live
             .values()
-            .filter(|l| l.generation <= lost_up_to)
+            .filter(|l| l.zk.lane() == zk.lane() && l.generation <= lost_up_to)
             .map(|l| l.id.clone())
             .collect();
         for id in lost {

@@ -64,7 +64,10 @@ impl std::ops::Deref for AppState {
 /// What [AppState] holds.
 pub struct Shared {
     pub config: Arc<ServeConfig>,
+    /// The primary ZooKeeper session: reads, queues, event topics, the instance's registration.
     pub zk: ZkSession,
+    /// All of the instance's sessions (the primary first); each lease lives on one.
+    pub lanes: zk::session::Lanes,
     pub leases: Leases,
     pub locks: Contenders,
     pub rwlocks: Contenders,
@@ -105,19 +108,27 @@ impl AppState {
             config.session_timeout,
             config.zookeeper_security.clone(),
         );
+        let lanes = zk::session::Lanes::start(
+            zk.clone(),
+            &connect,
+            &config.root,
+            config.session_timeout,
+            &config.zookeeper_security,
+            config.zookeeper_sessions.into(),
+        );
         let instance = instances::Instance::new(config.advertised_url());
-        let instances = instances::Instances::start(zk.clone(), &config.root, instance.clone());
+        let instances = instances::Instances::start(lanes.clone(), &config.root, instance.clone());
         let leases = Leases::new(
             config.lease_policy(),
             config.max_leases_per_principal,
             instance.id.clone(),
-            zk.clone(),
+            lanes.clone(),
         );
-        let locks = Contenders::new(zk.clone(), &config.root, "locks");
-        let rwlocks = Contenders::new(zk.clone(), &config.root, "rwlocks");
-        let elections = Contenders::new(zk.clone(), &config.root, "elections");
+        let locks = Contenders::new(&config.root, "locks");
+        let rwlocks = Contenders::new(&config.root, "rwlocks");
+        let elections = Contenders::new(&config.root, "elections");
         let groups = BoundNodes::new(&config.root, "member", "groups");
-        let semaphores = Semaphores::new(zk.clone(), &config.root);
+        let semaphores = Semaphores::new(&config.root);
         let barriers = BoundNodes::new(&config.root, "barrier", "barriers");
         let double_barriers = BoundNodes::new(&config.root, "participant", "double-barriers");
         let txn_members = BoundNodes::new(&config.root, "participant", "txns");
@@ -127,6 +138,7 @@ impl AppState {
         AppState(Arc::new(Shared {
             config: Arc::new(config),
             zk,
+            lanes,
             leases,
             locks,
             rwlocks,
@@ -224,7 +236,7 @@ impl Running {
         let ended = self.state.leases.end_all().await;
         tracing::info!(leases = ended, "leases released for shutdown");
         self.state.instances.deregister(&self.state.instance).await;
-        self.state.zk.shutdown();
+        self.state.lanes.shutdown();
         let abort = self.task.abort_handle();
         // Long polls may hold connections for up to `max_wait`; do not wait for them.
         match tokio::time::timeout(std::time::Duration::from_secs(2), &mut self.task).await {
@@ -241,6 +253,6 @@ impl Running {
 impl Drop for Running {
     fn drop(&mut self) {
         self.stop.cancel();
-        self.state.zk.shutdown();
+        self.state.lanes.shutdown();
     }
 }

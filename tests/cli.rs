@@ -62,6 +62,18 @@ async fn serve_refuses_bad_settings_with_a_clear_message() {
     .await;
     assert!(!ok);
     assert!(stderr.contains("soon"), "{stderr}");
+
+    let (ok, stderr) = run(
+        &["serve", "--zookeeper", "127.0.0.1:1", "--zookeeper-sessions", "0"],
+        &[],
+        false,
+    )
+    .await;
+    assert!(!ok);
+    assert!(
+        stderr.contains("--zookeeper-sessions") && stderr.contains("1..=64"),
+        "{stderr}"
+    );
 }
 
 #[tokio::test]

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use common::proxy::Proxy;
-use common::{Gate, Reply, expire_session, within, zookeeper};
+use common::{Gate, Reply, expire_sessions, within, zookeeper};
 use reqwest::StatusCode;
 use serde_json::json;
 
@@ -107,7 +107,7 @@ async fn one_leader_at_a_time_through_resignation_lease_expiry_and_session_expir
     term = next;
 
     // 3. Instance A's session expires: candidate 4 (on B) leads.
-    expire_session(&proxy, &zk.connect_string(), a.session()).await;
+    expire_sessions(&proxy, &zk.connect_string(), a.sessions().await).await;
     let led = within(Duration::from_secs(30), "candidate 4 to lead", waiters.next().unwrap())
         .await
         .unwrap();

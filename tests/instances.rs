@@ -159,16 +159,28 @@ async fn a_member_that_joined_through_one_instance_leaves_through_the_other() {
     let zk = zookeeper().await;
     let a = Gate::start(&zk.connect_string()).await;
     let b = Gate::start(&zk.connect_string()).await;
-    let joined = a
-        .call(
-            Method::PUT,
-            "/v1/groups/workers/members/w1",
-            Some(json!({"data": {"slot": 1}})),
-        )
-        .await;
-    assert!(joined.status.is_success(), "{joined:?}");
-    let left = b.delete("/v1/groups/workers/members/w1").await;
-    assert_eq!(left.status, StatusCode::NO_CONTENT, "{left:?}");
+    // As many members as A has sessions: leases go round robin over them, so some members'
+    // znodes belong to A's primary session and others to its other sessions, and B must find A
+    // from each.
+    let sessions = a.running.state.lanes.all().len();
+    let mut owners = std::collections::HashSet::new();
+    for n in 0..sessions {
+        let joined = a
+            .call(
+                Method::PUT,
+                &format!("/v1/groups/workers/members/w{n}"),
+                Some(json!({"data": {"slot": n}})),
+            )
+            .await;
+        assert!(joined.status.is_success(), "{joined:?}");
+        let lease = joined.body["lease"]["id"].as_str().expect("the member's lease");
+        owners.insert(a.session_of(lease).id().0);
+    }
+    assert_eq!(owners.len(), sessions, "one member per session of A");
+    for n in 0..sessions {
+        let left = b.delete(&format!("/v1/groups/workers/members/w{n}")).await;
+        assert_eq!(left.status, StatusCode::NO_CONTENT, "{left:?}");
+    }
     let members = a.get("/v1/groups/workers").await;
     assert_eq!(members.body["members"].as_array().map(Vec::len), Some(0), "{members:?}");
     // A member nobody has: 404, wherever asked.

@@ -266,8 +266,15 @@ async fn session_expiry_loses_leases_passes_locks_on_and_the_instance_recovers()
         tokio::spawn(async move { other.acquire("primary", &rival_lease, "wait=30s").await })
     };
     wait_children(&connect, "/zkgate/locks/primary", 2).await;
+    // A lease on another of the instance's sessions (leases go round robin over them), holding
+    // another lock: it must not notice the other session's end.
+    let bystander = doomed.lease("60s").await;
+    assert_ne!(doomed.session_of(&bystander).id(), doomed.session_of(&lease).id());
+    let kept = doomed.acquire("kept", &bystander, "wait=0").await;
+    assert_eq!(kept.status, StatusCode::OK, "{kept:?}");
+    let lane = doomed.running.state.leases.get(&lease).expect("lease").zk.lane();
 
-    expire_session(&proxy, &connect, doomed.session()).await;
+    expire_session(&proxy, &connect, doomed.session_of(&lease)).await;
 
     let granted = within(Duration::from_secs(30), "the rival's grant", rival)
         .await
@@ -275,11 +282,25 @@ async fn session_expiry_loses_leases_passes_locks_on_and_the_instance_recovers()
     assert_eq!(granted.status, StatusCode::OK, "{granted:?}");
     assert!(granted.i64("fencing_token") > held.i64("fencing_token"));
 
-    doomed.wait_generation(2).await;
+    doomed.wait_lane_generation(lane, 2).await;
     let lost = doomed.get(&format!("/v1/leases/{lease}")).await;
     lost.assert_problem(StatusCode::GONE, None);
     assert_eq!(lost.body["reason"], "session_lost");
-    assert_eq!(doomed.get("/readyz").await.status, StatusCode::OK);
+    // The bystander still holds its lock, with the same fencing token, on its own session.
+    let still = doomed.get(&format!("/v1/leases/{bystander}")).await;
+    assert_eq!(still.status, StatusCode::OK, "{still:?}");
+    assert_eq!(still.body["holdings"][0]["state"], "held", "{still:?}");
+    let state = other.get("/v1/locks/kept").await;
+    assert_eq!(
+        state.body["holder"]["fencing_token"], kept.body["fencing_token"],
+        "{state:?}"
+    );
+    let ready = doomed.get("/readyz").await;
+    assert_eq!(ready.status, StatusCode::OK);
+    let sessions = doomed.running.state.lanes.all().len();
+    assert!(sessions > 1, "the default opens several sessions");
+    assert_eq!(ready.body["zookeeper"]["sessions"], sessions, "{ready:?}");
+    assert_eq!(ready.body["zookeeper"]["sessions_connected"], sessions, "{ready:?}");
     // It serves again on its new session.
     let fresh = doomed.post("/v1/locks/secondary/acquire?wait=0", None).await;
     assert_eq!(fresh.status, StatusCode::OK, "{fresh:?}");

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use common::proxy::Proxy;
 use common::ws::{Ws, assert_no_silent_gap};
-use common::{Gate, expire_session, test_config, within, zookeeper};
+use common::{Gate, expire_sessions, test_config, within, zookeeper};
 use futures::{SinkExt, StreamExt};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -35,7 +35,7 @@ async fn a_session_expiry_brings_a_resync_with_the_state_after_it() {
         json!(held.i64("fencing_token"))
     );
 
-    expire_session(&proxy, &connect, gate.session()).await;
+    expire_sessions(&proxy, &connect, gate.sessions().await).await;
 
     // The lock's holder died with the session: the resync says so.
     let resync = loop {

@@ -88,11 +88,12 @@ pub async fn raise(
 ) -> Result<Response, ApiError> {
     check_name(&name)?;
     let body = body.unwrap_or_default();
-    let client = state.zk.connected().await?.client;
     let created = if body.lease.is_none() && body.ttl.is_none() {
+        let client = state.zk.connected().await?.client;
         barrier::raise(&client, &state.barriers.dir(&name)).await?
     } else {
         let (lease, _) = contention::lease_for(&state, body.lease, body.ttl.map(|t| t.0))?;
+        let client = lease.session().await?;
         match state
             .barriers
             .bind(&client, state.barriers.base(), &name, &name, &[], &lease)

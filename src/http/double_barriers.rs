@@ -160,15 +160,21 @@ pub async fn enter(
         return Err(ApiError::invalid(Place::Body, "size", "must be at least 1"));
     }
     let deadline = Instant::now() + state.config.wait(query.wait.map(|w| w.0));
-    let client = state.zk.connected().await?.client;
     let dir = state.double_barriers.dir(&name);
-    settle_size(&client, &dir, &name, body.size).await?;
-    let node = match state.double_barriers.get(&name, &body.participant) {
-        Some(node) if Some(node.lease.id.as_str()) == body.lease.as_deref() => node,
+    // Everything from here on the lease's own session: the count of who is inside must include
+    // our own node, which only the session that created it is sure to see at once.
+    let (node, client) = match state.double_barriers.get(&name, &body.participant) {
+        Some(node) if Some(node.lease.id.as_str()) == body.lease.as_deref() => {
+            let client = node.lease.session().await?;
+            settle_size(&client, &dir, &name, body.size).await?;
+            (node, client)
+        }
         Some(_) => return Err(taken(&name, &body.participant)),
         None => {
             let (lease, _) = contention::lease_for(&state, body.lease, body.ttl.map(|t| t.0))?;
-            match state
+            let client = lease.session().await?;
+            settle_size(&client, &dir, &name, body.size).await?;
+            let node = match state
                 .double_barriers
                 .bind(&client, &dir, &name, &body.participant, &[], &lease)
                 .await
@@ -177,7 +183,8 @@ pub async fn enter(
                 Err(BindError::Taken) => return Err(taken(&name, &body.participant)),
                 Err(BindError::LeaseEnded) => return Err(contention::lease_gone(&state, &lease)),
                 Err(BindError::ZooKeeper(err)) => return Err(err.into()),
-            }
+            };
+            (node, client)
         }
     };
     let ready_path = format!("{dir}/{READY}");
@@ -241,11 +248,15 @@ pub async fn leave(
 ) -> Result<Response, ApiError> {
     check_name(&name)?;
     check_participant(&body.participant)?;
-    if let Some(node) = state.double_barriers.get(&name, &body.participant) {
-        node.lease.check_owner()?;
-    }
     let deadline = Instant::now() + state.config.wait(query.wait.map(|w| w.0));
-    let client = state.zk.connected().await?.client;
+    // On the participant's own session if it entered here, which sees its own removal at once.
+    let client = match state.double_barriers.get(&name, &body.participant) {
+        Some(node) => {
+            node.lease.check_owner()?;
+            node.lease.session().await?
+        }
+        None => state.zk.connected().await?.client,
+    };
     let dir = state.double_barriers.dir(&name);
     let me = body.participant.as_str();
     let passed = loop {

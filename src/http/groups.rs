@@ -143,7 +143,7 @@ pub async fn join(
             state.leases.create(ttl.map(|t| t.0), None)?
         }
     };
-    let client = state.zk.connected().await?.client;
+    let client = lease.session().await?;
     match state
         .groups
         .bind(&client, &state.groups.dir(&group), &group, &member, &data, &lease)

@@ -1,4 +1,4 @@
-//! `/healthz` (the process answers) and `/readyz` (its ZooKeeper session is connected).
+//! `/healthz` (the process answers) and `/readyz` (its primary ZooKeeper session is connected).
 
 use axum::Json;
 use axum::extract::State;
@@ -29,6 +29,13 @@ pub struct ZooKeeperStatus {
     pub session_id: Option<String>,
     /// Incremented every time a new session replaces an expired one.
     pub session_generation: u64,
+    /// The instance's ZooKeeper sessions (`--zookeeper-sessions`; leases are spread over
+    /// them). The fields above are the primary's.
+    #[schema(example = 4)]
+    pub sessions: usize,
+    /// How many of them are connected now.
+    #[schema(example = 4)]
+    pub sessions_connected: usize,
 }
 
 fn health(state: &AppState, status: &'static str) -> Health {
@@ -40,6 +47,8 @@ fn health(state: &AppState, status: &'static str) -> Health {
             servers: state.zk.hosts().to_string(),
             session_id: zk.client.as_ref().map(|c| format!("{:#x}", c.session_id().0)),
             session_generation: zk.generation,
+            sessions: state.lanes.all().len(),
+            sessions_connected: state.lanes.all().iter().filter(|lane| lane.current().is_ok()).count(),
         },
     }
 }

@@ -121,10 +121,21 @@ pub async fn acquire(
     }
     let body = body.unwrap_or_default();
     let wait = state.config.wait(params.wait.map(|w| w.0));
-    let client = state.zk.connected().await?.client;
-    match settle_permits(&client, &state.semaphores.dir(&name), params.permits).await {
+    let (lease, own_lease) = contention::lease_for(&state, body.lease, body.ttl.map(|t| t.0))?;
+    // On the lease's session, where the permit's driver reads the count back.
+    let settled = match lease.session().await {
+        Ok(client) => settle_permits(&client, &state.semaphores.dir(&name), params.permits)
+            .await
+            .map_err(Refusal::Settle),
+        Err(err) => Err(Refusal::Lease(err)),
+    };
+    // A lease made for this request goes with it.
+    if settled.is_err() && own_lease {
+        let _ = state.leases.end(&lease.id, EndReason::Deleted).await;
+    }
+    match settled {
         Ok(()) => {}
-        Err(Settle::Mismatch(recorded)) => {
+        Err(Refusal::Settle(Settle::Mismatch(recorded))) => {
             return Err(ApiError::conflict(
                 "permits-mismatch",
                 "Permits mismatch",
@@ -132,9 +143,9 @@ pub async fn acquire(
             )
             .with("permits", recorded));
         }
-        Err(Settle::ZooKeeper(err)) => return Err(err.into()),
+        Err(Refusal::Settle(Settle::ZooKeeper(err))) => return Err(err.into()),
+        Err(Refusal::Lease(err)) => return Err(err.into()),
     }
-    let (lease, own_lease) = contention::lease_for(&state, body.lease, body.ttl.map(|t| t.0))?;
     let Some(permit) = state.semaphores.request(&lease, &name, params.permits) else {
         return Err(contention::lease_gone(&state, &lease));
     };
@@ -170,6 +181,12 @@ pub async fn acquire(
             ))
         }
     }
+}
+
+/// Why a permit request stops before it queues.
+enum Refusal {
+    Settle(Settle),
+    Lease(crate::lease::LeaseError),
 }
 
 async fn give_up(state: &AppState, permit: &Arc<Permit>, own_lease: bool) {

@@ -219,9 +219,11 @@ pub async fn register(
     ApiPath((id, participant)): ApiPath<(String, String)>,
     ApiJson(body): ApiJson<Option<RegisterBody>>,
 ) -> Result<Response, ApiError> {
-    let (client, dir, _) = participant_of(&state, &id, &participant).await?;
+    let (_, dir, _) = participant_of(&state, &id, &participant).await?;
     let body = body.unwrap_or_default();
     let (lease, _) = contention::lease_for(&state, body.lease, body.ttl.map(|t| t.0))?;
+    // The member node lives on the lease's session, and is read back on it (which sees it).
+    let client = lease.session().await?;
     let members = format!("{dir}/members");
     match state
         .txn_members

@@ -24,7 +24,6 @@ use crate::lease::{Holding, HoldingView, Lease};
 use crate::recipes::revocation::{self, Revocation};
 use crate::recipes::{election, in_sequence_order, lock, rwlock};
 use crate::zk::retry_on_loss;
-use crate::zk::session::ZkSession;
 
 /// How long a holder runs before its own znode is watched (see `contend`).
 const HELD_WATCH_DELAY: Duration = Duration::from_millis(200);
@@ -260,13 +259,9 @@ pub struct Spec {
     pub value: Option<serde_json::Value>,
 }
 
-/// Spawns the driver for a new contender. `on_exit` runs once its znode is gone, to drop it
-/// from indexes.
-pub fn spawn_contender(
-    zk: ZkSession,
-    spec: Spec,
-    on_exit: impl FnOnce(&Arc<Contender>) + Send + 'static,
-) -> Option<Arc<Contender>> {
+/// Spawns the driver for a new contender, on its lease's session. `on_exit` runs once its znode
+/// is gone, to drop it from indexes.
+pub fn spawn_contender(spec: Spec, on_exit: impl FnOnce(&Arc<Contender>) + Send + 'static) -> Option<Arc<Contender>> {
     let Spec {
         role,
         name,
@@ -300,14 +295,16 @@ pub fn spawn_contender(
     *contender.me.lock().unwrap_or_else(|e| e.into_inner()) = Some(holding);
     let driver = contender.clone();
     tokio::spawn(async move {
-        drive(&driver, zk).await;
+        drive(&driver).await;
         on_exit(&driver);
     });
     Some(contender)
 }
 
-async fn drive(contender: &Arc<Contender>, zk: ZkSession) {
-    let exit = match zk.connected().await {
+/// Runs the recipe on the lease's own session (lane): the contender's znode must live and die
+/// with the lease's session, and one session keeps the create and the listing in order.
+async fn drive(contender: &Arc<Contender>) {
+    let exit = match contender.lease.zk.connected().await {
         Err(err) => Exit::Failed(match err {
             crate::zk::session::Unavailable::NoSession => ZkError::SessionExpired,
             crate::zk::session::Unavailable::Disconnected => ZkError::ConnectionLoss,
@@ -589,7 +586,6 @@ async fn remove_node(contender: &Contender, client: &Client) -> bool {
 /// the recipe's GUID rule).
 #[derive(Clone)]
 pub struct Contenders {
-    zk: ZkSession,
     base: Arc<str>,
     index: Arc<Mutex<Index>>,
 }
@@ -611,9 +607,8 @@ pub enum Refused {
 
 impl Contenders {
     /// Contenders under `<root>/<kind_dir>` (`locks`, `rwlocks`, `elections`).
-    pub fn new(zk: ZkSession, root: &str, kind_dir: &str) -> Contenders {
+    pub fn new(root: &str, kind_dir: &str) -> Contenders {
         Contenders {
-            zk,
             base: format!("{root}/{kind_dir}").into(),
             index: Arc::default(),
         }
@@ -658,7 +653,7 @@ impl Contenders {
         };
         // The exit hook takes the index lock, which we hold until the contender is inserted, so
         // it cannot run before the insertion even if the driver finishes at once.
-        let contender = spawn_contender(self.zk.clone(), spec, move |done| {
+        let contender = spawn_contender(spec, move |done| {
             let mut index = index_ref.lock().unwrap_or_else(|e| e.into_inner());
             // A lost contender stays findable by handle until released, so that its holder can
             // learn of the loss; the others leave the indexes now.

@@ -24,7 +24,6 @@ use super::contender::{ContenderState, Next, Phase, ensure_dir, find_by_guid};
 use super::{in_sequence_order, lock};
 use crate::lease::{Holding, HoldingView, Lease};
 use crate::zk::retry_on_loss;
-use crate::zk::session::ZkSession;
 
 /// The infix of Curator's lease node names.
 pub const LEASE_INFIX: &str = "-lease-";
@@ -131,7 +130,6 @@ impl Holding for Permit {
 /// The permits asked for through this instance, by handle and by (lease, semaphore).
 #[derive(Clone)]
 pub struct Semaphores {
-    zk: ZkSession,
     base: Arc<str>,
     index: Arc<Mutex<Index>>,
 }
@@ -143,9 +141,8 @@ struct Index {
 }
 
 impl Semaphores {
-    pub fn new(zk: ZkSession, root: &str) -> Semaphores {
+    pub fn new(root: &str) -> Semaphores {
         Semaphores {
-            zk,
             base: format!("{root}/semaphores").into(),
             index: Arc::default(),
         }
@@ -195,9 +192,9 @@ impl Semaphores {
         *permit.me.lock().unwrap_or_else(|e| e.into_inner()) = Some(holding);
         index.by_lease.insert(key, permit.clone());
         index.by_handle.insert(permit.handle.clone(), permit.clone());
-        let (zk, driven, index_ref) = (self.zk.clone(), permit.clone(), self.index.clone());
+        let (driven, index_ref) = (permit.clone(), self.index.clone());
         tokio::spawn(async move {
-            drive(&driven, zk).await;
+            drive(&driven).await;
             let mut index = index_ref.lock().unwrap_or_else(|e| e.into_inner());
             forget(&mut index, &driven);
         });
@@ -232,8 +229,9 @@ fn forget(index: &mut Index, permit: &Arc<Permit>) {
     index.by_handle.remove(&permit.handle);
 }
 
-async fn drive(permit: &Arc<Permit>, zk: ZkSession) {
-    let phase = match zk.connected().await {
+/// Runs the recipe on the lease's own session (lane), which its znodes must live and die with.
+async fn drive(permit: &Arc<Permit>) {
+    let phase = match permit.lease.zk.connected().await {
         Err(_) => Phase::Failed {
             error: ZkError::ConnectionLoss,
         },

@@ -1,4 +1,4 @@
-//! The ZooKeeper session supervisor: one session per zkgate instance.
+//! The ZooKeeper session supervisor, and the instance's set of sessions ([Lanes]).
 //!
 //! Every recipe borrows the current [Client] from here. The supervisor connects (retrying while
 //! ZooKeeper is unreachable), makes sure the chroot and the root znode exist, follows the
@@ -9,6 +9,19 @@
 //!
 //! Every session is built with the settings of [ZkSecurity] (digest authentication, TLS), so a
 //! new session after an expiry authenticates again before it creates anything.
+//!
+//! # Why an instance has several sessions
+//! ZooKeeper serves one session's requests strictly in order, and a session's read waits for
+//! its own writes in flight to commit. With every lock of a busy instance on one session, the
+//! locks wait for each other at ZooKeeper although they have nothing in common: the compare
+//! bench's raw floor (the lock recipe alone on zookeeper-client) does about 7,400 cycles a
+//! second on 32 locks over one session and about 14,000 over two (BENCHMARKS.md). So an
+//! instance opens `--zookeeper-sessions` supervised sessions, its *lanes*, and each lease lives
+//! on one of them: everything the lease holds (lock contenders, permits, members) is created on
+//! its lane's session, so the lease and its ephemeral znodes still live and die together, and
+//! one lease's requests keep their order. The first lane is the instance's *primary* session: it
+//! registers the instance and serves everything that is not a lease's (reads, queues, event
+//! topics). Losing one lane's session ends only that lane's leases.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -66,6 +79,8 @@ pub enum Unavailable {
 /// called, and its session closes when the last client clone is dropped.
 #[derive(Clone)]
 pub struct ZkSession {
+    /// Which of the instance's [Lanes] this is (0: the primary).
+    lane: usize,
     status: watch::Receiver<Status>,
     stop: CancellationToken,
     hosts: Arc<str>,
@@ -82,6 +97,17 @@ impl ZkSession {
     /// it. If the process already has another policy, this session never connects (and says
     /// why in the log) rather than create znodes with an ACL it was not configured for.
     pub fn start(connect: &str, root: &str, session_timeout: Duration, security: ZkSecurity) -> ZkSession {
+        ZkSession::start_lane(connect, root, session_timeout, security, 0)
+    }
+
+    /// [ZkSession::start] for lane `lane` of the instance's [Lanes] (which its log lines name).
+    fn start_lane(
+        connect: &str,
+        root: &str,
+        session_timeout: Duration,
+        security: ZkSecurity,
+        lane: usize,
+    ) -> ZkSession {
         let installed_acl_policy = super::acl::install(security.acl_policy()).err();
         let (hosts, chroot) = split_chroot(connect);
         let (sender, status) = watch::channel(Status {
@@ -92,6 +118,7 @@ impl ZkSession {
         });
         let stop = CancellationToken::new();
         let supervisor = Supervisor {
+            lane,
             hosts: hosts.to_string(),
             chroot: chroot.map(str::to_string),
             root: root.to_string(),
@@ -102,11 +129,17 @@ impl ZkSession {
         };
         tokio::spawn(supervisor.run(stop.clone()));
         ZkSession {
+            lane,
             status,
             stop,
             hosts: hosts.into(),
             session_timeout,
         }
+    }
+
+    /// Which of the instance's lanes this session is (0: the primary).
+    pub fn lane(&self) -> usize {
+        self.lane
     }
 
     /// The current session if it is connected.
@@ -170,6 +203,7 @@ impl ZkSession {
 }
 
 struct Supervisor {
+    lane: usize,
     hosts: String,
     chroot: Option<String>,
     root: String,
@@ -190,6 +224,7 @@ impl Supervisor {
             };
             generation += 1;
             tracing::info!(
+                lane = self.lane,
                 generation,
                 session_id = %client.session_id(),
                 timeout = ?client.session_timeout(),
@@ -210,11 +245,16 @@ impl Supervisor {
                         self.set_connection(Connection::Connected)
                     }
                     SessionState::Disconnected => {
-                        tracing::warn!(generation, "ZooKeeper connection lost; reconnecting");
+                        tracing::warn!(lane = self.lane, generation, "ZooKeeper connection lost; reconnecting");
                         self.set_connection(Connection::Disconnected)
                     }
                     SessionState::Expired | SessionState::Closed | SessionState::AuthFailed => {
-                        tracing::warn!(generation, ?state, "ZooKeeper session ended; starting a new one");
+                        tracing::warn!(
+                            lane = self.lane,
+                            generation,
+                            ?state,
+                            "ZooKeeper session ended; starting a new one"
+                        );
                         break;
                     }
                 }
@@ -284,6 +324,59 @@ impl Supervisor {
             return Err(ConnectError::RootDenied(self.root.clone()));
         }
         Ok(client)
+    }
+}
+
+/// The sessions of one instance: the primary and the other lanes (see the module's docs).
+/// Cheap to clone.
+#[derive(Clone)]
+pub struct Lanes {
+    sessions: Arc<[ZkSession]>,
+    /// Where the next lease's lane is looked for (round robin).
+    next: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Lanes {
+    /// `primary` and `count - 1` more sessions like it.
+    pub fn start(
+        primary: ZkSession,
+        connect: &str,
+        root: &str,
+        session_timeout: Duration,
+        security: &ZkSecurity,
+        count: usize,
+    ) -> Lanes {
+        let others =
+            (1..count.max(1)).map(|lane| ZkSession::start_lane(connect, root, session_timeout, security.clone(), lane));
+        Lanes {
+            sessions: std::iter::once(primary).chain(others).collect(),
+            next: Arc::default(),
+        }
+    }
+
+    pub fn primary(&self) -> &ZkSession {
+        &self.sessions[0]
+    }
+
+    pub fn all(&self) -> &[ZkSession] {
+        &self.sessions
+    }
+
+    /// The lane for a new lease with its current session: the next connected one, round robin,
+    /// so that leases spread evenly and a lane without a session gets none. If none is
+    /// connected, the primary's error.
+    pub fn pick(&self) -> Result<(&ZkSession, Session), Unavailable> {
+        let start = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let count = self.sessions.len();
+        (0..count)
+            .map(|i| &self.sessions[(start + i) % count])
+            .find_map(|lane| lane.current().ok().map(|session| (lane, session)))
+            .ok_or_else(|| self.primary().current().err().unwrap_or(Unavailable::NoSession))
+    }
+
+    /// Stops every lane's supervisor.
+    pub fn shutdown(&self) {
+        self.sessions.iter().for_each(ZkSession::shutdown);
     }
 }
 

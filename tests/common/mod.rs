@@ -112,12 +112,12 @@ impl Gate {
 
     pub async fn start_with(config: ServeConfig) -> Gate {
         let running = zkgate::start(config).await.expect("start zkgate");
-        running
-            .state
-            .zk
-            .wait_connected(Duration::from_secs(20))
-            .await
-            .expect("zkgate connects to ZooKeeper");
+        // Every session (lane), so that leases spread over them as they do in a running service.
+        for lane in running.state.lanes.all() {
+            lane.wait_connected(Duration::from_secs(20))
+                .await
+                .expect("zkgate connects to ZooKeeper");
+        }
         let url = running.url();
         let http = http_builder().pool_max_idle_per_host(64).build().expect("http client");
         Gate { running, url, http }
@@ -179,14 +179,39 @@ impl Gate {
         assert_eq!(reply.status, StatusCode::NO_CONTENT, "{reply:?}");
     }
 
-    /// The instance's current ZooKeeper session (id and password).
+    /// The instance's current primary ZooKeeper session (id and password).
     pub fn session(&self) -> SessionInfo {
         self.running.state.zk.session_info().expect("zkgate has a session")
     }
 
-    /// Waits (bounded) until the instance runs on session generation `generation`, connected.
+    /// Every current ZooKeeper session of the instance (all its lanes), once all are connected.
+    pub async fn sessions(&self) -> Vec<SessionInfo> {
+        self.wait_generation(1).await;
+        let lanes = self.running.state.lanes.all();
+        lanes
+            .iter()
+            .map(|lane| lane.session_info().expect("a session"))
+            .collect()
+    }
+
+    /// The current session of the lane that `lease` lives on.
+    pub fn session_of(&self, lease: &str) -> SessionInfo {
+        let lease = self.running.state.leases.get(lease).expect("a live lease");
+        lease.zk.session_info().expect("the lease's lane has a session")
+    }
+
+    /// Waits (bounded) until every session of the instance (each lane) runs on generation
+    /// `generation` or later, connected.
     pub async fn wait_generation(&self, generation: u64) {
-        let mut status = self.running.state.zk.subscribe();
+        for lane in 0..self.running.state.lanes.all().len() {
+            self.wait_lane_generation(lane, generation).await;
+        }
+    }
+
+    /// Waits (bounded) until the instance's session `lane` runs on generation `generation` or
+    /// later, connected.
+    pub async fn wait_lane_generation(&self, lane: usize, generation: u64) {
+        let mut status = self.running.state.lanes.all()[lane].subscribe();
         let reached = status.wait_for(|s| {
             s.generation >= generation
                 && s.client.is_some()
@@ -300,7 +325,21 @@ pub async fn tree(client: &Client, path: &str) -> BTreeMap<String, Vec<u8>> {
 /// closes it; the partition heals and zkgate's client learns `Expired` when it reconnects.
 /// (Without the partition, the owner and the intruder steal the session from each other.)
 pub async fn expire_session(proxy: &proxy::Proxy, direct: &str, session: SessionInfo) {
+    expire_sessions(proxy, direct, vec![session]).await;
+}
+
+/// [expire_session] for several sessions at once (an instance's lanes: the instance loses
+/// ZooKeeper altogether).
+pub async fn expire_sessions(proxy: &proxy::Proxy, direct: &str, sessions: Vec<SessionInfo>) {
     proxy.partition();
+    for session in sessions {
+        close_from_outside(direct, session).await;
+    }
+    proxy.heal();
+}
+
+/// Attaches to `session` directly and closes it.
+async fn close_from_outside(direct: &str, session: SessionInfo) {
     let intruder = within(Duration::from_secs(30), "attaching to the session", async {
         loop {
             let attempt = Client::connector()
@@ -320,7 +359,6 @@ pub async fn expire_session(proxy: &proxy::Proxy, direct: &str, session: Session
     })
     .await;
     drop(intruder); // the last clone closes the session
-    proxy.heal();
 }
 
 /// Awaits `future`, failing the test (naming `what`) if it takes longer than `limit`.

@@ -11,6 +11,8 @@ pub struct Process {
     log: Arc<Mutex<Vec<String>>>,
     /// The number of log lines so far: changes with every line, for waiting on one.
     logged: tokio::sync::watch::Receiver<usize>,
+    /// How many ZooKeeper sessions (lanes) it opens.
+    lanes: usize,
 }
 
 impl Process {
@@ -64,14 +66,18 @@ impl Process {
         }
     }
 
-    /// Waits (bounded) until the process has had ZooKeeper session number `generation` (it
-    /// logs each one it establishes).
+    /// Waits (bounded) until each of the process's ZooKeeper sessions (lanes) has had session
+    /// number `generation` (it logs each one it establishes).
     pub async fn wait_session(&self, generation: u64) {
-        let established = format!("generation={generation} ");
-        self.wait_log(Duration::from_secs(30), "the ZooKeeper session", |line| {
-            line.contains("ZooKeeper session established") && line.contains(&established)
-        })
-        .await;
+        for lane in 0..self.lanes {
+            let established = format!("lane={lane} generation={generation} ");
+            self.wait_log(
+                Duration::from_secs(30),
+                &format!("session {generation} of lane {lane}"),
+                |line| line.contains("ZooKeeper session established") && line.contains(&established),
+            )
+            .await;
+        }
     }
 
     /// Waits (bounded) until the process has a ZooKeeper session, which is when it is ready.
@@ -163,11 +169,17 @@ impl Process {
                 count.send_replace(log.len());
             }
         });
+        let lanes = flags
+            .iter()
+            .position(|f| *f == "--zookeeper-sessions")
+            .and_then(|i| flags.get(i + 1)?.parse().ok())
+            .unwrap_or(zkgate::config::DEFAULT_ZOOKEEPER_SESSIONS.into());
         let process = Process {
             child,
             url: format!("http://127.0.0.1:{port}"),
             log,
             logged,
+            lanes,
         };
         process
             .wait_log(Duration::from_secs(60), marker, |line| line.contains(marker))
