@@ -250,6 +250,14 @@ async fn drive(permit: &Arc<Permit>) {
             let held_on =
                 matches!(outcome, Ok(())) && !permit.release.is_cancelled() && !permit.lease.ended().is_cancelled();
             if held_on {
+                // Held only now that the lock is given back: a caller told "granted" may ask
+                // again at once, maybe on another of the instance's sessions, and must not
+                // find its own previous request still in the queue.
+                permit.state.send_modify(|s| {
+                    s.phase = Phase::Held {
+                        since: SystemTime::now(),
+                    }
+                });
                 tokio::select! {
                     _ = permit.release.cancelled() => {}
                     _ = permit.lease.ended().cancelled() => {}
@@ -273,7 +281,7 @@ async fn drive(permit: &Arc<Permit>) {
 }
 
 /// Curator's protocol: take the lock, create the lease node, wait for at most N lease nodes,
-/// give the lock back (the caller does), hold.
+/// give the lock back and hold (the caller does both).
 async fn acquire(permit: &Permit, client: &Client) -> Result<(), ZkError> {
     let locks = format!("{}/locks", permit.dir);
     let leases = format!("{}/leases", permit.dir);
@@ -306,11 +314,6 @@ async fn acquire(permit: &Permit, client: &Client) -> Result<(), ZkError> {
             .position(|&(_, name)| name == lease_node)
             .ok_or(ZkError::NoNode)?;
         if ordered.len() <= permit.permits as usize || position < permit.permits as usize {
-            permit.state.send_modify(|s| {
-                s.phase = Phase::Held {
-                    since: SystemTime::now(),
-                }
-            });
             return Ok(());
         }
         // First in the queue, waiting for a permit to be given back.
