@@ -37,10 +37,29 @@ enum Command {
     Elect(Box<ElectArgs>),
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let workers = match &cli.command {
+        Command::Serve(config) => config.worker_threads(),
+        // The runners wait on one lease and one command: one thread is plenty.
+        _ => 1,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .enable_all()
+        .build();
+    match runtime {
+        Ok(runtime) => runtime.block_on(run(cli)),
+        Err(err) => {
+            eprintln!("zkgate: cannot start the async runtime: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> ExitCode {
     zkgate::install_crypto_provider();
-    let result = match Cli::parse().command {
+    let result = match cli.command {
         Command::Serve(config) => {
             init_logging();
             serve(*config).await

@@ -10,6 +10,8 @@ use zookeeper_client::{Acls, Client, CreateMode, EventType};
 
 pub struct Floor {
     client: Client,
+    /// As many sessions as zkgate opens by default, for the contended workloads.
+    sessions: Vec<Client>,
     dir: &'static str,
     prefix: String,
 }
@@ -26,7 +28,21 @@ impl Floor {
             .create(dir, &[], &CreateMode::Persistent.with_acls(Acls::anyone_all()))
             .await;
         let prefix = format!("{dir}/_c_{}-lock-", uuid::Uuid::new_v4());
-        Floor { client, dir, prefix }
+        let mut sessions = vec![client.clone()];
+        for _ in 1..zkgate::config::DEFAULT_ZOOKEEPER_SESSIONS {
+            let session = Client::connector()
+                .with_session_timeout(Duration::from_secs(10))
+                .connect(connect)
+                .await
+                .expect("connect");
+            sessions.push(session);
+        }
+        Floor {
+            client,
+            sessions,
+            dir,
+            prefix,
+        }
     }
 
     /// Create, then list, then delete: three round trips one after the other.
@@ -66,17 +82,19 @@ impl Floor {
         samples
     }
 
-    /// The lock recipe itself on this one session (as zkgate has one), `clients` tasks on
+    /// The lock recipe itself on as many sessions as zkgate opens by default (client `i` on
+    /// session `i % sessions`, as zkgate gives leases sessions in turn), `clients` tasks on
     /// `locks` locks (task `i` on lock `i % locks`) for `duration`: grants per second. Each
     /// cycle: create + list together, then while not lowest an exists-watch on the next lower
     /// node and a new listing once it goes, then the delete. No HTTP, no lease, no bookkeeping:
-    /// what ZooKeeper and one client session can do on this machine.
+    /// what ZooKeeper and those sessions can do on this machine.
     pub async fn contended(&self, clients: usize, locks: usize, duration: Duration) -> f64 {
         let granted = Arc::new(AtomicUsize::new(0));
         let deadline = Instant::now() + duration;
         let tasks: Vec<_> = (0..clients)
             .map(|i| {
-                let (client, granted) = (self.client.clone(), granted.clone());
+                let client = self.sessions[i % self.sessions.len()].clone();
+                let granted = granted.clone();
                 let dir = format!("{}/c{locks}-{}", self.dir, i % locks);
                 tokio::spawn(async move {
                     let persistent = CreateMode::Persistent.with_acls(Acls::anyone_all());

@@ -184,7 +184,7 @@ async fn run() {
     );
 
     // Contention: one lock, 32 clients; then many locks, one client each. The floor runs the
-    // recipe itself on one raw session (zkgate has one): the most ZooKeeper and one session do.
+    // recipe itself on raw sessions, as many as zkgate opens: what ZooKeeper alone can do.
     for (clients, locks, what) in [
         (32, 1, "one lock, 32 clients: grants per second"),
         (32, 32, "32 locks, 32 clients: cycles per second"),
