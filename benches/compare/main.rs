@@ -109,6 +109,7 @@ async fn run() {
     let no_kazoo = || Figure::Absent("python3-kazoo missing");
     let no_etcd = || Figure::Absent("etcd missing");
     let mut rows = Vec::new();
+    let mut budgets = Vec::new();
 
     // First, while zkgate's heap is fresh (freed memory from the workloads would hide the
     // leases' growth): memory per idle lease.
@@ -191,7 +192,24 @@ async fn run() {
         (64, 64, "64 locks, 64 clients: cycles per second"),
     ] {
         let raw = Figure::Rate(floor.contended(clients, locks, sizes.seconds).await);
+        // Where the machine's CPU goes while zkgate runs it: zkgate, ZooKeeper, this client.
+        let pids = [
+            ("zkgate", gate.child.pid().to_string()),
+            ("ZooKeeper", server.pid().map_or("self".into(), |p| p.to_string())),
+            ("the bench client", "self".to_string()),
+        ];
+        let before: Vec<Duration> = pids.iter().map(|(_, pid)| process::cpu_time_of(pid)).collect();
         let zkgate = Figure::Rate(gate.contended(clients, locks, sizes.seconds).await);
+        let used: Vec<String> = pids
+            .iter()
+            .zip(before)
+            .map(|((who, pid), before)| {
+                let cores =
+                    process::cpu_time_of(pid).saturating_sub(before).as_secs_f64() / sizes.seconds.as_secs_f64();
+                format!("{who} {cores:.2}")
+            })
+            .collect();
+        budgets.push(format!("{what}: CPUs busy: {}", used.join(", ")));
         let kazoo = kazoo
             .as_ref()
             .map_or_else(no_kazoo, |k| Figure::Rate(k.contended(clients, locks, sizes.seconds)));
@@ -266,6 +284,13 @@ async fn run() {
     );
 
     report(&rows);
+    println!();
+    for budget in budgets {
+        println!(
+            "- {budget} (of {} CPUs)",
+            std::thread::available_parallelism().map_or(0, |n| n.get())
+        );
+    }
     drop(server);
 }
 

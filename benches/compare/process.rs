@@ -37,14 +37,20 @@ impl Child {
 
     /// CPU time used so far (user + system), from `/proc/<pid>/stat`.
     pub fn cpu_time(&self) -> Duration {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid())).expect("proc stat");
-        // Fields after the command name (which may hold spaces) start after the last ')'.
-        let fields: Vec<&str> = stat[stat.rfind(')').expect("comm") + 2..].split(' ').collect();
-        let ticks: u64 = fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime");
-        // SAFETY: sysconf has no preconditions.
-        let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
-        Duration::from_micros(ticks * 1_000_000 / per_second)
+        cpu_time_of(&self.pid().to_string())
     }
+}
+
+/// CPU time (user + system) that process `pid` (or `self`) has used so far, from
+/// `/proc/<pid>/stat`.
+pub fn cpu_time_of(pid: &str) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("proc stat");
+    // Fields after the command name (which may hold spaces) start after the last ')'.
+    let fields: Vec<&str> = stat[stat.rfind(')').expect("comm") + 2..].split(' ').collect();
+    let ticks: u64 = fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime");
+    // SAFETY: sysconf has no preconditions.
+    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    Duration::from_micros(ticks * 1_000_000 / per_second)
 }
 
 impl Drop for Child {
