@@ -11,7 +11,8 @@ use crate::lease::LeasePolicy;
 
 /// ZooKeeper sessions per instance unless `--zookeeper-sessions` says otherwise: on the
 /// compare bench, 4 sessions turn over 32 locks about 1.4 times as fast as one, and the raw
-/// floor gains little beyond 4 on 2 cores (BENCHMARKS.md).
+/// floor does 2.3x on 4 sessions what it does on one, and only 15% more again on 8
+/// (BENCHMARKS.md).
 pub const DEFAULT_ZOOKEEPER_SESSIONS: u16 = 4;
 
 /// Options of `zkgate serve`.
