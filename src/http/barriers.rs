@@ -7,6 +7,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
+use zookeeper_client::Client;
 
 use super::contention::{self, LockSummary, check_name};
 use super::error::{ApiError, Problem};
@@ -55,8 +56,9 @@ pub struct WaitQuery {
     pub wait: Option<HumanDuration>,
 }
 
-async fn view(state: &AppState, name: &str) -> Result<BarrierView, ApiError> {
-    let client = state.zk.current()?.client;
+/// The barrier as `client`'s session sees it (after a raise, the session that raised it, which
+/// is sure to see it).
+async fn view(state: &AppState, client: &Client, name: &str) -> Result<BarrierView, ApiError> {
     let path = state.barriers.dir(name);
     let stat = retry_on_loss(|| client.check_stat(&path)).await?;
     let lease = state.barriers.get(name, name).map(|node| LeaseView::of(&node.lease));
@@ -88,13 +90,13 @@ pub async fn raise(
 ) -> Result<Response, ApiError> {
     check_name(&name)?;
     let body = body.unwrap_or_default();
-    let created = if body.lease.is_none() && body.ttl.is_none() {
+    let (created, client) = if body.lease.is_none() && body.ttl.is_none() {
         let client = state.zk.connected().await?.client;
-        barrier::raise(&client, &state.barriers.dir(&name)).await?
+        (barrier::raise(&client, &state.barriers.dir(&name)).await?, client)
     } else {
         let (lease, _) = contention::lease_for(&state, body.lease, body.ttl.map(|t| t.0))?;
         let client = lease.session().await?;
-        match state
+        let created = match state
             .barriers
             .bind(&client, state.barriers.base(), &name, &name, &[], &lease)
             .await
@@ -103,10 +105,11 @@ pub async fn raise(
             Err(BindError::Taken) => false,
             Err(BindError::LeaseEnded) => return Err(contention::lease_gone(&state, &lease)),
             Err(BindError::ZooKeeper(err)) => return Err(err.into()),
-        }
+        };
+        (created, client)
     };
     let status = if created { StatusCode::CREATED } else { StatusCode::OK };
-    Ok((status, Json(view(&state, &name).await?)).into_response())
+    Ok((status, Json(view(&state, &client, &name).await?)).into_response())
 }
 
 /// Lowers a barrier, releasing every waiter.
@@ -145,7 +148,8 @@ pub async fn barrier_state(
     ApiPath(name): ApiPath<String>,
 ) -> Result<Json<BarrierView>, ApiError> {
     check_name(&name)?;
-    Ok(Json(view(&state, &name).await?))
+    let client = state.zk.current()?.client;
+    Ok(Json(view(&state, &client, &name).await?))
 }
 
 /// Waits until the barrier is down (a long poll): 200 once it is (at once if it is not up),
