@@ -37,6 +37,9 @@ impl Floor {
                 .expect("connect");
             sessions.push(session);
         }
+        // As zkgate does (zookeeper-client leaves Nagle's algorithm on, which costs a pipelined
+        // pair a round trip): the floor is the best a native client can do.
+        zkgate::zk::nodelay::disable_nagle_towards(&zkgate::zk::nodelay::server_ports(connect));
         Floor {
             client,
             sessions,

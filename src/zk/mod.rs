@@ -4,6 +4,7 @@
 
 pub mod acl;
 pub mod names;
+pub mod nodelay;
 pub mod security;
 pub mod server;
 pub mod session;

@@ -231,6 +231,7 @@ impl Supervisor {
                 "ZooKeeper session established"
             );
             let mut states = client.state_watcher();
+            self.disable_nagle();
             self.publish(Some(client), generation, Connection::Connected);
             loop {
                 let state = tokio::select! {
@@ -242,6 +243,8 @@ impl Supervisor {
                 };
                 match state {
                     SessionState::SyncConnected | SessionState::ConnectedReadOnly => {
+                        // A reconnection is a new socket.
+                        self.disable_nagle();
                         self.set_connection(Connection::Connected)
                     }
                     SessionState::Disconnected => {
@@ -262,6 +265,16 @@ impl Supervisor {
             // Dropping the client with the status makes the old session unusable to callers.
             self.publish(None, generation, Connection::Connecting);
         }
+    }
+
+    /// See [super::nodelay]: zookeeper-client leaves Nagle's algorithm on.
+    fn disable_nagle(&self) {
+        let changed = super::nodelay::disable_nagle_towards(&super::nodelay::server_ports(&self.hosts));
+        tracing::debug!(
+            lane = self.lane,
+            sockets = changed,
+            "TCP_NODELAY set on ZooKeeper connections"
+        );
     }
 
     fn publish(&self, client: Option<Client>, generation: u64, connection: Connection) {
