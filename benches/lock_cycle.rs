@@ -19,6 +19,10 @@ use zkgate::zk::server::{ServerOptions, ZooKeeperServer};
 #[allow(dead_code)]
 #[path = "compare/floor.rs"]
 mod floor;
+// What the floor's contended workload counts with.
+#[allow(dead_code)]
+#[path = "compare/stats.rs"]
+mod stats;
 
 fn main() {
     // reqwest is built without a TLS provider of its own.
@@ -106,7 +110,7 @@ impl Gate {
         let running = zkgate::start(config).await.expect("start zkgate");
         running
             .state
-            .zk
+            .zk()
             .wait_connected(Duration::from_secs(20))
             .await
             .expect("zkgate connected");

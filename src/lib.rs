@@ -64,8 +64,6 @@ impl std::ops::Deref for AppState {
 /// What [AppState] holds.
 pub struct Shared {
     pub config: Arc<ServeConfig>,
-    /// The primary ZooKeeper session: reads, queues, event topics, the instance's registration.
-    pub zk: ZkSession,
     /// All of the instance's sessions (the primary first); each lease lives on one.
     pub lanes: zk::session::Lanes,
     pub leases: Leases,
@@ -93,6 +91,13 @@ pub struct Shared {
     pub instances: instances::Instances,
     /// The HTTP client that forwards requests to other instances.
     pub peers: reqwest::Client,
+}
+
+impl Shared {
+    /// The primary ZooKeeper session: reads, queues, event topics, the instance's registration.
+    pub fn zk(&self) -> &ZkSession {
+        self.lanes.primary()
+    }
 }
 
 impl AppState {
@@ -137,7 +142,6 @@ impl AppState {
         let events = Events::new(zk.clone(), barrier_watches.clone());
         AppState(Arc::new(Shared {
             config: Arc::new(config),
-            zk,
             lanes,
             leases,
             locks,

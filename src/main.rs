@@ -148,7 +148,13 @@ async fn serve(mut config: ServeConfig) -> Result<(), String> {
     let running = zkgate::start(config.clone())
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
-    if running.state.zk.wait_connected(Duration::from_secs(15)).await.is_err() {
+    if running
+        .state
+        .zk()
+        .wait_connected(Duration::from_secs(15))
+        .await
+        .is_err()
+    {
         tracing::warn!("ZooKeeper not connected yet; answering 503 until it is");
     }
     tracing::info!(url = %running.url(), docs = %format!("{}/docs", running.url()), "zkgate serving");

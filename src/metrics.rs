@@ -245,7 +245,7 @@ pub fn zookeeper_request(elapsed: Duration) {
 /// The text exposition of every metric, gauges read now.
 pub async fn render(state: &AppState) -> String {
     let m = get();
-    let status = state.zk.status();
+    let status = state.zk().status();
     m.zookeeper_connected.set(i64::from(
         status.client.is_some() && status.connection == crate::zk::session::Connection::Connected,
     ));
@@ -263,7 +263,7 @@ pub async fn render(state: &AppState) -> String {
 /// `claims` and `dead`, in one multi-read. Queues that are gone leave the gauges.
 async fn read_queue_gauges(state: &AppState) {
     let m = get();
-    let Ok(session) = state.zk.current() else { return };
+    let Ok(session) = state.zk().current() else { return };
     let base = state.queues.base();
     let Ok(queues) = crate::zk::retry_on_loss(|| session.client.list_children(base)).await else {
         return;

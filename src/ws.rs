@@ -80,7 +80,7 @@ pub async fn observe_election(
 ) -> Result<Response, ApiError> {
     validate_name(&name).map_err(|e| ApiError::invalid(crate::http::error::Place::Path, "name", e))?;
     let upgrade = upgrade.map_err(not_a_websocket)?;
-    state.zk.current()?;
+    state.zk().current()?;
     let permits = socket_permits(&state, address.map(|a| a.0))?;
     let topic = format!("election:{name}");
     let source = Leadership {

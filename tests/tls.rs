@@ -31,7 +31,7 @@ async fn https_and_wss_serve_with_the_given_certificate() {
     assert!(running.url().starts_with("https://"), "{}", running.url());
     running
         .state
-        .zk
+        .zk()
         .wait_connected(Duration::from_secs(20))
         .await
         .expect("connected");

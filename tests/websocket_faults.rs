@@ -97,7 +97,7 @@ async fn a_dropped_connection_brings_a_resync_when_it_comes_back() {
 
     // Cut zkgate off ZooKeeper for less than its session timeout: the session survives, the
     // connection comes back, and whatever happened meanwhile is not replayed by ZooKeeper.
-    let mut status = gate.running.state.zk.subscribe();
+    let mut status = gate.running.state.zk().subscribe();
     proxy.partition();
     within(
         Duration::from_secs(20),

@@ -4,7 +4,6 @@
 //! ZooKeeper's `forceSync=no` does.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use base64::Engine;
@@ -115,27 +114,22 @@ impl Etcd {
     }
 
     pub async fn contended(self: &Arc<Self>, clients: usize, locks: usize, duration: Duration) -> f64 {
-        let granted = Arc::new(AtomicUsize::new(0));
-        let deadline = Instant::now() + duration;
-        let tasks: Vec<_> = (0..clients)
-            .map(|i| {
-                let (etcd, granted) = (self.clone(), granted.clone());
-                tokio::spawn(async move {
-                    let lease = etcd.lease(3600).await;
-                    let lock = format!("c{locks}-{}", i % locks);
-                    while Instant::now() < deadline {
-                        etcd.cycle(&lock, &lease).await;
-                        if Instant::now() < deadline {
-                            granted.fetch_add(1, Ordering::Relaxed);
-                        }
+        super::stats::rate(clients, duration, |i, deadline| {
+            let etcd = self.clone();
+            async move {
+                let lease = etcd.lease(3600).await;
+                let lock = format!("c{locks}-{}", i % locks);
+                let mut granted = 0;
+                while Instant::now() < deadline {
+                    etcd.cycle(&lock, &lease).await;
+                    if Instant::now() < deadline {
+                        granted += 1;
                     }
-                })
-            })
-            .collect();
-        for task in tasks {
-            task.await.expect("client");
-        }
-        granted.load(Ordering::Relaxed) as f64 / duration.as_secs_f64()
+                }
+                granted
+            }
+        })
+        .await
     }
 
     /// The leader's lease is revoked while a second candidate's campaign blocks: time until

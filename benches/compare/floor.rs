@@ -2,8 +2,6 @@
 //! zookeeper-client: create an ephemeral sequential contender, list the lock's children,
 //! delete the contender.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use zookeeper_client::{Acls, Client, CreateMode, EventType};
@@ -92,30 +90,24 @@ impl Floor {
     /// node and a new listing once it goes, then the delete. No HTTP, no lease, no bookkeeping:
     /// what ZooKeeper and those sessions can do on this machine.
     pub async fn contended(&self, clients: usize, locks: usize, duration: Duration) -> f64 {
-        let granted = Arc::new(AtomicUsize::new(0));
-        let deadline = Instant::now() + duration;
-        let tasks: Vec<_> = (0..clients)
-            .map(|i| {
-                let client = self.sessions[i % self.sessions.len()].clone();
-                let granted = granted.clone();
-                let dir = format!("{}/c{locks}-{}", self.dir, i % locks);
-                tokio::spawn(async move {
-                    let persistent = CreateMode::Persistent.with_acls(Acls::anyone_all());
-                    let _ = client.create(&dir, &[], &persistent).await;
-                    let prefix = format!("{dir}/_c_{}-lock-", uuid::Uuid::new_v4());
-                    while Instant::now() < deadline {
-                        recipe_cycle(&client, &dir, &prefix).await;
-                        if Instant::now() < deadline {
-                            granted.fetch_add(1, Ordering::Relaxed);
-                        }
+        super::stats::rate(clients, duration, |i, deadline| {
+            let client = self.sessions[i % self.sessions.len()].clone();
+            let dir = format!("{}/c{locks}-{}", self.dir, i % locks);
+            async move {
+                let persistent = CreateMode::Persistent.with_acls(Acls::anyone_all());
+                let _ = client.create(&dir, &[], &persistent).await;
+                let prefix = format!("{dir}/_c_{}-lock-", uuid::Uuid::new_v4());
+                let mut granted = 0;
+                while Instant::now() < deadline {
+                    recipe_cycle(&client, &dir, &prefix).await;
+                    if Instant::now() < deadline {
+                        granted += 1;
                     }
-                })
-            })
-            .collect();
-        for task in tasks {
-            task.await.expect("floor client");
-        }
-        granted.load(Ordering::Relaxed) as f64 / duration.as_secs_f64()
+                }
+                granted
+            }
+        })
+        .await
     }
 }
 

@@ -114,54 +114,39 @@ impl Zkgate {
     /// `clients` clients, each with its own lease, cycling on `locks` locks (client `i` on lock
     /// `i % locks`) for `duration`: grants per second.
     pub async fn contended(self: &Arc<Self>, clients: usize, locks: usize, duration: Duration) -> f64 {
-        let granted = Arc::new(AtomicUsize::new(0));
-        let deadline = Instant::now() + duration;
-        let tasks: Vec<_> = (0..clients)
-            .map(|i| {
-                let (gate, granted) = (self.clone(), granted.clone());
-                tokio::spawn(async move {
-                    let lease = gate.lease("1h").await;
-                    let lock = format!("c{locks}-{}", i % locks);
-                    while Instant::now() < deadline {
-                        if gate.cycle(&lock, &lease, "30s").await.is_some() && Instant::now() < deadline {
-                            granted.fetch_add(1, Ordering::Relaxed);
-                        }
+        super::stats::rate(clients, duration, |i, deadline| {
+            let gate = self.clone();
+            async move {
+                let lease = gate.lease("1h").await;
+                let lock = format!("c{locks}-{}", i % locks);
+                let mut granted = 0;
+                while Instant::now() < deadline {
+                    if gate.cycle(&lock, &lease, "30s").await.is_some() && Instant::now() < deadline {
+                        granted += 1;
                     }
-                })
-            })
-            .collect();
-        for task in tasks {
-            task.await.expect("client");
-        }
-        granted.load(Ordering::Relaxed) as f64 / duration.as_secs_f64()
+                }
+                granted
+            }
+        })
+        .await
     }
 
     /// `producers` clients putting small JSON items for `duration`: items per second.
     pub async fn queue_put(self: &Arc<Self>, producers: usize, duration: Duration) -> f64 {
-        let put = Arc::new(AtomicUsize::new(0));
-        let deadline = Instant::now() + duration;
-        let tasks: Vec<_> = (0..producers)
-            .map(|i| {
-                let (gate, put) = (self.clone(), put.clone());
-                tokio::spawn(async move {
-                    while Instant::now() < deadline {
-                        let (status, body) = gate
-                            .call(
-                                reqwest::Method::POST,
-                                "/v1/queues/bench-put/items",
-                                Some(json!({ "n": i })),
-                            )
-                            .await;
-                        assert_eq!(status, 201, "{body}");
-                        put.fetch_add(1, Ordering::Relaxed);
-                    }
-                })
-            })
-            .collect();
-        for task in tasks {
-            task.await.expect("producer");
-        }
-        put.load(Ordering::Relaxed) as f64 / duration.as_secs_f64()
+        super::stats::rate(producers, duration, |i, deadline| {
+            let gate = self.clone();
+            async move {
+                let mut put = 0;
+                while Instant::now() < deadline {
+                    let path = "/v1/queues/bench-put/items";
+                    let (status, body) = gate.call(reqwest::Method::POST, path, Some(json!({ "n": i }))).await;
+                    assert_eq!(status, 201, "{body}");
+                    put += 1;
+                }
+                put
+            }
+        })
+        .await
     }
 
     /// `items` items put first, then taken at least once and acked by `consumers` clients:

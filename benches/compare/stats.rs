@@ -1,6 +1,6 @@
 //! Latency summaries and the figures a row of the report holds.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Percentiles of a latency sample, in microseconds.
 #[derive(Clone, Copy, Debug)]
@@ -67,4 +67,20 @@ impl Figure {
     pub fn advantage_over(&self, other: &Figure) -> Option<f64> {
         Some(other.cost()? / self.cost()?)
     }
+}
+
+/// `clients` clients at once for `duration`: client `i` is `client(i, deadline)`, which says how
+/// many operations it finished before the deadline. Operations per second, all clients together.
+pub async fn rate<F, Fut>(clients: usize, duration: Duration, client: F) -> f64
+where
+    F: Fn(usize, Instant) -> Fut,
+    Fut: Future<Output = usize> + Send + 'static,
+{
+    let deadline = Instant::now() + duration;
+    let tasks: Vec<_> = (0..clients).map(|i| tokio::spawn(client(i, deadline))).collect();
+    let mut done = 0;
+    for task in tasks {
+        done += task.await.expect("client");
+    }
+    done as f64 / duration.as_secs_f64()
 }

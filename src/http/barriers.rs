@@ -91,7 +91,7 @@ pub async fn raise(
     check_name(&name)?;
     let body = body.unwrap_or_default();
     let (created, client) = if body.lease.is_none() && body.ttl.is_none() {
-        let client = state.zk.connected().await?.client;
+        let client = state.zk().connected().await?.client;
         (barrier::raise(&client, &state.barriers.dir(&name)).await?, client)
     } else {
         let (lease, _) = contention::lease_for(&state, body.lease, body.ttl.map(|t| t.0))?;
@@ -127,7 +127,7 @@ pub async fn lower(State(state): State<AppState>, ApiPath(name): ApiPath<String>
         bound.remove().await;
         return Ok(StatusCode::NO_CONTENT);
     }
-    let client = state.zk.connected().await?.client;
+    let client = state.zk().connected().await?.client;
     if barrier::lower(&client, &state.barriers.dir(&name)).await? {
         Ok(StatusCode::NO_CONTENT)
     } else {
@@ -148,7 +148,7 @@ pub async fn barrier_state(
     ApiPath(name): ApiPath<String>,
 ) -> Result<Json<BarrierView>, ApiError> {
     check_name(&name)?;
-    let client = state.zk.current()?.client;
+    let client = state.zk().current()?.client;
     Ok(Json(view(&state, &client, &name).await?))
 }
 
@@ -169,7 +169,7 @@ pub async fn wait(
     ApiQuery(query): ApiQuery<WaitQuery>,
 ) -> Result<Json<BarrierView>, ApiError> {
     check_name(&name)?;
-    state.zk.current()?;
+    state.zk().current()?;
     let wait = state.config.wait(query.wait.map(|w| w.0));
     let path = state.barriers.dir(&name);
     let down = barrier::wait_down(&state.barrier_watches, &path);

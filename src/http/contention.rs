@@ -121,7 +121,7 @@ pub struct LockSummary {
 /// The `GET /v1/<recipe>` listing shared by every recipe kept as one directory per name: each
 /// name under `base` with its number of children (contenders, members, items).
 pub async fn list_summaries(state: &AppState, base: &str) -> Result<Json<Vec<LockSummary>>, ApiError> {
-    let client = state.zk.current()?.client;
+    let client = state.zk().current()?.client;
     let names = readable_names(base, crate::recipes::contender::read_names(&client, base).await?);
     Ok(Json(
         names
@@ -519,7 +519,7 @@ pub async fn release(registry: &Contenders, contender: &Arc<Contender>) -> Resul
 
 async fn fresh_position(state: &AppState, registry: &Contenders, contender: &Contender) -> Option<usize> {
     let node = contender.state().node?;
-    let client = state.zk.current().ok()?.client;
+    let client = state.zk().current().ok()?.client;
     let children = client.list_children(&registry.dir(&contender.name)).await.ok()?;
     match contender.role.next_step(&children, &node.name) {
         Next::Wait { position, .. } => Some(position),
@@ -595,7 +595,7 @@ pub async fn revoke(
             ));
         }
     }
-    let client = state.zk.connected().await?.client;
+    let client = state.zk().connected().await?.client;
     let dir = registry.dir(name);
     let records = read_contenders(&client, &dir).await?.unwrap_or_default();
     let children: Vec<String> = records.iter().map(|r| r.name.clone()).collect();

@@ -255,7 +255,7 @@ pub async fn leave(
             node.lease.check_owner()?;
             node.lease.session().await?
         }
-        None => state.zk.connected().await?.client,
+        None => state.zk().connected().await?.client,
     };
     let dir = state.double_barriers.dir(&name);
     let me = body.participant.as_str();
@@ -324,7 +324,7 @@ pub async fn double_barrier_state(
     ApiPath(name): ApiPath<String>,
 ) -> Result<Json<DoubleBarrierView>, ApiError> {
     check_name(&name)?;
-    let client = state.zk.current()?.client;
+    let client = state.zk().current()?.client;
     let dir = state.double_barriers.dir(&name);
     let size = match retry_on_loss(|| client.get_data(&dir)).await {
         Ok((data, _)) => serde_json::from_slice::<serde_json::Value>(&data)

@@ -184,7 +184,7 @@ pub async fn election_state(
     ApiPath(name): ApiPath<String>,
 ) -> Result<Json<ElectionState>, ApiError> {
     check_name(&name)?;
-    let client = state.zk.current()?.client;
+    let client = state.zk().current()?.client;
     let dir = state.elections.dir(&name);
     let records = read_contenders(&client, &dir).await?.unwrap_or_default();
     let ack_path = format!("{dir}/{ACK_NODE}");
@@ -254,7 +254,7 @@ pub async fn proclaim(
     let (Phase::Held { .. }, Some(node)) = (&current.phase, &current.node) else {
         return Err(not_leader(&name, &contender));
     };
-    let client = state.zk.current()?.client;
+    let client = state.zk().current()?.client;
     let dir = state.elections.dir(&name);
     let ack = election::proclaim(&client, &dir, &node.name, body.value).await?;
     let Some(ack) = ack else {

@@ -224,7 +224,7 @@ pub async fn members(
             "needs `index` (from a previous answer) to wait for a change",
         ));
     }
-    let client = state.zk.current()?.client;
+    let client = state.zk().current()?.client;
     let dir = state.groups.dir(&group);
     if let (Some(index), Some(wait)) = (query.index, query.wait) {
         let wait = wait.0.min(state.config.max_wait);
@@ -298,7 +298,7 @@ async fn read_group(client: &Client, dir: &str, group: String) -> Result<GroupVi
     (status = 503, description = "ZooKeeper unreachable", body = Problem, content_type = "application/problem+json"),
 ))]
 pub async fn list_groups(State(state): State<AppState>) -> Result<Json<Vec<GroupSummary>>, ApiError> {
-    let client = state.zk.current()?.client;
+    let client = state.zk().current()?.client;
     let names = super::contention::readable_names(
         state.groups.base(),
         crate::recipes::contender::read_names(&client, state.groups.base()).await?,

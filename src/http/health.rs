@@ -39,12 +39,12 @@ pub struct ZooKeeperStatus {
 }
 
 fn health(state: &AppState, status: &'static str) -> Health {
-    let zk = state.zk.status();
+    let zk = state.zk().status();
     Health {
         status,
         zookeeper: ZooKeeperStatus {
             connection: zk.connection,
-            servers: state.zk.hosts().to_string(),
+            servers: state.zk().hosts().to_string(),
             session_id: zk.client.as_ref().map(|c| format!("{:#x}", c.session_id().0)),
             session_generation: zk.generation,
             sessions: state.lanes.all().len(),
@@ -65,7 +65,7 @@ pub async fn healthz(State(state): State<AppState>) -> Json<Health> {
     (status = 503, description = "ZooKeeper is not connected", body = super::error::Problem, content_type = "application/problem+json"),
 ))]
 pub async fn readyz(State(state): State<AppState>) -> Result<Json<Health>, ApiError> {
-    state.zk.current()?;
+    state.zk().current()?;
     Ok(Json(health(&state, "ok")))
 }
 

@@ -155,7 +155,7 @@ pub async fn get_value(
         }
         None => None,
     };
-    let client = state.zk.current()?.client;
+    let client = state.zk().current()?.client;
     let path = format!("{}/kv/{key}", state.config.root);
     if let (Some(version), Some(wait)) = (known, query.wait) {
         let wait = wait.0.min(state.config.max_wait);
@@ -244,7 +244,7 @@ pub async fn put_value(
     if is_json && let Err(err) = serde_json::from_slice::<serde::de::IgnoredAny>(&body) {
         return Err(ApiError::malformed_body(format!("the body is not valid JSON: {err}")));
     }
-    let client = state.zk.connected().await?.client;
+    let client = state.zk().connected().await?.client;
     let path = format!("{}/kv/{key}", state.config.root);
     let (stat, created) = config::write(&client, &path, &body, condition)
         .await
@@ -299,7 +299,7 @@ pub async fn delete_value(
         Some(Tag::Version(v)) => Condition::Version(v),
         Some(Tag::Any) | None => Condition::Any,
     };
-    let client = state.zk.connected().await?.client;
+    let client = state.zk().connected().await?.client;
     let path = format!("{}/kv/{key}", state.config.root);
     config::delete(&client, &path, condition)
         .await
@@ -326,7 +326,7 @@ pub async fn list_keys(
         check_key(&prefix).map_err(|_| ApiError::invalid(Place::Query, "prefix", "must be a valid key (`a/b`)"))?;
         format!("{}/kv/{prefix}", state.config.root)
     };
-    let client = state.zk.current()?.client;
+    let client = state.zk().current()?.client;
     match config::children(&client, &path).await? {
         Some(keys) => {
             // Only the keys the caller may read (a principal limited to `app/` lists with

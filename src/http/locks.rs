@@ -68,7 +68,7 @@ pub async fn lock_state(
     ApiPath(name): ApiPath<String>,
 ) -> Result<Json<LockState>, ApiError> {
     check_name(&name)?;
-    let client = state.zk.current()?.client;
+    let client = state.zk().current()?.client;
     let records = read_contenders(&client, &state.locks.dir(&name))
         .await?
         .unwrap_or_default();
@@ -172,7 +172,7 @@ pub async fn revocations(
     ApiQuery(query): ApiQuery<AuditQuery>,
 ) -> Result<Json<Vec<Revocation>>, ApiError> {
     let limit = query.limit.unwrap_or(100).min(AUDIT_KEPT);
-    let client = state.zk.current()?.client;
+    let client = state.zk().current()?.client;
     let caller = crate::auth::current();
     let mut records = read_audit(&client, &format!("{}/revocations", state.config.root), limit).await?;
     records.retain(|r| caller.may(&format!("{}s", r.kind), &r.lock, crate::auth::Access::Read));

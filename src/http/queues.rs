@@ -218,7 +218,7 @@ pub async fn put(
     };
     let bytes = body.map_err(super::extract::body_rejection)?;
     let envelope = body_of(&headers, &bytes)?;
-    let client = state.zk.connected().await?.client;
+    let client = state.zk().connected().await?.client;
     let paths = state.queues.paths(&name);
     let depth = match retry_on_loss(|| client.check_stat(&paths.items)).await? {
         Some(stat) => stat.num_children as usize,
@@ -297,7 +297,7 @@ pub async fn take(
             Some(deadline)
         }
     };
-    state.zk.current()?;
+    state.zk().current()?;
     let wait = state.config.wait(query.wait.map(|w| w.0));
     let taken = state
         .queues
@@ -370,7 +370,7 @@ pub async fn ack(
     check_name(&name)?;
     let held = state.queues.claim(&name, &claim).ok_or_else(|| claim_lost(&claim))?;
     crate::auth::current().require_owner(held.owner.as_deref(), &format!("claim `{claim}`"))?;
-    let client = state.zk.connected().await?.client;
+    let client = state.zk().connected().await?.client;
     let acked = queue::ack(&client, &state.queues.paths(&name), &held.item, &held.data).await?;
     state.queues.forget(&claim);
     if acked {
@@ -401,7 +401,7 @@ pub async fn nack(
     check_name(&name)?;
     let held = state.queues.claim(&name, &claim).ok_or_else(|| claim_lost(&claim))?;
     crate::auth::current().require_owner(held.owner.as_deref(), &format!("claim `{claim}`"))?;
-    let client = state.zk.connected().await?.client;
+    let client = state.zk().connected().await?.client;
     let released = queue::release_claim(&client, &state.queues.paths(&name), &held.item, &held.data).await?;
     state.queues.forget(&claim);
     if released {
@@ -428,7 +428,7 @@ pub async fn queue_state(
     ApiPath(name): ApiPath<String>,
 ) -> Result<Json<QueueView>, ApiError> {
     check_name(&name)?;
-    let client = state.zk.current()?.client;
+    let client = state.zk().current()?.client;
     let paths = state.queues.paths(&name);
     let claimed: Vec<String> = match retry_on_loss(|| client.list_children(&paths.claims)).await {
         Ok(claimed) => claimed,
@@ -472,7 +472,7 @@ pub async fn dead_letters(
     ApiPath(name): ApiPath<String>,
 ) -> Result<Json<Vec<Waiting>>, ApiError> {
     check_name(&name)?;
-    let client = state.zk.current()?.client;
+    let client = state.zk().current()?.client;
     let dead = queue::list(&client, &state.queues.paths(&name).dead, 1000).await?;
     Ok(Json(
         dead.into_iter()
@@ -496,7 +496,7 @@ pub async fn replay(
 ) -> Result<StatusCode, ApiError> {
     check_name(&name)?;
     validate_name(&item).map_err(|e| ApiError::invalid(Place::Path, "item", e))?;
-    let client = state.zk.connected().await?.client;
+    let client = state.zk().connected().await?.client;
     if queue::replay(&client, &state.queues.paths(&name), &item).await? {
         Ok(StatusCode::NO_CONTENT)
     } else {

@@ -87,7 +87,7 @@ pub async fn rwlock_state(
     ApiPath(name): ApiPath<String>,
 ) -> Result<Json<RwLockState>, ApiError> {
     check_name(&name)?;
-    let client = state.zk.current()?.client;
+    let client = state.zk().current()?.client;
     let records = read_contenders(&client, &state.rwlocks.dir(&name))
         .await?
         .unwrap_or_default();

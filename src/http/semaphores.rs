@@ -209,7 +209,7 @@ pub async fn semaphore_state(
     ApiPath(name): ApiPath<String>,
 ) -> Result<Json<SemaphoreState>, ApiError> {
     check_name(&name)?;
-    let client = state.zk.current()?.client;
+    let client = state.zk().current()?.client;
     let dir = state.semaphores.dir(&name);
     let permits = match crate::zk::retry_on_loss(|| client.get_data(&dir)).await {
         Ok((data, _)) => serde_json::from_slice::<serde_json::Value>(&data)

@@ -142,7 +142,7 @@ pub async fn create(State(state): State<AppState>, ApiJson(body): ApiJson<Create
         deadline_ms: now + deadline.as_millis() as i64,
         created_at_ms: now,
     };
-    let client = state.zk.connected().await?.client;
+    let client = state.zk().connected().await?.client;
     let dir = state.txn_members.dir(&id);
     match txn::create(&client, &dir, &spec).await {
         Ok(()) => {}
@@ -155,7 +155,7 @@ pub async fn create(State(state): State<AppState>, ApiJson(body): ApiJson<Create
         }
         Err(err) => return Err(err.into()),
     }
-    tokio::spawn(txn::coordinate(state.zk.clone(), dir.clone(), spec.deadline_ms));
+    tokio::spawn(txn::coordinate(state.zk().clone(), dir.clone(), spec.deadline_ms));
     let record = txn::read(&client, &dir).await?.ok_or_else(|| not_found(&id))?;
     Ok((StatusCode::CREATED, Json(view(id, record))).into_response())
 }
@@ -177,7 +177,7 @@ pub async fn get_txn(
     ApiQuery(query): ApiQuery<TxnQuery>,
 ) -> Result<Json<TxnView>, ApiError> {
     check_name(&id)?;
-    let client = state.zk.current()?.client;
+    let client = state.zk().current()?.client;
     let dir = state.txn_members.dir(&id);
     let record = txn::read(&client, &dir).await?.ok_or_else(|| not_found(&id))?;
     if record.decision.is_some() || query.wait.is_none() {
@@ -308,7 +308,7 @@ async fn participant_of(
     if let Some(node) = state.txn_members.get(id, participant) {
         node.lease.check_owner()?;
     }
-    let client = state.zk.connected().await?.client;
+    let client = state.zk().connected().await?.client;
     let dir = state.txn_members.dir(id);
     let record = txn::read(&client, &dir).await?.ok_or_else(|| not_found(id))?;
     if !record.spec.participants.iter().any(|p| p == participant) {

@@ -181,7 +181,7 @@ impl Gate {
 
     /// The instance's current primary ZooKeeper session (id and password).
     pub fn session(&self) -> SessionInfo {
-        self.running.state.zk.session_info().expect("zkgate has a session")
+        self.running.state.zk().session_info().expect("zkgate has a session")
     }
 
     /// Every current ZooKeeper session of the instance (all its lanes), once all are connected.
