@@ -19,6 +19,11 @@ use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::Message;
 use zkgate::zk::server::{ServerOptions, ZooKeeperServer, free_port};
 
+// The comparison bench's `/proc` readers.
+#[allow(dead_code)]
+#[path = "compare/process.rs"]
+mod process;
+
 fn main() {
     // reqwest is built without a TLS provider of its own.
     zkgate::install_crypto_provider();
@@ -222,16 +227,9 @@ impl Gate {
         }
     }
 
-    /// zkgate's resident memory, from `/proc/<pid>/status`.
+    /// zkgate's resident memory.
     fn rss_bytes(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).expect("proc status");
-        let kib: u64 = status
-            .lines()
-            .find_map(|line| line.strip_prefix("VmRSS:"))
-            .and_then(|rest| rest.split_whitespace().next())
-            .and_then(|n| n.parse().ok())
-            .expect("VmRSS");
-        kib * 1024
+        process::rss_bytes_of(self.child.id())
     }
 }
 

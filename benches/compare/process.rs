@@ -25,20 +25,25 @@ impl Child {
 
     /// Resident memory, from `/proc/<pid>/status`.
     pub fn rss_bytes(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).expect("proc status");
-        let kib: u64 = status
-            .lines()
-            .find_map(|line| line.strip_prefix("VmRSS:"))
-            .and_then(|rest| rest.split_whitespace().next())
-            .and_then(|n| n.parse().ok())
-            .expect("VmRSS");
-        kib * 1024
+        rss_bytes_of(self.pid())
     }
 
     /// CPU time used so far (user + system), from `/proc/<pid>/stat`.
     pub fn cpu_time(&self) -> Duration {
         cpu_time_of(&self.pid().to_string())
     }
+}
+
+/// Resident memory of process `pid`, from `/proc/<pid>/status`.
+pub fn rss_bytes_of(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    let kib: u64 = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .expect("VmRSS");
+    kib * 1024
 }
 
 /// CPU time (user + system) that process `pid` (or `self`) has used so far, from
