@@ -1,4 +1,4 @@
-//! Who is calling, and what they may touch.
+//! Who is calling, and what they may touch: the principals of `--auth-config` and their grants.
 //!
 //! With `--auth-config FILE` every request (and every WebSocket handshake) must carry a bearer
 //! token listed in that file, by its SHA-256, under a *principal*. A principal has grants: for
@@ -7,53 +7,41 @@
 //! handles of others. Without the file, zkgate serves everyone with full rights (meant for the
 //! embedded default on loopback; `serve` warns loudly when it listens elsewhere like that).
 //!
-//! Three checks, at three places, so that no handler can forget one:
-//! - *authentication* ([authenticate], the outermost layer): token → principal, 401 otherwise;
-//! - *authorisation by name* ([authorize], a layer on the API routes, which WebSocket calls go
-//!   through too): the kind and name in the path against the grants, 403 otherwise;
-//! - *ownership* ([current] + [Caller::owns]): a lease remembers the principal that created it,
-//!   and every place that resolves a lease or a handle from a request checks it (403).
+//! This module only decides; the HTTP layers that find the caller and refuse a request live in
+//! `http::auth`. Three checks, so that no handler can forget one:
+//! - *authentication* (`http::auth::authenticate`, the outermost layer): token → principal, 401
+//!   otherwise;
+//! - *authorisation by name* (`http::auth::authorize`, a layer after routing, which WebSocket
+//!   calls go through too): the routed kind and name against the grants, 403 otherwise;
+//! - *ownership* ([Caller::owns]): a lease remembers the principal that created it, and every
+//!   place that resolves a lease, a handle or a claim checks it (403).
 //!
-//! The caller travels in a task-local for the duration of a request: the lease and handle
-//! lookups deep in the handlers read it there instead of every signature carrying it.
+//! The caller is passed explicitly (handlers take it as an extractor) to everything that needs
+//! it: nothing reads it from an ambient context.
 
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use axum::extract::{Request, State};
-use axum::http::{HeaderMap, Method, header};
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
-use crate::AppState;
-use crate::http::error::ApiError;
+use crate::kind::Kind;
 
-/// The resource kinds a grant can name: the first segment of `/v1/<kind>/...` (and of a znode
-/// path under the root), plus `metrics` for `/metrics`.
-pub const KINDS: &[&str] = &[
-    "locks",
-    "rwlocks",
-    "semaphores",
-    "elections",
-    "barriers",
-    "double-barriers",
-    "txns",
-    "queues",
-    "groups",
-    "kv",
-    "metrics",
-];
+/// What a grant can name besides the resource kinds' [Kind::auth]: the metrics.
+pub const METRICS: &str = "metrics";
 
-/// The WebSocket subprotocol a client offers (besides [SUBPROTOCOL]) to carry its token:
-/// `zkgate.bearer.<token in base64url, no padding>`. Browsers cannot set an `Authorization`
-/// header on a WebSocket; this keeps the token out of the URL (and so out of access logs).
-pub const BEARER_SUBPROTOCOL: &str = "zkgate.bearer.";
+/// Whether a grant may name `kind`: a resource kind, or [METRICS].
+fn is_grantable(kind: &str) -> bool {
+    kind == METRICS || Kind::ALL.iter().any(|k| k.auth() == kind)
+}
 
-/// The subprotocol zkgate answers with when the client offered it.
-pub const SUBPROTOCOL: &str = "zkgate";
+/// Every kind a grant may name, for error messages.
+fn grantable() -> String {
+    let mut kinds: Vec<&str> = Kind::ALL.iter().map(|k| k.auth()).collect();
+    kinds.push(METRICS);
+    kinds.join(", ")
+}
 
 /// Read or write. Write includes read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Deserialize)]
@@ -87,7 +75,7 @@ struct PrincipalConfig {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Grant {
-    /// Resource kinds (see [KINDS]), or `*` for all.
+    /// Resource kinds ([Kind::auth], or [METRICS]), or `*` for all.
     pub kinds: Vec<String>,
     /// Name prefixes; `""` matches every name.
     pub prefixes: Vec<String>,
@@ -133,11 +121,11 @@ impl Authority {
                 return Err(format!("principal name `{}` is empty or repeated", config.name));
             }
             for grant in &config.grants {
-                if let Some(kind) = grant.kinds.iter().find(|k| *k != "*" && !KINDS.contains(&k.as_str())) {
+                if let Some(kind) = grant.kinds.iter().find(|k| *k != "*" && !is_grantable(k)) {
                     return Err(format!(
                         "principal `{}`: unknown kind `{kind}` (kinds: {}, or `*`)",
                         config.name,
-                        KINDS.join(", ")
+                        grantable()
                     ));
                 }
             }
@@ -229,7 +217,7 @@ impl Caller {
     }
 
     /// May the caller do `access` to some names of `kind` (a listing, which is then filtered)?
-    fn may_some(&self, kind: &str, access: Access) -> bool {
+    pub fn may_some(&self, kind: &str, access: Access) -> bool {
         match self {
             Caller::Anyone => true,
             Caller::Principal(p) => p.admin || p.grants.iter().any(|g| g.access >= access && g.covers_kind(kind)),
@@ -241,170 +229,47 @@ impl Caller {
         self.is_admin() || owner == self.name()
     }
 
-    /// 403 unless [Caller::may].
-    pub fn require(&self, kind: &str, name: &str, access: Access) -> Result<(), ApiError> {
+    /// [Forbidden] unless [Caller::may].
+    pub fn require(&self, kind: &str, name: &str, access: Access) -> Result<(), Forbidden> {
         if self.may(kind, name, access) {
             return Ok(());
         }
         Err(self.forbidden(format!("no {} access to {kind} `{name}`", access_word(access))))
     }
 
-    /// 403 unless [Caller::owns]: `what` names the thing (`lease 6f1c…`).
-    pub fn require_owner(&self, owner: Option<&str>, what: &str) -> Result<(), ApiError> {
+    /// [Forbidden] unless the caller may do `access` to some names of `kind`: a listing, which
+    /// is then filtered by [Caller::may].
+    pub fn require_some(&self, kind: &str, access: Access) -> Result<(), Forbidden> {
+        if self.may_some(kind, access) {
+            return Ok(());
+        }
+        Err(self.forbidden(format!("no {} access to any of {kind}", access_word(access))))
+    }
+
+    /// [Forbidden] unless [Caller::owns]: `what` names the thing (`lease 6f1c…`).
+    pub fn require_owner(&self, owner: Option<&str>, what: &str) -> Result<(), Forbidden> {
         if self.owns(owner) {
             return Ok(());
         }
         Err(self.forbidden(format!("{what} belongs to another principal")))
     }
 
-    fn forbidden(&self, detail: String) -> ApiError {
+    fn forbidden(&self, detail: String) -> Forbidden {
         let who = self.name().unwrap_or("anyone");
-        ApiError::forbidden(format!("principal `{who}`: {detail}"))
+        Forbidden(format!("principal `{who}`: {detail}"))
     }
 }
+
+/// The caller may not do what it asked (HTTP 403); the text says who and what.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Forbidden(pub String);
 
 fn access_word(access: Access) -> &'static str {
     match access {
         Access::Read => "read",
         Access::Write => "write",
     }
-}
-
-tokio::task_local! {
-    static CALLER: Caller;
-}
-
-/// The caller of the request being served. Outside a request (background tasks, tests that
-/// call the library directly) it is [Caller::Anyone]: the layers scope every request.
-pub fn current() -> Caller {
-    CALLER.try_with(Caller::clone).unwrap_or(Caller::Anyone)
-}
-
-/// Runs `f` as `caller` (what the layers do for a request, and a socket for its calls).
-pub async fn scope<F: Future>(caller: Caller, f: F) -> F::Output {
-    CALLER.scope(caller, f).await
-}
-
-/// The bearer token of a request: the `Authorization` header, or on a WebSocket handshake the
-/// `zkgate.bearer.<base64url>` subprotocol.
-fn token_of(headers: &HeaderMap) -> Result<Option<String>, &'static str> {
-    if let Some(value) = headers.get(header::AUTHORIZATION) {
-        let value = value.to_str().map_err(|_| "the Authorization header is not ASCII")?;
-        let token = value
-            .strip_prefix("Bearer ")
-            .or_else(|| value.strip_prefix("bearer "))
-            .ok_or("the Authorization header must be `Bearer <token>`")?;
-        return Ok(Some(token.trim().to_string()));
-    }
-    for value in headers.get_all(header::SEC_WEBSOCKET_PROTOCOL) {
-        let Ok(value) = value.to_str() else { continue };
-        for protocol in value.split(',').map(str::trim) {
-            if let Some(encoded) = protocol.strip_prefix(BEARER_SUBPROTOCOL) {
-                use base64::Engine;
-                let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
-                    .decode(encoded)
-                    .map_err(|_| "the zkgate.bearer subprotocol must carry the token in base64url")?;
-                return String::from_utf8(bytes).map(Some).map_err(|_| "the token is not UTF-8");
-            }
-        }
-    }
-    Ok(None)
-}
-
-/// Paths anyone may read: probes, the API description and the dashboard's page (which holds
-/// no data; it asks for a token when its socket needs one).
-fn is_public(path: &str) -> bool {
-    matches!(path, "/" | "/healthz" | "/readyz" | "/openapi.json") || path == "/docs" || path.starts_with("/docs/")
-}
-
-/// The outermost layer: finds the caller from the token (401 without a valid one) and serves
-/// the request as that caller.
-pub async fn authenticate(State(state): State<AppState>, mut request: Request, next: Next) -> Response {
-    let caller = match &state.authority {
-        None => Caller::Anyone,
-        Some(_) if is_public(request.uri().path()) => Caller::Anyone,
-        Some(authority) => match token_of(request.headers()) {
-            Err(detail) => return ApiError::unauthorized(detail).into_response(),
-            Ok(None) => {
-                return ApiError::unauthorized(
-                    "send `Authorization: Bearer <token>` (on a WebSocket, the `zkgate.bearer.<base64url token>` subprotocol)",
-                )
-                .into_response();
-            }
-            Ok(Some(token)) => match authority.principal(&token) {
-                Some(principal) => Caller::Principal(principal),
-                None => return ApiError::unauthorized("the token is not valid").into_response(),
-            },
-        },
-    };
-    request.extensions_mut().insert(caller.clone());
-    let address = request
-        .extensions()
-        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
-        .map(|info| crate::limits::ClientAddr(info.0.ip()));
-    if let Some(address) = address {
-        request.extensions_mut().insert(address);
-    }
-    scope(caller, next.run(request)).await
-}
-
-/// The layer on the API routes: checks the kind and name in the path against the caller's
-/// grants (403), then serves the request as that caller. It reads the caller from the
-/// request's extensions, where [authenticate] or a WebSocket call put it.
-pub async fn authorize(request: Request, next: Next) -> Response {
-    let caller = request.extensions().get::<Caller>().cloned().unwrap_or(Caller::Anyone);
-    if let Err(err) = check_path(&caller, request.method(), request.uri().path()) {
-        return err.into_response();
-    }
-    scope(caller, next.run(request)).await
-}
-
-/// What a request touches, read from its path: `/v1/<kind>[/<name>[/...]]`.
-fn check_path(caller: &Caller, method: &Method, path: &str) -> Result<(), ApiError> {
-    let access = if method == Method::GET || method == Method::HEAD {
-        Access::Read
-    } else {
-        Access::Write
-    };
-    let mut segments = path.trim_start_matches('/').splitn(3, '/');
-    let first = segments.next().unwrap_or_default();
-    if first == "metrics" {
-        return caller.require("metrics", "", Access::Read);
-    }
-    if first != "v1" {
-        return Ok(());
-    }
-    let kind = segments.next().unwrap_or_default();
-    let rest = segments.next();
-    match kind {
-        // Leases and sockets: any principal; ownership is checked where a lease is used, and
-        // each subscription where it is made. The audit log is filtered by name.
-        "leases" | "ws" | "revocations" => Ok(()),
-        kind if KINDS.contains(&kind) => match rest.filter(|r| !r.is_empty()) {
-            // A listing (or `POST /v1/txns`): some access to the kind; the handler filters
-            // (or checks the name in the body).
-            None if caller.may_some(kind, access) => Ok(()),
-            None => Err(caller.forbidden(format!("no {} access to any of {kind}", access_word(access)))),
-            Some(rest) => {
-                // The same decoding as the handlers' path extractors; the handlers refuse what
-                // is not a valid name (`..`, `/` in a name) after this.
-                let name = if kind == "kv" {
-                    percent_decode(rest)
-                } else {
-                    percent_decode(rest.split('/').next().unwrap_or_default())
-                };
-                caller.require(kind, &name, access)
-            }
-        },
-        _ => Ok(()),
-    }
-}
-
-/// Percent-decoding as in a URL path (`+` stays `+`), as axum's path extractor does.
-pub(crate) fn percent_decode(text: &str) -> String {
-    percent_encoding::percent_decode_str(text)
-        .decode_utf8_lossy()
-        .into_owned()
 }
 
 #[cfg(test)]
@@ -436,20 +301,6 @@ mod tests {
         assert!(!caller.may("elections", "billing-x", Access::Write));
         assert!(!caller.owns(Some("ops")));
         assert!(caller.owns(Some("billing")));
-    }
-
-    #[test]
-    fn paths_map_to_kind_and_decoded_name() {
-        let authority = Authority::parse(CONFIG).expect("parse");
-        let caller = Caller::Principal(authority.principal("password").expect("principal"));
-        assert!(check_path(&caller, &Method::POST, "/v1/locks/billing-a/acquire").is_ok());
-        assert!(check_path(&caller, &Method::POST, "/v1/locks/orders/acquire").is_err());
-        // An encoded name is decoded before the prefix check.
-        assert!(check_path(&caller, &Method::POST, "/v1/locks/%62illing-a/acquire").is_ok());
-        assert!(check_path(&caller, &Method::POST, "/v1/kv/billing-a").is_err());
-        assert!(check_path(&caller, &Method::GET, "/v1/kv/anything/at/all").is_ok());
-        assert!(check_path(&caller, &Method::GET, "/metrics").is_ok());
-        assert!(check_path(&caller, &Method::DELETE, "/v1/leases/abc").is_ok());
     }
 
     #[test]

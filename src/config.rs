@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::Args;
 
-use crate::http::extract::parse_duration;
+use crate::duration::parse_duration;
 use crate::lease::LeasePolicy;
 
 /// ZooKeeper sessions per instance unless `--zookeeper-sessions` says otherwise: on the

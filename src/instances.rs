@@ -35,37 +35,11 @@ pub struct Instance {
 
 impl Instance {
     pub fn new(url: String) -> Instance {
-        let id = format!("{:08x}", rand::random::<u32>());
         Instance {
-            id: id.into(),
+            id: crate::ids::new_instance_id().into(),
             url: url.into(),
         }
     }
-
-    /// A new id owned by this instance: `<instance>-<32 hex>`.
-    pub fn new_id(&self) -> String {
-        owned_id(&self.id)
-    }
-}
-
-/// A new id owned by `instance`.
-pub fn owned_id(instance: &str) -> String {
-    format!("{instance}-{}", uuid::Uuid::new_v4().simple())
-}
-
-/// A new id owned by the same instance as `of` (a lease's handles are its instance's).
-pub fn sibling_id(of: &str) -> String {
-    match owner_of(of) {
-        Some(instance) => owned_id(instance),
-        None => uuid::Uuid::new_v4().simple().to_string(),
-    }
-}
-
-/// The instance that issued a lease id, handle or claim (`None` if it is not one of ours).
-pub fn owner_of(id: &str) -> Option<&str> {
-    let (instance, rest) = id.split_once('-')?;
-    let hex = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
-    (hex(instance, 8) && hex(rest, 32)).then_some(instance)
 }
 
 /// What an instance's registration znode holds.
@@ -204,20 +178,5 @@ async fn register_on_every_session(dir: Arc<str>, zk: ZkSession, name: String, m
         if status.changed().await.is_err() {
             return;
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ids_name_their_instance() {
-        let me = Instance::new("http://a:7070".into());
-        let id = me.new_id();
-        assert_eq!(owner_of(&id), Some(&*me.id));
-        assert_eq!(owner_of("6f1c2a9e0b7d4e3f8a5b6c7d8e9f0a1b"), None);
-        assert_eq!(owner_of("zzzzzzzz-6f1c2a9e0b7d4e3f8a5b6c7d8e9f0a1b"), None);
-        assert_eq!(owner_of("0123abcd-short"), None);
     }
 }

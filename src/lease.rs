@@ -20,6 +20,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::auth::Caller;
 use crate::zk::session::{Lanes, Unavailable, ZkSession};
 
 /// How many ended leases are remembered for 410 answers.
@@ -168,10 +169,9 @@ impl Lease {
         self.lock().holdings.iter().map(|h| h.view()).collect()
     }
 
-    /// `Ok` if the current caller may use this lease and what it holds (its owner, or an
-    /// admin).
-    pub fn check_owner(&self) -> Result<(), LeaseError> {
-        if crate::auth::current().owns(self.owner.as_deref()) {
+    /// `Ok` if `caller` may use this lease and what it holds (its owner, or an admin).
+    pub fn check_owner(&self, caller: &Caller) -> Result<(), LeaseError> {
+        if caller.owns(self.owner.as_deref()) {
             Ok(())
         } else {
             Err(LeaseError::NotYours(self.id.clone()))
@@ -264,16 +264,16 @@ impl Leases {
     }
 
     /// Creates a lease bound to the current session of a connected lane (round robin), owned by
-    /// the current caller. With an
-    /// idempotency key, a retry of the same request (by the same principal) returns the lease
-    /// the first one created (while it lives).
+    /// `caller`. With an idempotency key, a retry of the same request (by the same principal)
+    /// returns the lease the first one created (while it lives).
     pub fn create(
         &self,
+        caller: &Caller,
         requested_ttl: Option<Duration>,
         idempotency_key: Option<&str>,
     ) -> Result<Arc<Lease>, LeaseError> {
         let (lane, session) = self.inner.lanes.pick()?;
-        let owner = crate::auth::current().name().map(str::to_string);
+        let owner = caller.name().map(str::to_string);
         // Keys are per principal: another principal's key must not reach this one's lease.
         let idempotency_key = idempotency_key.map(|key| format!("{}\0{key}", owner.as_deref().unwrap_or_default()));
         let idempotency_key = idempotency_key.as_deref();
@@ -291,7 +291,7 @@ impl Leases {
         *table.per_owner.entry(owner.clone()).or_default() += 1;
         let ttl = self.inner.policy.grant(requested_ttl);
         let lease = Arc::new(Lease {
-            id: crate::instances::owned_id(&self.inner.instance),
+            id: crate::ids::owned_id(&self.inner.instance),
             ttl,
             requested_ttl,
             created_at: SystemTime::now(),
@@ -315,16 +315,16 @@ impl Leases {
         Ok(lease)
     }
 
-    /// The live lease with this id, if the current caller owns it.
+    /// The live lease with this id, if `caller` owns it.
     ///
     /// # Notable errors
     /// * [LeaseError::Ended] for a lease that ended (deleted, expired or lost with its session).
     /// * [LeaseError::Unknown] for an id never issued here (or ended too long ago).
     /// * [LeaseError::NotYours] for another principal's lease.
-    pub fn get(&self, id: &str) -> Result<Arc<Lease>, LeaseError> {
+    pub fn get(&self, caller: &Caller, id: &str) -> Result<Arc<Lease>, LeaseError> {
         let table = self.inner.table();
         if let Some(lease) = table.live.get(id) {
-            lease.check_owner()?;
+            lease.check_owner(caller)?;
             return Ok(lease.clone());
         }
         match table.ended.get(id) {
@@ -332,7 +332,7 @@ impl Leases {
                 id: id.to_string(),
                 reason,
             }),
-            None => match crate::instances::owner_of(id).filter(|owner| *owner != &*self.inner.instance) {
+            None => match crate::ids::owner_of(id).filter(|owner| *owner != &*self.inner.instance) {
                 Some(instance) => Err(LeaseError::Elsewhere {
                     id: id.to_string(),
                     instance: instance.to_string(),
@@ -342,9 +342,19 @@ impl Leases {
         }
     }
 
-    /// Every live lease the current caller owns (all of them for an admin), oldest first.
-    pub fn list(&self) -> Vec<Arc<Lease>> {
-        let caller = crate::auth::current();
+    /// What [Leases::get] answers for `id`, whoever asks: for a lease whose owner was checked
+    /// when it was found (or where only its fate matters, as on an event topic).
+    pub fn peek(&self, id: &str) -> Result<Arc<Lease>, LeaseError> {
+        self.get(&Caller::Anyone, id)
+    }
+
+    /// How many leases are live on this instance.
+    pub fn count(&self) -> usize {
+        self.inner.table().live.len()
+    }
+
+    /// Every live lease `caller` owns (all of them for an admin), oldest first.
+    pub fn list(&self, caller: &Caller) -> Vec<Arc<Lease>> {
         let mut leases: Vec<_> = self
             .inner
             .table()
@@ -358,8 +368,8 @@ impl Leases {
     }
 
     /// Pushes the lease's deadline one TTL into the future.
-    pub fn keepalive(&self, id: &str) -> Result<Arc<Lease>, LeaseError> {
-        let lease = self.get(id)?;
+    pub fn keepalive(&self, caller: &Caller, id: &str) -> Result<Arc<Lease>, LeaseError> {
+        let lease = self.get(caller, id)?;
         let mut inner = lease.lock();
         inner.deadline = Instant::now() + lease.ttl;
         inner.last_keepalive = SystemTime::now();
@@ -371,16 +381,17 @@ impl Leases {
     /// removed their znodes: on the way out, so that waiters elsewhere proceed at once instead
     /// of after the session timeout. Returns how many leases it ended.
     pub async fn end_all(&self) -> usize {
-        let ids: Vec<String> = self.list().into_iter().map(|l| l.id.clone()).collect();
-        let ended = futures::future::join_all(ids.iter().map(|id| self.end(id, EndReason::Shutdown))).await;
+        let ids: Vec<String> = self.list(&Caller::Anyone).into_iter().map(|l| l.id.clone()).collect();
+        let ended =
+            futures::future::join_all(ids.iter().map(|id| self.end(&Caller::Anyone, id, EndReason::Shutdown))).await;
         ended.iter().filter(|r| r.is_ok()).count()
     }
 
     /// Ends the lease and waits (bounded) until its holdings have removed their znodes, so that
     /// when this returns the next waiters are already being woken.
-    pub async fn end(&self, id: &str, reason: EndReason) -> Result<(), LeaseError> {
-        self.get(id)?;
-        let lease = self.inner.end(id, reason).ok_or_else(|| match self.get(id) {
+    pub async fn end(&self, caller: &Caller, id: &str, reason: EndReason) -> Result<(), LeaseError> {
+        self.get(caller, id)?;
+        let lease = self.inner.end(id, reason).ok_or_else(|| match self.get(caller, id) {
             Err(err) => err,
             Ok(_) => LeaseError::Unknown(id.to_string()),
         })?;

@@ -6,9 +6,12 @@
 
 pub mod auth;
 pub mod config;
+pub mod duration;
 pub mod events;
 pub mod http;
+pub mod ids;
 pub mod instances;
+pub mod kind;
 pub mod lease;
 pub mod limits;
 pub mod metrics;
@@ -35,17 +38,7 @@ use crate::recipes::semaphore::Semaphores;
 use crate::zk::session::ZkSession;
 use crate::zk::watch::ExistsWatches;
 
-/// Makes rustls's `ring` provider the process's default. reqwest (built without a provider of
-/// its own) and zookeeper-client's TLS both build on the process default, which rustls picks
-/// by itself only while exactly one provider is compiled in (zookeeper-client's rustls brings
-/// aws-lc-rs too): naming one keeps every TLS connect from panicking. Idempotent; the binary
-/// calls it first thing, the session before a TLS connect, tests and benches before building
-/// clients.
-pub fn install_crypto_provider() {
-    let _ = tokio_rustls::rustls::crypto::CryptoProvider::install_default(
-        tokio_rustls::rustls::crypto::ring::default_provider(),
-    );
-}
+pub use tls::install_crypto_provider;
 
 /// Everything the handlers share. Cloned for every request by every layer and extractor that
 /// takes the state, so it is one `Arc`: cloning the fields one by one (a `CancellationToken`

@@ -6,7 +6,7 @@
 //!   watches), per principal (per client address when auth is off): a token bucket;
 //! - open WebSockets per principal and per client address, subscriptions per principal;
 //! - live leases per principal, queued contenders per principal and per lock ([crate::lease]
-//!   and [crate::http::contention] ask here);
+//!   and the acquire handlers ask here);
 //! - request bodies (413) and waits (capped) are bounded where they are read; queue depth
 //!   where items are put.
 //!
@@ -18,14 +18,10 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use axum::extract::{Request, State};
 use axum::http::Method;
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
 use tokio::time::Instant;
 
-use crate::AppState;
-use crate::http::error::ApiError;
+use crate::auth::Caller;
 
 /// The address a request came from (absent for requests built in-process).
 #[derive(Clone, Copy, Debug)]
@@ -91,7 +87,7 @@ impl Limits {
     }
 
     /// Holds one of at most `max` of `key` (a socket, a subscription) until the permit drops.
-    pub fn hold(&self, key: String, max: usize, what: &str) -> Result<Permit, ApiError> {
+    pub fn hold(&self, key: String, max: usize, what: &str) -> Result<Permit, Refusal> {
         let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
         let count = held.entry(key.clone()).or_default();
         if *count >= max {
@@ -127,15 +123,29 @@ impl Drop for Permit {
     }
 }
 
-/// The 429 of every limit.
-pub fn refusal(slug: &'static str, detail: String, retry_after: Duration) -> ApiError {
-    ApiError::too_many(slug, "Limit reached", detail, retry_after.as_secs_f64().ceil() as u64)
+/// What a limit says when it refuses: HTTP 429 with `Retry-After`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Refusal {
+    /// Which limit: `rate-limited` (the write rate) or `too-many` (something held).
+    pub slug: &'static str,
+    pub detail: String,
+    /// When trying again may succeed.
+    pub retry_after: Duration,
 }
 
-/// The key of the current caller for per-principal limits: its principal, or with auth off
-/// `address` (when known).
-pub fn client_key(address: Option<ClientAddr>) -> String {
-    match crate::auth::current().name() {
+/// The refusal of a limit reached.
+pub fn refusal(slug: &'static str, detail: String, retry_after: Duration) -> Refusal {
+    Refusal {
+        slug,
+        detail,
+        retry_after,
+    }
+}
+
+/// The key of `caller` for per-principal limits: its principal, or with auth off `address`
+/// (when known).
+pub fn client_key(caller: &Caller, address: Option<ClientAddr>) -> String {
+    match caller.name() {
         Some(name) => format!("principal:{name}"),
         None => match address {
             Some(ClientAddr(ip)) => format!("address:{ip}"),
@@ -147,12 +157,12 @@ pub fn client_key(address: Option<ClientAddr>) -> String {
 impl Limits {
     /// A write (any method but `GET`/`HEAD`) takes a token from the caller's bucket; 429 with
     /// the time until the next token when there is none.
-    pub fn check_rate(&self, method: &Method, address: Option<ClientAddr>) -> Result<(), ApiError> {
+    pub fn check_rate(&self, caller: &Caller, method: &Method, address: Option<ClientAddr>) -> Result<(), Refusal> {
         let write = !matches!(*method, Method::GET | Method::HEAD);
         if !write || self.settings.write_rate == 0 {
             return Ok(());
         }
-        let key = client_key(address);
+        let key = client_key(caller, address);
         self.take(&key).map_err(|wait| {
             let rate = self.settings.write_rate;
             refusal(
@@ -162,16 +172,6 @@ impl Limits {
             )
         })
     }
-}
-
-/// The layer on the API routes (inside [crate::auth::authorize], so the caller is known):
-/// [Limits::check_rate].
-pub async fn rate_limit(State(state): State<AppState>, request: Request, next: Next) -> Response {
-    let address = request.extensions().get::<ClientAddr>().copied();
-    if let Err(err) = state.limits.check_rate(request.method(), address) {
-        return err.into_response();
-    }
-    next.run(request).await
 }
 
 #[cfg(test)]

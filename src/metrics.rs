@@ -19,8 +19,6 @@ use prometheus::{
     TextEncoder,
 };
 
-use crate::AppState;
-
 /// Buckets for waits and holds: 1 ms to 10 min.
 const WAIT_BUCKETS: &[f64] = &[
     0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 600.0,
@@ -242,57 +240,50 @@ pub fn zookeeper_request(elapsed: Duration) {
     get().zookeeper_requests.observe(elapsed.as_secs_f64());
 }
 
-/// The text exposition of every metric, gauges read now.
-pub async fn render(state: &AppState) -> String {
+/// What the gauges that are read when scraped say now (the instance's session, leases and
+/// topics, and every queue's counts as ZooKeeper has them).
+#[derive(Debug, Default)]
+pub struct Readings {
+    pub zookeeper_connected: bool,
+    pub session_generation: u64,
+    pub connections: u64,
+    pub leases: usize,
+    pub topics: usize,
+    /// Per queue: items waiting (claimed ones not counted), claims in flight, dead letters;
+    /// `None` when ZooKeeper could not be read (the queue gauges then keep their values).
+    pub queues: Option<Vec<QueueCounts>>,
+}
+
+/// One queue's counts.
+#[derive(Debug)]
+pub struct QueueCounts {
+    pub queue: String,
+    pub depth: i64,
+    pub in_flight: i64,
+    pub dead_letters: i64,
+}
+
+/// The text exposition of every metric, with the gauges set from `readings`. Queues that are
+/// gone leave the queue gauges.
+pub fn render(readings: &Readings) -> String {
     let m = get();
-    let status = state.zk().status();
-    m.zookeeper_connected.set(i64::from(
-        status.client.is_some() && status.connection == crate::zk::session::Connection::Connected,
-    ));
-    m.zookeeper_generation.set(status.generation as i64);
-    m.zookeeper_connections.set(status.connects as i64);
-    m.leases.set(state.leases.list().len() as i64);
-    m.topics.set(state.events.topics() as i64);
-    read_queue_gauges(state).await;
+    m.zookeeper_connected.set(i64::from(readings.zookeeper_connected));
+    m.zookeeper_generation.set(readings.session_generation as i64);
+    m.zookeeper_connections.set(readings.connections as i64);
+    m.leases.set(readings.leases as i64);
+    m.topics.set(readings.topics as i64);
+    if let Some(queues) = &readings.queues {
+        m.queue_depth.reset();
+        m.queue_in_flight.reset();
+        m.queue_dead_letters.reset();
+        for counts in queues {
+            let queue = [counts.queue.as_str()];
+            m.queue_depth.with_label_values(&queue).set(counts.depth);
+            m.queue_in_flight.with_label_values(&queue).set(counts.in_flight);
+            m.queue_dead_letters.with_label_values(&queue).set(counts.dead_letters);
+        }
+    }
     let mut text = Vec::new();
     let _ = TextEncoder::new().encode(&m.registry.gather(), &mut text);
     String::from_utf8(text).unwrap_or_default()
-}
-
-/// Sets the queue gauges from ZooKeeper: the number of children of each queue's `items`,
-/// `claims` and `dead`, in one multi-read. Queues that are gone leave the gauges.
-async fn read_queue_gauges(state: &AppState) {
-    let m = get();
-    let Ok(session) = state.zk().current() else { return };
-    let base = state.queues.base();
-    let Ok(queues) = crate::zk::retry_on_loss(|| session.client.list_children(base)).await else {
-        return;
-    };
-    let paths: Vec<String> = queues
-        .iter()
-        .flat_map(|q| ["items", "claims", "dead"].map(|sub| format!("{q}/{sub}")))
-        .collect();
-    let Ok(read) = crate::zk::read_each(&session.client, base, paths).await else {
-        return;
-    };
-    let mut counts: std::collections::BTreeMap<&str, [i64; 3]> = Default::default();
-    for (path, _, stat) in &read {
-        let Some((queue, sub)) = path.split_once('/') else {
-            continue;
-        };
-        let at = match sub {
-            "items" => 0,
-            "claims" => 1,
-            _ => 2,
-        };
-        counts.entry(queue).or_default()[at] = i64::from(stat.num_children);
-    }
-    m.queue_depth.reset();
-    m.queue_in_flight.reset();
-    m.queue_dead_letters.reset();
-    for (queue, [items, claims, dead]) in counts {
-        m.queue_depth.with_label_values(&[queue]).set((items - claims).max(0));
-        m.queue_in_flight.with_label_values(&[queue]).set(claims);
-        m.queue_dead_letters.with_label_values(&[queue]).set(dead);
-    }
 }

@@ -110,3 +110,15 @@ impl axum::serve::Listener for TlsListener {
         Ok(self.local)
     }
 }
+
+/// Makes rustls's `ring` provider the process's default. reqwest (built without a provider of
+/// its own) and zookeeper-client's TLS both build on the process default, which rustls picks
+/// by itself only while exactly one provider is compiled in (zookeeper-client's rustls brings
+/// aws-lc-rs too): naming one keeps every TLS connect from panicking. Idempotent; the binary
+/// calls it first thing, the session before a TLS connect, tests and benches before building
+/// clients.
+pub fn install_crypto_provider() {
+    let _ = tokio_rustls::rustls::crypto::CryptoProvider::install_default(
+        tokio_rustls::rustls::crypto::ring::default_provider(),
+    );
+}

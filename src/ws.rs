@@ -47,10 +47,11 @@ use tokio::time::Instant;
 use tower::ServiceExt;
 
 use crate::AppState;
-use crate::auth::Access;
+use crate::auth::{Access, Caller};
+use crate::duration::HumanDuration;
 use crate::events::{Event, Feed, Publisher, Subscription, sources};
 use crate::http::error::ApiError;
-use crate::http::extract::{ApiPath, HumanDuration};
+use crate::http::extract::ApiPath;
 use crate::lease::{Lease, LeaseError, Leases};
 use crate::limits::{ClientAddr, Permit};
 use crate::recipes::election::Leadership;
@@ -74,6 +75,7 @@ use crate::zk::names::validate_name;
     ))]
 pub async fn observe_election(
     State(state): State<AppState>,
+    caller: Caller,
     ApiPath(name): ApiPath<String>,
     address: Option<axum::Extension<ClientAddr>>,
     upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
@@ -81,7 +83,7 @@ pub async fn observe_election(
     validate_name(&name).map_err(|e| ApiError::invalid(crate::http::error::Place::Path, "name", e))?;
     let upgrade = upgrade.map_err(not_a_websocket)?;
     state.zk().current()?;
-    let permits = socket_permits(&state, address.map(|a| a.0))?;
+    let permits = socket_permits(&state, &caller, address.map(|a| a.0))?;
     let topic = format!("election:{name}");
     let source = Leadership {
         dir: format!("{}/elections/{name}", state.config.root),
@@ -186,7 +188,7 @@ fn lean(upgrade: WebSocketUpgrade) -> WebSocketUpgrade {
     upgrade
         // A browser that sends its token as the `zkgate.bearer.…` subprotocol also offers
         // `zkgate`, which is the one answered (never the one with the token).
-        .protocols([crate::auth::SUBPROTOCOL])
+        .protocols([crate::http::auth::SUBPROTOCOL])
         .read_buffer_size(READ_BUFFER_BYTES)
         .write_buffer_size(WRITE_BUFFER_BYTES)
 }
@@ -277,9 +279,8 @@ const MAX_ZNODE_DEPTH: usize = 32;
 
 impl Topic {
     /// The topic's name on the bus and what feeds it.
-    fn resolve(self, state: &AppState) -> Result<(String, Feed), TopicError> {
+    fn resolve(self, state: &AppState, caller: &Caller) -> Result<(String, Feed), TopicError> {
         let root = state.config.root.as_str();
-        let caller = crate::auth::current();
         let named = |kind: &str, name: &str| -> Result<String, TopicError> {
             validate_name(name).map_err(|e| format!("{kind} name {e}"))?;
             let plural = match kind {
@@ -352,7 +353,7 @@ impl Topic {
             ),
             Topic::Lease(id) => {
                 let name = named("lease", &id)?;
-                let lease = state.leases.get(&id).map_err(|e| match e {
+                let lease = state.leases.get(caller, &id).map_err(|e| match e {
                     LeaseError::NotYours(_) => TopicError::Forbidden(e.to_string()),
                     e => TopicError::Invalid(e.to_string()),
                 })?;
@@ -376,7 +377,7 @@ impl Topic {
                 for segment in &segments {
                     validate_name(segment).map_err(|e| format!("znode path segment `{segment}` {e}"))?;
                 }
-                if !may_read_znode(&caller, &segments) {
+                if !may_read_znode(caller, &segments) {
                     return Err(TopicError::Forbidden(format!(
                         "no read access to the znode `{relative}`"
                     )));
@@ -421,9 +422,9 @@ impl From<String> for TopicError {
 /// (`locks/orders/...` → lock `orders`, `kv/app/flags` → key `app/flags`); a kind's directory
 /// (which lists every name) needs a grant on every name of that kind; the rest (the root
 /// itself, `leases/`, the audit log) needs an admin.
-fn may_read_znode(caller: &crate::auth::Caller, segments: &[&str]) -> bool {
+fn may_read_znode(caller: &Caller, segments: &[&str]) -> bool {
     match segments {
-        [kind, rest @ ..] if crate::auth::KINDS.contains(kind) && *kind != "metrics" => {
+        [kind, rest @ ..] if crate::kind::Kind::from_segment(kind).is_some() => {
             let name = match (*kind, rest) {
                 ("kv", rest) => rest.join("/"),
                 (_, [name, ..]) => name.to_string(),
@@ -468,7 +469,7 @@ async fn follow_lease(publisher: Publisher, leases: Leases, lease: Arc<Lease>) {
             _ = publisher.idle() => return,
         }
     }
-    let reason = match leases.get(&lease.id) {
+    let reason = match leases.peek(&lease.id) {
         Err(LeaseError::Ended { reason, .. }) => reason,
         _ => crate::lease::EndReason::Deleted,
     };
@@ -506,27 +507,25 @@ async fn follow_lease(publisher: Publisher, leases: Leases, lease: Arc<Lease>) {
     ))]
 pub async fn socket(
     State(state): State<AppState>,
+    caller: Caller,
     address: Option<axum::Extension<ClientAddr>>,
     upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Result<Response, ApiError> {
     let upgrade = upgrade.map_err(not_a_websocket)?;
     let address = address.map(|a| a.0);
-    let permits = socket_permits(&state, address)?;
+    let permits = socket_permits(&state, &caller, address)?;
     // The socket outlives the handshake's request: it acts as the caller of the handshake.
-    let caller = crate::auth::current();
-    Ok(lean(upgrade).on_upgrade(move |socket| {
-        crate::auth::scope(caller, async move {
-            let _permits = permits;
-            serve_socket(state, socket, address).await
-        })
+    Ok(lean(upgrade).on_upgrade(move |socket| async move {
+        let _permits = permits;
+        serve_socket(state, caller, socket, address).await
     }))
 }
 
 /// The socket counted against its principal's and its address's limits (429 beyond them).
-fn socket_permits(state: &AppState, address: Option<ClientAddr>) -> Result<Vec<Permit>, ApiError> {
+fn socket_permits(state: &AppState, caller: &Caller, address: Option<ClientAddr>) -> Result<Vec<Permit>, ApiError> {
     let settings = state.limits.settings;
     let mut permits = vec![state.limits.hold(
-        format!("sockets of {}", crate::limits::client_key(None)),
+        format!("sockets of {}", crate::limits::client_key(caller, None)),
         settings.sockets_per_principal,
         "WebSockets per principal",
     )?];
@@ -557,6 +556,8 @@ fn not_a_websocket(rejection: WebSocketUpgradeRejection) -> ApiError {
 /// One general socket's state.
 struct Conn {
     state: AppState,
+    /// The caller of the handshake: every subscription and call of the socket is its.
+    caller: Caller,
     /// Messages for the client: events of the subscriptions and replies of calls.
     outbox: mpsc::Sender<String>,
     subscriptions: HashMap<String, JoinHandle<()>>,
@@ -569,12 +570,13 @@ struct Conn {
     address: Option<ClientAddr>,
 }
 
-async fn serve_socket(state: AppState, mut socket: WebSocket, address: Option<ClientAddr>) {
+async fn serve_socket(state: AppState, caller: Caller, mut socket: WebSocket, address: Option<ClientAddr>) {
     let _counted = Counted::new(&crate::metrics::get().sockets);
     let (idle_timeout, ping_interval) = (state.config.ws_idle_timeout, state.config.ws_ping_interval);
     let (outbox, mut queued) = mpsc::channel::<String>(state.config.ws_send_queue.max(1));
     let mut conn = Conn {
         state,
+        caller,
         outbox,
         subscriptions: HashMap::new(),
         calls: JoinSet::new(),
@@ -667,7 +669,7 @@ impl Conn {
         self.leases.retain(|lease| !lease.ended().is_cancelled());
         for lease in &self.leases {
             if silent_for < lease.ttl {
-                let _ = self.state.leases.keepalive(&lease.id);
+                let _ = self.state.leases.keepalive(&self.caller, &lease.id);
             }
         }
     }
@@ -716,7 +718,7 @@ impl Conn {
                 &format!("at most {MAX_SUBSCRIPTIONS} per socket"),
             ));
         }
-        let (name, feed) = topic.resolve(&self.state).map_err(|err| match err {
+        let (name, feed) = topic.resolve(&self.state, &self.caller).map_err(|err| match err {
             TopicError::Invalid(detail) => error_message(Some(&id), "invalid-topic", &detail),
             TopicError::Forbidden(detail) => error_message(Some(&id), "forbidden", &detail),
         })?;
@@ -724,7 +726,7 @@ impl Conn {
             .state
             .limits
             .hold(
-                format!("subscriptions of {}", crate::limits::client_key(None)),
+                format!("subscriptions of {}", crate::limits::client_key(&self.caller, None)),
                 self.state.limits.settings.subscriptions_per_principal,
                 "subscriptions per principal",
             )
@@ -758,8 +760,11 @@ impl Conn {
             return Err(error_message(Some(&id), "invalid-lease", "ttl must be above zero"));
         }
         let lease = match attach {
-            Some(existing) => self.state.leases.keepalive(&existing),
-            None => self.state.leases.create(Some(ttl.unwrap_or(SOCKET_LEASE_TTL)), None),
+            Some(existing) => self.state.leases.keepalive(&self.caller, &existing),
+            None => self
+                .state
+                .leases
+                .create(&self.caller, Some(ttl.unwrap_or(SOCKET_LEASE_TTL)), None),
         }
         .map_err(|err| {
             let kind = match err {
@@ -821,12 +826,12 @@ impl Conn {
             }
             None => axum::body::Body::empty(),
         };
-        if let Err(refused) = self.state.limits.check_rate(&method, self.address) {
-            return Err(error_message(Some(&id), "rate-limited", refused.detail()));
+        if let Err(refused) = self.state.limits.check_rate(&self.caller, &method, self.address) {
+            return Err(error_message(Some(&id), "rate-limited", &refused.detail));
         }
         let mut request = request.body(body).map_err(|e| invalid(e.to_string()))?;
         // The call is the socket's caller's: the API's authorisation layer reads it here.
-        request.extensions_mut().insert(crate::auth::current());
+        request.extensions_mut().insert(self.caller.clone());
         let api = self
             .api
             .get_or_insert_with(|| crate::http::api(self.state.clone()))

@@ -272,7 +272,7 @@ async fn session_expiry_loses_leases_passes_locks_on_and_the_instance_recovers()
     assert_ne!(doomed.session_of(&bystander).id(), doomed.session_of(&lease).id());
     let kept = doomed.acquire("kept", &bystander, "wait=0").await;
     assert_eq!(kept.status, StatusCode::OK, "{kept:?}");
-    let lane = doomed.running.state.leases.get(&lease).expect("lease").zk.lane();
+    let lane = doomed.running.state.leases.peek(&lease).expect("lease").zk.lane();
 
     expire_session(&proxy, &connect, doomed.session_of(&lease)).await;
 

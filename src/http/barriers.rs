@@ -11,10 +11,12 @@ use zookeeper_client::Client;
 
 use super::contention::{self, LockSummary, check_name};
 use super::error::{ApiError, Problem};
-use super::extract::{ApiJson, ApiPath, ApiQuery, HumanDuration};
+use super::extract::{ApiJson, ApiPath, ApiQuery};
 use super::leases::LeaseView;
 use super::timestamp;
 use crate::AppState;
+use crate::auth::Caller;
+use crate::duration::HumanDuration;
 use crate::recipes::barrier;
 use crate::recipes::ephemeral::BindError;
 use crate::zk::retry_on_loss;
@@ -85,6 +87,7 @@ async fn view(state: &AppState, client: &Client, name: &str) -> Result<BarrierVi
     ))]
 pub async fn raise(
     State(state): State<AppState>,
+    caller: Caller,
     ApiPath(name): ApiPath<String>,
     ApiJson(body): ApiJson<Option<RaiseBody>>,
 ) -> Result<Response, ApiError> {
@@ -94,7 +97,7 @@ pub async fn raise(
         let client = state.zk().connected().await?.client;
         (barrier::raise(&client, &state.barriers.dir(&name)).await?, client)
     } else {
-        let (lease, _) = contention::lease_for(&state, body.lease, body.ttl.map(|t| t.0))?;
+        let (lease, _) = contention::lease_for(&state, &caller, body.lease, body.ttl.map(|t| t.0))?;
         let client = lease.session().await?;
         let created = match state
             .barriers
@@ -197,6 +200,6 @@ pub async fn wait(
     (status = 200, body = Vec<LockSummary>),
     (status = 503, description = "ZooKeeper unreachable", body = Problem, content_type = "application/problem+json"),
 ))]
-pub async fn list_barriers(State(state): State<AppState>) -> Result<Json<Vec<LockSummary>>, ApiError> {
-    super::contention::list_summaries(&state, state.barriers.base()).await
+pub async fn list_barriers(State(state): State<AppState>, caller: Caller) -> Result<Json<Vec<LockSummary>>, ApiError> {
+    super::contention::list_summaries(&state, &caller, state.barriers.base()).await
 }

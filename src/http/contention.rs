@@ -11,10 +11,11 @@ use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
 use super::error::{ApiError, Place};
-use super::extract::HumanDuration;
 use super::leases::LeaseView;
 use super::{millis_since, timestamp};
 use crate::AppState;
+use crate::auth::Caller;
+use crate::duration::HumanDuration;
 use crate::lease::{EndReason, Lease};
 use crate::recipes::contender::{Contender, ContenderRecord, Contenders, Next, Phase, Refused, Role, read_contenders};
 use crate::recipes::revocation::{self, Revocation};
@@ -120,9 +121,13 @@ pub struct LockSummary {
 
 /// The `GET /v1/<recipe>` listing shared by every recipe kept as one directory per name: each
 /// name under `base` with its number of children (contenders, members, items).
-pub async fn list_summaries(state: &AppState, base: &str) -> Result<Json<Vec<LockSummary>>, ApiError> {
+pub async fn list_summaries(state: &AppState, caller: &Caller, base: &str) -> Result<Json<Vec<LockSummary>>, ApiError> {
     let client = state.zk().current()?.client;
-    let names = readable_names(base, crate::recipes::contender::read_names(&client, base).await?);
+    let names = readable_names(
+        caller,
+        base,
+        crate::recipes::contender::read_names(&client, base).await?,
+    );
     Ok(Json(
         names
             .into_iter()
@@ -132,9 +137,8 @@ pub async fn list_summaries(state: &AppState, base: &str) -> Result<Json<Vec<Loc
 }
 
 /// The names under `base` (`<root>/<kind>`) that the caller may read.
-pub fn readable_names<T>(base: &str, names: Vec<(String, T)>) -> Vec<(String, T)> {
+pub fn readable_names<T>(caller: &Caller, base: &str, names: Vec<(String, T)>) -> Vec<(String, T)> {
     let kind = base.rsplit('/').next().unwrap_or_default();
-    let caller = crate::auth::current();
     names
         .into_iter()
         .filter(|(name, _)| caller.may(kind, name, crate::auth::Access::Read))
@@ -182,6 +186,7 @@ pub fn check_name(name: &str) -> Result<(), ApiError> {
 
 /// One acquire (or campaign) request, after parsing.
 pub struct Request<'a> {
+    pub caller: &'a Caller,
     pub name: &'a str,
     pub role: Role,
     /// The wait asked for (`None`: the server's maximum).
@@ -206,10 +211,11 @@ pub async fn contend(state: &AppState, registry: &Contenders, request: Request<'
     let name = request.name;
     check_name(name)?;
     let wait = state.config.wait(request.wait);
-    let (lease, own_lease) = lease_for(state, request.lease, request.ttl)?;
+    let caller = request.caller;
+    let (lease, own_lease) = lease_for(state, caller, request.lease, request.ttl)?;
     if let Err(refused) = check_waiter_limits(state, registry, &lease, name) {
         if own_lease {
-            let _ = state.leases.end(&lease.id, EndReason::Deleted).await;
+            let _ = state.leases.end(caller, &lease.id, EndReason::Deleted).await;
         }
         return Err(refused);
     }
@@ -251,7 +257,7 @@ pub async fn contend(state: &AppState, registry: &Contenders, request: Request<'
                 "ZooKeeper did not answer in time; the request left the queue",
             ))
         }
-        Phase::Lost { reason } => Err(match state.leases.get(&lease.id) {
+        Phase::Lost { reason } => Err(match state.leases.peek(&lease.id) {
             Err(lease_err) => ApiError::from(lease_err),
             Ok(_) => ApiError::gone(
                 "lock-lost",
@@ -270,6 +276,7 @@ pub async fn contend(state: &AppState, registry: &Contenders, request: Request<'
 /// An acquire of a lock: 200 with the grant, or 202 still queued.
 pub async fn acquire(
     state: &AppState,
+    caller: &Caller,
     registry: &Contenders,
     name: &str,
     role: Role,
@@ -278,6 +285,7 @@ pub async fn acquire(
 ) -> Result<Response, ApiError> {
     let body = body.unwrap_or_default();
     let request = Request {
+        caller,
         name,
         role,
         wait: params.wait.map(|w| w.0),
@@ -311,7 +319,8 @@ fn check_waiter_limits(state: &AppState, registry: &Contenders, lease: &Lease, n
                 settings.waiters_per_lock
             ),
             retry,
-        ));
+        )
+        .into());
     }
     let mine: usize = [&state.locks, &state.rwlocks, &state.elections]
         .iter()
@@ -325,7 +334,8 @@ fn check_waiter_limits(state: &AppState, registry: &Contenders, lease: &Lease, n
                 settings.waiters_per_principal
             ),
             retry,
-        ));
+        )
+        .into());
     }
     Ok(())
 }
@@ -334,6 +344,7 @@ fn check_waiter_limits(state: &AppState, registry: &Contenders, lease: &Lease, n
 /// whether it was made for this request (and should go if the request comes to nothing).
 pub fn lease_for(
     state: &AppState,
+    caller: &Caller,
     lease: Option<String>,
     ttl: Option<Duration>,
 ) -> Result<(Arc<Lease>, bool), ApiError> {
@@ -343,12 +354,12 @@ pub fn lease_for(
             "ttl",
             "only applies when no `lease` is given",
         )),
-        (Some(id), None) => Ok((state.leases.get(&id)?, false)),
+        (Some(id), None) => Ok((state.leases.get(caller, &id)?, false)),
         (None, ttl) => {
             if ttl.is_some_and(|t| t.is_zero()) {
                 return Err(ApiError::invalid(Place::Body, "ttl", "must be above zero"));
             }
-            Ok((state.leases.create(ttl, None)?, true))
+            Ok((state.leases.create(caller, ttl, None)?, true))
         }
     }
 }
@@ -357,7 +368,7 @@ pub fn lease_for(
 pub fn lease_gone(state: &AppState, lease: &Lease) -> ApiError {
     state
         .leases
-        .get(&lease.id)
+        .peek(&lease.id)
         .err()
         .map(ApiError::from)
         .unwrap_or_else(|| ApiError::not_acquired("the contender was released while it waited"))
@@ -396,7 +407,10 @@ async fn wait_for_grant(contender: &Contender, wait: Duration) -> Phase {
 async fn give_up(state: &AppState, registry: &Contenders, contender: &Arc<Contender>, own_lease: bool) {
     registry.release(contender).await;
     if own_lease {
-        let _ = state.leases.end(&contender.lease.id, EndReason::Deleted).await;
+        let _ = state
+            .leases
+            .end(&Caller::Anyone, &contender.lease.id, EndReason::Deleted)
+            .await;
     }
 }
 
@@ -462,7 +476,12 @@ pub fn contender_view(
 }
 
 /// The contender with this handle at `name`, or 404.
-pub fn find_handle(registry: &Contenders, name: &str, handle: &str) -> Result<Arc<Contender>, ApiError> {
+pub fn find_handle(
+    registry: &Contenders,
+    caller: &Caller,
+    name: &str,
+    handle: &str,
+) -> Result<Arc<Contender>, ApiError> {
     check_name(name)?;
     let contender = registry.by_handle(name, handle).ok_or_else(|| {
         ApiError::not_found(
@@ -470,7 +489,7 @@ pub fn find_handle(registry: &Contenders, name: &str, handle: &str) -> Result<Ar
             format!("no handle `{handle}` for lock `{name}` on this instance"),
         )
     })?;
-    contender.lease.check_owner()?;
+    contender.lease.check_owner(caller)?;
     Ok(contender)
 }
 
@@ -579,6 +598,7 @@ const MAX_TEXT: usize = 500;
 /// node's role from its name (reader or writer), which decides who holds.
 pub async fn revoke(
     state: &AppState,
+    caller: &Caller,
     registry: &Contenders,
     kind: &str,
     name: &str,
@@ -623,7 +643,6 @@ pub async fn revoke(
     }
     // Only the holder's own principal, or an admin, may take it back (Curator's and kazoo's
     // holders have no principal: admins only).
-    let caller = crate::auth::current();
     for target in &targets {
         let owner = serde_json::from_slice::<serde_json::Value>(&target.data)
             .ok()

@@ -11,8 +11,10 @@ use zookeeper_client::{Client, CreateMode, Error as ZkError};
 
 use super::contention::{self, LockSummary, check_name};
 use super::error::{ApiError, Place, Problem};
-use super::extract::{ApiJson, ApiPath, ApiQuery, HumanDuration};
+use super::extract::{ApiJson, ApiPath, ApiQuery};
 use crate::AppState;
+use crate::auth::Caller;
+use crate::duration::HumanDuration;
 use crate::recipes::double_barrier::{self, LeaveStep, READY};
 use crate::recipes::ephemeral::BindError;
 use crate::zk::names::validate_name;
@@ -150,6 +152,7 @@ async fn settle_size(client: &Client, dir: &str, name: &str, size: u32) -> Resul
     ))]
 pub async fn enter(
     State(state): State<AppState>,
+    caller: Caller,
     ApiPath(name): ApiPath<String>,
     ApiQuery(query): ApiQuery<WaitQuery>,
     ApiJson(body): ApiJson<EnterBody>,
@@ -171,7 +174,7 @@ pub async fn enter(
         }
         Some(_) => return Err(taken(&name, &body.participant)),
         None => {
-            let (lease, _) = contention::lease_for(&state, body.lease, body.ttl.map(|t| t.0))?;
+            let (lease, _) = contention::lease_for(&state, &caller, body.lease, body.ttl.map(|t| t.0))?;
             let client = lease.session().await?;
             settle_size(&client, &dir, &name, body.size).await?;
             let node = match state
@@ -242,6 +245,7 @@ fn taken(name: &str, participant: &str) -> ApiError {
     ))]
 pub async fn leave(
     State(state): State<AppState>,
+    caller: Caller,
     ApiPath(name): ApiPath<String>,
     ApiQuery(query): ApiQuery<WaitQuery>,
     ApiJson(body): ApiJson<LeaveBody>,
@@ -252,7 +256,7 @@ pub async fn leave(
     // On the participant's own session if it entered here, which sees its own removal at once.
     let client = match state.double_barriers.get(&name, &body.participant) {
         Some(node) => {
-            node.lease.check_owner()?;
+            node.lease.check_owner(&caller)?;
             node.lease.session().await?
         }
         None => state.zk().connected().await?.client,
@@ -263,13 +267,13 @@ pub async fn leave(
         let inside = double_barrier::participants(&client, &dir).await?;
         let target = match double_barrier::next_leave_step(&inside, me) {
             LeaveStep::Done => {
-                remove_participant(&state, &client, &dir, &name, me).await?;
+                remove_participant(&state, &caller, &client, &dir, &name, me).await?;
                 double_barrier::clear_ready(&client, &dir).await?;
                 break true;
             }
             LeaveStep::WaitFor(highest) => highest.to_string(),
             LeaveStep::RemoveAndWaitFor(lowest) => {
-                remove_participant(&state, &client, &dir, &name, me).await?;
+                remove_participant(&state, &caller, &client, &dir, &name, me).await?;
                 lowest.to_string()
             }
         };
@@ -295,13 +299,14 @@ pub async fn leave(
 /// directly (ZooKeeper lets any session delete an ephemeral node).
 async fn remove_participant(
     state: &AppState,
+    caller: &Caller,
     client: &Client,
     dir: &str,
     name: &str,
     me: &str,
 ) -> Result<(), ApiError> {
     if let Some(node) = state.double_barriers.get(name, me) {
-        node.lease.check_owner()?;
+        node.lease.check_owner(caller)?;
         node.remove().await;
         return Ok(());
     }
@@ -350,6 +355,9 @@ pub async fn double_barrier_state(
     (status = 200, body = Vec<LockSummary>),
     (status = 503, description = "ZooKeeper unreachable", body = Problem, content_type = "application/problem+json"),
 ))]
-pub async fn list_double_barriers(State(state): State<AppState>) -> Result<Json<Vec<LockSummary>>, ApiError> {
-    super::contention::list_summaries(&state, state.double_barriers.base()).await
+pub async fn list_double_barriers(
+    State(state): State<AppState>,
+    caller: Caller,
+) -> Result<Json<Vec<LockSummary>>, ApiError> {
+    super::contention::list_summaries(&state, &caller, state.double_barriers.base()).await
 }

@@ -11,10 +11,12 @@ use serde::{Deserialize, Serialize};
 
 use super::contention::{self, ContenderView, HandleQuery, HandleView, LockSummary, Request, check_name, find_handle};
 use super::error::{ApiError, Problem};
-use super::extract::{ApiJson, ApiPath, ApiQuery, HumanDuration};
+use super::extract::{ApiJson, ApiPath, ApiQuery};
 use super::leases::LeaseView;
 use super::timestamp;
 use crate::AppState;
+use crate::auth::Caller;
+use crate::duration::HumanDuration;
 use crate::recipes::contender::{Contender, Phase, Role, read_contenders};
 use crate::recipes::election::{self, ACK_NODE, Acknowledgement};
 use crate::zk::retry_on_loss;
@@ -132,12 +134,14 @@ pub struct Proclamation {
     ))]
 pub async fn campaign(
     State(state): State<AppState>,
+    caller: Caller,
     ApiPath(name): ApiPath<String>,
     ApiQuery(params): ApiQuery<CampaignParams>,
     ApiJson(body): ApiJson<Option<CampaignBody>>,
 ) -> Result<Response, ApiError> {
     let body = body.unwrap_or_default();
     let request = Request {
+        caller: &caller,
         name: &name,
         role: Role::Candidate,
         wait: params.wait.map(|w| w.0),
@@ -229,8 +233,8 @@ pub async fn election_state(
     (status = 200, body = Vec<LockSummary>),
     (status = 503, description = "ZooKeeper unreachable", body = Problem, content_type = "application/problem+json"),
 ))]
-pub async fn list_elections(State(state): State<AppState>) -> Result<Json<Vec<LockSummary>>, ApiError> {
-    super::contention::list_summaries(&state, state.elections.base()).await
+pub async fn list_elections(State(state): State<AppState>, caller: Caller) -> Result<Json<Vec<LockSummary>>, ApiError> {
+    super::contention::list_summaries(&state, &caller, state.elections.base()).await
 }
 
 /// Changes the value the leader proclaims. Only the leader may: anyone else gets 409.
@@ -246,10 +250,11 @@ pub async fn list_elections(State(state): State<AppState>) -> Result<Json<Vec<Lo
     ))]
 pub async fn proclaim(
     State(state): State<AppState>,
+    caller: Caller,
     ApiPath(name): ApiPath<String>,
     ApiJson(body): ApiJson<Proclamation>,
 ) -> Result<Json<LeaderView>, ApiError> {
-    let contender = find_handle(&state.elections, &name, &body.handle)?;
+    let contender = find_handle(&state.elections, &caller, &name, &body.handle)?;
     let current = contender.state();
     let (Phase::Held { .. }, Some(node)) = (&current.phase, &current.node) else {
         return Err(not_leader(&name, &contender));
@@ -300,10 +305,11 @@ fn not_leader(name: &str, contender: &Contender) -> ApiError {
     ))]
 pub async fn get_candidate(
     State(state): State<AppState>,
+    caller: Caller,
     ApiPath((name, handle)): ApiPath<(String, String)>,
     ApiQuery(query): ApiQuery<HandleQuery>,
 ) -> Result<Json<HandleView>, ApiError> {
-    let contender = find_handle(&state.elections, &name, &handle)?;
+    let contender = find_handle(&state.elections, &caller, &name, &handle)?;
     contention::wait_for_news(&state, &contender, query.wait).await;
     Ok(Json(
         contention::handle_view(&state, &state.elections, &contender).await,
@@ -322,7 +328,12 @@ pub async fn get_candidate(
     ))]
 pub async fn resign(
     State(state): State<AppState>,
+    caller: Caller,
     ApiPath((name, handle)): ApiPath<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
-    contention::release(&state.elections, &find_handle(&state.elections, &name, &handle)?).await
+    contention::release(
+        &state.elections,
+        &find_handle(&state.elections, &caller, &name, &handle)?,
+    )
+    .await
 }

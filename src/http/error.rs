@@ -269,6 +269,19 @@ impl From<ZkError> for ApiError {
     }
 }
 
+impl From<crate::limits::Refusal> for ApiError {
+    fn from(refusal: crate::limits::Refusal) -> ApiError {
+        let seconds = refusal.retry_after.as_secs_f64().ceil() as u64;
+        ApiError::too_many(refusal.slug, "Limit reached", refusal.detail, seconds)
+    }
+}
+
+impl From<crate::auth::Forbidden> for ApiError {
+    fn from(err: crate::auth::Forbidden) -> ApiError {
+        ApiError::forbidden(err.0)
+    }
+}
+
 impl From<Unavailable> for ApiError {
     fn from(err: Unavailable) -> ApiError {
         ApiError::unavailable(err.to_string())

@@ -3,14 +3,11 @@
 //! axum's own extractors answer bad input with plain-text bodies; these wrap them so that a
 //! client always gets `application/problem+json` with the field, parameter or header at fault.
 
-use std::time::Duration;
-
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, PathRejection};
 use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::request::Parts;
 use serde::de::DeserializeOwned;
-use serde::{Deserialize, Deserializer};
 
 use super::error::{ApiError, Place};
 
@@ -105,55 +102,5 @@ impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for ApiPath
             .await
             .map(|p| ApiPath(p.0))
             .map_err(|rejection: PathRejection| ApiError::invalid(Place::Path, "path", rejection.body_text()))
-    }
-}
-
-/// A duration written the human way: `500ms`, `5s`, `1m 30s`, `0`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct HumanDuration(pub Duration);
-
-impl<'de> Deserialize<'de> for HumanDuration {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let text = String::deserialize(deserializer)?;
-        parse_duration(&text)
-            .map(HumanDuration)
-            .map_err(serde::de::Error::custom)
-    }
-}
-
-/// Parses `0`, `250ms`, `5s`, `2m`, `1h 30m` (humantime syntax).
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    if text == "0" {
-        return Ok(Duration::ZERO);
-    }
-    humantime::parse_duration(text)
-        .map_err(|e| format!("`{text}` is not a duration ({e}); write it like `500ms`, `5s` or `1m`"))
-}
-
-impl utoipa::PartialSchema for HumanDuration {
-    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
-        utoipa::openapi::ObjectBuilder::new()
-            .schema_type(utoipa::openapi::schema::Type::String)
-            .description(Some("A duration: `500ms`, `5s`, `1m 30s`, `0`."))
-            .examples([serde_json::json!("30s")])
-            .into()
-    }
-}
-
-impl utoipa::ToSchema for HumanDuration {}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
-        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
-        assert_eq!(parse_duration("1m 30s"), Ok(Duration::from_secs(90)));
-        assert!(parse_duration("soon").is_err());
-        assert!(parse_duration("5").is_err());
-        assert!(parse_duration("-5s").is_err());
     }
 }

@@ -19,7 +19,7 @@ use axum::response::{IntoResponse, Response};
 
 use super::error::ApiError;
 use crate::AppState;
-use crate::instances::owner_of;
+use crate::ids::owner_of;
 
 /// Marks a forwarded request (its value: the instance that forwarded it).
 pub const FORWARDED_BY: &str = "zkgate-forwarded-by";
@@ -78,7 +78,10 @@ fn member_node(state: &AppState, path: &str) -> Option<String> {
     let ["v1", "groups", group, "members", member] = segments.as_slice() else {
         return None;
     };
-    let (group, member) = (crate::auth::percent_decode(group), crate::auth::percent_decode(member));
+    let (group, member) = (
+        crate::http::auth::percent_decode(group),
+        crate::http::auth::percent_decode(member),
+    );
     let valid = |name: &str| crate::zk::names::validate_name(name).is_ok();
     if !valid(&group) || !valid(&member) || state.groups.get(&group, &member).is_some() {
         return None;
@@ -186,7 +189,7 @@ fn instance_gone(owner: &str) -> ApiError {
 /// the system's CAs and this instance's own certificate chain (instances of one deployment
 /// usually share a CA).
 pub fn peer_client(config: &crate::config::ServeConfig) -> reqwest::Client {
-    crate::install_crypto_provider();
+    crate::tls::install_crypto_provider();
     let mut builder = reqwest::Client::builder().pool_max_idle_per_host(64).tcp_nodelay(true);
     if let Some(pem) = config.tls_cert.as_ref().and_then(|cert| std::fs::read(cert).ok())
         && let Ok(certs) = reqwest::Certificate::from_pem_bundle(&pem)

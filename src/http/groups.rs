@@ -12,10 +12,12 @@ use zookeeper_client::{Client, Error as ZkError};
 
 use super::contention::check_name;
 use super::error::{ApiError, Place, Problem};
-use super::extract::{ApiJson, ApiPath, ApiQuery, HumanDuration};
+use super::extract::{ApiJson, ApiPath, ApiQuery};
 use super::leases::LeaseView;
 use super::timestamp;
 use crate::AppState;
+use crate::auth::Caller;
+use crate::duration::HumanDuration;
 use crate::recipes::ephemeral::{BindError, BoundNode};
 use crate::zk::names::validate_name;
 use crate::zk::retry_on_loss;
@@ -115,6 +117,7 @@ fn names(group: &str, member: Option<&str>) -> Result<(), ApiError> {
     ))]
 pub async fn join(
     State(state): State<AppState>,
+    caller: Caller,
     ApiPath((group, member)): ApiPath<(String, String)>,
     ApiJson(body): ApiJson<Option<JoinBody>>,
 ) -> Result<Response, ApiError> {
@@ -135,12 +138,12 @@ pub async fn join(
                 "only applies when no `lease` is given",
             ));
         }
-        (Some(id), None) => state.leases.get(id)?,
+        (Some(id), None) => state.leases.get(&caller, id)?,
         (None, ttl) => {
             if ttl.is_some_and(|t| t.0.is_zero()) {
                 return Err(ApiError::invalid(Place::Body, "ttl", "must be above zero"));
             }
-            state.leases.create(ttl.map(|t| t.0), None)?
+            state.leases.create(&caller, ttl.map(|t| t.0), None)?
         }
     };
     let client = lease.session().await?;
@@ -153,7 +156,7 @@ pub async fn join(
         Err(BindError::Taken) => Err(taken(&group, &member)),
         Err(BindError::LeaseEnded) => Err(state
             .leases
-            .get(&lease.id)
+            .peek(&lease.id)
             .err()
             .map(ApiError::from)
             .unwrap_or_else(|| ApiError::gone("lease-ended", "Lease ended", "the lease ended while joining"))),
@@ -188,6 +191,7 @@ fn taken(group: &str, member: &str) -> ApiError {
     ))]
 pub async fn leave(
     State(state): State<AppState>,
+    caller: Caller,
     ApiPath((group, member)): ApiPath<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
     names(&group, Some(&member))?;
@@ -197,7 +201,7 @@ pub async fn leave(
             format!("no member `{member}` of `{group}` joined through this instance"),
         ));
     };
-    joined.lease.check_owner()?;
+    joined.lease.check_owner(&caller)?;
     joined.remove().await;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -297,9 +301,10 @@ async fn read_group(client: &Client, dir: &str, group: String) -> Result<GroupVi
     (status = 200, body = Vec<GroupSummary>),
     (status = 503, description = "ZooKeeper unreachable", body = Problem, content_type = "application/problem+json"),
 ))]
-pub async fn list_groups(State(state): State<AppState>) -> Result<Json<Vec<GroupSummary>>, ApiError> {
+pub async fn list_groups(State(state): State<AppState>, caller: Caller) -> Result<Json<Vec<GroupSummary>>, ApiError> {
     let client = state.zk().current()?.client;
     let names = super::contention::readable_names(
+        &caller,
         state.groups.base(),
         crate::recipes::contender::read_names(&client, state.groups.base()).await?,
     );

@@ -81,6 +81,26 @@ pub async fn metrics(State(state): State<AppState>) -> impl axum::response::Into
             axum::http::header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        crate::metrics::render(&state).await,
+        crate::metrics::render(&readings(&state).await),
     )
+}
+
+/// The gauges read at each scrape: the primary session, the instance's leases and topics,
+/// and the queues' counts from ZooKeeper (none when it cannot be read now).
+async fn readings(state: &AppState) -> crate::metrics::Readings {
+    let status = state.zk().status();
+    let queues = match state.zk().current() {
+        Ok(session) => crate::recipes::queue::counts(&session.client, state.queues.base())
+            .await
+            .ok(),
+        Err(_) => None,
+    };
+    crate::metrics::Readings {
+        zookeeper_connected: status.client.is_some() && status.connection == Connection::Connected,
+        session_generation: status.generation,
+        connections: status.connects,
+        leases: state.leases.count(),
+        topics: state.events.topics(),
+        queues,
+    }
 }

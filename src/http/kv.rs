@@ -10,8 +10,10 @@ use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 
 use super::error::{ApiError, Place, Problem};
-use super::extract::{ApiPath, ApiQuery, HumanDuration};
+use super::extract::{ApiPath, ApiQuery};
 use crate::AppState;
+use crate::auth::Caller;
+use crate::duration::HumanDuration;
 use crate::recipes::config::{self, Condition, WriteError};
 use crate::zk::names::validate_name;
 
@@ -317,6 +319,7 @@ pub async fn delete_value(
     ))]
 pub async fn list_keys(
     State(state): State<AppState>,
+    caller: Caller,
     ApiQuery(query): ApiQuery<ListQuery>,
 ) -> Result<axum::Json<KeyList>, ApiError> {
     let prefix = query.prefix.unwrap_or_default();
@@ -331,7 +334,6 @@ pub async fn list_keys(
         Some(keys) => {
             // Only the keys the caller may read (a principal limited to `app/` lists with
             // `?prefix=app`).
-            let caller = crate::auth::current();
             let keys = keys
                 .into_iter()
                 .filter(|key| {

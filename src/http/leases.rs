@@ -7,9 +7,11 @@ use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 
 use super::error::{ApiError, Place, Problem};
-use super::extract::{ApiJson, ApiPath, HumanDuration};
+use super::extract::{ApiJson, ApiPath};
 use super::{millis_since, timestamp};
 use crate::AppState;
+use crate::auth::Caller;
+use crate::duration::HumanDuration;
 use crate::lease::{EndReason, HoldingView, Lease};
 
 /// The header that makes a lease creation safe to retry.
@@ -95,6 +97,7 @@ pub struct LeaseSummary {
     ))]
 pub async fn create_lease(
     State(state): State<AppState>,
+    caller: Caller,
     headers: HeaderMap,
     ApiJson(body): ApiJson<Option<CreateLease>>,
 ) -> Result<Response, ApiError> {
@@ -103,7 +106,7 @@ pub async fn create_lease(
     if ttl.is_some_and(|t| t.is_zero()) {
         return Err(ApiError::invalid(Place::Body, "ttl", "must be above zero"));
     }
-    let lease = state.leases.create(ttl, key)?;
+    let lease = state.leases.create(&caller, ttl, key)?;
     let location =
         HeaderValue::from_str(&format!("/v1/leases/{}", lease.id)).map_err(|e| ApiError::internal(e.to_string()))?;
     Ok((
@@ -133,11 +136,11 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
 
 /// Lists the live leases of this instance, oldest first.
 #[utoipa::path(get, path = "/v1/leases", tag = "leases", responses((status = 200, body = Vec<LeaseSummary>)))]
-pub async fn list_leases(State(state): State<AppState>) -> Json<Vec<LeaseSummary>> {
+pub async fn list_leases(State(state): State<AppState>, caller: Caller) -> Json<Vec<LeaseSummary>> {
     Json(
         state
             .leases
-            .list()
+            .list(&caller)
             .iter()
             .map(|l| LeaseSummary {
                 id: l.id.clone(),
@@ -160,9 +163,10 @@ pub async fn list_leases(State(state): State<AppState>) -> Json<Vec<LeaseSummary
     ))]
 pub async fn get_lease(
     State(state): State<AppState>,
+    caller: Caller,
     ApiPath(id): ApiPath<String>,
 ) -> Result<Json<LeaseView>, ApiError> {
-    let lease = state.leases.get(&id)?;
+    let lease = state.leases.get(&caller, &id)?;
     Ok(Json(LeaseView::of(&lease)))
 }
 
@@ -177,9 +181,10 @@ pub async fn get_lease(
     ))]
 pub async fn keepalive(
     State(state): State<AppState>,
+    caller: Caller,
     ApiPath(id): ApiPath<String>,
 ) -> Result<Json<LeaseView>, ApiError> {
-    let lease = state.leases.keepalive(&id)?;
+    let lease = state.leases.keepalive(&caller, &id)?;
     Ok(Json(LeaseView::of(&lease)))
 }
 
@@ -192,7 +197,11 @@ pub async fn keepalive(
         (status = 404, description = "No such lease", body = Problem, content_type = "application/problem+json"),
         (status = 410, description = "The lease had already ended", body = Problem, content_type = "application/problem+json"),
     ))]
-pub async fn delete_lease(State(state): State<AppState>, ApiPath(id): ApiPath<String>) -> Result<StatusCode, ApiError> {
-    state.leases.end(&id, EndReason::Deleted).await?;
+pub async fn delete_lease(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiPath(id): ApiPath<String>,
+) -> Result<StatusCode, ApiError> {
+    state.leases.end(&caller, &id, EndReason::Deleted).await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -13,6 +13,7 @@ use super::contention::{
 use super::error::{ApiError, Problem};
 use super::extract::{ApiJson, ApiPath, ApiQuery};
 use crate::AppState;
+use crate::auth::Caller;
 use crate::recipes::contender::{Role, read_contenders};
 use crate::recipes::revocation::{AUDIT_KEPT, Revocation, read_audit};
 
@@ -48,11 +49,12 @@ pub struct LockState {
     ))]
 pub async fn acquire(
     State(state): State<AppState>,
+    caller: Caller,
     ApiPath(name): ApiPath<String>,
     ApiQuery(params): ApiQuery<AcquireParams>,
     ApiJson(body): ApiJson<Option<AcquireBody>>,
 ) -> Result<Response, ApiError> {
-    contention::acquire(&state, &state.locks, &name, Role::Exclusive, params, body).await
+    contention::acquire(&state, &caller, &state.locks, &name, Role::Exclusive, params, body).await
 }
 
 /// Reads a lock's holder and waiters from ZooKeeper.
@@ -90,8 +92,8 @@ pub async fn lock_state(
     (status = 200, body = Vec<LockSummary>),
     (status = 503, description = "ZooKeeper unreachable", body = Problem, content_type = "application/problem+json"),
 ))]
-pub async fn list_locks(State(state): State<AppState>) -> Result<Json<Vec<LockSummary>>, ApiError> {
-    super::contention::list_summaries(&state, state.locks.base()).await
+pub async fn list_locks(State(state): State<AppState>, caller: Caller) -> Result<Json<Vec<LockSummary>>, ApiError> {
+    super::contention::list_summaries(&state, &caller, state.locks.base()).await
 }
 
 /// Reads a handle: waiting (with position), held (with fencing token) or lost (with reason).
@@ -104,10 +106,11 @@ pub async fn list_locks(State(state): State<AppState>) -> Result<Json<Vec<LockSu
     ))]
 pub async fn get_handle(
     State(state): State<AppState>,
+    caller: Caller,
     ApiPath((name, handle)): ApiPath<(String, String)>,
     ApiQuery(query): ApiQuery<HandleQuery>,
 ) -> Result<Json<HandleView>, ApiError> {
-    let contender = find_handle(&state.locks, &name, &handle)?;
+    let contender = find_handle(&state.locks, &caller, &name, &handle)?;
     contention::wait_for_news(&state, &contender, query.wait).await;
     Ok(Json(contention::handle_view(&state, &state.locks, &contender).await))
 }
@@ -124,9 +127,10 @@ pub async fn get_handle(
     ))]
 pub async fn release(
     State(state): State<AppState>,
+    caller: Caller,
     ApiPath((name, handle)): ApiPath<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
-    contention::release(&state.locks, &find_handle(&state.locks, &name, &handle)?).await
+    contention::release(&state.locks, &find_handle(&state.locks, &caller, &name, &handle)?).await
 }
 
 /// Asks the holder(s) of a lock to give it up. Each holder learns it on its handle
@@ -145,10 +149,11 @@ pub async fn release(
     ))]
 pub async fn revoke(
     State(state): State<AppState>,
+    caller: Caller,
     ApiPath(name): ApiPath<String>,
     ApiJson(body): ApiJson<RevokeBody>,
 ) -> Result<Response, ApiError> {
-    contention::revoke(&state, &state.locks, "lock", &name, |_| Role::Exclusive, body).await
+    contention::revoke(&state, &caller, &state.locks, "lock", &name, |_| Role::Exclusive, body).await
 }
 
 /// Query of the revocation audit log.
@@ -169,11 +174,11 @@ pub struct AuditQuery {
     ))]
 pub async fn revocations(
     State(state): State<AppState>,
+    caller: Caller,
     ApiQuery(query): ApiQuery<AuditQuery>,
 ) -> Result<Json<Vec<Revocation>>, ApiError> {
     let limit = query.limit.unwrap_or(100).min(AUDIT_KEPT);
     let client = state.zk().current()?.client;
-    let caller = crate::auth::current();
     let mut records = read_audit(&client, &format!("{}/revocations", state.config.root), limit).await?;
     records.retain(|r| caller.may(&format!("{}s", r.kind), &r.lock, crate::auth::Access::Read));
     Ok(Json(records))

@@ -2,6 +2,7 @@
 //! the router that ties them to the OpenAPI description (the router and the spec are built
 //! from the same handler list, so they cannot disagree).
 
+pub mod auth;
 mod barriers;
 mod contention;
 mod double_barriers;
@@ -13,6 +14,7 @@ mod groups;
 mod health;
 mod kv;
 pub mod leases;
+mod limits;
 mod locks;
 pub mod origin;
 mod queues;
@@ -208,30 +210,24 @@ pub fn router(state: AppState) -> Router {
     let docs = SwaggerUi::new("/docs")
         .url("/openapi.json", spec)
         .config(SwaggerConfig::default().validator_url("none"));
-    api.layer(axum::middleware::from_fn_with_state(
-        state.clone(),
-        crate::limits::rate_limit,
-    ))
-    .layer(axum::middleware::from_fn(crate::auth::authorize))
-    .merge(docs)
-    .route("/", axum::routing::get(index))
-    .fallback(no_route)
-    .method_not_allowed_fallback(method_not_allowed)
-    .layer(DefaultBodyLimit::max(BODY_LIMIT_BYTES))
-    // After authentication (a stranger is refused here), before everything else (the owner
-    // authorises, limits and serves).
-    .layer(axum::middleware::from_fn_with_state(state.clone(), forward::forward))
-    .layer(axum::middleware::from_fn_with_state(
-        state.clone(),
-        crate::auth::authenticate,
-    ))
-    .layer(axum::middleware::from_fn_with_state(
-        state.clone(),
-        origin::check_origin,
-    ))
-    .layer(origin::cors(&state.config.cors_origin))
-    .layer(TraceLayer::new_for_http())
-    .with_state(state)
+    api.layer(axum::middleware::from_fn_with_state(state.clone(), limits::rate_limit))
+        .layer(axum::middleware::from_fn(auth::authorize))
+        .merge(docs)
+        .route("/", axum::routing::get(index))
+        .fallback(no_route)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(BODY_LIMIT_BYTES))
+        // After authentication (a stranger is refused here), before everything else (the owner
+        // authorises, limits and serves).
+        .layer(axum::middleware::from_fn_with_state(state.clone(), forward::forward))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), auth::authenticate))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            origin::check_origin,
+        ))
+        .layer(origin::cors(&state.config.cors_origin))
+        .layer(TraceLayer::new_for_http())
+        .with_state(state)
 }
 
 /// The API alone (no docs, no status page), for requests that arrive over a WebSocket
@@ -245,7 +241,7 @@ pub fn api(state: AppState) -> Router {
         api_router()
             .split_for_parts()
             .0
-            .layer(axum::middleware::from_fn(crate::auth::authorize))
+            .layer(axum::middleware::from_fn(auth::authorize))
             .fallback(no_route)
             .method_not_allowed_fallback(method_not_allowed)
             .layer(DefaultBodyLimit::max(BODY_LIMIT_BYTES))

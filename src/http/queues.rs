@@ -14,9 +14,11 @@ use tokio::time::Instant;
 
 use super::contention::{LockSummary, check_name};
 use super::error::{ApiError, Place, Problem};
-use super::extract::{ApiPath, ApiQuery, HumanDuration};
+use super::extract::{ApiPath, ApiQuery};
 use super::{millis_since, timestamp};
 use crate::AppState;
+use crate::auth::Caller;
+use crate::duration::HumanDuration;
 use crate::recipes::queue::service::Claim;
 use crate::recipes::queue::{self, Envelope, Put, Taken};
 use crate::zk::names::validate_name;
@@ -275,6 +277,7 @@ pub async fn put(
     ))]
 pub async fn take(
     State(state): State<AppState>,
+    caller: Caller,
     ApiPath(name): ApiPath<String>,
     ApiQuery(query): ApiQuery<TakeQuery>,
 ) -> Result<Response, ApiError> {
@@ -303,6 +306,7 @@ pub async fn take(
         .queues
         .take(
             &name,
+            caller.name(),
             ack_deadline,
             state.config.queue_max_deliveries,
             Instant::now() + wait,
@@ -365,11 +369,12 @@ fn claim_lost(claim: &str) -> ApiError {
     ))]
 pub async fn ack(
     State(state): State<AppState>,
+    caller: Caller,
     ApiPath((name, claim)): ApiPath<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
     check_name(&name)?;
     let held = state.queues.claim(&name, &claim).ok_or_else(|| claim_lost(&claim))?;
-    crate::auth::current().require_owner(held.owner.as_deref(), &format!("claim `{claim}`"))?;
+    caller.require_owner(held.owner.as_deref(), &format!("claim `{claim}`"))?;
     let client = state.zk().connected().await?.client;
     let acked = queue::ack(&client, &state.queues.paths(&name), &held.item, &held.data).await?;
     state.queues.forget(&claim);
@@ -396,11 +401,12 @@ pub async fn ack(
     ))]
 pub async fn nack(
     State(state): State<AppState>,
+    caller: Caller,
     ApiPath((name, claim)): ApiPath<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
     check_name(&name)?;
     let held = state.queues.claim(&name, &claim).ok_or_else(|| claim_lost(&claim))?;
-    crate::auth::current().require_owner(held.owner.as_deref(), &format!("claim `{claim}`"))?;
+    caller.require_owner(held.owner.as_deref(), &format!("claim `{claim}`"))?;
     let client = state.zk().connected().await?.client;
     let released = queue::release_claim(&client, &state.queues.paths(&name), &held.item, &held.data).await?;
     state.queues.forget(&claim);
@@ -512,6 +518,6 @@ pub async fn replay(
     (status = 200, body = Vec<LockSummary>),
     (status = 503, description = "ZooKeeper unreachable", body = Problem, content_type = "application/problem+json"),
 ))]
-pub async fn list_queues(State(state): State<AppState>) -> Result<Json<Vec<LockSummary>>, ApiError> {
-    super::contention::list_summaries(&state, state.queues.base()).await
+pub async fn list_queues(State(state): State<AppState>, caller: Caller) -> Result<Json<Vec<LockSummary>>, ApiError> {
+    super::contention::list_summaries(&state, &caller, state.queues.base()).await
 }

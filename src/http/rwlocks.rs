@@ -13,6 +13,7 @@ use super::contention::{
 use super::error::{ApiError, Problem};
 use super::extract::{ApiJson, ApiPath, ApiQuery};
 use crate::AppState;
+use crate::auth::Caller;
 use crate::recipes::contender::{Next, Role, read_contenders};
 use crate::recipes::rwlock::is_reader;
 
@@ -43,11 +44,12 @@ pub struct RwLockState {
     ))]
 pub async fn read(
     State(state): State<AppState>,
+    caller: Caller,
     ApiPath(name): ApiPath<String>,
     ApiQuery(params): ApiQuery<AcquireParams>,
     ApiJson(body): ApiJson<Option<AcquireBody>>,
 ) -> Result<Response, ApiError> {
-    contention::acquire(&state, &state.rwlocks, &name, Role::Read, params, body).await
+    contention::acquire(&state, &caller, &state.rwlocks, &name, Role::Read, params, body).await
 }
 
 /// Acquires the write lock, waiting up to `wait`: granted when nobody is ahead in the queue.
@@ -67,11 +69,12 @@ pub async fn read(
     ))]
 pub async fn write(
     State(state): State<AppState>,
+    caller: Caller,
     ApiPath(name): ApiPath<String>,
     ApiQuery(params): ApiQuery<AcquireParams>,
     ApiJson(body): ApiJson<Option<AcquireBody>>,
 ) -> Result<Response, ApiError> {
-    contention::acquire(&state, &state.rwlocks, &name, Role::Write, params, body).await
+    contention::acquire(&state, &caller, &state.rwlocks, &name, Role::Write, params, body).await
 }
 
 /// Reads a read/write lock's holders and waiters from ZooKeeper.
@@ -113,8 +116,8 @@ pub async fn rwlock_state(
     (status = 200, body = Vec<LockSummary>),
     (status = 503, description = "ZooKeeper unreachable", body = Problem, content_type = "application/problem+json"),
 ))]
-pub async fn list_rwlocks(State(state): State<AppState>) -> Result<Json<Vec<LockSummary>>, ApiError> {
-    super::contention::list_summaries(&state, state.rwlocks.base()).await
+pub async fn list_rwlocks(State(state): State<AppState>, caller: Caller) -> Result<Json<Vec<LockSummary>>, ApiError> {
+    super::contention::list_summaries(&state, &caller, state.rwlocks.base()).await
 }
 
 /// Reads a handle: waiting (with position), held (with fencing token) or lost (with reason).
@@ -127,10 +130,11 @@ pub async fn list_rwlocks(State(state): State<AppState>) -> Result<Json<Vec<Lock
     ))]
 pub async fn get_handle(
     State(state): State<AppState>,
+    caller: Caller,
     ApiPath((name, handle)): ApiPath<(String, String)>,
     ApiQuery(query): ApiQuery<HandleQuery>,
 ) -> Result<Json<HandleView>, ApiError> {
-    let contender = find_handle(&state.rwlocks, &name, &handle)?;
+    let contender = find_handle(&state.rwlocks, &caller, &name, &handle)?;
     contention::wait_for_news(&state, &contender, query.wait).await;
     Ok(Json(contention::handle_view(&state, &state.rwlocks, &contender).await))
 }
@@ -146,9 +150,10 @@ pub async fn get_handle(
     ))]
 pub async fn release(
     State(state): State<AppState>,
+    caller: Caller,
     ApiPath((name, handle)): ApiPath<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
-    contention::release(&state.rwlocks, &find_handle(&state.rwlocks, &name, &handle)?).await
+    contention::release(&state.rwlocks, &find_handle(&state.rwlocks, &caller, &name, &handle)?).await
 }
 
 /// Asks the holder(s) of a read/write lock to give it up. Each holder learns it on its handle
@@ -167,10 +172,11 @@ pub async fn release(
     ))]
 pub async fn revoke(
     State(state): State<AppState>,
+    caller: Caller,
     ApiPath(name): ApiPath<String>,
     ApiJson(body): ApiJson<RevokeBody>,
 ) -> Result<Response, ApiError> {
-    contention::revoke(&state, &state.rwlocks, "rwlock", &name, rw_role, body).await
+    contention::revoke(&state, &caller, &state.rwlocks, "rwlock", &name, rw_role, body).await
 }
 
 fn rw_role(node: &str) -> Role {

@@ -13,10 +13,12 @@ use tokio::time::Instant;
 
 use super::contention::{self, AcquireBody, ContenderView, LockSummary, check_name};
 use super::error::{ApiError, Place, Problem};
-use super::extract::{ApiJson, ApiPath, ApiQuery, HumanDuration};
+use super::extract::{ApiJson, ApiPath, ApiQuery};
 use super::leases::LeaseView;
 use super::timestamp;
 use crate::AppState;
+use crate::auth::Caller;
+use crate::duration::HumanDuration;
 use crate::lease::EndReason;
 use crate::recipes::contender::{Phase, read_contenders};
 use crate::recipes::semaphore::{Permit, Settle, settle_permits};
@@ -107,6 +109,7 @@ fn permit_view(permit: &Permit) -> PermitView {
     ))]
 pub async fn acquire(
     State(state): State<AppState>,
+    caller: Caller,
     ApiPath(name): ApiPath<String>,
     ApiQuery(params): ApiQuery<PermitParams>,
     ApiJson(body): ApiJson<Option<AcquireBody>>,
@@ -121,7 +124,7 @@ pub async fn acquire(
     }
     let body = body.unwrap_or_default();
     let wait = state.config.wait(params.wait.map(|w| w.0));
-    let (lease, own_lease) = contention::lease_for(&state, body.lease, body.ttl.map(|t| t.0))?;
+    let (lease, own_lease) = contention::lease_for(&state, &caller, body.lease, body.ttl.map(|t| t.0))?;
     // On the lease's session, where the permit's driver reads the count back.
     let settled = match lease.session().await {
         Ok(client) => settle_permits(&client, &state.semaphores.dir(&name), params.permits)
@@ -131,7 +134,7 @@ pub async fn acquire(
     };
     // A lease made for this request goes with it.
     if settled.is_err() && own_lease {
-        let _ = state.leases.end(&lease.id, EndReason::Deleted).await;
+        let _ = state.leases.end(&caller, &lease.id, EndReason::Deleted).await;
     }
     match settled {
         Ok(()) => {}
@@ -192,7 +195,10 @@ enum Refusal {
 async fn give_up(state: &AppState, permit: &Arc<Permit>, own_lease: bool) {
     state.semaphores.release(permit).await;
     if own_lease {
-        let _ = state.leases.end(&permit.lease.id, EndReason::Deleted).await;
+        let _ = state
+            .leases
+            .end(&Caller::Anyone, &permit.lease.id, EndReason::Deleted)
+            .await;
     }
 }
 
@@ -251,11 +257,14 @@ pub async fn semaphore_state(
     (status = 200, body = Vec<LockSummary>),
     (status = 503, description = "ZooKeeper unreachable", body = Problem, content_type = "application/problem+json"),
 ))]
-pub async fn list_semaphores(State(state): State<AppState>) -> Result<Json<Vec<LockSummary>>, ApiError> {
-    super::contention::list_summaries(&state, state.semaphores.base()).await
+pub async fn list_semaphores(
+    State(state): State<AppState>,
+    caller: Caller,
+) -> Result<Json<Vec<LockSummary>>, ApiError> {
+    super::contention::list_summaries(&state, &caller, state.semaphores.base()).await
 }
 
-fn find(state: &AppState, name: &str, handle: &str) -> Result<Arc<Permit>, ApiError> {
+fn find(state: &AppState, caller: &Caller, name: &str, handle: &str) -> Result<Arc<Permit>, ApiError> {
     check_name(name)?;
     let permit = state.semaphores.by_handle(name, handle).ok_or_else(|| {
         ApiError::not_found(
@@ -263,7 +272,7 @@ fn find(state: &AppState, name: &str, handle: &str) -> Result<Arc<Permit>, ApiEr
             format!("no permit handle `{handle}` for `{name}` on this instance"),
         )
     })?;
-    permit.lease.check_owner()?;
+    permit.lease.check_owner(caller)?;
     Ok(permit)
 }
 
@@ -277,9 +286,10 @@ fn find(state: &AppState, name: &str, handle: &str) -> Result<Arc<Permit>, ApiEr
     ))]
 pub async fn get_permit(
     State(state): State<AppState>,
+    caller: Caller,
     ApiPath((name, handle)): ApiPath<(String, String)>,
 ) -> Result<Json<PermitView>, ApiError> {
-    let permit = find(&state, &name, &handle)?;
+    let permit = find(&state, &caller, &name, &handle)?;
     Ok(Json(permit_view(&permit)))
 }
 
@@ -293,9 +303,10 @@ pub async fn get_permit(
     ))]
 pub async fn release(
     State(state): State<AppState>,
+    caller: Caller,
     ApiPath((name, handle)): ApiPath<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
-    let permit = find(&state, &name, &handle)?;
+    let permit = find(&state, &caller, &name, &handle)?;
     state.semaphores.release(&permit).await;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -13,9 +13,11 @@ use tokio::time::Instant;
 
 use super::contention::{self, LockSummary, check_name};
 use super::error::{ApiError, Place, Problem};
-use super::extract::{ApiJson, ApiPath, ApiQuery, HumanDuration};
+use super::extract::{ApiJson, ApiPath, ApiQuery};
 use super::timestamp;
 use crate::AppState;
+use crate::auth::Caller;
+use crate::duration::HumanDuration;
 use crate::recipes::ephemeral::BindError;
 use crate::recipes::txn::{self, Decision, Record, Spec, Vote, VoteError};
 use crate::zk::names::validate_name;
@@ -108,10 +110,14 @@ fn not_found(id: &str) -> ApiError {
         (status = 409, description = "The id is taken", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "ZooKeeper unreachable", body = Problem, content_type = "application/problem+json"),
     ))]
-pub async fn create(State(state): State<AppState>, ApiJson(body): ApiJson<CreateTxn>) -> Result<Response, ApiError> {
+pub async fn create(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiJson(body): ApiJson<CreateTxn>,
+) -> Result<Response, ApiError> {
     let id = body.id.unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
     validate_name(&id).map_err(|e| ApiError::invalid(Place::Body, "id", e))?;
-    crate::auth::current().require("txns", &id, crate::auth::Access::Write)?;
+    caller.require(crate::kind::Kind::Txn.auth(), &id, crate::auth::Access::Write)?;
     if body.participants.is_empty() || body.participants.len() > MAX_PARTICIPANTS {
         return Err(ApiError::invalid(
             Place::Body,
@@ -216,12 +222,13 @@ pub async fn get_txn(
     ))]
 pub async fn register(
     State(state): State<AppState>,
+    caller: Caller,
     ApiPath((id, participant)): ApiPath<(String, String)>,
     ApiJson(body): ApiJson<Option<RegisterBody>>,
 ) -> Result<Response, ApiError> {
-    let (_, dir, _) = participant_of(&state, &id, &participant).await?;
+    let (_, dir, _) = participant_of(&state, &caller, &id, &participant).await?;
     let body = body.unwrap_or_default();
-    let (lease, _) = contention::lease_for(&state, body.lease, body.ttl.map(|t| t.0))?;
+    let (lease, _) = contention::lease_for(&state, &caller, body.lease, body.ttl.map(|t| t.0))?;
     // The member node lives on the lease's session, and is read back on it (which sees it).
     let client = lease.session().await?;
     let members = format!("{dir}/members");
@@ -259,10 +266,11 @@ pub async fn register(
     ))]
 pub async fn vote(
     State(state): State<AppState>,
+    caller: Caller,
     ApiPath((id, participant)): ApiPath<(String, String)>,
     ApiJson(body): ApiJson<VoteBody>,
 ) -> Result<Json<TxnView>, ApiError> {
-    let (client, dir, record) = participant_of(&state, &id, &participant).await?;
+    let (client, dir, record) = participant_of(&state, &caller, &id, &participant).await?;
     if let Some(decision) = &record.decision
         && record.votes.get(&participant) != Some(&body.vote)
     {
@@ -299,6 +307,7 @@ pub async fn vote(
 /// The transaction, checking that `participant` is one of it.
 async fn participant_of(
     state: &AppState,
+    caller: &Caller,
     id: &str,
     participant: &str,
 ) -> Result<(zookeeper_client::Client, String, Record), ApiError> {
@@ -306,7 +315,7 @@ async fn participant_of(
     validate_name(participant).map_err(|e| ApiError::invalid(Place::Path, "participant", e))?;
     // A participant registered here with another principal's lease is not the caller's.
     if let Some(node) = state.txn_members.get(id, participant) {
-        node.lease.check_owner()?;
+        node.lease.check_owner(caller)?;
     }
     let client = state.zk().connected().await?.client;
     let dir = state.txn_members.dir(id);
@@ -326,6 +335,6 @@ async fn participant_of(
     (status = 200, body = Vec<LockSummary>),
     (status = 503, description = "ZooKeeper unreachable", body = Problem, content_type = "application/problem+json"),
 ))]
-pub async fn list_txns(State(state): State<AppState>) -> Result<Json<Vec<LockSummary>>, ApiError> {
-    super::contention::list_summaries(&state, state.txn_members.base()).await
+pub async fn list_txns(State(state): State<AppState>, caller: Caller) -> Result<Json<Vec<LockSummary>>, ApiError> {
+    super::contention::list_summaries(&state, &caller, state.txn_members.base()).await
 }

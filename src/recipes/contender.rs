@@ -270,7 +270,7 @@ pub fn spawn_contender(spec: Spec, on_exit: impl FnOnce(&Arc<Contender>) + Send 
         value,
     } = spec;
     let contender = Arc::new(Contender {
-        handle: crate::instances::sibling_id(&lease.id),
+        handle: crate::ids::sibling_id(&lease.id),
         role,
         name,
         lease: lease.clone(),

@@ -86,7 +86,7 @@ impl crate::events::Source for LockTopic {
             }
             let lost = before["holder"]["lease"].as_str().is_some_and(|id| {
                 matches!(
-                    self.leases.get(id),
+                    self.leases.peek(id),
                     Err(crate::lease::LeaseError::Ended { reason, .. }) if reason != crate::lease::EndReason::Deleted
                 )
             });

@@ -460,6 +460,42 @@ pub async fn replay(client: &Client, paths: &QueuePaths, item: &str) -> Result<b
     }
 }
 
+/// Every queue under `base` (`<root>/queues`) with its counts, read in two round trips (a
+/// listing, then one multi-read of each queue's `items`, `claims` and `dead`): items waiting
+/// (claimed ones not counted), claims in flight, dead letters.
+pub async fn counts(client: &Client, base: &str) -> Result<Vec<crate::metrics::QueueCounts>, ZkError> {
+    let queues = match retry_on_loss(|| client.list_children(base)).await {
+        Ok(queues) => queues,
+        Err(ZkError::NoNode) => return Ok(Vec::new()),
+        Err(err) => return Err(err),
+    };
+    let paths: Vec<String> = queues
+        .iter()
+        .flat_map(|q| ["items", "claims", "dead"].map(|sub| format!("{q}/{sub}")))
+        .collect();
+    let mut counts: std::collections::BTreeMap<String, [i64; 3]> = Default::default();
+    for (path, _, stat) in crate::zk::read_each(client, base, paths).await? {
+        let Some((queue, sub)) = path.split_once('/') else {
+            continue;
+        };
+        let at = match sub {
+            "items" => 0,
+            "claims" => 1,
+            _ => 2,
+        };
+        counts.entry(queue.to_string()).or_default()[at] = i64::from(stat.num_children);
+    }
+    Ok(counts
+        .into_iter()
+        .map(|(queue, [items, claims, dead])| crate::metrics::QueueCounts {
+            queue,
+            depth: (items - claims).max(0),
+            in_flight: claims,
+            dead_letters: dead,
+        })
+        .collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -577,11 +613,13 @@ pub mod service {
         }
 
         /// Takes one item, waiting until `until` for one to come. With `ack_deadline`, the
-        /// item is claimed (at least once) and the claim given back if not acknowledged in
-        /// time; without, it is removed (at most once).
+        /// item is claimed (at least once) for `owner` (the principal that alone may ack it)
+        /// and the claim given back if not acknowledged in time; without, it is removed (at
+        /// most once).
         pub async fn take(
             &self,
             queue: &str,
+            owner: Option<&str>,
             ack_deadline: Option<Duration>,
             max_deliveries: u32,
             until: Instant,
@@ -598,7 +636,7 @@ pub mod service {
                 tokio::pin!(released);
                 released.as_mut().enable();
                 let client = self.zk.connected().await.map_err(|_| ZkError::ConnectionLoss)?.client;
-                let claim = ack_deadline.map(|deadline| self.new_claim(queue, deadline));
+                let claim = ack_deadline.map(|deadline| self.new_claim(queue, owner, deadline));
                 let data = claim.as_ref().map(|c| c.data.clone()).unwrap_or_default();
                 match super::take(&client, &paths, &data, claim.is_none(), max_deliveries, &waiting.trying).await? {
                     Attempt::Got(taken, more) => {
@@ -624,8 +662,8 @@ pub mod service {
             }
         }
 
-        fn new_claim(&self, queue: &str, deadline: Duration) -> Claim {
-            let id = crate::instances::owned_id(&self.instance);
+        fn new_claim(&self, queue: &str, owner: Option<&str>, deadline: Duration) -> Claim {
+            let id = crate::ids::owned_id(&self.instance);
             let deadline_ms = super::super::txn::now_ms() + deadline.as_millis() as i64;
             let data =
                 serde_json::to_vec(&serde_json::json!({ "claim": id, "deadline_ms": deadline_ms })).unwrap_or_default();
@@ -635,7 +673,7 @@ pub mod service {
                 item: String::new(),
                 data,
                 deadline_ms,
-                owner: crate::auth::current().name().map(str::to_string),
+                owner: owner.map(str::to_string),
                 expire: CancellationToken::new(),
             }
         }

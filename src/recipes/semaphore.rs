@@ -168,7 +168,7 @@ impl Semaphores {
             return Some(existing.clone());
         }
         let permit = Arc::new(Permit {
-            handle: crate::instances::sibling_id(&lease.id),
+            handle: crate::ids::sibling_id(&lease.id),
             semaphore: name.to_string(),
             permits,
             lease: lease.clone(),

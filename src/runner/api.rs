@@ -178,7 +178,7 @@ impl Api {
             value.set_sensitive(true);
             headers.insert(AUTHORIZATION, value);
         }
-        crate::install_crypto_provider();
+        crate::tls::install_crypto_provider();
         let mut builder = Client::builder();
         if let Some(ca) = ca {
             let pem = std::fs::read(ca).map_err(|e| format!("--ca {}: {e}", ca.display()))?;

@@ -258,7 +258,7 @@ impl ZkSecurity {
             None => Ok(connector.connect(hosts).await?),
             // `secure_connect`: every host of the connect string speaks TLS.
             Some(tls) => {
-                crate::install_crypto_provider();
+                crate::tls::install_crypto_provider();
                 connector
                     .with_tls(tls)
                     .secure_connect(hosts)

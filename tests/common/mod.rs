@@ -196,7 +196,7 @@ impl Gate {
 
     /// The current session of the lane that `lease` lives on.
     pub fn session_of(&self, lease: &str) -> SessionInfo {
-        let lease = self.running.state.leases.get(lease).expect("a live lease");
+        let lease = self.running.state.leases.peek(lease).expect("a live lease");
         lease.zk.session_info().expect("the lease's lane has a session")
     }
 

@@ -1,0 +1,46 @@
+//! The ids zkgate hands out (leases, handles, claims) and how to tell which instance issued one.
+//!
+//! Every id an instance issues starts with that instance's id: `<8 hex>-<32 hex>`. So any
+//! instance can tell, without a lookup, where a request naming a lease, handle or claim must go
+//! (see [crate::instances] and `http::forward`).
+
+/// A new instance id: 8 lowercase hex digits, random.
+pub fn new_instance_id() -> String {
+    format!("{:08x}", rand::random::<u32>())
+}
+
+/// A new id owned by `instance`: `<instance>-<32 hex>`.
+pub fn owned_id(instance: &str) -> String {
+    format!("{instance}-{}", uuid::Uuid::new_v4().simple())
+}
+
+/// A new id owned by the same instance as `of` (a lease's handles are its instance's).
+pub fn sibling_id(of: &str) -> String {
+    match owner_of(of) {
+        Some(instance) => owned_id(instance),
+        None => uuid::Uuid::new_v4().simple().to_string(),
+    }
+}
+
+/// The instance that issued a lease id, handle or claim (`None` if it is not one of ours).
+pub fn owner_of(id: &str) -> Option<&str> {
+    let (instance, rest) = id.split_once('-')?;
+    let hex = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+    (hex(instance, 8) && hex(rest, 32)).then_some(instance)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_name_their_instance() {
+        let instance = new_instance_id();
+        let id = owned_id(&instance);
+        assert_eq!(owner_of(&id), Some(instance.as_str()));
+        assert_eq!(owner_of(&sibling_id(&id)), Some(instance.as_str()));
+        assert_eq!(owner_of("6f1c2a9e0b7d4e3f8a5b6c7d8e9f0a1b"), None);
+        assert_eq!(owner_of("zzzzzzzz-6f1c2a9e0b7d4e3f8a5b6c7d8e9f0a1b"), None);
+        assert_eq!(owner_of("0123abcd-short"), None);
+    }
+}
