@@ -272,11 +272,10 @@ fn access_word(access: Access) -> &'static str {
     }
 }
 
+/// An auth config for tests: `billing` (token `password`) writes its own locks and queues
+/// and reads everything.
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const CONFIG: &str = r#"
+pub(crate) const EXAMPLE_CONFIG: &str = r#"
         [[principals]]
         name = "billing"
         tokens = ["sha256:5e884898da28047151d0e56f8dc6292773603d0d6aabbdd62a11ef721d1542d8"]
@@ -289,6 +288,12 @@ mod tests {
         prefixes = [""]
         access = "read"
     "#;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CONFIG: &str = EXAMPLE_CONFIG;
 
     #[test]
     fn tokens_are_found_by_hash_and_grants_apply_by_kind_prefix_and_access() {

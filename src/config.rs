@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use clap::Args;
 
-use crate::duration::parse_duration;
 use crate::lease::LeasePolicy;
+use crate::time::parse_duration;
 
 /// ZooKeeper sessions per instance unless `--zookeeper-sessions` says otherwise: on the
 /// compare bench, 4 sessions turn over 32 locks about 1.4 times as fast as one, and the raw

@@ -1,9 +1,10 @@
 //! The event bus: topics that sockets subscribe to, each fed by one shared ZooKeeper watch.
 //!
 //! A topic (an election's leadership, say) has a current state read from ZooKeeper and a
-//! stream of changes. The first subscriber starts the topic's task: it follows the shared
-//! watch on the topic's znode, re-reads the state on each change, and publishes an event
-//! when the state differs, numbered by the topic's own sequence. Subscribers get the current
+//! stream of changes. The first subscriber starts the topic's task: for a recipe's resource
+//! (a [Source]) it follows the shared watches the source asks for, re-reads the state on each
+//! change, and publishes an event when [Source::change] says what changed, numbered by the
+//! topic's own sequence. Subscribers get the current
 //! state first, then the changes, in order; one that falls behind the bounded channel is told
 //! so (and given the state again) rather than silently skipping events. When the last
 //! subscriber goes the task ends. However many sockets watch a topic, ZooKeeper sees one
@@ -16,6 +17,10 @@ use futures::future::BoxFuture;
 use serde::Serialize;
 use tokio::sync::{broadcast, watch};
 
+use crate::lease::Leases;
+use crate::recipes::lease::{EndReason, Lease, LeaseError};
+use crate::recipes::topic::{EventKind, Source};
+use crate::zk::recursive::Change;
 use crate::zk::session::{Connection, Status, ZkSession};
 use crate::zk::watch::{ExistsWatches, Mode};
 
@@ -53,43 +58,31 @@ pub struct Event {
     pub state: serde_json::Value,
 }
 
-/// What a topic's reader makes of its znode: the state, and which kind of change it is
-/// relative to the previous state.
-pub trait Source: Send + Sync + 'static {
-    /// The znodes the topic follows, and how: their children or their existence and data,
-    /// given the topic's last state (`null` before the first read): a lock follows its
-    /// current holder's node, say. Each is one shared watch of the instance, whatever the
-    /// number of subscribers.
-    fn watches(&self, state: &serde_json::Value) -> Vec<(Mode, String)>;
-    /// Reads the current state.
-    fn read(&self, zk: ZkSession) -> BoxFuture<'static, Option<serde_json::Value>>;
-    /// The kind of event from `before` to `after` (both states), or `None` if nothing changed
-    /// that subscribers care about.
-    fn change(&self, before: &serde_json::Value, after: &serde_json::Value) -> Option<&'static str>;
-}
+/// What feeds a topic: a task that publishes its events until nobody listens.
+pub struct Feed(Box<dyn FnOnce(Publisher) -> BoxFuture<'static, ()> + Send>);
 
-impl Source for Box<dyn Source> {
-    fn watches(&self, state: &serde_json::Value) -> Vec<(Mode, String)> {
-        (**self).watches(state)
+impl Feed {
+    /// A recipe's resource: its state read again on each change of the znodes it watches.
+    pub fn of<S: Source>(source: S) -> Feed {
+        Feed(Box::new(move |publisher| Box::pin(follow(publisher, source))))
     }
-    fn read(&self, zk: ZkSession) -> BoxFuture<'static, Option<serde_json::Value>> {
-        (**self).read(zk)
-    }
-    fn change(&self, before: &serde_json::Value, after: &serde_json::Value) -> Option<&'static str> {
-        (**self).change(before, after)
-    }
-}
 
-/// What feeds a topic: a [Source] read again on each change of its znode, or a task that
-/// publishes events itself (a recursive watch, whose events are not a state).
-pub enum Feed {
-    State(Box<dyn Source>),
-    Stream(Box<dyn FnOnce(Publisher) -> BoxFuture<'static, ()> + Send>),
-}
+    /// Everything below `path` (itself included), with one persistent recursive watch: an
+    /// event per node `created`, `changed` (data) or `deleted`, with the node's path relative to
+    /// `root` and the zxid of the change. The topic's state is whether `path` exists.
+    pub fn recursive(path: String, root: String) -> Feed {
+        Feed(Box::new(move |publisher| {
+            Box::pin(follow_recursive(publisher, path, root))
+        }))
+    }
 
-impl<S: Source> From<S> for Feed {
-    fn from(source: S) -> Feed {
-        Feed::State(Box::new(source))
+    /// A lease of this instance: its state (TTL, time left) now, `expiring` once a third of its
+    /// TTL is left without a keepalive, and how it ended (`ended` when deleted, `lost`
+    /// otherwise).
+    pub fn lease(leases: Leases, lease: Arc<Lease>) -> Feed {
+        Feed(Box::new(move |publisher| {
+            Box::pin(follow_lease(publisher, leases, lease))
+        }))
     }
 }
 
@@ -367,7 +360,7 @@ impl Events {
     }
 
     /// Subscribes to topic `name`, fed by `feed` (used only if the topic is not live yet).
-    pub async fn subscribe(&self, name: &str, feed: impl Into<Feed>) -> Subscription {
+    pub async fn subscribe(&self, name: &str, feed: Feed) -> Subscription {
         let topic = {
             let mut topics = self.topics.lock().unwrap_or_else(|e| e.into_inner());
             match topics.get(name).filter(|t| *t.listeners.borrow() > 0) {
@@ -386,20 +379,12 @@ impl Events {
                         name: name.to_string(),
                         topic: topic.clone(),
                     };
-                    match feed.into() {
-                        Feed::State(source) => {
-                            // Runs in the task, after the watches are set (futures are lazy).
-                            let first_state = source.read(self.zk.clone());
-                            tokio::spawn(follow(publisher, source, first_state));
-                        }
-                        Feed::Stream(run) => {
-                            tokio::spawn(async move {
-                                let retire = publisher.clone();
-                                run(publisher).await;
-                                retire.retire();
-                            });
-                        }
-                    }
+                    let retire = publisher.clone();
+                    let run = feed.0(publisher);
+                    tokio::spawn(async move {
+                        run.await;
+                        retire.retire();
+                    });
                     topic
                 }
                 Some(topic) => {
@@ -412,32 +397,30 @@ impl Events {
     }
 }
 
-/// A state topic's task: publish the first state, then each change, until nobody listens.
-/// After ZooKeeper comes back from a disconnection or a session expiry it publishes the
-/// state as a `resync` whether or not it changed: watches do not report what happened while
-/// the connection was down (ZOOKEEPER-4698 for persistent ones; a new session has none of
-/// the old one's), so subscribers are told honestly instead of trusting a silent gap.
-async fn follow(
-    publisher: Publisher,
-    source: Box<dyn Source>,
-    first_state: BoxFuture<'static, Option<serde_json::Value>>,
-) {
+/// A source's task: publish the first state, then each change, until nobody listens. After
+/// ZooKeeper comes back from a disconnection or a session expiry it publishes the state as a
+/// `resync` whether or not it changed: watches do not report what happened while the
+/// connection was down (ZOOKEEPER-4698 for persistent ones; a new session has none of the old
+/// one's), so subscribers are told honestly instead of trusting a silent gap.
+async fn follow<S: Source>(publisher: Publisher, source: S) {
     let mut recoveries = Recoveries::new(&publisher.events.zk);
     // The watches first, then the read: a change after the watches are set wakes the loop
-    // even if the read missed it. (The read's future is lazy: it runs at its first poll.)
-    let mut watching = source.watches(&serde_json::Value::Null);
+    // even if the read missed it.
+    let mut watching = source.watches(None);
     let mut watches = publisher.events.watch_all(&watching);
-    let state = first_state.await.unwrap_or(serde_json::Value::Null);
+    let Some(mut last) = read_until_done(&publisher, &source).await else {
+        return;
+    };
     let zxid = watches
         .iter()
         .filter_map(|(mode, watch)| zxid_of(*mode, &watch.state.borrow()))
         .max();
-    publisher.publish("state", state, zxid);
+    publisher.publish("state", to_json(&last), zxid);
     loop {
-        // The state may call for other watches (a new lock holder's node). A new watch
-        // counts as changed, so the state is read again once it is set, and nothing that
-        // changed between the last read and the watch is missed.
-        let wanted = source.watches(&publisher.last_state());
+        // The state may call for other watches (a new lock holder's node). A new watch counts
+        // as changed, so the state is read again once it is set, and nothing that changed
+        // between the last read and the watch is missed.
+        let wanted = source.watches(Some(&last));
         if wanted != watching {
             watches = publisher.events.watch_all(&wanted);
             for (_, watch) in &mut watches {
@@ -447,7 +430,7 @@ async fn follow(
         }
         let any_change = futures::future::select_all(watches.iter_mut().map(|(_, w)| Box::pin(w.state.changed())));
         let resync = tokio::select! {
-            (changed, _, _) = any_change => if changed.is_err() { break } else { None },
+            (changed, _, _) = any_change => if changed.is_err() { return } else { None },
             reason = recoveries.next() => Some(reason),
             _ = publisher.idle() => return,
         };
@@ -455,23 +438,37 @@ async fn follow(
         // read then wakes the loop again. (Marking after the read would swallow it, and the
         // state would stay behind with nothing left to wake it.)
         let zxid = last_zxid(&mut watches);
-        // A failed read is tried again: waiting for the next change instead could leave the
-        // subscribers with a stale state for good.
-        let mut after = source.read(publisher.events.zk.clone()).await;
-        while after.is_none() && *publisher.topic.listeners.borrow() > 0 {
-            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-            after = source.read(publisher.events.zk.clone()).await;
-        }
-        let Some(after) = after else { continue };
+        let Some(after) = read_until_done(&publisher, &source).await else {
+            return;
+        };
         if let Some(reason) = resync {
-            publisher.resync(reason, after);
-            continue;
+            publisher.resync(reason, to_json(&after));
+        } else if let Some(event) = source.change(&last, &after) {
+            publisher.publish(event.name(), to_json(&after), zxid);
         }
-        if let Some(kind) = source.change(&publisher.last_state(), &after) {
-            publisher.publish(kind, after, zxid);
-        }
+        last = after;
     }
-    publisher.retire();
+}
+
+/// Reads the source's state on the instance's primary session, trying again (briefly spaced)
+/// while it fails: waiting for the next change instead could leave the subscribers with a
+/// stale state for good. `None` once nobody listens any more.
+async fn read_until_done<S: Source>(publisher: &Publisher, source: &S) -> Option<S::State> {
+    loop {
+        if let Ok(session) = publisher.events.zk.connected().await
+            && let Ok(state) = source.read(&session.client).await
+        {
+            return Some(state);
+        }
+        if *publisher.topic.listeners.borrow() == 0 {
+            return None;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
+fn to_json<T: Serialize>(state: &T) -> serde_json::Value {
+    serde_json::to_value(state).unwrap_or_default()
 }
 
 /// The zxid of the last change the shared watches saw (marking them seen): a node's `mzxid`
@@ -491,369 +488,63 @@ fn zxid_of(mode: Mode, known: &crate::zk::watch::Known) -> Option<i64> {
     })
 }
 
-/// Topics of the recipes that are plain znodes with children: a barrier (`raised` /
-/// `lowered`), a double barrier (`participants`, `entered` when all are in, `left` when all
-/// are out), a queue (`available`, `depth`, `dead_lettered`), a group (`joined` / `left`), a
-/// transaction (`vote`, `decision`); and raw znodes under the root: data (`created`,
-/// `changed`, `deleted`), children (`children`) or everything below (a persistent recursive
-/// watch, whose events name the node).
-pub mod sources {
-    use futures::future::BoxFuture;
-    use serde_json::{Value, json};
-    use zookeeper_client::{AddWatchMode, EventType, SessionState};
-
-    use super::{Feed, Publisher, Source};
-    use crate::zk::retry_on_loss;
-    use crate::zk::session::ZkSession;
-    use crate::zk::watch::Mode;
-
-    /// Children of `path` (none if it does not exist) and whether it exists.
-    async fn children(zk: &ZkSession, path: &str) -> Option<(bool, Vec<String>)> {
-        let client = zk.connected().await.ok()?.client;
-        match retry_on_loss(|| client.list_children(path)).await {
-            Ok(mut names) => {
-                names.sort();
-                Some((true, names))
-            }
-            Err(zookeeper_client::Error::NoNode) => Some((false, Vec::new())),
-            Err(_) => None,
-        }
-    }
-
-    fn count(state: &Value, field: &str) -> u64 {
-        state[field].as_u64().unwrap_or(0)
-    }
-
-    /// A barrier: up while its znode exists. Watches its parent's children.
-    pub struct Barrier {
-        pub parent: String,
-        pub name: String,
-    }
-
-    impl Source for Barrier {
-        fn watches(&self, _: &Value) -> Vec<(Mode, String)> {
-            vec![(Mode::Children, self.parent.clone())]
-        }
-        fn read(&self, zk: ZkSession) -> BoxFuture<'static, Option<Value>> {
-            let (parent, name) = (self.parent.clone(), self.name.clone());
-            Box::pin(async move {
-                let (_, names) = children(&zk, &parent).await?;
-                Some(json!({ "up": names.contains(&name) }))
-            })
-        }
-        fn change(&self, before: &Value, after: &Value) -> Option<&'static str> {
-            (before["up"] != after["up"]).then(|| if after["up"] == true { "raised" } else { "lowered" })
-        }
-    }
-
-    /// A double barrier: its participants and whether the round is in (`ready` exists).
-    pub struct DoubleBarrier {
-        pub dir: String,
-    }
-
-    impl Source for DoubleBarrier {
-        fn watches(&self, _: &Value) -> Vec<(Mode, String)> {
-            vec![(Mode::Children, self.dir.clone())]
-        }
-        fn read(&self, zk: ZkSession) -> BoxFuture<'static, Option<Value>> {
-            let dir = self.dir.clone();
-            Box::pin(async move {
-                let (_, mut names) = children(&zk, &dir).await?;
-                let ready = names.iter().any(|n| n == crate::recipes::double_barrier::READY);
-                names.retain(|n| n != crate::recipes::double_barrier::READY);
-                Some(json!({ "participants": names, "in": ready }))
-            })
-        }
-        fn change(&self, before: &Value, after: &Value) -> Option<&'static str> {
-            match (before["in"].as_bool(), after["in"].as_bool()) {
-                (Some(false), Some(true)) => Some("entered"),
-                (Some(true), Some(false)) => Some("left"),
-                _ => (before["participants"] != after["participants"]).then_some("participants"),
-            }
-        }
-    }
-
-    /// A queue: items waiting (`depth`, claimed ones not counted), all `items`, claims in
-    /// flight, dead letters, and when the oldest item was put.
-    pub struct Queue {
-        pub dir: String,
-    }
-
-    impl Source for Queue {
-        fn watches(&self, _: &Value) -> Vec<(Mode, String)> {
-            ["items", "claims", "dead"]
-                .into_iter()
-                .map(|sub| (Mode::Children, format!("{}/{sub}", self.dir)))
-                .collect()
-        }
-        fn read(&self, zk: ZkSession) -> BoxFuture<'static, Option<Value>> {
-            let dir = self.dir.clone();
-            Box::pin(async move {
-                let (_, items) = children(&zk, &format!("{dir}/items")).await?;
-                let (_, claims) = children(&zk, &format!("{dir}/claims")).await?;
-                let (_, dead) = children(&zk, &format!("{dir}/dead")).await?;
-                // The oldest item is the one put first: the lowest sequence number, whatever
-                // its priority. One more read, of its stat.
-                let oldest = items
-                    .iter()
-                    .filter_map(|i| crate::recipes::queue::order_of(i).map(|(_, seq)| (seq, i)))
-                    .min()
-                    .map(|(_, item)| format!("{dir}/items/{item}"));
-                let oldest_ms = match oldest {
-                    Some(path) => {
-                        let client = zk.connected().await.ok()?.client;
-                        retry_on_loss(|| client.check_stat(&path)).await.ok()?.map(|s| s.ctime)
-                    }
-                    None => None,
-                };
-                Some(json!({
-                    "depth": items.len() - claims.iter().filter(|c| items.contains(c)).count(),
-                    "items": items.len(),
-                    "in_flight": claims.len(),
-                    "dead_letters": dead.len(),
-                    "oldest_put_ms": oldest_ms,
-                }))
-            })
-        }
-        fn change(&self, before: &Value, after: &Value) -> Option<&'static str> {
-            if count(after, "dead_letters") > count(before, "dead_letters") {
-                Some("dead_lettered")
-            } else if count(after, "depth") > count(before, "depth") {
-                Some("available")
-            } else {
-                (before != after).then_some("depth")
-            }
-        }
-    }
-
-    /// A group's members.
-    pub struct Group {
-        pub dir: String,
-    }
-
-    impl Source for Group {
-        fn watches(&self, _: &Value) -> Vec<(Mode, String)> {
-            vec![(Mode::Children, self.dir.clone())]
-        }
-        fn read(&self, zk: ZkSession) -> BoxFuture<'static, Option<Value>> {
-            let dir = self.dir.clone();
-            Box::pin(async move {
-                let (_, names) = children(&zk, &dir).await?;
-                Some(json!({ "members": names }))
-            })
-        }
-        fn change(&self, before: &Value, after: &Value) -> Option<&'static str> {
-            let count = |v: &Value| v["members"].as_array().map(Vec::len).unwrap_or(0);
-            match count(after).cmp(&count(before)) {
-                std::cmp::Ordering::Greater => Some("joined"),
-                std::cmp::Ordering::Less => Some("left"),
-                std::cmp::Ordering::Equal => (before != after).then_some("members"),
-            }
-        }
-    }
-
-    /// A two-phase commit transaction: its votes and decision.
-    pub struct Txn {
-        pub dir: String,
-    }
-
-    impl Source for Txn {
-        fn watches(&self, _: &Value) -> Vec<(Mode, String)> {
-            vec![
-                (Mode::Children, format!("{}/votes", self.dir)),
-                (Mode::Exists, format!("{}/decision", self.dir)),
-            ]
-        }
-        fn read(&self, zk: ZkSession) -> BoxFuture<'static, Option<Value>> {
-            let dir = self.dir.clone();
-            Box::pin(async move {
-                let client = zk.connected().await.ok()?.client;
-                Some(match crate::recipes::txn::read(&client, &dir).await.ok()? {
-                    None => json!({ "exists": false }),
-                    Some(record) => json!({
-                        "exists": true,
-                        "participants": record.spec.participants,
-                        "votes": record.votes.iter().map(|(p, v)| (p.clone(), json!(v))).collect::<serde_json::Map<_, _>>(),
-                        "decision": record.decision,
-                    }),
-                })
-            })
-        }
-        fn change(&self, before: &Value, after: &Value) -> Option<&'static str> {
-            if before["decision"] != after["decision"] && !after["decision"].is_null() {
-                Some("decision")
-            } else if before["votes"] != after["votes"] {
-                Some("vote")
-            } else {
-                (before != after).then_some("txn")
-            }
-        }
-    }
-
-    /// `{"data": "..."}` for UTF-8 data, `{"data_base64": "..."}` for other bytes.
-    fn data_field(data: &[u8]) -> (&'static str, Value) {
-        match std::str::from_utf8(data) {
-            Ok(text) => ("data", json!(text)),
-            Err(_) => {
-                use base64::Engine;
-                (
-                    "data_base64",
-                    json!(base64::engine::general_purpose::STANDARD.encode(data)),
-                )
-            }
-        }
-    }
-
-    /// A znode's data and version: `created`, `changed`, `deleted`.
-    pub struct ZnodeData {
-        pub path: String,
-    }
-
-    impl Source for ZnodeData {
-        fn watches(&self, _: &Value) -> Vec<(Mode, String)> {
-            vec![(Mode::Exists, self.path.clone())]
-        }
-        fn read(&self, zk: ZkSession) -> BoxFuture<'static, Option<Value>> {
-            let path = self.path.clone();
-            Box::pin(async move {
-                let client = zk.connected().await.ok()?.client;
-                match retry_on_loss(|| client.get_data(&path)).await {
-                    Ok((data, stat)) => {
-                        let (field, data) = data_field(&data);
-                        Some(json!({ "exists": true, field: data, "version": stat.version, "mzxid": stat.mzxid }))
-                    }
-                    Err(zookeeper_client::Error::NoNode) => Some(json!({ "exists": false })),
-                    Err(_) => None,
-                }
-            })
-        }
-        fn change(&self, before: &Value, after: &Value) -> Option<&'static str> {
-            match (before["exists"].as_bool(), after["exists"].as_bool()) {
-                (Some(false) | None, Some(true)) => Some("created"),
-                (Some(true), Some(false)) => Some("deleted"),
-                _ => (before["mzxid"] != after["mzxid"]).then_some("changed"),
-            }
-        }
-    }
-
-    /// A znode's children: `created`, `deleted`, `children`.
-    pub struct ZnodeChildren {
-        pub path: String,
-    }
-
-    impl Source for ZnodeChildren {
-        fn watches(&self, _: &Value) -> Vec<(Mode, String)> {
-            vec![(Mode::Children, self.path.clone())]
-        }
-        fn read(&self, zk: ZkSession) -> BoxFuture<'static, Option<Value>> {
-            let path = self.path.clone();
-            Box::pin(async move {
-                let (exists, names) = children(&zk, &path).await?;
-                Some(json!({ "exists": exists, "children": names }))
-            })
-        }
-        fn change(&self, before: &Value, after: &Value) -> Option<&'static str> {
-            match (before["exists"].as_bool(), after["exists"].as_bool()) {
-                (Some(false) | None, Some(true)) => Some("created"),
-                (Some(true), Some(false)) => Some("deleted"),
-                _ => (before["children"] != after["children"]).then_some("children"),
-            }
-        }
-    }
-
-    /// Everything below `path` (itself included), with one persistent recursive watch: an
-    /// event per node `created`, `changed` (data) or `deleted`, with the node's path relative
-    /// to `root` and the zxid of the change. The topic's state is whether `path` exists.
-    pub fn recursive(path: String, root: String) -> Feed {
-        Feed::Stream(Box::new(move |publisher| {
-            Box::pin(follow_recursive(publisher, path, root))
-        }))
-    }
-
-    async fn follow_recursive(publisher: Publisher, path: String, root: String) {
-        let relative = |node: &str| {
-            node.strip_prefix(&root)
-                .unwrap_or(node)
-                .trim_start_matches('/')
-                .to_string()
-        };
-        let mut resync_reason: Option<&'static str> = None;
-        loop {
-            let session = tokio::select! {
-                session = publisher.zk().connected() => session,
-                _ = publisher.idle() => return,
-            };
-            let Ok(session) = session else {
-                // No session: wait for the supervisor's next one. Whatever happens meanwhile
-                // is lost to this watch, so the next state is a resync.
-                resync_reason.get_or_insert("session_expired");
-                let mut status = publisher.zk().subscribe();
-                tokio::select! {
-                    changed = status.changed() => if changed.is_err() { return },
-                    _ = publisher.idle() => return,
-                }
-                continue;
-            };
-            // The watch first, then the state: a change in between is both in the state and
-            // an event, never in neither.
-            let mut watcher =
-                match retry_on_loss(|| session.client.watch(&path, AddWatchMode::PersistentRecursive)).await {
-                    Ok(watcher) => watcher,
-                    Err(err) => {
-                        tracing::warn!(%path, error = %err, "recursive watch could not be set; retrying");
-                        tokio::select! {
-                            _ = tokio::time::sleep(std::time::Duration::from_millis(200)) => continue,
-                            _ = publisher.idle() => return,
-                        }
-                    }
-                };
-            let Ok(stat) = retry_on_loss(|| session.client.check_stat(&path)).await else {
-                continue;
-            };
-            let state = json!({ "exists": stat.is_some() });
-            match resync_reason.take() {
-                Some(reason) => publisher.resync(reason, state),
-                None if publisher.topic.last().0 == 0 => publisher.publish("state", state, stat.map(|s| s.mzxid)),
-                None => publisher.resync("reconnected", state),
-            }
-            let mut disconnected = false;
-            loop {
-                let event = tokio::select! {
-                    event = watcher.changed() => event,
-                    _ = publisher.idle() => return,
-                };
-                let zxid = (event.zxid >= 0).then_some(event.zxid);
-                let kind = match event.event_type {
-                    EventType::Session => match event.session_state {
-                        SessionState::Disconnected => {
-                            disconnected = true;
-                            continue;
-                        }
-                        SessionState::SyncConnected | SessionState::ConnectedReadOnly => {
-                            if std::mem::take(&mut disconnected) {
-                                // Events while the connection was down are not replayed
-                                // (ZOOKEEPER-4698): say so, with the state now.
-                                let exists = retry_on_loss(|| session.client.check_stat(&path)).await;
-                                let exists = exists.map(|s| s.is_some()).unwrap_or(true);
-                                publisher.resync("reconnected", json!({ "exists": exists }));
-                            }
-                            continue;
-                        }
-                        // The session ended: the watch went with it (and must not be polled
-                        // again). Set a new one on the next session.
-                        _ => {
-                            resync_reason = Some("session_expired");
-                            break;
-                        }
-                    },
-                    EventType::NodeCreated => "created",
-                    EventType::NodeDeleted => "deleted",
-                    EventType::NodeDataChanged => "changed",
-                    EventType::NodeChildrenChanged => continue,
-                };
-                let state = (event.path == path).then(|| json!({ "exists": kind != "deleted" }));
-                publisher.publish_node(kind, relative(&event.path), zxid, state);
-            }
-        }
+/// A recursive znode topic's task: [crate::zk::recursive::follow] until nobody listens.
+async fn follow_recursive(publisher: Publisher, path: String, root: String) {
+    let relative = |node: &str| {
+        node.strip_prefix(&root)
+            .unwrap_or(node)
+            .trim_start_matches('/')
+            .to_string()
+    };
+    let exists = |exists: bool| serde_json::json!({ "exists": exists });
+    let follow = crate::zk::recursive::follow(publisher.zk(), &path, |change| match change {
+        Change::Start { exists: e, zxid } => publisher.publish("state", exists(e), zxid),
+        Change::Resync { reason, exists: e } => publisher.resync(reason, exists(e)),
+        Change::Node {
+            kind,
+            path,
+            zxid,
+            exists: e,
+        } => publisher.publish_node(kind, relative(&path), zxid, e.map(exists)),
+    });
+    tokio::select! {
+        _ = follow => {}
+        _ = publisher.idle() => {}
     }
 }
+
+/// A lease topic's task: timers, not polling. It sleeps until the time to warn, and wakes at
+/// once when the lease ends.
+async fn follow_lease(publisher: Publisher, leases: Leases, lease: Arc<Lease>) {
+    let live = |lease: &Lease| serde_json::json!({ "ended": false, "ttl_ms": lease.ttl.as_millis() as u64, "remaining_ms": lease.remaining().as_millis() as u64 });
+    publisher.publish("state", live(&lease), None);
+    let warn_before = lease.ttl / 3;
+    let mut warned = false;
+    loop {
+        let remaining = lease.remaining();
+        let wake = if remaining > warn_before {
+            warned = false;
+            remaining - warn_before
+        } else {
+            if !warned {
+                publisher.publish("expiring", live(&lease), None);
+                warned = true;
+            }
+            // A keepalive moves the deadline: look again when it would have passed.
+            remaining.max(std::time::Duration::from_millis(50))
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(wake) => {}
+            _ = lease.ended().cancelled() => break,
+            _ = publisher.idle() => return,
+        }
+    }
+    let reason = match leases.peek(&lease.id) {
+        Err(LeaseError::Ended { reason, .. }) => reason,
+        _ => EndReason::Deleted,
+    };
+    let kind = if reason == EndReason::Deleted { "ended" } else { "lost" };
+    publisher.publish(kind, serde_json::json!({ "ended": true, "reason": reason }), None);
+    publisher.idle().await;
+}
+

@@ -19,9 +19,9 @@
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
-use zookeeper_client::{CreateMode, Error as ZkError};
 
-use crate::zk::retry_on_loss;
+use crate::recipes::registry;
+use crate::zk::ZkError;
 use crate::zk::session::{Lanes, ZkSession};
 
 /// This instance's identity.
@@ -89,9 +89,8 @@ impl Instances {
             return;
         };
         let path = format!("{}/{}", self.dir, me.id);
-        match retry_on_loss(|| session.client.delete(&path, None)).await {
-            Ok(()) | Err(ZkError::NoNode) => {}
-            Err(err) => tracing::warn!(error = %err, "could not remove this instance's registration"),
+        if let Err(err) = registry::deregister(&session.client, &path).await {
+            tracing::warn!(error = %err, "could not remove this instance's registration");
         }
     }
 
@@ -102,11 +101,8 @@ impl Instances {
     pub async fn url_of(&self, instance: &str) -> Result<Option<String>, ZkError> {
         let client = self.zk.connected().await.map_err(|_| ZkError::ConnectionLoss)?.client;
         let path = format!("{}/{instance}", self.dir);
-        match retry_on_loss(|| client.get_data(&path)).await {
-            Ok((data, _)) => Ok(serde_json::from_slice::<Registration>(&data).ok().map(|r| r.url)),
-            Err(ZkError::NoNode) => Ok(None),
-            Err(err) => Err(err),
-        }
+        let data = registry::read(&client, &path).await?;
+        Ok(data.and_then(|data| serde_json::from_slice::<Registration>(&data).ok().map(|r| r.url)))
     }
 }
 
@@ -116,27 +112,8 @@ impl Instances {
     /// requests that land on the wrong instance ask). `None` if the node or its instance is gone.
     pub async fn owner_of_node(&self, path: &str) -> Result<Option<String>, ZkError> {
         let client = self.zk.connected().await.map_err(|_| ZkError::ConnectionLoss)?.client;
-        let Some(stat) = retry_on_loss(|| client.check_stat(path)).await? else {
-            return Ok(None);
-        };
-        if stat.ephemeral_owner == 0 {
-            return Ok(None);
-        }
-        let names = match retry_on_loss(|| client.list_children(&self.dir)).await {
-            Ok(names) => names,
-            Err(ZkError::NoNode) => return Ok(None),
-            Err(err) => return Err(err),
-        };
-        for name in names {
-            let registration = format!("{}/{name}", self.dir);
-            if let Some(registered) = retry_on_loss(|| client.check_stat(&registration)).await?
-                && registered.ephemeral_owner == stat.ephemeral_owner
-            {
-                let instance = name.split(LANE_SEPARATOR).next().unwrap_or_default();
-                return Ok(Some(instance.to_string()));
-            }
-        }
-        Ok(None)
+        let registration = registry::owner_of_node(&client, &self.dir, path).await?;
+        Ok(registration.map(|name| name.split(LANE_SEPARATOR).next().unwrap_or_default().to_string()))
     }
 }
 
@@ -152,19 +129,7 @@ async fn register_on_every_session(dir: Arc<str>, zk: ZkSession, name: String, m
                 url: me.url.to_string(),
             })
             .unwrap_or_default();
-            let path = format!("{dir}/{name}");
-            let options = CreateMode::Ephemeral.with_acls(crate::zk::acls());
-            let created = match retry_on_loss(|| client.create(&path, &data, &options)).await {
-                Ok(_) | Err(ZkError::NodeExists) => Ok(()),
-                Err(ZkError::NoNode) => {
-                    let parent = CreateMode::Persistent.with_acls(crate::zk::acls());
-                    match client.create(&dir, &[], &parent).await {
-                        Ok(_) | Err(ZkError::NodeExists) => client.create(&path, &data, &options).await.map(|_| ()),
-                        Err(err) => Err(err),
-                    }
-                }
-                Err(err) => Err(err),
-            };
+            let created = registry::register(&client, &dir, &name, &data).await;
             match created {
                 Ok(()) => {
                     registered = Some(current.generation);

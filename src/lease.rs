@@ -1,27 +1,24 @@
-//! Leases: zkgate's handle for an HTTP client, the way an etcd lease or a ZooKeeper session is
-//! for a native client.
+//! The leases of this instance: zkgate's handle for an HTTP client, the way an etcd lease or a
+//! ZooKeeper session is for a native client.
 //!
-//! A lease has an unguessable id, a TTL and the set of *holdings* created on its behalf (lock
-//! contenders today; election candidates, members and participants later), each of which owns
-//! one ephemeral znode. A lease ends in exactly one of three ways: `DELETE`, a missed keepalive
-//! (its TTL passes with no keepalive), or the loss of the ZooKeeper session it was born in.
-//! When it ends, its `ended` token is cancelled; every holding listens to that token and deletes
-//! its own znode, which wakes the next waiter through ZooKeeper at once. If zkgate itself dies,
-//! ZooKeeper expires the session and removes the same znodes: no holding outlives both.
+//! The lease itself (what a recipe hangs its znodes off) is [crate::recipes::lease::Lease];
+//! this registry makes them (round robin over the instance's sessions, at most so many per
+//! principal, idempotent with a key), keeps them alive, and ends them in exactly one of four
+//! ways: `DELETE`, a missed keepalive (its TTL passes with no keepalive), the loss of the
+//! ZooKeeper session it was born in, or the instance shutting down.
 //!
 //! Ended leases are remembered (a bounded number) so that their next use answers "gone, and
 //! why" (HTTP 410) rather than "never heard of it" (404).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, Weak};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
-use tokio::sync::watch;
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 
 use crate::auth::Caller;
-use crate::zk::session::{Lanes, Unavailable, ZkSession};
+use crate::recipes::lease::{EndReason, Fate, Lease, LeaseError};
+use crate::zk::session::{Lanes, ZkSession};
 
 /// How many ended leases are remembered for 410 answers.
 const REMEMBERED_ENDED: usize = 100_000;
@@ -38,182 +35,6 @@ impl LeasePolicy {
     /// The TTL granted for a request: the default when none was asked, else clamped to bounds.
     pub fn grant(&self, requested: Option<Duration>) -> Duration {
         requested.unwrap_or(self.default_ttl).clamp(self.min_ttl, self.max_ttl)
-    }
-}
-
-/// Why a lease ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum EndReason {
-    /// Its owner deleted it.
-    Deleted,
-    /// No keepalive arrived within its TTL.
-    Expired,
-    /// The ZooKeeper session it was bound to expired; its znodes went with it.
-    SessionLost,
-    /// The zkgate instance that held it shut down (SIGTERM) and released it on the way out.
-    Shutdown,
-}
-
-impl EndReason {
-    /// The reason as it is serialised (`deleted`, `expired`, `session_lost`).
-    pub fn label(self) -> &'static str {
-        match self {
-            EndReason::Deleted => "deleted",
-            EndReason::Expired => "expired",
-            EndReason::SessionLost => "session_lost",
-            EndReason::Shutdown => "shutdown",
-        }
-    }
-
-    pub fn describe(self) -> &'static str {
-        match self {
-            EndReason::Deleted => "the lease was deleted",
-            EndReason::Expired => "the lease expired: no keepalive arrived within its TTL",
-            EndReason::SessionLost => "the lease was lost with zkgate's ZooKeeper session, which expired",
-            EndReason::Shutdown => "the zkgate instance that held the lease shut down and released it",
-        }
-    }
-}
-
-/// Errors of lease operations.
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum LeaseError {
-    #[error("no lease with id `{0}`")]
-    Unknown(String),
-    #[error("lease `{id}` has ended: {}", reason.describe())]
-    Ended { id: String, reason: EndReason },
-    #[error(
-        "lease `{id}` is held by the zkgate instance `{instance}`: HTTP requests are forwarded there, a socket must be on that instance"
-    )]
-    Elsewhere { id: String, instance: String },
-    #[error("lease `{0}` belongs to another principal")]
-    NotYours(String),
-    #[error("at most {0} live leases per principal; delete or let expire one first")]
-    TooMany(usize),
-    #[error(transparent)]
-    Unavailable(#[from] Unavailable),
-}
-
-/// What a holding reports about itself, shown on the lease.
-#[derive(Clone, Debug, serde::Serialize, utoipa::ToSchema)]
-pub struct HoldingView {
-    /// The kind of resource: `lock`.
-    #[schema(example = "lock")]
-    pub kind: &'static str,
-    /// The resource's name.
-    #[schema(example = "orders")]
-    pub name: String,
-    /// The handle to use for this holding.
-    pub handle: String,
-    /// `pending`, `waiting`, `held`, `lost` or `released`.
-    #[schema(example = "held")]
-    pub state: &'static str,
-    /// The fencing token, once granted.
-    pub fencing_token: Option<i64>,
-    /// Someone asked the holder to give this up: release it when ready (before the grace, if
-    /// one is given, runs out).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub revocation: Option<crate::recipes::revocation::Revocation>,
-}
-
-/// Something that a lease holds: it owns one ephemeral znode and cleans it up when the lease's
-/// `ended` token is cancelled.
-pub trait Holding: Send + Sync + 'static {
-    fn view(&self) -> HoldingView;
-    /// Becomes `true` once the holding's znode is gone (or was never created).
-    fn finished(&self) -> watch::Receiver<bool>;
-}
-
-/// One lease.
-pub struct Lease {
-    pub id: String,
-    /// The TTL granted.
-    pub ttl: Duration,
-    /// The TTL asked for, if one was (it may differ from `ttl` by the policy's clamping).
-    pub requested_ttl: Option<Duration>,
-    pub created_at: SystemTime,
-    /// The instance's ZooKeeper session (lane) this lease lives on: everything it holds is
-    /// created on it.
-    pub zk: ZkSession,
-    /// The generation of that session this lease is bound to.
-    pub generation: u64,
-    /// The principal that created it (`None` when auth is off); only it (or an admin) may use
-    /// it, or anything held with it.
-    pub owner: Option<String>,
-    ended: CancellationToken,
-    inner: Mutex<LeaseInner>,
-}
-
-struct LeaseInner {
-    deadline: Instant,
-    last_keepalive: SystemTime,
-    holdings: Vec<Arc<dyn Holding>>,
-}
-
-impl Lease {
-    /// Cancelled when the lease ends, for any reason.
-    pub fn ended(&self) -> &CancellationToken {
-        &self.ended
-    }
-
-    pub fn remaining(&self) -> Duration {
-        self.lock().deadline.saturating_duration_since(Instant::now())
-    }
-
-    pub fn last_keepalive(&self) -> SystemTime {
-        self.lock().last_keepalive
-    }
-
-    pub fn holdings(&self) -> Vec<HoldingView> {
-        self.lock().holdings.iter().map(|h| h.view()).collect()
-    }
-
-    /// `Ok` if `caller` may use this lease and what it holds (its owner, or an admin).
-    pub fn check_owner(&self, caller: &Caller) -> Result<(), LeaseError> {
-        if caller.owns(self.owner.as_deref()) {
-            Ok(())
-        } else {
-            Err(LeaseError::NotYours(self.id.clone()))
-        }
-    }
-
-    /// The client of the lease's own session, on which whatever it holds is created (and read
-    /// back in the same request: a session sees its own writes, another session served by
-    /// another server of an ensemble might not yet).
-    ///
-    /// # Notable errors
-    /// * [LeaseError::Ended] (`session_lost`) when that session has ended since the lease began.
-    /// * [LeaseError::Unavailable] while ZooKeeper cannot be reached.
-    pub async fn session(&self) -> Result<zookeeper_client::Client, LeaseError> {
-        let session = self.zk.connected().await?;
-        if session.generation != self.generation {
-            return Err(LeaseError::Ended {
-                id: self.id.clone(),
-                reason: EndReason::SessionLost,
-            });
-        }
-        Ok(session.client)
-    }
-
-    /// Attaches a holding; refused once the lease has ended, so nothing is attached to a lease
-    /// that will never clean it up.
-    pub fn attach(&self, holding: Arc<dyn Holding>) -> bool {
-        let mut inner = self.lock();
-        if self.ended.is_cancelled() {
-            return false;
-        }
-        inner.holdings.push(holding);
-        true
-    }
-
-    /// Forgets a holding that has released its znode.
-    pub fn detach(&self, holding: &Arc<dyn Holding>) {
-        self.lock().holdings.retain(|h| !Arc::ptr_eq(h, holding));
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, LeaseInner> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -290,21 +111,14 @@ impl Leases {
         }
         *table.per_owner.entry(owner.clone()).or_default() += 1;
         let ttl = self.inner.policy.grant(requested_ttl);
-        let lease = Arc::new(Lease {
-            id: crate::ids::owned_id(&self.inner.instance),
+        let lease = Arc::new(Lease::new(
+            crate::ids::owned_id(&self.inner.instance),
             ttl,
             requested_ttl,
-            created_at: SystemTime::now(),
-            zk: lane.clone(),
-            generation: session.generation,
+            lane.clone(),
+            session.generation,
             owner,
-            ended: CancellationToken::new(),
-            inner: Mutex::new(LeaseInner {
-                deadline: Instant::now() + ttl,
-                last_keepalive: SystemTime::now(),
-                holdings: Vec::new(),
-            }),
-        });
+        ));
         table.live.insert(lease.id.clone(), lease.clone());
         if let Some(key) = idempotency_key {
             table.by_idempotency_key.insert(key.to_string(), lease.id.clone());
@@ -348,6 +162,15 @@ impl Leases {
         self.get(&Caller::Anyone, id)
     }
 
+    /// How each lease of this instance ended, for topics (see [Fate]).
+    pub fn fate(&self) -> Fate {
+        let leases = self.clone();
+        Arc::new(move |id: &str| match leases.peek(id) {
+            Err(LeaseError::Ended { reason, .. }) => Some(reason),
+            _ => None,
+        })
+    }
+
     /// How many leases are live on this instance.
     pub fn count(&self) -> usize {
         self.inner.table().live.len()
@@ -370,10 +193,7 @@ impl Leases {
     /// Pushes the lease's deadline one TTL into the future.
     pub fn keepalive(&self, caller: &Caller, id: &str) -> Result<Arc<Lease>, LeaseError> {
         let lease = self.get(caller, id)?;
-        let mut inner = lease.lock();
-        inner.deadline = Instant::now() + lease.ttl;
-        inner.last_keepalive = SystemTime::now();
-        drop(inner);
+        lease.renew();
         Ok(lease)
     }
 
@@ -395,7 +215,7 @@ impl Leases {
             Err(err) => err,
             Ok(_) => LeaseError::Unknown(id.to_string()),
         })?;
-        wait_holdings_finished(&lease).await;
+        lease.holdings_finished(Duration::from_secs(10)).await;
         Ok(())
     }
 }
@@ -424,9 +244,7 @@ impl Registry {
             table.ended.remove(&oldest);
         }
         drop(table);
-        // Cancel while holding the lease's own lock so that `attach` cannot slip in after.
-        let _inner = lease.lock();
-        lease.ended.cancel();
+        lease.end();
         tracing::info!(lease = %id, ?reason, "lease ended");
         crate::metrics::get()
             .leases_ended
@@ -436,25 +254,14 @@ impl Registry {
     }
 }
 
-async fn wait_holdings_finished(lease: &Lease) {
-    let holdings: Vec<_> = lease.lock().holdings.iter().map(|h| h.finished()).collect();
-    let all = futures::future::join_all(holdings.into_iter().map(|mut done| async move {
-        let _ = done.wait_for(|finished| *finished).await;
-    }));
-    // A holding whose delete cannot reach ZooKeeper gives up when the session does; do not
-    // keep the caller longer than that.
-    let _ = tokio::time::timeout(Duration::from_secs(10), all).await;
-}
-
 /// Sleeps until the lease's deadline, re-reading it after each keepalive; ends it if it passed.
 async fn expire_when_silent(registry: Weak<Registry>, lease: Arc<Lease>) {
     loop {
-        let deadline = lease.lock().deadline;
         tokio::select! {
-            _ = tokio::time::sleep_until(deadline) => {}
-            _ = lease.ended.cancelled() => return,
+            _ = tokio::time::sleep_until(lease.deadline()) => {}
+            _ = lease.ended().cancelled() => return,
         }
-        if lease.lock().deadline <= Instant::now() {
+        if lease.deadline() <= Instant::now() {
             if let Some(registry) = registry.upgrade() {
                 registry.end(&lease.id, EndReason::Expired);
             }

@@ -6,7 +6,7 @@
 
 pub mod auth;
 pub mod config;
-pub mod duration;
+
 pub mod events;
 pub mod http;
 pub mod ids;
@@ -17,6 +17,7 @@ pub mod limits;
 pub mod metrics;
 pub mod recipes;
 pub mod runner;
+pub mod time;
 pub mod tls;
 pub mod ws;
 pub mod zk;
@@ -27,9 +28,12 @@ use std::sync::Arc;
 use axum::Router;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_swagger_ui::{Config as SwaggerConfig, SwaggerUi};
 
 use crate::config::ServeConfig;
 use crate::events::Events;
+use crate::kind::Kind;
 use crate::lease::Leases;
 use crate::recipes::contender::Contenders;
 use crate::recipes::ephemeral::BoundNodes;
@@ -122,14 +126,15 @@ impl AppState {
             instance.id.clone(),
             lanes.clone(),
         );
-        let locks = Contenders::new(&config.root, "locks");
-        let rwlocks = Contenders::new(&config.root, "rwlocks");
-        let elections = Contenders::new(&config.root, "elections");
-        let groups = BoundNodes::new(&config.root, "member", "groups");
-        let semaphores = Semaphores::new(&config.root);
-        let barriers = BoundNodes::new(&config.root, "barrier", "barriers");
-        let double_barriers = BoundNodes::new(&config.root, "participant", "double-barriers");
-        let txn_members = BoundNodes::new(&config.root, "participant", "txns");
+        let root = config.root.as_str();
+        let locks = Contenders::new(root, Kind::Lock);
+        let rwlocks = Contenders::new(root, Kind::RwLock);
+        let elections = Contenders::new(root, Kind::Election);
+        let groups = BoundNodes::new(root, Kind::Group);
+        let semaphores = Semaphores::new(root, Kind::Semaphore);
+        let barriers = BoundNodes::new(root, Kind::Barrier);
+        let double_barriers = BoundNodes::new(root, Kind::DoubleBarrier);
+        let txn_members = BoundNodes::new(root, Kind::Txn);
         let barrier_watches = ExistsWatches::new(zk.clone());
         let queues = Queues::new(zk.clone(), &config.root, barrier_watches.clone(), instance.id.clone());
         let events = Events::new(zk.clone(), barrier_watches.clone());
@@ -158,9 +163,48 @@ impl AppState {
     }
 }
 
-/// The HTTP application.
+/// Every route of the API and the sockets, each with its spec.
+fn routes() -> OpenApiRouter<AppState> {
+    http::routes().merge(ws::routes())
+}
+
+/// The OpenAPI description of the API (what `/openapi.json` serves and
+/// `openapi/openapi.json` holds).
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    let mut spec = routes().into_openapi();
+    http::document_auth(&mut spec);
+    spec
+}
+
+/// The HTTP application: the API and the sockets behind their guards, `/openapi.json`, Swagger
+/// UI at `/docs`, the status page at `/`, problem documents for unknown routes and methods,
+/// and the outer layers every request passes (origin check, authentication, CORS, tracing).
 pub fn app(state: AppState) -> Router {
-    http::router(state)
+    let (routes, mut spec) = routes().split_for_parts();
+    http::document_auth(&mut spec);
+    let docs = SwaggerUi::new("/docs")
+        .url("/openapi.json", spec)
+        .config(SwaggerConfig::default().validator_url("none"));
+    let api = http::guard(routes, &state)
+        .merge(docs)
+        .route("/", axum::routing::get(index));
+    http::finish(api)
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            http::auth::authenticate,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            http::origin::check_origin,
+        ))
+        .layer(http::origin::cors(&state.config.cors_origin))
+        .layer(tower_http::trace::TraceLayer::new_for_http())
+        .with_state(state)
+}
+
+/// The status page from `web/`, compiled into the binary (it loads nothing from elsewhere).
+async fn index() -> axum::response::Html<&'static str> {
+    axum::response::Html(include_str!("../web/index.html"))
 }
 
 /// A zkgate instance serving in the background.

@@ -92,7 +92,6 @@ impl Limits {
         let count = held.entry(key.clone()).or_default();
         if *count >= max {
             return Err(refusal(
-                "too-many",
                 format!("at most {max} {what}; close one first"),
                 Duration::from_secs(1),
             ));
@@ -123,20 +122,28 @@ impl Drop for Permit {
     }
 }
 
+/// Which kind of limit refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Limit {
+    /// The rate of writes.
+    Rate,
+    /// How many of something may be held at once (sockets, subscriptions, waiters, leases).
+    Held,
+}
+
 /// What a limit says when it refuses: HTTP 429 with `Retry-After`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Refusal {
-    /// Which limit: `rate-limited` (the write rate) or `too-many` (something held).
-    pub slug: &'static str,
+    pub limit: Limit,
     pub detail: String,
     /// When trying again may succeed.
     pub retry_after: Duration,
 }
 
-/// The refusal of a limit reached.
-pub fn refusal(slug: &'static str, detail: String, retry_after: Duration) -> Refusal {
+/// The refusal of a limit on what is held.
+pub fn refusal(detail: String, retry_after: Duration) -> Refusal {
     Refusal {
-        slug,
+        limit: Limit::Held,
         detail,
         retry_after,
     }
@@ -163,13 +170,13 @@ impl Limits {
             return Ok(());
         }
         let key = client_key(caller, address);
-        self.take(&key).map_err(|wait| {
-            let rate = self.settings.write_rate;
-            refusal(
-                "rate-limited",
-                format!("more than {rate} writes a second from {key}; slow down"),
-                wait,
-            )
+        self.take(&key).map_err(|wait| Refusal {
+            limit: Limit::Rate,
+            detail: format!(
+                "more than {} writes a second from {key}; slow down",
+                self.settings.write_rate
+            ),
+            retry_after: wait,
         })
     }
 }

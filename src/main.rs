@@ -64,7 +64,7 @@ async fn run(cli: Cli) -> ExitCode {
             init_logging();
             serve(*config).await
         }
-        Command::Openapi => zkgate::http::openapi()
+        Command::Openapi => zkgate::openapi()
             .to_pretty_json()
             .map(|json| println!("{json}"))
             .map_err(|e| e.to_string()),

@@ -86,7 +86,7 @@ async fn setup() -> Setup {
 /// Every operation of the API as (method, path with `{…}` filled in): `name` for resource
 /// names and keys, made-up ids for the rest.
 fn every_operation(name: &str) -> Vec<(Method, String)> {
-    let spec = serde_json::to_value(zkgate::http::openapi()).expect("spec");
+    let spec = serde_json::to_value(zkgate::openapi()).expect("spec");
     let mut operations = Vec::new();
     for (path, item) in spec["paths"].as_object().expect("paths") {
         let filled = path

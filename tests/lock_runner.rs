@@ -146,7 +146,7 @@ async fn the_command_runs_under_the_lock_with_the_holders_token_and_the_lock_is_
 
     // The runner keeps the lease alive: the lock outlives two TTLs with the same holder. (The
     // wait is the span under test, not a synchronisation.)
-    let ttl = zkgate::duration::parse_duration(TTL).expect("TTL");
+    let ttl = zkgate::time::parse_duration(TTL).expect("TTL");
     tokio::time::sleep(2 * ttl + Duration::from_millis(100)).await;
     let leases = gate.get("/v1/leases").await;
     let ours = leases

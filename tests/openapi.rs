@@ -13,7 +13,7 @@ use zkgate::zk::server::free_port;
 const SPEC_PATH: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/openapi/openapi.json");
 
 fn generated() -> String {
-    zkgate::http::openapi().to_pretty_json().expect("spec serializes") + "\n"
+    zkgate::openapi().to_pretty_json().expect("spec serializes") + "\n"
 }
 
 #[test]

@@ -95,7 +95,7 @@ async fn a_thousand_items_through_vanishing_consumers_are_each_acked_exactly_onc
         (
             state.body["depth"].as_u64(),
             state.body["in_flight"].as_u64(),
-            state.body["dead"].as_u64()
+            state.body["dead_letters"].as_u64()
         ),
         (Some(0), Some(0), Some(0)),
         "{state:?}"

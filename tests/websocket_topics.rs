@@ -147,7 +147,7 @@ async fn rwlock_double_barrier_and_transaction_topics_report_their_changes() {
     assert_eq!(writer.status, StatusCode::ACCEPTED);
     let queued = ws.next_for("RW").await;
     assert_eq!(
-        (queued["type"].as_str(), queued["state"]["waiters"].as_u64()),
+        (queued["type"].as_str(), queued["state"]["waiter_count"].as_u64()),
         (Some("waiters"), Some(1)),
         "{queued}"
     );
@@ -161,7 +161,7 @@ async fn rwlock_double_barrier_and_transaction_topics_report_their_changes() {
     );
 
     let db = subscribe(&mut ws, "DB", json!({"double_barrier": "batch"})).await;
-    assert_eq!(db["state"]["in"], false);
+    assert_eq!(db["state"]["ready"], false);
     let first = gate
         .post(
             "/v1/double-barriers/batch/enter?wait=0",

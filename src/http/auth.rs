@@ -8,10 +8,10 @@ use axum::http::{HeaderMap, Method, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use super::error::ApiError;
+use super::error::{ApiError, Problem};
+use super::routed::Routed;
 use crate::AppState;
 use crate::auth::{Access, Caller};
-use crate::kind::Kind;
 
 /// The WebSocket subprotocol a client offers (besides [SUBPROTOCOL]) to carry its token:
 /// `zkgate.bearer.<token in base64url, no padding>`. Browsers cannot set an `Authorization`
@@ -20,6 +20,11 @@ pub const BEARER_SUBPROTOCOL: &str = "zkgate.bearer.";
 
 /// The subprotocol zkgate answers with when the client offered it.
 pub const SUBPROTOCOL: &str = "zkgate";
+
+/// The bearer token a request was authenticated with, kept for what the request opens: a
+/// socket's calls carry it, so that one forwarded to another instance authenticates there.
+#[derive(Clone)]
+pub struct Token(pub String);
 
 /// The caller of a request, as [authenticate] found it (a WebSocket call carries its socket's).
 /// A request that reached a handler without one was not authenticated: refused, never served
@@ -32,7 +37,7 @@ impl<S: Send + Sync> FromRequestParts<S> for Caller {
             .extensions
             .get::<Caller>()
             .cloned()
-            .ok_or_else(|| ApiError::unauthorized("the request was not authenticated"))
+            .ok_or_else(|| ApiError::new(Problem::Unauthorized, "the request was not authenticated"))
     }
 }
 
@@ -75,16 +80,19 @@ pub async fn authenticate(State(state): State<AppState>, mut request: Request, n
         None => Caller::Anyone,
         Some(_) if is_public(request.uri().path()) => Caller::Anyone,
         Some(authority) => match token_of(request.headers()) {
-            Err(detail) => return ApiError::unauthorized(detail).into_response(),
+            Err(detail) => return ApiError::new(Problem::Unauthorized, detail).into_response(),
             Ok(None) => {
-                return ApiError::unauthorized(
+                return ApiError::new(Problem::Unauthorized,
                     "send `Authorization: Bearer <token>` (on a WebSocket, the `zkgate.bearer.<base64url token>` subprotocol)",
                 )
                 .into_response();
             }
             Ok(Some(token)) => match authority.principal(&token) {
-                Some(principal) => Caller::Principal(principal),
-                None => return ApiError::unauthorized("the token is not valid").into_response(),
+                Some(principal) => {
+                    request.extensions_mut().insert(Token(token));
+                    Caller::Principal(principal)
+                }
+                None => return ApiError::new(Problem::Unauthorized, "the token is not valid").into_response(),
             },
         },
     };
@@ -99,62 +107,40 @@ pub async fn authenticate(State(state): State<AppState>, mut request: Request, n
     next.run(request).await
 }
 
-/// The layer on the API routes: checks the kind and name in the path against the caller's
-/// grants (403). It reads the caller from the
-/// request's extensions, where [authenticate] or a WebSocket call put it.
+/// The layer on the API routes, after routing: the kind and resource the router matched
+/// against the caller's grants (403). Reads on `GET`/`HEAD`, writes otherwise; a kind's listing
+/// (or `POST /v1/txns`) needs some access to the kind (the handler filters, or checks the name
+/// in the body); `/metrics` needs the `metrics` grant. Leases and sockets need none here:
+/// ownership is checked where a lease is used, and each subscription where it is made.
 pub async fn authorize(request: Request, next: Next) -> Response {
     let caller = request.extensions().get::<Caller>().cloned().unwrap_or(Caller::Anyone);
-    if let Err(err) = check_path(&caller, request.method(), request.uri().path()) {
+    let (mut parts, body) = request.into_parts();
+    let routed = match Routed::of(&mut parts).await {
+        Ok(routed) => routed,
+        Err(err) => return err.into_response(),
+    };
+    if let Err(err) = check(&caller, &parts.method, &routed) {
         return err.into_response();
     }
-    next.run(request).await
+    next.run(Request::from_parts(parts, body)).await
 }
 
-/// What a request touches, read from its path: `/v1/<kind>[/<name>[/...]]`.
-fn check_path(caller: &Caller, method: &Method, path: &str) -> Result<(), ApiError> {
+fn check(caller: &Caller, method: &Method, routed: &Routed) -> Result<(), ApiError> {
     let access = if method == Method::GET || method == Method::HEAD {
         Access::Read
     } else {
         Access::Write
     };
-    let mut segments = path.trim_start_matches('/').splitn(3, '/');
-    let first = segments.next().unwrap_or_default();
-    if first == crate::auth::METRICS {
+    if routed.template == "/metrics" {
         return Ok(caller.require(crate::auth::METRICS, "", Access::Read)?);
     }
-    if first != "v1" {
+    let Some(kind) = routed.kind else {
         return Ok(());
+    };
+    match routed.resource() {
+        Some(name) => Ok(caller.require(kind.auth(), name, access)?),
+        None => Ok(caller.require_some(kind.auth(), access)?),
     }
-    let kind = segments.next().unwrap_or_default();
-    let rest = segments.next();
-    match kind {
-        // Leases and sockets: any principal; ownership is checked where a lease is used, and
-        // each subscription where it is made. The audit log is filtered by name.
-        "leases" | "ws" | "revocations" => Ok(()),
-        kind if Kind::from_segment(kind).is_some() => match rest.filter(|r| !r.is_empty()) {
-            // A listing (or `POST /v1/txns`): some access to the kind; the handler filters
-            // (or checks the name in the body).
-            None => Ok(caller.require_some(kind, access)?),
-            Some(rest) => {
-                // The same decoding as the handlers' path extractors; the handlers refuse what
-                // is not a valid name (`..`, `/` in a name) after this.
-                let name = if kind == "kv" {
-                    percent_decode(rest)
-                } else {
-                    percent_decode(rest.split('/').next().unwrap_or_default())
-                };
-                Ok(caller.require(kind, &name, access)?)
-            }
-        },
-        _ => Ok(()),
-    }
-}
-
-/// Percent-decoding as in a URL path (`+` stays `+`), as axum's path extractor does.
-pub(crate) fn percent_decode(text: &str) -> String {
-    percent_encoding::percent_decode_str(text)
-        .decode_utf8_lossy()
-        .into_owned()
 }
 
 #[cfg(test)]
@@ -162,31 +148,30 @@ mod tests {
     use super::*;
     use crate::auth::Authority;
 
-    const CONFIG: &str = r#"
-        [[principals]]
-        name = "billing"
-        tokens = ["sha256:5e884898da28047151d0e56f8dc6292773603d0d6aabbdd62a11ef721d1542d8"]
-        [[principals.grants]]
-        kinds = ["locks", "queues"]
-        prefixes = ["billing-"]
-        access = "write"
-        [[principals.grants]]
-        kinds = ["*"]
-        prefixes = [""]
-        access = "read"
-    "#;
+    const CONFIG: &str = crate::auth::EXAMPLE_CONFIG;
+
+    fn routed(template: &str, params: &[(&str, &str)]) -> Routed {
+        Routed::new(template, params)
+    }
 
     #[test]
-    fn paths_map_to_kind_and_decoded_name() {
+    fn routes_map_to_kind_and_resource() {
         let authority = Authority::parse(CONFIG).expect("parse");
         let caller = Caller::Principal(authority.principal("password").expect("principal"));
-        assert!(check_path(&caller, &Method::POST, "/v1/locks/billing-a/acquire").is_ok());
-        assert!(check_path(&caller, &Method::POST, "/v1/locks/orders/acquire").is_err());
-        // An encoded name is decoded before the prefix check.
-        assert!(check_path(&caller, &Method::POST, "/v1/locks/%62illing-a/acquire").is_ok());
-        assert!(check_path(&caller, &Method::POST, "/v1/kv/billing-a").is_err());
-        assert!(check_path(&caller, &Method::GET, "/v1/kv/anything/at/all").is_ok());
-        assert!(check_path(&caller, &Method::GET, "/metrics").is_ok());
-        assert!(check_path(&caller, &Method::DELETE, "/v1/leases/abc").is_ok());
+        let acquire = "/v1/locks/{name}/acquire";
+        assert!(check(&caller, &Method::POST, &routed(acquire, &[("name", "billing-a")])).is_ok());
+        assert!(check(&caller, &Method::POST, &routed(acquire, &[("name", "orders")])).is_err());
+        assert!(check(&caller, &Method::PUT, &routed("/v1/kv/{*key}", &[("key", "billing-a")])).is_err());
+        assert!(check(&caller, &Method::GET, &routed("/v1/kv/{*key}", &[("key", "any/thing")])).is_ok());
+        assert!(check(&caller, &Method::GET, &routed("/metrics", &[])).is_ok());
+        assert!(check(&caller, &Method::DELETE, &routed("/v1/leases/{id}", &[("id", "abc")])).is_ok());
+        assert!(
+            check(&caller, &Method::POST, &routed("/v1/queues", &[])).is_ok(),
+            "some write access to queues"
+        );
+        assert!(
+            check(&caller, &Method::POST, &routed("/v1/txns", &[])).is_err(),
+            "no write access to any txn"
+        );
     }
 }

@@ -1,25 +1,48 @@
 //! `/v1/barriers`: raise, lower, read, and wait (a long poll) until a barrier is down.
 
-use std::time::{Duration, UNIX_EPOCH};
-
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use serde::{Deserialize, Serialize};
-use zookeeper_client::Client;
+use serde::Deserialize;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
-use super::contention::{self, LockSummary, check_name};
-use super::error::{ApiError, Problem};
+use super::error::{ApiError, Problem, Problems, p};
 use super::extract::{ApiJson, ApiPath, ApiQuery};
-use super::leases::LeaseView;
-use super::timestamp;
+use super::leases::{lease_for, lease_gone};
+use super::{LockSummary, Resource, check_name, list, state_handler};
 use crate::AppState;
 use crate::auth::Caller;
-use crate::duration::HumanDuration;
-use crate::recipes::barrier;
+use crate::events::Feed;
+use crate::kind::Kind;
+use crate::recipes::barrier::{self, BarrierState, BarrierTopic};
 use crate::recipes::ephemeral::BindError;
-use crate::zk::retry_on_loss;
+use crate::recipes::topic::Source;
+use crate::time::HumanDuration;
+
+/// The barrier kind's module.
+pub const RESOURCE: Resource = Resource {
+    kind: Kind::Barrier,
+    about: Some("Barriers (raise, lower, wait until down) and double barriers (enter together, leave together)."),
+    routes,
+    topic: Some(|state, name| Feed::of(source(state, name))),
+};
+
+fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(list_barriers))
+        .routes(routes!(barrier_state, raise, lower))
+        .routes(routes!(wait))
+}
+
+/// Barrier `name` as its topic and `GET` read it.
+fn source(state: &AppState, name: &str) -> BarrierTopic {
+    BarrierTopic {
+        name: name.to_string(),
+        path: state.barriers.dir(name),
+    }
+}
 
 /// Body of a raise (optional): without it the barrier is persistent.
 #[derive(Deserialize, utoipa::ToSchema, Default)]
@@ -29,22 +52,6 @@ pub struct RaiseBody {
     pub lease: Option<String>,
     /// Bind the barrier to a new lease with this TTL.
     pub ttl: Option<HumanDuration>,
-}
-
-/// A barrier's state.
-#[derive(Serialize, utoipa::ToSchema)]
-pub struct BarrierView {
-    #[schema(example = "nightly-import")]
-    pub name: String,
-    /// `true` while the barrier is up (waiters wait).
-    pub up: bool,
-    /// When it was raised.
-    pub since: Option<String>,
-    /// Whether it falls with its owner (a lease-bound, ephemeral barrier).
-    pub bound: bool,
-    /// The lease it is bound to, when raised with one on this instance.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub lease: Option<LeaseView>,
 }
 
 /// Query of a wait.
@@ -58,32 +65,15 @@ pub struct WaitQuery {
     pub wait: Option<HumanDuration>,
 }
 
-/// The barrier as `client`'s session sees it (after a raise, the session that raised it, which
-/// is sure to see it).
-async fn view(state: &AppState, client: &Client, name: &str) -> Result<BarrierView, ApiError> {
-    let path = state.barriers.dir(name);
-    let stat = retry_on_loss(|| client.check_stat(&path)).await?;
-    let lease = state.barriers.get(name, name).map(|node| LeaseView::of(&node.lease));
-    Ok(BarrierView {
-        name: name.to_string(),
-        up: stat.is_some(),
-        since: stat.map(|s| timestamp(UNIX_EPOCH + Duration::from_millis(s.ctime.max(0) as u64))),
-        bound: stat.is_some_and(|s| s.ephemeral_owner != 0),
-        lease,
-    })
-}
-
 /// Raises a barrier: persistent without a body, bound to a lease (it falls when the lease
 /// ends) with `lease` or `ttl`. Raising a raised barrier is a no-op (200).
 #[utoipa::path(put, path = "/v1/barriers/{name}", tag = "barriers",
     params(("name" = String, Path, description = "Barrier name")),
     request_body(content = Option<RaiseBody>, description = "Optional.", example = json!({"ttl": "5m"})),
     responses(
-        (status = 201, description = "Raised", body = BarrierView),
-        (status = 200, description = "Already up", body = BarrierView),
-        (status = 400, description = "Bad name or body", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No such lease", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "ZooKeeper unreachable", body = Problem, content_type = "application/problem+json"),
+        (status = 201, description = "Raised", body = BarrierState),
+        (status = 200, description = "Already up", body = BarrierState),
+        Problems<(p::InvalidField, p::MalformedBody, p::NotFound, p::LeaseEnded, p::ZookeeperUnavailable,)>,
     ))]
 pub async fn raise(
     State(state): State<AppState>,
@@ -93,26 +83,25 @@ pub async fn raise(
 ) -> Result<Response, ApiError> {
     check_name(&name)?;
     let body = body.unwrap_or_default();
+    let path = state.barriers.dir(&name);
+    // The answer is the barrier as the session that raised it sees it, which is sure to see it.
     let (created, client) = if body.lease.is_none() && body.ttl.is_none() {
         let client = state.zk().connected().await?.client;
-        (barrier::raise(&client, &state.barriers.dir(&name)).await?, client)
+        (barrier::raise(&client, &path).await?, client)
     } else {
-        let (lease, _) = contention::lease_for(&state, &caller, body.lease, body.ttl.map(|t| t.0))?;
+        let (lease, _) = lease_for(&state, &caller, body.lease, body.ttl.map(|t| t.0))?;
         let client = lease.session().await?;
-        let created = match state
-            .barriers
-            .bind(&client, state.barriers.base(), &name, &name, &[], &lease)
-            .await
-        {
+        let data = serde_json::json!({ "lease": lease.id }).to_string().into_bytes();
+        let created = match state.barriers.bind(&lease, &name, &name, path, data).await {
             Ok(_) => true,
             Err(BindError::Taken) => false,
-            Err(BindError::LeaseEnded) => return Err(contention::lease_gone(&state, &lease)),
+            Err(BindError::LeaseEnded) => return Err(lease_gone(&state, &lease)),
             Err(BindError::ZooKeeper(err)) => return Err(err.into()),
         };
         (created, client)
     };
     let status = if created { StatusCode::CREATED } else { StatusCode::OK };
-    Ok((status, Json(view(&state, &client, &name).await?)).into_response())
+    Ok((status, Json(source(&state, &name).read(&client).await?)).into_response())
 }
 
 /// Lowers a barrier, releasing every waiter.
@@ -120,14 +109,12 @@ pub async fn raise(
     params(("name" = String, Path, description = "Barrier name")),
     responses(
         (status = 204, description = "Lowered"),
-        (status = 400, description = "Bad name", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "The barrier is not up", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "ZooKeeper unreachable", body = Problem, content_type = "application/problem+json"),
+        Problems<(p::InvalidField, p::NotFound, p::ZookeeperUnavailable,)>,
     ))]
 pub async fn lower(State(state): State<AppState>, ApiPath(name): ApiPath<String>) -> Result<StatusCode, ApiError> {
     check_name(&name)?;
     if let Some(bound) = state.barriers.get(&name, &name) {
-        bound.remove().await;
+        state.barriers.release(&bound).await;
         return Ok(StatusCode::NO_CONTENT);
     }
     let client = state.zk().connected().await?.client;
@@ -138,22 +125,14 @@ pub async fn lower(State(state): State<AppState>, ApiPath(name): ApiPath<String>
     }
 }
 
-/// Reads whether a barrier is up.
-#[utoipa::path(get, path = "/v1/barriers/{name}", tag = "barriers",
-    params(("name" = String, Path, description = "Barrier name")),
-    responses(
-        (status = 200, body = BarrierView),
-        (status = 400, description = "Bad name", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "ZooKeeper unreachable", body = Problem, content_type = "application/problem+json"),
-    ))]
-pub async fn barrier_state(
-    State(state): State<AppState>,
-    ApiPath(name): ApiPath<String>,
-) -> Result<Json<BarrierView>, ApiError> {
-    check_name(&name)?;
-    let client = state.zk().current()?.client;
-    Ok(Json(view(&state, &client, &name).await?))
-}
+state_handler!(
+    /// Reads whether a barrier is up.
+    barrier_state,
+    "/v1/barriers/{name}",
+    "barriers",
+    "Barrier name",
+    BarrierState
+);
 
 /// Waits until the barrier is down (a long poll): 200 once it is (at once if it is not up),
 /// 409 `barrier-up` if the wait ends first. All waiters on this instance share one ZooKeeper
@@ -161,32 +140,29 @@ pub async fn barrier_state(
 #[utoipa::path(get, path = "/v1/barriers/{name}/wait", tag = "barriers",
     params(("name" = String, Path, description = "Barrier name"), WaitQuery),
     responses(
-        (status = 200, description = "The barrier is down: proceed", body = BarrierView),
-        (status = 400, description = "Bad name or query", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "Still up when the wait ended", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "ZooKeeper unreachable", body = Problem, content_type = "application/problem+json"),
+        (status = 200, description = "The barrier is down: proceed", body = BarrierState),
+        Problems<(p::InvalidField, p::BarrierUp, p::ZookeeperUnavailable,)>,
     ))]
 pub async fn wait(
     State(state): State<AppState>,
     ApiPath(name): ApiPath<String>,
     ApiQuery(query): ApiQuery<WaitQuery>,
-) -> Result<Json<BarrierView>, ApiError> {
+) -> Result<Json<BarrierState>, ApiError> {
     check_name(&name)?;
     state.zk().current()?;
     let wait = state.config.wait(query.wait.map(|w| w.0));
     let path = state.barriers.dir(&name);
     let down = barrier::wait_down(&state.barrier_watches, &path);
     if tokio::time::timeout(wait, down).await.is_err() {
-        return Err(ApiError::conflict(
-            "barrier-up",
-            "Barrier still up",
+        return Err(ApiError::new(
+            Problem::BarrierUp,
             format!(
                 "barrier `{name}` was still up after {}",
                 humantime::format_duration(wait)
             ),
         ));
     }
-    Ok(Json(BarrierView {
+    Ok(Json(BarrierState {
         name,
         up: false,
         since: None,
@@ -198,8 +174,8 @@ pub async fn wait(
 /// Lists the barriers that are up.
 #[utoipa::path(get, path = "/v1/barriers", tag = "barriers", responses(
     (status = 200, body = Vec<LockSummary>),
-    (status = 503, description = "ZooKeeper unreachable", body = Problem, content_type = "application/problem+json"),
+    Problems<(p::ZookeeperUnavailable,)>,
 ))]
 pub async fn list_barriers(State(state): State<AppState>, caller: Caller) -> Result<Json<Vec<LockSummary>>, ApiError> {
-    super::contention::list_summaries(&state, &caller, state.barriers.base()).await
+    list(&state, &caller, Kind::Barrier).await
 }

@@ -1,25 +1,26 @@
-//! What the lock-like resources share over HTTP (exclusive locks, read/write locks): the
-//! long-poll acquire, the handle views, the release, and the contender views of a resource.
+//! What the lock-like resources share over HTTP (exclusive locks, read/write locks, elections,
+//! semaphores): the long-poll acquire and how its outcome maps to a status, the waiter limits,
+//! the handle views and their long polls, the release, and revocation.
 
+use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::Duration;
 
 use axum::Json;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
-use tokio::time::Instant;
 
-use super::error::{ApiError, Place};
-use super::leases::LeaseView;
-use super::{millis_since, timestamp};
+use super::check_name;
+use super::error::{ApiError, Place, Problem};
+use super::leases::{LeaseView, lease_for, lease_gone};
 use crate::AppState;
 use crate::auth::Caller;
-use crate::duration::HumanDuration;
-use crate::lease::{EndReason, Lease};
-use crate::recipes::contender::{Contender, ContenderRecord, Contenders, Next, Phase, Refused, Role, read_contenders};
-use crate::recipes::revocation::{self, Revocation};
-use crate::zk::names::validate_name;
+use crate::recipes::contender::{Contender, Contenders, Role, position_now};
+use crate::recipes::handle::{Handle, Handles, Phase, Protocol, Refused};
+use crate::recipes::lease::{EndReason, Lease};
+use crate::recipes::revocation::{self, Revocation, RevokeError};
+use crate::time::{HumanDuration, timestamp};
 
 /// How long an acquire waits for ZooKeeper to create the contender and answer the first
 /// listing when the caller's own wait is shorter (a try-lock still needs that round trip).
@@ -78,73 +79,6 @@ pub struct Acquisition {
     pub lease: LeaseView,
 }
 
-/// One contender, as ZooKeeper has it.
-#[derive(Serialize, utoipa::ToSchema)]
-pub struct ContenderView {
-    /// Znode name under the lock.
-    pub node: String,
-    /// ZooKeeper's sequence number: the queue order.
-    pub sequence: u64,
-    /// `read` or `write`, for a read/write lock.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub mode: Option<&'static str>,
-    /// The znode's czxid: the fencing token of this contender once it holds the lock.
-    pub fencing_token: i64,
-    /// When the contender joined the queue.
-    pub created_at: String,
-    /// Milliseconds since it joined the queue (for a waiter: how long it has waited).
-    pub age_ms: u64,
-    /// For a holder, when it was granted, if this instance knows (its own contenders).
-    pub held_since: Option<String>,
-    /// For a holder, milliseconds held, if known.
-    pub held_ms: Option<u64>,
-    /// The zkgate lease of the contender, for zkgate's contenders.
-    pub lease: Option<String>,
-    /// Who created it: `zkgate`, `curator` or `kazoo` (by node name), or `other`.
-    #[schema(example = "zkgate")]
-    pub client: &'static str,
-    /// Whether someone asked this holder to give the lock up.
-    pub revocation_requested: bool,
-    /// Who asked, why and when (for zkgate's holders; Curator's signal carries no record).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub revocation: Option<Revocation>,
-}
-
-/// A resource in a list.
-#[derive(Serialize, utoipa::ToSchema)]
-pub struct LockSummary {
-    #[schema(example = "orders")]
-    pub name: String,
-    /// Holders plus waiters.
-    pub contenders: i32,
-}
-
-/// The `GET /v1/<recipe>` listing shared by every recipe kept as one directory per name: each
-/// name under `base` with its number of children (contenders, members, items).
-pub async fn list_summaries(state: &AppState, caller: &Caller, base: &str) -> Result<Json<Vec<LockSummary>>, ApiError> {
-    let client = state.zk().current()?.client;
-    let names = readable_names(
-        caller,
-        base,
-        crate::recipes::contender::read_names(&client, base).await?,
-    );
-    Ok(Json(
-        names
-            .into_iter()
-            .map(|(name, contenders)| LockSummary { name, contenders })
-            .collect(),
-    ))
-}
-
-/// The names under `base` (`<root>/<kind>`) that the caller may read.
-pub fn readable_names<T>(caller: &Caller, base: &str, names: Vec<(String, T)>) -> Vec<(String, T)> {
-    let kind = base.rsplit('/').next().unwrap_or_default();
-    names
-        .into_iter()
-        .filter(|(name, _)| caller.may(kind, name, crate::auth::Access::Read))
-        .collect()
-}
-
 /// A handle: one lease's place at one lock.
 #[derive(Serialize, utoipa::ToSchema)]
 pub struct HandleView {
@@ -170,106 +104,133 @@ pub struct HandleView {
     pub revocation: Option<Revocation>,
 }
 
-/// `read` / `write` for the roles of a read/write lock.
-pub fn mode_of(role: Role) -> Option<&'static str> {
-    match role {
-        Role::Exclusive => None,
-        Role::Read => Some("read"),
-        Role::Write => Some("write"),
-        Role::Candidate => None,
-    }
-}
-
-pub fn check_name(name: &str) -> Result<(), ApiError> {
-    validate_name(name).map_err(|e| ApiError::invalid(Place::Path, "name", e))
-}
-
-/// One acquire (or campaign) request, after parsing.
+/// One acquire (or campaign, or permit) request, after parsing.
 pub struct Request<'a> {
     pub caller: &'a Caller,
     pub name: &'a str,
-    pub role: Role,
     /// The wait asked for (`None`: the server's maximum).
     pub wait: Option<Duration>,
     /// Stay queued when the wait ends without a grant.
     pub keep_queued: bool,
     pub lease: Option<String>,
     pub ttl: Option<Duration>,
-    /// The value a new contender publishes (an election candidate's).
-    pub value: Option<serde_json::Value>,
 }
 
 /// What a request came to: granted, or (asked to stay) still queued.
-pub struct Contention {
-    pub contender: Arc<Contender>,
+pub struct Granted<P: Protocol> {
+    pub handle: Arc<Handle<P>>,
     pub lease: Arc<Lease>,
     pub granted: bool,
 }
 
-/// The acquire long poll for `request.role` at resource `request.name` of `registry`.
-pub async fn contend(state: &AppState, registry: &Contenders, request: Request<'_>) -> Result<Contention, ApiError> {
+impl<P: Protocol> Granted<P> {
+    /// 200 when granted, 202 when still queued.
+    pub fn status(&self) -> StatusCode {
+        if self.granted {
+            StatusCode::OK
+        } else {
+            StatusCode::ACCEPTED
+        }
+    }
+}
+
+/// The acquire long poll at resource `request.name` of `handles`: finds or makes the lease,
+/// checks the waiter limits, lets `open` make (or find again) the lease's handle, and waits for
+/// the grant. A wait that ends without it leaves the queue (409) unless asked to stay (202); a
+/// lease made for the request goes with a request that comes to nothing.
+pub async fn contend<P, F, Fut>(
+    state: &AppState,
+    handles: &Handles<P>,
+    request: Request<'_>,
+    open: F,
+) -> Result<Granted<P>, ApiError>
+where
+    P: Protocol,
+    F: FnOnce(Arc<Lease>) -> Fut,
+    Fut: Future<Output = Result<Arc<Handle<P>>, ApiError>>,
+{
     let name = request.name;
     check_name(name)?;
     let wait = state.config.wait(request.wait);
     let caller = request.caller;
     let (lease, own_lease) = lease_for(state, caller, request.lease, request.ttl)?;
-    if let Err(refused) = check_waiter_limits(state, registry, &lease, name) {
-        if own_lease {
-            let _ = state.leases.end(caller, &lease.id, EndReason::Deleted).await;
-        }
-        return Err(refused);
-    }
-    let contender = match registry.contend(&lease, name, request.role, request.value) {
-        Ok((contender, _new)) => contender,
-        Err(Refused::LeaseEnded) => return Err(lease_gone(state, &lease)),
-        Err(Refused::OtherRole(existing)) => return Err(other_role(name, &existing, request.role)),
+    let opened = match check_waiter_limits(state, handles, &lease, name) {
+        Ok(()) => open(lease.clone()).await,
+        Err(refused) => Err(refused),
     };
-    let outcome = wait_for_grant(&contender, wait).await;
+    let handle = match opened {
+        Ok(handle) => handle,
+        Err(err) => {
+            if own_lease {
+                let _ = state.leases.end(caller, &lease.id, EndReason::Deleted).await;
+            }
+            return Err(err);
+        }
+    };
+    let outcome = handle.granted_within(wait, FIRST_DECISION_LIMIT).await;
     if matches!(outcome, Phase::Waiting { .. }) {
         crate::metrics::get()
             .lock_timeouts
-            .with_label_values(&[request.role.kind(), name])
+            .with_label_values(&[handles.kind().label(), name])
             .inc();
     }
+    let kept = |granted| {
+        Ok(Granted {
+            handle: handle.clone(),
+            lease: lease.clone(),
+            granted,
+        })
+    };
     match outcome {
-        Phase::Held { .. } => Ok(Contention {
-            contender,
-            lease,
-            granted: true,
-        }),
-        Phase::Waiting { .. } if request.keep_queued => Ok(Contention {
-            contender,
-            lease,
-            granted: false,
-        }),
+        Phase::Held { .. } => kept(true),
+        Phase::Waiting { .. } if request.keep_queued => kept(false),
         Phase::Waiting { position } => {
-            give_up(state, registry, &contender, own_lease).await;
-            Err(ApiError::not_acquired(format!(
-                "`{name}` was not granted within {}; the request left the queue (it was at position {position})",
-                humantime::format_duration(wait)
-            ))
+            give_up(state, handles, &handle, own_lease).await;
+            Err(ApiError::new(
+                Problem::LockNotAcquired,
+                format!(
+                    "`{name}` was not granted within {}; the request left the queue (it was at position {position})",
+                    humantime::format_duration(wait)
+                ),
+            )
             .with("position", position)
             .with("queued", false))
         }
         Phase::Pending => {
-            give_up(state, registry, &contender, own_lease).await;
+            give_up(state, handles, &handle, own_lease).await;
             Err(ApiError::unavailable(
                 "ZooKeeper did not answer in time; the request left the queue",
             ))
         }
         Phase::Lost { reason } => Err(match state.leases.peek(&lease.id) {
             Err(lease_err) => ApiError::from(lease_err),
-            Ok(_) => ApiError::gone(
-                "lock-lost",
-                "Lock lost",
+            Ok(_) => ApiError::new(
+                Problem::LockLost,
                 format!("the contender for `{name}` was lost: {reason}"),
             ),
         }),
         Phase::Failed { error } => {
-            give_up(state, registry, &contender, own_lease).await;
+            give_up(state, handles, &handle, own_lease).await;
             Err(ApiError::from(error))
         }
         Phase::Released => Err(lease_gone(state, &lease)),
+    }
+}
+
+/// The contender of `lease` in `role` at `name`, for [contend]: refused if the lease contends
+/// here in another role.
+pub fn open_contender(
+    state: &AppState,
+    registry: &Contenders,
+    lease: &Arc<Lease>,
+    name: &str,
+    role: Role,
+    value: Option<serde_json::Value>,
+) -> Result<Arc<Contender>, ApiError> {
+    match registry.contend(lease, name, role, value) {
+        Ok((contender, _new)) => Ok(contender),
+        Err(Refused::LeaseEnded) => Err(lease_gone(state, lease)),
+        Err(Refused::Taken(existing)) => Err(other_role(name, &existing, role)),
     }
 }
 
@@ -287,129 +248,78 @@ pub async fn acquire(
     let request = Request {
         caller,
         name,
-        role,
         wait: params.wait.map(|w| w.0),
         keep_queued: params.keep_queued == Some(true),
         lease: body.lease,
         ttl: body.ttl.map(|t| t.0),
-        value: None,
     };
-    let outcome = contend(state, registry, request).await?;
-    let status = if outcome.granted {
-        StatusCode::OK
-    } else {
-        StatusCode::ACCEPTED
-    };
-    Ok((status, Json(acquisition(&outcome.contender, &outcome.lease))).into_response())
+    let open = async |lease: Arc<Lease>| open_contender(state, registry, &lease, name, role, None);
+    let outcome = contend(state, registry, request, open).await?;
+    Ok((outcome.status(), Json(acquisition(&outcome.handle, &outcome.lease))).into_response())
 }
 
-/// Refuses (429) a new contender beyond the waiters allowed per lock or per principal on this
-/// instance; a retry by a lease that already contends is never refused.
-fn check_waiter_limits(state: &AppState, registry: &Contenders, lease: &Lease, name: &str) -> Result<(), ApiError> {
-    if registry.contends(lease, name) {
+/// Refuses (429) a new handle beyond the waiters allowed per resource or per principal on
+/// this instance; a retry by a lease that already waits here is never refused.
+fn check_waiter_limits<P: Protocol>(
+    state: &AppState,
+    handles: &Handles<P>,
+    lease: &Lease,
+    name: &str,
+) -> Result<(), ApiError> {
+    if handles.holds(lease, name) {
         return Ok(());
     }
     let settings = state.limits.settings;
     let retry = Duration::from_secs(1);
-    if registry.queued(|c| c.name == name) >= settings.waiters_per_lock {
-        return Err(crate::limits::refusal(
-            "too-many",
-            format!(
-                "at most {} contenders may wait for `{name}` on this instance",
-                settings.waiters_per_lock
-            ),
-            retry,
-        )
-        .into());
+    if handles.queued(|h| h.name == name) >= settings.waiters_per_lock {
+        let detail = format!(
+            "at most {} contenders may wait for `{name}` on this instance",
+            settings.waiters_per_lock
+        );
+        return Err(crate::limits::refusal(detail, retry).into());
     }
-    let mine: usize = [&state.locks, &state.rwlocks, &state.elections]
+    let owned = |owner: &Option<String>| *owner == lease.owner;
+    let mine = [&state.locks, &state.rwlocks, &state.elections]
         .iter()
-        .map(|r| r.queued(|c| c.lease.owner == lease.owner))
-        .sum();
+        .map(|r| r.queued(|h| owned(&h.lease.owner)))
+        .sum::<usize>()
+        + state.semaphores.queued(|h| owned(&h.lease.owner));
     if mine >= settings.waiters_per_principal {
-        return Err(crate::limits::refusal(
-            "too-many",
-            format!(
-                "at most {} waiting contenders per principal on this instance",
-                settings.waiters_per_principal
-            ),
-            retry,
-        )
-        .into());
+        let detail = format!(
+            "at most {} waiting contenders per principal on this instance",
+            settings.waiters_per_principal
+        );
+        return Err(crate::limits::refusal(detail, retry).into());
     }
     Ok(())
-}
-
-/// The lease a request names, or a new one (with `ttl`) when it names none; the flag says
-/// whether it was made for this request (and should go if the request comes to nothing).
-pub fn lease_for(
-    state: &AppState,
-    caller: &Caller,
-    lease: Option<String>,
-    ttl: Option<Duration>,
-) -> Result<(Arc<Lease>, bool), ApiError> {
-    match (lease, ttl) {
-        (Some(_), Some(_)) => Err(ApiError::invalid(
-            Place::Body,
-            "ttl",
-            "only applies when no `lease` is given",
-        )),
-        (Some(id), None) => Ok((state.leases.get(caller, &id)?, false)),
-        (None, ttl) => {
-            if ttl.is_some_and(|t| t.is_zero()) {
-                return Err(ApiError::invalid(Place::Body, "ttl", "must be above zero"));
-            }
-            Ok((state.leases.create(caller, ttl, None)?, true))
-        }
-    }
-}
-
-/// The error for a request whose lease ended while it was served.
-pub fn lease_gone(state: &AppState, lease: &Lease) -> ApiError {
-    state
-        .leases
-        .peek(&lease.id)
-        .err()
-        .map(ApiError::from)
-        .unwrap_or_else(|| ApiError::not_acquired("the contender was released while it waited"))
 }
 
 /// A lease that reads asks to write (or the other way round): refused, because two readers
 /// upgrading at once would wait for each other forever.
 fn other_role(name: &str, existing: &Contender, asked: Role) -> ApiError {
-    let (has, wants) = (mode_of(existing.role).unwrap_or("?"), mode_of(asked).unwrap_or("?"));
-    ApiError::conflict(
-        "mode-change-refused",
-        "Lock mode change refused",
+    let (has, wants) = (
+        existing.protocol.role.mode().unwrap_or("?"),
+        asked.mode().unwrap_or("?"),
+    );
+    ApiError::new(
+        Problem::ModeChangeRefused,
         format!(
             "this lease already has a {has} contender on `{name}` (handle `{}`); release it before asking to {wants}: \
              upgrading a read lock in place would deadlock two readers doing the same",
-            existing.handle
+            existing.id
         ),
     )
-    .with("handle", &existing.handle)
+    .with("handle", &existing.id)
     .with("mode", has)
 }
 
-/// Waits for the contender's first decision (bounded by [FIRST_DECISION_LIMIT] even for a
-/// try-lock), then for a grant or a final phase until `wait` has passed since the start.
-async fn wait_for_grant(contender: &Contender, wait: Duration) -> Phase {
-    let deadline = Instant::now() + wait;
-    let mut updates = contender.subscribe();
-    let first = deadline.max(Instant::now() + FIRST_DECISION_LIMIT);
-    let _ = tokio::time::timeout_at(first, updates.wait_for(|s| s.phase != Phase::Pending)).await;
-    let granted_or_done = updates.wait_for(|s| matches!(s.phase, Phase::Held { .. }) || s.phase.is_final());
-    let _ = tokio::time::timeout_at(deadline, granted_or_done).await;
-    contender.state().phase
-}
-
 /// Leaves the queue; a lease made just for this request goes too.
-async fn give_up(state: &AppState, registry: &Contenders, contender: &Arc<Contender>, own_lease: bool) {
-    registry.release(contender).await;
+async fn give_up<P: Protocol>(state: &AppState, handles: &Handles<P>, handle: &Arc<Handle<P>>, own_lease: bool) {
+    handles.release(handle).await;
     if own_lease {
         let _ = state
             .leases
-            .end(&Caller::Anyone, &contender.lease.id, EndReason::Deleted)
+            .end(&Caller::Anyone, &handle.lease.id, EndReason::Deleted)
             .await;
     }
 }
@@ -423,9 +333,9 @@ fn acquisition(contender: &Contender, lease: &Lease) -> Acquisition {
     };
     Acquisition {
         lock: contender.name.clone(),
-        mode: mode_of(contender.role),
+        mode: contender.protocol.role.mode(),
         acquired,
-        handle: contender.handle.clone(),
+        handle: contender.id.clone(),
         fencing_token: current.fencing_token(),
         position,
         node: current.node.map(|n| n.name),
@@ -434,115 +344,78 @@ fn acquisition(contender: &Contender, lease: &Lease) -> Acquisition {
     }
 }
 
-/// The view of a contender read from ZooKeeper; `held_since` when this instance knows it.
-pub fn contender_view(
-    record: ContenderRecord,
-    mode: Option<&'static str>,
-    registry_local: Option<&Contender>,
-) -> ContenderView {
-    let held_since = registry_local.and_then(|c| match c.state().phase {
-        Phase::Held { since } => Some(since),
-        _ => None,
-    });
-    let created = UNIX_EPOCH + Duration::from_millis(record.ctime.max(0) as u64);
-    let lease = serde_json::from_slice::<serde_json::Value>(&record.data)
-        .ok()
-        .and_then(|v| v.get("lease").and_then(|l| l.as_str()).map(str::to_string));
-    let client = if lease.is_some() {
-        "zkgate"
-    } else if record.name.starts_with("_c_") {
-        "curator"
-    } else if record.name.contains("__lock__") || record.name.contains("__rlock__") {
-        "kazoo"
-    } else {
-        "other"
-    };
-    let revocation = revocation::record_in(&record.data);
-    let revocation_requested = revocation.is_some() || record.data == revocation::CURATOR_REVOKE;
-    ContenderView {
-        revocation_requested,
-        revocation,
-        node: record.name,
-        sequence: record.sequence,
-        mode,
-        fencing_token: record.czxid,
-        created_at: timestamp(created),
-        age_ms: millis_since(created),
-        held_since: held_since.map(timestamp),
-        held_ms: held_since.map(millis_since),
-        lease,
-        client,
-    }
-}
-
-/// The contender with this handle at `name`, or 404.
-pub fn find_handle(
-    registry: &Contenders,
+/// The handle `handle` of resource `name` of `handles`, if `caller` may use it; 404 otherwise.
+pub fn find_handle<P: Protocol>(
+    handles: &Handles<P>,
     caller: &Caller,
     name: &str,
     handle: &str,
-) -> Result<Arc<Contender>, ApiError> {
+) -> Result<Arc<Handle<P>>, ApiError> {
     check_name(name)?;
-    let contender = registry.by_handle(name, handle).ok_or_else(|| {
+    let found = handles.get(name, handle).ok_or_else(|| {
         ApiError::not_found(
             "handle",
-            format!("no handle `{handle}` for lock `{name}` on this instance"),
+            format!(
+                "no handle `{handle}` for {} `{name}` on this instance",
+                handles.kind().name()
+            ),
         )
     })?;
-    contender.lease.check_owner(caller)?;
-    Ok(contender)
+    found.lease.check_owner(caller)?;
+    Ok(found)
 }
 
-/// Where a handle stands. A waiter's position is read afresh: it watches only the node right
-/// before it, so its own record of the queue ahead is as old as that node.
-pub async fn handle_view(state: &AppState, registry: &Contenders, contender: &Contender) -> HandleView {
+/// Where a handle stands. A waiter's position is read afresh (see [position_now]).
+pub async fn handle_view(state: &AppState, contender: &Contender) -> HandleView {
     let current = contender.state();
-    let (position, held_since, reason) = match &current.phase {
-        Phase::Waiting { position } => (
-            Some(fresh_position(state, registry, contender).await.unwrap_or(*position)),
-            None,
-            None,
-        ),
-        Phase::Held { since } => (None, Some(timestamp(*since)), None),
-        Phase::Lost { reason } => (None, None, Some(reason.clone())),
-        Phase::Failed { error } => (None, None, Some(error.to_string())),
-        Phase::Pending | Phase::Released => (None, None, None),
+    let (position, reason) = match &current.phase {
+        Phase::Waiting { position } => (Some(fresh_position(state, contender).await.unwrap_or(*position)), None),
+        Phase::Lost { reason } => (None, Some(reason.clone())),
+        Phase::Failed { error } => (None, Some(error.to_string())),
+        _ => (None, None),
     };
     HandleView {
         lock: contender.name.clone(),
-        mode: mode_of(contender.role),
-        handle: contender.handle.clone(),
+        mode: contender.protocol.role.mode(),
+        handle: contender.id.clone(),
         lease: contender.lease.id.clone(),
         state: current.phase.name(),
         position,
         fencing_token: current.fencing_token(),
         node: current.node.map(|n| n.name),
-        held_since,
+        held_since: held_since(&current.phase),
         reason,
         revocation: current.revocation,
     }
 }
 
-/// Releases a handle; 410 if the lock had been lost before.
-pub async fn release(registry: &Contenders, contender: &Arc<Contender>) -> Result<StatusCode, ApiError> {
-    registry.release(contender).await;
-    match contender.state().phase {
-        Phase::Lost { reason } => Err(ApiError::gone(
-            "lock-lost",
-            "Lock lost",
-            format!("lock `{}` had been lost before this release: {reason}", contender.name),
-        )),
-        _ => Ok(StatusCode::NO_CONTENT),
+/// When a phase began holding.
+pub fn held_since(phase: &Phase) -> Option<String> {
+    match phase {
+        Phase::Held { since } => Some(timestamp(*since)),
+        _ => None,
     }
 }
 
-async fn fresh_position(state: &AppState, registry: &Contenders, contender: &Contender) -> Option<usize> {
-    let node = contender.state().node?;
+/// A waiting contender's position, read afresh on the primary session.
+pub async fn fresh_position(state: &AppState, contender: &Contender) -> Option<usize> {
     let client = state.zk().current().ok()?.client;
-    let children = client.list_children(&registry.dir(&contender.name)).await.ok()?;
-    match contender.role.next_step(&children, &node.name) {
-        Next::Wait { position, .. } => Some(position),
-        _ => None,
+    position_now(&client, contender).await
+}
+
+/// Releases a handle; 410 if the lock had been lost before.
+pub async fn release<P: Protocol>(handles: &Handles<P>, handle: &Arc<Handle<P>>) -> Result<StatusCode, ApiError> {
+    handles.release(handle).await;
+    match handle.state().phase {
+        Phase::Lost { reason } => Err(ApiError::new(
+            Problem::LockLost,
+            format!(
+                "{} `{}` had been lost before this release: {reason}",
+                handles.kind().name(),
+                handle.name
+            ),
+        )),
+        _ => Ok(StatusCode::NO_CONTENT),
     }
 }
 
@@ -558,10 +431,10 @@ pub struct HandleQuery {
 }
 
 /// Waits for what [HandleQuery::wait] describes.
-pub async fn wait_for_news(state: &AppState, contender: &Contender, wait: Option<HumanDuration>) {
+pub async fn wait_for_news<P: Protocol>(state: &AppState, handle: &Handle<P>, wait: Option<HumanDuration>) {
     let Some(wait) = wait else { return };
-    let was_held = matches!(contender.state().phase, Phase::Held { .. });
-    let mut updates = contender.subscribe();
+    let was_held = matches!(handle.state().phase, Phase::Held { .. });
+    let mut updates = handle.subscribe();
     let news = updates.wait_for(|s| {
         s.revocation.is_some() || s.phase.is_final() || (!was_held && matches!(s.phase, Phase::Held { .. }))
     });
@@ -600,7 +473,6 @@ pub async fn revoke(
     state: &AppState,
     caller: &Caller,
     registry: &Contenders,
-    kind: &str,
     name: &str,
     role_of: fn(&str) -> Role,
     body: RevokeBody,
@@ -616,70 +488,30 @@ pub async fn revoke(
         }
     }
     let client = state.zk().connected().await?.client;
-    let dir = registry.dir(name);
-    let records = read_contenders(&client, &dir).await?.unwrap_or_default();
-    let children: Vec<String> = records.iter().map(|r| r.name.clone()).collect();
-    let targets: Vec<&ContenderRecord> = match &body.node {
-        Some(node) => match records.iter().find(|r| &r.name == node) {
-            Some(record) => vec![record],
-            None => {
-                return Err(ApiError::not_found(
-                    "node",
-                    format!("`{node}` is not a contender of `{name}`"),
-                ));
-            }
-        },
-        None => records
-            .iter()
-            .filter(|r| role_of(&r.name).next_step(&children, &r.name) == Next::Hold)
-            .collect(),
+    let request = revocation::Request {
+        kind: registry.kind(),
+        name,
+        dir: registry.dir(name),
+        by: &body.by,
+        reason: &body.reason,
+        grace: body.grace.map(|g| g.0),
+        node: body.node.as_deref(),
+        role_of,
     };
-    if targets.is_empty() {
-        return Err(ApiError::conflict(
-            "nothing-to-revoke",
-            "Nothing to revoke",
-            format!("`{name}` has no holder"),
-        ));
-    }
-    // Only the holder's own principal, or an admin, may take it back (Curator's and kazoo's
-    // holders have no principal: admins only).
-    for target in &targets {
-        let owner = serde_json::from_slice::<serde_json::Value>(&target.data)
-            .ok()
-            .and_then(|data| data.get("principal").and_then(|p| p.as_str()).map(str::to_string));
-        caller.require_owner(owner.as_deref(), &format!("the holder `{}`", target.name))?;
-    }
-    let at_ms = std::time::SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_millis() as i64;
-    let mut revocations = Vec::new();
-    for target in targets {
-        let record = Revocation {
-            kind: kind.to_string(),
-            lock: name.to_string(),
-            node: target.name.clone(),
-            by: body.by.clone(),
-            reason: body.reason.clone(),
-            at_ms,
-            grace_ms: body.grace.map(|g| g.0.as_millis() as u64),
-        };
-        let path = format!("{dir}/{}", target.name);
-        match revocation::signal(&client, &path, &record).await {
-            Ok(_) => {}
-            Err(zookeeper_client::Error::NoNode) => continue, // released meanwhile
-            Err(err) => return Err(err.into()),
-        }
-        if let Some(grace) = body.grace {
-            revocation::force_after(client.clone(), path, target.czxid, grace.0);
-        }
-        revocation::audit(&client, &format!("{}/revocations", state.config.root), &record).await?;
-        tracing::info!(kind, lock = name, node = %record.node, by = %record.by, reason = %record.reason, "revocation requested");
-        crate::metrics::get()
-            .lock_revocations
-            .with_label_values(&[kind, name])
-            .inc();
-        revocations.push(record);
-    }
+    let audit_base = format!("{}/revocations", state.config.root);
+    let revocations = revocation::revoke(&client, &audit_base, request, caller)
+        .await
+        .map_err(|err| match err {
+            RevokeError::NoSuchNode => ApiError::not_found(
+                "node",
+                format!(
+                    "`{}` is not a contender of `{name}`",
+                    body.node.as_deref().unwrap_or_default()
+                ),
+            ),
+            RevokeError::NobodyHolds => ApiError::new(Problem::NothingToRevoke, format!("`{name}` has no holder")),
+            RevokeError::Forbidden(err) => err.into(),
+            RevokeError::ZooKeeper(err) => err.into(),
+        })?;
     Ok((StatusCode::ACCEPTED, Json(Revoked { revocations })).into_response())
 }

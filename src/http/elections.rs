@@ -1,25 +1,58 @@
 //! `/v1/elections`: campaign (long poll), resign, read the leader and the candidates, and
 //! proclaim a new value as the leader.
 
-use std::time::{Duration, UNIX_EPOCH};
+use std::sync::Arc;
 
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
-use super::contention::{self, ContenderView, HandleQuery, HandleView, LockSummary, Request, check_name, find_handle};
-use super::error::{ApiError, Problem};
+use super::contention::{self, HandleQuery, Request, find_handle, held_since, open_contender};
+use super::error::{ApiError, Problem, Problems, p};
 use super::extract::{ApiJson, ApiPath, ApiQuery};
 use super::leases::LeaseView;
-use super::timestamp;
+use super::{LockSummary, Resource, list, state_handler};
 use crate::AppState;
 use crate::auth::Caller;
-use crate::duration::HumanDuration;
-use crate::recipes::contender::{Contender, Phase, Role, read_contenders};
-use crate::recipes::election::{self, ACK_NODE, Acknowledgement};
-use crate::zk::retry_on_loss;
+use crate::events::Feed;
+use crate::kind::Kind;
+use crate::recipes::contender::{Contender, Role};
+use crate::recipes::election::{self, ElectionState, LeaderView, Leadership};
+use crate::recipes::handle::Phase;
+use crate::recipes::lease::Lease;
+use crate::time::{HumanDuration, timestamp};
+
+/// The election kind's module.
+pub const RESOURCE: Resource = Resource {
+    kind: Kind::Election,
+    about: Some(
+        "Leader election (the guide's recipe on Curator's LeaderLatch names): campaign, resign, leader with term, proclaim.",
+    ),
+    routes,
+    topic: Some(|state, name| Feed::of(source(state, name))),
+};
+
+fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(list_elections))
+        .routes(routes!(election_state))
+        .routes(routes!(campaign))
+        .routes(routes!(proclaim))
+        .routes(routes!(get_candidate, resign))
+}
+
+/// Election `name` as its topic and `GET` read it.
+pub fn source(state: &AppState, name: &str) -> Leadership {
+    Leadership {
+        name: name.to_string(),
+        dir: state.elections.dir(name),
+        local: state.elections.clone(),
+    }
+}
 
 /// Query of a campaign.
 #[derive(Deserialize, utoipa::IntoParams)]
@@ -68,40 +101,27 @@ pub struct Candidacy {
     pub lease: LeaseView,
 }
 
-/// The current leader.
+/// A candidate: waiting (with its position), leading (`held`, with its term) or lost.
 #[derive(Serialize, utoipa::ToSchema)]
-pub struct LeaderView {
-    /// The leader's candidate node.
-    #[schema(example = "_c_3f1e2d4c-5b6a-4798-8a9b-0c1d2e3f4a5b-latch-0000000007")]
-    pub node: String,
-    /// The term: the leader's candidate czxid, strictly increasing with every new leader.
-    #[schema(example = 4294967321_i64)]
-    pub term: i64,
-    /// The value it proclaims.
-    #[schema(example = json!({"address": "10.0.0.8:8080"}))]
-    pub value: Option<serde_json::Value>,
-    /// The leader's zkgate lease, for zkgate's candidates.
-    #[schema(example = "3c9e1f07-6f1c2a9e0b7d4e3f8a5b6c7d8e9f0a1b")]
-    pub lease: Option<String>,
-    /// When it took over (its acknowledgement's creation), if acknowledged.
-    #[schema(example = "2026-11-22T10:00:00.000Z")]
-    pub since: Option<String>,
-    /// Whether the leader has written the acknowledgement node: it knows it leads. (A Curator
-    /// `LeaderLatch` leader never does.)
-    pub acknowledged: bool,
-    /// `zkgate`, `curator` or `other`.
-    pub client: &'static str,
-}
-
-/// An election: its leader (none when there is no candidate) and its candidates in order.
-#[derive(Serialize, utoipa::ToSchema)]
-pub struct ElectionState {
+pub struct CandidateView {
     #[schema(example = "scheduler")]
-    pub name: String,
-    /// `null` when nobody campaigns: "no leader" is a state of its own.
-    pub leader: Option<LeaderView>,
-    /// Every candidate in order, the leader first.
-    pub candidates: Vec<ContenderView>,
+    pub election: String,
+    pub handle: String,
+    pub lease: String,
+    /// `pending`, `waiting`, `held` (leading), `lost`, `released` or `failed`.
+    #[schema(example = "held")]
+    pub state: &'static str,
+    /// `true` while it leads.
+    pub leader: bool,
+    /// Candidates ahead while waiting.
+    pub position: Option<usize>,
+    /// Its term while it leads (and after a loss, to tell which term was lost).
+    pub term: Option<i64>,
+    pub node: Option<String>,
+    /// When it started leading.
+    pub since: Option<String>,
+    /// Why it was lost or failed.
+    pub reason: Option<String>,
 }
 
 /// Body of a proclamation.
@@ -126,11 +146,7 @@ pub struct Proclamation {
     responses(
         (status = 200, description = "Leading", body = Candidacy),
         (status = 202, description = "Not leading yet; still a candidate", body = Candidacy),
-        (status = 400, description = "Bad name, parameter or body", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No such lease", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "Not leading within the wait and `keep_queued=false`: withdrawn", body = Problem, content_type = "application/problem+json"),
-        (status = 410, description = "The lease ended, or the candidate was lost", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "ZooKeeper unreachable", body = Problem, content_type = "application/problem+json"),
+        Problems<(p::InvalidField, p::MalformedBody, p::NotFound, p::LockNotAcquired, p::LeaseEnded, p::LockLost, p::TooMany, p::ZookeeperUnavailable,)>,
     ))]
 pub async fn campaign(
     State(state): State<AppState>,
@@ -143,98 +159,48 @@ pub async fn campaign(
     let request = Request {
         caller: &caller,
         name: &name,
-        role: Role::Candidate,
         wait: params.wait.map(|w| w.0),
         keep_queued: params.keep_queued != Some(false),
         lease: body.lease,
         ttl: body.ttl.map(|t| t.0),
-        value: body.value,
     };
-    let outcome = contention::contend(&state, &state.elections, request).await?;
-    let status = if outcome.granted {
-        StatusCode::OK
-    } else {
-        StatusCode::ACCEPTED
-    };
-    let current = outcome.contender.state();
-    let (position, since) = match current.phase {
-        Phase::Held { since } => (0, Some(timestamp(since))),
-        Phase::Waiting { position } => (position, None),
-        _ => (0, None),
-    };
+    let (registry, value) = (&state.elections, body.value);
+    let open = async |lease: Arc<Lease>| open_contender(&state, registry, &lease, &name, Role::Candidate, value);
+    let outcome = contention::contend(&state, registry, request, open).await?;
+    let current = outcome.handle.state();
     let candidacy = Candidacy {
         election: name,
         leader: outcome.granted,
-        handle: outcome.contender.handle.clone(),
+        handle: outcome.handle.id.clone(),
         term: current.fencing_token(),
-        position,
+        position: match current.phase {
+            Phase::Waiting { position } => position,
+            _ => 0,
+        },
         node: current.node.map(|n| n.name),
-        since,
+        since: held_since(&current.phase),
         lease: LeaseView::of(&outcome.lease),
     };
-    Ok((status, Json(candidacy)).into_response())
+    Ok((outcome.status(), Json(candidacy)).into_response())
 }
 
-/// Reads the leader (with term, value and since when) and the candidates in order.
-#[utoipa::path(get, path = "/v1/elections/{name}", tag = "elections",
-    params(("name" = String, Path, description = "Election name")),
-    responses(
-        (status = 200, description = "Leader (`null`: no leader) and candidates", body = ElectionState),
-        (status = 400, description = "Bad name", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "ZooKeeper unreachable", body = Problem, content_type = "application/problem+json"),
-    ))]
-pub async fn election_state(
-    State(state): State<AppState>,
-    ApiPath(name): ApiPath<String>,
-) -> Result<Json<ElectionState>, ApiError> {
-    check_name(&name)?;
-    let client = state.zk().current()?.client;
-    let dir = state.elections.dir(&name);
-    let records = read_contenders(&client, &dir).await?.unwrap_or_default();
-    let ack_path = format!("{dir}/{ACK_NODE}");
-    let ack = match retry_on_loss(|| client.get_data(&ack_path)).await {
-        Ok((data, stat)) => Acknowledgement::parse(&data).map(|a| (a, stat.ctime)),
-        Err(zookeeper_client::Error::NoNode) => None,
-        Err(err) => return Err(err.into()),
-    };
-    let local = state.elections.local_contenders(&name);
-    let candidates: Vec<ContenderView> = records
-        .into_iter()
-        .map(|record| {
-            let mine = local.get(&record.name).cloned();
-            contention::contender_view(record, None, mine.as_deref())
-        })
-        .collect();
-    let leader = candidates.first().map(|first| {
-        let acknowledged = ack.as_ref().filter(|(a, _)| a.candidate == first.node);
-        LeaderView {
-            node: first.node.clone(),
-            term: first.fencing_token,
-            value: match acknowledged {
-                Some((a, _)) => a.value.clone(),
-                None => local.get(&first.node).and_then(|c| c.value.clone()),
-            },
-            lease: first.lease.clone(),
-            since: acknowledged.map(|(_, ctime)| timestamp(UNIX_EPOCH + Duration::from_millis((*ctime).max(0) as u64))),
-            acknowledged: acknowledged.is_some(),
-            client: first.client,
-        }
-    });
-    Ok(Json(ElectionState {
-        name,
-        leader,
-        candidates,
-    }))
-}
+state_handler!(
+    /// Reads the leader (with term, value and since when) and the candidates in order.
+    election_state,
+    "/v1/elections/{name}",
+    "elections",
+    "Election name",
+    ElectionState
+);
 
 /// Lists the elections that exist in ZooKeeper, with their number of candidates (plus the
 /// acknowledgement node when someone leads).
 #[utoipa::path(get, path = "/v1/elections", tag = "elections", responses(
     (status = 200, body = Vec<LockSummary>),
-    (status = 503, description = "ZooKeeper unreachable", body = Problem, content_type = "application/problem+json"),
+    Problems<(p::ZookeeperUnavailable,)>,
 ))]
 pub async fn list_elections(State(state): State<AppState>, caller: Caller) -> Result<Json<Vec<LockSummary>>, ApiError> {
-    super::contention::list_summaries(&state, &caller, state.elections.base()).await
+    list(&state, &caller, Kind::Election).await
 }
 
 /// Changes the value the leader proclaims. Only the leader may: anyone else gets 409.
@@ -243,10 +209,7 @@ pub async fn list_elections(State(state): State<AppState>, caller: Caller) -> Re
     request_body(content = Proclamation, example = json!({"handle": "0b9d4c3e2f1a4b5c8d7e6f5a4b3c2d1e", "value": {"address": "10.0.0.8:8080"}})),
     responses(
         (status = 200, description = "Proclaimed", body = LeaderView),
-        (status = 400, description = "Bad name or body", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No such handle", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "The handle's candidate is not the leader", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "ZooKeeper unreachable", body = Problem, content_type = "application/problem+json"),
+        Problems<(p::InvalidField, p::MalformedBody, p::NotFound, p::NotLeader, p::ZookeeperUnavailable,)>,
     ))]
 pub async fn proclaim(
     State(state): State<AppState>,
@@ -256,37 +219,31 @@ pub async fn proclaim(
 ) -> Result<Json<LeaderView>, ApiError> {
     let contender = find_handle(&state.elections, &caller, &name, &body.handle)?;
     let current = contender.state();
-    let (Phase::Held { .. }, Some(node)) = (&current.phase, &current.node) else {
+    let (Phase::Held { since }, Some(node)) = (&current.phase, &current.node) else {
         return Err(not_leader(&name, &contender));
     };
     let client = state.zk().current()?.client;
     let dir = state.elections.dir(&name);
-    let ack = election::proclaim(&client, &dir, &node.name, body.value).await?;
-    let Some(ack) = ack else {
+    let Some(ack) = election::proclaim(&client, &dir, &node.name, body.value).await? else {
         return Err(not_leader(&name, &contender));
-    };
-    let since = match current.phase {
-        Phase::Held { since } => Some(timestamp(since)),
-        _ => None,
     };
     Ok(Json(LeaderView {
         node: ack.candidate,
         term: ack.term,
         value: ack.value,
         lease: Some(ack.lease),
-        since,
+        since: Some(timestamp(*since)),
         acknowledged: true,
         client: "zkgate",
     }))
 }
 
 fn not_leader(name: &str, contender: &Contender) -> ApiError {
-    ApiError::conflict(
-        "not-leader",
-        "Not the leader",
+    ApiError::new(
+        Problem::NotLeader,
         format!(
             "handle `{}` is not the leader of `{name}`: only the leader may proclaim",
-            contender.handle
+            contender.id
         ),
     )
     .with("state", contender.state().phase.name())
@@ -299,21 +256,43 @@ fn not_leader(name: &str, contender: &Contender) -> ApiError {
 #[utoipa::path(get, path = "/v1/elections/{name}/candidates/{handle}", tag = "elections",
     params(("name" = String, Path, description = "Election name"), ("handle" = String, Path, description = "Handle from the campaign"), HandleQuery),
     responses(
-        (status = 200, body = HandleView),
-        (status = 400, description = "Bad name", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No such handle", body = Problem, content_type = "application/problem+json"),
+        (status = 200, body = CandidateView),
+        Problems<(p::InvalidField, p::NotFound,)>,
     ))]
 pub async fn get_candidate(
     State(state): State<AppState>,
     caller: Caller,
     ApiPath((name, handle)): ApiPath<(String, String)>,
     ApiQuery(query): ApiQuery<HandleQuery>,
-) -> Result<Json<HandleView>, ApiError> {
-    let contender = find_handle(&state.elections, &caller, &name, &handle)?;
-    contention::wait_for_news(&state, &contender, query.wait).await;
-    Ok(Json(
-        contention::handle_view(&state, &state.elections, &contender).await,
-    ))
+) -> Result<Json<CandidateView>, ApiError> {
+    let candidate = find_handle(&state.elections, &caller, &name, &handle)?;
+    contention::wait_for_news(&state, &candidate, query.wait).await;
+    let current = candidate.state();
+    let (position, reason) = match &current.phase {
+        Phase::Waiting { position } => (
+            Some(
+                contention::fresh_position(&state, &candidate)
+                    .await
+                    .unwrap_or(*position),
+            ),
+            None,
+        ),
+        Phase::Lost { reason } => (None, Some(reason.clone())),
+        Phase::Failed { error } => (None, Some(error.to_string())),
+        _ => (None, None),
+    };
+    Ok(Json(CandidateView {
+        election: candidate.name.clone(),
+        handle: candidate.id.clone(),
+        lease: candidate.lease.id.clone(),
+        state: current.phase.name(),
+        leader: matches!(current.phase, Phase::Held { .. }),
+        position,
+        term: current.fencing_token(),
+        node: current.node.map(|n| n.name),
+        since: held_since(&current.phase),
+        reason,
+    }))
 }
 
 /// Resigns (or withdraws a candidacy): a leader removes its acknowledgement, then its
@@ -322,9 +301,7 @@ pub async fn get_candidate(
     params(("name" = String, Path, description = "Election name"), ("handle" = String, Path, description = "Handle from the campaign")),
     responses(
         (status = 204, description = "Resigned"),
-        (status = 400, description = "Bad name", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No such handle", body = Problem, content_type = "application/problem+json"),
-        (status = 410, description = "The candidacy had been lost before", body = Problem, content_type = "application/problem+json"),
+        Problems<(p::InvalidField, p::NotFound, p::LockLost,)>,
     ))]
 pub async fn resign(
     State(state): State<AppState>,

@@ -1,26 +1,279 @@
-//! The one error type of the HTTP API, rendered as an RFC 9457 problem document
-//! (`application/problem+json`).
+//! Every problem zkgate can answer, in one catalogue, and the one error type of the API that
+//! renders them as RFC 9457 problem documents (`application/problem+json`).
 //!
-//! Every failure a client can cause or see has its own `type` (a `urn:zkgate:problem:<slug>`
-//! URI, listed in the README), a status, a human `detail`, and where useful extension members
-//! (`field` for bad input, `reason` for an ended lease, the queue position for a wait that
-//! ended, ...). ZooKeeper being unreachable is a 503 with `Retry-After`, never a 500.
+//! A [Problem] has its `type` (a `urn:zkgate:problem:<slug>` URI), its status, its title, when
+//! it happens and the extension members it carries (`field` for bad input, `reason` for an
+//! ended lease, the queue `position` for a wait that ended...). Handlers declare the problems
+//! they can answer with [Problems] in their `responses(...)`, and the spec's error responses
+//! are generated from the catalogue, so the description of a problem is written once. The
+//! README's tables of errors are checked against [Problem::ALL] by a test.
+//!
+//! ZooKeeper being unreachable is a 503 with `Retry-After`, never a 500.
+
+use std::collections::BTreeMap;
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use serde_json::{Map, Value, json};
+use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
 use zookeeper_client::Error as ZkError;
 
-use crate::lease::LeaseError;
+use crate::recipes::lease::LeaseError;
 use crate::zk::session::Unavailable;
 
 /// The media type of problem documents.
 pub const PROBLEM_JSON: &str = "application/problem+json";
 
+/// Where a problem can be answered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Channel {
+    /// As an HTTP response (and as a socket call's reply).
+    Http,
+    /// As a socket's `{"op":"error"}` message only.
+    Socket,
+}
+
+macro_rules! catalogue {
+    ($($variant:ident: $channel:ident, $status:literal, $slug:literal, $title:literal, [$($field:literal),*], $when:literal;)+) => {
+        /// A problem zkgate can answer.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum Problem {
+            $($variant),+
+        }
+
+        impl Problem {
+            /// Every problem.
+            pub const ALL: &'static [Problem] = &[$(Problem::$variant),+];
+
+            pub fn status(self) -> StatusCode {
+                match self {
+                    $(Problem::$variant => StatusCode::from_u16($status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)),+
+                }
+            }
+
+            /// The last part of its `type`: `urn:zkgate:problem:<slug>`.
+            pub fn slug(self) -> &'static str {
+                match self {
+                    $(Problem::$variant => $slug),+
+                }
+            }
+
+            pub fn title(self) -> &'static str {
+                match self {
+                    $(Problem::$variant => $title),+
+                }
+            }
+
+            /// When it happens, for the spec and the README.
+            pub fn when(self) -> &'static str {
+                match self {
+                    $(Problem::$variant => $when),+
+                }
+            }
+
+            /// The extension members it carries besides `type`, `title`, `status`, `detail`.
+            pub fn fields(self) -> &'static [&'static str] {
+                match self {
+                    $(Problem::$variant => &[$($field),*]),+
+                }
+            }
+
+            pub fn channel(self) -> Channel {
+                match self {
+                    $(Problem::$variant => Channel::$channel),+
+                }
+            }
+        }
+
+        /// One type per problem, to declare in an operation's `responses(...)` which problems
+        /// it can answer: `Problems<(p::InvalidField, p::ZookeeperUnavailable)>`.
+        pub mod p {
+            $(
+                #[doc = $when]
+                pub struct $variant;
+
+                impl super::Declared for $variant {
+                    const PROBLEM: super::Problem = super::Problem::$variant;
+                }
+            )+
+        }
+    };
+}
+
+catalogue! {
+    InvalidField: Http, 400, "invalid-field", "Invalid request field", ["field", "in"],
+        "a bad name, parameter, header or body field; `field` and `in` say which; ZooKeeper is not touched";
+    MalformedBody: Http, 400, "malformed-body", "Malformed request body", [],
+        "the body is not JSON (or not the JSON object expected)";
+    NotAWebsocket: Http, 400, "not-a-websocket", "Not a WebSocket upgrade", [],
+        "a plain request to a WebSocket endpoint";
+    Unauthorized: Http, 401, "unauthorized", "Authentication required", [],
+        "no bearer token, or one not in `--auth-config`";
+    Forbidden: Http, 403, "forbidden", "Not allowed", [],
+        "the token's principal may not touch that name, or the lease, handle or claim is another principal's";
+    ZookeeperRefused: Http, 403, "zookeeper-refused", "ZooKeeper refused", [],
+        "ZooKeeper's ACL on the znode leaves zkgate's own identity out (see `--zookeeper-auth`)";
+    NotFound: Http, 404, "not-found", "Not found", ["resource"],
+        "no such lease, handle, member, key, transaction, barrier or item (`resource` says which)";
+    NoSuchEndpoint: Http, 404, "no-such-endpoint", "No such endpoint", [],
+        "an unknown path";
+    MethodNotAllowed: Http, 405, "method-not-allowed", "Method not allowed", [],
+        "a known path with another method";
+    LockNotAcquired: Http, 409, "lock-not-acquired", "Lock not acquired", ["position", "queued"],
+        "the wait ended without the lock (or permit, or leadership), and the request left the queue";
+    ModeChangeRefused: Http, 409, "mode-change-refused", "Lock mode change refused", ["handle", "mode"],
+        "a lease that reads a read/write lock asked to write it (or the other way round)";
+    NotLeader: Http, 409, "not-leader", "Not the leader", ["state"],
+        "a candidate that does not lead asked to proclaim";
+    MemberTaken: Http, 409, "member-taken", "Id taken", [],
+        "a member or participant id that another lease holds";
+    KeyNotEmpty: Http, 409, "key-not-empty", "Key has keys below it", [],
+        "deleting a key with keys below it";
+    NothingToRevoke: Http, 409, "nothing-to-revoke", "Nothing to revoke", [],
+        "revoking a lock nobody holds";
+    PermitsMismatch: Http, 409, "permits-mismatch", "Permits mismatch", ["permits"],
+        "a semaphore asked with another number of permits than it has";
+    BarrierUp: Http, 409, "barrier-up", "Barrier still up", [],
+        "a barrier still up when the wait ended";
+    SizeMismatch: Http, 409, "size-mismatch", "Size mismatch", ["size"],
+        "a double barrier entered with another size than it has";
+    TxnExists: Http, 409, "txn-exists", "Transaction exists", [],
+        "a transaction id that is taken";
+    NotAParticipant: Http, 409, "not-a-participant", "Not a participant", [],
+        "a name the transaction does not list as a participant";
+    NotRegistered: Http, 409, "not-registered", "Not registered", [],
+        "a participant that votes before it registered";
+    AlreadyVoted: Http, 409, "already-voted", "Already voted", ["vote"],
+        "a participant that voted otherwise before (a vote is final)";
+    TxnDecided: Http, 409, "txn-decided", "Already decided", ["outcome"],
+        "a vote after the decision";
+    LeaseEnded: Http, 410, "lease-ended", "Lease ended", ["reason"],
+        "the lease ended (`reason`: `deleted`, `expired`, `session_lost`, `shutdown`)";
+    LockLost: Http, 410, "lock-lost", "Lock lost", [],
+        "the lock (or leadership) was lost before this request";
+    ClaimLost: Http, 410, "claim-lost", "Claim lost", [],
+        "a queue claim acked or given back after it ended (its ack deadline passed: the item is delivered again)";
+    PreconditionFailed: Http, 412, "precondition-failed", "Precondition failed", ["current_etag"],
+        "`If-Match` / `If-None-Match` did not hold (`current_etag` says what is there)";
+    BodyTooLarge: Http, 413, "body-too-large", "Request body too large", ["limit_bytes"],
+        "a body over the limit (512 KiB)";
+    QueueFull: Http, 429, "queue-full", "Queue full", ["depth"],
+        "a put into a queue at `--queue-max-depth`; retry after `Retry-After` seconds";
+    RateLimited: Http, 429, "rate-limited", "Too many writes", [],
+        "more writes a second than `--write-rate`; retry after `Retry-After` seconds";
+    TooMany: Http, 429, "too-many", "Limit reached", [],
+        "a limit on leases, waiting contenders, sockets or subscriptions (see Limits); retry after `Retry-After` seconds";
+    Internal: Http, 500, "internal", "Internal error", [],
+        "ZooKeeper answered what zkgate did not expect (a bug: please report it)";
+    InstanceUnavailable: Http, 503, "instance-unavailable", "Owning instance unavailable", [],
+        "a request forwarded to the instance that owns the lease found it unreachable; retry after `Retry-After` seconds";
+    ZookeeperUnavailable: Http, 503, "zookeeper-unavailable", "ZooKeeper unavailable", [],
+        "ZooKeeper is unreachable; retry after `Retry-After` seconds";
+    MalformedMessage: Socket, 400, "malformed-message", "Malformed message", [],
+        "a message that is not one of the socket's operations";
+    InvalidTopic: Socket, 400, "invalid-topic", "Invalid topic", [],
+        "an unknown topic, or a bad name or znode path in one";
+    InvalidCall: Socket, 400, "invalid-call", "Invalid call", [],
+        "a call whose method, path or headers are not valid";
+    InvalidLease: Socket, 400, "invalid-lease", "Invalid lease", [],
+        "a socket lease with a zero TTL";
+    UnknownSubscription: Socket, 404, "unknown-subscription", "Unknown subscription", [],
+        "unsubscribing an id that is not subscribed";
+    UnknownLease: Socket, 404, "unknown-lease", "Unknown lease", [],
+        "attaching a lease this instance does not have";
+    DuplicateSubscription: Socket, 409, "duplicate-subscription", "Duplicate subscription", [],
+        "subscribing with an id already in use on the socket";
+    TooManySubscriptions: Socket, 429, "too-many-subscriptions", "Too many subscriptions", [],
+        "more than 64 subscriptions on one socket";
+    TooManyCalls: Socket, 429, "too-many-calls", "Too many calls", [],
+        "more than 32 calls in flight on one socket";
+    TooManyLeases: Socket, 429, "too-many-leases", "Too many leases", [],
+        "more than 16 leases kept alive by one socket";
+}
+
+impl Problem {
+    /// `urn:zkgate:problem:<slug>`.
+    pub fn type_uri(self) -> String {
+        format!("urn:zkgate:problem:{}", self.slug())
+    }
+}
+
+/// A problem type an operation declares (see [p]).
+pub trait Declared {
+    const PROBLEM: Problem;
+}
+
+/// The problems an operation can answer, for its `responses(...)`: the tuple of their [p]
+/// types. Problems of one status share a response whose description lists each.
+pub struct Problems<T>(std::marker::PhantomData<T>);
+
+/// The spec's responses for `problems`.
+pub fn responses(problems: &[Problem]) -> BTreeMap<String, RefOr<utoipa::openapi::Response>> {
+    let mut by_status: BTreeMap<String, Vec<Problem>> = BTreeMap::new();
+    for problem in problems {
+        by_status
+            .entry(problem.status().as_u16().to_string())
+            .or_default()
+            .push(*problem);
+    }
+    by_status
+        .into_iter()
+        .map(|(status, problems)| {
+            let description = problems
+                .iter()
+                .map(|p| format!("`{}`: {}", p.slug(), p.when()))
+                .collect::<Vec<_>>()
+                .join("; ");
+            (status, problem_response(&description).into())
+        })
+        .collect()
+}
+
+/// A response whose body is a problem document.
+pub fn problem_response(description: &str) -> utoipa::openapi::Response {
+    ResponseBuilder::new()
+        .description(description)
+        .content(
+            PROBLEM_JSON,
+            ContentBuilder::new()
+                .schema(Some(Ref::from_schema_name("Problem")))
+                .build(),
+        )
+        .build()
+}
+
+macro_rules! declare_tuples {
+    ($(($($t:ident),+))+) => {
+        $(
+            impl<$($t: Declared),+> utoipa::IntoResponses for Problems<($($t,)+)> {
+                fn responses() -> BTreeMap<String, RefOr<utoipa::openapi::Response>> {
+                    responses(&[$($t::PROBLEM),+])
+                }
+            }
+        )+
+    };
+}
+
+declare_tuples! {
+    (A)
+    (A, B)
+    (A, B, C)
+    (A, B, C, D)
+    (A, B, C, D, E)
+    (A, B, C, D, E, F)
+    (A, B, C, D, E, F, G)
+    (A, B, C, D, E, F, G, H)
+    (A, B, C, D, E, F, G, H, I)
+    (A, B, C, D, E, F, G, H, I, J)
+    (A, B, C, D, E, F, G, H, I, J, K)
+    (A, B, C, D, E, F, G, H, I, J, K, L)
+}
+
 /// An RFC 9457 problem document, as documented in the OpenAPI description.
 #[derive(Serialize, utoipa::ToSchema)]
-pub struct Problem {
+#[schema(as = Problem)]
+pub struct ProblemDocument {
     /// Identifies the kind of problem.
     #[schema(example = "urn:zkgate:problem:invalid-field")]
     pub r#type: String,
@@ -52,29 +305,26 @@ pub enum Place {
     Header,
 }
 
-/// Everything an HTTP handler can fail with.
+/// Everything an HTTP handler can fail with: a [Problem] and what it says in this case.
 #[derive(Debug)]
 pub struct ApiError {
-    status: StatusCode,
-    slug: &'static str,
-    title: &'static str,
+    problem: Problem,
     detail: String,
     extra: Map<String, Value>,
     retry_after: Option<u64>,
-    /// `WWW-Authenticate` of a 401.
-    challenge: Option<&'static str>,
 }
 
 impl ApiError {
-    fn new(status: StatusCode, slug: &'static str, title: &'static str, detail: impl Into<String>) -> ApiError {
+    /// `problem`, saying `detail`. Problems a client should retry (429, 503) say when:
+    /// `Retry-After: 1` unless [ApiError::retry_after] says otherwise.
+    pub fn new(problem: Problem, detail: impl Into<String>) -> ApiError {
+        let status = problem.status();
+        let retry = status == StatusCode::TOO_MANY_REQUESTS || status == StatusCode::SERVICE_UNAVAILABLE;
         ApiError {
-            status,
-            slug,
-            title,
+            problem,
             detail: detail.into(),
             extra: Map::new(),
-            retry_after: None,
-            challenge: None,
+            retry_after: retry.then_some(1),
         }
     }
 
@@ -84,7 +334,13 @@ impl ApiError {
         self
     }
 
-    /// 400: `field` of the request's `place` (`body`, `query`, `path` or `header`) is invalid.
+    /// When to try again, in seconds (at least 1).
+    pub fn retry_after(mut self, seconds: u64) -> ApiError {
+        self.retry_after = Some(seconds.max(1));
+        self
+    }
+
+    /// `field` of the request's `place` (`body`, `query`, `path` or `header`) is invalid.
     pub fn invalid(place: Place, field: &str, detail: impl std::fmt::Display) -> ApiError {
         let description = match place {
             Place::Body => "body field",
@@ -92,149 +348,37 @@ impl ApiError {
             Place::Path => "path parameter",
             Place::Header => "header",
         };
-        ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "invalid-field",
-            "Invalid request field",
-            format!("{description} `{field}`: {detail}"),
-        )
-        .with("field", field)
-        .with("in", place)
+        ApiError::new(Problem::InvalidField, format!("{description} `{field}`: {detail}"))
+            .with("field", field)
+            .with("in", place)
     }
 
-    /// 400: the body is not valid JSON at all.
+    /// The body is not valid JSON at all.
     pub fn malformed_body(detail: impl std::fmt::Display) -> ApiError {
-        ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "malformed-body",
-            "Malformed request body",
-            detail.to_string(),
-        )
+        ApiError::new(Problem::MalformedBody, detail.to_string())
     }
 
-    /// 413: the body is larger than the configured limit.
+    /// The body is larger than `limit` bytes.
     pub fn too_large(limit: usize) -> ApiError {
         ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "body-too-large",
-            "Request body too large",
+            Problem::BodyTooLarge,
             format!("the request body exceeds the limit of {limit} bytes"),
         )
         .with("limit_bytes", limit)
     }
 
-    /// 404: no such thing (`what` is e.g. "lease", "handle").
+    /// No such thing (`what` is e.g. "lease", "handle").
     pub fn not_found(what: &str, detail: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::NOT_FOUND, "not-found", "Not found", detail).with("resource", what)
+        ApiError::new(Problem::NotFound, detail).with("resource", what)
     }
 
-    /// 404 for an unknown route.
-    pub fn no_route(path: &str) -> ApiError {
-        ApiError::new(
-            StatusCode::NOT_FOUND,
-            "no-such-endpoint",
-            "No such endpoint",
-            format!("no endpoint at `{path}`; see /docs"),
-        )
-    }
-
-    /// 405 for a known route with another method.
-    pub fn method_not_allowed() -> ApiError {
-        ApiError::new(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "method-not-allowed",
-            "Method not allowed",
-            "this endpoint does not support that method; see /docs",
-        )
-    }
-
-    /// Any status with its own problem type.
-    pub fn new_status(
-        status: StatusCode,
-        slug: &'static str,
-        title: &'static str,
-        detail: impl Into<String>,
-    ) -> ApiError {
-        ApiError::new(status, slug, title, detail)
-    }
-
-    /// 409: the request conflicts with what the resource (or lease) is in now.
-    pub fn conflict(slug: &'static str, title: &'static str, detail: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::CONFLICT, slug, title, detail)
-    }
-
-    /// 412: a conditional request's condition (`If-Match`, `If-None-Match`) did not hold.
-    pub fn precondition_failed(detail: impl Into<String>) -> ApiError {
-        ApiError::new(
-            StatusCode::PRECONDITION_FAILED,
-            "precondition-failed",
-            "Precondition failed",
-            detail,
-        )
-    }
-
-    /// 409: a lock wait ended without the lock.
-    pub fn not_acquired(detail: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::CONFLICT, "lock-not-acquired", "Lock not acquired", detail)
-    }
-
-    /// 410: the lease has ended (or the holding was lost with it).
-    pub fn gone(slug: &'static str, title: &'static str, detail: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::GONE, slug, title, detail)
-    }
-
-    /// 503 with `Retry-After`: ZooKeeper cannot be reached right now.
+    /// ZooKeeper cannot be reached right now.
     pub fn unavailable(detail: impl Into<String>) -> ApiError {
-        let mut err = ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "zookeeper-unavailable",
-            "ZooKeeper unavailable",
-            detail,
-        );
-        err.retry_after = Some(1);
-        err
+        ApiError::new(Problem::ZookeeperUnavailable, detail)
     }
 
-    /// 401: no token, or not a valid one.
-    pub fn unauthorized(detail: impl Into<String>) -> ApiError {
-        let mut err = ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
-            "Authentication required",
-            detail,
-        );
-        err.challenge = Some("Bearer realm=\"zkgate\"");
-        err
-    }
-
-    /// 403: the principal may not do this.
-    pub fn forbidden(detail: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::FORBIDDEN, "forbidden", "Not allowed", detail)
-    }
-
-    /// 429 with `Retry-After`: a limit was reached; trying again later may succeed.
-    pub fn too_many(slug: &'static str, title: &'static str, detail: impl Into<String>, retry_after: u64) -> ApiError {
-        let mut err = ApiError::new(StatusCode::TOO_MANY_REQUESTS, slug, title, detail);
-        err.retry_after = Some(retry_after.max(1));
-        err
-    }
-
-    /// 503 with `Retry-After`: the instance that owns a lease did not answer a forwarded
-    /// request (it may be restarting; once its session ends, its leases are gone: 410).
-    pub fn instance_unavailable(detail: impl Into<String>) -> ApiError {
-        let mut err = ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "instance-unavailable",
-            "Owning instance unavailable",
-            detail,
-        );
-        err.retry_after = Some(1);
-        err
-    }
-
-    /// 500: a ZooKeeper answer zkgate did not expect.
-    pub fn internal(detail: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "Internal error", detail)
+    pub fn problem(&self) -> Problem {
+        self.problem
     }
 
     pub fn detail(&self) -> &str {
@@ -242,7 +386,7 @@ impl ApiError {
     }
 
     pub fn status(&self) -> StatusCode {
-        self.status
+        self.problem.status()
     }
 }
 
@@ -258,27 +402,29 @@ impl From<ZkError> for ApiError {
             // zkgate's own session may not touch the znode: its ACL (set by a peer, or by an
             // instance with another digest) leaves zkgate out. Not the client's doing, and not
             // a bug in zkgate: say exactly that.
-            ZkError::NoAuth => ApiError::new_status(
-                axum::http::StatusCode::FORBIDDEN,
-                "zookeeper-refused",
-                "ZooKeeper refused",
+            ZkError::NoAuth => ApiError::new(
+                Problem::ZookeeperRefused,
                 "ZooKeeper refuses zkgate's session access to this znode: its ACL leaves zkgate's identity out (see --zookeeper-auth)",
             ),
-            err => ApiError::internal(format!("unexpected ZooKeeper error: {err}")),
+            err => ApiError::new(Problem::Internal, format!("unexpected ZooKeeper error: {err}")),
         }
     }
 }
 
 impl From<crate::limits::Refusal> for ApiError {
     fn from(refusal: crate::limits::Refusal) -> ApiError {
+        let problem = match refusal.limit {
+            crate::limits::Limit::Rate => Problem::RateLimited,
+            crate::limits::Limit::Held => Problem::TooMany,
+        };
         let seconds = refusal.retry_after.as_secs_f64().ceil() as u64;
-        ApiError::too_many(refusal.slug, "Limit reached", refusal.detail, seconds)
+        ApiError::new(problem, refusal.detail).retry_after(seconds)
     }
 }
 
 impl From<crate::auth::Forbidden> for ApiError {
     fn from(err: crate::auth::Forbidden) -> ApiError {
-        ApiError::forbidden(err.0)
+        ApiError::new(Problem::Forbidden, err.0)
     }
 }
 
@@ -293,10 +439,10 @@ impl From<LeaseError> for ApiError {
         match &err {
             LeaseError::Unknown(_) | LeaseError::Elsewhere { .. } => ApiError::not_found("lease", err.to_string()),
             LeaseError::Ended { reason, .. } => {
-                ApiError::gone("lease-ended", "Lease ended", err.to_string()).with("reason", reason)
+                ApiError::new(Problem::LeaseEnded, err.to_string()).with("reason", reason)
             }
-            LeaseError::NotYours(_) => ApiError::forbidden(err.to_string()),
-            LeaseError::TooMany(_) => ApiError::too_many("too-many", "Limit reached", err.to_string(), 1),
+            LeaseError::NotYours(_) => ApiError::new(Problem::Forbidden, err.to_string()),
+            LeaseError::TooMany(_) => ApiError::new(Problem::TooMany, err.to_string()),
             LeaseError::Unavailable(u) => ApiError::from(*u),
         }
     }
@@ -304,24 +450,57 @@ impl From<LeaseError> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
+        let status = self.problem.status();
         let mut body = Map::new();
-        body.insert("type".into(), json!(format!("urn:zkgate:problem:{}", self.slug)));
-        body.insert("title".into(), json!(self.title));
-        body.insert("status".into(), json!(self.status.as_u16()));
+        body.insert("type".into(), json!(self.problem.type_uri()));
+        body.insert("title".into(), json!(self.problem.title()));
+        body.insert("status".into(), json!(status.as_u16()));
         body.insert("detail".into(), json!(self.detail));
         body.extend(self.extra);
-        if self.status.is_server_error() {
-            tracing::warn!(status = %self.status, detail = %body["detail"], "request failed");
+        if status.is_server_error() {
+            tracing::warn!(%status, detail = %body["detail"], "request failed");
         }
-        let mut response = (self.status, axum::Json(Value::Object(body))).into_response();
+        let mut response = (status, axum::Json(Value::Object(body))).into_response();
         let headers = response.headers_mut();
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
         if let Some(seconds) = self.retry_after {
             headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
         }
-        if let Some(challenge) = self.challenge {
-            headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static(challenge));
+        if self.problem == Problem::Unauthorized {
+            headers.insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer realm=\"zkgate\""),
+            );
         }
         response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slugs_are_unique_and_statuses_are_errors() {
+        let mut slugs = std::collections::HashSet::new();
+        for problem in Problem::ALL {
+            assert!(slugs.insert(problem.slug()), "{problem:?}");
+            assert!(problem.status().is_client_error() || problem.status().is_server_error());
+        }
+    }
+
+    #[test]
+    fn problems_of_one_status_share_a_response() {
+        let declared = responses(&[
+            Problem::LockNotAcquired,
+            Problem::ModeChangeRefused,
+            Problem::InvalidField,
+        ]);
+        assert_eq!(declared.keys().collect::<Vec<_>>(), ["400", "409"]);
+        let RefOr::T(conflict) = &declared["409"] else {
+            panic!("inline response")
+        };
+        assert!(conflict.description.contains("`lock-not-acquired`"));
+        assert!(conflict.description.contains("`mode-change-refused`"));
     }
 }

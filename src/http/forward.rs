@@ -1,54 +1,47 @@
 //! Requests for another instance's lease, handle or claim are served by that instance: this
-//! layer sends them there and relays the answer, so clients (and load balancers without
-//! stickiness) may send any request to any instance. See [crate::instances].
+//! guard sends them there and relays the answer, so clients (and load balancers without
+//! stickiness) may send any request to any instance, over HTTP or as a socket's call. See
+//! [crate::instances].
 //!
-//! Which instance a request is for is read from the ids it carries: the lease in
-//! `/v1/leases/{id}`, a handle in `.../handles/{h}`, `.../candidates/{h}`, `.../permits/{h}`,
-//! a claim in `/v1/queues/{name}/claims/{c}/...`, or the `lease` of a JSON body. A request
-//! forwarded once carries [FORWARDED_BY] and is never forwarded again (no loops, even while
-//! registrations change), and the owner authenticates and authorises it as usual: the
-//! `Authorization` header goes along.
+//! It runs after routing, so it reads the ids a request carries from what the router matched
+//! and the [Kind] registry: a lease (`/v1/leases/{id}`), the kind's owned id (a lock's
+//! `{handle}`, a queue's `{claim}`), a group member that joined elsewhere (its znode's owner
+//! session names its instance), or the `lease` of a JSON body for the kinds whose writes may
+//! name one. A request forwarded once carries [FORWARDED_BY] and is never forwarded again (no
+//! loops, even while registrations change), and the owner authenticates and authorises it as
+//! usual: the `Authorization` header goes along.
 
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
-use axum::http::{HeaderMap, HeaderName, Method, header};
+use axum::http::request::Parts;
+use axum::http::{HeaderName, Method, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use super::error::ApiError;
+use super::error::{ApiError, Problem};
+use super::routed::Routed;
 use crate::AppState;
 use crate::ids::owner_of;
+use crate::kind::Kind;
 
 /// Marks a forwarded request (its value: the instance that forwarded it).
 pub const FORWARDED_BY: &str = "zkgate-forwarded-by";
 
-/// The layer; see the module's documentation.
+/// The guard; see the module's documentation.
 pub async fn forward(State(state): State<AppState>, request: Request, next: Next) -> Response {
     if request.headers().contains_key(FORWARDED_BY) {
         return next.run(request).await;
     }
-    let (parts, body) = request.into_parts();
-    let (owner, body) = match owner_in_path(parts.uri.path()) {
-        Some(owner) => (Some(owner.to_string()), body),
-        None if parts.method == Method::DELETE
-            && let Some(path) = member_node(&state, parts.uri.path()) =>
-        {
-            match state.instances.owner_of_node(&path).await {
-                Ok(owner) => (owner, body),
-                Err(err) => return ApiError::from(err).into_response(),
-            }
-        }
-        None if carries_lease(&parts.method, &parts.headers, parts.uri.path()) => {
-            // Small JSON bodies naming a lease: read here (within the body limit) and handed on.
-            let bytes = match axum::body::to_bytes(body, super::BODY_LIMIT_BYTES).await {
-                Ok(bytes) => bytes,
-                Err(_) => return ApiError::too_large(super::BODY_LIMIT_BYTES).into_response(),
-            };
-            (lease_in_body(&bytes), Body::from(bytes))
-        }
-        None => (None, body),
+    let (mut parts, body) = request.into_parts();
+    let routed = match Routed::of(&mut parts).await {
+        Ok(routed) => routed,
+        Err(err) => return err.into_response(),
+    };
+    let (owner, body) = match owner(&state, &parts, &routed, body).await {
+        Ok(found) => found,
+        Err(err) => return err.into_response(),
     };
     let request = Request::from_parts(parts, body);
     match owner {
@@ -57,48 +50,57 @@ pub async fn forward(State(state): State<AppState>, request: Request, next: Next
     }
 }
 
-/// The instance named by an id in the path, if any.
-fn owner_in_path(path: &str) -> Option<&str> {
-    let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
-    let id = match segments.as_slice() {
-        ["v1", "leases", id] | ["v1", "leases", id, "keepalive"] => id,
-        ["v1", "locks" | "rwlocks", _, "handles", id]
-        | ["v1", "elections", _, "candidates", id]
-        | ["v1", "semaphores", _, "permits", id]
-        | ["v1", "queues", _, "claims", id, _] => id,
-        _ => return None,
+/// The instance a request is for, if it names one, and its body (read when the body is where
+/// the lease is named).
+async fn owner(
+    state: &AppState,
+    parts: &Parts,
+    routed: &Routed,
+    body: Body,
+) -> Result<(Option<String>, Body), ApiError> {
+    let owned = match routed.kind {
+        None if routed.is_under("/v1/leases") => routed.param("id"),
+        Some(kind) => kind.owned_param().and_then(|param| routed.param(param)),
+        None => None,
     };
-    owner_of(id)
-}
-
-/// A group member named in `DELETE /v1/groups/{group}/members/{member}` that did not join
-/// through this instance: its znode, whose owner session tells its instance.
-fn member_node(state: &AppState, path: &str) -> Option<String> {
-    let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
-    let ["v1", "groups", group, "members", member] = segments.as_slice() else {
-        return None;
-    };
-    let (group, member) = (
-        crate::http::auth::percent_decode(group),
-        crate::http::auth::percent_decode(member),
-    );
-    let valid = |name: &str| crate::zk::names::validate_name(name).is_ok();
-    if !valid(&group) || !valid(&member) || state.groups.get(&group, &member).is_some() {
-        return None;
+    if let Some(id) = owned {
+        return Ok((owner_of(id).map(str::to_string), body));
     }
-    Some(format!("{}/{member}", state.groups.dir(&group)))
+    if routed.kind == Some(Kind::Group) && parts.method == Method::DELETE {
+        return Ok((member_owner(state, routed).await?, body));
+    }
+    if routed.kind.is_some_and(Kind::lease_in_body) && carries_json(parts) {
+        // Small JSON bodies naming a lease: read here (within the body limit) and handed on.
+        let bytes = axum::body::to_bytes(body, super::BODY_LIMIT_BYTES)
+            .await
+            .map_err(|_| ApiError::too_large(super::BODY_LIMIT_BYTES))?;
+        return Ok((lease_in_body(&bytes), Body::from(bytes)));
+    }
+    Ok((None, body))
 }
 
-/// Requests whose JSON body may name a lease: the ones that contend, join or register.
-fn carries_lease(method: &Method, headers: &HeaderMap, path: &str) -> bool {
-    let json = headers
+/// The instance of a group member named in `DELETE /v1/groups/{group}/members/{member}` that
+/// did not join through this instance: its znode's owner session tells.
+async fn member_owner(state: &AppState, routed: &Routed) -> Result<Option<String>, ApiError> {
+    let (Some(group), Some(member)) = (routed.param("group"), routed.param("member")) else {
+        return Ok(None);
+    };
+    let valid = |name: &str| crate::zk::names::validate_name(name).is_ok();
+    if !valid(group) || !valid(member) || state.groups.get(group, member).is_some() {
+        return Ok(None);
+    }
+    let path = format!("{}/{member}", state.groups.dir(group));
+    Ok(state.instances.owner_of_node(&path).await?)
+}
+
+/// A write with a JSON body, which may name a lease.
+fn carries_json(parts: &Parts) -> bool {
+    let json = parts
+        .headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("application/json"));
-    json && matches!(*method, Method::POST | Method::PUT)
-        && path.starts_with("/v1/")
-        && !path.starts_with("/v1/kv/")
-        && !path.starts_with("/v1/queues/")
+    json && matches!(parts.method, Method::POST | Method::PUT)
 }
 
 fn lease_in_body(bytes: &Bytes) -> Option<String> {
@@ -157,9 +159,10 @@ async fn relay(state: &AppState, owner: &str, request: Request) -> Response {
         Ok(answer) => answer,
         Err(err) => {
             tracing::warn!(%owner, %url, error = %err, "forwarding failed");
-            return ApiError::instance_unavailable(format!(
-                "the instance `{owner}` that owns this lease did not answer at {url}: {err}"
-            ))
+            return ApiError::new(
+                Problem::InstanceUnavailable,
+                format!("the instance `{owner}` that owns this lease did not answer at {url}: {err}"),
+            )
             .into_response();
         }
     };
@@ -175,9 +178,8 @@ async fn relay(state: &AppState, owner: &str, request: Request) -> Response {
 }
 
 fn instance_gone(owner: &str) -> ApiError {
-    ApiError::gone(
-        "lease-ended",
-        "Lease ended",
+    ApiError::new(
+        Problem::LeaseEnded,
         format!(
             "the instance `{owner}` that owned this lease (or handle or claim) is gone; its ZooKeeper session ended and took the lease with it"
         ),

@@ -1,26 +1,50 @@
 //! `/v1/groups`: group membership: join with data (lease-bound), leave, list the live members,
 //! and a blocking read that returns when membership changes.
 
-use std::time::{Duration, UNIX_EPOCH};
-
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
-use zookeeper_client::{Client, Error as ZkError};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
-use super::contention::check_name;
-use super::error::{ApiError, Place, Problem};
+use super::error::{ApiError, Place, Problem, Problems, p};
 use super::extract::{ApiJson, ApiPath, ApiQuery};
-use super::leases::LeaseView;
-use super::timestamp;
+use super::leases::{LeaseView, lease_for, lease_gone};
+use super::{Resource, check_name, readable};
 use crate::AppState;
 use crate::auth::Caller;
-use crate::duration::HumanDuration;
+use crate::events::Feed;
+use crate::kind::Kind;
 use crate::recipes::ephemeral::{BindError, BoundNode};
+use crate::recipes::group::{self, GroupState, GroupTopic};
+use crate::recipes::topic::Source;
+use crate::time::{HumanDuration, timestamp};
 use crate::zk::names::validate_name;
-use crate::zk::retry_on_loss;
+
+/// The group kind's module.
+pub const RESOURCE: Resource = Resource {
+    kind: Kind::Group,
+    about: Some("Group membership: lease-bound members with data, and a blocking read of changes."),
+    routes,
+    topic: Some(|state, name| Feed::of(source(state, name))),
+};
+
+fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(list_groups))
+        .routes(routes!(members))
+        .routes(routes!(join, leave))
+}
+
+/// Group `name` as its topic and `GET` read it.
+fn source(state: &AppState, name: &str) -> GroupTopic {
+    GroupTopic {
+        name: name.to_string(),
+        dir: state.groups.dir(name),
+    }
+}
 
 /// Body of a join (optional).
 #[derive(Deserialize, utoipa::ToSchema, Default)]
@@ -45,29 +69,6 @@ pub struct Joined {
     pub joined_at: String,
     /// The lease the membership lasts with.
     pub lease: LeaseView,
-}
-
-/// A live member, as ZooKeeper has it.
-#[derive(Serialize, utoipa::ToSchema)]
-pub struct MemberView {
-    #[schema(example = "worker-7")]
-    pub id: String,
-    /// Its data: JSON as given (`null` when none was), or the bytes as text for members
-    /// created by other clients.
-    pub data: serde_json::Value,
-    pub joined_at: String,
-}
-
-/// A group's live members.
-#[derive(Serialize, utoipa::ToSchema)]
-pub struct GroupView {
-    #[schema(example = "workers")]
-    pub group: String,
-    /// Changes whenever a member joins or leaves (the group znode's `pzxid`): pass it as
-    /// `index` to wait for the next change.
-    pub index: i64,
-    /// Members sorted by id.
-    pub members: Vec<MemberView>,
 }
 
 /// Query of a group read.
@@ -109,11 +110,7 @@ fn names(group: &str, member: Option<&str>) -> Result<(), ApiError> {
     responses(
         (status = 201, description = "Joined", body = Joined),
         (status = 200, description = "Already a member with this lease", body = Joined),
-        (status = 400, description = "Bad name or body", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No such lease", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "The member id is taken", body = Problem, content_type = "application/problem+json"),
-        (status = 410, description = "The lease ended", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "ZooKeeper unreachable", body = Problem, content_type = "application/problem+json"),
+        Problems<(p::InvalidField, p::MalformedBody, p::NotFound, p::MemberTaken, p::LeaseEnded, p::ZookeeperUnavailable,)>,
     ))]
 pub async fn join(
     State(state): State<AppState>,
@@ -130,43 +127,19 @@ pub async fn join(
         }
         return Err(taken(&group, &member));
     }
-    let lease = match (&body.lease, body.ttl) {
-        (Some(_), Some(_)) => {
-            return Err(ApiError::invalid(
-                Place::Body,
-                "ttl",
-                "only applies when no `lease` is given",
-            ));
-        }
-        (Some(id), None) => state.leases.get(&caller, id)?,
-        (None, ttl) => {
-            if ttl.is_some_and(|t| t.0.is_zero()) {
-                return Err(ApiError::invalid(Place::Body, "ttl", "must be above zero"));
-            }
-            state.leases.create(&caller, ttl.map(|t| t.0), None)?
-        }
-    };
-    let client = lease.session().await?;
-    match state
-        .groups
-        .bind(&client, &state.groups.dir(&group), &group, &member, &data, &lease)
-        .await
-    {
+    let (lease, _) = lease_for(&state, &caller, body.lease, body.ttl.map(|t| t.0))?;
+    let path = format!("{}/{member}", state.groups.dir(&group));
+    match state.groups.bind(&lease, &group, &member, path, data).await {
         Ok(joined_member) => Ok((StatusCode::CREATED, Json(joined(&joined_member))).into_response()),
         Err(BindError::Taken) => Err(taken(&group, &member)),
-        Err(BindError::LeaseEnded) => Err(state
-            .leases
-            .peek(&lease.id)
-            .err()
-            .map(ApiError::from)
-            .unwrap_or_else(|| ApiError::gone("lease-ended", "Lease ended", "the lease ended while joining"))),
+        Err(BindError::LeaseEnded) => Err(lease_gone(&state, &lease)),
         Err(BindError::ZooKeeper(err)) => Err(err.into()),
     }
 }
 
 fn joined(member: &BoundNode) -> Joined {
     Joined {
-        group: member.resource.clone(),
+        group: member.name.clone(),
         member: member.id.clone(),
         joined_at: timestamp(member.created_at),
         lease: LeaseView::of(&member.lease),
@@ -174,9 +147,8 @@ fn joined(member: &BoundNode) -> Joined {
 }
 
 fn taken(group: &str, member: &str) -> ApiError {
-    ApiError::conflict(
-        "member-taken",
-        "Member id taken",
+    ApiError::new(
+        Problem::MemberTaken,
         format!("`{member}` is already a member of `{group}`"),
     )
 }
@@ -186,8 +158,7 @@ fn taken(group: &str, member: &str) -> ApiError {
     params(("group" = String, Path, description = "Group name"), ("member" = String, Path, description = "Member id")),
     responses(
         (status = 204, description = "Left the group"),
-        (status = 400, description = "Bad name", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No such member joined through this instance", body = Problem, content_type = "application/problem+json"),
+        Problems<(p::InvalidField, p::NotFound,)>,
     ))]
 pub async fn leave(
     State(state): State<AppState>,
@@ -202,7 +173,7 @@ pub async fn leave(
         ));
     };
     joined.lease.check_owner(&caller)?;
-    joined.remove().await;
+    state.groups.release(&joined).await;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -211,15 +182,14 @@ pub async fn leave(
 #[utoipa::path(get, path = "/v1/groups/{group}", tag = "groups",
     params(("group" = String, Path, description = "Group name"), GroupQuery),
     responses(
-        (status = 200, description = "The live members (none for a group nobody joined)", body = GroupView),
-        (status = 400, description = "Bad name or query", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "ZooKeeper unreachable", body = Problem, content_type = "application/problem+json"),
+        (status = 200, description = "The live members (none for a group nobody joined)", body = GroupState),
+        Problems<(p::InvalidField, p::ZookeeperUnavailable,)>,
     ))]
 pub async fn members(
     State(state): State<AppState>,
     ApiPath(group): ApiPath<String>,
     ApiQuery(query): ApiQuery<GroupQuery>,
-) -> Result<Json<GroupView>, ApiError> {
+) -> Result<Json<GroupState>, ApiError> {
     names(&group, None)?;
     if query.wait.is_some() && query.index.is_none() {
         return Err(ApiError::invalid(
@@ -229,85 +199,22 @@ pub async fn members(
         ));
     }
     let client = state.zk().current()?.client;
-    let dir = state.groups.dir(&group);
     if let (Some(index), Some(wait)) = (query.index, query.wait) {
         let wait = wait.0.min(state.config.max_wait);
-        let _ = tokio::time::timeout(wait, wait_for_change(&client, &dir, index)).await;
+        let dir = state.groups.dir(&group);
+        let changed = group::wait_for_change(&client, &dir, index);
+        let _ = tokio::time::timeout(wait, changed).await;
     }
-    read_group(&client, &dir, group).await.map(Json)
-}
-
-/// Returns once the group's membership index is not `index` (a children watch: no polling).
-async fn wait_for_change(client: &Client, dir: &str, index: i64) -> Result<(), ZkError> {
-    loop {
-        match retry_on_loss(|| client.get_and_watch_children(dir)).await {
-            Ok((_, stat, watcher)) => {
-                if stat.pzxid != index {
-                    return Ok(());
-                }
-                watcher.changed().await;
-            }
-            Err(ZkError::NoNode) => {
-                let (stat, watcher) = retry_on_loss(|| client.check_and_watch_stat(dir)).await?;
-                if stat.is_some() {
-                    continue;
-                }
-                if index != 0 {
-                    return Ok(());
-                }
-                watcher.changed().await;
-            }
-            Err(err) => return Err(err),
-        }
-    }
-}
-
-async fn read_group(client: &Client, dir: &str, group: String) -> Result<GroupView, ApiError> {
-    let (mut ids, stat) = match retry_on_loss(|| client.get_children(dir)).await {
-        Ok(read) => read,
-        Err(ZkError::NoNode) => {
-            return Ok(GroupView {
-                group,
-                index: 0,
-                members: Vec::new(),
-            });
-        }
-        Err(err) => return Err(err.into()),
-    };
-    ids.sort();
-    let members = crate::zk::read_each(client, dir, ids)
-        .await?
-        .into_iter()
-        .map(|(id, data, stat)| {
-            let data = serde_json::from_slice(&data)
-                .unwrap_or_else(|_| serde_json::Value::String(String::from_utf8_lossy(&data).into()));
-            let joined = UNIX_EPOCH + Duration::from_millis(stat.ctime.max(0) as u64);
-            MemberView {
-                id,
-                data,
-                joined_at: timestamp(joined),
-            }
-        })
-        .collect();
-    Ok(GroupView {
-        group,
-        index: stat.pzxid,
-        members,
-    })
+    Ok(Json(source(&state, &group).read(&client).await?))
 }
 
 /// Lists the groups that exist in ZooKeeper, with their number of members.
 #[utoipa::path(get, path = "/v1/groups", tag = "groups", responses(
     (status = 200, body = Vec<GroupSummary>),
-    (status = 503, description = "ZooKeeper unreachable", body = Problem, content_type = "application/problem+json"),
+    Problems<(p::ZookeeperUnavailable,)>,
 ))]
 pub async fn list_groups(State(state): State<AppState>, caller: Caller) -> Result<Json<Vec<GroupSummary>>, ApiError> {
-    let client = state.zk().current()?.client;
-    let names = super::contention::readable_names(
-        &caller,
-        state.groups.base(),
-        crate::recipes::contender::read_names(&client, state.groups.base()).await?,
-    );
+    let names = readable(&state, &caller, Kind::Group).await?;
     Ok(Json(
         names
             .into_iter()

@@ -4,7 +4,7 @@ use axum::Json;
 use axum::extract::State;
 use serde::Serialize;
 
-use super::error::ApiError;
+use super::error::{ApiError, Problems, p};
 use crate::AppState;
 use crate::zk::session::Connection;
 
@@ -62,7 +62,7 @@ pub async fn healthz(State(state): State<AppState>) -> Json<Health> {
 /// Readiness: the ZooKeeper session is connected, so recipe calls can be served.
 #[utoipa::path(get, path = "/readyz", tag = "health", responses(
     (status = 200, body = Health),
-    (status = 503, description = "ZooKeeper is not connected", body = super::error::Problem, content_type = "application/problem+json"),
+    Problems<(p::ZookeeperUnavailable,)>,
 ))]
 pub async fn readyz(State(state): State<AppState>) -> Result<Json<Health>, ApiError> {
     state.zk().current()?;
@@ -90,7 +90,7 @@ pub async fn metrics(State(state): State<AppState>) -> impl axum::response::Into
 async fn readings(state: &AppState) -> crate::metrics::Readings {
     let status = state.zk().status();
     let queues = match state.zk().current() {
-        Ok(session) => crate::recipes::queue::counts(&session.client, state.queues.base())
+        Ok(session) => crate::recipes::queue::topic::counts(&session.client, state.queues.base())
             .await
             .ok(),
         Err(_) => None,

@@ -9,13 +9,40 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 
-use super::error::{ApiError, Place, Problem};
+use axum::routing::get;
+use utoipa::OpenApi;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::Resource;
+use super::error::{ApiError, Place, Problem, Problems, p};
 use super::extract::{ApiPath, ApiQuery};
 use crate::AppState;
 use crate::auth::Caller;
-use crate::duration::HumanDuration;
+use crate::kind::Kind;
 use crate::recipes::config::{self, Condition, WriteError};
+use crate::time::HumanDuration;
 use crate::zk::names::validate_name;
+
+/// The kv kind's module (followed as znodes on a socket, not as a topic of its own).
+pub const RESOURCE: Resource = Resource {
+    kind: Kind::Kv,
+    about: Some("Configuration and names: plain znodes, ETag versions, compare-and-set, blocking reads."),
+    routes,
+    topic: None,
+};
+
+/// Keys contain `/`: axum needs a wildcard route, which the spec writes `{key}` (from
+/// [KeyDoc]).
+#[derive(OpenApi)]
+#[openapi(paths(get_value, put_value, delete_value))]
+struct KeyDoc;
+
+fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::with_openapi(KeyDoc::openapi())
+        .routes(routes!(list_keys))
+        .route("/v1/kv/{*key}", get(get_value).put(put_value).delete(delete_value))
+}
 
 /// Most segments a key may have.
 const MAX_DEPTH: usize = 16;
@@ -114,7 +141,7 @@ fn precondition_failed(key: &str, current: Option<i64>) -> ApiError {
         Some(v) => format!("key `{key}` is at version {}, not the one required", etag(v)),
         None => format!("key `{key}` does not exist"),
     };
-    let err = ApiError::precondition_failed(detail);
+    let err = ApiError::new(Problem::PreconditionFailed, detail);
     match current {
         Some(v) => err.with("current_etag", etag(v)),
         None => err,
@@ -135,9 +162,7 @@ fn precondition_failed(key: &str, current: Option<i64>) -> ApiError {
                 (String = "text/plain", example = json!("maintenance at 22:00")),
                 (String = "application/octet-stream"))),
         (status = 304, description = "Not modified (within the wait)"),
-        (status = 400, description = "Bad key, query or header", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No such key", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "ZooKeeper unreachable", body = Problem, content_type = "application/problem+json"),
+        Problems<(p::InvalidField, p::NotFound, p::ZookeeperUnavailable,)>,
     ))]
 pub async fn get_value(
     State(state): State<AppState>,
@@ -166,7 +191,8 @@ pub async fn get_value(
     let Some(entry) = config::read(&client, &path).await? else {
         return Err(ApiError::not_found("key", format!("no key `{key}`")));
     };
-    let tag = HeaderValue::from_str(&etag(entry.stat.mzxid)).map_err(|e| ApiError::internal(e.to_string()))?;
+    let tag =
+        HeaderValue::from_str(&etag(entry.stat.mzxid)).map_err(|e| ApiError::new(Problem::Internal, e.to_string()))?;
     if known == Some(entry.stat.mzxid) {
         return Ok((StatusCode::NOT_MODIFIED, [(header::ETAG, tag)]).into_response());
     }
@@ -203,10 +229,7 @@ pub async fn get_value(
     responses(
         (status = 201, description = "Created", body = Written),
         (status = 200, description = "Replaced", body = Written),
-        (status = 400, description = "Bad key, header or JSON", body = Problem, content_type = "application/problem+json"),
-        (status = 412, description = "The condition did not hold", body = Problem, content_type = "application/problem+json"),
-        (status = 413, description = "Value too large", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "ZooKeeper unreachable", body = Problem, content_type = "application/problem+json"),
+        Problems<(p::InvalidField, p::MalformedBody, p::PreconditionFailed, p::BodyTooLarge, p::ZookeeperUnavailable,)>,
     ))]
 pub async fn put_value(
     State(state): State<AppState>,
@@ -253,7 +276,7 @@ pub async fn put_value(
         .map_err(|e| write_error(&key, e))?;
     let tag = etag(stat.mzxid);
     let status = if created { StatusCode::CREATED } else { StatusCode::OK };
-    let header_tag = HeaderValue::from_str(&tag).map_err(|e| ApiError::internal(e.to_string()))?;
+    let header_tag = HeaderValue::from_str(&tag).map_err(|e| ApiError::new(Problem::Internal, e.to_string()))?;
     Ok((
         status,
         [(header::ETAG, header_tag)],
@@ -270,9 +293,8 @@ fn write_error(key: &str, err: WriteError) -> ApiError {
     match err {
         WriteError::Precondition(current) => precondition_failed(key, current),
         WriteError::Missing => ApiError::not_found("key", format!("no key `{key}`")),
-        WriteError::NotEmpty => ApiError::conflict(
-            "key-not-empty",
-            "Key has keys below it",
+        WriteError::NotEmpty => ApiError::new(
+            Problem::KeyNotEmpty,
             format!("key `{key}` has keys below it; delete those first"),
         ),
         WriteError::ZooKeeper(err) => err.into(),
@@ -285,11 +307,7 @@ fn write_error(key: &str, err: WriteError) -> ApiError {
         ("If-Match" = Option<String>, Header, description = "Delete only this ETag")),
     responses(
         (status = 204, description = "Deleted"),
-        (status = 400, description = "Bad key or header", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No such key", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "The key has keys below it", body = Problem, content_type = "application/problem+json"),
-        (status = 412, description = "The condition did not hold", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "ZooKeeper unreachable", body = Problem, content_type = "application/problem+json"),
+        Problems<(p::InvalidField, p::NotFound, p::KeyNotEmpty, p::PreconditionFailed, p::ZookeeperUnavailable,)>,
     ))]
 pub async fn delete_value(
     State(state): State<AppState>,
@@ -313,9 +331,7 @@ pub async fn delete_value(
 #[utoipa::path(get, path = "/v1/kv", tag = "kv", params(ListQuery),
     responses(
         (status = 200, body = KeyList),
-        (status = 400, description = "Bad prefix", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No such prefix", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "ZooKeeper unreachable", body = Problem, content_type = "application/problem+json"),
+        Problems<(p::InvalidField, p::NotFound, p::ZookeeperUnavailable,)>,
     ))]
 pub async fn list_keys(
     State(state): State<AppState>,

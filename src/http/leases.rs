@@ -1,4 +1,5 @@
-//! `/v1/leases`: create, list, read, keep alive and delete leases.
+//! `/v1/leases`: create, list, read, keep alive and delete leases; and the lease a resource
+//! request names (or makes).
 
 use axum::Json;
 use axum::extract::State;
@@ -6,13 +7,60 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 
-use super::error::{ApiError, Place, Problem};
+use std::sync::Arc;
+use std::time::Duration;
+
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::error::{ApiError, Place, Problem, Problems, p};
 use super::extract::{ApiJson, ApiPath};
-use super::{millis_since, timestamp};
 use crate::AppState;
 use crate::auth::Caller;
-use crate::duration::HumanDuration;
-use crate::lease::{EndReason, HoldingView, Lease};
+use crate::recipes::lease::{EndReason, HoldingView, Lease};
+use crate::time::{HumanDuration, millis_since, timestamp};
+
+/// The lease routes.
+pub fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(create_lease, list_leases))
+        .routes(routes!(get_lease, delete_lease))
+        .routes(routes!(keepalive))
+}
+
+/// The lease a request names, or a new one (with `ttl`) when it names none; the flag says
+/// whether it was made for this request (and should go if the request comes to nothing).
+pub fn lease_for(
+    state: &AppState,
+    caller: &Caller,
+    lease: Option<String>,
+    ttl: Option<Duration>,
+) -> Result<(Arc<Lease>, bool), ApiError> {
+    match (lease, ttl) {
+        (Some(_), Some(_)) => Err(ApiError::invalid(
+            Place::Body,
+            "ttl",
+            "only applies when no `lease` is given",
+        )),
+        (Some(id), None) => Ok((state.leases.get(caller, &id)?, false)),
+        (None, ttl) => {
+            if ttl.is_some_and(|t| t.is_zero()) {
+                return Err(ApiError::invalid(Place::Body, "ttl", "must be above zero"));
+            }
+            Ok((state.leases.create(caller, ttl, None)?, true))
+        }
+    }
+}
+
+/// The error for a request whose lease ended while it was served.
+pub fn lease_gone(state: &AppState, lease: &Lease) -> ApiError {
+    state
+        .leases
+        .peek(&lease.id)
+        .err()
+        .map(ApiError::from)
+        .unwrap_or_else(|| ApiError::new(Problem::LockNotAcquired, "the request was released while it waited"))
+}
 
 /// The header that makes a lease creation safe to retry.
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
@@ -92,8 +140,7 @@ pub struct LeaseSummary {
     params(("Idempotency-Key" = Option<String>, Header, description = "Makes the creation safe to retry.")),
     responses(
         (status = 201, description = "Created; `Location` names the lease", body = LeaseView),
-        (status = 400, description = "Bad TTL or body", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "ZooKeeper unreachable", body = Problem, content_type = "application/problem+json"),
+        Problems<(p::InvalidField, p::MalformedBody, p::ZookeeperUnavailable,)>,
     ))]
 pub async fn create_lease(
     State(state): State<AppState>,
@@ -107,8 +154,8 @@ pub async fn create_lease(
         return Err(ApiError::invalid(Place::Body, "ttl", "must be above zero"));
     }
     let lease = state.leases.create(&caller, ttl, key)?;
-    let location =
-        HeaderValue::from_str(&format!("/v1/leases/{}", lease.id)).map_err(|e| ApiError::internal(e.to_string()))?;
+    let location = HeaderValue::from_str(&format!("/v1/leases/{}", lease.id))
+        .map_err(|e| ApiError::new(Problem::Internal, e.to_string()))?;
     Ok((
         StatusCode::CREATED,
         [(header::LOCATION, location)],
@@ -158,8 +205,7 @@ pub async fn list_leases(State(state): State<AppState>, caller: Caller) -> Json<
     params(("id" = String, Path, description = "Lease id")),
     responses(
         (status = 200, body = LeaseView),
-        (status = 404, description = "No such lease", body = Problem, content_type = "application/problem+json"),
-        (status = 410, description = "The lease ended; `reason` says how", body = Problem, content_type = "application/problem+json"),
+        Problems<(p::NotFound, p::LeaseEnded,)>,
     ))]
 pub async fn get_lease(
     State(state): State<AppState>,
@@ -176,8 +222,7 @@ pub async fn get_lease(
     params(("id" = String, Path, description = "Lease id")),
     responses(
         (status = 200, body = LeaseView),
-        (status = 404, description = "No such lease", body = Problem, content_type = "application/problem+json"),
-        (status = 410, description = "The lease ended (expired, deleted, or lost with the ZooKeeper session)", body = Problem, content_type = "application/problem+json"),
+        Problems<(p::NotFound, p::LeaseEnded,)>,
     ))]
 pub async fn keepalive(
     State(state): State<AppState>,
@@ -194,8 +239,7 @@ pub async fn keepalive(
     params(("id" = String, Path, description = "Lease id")),
     responses(
         (status = 204, description = "Deleted; its locks are released"),
-        (status = 404, description = "No such lease", body = Problem, content_type = "application/problem+json"),
-        (status = 410, description = "The lease had already ended", body = Problem, content_type = "application/problem+json"),
+        Problems<(p::NotFound, p::LeaseEnded,)>,
     ))]
 pub async fn delete_lease(
     State(state): State<AppState>,

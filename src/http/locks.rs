@@ -4,28 +4,50 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::Response;
-use serde::Serialize;
+
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use super::contention::{
-    self, AcquireBody, AcquireParams, Acquisition, ContenderView, HandleQuery, HandleView, LockSummary, RevokeBody,
-    Revoked, check_name, find_handle,
+    self, AcquireBody, AcquireParams, Acquisition, HandleQuery, HandleView, RevokeBody, Revoked, find_handle,
 };
-use super::error::{ApiError, Problem};
+use super::error::{ApiError, Problems, p};
 use super::extract::{ApiJson, ApiPath, ApiQuery};
+use super::{LockSummary, Resource, list, state_handler};
 use crate::AppState;
 use crate::auth::Caller;
-use crate::recipes::contender::{Role, read_contenders};
+use crate::events::Feed;
+use crate::kind::Kind;
+use crate::recipes::contender::Role;
+use crate::recipes::lock::{LockState, LockTopic};
 use crate::recipes::revocation::{AUDIT_KEPT, Revocation, read_audit};
 
-/// A lock's holder and queue.
-#[derive(Serialize, utoipa::ToSchema)]
-pub struct LockState {
-    #[schema(example = "orders")]
-    pub name: String,
-    /// The contender with the lowest sequence number, if any.
-    pub holder: Option<ContenderView>,
-    /// The others, in queue order.
-    pub waiters: Vec<ContenderView>,
+/// The lock kind's module.
+pub const RESOURCE: Resource = Resource {
+    kind: Kind::Lock,
+    about: Some("Exclusive locks (ZooKeeper's lock recipe on Curator's znode names), with fencing tokens."),
+    routes,
+    topic: Some(|state, name| Feed::of(source(state, name))),
+};
+
+fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(list_locks))
+        .routes(routes!(lock_state))
+        .routes(routes!(acquire))
+        .routes(routes!(get_handle, release))
+        .routes(routes!(revoke))
+        .routes(routes!(revocations))
+}
+
+/// Lock `name` as its topic and `GET` read it.
+fn source(state: &AppState, name: &str) -> LockTopic {
+    LockTopic {
+        name: name.to_string(),
+        dir: state.locks.dir(name),
+        local: state.locks.clone(),
+        fate: state.leases.fate(),
+    }
 }
 
 /// Acquires a lock, waiting up to `wait` (a long poll).
@@ -41,11 +63,7 @@ pub struct LockState {
     responses(
         (status = 200, description = "Granted", body = Acquisition),
         (status = 202, description = "Not granted within the wait; still queued (`keep_queued=true`)", body = Acquisition),
-        (status = 400, description = "Bad name, parameter or body", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No such lease", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "Not granted within the wait; left the queue (`position` says where it was)", body = Problem, content_type = "application/problem+json"),
-        (status = 410, description = "The lease ended, or the contender was lost", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "ZooKeeper unreachable", body = Problem, content_type = "application/problem+json"),
+        Problems<(p::InvalidField, p::MalformedBody, p::NotFound, p::LockNotAcquired, p::LeaseEnded, p::LockLost, p::TooMany, p::ZookeeperUnavailable,)>,
     ))]
 pub async fn acquire(
     State(state): State<AppState>,
@@ -57,43 +75,22 @@ pub async fn acquire(
     contention::acquire(&state, &caller, &state.locks, &name, Role::Exclusive, params, body).await
 }
 
-/// Reads a lock's holder and waiters from ZooKeeper.
-#[utoipa::path(get, path = "/v1/locks/{name}", tag = "locks",
-    params(("name" = String, Path, description = "Lock name")),
-    responses(
-        (status = 200, description = "Holder and waiters (both empty for a lock nobody holds)", body = LockState),
-        (status = 400, description = "Bad name", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "ZooKeeper unreachable", body = Problem, content_type = "application/problem+json"),
-    ))]
-pub async fn lock_state(
-    State(state): State<AppState>,
-    ApiPath(name): ApiPath<String>,
-) -> Result<Json<LockState>, ApiError> {
-    check_name(&name)?;
-    let client = state.zk().current()?.client;
-    let records = read_contenders(&client, &state.locks.dir(&name))
-        .await?
-        .unwrap_or_default();
-    let local = state.locks.local_contenders(&name);
-    let mut views = records.into_iter().map(|record| {
-        let mine = local.get(&record.name).cloned();
-        contention::contender_view(record, None, mine.as_deref())
-    });
-    let holder = views.next();
-    Ok(Json(LockState {
-        name,
-        holder,
-        waiters: views.collect(),
-    }))
-}
+state_handler!(
+    /// Reads a lock's holder and waiters from ZooKeeper.
+    lock_state,
+    "/v1/locks/{name}",
+    "locks",
+    "Lock name",
+    LockState
+);
 
 /// Lists the locks that exist in ZooKeeper, with their number of contenders.
 #[utoipa::path(get, path = "/v1/locks", tag = "locks", responses(
     (status = 200, body = Vec<LockSummary>),
-    (status = 503, description = "ZooKeeper unreachable", body = Problem, content_type = "application/problem+json"),
+    Problems<(p::ZookeeperUnavailable,)>,
 ))]
 pub async fn list_locks(State(state): State<AppState>, caller: Caller) -> Result<Json<Vec<LockSummary>>, ApiError> {
-    super::contention::list_summaries(&state, &caller, state.locks.base()).await
+    list(&state, &caller, Kind::Lock).await
 }
 
 /// Reads a handle: waiting (with position), held (with fencing token) or lost (with reason).
@@ -101,8 +98,7 @@ pub async fn list_locks(State(state): State<AppState>, caller: Caller) -> Result
     params(("name" = String, Path, description = "Lock name"), ("handle" = String, Path, description = "Handle from the acquire"), HandleQuery),
     responses(
         (status = 200, body = HandleView),
-        (status = 400, description = "Bad name", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No such handle (released, or never here)", body = Problem, content_type = "application/problem+json"),
+        Problems<(p::InvalidField, p::NotFound,)>,
     ))]
 pub async fn get_handle(
     State(state): State<AppState>,
@@ -112,7 +108,7 @@ pub async fn get_handle(
 ) -> Result<Json<HandleView>, ApiError> {
     let contender = find_handle(&state.locks, &caller, &name, &handle)?;
     contention::wait_for_news(&state, &contender, query.wait).await;
-    Ok(Json(contention::handle_view(&state, &state.locks, &contender).await))
+    Ok(Json(contention::handle_view(&state, &contender).await))
 }
 
 /// Releases the lock (or leaves the queue). The znode is deleted before this answers, which
@@ -121,9 +117,7 @@ pub async fn get_handle(
     params(("name" = String, Path, description = "Lock name"), ("handle" = String, Path, description = "Handle from the acquire")),
     responses(
         (status = 204, description = "Released"),
-        (status = 400, description = "Bad name", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No such handle", body = Problem, content_type = "application/problem+json"),
-        (status = 410, description = "The lock had been lost before this release (the handle is now forgotten)", body = Problem, content_type = "application/problem+json"),
+        Problems<(p::InvalidField, p::NotFound, p::LockLost,)>,
     ))]
 pub async fn release(
     State(state): State<AppState>,
@@ -142,10 +136,7 @@ pub async fn release(
     request_body(content = RevokeBody, example = json!({"by": "ops@example.com", "reason": "deploy in progress", "grace": "30s"})),
     responses(
         (status = 202, description = "Asked; the holders decide (or the grace decides)", body = Revoked),
-        (status = 400, description = "Bad name or body", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No such contender node", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "Nobody holds the lock", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "ZooKeeper unreachable", body = Problem, content_type = "application/problem+json"),
+        Problems<(p::InvalidField, p::MalformedBody, p::NotFound, p::NothingToRevoke, p::ZookeeperUnavailable,)>,
     ))]
 pub async fn revoke(
     State(state): State<AppState>,
@@ -153,7 +144,7 @@ pub async fn revoke(
     ApiPath(name): ApiPath<String>,
     ApiJson(body): ApiJson<RevokeBody>,
 ) -> Result<Response, ApiError> {
-    contention::revoke(&state, &caller, &state.locks, "lock", &name, |_| Role::Exclusive, body).await
+    contention::revoke(&state, &caller, &state.locks, &name, |_| Role::Exclusive, body).await
 }
 
 /// Query of the revocation audit log.
@@ -169,8 +160,7 @@ pub struct AuditQuery {
 #[utoipa::path(get, path = "/v1/revocations", tag = "locks", params(AuditQuery),
     responses(
         (status = 200, body = Vec<Revocation>),
-        (status = 400, description = "Bad limit", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "ZooKeeper unreachable", body = Problem, content_type = "application/problem+json"),
+        Problems<(p::InvalidField, p::ZookeeperUnavailable,)>,
     ))]
 pub async fn revocations(
     State(state): State<AppState>,
@@ -180,6 +170,8 @@ pub async fn revocations(
     let limit = query.limit.unwrap_or(100).min(AUDIT_KEPT);
     let client = state.zk().current()?.client;
     let mut records = read_audit(&client, &format!("{}/revocations", state.config.root), limit).await?;
-    records.retain(|r| caller.may(&format!("{}s", r.kind), &r.lock, crate::auth::Access::Read));
+    records.retain(|r| {
+        Kind::from_topic(&r.kind).is_some_and(|kind| caller.may(kind.auth(), &r.lock, crate::auth::Access::Read))
+    });
     Ok(Json(records))
 }

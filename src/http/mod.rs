@@ -1,6 +1,11 @@
-//! The HTTP API: one module per resource, the problem-document error type, the extractors, and
-//! the router that ties them to the OpenAPI description (the router and the spec are built
-//! from the same handler list, so they cannot disagree).
+//! The HTTP API: one module per resource kind, each a thin adapter from HTTP to its recipe
+//! (etcd's `v3lock` is the model: parse, call the recipe, map the result), the catalogue of
+//! problems, the extractors, and the guards every API route passes (forwarding, authorisation,
+//! the write rate).
+//!
+//! Each `<kind>.rs` exports a [Resource]: its kind, its routes (router and spec from the same
+//! handler list, so they cannot disagree) and its topic; [RESOURCES] lists them, and
+//! everything else (the router, the spec's tags, the socket's topics) is built from that list.
 
 pub mod auth;
 mod barriers;
@@ -18,32 +23,68 @@ mod limits;
 mod locks;
 pub mod origin;
 mod queues;
+mod routed;
 mod rwlocks;
 mod semaphores;
 mod txns;
 
-use std::time::SystemTime;
-
+use axum::Json;
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::http::Uri;
-use axum::response::{Html, IntoResponse};
-use axum::routing::get;
-use tower_http::trace::TraceLayer;
+use axum::response::IntoResponse;
 use utoipa::OpenApi;
+use utoipa::openapi::tag::TagBuilder;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
-use utoipa_swagger_ui::{Config as SwaggerConfig, SwaggerUi};
 
 use crate::AppState;
-use error::ApiError;
+use crate::events::Feed;
+use crate::kind::Kind;
+use crate::recipes::topic::Source;
+use crate::zk::names::validate_name;
+use error::{ApiError, Place};
+
+/// What a resource kind's module contributes to the API.
+pub struct Resource {
+    pub kind: Kind,
+    /// The description of the kind's OpenAPI tag, for the kind that owns it.
+    pub about: Option<&'static str>,
+    /// Its routes, each with its spec.
+    pub routes: fn() -> OpenApiRouter<AppState>,
+    /// The topic of one of its resources (already validated and authorised), for a socket's
+    /// subscription.
+    pub topic: Option<fn(&AppState, &str) -> Feed>,
+}
+
+/// Every resource kind's module.
+pub const RESOURCES: &[Resource] = &[
+    locks::RESOURCE,
+    rwlocks::RESOURCE,
+    semaphores::RESOURCE,
+    elections::RESOURCE,
+    barriers::RESOURCE,
+    double_barriers::RESOURCE,
+    txns::RESOURCE,
+    queues::RESOURCE,
+    groups::RESOURCE,
+    kv::RESOURCE,
+];
+
+/// The topic of resource `name` of `kind`, if the kind has topics.
+pub fn topic(state: &AppState, kind: Kind, name: &str) -> Option<Feed> {
+    RESOURCES
+        .iter()
+        .find(|r| r.kind == kind)
+        .and_then(|r| r.topic)
+        .map(|topic| topic(state, name))
+}
 
 /// Largest request body accepted: well below ZooKeeper's 1 MB `jute.maxbuffer`.
 pub const BODY_LIMIT_BYTES: usize = 512 * 1024;
 
 #[derive(OpenApi)]
 #[openapi(
-    paths(kv::get_value, kv::put_value, kv::delete_value),
     info(
         title = "zkgate",
         description = "Apache ZooKeeper's coordination recipes over HTTP: leases, exclusive and read/write locks with fencing tokens, semaphores, leader election, group membership, configuration, barriers and double barriers, two-phase commit, queues.\n\n\
@@ -51,101 +92,166 @@ pub const BODY_LIMIT_BYTES: usize = 512 * 1024;
             Durations are written like `500ms`, `5s`, `1m`.",
         license(name = "MIT")
     ),
+    components(schemas(error::ProblemDocument)),
     tags(
         (name = "leases", description = "Lease-style handles: TTL, keepalive, and everything held on their behalf."),
-        (name = "locks", description = "Exclusive locks (ZooKeeper's lock recipe on Curator's znode names), with fencing tokens."),
-        (name = "elections", description = "Leader election (the guide's recipe on Curator's LeaderLatch names): campaign, resign, leader with term, proclaim."),
-        (name = "kv", description = "Configuration and names: plain znodes, ETag versions, compare-and-set, blocking reads."),
-        (name = "semaphores", description = "Counting semaphores with N permits (Curator's InterProcessSemaphoreV2 znodes)."),
-        (name = "barriers", description = "Barriers (raise, lower, wait until down) and double barriers (enter together, leave together)."),
-        (name = "txns", description = "Two-phase commit: participants register (lease-bound), vote, and read the decision, written once."),
-        (name = "queues", description = "Durable queues and priority queues: idempotent puts, at-least-once takes with ack deadlines, dead letters."),
-        (name = "groups", description = "Group membership: lease-bound members with data, and a blocking read of changes."),
         (name = "websocket", description = "Push over WebSockets: subscriptions to every recipe and to znodes, socket-bound leases, API calls."),
-        (name = "rwlocks", description = "Shared (read/write) locks: readers share, a writer excludes all (Curator's InterProcessReadWriteLock names)."),
-        (name = "health", description = "Liveness and readiness.")
+        (name = "health", description = "Liveness, readiness and metrics.")
     )
 )]
 struct ApiDoc;
 
-fn api_router() -> OpenApiRouter<AppState> {
-    OpenApiRouter::with_openapi(ApiDoc::openapi())
+/// The API's routes and their spec (the sockets' are the `ws` module's): health, leases and
+/// every resource kind, each kind's tag described.
+pub fn routes() -> OpenApiRouter<AppState> {
+    let mut api = OpenApiRouter::with_openapi(ApiDoc::openapi())
         .routes(routes!(health::healthz))
         .routes(routes!(health::readyz))
         .routes(routes!(health::metrics))
-        .routes(routes!(leases::create_lease, leases::list_leases))
-        .routes(routes!(leases::get_lease, leases::delete_lease))
-        .routes(routes!(leases::keepalive))
-        .routes(routes!(locks::list_locks))
-        .routes(routes!(locks::lock_state))
-        .routes(routes!(locks::acquire))
-        .routes(routes!(locks::get_handle, locks::release))
-        .routes(routes!(locks::revoke))
-        .routes(routes!(locks::revocations))
-        .routes(routes!(rwlocks::list_rwlocks))
-        .routes(routes!(rwlocks::rwlock_state))
-        .routes(routes!(rwlocks::read))
-        .routes(routes!(rwlocks::write))
-        .routes(routes!(rwlocks::get_handle, rwlocks::release))
-        .routes(routes!(rwlocks::revoke))
-        .routes(routes!(elections::list_elections))
-        .routes(routes!(elections::election_state))
-        .routes(routes!(elections::campaign))
-        .routes(routes!(elections::proclaim))
-        .routes(routes!(elections::get_candidate, elections::resign))
-        .routes(routes!(semaphores::list_semaphores))
-        .routes(routes!(semaphores::semaphore_state))
-        .routes(routes!(semaphores::acquire))
-        .routes(routes!(semaphores::get_permit, semaphores::release))
-        .routes(routes!(barriers::list_barriers))
-        .routes(routes!(barriers::barrier_state, barriers::raise, barriers::lower))
-        .routes(routes!(barriers::wait))
-        .routes(routes!(double_barriers::list_double_barriers))
-        .routes(routes!(double_barriers::double_barrier_state))
-        .routes(routes!(double_barriers::enter))
-        .routes(routes!(double_barriers::leave))
-        .routes(routes!(txns::list_txns, txns::create))
-        .routes(routes!(txns::get_txn))
-        .routes(routes!(txns::register))
-        .routes(routes!(txns::vote))
-        .routes(routes!(queues::list_queues))
-        .routes(routes!(queues::queue_state))
-        .routes(routes!(queues::put))
-        .routes(routes!(queues::take))
-        .routes(routes!(queues::ack))
-        .routes(routes!(queues::nack))
-        .routes(routes!(queues::dead_letters))
-        .routes(routes!(queues::replay))
-        .routes(routes!(groups::list_groups))
-        .routes(routes!(groups::members))
-        .routes(routes!(groups::join, groups::leave))
-        .routes(routes!(kv::list_keys))
-        // Keys contain `/`: axum needs a wildcard, which the spec (from `ApiDoc`) writes `{key}`.
-        .route(
-            "/v1/kv/{*key}",
-            get(kv::get_value).put(kv::put_value).delete(kv::delete_value),
-        )
-        // WebSockets: OpenAPI can describe the upgrade, the README and the handlers' docs the
-        // messages.
-        .routes(routes!(crate::ws::observe_election))
-        .routes(routes!(crate::ws::socket))
+        .merge(leases::routes());
+    for resource in RESOURCES {
+        api = api.merge((resource.routes)());
+    }
+    let tags = api.get_openapi_mut().tags.get_or_insert_with(Vec::new);
+    for resource in RESOURCES {
+        if let Some(about) = resource.about {
+            tags.push(
+                TagBuilder::new()
+                    .name(resource.kind.tag())
+                    .description(Some(about))
+                    .build(),
+            );
+        }
+    }
+    tags.sort_by(|a, b| a.name.cmp(&b.name));
+    api
 }
 
-/// The OpenAPI description of the API (what `/openapi.json` serves and
-/// `openapi/openapi.json` holds).
-pub fn openapi() -> utoipa::openapi::OpenApi {
-    let mut spec = api_router().into_openapi();
-    document_auth(&mut spec);
-    spec
+/// The guards of every API route, after routing (so they read the kind and name the router
+/// matched): requests for another instance's lease go there ([forward::forward]), the owner
+/// authorises them by name ([auth::authorize]) and counts them against the write rate
+/// ([limits::rate_limit]). Routes only: unknown paths and methods get their problem without.
+pub fn guard(router: Router<AppState>, state: &AppState) -> Router<AppState> {
+    use axum::middleware::from_fn_with_state;
+    router
+        .route_layer(from_fn_with_state(state.clone(), limits::rate_limit))
+        .route_layer(axum::middleware::from_fn(auth::authorize))
+        .route_layer(from_fn_with_state(state.clone(), forward::forward))
+}
+
+/// Unknown routes and methods as problem documents, and the body limit.
+pub fn finish(router: Router<AppState>) -> Router<AppState> {
+    router
+        .fallback(no_route)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(BODY_LIMIT_BYTES))
+}
+
+/// The API alone (no sockets, docs or status page), for requests that arrive over a
+/// WebSocket (`"op": "call"`): the same handlers, validation, guards and errors as over HTTP
+/// (the socket puts its caller in each request's extensions). The routes are built once (the
+/// spec is the costly part); each socket's first call guards them with its state.
+pub fn api(state: &AppState) -> Router {
+    static ROUTES: std::sync::OnceLock<Router<AppState>> = std::sync::OnceLock::new();
+    let routes = ROUTES.get_or_init(|| routes().split_for_parts().0).clone();
+    finish(guard(routes, state)).with_state(state.clone())
+}
+
+async fn no_route(uri: Uri) -> impl IntoResponse {
+    ApiError::new(
+        error::Problem::NoSuchEndpoint,
+        format!("no endpoint at `{}`; see /docs", uri.path()),
+    )
+}
+
+async fn method_not_allowed() -> impl IntoResponse {
+    ApiError::new(
+        error::Problem::MethodNotAllowed,
+        "this endpoint does not support that method; see /docs",
+    )
+}
+
+/// A resource name from the path: 400 `invalid-field` naming `name` if it is not a valid one.
+pub fn check_name(name: &str) -> Result<(), ApiError> {
+    validate_name(name).map_err(|e| ApiError::invalid(Place::Path, "name", e))
+}
+
+/// Declares a kind's `GET /v1/<kind>/{name}`: the resource's state, as its topic carries it,
+/// read with the module's `source(state, name)`. One shape for every kind, so it is written
+/// once.
+macro_rules! state_handler {
+    ($(#[doc = $doc:tt])* $handler:ident, $path:tt, $tag:tt, $what:tt, $state:ident) => {
+        $(#[doc = $doc])*
+        #[utoipa::path(get, path = $path, tag = $tag,
+            params(("name" = String, Path, description = $what)),
+            responses(
+                (status = 200, body = $state),
+                $crate::http::error::Problems<($crate::http::error::p::InvalidField, $crate::http::error::p::ZookeeperUnavailable)>,
+            ))]
+        pub async fn $handler(
+            axum::extract::State(state): axum::extract::State<$crate::AppState>,
+            $crate::http::extract::ApiPath(name): $crate::http::extract::ApiPath<String>,
+        ) -> Result<axum::Json<$state>, $crate::http::error::ApiError> {
+            $crate::http::check_name(&name)?;
+            $crate::http::read(&state, source(&state, &name)).await
+        }
+    };
+}
+
+pub(crate) use state_handler;
+
+/// A resource in a list.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+pub struct LockSummary {
+    #[schema(example = "orders")]
+    pub name: String,
+    /// Its children in ZooKeeper: holders plus waiters, members, items...
+    pub contenders: i32,
+}
+
+/// Every resource of `kind` that exists in ZooKeeper and the caller may read, with its number
+/// of children.
+pub async fn readable(
+    state: &AppState,
+    caller: &crate::auth::Caller,
+    kind: Kind,
+) -> Result<Vec<(String, i32)>, ApiError> {
+    let client = state.zk().current()?.client;
+    let names = crate::recipes::read_names(&client, &kind.base(&state.config.root)).await?;
+    Ok(names
+        .into_iter()
+        .filter(|(name, _)| caller.may(kind.auth(), name, crate::auth::Access::Read))
+        .collect())
+}
+
+/// `GET /v1/<kind>`: [readable] as a list.
+pub async fn list(
+    state: &AppState,
+    caller: &crate::auth::Caller,
+    kind: Kind,
+) -> Result<Json<Vec<LockSummary>>, ApiError> {
+    let names = readable(state, caller, kind).await?;
+    Ok(Json(
+        names
+            .into_iter()
+            .map(|(name, contenders)| LockSummary { name, contenders })
+            .collect(),
+    ))
+}
+
+/// `GET` of a resource: its state, as its topic carries it, read on the primary session.
+pub async fn read<S: Source>(state: &AppState, source: S) -> Result<Json<S::State>, ApiError> {
+    let client = state.zk().current()?.client;
+    Ok(Json(source.read(&client).await?))
 }
 
 /// Bearer tokens in the spec: the scheme, and on every operation but the probes the
-/// requirement and its two refusals (401 without a valid token, 403 outside the grants; they
-/// apply when zkgate runs with `--auth-config`); on every write and socket, the 429 of the
-/// limits.
-fn document_auth(spec: &mut utoipa::openapi::OpenApi) {
+/// requirement and the problems of the guards every route passes: 401 without a valid token
+/// and 403 outside the grants (both with `--auth-config`), and on every write and socket the
+/// 429 of the limits.
+pub fn document_auth(spec: &mut utoipa::openapi::OpenApi) {
+    use error::Problem;
     use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme};
-    use utoipa::openapi::{ContentBuilder, Ref, ResponseBuilder};
     let components = spec.components.get_or_insert_with(Default::default);
     components.add_security_scheme(
         "bearer",
@@ -159,17 +265,6 @@ fn document_auth(spec: &mut utoipa::openapi::OpenApi) {
                 .build(),
         ),
     );
-    let refusal = |description: &str| {
-        ResponseBuilder::new()
-            .description(description)
-            .content(
-                error::PROBLEM_JSON,
-                ContentBuilder::new()
-                    .schema(Some(Ref::from_schema_name("Problem")))
-                    .build(),
-            )
-            .build()
-    };
     for (path, item) in spec.paths.paths.iter_mut() {
         if path == "/healthz" || path == "/readyz" {
             continue;
@@ -186,89 +281,30 @@ fn document_auth(spec: &mut utoipa::openapi::OpenApi) {
             .filter_map(|(write, op)| op.as_mut().map(|op| (write, op)))
         {
             operation.security = Some(vec![SecurityRequirement::new("bearer", Vec::<String>::new())]);
+            let mut guards = vec![Problem::Unauthorized, Problem::Forbidden];
+            if write {
+                guards.extend([Problem::RateLimited, Problem::TooMany]);
+            } else if socket {
+                guards.push(Problem::TooMany);
+            }
             let responses = &mut operation.responses.responses;
-            let no_token = refusal("No valid bearer token (with `--auth-config`)");
-            responses.insert("401".into(), no_token.into());
-            responses.insert("403".into(), refusal("The token's principal may not do this").into());
-            if (write || socket) && !responses.contains_key("429") {
-                let why = if socket {
-                    "Too many WebSockets for this principal or address; retry after `Retry-After`"
-                } else {
-                    "Too many writes a second (`--write-rate`), or a limit reached; retry after `Retry-After`"
-                };
-                responses.insert("429".into(), refusal(why).into());
+            // A problem the operation declares itself is not described twice.
+            guards.retain(|problem| {
+                !responses.values().any(|r| match r {
+                    utoipa::openapi::RefOr::T(r) => r.description.contains(&format!("`{}`", problem.slug())),
+                    utoipa::openapi::RefOr::Ref(_) => false,
+                })
+            });
+            for (status, response) in error::responses(&guards) {
+                match (responses.get_mut(&status), response) {
+                    (Some(utoipa::openapi::RefOr::T(existing)), utoipa::openapi::RefOr::T(more)) => {
+                        existing.description = format!("{}; {}", existing.description, more.description);
+                    }
+                    (_, response) => {
+                        responses.insert(status, response);
+                    }
+                }
             }
         }
     }
-}
-
-/// The full router: the API, `/openapi.json`, Swagger UI at `/docs`, the status page at `/`,
-/// problem documents for unknown routes and methods.
-pub fn router(state: AppState) -> Router {
-    let (api, mut spec) = api_router().split_for_parts();
-    document_auth(&mut spec);
-    let docs = SwaggerUi::new("/docs")
-        .url("/openapi.json", spec)
-        .config(SwaggerConfig::default().validator_url("none"));
-    api.layer(axum::middleware::from_fn_with_state(state.clone(), limits::rate_limit))
-        .layer(axum::middleware::from_fn(auth::authorize))
-        .merge(docs)
-        .route("/", axum::routing::get(index))
-        .fallback(no_route)
-        .method_not_allowed_fallback(method_not_allowed)
-        .layer(DefaultBodyLimit::max(BODY_LIMIT_BYTES))
-        // After authentication (a stranger is refused here), before everything else (the owner
-        // authorises, limits and serves).
-        .layer(axum::middleware::from_fn_with_state(state.clone(), forward::forward))
-        .layer(axum::middleware::from_fn_with_state(state.clone(), auth::authenticate))
-        .layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            origin::check_origin,
-        ))
-        .layer(origin::cors(&state.config.cors_origin))
-        .layer(TraceLayer::new_for_http())
-        .with_state(state)
-}
-
-/// The API alone (no docs, no status page), for requests that arrive over a WebSocket
-/// (`"op": "call"`): the same handlers, validation, authorisation and errors as over HTTP
-/// (the socket puts its caller in each request's extensions, and checks the write rate
-/// itself: this router is shared by all sockets and holds no state). The routes are built once; each
-/// socket gives them its state.
-pub fn api(state: AppState) -> Router {
-    static API: std::sync::OnceLock<Router<AppState>> = std::sync::OnceLock::new();
-    API.get_or_init(|| {
-        api_router()
-            .split_for_parts()
-            .0
-            .layer(axum::middleware::from_fn(auth::authorize))
-            .fallback(no_route)
-            .method_not_allowed_fallback(method_not_allowed)
-            .layer(DefaultBodyLimit::max(BODY_LIMIT_BYTES))
-    })
-    .clone()
-    .with_state(state)
-}
-
-/// The status page from `web/`, compiled into the binary (it loads nothing from elsewhere).
-async fn index() -> Html<&'static str> {
-    Html(include_str!("../../web/index.html"))
-}
-
-async fn no_route(uri: Uri) -> impl IntoResponse {
-    ApiError::no_route(uri.path())
-}
-
-async fn method_not_allowed() -> impl IntoResponse {
-    ApiError::method_not_allowed()
-}
-
-/// RFC 3339 with milliseconds, UTC.
-pub(crate) fn timestamp(time: SystemTime) -> String {
-    humantime::format_rfc3339_millis(time).to_string()
-}
-
-/// Milliseconds since `time` (0 if it is in the future).
-pub(crate) fn millis_since(time: SystemTime) -> u64 {
-    SystemTime::now().duration_since(time).unwrap_or_default().as_millis() as u64
 }

@@ -15,7 +15,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use tower_http::cors::{AllowOrigin, CorsLayer};
 
-use super::error::ApiError;
+use super::error::{ApiError, Problem};
 use crate::AppState;
 
 /// CORS for the allowed origins: the headers the API reads and the ones it answers with.
@@ -45,9 +45,10 @@ pub async fn check_origin(State(state): State<AppState>, request: Request, next:
         && !allowed(&state, origin, request.headers().get(header::HOST))
     {
         let origin = String::from_utf8_lossy(origin.as_bytes()).into_owned();
-        return ApiError::forbidden(format!(
-            "requests from pages at `{origin}` are not allowed (see --cors-origin)"
-        ))
+        return ApiError::new(
+            Problem::Forbidden,
+            format!("requests from pages at `{origin}` are not allowed (see --cors-origin)"),
+        )
         .into_response();
     }
     next.run(request).await

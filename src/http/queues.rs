@@ -2,7 +2,7 @@
 //! take at least once (claim, ack, nack, ack deadline, dead letters) or at most once, long
 //! polls, depth and peek.
 
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::Duration;
 
 use axum::Json;
 use axum::body::Bytes;
@@ -11,18 +11,51 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
-use super::contention::{LockSummary, check_name};
-use super::error::{ApiError, Place, Problem};
+use super::error::{ApiError, Place, Problem, Problems, p};
 use super::extract::{ApiPath, ApiQuery};
-use super::{millis_since, timestamp};
+use super::{LockSummary, Resource, check_name, list, state_handler};
 use crate::AppState;
 use crate::auth::Caller;
-use crate::duration::HumanDuration;
+use crate::events::Feed;
+use crate::kind::Kind;
 use crate::recipes::queue::service::Claim;
+use crate::recipes::queue::topic::{QueueState, QueueTopic};
 use crate::recipes::queue::{self, Envelope, Put, Taken};
+use crate::time::{HumanDuration, from_millis, millis_since, timestamp};
 use crate::zk::names::validate_name;
-use crate::zk::retry_on_loss;
+
+/// The queue kind's module.
+pub const RESOURCE: Resource = Resource {
+    kind: Kind::Queue,
+    about: Some(
+        "Durable queues and priority queues: idempotent puts, at-least-once takes with ack deadlines, dead letters.",
+    ),
+    routes,
+    topic: Some(|state, name| Feed::of(source(state, name))),
+};
+
+fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(list_queues))
+        .routes(routes!(queue_state))
+        .routes(routes!(items, put))
+        .routes(routes!(take))
+        .routes(routes!(ack))
+        .routes(routes!(nack))
+        .routes(routes!(dead_letters))
+        .routes(routes!(replay))
+}
+
+/// Queue `name` as its topic and `GET` read it.
+fn source(state: &AppState, name: &str) -> QueueTopic {
+    QueueTopic {
+        name: name.to_string(),
+        paths: state.queues.paths(name),
+    }
+}
 
 /// Query of a put.
 #[derive(Deserialize, utoipa::IntoParams)]
@@ -116,22 +149,17 @@ pub struct Waiting {
     pub body_base64: Option<String>,
 }
 
-/// A queue's state.
-#[derive(Serialize, utoipa::ToSchema)]
-pub struct QueueView {
-    #[schema(example = "emails")]
-    pub name: String,
-    /// Items waiting to be taken (claimed ones excluded).
-    pub depth: usize,
-    /// Items claimed and not yet acknowledged.
-    pub in_flight: usize,
-    /// Items in the dead-letter queue.
-    pub dead: usize,
-    /// Age of the oldest item, in ms.
-    pub oldest_age_ms: Option<u64>,
-    /// The first items, in the order they will be taken.
-    pub head: Vec<Waiting>,
+/// Query of a listing of items.
+#[derive(Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ItemsQuery {
+    /// How many items, first to take first (default 100, at most 1000).
+    pub limit: Option<usize>,
 }
+
+/// Most items a listing returns.
+const MAX_LISTED: usize = 1000;
 
 fn body_of(headers: &HeaderMap, bytes: &[u8]) -> Result<Envelope, ApiError> {
     let content_type = headers
@@ -161,7 +189,7 @@ fn body_of(headers: &HeaderMap, bytes: &[u8]) -> Result<Envelope, ApiError> {
         body,
         text,
         base64,
-        put_at_ms: crate::recipes::txn::now_ms(),
+        put_at_ms: crate::time::now_ms(),
         deliveries: 0,
     })
 }
@@ -171,7 +199,7 @@ fn waiting_view(item: String, envelope: Envelope, ctime: i64) -> Waiting {
         priority: queue::order_of(&item).map(|o| o.0).unwrap_or(queue::DEFAULT_PRIORITY),
         item,
         deliveries: envelope.deliveries,
-        age_ms: millis_since(UNIX_EPOCH + Duration::from_millis(ctime.max(0) as u64)),
+        age_ms: millis_since(from_millis(ctime)),
         content_type: envelope.content_type,
         body: envelope.body,
         text: envelope.text,
@@ -192,10 +220,7 @@ fn waiting_view(item: String, envelope: Envelope, ctime: i64) -> Waiting {
     responses(
         (status = 201, description = "Stored", body = Stored),
         (status = 200, description = "A put with this key was stored before", body = Stored),
-        (status = 400, description = "Bad name, priority, key or body", body = Problem, content_type = "application/problem+json"),
-        (status = 413, description = "Item too large", body = Problem, content_type = "application/problem+json"),
-        (status = 429, description = "The queue is full (or writes come too fast): retry after `Retry-After`", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "ZooKeeper unreachable", body = Problem, content_type = "application/problem+json"),
+        Problems<(p::InvalidField, p::MalformedBody, p::BodyTooLarge, p::QueueFull, p::ZookeeperUnavailable,)>,
     ))]
 pub async fn put(
     State(state): State<AppState>,
@@ -222,43 +247,30 @@ pub async fn put(
     let envelope = body_of(&headers, &bytes)?;
     let client = state.zk().connected().await?.client;
     let paths = state.queues.paths(&name);
-    let depth = match retry_on_loss(|| client.check_stat(&paths.items)).await? {
-        Some(stat) => stat.num_children as usize,
-        None => 0,
+    let max_depth = state.config.queue_max_depth;
+    let (status, item) = match queue::put(&client, &paths, query.priority, &envelope, key.as_deref(), max_depth).await?
+    {
+        Put::Stored(item) => {
+            crate::metrics::get()
+                .queue_puts
+                .with_label_values(&[name.as_str()])
+                .inc();
+            (StatusCode::CREATED, Some(item))
+        }
+        Put::Duplicate => (StatusCode::OK, None),
+        // The producer should back off until consumers catch up.
+        Put::Full(depth) => {
+            return Err(ApiError::new(
+                Problem::QueueFull,
+                format!("queue `{name}` holds {depth} items, its limit (--queue-max-depth); take some first"),
+            )
+            .with("depth", depth));
+        }
     };
-    if depth >= state.config.queue_max_depth {
-        // 429 with Retry-After: the producer should back off until consumers catch up.
-        return Err(ApiError::too_many(
-            "queue-full",
-            "Queue full",
-            format!("queue `{name}` holds {depth} items, its limit (--queue-max-depth); take some first"),
-            1,
-        )
-        .with("depth", depth));
-    }
-    let (status, stored) = match queue::put(&client, &paths, query.priority, &envelope, key.as_deref()).await? {
-        Put::Stored(item) => (
-            {
-                crate::metrics::get()
-                    .queue_puts
-                    .with_label_values(&[name.as_str()])
-                    .inc();
-                StatusCode::CREATED
-            },
-            Stored {
-                queue: name,
-                item: Some(item),
-                duplicate: false,
-            },
-        ),
-        Put::Duplicate => (
-            StatusCode::OK,
-            Stored {
-                queue: name,
-                item: None,
-                duplicate: true,
-            },
-        ),
+    let stored = Stored {
+        queue: name,
+        duplicate: item.is_none(),
+        item,
     };
     Ok((status, Json(stored)).into_response())
 }
@@ -272,8 +284,7 @@ pub async fn put(
     responses(
         (status = 200, description = "An item", body = Delivery),
         (status = 204, description = "No item within the wait"),
-        (status = 400, description = "Bad name or query", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "ZooKeeper unreachable", body = Problem, content_type = "application/problem+json"),
+        Problems<(p::InvalidField, p::ZookeeperUnavailable,)>,
     ))]
 pub async fn take(
     State(state): State<AppState>,
@@ -338,9 +349,9 @@ fn delivery(queue: &str, taken: Taken, claim: Option<&Claim>) -> Delivery {
             .unwrap_or(queue::DEFAULT_PRIORITY),
         item: taken.item,
         claim: claim.map(|c| c.id.clone()),
-        ack_deadline_at: claim.map(|c| timestamp(UNIX_EPOCH + Duration::from_millis(c.deadline_ms.max(0) as u64))),
+        ack_deadline_at: claim.map(|c| timestamp(from_millis(c.deadline_ms))),
         deliveries: taken.envelope.deliveries,
-        put_at: timestamp(UNIX_EPOCH + Duration::from_millis(taken.envelope.put_at_ms.max(0) as u64)),
+        put_at: timestamp(from_millis(taken.envelope.put_at_ms)),
         content_type: taken.envelope.content_type,
         body: taken.envelope.body,
         text: taken.envelope.text,
@@ -349,9 +360,8 @@ fn delivery(queue: &str, taken: Taken, claim: Option<&Claim>) -> Delivery {
 }
 
 fn claim_lost(claim: &str) -> ApiError {
-    ApiError::gone(
-        "claim-lost",
-        "Claim lost",
+    ApiError::new(
+        Problem::ClaimLost,
         format!(
             "claim `{claim}` is not held (acknowledged before, given back, or its ack deadline passed: the item is delivered again)"
         ),
@@ -363,9 +373,7 @@ fn claim_lost(claim: &str) -> ApiError {
     params(("name" = String, Path, description = "Queue name"), ("claim" = String, Path, description = "Claim from the take")),
     responses(
         (status = 204, description = "Acknowledged: the item is gone"),
-        (status = 400, description = "Bad name", body = Problem, content_type = "application/problem+json"),
-        (status = 410, description = "The claim is no longer held", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "ZooKeeper unreachable", body = Problem, content_type = "application/problem+json"),
+        Problems<(p::InvalidField, p::ClaimLost, p::ZookeeperUnavailable,)>,
     ))]
 pub async fn ack(
     State(state): State<AppState>,
@@ -395,9 +403,7 @@ pub async fn ack(
     params(("name" = String, Path, description = "Queue name"), ("claim" = String, Path, description = "Claim from the take")),
     responses(
         (status = 204, description = "Given back"),
-        (status = 400, description = "Bad name", body = Problem, content_type = "application/problem+json"),
-        (status = 410, description = "The claim is no longer held", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "ZooKeeper unreachable", body = Problem, content_type = "application/problem+json"),
+        Problems<(p::InvalidField, p::ClaimLost, p::ZookeeperUnavailable,)>,
     ))]
 pub async fn nack(
     State(state): State<AppState>,
@@ -421,48 +427,45 @@ pub async fn nack(
     }
 }
 
-/// A queue's depth, claims in flight, dead letters, oldest item and first items (peek).
-#[utoipa::path(get, path = "/v1/queues/{name}", tag = "queues",
-    params(("name" = String, Path, description = "Queue name")),
+state_handler!(
+    /// A queue's depth, claims in flight, dead letters, oldest item and next items (without their
+    /// bodies: `GET .../items` has them).
+    queue_state,
+    "/v1/queues/{name}",
+    "queues",
+    "Queue name",
+    QueueState
+);
+
+/// The items waiting (and claimed) in a queue, first to take first, with their bodies.
+#[utoipa::path(get, path = "/v1/queues/{name}/items", tag = "queues",
+    params(("name" = String, Path, description = "Queue name"), ItemsQuery),
     responses(
-        (status = 200, body = QueueView),
-        (status = 400, description = "Bad name", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "ZooKeeper unreachable", body = Problem, content_type = "application/problem+json"),
+        (status = 200, body = Vec<Waiting>),
+        Problems<(p::InvalidField, p::ZookeeperUnavailable,)>,
     ))]
-pub async fn queue_state(
+pub async fn items(
     State(state): State<AppState>,
     ApiPath(name): ApiPath<String>,
-) -> Result<Json<QueueView>, ApiError> {
+    ApiQuery(query): ApiQuery<ItemsQuery>,
+) -> Result<Json<Vec<Waiting>>, ApiError> {
     check_name(&name)?;
+    let limit = query.limit.unwrap_or(100);
+    if limit == 0 || limit > MAX_LISTED {
+        return Err(ApiError::invalid(
+            Place::Query,
+            "limit",
+            format!("must be 1 to {MAX_LISTED}"),
+        ));
+    }
     let client = state.zk().current()?.client;
-    let paths = state.queues.paths(&name);
-    let claimed: Vec<String> = match retry_on_loss(|| client.list_children(&paths.claims)).await {
-        Ok(claimed) => claimed,
-        Err(zookeeper_client::Error::NoNode) => Vec::new(),
-        Err(err) => return Err(err.into()),
-    };
-    let items = queue::list(&client, &paths.items, usize::MAX).await?;
-    let dead = match retry_on_loss(|| client.check_stat(&paths.dead)).await? {
-        Some(stat) => stat.num_children as usize,
-        None => 0,
-    };
-    let oldest = items.iter().map(|(_, _, stat)| stat.ctime).min();
-    let waiting: Vec<_> = items
-        .into_iter()
-        .filter(|(item, _, _)| !claimed.contains(item))
-        .collect();
-    Ok(Json(QueueView {
-        name,
-        depth: waiting.len(),
-        in_flight: claimed.len(),
-        dead,
-        oldest_age_ms: oldest.map(|ctime| millis_since(UNIX_EPOCH + Duration::from_millis(ctime.max(0) as u64))),
-        head: waiting
+    let items = queue::list(&client, &state.queues.paths(&name).items, limit).await?;
+    Ok(Json(
+        items
             .into_iter()
-            .take(10)
             .map(|(item, envelope, stat)| waiting_view(item, envelope, stat.ctime))
             .collect(),
-    }))
+    ))
 }
 
 /// The dead-letter queue: items delivered too many times, oldest first.
@@ -470,8 +473,7 @@ pub async fn queue_state(
     params(("name" = String, Path, description = "Queue name")),
     responses(
         (status = 200, body = Vec<Waiting>),
-        (status = 400, description = "Bad name", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "ZooKeeper unreachable", body = Problem, content_type = "application/problem+json"),
+        Problems<(p::InvalidField, p::ZookeeperUnavailable,)>,
     ))]
 pub async fn dead_letters(
     State(state): State<AppState>,
@@ -492,9 +494,7 @@ pub async fn dead_letters(
     params(("name" = String, Path, description = "Queue name"), ("item" = String, Path, description = "Dead item")),
     responses(
         (status = 204, description = "Back in the queue"),
-        (status = 400, description = "Bad name", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No such dead item", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "ZooKeeper unreachable", body = Problem, content_type = "application/problem+json"),
+        Problems<(p::InvalidField, p::NotFound, p::ZookeeperUnavailable,)>,
     ))]
 pub async fn replay(
     State(state): State<AppState>,
@@ -516,8 +516,8 @@ pub async fn replay(
 /// Lists the queues.
 #[utoipa::path(get, path = "/v1/queues", tag = "queues", responses(
     (status = 200, body = Vec<LockSummary>),
-    (status = 503, description = "ZooKeeper unreachable", body = Problem, content_type = "application/problem+json"),
+    Problems<(p::ZookeeperUnavailable,)>,
 ))]
 pub async fn list_queues(State(state): State<AppState>, caller: Caller) -> Result<Json<Vec<LockSummary>>, ApiError> {
-    super::contention::list_summaries(&state, &caller, state.queues.base()).await
+    list(&state, &caller, Kind::Queue).await
 }

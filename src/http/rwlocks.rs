@@ -4,28 +4,50 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::Response;
-use serde::Serialize;
+
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use super::contention::{
-    self, AcquireBody, AcquireParams, Acquisition, ContenderView, HandleQuery, HandleView, LockSummary, RevokeBody,
-    Revoked, check_name, find_handle,
+    self, AcquireBody, AcquireParams, Acquisition, HandleQuery, HandleView, RevokeBody, Revoked, find_handle,
 };
-use super::error::{ApiError, Problem};
+use super::error::{ApiError, Problems, p};
 use super::extract::{ApiJson, ApiPath, ApiQuery};
+use super::{LockSummary, Resource, list, state_handler};
 use crate::AppState;
 use crate::auth::Caller;
-use crate::recipes::contender::{Next, Role, read_contenders};
-use crate::recipes::rwlock::is_reader;
+use crate::events::Feed;
+use crate::kind::Kind;
+use crate::recipes::contender::Role;
+use crate::recipes::rwlock::{RwLockState, RwLockTopic, is_reader};
 
-/// A read/write lock's holders and queue.
-#[derive(Serialize, utoipa::ToSchema)]
-pub struct RwLockState {
-    #[schema(example = "catalog")]
-    pub name: String,
-    /// Who holds it now: readers only, or one writer.
-    pub holders: Vec<ContenderView>,
-    /// The others, in queue order.
-    pub waiters: Vec<ContenderView>,
+/// The read/write lock kind's module.
+pub const RESOURCE: Resource = Resource {
+    kind: Kind::RwLock,
+    about: Some(
+        "Shared (read/write) locks: readers share, a writer excludes all (Curator's InterProcessReadWriteLock names).",
+    ),
+    routes,
+    topic: Some(|state, name| Feed::of(source(state, name))),
+};
+
+fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(list_rwlocks))
+        .routes(routes!(rwlock_state))
+        .routes(routes!(read))
+        .routes(routes!(write))
+        .routes(routes!(get_handle, release))
+        .routes(routes!(revoke))
+}
+
+/// Read/write lock `name` as its topic and `GET` read it.
+fn source(state: &AppState, name: &str) -> RwLockTopic {
+    RwLockTopic {
+        name: name.to_string(),
+        dir: state.rwlocks.dir(name),
+        local: state.rwlocks.clone(),
+    }
 }
 
 /// Acquires a read lock, waiting up to `wait`: granted when no writer is ahead in the queue,
@@ -36,11 +58,7 @@ pub struct RwLockState {
     responses(
         (status = 200, description = "Granted", body = Acquisition),
         (status = 202, description = "Not granted within the wait; still queued (`keep_queued=true`)", body = Acquisition),
-        (status = 400, description = "Bad name, parameter or body", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No such lease", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "Not granted within the wait (left the queue); or this lease already writes this lock", body = Problem, content_type = "application/problem+json"),
-        (status = 410, description = "The lease ended, or the contender was lost", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "ZooKeeper unreachable", body = Problem, content_type = "application/problem+json"),
+        Problems<(p::InvalidField, p::MalformedBody, p::NotFound, p::LockNotAcquired, p::ModeChangeRefused, p::LeaseEnded, p::LockLost, p::TooMany, p::ZookeeperUnavailable,)>,
     ))]
 pub async fn read(
     State(state): State<AppState>,
@@ -61,11 +79,7 @@ pub async fn read(
     responses(
         (status = 200, description = "Granted", body = Acquisition),
         (status = 202, description = "Not granted within the wait; still queued (`keep_queued=true`)", body = Acquisition),
-        (status = 400, description = "Bad name, parameter or body", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No such lease", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "Not granted within the wait (left the queue); or this lease reads this lock (`mode-change-refused`)", body = Problem, content_type = "application/problem+json"),
-        (status = 410, description = "The lease ended, or the contender was lost", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "ZooKeeper unreachable", body = Problem, content_type = "application/problem+json"),
+        Problems<(p::InvalidField, p::MalformedBody, p::NotFound, p::LockNotAcquired, p::ModeChangeRefused, p::LeaseEnded, p::LockLost, p::TooMany, p::ZookeeperUnavailable,)>,
     ))]
 pub async fn write(
     State(state): State<AppState>,
@@ -77,47 +91,22 @@ pub async fn write(
     contention::acquire(&state, &caller, &state.rwlocks, &name, Role::Write, params, body).await
 }
 
-/// Reads a read/write lock's holders and waiters from ZooKeeper.
-#[utoipa::path(get, path = "/v1/rwlocks/{name}", tag = "rwlocks",
-    params(("name" = String, Path, description = "Lock name")),
-    responses(
-        (status = 200, description = "Holders and waiters (both empty for a lock nobody holds)", body = RwLockState),
-        (status = 400, description = "Bad name", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "ZooKeeper unreachable", body = Problem, content_type = "application/problem+json"),
-    ))]
-pub async fn rwlock_state(
-    State(state): State<AppState>,
-    ApiPath(name): ApiPath<String>,
-) -> Result<Json<RwLockState>, ApiError> {
-    check_name(&name)?;
-    let client = state.zk().current()?.client;
-    let records = read_contenders(&client, &state.rwlocks.dir(&name))
-        .await?
-        .unwrap_or_default();
-    let children: Vec<String> = records.iter().map(|r| r.name.clone()).collect();
-    let local = state.rwlocks.local_contenders(&name);
-    let (mut holders, mut waiters) = (Vec::new(), Vec::new());
-    for record in records {
-        let role = if is_reader(&record.name) {
-            Role::Read
-        } else {
-            Role::Write
-        };
-        let holds = role.next_step(&children, &record.name) == Next::Hold;
-        let mine = local.get(&record.name).cloned();
-        let view = contention::contender_view(record, contention::mode_of(role), mine.as_deref());
-        if holds { holders.push(view) } else { waiters.push(view) }
-    }
-    Ok(Json(RwLockState { name, holders, waiters }))
-}
+state_handler!(
+    /// Reads a read/write lock's holders and waiters from ZooKeeper.
+    rwlock_state,
+    "/v1/rwlocks/{name}",
+    "rwlocks",
+    "Lock name",
+    RwLockState
+);
 
 /// Lists the read/write locks that exist in ZooKeeper, with their number of contenders.
 #[utoipa::path(get, path = "/v1/rwlocks", tag = "rwlocks", responses(
     (status = 200, body = Vec<LockSummary>),
-    (status = 503, description = "ZooKeeper unreachable", body = Problem, content_type = "application/problem+json"),
+    Problems<(p::ZookeeperUnavailable,)>,
 ))]
 pub async fn list_rwlocks(State(state): State<AppState>, caller: Caller) -> Result<Json<Vec<LockSummary>>, ApiError> {
-    super::contention::list_summaries(&state, &caller, state.rwlocks.base()).await
+    list(&state, &caller, Kind::RwLock).await
 }
 
 /// Reads a handle: waiting (with position), held (with fencing token) or lost (with reason).
@@ -125,8 +114,7 @@ pub async fn list_rwlocks(State(state): State<AppState>, caller: Caller) -> Resu
     params(("name" = String, Path, description = "Lock name"), ("handle" = String, Path, description = "Handle from the acquire"), HandleQuery),
     responses(
         (status = 200, body = HandleView),
-        (status = 400, description = "Bad name", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No such handle (released, or never here)", body = Problem, content_type = "application/problem+json"),
+        Problems<(p::InvalidField, p::NotFound,)>,
     ))]
 pub async fn get_handle(
     State(state): State<AppState>,
@@ -136,7 +124,7 @@ pub async fn get_handle(
 ) -> Result<Json<HandleView>, ApiError> {
     let contender = find_handle(&state.rwlocks, &caller, &name, &handle)?;
     contention::wait_for_news(&state, &contender, query.wait).await;
-    Ok(Json(contention::handle_view(&state, &state.rwlocks, &contender).await))
+    Ok(Json(contention::handle_view(&state, &contender).await))
 }
 
 /// Releases a read or write lock (or leaves the queue).
@@ -144,9 +132,7 @@ pub async fn get_handle(
     params(("name" = String, Path, description = "Lock name"), ("handle" = String, Path, description = "Handle from the acquire")),
     responses(
         (status = 204, description = "Released"),
-        (status = 400, description = "Bad name", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No such handle", body = Problem, content_type = "application/problem+json"),
-        (status = 410, description = "The lock had been lost before this release", body = Problem, content_type = "application/problem+json"),
+        Problems<(p::InvalidField, p::NotFound, p::LockLost,)>,
     ))]
 pub async fn release(
     State(state): State<AppState>,
@@ -165,10 +151,7 @@ pub async fn release(
     request_body(content = RevokeBody, example = json!({"by": "ops@example.com", "reason": "deploy in progress", "grace": "30s"})),
     responses(
         (status = 202, description = "Asked; the holders decide (or the grace decides)", body = Revoked),
-        (status = 400, description = "Bad name or body", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No such contender node", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "Nobody holds the lock", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "ZooKeeper unreachable", body = Problem, content_type = "application/problem+json"),
+        Problems<(p::InvalidField, p::MalformedBody, p::NotFound, p::NothingToRevoke, p::ZookeeperUnavailable,)>,
     ))]
 pub async fn revoke(
     State(state): State<AppState>,
@@ -176,7 +159,7 @@ pub async fn revoke(
     ApiPath(name): ApiPath<String>,
     ApiJson(body): ApiJson<RevokeBody>,
 ) -> Result<Response, ApiError> {
-    contention::revoke(&state, &caller, &state.rwlocks, "rwlock", &name, rw_role, body).await
+    contention::revoke(&state, &caller, &state.rwlocks, &name, rw_role, body).await
 }
 
 fn rw_role(node: &str) -> Role {

@@ -1,26 +1,56 @@
 //! `/v1/txns`: two-phase commit: create a transaction, register participants, vote, and read
 //! (or wait for) the decision, which is written once and never changes.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::time::{Duration, UNIX_EPOCH};
+use std::collections::BTreeSet;
+use std::time::Duration;
 
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use tokio::time::Instant;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
-use super::contention::{self, LockSummary, check_name};
-use super::error::{ApiError, Place, Problem};
+use super::error::{ApiError, Place, Problem, Problems, p};
 use super::extract::{ApiJson, ApiPath, ApiQuery};
-use super::timestamp;
+use super::leases::{lease_for, lease_gone};
+use super::{LockSummary, Resource, check_name, list};
 use crate::AppState;
 use crate::auth::Caller;
-use crate::duration::HumanDuration;
+use crate::events::Feed;
+use crate::kind::Kind;
 use crate::recipes::ephemeral::BindError;
-use crate::recipes::txn::{self, Decision, Record, Spec, Vote, VoteError};
+use crate::recipes::topic::Source;
+use crate::recipes::txn::{self, Record, Spec, TxnState, TxnTopic, Vote, VoteError};
+use crate::time::HumanDuration;
+use crate::zk::ZkError;
 use crate::zk::names::validate_name;
+
+/// The transaction kind's module.
+pub const RESOURCE: Resource = Resource {
+    kind: Kind::Txn,
+    about: Some("Two-phase commit: participants register (lease-bound), vote, and read the decision, written once."),
+    routes,
+    topic: Some(|state, id| Feed::of(source(state, id))),
+};
+
+fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(list_txns, create))
+        .routes(routes!(get_txn))
+        .routes(routes!(register))
+        .routes(routes!(vote))
+}
+
+/// Transaction `id` as its topic and `GET` read it.
+fn source(state: &AppState, id: &str) -> TxnTopic {
+    TxnTopic {
+        id: id.to_string(),
+        dir: state.txn_members.dir(id),
+    }
+}
 
 /// Most participants a transaction may have.
 const MAX_PARTICIPANTS: usize = 100;
@@ -39,23 +69,6 @@ pub struct CreateTxn {
     pub payload: Option<serde_json::Value>,
     /// How long the participants have to vote; then the transaction aborts (default 60s).
     pub deadline: Option<HumanDuration>,
-}
-
-/// A transaction.
-#[derive(Serialize, utoipa::ToSchema)]
-pub struct TxnView {
-    #[schema(example = "order-42")]
-    pub id: String,
-    pub participants: Vec<String>,
-    pub payload: Option<serde_json::Value>,
-    /// When it aborts if not decided before.
-    pub deadline_at: String,
-    /// Participants registered now.
-    pub registered: BTreeSet<String>,
-    /// The votes cast.
-    pub votes: BTreeMap<String, Vote>,
-    /// The decision, once made: it never changes.
-    pub decision: Option<Decision>,
 }
 
 /// Query of a transaction read.
@@ -85,30 +98,22 @@ pub struct VoteBody {
     pub vote: Vote,
 }
 
-fn view(id: String, record: Record) -> TxnView {
-    TxnView {
-        id,
-        participants: record.spec.participants,
-        payload: record.spec.payload,
-        deadline_at: timestamp(UNIX_EPOCH + Duration::from_millis(record.spec.deadline_ms.max(0) as u64)),
-        registered: record.registered,
-        votes: record.votes,
-        decision: record.decision,
-    }
-}
-
 fn not_found(id: &str) -> ApiError {
     ApiError::not_found("transaction", format!("no transaction `{id}`"))
+}
+
+/// Transaction `id` read on `client`, 404 if there is none.
+async fn read(state: &AppState, client: &crate::zk::Client, id: &str) -> Result<TxnState, ApiError> {
+    let read = source(state, id).read(client).await?;
+    if read.exists { Ok(read) } else { Err(not_found(id)) }
 }
 
 /// Creates a transaction; this instance coordinates it (it alone watches the votes).
 #[utoipa::path(post, path = "/v1/txns", tag = "txns",
     request_body(content = CreateTxn, example = json!({"id": "order-42", "participants": ["billing", "inventory"], "payload": {"order": 42}, "deadline": "30s"})),
     responses(
-        (status = 201, description = "Created", body = TxnView),
-        (status = 400, description = "Bad body", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "The id is taken", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "ZooKeeper unreachable", body = Problem, content_type = "application/problem+json"),
+        (status = 201, description = "Created", body = TxnState),
+        Problems<(p::InvalidField, p::MalformedBody, p::TxnExists, p::ZookeeperUnavailable,)>,
     ))]
 pub async fn create(
     State(state): State<AppState>,
@@ -141,7 +146,7 @@ pub async fn create(
     if deadline.is_zero() {
         return Err(ApiError::invalid(Place::Body, "deadline", "must be above zero"));
     }
-    let now = txn::now_ms();
+    let now = crate::time::now_ms();
     let spec = Spec {
         participants: body.participants,
         payload: body.payload,
@@ -152,18 +157,16 @@ pub async fn create(
     let dir = state.txn_members.dir(&id);
     match txn::create(&client, &dir, &spec).await {
         Ok(()) => {}
-        Err(zookeeper_client::Error::NodeExists) => {
-            return Err(ApiError::conflict(
-                "txn-exists",
-                "Transaction exists",
+        Err(ZkError::NodeExists) => {
+            return Err(ApiError::new(
+                Problem::TxnExists,
                 format!("a transaction `{id}` exists"),
             ));
         }
         Err(err) => return Err(err.into()),
     }
     tokio::spawn(txn::coordinate(state.zk().clone(), dir.clone(), spec.deadline_ms));
-    let record = txn::read(&client, &dir).await?.ok_or_else(|| not_found(&id))?;
-    Ok((StatusCode::CREATED, Json(view(id, record))).into_response())
+    Ok((StatusCode::CREATED, Json(read(&state, &client, &id).await?)).into_response())
 }
 
 /// Reads a transaction; with `wait`, blocks until it is decided (or the wait ends). Past the
@@ -172,39 +175,25 @@ pub async fn create(
 #[utoipa::path(get, path = "/v1/txns/{id}", tag = "txns",
     params(("id" = String, Path, description = "Transaction id"), TxnQuery),
     responses(
-        (status = 200, body = TxnView),
-        (status = 400, description = "Bad id or query", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No such transaction", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "ZooKeeper unreachable", body = Problem, content_type = "application/problem+json"),
+        (status = 200, body = TxnState),
+        Problems<(p::InvalidField, p::NotFound, p::ZookeeperUnavailable,)>,
     ))]
 pub async fn get_txn(
     State(state): State<AppState>,
     ApiPath(id): ApiPath<String>,
     ApiQuery(query): ApiQuery<TxnQuery>,
-) -> Result<Json<TxnView>, ApiError> {
+) -> Result<Json<TxnState>, ApiError> {
     check_name(&id)?;
     let client = state.zk().current()?.client;
     let dir = state.txn_members.dir(&id);
-    let record = txn::read(&client, &dir).await?.ok_or_else(|| not_found(&id))?;
-    if record.decision.is_some() || query.wait.is_none() {
-        return Ok(Json(view(id, record)));
-    }
-    let wait = query.wait.map(|w| w.0).unwrap_or_default().min(state.config.max_wait);
-    let until = Instant::now() + wait;
-    let deadline = Instant::now() + Duration::from_millis((record.spec.deadline_ms - txn::now_ms()).max(0) as u64);
-    let mut decided = state.barrier_watches.subscribe(&format!("{dir}/decision"));
-    let appeared = async {
-        let _ = decided.state.wait_for(|known| matches!(known, Some(Some(_)))).await;
+    let Some(record) = txn::read(&client, &dir).await? else {
+        return Err(not_found(&id));
     };
-    tokio::select! {
-        _ = appeared => {}
-        _ = tokio::time::sleep_until(until) => {}
-        _ = tokio::time::sleep_until(deadline), if deadline < until => {
-            txn::decide_now(&client, &dir, &BTreeSet::new()).await?;
-        }
+    if let Some(wait) = query.wait.filter(|_| record.decision.is_none()) {
+        let until = Instant::now() + wait.0.min(state.config.max_wait);
+        txn::await_decision(&client, &state.barrier_watches, &dir, record.spec.deadline_ms, until).await?;
     }
-    let record = txn::read(&client, &dir).await?.ok_or_else(|| not_found(&id))?;
-    Ok(Json(view(id, record)))
+    Ok(Json(read(&state, &client, &id).await?))
 }
 
 /// Registers a participant: its own ephemeral node, bound to its lease, so that its failure
@@ -213,12 +202,8 @@ pub async fn get_txn(
     params(("id" = String, Path, description = "Transaction id"), ("participant" = String, Path, description = "A participant named at creation")),
     request_body(content = Option<RegisterBody>, description = "Optional.", example = json!({"ttl": "30s"})),
     responses(
-        (status = 201, description = "Registered", body = TxnView),
-        (status = 400, description = "Bad id, participant or body", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No such transaction or lease", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "Not a participant, or registered by another", body = Problem, content_type = "application/problem+json"),
-        (status = 410, description = "The lease named has ended", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "ZooKeeper unreachable", body = Problem, content_type = "application/problem+json"),
+        (status = 201, description = "Registered", body = TxnState),
+        Problems<(p::InvalidField, p::MalformedBody, p::NotFound, p::NotAParticipant, p::MemberTaken, p::LeaseEnded, p::ZookeeperUnavailable,)>,
     ))]
 pub async fn register(
     State(state): State<AppState>,
@@ -228,28 +213,26 @@ pub async fn register(
 ) -> Result<Response, ApiError> {
     let (_, dir, _) = participant_of(&state, &caller, &id, &participant).await?;
     let body = body.unwrap_or_default();
-    let (lease, _) = contention::lease_for(&state, &caller, body.lease, body.ttl.map(|t| t.0))?;
+    let (lease, _) = lease_for(&state, &caller, body.lease, body.ttl.map(|t| t.0))?;
     // The member node lives on the lease's session, and is read back on it (which sees it).
     let client = lease.session().await?;
-    let members = format!("{dir}/members");
+    let path = format!("{dir}/members/{participant}");
     match state
         .txn_members
-        .bind(&client, &members, &id, &participant, &[], &lease)
+        .bind(&lease, &id, &participant, path, Vec::new())
         .await
     {
         Ok(_) => {}
         Err(BindError::Taken) => {
-            return Err(ApiError::conflict(
-                "member-taken",
-                "Participant registered",
+            return Err(ApiError::new(
+                Problem::MemberTaken,
                 format!("`{participant}` is registered by another"),
             ));
         }
-        Err(BindError::LeaseEnded) => return Err(contention::lease_gone(&state, &lease)),
+        Err(BindError::LeaseEnded) => return Err(lease_gone(&state, &lease)),
         Err(BindError::ZooKeeper(err)) => return Err(err.into()),
     }
-    let record = txn::read(&client, &dir).await?.ok_or_else(|| not_found(&id))?;
-    Ok((StatusCode::CREATED, Json(view(id, record))).into_response())
+    Ok((StatusCode::CREATED, Json(read(&state, &client, &id).await?)).into_response())
 }
 
 /// Votes `commit` or `abort`. A vote is final: the same vote again is accepted, another is
@@ -258,59 +241,52 @@ pub async fn register(
     params(("id" = String, Path, description = "Transaction id"), ("participant" = String, Path, description = "A registered participant")),
     request_body(content = VoteBody, example = json!({"vote": "commit"})),
     responses(
-        (status = 200, description = "Recorded", body = TxnView),
-        (status = 400, description = "Bad id, participant or vote", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No such transaction", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "Not a registered participant, already voted otherwise, or already decided", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "ZooKeeper unreachable", body = Problem, content_type = "application/problem+json"),
+        (status = 200, description = "Recorded", body = TxnState),
+        Problems<(p::InvalidField, p::MalformedBody, p::NotFound, p::NotAParticipant, p::NotRegistered, p::AlreadyVoted, p::TxnDecided, p::ZookeeperUnavailable,)>,
     ))]
 pub async fn vote(
     State(state): State<AppState>,
     caller: Caller,
     ApiPath((id, participant)): ApiPath<(String, String)>,
     ApiJson(body): ApiJson<VoteBody>,
-) -> Result<Json<TxnView>, ApiError> {
+) -> Result<Json<TxnState>, ApiError> {
     let (client, dir, record) = participant_of(&state, &caller, &id, &participant).await?;
     if let Some(decision) = &record.decision
         && record.votes.get(&participant) != Some(&body.vote)
     {
-        return Err(ApiError::conflict(
-            "txn-decided",
-            "Already decided",
-            format!("`{id}` was decided: {}", decision.reason),
-        )
-        .with("outcome", decision.outcome));
+        return Err(
+            ApiError::new(Problem::TxnDecided, format!("`{id}` was decided: {}", decision.reason))
+                .with("outcome", decision.outcome),
+        );
     }
     if !record.registered.contains(&participant) && !record.votes.contains_key(&participant) {
-        return Err(ApiError::conflict(
-            "not-registered",
-            "Not registered",
+        return Err(ApiError::new(
+            Problem::NotRegistered,
             format!("`{participant}` must register (PUT .../participants/{participant}) before it votes"),
         ));
     }
     match txn::record_vote(&client, &dir, &participant, body.vote).await {
         Ok(()) => {}
         Err(VoteError::AlreadyVoted(existing)) => {
-            return Err(ApiError::conflict(
-                "already-voted",
-                "Already voted",
+            return Err(ApiError::new(
+                Problem::AlreadyVoted,
                 format!("`{participant}` voted {existing:?}; a vote is final"),
             )
             .with("vote", existing));
         }
         Err(VoteError::ZooKeeper(err)) => return Err(err.into()),
     }
-    let record = txn::read(&client, &dir).await?.ok_or_else(|| not_found(&id))?;
-    Ok(Json(view(id, record)))
+    Ok(Json(read(&state, &client, &id).await?))
 }
 
-/// The transaction, checking that `participant` is one of it.
+/// The transaction, checking that `participant` is one of it (and, registered here, the
+/// caller's).
 async fn participant_of(
     state: &AppState,
     caller: &Caller,
     id: &str,
     participant: &str,
-) -> Result<(zookeeper_client::Client, String, Record), ApiError> {
+) -> Result<(crate::zk::Client, String, Record), ApiError> {
     check_name(id)?;
     validate_name(participant).map_err(|e| ApiError::invalid(Place::Path, "participant", e))?;
     // A participant registered here with another principal's lease is not the caller's.
@@ -321,9 +297,8 @@ async fn participant_of(
     let dir = state.txn_members.dir(id);
     let record = txn::read(&client, &dir).await?.ok_or_else(|| not_found(id))?;
     if !record.spec.participants.iter().any(|p| p == participant) {
-        return Err(ApiError::conflict(
-            "not-a-participant",
-            "Not a participant",
+        return Err(ApiError::new(
+            Problem::NotAParticipant,
             format!("`{participant}` is not a participant of `{id}`"),
         ));
     }
@@ -333,8 +308,8 @@ async fn participant_of(
 /// Lists the transactions.
 #[utoipa::path(get, path = "/v1/txns", tag = "txns", responses(
     (status = 200, body = Vec<LockSummary>),
-    (status = 503, description = "ZooKeeper unreachable", body = Problem, content_type = "application/problem+json"),
+    Problems<(p::ZookeeperUnavailable,)>,
 ))]
 pub async fn list_txns(State(state): State<AppState>, caller: Caller) -> Result<Json<Vec<LockSummary>>, ApiError> {
-    super::contention::list_summaries(&state, &caller, state.txn_members.base()).await
+    list(&state, &caller, Kind::Txn).await
 }

@@ -6,9 +6,14 @@
 //! reports the node gone. A barrier is either persistent (lowered by a `DELETE`) or bound to
 //! its owner's lease (an ephemeral node, so it falls when the owner goes silent or dies).
 
+use serde::Serialize;
+use utoipa::ToSchema;
 use zookeeper_client::{Client, CreateMode, Error as ZkError};
 
-use crate::zk::watch::ExistsWatches;
+use super::topic::{Source, event_kinds};
+use crate::time::{from_millis, timestamp};
+use crate::zk::retry_on_loss;
+use crate::zk::watch::{ExistsWatches, Mode};
 
 /// Raises a persistent barrier at `path`; `false` if it was already up.
 pub async fn raise(client: &Client, path: &str) -> Result<bool, ZkError> {
@@ -46,4 +51,89 @@ pub async fn lower(client: &Client, path: &str) -> Result<bool, ZkError> {
 pub async fn wait_down(watches: &ExistsWatches, path: &str) {
     let mut subscription = watches.subscribe(path);
     let _ = subscription.state.wait_for(|known| matches!(known, Some(None))).await;
+}
+
+/// A barrier: what `GET /v1/barriers/{name}` answers and the `barrier` topic carries.
+#[derive(Serialize, ToSchema, Clone, Debug, PartialEq)]
+pub struct BarrierState {
+    #[schema(example = "nightly-import")]
+    pub name: String,
+    /// `true` while the barrier is up (waiters wait).
+    pub up: bool,
+    /// When it was raised.
+    #[schema(example = "2026-11-22T10:00:00.000Z")]
+    pub since: Option<String>,
+    /// Whether it falls with its owner (a lease-bound, ephemeral barrier).
+    pub bound: bool,
+    /// The lease it is bound to, for a barrier raised through zkgate with one.
+    pub lease: Option<String>,
+}
+
+event_kinds! {
+    /// The events of a barrier topic.
+    BarrierEvent {
+        Raised => "raised",
+        Lowered => "lowered",
+    }
+}
+
+/// A barrier as a topic (and as `GET` reads it): one exists-watch on its znode.
+pub struct BarrierTopic {
+    pub name: String,
+    pub path: String,
+}
+
+impl Source for BarrierTopic {
+    type State = BarrierState;
+    type Event = BarrierEvent;
+
+    fn watches(&self, _: Option<&BarrierState>) -> Vec<(Mode, String)> {
+        vec![(Mode::Exists, self.path.clone())]
+    }
+
+    async fn read(&self, client: &Client) -> Result<BarrierState, ZkError> {
+        let (data, stat) = match retry_on_loss(|| client.get_data(&self.path)).await {
+            Ok((data, stat)) => (data, Some(stat)),
+            Err(ZkError::NoNode) => (Vec::new(), None),
+            Err(err) => return Err(err),
+        };
+        Ok(BarrierState {
+            name: self.name.clone(),
+            up: stat.is_some(),
+            since: stat.map(|s| timestamp(from_millis(s.ctime))),
+            bound: stat.is_some_and(|s| s.ephemeral_owner != 0),
+            lease: super::contender::lease_of(&data),
+        })
+    }
+
+    fn change(&self, before: &BarrierState, after: &BarrierState) -> Option<BarrierEvent> {
+        (before.up != after.up).then_some(if after.up {
+            BarrierEvent::Raised
+        } else {
+            BarrierEvent::Lowered
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_barrier_is_raised_or_lowered() {
+        let topic = BarrierTopic {
+            name: "gate".into(),
+            path: "/zkgate/barriers/gate".into(),
+        };
+        let state = |up| BarrierState {
+            name: "gate".into(),
+            up,
+            since: None,
+            bound: false,
+            lease: None,
+        };
+        assert_eq!(topic.change(&state(false), &state(true)), Some(BarrierEvent::Raised));
+        assert_eq!(topic.change(&state(true), &state(false)), Some(BarrierEvent::Lowered));
+        assert_eq!(topic.change(&state(true), &state(true)), None);
+    }
 }

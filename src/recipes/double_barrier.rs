@@ -14,12 +14,21 @@
 //!   waits for the lowest to go; the last one out removes `ready`. Each deletion wakes one
 //!   waiter, except the last.
 
+use serde::Serialize;
+use tokio::time::Instant;
+use utoipa::ToSchema;
 use zookeeper_client::{Client, CreateMode, Error as ZkError};
 
+use super::ephemeral::BoundNodes;
+use super::topic::{Source, event_kinds};
 use crate::zk::retry_on_loss;
+use crate::zk::watch::{ExistsWatches, Mode};
 
 /// The name of the ready node.
 pub const READY: &str = "ready";
+
+/// The key of the size in the double barrier znode's data (see [super::settle]).
+pub const SIZE: &str = "size";
 
 /// What a leaving participant does next.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -81,6 +90,162 @@ pub async fn clear_ready(client: &Client, dir: &str) -> Result<(), ZkError> {
     }
 }
 
+/// Records `size` in the barrier's znode (creating it), or says what it records instead.
+pub async fn settle_size(client: &Client, dir: &str, size: u32) -> Result<(), super::Settle> {
+    super::settle(client, dir, SIZE, u64::from(size), CreateMode::Persistent).await
+}
+
+/// Enters (after the participant's own node was created on `client`'s session, which sees it
+/// at once): `true` once `size` participants are in, `false` if `deadline` comes first. A
+/// `ready` found with nobody else inside is stale (its round ended without a clean exit): it is
+/// removed and the round starts again. Waiting for `ready` is one exists-watch per instance,
+/// shared by its waiters.
+pub async fn enter(
+    client: &Client,
+    watches: &ExistsWatches,
+    dir: &str,
+    size: u32,
+    deadline: Instant,
+) -> Result<bool, ZkError> {
+    let ready_path = format!("{dir}/{READY}");
+    let mut ready = watches.subscribe(&ready_path);
+    loop {
+        let inside = participants(client, dir).await?;
+        let ready_now = retry_on_loss(|| client.check_stat(&ready_path)).await?.is_some();
+        if ready_now && (inside.len() > 1 || size == 1) {
+            return Ok(true);
+        }
+        if ready_now {
+            clear_ready(client, dir).await?;
+        }
+        if inside.len() >= size as usize {
+            make_ready(client, dir).await?;
+            return Ok(true);
+        }
+        let appeared = ready.state.wait_for(|known| matches!(known, Some(Some(_))));
+        if tokio::time::timeout_at(deadline, appeared).await.is_err() {
+            return Ok(false);
+        }
+    }
+}
+
+/// Leaves, the guide's herd-free exit ([next_leave_step]): `true` once every participant has
+/// left, `false` if `deadline` comes first (leaving again goes on waiting). The participant's
+/// node is released through its handle when it entered through this instance (`nodes` of
+/// barrier `name`), else deleted directly: ZooKeeper lets any session delete an ephemeral node.
+pub async fn leave(
+    client: &Client,
+    watches: &ExistsWatches,
+    nodes: &BoundNodes,
+    name: &str,
+    me: &str,
+    deadline: Instant,
+) -> Result<bool, ZkError> {
+    let dir = nodes.dir(name);
+    loop {
+        let inside = participants(client, &dir).await?;
+        let target = match next_leave_step(&inside, me) {
+            LeaveStep::Done => {
+                remove_participant(client, nodes, name, me).await?;
+                clear_ready(client, &dir).await?;
+                return Ok(true);
+            }
+            LeaveStep::WaitFor(highest) => highest.to_string(),
+            LeaveStep::RemoveAndWaitFor(lowest) => {
+                remove_participant(client, nodes, name, me).await?;
+                lowest.to_string()
+            }
+        };
+        let mut gone = watches.subscribe(&format!("{dir}/{target}"));
+        let deleted = gone.state.wait_for(|known| matches!(known, Some(None)));
+        if tokio::time::timeout_at(deadline, deleted).await.is_err() {
+            return Ok(false);
+        }
+    }
+}
+
+async fn remove_participant(client: &Client, nodes: &BoundNodes, name: &str, me: &str) -> Result<(), ZkError> {
+    if let Some(node) = nodes.get(name, me) {
+        nodes.release(&node).await;
+        return Ok(());
+    }
+    match retry_on_loss(|| client.delete(&format!("{}/{me}", nodes.dir(name)), None)).await {
+        Ok(()) | Err(ZkError::NoNode) => Ok(()),
+        Err(err) => Err(err),
+    }
+}
+
+/// A double barrier: what `GET /v1/double-barriers/{name}` answers and the `double_barrier`
+/// topic carries.
+#[derive(Serialize, ToSchema, Clone, Debug, PartialEq)]
+pub struct DoubleBarrierState {
+    #[schema(example = "batch-7")]
+    pub name: String,
+    /// The recorded size.
+    pub size: Option<u64>,
+    /// Whether enough participants have entered (the round is in).
+    pub ready: bool,
+    /// The participants inside, by id.
+    pub participants: Vec<String>,
+}
+
+event_kinds! {
+    /// The events of a double barrier topic.
+    DoubleBarrierEvent {
+        /// Enough are in: everyone inside goes through.
+        Entered => "entered",
+        /// Everyone has left: the round is over.
+        Left => "left",
+        /// Only who is inside changed.
+        Participants => "participants",
+    }
+}
+
+/// A double barrier as a topic (and as `GET` reads it): one children watch on its znode.
+pub struct DoubleBarrierTopic {
+    pub name: String,
+    pub dir: String,
+}
+
+impl Source for DoubleBarrierTopic {
+    type State = DoubleBarrierState;
+    type Event = DoubleBarrierEvent;
+
+    fn watches(&self, _: Option<&DoubleBarrierState>) -> Vec<(Mode, String)> {
+        vec![(Mode::Children, self.dir.clone())]
+    }
+
+    async fn read(&self, client: &Client) -> Result<DoubleBarrierState, ZkError> {
+        let size = match retry_on_loss(|| client.get_data(&self.dir)).await {
+            Ok((data, _)) => super::recorded(&data, SIZE),
+            Err(ZkError::NoNode) => None,
+            Err(err) => return Err(err),
+        };
+        let mut children = match retry_on_loss(|| client.list_children(&self.dir)).await {
+            Ok(children) => children,
+            Err(ZkError::NoNode) => Vec::new(),
+            Err(err) => return Err(err),
+        };
+        children.sort();
+        let ready = children.iter().any(|c| c == READY);
+        children.retain(|c| c != READY);
+        Ok(DoubleBarrierState {
+            name: self.name.clone(),
+            size,
+            ready,
+            participants: children,
+        })
+    }
+
+    fn change(&self, before: &DoubleBarrierState, after: &DoubleBarrierState) -> Option<DoubleBarrierEvent> {
+        match (before.ready, after.ready) {
+            (false, true) => Some(DoubleBarrierEvent::Entered),
+            (true, false) => Some(DoubleBarrierEvent::Left),
+            _ => (before.participants != after.participants).then_some(DoubleBarrierEvent::Participants),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -96,6 +261,37 @@ mod tests {
         assert_eq!(next_leave_step::<&str>(&[], "a"), LeaveStep::Done);
         // Already removed itself: waits for the lowest of the others.
         assert_eq!(next_leave_step(&["a", "c"], "b"), LeaveStep::RemoveAndWaitFor("a"));
+    }
+
+    #[test]
+    fn a_round_is_entered_then_left() {
+        let topic = DoubleBarrierTopic {
+            name: "b".into(),
+            dir: "/zkgate/double-barriers/b".into(),
+        };
+        let state = |ready, inside: &[&str]| DoubleBarrierState {
+            name: "b".into(),
+            size: Some(2),
+            ready,
+            participants: inside.iter().map(|p| p.to_string()).collect(),
+        };
+        assert_eq!(
+            topic.change(&state(false, &[]), &state(false, &["a"])),
+            Some(DoubleBarrierEvent::Participants)
+        );
+        assert_eq!(
+            topic.change(&state(false, &["a"]), &state(true, &["a", "b"])),
+            Some(DoubleBarrierEvent::Entered)
+        );
+        assert_eq!(
+            topic.change(&state(true, &["a", "b"]), &state(true, &["a"])),
+            Some(DoubleBarrierEvent::Participants)
+        );
+        assert_eq!(
+            topic.change(&state(true, &["a"]), &state(false, &[])),
+            Some(DoubleBarrierEvent::Left)
+        );
+        assert_eq!(topic.change(&state(false, &[]), &state(false, &[])), None);
     }
 
     proptest! {

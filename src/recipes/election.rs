@@ -18,9 +18,14 @@
 //! node was created after every earlier leader's, and terms strictly increase.
 
 use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 use zookeeper_client::{Client, CreateMode, Error as ZkError};
 
+use super::contender::{ContenderView, Contenders, LISTED, read_queue};
+use super::topic::{Source, event_kinds};
+use crate::time::{from_millis, timestamp};
 use crate::zk::retry_on_loss;
+use crate::zk::watch::Mode;
 
 /// The infix of Curator's `LeaderLatch` candidate names.
 pub const INFIX: &str = "-latch-";
@@ -115,72 +120,181 @@ pub async fn proclaim(
     }
 }
 
-/// An election as observers see it: who leads (candidate, term, value, whether acknowledged)
-/// and how many candidates there are. Read from the candidates and the acknowledgement.
-pub async fn observed(client: &Client, dir: &str) -> Result<serde_json::Value, ZkError> {
-    let candidates = super::contender::read_contenders(client, dir)
-        .await?
-        .unwrap_or_default();
-    let ack = match retry_on_loss(|| client.get_data(&format!("{dir}/{ACK_NODE}"))).await {
-        Ok((data, stat)) => Acknowledgement::parse(&data).map(|a| (a, stat.ctime)),
-        Err(ZkError::NoNode) => None,
-        Err(err) => return Err(err),
-    };
-    let leader = candidates.first().map(|first| {
-        let acknowledged = ack.as_ref().filter(|(a, _)| a.candidate == first.name);
-        serde_json::json!({
-            "node": first.name,
-            "term": first.czxid,
-            "acknowledged": acknowledged.is_some(),
-            "value": acknowledged.and_then(|(a, _)| a.value.clone()),
-            "since_ms": acknowledged.map(|(_, ctime)| *ctime),
-        })
-    });
-    Ok(serde_json::json!({ "leader": leader, "candidates": candidates.len() }))
+/// The current leader.
+#[derive(Serialize, ToSchema, Clone, Debug, PartialEq)]
+pub struct LeaderView {
+    /// The leader's candidate node.
+    #[schema(example = "_c_3f1e2d4c-5b6a-4798-8a9b-0c1d2e3f4a5b-latch-0000000007")]
+    pub node: String,
+    /// The term: the leader's candidate czxid, strictly increasing with every new leader.
+    #[schema(example = 4294967321_i64)]
+    pub term: i64,
+    /// The value it proclaims.
+    #[schema(example = json!({"address": "10.0.0.8:8080"}))]
+    pub value: Option<serde_json::Value>,
+    /// The leader's zkgate lease, for zkgate's candidates.
+    #[schema(example = "3c9e1f07-6f1c2a9e0b7d4e3f8a5b6c7d8e9f0a1b")]
+    pub lease: Option<String>,
+    /// When it took over (its acknowledgement's creation), if acknowledged.
+    #[schema(example = "2026-11-22T10:00:00.000Z")]
+    pub since: Option<String>,
+    /// Whether the leader has written the acknowledgement node: it knows it leads. (A Curator
+    /// `LeaderLatch` leader never does.)
+    pub acknowledged: bool,
+    /// `zkgate`, `curator` or `other`.
+    #[schema(value_type = String, example = "zkgate")]
+    pub client: &'static str,
 }
 
-/// The leadership of one election, as an event topic.
+/// An election: what `GET /v1/elections/{name}` answers and the `election` topic carries.
+#[derive(Serialize, ToSchema, Clone, Debug, PartialEq)]
+pub struct ElectionState {
+    #[schema(example = "scheduler")]
+    pub name: String,
+    /// `null` when nobody campaigns: "no leader" is a state of its own.
+    pub leader: Option<LeaderView>,
+    /// The first candidates in order, the leader first (at most 51).
+    pub candidates: Vec<ContenderView>,
+    /// How many candidates there are, all of them.
+    pub candidate_count: usize,
+}
+
+event_kinds! {
+    /// The events of an election topic.
+    ElectionEvent {
+        /// A new leader, with its term.
+        Leader => "leader",
+        /// Nobody leads.
+        NoLeader => "no_leader",
+        /// The leader acknowledged its leadership, or proclaimed another value.
+        LeaderUpdated => "leader_updated",
+        /// Only the candidates changed.
+        Candidates => "candidates",
+    }
+}
+
+/// An election as a topic (and as `GET` reads it): its leader (candidate, term, value,
+/// whether acknowledged) and its candidates, from the candidates and the acknowledgement.
 pub struct Leadership {
+    pub name: String,
     pub dir: String,
+    /// This instance's candidates, which know their value before they acknowledge.
+    pub local: Contenders,
 }
 
-impl crate::events::Source for Leadership {
-    fn watches(&self, _: &serde_json::Value) -> Vec<(crate::zk::watch::Mode, String)> {
-        // The candidates, and the acknowledgement node whose data is the leader's value.
+impl Source for Leadership {
+    type State = ElectionState;
+    type Event = ElectionEvent;
+
+    /// The candidates, and the acknowledgement node whose data is the leader's value.
+    fn watches(&self, _: Option<&ElectionState>) -> Vec<(Mode, String)> {
         vec![
-            (crate::zk::watch::Mode::Children, self.dir.clone()),
-            (crate::zk::watch::Mode::Exists, format!("{}/{}", self.dir, ACK_NODE)),
+            (Mode::Children, self.dir.clone()),
+            (Mode::Exists, format!("{}/{ACK_NODE}", self.dir)),
         ]
     }
 
-    fn read(
-        &self,
-        zk: crate::zk::session::ZkSession,
-    ) -> futures::future::BoxFuture<'static, Option<serde_json::Value>> {
-        let dir = self.dir.clone();
-        Box::pin(async move {
-            let client = zk.connected().await.ok()?.client;
-            observed(&client, &dir).await.ok()
+    async fn read(&self, client: &Client) -> Result<ElectionState, ZkError> {
+        let queue = read_queue(client, &self.dir, |_, i| i <= LISTED).await?;
+        let ack = match retry_on_loss(|| client.get_data(&format!("{}/{ACK_NODE}", self.dir))).await {
+            Ok((data, stat)) => Acknowledgement::parse(&data).map(|a| (a, stat.ctime)),
+            Err(ZkError::NoNode) => None,
+            Err(err) => return Err(err),
+        };
+        let local = self.local.local(&self.name);
+        let candidates: Vec<ContenderView> = queue
+            .records
+            .iter()
+            .map(|r| ContenderView::of(r, None, &local))
+            .collect();
+        let leader = candidates.first().map(|first| {
+            let acknowledged = ack.as_ref().filter(|(a, _)| a.candidate == first.node);
+            LeaderView {
+                node: first.node.clone(),
+                term: first.fencing_token,
+                value: match acknowledged {
+                    Some((a, _)) => a.value.clone(),
+                    None => local.get(&first.node).and_then(|c| c.protocol.value.clone()),
+                },
+                lease: first.lease.clone(),
+                since: acknowledged.map(|(_, ctime)| timestamp(from_millis(*ctime))),
+                acknowledged: acknowledged.is_some(),
+                client: first.client,
+            }
+        });
+        Ok(ElectionState {
+            name: self.name.clone(),
+            leader,
+            candidates,
+            candidate_count: queue.names.len(),
         })
     }
 
-    fn change(&self, before: &serde_json::Value, after: &serde_json::Value) -> Option<&'static str> {
-        let term = |state: &serde_json::Value| state["leader"]["term"].as_i64();
+    fn change(&self, before: &ElectionState, after: &ElectionState) -> Option<ElectionEvent> {
+        let term = |s: &ElectionState| s.leader.as_ref().map(|l| l.term);
         if term(before) != term(after) {
-            return Some(if after["leader"].is_null() {
-                "no_leader"
+            return Some(if after.leader.is_none() {
+                ElectionEvent::NoLeader
             } else {
-                "leader"
+                ElectionEvent::Leader
             });
         }
-        if before["leader"]["acknowledged"] != after["leader"]["acknowledged"]
-            || before["leader"]["value"] != after["leader"]["value"]
-        {
-            return Some("leader_updated");
+        let said = |s: &ElectionState| s.leader.as_ref().map(|l| (l.acknowledged, l.value.clone()));
+        if said(before) != said(after) {
+            return Some(ElectionEvent::LeaderUpdated);
         }
-        if before["candidates"] != after["candidates"] {
-            return Some("candidates");
+        (before.candidate_count != after.candidate_count).then_some(ElectionEvent::Candidates)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn state(leader: Option<(i64, bool, serde_json::Value)>, candidates: usize) -> ElectionState {
+        ElectionState {
+            name: "scheduler".into(),
+            leader: leader.map(|(term, acknowledged, value)| LeaderView {
+                node: format!("_c_x-latch-{term:010}"),
+                term,
+                value: Some(value),
+                lease: None,
+                since: None,
+                acknowledged,
+                client: "zkgate",
+            }),
+            candidates: Vec::new(),
+            candidate_count: candidates,
         }
-        None
+    }
+
+    #[test]
+    fn election_events_follow_the_term_then_the_leaders_word_then_the_candidates() {
+        let topic = Leadership {
+            name: "scheduler".into(),
+            dir: "/zkgate/elections/scheduler".into(),
+            local: Contenders::new("/zkgate", crate::kind::Kind::Election),
+        };
+        let none = state(None, 0);
+        let first = state(Some((7, false, json!("a"))), 1);
+        assert_eq!(topic.change(&none, &first), Some(ElectionEvent::Leader));
+        assert_eq!(topic.change(&first, &none), Some(ElectionEvent::NoLeader));
+        let acknowledged = state(Some((7, true, json!("a"))), 1);
+        assert_eq!(topic.change(&first, &acknowledged), Some(ElectionEvent::LeaderUpdated));
+        let proclaimed = state(Some((7, true, json!("b"))), 1);
+        assert_eq!(
+            topic.change(&acknowledged, &proclaimed),
+            Some(ElectionEvent::LeaderUpdated)
+        );
+        assert_eq!(
+            topic.change(&proclaimed, &state(Some((7, true, json!("b"))), 3)),
+            Some(ElectionEvent::Candidates)
+        );
+        assert_eq!(
+            topic.change(&proclaimed, &state(Some((9, true, json!("b"))), 1)),
+            Some(ElectionEvent::Leader)
+        );
+        assert_eq!(topic.change(&proclaimed, &proclaimed.clone()), None);
     }
 }

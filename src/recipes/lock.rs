@@ -14,8 +14,15 @@
 //!
 //! The driver is [crate::recipes::contender]; this file holds the decision.
 
-use super::contender::Next;
+use serde::Serialize;
+use utoipa::ToSchema;
+use zookeeper_client::{Client, Error as ZkError};
+
+use super::contender::{ContenderView, Contenders, LISTED, Next, read_queue};
 use super::in_sequence_order;
+use super::lease::{EndReason, Fate};
+use super::topic::{Source, event_kinds};
+use crate::zk::watch::Mode;
 
 /// The infix of Curator's lock contender names (`_c_<uuid>-lock-<seq>`).
 pub const INFIX: &str = "-lock-";
@@ -34,68 +41,96 @@ pub fn next_step<'a, S: AsRef<str>>(children: &'a [S], me: &str) -> Next<'a> {
     }
 }
 
-/// An exclusive lock's holder and queue, as an event topic: `granted` when the holder
-/// changes, `released` when nobody holds it any more, `lost` instead when the holder's lease
-/// is known (on this instance) to have expired or died with its session, `revocation` when
-/// someone asks the holder to give it up (the request is written into the holder's node, so
-/// the topic also watches that node's data), `waiters` when only the queue changes.
-///
-/// ZooKeeper only says that the holder's node went; whether that was a release or a loss is
-/// known to the instance that held the lease. Other instances (and Curator or kazoo holders)
-/// report `released`.
-pub struct LockTopic {
-    pub dir: String,
-    pub leases: crate::lease::Leases,
+/// An exclusive lock's holder and queue: what `GET /v1/locks/{name}` answers and the `lock`
+/// topic carries.
+#[derive(Serialize, ToSchema, Clone, Debug, PartialEq)]
+pub struct LockState {
+    #[schema(example = "orders")]
+    pub name: String,
+    /// The contender with the lowest sequence number, if any.
+    pub holder: Option<ContenderView>,
+    /// The first waiters, in queue order (at most 50).
+    pub waiters: Vec<ContenderView>,
+    /// How many wait, all of them.
+    pub waiter_count: usize,
 }
 
-impl crate::events::Source for LockTopic {
-    fn watches(&self, state: &serde_json::Value) -> Vec<(crate::zk::watch::Mode, String)> {
-        let mut watches = vec![(crate::zk::watch::Mode::Children, self.dir.clone())];
-        if let Some(holder) = state["holder"]["node"].as_str() {
-            watches.push((crate::zk::watch::Mode::Exists, format!("{}/{holder}", self.dir)));
+event_kinds! {
+    /// The events of a lock topic.
+    LockEvent {
+        /// Someone else holds it now.
+        Granted => "granted",
+        /// Nobody holds it any more: its holder released it (or is not known to have lost it).
+        Released => "released",
+        /// Nobody holds it any more: its holder's lease on this instance expired or died with
+        /// its session.
+        Lost => "lost",
+        /// Someone asked the holder to give it up.
+        Revocation => "revocation",
+        /// Only the queue changed.
+        Waiters => "waiters",
+    }
+}
+
+/// An exclusive lock as a topic (and as `GET` reads it).
+///
+/// ZooKeeper only says that the holder's node went; whether that was a release or a loss is
+/// known to the instance that held the lease ([Fate]). Other instances (and Curator or kazoo
+/// holders) report `released`.
+pub struct LockTopic {
+    pub name: String,
+    pub dir: String,
+    /// This instance's contenders, which know when theirs were granted.
+    pub local: Contenders,
+    pub fate: Fate,
+}
+
+impl Source for LockTopic {
+    type State = LockState;
+    type Event = LockEvent;
+
+    /// The queue, and the holder's node: a revocation request is written into its data.
+    fn watches(&self, state: Option<&LockState>) -> Vec<(Mode, String)> {
+        let mut watches = vec![(Mode::Children, self.dir.clone())];
+        if let Some(holder) = state.and_then(|s| s.holder.as_ref()) {
+            watches.push((Mode::Exists, format!("{}/{}", self.dir, holder.node)));
         }
         watches
     }
 
-    fn read(
-        &self,
-        zk: crate::zk::session::ZkSession,
-    ) -> futures::future::BoxFuture<'static, Option<serde_json::Value>> {
-        let dir = self.dir.clone();
-        Box::pin(async move {
-            let contenders = super::contender::contenders_now(&zk, &dir).await?;
-            let holder = contenders.first().map(|c| {
-                // zkgate's record, or Curator's bare signal (who and why unknown).
-                let revocation = match super::revocation::record_in(&c.data) {
-                    Some(record) => serde_json::json!(record),
-                    None if c.data == super::revocation::CURATOR_REVOKE => serde_json::json!({}),
-                    None => serde_json::Value::Null,
-                };
-                let lease = super::contender::lease_of(&c.data);
-                serde_json::json!({ "node": c.name, "fencing_token": c.czxid, "lease": lease, "created_ms": c.ctime, "revocation": revocation })
-            });
-            let queue = super::contender::queue_view(contenders.iter().skip(1));
-            Some(serde_json::json!({ "holder": holder, "waiters": contenders.len().saturating_sub(1), "queue": queue }))
+    async fn read(&self, client: &Client) -> Result<LockState, ZkError> {
+        let queue = read_queue(client, &self.dir, |_, i| i <= LISTED).await?;
+        let local = self.local.local(&self.name);
+        let mut views = queue.records.iter().map(|r| ContenderView::of(r, None, &local));
+        Ok(LockState {
+            name: self.name.clone(),
+            holder: views.next(),
+            waiters: views.collect(),
+            waiter_count: queue.names.len().saturating_sub(1),
         })
     }
 
-    fn change(&self, before: &serde_json::Value, after: &serde_json::Value) -> Option<&'static str> {
-        if before["holder"]["node"] != after["holder"]["node"] {
-            if !after["holder"].is_null() {
-                return Some("granted");
+    fn change(&self, before: &LockState, after: &LockState) -> Option<LockEvent> {
+        let node = |s: &LockState| s.holder.as_ref().map(|h| h.node.clone());
+        if node(before) != node(after) {
+            if after.holder.is_some() {
+                return Some(LockEvent::Granted);
             }
-            let lost = before["holder"]["lease"].as_str().is_some_and(|id| {
-                matches!(
-                    self.leases.peek(id),
-                    Err(crate::lease::LeaseError::Ended { reason, .. }) if reason != crate::lease::EndReason::Deleted
-                )
-            });
-            return Some(if lost { "lost" } else { "released" });
+            let lease = before.holder.as_ref().and_then(|h| h.lease.as_deref());
+            let lost = lease
+                .and_then(|id| (self.fate)(id))
+                .is_some_and(|r| r != EndReason::Deleted);
+            return Some(if lost { LockEvent::Lost } else { LockEvent::Released });
         }
-        if before["holder"]["revocation"] != after["holder"]["revocation"] {
-            return Some("revocation");
+        let asked = |s: &LockState| {
+            s.holder
+                .as_ref()
+                .map(|h| (h.revocation_requested, h.revocation.clone()))
+        };
+        if asked(before) != asked(after) {
+            return Some(LockEvent::Revocation);
         }
-        (before["waiters"] != after["waiters"]).then_some("waiters")
+        (before.waiter_count != after.waiter_count).then_some(LockEvent::Waiters)
     }
 }
 
@@ -125,6 +160,84 @@ mod tests {
     }
 
     use proptest::prelude::*;
+    use std::sync::Arc;
+
+    fn view(node: &str, lease: Option<&str>) -> ContenderView {
+        ContenderView {
+            node: node.into(),
+            sequence: crate::recipes::sequence_of(node).unwrap_or(0),
+            mode: None,
+            fencing_token: 1,
+            created_at: "2026-11-22T10:00:00.000Z".into(),
+            lease: lease.map(str::to_string),
+            client: "zkgate",
+            held_since: None,
+            revocation_requested: false,
+            revocation: None,
+        }
+    }
+
+    fn state(holder: Option<ContenderView>, waiters: usize) -> LockState {
+        LockState {
+            name: "orders".into(),
+            holder,
+            waiters: Vec::new(),
+            waiter_count: waiters,
+        }
+    }
+
+    /// A topic whose lease `expired` ended with a loss and `deleted` with a release.
+    fn topic() -> LockTopic {
+        LockTopic {
+            name: "orders".into(),
+            dir: "/zkgate/locks/orders".into(),
+            local: Contenders::new("/zkgate", crate::kind::Kind::Lock),
+            fate: Arc::new(|id: &str| match id {
+                "expired" => Some(EndReason::Expired),
+                "deleted" => Some(EndReason::Deleted),
+                _ => None,
+            }),
+        }
+    }
+
+    #[test]
+    fn lock_events_follow_the_holder_then_revocation_then_the_queue() {
+        let topic = topic();
+        let a = view("_c_a-lock-0000000001", Some("expired"));
+        let b = view("_c_b-lock-0000000002", Some("deleted"));
+        let nobody = state(None, 0);
+        assert_eq!(
+            topic.change(&nobody, &state(Some(a.clone()), 0)),
+            Some(LockEvent::Granted)
+        );
+        assert_eq!(
+            topic.change(&state(Some(a.clone()), 1), &state(Some(b.clone()), 0)),
+            Some(LockEvent::Granted)
+        );
+        assert_eq!(topic.change(&state(Some(a.clone()), 0), &nobody), Some(LockEvent::Lost));
+        assert_eq!(
+            topic.change(&state(Some(b.clone()), 0), &nobody),
+            Some(LockEvent::Released)
+        );
+        let curator = view("_c_c-lock-0000000003", None);
+        assert_eq!(
+            topic.change(&state(Some(curator), 0), &nobody),
+            Some(LockEvent::Released)
+        );
+        let asked = ContenderView {
+            revocation_requested: true,
+            ..b.clone()
+        };
+        assert_eq!(
+            topic.change(&state(Some(b.clone()), 0), &state(Some(asked), 0)),
+            Some(LockEvent::Revocation)
+        );
+        assert_eq!(
+            topic.change(&state(Some(b.clone()), 0), &state(Some(b.clone()), 2)),
+            Some(LockEvent::Waiters)
+        );
+        assert_eq!(topic.change(&state(Some(b.clone()), 2), &state(Some(b), 2)), None);
+    }
 
     /// A contender name as Curator, kazoo or zkgate would create it, for sequence `seq`.
     fn contender(style: u8, seq: u64) -> String {

@@ -7,12 +7,90 @@ pub mod contender;
 pub mod double_barrier;
 pub mod election;
 pub mod ephemeral;
+pub mod group;
+pub mod handle;
+pub mod lease;
 pub mod lock;
 pub mod queue;
+pub mod registry;
 pub mod revocation;
 pub mod rwlock;
 pub mod semaphore;
+pub mod topic;
 pub mod txn;
+pub mod znode;
+
+use zookeeper_client::{Client, CreateMode, Error as ZkError};
+
+use crate::zk::retry_on_loss;
+
+/// Why a setting recorded in a resource's znode could not be settled.
+#[derive(Debug)]
+pub enum Settle {
+    /// The resource records another value.
+    Mismatch(u64),
+    ZooKeeper(ZkError),
+}
+
+/// Makes sure the znode `dir` exists (created with `mode`) and records `key: value` in its JSON
+/// data, or says what it records instead: the first request sets it and later ones must agree
+/// (a semaphore's number of permits, a double barrier's size), so that clients cannot silently
+/// use two different settings. A znode without a record (made by Curator, say) gets ours.
+pub async fn settle(client: &Client, dir: &str, key: &str, value: u64, mode: CreateMode) -> Result<(), Settle> {
+    let ours = serde_json::to_vec(&serde_json::json!({ key: value })).unwrap_or_default();
+    loop {
+        match retry_on_loss(|| client.get_data(dir)).await {
+            Ok((data, stat)) => match recorded(&data, key) {
+                Some(n) if n == value => return Ok(()),
+                Some(n) => return Err(Settle::Mismatch(n)),
+                None => match retry_on_loss(|| client.set_data(dir, &ours, Some(stat.version))).await {
+                    Ok(_) => return Ok(()),
+                    Err(ZkError::BadVersion | ZkError::NoNode) => continue,
+                    Err(err) => return Err(Settle::ZooKeeper(err)),
+                },
+            },
+            Err(ZkError::NoNode) => {
+                let options = mode.with_acls(crate::zk::acls());
+                match retry_on_loss(|| client.create(dir, &ours, &options)).await {
+                    Ok(_) => return Ok(()),
+                    Err(ZkError::NodeExists) => continue,
+                    Err(ZkError::NoNode) => {
+                        let parent = &dir[..dir.rfind('/').unwrap_or(0)];
+                        crate::zk::session::ensure_path(client, parent)
+                            .await
+                            .map_err(Settle::ZooKeeper)?;
+                    }
+                    Err(err) => return Err(Settle::ZooKeeper(err)),
+                }
+            }
+            Err(err) => return Err(Settle::ZooKeeper(err)),
+        }
+    }
+}
+
+/// The setting `key` that [settle] recorded in a znode's data, if any.
+pub fn recorded(data: &[u8], key: &str) -> Option<u64> {
+    serde_json::from_slice::<serde_json::Value>(data)
+        .ok()?
+        .get(key)?
+        .as_u64()
+}
+
+/// Every resource znode under `base` (`<root>/<kind>`) with its number of children (contenders,
+/// members, items...), read in two round trips.
+pub async fn read_names(client: &Client, base: &str) -> Result<Vec<(String, i32)>, ZkError> {
+    let mut names = match retry_on_loss(|| client.list_children(base)).await {
+        Ok(names) => names,
+        Err(ZkError::NoNode) => return Ok(Vec::new()),
+        Err(err) => return Err(err),
+    };
+    names.sort();
+    let read = crate::zk::read_each(client, base, names).await?;
+    Ok(read
+        .into_iter()
+        .map(|(name, _, stat)| (name, stat.num_children))
+        .collect())
+}
 
 /// The sequence number ZooKeeper appended to a sequential znode's name: the trailing run of
 /// digits, 10 of them (or 19 once a parent's counter passes `i32::MAX`).

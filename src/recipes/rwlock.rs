@@ -11,8 +11,14 @@
 //! A contender whose kind zkgate does not recognise counts as a writer: an unknown node can
 //! make a reader wait, never let it in beside a writer.
 
-use super::contender::Next;
+use serde::Serialize;
+use utoipa::ToSchema;
+use zookeeper_client::{Client, Error as ZkError};
+
+use super::contender::{ContenderView, Contenders, HoldersChange, LISTED, Next, holders_change, read_queue};
 use super::in_sequence_order;
+use super::topic::{Source, event_kinds};
+use crate::zk::watch::Mode;
 
 /// The infix of Curator's read contender names.
 pub const READ_INFIX: &str = "-__READ__";
@@ -40,61 +46,100 @@ pub fn next_read_step<'a, S: AsRef<str>>(children: &'a [S], me: &str) -> Next<'a
     }
 }
 
-/// A read/write lock's holders and queue, as an event topic: the holders are the writer at
-/// the head of the queue, or the readers ahead of the first writer. `granted` when the set
-/// of holders changes and is not empty, `released` when it becomes empty, `waiters` when only
-/// the queue changes.
-pub struct RwLockTopic {
-    pub dir: String,
+/// How many of the contenders `names` (in queue order) hold: the readers ahead of the first
+/// writer, or the writer at the head.
+pub fn holding<S: AsRef<str>>(names: &[S]) -> usize {
+    match names.first() {
+        Some(first) if is_reader(first.as_ref()) => names.iter().take_while(|n| is_reader(n.as_ref())).count(),
+        Some(_) => 1,
+        None => 0,
+    }
 }
 
-impl crate::events::Source for RwLockTopic {
-    fn watches(&self, _: &serde_json::Value) -> Vec<(crate::zk::watch::Mode, String)> {
-        vec![(crate::zk::watch::Mode::Children, self.dir.clone())]
+/// `read` or `write`: the mode of a contender, by its name.
+pub fn mode_of(name: &str) -> &'static str {
+    if is_reader(name) { "read" } else { "write" }
+}
+
+/// A read/write lock's holders and queue: what `GET /v1/rwlocks/{name}` answers and the
+/// `rwlock` topic carries.
+#[derive(Serialize, ToSchema, Clone, Debug, PartialEq)]
+pub struct RwLockState {
+    #[schema(example = "catalog")]
+    pub name: String,
+    /// Who holds it now: readers only, or one writer (at most 50 listed).
+    pub holders: Vec<ContenderView>,
+    /// How many hold, all of them.
+    pub holder_count: usize,
+    /// The first waiters, in queue order (at most 50).
+    pub waiters: Vec<ContenderView>,
+    /// How many wait, all of them.
+    pub waiter_count: usize,
+}
+
+event_kinds! {
+    /// The events of a read/write lock topic.
+    RwLockEvent {
+        /// Someone new holds it.
+        Granted => "granted",
+        /// Holders left and nobody new holds it (it may be free, or still read by others).
+        Released => "released",
+        /// Only the queue changed.
+        Waiters => "waiters",
+    }
+}
+
+/// A read/write lock as a topic (and as `GET` reads it).
+pub struct RwLockTopic {
+    pub name: String,
+    pub dir: String,
+    pub local: Contenders,
+}
+
+impl Source for RwLockTopic {
+    type State = RwLockState;
+    type Event = RwLockEvent;
+
+    fn watches(&self, _: Option<&RwLockState>) -> Vec<(Mode, String)> {
+        vec![(Mode::Children, self.dir.clone())]
     }
 
-    fn read(
-        &self,
-        zk: crate::zk::session::ZkSession,
-    ) -> futures::future::BoxFuture<'static, Option<serde_json::Value>> {
-        let dir = self.dir.clone();
-        Box::pin(async move {
-            let contenders = super::contender::contenders_now(&zk, &dir).await?;
-            let holding = match contenders.first() {
-                Some(first) if is_reader(&first.name) => contenders.iter().take_while(|c| is_reader(&c.name)).count(),
-                Some(_) => 1,
-                None => 0,
-            };
-            let holders: Vec<_> = contenders[..holding]
+    async fn read(&self, client: &Client) -> Result<RwLockState, ZkError> {
+        let queue = read_queue(client, &self.dir, |names, i| {
+            let holding = holding(names);
+            i < holding.min(LISTED) || (i >= holding && i < holding + LISTED)
+        })
+        .await?;
+        let holding = holding(&queue.names);
+        let local = self.local.local(&self.name);
+        let (mut holders, mut waiters) = (Vec::new(), Vec::new());
+        for record in &queue.records {
+            let view = ContenderView::of(record, Some(mode_of(&record.name)), &local);
+            let held = queue
+                .names
                 .iter()
-                .map(|c| {
-                    let mode = if is_reader(&c.name) { "read" } else { "write" };
-                    serde_json::json!({ "node": c.name, "mode": mode, "fencing_token": c.czxid, "created_ms": c.ctime })
-                })
-                .collect();
-            let queue = super::contender::queue_view(contenders.iter().skip(holding));
-            Some(serde_json::json!({ "holders": holders, "waiters": contenders.len() - holding, "queue": queue }))
+                .position(|n| *n == record.name)
+                .is_some_and(|i| i < holding);
+            if held { holders.push(view) } else { waiters.push(view) }
+        }
+        Ok(RwLockState {
+            name: self.name.clone(),
+            holders,
+            holder_count: holding,
+            waiters,
+            waiter_count: queue.names.len() - holding,
         })
     }
 
-    fn change(&self, before: &serde_json::Value, after: &serde_json::Value) -> Option<&'static str> {
-        let nodes = |v: &serde_json::Value| {
-            v["holders"]
-                .as_array()
-                .map(|h| h.iter().map(|c| c["node"].clone()).collect::<Vec<_>>())
-                .unwrap_or_default()
-        };
-        let (was, now) = (nodes(before), nodes(after));
-        if was != now {
-            // A holder leaving while others still hold (a reader among readers) is a release
-            // too: nothing new was granted.
-            return Some(if now.is_empty() || now.iter().all(|n| was.contains(n)) {
-                "released"
-            } else {
-                "granted"
-            });
+    fn change(&self, before: &RwLockState, after: &RwLockState) -> Option<RwLockEvent> {
+        match holders_change(
+            (&before.holders, before.holder_count),
+            (&after.holders, after.holder_count),
+        ) {
+            Some(HoldersChange::Granted) => Some(RwLockEvent::Granted),
+            Some(HoldersChange::Released) => Some(RwLockEvent::Released),
+            None => (before.waiter_count != after.waiter_count).then_some(RwLockEvent::Waiters),
         }
-        (before["waiters"] != after["waiters"]).then_some("waiters")
     }
 }
 
@@ -159,6 +204,52 @@ mod tests {
                 position: 1
             }
         );
+    }
+
+    fn held(nodes: &[&str]) -> RwLockState {
+        let view = |node: &str| ContenderView {
+            node: node.into(),
+            sequence: 0,
+            mode: Some(mode_of(node)),
+            fencing_token: 1,
+            created_at: String::new(),
+            lease: None,
+            client: "zkgate",
+            held_since: None,
+            revocation_requested: false,
+            revocation: None,
+        };
+        RwLockState {
+            name: "catalog".into(),
+            holders: nodes.iter().map(|n| view(n)).collect(),
+            holder_count: nodes.len(),
+            waiters: Vec::new(),
+            waiter_count: 0,
+        }
+    }
+
+    #[test]
+    fn rwlock_events_say_whether_anyone_new_holds() {
+        let topic = RwLockTopic {
+            name: "catalog".into(),
+            dir: "/zkgate/rwlocks/catalog".into(),
+            local: Contenders::new("/zkgate", crate::kind::Kind::RwLock),
+        };
+        let (r1, r2, w) = (&node(true, 1), &node(true, 2), &node(false, 3));
+        assert_eq!(topic.change(&held(&[]), &held(&[r1, r2])), Some(RwLockEvent::Granted));
+        assert_eq!(
+            topic.change(&held(&[r1, r2]), &held(&[r2])),
+            Some(RwLockEvent::Released)
+        );
+        assert_eq!(topic.change(&held(&[r2]), &held(&[])), Some(RwLockEvent::Released));
+        assert_eq!(topic.change(&held(&[r2]), &held(&[w])), Some(RwLockEvent::Granted));
+        let mut queued = held(&[w]);
+        queued.waiter_count = 2;
+        assert_eq!(topic.change(&held(&[w]), &queued), Some(RwLockEvent::Waiters));
+        assert_eq!(topic.change(&queued, &queued.clone()), None);
+        assert_eq!(holding(&[r1, r2, w]), 2);
+        assert_eq!(holding(&[w, r1]), 1);
+        assert_eq!(holding::<&str>(&[]), 0);
     }
 
     fn queue() -> impl Strategy<Value = Vec<String>> {

@@ -4,353 +4,348 @@
 //! Under `<root>/semaphores/<name>`: `locks/` holds an exclusive lock (the lock recipe) that
 //! serialises acquirers, and `leases/` holds one ephemeral sequential node per permit held
 //! (`_c_<guid>-lease-<seq>`). An acquirer first takes the lock; then, as the only one doing
-//! so, it creates its lease node and lists `leases/` with a children watch until at most N
-//! lease nodes exist; then it releases the lock. So acquirers wait on the lock queue, each
-//! watching only its predecessor, and only the lock holder watches the permits: a released
-//! permit wakes one acquirer, not all of them (herd-free as far as the recipe allows).
+//! so, it creates its lease node and lists `leases/` with a children watch until
+//! [permit_step] lets it hold; then it gives the lock back. So acquirers wait on the lock
+//! queue, each watching only its predecessor, and only the lock holder watches the permits: a
+//! released permit wakes one acquirer, not all of them (herd-free as far as the recipe allows).
+//!
+//! As Curator's semaphore composes its mutex, a permit is a [Handle] whose protocol composes
+//! the contender machinery ([Sequential], [queue_until_held]) rather than copying it.
 //!
 //! The number of permits is every participant's own setting in Curator; zkgate also records
-//! it in the semaphore znode's data (`{"permits": N}`) and refuses a request that disagrees,
-//! so HTTP clients cannot silently use two different limits.
+//! it in the semaphore znode's data (`{"permits": N}`, see [super::settle]) and refuses a
+//! request that disagrees, so HTTP clients cannot silently use two different limits.
 
-use std::sync::{Arc, Mutex};
-use std::time::SystemTime;
+use std::sync::Arc;
 
-use tokio::sync::watch;
-use tokio_util::sync::CancellationToken;
+use serde::Serialize;
+use utoipa::ToSchema;
 use zookeeper_client::{Client, CreateMode, Error as ZkError, EventType};
 
-use super::contender::{ContenderState, Next, Phase, ensure_dir, find_by_guid};
-use super::{in_sequence_order, lock};
-use crate::lease::{Holding, HoldingView, Lease};
+use super::contender::{
+    ContenderView, HoldersChange, LISTED, Role, Sequential, holders_change, queue_until_held, read_queue,
+};
+use super::handle::{Exit, Handle, Handles, Protocol, Refused};
+use super::in_sequence_order;
+use super::lease::Lease;
+use super::lock;
+use super::topic::{Source, event_kinds};
+use crate::kind::Kind;
 use crate::zk::retry_on_loss;
+use crate::zk::watch::Mode;
 
 /// The infix of Curator's lease node names.
 pub const LEASE_INFIX: &str = "-lease-";
 
-/// Why the permit count could not be settled.
-#[derive(Debug)]
-pub enum Settle {
-    /// The semaphore was set up with another number of permits.
-    Mismatch(u32),
-    ZooKeeper(ZkError),
+/// The key of the number of permits in the semaphore znode's data.
+pub const PERMITS: &str = "permits";
+
+/// Makes sure the semaphore znode exists (a container, as Curator's) and records `permits`,
+/// or says what it records instead.
+pub async fn settle_permits(client: &Client, dir: &str, permits: u32) -> Result<(), super::Settle> {
+    super::settle(client, dir, PERMITS, u64::from(permits), CreateMode::Container).await
 }
 
-/// Makes sure the semaphore znode exists and records `permits`, or says what it records.
-pub async fn settle_permits(client: &Client, dir: &str, permits: u32) -> Result<(), Settle> {
-    let ours = serde_json::to_vec(&serde_json::json!({ "permits": permits })).unwrap_or_default();
-    loop {
-        match retry_on_loss(|| client.get_data(dir)).await {
-            Ok((data, stat)) => {
-                let recorded = serde_json::from_slice::<serde_json::Value>(&data)
-                    .ok()
-                    .and_then(|v| v.get("permits").and_then(|p| p.as_u64()));
-                match recorded {
-                    Some(n) if n == u64::from(permits) => return Ok(()),
-                    Some(n) => return Err(Settle::Mismatch(n as u32)),
-                    // Created by Curator (no record): record ours.
-                    None => match retry_on_loss(|| client.set_data(dir, &ours, Some(stat.version))).await {
-                        Ok(_) => return Ok(()),
-                        Err(ZkError::BadVersion | ZkError::NoNode) => continue,
-                        Err(err) => return Err(Settle::ZooKeeper(err)),
-                    },
-                }
-            }
-            Err(ZkError::NoNode) => {
-                let options = CreateMode::Container.with_acls(crate::zk::acls());
-                match retry_on_loss(|| client.create(dir, &ours, &options)).await {
-                    Ok(_) => return Ok(()),
-                    Err(ZkError::NodeExists) => continue,
-                    Err(ZkError::NoNode) => {
-                        let parent = &dir[..dir.rfind('/').unwrap_or(0)];
-                        crate::zk::session::ensure_path(client, parent)
-                            .await
-                            .map_err(Settle::ZooKeeper)?;
-                    }
-                    Err(err) => return Err(Settle::ZooKeeper(err)),
-                }
-            }
-            Err(err) => return Err(Settle::ZooKeeper(err)),
-        }
+/// What the holder of the semaphore's lock does next, decided from `leases/`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PermitStep {
+    /// A permit is free: hold it (and give the lock back).
+    Hold,
+    /// Every permit is taken: wait (holding the lock) for one to come back.
+    WaitForRelease,
+    /// Its lease node is gone.
+    Missing,
+}
+
+/// The recipe's decision for the lease node `me` among the lease nodes `children` of a
+/// semaphore with `permits`: Curator's rule (no more lease nodes than permits), and a node among
+/// the first `permits` by sequence holds even if more exist (another acquirer's node, created
+/// while this one waited, cannot take its place).
+pub fn permit_step<S: AsRef<str>>(children: &[S], me: &str, permits: u32) -> PermitStep {
+    let ordered = in_sequence_order(children);
+    let Some(position) = ordered.iter().position(|&(_, name)| name == me) else {
+        return PermitStep::Missing;
+    };
+    let permits = permits as usize;
+    if ordered.len() <= permits || position < permits {
+        PermitStep::Hold
+    } else {
+        PermitStep::WaitForRelease
     }
 }
 
-/// One lease's request for a permit, driven by its own task.
-pub struct Permit {
-    pub handle: String,
-    pub semaphore: String,
+/// A permit request's protocol: the semaphore's lock, then a lease node.
+pub struct PermitRequest {
+    /// How many permits the semaphore has.
     pub permits: u32,
-    pub lease: Arc<Lease>,
-    dir: String,
-    lock_guid: String,
-    lease_guid: String,
-    state: watch::Sender<ContenderState>,
-    release: CancellationToken,
-    finished: watch::Sender<bool>,
-    me: Mutex<Option<Arc<dyn Holding>>>,
+    lock: Sequential,
+    lease: Sequential,
 }
 
-impl Permit {
-    pub fn state(&self) -> ContenderState {
-        self.state.borrow().clone()
+/// One lease's request for a permit.
+pub type Permit = Handle<PermitRequest>;
+
+/// The permits asked for through this instance.
+pub type Semaphores = Handles<PermitRequest>;
+
+impl Protocol for PermitRequest {
+    fn kind(&self) -> Kind {
+        Kind::Semaphore
     }
 
-    pub fn subscribe(&self) -> watch::Receiver<ContenderState> {
-        self.state.subscribe()
-    }
-
-    /// Gives the permit back (or stops waiting) and waits until its znodes are gone.
-    pub async fn release(&self) {
-        self.release.cancel();
-        let _ = self.finished.subscribe().wait_for(|f| *f).await;
-    }
-
-    fn set_phase(&self, phase: Phase) {
-        self.state.send_modify(|s| s.phase = phase);
-    }
-}
-
-impl Holding for Permit {
-    fn view(&self) -> HoldingView {
-        HoldingView {
-            kind: "semaphore",
-            name: self.semaphore.clone(),
-            handle: self.handle.clone(),
-            state: self.state.borrow().phase.name(),
-            fencing_token: None,
-            revocation: None,
+    /// Curator's protocol: take the lock, create the lease node, wait for a free permit, give
+    /// the lock back and hold. Held only once the lock is given back: a caller told "granted"
+    /// may ask again at once, maybe on another of the instance's sessions, and must not find
+    /// its own previous request still in the queue.
+    async fn run(&self, handle: &Permit, client: &Client) -> Exit {
+        let data = serde_json::json!({ "lease": handle.lease.id, "handle": handle.id }).to_string();
+        let (lock_node, children) = match self.lock.create(client, data.as_bytes()).await {
+            Ok(created) => created,
+            Err(err) => return Exit::Failed(err),
+        };
+        let queued = queue_until_held(client, &self.lock.dir, &lock_node, children, Role::Exclusive, |p| {
+            handle.wait(p)
+        });
+        if let Err(exit) = queued.await {
+            return exit;
         }
+        let (lease_node, _) = match self.lease.create(client, data.as_bytes()).await {
+            Ok(created) => created,
+            Err(err) => return Exit::from_error(err),
+        };
+        loop {
+            let (children, watcher) = match retry_on_loss(|| client.list_and_watch_children(&self.lease.dir)).await {
+                Ok(listed) => listed,
+                Err(err) => return Exit::from_error(err),
+            };
+            match permit_step(&children, &lease_node.name, self.permits) {
+                PermitStep::Hold => break,
+                PermitStep::Missing => return Exit::Lost("its lease node was deleted while it waited".into()),
+                PermitStep::WaitForRelease => {
+                    // First in the queue (it holds the lock), waiting for a permit to come back.
+                    handle.wait(0);
+                    if watcher.changed().await.event_type == EventType::Session {
+                        return Exit::Lost("the ZooKeeper session ended while it waited".into());
+                    }
+                }
+            }
+        }
+        self.lock.remove(client, Some(&lock_node)).await;
+        handle.grant();
+        std::future::pending().await
     }
 
-    fn finished(&self) -> watch::Receiver<bool> {
-        self.finished.subscribe()
+    /// The lock (if still held: a request cancelled while it waited) and the lease node go.
+    /// A permit does not watch its lease node, so a release never reports a loss.
+    async fn clean_up(&self, _handle: &Permit, client: &Client) -> bool {
+        self.lock.remove(client, None).await;
+        self.lease.remove(client, None).await;
+        true
     }
-}
-
-/// The permits asked for through this instance, by handle and by (lease, semaphore).
-#[derive(Clone)]
-pub struct Semaphores {
-    base: Arc<str>,
-    index: Arc<Mutex<Index>>,
-}
-
-#[derive(Default)]
-struct Index {
-    by_lease: std::collections::HashMap<(String, String), Arc<Permit>>,
-    by_handle: std::collections::HashMap<String, Arc<Permit>>,
 }
 
 impl Semaphores {
-    pub fn new(root: &str) -> Semaphores {
-        Semaphores {
-            base: format!("{root}/semaphores").into(),
-            index: Arc::default(),
-        }
-    }
-
-    pub fn base(&self) -> &str {
-        &self.base
-    }
-
-    /// The znode of semaphore `name` (already validated).
-    pub fn dir(&self, name: &str) -> String {
-        format!("{}/{}", self.base, name)
-    }
-
-    /// The lease's permit request for `name`: the live one, or a new one. `None` if the lease
-    /// ended meanwhile.
+    /// The lease's permit request for `name` (a semaphore of `permits`): the live one, or a new
+    /// one. `None` if the lease ended meanwhile.
     pub fn request(&self, lease: &Arc<Lease>, name: &str, permits: u32) -> Option<Arc<Permit>> {
-        let key = (lease.id.clone(), name.to_string());
-        let mut index = self.lock_index();
-        if let Some(existing) = index.by_lease.get(&key)
-            && !existing.state().phase.is_final()
-        {
-            return Some(existing.clone());
-        }
-        let permit = Arc::new(Permit {
-            handle: crate::ids::sibling_id(&lease.id),
-            semaphore: name.to_string(),
+        let dir = self.dir(name);
+        let protocol = PermitRequest {
             permits,
-            lease: lease.clone(),
-            dir: self.dir(name),
-            lock_guid: uuid::Uuid::new_v4().to_string(),
-            lease_guid: uuid::Uuid::new_v4().to_string(),
-            state: watch::Sender::new(ContenderState {
-                phase: Phase::Pending,
-                node: None,
-                granted: false,
-                revocation: None,
-            }),
-            release: CancellationToken::new(),
-            finished: watch::Sender::new(false),
-            me: Mutex::new(None),
-        });
-        let holding: Arc<dyn Holding> = permit.clone();
-        if !lease.attach(holding.clone()) {
-            return None;
-        }
-        *permit.me.lock().unwrap_or_else(|e| e.into_inner()) = Some(holding);
-        index.by_lease.insert(key, permit.clone());
-        index.by_handle.insert(permit.handle.clone(), permit.clone());
-        let (driven, index_ref) = (permit.clone(), self.index.clone());
-        tokio::spawn(async move {
-            drive(&driven).await;
-            let mut index = index_ref.lock().unwrap_or_else(|e| e.into_inner());
-            forget(&mut index, &driven);
-        });
-        Some(permit)
-    }
-
-    /// The permit with this handle, if it is semaphore `name`'s.
-    pub fn by_handle(&self, name: &str, handle: &str) -> Option<Arc<Permit>> {
-        self.lock_index()
-            .by_handle
-            .get(handle)
-            .filter(|p| p.semaphore == name)
-            .cloned()
-    }
-
-    /// Gives a permit back and forgets it.
-    pub async fn release(&self, permit: &Arc<Permit>) {
-        permit.release().await;
-        forget(&mut self.lock_index(), permit);
-    }
-
-    fn lock_index(&self) -> std::sync::MutexGuard<'_, Index> {
-        self.index.lock().unwrap_or_else(|e| e.into_inner())
-    }
-}
-
-fn forget(index: &mut Index, permit: &Arc<Permit>) {
-    let key = (permit.lease.id.clone(), permit.semaphore.clone());
-    if index.by_lease.get(&key).is_some_and(|p| Arc::ptr_eq(p, permit)) {
-        index.by_lease.remove(&key);
-    }
-    index.by_handle.remove(&permit.handle);
-}
-
-/// Runs the recipe on the lease's own session (lane), which its znodes must live and die with.
-async fn drive(permit: &Arc<Permit>) {
-    let phase = match permit.lease.zk.connected().await {
-        Err(_) => Phase::Failed {
-            error: ZkError::ConnectionLoss,
-        },
-        Ok(session) if session.generation != permit.lease.generation => Phase::Lost {
-            reason: "the lease's ZooKeeper session has ended".into(),
-        },
-        Ok(session) => {
-            let client = session.client;
-            let outcome = tokio::select! {
-                outcome = acquire(permit, &client) => outcome,
-                _ = permit.release.cancelled() => Ok(()),
-                _ = permit.lease.ended().cancelled() => Ok(()),
-            };
-            // Whatever happened, the lock is given back and (unless held on) the lease node goes.
-            remove(&client, &format!("{}/locks", permit.dir), &permit.lock_guid).await;
-            let held_on =
-                matches!(outcome, Ok(())) && !permit.release.is_cancelled() && !permit.lease.ended().is_cancelled();
-            if held_on {
-                // Held only now that the lock is given back: a caller told "granted" may ask
-                // again at once, maybe on another of the instance's sessions, and must not
-                // find its own previous request still in the queue.
-                permit.state.send_modify(|s| {
-                    s.phase = Phase::Held {
-                        since: SystemTime::now(),
-                    }
-                });
-                tokio::select! {
-                    _ = permit.release.cancelled() => {}
-                    _ = permit.lease.ended().cancelled() => {}
-                }
-            }
-            remove(&client, &format!("{}/leases", permit.dir), &permit.lease_guid).await;
-            match outcome {
-                Ok(()) => Phase::Released,
-                Err(ZkError::SessionExpired | ZkError::ClientClosed) => Phase::Lost {
-                    reason: "the ZooKeeper session ended".into(),
-                },
-                Err(error) => Phase::Failed { error },
-            }
-        }
-    };
-    permit.set_phase(phase);
-    permit.finished.send_replace(true);
-    if let Some(me) = permit.me.lock().unwrap_or_else(|e| e.into_inner()).take() {
-        permit.lease.detach(&me);
-    }
-}
-
-/// Curator's protocol: take the lock, create the lease node, wait for at most N lease nodes,
-/// give the lock back and hold (the caller does both).
-async fn acquire(permit: &Permit, client: &Client) -> Result<(), ZkError> {
-    let locks = format!("{}/locks", permit.dir);
-    let leases = format!("{}/leases", permit.dir);
-    // 1. The lock that serialises acquirers (the lock recipe: watch the predecessor only).
-    let mine = create(client, &locks, &permit.lock_guid, lock::INFIX, permit).await?;
-    loop {
-        let children = retry_on_loss(|| client.list_children(&locks)).await?;
-        match lock::next_step(&children, &mine) {
-            Next::Hold => break,
-            Next::Missing => return Err(ZkError::NoNode),
-            Next::Wait { predecessor, position } => {
-                // `position` acquirers are ahead of it in the queue.
-                permit.set_phase(Phase::Waiting { position });
-                let path = format!("{locks}/{predecessor}");
-                if let (Some(_), watcher) = retry_on_loss(|| client.check_and_watch_stat(&path)).await?
-                    && watcher.changed().await.event_type == EventType::Session
-                {
-                    return Err(ZkError::SessionExpired);
-                }
-            }
-        }
-    }
-    // 2. The lease node, then wait (as the only acquirer doing so) for a free permit.
-    let lease_node = create(client, &leases, &permit.lease_guid, LEASE_INFIX, permit).await?;
-    loop {
-        let (children, watcher) = retry_on_loss(|| client.list_and_watch_children(&leases)).await?;
-        let ordered = in_sequence_order(&children);
-        let position = ordered
-            .iter()
-            .position(|&(_, name)| name == lease_node)
-            .ok_or(ZkError::NoNode)?;
-        if ordered.len() <= permit.permits as usize || position < permit.permits as usize {
-            return Ok(());
-        }
-        // First in the queue, waiting for a permit to be given back.
-        permit.set_phase(Phase::Waiting { position: 0 });
-        if watcher.changed().await.event_type == EventType::Session {
-            return Err(ZkError::SessionExpired);
+            lock: Sequential::new(format!("{dir}/locks"), lock::INFIX),
+            lease: Sequential::new(format!("{dir}/leases"), LEASE_INFIX),
+        };
+        match self.open(lease, name, None, protocol, |_, _| true) {
+            Ok((permit, _)) => Some(permit),
+            Err(Refused::Taken(existing)) => Some(existing),
+            Err(Refused::LeaseEnded) => None,
         }
     }
 }
 
-/// Creates `<dir>/_c_<guid><infix>` (ephemeral sequential, naming the permit's lease and handle),
-/// adopting it by GUID after a lost reply; returns its name.
-async fn create(client: &Client, dir: &str, guid: &str, infix: &str, permit: &Permit) -> Result<String, ZkError> {
-    let prefix = format!("{dir}/_c_{guid}{infix}");
-    let options = CreateMode::EphemeralSequential.with_acls(crate::zk::acls());
-    let data = serde_json::json!({ "lease": permit.lease.id, "handle": permit.handle }).to_string();
-    loop {
-        match client.create(&prefix, data.as_bytes(), &options).await {
-            Ok((_, sequence)) => return Ok(format!("_c_{guid}{infix}{sequence}")),
-            Err(ZkError::NoNode) => ensure_dir(client, dir).await?,
-            Err(err) if crate::zk::is_loss(&err) => {
-                if let Some(node) = find_by_guid(client, dir, guid).await? {
-                    return Ok(node.name);
-                }
-            }
+/// A semaphore: what `GET /v1/semaphores/{name}` answers and the `semaphore` topic carries.
+#[derive(Serialize, ToSchema, Clone, Debug, PartialEq)]
+pub struct SemaphoreState {
+    #[schema(example = "exports")]
+    pub name: String,
+    /// The number of permits recorded, if a request recorded it.
+    pub permits: Option<u64>,
+    /// The permits held (lease nodes), oldest first (at most 50 listed).
+    pub holders: Vec<ContenderView>,
+    /// How many permits are held, all of them.
+    pub holder_count: usize,
+    /// Acquirers in the queue: first the lock holder, waiting for a permit to come back (at
+    /// most 50 listed).
+    pub waiters: Vec<ContenderView>,
+    /// How many acquirers wait, all of them.
+    pub waiter_count: usize,
+}
+
+event_kinds! {
+    /// The events of a semaphore topic.
+    SemaphoreEvent {
+        /// A permit was given to someone new.
+        Granted => "granted",
+        /// Permits came back and nobody new holds one.
+        Released => "released",
+        /// Only the queue changed.
+        Waiters => "waiters",
+    }
+}
+
+/// A semaphore as a topic (and as `GET` reads it).
+pub struct SemaphoreTopic {
+    pub name: String,
+    pub dir: String,
+    pub local: Semaphores,
+}
+
+impl Source for SemaphoreTopic {
+    type State = SemaphoreState;
+    type Event = SemaphoreEvent;
+
+    fn watches(&self, _: Option<&SemaphoreState>) -> Vec<(Mode, String)> {
+        vec![
+            (Mode::Children, format!("{}/leases", self.dir)),
+            (Mode::Children, format!("{}/locks", self.dir)),
+        ]
+    }
+
+    async fn read(&self, client: &Client) -> Result<SemaphoreState, ZkError> {
+        let permits = match retry_on_loss(|| client.get_data(&self.dir)).await {
+            Ok((data, _)) => super::recorded(&data, PERMITS),
+            Err(ZkError::NoNode) => None,
             Err(err) => return Err(err),
+        };
+        // Lease nodes beyond the permits belong to the queue's first acquirer, still waiting.
+        let held = |names: &[String]| permits.map_or(names.len(), |p| names.len().min(p as usize));
+        let leases = read_queue(client, &format!("{}/leases", self.dir), |names, i| {
+            i < held(names).min(LISTED) || (i >= held(names) && i < held(names) + LISTED)
+        })
+        .await?;
+        let locks = read_queue(client, &format!("{}/locks", self.dir), |_, i| i < LISTED).await?;
+        let holding = held(&leases.names);
+        let none = std::collections::HashMap::new();
+        let (mut holders, mut waiters) = (Vec::new(), Vec::new());
+        for record in &leases.records {
+            let view = ContenderView::of(record, None, &none);
+            let position = leases.names.iter().position(|n| *n == record.name);
+            if position.is_some_and(|i| i < holding) {
+                holders.push(view)
+            } else {
+                waiters.push(view)
+            }
+        }
+        waiters.extend(locks.records.iter().map(|r| ContenderView::of(r, None, &none)));
+        waiters.truncate(LISTED);
+        Ok(SemaphoreState {
+            name: self.name.clone(),
+            permits,
+            holders,
+            holder_count: holding,
+            waiters,
+            waiter_count: leases.names.len() - holding + locks.names.len(),
+        })
+    }
+
+    fn change(&self, before: &SemaphoreState, after: &SemaphoreState) -> Option<SemaphoreEvent> {
+        match holders_change(
+            (&before.holders, before.holder_count),
+            (&after.holders, after.holder_count),
+        ) {
+            Some(HoldersChange::Granted) => Some(SemaphoreEvent::Granted),
+            Some(HoldersChange::Released) => Some(SemaphoreEvent::Released),
+            None => (before.waiter_count != after.waiter_count).then_some(SemaphoreEvent::Waiters),
         }
     }
 }
 
-/// Deletes our node (by GUID) under `dir`, if there is one.
-async fn remove(client: &Client, dir: &str, guid: &str) {
-    if let Ok(Some(node)) = find_by_guid(client, dir, guid).await {
-        let path = format!("{dir}/{}", node.name);
-        match retry_on_loss(|| client.delete(&path, None)).await {
-            Ok(()) | Err(ZkError::NoNode | ZkError::SessionExpired | ZkError::ClientClosed) => {}
-            Err(err) => tracing::warn!(%path, error = %err, "could not delete semaphore node"),
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn lease_node(seq: u64) -> String {
+        format!("_c_{seq:08x}-guid{LEASE_INFIX}{seq:010}")
+    }
+
+    #[test]
+    fn holds_while_permits_are_free() {
+        let nodes: Vec<String> = (1..=3).map(lease_node).collect();
+        assert_eq!(permit_step(&nodes, &nodes[2], 3), PermitStep::Hold);
+        assert_eq!(permit_step(&nodes, &nodes[2], 2), PermitStep::WaitForRelease);
+        assert_eq!(permit_step(&nodes, &nodes[0], 2), PermitStep::Hold);
+        assert_eq!(permit_step(&nodes, &lease_node(9), 2), PermitStep::Missing);
+    }
+
+    #[test]
+    fn semaphore_events_say_whether_anyone_new_holds() {
+        let topic = SemaphoreTopic {
+            name: "exports".into(),
+            dir: "/zkgate/semaphores/exports".into(),
+            local: Semaphores::new("/zkgate", Kind::Semaphore),
+        };
+        let view = |seq: u64| ContenderView {
+            node: lease_node(seq),
+            sequence: seq,
+            mode: None,
+            fencing_token: seq as i64,
+            created_at: String::new(),
+            lease: None,
+            client: "zkgate",
+            held_since: None,
+            revocation_requested: false,
+            revocation: None,
+        };
+        let state = |holders: &[u64], waiting: usize| SemaphoreState {
+            name: "exports".into(),
+            permits: Some(2),
+            holders: holders.iter().map(|&s| view(s)).collect(),
+            holder_count: holders.len(),
+            waiters: Vec::new(),
+            waiter_count: waiting,
+        };
+        assert_eq!(
+            topic.change(&state(&[], 0), &state(&[1], 0)),
+            Some(SemaphoreEvent::Granted)
+        );
+        assert_eq!(
+            topic.change(&state(&[1, 2], 0), &state(&[2], 0)),
+            Some(SemaphoreEvent::Released)
+        );
+        assert_eq!(
+            topic.change(&state(&[2], 1), &state(&[2, 3], 0)),
+            Some(SemaphoreEvent::Granted)
+        );
+        assert_eq!(
+            topic.change(&state(&[1, 2], 0), &state(&[1, 2], 1)),
+            Some(SemaphoreEvent::Waiters)
+        );
+        assert_eq!(topic.change(&state(&[1, 2], 1), &state(&[1, 2], 1)), None);
+    }
+
+    proptest! {
+        /// However the lease nodes stand, no more than `permits` of them hold, and every one
+        /// holds while there are no more nodes than permits.
+        #[test]
+        fn never_more_holders_than_permits(
+            seqs in prop::collection::btree_set(0u64..10_000, 1..30),
+            permits in 1u32..10,
+        ) {
+            let nodes: Vec<String> = seqs.iter().map(|&s| lease_node(s)).collect();
+            let holders = nodes.iter().filter(|n| permit_step(&nodes, n, permits) == PermitStep::Hold).count();
+            prop_assert!(holders <= permits as usize);
+            prop_assert_eq!(holders, nodes.len().min(permits as usize));
+        }
+
+        /// The holders are the lowest sequence numbers: a later acquirer never takes the place
+        /// of an earlier one.
+        #[test]
+        fn the_earliest_hold(seqs in prop::collection::btree_set(0u64..10_000, 1..30), permits in 1u32..10) {
+            let nodes: Vec<String> = seqs.iter().map(|&s| lease_node(s)).collect();
+            for (i, node) in nodes.iter().enumerate() {
+                let holds = permit_step(&nodes, node, permits) == PermitStep::Hold;
+                prop_assert_eq!(holds, i < permits as usize);
+            }
         }
     }
 }

@@ -14,9 +14,15 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+use zookeeper_client::{Client, Error as ZkError};
+
+use super::topic::{Source, event_kinds};
+use crate::time::{from_millis, timestamp};
+use crate::zk::watch::Mode;
 
 /// A vote.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Vote {
     Commit,
@@ -41,7 +47,7 @@ impl Vote {
 }
 
 /// The outcome.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Outcome {
     Commit,
@@ -49,7 +55,7 @@ pub enum Outcome {
 }
 
 /// The decision, as written once.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct Decision {
     pub outcome: Outcome,
     /// Why, in words.
@@ -140,6 +146,36 @@ mod tests {
         };
         assert_eq!(decide(&late).map(|d| d.0), Some(Outcome::Abort));
     }
+
+    #[test]
+    fn transaction_events_put_the_decision_first() {
+        let topic = TxnTopic {
+            id: "t".into(),
+            dir: "/zkgate/txns/t".into(),
+        };
+        let missing = TxnState::of("t", None);
+        let created = TxnState {
+            exists: true,
+            participants: vec!["a".into()],
+            ..missing.clone()
+        };
+        assert_eq!(topic.change(&missing, &created), Some(TxnEvent::Txn));
+        let voted = TxnState {
+            votes: [("a".to_string(), Vote::Commit)].into(),
+            ..created.clone()
+        };
+        assert_eq!(topic.change(&created, &voted), Some(TxnEvent::Vote));
+        let decided = TxnState {
+            decision: Some(Decision {
+                outcome: Outcome::Commit,
+                reason: "every participant voted commit".into(),
+                at_ms: 1,
+            }),
+            ..voted.clone()
+        };
+        assert_eq!(topic.change(&voted, &decided), Some(TxnEvent::Decision));
+        assert_eq!(topic.change(&decided, &decided.clone()), None);
+    }
 }
 
 /// What a transaction znode holds.
@@ -160,6 +196,101 @@ pub struct Record {
     pub decision: Option<Decision>,
 }
 
+/// A transaction: what `GET /v1/txns/{id}` answers (when it exists) and the `txn` topic
+/// carries.
+#[derive(Serialize, ToSchema, Clone, Debug, PartialEq)]
+pub struct TxnState {
+    #[schema(example = "order-42")]
+    pub id: String,
+    /// Whether the transaction exists (the topic of one not created yet, or gone, says no).
+    pub exists: bool,
+    /// Who must vote.
+    pub participants: Vec<String>,
+    /// What is being decided.
+    pub payload: Option<serde_json::Value>,
+    /// When it aborts if not decided before.
+    #[schema(example = "2026-11-22T10:00:30.000Z")]
+    pub deadline_at: Option<String>,
+    /// Participants registered now.
+    pub registered: BTreeSet<String>,
+    /// The votes cast.
+    pub votes: BTreeMap<String, Vote>,
+    /// The decision, once made: it never changes.
+    pub decision: Option<Decision>,
+}
+
+impl TxnState {
+    /// The state of transaction `id`, as read (`None`: it does not exist).
+    pub fn of(id: &str, record: Option<Record>) -> TxnState {
+        let Some(record) = record else {
+            return TxnState {
+                id: id.to_string(),
+                exists: false,
+                participants: Vec::new(),
+                payload: None,
+                deadline_at: None,
+                registered: BTreeSet::new(),
+                votes: BTreeMap::new(),
+                decision: None,
+            };
+        };
+        TxnState {
+            id: id.to_string(),
+            exists: true,
+            participants: record.spec.participants,
+            payload: record.spec.payload,
+            deadline_at: Some(timestamp(from_millis(record.spec.deadline_ms))),
+            registered: record.registered,
+            votes: record.votes,
+            decision: record.decision,
+        }
+    }
+}
+
+event_kinds! {
+    /// The events of a transaction topic.
+    TxnEvent {
+        /// A participant voted.
+        Vote => "vote",
+        /// The decision was written (it never changes).
+        Decision => "decision",
+        /// Otherwise changed (created, or participants registered).
+        Txn => "txn",
+    }
+}
+
+/// A transaction as a topic (and as `GET` reads it): its votes and its decision.
+pub struct TxnTopic {
+    pub id: String,
+    pub dir: String,
+}
+
+impl Source for TxnTopic {
+    type State = TxnState;
+    type Event = TxnEvent;
+
+    fn watches(&self, _: Option<&TxnState>) -> Vec<(Mode, String)> {
+        vec![
+            (Mode::Children, format!("{}/votes", self.dir)),
+            (Mode::Exists, format!("{}/decision", self.dir)),
+        ]
+    }
+
+    async fn read(&self, client: &Client) -> Result<TxnState, ZkError> {
+        Ok(TxnState::of(&self.id, read(client, &self.dir).await?))
+    }
+
+    fn change(&self, before: &TxnState, after: &TxnState) -> Option<TxnEvent> {
+        if before.decision != after.decision && after.decision.is_some() {
+            Some(TxnEvent::Decision)
+        } else if before.votes != after.votes {
+            Some(TxnEvent::Vote)
+        } else {
+            (before != after).then_some(TxnEvent::Txn)
+        }
+    }
+}
+
 /// Why a vote was not recorded.
 #[derive(Debug)]
 pub enum VoteError {
@@ -168,24 +299,21 @@ pub enum VoteError {
     ZooKeeper(zookeeper_client::Error),
 }
 
-pub use io::{coordinate, create, decide_now, now_ms, read, record_vote};
+pub use io::{await_decision, coordinate, create, decide_now, read, record_vote};
 
 mod io {
     use std::collections::BTreeSet;
-    use std::time::{Duration, SystemTime, UNIX_EPOCH};
+    use std::time::Duration;
 
     use zookeeper_client::{Client, CreateMode, Error as ZkError};
 
     use super::{Decision, Outcome, Record, Spec, Tally, Vote, VoteError, decide};
+    use tokio::time::Instant;
+
+    use crate::time::now_ms;
     use crate::zk::retry_on_loss;
     use crate::zk::session::ZkSession;
-
-    pub fn now_ms() -> i64 {
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_millis() as i64
-    }
+    use crate::zk::watch::ExistsWatches;
 
     /// Creates the transaction znode with its `members` and `votes` children in one multi.
     /// `NodeExists` if the id is taken.
@@ -336,6 +464,32 @@ mod io {
             Some((outcome, reason)) => write_decision(client, dir, outcome, reason).await.map(Some),
             None => Ok(None),
         }
+    }
+
+    /// Waits until the transaction at `dir` is decided, or `until`. Past its deadline
+    /// (`deadline_ms`) the waiter writes the abort itself if nobody has, so a lost coordinator
+    /// cannot leave a transaction undecided. The decision is awaited on the instance's one
+    /// shared watch of it.
+    pub async fn await_decision(
+        client: &Client,
+        watches: &ExistsWatches,
+        dir: &str,
+        deadline_ms: i64,
+        until: Instant,
+    ) -> Result<(), ZkError> {
+        let deadline = Instant::now() + Duration::from_millis((deadline_ms - now_ms()).max(0) as u64);
+        let mut decided = watches.subscribe(&format!("{dir}/decision"));
+        let appeared = async {
+            let _ = decided.state.wait_for(|known| matches!(known, Some(Some(_)))).await;
+        };
+        tokio::select! {
+            _ = appeared => {}
+            _ = tokio::time::sleep_until(until) => {}
+            _ = tokio::time::sleep_until(deadline), if deadline < until => {
+                decide_now(client, dir, &BTreeSet::new()).await?;
+            }
+        }
+        Ok(())
     }
 
     /// The coordinator: watches the members and the votes (two watches, on this instance only)

@@ -22,7 +22,7 @@ use tokio::time::Instant;
 use self::api::{Api, CallError, Lease, Standing, Target};
 use self::command::Command;
 use self::supervise::{Signals, Trouble};
-use crate::duration::parse_duration;
+use crate::time::parse_duration;
 
 /// Exit code when the lock (or leadership) was not granted within `--wait`; GNU `timeout`'s
 /// code for "time ran out".

@@ -5,17 +5,17 @@
 pub mod acl;
 pub mod names;
 pub mod nodelay;
+pub mod recursive;
 pub mod security;
 pub mod server;
 pub mod session;
 pub mod watch;
 
 pub use acl::acls;
+pub use zookeeper_client::{Client, Error as ZkError};
 
 use std::future::Future;
 use std::time::Duration;
-
-use zookeeper_client::Error as ZkError;
 
 /// Whether `err` means "the connection broke before the reply came": the request may or may
 /// not have been applied, and the session may still be alive.

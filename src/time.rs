@@ -1,7 +1,8 @@
-//! Durations as people write them (`500ms`, `5s`, `1m 30s`): parsed the same way on the command
-//! line, in query parameters and in JSON bodies.
+//! Time as zkgate reads and writes it: durations as people write them (`500ms`, `5s`, `1m 30s`),
+//! parsed the same way on the command line, in query parameters and in JSON bodies; and
+//! instants as RFC 3339 timestamps with milliseconds (UTC).
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Deserializer};
 
@@ -39,6 +40,29 @@ impl utoipa::PartialSchema for HumanDuration {
 }
 
 impl utoipa::ToSchema for HumanDuration {}
+
+/// RFC 3339 with milliseconds, UTC: `2026-11-22T10:00:00.000Z`.
+pub fn timestamp(time: SystemTime) -> String {
+    humantime::format_rfc3339_millis(time).to_string()
+}
+
+/// The instant `ms` milliseconds after the epoch (a znode's `ctime`; negative counts as 0).
+pub fn from_millis(ms: i64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64)
+}
+
+/// Milliseconds since the epoch, now.
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_millis() as i64
+}
+
+/// Milliseconds since `time` (0 if it is in the future).
+pub fn millis_since(time: SystemTime) -> u64 {
+    SystemTime::now().duration_since(time).unwrap_or_default().as_millis() as u64
+}
 
 #[cfg(test)]
 mod tests {

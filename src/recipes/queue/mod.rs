@@ -20,6 +20,9 @@ use zookeeper_client::{Client, CreateMode, Error as ZkError, MultiWriteError, St
 
 use crate::zk::retry_on_loss;
 
+pub mod service;
+pub mod topic;
+
 /// The priority of an item put without one.
 pub const DEFAULT_PRIORITY: u8 = 50;
 
@@ -122,16 +125,29 @@ pub enum Put {
     Stored(String),
     /// A put with this idempotency key was stored before.
     Duplicate,
+    /// The queue holds this many items, its limit: nothing was stored.
+    Full(usize),
 }
 
-/// Puts an item. With a key, the item and `keys/<key>` are created together or not at all.
+/// Puts an item, unless the queue already holds `max_depth` items (a bound so that a producer
+/// backs off until consumers catch up, and a queue's listing stays well within what ZooKeeper
+/// carries in one reply). With a key, the item and `keys/<key>` are created together or not at
+/// all.
 pub async fn put(
     client: &Client,
     paths: &QueuePaths,
     priority: Option<u8>,
     envelope: &Envelope,
     key: Option<&str>,
+    max_depth: usize,
 ) -> Result<Put, ZkError> {
+    let depth = match retry_on_loss(|| client.check_stat(&paths.items)).await? {
+        Some(stat) => stat.num_children as usize,
+        None => 0,
+    };
+    if depth >= max_depth {
+        return Ok(Put::Full(depth));
+    }
     let prefix = match priority {
         Some(p) => format!("{}/{PREFIX}{p:02}", paths.items),
         None => format!("{}/{PREFIX}", paths.items),
@@ -460,42 +476,6 @@ pub async fn replay(client: &Client, paths: &QueuePaths, item: &str) -> Result<b
     }
 }
 
-/// Every queue under `base` (`<root>/queues`) with its counts, read in two round trips (a
-/// listing, then one multi-read of each queue's `items`, `claims` and `dead`): items waiting
-/// (claimed ones not counted), claims in flight, dead letters.
-pub async fn counts(client: &Client, base: &str) -> Result<Vec<crate::metrics::QueueCounts>, ZkError> {
-    let queues = match retry_on_loss(|| client.list_children(base)).await {
-        Ok(queues) => queues,
-        Err(ZkError::NoNode) => return Ok(Vec::new()),
-        Err(err) => return Err(err),
-    };
-    let paths: Vec<String> = queues
-        .iter()
-        .flat_map(|q| ["items", "claims", "dead"].map(|sub| format!("{q}/{sub}")))
-        .collect();
-    let mut counts: std::collections::BTreeMap<String, [i64; 3]> = Default::default();
-    for (path, _, stat) in crate::zk::read_each(client, base, paths).await? {
-        let Some((queue, sub)) = path.split_once('/') else {
-            continue;
-        };
-        let at = match sub {
-            "items" => 0,
-            "claims" => 1,
-            _ => 2,
-        };
-        counts.entry(queue.to_string()).or_default()[at] = i64::from(stat.num_children);
-    }
-    Ok(counts
-        .into_iter()
-        .map(|(queue, [items, claims, dead])| crate::metrics::QueueCounts {
-            queue,
-            depth: (items - claims).max(0),
-            in_flight: claims,
-            dead_letters: dead,
-        })
-        .collect())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -534,259 +514,6 @@ mod tests {
             let mut sorted = keys.clone();
             sorted.sort();
             prop_assert_eq!(keys, sorted);
-        }
-    }
-}
-
-/// The queues as this instance serves them: the claims it made (with their ack deadlines) and
-/// its waiting takers, woken one per item.
-pub mod service {
-    use std::collections::HashMap;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::{Arc, Mutex};
-    use std::time::Duration;
-
-    use tokio::sync::Notify;
-    use tokio::time::Instant;
-    use tokio_util::sync::CancellationToken;
-    use zookeeper_client::Error as ZkError;
-
-    use super::{Attempt, QueuePaths, Taken};
-    use crate::zk::session::ZkSession;
-    use crate::zk::watch::ExistsWatches;
-
-    /// A claim made through this instance.
-    #[derive(Clone)]
-    pub struct Claim {
-        /// The public claim id (also written into the claimed item's claim record).
-        pub id: String,
-        pub queue: String,
-        /// The claimed item; empty until the take succeeds.
-        pub item: String,
-        pub data: Vec<u8>,
-        pub deadline_ms: i64,
-        /// The principal that took it (`None` with auth off): only it (or an admin) acks.
-        pub owner: Option<String>,
-        expire: CancellationToken,
-    }
-
-    /// The takers of one queue waiting on this instance.
-    struct Waiting {
-        /// Woken once per change of the queue's items (and again by a taker that saw more).
-        item: Notify,
-        takers: AtomicUsize,
-        /// Items local takers are claiming now.
-        trying: super::Trying,
-        /// Woken when the last taker stops waiting, so the pump can go.
-        idle: Notify,
-    }
-
-    #[derive(Clone)]
-    pub struct Queues {
-        zk: ZkSession,
-        /// This instance's id: the prefix of its claims.
-        instance: Arc<str>,
-        base: Arc<str>,
-        watches: ExistsWatches,
-        claims: Arc<Mutex<HashMap<String, Claim>>>,
-        waiting: Arc<Mutex<HashMap<String, Arc<Waiting>>>>,
-    }
-
-    impl Queues {
-        pub fn new(zk: ZkSession, root: &str, watches: ExistsWatches, instance: Arc<str>) -> Queues {
-            Queues {
-                zk,
-                instance,
-                base: format!("{root}/queues").into(),
-                watches,
-                claims: Arc::default(),
-                waiting: Arc::default(),
-            }
-        }
-
-        pub fn base(&self) -> &str {
-            &self.base
-        }
-
-        pub fn paths(&self, queue: &str) -> QueuePaths {
-            QueuePaths::new(format!("{}/{queue}", self.base))
-        }
-
-        /// Takes one item, waiting until `until` for one to come. With `ack_deadline`, the
-        /// item is claimed (at least once) for `owner` (the principal that alone may ack it)
-        /// and the claim given back if not acknowledged in time; without, it is removed (at
-        /// most once).
-        pub async fn take(
-            &self,
-            queue: &str,
-            owner: Option<&str>,
-            ack_deadline: Option<Duration>,
-            max_deliveries: u32,
-            until: Instant,
-        ) -> Result<Option<(Taken, Option<Claim>)>, ZkError> {
-            let waiting = self.join_waiting(queue);
-            let _leaving = Leaving(waiting.clone());
-            let paths = self.paths(queue);
-            loop {
-                // Registered before looking, so that an item arriving in between still wakes us.
-                let notified = waiting.item.notified();
-                tokio::pin!(notified);
-                notified.as_mut().enable();
-                let released = waiting.trying.released.notified();
-                tokio::pin!(released);
-                released.as_mut().enable();
-                let client = self.zk.connected().await.map_err(|_| ZkError::ConnectionLoss)?.client;
-                let claim = ack_deadline.map(|deadline| self.new_claim(queue, owner, deadline));
-                let data = claim.as_ref().map(|c| c.data.clone()).unwrap_or_default();
-                match super::take(&client, &paths, &data, claim.is_none(), max_deliveries, &waiting.trying).await? {
-                    Attempt::Got(taken, more) => {
-                        if more {
-                            waiting.item.notify_one(); // pass the turn on: another item waits
-                        }
-                        let claim = claim.map(|c| Claim {
-                            item: taken.item.clone(),
-                            ..c
-                        });
-                        if let Some(claim) = &claim {
-                            self.keep(claim.clone(), ack_deadline.unwrap_or_default());
-                        }
-                        return Ok(Some((taken, claim)));
-                    }
-                    Attempt::Empty => {}
-                }
-                tokio::select! {
-                    _ = &mut notified => {}
-                    _ = &mut released => {}
-                    _ = tokio::time::sleep_until(until) => return Ok(None),
-                }
-            }
-        }
-
-        fn new_claim(&self, queue: &str, owner: Option<&str>, deadline: Duration) -> Claim {
-            let id = crate::ids::owned_id(&self.instance);
-            let deadline_ms = super::super::txn::now_ms() + deadline.as_millis() as i64;
-            let data =
-                serde_json::to_vec(&serde_json::json!({ "claim": id, "deadline_ms": deadline_ms })).unwrap_or_default();
-            Claim {
-                id,
-                queue: queue.to_string(),
-                item: String::new(),
-                data,
-                deadline_ms,
-                owner: owner.map(str::to_string),
-                expire: CancellationToken::new(),
-            }
-        }
-
-        /// Remembers a claim and gives it back when its deadline passes unacknowledged.
-        fn keep(&self, claim: Claim, deadline: Duration) {
-            let id = claim.id.clone();
-            self.claims
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(id.clone(), claim.clone());
-            let queues = self.clone();
-            tokio::spawn(async move {
-                tokio::select! {
-                    _ = tokio::time::sleep(deadline) => {}
-                    _ = claim.expire.cancelled() => return,
-                }
-                if queues.forget(&id).is_some()
-                    && let Ok(session) = queues.zk.connected().await
-                {
-                    let paths = queues.paths(&claim.queue);
-                    let _ = super::release_claim(&session.client, &paths, &claim.item, &claim.data).await;
-                    tracing::info!(queue = %claim.queue, item = %claim.item, "ack deadline passed: item given back");
-                }
-            });
-        }
-
-        /// The claim with this id, if it is `queue`'s and still held.
-        pub fn claim(&self, queue: &str, id: &str) -> Option<Claim> {
-            self.claims
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .get(id)
-                .filter(|c| c.queue == queue)
-                .cloned()
-        }
-
-        /// Forgets a claim (acknowledged, given back or expired).
-        pub fn forget(&self, id: &str) -> Option<Claim> {
-            let claim = self.claims.lock().unwrap_or_else(|e| e.into_inner()).remove(id);
-            if let Some(claim) = &claim {
-                claim.expire.cancel();
-            }
-            claim
-        }
-
-        /// Counts a taker in for `queue` (under the lock the pump takes to leave, so it never
-        /// leaves a taker behind), starting the queue's pump if none runs.
-        fn join_waiting(&self, queue: &str) -> Arc<Waiting> {
-            let mut all = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(waiting) = all.get(queue) {
-                waiting.takers.fetch_add(1, Ordering::SeqCst);
-                return waiting.clone();
-            }
-            let waiting = Arc::new(Waiting {
-                item: Notify::new(),
-                takers: AtomicUsize::new(1),
-                trying: super::Trying::default(),
-                idle: Notify::new(),
-            });
-            all.insert(queue.to_string(), waiting.clone());
-            let subscription = self.watches.subscribe_children(&self.paths(queue).items);
-            tokio::spawn(pump(
-                queue.to_string(),
-                waiting.clone(),
-                subscription,
-                self.waiting.clone(),
-            ));
-            waiting
-        }
-    }
-
-    /// Decrements the takers on drop and wakes the pump when none are left.
-    struct Leaving(Arc<Waiting>);
-
-    impl Drop for Leaving {
-        fn drop(&mut self) {
-            if self.0.takers.fetch_sub(1, Ordering::SeqCst) == 1 {
-                self.0.idle.notify_one();
-            }
-        }
-    }
-
-    /// Turns each change of the queue's items (the one shared children watch) into one wake-up
-    /// of one waiting taker; ends when no taker waits.
-    async fn pump(
-        queue: String,
-        waiting: Arc<Waiting>,
-        mut subscription: crate::zk::watch::Subscription,
-        all: Arc<Mutex<HashMap<String, Arc<Waiting>>>>,
-    ) {
-        loop {
-            tokio::select! {
-                changed = subscription.state.changed() => {
-                    if changed.is_err() {
-                        break;
-                    }
-                    waiting.item.notify_one();
-                }
-                _ = waiting.idle.notified() => {
-                    let mut all = all.lock().unwrap_or_else(|e| e.into_inner());
-                    if waiting.takers.load(Ordering::SeqCst) == 0 {
-                        if all.get(&queue).is_some_and(|w| Arc::ptr_eq(w, &waiting)) {
-                            all.remove(&queue);
-                        }
-                        return;
-                    }
-                }
-            }
-        }
-        let mut all = all.lock().unwrap_or_else(|e| e.into_inner());
-        if all.get(&queue).is_some_and(|w| Arc::ptr_eq(w, &waiting)) {
-            all.remove(&queue);
         }
     }
 }

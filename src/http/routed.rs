@@ -1,0 +1,69 @@
+//! What the router matched for a request, for the guards that run after routing: the route's
+//! template (`/v1/locks/{name}/handles/{handle}`), the resource kind it serves (from the
+//! registry, by the template's segment after `/v1/`), and the path parameters as the handlers
+//! will see them (percent-decoded by axum).
+
+use axum::extract::{FromRequestParts, MatchedPath, RawPathParams};
+use axum::http::request::Parts;
+
+use super::error::{ApiError, Place};
+use crate::kind::Kind;
+
+/// A routed request's route.
+pub struct Routed {
+    pub template: String,
+    pub kind: Option<Kind>,
+    params: Vec<(String, String)>,
+}
+
+impl Routed {
+    /// The route of `parts`. A path parameter that is not UTF-8 once decoded is refused here as
+    /// the handlers' extractors would refuse it.
+    pub async fn of(parts: &mut Parts) -> Result<Routed, ApiError> {
+        let template = parts
+            .extensions
+            .get::<MatchedPath>()
+            .map(|m| m.as_str().to_string())
+            .unwrap_or_default();
+        let params = RawPathParams::from_request_parts(parts, &())
+            .await
+            .map_err(|rejection| ApiError::invalid(Place::Path, "path", rejection.body_text()))?;
+        let kind = template
+            .strip_prefix("/v1/")
+            .and_then(|rest| rest.split('/').next())
+            .and_then(Kind::from_segment);
+        Ok(Routed {
+            template,
+            kind,
+            params: params.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+        })
+    }
+
+    /// A route as the router would have matched it (for tests).
+    #[cfg(test)]
+    pub fn new(template: &str, params: &[(&str, &str)]) -> Routed {
+        Routed {
+            template: template.to_string(),
+            kind: template
+                .strip_prefix("/v1/")
+                .and_then(|rest| rest.split('/').next())
+                .and_then(Kind::from_segment),
+            params: params.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+        }
+    }
+
+    /// The parameter `name`, if the route has it.
+    pub fn param(&self, name: &str) -> Option<&str> {
+        self.params.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+    }
+
+    /// The resource a kind's route names: its first parameter (`name`, `group`, `id`, `key`).
+    pub fn resource(&self) -> Option<&str> {
+        self.kind.and(self.params.first().map(|(_, v)| v.as_str()))
+    }
+
+    /// Whether the route is under `prefix` (`/v1/leases`).
+    pub fn is_under(&self, prefix: &str) -> bool {
+        self.template == prefix || self.template.starts_with(&format!("{prefix}/"))
+    }
+}

@@ -1,0 +1,203 @@
+//! Plain znodes under zkgate's root as topics, for clients that follow the raw tree: a znode's
+//! data (`created`, `changed`, `deleted`) or its children. (Everything below a znode, with one
+//! persistent recursive watch, is [crate::zk::recursive].)
+
+use serde::Serialize;
+use utoipa::ToSchema;
+use zookeeper_client::{Client, Error as ZkError};
+
+use super::topic::{Source, event_kinds};
+use crate::zk::retry_on_loss;
+use crate::zk::watch::Mode;
+
+/// A znode's data as a topic's state: `{"exists": false}`, or its data (`data` for UTF-8,
+/// `data_base64` for other bytes), version and `mzxid`.
+#[derive(Serialize, ToSchema, Clone, Debug, PartialEq)]
+pub struct ZnodeDataState {
+    pub exists: bool,
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub data: Option<Data>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub version: Option<i32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mzxid: Option<i64>,
+}
+
+/// A znode's data: text when it is UTF-8, base64 otherwise.
+#[derive(Serialize, ToSchema, Clone, Debug, PartialEq)]
+pub enum Data {
+    #[serde(rename = "data")]
+    Text(String),
+    #[serde(rename = "data_base64")]
+    Base64(String),
+}
+
+impl Data {
+    pub fn of(bytes: &[u8]) -> Data {
+        match std::str::from_utf8(bytes) {
+            Ok(text) => Data::Text(text.to_string()),
+            Err(_) => {
+                use base64::Engine;
+                Data::Base64(base64::engine::general_purpose::STANDARD.encode(bytes))
+            }
+        }
+    }
+}
+
+/// A znode's children as a topic's state.
+#[derive(Serialize, ToSchema, Clone, Debug, PartialEq)]
+pub struct ZnodeChildrenState {
+    pub exists: bool,
+    /// Sorted.
+    pub children: Vec<String>,
+}
+
+event_kinds! {
+    /// The events of a znode topic.
+    ZnodeEvent {
+        Created => "created",
+        Deleted => "deleted",
+        /// Its data changed.
+        Changed => "changed",
+        /// Its children changed.
+        Children => "children",
+    }
+}
+
+/// A znode's existence and data.
+pub struct ZnodeData {
+    pub path: String,
+}
+
+impl Source for ZnodeData {
+    type State = ZnodeDataState;
+    type Event = ZnodeEvent;
+
+    fn watches(&self, _: Option<&ZnodeDataState>) -> Vec<(Mode, String)> {
+        vec![(Mode::Exists, self.path.clone())]
+    }
+
+    async fn read(&self, client: &Client) -> Result<ZnodeDataState, ZkError> {
+        match retry_on_loss(|| client.get_data(&self.path)).await {
+            Ok((data, stat)) => Ok(ZnodeDataState {
+                exists: true,
+                data: Some(Data::of(&data)),
+                version: Some(stat.version),
+                mzxid: Some(stat.mzxid),
+            }),
+            Err(ZkError::NoNode) => Ok(ZnodeDataState {
+                exists: false,
+                data: None,
+                version: None,
+                mzxid: None,
+            }),
+            Err(err) => Err(err),
+        }
+    }
+
+    fn change(&self, before: &ZnodeDataState, after: &ZnodeDataState) -> Option<ZnodeEvent> {
+        existence(before.exists, after.exists).or_else(|| (before.mzxid != after.mzxid).then_some(ZnodeEvent::Changed))
+    }
+}
+
+/// A znode's children.
+pub struct ZnodeChildren {
+    pub path: String,
+}
+
+impl Source for ZnodeChildren {
+    type State = ZnodeChildrenState;
+    type Event = ZnodeEvent;
+
+    fn watches(&self, _: Option<&ZnodeChildrenState>) -> Vec<(Mode, String)> {
+        vec![(Mode::Children, self.path.clone())]
+    }
+
+    async fn read(&self, client: &Client) -> Result<ZnodeChildrenState, ZkError> {
+        match retry_on_loss(|| client.list_children(&self.path)).await {
+            Ok(mut children) => {
+                children.sort();
+                Ok(ZnodeChildrenState { exists: true, children })
+            }
+            Err(ZkError::NoNode) => Ok(ZnodeChildrenState {
+                exists: false,
+                children: Vec::new(),
+            }),
+            Err(err) => Err(err),
+        }
+    }
+
+    fn change(&self, before: &ZnodeChildrenState, after: &ZnodeChildrenState) -> Option<ZnodeEvent> {
+        existence(before.exists, after.exists)
+            .or_else(|| (before.children != after.children).then_some(ZnodeEvent::Children))
+    }
+}
+
+fn existence(before: bool, after: bool) -> Option<ZnodeEvent> {
+    match (before, after) {
+        (false, true) => Some(ZnodeEvent::Created),
+        (true, false) => Some(ZnodeEvent::Deleted),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn data_events() {
+        let topic = ZnodeData {
+            path: "/zkgate/kv/a".into(),
+        };
+        let gone = ZnodeDataState {
+            exists: false,
+            data: None,
+            version: None,
+            mzxid: None,
+        };
+        let at = |mzxid| ZnodeDataState {
+            exists: true,
+            data: Some(Data::of(b"x")),
+            version: Some(0),
+            mzxid: Some(mzxid),
+        };
+        assert_eq!(topic.change(&gone, &at(5)), Some(ZnodeEvent::Created));
+        assert_eq!(topic.change(&at(5), &at(6)), Some(ZnodeEvent::Changed));
+        assert_eq!(topic.change(&at(6), &gone), Some(ZnodeEvent::Deleted));
+        assert_eq!(topic.change(&at(6), &at(6)), None);
+        assert_eq!(
+            serde_json::to_value(at(6)).expect("json"),
+            serde_json::json!({"exists": true, "data": "x", "version": 0, "mzxid": 6})
+        );
+        assert_eq!(
+            serde_json::to_value(&gone).expect("json"),
+            serde_json::json!({"exists": false})
+        );
+        assert_eq!(Data::of(&[0xff]), Data::Base64("/w==".into()));
+    }
+
+    #[test]
+    fn children_events() {
+        let topic = ZnodeChildren {
+            path: "/zkgate/kv".into(),
+        };
+        let state = |exists, children: &[&str]| ZnodeChildrenState {
+            exists,
+            children: children.iter().map(|c| c.to_string()).collect(),
+        };
+        assert_eq!(
+            topic.change(&state(false, &[]), &state(true, &[])),
+            Some(ZnodeEvent::Created)
+        );
+        assert_eq!(
+            topic.change(&state(true, &[]), &state(true, &["a"])),
+            Some(ZnodeEvent::Children)
+        );
+        assert_eq!(
+            topic.change(&state(true, &["a"]), &state(false, &[])),
+            Some(ZnodeEvent::Deleted)
+        );
+        assert_eq!(topic.change(&state(true, &["a"]), &state(true, &["a"])), None);
+    }
+}

@@ -1,0 +1,182 @@
+//! What a socket may subscribe to, and what feeds it: `{"<topic>": "<name>"}` for a resource of
+//! any kind the registry gives a topic ([Kind::topic]: `lock`, `election`, `queue`...), a lease
+//! of this instance (`{"lease": "<id>"}`), or a znode under the root
+//! (`{"znode": {"path": "kv/app", "watch": "data|children|recursive"}}`).
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::AppState;
+use crate::auth::{Access, Caller};
+use crate::events::Feed;
+use crate::kind::Kind;
+use crate::recipes::lease::LeaseError;
+use crate::recipes::znode::{ZnodeChildren, ZnodeData};
+use crate::zk::names::validate_name;
+
+/// A znode topic's `{"path": ..., "watch": ...}`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ZnodeTopic {
+    /// Relative to zkgate's root (`kv/app/flags`); empty for the root itself.
+    path: String,
+    #[serde(default)]
+    watch: ZnodeWatch,
+}
+
+#[derive(Deserialize, Default, Clone, Copy)]
+#[serde(rename_all = "snake_case")]
+enum ZnodeWatch {
+    /// Its data: `created`, `changed`, `deleted`.
+    #[default]
+    Data,
+    /// Its children: `children` (and `created`, `deleted` of the node itself).
+    Children,
+    /// Everything below it: `created`, `changed`, `deleted` with the node's `path`.
+    Recursive,
+}
+
+/// Most segments of a znode topic's path.
+const MAX_ZNODE_DEPTH: usize = 32;
+
+/// Why a topic cannot be subscribed to.
+pub enum TopicError {
+    /// Not a topic at all (no such key): the message is malformed.
+    Unknown(String),
+    Invalid(String),
+    Forbidden(String),
+}
+
+impl From<String> for TopicError {
+    fn from(detail: String) -> TopicError {
+        TopicError::Invalid(detail)
+    }
+}
+
+/// The topic `topic` names, for `caller`: its name on the bus and what feeds it.
+pub fn resolve(state: &AppState, caller: &Caller, topic: &Value) -> Result<(String, Feed), TopicError> {
+    let (key, value) = match topic.as_object().map(|o| o.iter().collect::<Vec<_>>()).as_deref() {
+        Some([(key, value)]) => (key.as_str(), *value),
+        _ => {
+            return Err(TopicError::Unknown(format!(
+                "a topic is an object with one key: {}, `lease` or `znode`",
+                topics()
+            )));
+        }
+    };
+    match key {
+        "znode" => {
+            let znode: ZnodeTopic = serde_json::from_value(value.clone()).map_err(|e| format!("znode topic: {e}"))?;
+            znode_feed(state, caller, znode)
+        }
+        "lease" => {
+            let id = name_of("lease", value)?;
+            let lease = state.leases.get(caller, &id).map_err(|e| match e {
+                LeaseError::NotYours(_) => TopicError::Forbidden(e.to_string()),
+                e => TopicError::Invalid(e.to_string()),
+            })?;
+            Ok((format!("lease:{id}"), Feed::lease(state.leases.clone(), lease)))
+        }
+        key => {
+            let kind = Kind::from_topic(key).ok_or_else(|| {
+                TopicError::Unknown(format!(
+                    "unknown topic `{key}`: topics are {}, `lease` and `znode`",
+                    topics()
+                ))
+            })?;
+            let name = name_of(key, value)?;
+            if !caller.may(kind.auth(), &name, Access::Read) {
+                let detail = format!("no read access to {} `{name}`", kind.auth());
+                return Err(TopicError::Forbidden(detail));
+            }
+            let feed = crate::http::topic(state, kind, &name).ok_or_else(|| format!("`{key}` has no topic"))?;
+            Ok((kind.topic_name(&name), feed))
+        }
+    }
+}
+
+/// The resource topics, for error messages.
+fn topics() -> String {
+    Kind::ALL
+        .iter()
+        .filter_map(|k| k.topic())
+        .map(|t| format!("`{t}`"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// A topic's name: a string that is a valid name.
+fn name_of(topic: &str, value: &Value) -> Result<String, TopicError> {
+    let name = value
+        .as_str()
+        .ok_or_else(|| format!("`{topic}` takes a name (a string)"))?;
+    validate_name(name).map_err(|e| format!("{topic} name {e}"))?;
+    Ok(name.to_string())
+}
+
+fn znode_feed(
+    state: &AppState,
+    caller: &Caller,
+    ZnodeTopic { path, watch }: ZnodeTopic,
+) -> Result<(String, Feed), TopicError> {
+    let root = state.config.root.as_str();
+    if path.starts_with('/') {
+        return Err(TopicError::from(format!(
+            "znode path `{path}` must be relative to zkgate's root ({root}), without a leading `/`"
+        )));
+    }
+    let relative = path.as_str();
+    let segments: Vec<&str> = if relative.is_empty() {
+        Vec::new()
+    } else {
+        relative.split('/').collect()
+    };
+    if segments.len() > MAX_ZNODE_DEPTH {
+        return Err(format!("znode path must have at most {MAX_ZNODE_DEPTH} segments").into());
+    }
+    for segment in &segments {
+        validate_name(segment).map_err(|e| format!("znode path segment `{segment}` {e}"))?;
+    }
+    if !may_read_znode(caller, &segments) {
+        return Err(TopicError::Forbidden(format!(
+            "no read access to the znode `{relative}`"
+        )));
+    }
+    let absolute = if relative.is_empty() {
+        root.to_string()
+    } else {
+        format!("{root}/{relative}")
+    };
+    Ok(match watch {
+        ZnodeWatch::Data => (format!("znode:data:{relative}"), Feed::of(ZnodeData { path: absolute })),
+        ZnodeWatch::Children => (
+            format!("znode:children:{relative}"),
+            Feed::of(ZnodeChildren { path: absolute }),
+        ),
+        ZnodeWatch::Recursive => (
+            format!("znode:recursive:{relative}"),
+            Feed::recursive(absolute, root.to_string()),
+        ),
+    })
+}
+
+/// A znode under the root is readable by whoever may read the resource it belongs to
+/// (`locks/orders/...` → lock `orders`, `kv/app/flags` → key `app/flags`); a kind's directory
+/// (which lists every name) needs a grant on every name of that kind; the rest (the root
+/// itself, `leases/`, the audit log) needs an admin.
+fn may_read_znode(caller: &Caller, segments: &[&str]) -> bool {
+    match segments {
+        [dir, rest @ ..] => match Kind::ALL.into_iter().find(|k| k.dir() == *dir) {
+            Some(kind) => {
+                let name = match (kind, rest) {
+                    (Kind::Kv, rest) => rest.join("/"),
+                    (_, [name, ..]) => name.to_string(),
+                    (_, []) => String::new(),
+                };
+                caller.may(kind.auth(), &name, Access::Read)
+            }
+            None => caller.is_admin(),
+        },
+        [] => caller.is_admin(),
+    }
+}
