@@ -496,3 +496,61 @@ fn base64url(text: &str) -> String {
     use base64::Engine;
     base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(text)
 }
+
+/// A socket's call that names another instance's lease is forwarded there as an HTTP request
+/// would be, with the token of the socket's handshake: the owner grants it to the lease's
+/// principal, and refuses another principal's socket that borrows the lease.
+#[tokio::test]
+async fn a_socket_call_for_another_instances_lease_is_forwarded_with_the_sockets_token() {
+    let s = setup().await;
+    let mut config = test_config(&s.connect);
+    config.auth_config = Some(s._dir.path().join("auth.toml"));
+    let other = Gate::start_with(config).await;
+    let lease = s
+        .gate
+        .call_as(
+            Some(&s.tokens.billing),
+            Method::POST,
+            "/v1/leases",
+            Some(json!({"ttl": "30s"})),
+        )
+        .await
+        .str("id");
+    assert!(lease.starts_with(&*s.gate.running.state.instance.id), "{lease}");
+
+    let as_billing = format!("zkgate, zkgate.bearer.{}", base64url(&s.tokens.billing));
+    let mut ws = Ws::connect_with(other.running.addr, "/v1/ws", &[("sec-websocket-protocol", &as_billing)])
+        .await
+        .expect("accepted");
+    let acquire = "/v1/locks/billing-fwd/acquire?wait=0";
+    let reply = ws.call("a", "POST", acquire, Some(json!({"lease": lease}))).await;
+    assert_eq!(reply["status"], 200, "{reply}");
+    let handle = reply["body"]["handle"].as_str().expect("handle").to_string();
+    assert!(
+        handle.starts_with(&*s.gate.running.state.instance.id),
+        "the owner's handle: {handle}"
+    );
+    // The handle is the owner's too: read through the other instance's socket, it is held.
+    let read = ws
+        .call("b", "GET", &format!("/v1/locks/billing-fwd/handles/{handle}"), None)
+        .await;
+    assert_eq!(
+        (read["status"].as_u64(), read["body"]["state"].as_str()),
+        (Some(200), Some("held")),
+        "{read}"
+    );
+
+    let as_billing2 = format!("zkgate, zkgate.bearer.{}", base64url(&s.tokens.billing2));
+    let mut stranger = Ws::connect_with(
+        other.running.addr,
+        "/v1/ws",
+        &[("sec-websocket-protocol", &as_billing2)],
+    )
+    .await
+    .expect("accepted");
+    let reply = stranger.call("c", "POST", acquire, Some(json!({"lease": lease}))).await;
+    assert_eq!(
+        reply["status"], 403,
+        "another principal's lease, refused by its owner: {reply}"
+    );
+}

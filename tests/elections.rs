@@ -229,3 +229,44 @@ async fn a_leader_waiting_on_its_candidate_learns_at_once_that_it_lost_the_lead(
         .expect("task");
     assert_eq!(news.body["state"], "lost", "{news:?}");
 }
+
+/// A candidate reads as a candidate: its election, whether it leads, its term and position;
+/// an unknown one is a 404 that names the election, not a lock.
+#[tokio::test]
+async fn a_candidate_reads_as_a_candidate_of_its_election() {
+    let zk = zookeeper().await;
+    let gate = Gate::start(&zk.connect_string()).await;
+    let (first, second) = (gate.lease("30s").await, gate.lease("30s").await);
+    let leader = campaign(&gate, &first, "wait=5s").await;
+    let waiting = campaign(&gate, &second, "wait=0").await;
+    assert_eq!(waiting.status, StatusCode::ACCEPTED, "{waiting:?}");
+    let read = |handle: String| {
+        let gate = &gate;
+        async move { gate.get(&format!("/v1/elections/jobs/candidates/{handle}")).await }
+    };
+    let leading = read(leader.str("handle")).await;
+    assert_eq!(
+        (
+            leading.body["election"].as_str(),
+            leading.body["leader"].as_bool(),
+            leading.body["state"].as_str()
+        ),
+        (Some("jobs"), Some(true), Some("held")),
+        "{leading:?}"
+    );
+    assert_eq!(leading.body["term"], leader.body["term"]);
+    let queued = read(waiting.str("handle")).await;
+    assert_eq!(
+        (queued.body["leader"].as_bool(), queued.body["position"].as_u64()),
+        (Some(false), Some(1)),
+        "{queued:?}"
+    );
+    let unknown = read("nobody".into()).await;
+    unknown.assert_problem(StatusCode::NOT_FOUND, None);
+    assert!(
+        unknown.body["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("election `jobs`")),
+        "{unknown:?}"
+    );
+}
