@@ -73,7 +73,7 @@ pub struct WaitQuery {
     responses(
         (status = 201, description = "Raised", body = BarrierState),
         (status = 200, description = "Already up", body = BarrierState),
-        Problems<(p::InvalidField, p::MalformedBody, p::NotFound, p::LeaseEnded, p::ZookeeperUnavailable,)>,
+        Problems<(p::InvalidField, p::MalformedBody, p::NotFound, p::LeaseEnded, p::ZookeeperUnavailable)>,
     ))]
 pub async fn raise(
     State(state): State<AppState>,
@@ -109,7 +109,7 @@ pub async fn raise(
     params(("name" = String, Path, description = "Barrier name")),
     responses(
         (status = 204, description = "Lowered"),
-        Problems<(p::InvalidField, p::NotFound, p::ZookeeperUnavailable,)>,
+        Problems<(p::InvalidField, p::NotFound, p::ZookeeperUnavailable)>,
     ))]
 pub async fn lower(State(state): State<AppState>, ApiPath(name): ApiPath<String>) -> Result<StatusCode, ApiError> {
     check_name(&name)?;
@@ -141,7 +141,7 @@ state_handler!(
     params(("name" = String, Path, description = "Barrier name"), WaitQuery),
     responses(
         (status = 200, description = "The barrier is down: proceed", body = BarrierState),
-        Problems<(p::InvalidField, p::BarrierUp, p::ZookeeperUnavailable,)>,
+        Problems<(p::InvalidField, p::BarrierUp, p::ZookeeperUnavailable)>,
     ))]
 pub async fn wait(
     State(state): State<AppState>,

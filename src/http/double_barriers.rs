@@ -174,7 +174,7 @@ async fn participant(
     responses(
         (status = 200, description = "All in: proceed", body = Passage),
         (status = 202, description = "Inside, still waiting for the others", body = Passage),
-        Problems<(p::InvalidField, p::MalformedBody, p::NotFound, p::MemberTaken, p::SizeMismatch, p::LeaseEnded, p::ZookeeperUnavailable,)>,
+        Problems<(p::InvalidField, p::MalformedBody, p::NotFound, p::MemberTaken, p::SizeMismatch, p::LeaseEnded, p::ZookeeperUnavailable)>,
     ))]
 pub async fn enter(
     State(state): State<AppState>,
@@ -215,7 +215,7 @@ pub async fn enter(
     responses(
         (status = 200, description = "All left: proceed", body = Passage),
         (status = 202, description = "Still waiting for the others to leave", body = Passage),
-        Problems<(p::InvalidField, p::MalformedBody, p::ZookeeperUnavailable,)>,
+        Problems<(p::InvalidField, p::MalformedBody, p::ZookeeperUnavailable)>,
     ))]
 pub async fn leave(
     State(state): State<AppState>,

@@ -146,7 +146,7 @@ pub struct Proclamation {
     responses(
         (status = 200, description = "Leading", body = Candidacy),
         (status = 202, description = "Not leading yet; still a candidate", body = Candidacy),
-        Problems<(p::InvalidField, p::MalformedBody, p::NotFound, p::LockNotAcquired, p::LeaseEnded, p::LockLost, p::TooMany, p::ZookeeperUnavailable,)>,
+        Problems<(p::InvalidField, p::MalformedBody, p::NotFound, p::LockNotAcquired, p::LeaseEnded, p::LockLost, p::TooMany, p::ZookeeperUnavailable)>,
     ))]
 pub async fn campaign(
     State(state): State<AppState>,
@@ -209,7 +209,7 @@ pub async fn list_elections(State(state): State<AppState>, caller: Caller) -> Re
     request_body(content = Proclamation, example = json!({"handle": "0b9d4c3e2f1a4b5c8d7e6f5a4b3c2d1e", "value": {"address": "10.0.0.8:8080"}})),
     responses(
         (status = 200, description = "Proclaimed", body = LeaderView),
-        Problems<(p::InvalidField, p::MalformedBody, p::NotFound, p::NotLeader, p::ZookeeperUnavailable,)>,
+        Problems<(p::InvalidField, p::MalformedBody, p::NotFound, p::NotLeader, p::ZookeeperUnavailable)>,
     ))]
 pub async fn proclaim(
     State(state): State<AppState>,
@@ -257,7 +257,7 @@ fn not_leader(name: &str, contender: &Contender) -> ApiError {
     params(("name" = String, Path, description = "Election name"), ("handle" = String, Path, description = "Handle from the campaign"), HandleQuery),
     responses(
         (status = 200, body = CandidateView),
-        Problems<(p::InvalidField, p::NotFound,)>,
+        Problems<(p::InvalidField, p::NotFound)>,
     ))]
 pub async fn get_candidate(
     State(state): State<AppState>,
@@ -301,7 +301,7 @@ pub async fn get_candidate(
     params(("name" = String, Path, description = "Election name"), ("handle" = String, Path, description = "Handle from the campaign")),
     responses(
         (status = 204, description = "Resigned"),
-        Problems<(p::InvalidField, p::NotFound, p::LockLost,)>,
+        Problems<(p::InvalidField, p::NotFound, p::LockLost)>,
     ))]
 pub async fn resign(
     State(state): State<AppState>,

@@ -110,7 +110,7 @@ fn names(group: &str, member: Option<&str>) -> Result<(), ApiError> {
     responses(
         (status = 201, description = "Joined", body = Joined),
         (status = 200, description = "Already a member with this lease", body = Joined),
-        Problems<(p::InvalidField, p::MalformedBody, p::NotFound, p::MemberTaken, p::LeaseEnded, p::ZookeeperUnavailable,)>,
+        Problems<(p::InvalidField, p::MalformedBody, p::NotFound, p::MemberTaken, p::LeaseEnded, p::ZookeeperUnavailable)>,
     ))]
 pub async fn join(
     State(state): State<AppState>,
@@ -158,7 +158,7 @@ fn taken(group: &str, member: &str) -> ApiError {
     params(("group" = String, Path, description = "Group name"), ("member" = String, Path, description = "Member id")),
     responses(
         (status = 204, description = "Left the group"),
-        Problems<(p::InvalidField, p::NotFound,)>,
+        Problems<(p::InvalidField, p::NotFound)>,
     ))]
 pub async fn leave(
     State(state): State<AppState>,
@@ -183,7 +183,7 @@ pub async fn leave(
     params(("group" = String, Path, description = "Group name"), GroupQuery),
     responses(
         (status = 200, description = "The live members (none for a group nobody joined)", body = GroupState),
-        Problems<(p::InvalidField, p::ZookeeperUnavailable,)>,
+        Problems<(p::InvalidField, p::ZookeeperUnavailable)>,
     ))]
 pub async fn members(
     State(state): State<AppState>,

@@ -162,7 +162,7 @@ fn precondition_failed(key: &str, current: Option<i64>) -> ApiError {
                 (String = "text/plain", example = json!("maintenance at 22:00")),
                 (String = "application/octet-stream"))),
         (status = 304, description = "Not modified (within the wait)"),
-        Problems<(p::InvalidField, p::NotFound, p::ZookeeperUnavailable,)>,
+        Problems<(p::InvalidField, p::NotFound, p::ZookeeperUnavailable)>,
     ))]
 pub async fn get_value(
     State(state): State<AppState>,
@@ -229,7 +229,7 @@ pub async fn get_value(
     responses(
         (status = 201, description = "Created", body = Written),
         (status = 200, description = "Replaced", body = Written),
-        Problems<(p::InvalidField, p::MalformedBody, p::PreconditionFailed, p::BodyTooLarge, p::ZookeeperUnavailable,)>,
+        Problems<(p::InvalidField, p::MalformedBody, p::PreconditionFailed, p::BodyTooLarge, p::ZookeeperUnavailable)>,
     ))]
 pub async fn put_value(
     State(state): State<AppState>,
@@ -307,7 +307,7 @@ fn write_error(key: &str, err: WriteError) -> ApiError {
         ("If-Match" = Option<String>, Header, description = "Delete only this ETag")),
     responses(
         (status = 204, description = "Deleted"),
-        Problems<(p::InvalidField, p::NotFound, p::KeyNotEmpty, p::PreconditionFailed, p::ZookeeperUnavailable,)>,
+        Problems<(p::InvalidField, p::NotFound, p::KeyNotEmpty, p::PreconditionFailed, p::ZookeeperUnavailable)>,
     ))]
 pub async fn delete_value(
     State(state): State<AppState>,
@@ -331,7 +331,7 @@ pub async fn delete_value(
 #[utoipa::path(get, path = "/v1/kv", tag = "kv", params(ListQuery),
     responses(
         (status = 200, body = KeyList),
-        Problems<(p::InvalidField, p::NotFound, p::ZookeeperUnavailable,)>,
+        Problems<(p::InvalidField, p::NotFound, p::ZookeeperUnavailable)>,
     ))]
 pub async fn list_keys(
     State(state): State<AppState>,

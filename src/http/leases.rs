@@ -140,7 +140,7 @@ pub struct LeaseSummary {
     params(("Idempotency-Key" = Option<String>, Header, description = "Makes the creation safe to retry.")),
     responses(
         (status = 201, description = "Created; `Location` names the lease", body = LeaseView),
-        Problems<(p::InvalidField, p::MalformedBody, p::ZookeeperUnavailable,)>,
+        Problems<(p::InvalidField, p::MalformedBody, p::ZookeeperUnavailable)>,
     ))]
 pub async fn create_lease(
     State(state): State<AppState>,
@@ -205,7 +205,7 @@ pub async fn list_leases(State(state): State<AppState>, caller: Caller) -> Json<
     params(("id" = String, Path, description = "Lease id")),
     responses(
         (status = 200, body = LeaseView),
-        Problems<(p::NotFound, p::LeaseEnded,)>,
+        Problems<(p::NotFound, p::LeaseEnded)>,
     ))]
 pub async fn get_lease(
     State(state): State<AppState>,
@@ -222,7 +222,7 @@ pub async fn get_lease(
     params(("id" = String, Path, description = "Lease id")),
     responses(
         (status = 200, body = LeaseView),
-        Problems<(p::NotFound, p::LeaseEnded,)>,
+        Problems<(p::NotFound, p::LeaseEnded)>,
     ))]
 pub async fn keepalive(
     State(state): State<AppState>,
@@ -239,7 +239,7 @@ pub async fn keepalive(
     params(("id" = String, Path, description = "Lease id")),
     responses(
         (status = 204, description = "Deleted; its locks are released"),
-        Problems<(p::NotFound, p::LeaseEnded,)>,
+        Problems<(p::NotFound, p::LeaseEnded)>,
     ))]
 pub async fn delete_lease(
     State(state): State<AppState>,

@@ -63,7 +63,7 @@ fn source(state: &AppState, name: &str) -> LockTopic {
     responses(
         (status = 200, description = "Granted", body = Acquisition),
         (status = 202, description = "Not granted within the wait; still queued (`keep_queued=true`)", body = Acquisition),
-        Problems<(p::InvalidField, p::MalformedBody, p::NotFound, p::LockNotAcquired, p::LeaseEnded, p::LockLost, p::TooMany, p::ZookeeperUnavailable,)>,
+        Problems<(p::InvalidField, p::MalformedBody, p::NotFound, p::LockNotAcquired, p::LeaseEnded, p::LockLost, p::TooMany, p::ZookeeperUnavailable)>,
     ))]
 pub async fn acquire(
     State(state): State<AppState>,
@@ -98,7 +98,7 @@ pub async fn list_locks(State(state): State<AppState>, caller: Caller) -> Result
     params(("name" = String, Path, description = "Lock name"), ("handle" = String, Path, description = "Handle from the acquire"), HandleQuery),
     responses(
         (status = 200, body = HandleView),
-        Problems<(p::InvalidField, p::NotFound,)>,
+        Problems<(p::InvalidField, p::NotFound)>,
     ))]
 pub async fn get_handle(
     State(state): State<AppState>,
@@ -117,7 +117,7 @@ pub async fn get_handle(
     params(("name" = String, Path, description = "Lock name"), ("handle" = String, Path, description = "Handle from the acquire")),
     responses(
         (status = 204, description = "Released"),
-        Problems<(p::InvalidField, p::NotFound, p::LockLost,)>,
+        Problems<(p::InvalidField, p::NotFound, p::LockLost)>,
     ))]
 pub async fn release(
     State(state): State<AppState>,
@@ -136,7 +136,7 @@ pub async fn release(
     request_body(content = RevokeBody, example = json!({"by": "ops@example.com", "reason": "deploy in progress", "grace": "30s"})),
     responses(
         (status = 202, description = "Asked; the holders decide (or the grace decides)", body = Revoked),
-        Problems<(p::InvalidField, p::MalformedBody, p::NotFound, p::NothingToRevoke, p::ZookeeperUnavailable,)>,
+        Problems<(p::InvalidField, p::MalformedBody, p::NotFound, p::NothingToRevoke, p::ZookeeperUnavailable)>,
     ))]
 pub async fn revoke(
     State(state): State<AppState>,
@@ -160,7 +160,7 @@ pub struct AuditQuery {
 #[utoipa::path(get, path = "/v1/revocations", tag = "locks", params(AuditQuery),
     responses(
         (status = 200, body = Vec<Revocation>),
-        Problems<(p::InvalidField, p::ZookeeperUnavailable,)>,
+        Problems<(p::InvalidField, p::ZookeeperUnavailable)>,
     ))]
 pub async fn revocations(
     State(state): State<AppState>,

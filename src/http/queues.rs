@@ -220,7 +220,7 @@ fn waiting_view(item: String, envelope: Envelope, ctime: i64) -> Waiting {
     responses(
         (status = 201, description = "Stored", body = Stored),
         (status = 200, description = "A put with this key was stored before", body = Stored),
-        Problems<(p::InvalidField, p::MalformedBody, p::BodyTooLarge, p::QueueFull, p::ZookeeperUnavailable,)>,
+        Problems<(p::InvalidField, p::MalformedBody, p::BodyTooLarge, p::QueueFull, p::ZookeeperUnavailable)>,
     ))]
 pub async fn put(
     State(state): State<AppState>,
@@ -284,7 +284,7 @@ pub async fn put(
     responses(
         (status = 200, description = "An item", body = Delivery),
         (status = 204, description = "No item within the wait"),
-        Problems<(p::InvalidField, p::ZookeeperUnavailable,)>,
+        Problems<(p::InvalidField, p::ZookeeperUnavailable)>,
     ))]
 pub async fn take(
     State(state): State<AppState>,
@@ -373,7 +373,7 @@ fn claim_lost(claim: &str) -> ApiError {
     params(("name" = String, Path, description = "Queue name"), ("claim" = String, Path, description = "Claim from the take")),
     responses(
         (status = 204, description = "Acknowledged: the item is gone"),
-        Problems<(p::InvalidField, p::ClaimLost, p::ZookeeperUnavailable,)>,
+        Problems<(p::InvalidField, p::ClaimLost, p::ZookeeperUnavailable)>,
     ))]
 pub async fn ack(
     State(state): State<AppState>,
@@ -403,7 +403,7 @@ pub async fn ack(
     params(("name" = String, Path, description = "Queue name"), ("claim" = String, Path, description = "Claim from the take")),
     responses(
         (status = 204, description = "Given back"),
-        Problems<(p::InvalidField, p::ClaimLost, p::ZookeeperUnavailable,)>,
+        Problems<(p::InvalidField, p::ClaimLost, p::ZookeeperUnavailable)>,
     ))]
 pub async fn nack(
     State(state): State<AppState>,
@@ -442,7 +442,7 @@ state_handler!(
     params(("name" = String, Path, description = "Queue name"), ItemsQuery),
     responses(
         (status = 200, body = Vec<Waiting>),
-        Problems<(p::InvalidField, p::ZookeeperUnavailable,)>,
+        Problems<(p::InvalidField, p::ZookeeperUnavailable)>,
     ))]
 pub async fn items(
     State(state): State<AppState>,
@@ -473,7 +473,7 @@ pub async fn items(
     params(("name" = String, Path, description = "Queue name")),
     responses(
         (status = 200, body = Vec<Waiting>),
-        Problems<(p::InvalidField, p::ZookeeperUnavailable,)>,
+        Problems<(p::InvalidField, p::ZookeeperUnavailable)>,
     ))]
 pub async fn dead_letters(
     State(state): State<AppState>,
@@ -494,7 +494,7 @@ pub async fn dead_letters(
     params(("name" = String, Path, description = "Queue name"), ("item" = String, Path, description = "Dead item")),
     responses(
         (status = 204, description = "Back in the queue"),
-        Problems<(p::InvalidField, p::NotFound, p::ZookeeperUnavailable,)>,
+        Problems<(p::InvalidField, p::NotFound, p::ZookeeperUnavailable)>,
     ))]
 pub async fn replay(
     State(state): State<AppState>,

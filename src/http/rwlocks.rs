@@ -58,7 +58,7 @@ fn source(state: &AppState, name: &str) -> RwLockTopic {
     responses(
         (status = 200, description = "Granted", body = Acquisition),
         (status = 202, description = "Not granted within the wait; still queued (`keep_queued=true`)", body = Acquisition),
-        Problems<(p::InvalidField, p::MalformedBody, p::NotFound, p::LockNotAcquired, p::ModeChangeRefused, p::LeaseEnded, p::LockLost, p::TooMany, p::ZookeeperUnavailable,)>,
+        Problems<(p::InvalidField, p::MalformedBody, p::NotFound, p::LockNotAcquired, p::ModeChangeRefused, p::LeaseEnded, p::LockLost, p::TooMany, p::ZookeeperUnavailable)>,
     ))]
 pub async fn read(
     State(state): State<AppState>,
@@ -79,7 +79,7 @@ pub async fn read(
     responses(
         (status = 200, description = "Granted", body = Acquisition),
         (status = 202, description = "Not granted within the wait; still queued (`keep_queued=true`)", body = Acquisition),
-        Problems<(p::InvalidField, p::MalformedBody, p::NotFound, p::LockNotAcquired, p::ModeChangeRefused, p::LeaseEnded, p::LockLost, p::TooMany, p::ZookeeperUnavailable,)>,
+        Problems<(p::InvalidField, p::MalformedBody, p::NotFound, p::LockNotAcquired, p::ModeChangeRefused, p::LeaseEnded, p::LockLost, p::TooMany, p::ZookeeperUnavailable)>,
     ))]
 pub async fn write(
     State(state): State<AppState>,
@@ -114,7 +114,7 @@ pub async fn list_rwlocks(State(state): State<AppState>, caller: Caller) -> Resu
     params(("name" = String, Path, description = "Lock name"), ("handle" = String, Path, description = "Handle from the acquire"), HandleQuery),
     responses(
         (status = 200, body = HandleView),
-        Problems<(p::InvalidField, p::NotFound,)>,
+        Problems<(p::InvalidField, p::NotFound)>,
     ))]
 pub async fn get_handle(
     State(state): State<AppState>,
@@ -132,7 +132,7 @@ pub async fn get_handle(
     params(("name" = String, Path, description = "Lock name"), ("handle" = String, Path, description = "Handle from the acquire")),
     responses(
         (status = 204, description = "Released"),
-        Problems<(p::InvalidField, p::NotFound, p::LockLost,)>,
+        Problems<(p::InvalidField, p::NotFound, p::LockLost)>,
     ))]
 pub async fn release(
     State(state): State<AppState>,
@@ -151,7 +151,7 @@ pub async fn release(
     request_body(content = RevokeBody, example = json!({"by": "ops@example.com", "reason": "deploy in progress", "grace": "30s"})),
     responses(
         (status = 202, description = "Asked; the holders decide (or the grace decides)", body = Revoked),
-        Problems<(p::InvalidField, p::MalformedBody, p::NotFound, p::NothingToRevoke, p::ZookeeperUnavailable,)>,
+        Problems<(p::InvalidField, p::MalformedBody, p::NotFound, p::NothingToRevoke, p::ZookeeperUnavailable)>,
     ))]
 pub async fn revoke(
     State(state): State<AppState>,

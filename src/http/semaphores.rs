@@ -115,7 +115,7 @@ fn permit_view(permit: &Permit) -> PermitView {
     responses(
         (status = 200, description = "A permit is held", body = PermitView),
         (status = 202, description = "Still waiting (`keep_queued=true`)", body = PermitView),
-        Problems<(p::InvalidField, p::MalformedBody, p::NotFound, p::LockNotAcquired, p::PermitsMismatch, p::LeaseEnded, p::LockLost, p::TooMany, p::ZookeeperUnavailable,)>,
+        Problems<(p::InvalidField, p::MalformedBody, p::NotFound, p::LockNotAcquired, p::PermitsMismatch, p::LeaseEnded, p::LockLost, p::TooMany, p::ZookeeperUnavailable)>,
     ))]
 pub async fn acquire(
     State(state): State<AppState>,
@@ -192,7 +192,7 @@ pub async fn list_semaphores(
     params(("name" = String, Path, description = "Semaphore name"), ("handle" = String, Path, description = "Handle from the acquire")),
     responses(
         (status = 200, body = PermitView),
-        Problems<(p::InvalidField, p::NotFound,)>,
+        Problems<(p::InvalidField, p::NotFound)>,
     ))]
 pub async fn get_permit(
     State(state): State<AppState>,
@@ -208,7 +208,7 @@ pub async fn get_permit(
     params(("name" = String, Path, description = "Semaphore name"), ("handle" = String, Path, description = "Handle from the acquire")),
     responses(
         (status = 204, description = "Given back"),
-        Problems<(p::InvalidField, p::NotFound, p::LockLost,)>,
+        Problems<(p::InvalidField, p::NotFound, p::LockLost)>,
     ))]
 pub async fn release(
     State(state): State<AppState>,

@@ -113,7 +113,7 @@ async fn read(state: &AppState, client: &crate::zk::Client, id: &str) -> Result<
     request_body(content = CreateTxn, example = json!({"id": "order-42", "participants": ["billing", "inventory"], "payload": {"order": 42}, "deadline": "30s"})),
     responses(
         (status = 201, description = "Created", body = TxnState),
-        Problems<(p::InvalidField, p::MalformedBody, p::TxnExists, p::ZookeeperUnavailable,)>,
+        Problems<(p::InvalidField, p::MalformedBody, p::TxnExists, p::ZookeeperUnavailable)>,
     ))]
 pub async fn create(
     State(state): State<AppState>,
@@ -176,7 +176,7 @@ pub async fn create(
     params(("id" = String, Path, description = "Transaction id"), TxnQuery),
     responses(
         (status = 200, body = TxnState),
-        Problems<(p::InvalidField, p::NotFound, p::ZookeeperUnavailable,)>,
+        Problems<(p::InvalidField, p::NotFound, p::ZookeeperUnavailable)>,
     ))]
 pub async fn get_txn(
     State(state): State<AppState>,
@@ -203,7 +203,7 @@ pub async fn get_txn(
     request_body(content = Option<RegisterBody>, description = "Optional.", example = json!({"ttl": "30s"})),
     responses(
         (status = 201, description = "Registered", body = TxnState),
-        Problems<(p::InvalidField, p::MalformedBody, p::NotFound, p::NotAParticipant, p::MemberTaken, p::LeaseEnded, p::ZookeeperUnavailable,)>,
+        Problems<(p::InvalidField, p::MalformedBody, p::NotFound, p::NotAParticipant, p::MemberTaken, p::LeaseEnded, p::ZookeeperUnavailable)>,
     ))]
 pub async fn register(
     State(state): State<AppState>,
@@ -242,7 +242,7 @@ pub async fn register(
     request_body(content = VoteBody, example = json!({"vote": "commit"})),
     responses(
         (status = 200, description = "Recorded", body = TxnState),
-        Problems<(p::InvalidField, p::MalformedBody, p::NotFound, p::NotAParticipant, p::NotRegistered, p::AlreadyVoted, p::TxnDecided, p::ZookeeperUnavailable,)>,
+        Problems<(p::InvalidField, p::MalformedBody, p::NotFound, p::NotAParticipant, p::NotRegistered, p::AlreadyVoted, p::TxnDecided, p::ZookeeperUnavailable)>,
     ))]
 pub async fn vote(
     State(state): State<AppState>,
