@@ -102,7 +102,7 @@ impl Source for BarrierTopic {
             up: stat.is_some(),
             since: stat.map(|s| timestamp(from_millis(s.ctime))),
             bound: stat.is_some_and(|s| s.ephemeral_owner != 0),
-            lease: super::contender::lease_of(&data),
+            lease: super::view::lease_of(&data),
         })
     }
 

@@ -13,19 +13,16 @@
 //! strictly increase in grant order, even across a deleted and recreated resource znode
 //! (where sequence numbers would start again from zero).
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::Serialize;
 use zookeeper_client::{Client, CreateMode, Error as ZkError, EventType};
 
-use super::handle::{Exit, Handle, Handles, Node, Phase, Protocol, Refused};
+use super::handle::{Exit, Handle, Handles, Node, Protocol, Refused};
 use super::lease::Lease;
 use super::revocation;
-use super::{election, in_sequence_order, lock, rwlock};
+use super::{election, lock, rwlock};
 use crate::kind::Kind;
-use crate::time::{from_millis, timestamp};
 use crate::zk::retry_on_loss;
 
 /// How long a holder runs before its own znode is watched (see [Contention::run]).
@@ -406,182 +403,6 @@ pub(crate) async fn ensure_dir(client: &Client, dir: &str) -> Result<(), ZkError
         }
         Err(err) => Err(err),
     }
-}
-
-/// One contender as read from ZooKeeper.
-#[derive(Clone, Debug)]
-pub struct ContenderRecord {
-    pub name: String,
-    pub sequence: u64,
-    pub czxid: i64,
-    /// Creation time, ms since the epoch.
-    pub ctime: i64,
-    /// The znode's data (zkgate writes `{"lease":..,"handle":..}`; Curator its IP address).
-    pub data: Vec<u8>,
-}
-
-/// Most contenders a state lists in each of its lists (the counts are always complete): a
-/// state is sent whole with every event, so it must stay small however long the queue.
-pub const LISTED: usize = 50;
-
-/// A queue of contenders as read: the first ones with their data, in queue order, and the
-/// names of all of them.
-pub struct Queue {
-    /// Every contender's node name, lowest sequence first.
-    pub names: Vec<String>,
-    /// Those picked, read (a contender gone between the listing and the read has left the
-    /// queue).
-    pub records: Vec<ContenderRecord>,
-}
-
-/// The contenders of the resource at `dir`, in queue order: every name, and the records of
-/// those that `wanted(names, index)` picks, in two round trips. Empty if the resource does not
-/// exist.
-pub async fn read_queue(
-    client: &Client,
-    dir: &str,
-    wanted: impl Fn(&[String], usize) -> bool,
-) -> Result<Queue, ZkError> {
-    let children = match retry_on_loss(|| client.list_children(dir)).await {
-        Ok(children) => children,
-        Err(ZkError::NoNode) => Vec::new(),
-        Err(err) => return Err(err),
-    };
-    let names: Vec<String> = in_sequence_order(&children)
-        .into_iter()
-        .map(|(_, name)| name.to_string())
-        .collect();
-    let to_read: Vec<String> = (0..names.len())
-        .filter(|&i| wanted(&names, i))
-        .map(|i| names[i].clone())
-        .collect();
-    let records = crate::zk::read_each(client, dir, to_read)
-        .await?
-        .into_iter()
-        .filter_map(|(name, data, stat)| {
-            Some(ContenderRecord {
-                sequence: super::sequence_of(&name)?,
-                name,
-                czxid: stat.czxid,
-                ctime: stat.ctime,
-                data,
-            })
-        })
-        .collect();
-    Ok(Queue { names, records })
-}
-
-/// One contender, as ZooKeeper has it and as this instance knows it.
-#[derive(Serialize, utoipa::ToSchema, Clone, Debug, PartialEq)]
-pub struct ContenderView {
-    /// Znode name under the resource.
-    #[schema(example = "_c_6c1f1a9e-8d2b-4d43-9b7a-0e1c2d3e4f50-lock-0000000007")]
-    pub node: String,
-    /// ZooKeeper's sequence number: the queue order.
-    pub sequence: u64,
-    /// `read` or `write`, for a read/write lock.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<String>, example = "read")]
-    pub mode: Option<&'static str>,
-    /// The znode's czxid: the fencing token of this contender once it holds (an election's
-    /// term).
-    #[schema(example = 4294967302_i64)]
-    pub fencing_token: i64,
-    /// When the contender joined the queue.
-    #[schema(example = "2026-11-22T10:00:00.000Z")]
-    pub created_at: String,
-    /// The zkgate lease of the contender, for zkgate's contenders.
-    pub lease: Option<String>,
-    /// Who created it: `zkgate`, `curator` or `kazoo` (by node name), or `other`.
-    #[schema(value_type = String, example = "zkgate")]
-    pub client: &'static str,
-    /// For a holder, when it was granted, if this instance knows (its own contenders).
-    pub held_since: Option<String>,
-    /// Whether someone asked this holder to give the lock up.
-    pub revocation_requested: bool,
-    /// Who asked, why and when (for zkgate's holders; Curator's signal carries no record).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub revocation: Option<revocation::Revocation>,
-}
-
-impl ContenderView {
-    /// The view of `record`; `local` is this instance's handles at the resource, which know
-    /// when theirs were granted.
-    pub fn of(record: &ContenderRecord, mode: Option<&'static str>, local: &HashMap<String, Arc<Contender>>) -> Self {
-        let held_since = local.get(&record.name).and_then(|c| match c.state().phase {
-            Phase::Held { since } => Some(timestamp(since)),
-            _ => None,
-        });
-        let lease = lease_of(&record.data);
-        let client = if lease.is_some() {
-            "zkgate"
-        } else if record.name.starts_with("_c_") {
-            "curator"
-        } else if record.name.contains("__lock__") || record.name.contains("__rlock__") {
-            "kazoo"
-        } else {
-            "other"
-        };
-        let revocation = revocation::record_in(&record.data);
-        ContenderView {
-            revocation_requested: revocation.is_some() || record.data == revocation::CURATOR_REVOKE,
-            revocation,
-            node: record.name.clone(),
-            sequence: record.sequence,
-            mode,
-            fencing_token: record.czxid,
-            created_at: timestamp(from_millis(record.ctime)),
-            lease,
-            client,
-            held_since,
-        }
-    }
-}
-
-/// How the holders of a shared resource (a read/write lock's, a semaphore's) changed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum HoldersChange {
-    /// Someone new holds.
-    Granted,
-    /// Holders left and nobody new holds: a reader leaving while others still read is a
-    /// release too.
-    Released,
-}
-
-/// What happened to the holders between two reads: `before` and `after` are the holders
-/// listed, with their full counts.
-pub fn holders_change(
-    (before, before_count): (&[ContenderView], usize),
-    (after, after_count): (&[ContenderView], usize),
-) -> Option<HoldersChange> {
-    let same = before.len() == after.len() && before.iter().zip(after).all(|(b, a)| b.node == a.node);
-    if same && before_count == after_count {
-        return None;
-    }
-    let nobody_new = after.iter().all(|a| before.iter().any(|b| b.node == a.node)) && after_count <= before_count;
-    Some(if nobody_new {
-        HoldersChange::Released
-    } else {
-        HoldersChange::Granted
-    })
-}
-
-/// The lease a zkgate contender names in its node's data (`None` for other clients' nodes).
-pub fn lease_of(data: &[u8]) -> Option<String> {
-    serde_json::from_slice::<serde_json::Value>(data)
-        .ok()?
-        .get("lease")?
-        .as_str()
-        .map(str::to_string)
-}
-
-/// The principal a zkgate contender names in its node's data (`None` for others' nodes).
-pub fn principal_of(data: &[u8]) -> Option<String> {
-    serde_json::from_slice::<serde_json::Value>(data)
-        .ok()?
-        .get("principal")?
-        .as_str()
-        .map(str::to_string)
 }
 
 /// Where a waiting contender stands now, read afresh: it watches only the node right before

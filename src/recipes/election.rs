@@ -21,8 +21,9 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use zookeeper_client::{Client, CreateMode, Error as ZkError};
 
-use super::contender::{ContenderView, Contenders, LISTED, read_queue};
+use super::contender::Contenders;
 use super::topic::{Source, event_kinds};
+use super::view::{ContenderView, LISTED, read_queue};
 use crate::time::{from_millis, timestamp};
 use crate::zk::retry_on_loss;
 use crate::zk::watch::Mode;

@@ -18,10 +18,11 @@ use serde::Serialize;
 use utoipa::ToSchema;
 use zookeeper_client::{Client, Error as ZkError};
 
-use super::contender::{ContenderView, Contenders, LISTED, Next, read_queue};
+use super::contender::{Contenders, Next};
 use super::in_sequence_order;
 use super::lease::{EndReason, Fate};
 use super::topic::{Source, event_kinds};
+use super::view::{ContenderView, LISTED, read_queue};
 use crate::zk::watch::Mode;
 
 /// The infix of Curator's lock contender names (`_c_<uuid>-lock-<seq>`).

@@ -18,6 +18,7 @@ pub mod rwlock;
 pub mod semaphore;
 pub mod topic;
 pub mod txn;
+pub mod view;
 pub mod znode;
 
 use zookeeper_client::{Client, CreateMode, Error as ZkError};

@@ -16,7 +16,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use zookeeper_client::{Client, CreateMode, Error as ZkError};
 
-use super::contender::{Next, Role, principal_of, read_queue};
+use super::contender::{Next, Role};
+use super::view::{principal_of, read_queue};
 use crate::auth::{Caller, Forbidden};
 use crate::kind::Kind;
 use crate::zk::retry_on_loss;

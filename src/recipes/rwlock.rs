@@ -15,9 +15,10 @@ use serde::Serialize;
 use utoipa::ToSchema;
 use zookeeper_client::{Client, Error as ZkError};
 
-use super::contender::{ContenderView, Contenders, HoldersChange, LISTED, Next, holders_change, read_queue};
+use super::contender::{Contenders, Next};
 use super::in_sequence_order;
 use super::topic::{Source, event_kinds};
+use super::view::{ContenderView, HoldersChange, LISTED, holders_change, read_queue};
 use crate::zk::watch::Mode;
 
 /// The infix of Curator's read contender names.

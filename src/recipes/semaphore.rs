@@ -22,14 +22,13 @@ use serde::Serialize;
 use utoipa::ToSchema;
 use zookeeper_client::{Client, CreateMode, Error as ZkError, EventType};
 
-use super::contender::{
-    ContenderView, HoldersChange, LISTED, Role, Sequential, holders_change, queue_until_held, read_queue,
-};
+use super::contender::{Role, Sequential, queue_until_held};
 use super::handle::{Exit, Handle, Handles, Protocol, Refused};
 use super::in_sequence_order;
 use super::lease::Lease;
 use super::lock;
 use super::topic::{Source, event_kinds};
+use super::view::{ContenderView, HoldersChange, LISTED, holders_change, read_queue};
 use crate::kind::Kind;
 use crate::zk::retry_on_loss;
 use crate::zk::watch::Mode;
