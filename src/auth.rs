@@ -190,13 +190,16 @@ pub enum Caller {
     /// Auth is off: everyone may do everything.
     Anyone,
     Principal(Arc<Principal>),
+    /// Auth is on and the request (to a public path: the probes, the spec, the page) carries
+    /// no valid token: it may do nothing.
+    Nobody,
 }
 
 impl Caller {
     /// The principal's name (`None` when auth is off): what leases record as their owner.
     pub fn name(&self) -> Option<&str> {
         match self {
-            Caller::Anyone => None,
+            Caller::Anyone | Caller::Nobody => None,
             Caller::Principal(p) => Some(&p.name),
         }
     }
@@ -205,6 +208,7 @@ impl Caller {
         match self {
             Caller::Anyone => true,
             Caller::Principal(p) => p.admin,
+            Caller::Nobody => false,
         }
     }
 
@@ -213,6 +217,7 @@ impl Caller {
         match self {
             Caller::Anyone => true,
             Caller::Principal(p) => p.admin || p.grants.iter().any(|g| g.covers(kind, name, access)),
+            Caller::Nobody => false,
         }
     }
 
@@ -221,12 +226,16 @@ impl Caller {
         match self {
             Caller::Anyone => true,
             Caller::Principal(p) => p.admin || p.grants.iter().any(|g| g.access >= access && g.covers_kind(kind)),
+            Caller::Nobody => false,
         }
     }
 
     /// Is a lease (or handle) created by `owner` the caller's to use? An admin's is everyone's.
     pub fn owns(&self, owner: Option<&str>) -> bool {
-        self.is_admin() || owner == self.name()
+        match self {
+            Caller::Nobody => false,
+            _ => self.is_admin() || owner == self.name(),
+        }
     }
 
     /// [Forbidden] unless [Caller::may].

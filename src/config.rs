@@ -130,6 +130,14 @@ pub struct ServeConfig {
     #[arg(long, env = "ZKGATE_CORS_ORIGIN", value_delimiter = ',')]
     pub cors_origin: Vec<String>,
 
+    /// Host names (`zkgate.internal` or `zkgate.internal:7070`) clients may reach zkgate by,
+    /// besides its listen and advertised addresses, `localhost` and IP addresses; repeat, or
+    /// separate with commas. A request that changes something or opens a socket with another
+    /// `Host` is refused (403): a page that rebinds its own name to zkgate's address cannot
+    /// act through it. `*` turns the check off.
+    #[arg(long, env = "ZKGATE_ALLOWED_HOST", value_delimiter = ',')]
+    pub allowed_host: Vec<String>,
+
     /// Serve HTTPS (and WSS) with this certificate chain (PEM); needs `--tls-key`.
     #[arg(long, env = "ZKGATE_TLS_CERT", requires = "tls_key")]
     pub tls_cert: Option<PathBuf>,
@@ -185,6 +193,7 @@ impl ServeConfig {
             zookeeper_data_dir: None,
             auth_config: None,
             cors_origin: Vec::new(),
+            allowed_host: Vec::new(),
             advertise_url: None,
             tls_cert: None,
             tls_key: None,

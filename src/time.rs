@@ -19,14 +19,34 @@ impl<'de> Deserialize<'de> for HumanDuration {
     }
 }
 
-/// Parses `0`, `250ms`, `5s`, `2m`, `1h 30m` (humantime syntax).
+/// The longest duration zkgate accepts anywhere (each use has its own, shorter bound where it
+/// matters): a year. Past it, arithmetic on instants and timestamps would be meaningless or
+/// overflow.
+pub const MAX_DURATION: Duration = Duration::from_secs(366 * 24 * 3600);
+
+/// Parses `0`, `250ms`, `5s`, `2m`, `1h 30m` (humantime syntax), at most [MAX_DURATION].
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
     if text == "0" {
         return Ok(Duration::ZERO);
     }
-    humantime::parse_duration(text)
-        .map_err(|e| format!("`{text}` is not a duration ({e}); write it like `500ms`, `5s` or `1m`"))
+    let duration = humantime::parse_duration(text)
+        .map_err(|e| format!("`{text}` is not a duration ({e}); write it like `500ms`, `5s` or `1m`"))?;
+    if duration > MAX_DURATION {
+        return Err(format!(
+            "`{text}` is longer than {}",
+            humantime::format_duration(MAX_DURATION)
+        ));
+    }
+    Ok(duration)
+}
+
+/// Refuses `duration` above `max` for `what`, in words a problem document can carry.
+pub fn at_most(duration: Duration, max: Duration) -> Result<Duration, String> {
+    if duration > max {
+        return Err(format!("must be at most {}", humantime::format_duration(max)));
+    }
+    Ok(duration)
 }
 
 impl utoipa::PartialSchema for HumanDuration {
@@ -41,14 +61,38 @@ impl utoipa::PartialSchema for HumanDuration {
 
 impl utoipa::ToSchema for HumanDuration {}
 
-/// RFC 3339 with milliseconds, UTC: `2026-11-22T10:00:00.000Z`.
+/// The latest instant a timestamp can show: the last millisecond of year 9999.
+const LATEST: Duration = Duration::from_millis(253_402_300_799_999);
+
+/// RFC 3339 with milliseconds, UTC: `2026-11-22T10:00:00.000Z`. Instants outside what RFC 3339
+/// can write (before 1970 or after 9999, which only hostile data holds) are clamped to its
+/// range: formatting them must not panic.
 pub fn timestamp(time: SystemTime) -> String {
-    humantime::format_rfc3339_millis(time).to_string()
+    let since_epoch = time.duration_since(UNIX_EPOCH).unwrap_or_default().min(LATEST);
+    humantime::format_rfc3339_millis(UNIX_EPOCH + since_epoch).to_string()
 }
 
 /// The instant `ms` milliseconds after the epoch (a znode's `ctime`; negative counts as 0).
 pub fn from_millis(ms: i64) -> SystemTime {
     UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64)
+}
+
+/// Milliseconds since the epoch, `duration` from now (saturating).
+pub fn ms_after_now(duration: Duration) -> i64 {
+    now_ms().saturating_add(i64::try_from(duration.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// How long from now until `at` (ms since the epoch, as ZooKeeper data says: any value), zero
+/// if it has passed.
+pub fn until_ms(at: i64) -> Duration {
+    Duration::from_millis(u64::try_from(at.saturating_sub(now_ms())).unwrap_or(0))
+}
+
+/// The instant `duration` from now, or one far in the future if that overflows.
+pub fn instant_after(duration: Duration) -> tokio::time::Instant {
+    let now = tokio::time::Instant::now();
+    now.checked_add(duration)
+        .unwrap_or_else(|| now + Duration::from_secs(30 * 365 * 24 * 3600))
 }
 
 /// Milliseconds since the epoch, now.
@@ -69,7 +113,20 @@ mod tests {
     use super::*;
 
     #[test]
+    fn timestamps_never_panic() {
+        assert_eq!(timestamp(from_millis(0)), "1970-01-01T00:00:00.000Z");
+        assert_eq!(timestamp(from_millis(i64::MAX)), "9999-12-31T23:59:59.999Z");
+        assert_eq!(timestamp(from_millis(-5)), "1970-01-01T00:00:00.000Z");
+        assert_eq!(until_ms(i64::MIN), Duration::ZERO);
+        assert!(until_ms(i64::MAX) > Duration::from_secs(1_000_000));
+        assert!(ms_after_now(Duration::MAX) == i64::MAX);
+        let _ = instant_after(Duration::MAX);
+    }
+
+    #[test]
     fn durations() {
+        assert!(parse_duration("99999999999h").is_err(), "past the bound");
+        assert!(parse_duration("366d").is_ok());
         assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
         assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
         assert_eq!(parse_duration("1m 30s"), Ok(Duration::from_secs(90)));

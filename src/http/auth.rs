@@ -78,7 +78,12 @@ fn is_public(path: &str) -> bool {
 pub async fn authenticate(State(state): State<AppState>, mut request: Request, next: Next) -> Response {
     let caller = match &state.authority {
         None => Caller::Anyone,
-        Some(_) if is_public(request.uri().path()) => Caller::Anyone,
+        // A public path needs no token, but one that comes is honoured (an admin sees more of
+        // the probes); without a valid one the caller is nobody.
+        Some(authority) if is_public(request.uri().path()) => match token_of(request.headers()) {
+            Ok(Some(token)) => authority.principal(&token).map_or(Caller::Nobody, Caller::Principal),
+            _ => Caller::Nobody,
+        },
         Some(authority) => match token_of(request.headers()) {
             Err(detail) => return ApiError::new(Problem::Unauthorized, detail).into_response(),
             Ok(None) => {
@@ -113,7 +118,8 @@ pub async fn authenticate(State(state): State<AppState>, mut request: Request, n
 /// in the body); `/metrics` needs the `metrics` grant. Leases and sockets need none here:
 /// ownership is checked where a lease is used, and each subscription where it is made.
 pub async fn authorize(request: Request, next: Next) -> Response {
-    let caller = request.extensions().get::<Caller>().cloned().unwrap_or(Caller::Anyone);
+    // A request that was never authenticated may do nothing here.
+    let caller = request.extensions().get::<Caller>().cloned().unwrap_or(Caller::Nobody);
     let (mut parts, body) = request.into_parts();
     let routed = match Routed::of(&mut parts).await {
         Ok(routed) => routed,

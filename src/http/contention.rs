@@ -20,7 +20,7 @@ use crate::recipes::contender::{Contender, Contenders, Role, position_now};
 use crate::recipes::handle::{Handle, Handles, Phase, Protocol, Refused};
 use crate::recipes::lease::{EndReason, Lease};
 use crate::recipes::revocation::{self, Revocation, RevokeError};
-use crate::time::{HumanDuration, timestamp};
+use crate::time::{HumanDuration, at_most, timestamp};
 
 /// How long an acquire waits for ZooKeeper to create the contender and answer the first
 /// listing when the caller's own wait is shorter (a try-lock still needs that round trip).
@@ -451,8 +451,8 @@ pub struct RevokeBody {
     /// Why (recorded, shown to the holder).
     #[schema(example = "deploy in progress")]
     pub reason: String,
-    /// After this long zkgate deletes the holder's node itself (the holder loses the lock).
-    /// Without it, the holder releases when it is ready.
+    /// After this long (at most 24h) zkgate deletes the holder's node itself (the holder
+    /// loses the lock). Without it, the holder releases when it is ready.
     pub grace: Option<HumanDuration>,
     /// Revoke only this contender node (default: every current holder).
     pub node: Option<String>,
@@ -463,6 +463,9 @@ pub struct RevokeBody {
 pub struct Revoked {
     pub revocations: Vec<Revocation>,
 }
+
+/// Longest grace a revocation may give a holder.
+const MAX_GRACE: Duration = Duration::from_secs(24 * 3600);
 
 /// Longest `by` or `reason` accepted.
 const MAX_TEXT: usize = 500;
@@ -487,6 +490,10 @@ pub async fn revoke(
             ));
         }
     }
+    let grace = match body.grace {
+        Some(grace) => Some(at_most(grace.0, MAX_GRACE).map_err(|e| ApiError::invalid(Place::Body, "grace", e))?),
+        None => None,
+    };
     let client = state.zk().connected().await?.client;
     let request = revocation::Request {
         kind: registry.kind(),
@@ -494,7 +501,7 @@ pub async fn revoke(
         dir: registry.dir(name),
         by: &body.by,
         reason: &body.reason,
-        grace: body.grace.map(|g| g.0),
+        grace,
         node: body.node.as_deref(),
         role_of,
     };

@@ -458,7 +458,7 @@ impl IntoResponse for ApiError {
         body.insert("detail".into(), json!(self.detail));
         body.extend(self.extra);
         if status.is_server_error() {
-            tracing::warn!(%status, detail = %body["detail"], "request failed");
+            tracing::warn!(%status, detail = ?body["detail"], "request failed");
         }
         let mut response = (status, axum::Json(Value::Object(body))).into_response();
         let headers = response.headers_mut();

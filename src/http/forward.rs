@@ -158,10 +158,11 @@ async fn relay(state: &AppState, owner: &str, request: Request) -> Response {
     let answer = match sent {
         Ok(answer) => answer,
         Err(err) => {
-            tracing::warn!(%owner, %url, error = %err, "forwarding failed");
+            // The peer's address and the transport's error are for the log, not the client.
+            tracing::warn!(%owner, url = ?url, error = %err, "forwarding failed");
             return ApiError::new(
                 Problem::InstanceUnavailable,
-                format!("the instance `{owner}` that owns this lease did not answer at {url}: {err}"),
+                format!("the instance `{owner}` that owns this lease did not answer; try again"),
             )
             .into_response();
         }

@@ -1,4 +1,7 @@
 //! `/healthz` (the process answers) and `/readyz` (its primary ZooKeeper session is connected).
+//!
+//! Both are public (probes carry no token), so they say only `ok` to anyone but an admin: the
+//! ZooKeeper servers and session ids are for operators (an admin's token, or auth off).
 
 use axum::Json;
 use axum::extract::State;
@@ -6,6 +9,7 @@ use serde::Serialize;
 
 use super::error::{ApiError, Problems, p};
 use crate::AppState;
+use crate::auth::Caller;
 use crate::zk::session::Connection;
 
 /// Health of this instance.
@@ -14,7 +18,9 @@ pub struct Health {
     /// `ok` when the answering check passed.
     #[schema(example = "ok")]
     pub status: &'static str,
-    pub zookeeper: ZooKeeperStatus,
+    /// The instance's ZooKeeper sessions: shown to an admin (or with auth off) only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub zookeeper: Option<ZooKeeperStatus>,
 }
 
 /// The instance's ZooKeeper session.
@@ -38,25 +44,31 @@ pub struct ZooKeeperStatus {
     pub sessions_connected: usize,
 }
 
-fn health(state: &AppState, status: &'static str) -> Health {
+fn health(state: &AppState, caller: &Caller, status: &'static str) -> Health {
+    if !caller.is_admin() {
+        return Health {
+            status,
+            zookeeper: None,
+        };
+    }
     let zk = state.zk().status();
     Health {
         status,
-        zookeeper: ZooKeeperStatus {
+        zookeeper: Some(ZooKeeperStatus {
             connection: zk.connection,
             servers: state.zk().hosts().to_string(),
             session_id: zk.client.as_ref().map(|c| format!("{:#x}", c.session_id().0)),
             session_generation: zk.generation,
             sessions: state.lanes.all().len(),
             sessions_connected: state.lanes.all().iter().filter(|lane| lane.current().is_ok()).count(),
-        },
+        }),
     }
 }
 
 /// Liveness: the process serves HTTP.
 #[utoipa::path(get, path = "/healthz", tag = "health", responses((status = 200, body = Health)))]
-pub async fn healthz(State(state): State<AppState>) -> Json<Health> {
-    Json(health(&state, "ok"))
+pub async fn healthz(State(state): State<AppState>, caller: Caller) -> Json<Health> {
+    Json(health(&state, &caller, "ok"))
 }
 
 /// Readiness: the ZooKeeper session is connected, so recipe calls can be served.
@@ -64,9 +76,9 @@ pub async fn healthz(State(state): State<AppState>) -> Json<Health> {
     (status = 200, body = Health),
     Problems<(p::ZookeeperUnavailable,)>,
 ))]
-pub async fn readyz(State(state): State<AppState>) -> Result<Json<Health>, ApiError> {
+pub async fn readyz(State(state): State<AppState>, caller: Caller) -> Result<Json<Health>, ApiError> {
     state.zk().current()?;
-    Ok(Json(health(&state, "ok")))
+    Ok(Json(health(&state, &caller, "ok")))
 }
 
 /// Prometheus metrics in the text exposition format: lock waits and holds, queue traffic and

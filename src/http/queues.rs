@@ -24,7 +24,7 @@ use crate::kind::Kind;
 use crate::recipes::queue::service::Claim;
 use crate::recipes::queue::topic::{QueueState, QueueTopic};
 use crate::recipes::queue::{self, Envelope, Put, Taken};
-use crate::time::{HumanDuration, from_millis, millis_since, timestamp};
+use crate::time::{HumanDuration, at_most, from_millis, millis_since, timestamp};
 use crate::zk::names::validate_name;
 
 /// The queue kind's module.
@@ -100,7 +100,7 @@ pub struct TakeQuery {
     /// `at-least-once` (default) or `at-most-once`.
     #[param(value_type = Option<String>, example = "at-least-once")]
     pub mode: Option<TakeMode>,
-    /// How long a claim lasts without an ack (default 30s).
+    /// How long a claim lasts without an ack (default 30s, at most 12h).
     #[param(value_type = Option<String>, example = "30s")]
     pub ack_deadline: Option<HumanDuration>,
 }
@@ -148,6 +148,9 @@ pub struct Waiting {
     pub text: Option<String>,
     pub body_base64: Option<String>,
 }
+
+/// Longest ack deadline a take may ask for (as SQS's longest visibility timeout).
+const MAX_ACK_DEADLINE: Duration = Duration::from_secs(12 * 3600);
 
 /// Query of a listing of items.
 #[derive(Deserialize, utoipa::IntoParams)]
@@ -308,6 +311,7 @@ pub async fn take(
             if deadline.is_zero() {
                 return Err(ApiError::invalid(Place::Query, "ack_deadline", "must be above zero"));
             }
+            at_most(deadline, MAX_ACK_DEADLINE).map_err(|e| ApiError::invalid(Place::Query, "ack_deadline", e))?;
             Some(deadline)
         }
     };

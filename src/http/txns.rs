@@ -9,7 +9,6 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
-use tokio::time::Instant;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
@@ -24,7 +23,7 @@ use crate::kind::Kind;
 use crate::recipes::ephemeral::BindError;
 use crate::recipes::topic::Source;
 use crate::recipes::txn::{self, Record, Spec, TxnState, TxnTopic, Vote, VoteError};
-use crate::time::HumanDuration;
+use crate::time::{HumanDuration, at_most};
 use crate::zk::ZkError;
 use crate::zk::names::validate_name;
 
@@ -52,6 +51,9 @@ fn source(state: &AppState, id: &str) -> TxnTopic {
     }
 }
 
+/// Longest a transaction may wait for its votes.
+const MAX_DEADLINE: Duration = Duration::from_secs(24 * 3600);
+
 /// Most participants a transaction may have.
 const MAX_PARTICIPANTS: usize = 100;
 
@@ -67,7 +69,8 @@ pub struct CreateTxn {
     /// What is being decided, shown to everyone.
     #[schema(example = json!({"order": 42}))]
     pub payload: Option<serde_json::Value>,
-    /// How long the participants have to vote; then the transaction aborts (default 60s).
+    /// How long the participants have to vote (at most 24h); then the transaction aborts
+    /// (default 60s).
     pub deadline: Option<HumanDuration>,
 }
 
@@ -146,11 +149,12 @@ pub async fn create(
     if deadline.is_zero() {
         return Err(ApiError::invalid(Place::Body, "deadline", "must be above zero"));
     }
+    at_most(deadline, MAX_DEADLINE).map_err(|e| ApiError::invalid(Place::Body, "deadline", e))?;
     let now = crate::time::now_ms();
     let spec = Spec {
         participants: body.participants,
         payload: body.payload,
-        deadline_ms: now + deadline.as_millis() as i64,
+        deadline_ms: crate::time::ms_after_now(deadline),
         created_at_ms: now,
     };
     let client = state.zk().connected().await?.client;
@@ -190,7 +194,7 @@ pub async fn get_txn(
         return Err(not_found(&id));
     };
     if let Some(wait) = query.wait.filter(|_| record.decision.is_none()) {
-        let until = Instant::now() + wait.0.min(state.config.max_wait);
+        let until = crate::time::instant_after(wait.0.min(state.config.max_wait));
         txn::await_decision(&client, &state.barrier_watches, &dir, record.spec.deadline_ms, until).await?;
     }
     Ok(Json(read(&state, &client, &id).await?))

@@ -229,7 +229,7 @@ impl<P: Protocol> Handle<P> {
     /// Someone asked the holder to give it up.
     pub fn revoke(&self, revocation: Revocation) {
         if self.state.borrow().revocation.as_ref() != Some(&revocation) {
-            tracing::info!(name = %self.name, handle = %self.id, "revocation requested");
+            tracing::info!(name = ?self.name, handle = ?self.id, "revocation requested");
             self.state.send_modify(|s| s.revocation = Some(revocation));
         }
     }

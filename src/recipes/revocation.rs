@@ -136,7 +136,9 @@ pub async fn revoke(
             force_after(client.clone(), path, target.czxid, grace);
         }
         audit(client, audit_base, &record).await?;
-        tracing::info!(kind = %request.kind, lock = request.name, node = %record.node, by = %record.by, reason = %record.reason, "revocation requested");
+        // Who and why are the client's words: logged escaped (`?`), so that a newline in them
+        // cannot forge a log line.
+        tracing::info!(kind = %request.kind, lock = ?request.name, node = ?record.node, by = ?record.by, reason = ?record.reason, "revocation requested");
         crate::metrics::get()
             .lock_revocations
             .with_label_values(&[request.kind.label(), request.name])

@@ -477,7 +477,8 @@ mod io {
         deadline_ms: i64,
         until: Instant,
     ) -> Result<(), ZkError> {
-        let deadline = Instant::now() + Duration::from_millis((deadline_ms - now_ms()).max(0) as u64);
+        // The deadline comes from ZooKeeper, whatever wrote it: checked arithmetic only.
+        let deadline = crate::time::instant_after(crate::time::until_ms(deadline_ms));
         let mut decided = watches.subscribe(&format!("{dir}/decision"));
         let appeared = async {
             let _ = decided.state.wait_for(|known| matches!(known, Some(Some(_)))).await;
@@ -511,13 +512,13 @@ mod io {
             ever_registered.extend(registered);
             match decide_now(&client, &dir, &ever_registered).await {
                 Ok(Some(decision)) => {
-                    tracing::info!(%dir, outcome = ?decision.outcome, reason = %decision.reason, "transaction decided");
+                    tracing::info!(%dir, outcome = ?decision.outcome, reason = ?decision.reason, "transaction decided");
                     return;
                 }
                 Ok(None) => {}
                 Err(err) => tracing::warn!(%dir, error = %err, "transaction coordinator could not decide yet"),
             }
-            let until = Duration::from_millis((deadline_ms - now_ms()).max(0) as u64);
+            let until = crate::time::until_ms(deadline_ms);
             tokio::select! {
                 _ = members_changed.changed() => {}
                 _ = votes_changed.changed() => {}

@@ -274,7 +274,7 @@ impl Conn {
                 )
             })?;
         let subscription = self.state.events.subscribe(&name, feed).await;
-        tracing::debug!(%id, topic = %name, "socket subscribed");
+        tracing::debug!(id = ?id, topic = ?name, "socket subscribed");
         let task = tokio::spawn(forward(id.clone(), subscription, self.outbox.clone(), permit));
         self.subscriptions.insert(id, task);
         Ok(())

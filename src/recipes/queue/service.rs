@@ -124,7 +124,7 @@ impl Queues {
 
     fn new_claim(&self, queue: &str, owner: Option<&str>, deadline: Duration) -> Claim {
         let id = crate::ids::owned_id(&self.instance);
-        let deadline_ms = crate::time::now_ms() + deadline.as_millis() as i64;
+        let deadline_ms = crate::time::ms_after_now(deadline);
         let data =
             serde_json::to_vec(&serde_json::json!({ "claim": id, "deadline_ms": deadline_ms })).unwrap_or_default();
         Claim {
