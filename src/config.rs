@@ -130,6 +130,22 @@ pub struct ServeConfig {
     #[arg(long, env = "ZKGATE_CORS_ORIGIN", value_delimiter = ',')]
     pub cors_origin: Vec<String>,
 
+    /// How long a connection may take to send a request head, from its accept and from the end
+    /// of its previous response (so also how long a kept-alive connection may stay idle). A
+    /// request being served (a long poll) is not cut.
+    #[arg(long, env = "ZKGATE_HEADER_TIMEOUT", default_value = "30s", value_parser = duration)]
+    pub header_timeout: Duration,
+
+    /// Connections open at once, in all (WebSockets included). Default: three quarters of the
+    /// process's open-file limit (raised to its hard limit at start), at most 65536.
+    #[arg(long, env = "ZKGATE_MAX_CONNECTIONS")]
+    pub max_connections: Option<usize>,
+
+    /// Connections open at once from one client address. Default: half of `--max-connections`,
+    /// so that one address cannot take every connection.
+    #[arg(long, env = "ZKGATE_MAX_CONNECTIONS_PER_ADDRESS")]
+    pub max_connections_per_address: Option<usize>,
+
     /// Host names (`zkgate.internal` or `zkgate.internal:7070`) clients may reach zkgate by,
     /// besides its listen and advertised addresses, `localhost` and IP addresses; repeat, or
     /// separate with commas. A request that changes something or opens a socket with another
@@ -194,6 +210,9 @@ impl ServeConfig {
             auth_config: None,
             cors_origin: Vec::new(),
             allowed_host: Vec::new(),
+            header_timeout: Duration::from_secs(30),
+            max_connections: None,
+            max_connections_per_address: None,
             advertise_url: None,
             tls_cert: None,
             tls_key: None,
@@ -220,6 +239,20 @@ impl ServeConfig {
     /// it did not ask.
     pub fn wait(&self, asked: Option<Duration>) -> Duration {
         asked.unwrap_or(self.max_wait).min(self.max_wait)
+    }
+
+    /// The connection limits, with the defaults derived from the open-file limit `open_files`.
+    pub fn connection_limits(&self, open_files: u64) -> crate::listen::Limits {
+        let max_connections = self.max_connections.unwrap_or_else(|| {
+            usize::try_from(open_files / 4 * 3)
+                .unwrap_or(usize::MAX)
+                .clamp(64, 65_536)
+        });
+        crate::listen::Limits {
+            header_timeout: self.header_timeout,
+            max_connections,
+            max_per_address: self.max_connections_per_address.unwrap_or((max_connections / 2).max(1)),
+        }
     }
 
     pub fn limit_settings(&self) -> crate::limits::LimitSettings {

@@ -14,6 +14,7 @@ pub mod instances;
 pub mod kind;
 pub mod lease;
 pub mod limits;
+pub mod listen;
 pub mod metrics;
 pub mod recipes;
 pub mod runner;
@@ -213,8 +214,9 @@ pub struct Running {
     /// Whether the listener speaks TLS (`--tls-cert`).
     pub tls: bool,
     pub state: AppState,
+    caps: Arc<listen::Caps>,
     stop: CancellationToken,
-    task: JoinHandle<std::io::Result<()>>,
+    task: JoinHandle<()>,
 }
 
 /// Binds `config.listen` and serves [app] until [Running::stop] (or drop).
@@ -226,35 +228,25 @@ pub async fn start(mut config: ServeConfig) -> std::io::Result<Running> {
     let invalid = |e: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, e);
     let authority = config.load_authority().map_err(invalid)?;
     let acceptor = config.tls_acceptor().map_err(invalid)?;
-    let listener = tokio::net::TcpListener::bind(config.listen).await?;
-    let addr = listener.local_addr()?;
+    let open_files = listen::raise_open_files().unwrap_or(1024);
+    let caps = listen::Caps::new(config.connection_limits(open_files));
+    let tcp = tokio::net::TcpListener::bind(config.listen).await?;
+    let addr = tcp.local_addr()?;
     // The port actually bound (for `--listen host:0`), which the advertised URL is made of.
     config.listen = addr;
     let state = AppState::new(config, authority);
     let stop = CancellationToken::new();
-    let router = app(state.clone()).into_make_service_with_connect_info::<SocketAddr>();
-    let shutdown = stop.clone().cancelled_owned();
     let tls = acceptor.is_some();
-    // `tap_io` also gives both listeners the client address for `ConnectInfo`.
-    let task = match acceptor {
-        Some(acceptor) => {
-            let listener = axum::serve::ListenerExt::tap_io(tls::TlsListener::new(listener, acceptor)?, |_| {});
-            tokio::spawn(async move { axum::serve(listener, router).with_graceful_shutdown(shutdown).await })
-        }
-        None => {
-            // Small request/response exchanges: do not let Nagle's algorithm hold a reply back.
-            let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-                if let Err(err) = tcp.set_nodelay(true) {
-                    tracing::debug!(error = %err, "could not set TCP_NODELAY");
-                }
-            });
-            tokio::spawn(async move { axum::serve(listener, router).with_graceful_shutdown(shutdown).await })
-        }
+    let listener = match acceptor {
+        Some(acceptor) => listen::Listener::Tls(listen::TlsListener::new(tcp, acceptor, caps.clone())),
+        None => listen::Listener::Plain(tcp),
     };
+    let task = tokio::spawn(listen::serve(listener, caps.clone(), app(state.clone()), stop.clone()));
     Ok(Running {
         addr,
         tls,
         state,
+        caps,
         stop,
         task,
     })
@@ -265,6 +257,11 @@ impl Running {
     pub fn url(&self) -> String {
         let scheme = if self.tls { "https" } else { "http" };
         format!("{scheme}://{}", self.addr)
+    }
+
+    /// How many connections are open now (WebSockets included).
+    pub fn open_connections(&self) -> usize {
+        self.caps.open()
     }
 
     /// Shuts down gracefully: stops accepting, closes the WebSockets (close frame 1001), ends
@@ -281,7 +278,7 @@ impl Running {
         let abort = self.task.abort_handle();
         // Long polls may hold connections for up to `max_wait`; do not wait for them.
         match tokio::time::timeout(std::time::Duration::from_secs(2), &mut self.task).await {
-            Ok(Ok(result)) => result,
+            Ok(Ok(())) => Ok(()),
             Ok(Err(err)) => Err(std::io::Error::other(err)),
             Err(_) => {
                 abort.abort();

@@ -1,27 +1,13 @@
-//! HTTPS (and WSS) on the listener: `--tls-cert` and `--tls-key` (PEM), served with rustls.
-//!
-//! Handshakes run in their own tasks, each bounded by [HANDSHAKE_TIMEOUT]: a client that
-//! connects and sends nothing (or a slow one) never holds up the accept loop or anyone else;
-//! finished handshakes are handed to the server through a bounded channel.
+//! HTTPS (and WSS) on the listener: `--tls-cert` and `--tls-key` (PEM), served with rustls (the
+//! listener that runs the handshakes is [crate::listen]'s); and the process's rustls provider.
 
-use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
 
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::rustls::ServerConfig;
-use tokio_rustls::server::TlsStream;
-
-/// Longest a TLS handshake may take.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Handshaken connections waiting for the server.
-const READY_QUEUE: usize = 128;
 
 /// Reads the certificate chain and key (PEM); the error names the file and the problem.
 pub fn acceptor(cert: &Path, key: &Path) -> Result<TlsAcceptor, String> {
@@ -44,71 +30,6 @@ pub fn acceptor(cert: &Path, key: &Path) -> Result<TlsAcceptor, String> {
         .map_err(|e| format!("the certificate and key do not go together: {e}"))?;
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(TlsAcceptor::from(Arc::new(config)))
-}
-
-/// A listener whose connections are TLS, for `axum::serve`.
-pub struct TlsListener {
-    ready: mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
-    local: SocketAddr,
-}
-
-impl TlsListener {
-    /// Accepts on `tcp` in the background (until the listener is dropped).
-    pub fn new(tcp: TcpListener, acceptor: TlsAcceptor) -> std::io::Result<TlsListener> {
-        let local = tcp.local_addr()?;
-        let (deliver, ready) = mpsc::channel(READY_QUEUE);
-        tokio::spawn(accept_loop(tcp, acceptor, deliver));
-        Ok(TlsListener { ready, local })
-    }
-}
-
-async fn accept_loop(
-    tcp: TcpListener,
-    acceptor: TlsAcceptor,
-    deliver: mpsc::Sender<(TlsStream<TcpStream>, SocketAddr)>,
-) {
-    loop {
-        let (stream, peer) = tokio::select! {
-            accepted = tcp.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(err) => {
-                    // Out of file descriptors and the like: back off instead of spinning.
-                    tracing::warn!(error = %err, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            },
-            _ = deliver.closed() => return,
-        };
-        let _ = stream.set_nodelay(true);
-        let (acceptor, deliver) = (acceptor.clone(), deliver.clone());
-        tokio::spawn(async move {
-            match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
-                Ok(Ok(tls)) => {
-                    let _ = deliver.send((tls, peer)).await;
-                }
-                Ok(Err(err)) => tracing::debug!(%peer, error = %err, "TLS handshake failed"),
-                Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
-            }
-        });
-    }
-}
-
-impl axum::serve::Listener for TlsListener {
-    type Io = TlsStream<TcpStream>;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        match self.ready.recv().await {
-            Some(connection) => connection,
-            // The accept loop only ends when this listener is gone.
-            None => std::future::pending().await,
-        }
-    }
-
-    fn local_addr(&self) -> std::io::Result<Self::Addr> {
-        Ok(self.local)
-    }
 }
 
 /// Makes rustls's `ring` provider the process's default. reqwest (built without a provider of

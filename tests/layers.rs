@@ -13,6 +13,8 @@ const LAYERS: &[(&str, u8)] = &[
     ("kind", 0),
     ("metrics", 0),
     ("tls", 0),
+    // The HTTP server's accept loop and its bounds (knows nothing of zkgate's routes).
+    ("listen", 0),
     // Who may do what (names kinds).
     ("auth", 1),
     // ZooKeeper as such: sessions, watches, names, the embedded server.
@@ -42,6 +44,7 @@ const NO_ZOOKEEPER: &[&str] = &[
     "kind",
     "metrics",
     "tls",
+    "listen",
     "auth",
     "lease",
     "instances",

@@ -193,7 +193,12 @@ fn instance_gone(owner: &str) -> ApiError {
 /// usually share a CA).
 pub fn peer_client(config: &crate::config::ServeConfig) -> reqwest::Client {
     crate::tls::install_crypto_provider();
-    let mut builder = reqwest::Client::builder().pool_max_idle_per_host(64).tcp_nodelay(true);
+    // Idle connections go before the peer would close them (`--header-timeout`, 30 s by
+    // default), so that a forward is not sent on a connection being closed.
+    let mut builder = reqwest::Client::builder()
+        .pool_max_idle_per_host(64)
+        .pool_idle_timeout(Duration::from_secs(20))
+        .tcp_nodelay(true);
     if let Some(pem) = config.tls_cert.as_ref().and_then(|cert| std::fs::read(cert).ok())
         && let Ok(certs) = reqwest::Certificate::from_pem_bundle(&pem)
     {

@@ -179,7 +179,8 @@ impl Api {
             headers.insert(AUTHORIZATION, value);
         }
         crate::tls::install_crypto_provider();
-        let mut builder = Client::builder();
+        // Idle connections go before zkgate closes them (`--header-timeout`, 30 s by default).
+        let mut builder = Client::builder().pool_idle_timeout(std::time::Duration::from_secs(20));
         if let Some(ca) = ca {
             let pem = std::fs::read(ca).map_err(|e| format!("--ca {}: {e}", ca.display()))?;
             let certs = reqwest::Certificate::from_pem_bundle(&pem)

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::ws::{CloseFrame, Message, WebSocket};
+use axum::extract::ws::{Message, WebSocket};
 use axum::http::{HeaderName, HeaderValue, Method, header};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -16,7 +16,7 @@ use tokio::time::Instant;
 use tower::ServiceExt;
 
 use super::topic::{self, TopicError};
-use super::{Counted, finish, going_away};
+use super::{Counted, close_idle, finish, going_away};
 use crate::AppState;
 use crate::auth::Caller;
 use crate::events::{Event, Subscription};
@@ -154,8 +154,7 @@ pub async fn serve(
             }
             _ = tokio::time::sleep_until(next_beat) => {
                 if last_heard.elapsed() >= idle_timeout {
-                    let close = CloseFrame { code: IDLE_CLOSE_CODE, reason: "idle timeout".into() };
-                    let _ = tokio::time::timeout(Duration::from_secs(1), socket.send(Message::Close(Some(close)))).await;
+                    close_idle(&mut socket).await;
                     break;
                 }
                 conn.keep_leases_alive(last_heard.elapsed());

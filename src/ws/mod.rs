@@ -90,7 +90,7 @@ pub async fn observe_election(
     Ok(lean(upgrade).on_upgrade(move |socket| async move {
         let _permits = permits;
         let subscription = state.events.subscribe(&kind.topic_name(&name), feed).await;
-        stream(socket, subscription, state.shutdown.clone()).await;
+        stream(socket, subscription, state).await;
     }))
 }
 
@@ -110,32 +110,69 @@ impl Drop for Counted {
     }
 }
 
-/// Sends the subscription's first state and then its events until either side goes.
-async fn stream(mut socket: WebSocket, mut subscription: Subscription, shutdown: tokio_util::sync::CancellationToken) {
+/// Sends the subscription's first state and then its events until either side goes. Like the
+/// general socket, it pings every `--ws-ping-interval` and closes (code 4000) a socket that
+/// sends nothing, not even a pong, for `--ws-idle-timeout`, or whose messages cannot be
+/// written for that long.
+async fn stream(mut socket: WebSocket, mut subscription: Subscription, state: AppState) {
     let _counted = (
         Counted::new(&crate::metrics::get().sockets),
         Counted::new(&crate::metrics::get().subscriptions),
     );
-    if send(&mut socket, &subscription.first).await.is_err() {
+    let (ping_interval, idle_timeout) = (state.config.ws_ping_interval, state.config.ws_idle_timeout);
+    if !deliver(&mut socket, &subscription.first, idle_timeout).await {
         return;
     }
+    let mut last_heard = tokio::time::Instant::now();
+    let mut ping = tokio::time::interval_at(last_heard + ping_interval, ping_interval);
     loop {
         tokio::select! {
             event = subscription.next() => {
                 let Some(event) = event else { return };
-                if send(&mut socket, &event).await.is_err() {
+                if !deliver(&mut socket, &event, idle_timeout).await {
                     return;
                 }
             }
-            _ = shutdown.cancelled() => return going_away(&mut socket).await,
-            incoming = socket.recv() => match incoming {
-                // This socket only listens; pings are answered by the library.
-                Some(Ok(Message::Close(_))) => return finish(&mut socket).await,
-                Some(Err(_)) | None => return,
-                Some(Ok(_)) => {}
-            },
+            _ = state.shutdown.cancelled() => return going_away(&mut socket).await,
+            incoming = socket.recv() => {
+                last_heard = tokio::time::Instant::now();
+                match incoming {
+                    // This socket only listens; pings are answered by the library.
+                    Some(Ok(Message::Close(_))) => return finish(&mut socket).await,
+                    Some(Err(_)) | None => return,
+                    Some(Ok(_)) => {}
+                }
+            }
+            _ = ping.tick() => {
+                if last_heard.elapsed() >= idle_timeout {
+                    return close_idle(&mut socket).await;
+                }
+                let pinged = tokio::time::timeout(idle_timeout, socket.send(Message::Ping(Default::default()))).await;
+                if !matches!(pinged, Ok(Ok(()))) {
+                    return;
+                }
+            }
         }
     }
+}
+
+/// Sends one event, giving up (and so closing the socket) if it cannot be written within
+/// `limit`: a client that stopped reading must not hold a task forever.
+async fn deliver(socket: &mut WebSocket, event: &Event, limit: Duration) -> bool {
+    let text = serde_json::to_string(event).unwrap_or_default();
+    matches!(
+        tokio::time::timeout(limit, socket.send(Message::Text(text.into()))).await,
+        Ok(Ok(()))
+    )
+}
+
+/// Closes a socket that went silent (code [IDLE_CLOSE_CODE]).
+pub(crate) async fn close_idle(socket: &mut WebSocket) {
+    let close = CloseFrame {
+        code: IDLE_CLOSE_CODE,
+        reason: "idle timeout".into(),
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(1), socket.send(Message::Close(Some(close)))).await;
 }
 
 /// Closes a socket because the instance shuts down (code 1001, "going away").
@@ -151,11 +188,6 @@ pub(crate) async fn going_away(socket: &mut WebSocket) {
 pub(crate) async fn finish(socket: &mut WebSocket) {
     use futures::SinkExt;
     let _ = tokio::time::timeout(Duration::from_secs(1), socket.close()).await;
-}
-
-async fn send(socket: &mut WebSocket, event: &Event) -> Result<(), axum::Error> {
-    let text = serde_json::to_string(event).unwrap_or_default();
-    socket.send(Message::Text(text.into())).await
 }
 
 /// The read buffer of a socket. tungstenite's default (128 KiB, allocated up front) would

@@ -408,10 +408,15 @@ pub async fn raw_request(
 ) -> Reply {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    let mut head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n",
-        body.len()
-    );
+    let given = |name: &str| headers.iter().any(|(h, _)| h.eq_ignore_ascii_case(name));
+    let mut head = format!("{method} {path} HTTP/1.1\r\nContent-Length: {}\r\n", body.len());
+    // `Host` and `Connection` unless the caller sends its own.
+    if !given("host") {
+        head.push_str(&format!("Host: {addr}\r\n"));
+    }
+    if !given("connection") {
+        head.push_str("Connection: close\r\n");
+    }
     for (name, value) in headers {
         head.push_str(&format!("{name}: {value}\r\n"));
     }
@@ -545,5 +550,6 @@ pub fn http_client() -> reqwest::Client {
 
 pub fn http_builder() -> reqwest::ClientBuilder {
     zkgate::install_crypto_provider();
-    reqwest::Client::builder()
+    // Idle connections go before zkgate closes them (`--header-timeout`, 30 s).
+    reqwest::Client::builder().pool_idle_timeout(Duration::from_secs(20))
 }

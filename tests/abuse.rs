@@ -1,0 +1,213 @@
+//! zkgate tried as an attacker would, on real sockets with a real ZooKeeper: every scenario of
+//! the hardening issue, each asserting the bound that holds it (docs/SECURITY.md lists them).
+
+mod common;
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use common::{Gate, raw_request, test_config, within, zookeeper};
+use reqwest::StatusCode;
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpSocket, TcpStream};
+
+/// Connects to `addr` from the loopback address `from` (any of 127.0.0.0/8).
+async fn connect_from(from: [u8; 4], addr: SocketAddr) -> std::io::Result<TcpStream> {
+    let socket = TcpSocket::new_v4()?;
+    socket.bind(SocketAddr::from((from, 0)))?;
+    socket.connect(addr).await
+}
+
+/// Waits until the server closes `stream` (a read of 0 bytes or an error), and how long it took.
+async fn closed_by_server(stream: &mut TcpStream, limit: Duration) -> Duration {
+    let started = Instant::now();
+    let mut buffer = [0u8; 1024];
+    within(limit, "the server to close the connection", async {
+        loop {
+            match stream.read(&mut buffer).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await;
+    started.elapsed()
+}
+
+/// A client that stalls in the middle of its request head, or sends nothing at all, or stays
+/// idle on a kept-alive connection, is closed after the header timeout; one that keeps its
+/// long poll waiting is not.
+#[tokio::test]
+async fn stalled_silent_and_idle_connections_are_closed_after_the_header_timeout() {
+    let zk = zookeeper().await;
+    let mut config = test_config(&zk.connect_string());
+    config.header_timeout = Duration::from_secs(1);
+    let gate = Gate::start_with(config).await;
+    let addr = gate.running.addr;
+
+    let mut partial = TcpStream::connect(addr).await.expect("connect");
+    partial
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .expect("write");
+    let mut silent = TcpStream::connect(addr).await.expect("connect");
+    let mut idle = TcpStream::connect(addr).await.expect("connect");
+    idle.write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        .await
+        .expect("write");
+    for stream in [&mut partial, &mut silent, &mut idle] {
+        let took = closed_by_server(stream, Duration::from_secs(10)).await;
+        assert!(took < Duration::from_secs(5), "closed after {took:?}");
+    }
+
+    // A long poll outlives the header timeout: the request is being served.
+    let lease = gate.lease("30s").await;
+    let holder = gate.acquire("slow", &lease, "wait=0").await;
+    assert_eq!(holder.status, StatusCode::OK);
+    let waiter = gate.post("/v1/locks/slow/acquire?wait=3s", None).await;
+    waiter.assert_problem(StatusCode::CONFLICT, None);
+}
+
+/// One address that opens connections and sends nothing takes at most its share: past it
+/// they are closed at once, and another client is still served.
+#[tokio::test]
+async fn one_address_cannot_take_every_connection() {
+    let zk = zookeeper().await;
+    let mut config = test_config(&zk.connect_string());
+    config.max_connections = Some(200);
+    config.max_connections_per_address = Some(40);
+    let gate = Gate::start_with(config).await;
+    let addr = gate.running.addr;
+
+    let mut hoard = Vec::new();
+    for _ in 0..40 {
+        hoard.push(connect_from([127, 0, 0, 5], addr).await.expect("connect"));
+    }
+    // The server counts a connection when it accepts it: wait for all 40 to be counted.
+    within(Duration::from_secs(10), "the hoard to be accepted", async {
+        while gate.running.open_connections() < 40 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    let mut one_more = connect_from([127, 0, 0, 5], addr).await.expect("TCP accepts");
+    let took = closed_by_server(&mut one_more, Duration::from_secs(5)).await;
+    assert!(
+        took < Duration::from_secs(2),
+        "the 41st connection is closed at once ({took:?})"
+    );
+
+    let other = common::http_builder()
+        .local_address(std::net::IpAddr::from([127, 0, 0, 6]))
+        .build()
+        .expect("client");
+    let health = other
+        .get(format!("http://{addr}/healthz"))
+        .send()
+        .await
+        .expect("served");
+    assert_eq!(health.status(), StatusCode::OK);
+    drop(hoard);
+}
+
+/// `/observe` pings its sockets and closes one that answers nothing (not even a pong), as
+/// `/v1/ws` does.
+#[tokio::test]
+async fn a_silent_observer_is_closed_after_the_idle_timeout() {
+    let zk = zookeeper().await;
+    let mut config = test_config(&zk.connect_string());
+    config.ws_ping_interval = Duration::from_millis(200);
+    config.ws_idle_timeout = Duration::from_secs(1);
+    let gate = Gate::start_with(config).await;
+    let mut stream = TcpStream::connect(gate.running.addr).await.expect("connect");
+    let handshake = "GET /v1/elections/e/observe HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: Upgrade\r\n\
+                     Upgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n";
+    stream.write_all(handshake.as_bytes()).await.expect("handshake");
+    // Read (the upgrade, the state, the pings) but never answer.
+    let mut seen = Vec::new();
+    let took = within(Duration::from_secs(10), "the silent observer to be closed", async {
+        let started = Instant::now();
+        let mut buffer = [0u8; 4096];
+        loop {
+            match stream.read(&mut buffer).await {
+                Ok(0) | Err(_) => return started.elapsed(),
+                Ok(n) => seen.extend_from_slice(&buffer[..n]),
+            }
+        }
+    })
+    .await;
+    assert!(String::from_utf8_lossy(&seen).starts_with("HTTP/1.1 101"), "upgraded");
+    assert!(took < Duration::from_secs(5), "closed after {took:?}");
+    // The close frame's status: 4000 (0x0FA0), after the opcode 0x88 and the length.
+    assert!(
+        seen.windows(4).any(|w| w == [0x88, 0x0e, 0x0f, 0xa0]),
+        "close code 4000"
+    );
+}
+
+/// A page that rebinds its own name to zkgate's address makes the browser send its own name as
+/// `Host` (and a matching `Origin`): writes and sockets are refused, reads are not.
+#[tokio::test]
+async fn a_rebinding_page_cannot_write_or_open_a_socket() {
+    let zk = zookeeper().await;
+    let gate = Gate::start(&zk.connect_string()).await;
+    let addr = gate.running.addr;
+    let port = addr.port();
+    let evil = format!("evil.example:{port}");
+    let origin = format!("http://evil.example:{port}");
+    let headers = [("host", evil.as_str()), ("origin", origin.as_str())];
+    let write = raw_request(addr, "POST", "/v1/locks/x/acquire?wait=0", &headers, b"").await;
+    write.assert_problem(StatusCode::FORBIDDEN, None);
+    let upgrade = [
+        ("host", evil.as_str()),
+        ("connection", "Upgrade, close"),
+        ("upgrade", "websocket"),
+        ("sec-websocket-version", "13"),
+        ("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ=="),
+    ];
+    raw_request(addr, "GET", "/v1/ws", &upgrade, b"")
+        .await
+        .assert_problem(StatusCode::FORBIDDEN, None);
+    assert_eq!(
+        raw_request(addr, "GET", "/v1/locks/x", &headers, b"").await.status,
+        StatusCode::OK
+    );
+    // zkgate's own names still write.
+    for host in [format!("localhost:{port}"), addr.to_string()] {
+        let own = raw_request(addr, "POST", "/v1/leases", &[("host", host.as_str())], b"").await;
+        assert_eq!(own.status, StatusCode::CREATED, "{host}: {own:?}");
+    }
+    assert!(
+        gate.get("/v1/locks/x").await.body["holder"].is_null(),
+        "nothing was taken"
+    );
+}
+
+/// Durations past their bounds are refused (400) instead of panicking later, when they are
+/// added to a clock or written as a timestamp.
+#[tokio::test]
+async fn durations_past_their_bounds_are_refused_not_panicked_on() {
+    let zk = zookeeper().await;
+    let gate = Gate::start(&zk.connect_string()).await;
+    let item = gate.post("/v1/queues/q/items", Some(json!({"a": 1}))).await;
+    assert_eq!(item.status, StatusCode::CREATED);
+    gate.post("/v1/queues/q/take?wait=0&ack_deadline=99999999999h", None)
+        .await
+        .assert_problem(StatusCode::BAD_REQUEST, Some("ack_deadline"));
+    gate.post("/v1/queues/q/take?wait=0&ack_deadline=13h", None)
+        .await
+        .assert_problem(StatusCode::BAD_REQUEST, Some("ack_deadline"));
+    let txn = json!({"id": "t", "participants": ["a"], "deadline": "999999999999h"});
+    gate.post("/v1/txns", Some(txn))
+        .await
+        .assert_problem(StatusCode::BAD_REQUEST, Some("deadline"));
+    let revoke = json!({"by": "me", "reason": "r", "grace": "25h"});
+    gate.post("/v1/locks/x/revoke", Some(revoke))
+        .await
+        .assert_problem(StatusCode::BAD_REQUEST, Some("grace"));
+    // The item is still there to take.
+    let taken = gate.post("/v1/queues/q/take?wait=0&ack_deadline=12h", None).await;
+    assert_eq!(taken.status, StatusCode::OK, "{taken:?}");
+    assert!(taken.body["ack_deadline_at"].as_str().is_some());
+}
