@@ -78,10 +78,22 @@ pub struct ServeConfig {
     #[arg(long, env = "ZKGATE_QUEUE_MAX_DELIVERIES", default_value_t = 5)]
     pub queue_max_deliveries: u32,
 
-    /// Messages queued for one WebSocket before its subscriptions skip events and send a
-    /// `resync` with the current state once the client reads again.
-    #[arg(long, env = "ZKGATE_WS_SEND_QUEUE", default_value_t = 256)]
-    pub ws_send_queue: usize,
+    /// Bytes queued for one WebSocket (events and replies not yet written) before its
+    /// subscriptions skip events and send a `resync` with the current state once the client
+    /// reads again; replies wait for room. (`1MiB`, `256KiB` or a number of bytes.)
+    #[arg(long, env = "ZKGATE_WS_SEND_BUFFER", default_value = "1MiB", value_parser = bytes)]
+    pub ws_send_buffer: usize,
+
+    /// Bytes queued over all the WebSockets of the instance: past it, events are skipped (and
+    /// resynced) on every socket, so that clients that do not read cannot take the memory.
+    #[arg(long, env = "ZKGATE_WS_SEND_BUDGET", default_value = "256MiB", value_parser = bytes)]
+    pub ws_send_budget: usize,
+
+    /// Largest message (and frame) a WebSocket client may send; a larger one closes the socket
+    /// (code 1009) before it is buffered. Calls' bodies travel in messages, so the default
+    /// leaves room for the API's largest body (512 KiB) and the call around it.
+    #[arg(long, env = "ZKGATE_WS_MAX_MESSAGE", default_value = "1MiB", value_parser = bytes)]
+    pub ws_max_message: usize,
 
     /// How often a WebSocket is pinged (and its socket-bound leases kept alive, at least three
     /// times per lease TTL).
@@ -187,6 +199,29 @@ fn duration(text: &str) -> Result<Duration, String> {
     parse_duration(text)
 }
 
+/// Parses a size: a number of bytes, or with `KiB`, `MiB`, `GiB` (or `KB`, `MB`, `GB`).
+pub fn bytes(text: &str) -> Result<usize, String> {
+    let text = text.trim();
+    let digits = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let (number, unit) = text.split_at(digits);
+    let number: usize = number
+        .parse()
+        .map_err(|_| format!("`{text}` is not a size; write it like `65536`, `64KiB` or `1MiB`"))?;
+    let scale: usize = match unit.trim() {
+        "" | "B" => 1,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        "KB" => 1_000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        other => return Err(format!("`{other}` is not a unit of size (KiB, MiB, GiB, KB, MB, GB)")),
+    };
+    number
+        .checked_mul(scale)
+        .ok_or_else(|| format!("`{text}` is too large"))
+}
+
 impl ServeConfig {
     /// Defaults with the given ZooKeeper connect string (for tests and embedding).
     pub fn with_zookeeper(connect: &str) -> ServeConfig {
@@ -203,7 +238,9 @@ impl ServeConfig {
             max_wait: Duration::from_secs(60),
             queue_max_depth: 10_000,
             queue_max_deliveries: 5,
-            ws_send_queue: 256,
+            ws_send_buffer: 1024 * 1024,
+            ws_send_budget: 256 * 1024 * 1024,
+            ws_max_message: 1024 * 1024,
             ws_ping_interval: Duration::from_secs(15),
             ws_idle_timeout: Duration::from_secs(45),
             zookeeper_data_dir: None,
@@ -331,4 +368,20 @@ fn hostname() -> Option<String> {
     }
     let end = buffer.iter().position(|&b| b == 0).unwrap_or(buffer.len());
     String::from_utf8(buffer[..end].to_vec()).ok().filter(|h| !h.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bytes;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(bytes("65536"), Ok(65536));
+        assert_eq!(bytes("64KiB"), Ok(65536));
+        assert_eq!(bytes("1MiB"), Ok(1 << 20));
+        assert_eq!(bytes("2 MB"), Ok(2_000_000));
+        assert!(bytes("lots").is_err());
+        assert!(bytes("1XB").is_err());
+        assert!(bytes("99999999999999999999GiB").is_err());
+    }
 }

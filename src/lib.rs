@@ -89,6 +89,9 @@ pub struct Shared {
     pub instances: instances::Instances,
     /// The HTTP client that forwards requests to other instances.
     pub peers: reqwest::Client,
+    /// The bytes all sockets of the instance may have queued for their clients
+    /// (`--ws-send-budget`, see [ws::outbox]).
+    pub ws_budget: ws::outbox::Budget,
 }
 
 impl Shared {
@@ -139,6 +142,7 @@ impl AppState {
         let barrier_watches = ExistsWatches::new(zk.clone());
         let queues = Queues::new(zk.clone(), &config.root, barrier_watches.clone(), instance.id.clone());
         let events = Events::new(zk.clone(), barrier_watches.clone());
+        let ws_budget = ws::outbox::Budget::new(config.ws_send_budget);
         AppState(Arc::new(Shared {
             config: Arc::new(config),
             lanes,
@@ -160,6 +164,7 @@ impl AppState {
             instance,
             instances,
             peers,
+            ws_budget,
         }))
     }
 }

@@ -56,6 +56,7 @@ pub struct Metrics {
     queue_dead_letters: IntGaugeVec,
     leases: IntGauge,
     topics: IntGauge,
+    ws_queued_bytes: IntGauge,
     zookeeper_connected: IntGauge,
     zookeeper_generation: IntGauge,
     zookeeper_connections: IntGauge,
@@ -208,6 +209,11 @@ impl Metrics {
                 "zkgate_event_topics",
                 "Live event topics (each holds one ZooKeeper watch per znode it follows).",
             ),
+            ws_queued_bytes: gauge(
+                &r,
+                "zkgate_ws_queued_bytes",
+                "Bytes queued for WebSocket clients and not yet written (at most --ws-send-budget).",
+            ),
             zookeeper_connected: gauge(
                 &r,
                 "zkgate_zookeeper_connected",
@@ -249,6 +255,7 @@ pub struct Readings {
     pub connections: u64,
     pub leases: usize,
     pub topics: usize,
+    pub ws_queued_bytes: usize,
     /// Per queue: items waiting (claimed ones not counted), claims in flight, dead letters;
     /// `None` when ZooKeeper could not be read (the queue gauges then keep their values).
     pub queues: Option<Vec<QueueCounts>>,
@@ -272,6 +279,7 @@ pub fn render(readings: &Readings) -> String {
     m.zookeeper_connections.set(readings.connections as i64);
     m.leases.set(readings.leases as i64);
     m.topics.set(readings.topics as i64);
+    m.ws_queued_bytes.set(readings.ws_queued_bytes as i64);
     if let Some(queues) = &readings.queues {
         m.queue_depth.reset();
         m.queue_in_flight.reset();

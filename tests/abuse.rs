@@ -211,3 +211,147 @@ async fn durations_past_their_bounds_are_refused_not_panicked_on() {
     assert_eq!(taken.status, StatusCode::OK, "{taken:?}");
     assert!(taken.body["ack_deadline_at"].as_str().is_some());
 }
+
+/// Opens a WebSocket to `path` by hand and returns the stream after the `101` head.
+async fn raw_socket(addr: SocketAddr, path: &str) -> TcpStream {
+    let mut stream = TcpStream::connect(addr).await.expect("connect");
+    let handshake = format!(
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
+         Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
+    );
+    stream.write_all(handshake.as_bytes()).await.expect("handshake");
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        stream.read_exact(&mut byte).await.expect("the upgrade");
+        head.push(byte[0]);
+    }
+    assert!(head.starts_with(b"HTTP/1.1 101"), "{}", String::from_utf8_lossy(&head));
+    stream
+}
+
+/// Sends the header of a masked text frame of `length` bytes and a 64 KiB sliver of it, and
+/// returns what the server sent until it closed the socket.
+async fn announce_frame(addr: SocketAddr, length: u64) -> Vec<u8> {
+    let mut stream = raw_socket(addr, "/v1/ws").await;
+    let mut frame = vec![0x81, 0x80 | 127];
+    frame.extend_from_slice(&length.to_be_bytes());
+    frame.extend_from_slice(&[1, 2, 3, 4]);
+    frame.extend(std::iter::repeat_n(b'a', 64 * 1024));
+    // The server may close while the sliver is still being written.
+    let _ = stream.write_all(&frame).await;
+    let mut seen = Vec::new();
+    within(Duration::from_secs(10), "the socket to be closed", async {
+        let mut buffer = [0u8; 1024];
+        loop {
+            match stream.read(&mut buffer).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => seen.extend_from_slice(&buffer[..n]),
+            }
+        }
+    })
+    .await;
+    seen
+}
+
+/// A frame larger than `--ws-max-message` is refused from its header: the socket is closed
+/// with 1009 (message too big) while only a sliver of it was sent, whether it announces 60 MB
+/// or just past the limit, and zkgate serves on.
+#[tokio::test]
+async fn frames_over_the_limit_are_refused_from_their_header() {
+    let zk = zookeeper().await;
+    let mut config = test_config(&zk.connect_string());
+    config.ws_max_message = 256 * 1024;
+    let gate = Gate::start_with(config).await;
+    for length in [60_000_000, 256 * 1024 + 1] {
+        let seen = announce_frame(gate.running.addr, length).await;
+        // The close frame's status: 1009 (0x03F1), after the opcode 0x88 and the length.
+        assert!(
+            seen.windows(4).any(|w| w[0] == 0x88 && w[2..] == [0x03, 0xf1]),
+            "{length} bytes: close code 1009, got {seen:?}"
+        );
+    }
+    assert_eq!(gate.get("/healthz").await.status, StatusCode::OK);
+}
+
+/// The resident memory of this test process (zkgate runs in it), in bytes.
+fn resident_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS");
+    kib * 1024
+}
+
+/// A gauge's value from `/metrics`.
+async fn gauge(gate: &Gate, name: &str) -> f64 {
+    let text = gate
+        .http
+        .get(format!("{}/metrics", gate.url))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    text.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
+        .unwrap_or_else(|| panic!("{name} in /metrics"))
+}
+
+/// Clients that subscribe to a large value and never read cost zkgate their send buffer, not
+/// what is written meanwhile: 80 MB of changes leave at most `--ws-send-buffer` queued per
+/// socket, and the process's memory does not follow the writes.
+#[tokio::test]
+async fn clients_that_never_read_cost_their_send_buffer_not_the_writes() {
+    let zk = zookeeper().await;
+    let mut config = test_config(&zk.connect_string());
+    config.ws_send_buffer = 256 * 1024;
+    let gate = Gate::start_with(config).await;
+    let put = |i: usize| {
+        let value = format!("{i:04}-{}", "x".repeat(200 * 1024));
+        gate.http
+            .put(format!("{}/v1/kv/big", gate.url))
+            .header("Content-Type", "text/plain")
+            .body(value)
+            .send()
+    };
+    assert!(put(0).await.expect("PUT").status().is_success());
+    let mut silent = Vec::new();
+    for _ in 0..4 {
+        let mut stream = raw_socket(gate.running.addr, "/v1/ws").await;
+        // A masked text frame with the subscription, and then never a read again.
+        let subscribe = br#"{"op":"subscribe","id":"s","topic":{"znode":{"path":"kv/big"}}}"#;
+        let mut frame = vec![0x81, 0x80 | subscribe.len() as u8, 0, 0, 0, 0];
+        frame.extend_from_slice(subscribe);
+        stream.write_all(&frame).await.expect("subscribe");
+        silent.push(stream);
+    }
+    within(Duration::from_secs(10), "the subscriptions", async {
+        while gauge(&gate, "zkgate_websocket_subscriptions").await < 4.0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    let before = resident_bytes();
+    let mut most_queued = 0.0f64;
+    for i in 1..=400 {
+        assert!(put(i).await.expect("PUT").status().is_success());
+        if i % 20 == 0 {
+            most_queued = most_queued.max(gauge(&gate, "zkgate_ws_queued_bytes").await);
+        }
+    }
+    let grown = resident_bytes().saturating_sub(before);
+    assert!(
+        most_queued <= (4 * 256 * 1024) as f64,
+        "at most the 4 send buffers queued, saw {most_queued} bytes"
+    );
+    assert!(
+        grown < 40 * 1024 * 1024,
+        "80 MB written to 4 silent sockets grew the process by {} MiB",
+        grown / (1024 * 1024)
+    );
+    drop(silent);
+}

@@ -145,7 +145,7 @@ async fn a_dropped_connection_brings_a_resync_when_it_comes_back() {
 async fn a_client_that_stops_reading_gets_a_resync_instead_of_a_gap() {
     let zk = zookeeper().await;
     let mut config = test_config(&zk.connect_string());
-    config.ws_send_queue = 4;
+    config.ws_send_buffer = 4096;
     let gate = Gate::start_with(config).await;
 
     // A client with a small receive buffer, so that the server's writes block soon.
@@ -173,7 +173,7 @@ async fn a_client_that_stops_reading_gets_a_resync_instead_of_a_gap() {
     assert_eq!(first["type"], "state");
 
     // 64 values of 64 KiB while the client does not read: far more than the socket buffers
-    // and the 4-message queue hold.
+    // and the 4 KiB queue hold.
     let last = 63;
     for i in 0..=last {
         let value = format!("{i:04}-{}", "x".repeat(64 * 1024));

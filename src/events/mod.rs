@@ -24,8 +24,15 @@ use crate::zk::recursive::Change;
 use crate::zk::session::{Connection, Status, ZkSession};
 use crate::zk::watch::{ExistsWatches, Mode};
 
-/// Events kept for slow subscribers before they are told they fell behind.
-const BACKLOG: usize = 256;
+/// Events kept for subscribers that have not taken them yet, before they are told they fell
+/// behind. Subscribers hand events on at once (a socket's own queue is bounded in bytes, see
+/// [crate::ws::outbox]), so a short backlog is enough; a long one would keep that many states
+/// alive for every busy topic, large values and all.
+const BACKLOG: usize = 16;
+
+/// A topic's state, shared by its events and the subscribers they reach (never copied per
+/// subscriber).
+pub type State = Arc<serde_json::Value>;
 
 /// One event on a topic.
 #[derive(Clone, Debug, Serialize, PartialEq)]
@@ -55,7 +62,7 @@ pub struct Event {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub path: Option<String>,
     /// The topic's state after the change.
-    pub state: serde_json::Value,
+    pub state: State,
 }
 
 /// What feeds a topic: a task that publishes its events until nobody listens.
@@ -87,9 +94,9 @@ impl Feed {
 }
 
 struct Topic {
-    sender: broadcast::Sender<Event>,
+    sender: broadcast::Sender<Arc<Event>>,
     /// The last state published and its sequence number.
-    last: Mutex<(u64, serde_json::Value)>,
+    last: Mutex<(u64, State)>,
     /// How many subscriptions are live; the topic's task ends when none is.
     listeners: watch::Sender<usize>,
 }
@@ -104,8 +111,8 @@ pub struct Events {
 
 /// A subscription: the state when it began, then the events.
 pub struct Subscription {
-    pub first: Event,
-    events: broadcast::Receiver<Event>,
+    pub first: Arc<Event>,
+    events: broadcast::Receiver<Arc<Event>>,
     /// The sequence number of the last event handed out.
     seen: u64,
     topic: Arc<Topic>,
@@ -121,7 +128,7 @@ impl Drop for Subscription {
 impl Subscription {
     /// The next event after the ones already seen (the first state included); a `resync`
     /// with the current state if this subscriber fell behind; `None` when the topic ends.
-    pub async fn next(&mut self) -> Option<Event> {
+    pub async fn next(&mut self) -> Option<Arc<Event>> {
         loop {
             match self.events.recv().await {
                 // The receiver may hold events from before the first state or a resync.
@@ -142,11 +149,11 @@ impl Subscription {
 
     /// The state now, as an event of kind `resync` (reason `fell_behind`), for a subscriber
     /// that missed events; the events it covers are skipped from then on.
-    pub fn resync(&mut self) -> Event {
+    pub fn resync(&mut self) -> Arc<Event> {
         let (seq, state) = self.topic.last();
         self.seen = seq;
         crate::metrics::get().resyncs.with_label_values(&["fell_behind"]).inc();
-        Event {
+        Arc::new(Event {
             topic: self.name.clone(),
             seq,
             kind: "resync",
@@ -154,12 +161,12 @@ impl Subscription {
             reason: Some("fell_behind"),
             path: None,
             state,
-        }
+        })
     }
 }
 
 impl Topic {
-    fn last(&self) -> (u64, serde_json::Value) {
+    fn last(&self) -> (u64, State) {
         self.last.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 }
@@ -175,26 +182,26 @@ pub struct Publisher {
 impl Publisher {
     /// Publishes an event with the next sequence number; `state` becomes the topic's state.
     pub fn publish(&self, kind: &'static str, state: serde_json::Value, zxid: Option<i64>) {
-        self.publish_event(kind, state, zxid, None, None);
+        self.publish_event(kind, Arc::new(state), zxid, None, None);
     }
 
     /// Publishes a `resync` with the state after a time in which changes may have been lost.
     pub fn resync(&self, reason: &'static str, state: serde_json::Value) {
         crate::metrics::get().resyncs.with_label_values(&[reason]).inc();
-        self.publish_event("resync", state, None, Some(reason), None);
+        self.publish_event("resync", Arc::new(state), None, Some(reason), None);
     }
 
     /// Publishes the event of one node below a recursive watch, with the topic's new state
     /// (`None`: it stays).
     pub fn publish_node(&self, kind: &'static str, path: String, zxid: Option<i64>, state: Option<serde_json::Value>) {
-        let state = state.unwrap_or_else(|| self.last_state());
+        let state = state.map(Arc::new).unwrap_or_else(|| self.topic.last().1);
         self.publish_event(kind, state, zxid, None, Some(path));
     }
 
     fn publish_event(
         &self,
         kind: &'static str,
-        state: serde_json::Value,
+        state: State,
         zxid: Option<i64>,
         reason: Option<&'static str>,
         path: Option<String>,
@@ -202,7 +209,7 @@ impl Publisher {
         let mut last = self.topic.last.lock().unwrap_or_else(|e| e.into_inner());
         last.0 += 1;
         last.1 = state.clone();
-        let event = Event {
+        let event = Arc::new(Event {
             topic: self.name.clone(),
             seq: last.0,
             kind,
@@ -210,13 +217,9 @@ impl Publisher {
             reason,
             path,
             state,
-        };
+        });
         // Sent under the lock, so that events leave in the order of their numbers.
         let _ = self.topic.sender.send(event);
-    }
-
-    pub fn last_state(&self) -> serde_json::Value {
-        self.topic.last().1
     }
 
     pub fn zk(&self) -> &ZkSession {
@@ -322,7 +325,7 @@ impl Events {
             }
         };
         Subscription {
-            first: Event {
+            first: Arc::new(Event {
                 topic: name.to_string(),
                 seq,
                 kind: "state",
@@ -330,7 +333,7 @@ impl Events {
                 reason: None,
                 path: None,
                 state,
-            },
+            }),
             events,
             seen: seq,
             topic,
@@ -367,7 +370,7 @@ impl Events {
                 None => {
                     let topic = Arc::new(Topic {
                         sender: broadcast::channel(BACKLOG).0,
-                        last: Mutex::new((0, serde_json::Value::Null)),
+                        last: Mutex::new((0, State::default())),
                         listeners: watch::Sender::new(0),
                     });
                     topics.insert(name.to_string(), topic.clone());

@@ -50,21 +50,21 @@ async fn a_subscriber_gets_the_state_then_each_event_numbered() {
     let (feed, send, _) = fed();
     let mut subscription = events.subscribe("t", feed).await;
     assert_eq!((subscription.first.kind, subscription.first.seq), ("state", 1));
-    assert_eq!(subscription.first.state, json!(0));
+    assert_eq!(*subscription.first.state, json!(0));
     for n in 1..=3 {
         send.send(n).expect("feed");
     }
     for n in 1..=3u64 {
         let event = within(subscription.next()).await.expect("event");
         assert_eq!(
-            (event.kind, event.seq, event.state, event.zxid),
+            (event.kind, event.seq, (*event.state).clone(), event.zxid),
             ("n", n + 1, json!(n), Some(n as i64))
         );
     }
     // A second subscriber joins the live topic: it starts with the state as it is now.
     let late = events.subscribe("t", fed().0).await;
     assert_eq!(
-        (late.first.kind, late.first.seq, late.first.state.clone()),
+        (late.first.kind, late.first.seq, (*late.first.state).clone()),
         ("state", 4, json!(3))
     );
     assert_eq!(events.topics(), 1, "one topic however many subscribe");
@@ -80,12 +80,12 @@ async fn a_subscriber_that_falls_behind_gets_the_state_again_not_a_gap() {
     for n in 1..=total {
         send.send(n).expect("feed");
         // The fast one keeps up.
-        assert_eq!(within(fast.next()).await.expect("event").state, json!(n));
+        assert_eq!(*within(fast.next()).await.expect("event").state, json!(n));
     }
     let resync = within(slow.next()).await.expect("resync");
     assert_eq!((resync.kind, resync.reason), ("resync", Some("fell_behind")));
     assert_eq!(
-        (resync.seq, resync.state),
+        (resync.seq, (*resync.state).clone()),
         (total + 1, json!(total)),
         "the latest state"
     );

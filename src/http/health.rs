@@ -113,6 +113,7 @@ async fn readings(state: &AppState) -> crate::metrics::Readings {
         connections: status.connects,
         leases: state.leases.count(),
         topics: state.events.topics(),
+        ws_queued_bytes: state.ws_budget.queued(),
         queues,
     }
 }

@@ -10,11 +10,11 @@ use axum::extract::ws::{Message, WebSocket};
 use axum::http::{HeaderName, HeaderValue, Method, header};
 use serde::Deserialize;
 use serde_json::{Value, json};
-use tokio::sync::mpsc;
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
 use tower::ServiceExt;
 
+use super::outbox::{Outbox, Refused, outbox};
 use super::topic::{self, TopicError};
 use super::{Counted, close_idle, finish, going_away};
 use crate::AppState;
@@ -82,7 +82,7 @@ struct Conn {
     /// The handshake's bearer token, if it had one.
     token: Option<Token>,
     /// Messages for the client: events of the subscriptions and replies of calls.
-    outbox: mpsc::Sender<String>,
+    outbox: Outbox,
     subscriptions: HashMap<String, JoinHandle<()>>,
     calls: JoinSet<()>,
     /// Leases this socket keeps alive.
@@ -104,7 +104,7 @@ pub async fn serve(
 ) {
     let _counted = Counted::new(&crate::metrics::get().sockets);
     let (idle_timeout, ping_interval) = (state.config.ws_idle_timeout, state.config.ws_ping_interval);
-    let (outbox, mut queued) = mpsc::channel::<String>(state.config.ws_send_queue.max(1));
+    let (outbox, mut queued) = outbox(state.config.ws_send_buffer, &state.ws_budget);
     let mut conn = Conn {
         state,
         caller,
@@ -143,12 +143,17 @@ pub async fn serve(
                         finish(&mut socket).await;
                         break;
                     }
-                    Some(Err(_)) | None => break,
+                    Some(Err(error)) => {
+                        super::read_failed(&mut socket, error, conn.state.config.ws_max_message).await;
+                        break;
+                    }
+                    None => break,
                     Some(Ok(_)) => {}
                 }
             }
             Some(message) = queued.recv() => {
-                if !deliver(&mut socket, message, idle_timeout).await {
+                // The message holds its bytes in the budgets until it is written.
+                if !deliver(&mut socket, message.text, idle_timeout).await {
                     break;
                 }
             }
@@ -399,14 +404,15 @@ impl Conn {
     }
 }
 
-/// Forwards a subscription's events, tagged with its id, into the socket's bounded queue.
+/// Forwards a subscription's events, tagged with its id, into the socket's outbox (bounded in
+/// bytes, see [super::outbox]).
 ///
-/// When the queue is full (the client reads more slowly than events come), the event is
+/// When the outbox is full (the client reads more slowly than events come), the event is
 /// dropped for this socket, and so is every one until there is room again; then the socket
 /// gets a `resync` with the topic's state as it is then (reason `fell_behind`), and events
 /// after it. So a slow socket costs a bounded queue, never holds the topic or the other
 /// sockets back, and is told what it missed instead of seeing a silent gap.
-async fn forward(id: String, mut subscription: Subscription, outbox: mpsc::Sender<String>, permit: Permit) {
+async fn forward(id: String, mut subscription: Subscription, outbox: Outbox, permit: Permit) {
     // Dropped when the task ends or is aborted (unsubscribe, socket closed).
     let _counted = (Counted::new(&crate::metrics::get().subscriptions), permit);
     let mut next = Some(subscription.first.clone());
@@ -418,25 +424,35 @@ async fn forward(id: String, mut subscription: Subscription, outbox: mpsc::Sende
                 None => return,
             },
         };
-        match outbox.try_send(tagged(&id, &event)) {
+        let message = tagged(&id, &event);
+        let size = message.len();
+        match outbox.try_send(message) {
             Ok(()) => {}
-            Err(mpsc::error::TrySendError::Closed(_)) => return,
-            Err(mpsc::error::TrySendError::Full(_)) => {
-                let Ok(permit) = outbox.reserve().await else {
+            Err(Refused::Closed) => return,
+            Err(Refused::Full) => {
+                // Skip events until there is room (for a message the size of the one dropped),
+                // then tell the client what it missed: the state now.
+                if outbox.room_for(size).await.is_err()
+                    || outbox.send(tagged(&id, &subscription.resync())).await.is_err()
+                {
                     return;
-                };
-                permit.send(tagged(&id, &subscription.resync()));
+                }
             }
         }
     }
 }
 
 /// An event as the general socket sends it: with `op` and the subscription's id.
+///
+/// The event is written straight after `op` and `id` (its fields never include either), so
+/// that its state, however large, is serialized once into the message rather than copied into
+/// a JSON tree for each socket first.
 fn tagged(id: &str, event: &Event) -> String {
-    let mut message = serde_json::to_value(event).unwrap_or_default();
-    message["op"] = Value::String("event".into());
-    message["id"] = Value::String(id.to_string());
-    message.to_string()
+    let body = serde_json::to_string(event).unwrap_or_else(|_| "{}".into());
+    let id = Value::String(id.to_string());
+    let fields = body.strip_prefix('{').unwrap_or(&body);
+    let separator = if fields.starts_with('}') { "" } else { "," };
+    format!(r#"{{"op":"event","id":{id}{separator}{fields}"#)
 }
 
 /// The socket's `error` message for `problem`.

@@ -30,6 +30,7 @@
 //! leaving), each with the topic's sequence number.
 
 mod conn;
+pub mod outbox;
 mod topic;
 
 use std::time::Duration;
@@ -87,11 +88,13 @@ pub async fn observe_election(
     let kind = Kind::Election;
     let feed =
         crate::http::topic(&state, kind, &name).ok_or_else(|| ApiError::new(Problem::Internal, "no election topic"))?;
-    Ok(lean(upgrade).on_upgrade(move |socket| async move {
-        let _permits = permits;
-        let subscription = state.events.subscribe(&kind.topic_name(&name), feed).await;
-        stream(socket, subscription, state).await;
-    }))
+    Ok(
+        lean(upgrade, state.config.ws_max_message).on_upgrade(move |socket| async move {
+            let _permits = permits;
+            let subscription = state.events.subscribe(&kind.topic_name(&name), feed).await;
+            stream(socket, subscription, state).await;
+        }),
+    )
 }
 
 /// Counts a socket or a subscription in its gauge while it lives.
@@ -139,7 +142,8 @@ async fn stream(mut socket: WebSocket, mut subscription: Subscription, state: Ap
                 match incoming {
                     // This socket only listens; pings are answered by the library.
                     Some(Ok(Message::Close(_))) => return finish(&mut socket).await,
-                    Some(Err(_)) | None => return,
+                    Some(Err(error)) => return read_failed(&mut socket, error, state.config.ws_max_message).await,
+                    None => return,
                     Some(Ok(_)) => {}
                 }
             }
@@ -184,6 +188,22 @@ pub(crate) async fn going_away(socket: &mut WebSocket) {
     let _ = tokio::time::timeout(Duration::from_secs(1), socket.send(Message::Close(Some(close)))).await;
 }
 
+/// Ends a socket whose read failed. A message over `--ws-max-message` is answered with close
+/// code 1009 (message too big), so that the client knows why; any other failure (the
+/// connection broke, a protocol error) just ends it.
+pub(crate) async fn read_failed(socket: &mut WebSocket, error: axum::Error, limit: usize) {
+    // axum wraps tungstenite's error without exposing its type (axum pins its own tungstenite
+    // version); its text is the public contract left: "Space limit exceeded: Message too long".
+    if !error.to_string().contains("Space limit exceeded") {
+        return;
+    }
+    let close = CloseFrame {
+        code: 1009,
+        reason: format!("message too big: at most {limit} bytes").into(),
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(1), socket.send(Message::Close(Some(close)))).await;
+}
+
 /// Completes the closing handshake the client began (bounded: the client may be gone).
 pub(crate) async fn finish(socket: &mut WebSocket) {
     use futures::SinkExt;
@@ -198,14 +218,18 @@ const READ_BUFFER_BYTES: usize = 4 * 1024;
 /// Sockets are flushed after each message anyway: no write buffer to fill first.
 const WRITE_BUFFER_BYTES: usize = 0;
 
-/// Sizes an upgrade's buffers for many mostly idle sockets.
-pub(crate) fn lean(upgrade: WebSocketUpgrade) -> WebSocketUpgrade {
+/// Sizes an upgrade's buffers for many mostly idle sockets, and bounds what a client may send:
+/// a message (or frame) over `max_message` bytes closes the socket with 1009 (message too big)
+/// before it is buffered, so a 60 MB frame costs zkgate no more than the limit.
+pub(crate) fn lean(upgrade: WebSocketUpgrade, max_message: usize) -> WebSocketUpgrade {
     upgrade
         // A browser that sends its token as the `zkgate.bearer.…` subprotocol also offers
         // `zkgate`, which is the one answered (never the one with the token).
         .protocols([crate::http::auth::SUBPROTOCOL])
         .read_buffer_size(READ_BUFFER_BYTES)
         .write_buffer_size(WRITE_BUFFER_BYTES)
+        .max_message_size(max_message)
+        .max_frame_size(max_message)
 }
 
 /// The general WebSocket: subscriptions to topics, socket-bound leases, API calls.
@@ -242,10 +266,12 @@ pub async fn socket(
     let address = address.map(|a| a.0);
     let permits = socket_permits(&state, &caller, address)?;
     // The socket outlives the handshake's request: it acts as the caller of the handshake.
-    Ok(lean(upgrade).on_upgrade(move |socket| async move {
-        let _permits = permits;
-        conn::serve(state, caller, token.map(|t| t.0), socket, address).await
-    }))
+    Ok(
+        lean(upgrade, state.config.ws_max_message).on_upgrade(move |socket| async move {
+            let _permits = permits;
+            conn::serve(state, caller, token.map(|t| t.0), socket, address).await
+        }),
+    )
 }
 
 /// The socket counted against its principal's and its address's limits (429 beyond them).
