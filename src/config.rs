@@ -90,9 +90,9 @@ pub struct ServeConfig {
     pub ws_send_budget: usize,
 
     /// Largest message (and frame) a WebSocket client may send; a larger one closes the socket
-    /// (code 1009) before it is buffered. Calls' bodies travel in messages, so the default
-    /// leaves room for the API's largest body (512 KiB) and the call around it.
-    #[arg(long, env = "ZKGATE_WS_MAX_MESSAGE", default_value = "1MiB", value_parser = bytes)]
+    /// (code 1009) before it is buffered. Calls' bodies travel in messages, so a call with a
+    /// larger body goes over HTTP (or this is raised, up to the API's 512 KiB body limit).
+    #[arg(long, env = "ZKGATE_WS_MAX_MESSAGE", default_value = "64KiB", value_parser = bytes)]
     pub ws_max_message: usize,
 
     /// How often a WebSocket is pinged (and its socket-bound leases kept alive, at least three
@@ -135,6 +135,15 @@ pub struct ServeConfig {
     /// Subscriptions one principal may hold over all its sockets.
     #[arg(long, env = "ZKGATE_MAX_SUBSCRIPTIONS_PER_PRINCIPAL", default_value_t = 100_000)]
     pub max_subscriptions_per_principal: usize,
+
+    /// Long polls (requests to an endpoint that takes `wait`) one principal may have in flight
+    /// on this instance (with auth off: one client address); more answer 429.
+    #[arg(long, env = "ZKGATE_MAX_LONG_POLLS_PER_PRINCIPAL", default_value_t = 1_000)]
+    pub max_long_polls_per_principal: usize,
+
+    /// Long polls in flight on this instance, over all principals.
+    #[arg(long, env = "ZKGATE_MAX_LONG_POLLS", default_value_t = 10_000)]
+    pub max_long_polls: usize,
 
     /// Origins (`https://app.example.com`) whose pages may call the API from a browser (CORS)
     /// and open its WebSockets; repeat, or separate with commas. Pages elsewhere get 403 on
@@ -240,7 +249,7 @@ impl ServeConfig {
             queue_max_deliveries: 5,
             ws_send_buffer: 1024 * 1024,
             ws_send_budget: 256 * 1024 * 1024,
-            ws_max_message: 1024 * 1024,
+            ws_max_message: 64 * 1024,
             ws_ping_interval: Duration::from_secs(15),
             ws_idle_timeout: Duration::from_secs(45),
             zookeeper_data_dir: None,
@@ -260,6 +269,8 @@ impl ServeConfig {
             max_sockets_per_principal: 10_000,
             max_sockets_per_address: 10_000,
             max_subscriptions_per_principal: 100_000,
+            max_long_polls_per_principal: 1_000,
+            max_long_polls: 10_000,
             zookeeper_security: Default::default(),
         }
     }
@@ -301,6 +312,8 @@ impl ServeConfig {
             sockets_per_principal: self.max_sockets_per_principal,
             sockets_per_address: self.max_sockets_per_address,
             subscriptions_per_principal: self.max_subscriptions_per_principal,
+            long_polls_per_principal: self.max_long_polls_per_principal,
+            long_polls: self.max_long_polls,
         }
     }
 

@@ -5,6 +5,8 @@
 //! - the rate of writes (every request but `GET`/`HEAD`: they cost ZooKeeper writes and
 //!   watches), per principal (per client address when auth is off): a token bucket;
 //! - open WebSockets per principal and per client address, subscriptions per principal;
+//! - long polls in flight per principal and on the whole instance (each holds a connection
+//!   and a task for up to `--max-wait`);
 //! - live leases per principal, queued contenders per principal and per lock ([crate::lease]
 //!   and the acquire handlers ask here);
 //! - request bodies (413) and waits (capped) are bounded where they are read; queue depth
@@ -38,6 +40,9 @@ pub struct LimitSettings {
     pub sockets_per_principal: usize,
     pub sockets_per_address: usize,
     pub subscriptions_per_principal: usize,
+    /// Requests to endpoints that may wait, in flight per principal and in all.
+    pub long_polls_per_principal: usize,
+    pub long_polls: usize,
 }
 
 /// Counters and buckets shared by the whole instance.
@@ -101,6 +106,26 @@ impl Limits {
             key,
             held: self.held.clone(),
         })
+    }
+}
+
+impl Limits {
+    /// A long poll of `caller` counted against the per-principal and the instance's limits
+    /// until the permits drop.
+    pub fn long_poll(&self, caller: &Caller, address: Option<ClientAddr>) -> Result<[Permit; 2], Refusal> {
+        let settings = self.settings;
+        let key = client_key(caller, address);
+        let own = self.hold(
+            format!("long polls of {key}"),
+            settings.long_polls_per_principal,
+            &format!("long polls in flight for {key} (--max-long-polls-per-principal)"),
+        )?;
+        let all = self.hold(
+            "long polls".to_string(),
+            settings.long_polls,
+            "long polls in flight on this instance (--max-long-polls)",
+        )?;
+        Ok([own, all])
     }
 }
 
@@ -194,6 +219,8 @@ mod tests {
             sockets_per_principal: 1,
             sockets_per_address: 1,
             subscriptions_per_principal: 1,
+            long_polls_per_principal: 1,
+            long_polls: 1,
         }
     }
 

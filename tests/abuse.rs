@@ -355,3 +355,109 @@ async fn clients_that_never_read_cost_their_send_buffer_not_the_writes() {
     );
     drop(silent);
 }
+
+/// Long polls are capped per principal (with auth off: per client address) and on the whole
+/// instance: past either, 429 with `Retry-After` naming the limit, while other requests are
+/// served; a long poll whose client goes away gives its place back.
+#[tokio::test]
+async fn long_polls_are_capped_per_principal_and_per_instance() {
+    let zk = zookeeper().await;
+    let mut config = test_config(&zk.connect_string());
+    config.max_long_polls_per_principal = 3;
+    config.max_long_polls = 5;
+    let gate = Gate::start_with(config).await;
+    let put = gate
+        .http
+        .put(format!("{}/v1/kv/watched", gate.url))
+        .json(&json!({"v": 1}))
+        .send()
+        .await
+        .expect("PUT");
+    let etag = put.headers()["etag"].to_str().expect("ETag").to_string();
+    let client_at = |last: u8| {
+        common::http_builder()
+            .local_address(std::net::IpAddr::from([127, 0, 0, last]))
+            .build()
+            .expect("client")
+    };
+    let url = gate.url.clone();
+    let long_poll = |client: reqwest::Client| {
+        let (url, etag) = (url.clone(), etag.clone());
+        tokio::spawn(async move {
+            client
+                .get(format!("{url}/v1/kv/watched?wait=60s"))
+                .header("if-none-match", etag)
+                .send()
+                .await
+        })
+    };
+    // A probe is a request to a long-poll endpoint that answers at once while there is room.
+    let probe = |client: reqwest::Client| {
+        let url = url.clone();
+        async move {
+            let response = client.get(format!("{url}/v1/kv/absent")).send().await.expect("probe");
+            common::Reply::read(response).await
+        }
+    };
+    // Waits until a probe from `client` is refused, and returns the refusal.
+    let refused = |client: reqwest::Client| async move {
+        within(Duration::from_secs(10), "the long polls to fill the limit", async {
+            loop {
+                let reply = probe(client.clone()).await;
+                if reply.status == StatusCode::TOO_MANY_REQUESTS {
+                    return reply;
+                }
+                assert_eq!(reply.status, StatusCode::NOT_FOUND);
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+    };
+
+    let mine: Vec<_> = (0..3).map(|_| long_poll(client_at(7))).collect();
+    let full = refused(client_at(7)).await;
+    full.assert_problem(StatusCode::TOO_MANY_REQUESTS, None);
+    assert!(full.retry_after.is_some(), "Retry-After");
+    assert!(
+        full.body["detail"]
+            .as_str()
+            .unwrap()
+            .contains("--max-long-polls-per-principal"),
+        "{full:?}"
+    );
+    // Another client still has room, until the instance's five are taken.
+    assert_eq!(probe(client_at(8)).await.status, StatusCode::NOT_FOUND);
+    let theirs: Vec<_> = (0..2).map(|_| long_poll(client_at(8))).collect();
+    let full = refused(client_at(9)).await;
+    assert!(
+        full.body["detail"].as_str().unwrap().contains("--max-long-polls)"),
+        "{full:?}"
+    );
+    // Other requests are not long polls: served.
+    let lease = gate.post("/v1/leases", None).await;
+    assert_eq!(lease.status, StatusCode::CREATED);
+
+    // A client that goes away gives its places back.
+    for task in mine {
+        task.abort();
+    }
+    within(Duration::from_secs(10), "the places to come back", async {
+        while probe(client_at(7)).await.status != StatusCode::NOT_FOUND {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    // The long polls still waiting are answered when the value changes.
+    let put = gate
+        .http
+        .put(format!("{}/v1/kv/watched", gate.url))
+        .json(&json!({"v": 2}))
+        .send()
+        .await
+        .expect("PUT");
+    assert!(put.status().is_success());
+    for task in theirs {
+        let answer = within(Duration::from_secs(10), "the long poll", task).await;
+        assert_eq!(answer.expect("task").expect("answer").status(), StatusCode::OK);
+    }
+}

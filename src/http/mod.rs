@@ -129,12 +129,12 @@ pub fn routes() -> OpenApiRouter<AppState> {
 
 /// The guards of every API route, after routing (so they read the kind and name the router
 /// matched): requests for another instance's lease go there ([forward::forward]), the owner
-/// authorises them by name ([auth::authorize]) and counts them against the write rate
-/// ([limits::rate_limit]). Routes only: unknown paths and methods get their problem without.
+/// authorises them by name ([auth::authorize]) and counts them against the write rate and the
+/// long polls in flight ([limits::limit]). Routes only: unknown paths and methods get their problem without.
 pub fn guard(router: Router<AppState>, state: &AppState) -> Router<AppState> {
     use axum::middleware::from_fn_with_state;
     router
-        .route_layer(from_fn_with_state(state.clone(), limits::rate_limit))
+        .route_layer(from_fn_with_state(state.clone(), limits::limit))
         .route_layer(axum::middleware::from_fn(auth::authorize))
         .route_layer(from_fn_with_state(state.clone(), forward::forward))
 }
@@ -284,7 +284,8 @@ pub fn document_auth(spec: &mut utoipa::openapi::OpenApi) {
             let mut guards = vec![Problem::Unauthorized, Problem::Forbidden];
             if write {
                 guards.extend([Problem::RateLimited, Problem::TooMany]);
-            } else if socket {
+            } else if socket || limits::takes_wait(operation) {
+                // A socket or a long poll past its limits.
                 guards.push(Problem::TooMany);
             }
             let responses = &mut operation.responses.responses;
