@@ -5,17 +5,19 @@
 //! (a [Source]) it follows the shared watches the source asks for, re-reads the state on each
 //! change, and publishes an event when [Source::change] says what changed, numbered by the
 //! topic's own sequence. Subscribers get the current
-//! state first, then the changes, in order; one that falls behind the bounded channel is told
-//! so (and given the state again) rather than silently skipping events. When the last
-//! subscriber goes the task ends. However many sockets watch a topic, ZooKeeper sees one
-//! watch per instance.
+//! state first, then the changes, in order; one that falls behind the topic's recent events
+//! (bounded in number and in bytes) is told so (and given the state again) rather than
+//! silently skipping events. When the last subscriber goes the task ends. However many sockets
+//! watch a topic, ZooKeeper sees one watch per instance.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use futures::future::BoxFuture;
 use serde::Serialize;
-use tokio::sync::{broadcast, watch};
+use std::collections::VecDeque;
+
+use tokio::sync::watch;
 
 use crate::lease::Leases;
 use crate::recipes::lease::{EndReason, Lease, LeaseError};
@@ -24,11 +26,14 @@ use crate::zk::recursive::Change;
 use crate::zk::session::{Connection, Status, ZkSession};
 use crate::zk::watch::{ExistsWatches, Mode};
 
-/// Events kept for subscribers that have not taken them yet, before they are told they fell
-/// behind. Subscribers hand events on at once (a socket's own queue is bounded in bytes, see
-/// [crate::ws::outbox]), so a short backlog is enough; a long one would keep that many states
-/// alive for every busy topic, large values and all.
+/// Most recent events a topic keeps for subscribers that have not taken them yet, in number and
+/// in bytes (as JSON); the last one is kept whatever its size. A subscriber that has not taken
+/// an event by the time it is dropped is told it fell behind. Subscribers hand events on at
+/// once (a socket's own queue is bounded in bytes, see [crate::ws::outbox]), so a short
+/// backlog is enough; a long one would keep that many states alive for every busy topic, a
+/// large value's changes and all.
 const BACKLOG: usize = 16;
+const BACKLOG_BYTES: usize = 256 * 1024;
 
 /// A topic's state, shared by its events and the subscribers they reach (never copied per
 /// subscriber).
@@ -94,9 +99,10 @@ impl Feed {
 }
 
 struct Topic {
-    sender: broadcast::Sender<Arc<Event>>,
-    /// The last state published and its sequence number.
-    last: Mutex<(u64, State)>,
+    /// The recent events, the last one published at the back.
+    recent: Mutex<Recent>,
+    /// The sequence number of the last event published: subscribers wait on it.
+    published: watch::Sender<u64>,
     /// How many subscriptions are live; the topic's task ends when none is.
     listeners: watch::Sender<usize>,
 }
@@ -109,10 +115,59 @@ pub struct Events {
     topics: Arc<Mutex<HashMap<String, Arc<Topic>>>>,
 }
 
+/// A topic's recent events: consecutive sequence numbers, at most [BACKLOG] of them and
+/// [BACKLOG_BYTES] but for the last.
+#[derive(Default)]
+struct Recent {
+    events: VecDeque<(Arc<Event>, usize)>,
+    bytes: usize,
+}
+
+impl Recent {
+    fn push(&mut self, event: Arc<Event>) {
+        let size = json_size(&event);
+        self.events.push_back((event, size));
+        self.bytes += size;
+        while self.events.len() > 1 && (self.events.len() > BACKLOG || self.bytes > BACKLOG_BYTES) {
+            if let Some((_, size)) = self.events.pop_front() {
+                self.bytes -= size;
+            }
+        }
+    }
+
+    fn last(&self) -> Option<&Arc<Event>> {
+        self.events.back().map(|(event, _)| event)
+    }
+
+    /// The event numbered `seq`, if it is still kept.
+    fn get(&self, seq: u64) -> Option<&Arc<Event>> {
+        let first = self.events.front()?.0.seq;
+        let index = usize::try_from(seq.checked_sub(first)?).ok()?;
+        self.events.get(index).map(|(event, _)| event)
+    }
+}
+
+/// The size of `event` as JSON, counted without writing it anywhere.
+fn json_size(event: &Event) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0 += bytes.len();
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    let _ = serde_json::to_writer(&mut count, event);
+    count.0
+}
+
 /// A subscription: the state when it began, then the events.
 pub struct Subscription {
     pub first: Arc<Event>,
-    events: broadcast::Receiver<Arc<Event>>,
+    published: watch::Receiver<u64>,
     /// The sequence number of the last event handed out.
     seen: u64,
     topic: Arc<Topic>,
@@ -130,19 +185,21 @@ impl Subscription {
     /// with the current state if this subscriber fell behind; `None` when the topic ends.
     pub async fn next(&mut self) -> Option<Arc<Event>> {
         loop {
-            match self.events.recv().await {
-                // The receiver may hold events from before the first state or a resync.
-                Ok(event) if event.seq > self.seen => {
-                    self.seen = event.seq;
-                    return Some(event);
-                }
-                Ok(_) => {}
-                Err(broadcast::error::RecvError::Lagged(_)) => {
-                    if self.topic.last().0 > self.seen {
+            {
+                let recent = self.topic.recent();
+                let last = recent.last().map_or(0, |e| e.seq);
+                if last > self.seen {
+                    let Some(next) = recent.get(self.seen + 1).cloned() else {
+                        // Dropped from the recent events before this subscriber took it.
+                        drop(recent);
                         return Some(self.resync());
-                    }
+                    };
+                    self.seen = next.seq;
+                    return Some(next);
                 }
-                Err(broadcast::error::RecvError::Closed) => return None,
+            }
+            if self.published.changed().await.is_err() {
+                return None;
             }
         }
     }
@@ -166,8 +223,15 @@ impl Subscription {
 }
 
 impl Topic {
+    fn recent(&self) -> std::sync::MutexGuard<'_, Recent> {
+        self.recent.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The last state published and its sequence number (0 before the first).
     fn last(&self) -> (u64, State) {
-        self.last.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.recent()
+            .last()
+            .map_or((0, State::default()), |e| (e.seq, e.state.clone()))
     }
 }
 
@@ -206,20 +270,21 @@ impl Publisher {
         reason: Option<&'static str>,
         path: Option<String>,
     ) {
-        let mut last = self.topic.last.lock().unwrap_or_else(|e| e.into_inner());
-        last.0 += 1;
-        last.1 = state.clone();
+        let mut recent = self.topic.recent();
+        let seq = recent.last().map_or(0, |e| e.seq) + 1;
         let event = Arc::new(Event {
             topic: self.name.clone(),
-            seq: last.0,
+            seq,
             kind,
             zxid,
             reason,
             path,
             state,
         });
-        // Sent under the lock, so that events leave in the order of their numbers.
-        let _ = self.topic.sender.send(event);
+        // Kept under the lock, so that the recent events stay in the order of their numbers.
+        recent.push(event);
+        drop(recent);
+        self.topic.published.send_replace(seq);
     }
 
     pub fn zk(&self) -> &ZkSession {
@@ -311,19 +376,11 @@ impl Recoveries {
 impl Events {
     /// The subscription to a topic already counted in: its current state, then its events.
     async fn finish_subscribe(&self, name: &str, topic: Arc<Topic>) -> Subscription {
-        let events = topic.sender.subscribe();
+        let mut published = topic.published.subscribe();
+        // The topic's first read may be in flight: wait for it (it is published as seq 1).
+        let _ = published.wait_for(|seq| *seq > 0).await;
         // The state as of the subscription: after it, every change arrives as an event.
-        let (seq, state) = loop {
-            let (seq, state) = topic.last();
-            if seq > 0 {
-                break (seq, state);
-            }
-            // The topic's first read is in flight: wait for it (it is published as seq 1).
-            let mut peek = topic.sender.subscribe();
-            if topic.last().0 == 0 {
-                let _ = peek.recv().await;
-            }
-        };
+        let (seq, state) = topic.last();
         Subscription {
             first: Arc::new(Event {
                 topic: name.to_string(),
@@ -334,7 +391,7 @@ impl Events {
                 path: None,
                 state,
             }),
-            events,
+            published,
             seen: seq,
             topic,
             name: name.to_string(),
@@ -369,8 +426,8 @@ impl Events {
             match topics.get(name).filter(|t| *t.listeners.borrow() > 0) {
                 None => {
                     let topic = Arc::new(Topic {
-                        sender: broadcast::channel(BACKLOG).0,
-                        last: Mutex::new((0, State::default())),
+                        recent: Mutex::default(),
+                        published: watch::Sender::new(0),
                         listeners: watch::Sender::new(0),
                     });
                     topics.insert(name.to_string(), topic.clone());

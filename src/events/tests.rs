@@ -94,6 +94,51 @@ async fn a_subscriber_that_falls_behind_gets_the_state_again_not_a_gap() {
     assert_eq!(next.seq, total + 2, "consecutive after the resync");
 }
 
+/// A feed of large states: the topic keeps what its byte bound allows of them (and always the
+/// last one), not its whole backlog; a subscriber that did not take them in time resyncs.
+#[tokio::test]
+async fn large_states_are_kept_up_to_the_byte_bound() {
+    let events = events();
+    let (send, mut receive) = mpsc::unbounded_channel::<String>();
+    let feed = Feed(Box::new(move |publisher: Publisher| {
+        Box::pin(async move {
+            publisher.publish("state", json!(""), None);
+            loop {
+                tokio::select! {
+                    Some(text) = receive.recv() => publisher.publish("n", json!(text), None),
+                    _ = publisher.idle() => break,
+                }
+            }
+        })
+    }));
+    let mut slow = events.subscribe("big", feed).await;
+    let mut fast = events.subscribe("big", fed().0).await;
+    let large = BACKLOG_BYTES / 3;
+    for n in 0..BACKLOG {
+        send.send(format!("{n:02}{}", "x".repeat(large))).expect("feed");
+        within(fast.next()).await.expect("event");
+    }
+    {
+        let topic = events.topics.lock().unwrap().get("big").cloned().expect("live");
+        let recent = topic.recent();
+        assert!(
+            recent.events.len() <= 3 && recent.bytes <= BACKLOG_BYTES + large + 1024,
+            "{} events, {} bytes kept",
+            recent.events.len(),
+            recent.bytes
+        );
+    }
+    let resync = within(slow.next()).await.expect("resync");
+    assert_eq!(resync.reason, Some("fell_behind"));
+    assert!(
+        resync
+            .state
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("{:02}", BACKLOG - 1))
+    );
+}
+
 #[tokio::test]
 async fn a_topic_ends_with_its_last_subscriber() {
     let events = events();

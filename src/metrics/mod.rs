@@ -1,0 +1,445 @@
+//! Prometheus metrics, served at `/metrics` in the text exposition format.
+//!
+//! Counters and histograms are process-wide (one zkgate instance per process, as deployed),
+//! recorded where things happen: grants and releases in the contender driver, queue
+//! operations in the handlers, leases in their registry, sockets in the socket loop,
+//! ZooKeeper request times in the retrying helper and the contender's create. Gauges that
+//! describe ZooKeeper's state (queue depths) or the instance's (live leases, topics, the
+//! session) are read when scraped, so they are never stale.
+//!
+//! Names follow Prometheus conventions: `zkgate_` prefix, base units (`_seconds`), `_total`
+//! for counters. Resource names are labels (`name`, `queue`), but only for the names that are
+//! in use, up to a number per kind ([names]); the others are counted under `_other`, so that
+//! clients that use a new name per order cannot grow `/metrics` (or zkgate's memory) without
+//! end.
+
+pub mod names;
+
+use std::sync::LazyLock;
+use std::time::{Duration, Instant};
+
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    TextEncoder,
+};
+
+/// Buckets for waits and holds: 1 ms to 10 min.
+const WAIT_BUCKETS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 600.0,
+];
+
+/// Buckets for ZooKeeper requests: 100 µs to 5 s.
+const REQUEST_BUCKETS: &[f64] = &[
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0,
+];
+
+pub struct Metrics {
+    registry: Registry,
+    /// The names with series of their own.
+    names: names::Names,
+    pub lock_wait: HistogramVec,
+    pub lock_hold: HistogramVec,
+    pub lock_acquisitions: IntCounterVec,
+    pub lock_timeouts: IntCounterVec,
+    pub lock_losses: IntCounterVec,
+    pub lock_revocations: IntCounterVec,
+    pub leader_changes: IntCounterVec,
+    pub queue_puts: IntCounterVec,
+    pub queue_takes: IntCounterVec,
+    pub queue_acks: IntCounterVec,
+    pub queue_nacks: IntCounterVec,
+    pub queue_redeliveries: IntCounterVec,
+    pub queue_dead_lettered: IntCounterVec,
+    pub leases_created: IntCounter,
+    pub leases_ended: IntCounterVec,
+    pub sockets: IntGauge,
+    pub subscriptions: IntGauge,
+    pub resyncs: IntCounterVec,
+    pub zookeeper_requests: Histogram,
+    // Read when scraped.
+    queue_depth: IntGaugeVec,
+    queue_in_flight: IntGaugeVec,
+    queue_dead_letters: IntGaugeVec,
+    leases: IntGauge,
+    topics: IntGauge,
+    ws_queued_bytes: IntGauge,
+    zookeeper_connected: IntGauge,
+    zookeeper_generation: IntGauge,
+    zookeeper_connections: IntGauge,
+}
+
+fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    let metric = IntCounterVec::new(Opts::new(name, help), labels).expect("valid counter");
+    registry.register(Box::new(metric.clone())).expect("unique metric");
+    metric
+}
+
+fn histogram(registry: &Registry, name: &str, help: &str, labels: &[&str], buckets: &[f64]) -> HistogramVec {
+    let opts = HistogramOpts::new(name, help).buckets(buckets.to_vec());
+    let metric = HistogramVec::new(opts, labels).expect("valid histogram");
+    registry.register(Box::new(metric.clone())).expect("unique metric");
+    metric
+}
+
+fn gauge(registry: &Registry, name: &str, help: &str) -> IntGauge {
+    let metric = IntGauge::new(name, help).expect("valid gauge");
+    registry.register(Box::new(metric.clone())).expect("unique metric");
+    metric
+}
+
+fn gauges(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+    let metric = IntGaugeVec::new(Opts::new(name, help), labels).expect("valid gauge");
+    registry.register(Box::new(metric.clone())).expect("unique metric");
+    metric
+}
+
+impl Metrics {
+    fn new() -> Metrics {
+        let r = Registry::new();
+        let kn = &["kind", "name"][..];
+        Metrics {
+            lock_wait: histogram(
+                &r,
+                "zkgate_lock_wait_seconds",
+                "Time from joining the queue to being granted (kind: lock, rwlock, election).",
+                kn,
+                WAIT_BUCKETS,
+            ),
+            lock_hold: histogram(
+                &r,
+                "zkgate_lock_hold_seconds",
+                "Time from grant to release or loss.",
+                kn,
+                WAIT_BUCKETS,
+            ),
+            lock_acquisitions: counter(&r, "zkgate_lock_acquisitions_total", "Grants.", kn),
+            lock_timeouts: counter(
+                &r,
+                "zkgate_lock_timeouts_total",
+                "Acquire waits that ended without a grant (409, or 202 when staying queued).",
+                kn,
+            ),
+            lock_losses: counter(
+                &r,
+                "zkgate_lock_losses_total",
+                "Contenders lost without a release (lease or session ended, node deleted).",
+                kn,
+            ),
+            lock_revocations: counter(
+                &r,
+                "zkgate_lock_revocations_total",
+                "Revocation requests sent to holders.",
+                kn,
+            ),
+            leader_changes: counter(
+                &r,
+                "zkgate_election_leader_changes_total",
+                "Candidates of this instance that became leader.",
+                &["name"],
+            ),
+            queue_puts: counter(&r, "zkgate_queue_puts_total", "Items put.", &["queue"]),
+            queue_takes: counter(
+                &r,
+                "zkgate_queue_takes_total",
+                "Items taken (mode: at_least_once, at_most_once).",
+                &["queue", "mode"],
+            ),
+            queue_acks: counter(&r, "zkgate_queue_acks_total", "Claims acknowledged.", &["queue"]),
+            queue_nacks: counter(&r, "zkgate_queue_nacks_total", "Claims given back.", &["queue"]),
+            queue_redeliveries: counter(
+                &r,
+                "zkgate_queue_redeliveries_total",
+                "Items delivered again after an earlier claim was not acknowledged.",
+                &["queue"],
+            ),
+            queue_dead_lettered: counter(
+                &r,
+                "zkgate_queue_dead_lettered_total",
+                "Items moved to the dead letters after too many deliveries.",
+                &["queue"],
+            ),
+            leases_created: {
+                let metric = IntCounter::new("zkgate_leases_created_total", "Leases created.").expect("valid counter");
+                r.register(Box::new(metric.clone())).expect("unique metric");
+                metric
+            },
+            leases_ended: counter(
+                &r,
+                "zkgate_leases_ended_total",
+                "Leases ended (reason: deleted, expired, session_lost).",
+                &["reason"],
+            ),
+            sockets: gauge(&r, "zkgate_websocket_connections", "Open WebSocket connections."),
+            subscriptions: gauge(
+                &r,
+                "zkgate_websocket_subscriptions",
+                "Live subscriptions over all sockets.",
+            ),
+            resyncs: counter(
+                &r,
+                "zkgate_websocket_resyncs_total",
+                "Resync events published or sent (reason: reconnected, session_expired, fell_behind).",
+                &["reason"],
+            ),
+            zookeeper_requests: {
+                let opts = HistogramOpts::new(
+                    "zkgate_zookeeper_request_duration_seconds",
+                    "Time of ZooKeeper requests (reads, deletes, contender creates), per attempt.",
+                )
+                .buckets(REQUEST_BUCKETS.to_vec());
+                let metric = Histogram::with_opts(opts).expect("valid histogram");
+                r.register(Box::new(metric.clone())).expect("unique metric");
+                metric
+            },
+            queue_depth: gauges(
+                &r,
+                "zkgate_queue_depth",
+                "Items waiting to be taken, claimed ones not counted (read from ZooKeeper when scraped).",
+                &["queue"],
+            ),
+            queue_in_flight: gauges(
+                &r,
+                "zkgate_queue_in_flight",
+                "Items claimed and not yet acknowledged.",
+                &["queue"],
+            ),
+            queue_dead_letters: gauges(
+                &r,
+                "zkgate_queue_dead_letters",
+                "Items in the dead letters.",
+                &["queue"],
+            ),
+            leases: gauge(&r, "zkgate_leases", "Live leases of this instance."),
+            topics: gauge(
+                &r,
+                "zkgate_event_topics",
+                "Live event topics (each holds one ZooKeeper watch per znode it follows).",
+            ),
+            ws_queued_bytes: gauge(
+                &r,
+                "zkgate_ws_queued_bytes",
+                "Bytes queued for WebSocket clients and not yet written (at most --ws-send-budget).",
+            ),
+            zookeeper_connected: gauge(
+                &r,
+                "zkgate_zookeeper_connected",
+                "1 while the ZooKeeper session is connected, else 0.",
+            ),
+            zookeeper_generation: gauge(
+                &r,
+                "zkgate_zookeeper_session_generation",
+                "The ZooKeeper session's number: it grows by one with each new session (after an expiry).",
+            ),
+            zookeeper_connections: gauge(
+                &r,
+                "zkgate_zookeeper_connections",
+                "Connections to ZooKeeper established so far (reconnections included).",
+            ),
+            registry: r,
+            names: names::Names::new(NAMES_PER_KIND),
+        }
+    }
+
+    /// The `name` label of a use of `name` (of kind `kind`, as [crate::kind::Kind::label] says)
+    /// now: the name itself if it has a place for its series, else [names::OTHER].
+    pub fn name<'a>(&self, kind: &'static str, name: &'a str) -> &'a str {
+        let admitted = self.names.admit(kind, name, false, Instant::now());
+        self.forget(&admitted.evicted);
+        if admitted.placed { name } else { names::OTHER }
+    }
+
+    /// The `queue` label of a use of queue `name` now (see [Metrics::name]).
+    pub fn queue<'a>(&self, name: &'a str) -> &'a str {
+        self.name(QUEUE, name)
+    }
+
+    /// Holds the place of `name` (if it has or gets one) until the guard is dropped: for a live
+    /// handle, so that a lock held for hours keeps its series.
+    pub fn hold_name(&'static self, kind: &'static str, name: &str) -> NameHold {
+        let admitted = self.names.admit(kind, name, true, Instant::now());
+        self.forget(&admitted.evicted);
+        NameHold {
+            kind,
+            name: admitted.placed.then(|| name.to_string()),
+        }
+    }
+
+    /// How many names of each kind may have series of their own (`--metrics-names-per-kind`).
+    pub fn set_names_per_kind(&self, per_kind: usize) {
+        self.names.set_per_kind(per_kind);
+    }
+
+    /// Removes the series of names that lost their place.
+    fn forget(&self, evicted: &[names::Key]) {
+        for (kind, name) in evicted {
+            let name = name.as_str();
+            if *kind == QUEUE {
+                for vec in [
+                    &self.queue_puts,
+                    &self.queue_acks,
+                    &self.queue_nacks,
+                    &self.queue_redeliveries,
+                    &self.queue_dead_lettered,
+                ] {
+                    let _ = vec.remove_label_values(&[name]);
+                }
+                for mode in QUEUE_MODES {
+                    let _ = self.queue_takes.remove_label_values(&[name, mode]);
+                }
+                continue;
+            }
+            for vec in [
+                &self.lock_acquisitions,
+                &self.lock_timeouts,
+                &self.lock_losses,
+                &self.lock_revocations,
+            ] {
+                let _ = vec.remove_label_values(&[kind, name]);
+            }
+            for histogram in [&self.lock_wait, &self.lock_hold] {
+                let _ = histogram.remove_label_values(&[kind, name]);
+            }
+            if *kind == ELECTION {
+                let _ = self.leader_changes.remove_label_values(&[name]);
+            }
+        }
+    }
+}
+
+/// Names of one kind that may have series of their own, unless `--metrics-names-per-kind` says
+/// otherwise.
+pub const NAMES_PER_KIND: usize = 100;
+
+/// The kind labels of queues' and elections' names (as [crate::kind::Kind::label] has them).
+pub const QUEUE: &str = "queue";
+pub const ELECTION: &str = "election";
+
+/// The values of `zkgate_queue_takes_total`'s `mode`.
+pub const QUEUE_MODES: [&str; 2] = ["at_least_once", "at_most_once"];
+
+/// A live handle's hold on its name's place; let go when dropped.
+pub struct NameHold {
+    kind: &'static str,
+    /// The name, if it has a place.
+    name: Option<String>,
+}
+
+impl Drop for NameHold {
+    fn drop(&mut self) {
+        if let Some(name) = &self.name {
+            get().names.release(self.kind, name, Instant::now());
+        }
+    }
+}
+
+static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
+
+/// The process's metrics.
+pub fn get() -> &'static Metrics {
+    &METRICS
+}
+
+/// Records one ZooKeeper request's time.
+pub fn zookeeper_request(elapsed: Duration) {
+    get().zookeeper_requests.observe(elapsed.as_secs_f64());
+}
+
+/// What the gauges that are read when scraped say now (the instance's session, leases and
+/// topics, and every queue's counts as ZooKeeper has them).
+#[derive(Debug, Default)]
+pub struct Readings {
+    pub zookeeper_connected: bool,
+    pub session_generation: u64,
+    pub connections: u64,
+    pub leases: usize,
+    pub topics: usize,
+    pub ws_queued_bytes: usize,
+    /// Per queue: items waiting (claimed ones not counted), claims in flight, dead letters;
+    /// `None` when ZooKeeper could not be read (the queue gauges then keep their values).
+    pub queues: Option<Vec<QueueCounts>>,
+}
+
+/// One queue's counts.
+#[derive(Debug, Clone)]
+pub struct QueueCounts {
+    pub queue: String,
+    pub depth: i64,
+    pub in_flight: i64,
+    pub dead_letters: i64,
+}
+
+/// The `most` busiest queues of `queues` (the most items waiting, then in flight, then dead),
+/// and the rest summed up as one queue named [names::OTHER].
+fn busiest(queues: &[QueueCounts], most: usize) -> Vec<QueueCounts> {
+    let mut sorted: Vec<&QueueCounts> = queues.iter().collect();
+    sorted.sort_by_key(|c| std::cmp::Reverse((c.depth, c.in_flight, c.dead_letters)));
+    let mut shown: Vec<QueueCounts> = sorted.iter().take(most).map(|c| (*c).clone()).collect();
+    if sorted.len() > most {
+        let mut other = QueueCounts {
+            queue: names::OTHER.to_string(),
+            depth: 0,
+            in_flight: 0,
+            dead_letters: 0,
+        };
+        for c in &sorted[most..] {
+            other.depth += c.depth;
+            other.in_flight += c.in_flight;
+            other.dead_letters += c.dead_letters;
+        }
+        shown.push(other);
+    }
+    shown
+}
+
+/// The text exposition of every metric, with the gauges set from `readings`. Queues that are
+/// gone leave the queue gauges; the series of names idle for a while go (see [names]).
+pub fn render(readings: &Readings) -> String {
+    let m = get();
+    m.zookeeper_connected.set(i64::from(readings.zookeeper_connected));
+    m.zookeeper_generation.set(readings.session_generation as i64);
+    m.zookeeper_connections.set(readings.connections as i64);
+    m.leases.set(readings.leases as i64);
+    m.topics.set(readings.topics as i64);
+    m.ws_queued_bytes.set(readings.ws_queued_bytes as i64);
+    m.forget(&m.names.sweep(Instant::now()));
+    if let Some(queues) = &readings.queues {
+        m.queue_depth.reset();
+        m.queue_in_flight.reset();
+        m.queue_dead_letters.reset();
+        for counts in busiest(queues, m.names.per_kind()) {
+            let queue = [counts.queue.as_str()];
+            m.queue_depth.with_label_values(&queue).set(counts.depth);
+            m.queue_in_flight.with_label_values(&queue).set(counts.in_flight);
+            m.queue_dead_letters.with_label_values(&queue).set(counts.dead_letters);
+        }
+    }
+    let mut text = Vec::new();
+    let _ = TextEncoder::new().encode(&m.registry.gather(), &mut text);
+    String::from_utf8(text).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_kind_labels_are_the_registrys() {
+        assert_eq!(crate::kind::Kind::Queue.label(), QUEUE);
+        assert_eq!(crate::kind::Kind::Election.label(), ELECTION);
+    }
+
+    #[test]
+    fn the_busiest_queues_are_shown_and_the_rest_summed() {
+        let counts = |queue: &str, depth| QueueCounts {
+            queue: queue.to_string(),
+            depth,
+            in_flight: 1,
+            dead_letters: 0,
+        };
+        let queues = [counts("a", 1), counts("b", 9), counts("c", 5), counts("d", 2)];
+        let shown = busiest(&queues, 2);
+        let names: Vec<_> = shown.iter().map(|c| (c.queue.as_str(), c.depth, c.in_flight)).collect();
+        assert_eq!(names, [("b", 9, 1), ("c", 5, 1), (names::OTHER, 3, 2)]);
+        assert_eq!(busiest(&queues, 4).len(), 4, "no `_other` when all fit");
+    }
+}
