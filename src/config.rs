@@ -141,6 +141,13 @@ pub struct ServeConfig {
     #[arg(long, env = "ZKGATE_MAX_LONG_POLLS_PER_PRINCIPAL", default_value_t = 1_000)]
     pub max_long_polls_per_principal: usize,
 
+    /// Names of one kind (locks, elections, queues...) that may have series of their own in
+    /// `/metrics`: those in use or used in the last two minutes, as long as there is room; the
+    /// others are counted under the name `_other`, so that a new name per order cannot grow
+    /// `/metrics` without end.
+    #[arg(long, env = "ZKGATE_METRICS_NAMES_PER_KIND", default_value_t = crate::metrics::NAMES_PER_KIND)]
+    pub metrics_names_per_kind: usize,
+
     /// Long polls in flight on this instance, over all principals.
     #[arg(long, env = "ZKGATE_MAX_LONG_POLLS", default_value_t = 10_000)]
     pub max_long_polls: usize,
@@ -271,6 +278,7 @@ impl ServeConfig {
             max_subscriptions_per_principal: 100_000,
             max_long_polls_per_principal: 1_000,
             max_long_polls: 10_000,
+            metrics_names_per_kind: crate::metrics::NAMES_PER_KIND,
             zookeeper_security: Default::default(),
         }
     }

@@ -107,6 +107,7 @@ impl AppState {
     pub fn new(config: ServeConfig, authority: Option<auth::Authority>) -> AppState {
         let connect = config.zookeeper.clone().unwrap_or_default();
         let config_limits = config.limit_settings();
+        metrics::get().set_names_per_kind(config.metrics_names_per_kind);
         let peers = http::forward::peer_client(&config);
         let zk = ZkSession::start(
             &connect,

@@ -461,3 +461,110 @@ async fn long_polls_are_capped_per_principal_and_per_instance() {
         assert_eq!(answer.expect("task").expect("answer").status(), StatusCode::OK);
     }
 }
+
+/// The resident memory of process `pid`, in bytes.
+fn resident_bytes_of(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc/<pid>/status");
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS");
+    kib * 1024
+}
+
+/// Acquires and releases lock `name` with `lease`.
+async fn lock_cycle(http: &reqwest::Client, url: &str, lease: &str, name: &str) {
+    let acquired: serde_json::Value = http
+        .post(format!("{url}/v1/locks/{name}/acquire?wait=10s"))
+        .json(&json!({ "lease": lease }))
+        .send()
+        .await
+        .expect("acquire")
+        .json()
+        .await
+        .expect("JSON");
+    let handle = acquired["handle"]
+        .as_str()
+        .unwrap_or_else(|| panic!("granted: {acquired}"));
+    let released = http
+        .delete(format!("{url}/v1/locks/{name}/handles/{handle}"))
+        .send()
+        .await
+        .expect("release");
+    assert!(released.status().is_success(), "release: {}", released.status());
+}
+
+/// Locks `first..last` named `order-<n>`, 64 at a time.
+async fn churn(http: &reqwest::Client, url: &str, lease: &str, names: std::ops::Range<usize>) {
+    use futures::StreamExt;
+    futures::stream::iter(names)
+        .map(|n| async move { lock_cycle(http, url, lease, &format!("order-{n}")).await })
+        .buffer_unordered(64)
+        .collect::<Vec<()>>()
+        .await;
+}
+
+/// A lock per order: 100,000 unique lock names through a running instance (its own process)
+/// leave `/metrics` under 400 KB and zkgate's memory within a few MB of where it was once warm.
+#[tokio::test]
+async fn unique_name_churn_leaves_metrics_and_memory_flat() {
+    let names: usize = std::env::var("ZKGATE_CHURN_NAMES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100_000);
+    let zk = zookeeper().await;
+    let gate = common::process::Process::start_with(&zk.connect_string(), &[]).await;
+    let pid = gate.child.id().expect("running");
+    let http = common::http_client();
+    let (status, lease) = gate
+        .call(reqwest::Method::POST, "/v1/leases", Some(json!({"ttl": "10m"})))
+        .await;
+    assert_eq!(status, StatusCode::CREATED);
+    let lease = lease["id"].as_str().expect("lease id").to_string();
+    let metrics = || async {
+        http.get(format!("{}/metrics", gate.url))
+            .send()
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("text")
+    };
+
+    // Warm: the allocator's arenas, the tables of names, the connection pool.
+    let warm = names / 20;
+    let t0 = std::time::Instant::now();
+    churn(&http, &gate.url, &lease, 0..warm).await;
+    let started = resident_bytes_of(pid);
+    churn(&http, &gate.url, &lease, warm..names).await;
+    let text = metrics().await;
+    let grown = resident_bytes_of(pid).saturating_sub(started);
+    // The figures, for the record.
+    eprintln!(
+        "{names} names in {:?}: /metrics {} KB, RSS {} KiB at start, grew {} KiB",
+        t0.elapsed(),
+        text.len() / 1024,
+        started / 1024,
+        grown / 1024
+    );
+
+    assert!(text.len() < 400 * 1024, "/metrics is {} KB", text.len() / 1024);
+    assert!(
+        text.contains(r#"zkgate_lock_acquisitions_total{kind="lock",name="_other"}"#),
+        "the names without a place are counted together"
+    );
+    let per_name_series = text
+        .lines()
+        .filter(|l| l.starts_with("zkgate_lock_acquisitions_total{") && l.contains("order-"))
+        .count();
+    assert!(
+        per_name_series <= 100,
+        "{per_name_series} names have series of their own"
+    );
+    assert!(
+        grown < 8 * 1024 * 1024,
+        "{names} unique names grew zkgate by {} KiB",
+        grown / 1024
+    );
+}

@@ -169,10 +169,8 @@ where
     };
     let outcome = handle.granted_within(wait, FIRST_DECISION_LIMIT).await;
     if matches!(outcome, Phase::Waiting { .. }) {
-        crate::metrics::get()
-            .lock_timeouts
-            .with_label_values(&[handles.kind().label(), name])
-            .inc();
+        let (m, kind) = (crate::metrics::get(), handles.kind().label());
+        m.lock_timeouts.with_label_values(&[kind, m.name(kind, name)]).inc();
     }
     let kept = |granted| {
         Ok(Granted {

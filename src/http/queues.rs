@@ -254,10 +254,8 @@ pub async fn put(
     let (status, item) = match queue::put(&client, &paths, query.priority, &envelope, key.as_deref(), max_depth).await?
     {
         Put::Stored(item) => {
-            crate::metrics::get()
-                .queue_puts
-                .with_label_values(&[name.as_str()])
-                .inc();
+            let m = crate::metrics::get();
+            m.queue_puts.with_label_values(&[m.queue(&name)]).inc();
             (StatusCode::CREATED, Some(item))
         }
         Put::Duplicate => (StatusCode::OK, None),
@@ -331,14 +329,12 @@ pub async fn take(
         None => Ok(StatusCode::NO_CONTENT.into_response()),
         Some((taken, claim)) => {
             let m = crate::metrics::get();
-            let mode = if claim.is_some() {
-                "at_least_once"
-            } else {
-                "at_most_once"
-            };
-            m.queue_takes.with_label_values(&[name.as_str(), mode]).inc();
+            let [at_least_once, at_most_once] = crate::metrics::QUEUE_MODES;
+            let mode = if claim.is_some() { at_least_once } else { at_most_once };
+            let label = m.queue(&name);
+            m.queue_takes.with_label_values(&[label, mode]).inc();
             if taken.envelope.deliveries > 1 {
-                m.queue_redeliveries.with_label_values(&[name.as_str()]).inc();
+                m.queue_redeliveries.with_label_values(&[label]).inc();
             }
             Ok(Json(delivery(&name, taken, claim.as_ref())).into_response())
         }
@@ -391,10 +387,8 @@ pub async fn ack(
     let acked = queue::ack(&client, &state.queues.paths(&name), &held.item, &held.data).await?;
     state.queues.forget(&claim);
     if acked {
-        crate::metrics::get()
-            .queue_acks
-            .with_label_values(&[name.as_str()])
-            .inc();
+        let m = crate::metrics::get();
+        m.queue_acks.with_label_values(&[m.queue(&name)]).inc();
         Ok(StatusCode::NO_CONTENT)
     } else {
         Err(claim_lost(&claim))
@@ -421,10 +415,8 @@ pub async fn nack(
     let released = queue::release_claim(&client, &state.queues.paths(&name), &held.item, &held.data).await?;
     state.queues.forget(&claim);
     if released {
-        crate::metrics::get()
-            .queue_nacks
-            .with_label_values(&[name.as_str()])
-            .inc();
+        let m = crate::metrics::get();
+        m.queue_nacks.with_label_values(&[m.queue(&name)]).inc();
         Ok(StatusCode::NO_CONTENT)
     } else {
         Err(claim_lost(&claim))

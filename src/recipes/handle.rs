@@ -158,6 +158,8 @@ pub struct Handle<P: Protocol> {
     finished: watch::Sender<bool>,
     /// Our side of `Holding`, set once attached to the lease.
     me: Mutex<Option<Arc<dyn Holding>>>,
+    /// Keeps the name's series while the handle lives (metered kinds only).
+    _metered: Option<crate::metrics::NameHold>,
 }
 
 impl<P: Protocol> Handle<P> {
@@ -243,8 +245,11 @@ impl<P: Protocol> Handle<P> {
         self.state.send_modify(|s| s.phase = phase);
     }
 
+    /// The `kind` and `name` labels of this handle's series (`name` is `_other` when the name
+    /// has no place of its own, see [crate::metrics::names]).
     fn labels(&self) -> [&str; 2] {
-        [self.protocol.kind().label(), self.name.as_str()]
+        let kind = self.protocol.kind().label();
+        [kind, crate::metrics::get().name(kind, &self.name)]
     }
 
     /// Metrics of a grant: the wait since the handle was made, one more acquisition (and leader
@@ -252,12 +257,11 @@ impl<P: Protocol> Handle<P> {
     fn record_grant(&self, since: SystemTime) {
         let m = crate::metrics::get();
         let waited = since.duration_since(self.created_at).unwrap_or_default();
-        m.lock_wait
-            .with_label_values(&self.labels())
-            .observe(waited.as_secs_f64());
-        m.lock_acquisitions.with_label_values(&self.labels()).inc();
+        let labels = self.labels();
+        m.lock_wait.with_label_values(&labels).observe(waited.as_secs_f64());
+        m.lock_acquisitions.with_label_values(&labels).inc();
         if self.protocol.kind() == Kind::Election {
-            m.leader_changes.with_label_values(&[self.name.as_str()]).inc();
+            m.leader_changes.with_label_values(&[labels[1]]).inc();
         }
     }
 
@@ -268,14 +272,13 @@ impl<P: Protocol> Handle<P> {
         }
         let m = crate::metrics::get();
         let state = self.state();
+        let labels = self.labels();
         if let (Phase::Held { since }, true) = (state.phase, state.granted) {
             let held = since.elapsed().unwrap_or_default();
-            m.lock_hold
-                .with_label_values(&self.labels())
-                .observe(held.as_secs_f64());
+            m.lock_hold.with_label_values(&labels).observe(held.as_secs_f64());
         }
         if matches!(end, Phase::Lost { .. }) {
-            m.lock_losses.with_label_values(&self.labels()).inc();
+            m.lock_losses.with_label_values(&labels).inc();
         }
     }
 
@@ -447,6 +450,7 @@ impl<P: Protocol> Handles<P> {
                 Err(Refused::Taken(existing.clone()))
             };
         }
+        let (protocol_metered, kind_label) = (protocol.metered(), protocol.kind().label());
         let handle = Arc::new(Handle {
             id: id.unwrap_or_else(|| crate::ids::sibling_id(&lease.id)),
             name: name.to_string(),
@@ -462,6 +466,7 @@ impl<P: Protocol> Handles<P> {
             release: CancellationToken::new(),
             finished: watch::Sender::new(false),
             me: Mutex::new(None),
+            _metered: protocol_metered.then(|| crate::metrics::get().hold_name(kind_label, name)),
         });
         let holding: Arc<dyn Holding> = handle.clone();
         if !lease.attach(holding.clone()) {

@@ -139,9 +139,9 @@ pub async fn revoke(
         // Who and why are the client's words: logged escaped (`?`), so that a newline in them
         // cannot forge a log line.
         tracing::info!(kind = %request.kind, lock = ?request.name, node = ?record.node, by = ?record.by, reason = ?record.reason, "revocation requested");
-        crate::metrics::get()
-            .lock_revocations
-            .with_label_values(&[request.kind.label(), request.name])
+        let (m, kind) = (crate::metrics::get(), request.kind.label());
+        m.lock_revocations
+            .with_label_values(&[kind, m.name(kind, request.name)])
             .inc();
         revocations.push(record);
     }

@@ -371,10 +371,8 @@ async fn bury(
         Ok(_) => {
             tracing::info!(queue = %paths.dir, %item, deliveries = envelope.deliveries, "item dead-lettered");
             let queue = paths.dir.rsplit('/').next().unwrap_or_default();
-            crate::metrics::get()
-                .queue_dead_lettered
-                .with_label_values(&[queue])
-                .inc();
+            let m = crate::metrics::get();
+            m.queue_dead_lettered.with_label_values(&[m.queue(queue)]).inc();
             Ok(())
         }
         Err(MultiWriteError::OperationFailed { .. }) => Ok(()), // changed meanwhile: someone else decides

@@ -1,0 +1,314 @@
+//! What clients cost zkgate, and that its bounds hold, on the release binary in its own process
+//! (so that its resident memory can be read from `/proc` apart from the clients'):
+//!
+//! - memory per subscription, each on a topic of its own and all on one topic;
+//! - memory per kv long poll in flight;
+//! - memory while sockets subscribed to a large value never read and the value keeps changing;
+//! - `/metrics` and memory after a churn of unique lock names (a lock per order).
+//!
+//! Run: `cargo bench --bench costs` (`ZKGATE_BENCH_SUBSCRIPTIONS`, default 6400;
+//! `ZKGATE_BENCH_LONG_POLLS`, default 3000; `ZKGATE_BENCH_CHURN`, default 100000 names).
+
+use std::time::Duration;
+
+use futures::{SinkExt, StreamExt};
+use tokio_tungstenite::tungstenite::Message;
+use zkgate::zk::server::{ServerOptions, ZooKeeperServer, free_port};
+
+// The comparison bench's child processes and `/proc` readers.
+#[allow(dead_code)]
+#[path = "compare/process.rs"]
+mod process;
+
+/// Most subscriptions one socket may hold (zkgate's per-socket limit).
+const PER_SOCKET: usize = 64;
+
+fn main() {
+    // reqwest is built without a TLS provider of its own.
+    zkgate::install_crypto_provider();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(run());
+}
+
+fn setting(name: &str, default: usize) -> usize {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+async fn run() {
+    let options = ServerOptions {
+        force_sync: false,
+        ..ServerOptions::default()
+    };
+    let server = ZooKeeperServer::start_standalone(&options)
+        .await
+        .expect("start ZooKeeper");
+    let connect = server.connect_string();
+    let subscriptions = setting("ZKGATE_BENCH_SUBSCRIPTIONS", 6400);
+    let long_polls = setting("ZKGATE_BENCH_LONG_POLLS", 3000);
+    let churn = setting("ZKGATE_BENCH_CHURN", 100_000);
+
+    println!("| what | figure |");
+    println!("|---|---|");
+    for shared in [false, true] {
+        let gate = Gate::start(&connect, &[]).await;
+        let bytes = per_subscription(&gate, subscriptions, shared).await;
+        let topics = if shared { "one topic" } else { "a topic each" };
+        println!(
+            "| memory per subscription ({subscriptions}, {topics}) | {:.1} KiB |",
+            bytes / 1024.0
+        );
+    }
+    let gate = Gate::start(&connect, &["--max-long-polls-per-principal", &long_polls.to_string()]).await;
+    let bytes = per_long_poll(&gate, long_polls).await;
+    println!("| memory per kv long poll ({long_polls}) | {:.1} KiB |", bytes / 1024.0);
+
+    let gate = Gate::start(&connect, &[]).await;
+    let silent = silent_sockets(&gate).await;
+    println!(
+        "| RSS: 4 silent sockets on a 500 KB value, 40 writes | {:.0} MiB before, {:.0} MiB after; at most {:.1} MiB queued |",
+        mib(silent.before),
+        mib(silent.after),
+        mib(silent.most_queued)
+    );
+
+    let gate = Gate::start(&connect, &[]).await;
+    let churned = unique_names(&gate, churn).await;
+    println!(
+        "| {churn} unique lock names | RSS {:.0} MiB before, {:.0} MiB after; `/metrics` {:.0} KiB before, {:.0} KiB after |",
+        mib(churned.before),
+        mib(churned.after),
+        churned.metrics_before / 1024.0,
+        churned.metrics_after / 1024.0
+    );
+}
+
+fn mib(bytes: f64) -> f64 {
+    bytes / (1024.0 * 1024.0)
+}
+
+/// zkgate's memory per subscription: `count` subscriptions over sockets of 64, each on a lock
+/// of its own (`shared`: all on one), after they settle.
+async fn per_subscription(gate: &Gate, count: usize, shared: bool) -> f64 {
+    let before = gate.settled_rss().await;
+    let mut sockets = Vec::new();
+    for first in (0..count).step_by(PER_SOCKET) {
+        let (mut socket, _) = tokio_tungstenite::connect_async(format!("ws://{}/v1/ws", gate.addr))
+            .await
+            .expect("connect");
+        let last = (first + PER_SOCKET).min(count);
+        for i in first..last {
+            let name = if shared { "shared".to_string() } else { format!("s-{i}") };
+            let subscribe = format!(r#"{{"op":"subscribe","id":"{i}","topic":{{"lock":"{name}"}}}}"#);
+            socket.send(Message::Text(subscribe.into())).await.expect("subscribe");
+        }
+        // Every subscription's first state.
+        let mut states = 0;
+        while states < last - first {
+            match socket.next().await {
+                Some(Ok(Message::Text(text))) if text.contains(r#""type":"state""#) => states += 1,
+                Some(Ok(_)) => {}
+                other => panic!("no first state: {other:?}"),
+            }
+        }
+        sockets.push(socket);
+    }
+    let after = gate.settled_rss().await;
+    drop(sockets);
+    (after - before) / count as f64
+}
+
+/// zkgate's memory per kv long poll: `count` requests waiting for a value to change.
+async fn per_long_poll(gate: &Gate, count: usize) -> f64 {
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .expect("client");
+    let base = format!("http://{}", gate.addr);
+    let put = http
+        .put(format!("{base}/v1/kv/watched"))
+        .json(&serde_json::json!({"v": 1}))
+        .send()
+        .await
+        .expect("PUT");
+    let etag = put.headers()["etag"].to_str().expect("ETag").to_string();
+    let before = gate.settled_rss().await;
+    let polls: Vec<_> = (0..count)
+        .map(|_| {
+            let request = http
+                .get(format!("{base}/v1/kv/watched?wait=60s"))
+                .header("if-none-match", &etag)
+                .send();
+            tokio::spawn(request)
+        })
+        .collect();
+    let after = gate.settled_rss().await;
+    for poll in &polls {
+        assert!(!poll.is_finished(), "a long poll was answered early");
+    }
+    for poll in polls {
+        poll.abort();
+    }
+    (after - before) / count as f64
+}
+
+struct Silent {
+    before: f64,
+    after: f64,
+    most_queued: f64,
+}
+
+/// Four sockets subscribe to a 500 KB value and never read again; the value is written 40
+/// times.
+async fn silent_sockets(gate: &Gate) -> Silent {
+    let http = reqwest::Client::new();
+    let base = format!("http://{}", gate.addr);
+    let put = |i: usize| {
+        // Text with quotes and newlines, so that the events' JSON is larger than the value.
+        let value = format!("{i:04}{}", "\"\n".repeat(250 * 1024));
+        http.put(format!("{base}/v1/kv/big"))
+            .header("content-type", "text/plain")
+            .body(value)
+            .send()
+    };
+    assert!(put(0).await.expect("PUT").status().is_success());
+    let before = gate.settled_rss().await;
+    let mut silent = Vec::new();
+    for _ in 0..4 {
+        let (mut socket, _) = tokio_tungstenite::connect_async(format!("ws://{}/v1/ws", gate.addr))
+            .await
+            .expect("connect");
+        let subscribe = r#"{"op":"subscribe","id":"s","topic":{"znode":{"path":"kv/big"}}}"#;
+        socket.send(Message::Text(subscribe.into())).await.expect("subscribe");
+        silent.push(socket);
+    }
+    let mut most_queued = 0.0f64;
+    for i in 1..=40 {
+        assert!(put(i).await.expect("PUT").status().is_success());
+        most_queued = most_queued.max(gate.gauge("zkgate_ws_queued_bytes").await);
+    }
+    let after = gate.settled_rss().await;
+    drop(silent);
+    Silent {
+        before,
+        after,
+        most_queued,
+    }
+}
+
+struct Churn {
+    before: f64,
+    after: f64,
+    metrics_before: f64,
+    metrics_after: f64,
+}
+
+/// `count` unique lock names, each acquired and released once with one lease, 64 at a time.
+async fn unique_names(gate: &Gate, count: usize) -> Churn {
+    let http = reqwest::Client::new();
+    let base = format!("http://{}", gate.addr);
+    let lease: serde_json::Value = http
+        .post(format!("{base}/v1/leases"))
+        .json(&serde_json::json!({"ttl": "10m"}))
+        .send()
+        .await
+        .expect("lease")
+        .json()
+        .await
+        .expect("JSON");
+    let lease = lease["id"].as_str().expect("lease id").to_string();
+    let metrics_before = gate.metrics().await.len() as f64;
+    let before = gate.settled_rss().await;
+    let names: Vec<usize> = (0..count).collect();
+    for batch in names.chunks(64) {
+        let cycles: Vec<_> = batch
+            .iter()
+            .map(|&i| {
+                let (http, base, lease) = (http.clone(), base.clone(), lease.clone());
+                tokio::spawn(async move {
+                    let acquired: serde_json::Value = http
+                        .post(format!("{base}/v1/locks/order-{i}/acquire?wait=5s"))
+                        .json(&serde_json::json!({"lease": lease}))
+                        .send()
+                        .await
+                        .expect("acquire")
+                        .json()
+                        .await
+                        .expect("JSON");
+                    let handle = acquired["handle"].as_str().expect("handle");
+                    let released = http
+                        .delete(format!("{base}/v1/locks/order-{i}/handles/{handle}"))
+                        .send()
+                        .await
+                        .expect("release");
+                    assert!(released.status().is_success(), "release: {}", released.status());
+                })
+            })
+            .collect();
+        for cycle in cycles {
+            cycle.await.expect("cycle");
+        }
+    }
+    let after = gate.settled_rss().await;
+    let metrics_after = gate.metrics().await.len() as f64;
+    Churn {
+        before,
+        after,
+        metrics_before,
+        metrics_after,
+    }
+}
+
+/// zkgate as a child process.
+struct Gate {
+    child: process::Child,
+    addr: std::net::SocketAddr,
+}
+
+impl Gate {
+    async fn start(connect: &str, flags: &[&str]) -> Gate {
+        let port = free_port().expect("free port");
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+        let listen = addr.to_string();
+        let mut args = vec![
+            "serve",
+            "--zookeeper",
+            connect,
+            "--listen",
+            &listen,
+            "--write-rate",
+            "0",
+        ];
+        args.extend_from_slice(flags);
+        let child = process::Child::spawn(env!("CARGO_BIN_EXE_zkgate"), &args);
+        process::wait_http_ok(&reqwest::Client::new(), &format!("http://{addr}/readyz")).await;
+        Gate { child, addr }
+    }
+
+    /// zkgate's resident memory after two quiet seconds (the allocator returns a burst's
+    /// memory to its arenas).
+    async fn settled_rss(&self) -> f64 {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        self.child.rss_bytes() as f64
+    }
+
+    async fn metrics(&self) -> String {
+        reqwest::get(format!("http://{}/metrics", self.addr))
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("text")
+    }
+
+    async fn gauge(&self, name: &str) -> f64 {
+        self.metrics()
+            .await
+            .lines()
+            .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
+            .unwrap_or_else(|| panic!("{name} in /metrics"))
+    }
+}
