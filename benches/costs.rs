@@ -69,7 +69,7 @@ async fn run() {
     let gate = Gate::start(&connect, &[]).await;
     let silent = silent_sockets(&gate).await;
     println!(
-        "| RSS: 4 silent sockets on a 500 KB value, 40 writes | {:.0} MiB before, {:.0} MiB after; at most {:.1} MiB queued |",
+        "| RSS: 4 silent sockets on a 240 KB value, 40 writes | {:.0} MiB before, {:.0} MiB after; at most {:.1} MiB queued |",
         mib(silent.before),
         mib(silent.after),
         mib(silent.most_queued)
@@ -161,14 +161,14 @@ struct Silent {
     most_queued: f64,
 }
 
-/// Four sockets subscribe to a 500 KB value and never read again; the value is written 40
+/// Four sockets subscribe to a 240 KB value and never read again; the value is written 40
 /// times.
 async fn silent_sockets(gate: &Gate) -> Silent {
     let http = reqwest::Client::new();
     let base = format!("http://{}", gate.addr);
     let put = |i: usize| {
         // Text with quotes and newlines, so that the events' JSON is larger than the value.
-        let value = format!("{i:04}{}", "\"\n".repeat(250 * 1024));
+        let value = format!("{i:04}{}", "\"\n".repeat(120 * 1024));
         http.put(format!("{base}/v1/kv/big"))
             .header("content-type", "text/plain")
             .body(value)

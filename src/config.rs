@@ -78,6 +78,14 @@ pub struct ServeConfig {
     #[arg(long, env = "ZKGATE_QUEUE_MAX_DELIVERIES", default_value_t = 5)]
     pub queue_max_deliveries: u32,
 
+    /// Largest value zkgate stores, as stored: a kv value, a queue item (with its small
+    /// header), a member's data, a candidate's or proclaimed value, a transaction's payload.
+    /// Larger ones answer 413 `value-too-large`. At most 896 KiB, so that a write with its
+    /// bookkeeping stays under ZooKeeper's 1 MiB `jute.maxbuffer` (past it ZooKeeper drops the
+    /// connection, and with it every client's requests).
+    #[arg(long, env = "ZKGATE_MAX_VALUE_BYTES", default_value = "256KiB", value_parser = value_bytes)]
+    pub max_value_bytes: usize,
+
     /// Bytes queued for one WebSocket (events and replies not yet written) before its
     /// subscriptions skip events and send a `resync` with the current state once the client
     /// reads again; replies wait for room. (`1MiB`, `256KiB` or a number of bytes.)
@@ -216,6 +224,21 @@ fn duration(text: &str) -> Result<Duration, String> {
 }
 
 /// Parses a size: a number of bytes, or with `KiB`, `MiB`, `GiB` (or `KB`, `MB`, `GB`).
+/// The largest `--max-value-bytes`: ZooKeeper's `jute.maxbuffer` (1 MiB) less room for the
+/// rest of a request.
+pub const MAX_VALUE_CEILING: usize = 896 * 1024;
+
+/// `--max-value-bytes`: a size, at most [MAX_VALUE_CEILING].
+pub fn value_bytes(text: &str) -> Result<usize, String> {
+    let value = bytes(text)?;
+    if value > MAX_VALUE_CEILING {
+        return Err(format!(
+            "at most {MAX_VALUE_CEILING} bytes (896KiB): ZooKeeper refuses requests over 1 MiB"
+        ));
+    }
+    Ok(value)
+}
+
 pub fn bytes(text: &str) -> Result<usize, String> {
     let text = text.trim();
     let digits = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
@@ -254,6 +277,7 @@ impl ServeConfig {
             max_wait: Duration::from_secs(60),
             queue_max_depth: 10_000,
             queue_max_deliveries: 5,
+            max_value_bytes: 256 * 1024,
             ws_send_buffer: 1024 * 1024,
             ws_send_budget: 256 * 1024 * 1024,
             ws_max_message: 64 * 1024,

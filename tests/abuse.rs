@@ -568,3 +568,70 @@ async fn unique_name_churn_leaves_metrics_and_memory_flat() {
         grown / 1024
     );
 }
+
+/// Items and values are stored raw and limited by their stored size: a text item of control
+/// characters (six times larger escaped in JSON) takes its own size in ZooKeeper, and one over
+/// `--max-value-bytes` is refused with 413 before anything is written, so that no write can
+/// reach ZooKeeper's 1 MiB `jute.maxbuffer` (past which ZooKeeper drops the connection).
+#[tokio::test]
+async fn values_are_stored_raw_and_limited_by_their_stored_size() {
+    let zk = zookeeper().await;
+    let gate = Gate::start(&zk.connect_string()).await;
+    let put_item = |body: Vec<u8>| {
+        gate.http
+            .post(format!("{}/v1/queues/raw/items", gate.url))
+            .header("content-type", "text/plain")
+            .body(body)
+            .send()
+    };
+    let connections = gauge(&gate, "zkgate_zookeeper_connections").await;
+    let controls = "\u{1}".repeat(200 * 1024);
+    let stored = put_item(controls.clone().into_bytes()).await.expect("put");
+    assert_eq!(stored.status(), StatusCode::CREATED);
+    let client = common::zk_client(&zk.connect_string()).await;
+    let items = client.list_children("/zkgate/queues/raw/items").await.expect("items");
+    let (data, _) = client
+        .get_data(&format!("/zkgate/queues/raw/items/{}", items[0]))
+        .await
+        .expect("item");
+    assert!(
+        data.len() < controls.len() + 256,
+        "{} bytes stored for a body of {}",
+        data.len(),
+        controls.len()
+    );
+
+    // 400 KB: over the 256 KiB limit (escaped, it was 2.4 MB: past jute.maxbuffer).
+    let refused = common::Reply::read(put_item("\u{1}".repeat(400 * 1024).into_bytes()).await.expect("put")).await;
+    refused.assert_problem(StatusCode::PAYLOAD_TOO_LARGE, None);
+    assert_eq!(refused.body["type"], "urn:zkgate:problem:value-too-large");
+    assert_eq!(refused.body["limit_bytes"], 256 * 1024);
+    let put_value = |body: Vec<u8>| {
+        gate.http
+            .put(format!("{}/v1/kv/big", gate.url))
+            .header("content-type", "application/octet-stream")
+            .body(body)
+            .send()
+    };
+    assert!(put_value(vec![7; 1000]).await.expect("put").status().is_success());
+    let refused = common::Reply::read(put_value(vec![8; 300 * 1024]).await.expect("put")).await;
+    assert_eq!(
+        refused.body["type"], "urn:zkgate:problem:value-too-large",
+        "{refused:?}"
+    );
+    assert_eq!(refused.body["size_bytes"], 300 * 1024);
+
+    // Nothing else was stored or lost, and the connection to ZooKeeper stayed up.
+    let items = client.list_children("/zkgate/queues/raw/items").await.expect("items");
+    assert_eq!(items.len(), 1);
+    let (value, _) = client.get_data("/zkgate/kv/big").await.expect("value");
+    assert_eq!(value, vec![7; 1000]);
+    assert_eq!(
+        gauge(&gate, "zkgate_zookeeper_connections").await,
+        connections,
+        "ZooKeeper never dropped zkgate's connection"
+    );
+    let taken = gate.post("/v1/queues/raw/take?wait=0&mode=at-most-once", None).await;
+    assert_eq!(taken.status, StatusCode::OK);
+    assert_eq!(taken.body["text"].as_str().map(str::len), Some(controls.len()));
+}

@@ -146,7 +146,7 @@ pub struct Proclamation {
     responses(
         (status = 200, description = "Leading", body = Candidacy),
         (status = 202, description = "Not leading yet; still a candidate", body = Candidacy),
-        Problems<(p::InvalidField, p::MalformedBody, p::NotFound, p::LockNotAcquired, p::LeaseEnded, p::LockLost, p::TooMany, p::ZookeeperUnavailable)>,
+        Problems<(p::InvalidField, p::MalformedBody, p::ValueTooLarge, p::NotFound, p::LockNotAcquired, p::LeaseEnded, p::LockLost, p::TooMany, p::ZookeeperUnavailable)>,
     ))]
 pub async fn campaign(
     State(state): State<AppState>,
@@ -156,6 +156,9 @@ pub async fn campaign(
     ApiJson(body): ApiJson<Option<CampaignBody>>,
 ) -> Result<Response, ApiError> {
     let body = body.unwrap_or_default();
+    if let Some(value) = &body.value {
+        super::check_stored_size(&state, "candidate's value", json_len(value))?;
+    }
     let request = Request {
         caller: &caller,
         name: &name,
@@ -209,7 +212,7 @@ pub async fn list_elections(State(state): State<AppState>, caller: Caller) -> Re
     request_body(content = Proclamation, example = json!({"handle": "0b9d4c3e2f1a4b5c8d7e6f5a4b3c2d1e", "value": {"address": "10.0.0.8:8080"}})),
     responses(
         (status = 200, description = "Proclaimed", body = LeaderView),
-        Problems<(p::InvalidField, p::MalformedBody, p::NotFound, p::NotLeader, p::ZookeeperUnavailable)>,
+        Problems<(p::InvalidField, p::MalformedBody, p::ValueTooLarge, p::NotFound, p::NotLeader, p::ZookeeperUnavailable)>,
     ))]
 pub async fn proclaim(
     State(state): State<AppState>,
@@ -217,6 +220,7 @@ pub async fn proclaim(
     ApiPath(name): ApiPath<String>,
     ApiJson(body): ApiJson<Proclamation>,
 ) -> Result<Json<LeaderView>, ApiError> {
+    super::check_stored_size(&state, "proclaimed value", json_len(&body.value))?;
     let contender = find_handle(&state.elections, &caller, &name, &body.handle)?;
     let current = contender.state();
     let (Phase::Held { since }, Some(node)) = (&current.phase, &current.node) else {
@@ -236,6 +240,11 @@ pub async fn proclaim(
         acknowledged: true,
         client: "zkgate",
     }))
+}
+
+/// The size of `value` as JSON.
+fn json_len(value: &serde_json::Value) -> usize {
+    serde_json::to_vec(value).map_or(0, |v| v.len())
 }
 
 fn not_leader(name: &str, contender: &Contender) -> ApiError {

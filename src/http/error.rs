@@ -158,14 +158,18 @@ catalogue! {
         "`If-Match` / `If-None-Match` did not hold (`current_etag` says what is there)";
     BodyTooLarge: Http, 413, "body-too-large", "Request body too large", ["limit_bytes"],
         "a body over the limit (512 KiB)";
+    ValueTooLarge: Http, 413, "value-too-large", "Value too large", ["limit_bytes", "size_bytes"],
+        "a value, item, member's data, proclaimed value or payload whose stored size is over `--max-value-bytes` (256 KiB)";
     QueueFull: Http, 429, "queue-full", "Queue full", ["depth"],
         "a put into a queue at `--queue-max-depth`; retry after `Retry-After` seconds";
     RateLimited: Http, 429, "rate-limited", "Too many writes", [],
         "more writes a second than `--write-rate`; retry after `Retry-After` seconds";
     TooMany: Http, 429, "too-many", "Limit reached", [],
-        "a limit on leases, waiting contenders, sockets or subscriptions (see Limits); retry after `Retry-After` seconds";
+        "a limit on leases, waiting contenders, long polls, sockets or subscriptions (see Limits); retry after `Retry-After` seconds";
     Internal: Http, 500, "internal", "Internal error", [],
         "ZooKeeper answered what zkgate did not expect (a bug: please report it)";
+    QuotaExceeded: Http, 507, "quota-exceeded", "Quota exceeded", ["quota"],
+        "a write past a ZooKeeper quota: the principal's (`--quota-bytes-per-principal`, `--quota-znodes-per-principal`) or zkgate's whole tree's (`--quota-bytes`, `--quota-znodes`); `quota` names it. Delete something first";
     InstanceUnavailable: Http, 503, "instance-unavailable", "Owning instance unavailable", [],
         "a request forwarded to the instance that owns the lease found it unreachable; retry after `Retry-After` seconds";
     ZookeeperUnavailable: Http, 503, "zookeeper-unavailable", "ZooKeeper unavailable", [],
@@ -367,6 +371,16 @@ impl ApiError {
         .with("limit_bytes", limit)
     }
 
+    /// A value of `size` bytes as stored, over the `limit` (`--max-value-bytes`).
+    pub fn value_too_large(what: &str, size: usize, limit: usize) -> ApiError {
+        ApiError::new(
+            Problem::ValueTooLarge,
+            format!("the {what} takes {size} bytes as stored, over the limit of {limit} bytes (--max-value-bytes)"),
+        )
+        .with("limit_bytes", limit)
+        .with("size_bytes", size)
+    }
+
     /// No such thing (`what` is e.g. "lease", "handle").
     pub fn not_found(what: &str, detail: impl Into<String>) -> ApiError {
         ApiError::new(Problem::NotFound, detail).with("resource", what)
@@ -406,6 +420,12 @@ impl From<ZkError> for ApiError {
                 Problem::ZookeeperRefused,
                 "ZooKeeper refuses zkgate's session access to this znode: its ACL leaves zkgate's identity out (see --zookeeper-auth)",
             ),
+            // A write past a ZooKeeper quota that the handler did not name more precisely.
+            ZkError::QuotaExceeded => ApiError::new(
+                Problem::QuotaExceeded,
+                "ZooKeeper refused the write: a quota on zkgate's znodes is full; delete something first",
+            )
+            .with("quota", "zookeeper"),
             err => ApiError::new(Problem::Internal, format!("unexpected ZooKeeper error: {err}")),
         }
     }

@@ -110,7 +110,7 @@ fn names(group: &str, member: Option<&str>) -> Result<(), ApiError> {
     responses(
         (status = 201, description = "Joined", body = Joined),
         (status = 200, description = "Already a member with this lease", body = Joined),
-        Problems<(p::InvalidField, p::MalformedBody, p::NotFound, p::MemberTaken, p::LeaseEnded, p::ZookeeperUnavailable)>,
+        Problems<(p::InvalidField, p::MalformedBody, p::ValueTooLarge, p::NotFound, p::MemberTaken, p::LeaseEnded, p::ZookeeperUnavailable)>,
     ))]
 pub async fn join(
     State(state): State<AppState>,
@@ -121,6 +121,7 @@ pub async fn join(
     names(&group, Some(&member))?;
     let body = body.unwrap_or_default();
     let data = serde_json::to_vec(&body.data.unwrap_or(serde_json::Value::Null)).unwrap_or_default();
+    super::check_stored_size(&state, "member's data", data.len())?;
     if let Some(existing) = state.groups.get(&group, &member) {
         if body.lease.as_deref() == Some(existing.lease.id.as_str()) {
             return Ok((StatusCode::OK, Json(joined(&existing))).into_response());

@@ -229,7 +229,7 @@ pub async fn get_value(
     responses(
         (status = 201, description = "Created", body = Written),
         (status = 200, description = "Replaced", body = Written),
-        Problems<(p::InvalidField, p::MalformedBody, p::PreconditionFailed, p::BodyTooLarge, p::ZookeeperUnavailable)>,
+        Problems<(p::InvalidField, p::MalformedBody, p::PreconditionFailed, p::BodyTooLarge, p::ValueTooLarge, p::ZookeeperUnavailable)>,
     ))]
 pub async fn put_value(
     State(state): State<AppState>,
@@ -269,6 +269,7 @@ pub async fn put_value(
     if is_json && let Err(err) = serde_json::from_slice::<serde::de::IgnoredAny>(&body) {
         return Err(ApiError::malformed_body(format!("the body is not valid JSON: {err}")));
     }
+    super::check_stored_size(&state, "value", body.len())?;
     let client = state.zk().connected().await?.client;
     let path = format!("{}/kv/{key}", state.config.root);
     let (stat, created) = config::write(&client, &path, &body, condition)

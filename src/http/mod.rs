@@ -171,6 +171,16 @@ async fn method_not_allowed() -> impl IntoResponse {
     )
 }
 
+/// 413 `value-too-large` if `what` (a "value", an "item"...) takes more than `--max-value-bytes`
+/// as stored (`size` bytes).
+pub fn check_stored_size(state: &AppState, what: &str, size: usize) -> Result<(), ApiError> {
+    let limit = state.config.max_value_bytes;
+    if size > limit {
+        return Err(ApiError::value_too_large(what, size, limit));
+    }
+    Ok(())
+}
+
 /// A resource name from the path: 400 `invalid-field` naming `name` if it is not a valid one.
 pub fn check_name(name: &str) -> Result<(), ApiError> {
     validate_name(name).map_err(|e| ApiError::invalid(Place::Path, "name", e))

@@ -23,7 +23,7 @@ use crate::events::Feed;
 use crate::kind::Kind;
 use crate::recipes::queue::service::Claim;
 use crate::recipes::queue::topic::{QueueState, QueueTopic};
-use crate::recipes::queue::{self, Envelope, Put, Taken};
+use crate::recipes::queue::{self, Envelope, Put, Shown, Taken};
 use crate::time::{HumanDuration, at_most, from_millis, millis_since, timestamp};
 use crate::zk::names::validate_name;
 
@@ -169,44 +169,38 @@ fn body_of(headers: &HeaderMap, bytes: &[u8]) -> Result<Envelope, ApiError> {
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("application/octet-stream");
-    let is_json = content_type.starts_with("application/json") || content_type.contains("+json");
-    let (body, text, base64) = if is_json {
-        let value = serde_json::from_slice(bytes)
+    if Envelope::is_json(content_type) {
+        serde_json::from_slice::<serde::de::IgnoredAny>(bytes)
             .map_err(|e| ApiError::malformed_body(format!("the body is not valid JSON: {e}")))?;
-        (Some(value), None, None)
-    } else {
-        match String::from_utf8(bytes.to_vec()) {
-            Ok(text) => (None, Some(text), None),
-            Err(_) => (
-                None,
-                None,
-                Some(base64::Engine::encode(
-                    &base64::engine::general_purpose::STANDARD,
-                    bytes,
-                )),
-            ),
-        }
-    };
+    }
     Ok(Envelope {
         content_type: content_type.to_string(),
-        body,
-        text,
-        base64,
+        body: bytes.to_vec(),
         put_at_ms: crate::time::now_ms(),
         deliveries: 0,
     })
 }
 
+/// An item's body as the views show it: `(body, text, body_base64)`, one of them set.
+fn shown(envelope: &Envelope) -> (Option<serde_json::Value>, Option<String>, Option<String>) {
+    match envelope.shown() {
+        Shown::Json(value) => (Some(value), None, None),
+        Shown::Text(text) => (None, Some(text), None),
+        Shown::Base64(encoded) => (None, None, Some(encoded)),
+    }
+}
+
 fn waiting_view(item: String, envelope: Envelope, ctime: i64) -> Waiting {
+    let (body, text, body_base64) = shown(&envelope);
     Waiting {
         priority: queue::order_of(&item).map(|o| o.0).unwrap_or(queue::DEFAULT_PRIORITY),
         item,
         deliveries: envelope.deliveries,
         age_ms: millis_since(from_millis(ctime)),
         content_type: envelope.content_type,
-        body: envelope.body,
-        text: envelope.text,
-        body_base64: envelope.base64,
+        body,
+        text,
+        body_base64,
     }
 }
 
@@ -223,7 +217,7 @@ fn waiting_view(item: String, envelope: Envelope, ctime: i64) -> Waiting {
     responses(
         (status = 201, description = "Stored", body = Stored),
         (status = 200, description = "A put with this key was stored before", body = Stored),
-        Problems<(p::InvalidField, p::MalformedBody, p::BodyTooLarge, p::QueueFull, p::ZookeeperUnavailable)>,
+        Problems<(p::InvalidField, p::MalformedBody, p::BodyTooLarge, p::ValueTooLarge, p::QueueFull, p::ZookeeperUnavailable)>,
     ))]
 pub async fn put(
     State(state): State<AppState>,
@@ -248,6 +242,7 @@ pub async fn put(
     };
     let bytes = body.map_err(super::extract::body_rejection)?;
     let envelope = body_of(&headers, &bytes)?;
+    super::check_stored_size(&state, "item", envelope.to_bytes().len())?;
     let client = state.zk().connected().await?.client;
     let paths = state.queues.paths(&name);
     let max_depth = state.config.queue_max_depth;
@@ -342,6 +337,7 @@ pub async fn take(
 }
 
 fn delivery(queue: &str, taken: Taken, claim: Option<&Claim>) -> Delivery {
+    let (body, text, body_base64) = shown(&taken.envelope);
     Delivery {
         queue: queue.to_string(),
         priority: queue::order_of(&taken.item)
@@ -353,9 +349,9 @@ fn delivery(queue: &str, taken: Taken, claim: Option<&Claim>) -> Delivery {
         deliveries: taken.envelope.deliveries,
         put_at: timestamp(from_millis(taken.envelope.put_at_ms)),
         content_type: taken.envelope.content_type,
-        body: taken.envelope.body,
-        text: taken.envelope.text,
-        body_base64: taken.envelope.base64,
+        body,
+        text,
+        body_base64,
     }
 }
 

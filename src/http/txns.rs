@@ -116,7 +116,7 @@ async fn read(state: &AppState, client: &crate::zk::Client, id: &str) -> Result<
     request_body(content = CreateTxn, example = json!({"id": "order-42", "participants": ["billing", "inventory"], "payload": {"order": 42}, "deadline": "30s"})),
     responses(
         (status = 201, description = "Created", body = TxnState),
-        Problems<(p::InvalidField, p::MalformedBody, p::TxnExists, p::ZookeeperUnavailable)>,
+        Problems<(p::InvalidField, p::MalformedBody, p::ValueTooLarge, p::TxnExists, p::ZookeeperUnavailable)>,
     ))]
 pub async fn create(
     State(state): State<AppState>,
@@ -157,6 +157,8 @@ pub async fn create(
         deadline_ms: crate::time::ms_after_now(deadline),
         created_at_ms: now,
     };
+    let stored = serde_json::to_vec(&spec).map_or(0, |s| s.len());
+    super::check_stored_size(&state, "transaction (with its payload)", stored)?;
     let client = state.zk().connected().await?.client;
     let dir = state.txn_members.dir(&id);
     match txn::create(&client, &dir, &spec).await {

@@ -52,40 +52,124 @@ pub fn in_queue_order<S: AsRef<str>>(children: &[S]) -> Vec<&str> {
     items.into_iter().map(|(_, name)| name).collect()
 }
 
-/// What an item znode holds.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+/// What an item znode holds: its body as it was put, and what zkgate knows of it.
+///
+/// Stored as `zkgate-item/1\n<header JSON>\n<body>`: the body raw, so that a text or binary
+/// item takes its own size in ZooKeeper rather than the third more (base64) to six times more
+/// (escaped control characters) it would take inside a JSON document. Items written by zkgate
+/// before this format (a JSON envelope) and items other clients put (raw bytes) are read too.
+#[derive(Clone, Debug, PartialEq)]
 pub struct Envelope {
     pub content_type: String,
-    /// The body, when it is JSON.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub body: Option<serde_json::Value>,
-    /// The body as text, when it is UTF-8 but not JSON.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub text: Option<String>,
-    /// The body, base64-encoded, when it is neither.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub base64: Option<String>,
+    pub body: Vec<u8>,
     pub put_at_ms: i64,
     /// How many times it has been claimed.
-    #[serde(default)]
     pub deliveries: u32,
+}
+
+/// The first line of an item in zkgate's format.
+const MAGIC: &[u8] = b"zkgate-item/1\n";
+
+/// An item's header line.
+#[derive(Serialize, Deserialize)]
+struct Header {
+    content_type: String,
+    put_at_ms: i64,
+    #[serde(default)]
+    deliveries: u32,
+}
+
+/// The JSON envelope items were stored in before [MAGIC].
+#[derive(Deserialize)]
+struct Legacy {
+    content_type: String,
+    body: Option<serde_json::Value>,
+    text: Option<String>,
+    base64: Option<String>,
+    put_at_ms: i64,
+    #[serde(default)]
+    deliveries: u32,
+}
+
+/// An item's body as the API shows it: JSON, text, or base64 for other bytes.
+#[derive(Debug, PartialEq)]
+pub enum Shown {
+    Json(serde_json::Value),
+    Text(String),
+    Base64(String),
 }
 
 impl Envelope {
     pub fn parse(data: &[u8]) -> Envelope {
-        serde_json::from_slice(data).unwrap_or_else(|_| Envelope {
-            // An item another client put: its bytes as they are.
+        if let Some(rest) = data.strip_prefix(MAGIC)
+            && let Some(end) = rest.iter().position(|&b| b == b'\n')
+            && let Ok(header) = serde_json::from_slice::<Header>(&rest[..end])
+        {
+            return Envelope {
+                content_type: header.content_type,
+                body: rest[end + 1..].to_vec(),
+                put_at_ms: header.put_at_ms,
+                deliveries: header.deliveries,
+            };
+        }
+        if let Ok(legacy) = serde_json::from_slice::<Legacy>(data) {
+            let body = match (legacy.body, legacy.text, legacy.base64) {
+                (Some(json), _, _) => serde_json::to_vec(&json).unwrap_or_default(),
+                (None, Some(text), _) => text.into_bytes(),
+                (None, None, Some(encoded)) => {
+                    base64::Engine::decode(&base64::engine::general_purpose::STANDARD, encoded).unwrap_or_default()
+                }
+                (None, None, None) => Vec::new(),
+            };
+            return Envelope {
+                content_type: legacy.content_type,
+                body,
+                put_at_ms: legacy.put_at_ms,
+                deliveries: legacy.deliveries,
+            };
+        }
+        // An item another client put: its bytes as they are.
+        Envelope {
             content_type: "application/octet-stream".into(),
-            body: None,
-            text: None,
-            base64: Some(base64::Engine::encode(&base64::engine::general_purpose::STANDARD, data)),
+            body: data.to_vec(),
             put_at_ms: 0,
             deliveries: 0,
-        })
+        }
     }
 
     pub fn to_bytes(&self) -> Vec<u8> {
-        serde_json::to_vec(self).unwrap_or_default()
+        let header = Header {
+            content_type: self.content_type.clone(),
+            put_at_ms: self.put_at_ms,
+            deliveries: self.deliveries,
+        };
+        let mut data = MAGIC.to_vec();
+        data.extend(serde_json::to_vec(&header).unwrap_or_default());
+        data.push(b'\n');
+        data.extend_from_slice(&self.body);
+        data
+    }
+
+    /// Whether its content type is JSON (`application/json`, or `…+json`).
+    pub fn is_json(content_type: &str) -> bool {
+        content_type.starts_with("application/json") || content_type.contains("+json")
+    }
+
+    /// The body as the API shows it: parsed if its content type is JSON, text if it is UTF-8,
+    /// base64 otherwise.
+    pub fn shown(&self) -> Shown {
+        if Envelope::is_json(&self.content_type)
+            && let Ok(value) = serde_json::from_slice(&self.body)
+        {
+            return Shown::Json(value);
+        }
+        match std::str::from_utf8(&self.body) {
+            Ok(text) => Shown::Text(text.to_string()),
+            Err(_) => Shown::Base64(base64::Engine::encode(
+                &base64::engine::general_purpose::STANDARD,
+                &self.body,
+            )),
+        }
     }
 }
 
@@ -478,6 +562,50 @@ pub async fn replay(client: &Client, paths: &QueuePaths, item: &str) -> Result<b
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    fn envelope(content_type: &str, body: &[u8]) -> Envelope {
+        Envelope {
+            content_type: content_type.into(),
+            body: body.to_vec(),
+            put_at_ms: 1_700_000_000_000,
+            deliveries: 2,
+        }
+    }
+
+    #[test]
+    fn bodies_are_stored_raw_after_a_header() {
+        // Control characters take six bytes each once escaped in JSON; raw, one.
+        let text = "\u{1}".repeat(1000);
+        let item = envelope("text/plain", text.as_bytes());
+        let stored = item.to_bytes();
+        assert!(stored.len() < 1000 + 120, "{} bytes stored", stored.len());
+        assert_eq!(Envelope::parse(&stored), item);
+        let binary = envelope("application/octet-stream", &[0, 255, 10, 13]);
+        assert_eq!(Envelope::parse(&binary.to_bytes()), binary);
+        assert_eq!(binary.shown(), Shown::Base64("AP8KDQ==".into()));
+        let json = envelope("application/json", br#"{"a":[1,2]}"#);
+        assert_eq!(json.shown(), Shown::Json(serde_json::json!({"a": [1, 2]})));
+    }
+
+    #[test]
+    fn items_in_the_former_json_envelope_and_foreign_items_are_read() {
+        let legacy = br#"{"content_type":"text/plain","text":"hi","put_at_ms":5,"deliveries":1}"#;
+        let read = Envelope::parse(legacy);
+        assert_eq!(
+            (read.body.as_slice(), read.put_at_ms, read.deliveries),
+            (&b"hi"[..], 5, 1)
+        );
+        let legacy = br#"{"content_type":"application/json","body":{"n":1},"put_at_ms":5}"#;
+        assert_eq!(
+            Envelope::parse(legacy).shown(),
+            Shown::Json(serde_json::json!({"n": 1}))
+        );
+        let foreign = Envelope::parse(b"kazoo put this");
+        assert_eq!(
+            (foreign.content_type.as_str(), foreign.body.as_slice()),
+            ("application/octet-stream", &b"kazoo put this"[..])
+        );
+    }
 
     #[test]
     fn names_order_by_priority_then_sequence() {
