@@ -255,8 +255,9 @@ async fn the_runner_speaks_https_with_a_token_to_a_zkgate_that_wants_both() {
     config.tls_cert = Some(certificate.cert.clone());
     config.tls_key = Some(certificate.key.clone());
     config.auth_config = Some(auth);
-    let running = zkgate::start(config).await.expect("start");
-    let url = running.url();
+    // Started as every other test starts it: ready once its ZooKeeper sessions are.
+    let gate = Gate::start_with(config).await;
+    let url = gate.url.clone();
     let ca = certificate.cert.to_str().expect("utf-8");
 
     // The command runs holding the lock, with its token, over TLS and with the bearer token.
