@@ -5,6 +5,7 @@
 pub mod acl;
 pub mod names;
 pub mod nodelay;
+pub mod quota;
 pub mod recursive;
 pub mod security;
 pub mod server;

@@ -161,6 +161,8 @@ impl ZooKeeperServer {
             .args(["-XX:+UseSerialGC", "-Xshare:auto"])
             .args(options.quick_start.then_some("-XX:TieredStopAtLevel=1"))
             .arg("-Dzookeeper.admin.enableServer=false")
+            // zkgate's quotas on its subtrees are only limits if the servers enforce them.
+            .arg("-Dzookeeper.enforceQuota=true")
             .arg("-Dzookeeper.jmx.log4j.disable=true")
             .arg("-cp")
             .arg(classpath)
