@@ -120,6 +120,19 @@ impl Authority {
             if config.name.is_empty() || !names.insert(config.name.clone()) {
                 return Err(format!("principal name `{}` is empty or repeated", config.name));
             }
+            // The name is a znode's (its usage under `<root>/usage/`) and a log field.
+            if config.name.len() > 64
+                || matches!(config.name.as_str(), "." | "..")
+                || !config
+                    .name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"._-@".contains(&b))
+            {
+                return Err(format!(
+                    "principal name `{}` must be at most 64 letters, digits and `.`, `_`, `-`, `@`",
+                    config.name.escape_debug()
+                ));
+            }
             for grant in &config.grants {
                 if let Some(kind) = grant.kinds.iter().find(|k| *k != "*" && !is_grantable(k)) {
                     return Err(format!(
@@ -326,6 +339,8 @@ mod tests {
                 .contains("unknown kind `lox`")
         );
         assert!(err("[[principals]]\nname = \"a\"\ntokens = []").contains("no tokens"));
+        assert!(err("[[principals]]\nname = \"a/b\"\ntokens = [\"sha256:00\"]").contains("at most 64 letters"));
+        assert!(err("[[principals]]\nname = \"..\"\ntokens = [\"sha256:00\"]").contains("at most 64 letters"));
         assert!(err("[[principal]]").contains("unknown field"));
     }
 

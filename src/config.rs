@@ -86,6 +86,26 @@ pub struct ServeConfig {
     #[arg(long, env = "ZKGATE_MAX_VALUE_BYTES", default_value = "256KiB", value_parser = value_bytes)]
     pub max_value_bytes: usize,
 
+    /// Bytes of data all of zkgate's znodes may hold (a ZooKeeper hard quota on the root, so
+    /// that ZooKeeper's memory is bounded whatever the clients do); writes past it answer 507
+    /// `quota-exceeded`. ZooKeeper's heap holds about four times what is stored (measured):
+    /// give it at least five times this. `0`: no limit.
+    #[arg(long, env = "ZKGATE_QUOTA_BYTES", default_value = "64MiB", value_parser = bytes)]
+    pub quota_bytes: usize,
+
+    /// Znodes zkgate may have in all (the same quota). `0`: no limit.
+    #[arg(long, env = "ZKGATE_QUOTA_ZNODES", default_value_t = 500_000)]
+    pub quota_znodes: u64,
+
+    /// Bytes of values one principal may store (kv values, queue items, members' data,
+    /// proclaimed values), over all instances. `0`: no limit.
+    #[arg(long, env = "ZKGATE_QUOTA_BYTES_PER_PRINCIPAL", default_value = "32MiB", value_parser = bytes)]
+    pub quota_bytes_per_principal: usize,
+
+    /// Values one principal may store, over all instances. `0`: no limit.
+    #[arg(long, env = "ZKGATE_QUOTA_ZNODES_PER_PRINCIPAL", default_value_t = 50_000)]
+    pub quota_znodes_per_principal: u64,
+
     /// Bytes queued for one WebSocket (events and replies not yet written) before its
     /// subscriptions skip events and send a `resync` with the current state once the client
     /// reads again; replies wait for room. (`1MiB`, `256KiB` or a number of bytes.)
@@ -278,6 +298,10 @@ impl ServeConfig {
             queue_max_depth: 10_000,
             queue_max_deliveries: 5,
             max_value_bytes: 256 * 1024,
+            quota_bytes: 64 * 1024 * 1024,
+            quota_znodes: 500_000,
+            quota_bytes_per_principal: 32 * 1024 * 1024,
+            quota_znodes_per_principal: 50_000,
             ws_send_buffer: 1024 * 1024,
             ws_send_budget: 256 * 1024 * 1024,
             ws_max_message: 64 * 1024,
@@ -346,6 +370,21 @@ impl ServeConfig {
             subscriptions_per_principal: self.max_subscriptions_per_principal,
             long_polls_per_principal: self.max_long_polls_per_principal,
             long_polls: self.max_long_polls,
+        }
+    }
+
+    /// The quotas; `0` is no limit.
+    pub fn quota_settings(&self) -> crate::recipes::usage::QuotaSettings {
+        let limit = |n: u64| (n > 0).then_some(n);
+        crate::recipes::usage::QuotaSettings {
+            total: crate::zk::quota::Limits {
+                bytes: limit(self.quota_bytes as u64),
+                znodes: limit(self.quota_znodes),
+            },
+            per_principal: crate::zk::quota::Limits {
+                bytes: limit(self.quota_bytes_per_principal as u64),
+                znodes: limit(self.quota_znodes_per_principal),
+            },
         }
     }
 

@@ -89,6 +89,8 @@ pub struct Shared {
     pub instances: instances::Instances,
     /// The HTTP client that forwards requests to other instances.
     pub peers: reqwest::Client,
+    /// The quotas on what zkgate stores in ZooKeeper, in all and per principal.
+    pub quotas: recipes::usage::Quotas,
     /// The bytes all sockets of the instance may have queued for their clients
     /// (`--ws-send-budget`, see [ws::outbox]).
     pub ws_budget: ws::outbox::Budget,
@@ -141,7 +143,14 @@ impl AppState {
         let double_barriers = BoundNodes::new(root, Kind::DoubleBarrier);
         let txn_members = BoundNodes::new(root, Kind::Txn);
         let barrier_watches = ExistsWatches::new(zk.clone());
-        let queues = Queues::new(zk.clone(), &config.root, barrier_watches.clone(), instance.id.clone());
+        let quotas = recipes::usage::Quotas::start(zk.clone(), &config.root, config.quota_settings());
+        let queues = Queues::new(
+            zk.clone(),
+            &config.root,
+            barrier_watches.clone(),
+            instance.id.clone(),
+            quotas.clone(),
+        );
         let events = Events::new(zk.clone(), barrier_watches.clone());
         let ws_budget = ws::outbox::Budget::new(config.ws_send_budget);
         AppState(Arc::new(Shared {
@@ -166,6 +175,7 @@ impl AppState {
             instances,
             peers,
             ws_budget,
+            quotas,
         }))
     }
 }

@@ -381,6 +381,11 @@ impl ApiError {
         .with("size_bytes", size)
     }
 
+    /// 507 naming the quota a write would pass.
+    pub fn quota(exceeded: crate::recipes::usage::Exceeded) -> ApiError {
+        ApiError::new(Problem::QuotaExceeded, exceeded.detail).with("quota", exceeded.quota)
+    }
+
     /// No such thing (`what` is e.g. "lease", "handle").
     pub fn not_found(what: &str, detail: impl Into<String>) -> ApiError {
         ApiError::new(Problem::NotFound, detail).with("resource", what)

@@ -42,6 +42,10 @@ pub struct ZooKeeperStatus {
     /// How many of them are connected now.
     #[schema(example = 4)]
     pub sessions_connected: usize,
+    /// Whether the servers enforce zkgate's quotas (`enforced`); `not_enforced` when they
+    /// were started without `zookeeper.enforceQuota=true` (zkgate then checks them itself).
+    #[schema(value_type = String, example = "enforced")]
+    pub quotas: crate::recipes::usage::Enforcement,
 }
 
 fn health(state: &AppState, caller: &Caller, status: &'static str) -> Health {
@@ -61,6 +65,7 @@ fn health(state: &AppState, caller: &Caller, status: &'static str) -> Health {
             session_generation: zk.generation,
             sessions: state.lanes.all().len(),
             sessions_connected: state.lanes.all().iter().filter(|lane| lane.current().is_ok()).count(),
+            quotas: state.quotas.enforcement(),
         }),
     }
 }

@@ -21,6 +21,7 @@ use crate::AppState;
 use crate::auth::Caller;
 use crate::kind::Kind;
 use crate::recipes::config::{self, Condition, WriteError};
+use crate::recipes::usage::Payer;
 use crate::time::HumanDuration;
 use crate::zk::names::validate_name;
 
@@ -229,10 +230,11 @@ pub async fn get_value(
     responses(
         (status = 201, description = "Created", body = Written),
         (status = 200, description = "Replaced", body = Written),
-        Problems<(p::InvalidField, p::MalformedBody, p::PreconditionFailed, p::BodyTooLarge, p::ValueTooLarge, p::ZookeeperUnavailable)>,
+        Problems<(p::InvalidField, p::MalformedBody, p::PreconditionFailed, p::BodyTooLarge, p::ValueTooLarge, p::QuotaExceeded, p::ZookeeperUnavailable)>,
     ))]
 pub async fn put_value(
     State(state): State<AppState>,
+    caller: Caller,
     ApiPath(key): ApiPath<String>,
     headers: HeaderMap,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
@@ -272,7 +274,11 @@ pub async fn put_value(
     super::check_stored_size(&state, "value", body.len())?;
     let client = state.zk().connected().await?.client;
     let path = format!("{}/kv/{key}", state.config.root);
-    let (stat, created) = config::write(&client, &path, &body, condition)
+    let payer = Payer {
+        quotas: &state.quotas,
+        principal: caller.name(),
+    };
+    let (stat, created) = config::write(&client, &path, &body, condition, payer)
         .await
         .map_err(|e| write_error(&key, e))?;
     let tag = etag(stat.mzxid);
@@ -298,6 +304,7 @@ fn write_error(key: &str, err: WriteError) -> ApiError {
             Problem::KeyNotEmpty,
             format!("key `{key}` has keys below it; delete those first"),
         ),
+        WriteError::Quota(exceeded) => ApiError::quota(exceeded),
         WriteError::ZooKeeper(err) => err.into(),
     }
 }
@@ -322,7 +329,7 @@ pub async fn delete_value(
     };
     let client = state.zk().connected().await?.client;
     let path = format!("{}/kv/{key}", state.config.root);
-    config::delete(&client, &path, condition)
+    config::delete(&client, &path, condition, &state.quotas)
         .await
         .map_err(|e| write_error(&key, e))?;
     Ok(StatusCode::NO_CONTENT)

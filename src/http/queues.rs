@@ -24,6 +24,7 @@ use crate::kind::Kind;
 use crate::recipes::queue::service::Claim;
 use crate::recipes::queue::topic::{QueueState, QueueTopic};
 use crate::recipes::queue::{self, Envelope, Put, Shown, Taken};
+use crate::recipes::usage::Payer;
 use crate::time::{HumanDuration, at_most, from_millis, millis_since, timestamp};
 use crate::zk::names::validate_name;
 
@@ -178,6 +179,7 @@ fn body_of(headers: &HeaderMap, bytes: &[u8]) -> Result<Envelope, ApiError> {
         body: bytes.to_vec(),
         put_at_ms: crate::time::now_ms(),
         deliveries: 0,
+        charge: None,
     })
 }
 
@@ -217,10 +219,11 @@ fn waiting_view(item: String, envelope: Envelope, ctime: i64) -> Waiting {
     responses(
         (status = 201, description = "Stored", body = Stored),
         (status = 200, description = "A put with this key was stored before", body = Stored),
-        Problems<(p::InvalidField, p::MalformedBody, p::BodyTooLarge, p::ValueTooLarge, p::QueueFull, p::ZookeeperUnavailable)>,
+        Problems<(p::InvalidField, p::MalformedBody, p::BodyTooLarge, p::ValueTooLarge, p::QueueFull, p::QuotaExceeded, p::ZookeeperUnavailable)>,
     ))]
 pub async fn put(
     State(state): State<AppState>,
+    caller: Caller,
     ApiPath(name): ApiPath<String>,
     ApiQuery(query): ApiQuery<PutQuery>,
     headers: HeaderMap,
@@ -246,8 +249,21 @@ pub async fn put(
     let client = state.zk().connected().await?.client;
     let paths = state.queues.paths(&name);
     let max_depth = state.config.queue_max_depth;
-    let (status, item) = match queue::put(&client, &paths, query.priority, &envelope, key.as_deref(), max_depth).await?
-    {
+    let payer = Payer {
+        quotas: &state.quotas,
+        principal: caller.name(),
+    };
+    let put = queue::put(
+        &client,
+        &paths,
+        query.priority,
+        &envelope,
+        key.as_deref(),
+        max_depth,
+        payer,
+    )
+    .await?;
+    let (status, item) = match put {
         Put::Stored(item) => {
             let m = crate::metrics::get();
             m.queue_puts.with_label_values(&[m.queue(&name)]).inc();
@@ -262,6 +278,7 @@ pub async fn put(
             )
             .with("depth", depth));
         }
+        Put::Quota(exceeded) => return Err(ApiError::quota(exceeded)),
     };
     let stored = Stored {
         queue: name,
@@ -380,7 +397,14 @@ pub async fn ack(
     let held = state.queues.claim(&name, &claim).ok_or_else(|| claim_lost(&claim))?;
     caller.require_owner(held.owner.as_deref(), &format!("claim `{claim}`"))?;
     let client = state.zk().connected().await?.client;
-    let acked = queue::ack(&client, &state.queues.paths(&name), &held.item, &held.data).await?;
+    let acked = queue::ack(
+        &client,
+        &state.quotas,
+        &state.queues.paths(&name),
+        &held.item,
+        &held.data,
+    )
+    .await?;
     state.queues.forget(&claim);
     if acked {
         let m = crate::metrics::get();

@@ -7,8 +7,9 @@
 //! conditional on an mzxid reads the stat, compares the mzxid, and writes with the data
 //! version it read, so a change in between still fails the write.
 
-use zookeeper_client::{Client, CreateMode, Error as ZkError, Stat};
+use zookeeper_client::{Client, CreateMode, Error as ZkError, MultiWriteError, MultiWriteResult, Stat};
 
+use super::usage::{self, ChargeError, Exceeded, Payer, Quotas};
 use crate::zk::retry_on_loss;
 
 /// A value and its version.
@@ -40,12 +41,23 @@ pub enum WriteError {
     NotEmpty,
     /// A delete of a key that does not exist.
     Missing,
+    /// The write would pass this quota.
+    Quota(Exceeded),
     ZooKeeper(ZkError),
 }
 
 impl From<ZkError> for WriteError {
     fn from(err: ZkError) -> WriteError {
         WriteError::ZooKeeper(err)
+    }
+}
+
+impl From<ChargeError> for WriteError {
+    fn from(err: ChargeError) -> WriteError {
+        match err {
+            ChargeError::Exceeded(exceeded) => WriteError::Quota(exceeded),
+            ChargeError::ZooKeeper(err) => WriteError::ZooKeeper(err),
+        }
     }
 }
 
@@ -73,7 +85,21 @@ pub async fn wait_change(client: &Client, path: &str, version: i64) -> Result<()
 
 /// Writes `data` at `path` if `condition` holds, creating the key (and its parents) if it is
 /// absent. Returns the new stat and whether the key was created.
-pub async fn write(client: &Client, path: &str, data: &[u8], condition: Condition) -> Result<(Stat, bool), WriteError> {
+///
+/// The key's charge ([usage]) moves to `payer` in the same multi-op: a write past the payer's
+/// quota fails whole, and a key is charged once, to whoever wrote it last.
+pub async fn write(
+    client: &Client,
+    path: &str,
+    data: &[u8],
+    condition: Condition,
+    payer: Payer<'_>,
+) -> Result<(Stat, bool), WriteError> {
+    let mine = payer
+        .quotas
+        .charge_as(client, payer.principal, data.len(), usage::key_id(path))
+        .await?;
+    let options = CreateMode::Persistent.with_acls(crate::zk::acls());
     loop {
         let current = retry_on_loss(|| client.check_stat(path)).await?;
         let expected = match (condition, current) {
@@ -84,92 +110,101 @@ pub async fn write(client: &Client, path: &str, data: &[u8], condition: Conditio
             }
             (_, current) => current,
         };
-        let Some(stat) = expected else {
-            match create(client, path, data).await {
-                Ok(stat) => return Ok((stat, true)),
+        let charges = payer.quotas.charges_of(client, &mine.id).await?;
+        let mut writer = client.new_multi_writer();
+        match &expected {
+            None => writer.add_create(path, data, &options)?,
+            Some(stat) => writer.add_set_data(path, data, Some(stat.version))?,
+        }
+        payer.quotas.add_recharge(&mut writer, &mine, data.len(), &charges)?;
+        match writer.commit().await {
+            Ok(results) => {
+                let stat = match results.into_iter().next() {
+                    Some(MultiWriteResult::SetData { stat } | MultiWriteResult::Create { stat, .. })
+                        if !stat.is_invalid() =>
+                    {
+                        stat
+                    }
+                    // Servers that leave a created node's stat out of a multi-op's reply.
+                    _ => retry_on_loss(|| client.check_stat(path))
+                        .await?
+                        .ok_or(ZkError::NoNode)?,
+                };
+                return Ok((stat, expected.is_none()));
+            }
+            Err(MultiWriteError::OperationFailed {
+                source: ZkError::QuotaExceeded,
+                ..
+            }) => return Err(WriteError::Quota(payer.exceeded(client, data.len()).await)),
+            Err(MultiWriteError::OperationFailed { index: 0, source }) => match (&expected, source) {
+                (None, ZkError::NoNode) => {
+                    let parent = &path[..path.rfind('/').unwrap_or(0)];
+                    crate::zk::session::ensure_path(client, parent).await?;
+                }
                 // Someone created it meanwhile: decide again against what is there now.
-                Err(ZkError::NodeExists) => continue,
-                Err(err) => return Err(err.into()),
-            }
-        };
-        match client.set_data(path, data, Some(stat.version)).await {
-            Ok(stat) => return Ok((stat, false)),
-            // Changed (or deleted) since the stat was read: an unconditional write tries
-            // again; a conditional one has lost.
-            Err(ZkError::BadVersion | ZkError::NoNode) if condition == Condition::Any => continue,
-            Err(ZkError::BadVersion | ZkError::NoNode) => {
-                let now = retry_on_loss(|| client.check_stat(path)).await?;
-                return Err(WriteError::Precondition(now.map(|s| s.mzxid)));
-            }
-            // The reply was lost: the write may have happened; read again and report what is
-            // there if it is our data, else try again.
-            Err(err) if crate::zk::is_loss(&err) => {
+                (None, ZkError::NodeExists) => {}
+                // Changed (or deleted) since the stat was read: an unconditional write tries
+                // again; a conditional one decides again, and loses.
+                (Some(_), ZkError::BadVersion | ZkError::NoNode) => {}
+                (_, err) => return Err(err.into()),
+            },
+            // A charge changed meanwhile (a write of the same key on another instance):
+            // decide again.
+            Err(MultiWriteError::OperationFailed {
+                source: ZkError::NoNode | ZkError::NodeExists | ZkError::BadVersion,
+                ..
+            }) => {}
+            Err(MultiWriteError::OperationFailed { source, .. }) => return Err(source.into()),
+            // The reply was lost: the multi-op happened whole or not at all. Ours if the key
+            // holds our data at the version it would have; otherwise decide again.
+            Err(MultiWriteError::RequestFailed { source }) if crate::zk::is_loss(&source) => {
+                let version = expected.as_ref().map_or(0, |stat| stat.version + 1);
                 if let Some(entry) = read(client, path).await?
                     && entry.data == data
-                    && entry.stat.version == stat.version + 1
+                    && entry.stat.version == version
                 {
-                    return Ok((entry.stat, false));
-                }
-                if condition != Condition::Any {
-                    let now = retry_on_loss(|| client.check_stat(path)).await?;
-                    return Err(WriteError::Precondition(now.map(|s| s.mzxid)));
+                    return Ok((entry.stat, expected.is_none()));
                 }
             }
-            Err(err) => return Err(err.into()),
+            Err(MultiWriteError::RequestFailed { source }) => return Err(source.into()),
         }
     }
 }
 
-async fn create(client: &Client, path: &str, data: &[u8]) -> Result<Stat, ZkError> {
-    let options = CreateMode::Persistent.with_acls(crate::zk::acls());
-    loop {
-        match client.create(path, data, &options).await {
-            Ok((stat, _)) => return Ok(stat),
-            Err(ZkError::NoNode) => {
-                let parent = &path[..path.rfind('/').unwrap_or(0)];
-                crate::zk::session::ensure_path(client, parent).await?;
-            }
-            Err(err) if crate::zk::is_loss(&err) => {
-                // Did the create happen? Ours if the data matches and nobody changed it since.
-                if let Some(entry) = read(client, path).await?
-                    && entry.data == data
-                    && entry.stat.version == 0
-                {
-                    return Ok(entry.stat);
-                }
-                if retry_on_loss(|| client.check_stat(path)).await?.is_some() {
-                    return Err(ZkError::NodeExists);
-                }
-            }
-            Err(err) => return Err(err),
-        }
-    }
-}
-
-/// Deletes `path` if `condition` holds.
-pub async fn delete(client: &Client, path: &str, condition: Condition) -> Result<(), WriteError> {
-    let Some(stat) = retry_on_loss(|| client.check_stat(path)).await? else {
-        return Err(WriteError::Missing);
-    };
-    if let Condition::Version(v) = condition
-        && stat.mzxid != v
-    {
-        return Err(WriteError::Precondition(Some(stat.mzxid)));
-    }
+/// Deletes `path` if `condition` holds, refunding its charge in the same multi-op.
+pub async fn delete(client: &Client, path: &str, condition: Condition, quotas: &Quotas) -> Result<(), WriteError> {
+    let id = usage::key_id(path);
     let mut retried = false;
     loop {
-        match client.delete(path, Some(stat.version)).await {
-            Ok(()) => return Ok(()),
-            Err(ZkError::NotEmpty) => return Err(WriteError::NotEmpty),
+        let Some(stat) = retry_on_loss(|| client.check_stat(path)).await? else {
             // After a lost reply, a missing node is our own deletion.
-            Err(ZkError::NoNode) if retried => return Ok(()),
-            Err(ZkError::NoNode) => return Err(WriteError::Missing),
-            Err(ZkError::BadVersion) => {
-                let now = retry_on_loss(|| client.check_stat(path)).await?;
-                return Err(WriteError::Precondition(now.map(|s| s.mzxid)));
-            }
-            Err(err) if crate::zk::is_loss(&err) => retried = true,
-            Err(err) => return Err(err.into()),
+            return if retried { Ok(()) } else { Err(WriteError::Missing) };
+        };
+        if let Condition::Version(v) = condition
+            && stat.mzxid != v
+        {
+            return Err(WriteError::Precondition(Some(stat.mzxid)));
+        }
+        let charges = quotas.charges_of(client, &id).await?;
+        let mut writer = client.new_multi_writer();
+        writer.add_delete(path, Some(stat.version))?;
+        quotas.add_refunds(&mut writer, &charges)?;
+        match writer.commit().await {
+            Ok(_) => return Ok(()),
+            Err(MultiWriteError::OperationFailed { index: 0, source }) => match source {
+                ZkError::NotEmpty => return Err(WriteError::NotEmpty),
+                // Changed or deleted since the stat: decide again (a conditional delete loses).
+                ZkError::NoNode | ZkError::BadVersion => {}
+                err => return Err(err.into()),
+            },
+            // A charge changed meanwhile: decide again.
+            Err(MultiWriteError::OperationFailed {
+                source: ZkError::NoNode | ZkError::BadVersion,
+                ..
+            }) => {}
+            Err(MultiWriteError::OperationFailed { source, .. }) => return Err(source.into()),
+            Err(MultiWriteError::RequestFailed { source }) if crate::zk::is_loss(&source) => retried = true,
+            Err(MultiWriteError::RequestFailed { source }) => return Err(source.into()),
         }
     }
 }

@@ -18,6 +18,7 @@ pub mod rwlock;
 pub mod semaphore;
 pub mod topic;
 pub mod txn;
+pub mod usage;
 pub mod view;
 pub mod znode;
 

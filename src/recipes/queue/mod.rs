@@ -18,6 +18,7 @@
 use serde::{Deserialize, Serialize};
 use zookeeper_client::{Client, CreateMode, Error as ZkError, MultiWriteError, Stat};
 
+use super::usage::{Charge, ChargeError, Exceeded, Payer, Quotas};
 use crate::zk::retry_on_loss;
 
 pub mod service;
@@ -65,6 +66,10 @@ pub struct Envelope {
     pub put_at_ms: i64,
     /// How many times it has been claimed.
     pub deliveries: u32,
+    /// Its charge to the principal that put it ([crate::recipes::usage]), refunded when the
+    /// item is taken or acknowledged. Dead-lettering and replay keep it: the item is still
+    /// stored.
+    pub charge: Option<Charge>,
 }
 
 /// The first line of an item in zkgate's format.
@@ -77,6 +82,8 @@ struct Header {
     put_at_ms: i64,
     #[serde(default)]
     deliveries: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    charge: Option<Charge>,
 }
 
 /// The JSON envelope items were stored in before [MAGIC].
@@ -110,6 +117,7 @@ impl Envelope {
                 body: rest[end + 1..].to_vec(),
                 put_at_ms: header.put_at_ms,
                 deliveries: header.deliveries,
+                charge: header.charge,
             };
         }
         if let Ok(legacy) = serde_json::from_slice::<Legacy>(data) {
@@ -126,6 +134,7 @@ impl Envelope {
                 body,
                 put_at_ms: legacy.put_at_ms,
                 deliveries: legacy.deliveries,
+                charge: None,
             };
         }
         // An item another client put: its bytes as they are.
@@ -134,6 +143,7 @@ impl Envelope {
             body: data.to_vec(),
             put_at_ms: 0,
             deliveries: 0,
+            charge: None,
         }
     }
 
@@ -142,6 +152,7 @@ impl Envelope {
             content_type: self.content_type.clone(),
             put_at_ms: self.put_at_ms,
             deliveries: self.deliveries,
+            charge: self.charge.clone(),
         };
         let mut data = MAGIC.to_vec();
         data.extend(serde_json::to_vec(&header).unwrap_or_default());
@@ -211,12 +222,15 @@ pub enum Put {
     Duplicate,
     /// The queue holds this many items, its limit: nothing was stored.
     Full(usize),
+    /// The item would pass this quota: nothing was stored.
+    Quota(Exceeded),
 }
 
 /// Puts an item, unless the queue already holds `max_depth` items (a bound so that a producer
 /// backs off until consumers catch up, and a queue's listing stays well within what ZooKeeper
 /// carries in one reply). With a key, the item and `keys/<key>` are created together or not at
-/// all.
+/// all; so is the item's charge to `payer`, so that an item past the payer's quota is not
+/// stored.
 pub async fn put(
     client: &Client,
     paths: &QueuePaths,
@@ -224,6 +238,7 @@ pub async fn put(
     envelope: &Envelope,
     key: Option<&str>,
     max_depth: usize,
+    payer: Payer<'_>,
 ) -> Result<Put, ZkError> {
     let depth = match retry_on_loss(|| client.check_stat(&paths.items)).await? {
         Some(stat) => stat.num_children as usize,
@@ -236,6 +251,15 @@ pub async fn put(
         Some(p) => format!("{}/{PREFIX}{p:02}", paths.items),
         None => format!("{}/{PREFIX}", paths.items),
     };
+    let mut envelope = envelope.clone();
+    // Checked on the item's stored size (the charge's own mention in the header aside), and
+    // charged on it exactly.
+    let size = envelope.to_bytes().len();
+    envelope.charge = match payer.quotas.charge(client, payer.principal, size).await {
+        Ok(charge) => Some(charge),
+        Err(ChargeError::Exceeded(exceeded)) => return Ok(Put::Quota(exceeded)),
+        Err(ChargeError::ZooKeeper(err)) => return Err(err),
+    };
     let data = envelope.to_bytes();
     let options = CreateMode::PersistentSequential.with_acls(crate::zk::acls());
     let plain = CreateMode::Persistent.with_acls(crate::zk::acls());
@@ -244,6 +268,9 @@ pub async fn put(
         writer.add_create(&prefix, &data, &options)?;
         if let Some(key) = key {
             writer.add_create(&format!("{}/{key}", paths.keys), &[], &plain)?;
+        }
+        if let Some(charge) = &envelope.charge {
+            payer.quotas.add_charge(&mut writer, charge, data.len(), false)?;
         }
         match writer.commit().await {
             Ok(results) => {
@@ -258,17 +285,57 @@ pub async fn put(
             Err(MultiWriteError::OperationFailed {
                 index: 1,
                 source: ZkError::NodeExists,
-            }) => return Ok(Put::Duplicate),
+            }) if key.is_some() => return Ok(Put::Duplicate),
+            Err(MultiWriteError::OperationFailed {
+                source: ZkError::QuotaExceeded,
+                ..
+            }) => return Ok(Put::Quota(payer.exceeded(client, data.len()).await)),
             Err(MultiWriteError::OperationFailed {
                 source: ZkError::NoNode,
                 ..
-            }) => ensure(client, paths).await?,
+            }) => {
+                ensure(client, paths).await?;
+                if let Some(charge) = &envelope.charge {
+                    payer.quotas.repair(client, &charge.principal).await?;
+                }
+            }
             Err(MultiWriteError::OperationFailed { source, .. }) => return Err(source),
             // A lost reply: with a key, the key tells whether it happened; without, the put is
             // not retried (it may have happened, and a second copy is worse for most users
             // than a clear error they can retry with a key).
             Err(MultiWriteError::RequestFailed { source }) if crate::zk::is_loss(&source) && key.is_some() => continue,
             Err(MultiWriteError::RequestFailed { source }) => return Err(source),
+        }
+    }
+}
+
+/// Deletes an item and refunds its charge in one multi-op; an item whose charge is gone
+/// (its usage removed by hand) is deleted alone.
+async fn delete_item(
+    client: &Client,
+    quotas: &Quotas,
+    path: &str,
+    version: Option<i32>,
+    charge: Option<&Charge>,
+    also: Option<(&str, i32)>,
+) -> Result<(), MultiWriteError> {
+    let mut with_charge = charge;
+    loop {
+        let mut writer = client.new_multi_writer();
+        if let Some((other, version)) = also {
+            writer.add_delete(other, Some(version))?;
+        }
+        writer.add_delete(path, version)?;
+        if let Some(charge) = with_charge {
+            quotas.add_refund(&mut writer, charge)?;
+        }
+        let refund = usize::from(also.is_some()) + 1;
+        match writer.commit().await {
+            Err(MultiWriteError::OperationFailed {
+                index,
+                source: ZkError::NoNode,
+            }) if with_charge.is_some() && index == refund => with_charge = None,
+            done => return done.map(|_| ()),
         }
     }
 }
@@ -335,6 +402,7 @@ impl Drop for Reserved<'_> {
 /// claimed `max_deliveries` times already move to `dead/` on the way.
 pub async fn take(
     client: &Client,
+    quotas: &Quotas,
     paths: &QueuePaths,
     claim_data: &[u8],
     at_most_once: bool,
@@ -366,7 +434,16 @@ pub async fn take(
         let mut envelope = Envelope::parse(&data);
         let more = index + 1 < candidates.len();
         if at_most_once {
-            match retry_on_loss(|| client.delete(&path, Some(stat.version))).await {
+            match delete_item(
+                client,
+                quotas,
+                &path,
+                Some(stat.version),
+                envelope.charge.as_ref(),
+                None,
+            )
+            .await
+            {
                 Ok(()) => {
                     return Ok(Attempt::Got(
                         Taken {
@@ -376,8 +453,27 @@ pub async fn take(
                         more,
                     ));
                 }
-                Err(ZkError::NoNode | ZkError::BadVersion) => continue,
-                Err(err) => return Err(err),
+                Err(MultiWriteError::OperationFailed {
+                    source: ZkError::NoNode | ZkError::BadVersion,
+                    ..
+                }) => continue,
+                // A lost reply: ours if the item is gone (taken at most once: a reply lost
+                // here loses the item, as the mode says).
+                Err(MultiWriteError::RequestFailed { source }) if crate::zk::is_loss(&source) => {
+                    if retry_on_loss(|| client.check_stat(&path)).await?.is_none() {
+                        return Ok(Attempt::Got(
+                            Taken {
+                                item: item.to_string(),
+                                envelope,
+                            },
+                            more,
+                        ));
+                    }
+                    continue;
+                }
+                Err(MultiWriteError::OperationFailed { source, .. } | MultiWriteError::RequestFailed { source }) => {
+                    return Err(source);
+                }
             }
         }
         if envelope.deliveries >= max_deliveries {
@@ -466,9 +562,17 @@ async fn bury(
 }
 
 /// Acknowledges a claim: deletes the claim (if it still holds `claim_data`) and the item
-/// together. `false` if the claim is no longer ours (expired and maybe taken by another).
-pub async fn ack(client: &Client, paths: &QueuePaths, item: &str, claim_data: &[u8]) -> Result<bool, ZkError> {
+/// together, refunding the item's charge. `false` if the claim is no longer ours (expired and
+/// maybe taken by another).
+pub async fn ack(
+    client: &Client,
+    quotas: &Quotas,
+    paths: &QueuePaths,
+    item: &str,
+    claim_data: &[u8],
+) -> Result<bool, ZkError> {
     let claim_path = format!("{}/{item}", paths.claims);
+    let item_path = format!("{}/{item}", paths.items);
     let (data, stat) = match retry_on_loss(|| client.get_data(&claim_path)).await {
         Ok(read) => read,
         Err(ZkError::NoNode) => return Ok(false),
@@ -477,16 +581,27 @@ pub async fn ack(client: &Client, paths: &QueuePaths, item: &str, claim_data: &[
     if data != claim_data {
         return Ok(false);
     }
-    let mut writer = client.new_multi_writer();
-    writer.add_delete(&claim_path, Some(stat.version))?;
-    writer.add_delete(&format!("{}/{item}", paths.items), None)?;
-    match writer.commit().await {
-        Ok(_) => Ok(true),
+    // Nobody changes the item while our claim stands: its charge is the one read here.
+    let charge = match retry_on_loss(|| client.get_data(&item_path)).await {
+        Ok((data, _)) => Envelope::parse(&data).charge,
+        Err(ZkError::NoNode) => return Ok(false),
+        Err(err) => return Err(err),
+    };
+    match delete_item(
+        client,
+        quotas,
+        &item_path,
+        None,
+        charge.as_ref(),
+        Some((&claim_path, stat.version)),
+    )
+    .await
+    {
+        Ok(()) => Ok(true),
         Err(MultiWriteError::OperationFailed { .. }) => Ok(false),
         // A lost reply: done if the item is gone (nobody else could delete it while our claim
         // stood), otherwise not.
         Err(MultiWriteError::RequestFailed { source }) if crate::zk::is_loss(&source) => {
-            let item_path = format!("{}/{item}", paths.items);
             Ok(retry_on_loss(|| client.check_stat(&item_path)).await?.is_none())
         }
         Err(MultiWriteError::RequestFailed { source }) => Err(source),
@@ -569,6 +684,10 @@ mod tests {
             body: body.to_vec(),
             put_at_ms: 1_700_000_000_000,
             deliveries: 2,
+            charge: Some(Charge {
+                principal: "app".into(),
+                id: "c1".into(),
+            }),
         }
     }
 
@@ -578,7 +697,7 @@ mod tests {
         let text = "\u{1}".repeat(1000);
         let item = envelope("text/plain", text.as_bytes());
         let stored = item.to_bytes();
-        assert!(stored.len() < 1000 + 120, "{} bytes stored", stored.len());
+        assert!(stored.len() < 1000 + 200, "{} bytes stored", stored.len());
         assert_eq!(Envelope::parse(&stored), item);
         let binary = envelope("application/octet-stream", &[0, 255, 10, 13]);
         assert_eq!(Envelope::parse(&binary.to_bytes()), binary);

@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 use zookeeper_client::Error as ZkError;
 
 use super::{Attempt, QueuePaths, Taken};
+use crate::recipes::usage::Quotas;
 use crate::zk::session::ZkSession;
 use crate::zk::watch::ExistsWatches;
 
@@ -48,17 +49,20 @@ pub struct Queues {
     instance: Arc<str>,
     base: Arc<str>,
     watches: ExistsWatches,
+    /// Items are charged to who put them and refunded when taken or acknowledged.
+    quotas: Quotas,
     claims: Arc<Mutex<HashMap<String, Claim>>>,
     waiting: Arc<Mutex<HashMap<String, Arc<Waiting>>>>,
 }
 
 impl Queues {
-    pub fn new(zk: ZkSession, root: &str, watches: ExistsWatches, instance: Arc<str>) -> Queues {
+    pub fn new(zk: ZkSession, root: &str, watches: ExistsWatches, instance: Arc<str>, quotas: Quotas) -> Queues {
         Queues {
             zk,
             instance,
             base: format!("{root}/queues").into(),
             watches,
+            quotas,
             claims: Arc::default(),
             waiting: Arc::default(),
         }
@@ -66,6 +70,10 @@ impl Queues {
 
     pub fn base(&self) -> &str {
         &self.base
+    }
+
+    pub fn quotas(&self) -> &Quotas {
+        &self.quotas
     }
 
     pub fn paths(&self, queue: &str) -> QueuePaths {
@@ -98,7 +106,17 @@ impl Queues {
             let client = self.zk.connected().await.map_err(|_| ZkError::ConnectionLoss)?.client;
             let claim = ack_deadline.map(|deadline| self.new_claim(queue, owner, deadline));
             let data = claim.as_ref().map(|c| c.data.clone()).unwrap_or_default();
-            match super::take(&client, &paths, &data, claim.is_none(), max_deliveries, &waiting.trying).await? {
+            match super::take(
+                &client,
+                &self.quotas,
+                &paths,
+                &data,
+                claim.is_none(),
+                max_deliveries,
+                &waiting.trying,
+            )
+            .await?
+            {
                 Attempt::Got(taken, more) => {
                     if more {
                         waiting.item.notify_one(); // pass the turn on: another item waits

@@ -1,0 +1,239 @@
+//! Quotas: what zkgate stores in ZooKeeper is bounded as a whole and per principal by
+//! ZooKeeper's own hard quotas, whichever instance a write goes through. A write past one
+//! answers 507 `quota-exceeded` naming the flag, stores nothing, and deleting gives the room
+//! back.
+
+mod common;
+
+use common::{Gate, Reply, test_config, zookeeper};
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+use zkgate::config::ServeConfig;
+use zkgate::zk::server::{ServerOptions, ZooKeeperServer};
+
+/// Two instances on one ZooKeeper, with principals `app` and `other` (each may write
+/// everything), the same quotas on both.
+struct Two {
+    _zk: ZooKeeperServer,
+    _dir: tempfile::TempDir,
+    a: Gate,
+    b: Gate,
+    app: String,
+    other: String,
+}
+
+async fn two_instances(quotas: impl Fn(&mut ServeConfig)) -> Two {
+    let zk = zookeeper().await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut text = String::new();
+    let mut tokens = Vec::new();
+    for name in ["app", "other"] {
+        let (token, hash) = zkgate::auth::new_token();
+        tokens.push(token);
+        text.push_str(&format!(
+            "[[principals]]\nname = \"{name}\"\ntokens = [\"{hash}\"]\n[[principals.grants]]\nkinds = [\"*\"]\nprefixes = [\"\"]\naccess = \"write\"\n"
+        ));
+    }
+    let path = dir.path().join("auth.toml");
+    std::fs::write(&path, text).expect("auth config");
+    let mut config = test_config(&zk.connect_string());
+    config.auth_config = Some(path);
+    quotas(&mut config);
+    let a = Gate::start_with(config.clone()).await;
+    let b = Gate::start_with(config).await;
+    let [app, other] = tokens.try_into().expect("two tokens");
+    Two {
+        _zk: zk,
+        _dir: dir,
+        a,
+        b,
+        app,
+        other,
+    }
+}
+
+fn assert_quota(reply: &Reply, quota: &str) {
+    reply.assert_problem(StatusCode::INSUFFICIENT_STORAGE, None);
+    assert!(reply.str("type").ends_with(":quota-exceeded"), "{:?}", reply.body);
+    assert_eq!(reply.str("quota"), quota, "{:?}", reply.body);
+}
+
+async fn put(gate: &Gate, token: &str, key: &str, value: &Value) -> Reply {
+    gate.call_as(Some(token), Method::PUT, &format!("/v1/kv/{key}"), Some(value.clone()))
+        .await
+}
+
+#[tokio::test]
+async fn a_principals_bytes_are_bounded_across_instances_and_deletes_give_them_back() {
+    let two = two_instances(|c| {
+        c.quota_bytes_per_principal = 100 * 1024;
+        c.quota_znodes_per_principal = 0;
+    })
+    .await;
+    let (a, b) = (&two.a, &two.b);
+    // About 30 KiB each: three fit in 100 KiB, four do not.
+    let value = json!("x".repeat(30_000));
+    for (i, gate) in [(1, a), (2, b), (3, a)] {
+        let reply = put(gate, &two.app, &format!("k{i}"), &value).await;
+        assert_eq!(reply.status, StatusCode::CREATED, "k{i}: {:?}", reply.body);
+    }
+    // The fourth, through either instance: refused whole, naming the quota.
+    for gate in [a, b] {
+        let reply = put(gate, &two.app, "k4", &value).await;
+        assert_quota(&reply, "--quota-bytes-per-principal");
+        assert!(reply.str("detail").contains("`app`"), "{:?}", reply.body);
+    }
+    assert_eq!(
+        a.call_as(Some(&two.app), Method::GET, "/v1/kv/k4", None).await.status,
+        StatusCode::NOT_FOUND
+    );
+    for key in ["k1", "k2", "k3"] {
+        let read = b
+            .call_as(Some(&two.app), Method::GET, &format!("/v1/kv/{key}"), None)
+            .await;
+        assert_eq!((read.status, &read.body), (StatusCode::OK, &value), "{key}");
+    }
+    // Another principal has its own quota.
+    let reply = put(b, &two.other, "o1", &value).await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{:?}", reply.body);
+    // Rewriting a key does not charge it twice.
+    let reply = put(a, &two.app, "k2", &value).await;
+    assert_eq!(reply.status, StatusCode::OK, "{:?}", reply.body);
+    // A key is charged to whoever wrote it last: `other` taking over k3 frees `app`'s room.
+    let reply = put(a, &two.other, "k3", &value).await;
+    assert_eq!(reply.status, StatusCode::OK, "{:?}", reply.body);
+    let reply = put(b, &two.app, "k4", &value).await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{:?}", reply.body);
+    // So does a delete, through the other instance.
+    assert_quota(&put(a, &two.app, "k5", &value).await, "--quota-bytes-per-principal");
+    let deleted = b.call_as(Some(&two.app), Method::DELETE, "/v1/kv/k1", None).await;
+    assert_eq!(deleted.status, StatusCode::NO_CONTENT);
+    let reply = put(a, &two.app, "k5", &value).await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{:?}", reply.body);
+}
+
+#[tokio::test]
+async fn a_principals_values_are_bounded_in_number_and_queue_items_count_until_taken() {
+    let two = two_instances(|c| {
+        c.quota_bytes_per_principal = 0;
+        c.quota_znodes_per_principal = 3;
+    })
+    .await;
+    let (a, b) = (&two.a, &two.b);
+    let reply = put(a, &two.app, "one", &json!(1)).await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{:?}", reply.body);
+    for gate in [a, b] {
+        let reply = gate
+            .call_as(
+                Some(&two.app),
+                Method::POST,
+                "/v1/queues/jobs/items",
+                Some(json!({"n": 1})),
+            )
+            .await;
+        assert_eq!(reply.status, StatusCode::CREATED, "{:?}", reply.body);
+    }
+    // Three values stored: a fourth of either kind is refused.
+    let refused = a
+        .call_as(
+            Some(&two.app),
+            Method::POST,
+            "/v1/queues/jobs/items",
+            Some(json!({"n": 2})),
+        )
+        .await;
+    assert_quota(&refused, "--quota-znodes-per-principal");
+    assert_quota(
+        &put(b, &two.app, "two", &json!(2)).await,
+        "--quota-znodes-per-principal",
+    );
+    let state = a.call_as(Some(&two.app), Method::GET, "/v1/queues/jobs", None).await;
+    assert_eq!(state.i64("depth"), 2, "{:?}", state.body);
+    // An item taken (by another principal, on the other instance) is no longer charged.
+    let taken = b
+        .call_as(
+            Some(&two.other),
+            Method::POST,
+            "/v1/queues/jobs/take?mode=at-most-once&wait=0",
+            None,
+        )
+        .await;
+    assert_eq!(taken.status, StatusCode::OK, "{:?}", taken.body);
+    let reply = put(b, &two.app, "two", &json!(2)).await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{:?}", reply.body);
+    // An item claimed and acknowledged, too.
+    let claimed = a
+        .call_as(Some(&two.other), Method::POST, "/v1/queues/jobs/take?wait=0", None)
+        .await;
+    assert_eq!(claimed.status, StatusCode::OK, "{:?}", claimed.body);
+    let ack = format!("/v1/queues/jobs/claims/{}/ack", claimed.str("claim"));
+    let acked = a.call_as(Some(&two.other), Method::POST, &ack, None).await;
+    assert!(acked.status.is_success(), "{:?}", acked.body);
+    let reply = put(a, &two.app, "three", &json!(3)).await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{:?}", reply.body);
+}
+
+/// A writer that never stops, against a ZooKeeper with a small heap: without zkgate's quota
+/// on its tree, 400 items of 200 KiB (80 MB, and as much again in ZooKeeper's log of recent
+/// transactions) would exhaust a 160 MB heap. With it, the writer gets 507 and ZooKeeper keeps
+/// serving.
+#[tokio::test]
+async fn a_writer_that_never_stops_gets_507_and_zookeeper_keeps_serving() {
+    let options = ServerOptions {
+        heap_mb: 160,
+        ..common::test_server_options()
+    };
+    let zk = ZooKeeperServer::start_standalone(&options).await.expect("ZooKeeper");
+    let mut config = test_config(&zk.connect_string());
+    config.quota_bytes = 24 * 1024 * 1024;
+    config.quota_bytes_per_principal = 0;
+    let gate = Gate::start_with(config).await;
+    let item = vec![7u8; 200 * 1024];
+    let mut stored = 0;
+    let refused = loop {
+        let response = gate
+            .http
+            .post(format!("{}/v1/queues/flood/items", gate.url))
+            .header("content-type", "application/octet-stream")
+            .body(item.clone())
+            .send()
+            .await
+            .expect("put");
+        let reply = Reply::read(response).await;
+        if reply.status != StatusCode::CREATED {
+            break reply;
+        }
+        stored += 1;
+        assert!(stored < 400, "400 items of 200 KiB stored: nothing bounds the tree");
+    };
+    assert_quota(&refused, "--quota-bytes");
+    // About 24 MiB went in, and not much less.
+    assert!((100..=125).contains(&stored), "{stored} items stored");
+    // For the record (the closing note's figure): ZooKeeper's heap after a full collection.
+    if let Some(pid) = zk.pid() {
+        let pid = pid.to_string();
+        let _ = std::process::Command::new("jcmd").args([&pid, "GC.run"]).output();
+        let heap = std::process::Command::new("jcmd").args([&pid, "GC.heap_info"]).output();
+        if let Ok(heap) = heap {
+            eprintln!(
+                "ZooKeeper's heap after {stored} items:\n{}",
+                String::from_utf8_lossy(&heap.stdout)
+            );
+        }
+    }
+    // ZooKeeper still serves: the instance is ready, a take gives room back, and a put fits.
+    assert_eq!(gate.get("/readyz").await.status, StatusCode::OK);
+    let taken = gate.post("/v1/queues/flood/take?mode=at-most-once&wait=0", None).await;
+    assert_eq!(taken.status, StatusCode::OK, "{:?}", taken.body);
+    let response = gate
+        .http
+        .post(format!("{}/v1/queues/flood/items", gate.url))
+        .header("content-type", "application/octet-stream")
+        .body(item)
+        .send()
+        .await
+        .expect("put");
+    assert_eq!(response.status(), StatusCode::CREATED);
+    let lock = gate.post("/v1/locks/after-the-flood/acquire?wait=0", None).await;
+    assert_eq!(lock.status, StatusCode::OK, "{:?}", lock.body);
+}
