@@ -237,3 +237,68 @@ async fn a_writer_that_never_stops_gets_507_and_zookeeper_keeps_serving() {
     let lock = gate.post("/v1/locks/after-the-flood/acquire?wait=0", None).await;
     assert_eq!(lock.status, StatusCode::OK, "{:?}", lock.body);
 }
+
+#[tokio::test]
+async fn members_data_and_proclaimed_values_count_against_their_principal() {
+    let two = two_instances(|c| {
+        c.quota_bytes_per_principal = 100 * 1024;
+        c.quota_znodes_per_principal = 0;
+    })
+    .await;
+    let (a, b, app) = (&two.a, &two.b, Some(two.app.as_str()));
+    let big = json!("m".repeat(60_000));
+    let (m1, m2) = ("/v1/groups/workers/members/m1", "/v1/groups/workers/members/m2");
+    let joined = a
+        .call_as(app, Method::PUT, m1, Some(json!({"data": big, "ttl": "30s"})))
+        .await;
+    assert_eq!(joined.status, StatusCode::CREATED, "{:?}", joined.body);
+    // A second 60 KB member passes 100 KiB, on either instance, and is not created.
+    let refused = b
+        .call_as(app, Method::PUT, m2, Some(json!({"data": big, "ttl": "30s"})))
+        .await;
+    assert_quota(&refused, "--quota-bytes-per-principal");
+    let members = a.call_as(app, Method::GET, "/v1/groups/workers", None).await;
+    assert_eq!(
+        members.body["members"].as_array().map(Vec::len),
+        Some(1),
+        "{:?}",
+        members.body
+    );
+    // The leader's proclaimed value too.
+    let campaign = b
+        .call_as(
+            app,
+            Method::POST,
+            "/v1/elections/primary/campaign?wait=5s",
+            Some(json!({"ttl": "30s"})),
+        )
+        .await;
+    assert_eq!(campaign.status, StatusCode::OK, "{:?}", campaign.body);
+    let handle = campaign.str("handle");
+    let proclaim = json!({"handle": handle, "value": big});
+    let refused = b
+        .call_as(app, Method::PUT, "/v1/elections/primary/leader", Some(proclaim.clone()))
+        .await;
+    assert_quota(&refused, "--quota-bytes-per-principal");
+    // Leaving the group gives its room back; then the value is proclaimed, and holds it.
+    let left = a.call_as(app, Method::DELETE, m1, None).await;
+    assert!(left.status.is_success(), "{:?}", left.body);
+    let proclaimed = b
+        .call_as(app, Method::PUT, "/v1/elections/primary/leader", Some(proclaim))
+        .await;
+    assert_eq!(proclaimed.status, StatusCode::OK, "{:?}", proclaimed.body);
+    let refused = a
+        .call_as(app, Method::PUT, m2, Some(json!({"data": big, "ttl": "30s"})))
+        .await;
+    assert_quota(&refused, "--quota-bytes-per-principal");
+    // The other principal is not held back by any of it.
+    let joined = a
+        .call_as(
+            Some(&two.other),
+            Method::PUT,
+            m2,
+            Some(json!({"data": big, "ttl": "30s"})),
+        )
+        .await;
+    assert_eq!(joined.status, StatusCode::CREATED, "{:?}", joined.body);
+}

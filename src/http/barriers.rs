@@ -92,7 +92,7 @@ pub async fn raise(
         let (lease, _) = lease_for(&state, &caller, body.lease, body.ttl.map(|t| t.0))?;
         let client = lease.session().await?;
         let data = serde_json::json!({ "lease": lease.id }).to_string().into_bytes();
-        let created = match state.barriers.bind(&lease, &name, &name, path, data).await {
+        let created = match state.barriers.bind(&lease, &name, &name, path, data, None).await {
             Ok(_) => true,
             Err(BindError::Taken) => false,
             Err(BindError::LeaseEnded) => return Err(lease_gone(&state, &lease)),

@@ -153,7 +153,7 @@ async fn participant(
             let path = format!("{dir}/{}", body.participant);
             match state
                 .double_barriers
-                .bind(&lease, name, &body.participant, path, Vec::new())
+                .bind(&lease, name, &body.participant, path, Vec::new(), None)
                 .await
             {
                 Ok(node) => Ok((node, client)),

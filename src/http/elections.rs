@@ -24,7 +24,9 @@ use crate::recipes::contender::{Contender, Role};
 use crate::recipes::election::{self, ElectionState, LeaderView, Leadership};
 use crate::recipes::handle::Phase;
 use crate::recipes::lease::Lease;
+use crate::recipes::usage::Payer;
 use crate::time::{HumanDuration, timestamp};
+use zookeeper_client::Error as ZkError;
 
 /// The election kind's module.
 pub const RESOURCE: Resource = Resource {
@@ -212,7 +214,7 @@ pub async fn list_elections(State(state): State<AppState>, caller: Caller) -> Re
     request_body(content = Proclamation, example = json!({"handle": "0b9d4c3e2f1a4b5c8d7e6f5a4b3c2d1e", "value": {"address": "10.0.0.8:8080"}})),
     responses(
         (status = 200, description = "Proclaimed", body = LeaderView),
-        Problems<(p::InvalidField, p::MalformedBody, p::ValueTooLarge, p::NotFound, p::NotLeader, p::ZookeeperUnavailable)>,
+        Problems<(p::InvalidField, p::MalformedBody, p::ValueTooLarge, p::NotFound, p::NotLeader, p::QuotaExceeded, p::ZookeeperUnavailable)>,
     ))]
 pub async fn proclaim(
     State(state): State<AppState>,
@@ -228,7 +230,16 @@ pub async fn proclaim(
     };
     let client = state.zk().current()?.client;
     let dir = state.elections.dir(&name);
-    let Some(ack) = election::proclaim(&client, &dir, &node.name, body.value).await? else {
+    let payer = Payer {
+        quotas: &state.quotas,
+        principal: caller.name(),
+    };
+    let size = json_len(&body.value);
+    let proclaimed = match election::proclaim(&client, &dir, &node.name, body.value, payer).await {
+        Err(ZkError::QuotaExceeded) => return Err(ApiError::quota(payer.exceeded(&client, size).await)),
+        proclaimed => proclaimed?,
+    };
+    let Some(ack) = proclaimed else {
         return Err(not_leader(&name, &contender));
     };
     Ok(Json(LeaderView {

@@ -20,8 +20,10 @@ use crate::kind::Kind;
 use crate::recipes::ephemeral::{BindError, BoundNode};
 use crate::recipes::group::{self, GroupState, GroupTopic};
 use crate::recipes::topic::Source;
+use crate::recipes::usage::ChargeError;
 use crate::time::{HumanDuration, timestamp};
 use crate::zk::names::validate_name;
+use zookeeper_client::Error as ZkError;
 
 /// The group kind's module.
 pub const RESOURCE: Resource = Resource {
@@ -110,7 +112,7 @@ fn names(group: &str, member: Option<&str>) -> Result<(), ApiError> {
     responses(
         (status = 201, description = "Joined", body = Joined),
         (status = 200, description = "Already a member with this lease", body = Joined),
-        Problems<(p::InvalidField, p::MalformedBody, p::ValueTooLarge, p::NotFound, p::MemberTaken, p::LeaseEnded, p::ZookeeperUnavailable)>,
+        Problems<(p::InvalidField, p::MalformedBody, p::ValueTooLarge, p::NotFound, p::MemberTaken, p::LeaseEnded, p::QuotaExceeded, p::ZookeeperUnavailable)>,
     ))]
 pub async fn join(
     State(state): State<AppState>,
@@ -130,10 +132,25 @@ pub async fn join(
     }
     let (lease, _) = lease_for(&state, &caller, body.lease, body.ttl.map(|t| t.0))?;
     let path = format!("{}/{member}", state.groups.dir(&group));
-    match state.groups.bind(&lease, &group, &member, path, data).await {
+    // The member's data is charged to the caller, on the member's session.
+    let client = state.zk().connected().await?.client;
+    let bytes = data.len();
+    let charge = match state.quotas.charge(&client, caller.name(), bytes).await {
+        Ok(charge) => state.quotas.node(&charge, bytes),
+        Err(ChargeError::Exceeded(exceeded)) => return Err(ApiError::quota(exceeded)),
+        Err(ChargeError::ZooKeeper(err)) => return Err(err.into()),
+    };
+    match state
+        .groups
+        .bind(&lease, &group, &member, path, data, Some(charge))
+        .await
+    {
         Ok(joined_member) => Ok((StatusCode::CREATED, Json(joined(&joined_member))).into_response()),
         Err(BindError::Taken) => Err(taken(&group, &member)),
         Err(BindError::LeaseEnded) => Err(lease_gone(&state, &lease)),
+        Err(BindError::ZooKeeper(ZkError::QuotaExceeded)) => Err(ApiError::quota(
+            state.quotas.exceeded(&client, caller.name(), bytes).await,
+        )),
         Err(BindError::ZooKeeper(err)) => Err(err.into()),
     }
 }

@@ -225,7 +225,7 @@ pub async fn register(
     let path = format!("{dir}/members/{participant}");
     match state
         .txn_members
-        .bind(&lease, &id, &participant, path, Vec::new())
+        .bind(&lease, &id, &participant, path, Vec::new(), None)
         .await
     {
         Ok(_) => {}

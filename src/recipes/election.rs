@@ -19,10 +19,11 @@
 
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
-use zookeeper_client::{Client, CreateMode, Error as ZkError};
+use zookeeper_client::{Client, CreateMode, Error as ZkError, MultiWriteError};
 
 use super::contender::Contenders;
 use super::topic::{Source, event_kinds};
+use super::usage::{self, ChargeError, Payer};
 use super::view::{ContenderView, LISTED, read_queue};
 use crate::time::{from_millis, timestamp};
 use crate::zk::retry_on_loss;
@@ -93,13 +94,19 @@ pub async fn retract(client: &Client, dir: &str, candidate: &str) {
 
 /// Replaces the leader's value in the acknowledgement, if `candidate` is the one it names.
 /// Returns the new acknowledgement, or `None` if `candidate` is not the acknowledged leader.
+///
+/// The value is charged to `payer` in the same multi-op ([usage]): one charge per election,
+/// moved to whoever proclaims, so an election holds at most one charged value at a time.
+/// `QuotaExceeded` if the value would pass a quota (nothing is written then).
 pub async fn proclaim(
     client: &Client,
     dir: &str,
     candidate: &str,
     value: serde_json::Value,
+    payer: Payer<'_>,
 ) -> Result<Option<Acknowledgement>, ZkError> {
     let path = format!("{dir}/{ACK_NODE}");
+    let id = usage::key_id(&path).replacen("kv-", "el-", 1);
     loop {
         let (data, stat) = match retry_on_loss(|| client.get_data(&path)).await {
             Ok(read) => read,
@@ -111,12 +118,38 @@ pub async fn proclaim(
         };
         ack.value = Some(value.clone());
         let bytes = serde_json::to_vec(&ack).unwrap_or_default();
-        match retry_on_loss(|| client.set_data(&path, &bytes, Some(stat.version))).await {
+        let mine = match payer
+            .quotas
+            .charge_as(client, payer.principal, bytes.len(), id.clone())
+            .await
+        {
+            Ok(charge) => charge,
+            Err(ChargeError::Exceeded(_)) => return Err(ZkError::QuotaExceeded),
+            Err(ChargeError::ZooKeeper(err)) => return Err(err),
+        };
+        let charges = payer.quotas.charges_of(client, &id).await?;
+        let mut writer = client.new_multi_writer();
+        writer.add_set_data(&path, &bytes, Some(stat.version))?;
+        payer.quotas.add_recharge(&mut writer, &mine, bytes.len(), &charges)?;
+        match writer.commit().await {
             Ok(_) => return Ok(Some(ack)),
-            // Changed under us (by a retried write of ours, or the leader changed): read again.
-            Err(ZkError::BadVersion) => continue,
-            Err(ZkError::NoNode) => return Ok(None),
-            Err(err) => return Err(err),
+            Err(MultiWriteError::OperationFailed {
+                source: ZkError::QuotaExceeded,
+                ..
+            }) => return Err(ZkError::QuotaExceeded),
+            Err(MultiWriteError::OperationFailed {
+                index: 0,
+                source: ZkError::NoNode,
+            }) => return Ok(None),
+            // Changed under us (by a retried write of ours, the leader changed, or a charge
+            // moved meanwhile): read again.
+            Err(MultiWriteError::OperationFailed {
+                source: ZkError::BadVersion | ZkError::NoNode | ZkError::NodeExists,
+                ..
+            }) => continue,
+            Err(MultiWriteError::OperationFailed { source, .. }) => return Err(source),
+            Err(MultiWriteError::RequestFailed { source }) if crate::zk::is_loss(&source) => continue,
+            Err(MultiWriteError::RequestFailed { source }) => return Err(source),
         }
     }
 }

@@ -9,10 +9,11 @@
 
 use std::sync::Arc;
 
-use zookeeper_client::{Client, CreateMode, Error as ZkError};
+use zookeeper_client::{Client, CreateMode, Error as ZkError, MultiWriteError};
 
 use super::handle::{Exit, Handle, Handles, Phase, Protocol, Refused};
 use super::lease::Lease;
+use super::usage::ChargeNode;
 use crate::kind::Kind;
 use crate::zk::retry_on_loss;
 
@@ -22,6 +23,9 @@ pub struct Bound {
     /// The node's path; its parent is created (persistent) if needed.
     pub path: String,
     data: Vec<u8>,
+    /// Its charge to the principal that made it ([crate::recipes::usage]), an ephemeral node
+    /// created with it on the same session, so that it goes with it.
+    charge: Option<ChargeNode>,
 }
 
 /// One lease-bound ephemeral node.
@@ -54,7 +58,7 @@ impl Protocol for Bound {
     }
 
     async fn run(&self, handle: &BoundNode, client: &Client) -> Exit {
-        match create(client, &self.path, &self.data).await {
+        match create(client, &self.path, &self.data, self.charge.as_ref()).await {
             Ok(()) => {
                 handle.hold();
                 std::future::pending().await
@@ -66,9 +70,12 @@ impl Protocol for Bound {
     /// Deletes the node. A node already gone (another participant removed it, as the double
     /// barrier lets any session do) is not a loss: a bound node promises no exclusion.
     async fn clean_up(&self, _handle: &BoundNode, client: &Client) -> bool {
-        match retry_on_loss(|| client.delete(&self.path, None)).await {
-            Ok(()) | Err(ZkError::NoNode | ZkError::SessionExpired | ZkError::ClientClosed) => {}
-            Err(err) => tracing::warn!(path = %self.path, error = %err, "could not delete a lease-bound node"),
+        let charge = self.charge.as_ref().map(|c| c.path.as_str());
+        for path in std::iter::once(self.path.as_str()).chain(charge) {
+            match retry_on_loss(|| client.delete(path, None)).await {
+                Ok(()) | Err(ZkError::NoNode | ZkError::SessionExpired | ZkError::ClientClosed) => {}
+                Err(err) => tracing::warn!(%path, error = %err, "could not delete a lease-bound node"),
+            }
         }
         true
     }
@@ -89,11 +96,13 @@ impl BoundNodes {
         id: &str,
         path: String,
         data: Vec<u8>,
+        charge: Option<ChargeNode>,
     ) -> Result<Arc<BoundNode>, BindError> {
         let protocol = Bound {
             kind: self.kind(),
             path,
             data,
+            charge,
         };
         let same_lease = |existing: &BoundNode, _: &Bound| Arc::ptr_eq(&existing.lease, lease);
         let node = match self.open(lease, name, Some(id.to_string()), protocol, same_lease) {
@@ -112,15 +121,30 @@ impl BoundNodes {
     }
 }
 
-/// Creates the ephemeral node (and its parent). A create whose reply was lost is recognised by
-/// the node being ours (its ephemeral owner is our session); one owned by another session is
-/// `NodeExists`.
-async fn create(client: &Client, path: &str, data: &[u8]) -> Result<(), ZkError> {
+/// Creates the ephemeral node (and its parent), with its charge if it has one (in one
+/// multi-op: a node past its principal's quota is not created). A create whose reply was lost
+/// is recognised by the node being ours (its ephemeral owner is our session); one owned by
+/// another session is `NodeExists`.
+async fn create(client: &Client, path: &str, data: &[u8], charge: Option<&ChargeNode>) -> Result<(), ZkError> {
     let options = CreateMode::Ephemeral.with_acls(crate::zk::acls());
     let parent = &path[..path.rfind('/').unwrap_or(0)];
     loop {
-        match client.create(path, data, &options).await {
-            Ok(_) => return Ok(()),
+        let created = match charge {
+            None => client.create(path, data, &options).await.map(|_| ()),
+            Some(charge) => {
+                let mut writer = client.new_multi_writer();
+                writer.add_create(path, data, &options)?;
+                writer.add_create(&charge.path, &charge.data, &options)?;
+                match writer.commit().await {
+                    Ok(_) => Ok(()),
+                    Err(
+                        MultiWriteError::OperationFailed { source, .. } | MultiWriteError::RequestFailed { source },
+                    ) => Err(source),
+                }
+            }
+        };
+        match created {
+            Ok(()) => return Ok(()),
             Err(ZkError::NoNode) => crate::zk::session::ensure_path(client, parent).await?,
             Err(err) if err == ZkError::NodeExists || crate::zk::is_loss(&err) => {
                 match retry_on_loss(|| client.check_stat(path)).await? {

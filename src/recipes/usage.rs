@@ -61,6 +61,13 @@ pub struct Charge {
     pub id: String,
 }
 
+/// A charge's node, to be created with its value: its path and data.
+#[derive(Clone, Debug)]
+pub struct ChargeNode {
+    pub path: String,
+    pub data: Vec<u8>,
+}
+
 /// Which quota a write would pass, for its 507.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Exceeded {
@@ -339,6 +346,14 @@ impl Quotas {
             writer.add_delete(&self.path(charge), Some(*version))?;
         }
         Ok(())
+    }
+
+    /// `charge`'s node for a value of `bytes`: its path and data.
+    pub fn node(&self, charge: &Charge, bytes: usize) -> ChargeNode {
+        ChargeNode {
+            path: self.path(charge),
+            data: vec![0; units(bytes)],
+        }
     }
 
     /// Adds the creation of `charge`'s node, for a value of `bytes`, to `writer`: ephemeral
