@@ -302,3 +302,35 @@ async fn members_data_and_proclaimed_values_count_against_their_principal() {
         .await;
     assert_eq!(joined.status, StatusCode::CREATED, "{:?}", joined.body);
 }
+
+/// Servers that do not enforce quotas: zkgate says so in `/readyz` and checks each
+/// principal's usage itself before the write.
+#[tokio::test]
+async fn without_enforcement_zkgate_says_so_and_checks_the_quota_itself() {
+    let options = ServerOptions {
+        // zoo.cfg's unknown keys become `zookeeper.*` properties, after the command line's.
+        extra_config: vec!["enforceQuota=false".into()],
+        ..common::test_server_options()
+    };
+    let zk = ZooKeeperServer::start_standalone(&options).await.expect("ZooKeeper");
+    let mut config = test_config(&zk.connect_string());
+    config.quota_znodes_per_principal = 2;
+    let gate = Gate::start_with(config).await;
+    let enforcement = gate.running.state.quotas.probed().await;
+    assert_eq!(enforcement, zkgate::recipes::usage::Enforcement::NotEnforced);
+    let ready = gate.get("/readyz").await;
+    assert_eq!(ready.body["zookeeper"]["quotas"], "not_enforced", "{:?}", ready.body);
+    for key in ["a", "b"] {
+        let reply = gate.call(Method::PUT, &format!("/v1/kv/{key}"), Some(json!(1))).await;
+        assert_eq!(reply.status, StatusCode::CREATED, "{:?}", reply.body);
+    }
+    assert_quota(
+        &gate.call(Method::PUT, "/v1/kv/c", Some(json!(1))).await,
+        "--quota-znodes-per-principal",
+    );
+    // Where they are enforced, `/readyz` says that.
+    let zk = zookeeper().await;
+    let gate = Gate::start_with(test_config(&zk.connect_string())).await;
+    gate.running.state.quotas.probed().await;
+    assert_eq!(gate.get("/readyz").await.body["zookeeper"]["quotas"], "enforced");
+}
