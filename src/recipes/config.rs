@@ -100,6 +100,7 @@ pub async fn write(
         .charge_as(client, payer.principal, data.len(), usage::key_id(path))
         .await?;
     let options = CreateMode::Persistent.with_acls(crate::zk::acls());
+    let mut missing: Vec<String> = Vec::new();
     loop {
         let current = retry_on_loss(|| client.check_stat(path)).await?;
         let expected = match (condition, current) {
@@ -112,6 +113,13 @@ pub async fn write(
         };
         let charges = payer.quotas.charges_of(client, &mine.id).await?;
         let mut writer = client.new_multi_writer();
+        // A new key's missing parents are created in the same multi-op: a watcher sees the
+        // key appear with them, never an empty parent first.
+        let parents: &[String] = if expected.is_none() { &missing } else { &[] };
+        for parent in parents {
+            writer.add_create(parent, &[], &options)?;
+        }
+        let value = parents.len();
         match &expected {
             None => writer.add_create(path, data, &options)?,
             Some(stat) => writer.add_set_data(path, data, Some(stat.version))?,
@@ -119,7 +127,7 @@ pub async fn write(
         payer.quotas.add_recharge(&mut writer, &mine, data.len(), &charges)?;
         match writer.commit().await {
             Ok(results) => {
-                let stat = match results.into_iter().next() {
+                let stat = match results.into_iter().nth(value) {
                     Some(MultiWriteResult::SetData { stat } | MultiWriteResult::Create { stat, .. })
                         if !stat.is_invalid() =>
                     {
@@ -136,11 +144,12 @@ pub async fn write(
                 source: ZkError::QuotaExceeded,
                 ..
             }) => return Err(WriteError::Quota(payer.exceeded(client, data.len()).await)),
-            Err(MultiWriteError::OperationFailed { index: 0, source }) => match (&expected, source) {
-                (None, ZkError::NoNode) => {
-                    let parent = &path[..path.rfind('/').unwrap_or(0)];
-                    crate::zk::session::ensure_path(client, parent).await?;
-                }
+            // A parent was created (or deleted) meanwhile: look again.
+            Err(MultiWriteError::OperationFailed { index, .. }) if index < value => {
+                missing = missing_parents(client, path).await?;
+            }
+            Err(MultiWriteError::OperationFailed { index, source }) if index == value => match (&expected, source) {
+                (None, ZkError::NoNode) => missing = missing_parents(client, path).await?,
                 // Someone created it meanwhile: decide again against what is there now.
                 (None, ZkError::NodeExists) => {}
                 // Changed (or deleted) since the stat was read: an unconditional write tries
@@ -169,6 +178,21 @@ pub async fn write(
             Err(MultiWriteError::RequestFailed { source }) => return Err(source.into()),
         }
     }
+}
+
+/// The ancestors of `path` that do not exist, the highest first.
+async fn missing_parents(client: &Client, path: &str) -> Result<Vec<String>, ZkError> {
+    let mut missing = Vec::new();
+    let mut at = path;
+    while let Some(end) = at.rfind('/').filter(|&end| end > 0) {
+        at = &at[..end];
+        if retry_on_loss(|| client.check_stat(at)).await?.is_some() {
+            break;
+        }
+        missing.push(at.to_string());
+    }
+    missing.reverse();
+    Ok(missing)
 }
 
 /// Deletes `path` if `condition` holds, refunding its charge in the same multi-op.
