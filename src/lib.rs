@@ -280,6 +280,11 @@ impl Running {
         self.caps.open()
     }
 
+    /// Waits until `test` accepts the number of connections open.
+    pub async fn wait_connections(&self, test: impl Fn(usize) -> bool) {
+        self.caps.wait_open(test).await
+    }
+
     /// Shuts down gracefully: stops accepting, closes the WebSockets (close frame 1001), ends
     /// every lease it holds so that their locks, leaderships and memberships pass to waiters
     /// elsewhere at once (not one session timeout later), lets requests in flight finish

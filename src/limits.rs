@@ -50,6 +50,8 @@ pub struct Limits {
     pub settings: LimitSettings,
     buckets: Mutex<HashMap<String, Bucket>>,
     held: Arc<Mutex<HashMap<String, usize>>>,
+    /// Sent whenever a count in `held` changes, for [Limits::wait_held].
+    changed: Arc<tokio::sync::watch::Sender<()>>,
 }
 
 /// A token bucket: `rate` tokens a second, up to one second's worth in reserve.
@@ -67,6 +69,7 @@ impl Limits {
             settings,
             buckets: Mutex::default(),
             held: Arc::default(),
+            changed: Arc::new(tokio::sync::watch::Sender::new(())),
         }
     }
 
@@ -102,12 +105,35 @@ impl Limits {
             ));
         }
         *count += 1;
+        self.changed.send_replace(());
         Ok(Permit {
             key,
             held: self.held.clone(),
+            changed: self.changed.clone(),
         })
     }
+
+    /// How many of `key` are held now.
+    pub fn held(&self, key: &str) -> usize {
+        let held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        held.get(key).copied().unwrap_or(0)
+    }
+
+    /// Waits until `test` accepts the count of `key` held (a drain, or a test waiting for
+    /// the permits of clients that went away to come back).
+    pub async fn wait_held(&self, key: &str, test: impl Fn(usize) -> bool) {
+        // Subscribed before looking, so that a change after the look is not missed.
+        let mut changes = self.changed.subscribe();
+        while !test(self.held(key)) {
+            if changes.changed().await.is_err() {
+                return;
+            }
+        }
+    }
 }
+
+/// The key under which the instance's long polls are counted in all.
+pub const LONG_POLLS: &str = "long polls";
 
 impl Limits {
     /// A long poll of `caller` counted against the per-principal and the instance's limits
@@ -121,7 +147,7 @@ impl Limits {
             &format!("long polls in flight for {key} (--max-long-polls-per-principal)"),
         )?;
         let all = self.hold(
-            "long polls".to_string(),
+            LONG_POLLS.to_string(),
             settings.long_polls,
             "long polls in flight on this instance (--max-long-polls)",
         )?;
@@ -133,6 +159,7 @@ impl Limits {
 pub struct Permit {
     key: String,
     held: Arc<Mutex<HashMap<String, usize>>>,
+    changed: Arc<tokio::sync::watch::Sender<()>>,
 }
 
 impl Drop for Permit {
@@ -144,6 +171,8 @@ impl Drop for Permit {
                 held.remove(&self.key);
             }
         }
+        drop(held);
+        self.changed.send_replace(());
     }
 }
 

@@ -52,6 +52,8 @@ pub struct Limits {
 pub struct Caps {
     limits: Option<Limits>,
     open: Mutex<(usize, HashMap<IpAddr, usize>)>,
+    /// Sent whenever a connection is counted or goes, for [Caps::wait_open].
+    changed: tokio::sync::watch::Sender<()>,
 }
 
 /// One connection counted in [Caps] until it is dropped (with the connection's IO).
@@ -65,6 +67,7 @@ impl Caps {
         Arc::new(Caps {
             limits: Some(limits),
             open: Mutex::default(),
+            changed: tokio::sync::watch::Sender::new(()),
         })
     }
 
@@ -79,6 +82,7 @@ impl Caps {
         }
         *mine += 1;
         *total += 1;
+        self.changed.send_replace(());
         Some(Slot {
             caps: self.clone(),
             address,
@@ -88,6 +92,18 @@ impl Caps {
     /// How many connections are open.
     pub fn open(&self) -> usize {
         self.open.lock().unwrap_or_else(|e| e.into_inner()).0
+    }
+
+    /// Waits until `test` accepts the number of connections open (a drain, or a test
+    /// waiting for connections to be accepted).
+    pub async fn wait_open(&self, test: impl Fn(usize) -> bool) {
+        // Subscribed before looking, so that a change after the look is not missed.
+        let mut changes = self.changed.subscribe();
+        while !test(self.open()) {
+            if changes.changed().await.is_err() {
+                return;
+            }
+        }
     }
 }
 
@@ -102,6 +118,8 @@ impl Drop for Slot {
                 per_address.remove(&self.address);
             }
         }
+        drop(open);
+        self.caps.changed.send_replace(());
     }
 }
 

@@ -85,11 +85,11 @@ async fn one_address_cannot_take_every_connection() {
         hoard.push(connect_from([127, 0, 0, 5], addr).await.expect("connect"));
     }
     // The server counts a connection when it accepts it: wait for all 40 to be counted.
-    within(Duration::from_secs(10), "the hoard to be accepted", async {
-        while gate.running.open_connections() < 40 {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
+    within(
+        Duration::from_secs(10),
+        "the hoard to be accepted",
+        gate.running.wait_connections(|open| open >= 40),
+    )
     .await;
     let mut one_more = connect_from([127, 0, 0, 5], addr).await.expect("TCP accepts");
     let took = closed_by_server(&mut one_more, Duration::from_secs(5)).await;
@@ -329,11 +329,15 @@ async fn clients_that_never_read_cost_their_send_buffer_not_the_writes() {
         stream.write_all(&frame).await.expect("subscribe");
         silent.push(stream);
     }
-    within(Duration::from_secs(10), "the subscriptions", async {
-        while gauge(&gate, "zkgate_websocket_subscriptions").await < 4.0 {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
+    // Each subscription holds a permit from the moment zkgate takes it on.
+    within(
+        Duration::from_secs(10),
+        "the subscriptions",
+        gate.running
+            .state
+            .limits
+            .wait_held("subscriptions of anyone", |n| n == 4),
+    )
     .await;
     let before = resident_bytes();
     let mut most_queued = 0.0f64;
@@ -347,6 +351,11 @@ async fn clients_that_never_read_cost_their_send_buffer_not_the_writes() {
     assert!(
         most_queued <= (4 * 256 * 1024) as f64,
         "at most the 4 send buffers queued, saw {most_queued} bytes"
+    );
+    // And the silent sockets did fill their buffers: the writes reached them.
+    assert!(
+        most_queued >= (200 * 1024) as f64,
+        "the silent sockets' buffers filled, saw {most_queued} bytes"
     );
     assert!(
         grown < 40 * 1024 * 1024,
@@ -441,12 +450,18 @@ async fn long_polls_are_capped_per_principal_and_per_instance() {
     for task in mine {
         task.abort();
     }
-    within(Duration::from_secs(10), "the places to come back", async {
-        while probe(client_at(7)).await.status != StatusCode::NOT_FOUND {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
+    // The server sees each go when its connection closes: then only the other client's two
+    // are in flight, and the first client is served again.
+    within(
+        Duration::from_secs(10),
+        "the places to come back",
+        gate.running
+            .state
+            .limits
+            .wait_held(zkgate::limits::LONG_POLLS, |n| n == 2),
+    )
     .await;
+    assert_eq!(probe(client_at(7)).await.status, StatusCode::NOT_FOUND);
     // The long polls still waiting are answered when the value changes.
     let put = gate
         .http

@@ -68,7 +68,7 @@ async fn one_leader_at_a_time_through_resignation_lease_expiry_and_session_expir
         tokio::spawn(async move {
             while !c2_leads.load(Ordering::SeqCst) {
                 a.post(&format!("/v1/leases/{lease}/keepalive"), None).await;
-                tokio::time::sleep(Duration::from_millis(300)).await;
+                tokio::time::sleep(Duration::from_millis(300)).await; // the keepalive period, not a synchronisation
             }
         })
     };

@@ -56,7 +56,7 @@ async fn client(
                 let created = gate.post("/v1/leases", Some(json!({"ttl": "20s"}))).await;
                 if created.status != StatusCode::CREATED {
                     counts.unavailable.fetch_add(1, Ordering::Relaxed);
-                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    tokio::time::sleep(Duration::from_millis(100)).await; // a client's backoff after a 503
                     continue;
                 }
                 let id = created.str("id");
@@ -78,7 +78,7 @@ async fn client(
             }
             _ => {
                 counts.unavailable.fetch_add(1, Ordering::Relaxed);
-                tokio::time::sleep(Duration::from_millis(100)).await;
+                tokio::time::sleep(Duration::from_millis(100)).await; // a client's backoff after a 503
                 continue;
             }
         }
