@@ -23,15 +23,11 @@ mod process;
 /// Most subscriptions one socket may hold (zkgate's per-socket limit).
 const PER_SOCKET: usize = 64;
 
+#[path = "compare/runtime.rs"]
+mod runtime;
+
 fn main() {
-    // reqwest is built without a TLS provider of its own.
-    zkgate::install_crypto_provider();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
-    runtime.block_on(run());
+    runtime::block_on(run());
 }
 
 fn setting(name: &str, default: usize) -> usize {

@@ -24,15 +24,11 @@ mod floor;
 #[path = "compare/stats.rs"]
 mod stats;
 
+#[path = "compare/runtime.rs"]
+mod runtime;
+
 fn main() {
-    // reqwest is built without a TLS provider of its own.
-    zkgate::install_crypto_provider();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
-    runtime.block_on(run());
+    runtime::block_on(run());
 }
 
 async fn run() {

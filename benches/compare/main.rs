@@ -16,6 +16,7 @@ mod floor;
 mod gate;
 mod kazoo;
 mod process;
+mod runtime;
 mod stats;
 
 use std::sync::Arc;
@@ -76,13 +77,7 @@ pub fn http_client() -> reqwest::Client {
 }
 
 fn main() {
-    zkgate::install_crypto_provider();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
-    runtime.block_on(run());
+    runtime::block_on(run());
 }
 
 fn median_millis(samples: &[Duration]) -> Figure {
