@@ -97,7 +97,7 @@ pub async fn write(
 ) -> Result<(Stat, bool), WriteError> {
     let mine = payer
         .quotas
-        .charge_as(client, payer.principal, data.len(), usage::key_id(path))
+        .charge_as(client, payer.principal, data.len(), usage::path_id("kv", path))
         .await?;
     let options = CreateMode::Persistent.with_acls(crate::zk::acls());
     let mut missing: Vec<String> = Vec::new();
@@ -197,7 +197,7 @@ async fn missing_parents(client: &Client, path: &str) -> Result<Vec<String>, ZkE
 
 /// Deletes `path` if `condition` holds, refunding its charge in the same multi-op.
 pub async fn delete(client: &Client, path: &str, condition: Condition, quotas: &Quotas) -> Result<(), WriteError> {
-    let id = usage::key_id(path);
+    let id = usage::path_id("kv", path);
     let mut retried = false;
     loop {
         let Some(stat) = retry_on_loss(|| client.check_stat(path)).await? else {

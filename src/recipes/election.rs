@@ -106,7 +106,7 @@ pub async fn proclaim(
     payer: Payer<'_>,
 ) -> Result<Option<Acknowledgement>, ZkError> {
     let path = format!("{dir}/{ACK_NODE}");
-    let id = usage::key_id(&path).replacen("kv-", "el-", 1);
+    let id = usage::path_id("el", &path);
     loop {
         let (data, stat) = match retry_on_loss(|| client.get_data(&path)).await {
             Ok(read) => read,

@@ -103,13 +103,14 @@ struct Inner {
     enforcement: watch::Sender<Enforcement>,
 }
 
-/// The charge id of the key at `path`: one charge per key (a hash, so that any key makes a
-/// znode name).
-pub fn key_id(path: &str) -> String {
+/// The charge id of the value at `path` when a path has one charge, whoever stores there (a
+/// kv key: `kv`; an election's proclaimed value: `el`): the prefix and a hash of the path, so
+/// that any path makes a znode name.
+pub fn path_id(prefix: &str, path: &str) -> String {
     use sha2::Digest;
     let digest = sha2::Sha256::digest(path.as_bytes());
     let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
-    format!("kv-{hex}")
+    format!("{prefix}-{hex}")
 }
 
 /// Who pays for a write: the principal (`None`: auth is off) and the quotas that bound it.
@@ -257,7 +258,7 @@ impl Quotas {
         self.charge_as(client, principal, bytes, id).await
     }
 
-    /// [Quotas::charge] under a given id (a key's, [key_id]).
+    /// [Quotas::charge] under a given id (a path's, [path_id]).
     pub async fn charge_as(
         &self,
         client: &Client,
