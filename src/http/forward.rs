@@ -6,8 +6,8 @@
 //! It runs after routing, so it reads the ids a request carries from what the router matched
 //! and the [Kind] registry: a lease (`/v1/leases/{id}`), the kind's owned id (a lock's
 //! `{handle}`, a queue's `{claim}`), a group member that joined elsewhere (its znode's owner
-//! session names its instance), or the `lease` of a JSON body for the kinds whose writes may
-//! name one. A request forwarded once carries [FORWARDED_BY] and is never forwarded again (no
+//! session names its instance), or the `lease` (or `handle`) of a JSON body for the kinds
+//! whose writes may name one. A request forwarded once carries [FORWARDED_BY] and is never forwarded again (no
 //! loops, even while registrations change), and the owner authenticates and authorises it as
 //! usual: the `Authorization` header goes along.
 
@@ -103,10 +103,14 @@ fn carries_json(parts: &Parts) -> bool {
     json && matches!(parts.method, Method::POST | Method::PUT)
 }
 
+/// The instance of the lease a JSON body names, or of the handle it names (a leader's
+/// proclamation names its candidate's handle).
 fn lease_in_body(bytes: &Bytes) -> Option<String> {
     let value: serde_json::Value = serde_json::from_slice(bytes).ok()?;
-    let lease = value.get("lease")?.as_str()?;
-    owner_of(lease).map(str::to_string)
+    ["lease", "handle"]
+        .into_iter()
+        .find_map(|field| value.get(field)?.as_str().and_then(owner_of))
+        .map(str::to_string)
 }
 
 /// Headers that belong to one connection, not to the request.
