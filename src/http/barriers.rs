@@ -17,7 +17,7 @@ use crate::auth::Caller;
 use crate::events::Feed;
 use crate::kind::Kind;
 use crate::recipes::barrier::{self, BarrierState, BarrierTopic};
-use crate::recipes::ephemeral::BindError;
+use crate::recipes::ephemeral::{self, BindError};
 use crate::recipes::topic::Source;
 use crate::time::HumanDuration;
 
@@ -91,7 +91,7 @@ pub async fn raise(
     } else {
         let (lease, _) = lease_for(&state, &caller, body.lease, body.ttl.map(|t| t.0))?;
         let client = lease.session().await?;
-        let data = serde_json::json!({ "lease": lease.id }).to_string().into_bytes();
+        let data = ephemeral::owner_record(&lease);
         let created = match state.barriers.bind(&lease, &name, &name, path, data, None).await {
             Ok(_) => true,
             Err(BindError::Taken) => false,
@@ -104,21 +104,28 @@ pub async fn raise(
     Ok((status, Json(source(&state, &name).read(&client).await?)).into_response())
 }
 
-/// Lowers a barrier, releasing every waiter.
+/// Lowers a barrier, releasing every waiter. A barrier bound to a lease is lowered only by the
+/// lease's principal (or an admin), on any instance.
 #[utoipa::path(delete, path = "/v1/barriers/{name}", tag = "barriers",
     params(("name" = String, Path, description = "Barrier name")),
     responses(
         (status = 204, description = "Lowered"),
         Problems<(p::InvalidField, p::NotFound, p::ZookeeperUnavailable)>,
     ))]
-pub async fn lower(State(state): State<AppState>, ApiPath(name): ApiPath<String>) -> Result<StatusCode, ApiError> {
+pub async fn lower(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiPath(name): ApiPath<String>,
+) -> Result<StatusCode, ApiError> {
     check_name(&name)?;
+    let client = state.zk().connected().await?.client;
+    let path = state.barriers.dir(&name);
+    ephemeral::check_owner(&client, &path, &caller, &format!("barrier `{name}`")).await?;
     if let Some(bound) = state.barriers.get(&name, &name) {
         state.barriers.release(&bound).await;
         return Ok(StatusCode::NO_CONTENT);
     }
-    let client = state.zk().connected().await?.client;
-    if barrier::lower(&client, &state.barriers.dir(&name)).await? {
+    if barrier::lower(&client, &path).await? {
         Ok(StatusCode::NO_CONTENT)
     } else {
         Err(ApiError::not_found("barrier", format!("barrier `{name}` is not up")))

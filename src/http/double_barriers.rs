@@ -20,7 +20,7 @@ use crate::events::Feed;
 use crate::kind::Kind;
 use crate::recipes::Settle;
 use crate::recipes::double_barrier::{self, DoubleBarrierState, DoubleBarrierTopic, READY};
-use crate::recipes::ephemeral::{BindError, BoundNode};
+use crate::recipes::ephemeral::{self, BindError, BoundNode};
 use crate::time::HumanDuration;
 use crate::zk::names::validate_name;
 
@@ -141,6 +141,7 @@ async fn participant(
     let dir = state.double_barriers.dir(name);
     match state.double_barriers.get(name, &body.participant) {
         Some(node) if Some(node.lease.id.as_str()) == body.lease.as_deref() => {
+            node.lease.check_owner(caller)?;
             let client = node.lease.session().await?;
             settle_size(&client, &dir, name, body.size).await?;
             Ok((node, client))
@@ -153,7 +154,14 @@ async fn participant(
             let path = format!("{dir}/{}", body.participant);
             match state
                 .double_barriers
-                .bind(&lease, name, &body.participant, path, Vec::new(), None)
+                .bind(
+                    &lease,
+                    name,
+                    &body.participant,
+                    path,
+                    ephemeral::owner_record(&lease),
+                    None,
+                )
                 .await
             {
                 Ok(node) => Ok((node, client)),
@@ -227,15 +235,17 @@ pub async fn leave(
     check_name(&name)?;
     check_participant(&body.participant)?;
     let deadline = Instant::now() + state.config.wait(query.wait.map(|w| w.0));
-    // On the participant's own session if it entered here, which sees its own removal at once.
-    let client = match state.double_barriers.get(&name, &body.participant) {
-        Some(node) => {
-            node.lease.check_owner(&caller)?;
-            node.lease.session().await?
-        }
-        None => state.zk().connected().await?.client,
-    };
+    // Whoever serves it, a participant leaves only by its lease's principal (or an admin).
     let nodes = &state.double_barriers;
+    let any = state.zk().connected().await?.client;
+    let what = format!("participant `{}`", body.participant);
+    let path = format!("{}/{}", nodes.dir(&name), body.participant);
+    ephemeral::check_owner(&any, &path, &caller, &what).await?;
+    // On the participant's own session if it entered here, which sees its own removal at once.
+    let client = match nodes.get(&name, &body.participant) {
+        Some(node) => node.lease.session().await?,
+        None => any,
+    };
     let passed = double_barrier::leave(
         &client,
         &state.barrier_watches,

@@ -453,6 +453,15 @@ impl From<crate::auth::Forbidden> for ApiError {
     }
 }
 
+impl From<crate::recipes::ephemeral::OwnerError> for ApiError {
+    fn from(err: crate::recipes::ephemeral::OwnerError) -> ApiError {
+        match err {
+            crate::recipes::ephemeral::OwnerError::Forbidden(err) => err.into(),
+            crate::recipes::ephemeral::OwnerError::ZooKeeper(err) => err.into(),
+        }
+    }
+}
+
 impl From<Unavailable> for ApiError {
     fn from(err: Unavailable) -> ApiError {
         ApiError::unavailable(err.to_string())

@@ -20,7 +20,7 @@ use crate::AppState;
 use crate::auth::Caller;
 use crate::events::Feed;
 use crate::kind::Kind;
-use crate::recipes::ephemeral::BindError;
+use crate::recipes::ephemeral::{self, BindError};
 use crate::recipes::topic::Source;
 use crate::recipes::txn::{self, Record, Spec, TxnState, TxnTopic, Vote, VoteError};
 use crate::time::{HumanDuration, at_most};
@@ -225,7 +225,7 @@ pub async fn register(
     let path = format!("{dir}/members/{participant}");
     match state
         .txn_members
-        .bind(&lease, &id, &participant, path, Vec::new(), None)
+        .bind(&lease, &id, &participant, path, ephemeral::owner_record(&lease), None)
         .await
     {
         Ok(_) => {}
@@ -295,12 +295,12 @@ async fn participant_of(
 ) -> Result<(crate::zk::Client, String, Record), ApiError> {
     check_name(id)?;
     validate_name(participant).map_err(|e| ApiError::invalid(Place::Path, "participant", e))?;
-    // A participant registered here with another principal's lease is not the caller's.
-    if let Some(node) = state.txn_members.get(id, participant) {
-        node.lease.check_owner(caller)?;
-    }
     let client = state.zk().connected().await?.client;
     let dir = state.txn_members.dir(id);
+    // A participant registered with another principal's lease is not the caller's, whichever
+    // instance it registered through: its node records the principal.
+    let member = format!("{dir}/members/{participant}");
+    ephemeral::check_owner(&client, &member, caller, &format!("participant `{participant}`")).await?;
     let record = txn::read(&client, &dir).await?.ok_or_else(|| not_found(id))?;
     if !record.spec.participants.iter().any(|p| p == participant) {
         return Err(ApiError::new(

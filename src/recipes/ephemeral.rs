@@ -6,6 +6,13 @@
 //! it was made for ends. Each is a [Handle] whose protocol, [Bound], creates the node, holds
 //! until it is released, and deletes it. Its id is the caller's (the member or participant id,
 //! unique in its resource), not one zkgate issues.
+//!
+//! Who may act on such a node is decided from ZooKeeper's data, not from what one instance
+//! remembers: the node records its lease and the lease's principal ([owner_record]), and
+//! [check_owner] reads that record on whichever instance serves the request. A lease's
+//! principal is fixed when it is made and the node lives no longer than the lease, so the
+//! record cannot go stale; a node recording no principal (one made without auth, or by another
+//! client such as kazoo) is anyone's with write access to its resource, as before auth.
 
 use std::sync::Arc;
 
@@ -14,6 +21,7 @@ use zookeeper_client::{Client, CreateMode, Error as ZkError, MultiWriteError};
 use super::handle::{Exit, Handle, Handles, Phase, Protocol, Refused};
 use super::lease::Lease;
 use super::usage::ChargeNode;
+use crate::auth::{Caller, Forbidden};
 use crate::kind::Kind;
 use crate::zk::retry_on_loss;
 
@@ -155,5 +163,44 @@ async fn create(client: &Client, path: &str, data: &[u8], charge: Option<&Charge
             }
             Err(err) => return Err(err),
         }
+    }
+}
+
+/// The data of a node zkgate binds to `lease` for the guide's recipes whose nodes carry no data
+/// of their own (a lease-bound barrier, a double barrier's participant, a transaction's
+/// participant): `{"lease": <id>, "principal": <owner>}`.
+pub fn owner_record(lease: &Lease) -> Vec<u8> {
+    let mut record = serde_json::json!({ "lease": lease.id });
+    if let Some(owner) = &lease.owner {
+        record["principal"] = owner.as_str().into();
+    }
+    record.to_string().into_bytes()
+}
+
+/// Why [check_owner] refused.
+#[derive(Debug)]
+pub enum OwnerError {
+    Forbidden(Forbidden),
+    ZooKeeper(ZkError),
+}
+
+/// `Ok` if `caller` may act on the node at `path` (`what` names it in the refusal): its
+/// recorded principal, an admin, or anyone when it records none. A node that is not there is
+/// nobody's: `Ok`, and the operation finds it gone.
+///
+/// The check and the act that follows are two requests; between them the node can only change
+/// hands if its lease ends and another principal binds the same id, after which the act is
+/// one the new owner's node could have suffered from anyone before it was made.
+pub async fn check_owner(client: &Client, path: &str, caller: &Caller, what: &str) -> Result<(), OwnerError> {
+    let data = match retry_on_loss(|| client.get_data(path)).await {
+        Ok((data, _)) => data,
+        Err(ZkError::NoNode) => return Ok(()),
+        Err(err) => return Err(OwnerError::ZooKeeper(err)),
+    };
+    match super::view::principal_of(&data) {
+        None => Ok(()),
+        Some(recorded) => caller
+            .require_owner(Some(&recorded), what)
+            .map_err(OwnerError::Forbidden),
     }
 }
