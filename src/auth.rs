@@ -164,6 +164,12 @@ impl Authority {
     pub fn principal(&self, token: &str) -> Option<Arc<Principal>> {
         self.by_hash.get(&sha256(token)).cloned()
     }
+
+    /// The principal named `name`: the caller of a request another instance forwarded,
+    /// asserting the principal it authenticated (see [crate::peer]).
+    pub fn principal_named(&self, name: &str) -> Option<Arc<Principal>> {
+        self.by_hash.values().find(|p| p.name == name).cloned()
+    }
 }
 
 fn sha256(token: &str) -> [u8; 32] {

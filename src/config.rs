@@ -224,6 +224,25 @@ pub struct ServeConfig {
     #[arg(long, env = "ZKGATE_ADVERTISE_URL")]
     pub advertise_url: Option<String>,
 
+    /// A secret every instance of the deployment shares (16 characters or more): instances
+    /// believe only the registrations and forwarded requests signed with it, and forward to
+    /// each other only with it. Without it, the `--zookeeper-auth` credential serves; with
+    /// neither, a request for another instance's lease is answered 421 instead of forwarded.
+    #[arg(
+        long,
+        env = "ZKGATE_CLUSTER_SECRET",
+        hide_env_values = true,
+        value_name = "SECRET",
+        value_parser = crate::peer::PeerKey::parse,
+        conflicts_with = "cluster_secret_file"
+    )]
+    pub cluster_secret: Option<crate::peer::PeerKey>,
+
+    /// Like `--cluster-secret`, read from this file (its first line), so that the secret is
+    /// not on the command line.
+    #[arg(long, env = "ZKGATE_CLUSTER_SECRET_FILE", value_name = "PATH", value_parser = crate::peer::PeerKey::read)]
+    pub cluster_secret_file: Option<crate::peer::PeerKey>,
+
     /// Bearer tokens, principals and their grants (TOML; see the README's "Authentication").
     /// Without it everyone may do everything: fine on loopback, loudly warned about elsewhere.
     #[arg(long, env = "ZKGATE_AUTH_CONFIG")]
@@ -315,6 +334,8 @@ impl ServeConfig {
             max_connections: None,
             max_connections_per_address: None,
             advertise_url: None,
+            cluster_secret: None,
+            cluster_secret_file: None,
             tls_cert: None,
             tls_key: None,
             write_rate: 1000,
@@ -394,6 +415,15 @@ impl ServeConfig {
             min_ttl: self.lease_ttl_min,
             max_ttl: self.lease_ttl_max,
         }
+    }
+
+    /// The key instances trust each other with: `--cluster-secret(-file)`, else the one
+    /// `--zookeeper-auth` gives; `None` with neither (then instances do not forward).
+    pub fn peer_key(&self) -> Option<crate::peer::PeerKey> {
+        self.cluster_secret
+            .clone()
+            .or_else(|| self.cluster_secret_file.clone())
+            .or_else(|| self.zookeeper_security.peer_key())
     }
 
     /// `--advertise-url`, or one made from the listen address.

@@ -15,10 +15,18 @@
 //! - a request naming another instance's lease, handle or claim is forwarded there
 //!   ([crate::http::forward]); if that instance is gone, so are its leases (its session
 //!   ended and its znodes with it), which is what the answer says.
+//!
+//! A registration is believed only when it is signed with the deployment's key and its znode
+//! belongs to the session it names ([crate::peer]): whoever can write to ZooKeeper cannot
+//! point another instance's forwards at itself. Each registration is watched, and made again
+//! when it is lost or replaced while its session lives (as well as on every new session).
 
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+use crate::peer::PeerKey;
 
 use crate::recipes::registry;
 use crate::zk::ZkError;
@@ -46,6 +54,12 @@ impl Instance {
 #[derive(Serialize, Deserialize)]
 struct Registration {
     url: String,
+    /// The session that made it: the znode's `ephemeralOwner` must be this one.
+    #[serde(default)]
+    session: i64,
+    /// [PeerKey::sign_registration] of name, URL and session (absent without a key).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    mac: Option<String>,
 }
 
 /// The registrations under `<root>/instances`.
@@ -53,31 +67,76 @@ struct Registration {
 pub struct Instances {
     zk: ZkSession,
     dir: Arc<str>,
+    key: Option<PeerKey>,
+    /// Whether the primary session's registration is in place now.
+    registered: watch::Receiver<bool>,
+}
+
+/// What [Instances::url_of] found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Peer {
+    /// A verified registration: forward to this URL.
+    At(String),
+    /// Not registered: the instance (and its leases) is gone.
+    Gone,
+    /// Registered, but not signed with this deployment's key by the session that owns it:
+    /// never forwarded to.
+    Unverified,
 }
 
 /// Separates an instance's id from a lane number in the names of lane registrations.
 const LANE_SEPARATOR: char = '~';
 
 impl Instances {
-    /// Registers `me` on every session each lane's supervisor opens, for as long as it runs.
-    pub fn start(lanes: Lanes, root: &str, me: Instance) -> Instances {
+    /// Registers `me` on every session each lane's supervisor opens, for as long as it runs,
+    /// signed with `key` if there is one.
+    pub fn start(lanes: Lanes, root: &str, me: Instance, key: Option<PeerKey>) -> Instances {
+        let (primary, registered) = watch::channel(false);
         let instances = Instances {
             zk: lanes.primary().clone(),
             dir: format!("{root}/instances").into(),
+            key,
+            registered,
         };
+        let mut primary = Some(primary);
         for lane in lanes.all() {
             let name = match lane.lane() {
                 0 => me.id.to_string(),
                 n => format!("{}{LANE_SEPARATOR}{n}", me.id),
             };
-            tokio::spawn(register_on_every_session(
-                instances.dir.clone(),
-                lane.clone(),
+            let registrar = Registrar {
+                dir: instances.dir.clone(),
+                zk: lane.clone(),
                 name,
-                me.clone(),
-            ));
+                url: me.url.clone(),
+                key: instances.key.clone(),
+                registered: if lane.lane() == 0 { primary.take() } else { None },
+            };
+            tokio::spawn(registrar.run());
         }
         instances
+    }
+
+    /// Whether this instance can forward to others (it has the deployment's key).
+    pub fn can_forward(&self) -> bool {
+        self.key.is_some()
+    }
+
+    /// The key this instance signs and verifies with, if it has one.
+    pub fn key(&self) -> Option<&PeerKey> {
+        self.key.as_ref()
+    }
+
+    /// Whether this instance's registration is in place (its primary session's own node).
+    pub fn registered(&self) -> bool {
+        *self.registered.borrow()
+    }
+
+    /// Returns once this instance's registration is in place.
+    pub async fn wait_registered(&self) {
+        let mut registered = self.registered.clone();
+        // The sender lives as long as the registrar, which runs as long as the runtime.
+        let _ = registered.wait_for(|now| *now).await;
     }
 
     /// Removes this instance's registration (on the way out, before its session closes), so
@@ -94,15 +153,32 @@ impl Instances {
         }
     }
 
-    /// The URL of a live instance; `None` when it is not registered (gone).
+    /// Where a live instance is, if its registration verifies (see [Peer]).
     ///
     /// # Notable errors
     /// * Connection loss and the like when ZooKeeper cannot be asked.
-    pub async fn url_of(&self, instance: &str) -> Result<Option<String>, ZkError> {
+    pub async fn url_of(&self, instance: &str) -> Result<Peer, ZkError> {
         let client = self.zk.connected().await.map_err(|_| ZkError::ConnectionLoss)?.client;
         let path = format!("{}/{instance}", self.dir);
-        let data = registry::read(&client, &path).await?;
-        Ok(data.and_then(|data| serde_json::from_slice::<Registration>(&data).ok().map(|r| r.url)))
+        let Some((data, owner)) = registry::read(&client, &path).await? else {
+            return Ok(Peer::Gone);
+        };
+        let Some(key) = &self.key else {
+            return Ok(Peer::Unverified);
+        };
+        let verified = serde_json::from_slice::<Registration>(&data).ok().filter(|r| {
+            r.session == owner
+                && r.mac
+                    .as_deref()
+                    .is_some_and(|mac| key.verify_registration(instance, &r.url, r.session, mac))
+        });
+        Ok(match verified {
+            Some(registration) => Peer::At(registration.url),
+            None => {
+                tracing::warn!(%instance, "a registration that does not verify (another --cluster-secret, or forged): not forwarding to it");
+                Peer::Unverified
+            }
+        })
     }
 }
 
@@ -117,31 +193,99 @@ impl Instances {
     }
 }
 
-/// The registration `<dir>/<name>` is ephemeral: it goes with the session (and the session's
-/// leases), and is made again on each new session of `zk`.
-async fn register_on_every_session(dir: Arc<str>, zk: ZkSession, name: String, me: Instance) {
-    let mut status = zk.subscribe();
-    let mut registered = None;
-    loop {
-        let current = status.borrow_and_update().clone();
-        if let Some(client) = current.client.filter(|_| registered != Some(current.generation)) {
-            let data = serde_json::to_vec(&Registration {
-                url: me.url.to_string(),
-            })
-            .unwrap_or_default();
-            let created = registry::register(&client, &dir, &name, &data).await;
-            match created {
+/// Keeps one session's registration `<dir>/<name>` in place: made on each new session of
+/// `zk`, and made again whenever it is lost or replaced while that session lives.
+struct Registrar {
+    dir: Arc<str>,
+    zk: ZkSession,
+    name: String,
+    url: Arc<str>,
+    key: Option<PeerKey>,
+    /// Told whether the registration is in place (the primary lane's only).
+    registered: Option<watch::Sender<bool>>,
+}
+
+impl Registrar {
+    /// `registered` says whether this session's node is known to be in place: it becomes
+    /// false when the session is replaced or the node is seen gone or another's, not when
+    /// ZooKeeper merely cannot be asked for a moment (the node lives as long as the session).
+    async fn run(self) {
+        let mut status = self.zk.subscribe();
+        let path = format!("{}/{}", self.dir, self.name);
+        loop {
+            let current = status.borrow_and_update().clone();
+            let Some(client) = current.client else {
+                self.set_registered(false);
+                if status.changed().await.is_err() {
+                    return;
+                }
+                continue;
+            };
+            let data = |session| self.data(session);
+            let error = match registry::register(&client, &self.dir, &self.name, data).await {
                 Ok(()) => {
-                    registered = Some(current.generation);
-                    tracing::info!(instance = %me.id, lane = zk.lane(), url = %me.url, "instance registered");
+                    self.set_registered(true);
+                    tracing::info!(name = %self.name, url = %self.url, "instance registered");
+                    // Held until it is lost, or the session is replaced.
+                    let generation = current.generation;
+                    let replaced = async {
+                        while status.changed().await.is_ok() {
+                            if status.borrow().generation != generation {
+                                return false;
+                            }
+                        }
+                        true
+                    };
+                    tokio::select! {
+                        lost = registry::lost(&client, &path) => match lost {
+                            Ok(()) => {
+                                self.set_registered(false);
+                                tracing::warn!(name = %self.name, "this instance's registration was removed or replaced; registering again");
+                                continue;
+                            }
+                            Err(err) => err,
+                        },
+                        closed = replaced => {
+                            self.set_registered(false);
+                            if closed {
+                                return;
+                            }
+                            continue;
+                        }
+                    }
                 }
                 Err(err) => {
-                    tracing::warn!(error = %err, "could not register this instance; retrying on the next change")
+                    if !crate::zk::is_loss(&err) {
+                        self.set_registered(false);
+                    }
+                    err
                 }
+            };
+            tracing::warn!(name = %self.name, error = %error, "could not check this instance's registration; retrying");
+            // A backoff before asking again (nothing to wait for), cut short by a new session.
+            tokio::select! {
+                _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
+                changed = status.changed() => if changed.is_err() { return },
             }
         }
-        if status.changed().await.is_err() {
-            return;
+    }
+
+    /// The registration's data for the session `session`.
+    fn data(&self, session: i64) -> Vec<u8> {
+        let registration = Registration {
+            url: self.url.to_string(),
+            session,
+            mac: self
+                .key
+                .as_ref()
+                .map(|key| key.sign_registration(&self.name, &self.url, session)),
+        };
+        serde_json::to_vec(&registration).unwrap_or_default()
+    }
+
+    fn set_registered(&self, now: bool) {
+        if let Some(registered) = &self.registered {
+            registered.send_replace(now);
         }
     }
 }

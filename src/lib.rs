@@ -16,6 +16,7 @@ pub mod lease;
 pub mod limits;
 pub mod listen;
 pub mod metrics;
+pub mod peer;
 pub mod recipes;
 pub mod runner;
 pub mod time;
@@ -126,7 +127,7 @@ impl AppState {
             config.zookeeper_sessions.into(),
         );
         let instance = instances::Instance::new(config.advertised_url());
-        let instances = instances::Instances::start(lanes.clone(), &config.root, instance.clone());
+        let instances = instances::Instances::start(lanes.clone(), &config.root, instance.clone(), config.peer_key());
         let leases = Leases::new(
             config.lease_policy(),
             config.max_leases_per_principal,

@@ -501,7 +501,7 @@ fn base64url(text: &str) -> String {
 /// would be, with the token of the socket's handshake: the owner grants it to the lease's
 /// principal, and refuses another principal's socket that borrows the lease.
 #[tokio::test]
-async fn a_socket_call_for_another_instances_lease_is_forwarded_with_the_sockets_token() {
+async fn a_socket_call_for_another_instances_lease_is_forwarded_as_the_sockets_principal() {
     let s = setup().await;
     let mut config = test_config(&s.connect);
     config.auth_config = Some(s._dir.path().join("auth.toml"));

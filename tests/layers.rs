@@ -13,6 +13,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("kind", 0),
     ("metrics", 0),
     ("tls", 0),
+    ("peer", 0),
     // The HTTP server's accept loop and its bounds (knows nothing of zkgate's routes).
     ("listen", 0),
     // Who may do what (names kinds).
@@ -44,6 +45,7 @@ const NO_ZOOKEEPER: &[&str] = &[
     "kind",
     "metrics",
     "tls",
+    "peer",
     "listen",
     "auth",
     "lease",

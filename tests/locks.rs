@@ -295,6 +295,13 @@ async fn session_expiry_loses_leases_passes_locks_on_and_the_instance_recovers()
         state.body["holder"]["fencing_token"], kept.body["fencing_token"],
         "{state:?}"
     );
+    // Ready once registered again on its new session.
+    within(
+        Duration::from_secs(20),
+        "registered again",
+        doomed.running.state.instances.wait_registered(),
+    )
+    .await;
     let ready = doomed.get("/readyz").await;
     assert_eq!(ready.status, StatusCode::OK);
     let sessions = doomed.running.state.lanes.all().len();

@@ -9,6 +9,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use super::error::{ApiError, Problem};
+use super::forward::{FORWARDED_AT, FORWARDED_BY, FORWARDED_FOR, SIGNATURE};
 use super::routed::Routed;
 use crate::AppState;
 use crate::auth::{Access, Caller};
@@ -20,11 +21,6 @@ pub const BEARER_SUBPROTOCOL: &str = "zkgate.bearer.";
 
 /// The subprotocol zkgate answers with when the client offered it.
 pub const SUBPROTOCOL: &str = "zkgate";
-
-/// The bearer token a request was authenticated with, kept for what the request opens: a
-/// socket's calls carry it, so that one forwarded to another instance authenticates there.
-#[derive(Clone)]
-pub struct Token(pub String);
 
 /// The caller of a request, as [authenticate] found it (a WebSocket call carries its socket's).
 /// A request that reached a handler without one was not authenticated: refused, never served
@@ -73,9 +69,82 @@ fn is_public(path: &str) -> bool {
     matches!(path, "/" | "/healthz" | "/readyz" | "/openapi.json") || path == "/docs" || path.starts_with("/docs/")
 }
 
-/// The outermost layer: finds the caller from the token (401 without a valid one) and serves
-/// the request as that caller.
-pub async fn authenticate(State(state): State<AppState>, mut request: Request, next: Next) -> Response {
+/// The outermost layer: finds the caller from the token (401 without a valid one), or for a
+/// request another instance forwarded from its signed assertion ([forwarded]), and serves the
+/// request as that caller.
+pub async fn authenticate(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let mut request = if request.headers().contains_key(FORWARDED_BY) {
+        match forwarded(&state, request).await {
+            Ok(request) => request,
+            Err(err) => return err.into_response(),
+        }
+    } else {
+        match authenticated(&state, request) {
+            Ok(request) => request,
+            Err(err) => return err.into_response(),
+        }
+    };
+    let address = request
+        .extensions()
+        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+        .map(|info| crate::limits::ClientAddr(info.0.ip()));
+    if let Some(address) = address {
+        request.extensions_mut().insert(address);
+    }
+    next.run(request).await
+}
+
+/// A request forwarded by another instance: believed only if its MAC verifies with this
+/// deployment's key, it is addressed to this instance and it is fresh; its caller is the
+/// principal the forwarding instance asserts (which must be one this instance knows). A client
+/// that sends the peer headers itself gets 401, as for a bad token.
+async fn forwarded(state: &AppState, request: Request) -> Result<Request, ApiError> {
+    let refuse = |detail: &str| ApiError::new(Problem::Unauthorized, format!("a forwarded request: {detail}"));
+    let key = state
+        .instances
+        .key()
+        .ok_or_else(|| refuse("this instance has no --cluster-secret to verify it with"))?;
+    let (mut parts, body) = request.into_parts();
+    let header = |name: &str| parts.headers.get(name).and_then(|v| v.to_str().ok());
+    let (Some(from), Some(at), Some(signature)) = (header(FORWARDED_BY), header(FORWARDED_AT), header(SIGNATURE))
+    else {
+        return Err(refuse("it lacks the peer headers"));
+    };
+    let body = axum::body::to_bytes(body, super::BODY_LIMIT_BYTES)
+        .await
+        .map_err(|_| ApiError::too_large(super::BODY_LIMIT_BYTES))?;
+    let forward = crate::peer::Forward {
+        method: parts.method.as_str(),
+        path: parts.uri.path_and_query().map_or("/", |p| p.as_str()),
+        from,
+        to: &state.instance.id,
+        principal: header(FORWARDED_FOR),
+        at_ms: at.parse().map_err(|_| refuse("its time is not a number"))?,
+        body: &body,
+    };
+    if !key.verify_forward(&forward, signature) {
+        return Err(refuse("its signature does not verify"));
+    }
+    if !forward.is_fresh(u64::try_from(crate::time::now_ms()).unwrap_or_default()) {
+        return Err(refuse(
+            "it is too old (or the instances' clocks differ by more than 30 s)",
+        ));
+    }
+    let caller = match (&state.authority, forward.principal) {
+        (None, _) => Caller::Anyone,
+        (Some(authority), Some(name)) => Caller::Principal(
+            authority
+                .principal_named(name)
+                .ok_or_else(|| refuse("it asserts a principal this instance's --auth-config lacks"))?,
+        ),
+        (Some(_), None) => return Err(refuse("it asserts no principal, and this instance requires one")),
+    };
+    parts.extensions.insert(caller);
+    Ok(Request::from_parts(parts, axum::body::Body::from(body)))
+}
+
+/// A client's request: its caller from its bearer token.
+fn authenticated(state: &AppState, mut request: Request) -> Result<Request, ApiError> {
     let caller = match &state.authority {
         None => Caller::Anyone,
         // A public path needs no token, but one that comes is honoured (an admin sees more of
@@ -85,31 +154,21 @@ pub async fn authenticate(State(state): State<AppState>, mut request: Request, n
             _ => Caller::Nobody,
         },
         Some(authority) => match token_of(request.headers()) {
-            Err(detail) => return ApiError::new(Problem::Unauthorized, detail).into_response(),
+            Err(detail) => return Err(ApiError::new(Problem::Unauthorized, detail)),
             Ok(None) => {
-                return ApiError::new(Problem::Unauthorized,
+                return Err(ApiError::new(
+                    Problem::Unauthorized,
                     "send `Authorization: Bearer <token>` (on a WebSocket, the `zkgate.bearer.<base64url token>` subprotocol)",
-                )
-                .into_response();
+                ));
             }
             Ok(Some(token)) => match authority.principal(&token) {
-                Some(principal) => {
-                    request.extensions_mut().insert(Token(token));
-                    Caller::Principal(principal)
-                }
-                None => return ApiError::new(Problem::Unauthorized, "the token is not valid").into_response(),
+                Some(principal) => Caller::Principal(principal),
+                None => return Err(ApiError::new(Problem::Unauthorized, "the token is not valid")),
             },
         },
     };
     request.extensions_mut().insert(caller);
-    let address = request
-        .extensions()
-        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
-        .map(|info| crate::limits::ClientAddr(info.0.ip()));
-    if let Some(address) = address {
-        request.extensions_mut().insert(address);
-    }
-    next.run(request).await
+    Ok(request)
 }
 
 /// The layer on the API routes, after routing: the kind and resource the router matched

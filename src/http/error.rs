@@ -154,6 +154,8 @@ catalogue! {
         "the lock (or leadership) was lost before this request";
     ClaimLost: Http, 410, "claim-lost", "Claim lost", [],
         "a queue claim acked or given back after it ended (its ack deadline passed: the item is delivered again)";
+    NotForwarded: Http, 421, "not-forwarded", "Served by another instance", ["instance"],
+        "the lease, handle, claim or member belongs to another instance (`instance`), and this one has no `--cluster-secret` (nor `--zookeeper-auth`) to forward with: send the request there, or give every instance the same secret";
     PreconditionFailed: Http, 412, "precondition-failed", "Precondition failed", ["current_etag"],
         "`If-Match` / `If-None-Match` did not hold (`current_etag` says what is there)";
     BodyTooLarge: Http, 413, "body-too-large", "Request body too large", ["limit_bytes"],
@@ -171,7 +173,7 @@ catalogue! {
     QuotaExceeded: Http, 507, "quota-exceeded", "Quota exceeded", ["quota"],
         "a write past a ZooKeeper quota: the principal's (`--quota-bytes-per-principal`, `--quota-znodes-per-principal`) or zkgate's whole tree's (`--quota-bytes`, `--quota-znodes`); `quota` names it. Delete something first";
     InstanceUnavailable: Http, 503, "instance-unavailable", "Owning instance unavailable", [],
-        "a request forwarded to the instance that owns the lease found it unreachable; retry after `Retry-After` seconds";
+        "a request forwarded to the instance that owns the lease found it unreachable, or its registration did not verify; retry after `Retry-After` seconds";
     ZookeeperUnavailable: Http, 503, "zookeeper-unavailable", "ZooKeeper unavailable", [],
         "ZooKeeper is unreachable; retry after `Retry-After` seconds";
     MalformedMessage: Socket, 400, "malformed-message", "Malformed message", [],

@@ -7,27 +7,41 @@
 //! and the [Kind] registry: a lease (`/v1/leases/{id}`), the kind's owned id (a lock's
 //! `{handle}`, a queue's `{claim}`), a group member that joined elsewhere (its znode's owner
 //! session names its instance), or the `lease` (or `handle`) of a JSON body for the kinds
-//! whose writes may name one. A request forwarded once carries [FORWARDED_BY] and is never forwarded again (no
-//! loops, even while registrations change), and the owner authenticates and authorises it as
-//! usual: the `Authorization` header goes along.
+//! whose writes may name one. A request forwarded once carries [FORWARDED_BY] and is never
+//! forwarded again (no loops, even while registrations change).
+//!
+//! Forwarding needs the deployment's key ([crate::peer]): a request goes only to a registration
+//! that verifies, without the client's `Authorization` (its token never leaves this
+//! instance), with the principal this instance authenticated and a MAC over the request
+//! instead ([peer_headers]); the owner checks those in [crate::http::auth::authenticate] and
+//! authorises the request as usual. Without a key nothing is forwarded: the answer is `421
+//! not-forwarded`, naming the instance.
 
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
 use axum::http::request::Parts;
-use axum::http::{HeaderName, Method, header};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use super::error::{ApiError, Problem};
 use super::routed::Routed;
 use crate::AppState;
+use crate::auth::Caller;
 use crate::ids::owner_of;
+use crate::instances::Peer;
 use crate::kind::Kind;
 
 /// Marks a forwarded request (its value: the instance that forwarded it).
 pub const FORWARDED_BY: &str = "zkgate-forwarded-by";
+/// A forwarded request's caller, as the forwarding instance authenticated it.
+pub const FORWARDED_FOR: &str = "zkgate-forwarded-for";
+/// When a forwarded request was sent (ms since the Unix epoch).
+pub const FORWARDED_AT: &str = "zkgate-forwarded-at";
+/// The MAC of a forwarded request ([crate::peer::PeerKey::sign_forward]).
+pub const SIGNATURE: &str = "zkgate-signature";
 
 /// The guard; see the module's documentation.
 pub async fn forward(State(state): State<AppState>, request: Request, next: Next) -> Response {
@@ -45,8 +59,38 @@ pub async fn forward(State(state): State<AppState>, request: Request, next: Next
     };
     let request = Request::from_parts(parts, body);
     match owner {
-        Some(owner) if owner != *state.instance.id => relay(&state, &owner, request).await,
+        Some(owner) if owner != *state.instance.id => {
+            if !state.instances.can_forward() {
+                return ApiError::new(
+                    Problem::NotForwarded,
+                    format!(
+                        "this belongs to instance `{owner}`; this instance has no --cluster-secret (nor --zookeeper-auth) to forward with: send the request to that instance, or give every instance the same secret"
+                    ),
+                )
+                .with("instance", owner)
+                .into_response();
+            }
+            relay(&state, &owner, request).await
+        }
         _ => next.run(request).await,
+    }
+}
+
+/// Whether a route's requests may be forwarded (for the spec): what [owner] may find an owner
+/// for.
+pub fn may_forward(template: &str, method: &Method) -> bool {
+    let kind = template
+        .strip_prefix("/v1/")
+        .and_then(|rest| rest.split('/').next())
+        .and_then(Kind::from_segment);
+    match kind {
+        None => template.starts_with("/v1/leases/{id}"),
+        Some(kind) => {
+            kind.owned_param()
+                .is_some_and(|param| template.contains(&format!("{{{param}}}")))
+                || (kind == Kind::Group && method == Method::DELETE)
+                || (kind.lease_in_body() && matches!(*method, Method::POST | Method::PUT))
+        }
     }
 }
 
@@ -129,9 +173,13 @@ const HOP_BY_HOP: &[HeaderName] = &[
 /// is gone).
 async fn relay(state: &AppState, owner: &str, request: Request) -> Response {
     let url = match state.instances.url_of(owner).await {
-        Ok(Some(url)) => url,
-        Ok(None) => return instance_gone(owner).into_response(),
+        Ok(Peer::At(url)) => url,
+        Ok(Peer::Gone) => return instance_gone(owner).into_response(),
+        Ok(Peer::Unverified) => return unavailable(owner).into_response(),
         Err(err) => return ApiError::from(err).into_response(),
+    };
+    let Some(key) = state.instances.key() else {
+        return unavailable(owner).into_response();
     };
     let (parts, body) = request.into_parts();
     let body = match axum::body::to_bytes(body, super::BODY_LIMIT_BYTES).await {
@@ -143,12 +191,20 @@ async fn relay(state: &AppState, owner: &str, request: Request) -> Response {
     for name in HOP_BY_HOP {
         headers.remove(name);
     }
-    let forwarded_by = state
-        .instance
-        .id
-        .parse()
-        .unwrap_or_else(|_| axum::http::HeaderValue::from_static("?"));
-    headers.insert(HeaderName::from_static(FORWARDED_BY), forwarded_by);
+    for name in NOT_FORWARDED {
+        headers.remove(*name);
+    }
+    let caller = parts.extensions.get::<Caller>().cloned().unwrap_or(Caller::Nobody);
+    let forward = crate::peer::Forward {
+        method: parts.method.as_str(),
+        path,
+        from: &state.instance.id,
+        to: owner,
+        principal: caller.name(),
+        at_ms: u64::try_from(crate::time::now_ms()).unwrap_or_default(),
+        body: &body,
+    };
+    headers.extend(peer_headers(key, &forward));
     // Long polls wait up to --max-wait on the owner: wait a little longer for them here.
     let timeout = state.config.max_wait + Duration::from_secs(10);
     let sent = state
@@ -172,14 +228,61 @@ async fn relay(state: &AppState, owner: &str, request: Request) -> Response {
         }
     };
     let status = answer.status();
-    let mut headers = answer.headers().clone();
-    for name in HOP_BY_HOP {
-        headers.remove(name);
-    }
+    let headers: HeaderMap = answer
+        .headers()
+        .iter()
+        .filter(|(name, _)| RELAYED.contains(name))
+        .map(|(name, value)| (name.clone(), value.clone()))
+        .collect();
     let body = answer.bytes().await.unwrap_or_default();
     let mut response = (status, body).into_response();
     response.headers_mut().extend(headers);
     response
+}
+
+/// The headers of a forward of `forward`: from whom, for whom, when, and their MAC.
+pub fn peer_headers(key: &crate::peer::PeerKey, forward: &crate::peer::Forward<'_>) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    let mut put = |name: &'static str, value: &str| {
+        if let Ok(value) = HeaderValue::from_str(value) {
+            headers.insert(HeaderName::from_static(name), value);
+        }
+    };
+    put(FORWARDED_BY, forward.from);
+    if let Some(principal) = forward.principal {
+        put(FORWARDED_FOR, principal);
+    }
+    put(FORWARDED_AT, &forward.at_ms.to_string());
+    put(SIGNATURE, &key.sign_forward(forward));
+    headers
+}
+
+/// A client's headers that do not go to the owner: its credentials (the owner believes the
+/// principal this instance asserts, never a token) and the peer protocol's own headers.
+const NOT_FORWARDED: &[&str] = &[
+    "authorization",
+    "cookie",
+    "sec-websocket-protocol",
+    FORWARDED_BY,
+    FORWARDED_FOR,
+    FORWARDED_AT,
+    SIGNATURE,
+];
+
+/// The owner's response headers relayed to the client: what zkgate's handlers set.
+const RELAYED: &[HeaderName] = &[
+    header::CONTENT_TYPE,
+    header::RETRY_AFTER,
+    header::LOCATION,
+    header::ETAG,
+    header::WWW_AUTHENTICATE,
+];
+
+fn unavailable(owner: &str) -> ApiError {
+    ApiError::new(
+        Problem::InstanceUnavailable,
+        format!("the instance `{owner}` that owns this could not be reached safely; try again"),
+    )
 }
 
 fn instance_gone(owner: &str) -> ApiError {

@@ -76,13 +76,19 @@ pub async fn healthz(State(state): State<AppState>, caller: Caller) -> Json<Heal
     Json(health(&state, &caller, "ok"))
 }
 
-/// Readiness: the ZooKeeper session is connected, so recipe calls can be served.
+/// Readiness: the ZooKeeper session is connected, so recipe calls can be served, and this
+/// instance's registration is in place, so other instances can forward to it.
 #[utoipa::path(get, path = "/readyz", tag = "health", responses(
     (status = 200, body = Health),
     Problems<(p::ZookeeperUnavailable,)>,
 ))]
 pub async fn readyz(State(state): State<AppState>, caller: Caller) -> Result<Json<Health>, ApiError> {
     state.zk().current()?;
+    if !state.instances.registered() {
+        return Err(ApiError::unavailable(
+            "this instance is not registered in ZooKeeper yet (other instances could not forward to it)",
+        ));
+    }
     Ok(Json(health(&state, &caller, "ok")))
 }
 

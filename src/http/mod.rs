@@ -281,15 +281,16 @@ pub fn document_auth(spec: &mut utoipa::openapi::OpenApi) {
         }
         let socket = path == "/v1/ws" || path.ends_with("/observe");
         let operations = [
-            (false, &mut item.get),
-            (true, &mut item.put),
-            (true, &mut item.post),
-            (true, &mut item.delete),
+            (axum::http::Method::GET, &mut item.get),
+            (axum::http::Method::PUT, &mut item.put),
+            (axum::http::Method::POST, &mut item.post),
+            (axum::http::Method::DELETE, &mut item.delete),
         ];
-        for (write, operation) in operations
+        for (method, operation) in operations
             .into_iter()
-            .filter_map(|(write, op)| op.as_mut().map(|op| (write, op)))
+            .filter_map(|(method, op)| op.as_mut().map(|op| (method, op)))
         {
+            let write = method != axum::http::Method::GET;
             operation.security = Some(vec![SecurityRequirement::new("bearer", Vec::<String>::new())]);
             let mut guards = vec![Problem::Unauthorized, Problem::Forbidden];
             if write {
@@ -297,6 +298,9 @@ pub fn document_auth(spec: &mut utoipa::openapi::OpenApi) {
             } else if socket || limits::takes_wait(operation) {
                 // A socket or a long poll past its limits.
                 guards.push(Problem::TooMany);
+            }
+            if forward::may_forward(path, &method) {
+                guards.extend([Problem::NotForwarded, Problem::InstanceUnavailable]);
             }
             let responses = &mut operation.responses.responses;
             // A problem the operation declares itself is not described twice.

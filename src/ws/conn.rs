@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::extract::ws::{Message, WebSocket};
-use axum::http::{HeaderName, HeaderValue, Method, header};
+use axum::http::{HeaderName, HeaderValue, Method};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::task::{JoinHandle, JoinSet};
@@ -20,7 +20,6 @@ use super::{Counted, close_idle, finish, going_away};
 use crate::AppState;
 use crate::auth::Caller;
 use crate::events::{Event, Subscription};
-use crate::http::auth::Token;
 use crate::http::error::Problem;
 use crate::limits::{ClientAddr, Permit};
 use crate::recipes::lease::{Lease, LeaseError};
@@ -79,8 +78,6 @@ struct Conn {
     state: AppState,
     /// The caller of the handshake: every subscription and call of the socket is its.
     caller: Caller,
-    /// The handshake's bearer token, if it had one.
-    token: Option<Token>,
     /// Messages for the client: events of the subscriptions and replies of calls.
     outbox: Outbox,
     subscriptions: HashMap<String, JoinHandle<()>>,
@@ -93,22 +90,15 @@ struct Conn {
     address: Option<ClientAddr>,
 }
 
-/// Serves one general socket as `caller` (with the handshake's bearer `token`, which its calls
-/// carry so that a call forwarded to another instance authenticates there) until it closes.
-pub async fn serve(
-    state: AppState,
-    caller: Caller,
-    token: Option<Token>,
-    mut socket: WebSocket,
-    address: Option<ClientAddr>,
-) {
+/// Serves one general socket as `caller` until it closes. Its calls are the caller's; one
+/// forwarded to another instance goes with the caller asserted there, never a token.
+pub async fn serve(state: AppState, caller: Caller, mut socket: WebSocket, address: Option<ClientAddr>) {
     let _counted = Counted::new(&crate::metrics::get().sockets);
     let (idle_timeout, ping_interval) = (state.config.ws_idle_timeout, state.config.ws_ping_interval);
     let (outbox, mut queued) = outbox(state.config.ws_send_buffer, &state.ws_budget);
     let mut conn = Conn {
         state,
         caller,
-        token,
         outbox,
         subscriptions: HashMap::new(),
         calls: JoinSet::new(),
@@ -367,13 +357,6 @@ impl Conn {
             }
             None => axum::body::Body::empty(),
         };
-        // A forwarded call authenticates at the owner with the handshake's token.
-        if let Some(Token(token)) = &self.token
-            && !headers.keys().any(|name| name.eq_ignore_ascii_case("authorization"))
-            && let Ok(value) = HeaderValue::from_str(&format!("Bearer {token}"))
-        {
-            request = request.header(header::AUTHORIZATION, value);
-        }
         let mut request = request.body(body).map_err(|e| invalid(e.to_string()))?;
         // The call is the socket's caller's, from the socket's address: the API's guards read
         // them here (authorisation, the write rate).

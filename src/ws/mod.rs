@@ -45,7 +45,6 @@ use utoipa_axum::routes;
 use crate::AppState;
 use crate::auth::Caller;
 use crate::events::{Event, Subscription};
-use crate::http::auth::Token;
 use crate::http::check_name;
 use crate::http::error::{ApiError, Problem, Problems, p};
 use crate::http::extract::ApiPath;
@@ -258,7 +257,6 @@ pub(crate) fn lean(upgrade: WebSocketUpgrade, max_message: usize) -> WebSocketUp
 pub async fn socket(
     State(state): State<AppState>,
     caller: Caller,
-    token: Option<axum::Extension<Token>>,
     address: Option<axum::Extension<ClientAddr>>,
     upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Result<Response, ApiError> {
@@ -269,7 +267,7 @@ pub async fn socket(
     Ok(
         lean(upgrade, state.config.ws_max_message).on_upgrade(move |socket| async move {
             let _permits = permits;
-            conn::serve(state, caller, token.map(|t| t.0), socket, address).await
+            conn::serve(state, caller, socket, address).await
         }),
     )
 }

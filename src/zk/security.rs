@@ -167,6 +167,13 @@ impl ZkSecurity {
         self.zookeeper_auth.as_ref().or(self.zookeeper_auth_file.as_ref())
     }
 
+    /// The key instances sharing this digest trust each other with ([crate::peer]), if there
+    /// is a digest: whoever holds it can rewrite every znode zkgate made anyway.
+    pub fn peer_key(&self) -> Option<crate::peer::PeerKey> {
+        self.digest()
+            .map(|digest| crate::peer::PeerKey::derive("zookeeper-digest", digest.as_bytes()))
+    }
+
     /// The ACL policy these settings call for: open without a digest.
     pub fn acl_policy(&self) -> AclPolicy {
         match (self.digest(), self.zookeeper_acl_world_read) {

@@ -102,8 +102,13 @@ pub fn test_config(connect: &str) -> ServeConfig {
     config.max_wait = Duration::from_secs(30);
     // Tests drive instances hard from one address; tests/limits.rs turns it on.
     config.write_rate = 0;
+    // Instances of one test trust each other (tests/peers.rs tries them without it).
+    config.cluster_secret = Some(zkgate::peer::PeerKey::parse(TEST_CLUSTER_SECRET).expect("secret"));
     config
 }
+
+/// The `--cluster-secret` of [test_config].
+pub const TEST_CLUSTER_SECRET: &str = "the test deployment's secret";
 
 impl Gate {
     pub async fn start(connect: &str) -> Gate {
@@ -118,6 +123,13 @@ impl Gate {
                 .await
                 .expect("zkgate connects to ZooKeeper");
         }
+        // Registered, so that other instances can forward to it from the start.
+        within(
+            Duration::from_secs(20),
+            "zkgate registers itself",
+            running.state.instances.wait_registered(),
+        )
+        .await;
         let url = running.url();
         let http = http_builder().pool_max_idle_per_host(64).build().expect("http client");
         Gate { running, url, http }
