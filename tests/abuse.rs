@@ -650,3 +650,52 @@ async fn values_are_stored_raw_and_limited_by_their_stored_size() {
     assert_eq!(taken.status, StatusCode::OK);
     assert_eq!(taken.body["text"].as_str().map(str::len), Some(controls.len()));
 }
+
+/// What a client writes reaches the log escaped: a `reason` (or a field name) holding a
+/// newline and a made-up log line stays inside its own line.
+#[tokio::test]
+async fn client_text_cannot_forge_a_log_line() {
+    let zk = zookeeper().await;
+    let gate = common::process::Process::start_with(&zk.connect_string(), &[]).await;
+    let forged = "2026-01-01T00:00:00.000000Z  INFO zkgate: FORGED lease ended";
+    let (status, _) = gate
+        .call(
+            reqwest::Method::POST,
+            "/v1/locks/logged/acquire?wait=0",
+            Some(json!({"ttl": "30s"})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, reply) = gate
+        .call(
+            reqwest::Method::POST,
+            "/v1/locks/logged/revoke",
+            Some(json!({"by": format!("me\n{forged}"), "reason": format!("done\r\n{forged}")})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{reply}");
+    gate.wait_log(Duration::from_secs(10), "the revocation is logged", |line| {
+        line.contains("revocation requested")
+    })
+    .await;
+    let (status, _) = gate
+        .call(
+            reqwest::Method::POST,
+            "/v1/txns",
+            Some(json!({"id": "t", "participants": ["p"], format!("x\n{forged}"): 1})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let log = gate.log();
+    let logged = log.iter().find(|l| l.contains("revocation requested")).expect("logged");
+    assert!(
+        logged.contains("FORGED"),
+        "the reason is in the line, escaped: {logged}"
+    );
+    assert!(
+        !log.iter()
+            .any(|line| line.starts_with("2026-01-01") || line.trim_start().starts_with("INFO zkgate: FORGED")),
+        "a forged line:\n{}",
+        log.join("\n")
+    );
+}

@@ -554,3 +554,22 @@ async fn a_socket_call_for_another_instances_lease_is_forwarded_as_the_sockets_p
         "another principal's lease, refused by its owner: {reply}"
     );
 }
+
+#[tokio::test]
+async fn probes_tell_their_details_to_an_admin_only() {
+    let s = setup().await;
+    for path in ["/healthz", "/readyz"] {
+        for token in [None, Some("not-a-token"), Some(s.tokens.billing.as_str())] {
+            let bare = s.gate.call_as(token, Method::GET, path, None).await;
+            assert_eq!(bare.status, StatusCode::OK, "{bare:?}");
+            assert_eq!(
+                bare.body,
+                json!({"status": "ok"}),
+                "{path} tells {token:?} more: {bare:?}"
+            );
+        }
+        let told = s.gate.call_as(Some(&s.tokens.ops), Method::GET, path, None).await;
+        let servers = told.body["zookeeper"]["servers"].as_str().unwrap_or_default();
+        assert!(s.connect.starts_with(servers) && !servers.is_empty(), "{told:?}");
+    }
+}

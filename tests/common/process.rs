@@ -112,6 +112,11 @@ impl Process {
         format!("exit status {status:?}; last log lines (newest first): {tail:#?}")
     }
 
+    /// Every line of its log so far.
+    pub fn log(&self) -> Vec<String> {
+        self.log.lock().unwrap().clone()
+    }
+
     pub async fn start(connect: &str) -> Process {
         Process::start_with(connect, &["--session-timeout", "2s"]).await
     }
@@ -148,6 +153,9 @@ impl Process {
                 // their own tests.
                 "--write-rate",
                 "0",
+                // Processes of one test trust each other, as the in-process ones do.
+                "--cluster-secret",
+                super::TEST_CLUSTER_SECRET,
             ])
             .args(flags)
             .env("ZKGATE_LOG", "info")
