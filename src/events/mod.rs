@@ -468,7 +468,7 @@ async fn follow<S: Source>(publisher: Publisher, source: S) {
     // even if the read missed it.
     let mut watching = source.watches(None);
     let mut watches = publisher.events.watch_all(&watching);
-    let Some(mut last) = read_until_done(&publisher, &source).await else {
+    let Some(mut last) = Box::pin(read_until_done(&publisher, &source)).await else {
         return;
     };
     let zxid = watches
@@ -498,7 +498,7 @@ async fn follow<S: Source>(publisher: Publisher, source: S) {
         // read then wakes the loop again. (Marking after the read would swallow it, and the
         // state would stay behind with nothing left to wake it.)
         let zxid = last_zxid(&mut watches);
-        let Some(after) = read_until_done(&publisher, &source).await else {
+        let Some(after) = Box::pin(read_until_done(&publisher, &source)).await else {
             return;
         };
         if let Some(reason) = resync {
