@@ -60,6 +60,13 @@ async fn stalled_silent_and_idle_connections_are_closed_after_the_header_timeout
         let took = closed_by_server(stream, Duration::from_secs(10)).await;
         assert!(took < Duration::from_secs(5), "closed after {took:?}");
     }
+    // None of them is left open on zkgate's side either.
+    within(
+        Duration::from_secs(5),
+        "no connection left",
+        gate.running.wait_connections(|open| open == 0),
+    )
+    .await;
 
     // A long poll outlives the header timeout: the request is being served.
     let lease = gate.lease("30s").await;
