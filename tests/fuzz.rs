@@ -12,7 +12,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::{Gate, test_config, tree, zk_client, zookeeper};
+use common::{ADMIN, Gate, auth_config, grant, test_config, tree, zk_client, zookeeper};
 use futures::{SinkExt, StreamExt};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
@@ -303,33 +303,19 @@ struct Setup {
 async fn setup() -> Setup {
     let zk = zookeeper().await;
     let dir = tempfile::tempdir().expect("temp dir");
-    let mut text = String::new();
-    let mut tokens = Vec::new();
-    for (name, grants) in [
-        (
-            "reader",
-            "[[principals.grants]]\nkinds = [\"*\"]\nprefixes = [\"\"]\naccess = \"read\"\n",
-        ),
-        (
-            "fuzzer",
-            "[[principals.grants]]\nkinds = [\"*\"]\nprefixes = [\"fz\"]\naccess = \"write\"\n",
-        ),
-        ("ops", "admin = true\n"),
-    ] {
-        let (token, hash) = zkgate::auth::new_token();
-        tokens.push(token);
-        text.push_str(&format!(
-            "[[principals]]\nname = \"{name}\"\ntokens = [\"{hash}\"]\n{grants}\n"
-        ));
-    }
-    let path = dir.path().join("auth.toml");
-    std::fs::write(&path, text).expect("auth config");
+    let (path, [reader, writer, ops]) = auth_config(
+        &dir,
+        [
+            ("reader", grant("", "read")),
+            ("fuzzer", grant("fz", "write")),
+            ("ops", ADMIN.to_string()),
+        ],
+    );
     let mut config = test_config(&zk.connect_string());
     config.auth_config = Some(path);
     // Any long poll a case happens to make ends soon.
     config.max_wait = Duration::from_secs(1);
     let gate = Gate::start_with(config).await;
-    let [reader, writer, ops] = tokens.try_into().expect("tokens");
     // Something of every kind stored before, by the admin, outside the writer's names.
     for (method, path, body) in [
         (Method::PUT, "/v1/kv/keep/a", json!({"value": {"n": 1}})),

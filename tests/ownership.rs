@@ -10,7 +10,7 @@
 
 mod common;
 
-use common::{Gate, Reply, test_config, zookeeper};
+use common::{ADMIN, Gate, Reply, auth_config, grant, test_config, zookeeper};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
@@ -27,22 +27,18 @@ struct Setup {
 async fn setup() -> Setup {
     let zk = zookeeper().await;
     let dir = tempfile::tempdir().expect("temp dir");
-    let mut text = String::new();
-    let mut tokens = Vec::new();
-    for (name, admin) in [("app", false), ("other", false), ("admin", true)] {
-        let (token, hash) = zkgate::auth::new_token();
-        tokens.push(token);
-        text.push_str(&format!(
-            "[[principals]]\nname = \"{name}\"\ntokens = [\"{hash}\"]\nadmin = {admin}\n[[principals.grants]]\nkinds = [\"*\"]\nprefixes = [\"\"]\naccess = \"write\"\n"
-        ));
-    }
-    let path = dir.path().join("auth.toml");
-    std::fs::write(&path, text).expect("auth config");
+    let (path, [app, other, admin]) = auth_config(
+        &dir,
+        [
+            ("app", grant("", "write")),
+            ("other", grant("", "write")),
+            ("admin", format!("{ADMIN}{}", grant("", "write"))),
+        ],
+    );
     let mut config = test_config(&zk.connect_string());
     config.auth_config = Some(path);
     let a = Gate::start_with(config.clone()).await;
     let b = Gate::start_with(config).await;
-    let [app, other, admin] = tokens.try_into().expect("three tokens");
     Setup {
         _zk: zk,
         _dir: dir,

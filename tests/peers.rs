@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Gate, TEST_CLUSTER_SECRET, test_config, within, zk_client, zookeeper};
+use common::{ADMIN, Gate, TEST_CLUSTER_SECRET, auth_config, grant, test_config, within, zk_client, zookeeper};
 use reqwest::{Method, StatusCode};
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -17,13 +17,7 @@ use zookeeper_client::{Acls, CreateMode};
 const FOREIGN_LEASE: &str = "deadbeef-0123456789abcdef0123456789abcdef";
 
 fn principals(dir: &tempfile::TempDir) -> (std::path::PathBuf, String) {
-    let (token, hash) = zkgate::auth::new_token();
-    let (_, admin_hash) = zkgate::auth::new_token();
-    let text = format!(
-        "[[principals]]\nname = \"app\"\ntokens = [\"{hash}\"]\n[[principals.grants]]\nkinds = [\"*\"]\nprefixes = [\"\"]\naccess = \"write\"\n\n[[principals]]\nname = \"ops\"\ntokens = [\"{admin_hash}\"]\nadmin = true\n"
-    );
-    let path = dir.path().join("auth.toml");
-    std::fs::write(&path, text).expect("auth config");
+    let (path, [token, _]) = auth_config(dir, [("app", grant("", "write")), ("ops", ADMIN.to_string())]);
     (path, token)
 }
 

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{Gate, Reply, test_config, zookeeper};
+use common::{Gate, Reply, auth_config, grant, test_config, zookeeper};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use zkgate::config::ServeConfig;
@@ -25,23 +25,12 @@ struct Two {
 async fn two_instances(quotas: impl Fn(&mut ServeConfig)) -> Two {
     let zk = zookeeper().await;
     let dir = tempfile::tempdir().expect("temp dir");
-    let mut text = String::new();
-    let mut tokens = Vec::new();
-    for name in ["app", "other"] {
-        let (token, hash) = zkgate::auth::new_token();
-        tokens.push(token);
-        text.push_str(&format!(
-            "[[principals]]\nname = \"{name}\"\ntokens = [\"{hash}\"]\n[[principals.grants]]\nkinds = [\"*\"]\nprefixes = [\"\"]\naccess = \"write\"\n"
-        ));
-    }
-    let path = dir.path().join("auth.toml");
-    std::fs::write(&path, text).expect("auth config");
+    let (path, [app, other]) = auth_config(&dir, [("app", grant("", "write")), ("other", grant("", "write"))]);
     let mut config = test_config(&zk.connect_string());
     config.auth_config = Some(path);
     quotas(&mut config);
     let a = Gate::start_with(config.clone()).await;
     let b = Gate::start_with(config).await;
-    let [app, other] = tokens.try_into().expect("two tokens");
     Two {
         _zk: zk,
         _dir: dir,

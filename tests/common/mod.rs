@@ -107,6 +107,34 @@ pub fn test_config(connect: &str) -> ServeConfig {
     config
 }
 
+/// A grant of every kind, on names under `prefix`, with `access` (`read` or `write`), as
+/// `--auth-config` writes it.
+pub fn grant(prefix: &str, access: &str) -> String {
+    format!("[[principals.grants]]\nkinds = [\"*\"]\nprefixes = [\"{prefix}\"]\naccess = \"{access}\"\n")
+}
+
+/// The admin's line of a principal in `--auth-config`.
+pub const ADMIN: &str = "admin = true\n";
+
+/// An `--auth-config` file in `dir` listing `principals` (name, then its `admin` line and
+/// grants), each with a new token: the file and the tokens, in order.
+pub fn auth_config<const N: usize>(
+    dir: &tempfile::TempDir,
+    principals: [(&str, String); N],
+) -> (std::path::PathBuf, [String; N]) {
+    let mut text = String::new();
+    let tokens = principals.map(|(name, rest)| {
+        let (token, hash) = zkgate::auth::new_token();
+        text.push_str(&format!(
+            "[[principals]]\nname = \"{name}\"\ntokens = [\"{hash}\"]\n{rest}\n"
+        ));
+        token
+    });
+    let path = dir.path().join("auth.toml");
+    std::fs::write(&path, text).expect("write the auth config");
+    (path, tokens)
+}
+
 /// The `--cluster-secret` of [test_config].
 pub const TEST_CLUSTER_SECRET: &str = "the test deployment's secret";
 
