@@ -156,6 +156,12 @@ async fn serve(mut config: ServeConfig) -> Result<(), String> {
         .is_err()
     {
         tracing::warn!("ZooKeeper not connected yet; answering 503 until it is");
+    } else if tokio::time::timeout(Duration::from_secs(15), running.state.instances.wait_registered())
+        .await
+        .is_err()
+    {
+        // Ready (and "serving") means registered too: other instances can forward to it.
+        tracing::warn!("not registered in ZooKeeper yet; /readyz answers 503 until it is");
     }
     tracing::info!(url = %running.url(), docs = %format!("{}/docs", running.url()), "zkgate serving");
     shutdown_signal().await;
