@@ -190,7 +190,7 @@ fn routes() -> OpenApiRouter<AppState> {
 /// `openapi/openapi.json` holds).
 pub fn openapi() -> utoipa::openapi::OpenApi {
     let mut spec = routes().into_openapi();
-    http::document_auth(&mut spec);
+    http::document(&mut spec);
     spec
 }
 
@@ -199,7 +199,7 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
 /// and the outer layers every request passes (origin check, authentication, CORS, tracing).
 pub fn app(state: AppState) -> Router {
     let (routes, mut spec) = routes().split_for_parts();
-    http::document_auth(&mut spec);
+    http::document(&mut spec);
     let docs = SwaggerUi::new("/docs")
         .url("/openapi.json", spec)
         .config(SwaggerConfig::default().validator_url("none"));

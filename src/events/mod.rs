@@ -468,12 +468,12 @@ async fn follow<S: Source>(publisher: Publisher, source: S) {
     // even if the read missed it.
     let mut watching = source.watches(None);
     let mut watches = publisher.events.watch_all(&watching);
-    let Some(mut last) = Box::pin(read_until_done(&publisher, &source)).await else {
+    let Some(mut last) = Box::pin(read_until_done(&publisher, &source, true)).await else {
         return;
     };
     let zxid = watches
         .iter()
-        .filter_map(|(mode, watch)| zxid_of(*mode, &watch.state.borrow()))
+        .filter_map(|(mode, watch)| zxid_of(*mode, &watch.known()))
         .max();
     publisher.publish("state", to_json(&last), zxid);
     loop {
@@ -484,13 +484,13 @@ async fn follow<S: Source>(publisher: Publisher, source: S) {
         if wanted != watching {
             watches = publisher.events.watch_all(&wanted);
             for (_, watch) in &mut watches {
-                watch.state.mark_changed();
+                watch.mark_changed();
             }
             watching = wanted;
         }
-        let any_change = futures::future::select_all(watches.iter_mut().map(|(_, w)| Box::pin(w.state.changed())));
+        let any_change = futures::future::select_all(watches.iter_mut().map(|(_, w)| Box::pin(w.changed())));
         let resync = tokio::select! {
-            (changed, _, _) = any_change => if changed.is_err() { return } else { None },
+            (changed, _, _) = any_change => if changed { None } else { return },
             reason = recoveries.next() => Some(reason),
             _ = publisher.idle() => return,
         };
@@ -498,7 +498,7 @@ async fn follow<S: Source>(publisher: Publisher, source: S) {
         // read then wakes the loop again. (Marking after the read would swallow it, and the
         // state would stay behind with nothing left to wake it.)
         let zxid = last_zxid(&mut watches);
-        let Some(after) = Box::pin(read_until_done(&publisher, &source)).await else {
+        let Some(after) = Box::pin(read_until_done(&publisher, &source, resync.is_some())).await else {
             return;
         };
         if let Some(reason) = resync {
@@ -513,9 +513,16 @@ async fn follow<S: Source>(publisher: Publisher, source: S) {
 /// Reads the source's state on the instance's primary session, trying again (briefly spaced)
 /// while it fails: waiting for the next change instead could leave the subscribers with a
 /// stale state for good. `None` once nobody listens any more.
-async fn read_until_done<S: Source>(publisher: &Publisher, source: &S) -> Option<S::State> {
+///
+/// A topic's first state, and its state after a reconnection or a new session (a `resync`),
+/// is read after a `sync` (`synced`), like a linearizable `GET`: a subscriber starts from
+/// every write acknowledged before it subscribed. After that each read follows a watch event,
+/// and the session's server sends the event before any read that could see the change, so
+/// the states that follow need no `sync` of their own.
+async fn read_until_done<S: Source>(publisher: &Publisher, source: &S, synced: bool) -> Option<S::State> {
     loop {
         if let Ok(session) = publisher.events.zk.connected().await
+            && (!synced || session.sync().await.is_ok())
             && let Ok(state) = source.read(&session.client).await
         {
             return Some(state);
@@ -536,7 +543,7 @@ fn to_json<T: Serialize>(state: &T) -> serde_json::Value {
 fn last_zxid(watches: &mut [(Mode, crate::zk::watch::Subscription)]) -> Option<i64> {
     watches
         .iter_mut()
-        .filter_map(|(mode, watch)| zxid_of(*mode, &watch.state.borrow_and_update()))
+        .filter_map(|(mode, watch)| zxid_of(*mode, &watch.see()))
         .max()
 }
 

@@ -8,6 +8,7 @@ use serde::Deserialize;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use super::consistency::Consistency;
 use super::error::{ApiError, Problem, Problems, p};
 use super::extract::{ApiJson, ApiPath, ApiQuery};
 use super::leases::{lease_for, lease_gone};
@@ -154,9 +155,11 @@ pub async fn wait(
     State(state): State<AppState>,
     ApiPath(name): ApiPath<String>,
     ApiQuery(query): ApiQuery<WaitQuery>,
+    consistency: Consistency,
 ) -> Result<Json<BarrierState>, ApiError> {
     check_name(&name)?;
-    state.zk().current()?;
+    // The shared watch reads on the primary session, which the `sync` brings up to date.
+    super::consistency::reader(&state, consistency).await?;
     let wait = state.config.wait(query.wait.map(|w| w.0));
     let path = state.barriers.dir(&name);
     let down = barrier::wait_down(&state.barrier_watches, &path);
@@ -183,6 +186,10 @@ pub async fn wait(
     (status = 200, body = Vec<LockSummary>),
     Problems<(p::ZookeeperUnavailable,)>,
 ))]
-pub async fn list_barriers(State(state): State<AppState>, caller: Caller) -> Result<Json<Vec<LockSummary>>, ApiError> {
-    list(&state, &caller, Kind::Barrier).await
+pub async fn list_barriers(
+    State(state): State<AppState>,
+    caller: Caller,
+    consistency: Consistency,
+) -> Result<Json<Vec<LockSummary>>, ApiError> {
+    list(&state, &caller, Kind::Barrier, consistency).await
 }

@@ -10,6 +10,7 @@ use tokio::time::Instant;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use super::consistency::Consistency;
 use super::error::{ApiError, Place, Problem, Problems, p};
 use super::extract::{ApiJson, ApiPath, ApiQuery};
 use super::leases::{LeaseView, lease_for, lease_gone};
@@ -284,6 +285,7 @@ state_handler!(
 pub async fn list_double_barriers(
     State(state): State<AppState>,
     caller: Caller,
+    consistency: Consistency,
 ) -> Result<Json<Vec<LockSummary>>, ApiError> {
-    list(&state, &caller, Kind::DoubleBarrier).await
+    list(&state, &caller, Kind::DoubleBarrier, consistency).await
 }

@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use super::consistency::Consistency;
 use super::contention::{self, HandleQuery, Request, find_handle, held_since, open_contender};
 use super::error::{ApiError, Problem, Problems, p};
 use super::extract::{ApiJson, ApiPath, ApiQuery};
@@ -204,8 +205,12 @@ state_handler!(
     (status = 200, body = Vec<LockSummary>),
     Problems<(p::ZookeeperUnavailable,)>,
 ))]
-pub async fn list_elections(State(state): State<AppState>, caller: Caller) -> Result<Json<Vec<LockSummary>>, ApiError> {
-    list(&state, &caller, Kind::Election).await
+pub async fn list_elections(
+    State(state): State<AppState>,
+    caller: Caller,
+    consistency: Consistency,
+) -> Result<Json<Vec<LockSummary>>, ApiError> {
+    list(&state, &caller, Kind::Election, consistency).await
 }
 
 /// Changes the value the leader proclaims. Only the leader may: anyone else gets 409.
@@ -284,9 +289,11 @@ pub async fn get_candidate(
     caller: Caller,
     ApiPath((name, handle)): ApiPath<(String, String)>,
     ApiQuery(query): ApiQuery<HandleQuery>,
+    consistency: Consistency,
 ) -> Result<Json<CandidateView>, ApiError> {
     let candidate = find_handle(&state.elections, &caller, &name, &handle)?;
     contention::wait_for_news(&state, &candidate, query.wait).await;
+    super::consistency::confirm(&candidate.lease, consistency).await?;
     let current = candidate.state();
     let (position, reason) = match &current.phase {
         Phase::Waiting { position } => (

@@ -63,7 +63,8 @@ fn strip_position(message: &str) -> String {
 }
 
 /// Query parameters; unknown ones are refused (`deny_unknown_fields` on `T`) so that a typo
-/// such as `?wiat=5s` is an error instead of a silent default.
+/// such as `?wiat=5s` is an error instead of a silent default. A read's `consistency` is
+/// [super::consistency::Consistency]'s, not `T`'s: it is left to that extractor on a `GET`.
 pub struct ApiQuery<T>(pub T);
 
 impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for ApiQuery<T> {
@@ -71,7 +72,15 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for ApiQuery<T> {
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, ApiError> {
         let query = parts.uri.query().unwrap_or_default();
-        let deserializer = serde_urlencoded::Deserializer::new(form_urlencoded_parse(query));
+        let read = parts.method == axum::http::Method::GET;
+        let query = if read && form_urlencoded_parse(query).any(|(name, _)| name == super::consistency::PARAMETER) {
+            let mut rest = form_urlencoded::Serializer::new(String::new());
+            rest.extend_pairs(form_urlencoded_parse(query).filter(|(name, _)| name != super::consistency::PARAMETER));
+            std::borrow::Cow::Owned(rest.finish())
+        } else {
+            std::borrow::Cow::Borrowed(query)
+        };
+        let deserializer = serde_urlencoded::Deserializer::new(form_urlencoded_parse(&query));
         serde_path_to_error::deserialize(deserializer)
             .map(ApiQuery)
             .map_err(|err| {

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use super::consistency::Consistency;
 use super::error::{ApiError, Place, Problem, Problems, p};
 use super::extract::{ApiJson, ApiPath, ApiQuery};
 use super::leases::{LeaseView, lease_for, lease_gone};
@@ -207,6 +208,7 @@ pub async fn members(
     State(state): State<AppState>,
     ApiPath(group): ApiPath<String>,
     ApiQuery(query): ApiQuery<GroupQuery>,
+    consistency: Consistency,
 ) -> Result<Json<GroupState>, ApiError> {
     names(&group, None)?;
     if query.wait.is_some() && query.index.is_none() {
@@ -216,7 +218,7 @@ pub async fn members(
             "needs `index` (from a previous answer) to wait for a change",
         ));
     }
-    let client = state.zk().current()?.client;
+    let client = super::consistency::reader(&state, consistency).await?;
     if let (Some(index), Some(wait)) = (query.index, query.wait) {
         let wait = wait.0.min(state.config.max_wait);
         let dir = state.groups.dir(&group);
@@ -231,8 +233,12 @@ pub async fn members(
     (status = 200, body = Vec<GroupSummary>),
     Problems<(p::ZookeeperUnavailable,)>,
 ))]
-pub async fn list_groups(State(state): State<AppState>, caller: Caller) -> Result<Json<Vec<GroupSummary>>, ApiError> {
-    let names = readable(&state, &caller, Kind::Group).await?;
+pub async fn list_groups(
+    State(state): State<AppState>,
+    caller: Caller,
+    consistency: Consistency,
+) -> Result<Json<Vec<GroupSummary>>, ApiError> {
+    let names = readable(&state, &caller, Kind::Group, consistency).await?;
     Ok(Json(
         names
             .into_iter()

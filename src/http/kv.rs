@@ -15,6 +15,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::Resource;
+use super::consistency::Consistency;
 use super::error::{ApiError, Place, Problem, Problems, p};
 use super::extract::{ApiPath, ApiQuery};
 use crate::AppState;
@@ -169,6 +170,7 @@ pub async fn get_value(
     State(state): State<AppState>,
     ApiPath(key): ApiPath<String>,
     ApiQuery(query): ApiQuery<ReadQuery>,
+    consistency: Consistency,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     check_key(&key)?;
@@ -183,7 +185,7 @@ pub async fn get_value(
         }
         None => None,
     };
-    let client = state.zk().current()?.client;
+    let client = super::consistency::reader(&state, consistency).await?;
     let path = format!("{}/kv/{key}", state.config.root);
     if let (Some(version), Some(wait)) = (known, query.wait) {
         let wait = wait.0.min(state.config.max_wait);
@@ -345,6 +347,7 @@ pub async fn list_keys(
     State(state): State<AppState>,
     caller: Caller,
     ApiQuery(query): ApiQuery<ListQuery>,
+    consistency: Consistency,
 ) -> Result<axum::Json<KeyList>, ApiError> {
     let prefix = query.prefix.unwrap_or_default();
     let path = if prefix.is_empty() {
@@ -353,7 +356,7 @@ pub async fn list_keys(
         check_key(&prefix).map_err(|_| ApiError::invalid(Place::Query, "prefix", "must be a valid key (`a/b`)"))?;
         format!("{}/kv/{prefix}", state.config.root)
     };
-    let client = state.zk().current()?.client;
+    let client = super::consistency::reader(&state, consistency).await?;
     match config::children(&client, &path).await? {
         Some(keys) => {
             // Only the keys the caller may read (a principal limited to `app/` lists with

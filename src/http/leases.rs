@@ -13,6 +13,7 @@ use std::time::Duration;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use super::consistency::Consistency;
 use super::error::{ApiError, Place, Problem, Problems, p};
 use super::extract::{ApiJson, ApiPath};
 use crate::AppState;
@@ -211,8 +212,10 @@ pub async fn get_lease(
     State(state): State<AppState>,
     caller: Caller,
     ApiPath(id): ApiPath<String>,
+    consistency: Consistency,
 ) -> Result<Json<LeaseView>, ApiError> {
     let lease = state.leases.get(&caller, &id)?;
+    super::consistency::confirm(&lease, consistency).await?;
     Ok(Json(LeaseView::of(&lease)))
 }
 

@@ -8,6 +8,7 @@ use axum::response::Response;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use super::consistency::Consistency;
 use super::contention::{
     self, AcquireBody, AcquireParams, Acquisition, HandleQuery, HandleView, RevokeBody, Revoked, find_handle,
 };
@@ -89,8 +90,12 @@ state_handler!(
     (status = 200, body = Vec<LockSummary>),
     Problems<(p::ZookeeperUnavailable,)>,
 ))]
-pub async fn list_locks(State(state): State<AppState>, caller: Caller) -> Result<Json<Vec<LockSummary>>, ApiError> {
-    list(&state, &caller, Kind::Lock).await
+pub async fn list_locks(
+    State(state): State<AppState>,
+    caller: Caller,
+    consistency: Consistency,
+) -> Result<Json<Vec<LockSummary>>, ApiError> {
+    list(&state, &caller, Kind::Lock, consistency).await
 }
 
 /// Reads a handle: waiting (with position), held (with fencing token) or lost (with reason).
@@ -105,9 +110,11 @@ pub async fn get_handle(
     caller: Caller,
     ApiPath((name, handle)): ApiPath<(String, String)>,
     ApiQuery(query): ApiQuery<HandleQuery>,
+    consistency: Consistency,
 ) -> Result<Json<HandleView>, ApiError> {
     let contender = find_handle(&state.locks, &caller, &name, &handle)?;
     contention::wait_for_news(&state, &contender, query.wait).await;
+    super::consistency::confirm(&contender.lease, consistency).await?;
     Ok(Json(contention::handle_view(&state, &contender).await))
 }
 
@@ -166,9 +173,10 @@ pub async fn revocations(
     State(state): State<AppState>,
     caller: Caller,
     ApiQuery(query): ApiQuery<AuditQuery>,
+    consistency: Consistency,
 ) -> Result<Json<Vec<Revocation>>, ApiError> {
     let limit = query.limit.unwrap_or(100).min(AUDIT_KEPT);
-    let client = state.zk().current()?.client;
+    let client = super::consistency::reader(&state, consistency).await?;
     let mut records = read_audit(&client, &format!("{}/revocations", state.config.root), limit).await?;
     records.retain(|r| {
         Kind::from_topic(&r.kind).is_some_and(|kind| caller.may(kind.auth(), &r.lock, crate::auth::Access::Read))

@@ -9,6 +9,7 @@
 
 pub mod auth;
 mod barriers;
+pub mod consistency;
 mod contention;
 mod double_barriers;
 mod elections;
@@ -33,6 +34,7 @@ use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::http::Uri;
 use axum::response::IntoResponse;
+use consistency::Consistency;
 use utoipa::OpenApi;
 use utoipa::openapi::tag::TagBuilder;
 use utoipa_axum::router::OpenApiRouter;
@@ -201,9 +203,10 @@ macro_rules! state_handler {
         pub async fn $handler(
             axum::extract::State(state): axum::extract::State<$crate::AppState>,
             $crate::http::extract::ApiPath(name): $crate::http::extract::ApiPath<String>,
+            consistency: $crate::http::consistency::Consistency,
         ) -> Result<axum::Json<$state>, $crate::http::error::ApiError> {
             $crate::http::check_name(&name)?;
-            $crate::http::read(&state, source(&state, &name)).await
+            $crate::http::read(&state, source(&state, &name), consistency).await
         }
     };
 }
@@ -225,8 +228,9 @@ pub async fn readable(
     state: &AppState,
     caller: &crate::auth::Caller,
     kind: Kind,
+    consistency: Consistency,
 ) -> Result<Vec<(String, i32)>, ApiError> {
-    let client = state.zk().current()?.client;
+    let client = consistency::reader(state, consistency).await?;
     let names = crate::recipes::read_names(&client, &kind.base(&state.config.root)).await?;
     Ok(names
         .into_iter()
@@ -239,8 +243,9 @@ pub async fn list(
     state: &AppState,
     caller: &crate::auth::Caller,
     kind: Kind,
+    consistency: Consistency,
 ) -> Result<Json<Vec<LockSummary>>, ApiError> {
-    let names = readable(state, caller, kind).await?;
+    let names = readable(state, caller, kind, consistency).await?;
     Ok(Json(
         names
             .into_iter()
@@ -249,10 +254,22 @@ pub async fn list(
     ))
 }
 
-/// `GET` of a resource: its state, as its topic carries it, read on the primary session.
-pub async fn read<S: Source>(state: &AppState, source: S) -> Result<Json<S::State>, ApiError> {
-    let client = state.zk().current()?.client;
+/// `GET` of a resource: its state, as its topic carries it, read on the primary session at
+/// `consistency`.
+pub async fn read<S: Source>(
+    state: &AppState,
+    source: S,
+    consistency: Consistency,
+) -> Result<Json<S::State>, ApiError> {
+    let client = consistency::reader(state, consistency).await?;
     Ok(Json(source.read(&client).await?))
+}
+
+/// What the spec says beyond each operation's own declaration: the guards' problems and
+/// bearer auth ([document_auth]), and `?consistency=` on the reads ([consistency::document]).
+pub fn document(spec: &mut utoipa::openapi::OpenApi) {
+    document_auth(spec);
+    consistency::document(spec);
 }
 
 /// Bearer tokens in the spec: the scheme, and on every operation but the probes the

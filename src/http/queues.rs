@@ -14,6 +14,7 @@ use tokio::time::Instant;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use super::consistency::Consistency;
 use super::error::{ApiError, Place, Problem, Problems, p};
 use super::extract::{ApiPath, ApiQuery};
 use super::{LockSummary, Resource, check_name, list, state_handler};
@@ -464,6 +465,7 @@ pub async fn items(
     State(state): State<AppState>,
     ApiPath(name): ApiPath<String>,
     ApiQuery(query): ApiQuery<ItemsQuery>,
+    consistency: Consistency,
 ) -> Result<Json<Vec<Waiting>>, ApiError> {
     check_name(&name)?;
     let limit = query.limit.unwrap_or(100);
@@ -474,7 +476,7 @@ pub async fn items(
             format!("must be 1 to {MAX_LISTED}"),
         ));
     }
-    let client = state.zk().current()?.client;
+    let client = super::consistency::reader(&state, consistency).await?;
     let items = queue::list(&client, &state.queues.paths(&name).items, limit).await?;
     Ok(Json(
         items
@@ -494,9 +496,10 @@ pub async fn items(
 pub async fn dead_letters(
     State(state): State<AppState>,
     ApiPath(name): ApiPath<String>,
+    consistency: Consistency,
 ) -> Result<Json<Vec<Waiting>>, ApiError> {
     check_name(&name)?;
-    let client = state.zk().current()?.client;
+    let client = super::consistency::reader(&state, consistency).await?;
     let dead = queue::list(&client, &state.queues.paths(&name).dead, 1000).await?;
     Ok(Json(
         dead.into_iter()
@@ -534,6 +537,10 @@ pub async fn replay(
     (status = 200, body = Vec<LockSummary>),
     Problems<(p::ZookeeperUnavailable,)>,
 ))]
-pub async fn list_queues(State(state): State<AppState>, caller: Caller) -> Result<Json<Vec<LockSummary>>, ApiError> {
-    list(&state, &caller, Kind::Queue).await
+pub async fn list_queues(
+    State(state): State<AppState>,
+    caller: Caller,
+    consistency: Consistency,
+) -> Result<Json<Vec<LockSummary>>, ApiError> {
+    list(&state, &caller, Kind::Queue, consistency).await
 }

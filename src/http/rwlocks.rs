@@ -8,6 +8,7 @@ use axum::response::Response;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use super::consistency::Consistency;
 use super::contention::{
     self, AcquireBody, AcquireParams, Acquisition, HandleQuery, HandleView, RevokeBody, Revoked, find_handle,
 };
@@ -105,8 +106,12 @@ state_handler!(
     (status = 200, body = Vec<LockSummary>),
     Problems<(p::ZookeeperUnavailable,)>,
 ))]
-pub async fn list_rwlocks(State(state): State<AppState>, caller: Caller) -> Result<Json<Vec<LockSummary>>, ApiError> {
-    list(&state, &caller, Kind::RwLock).await
+pub async fn list_rwlocks(
+    State(state): State<AppState>,
+    caller: Caller,
+    consistency: Consistency,
+) -> Result<Json<Vec<LockSummary>>, ApiError> {
+    list(&state, &caller, Kind::RwLock, consistency).await
 }
 
 /// Reads a handle: waiting (with position), held (with fencing token) or lost (with reason).
@@ -121,9 +126,11 @@ pub async fn get_handle(
     caller: Caller,
     ApiPath((name, handle)): ApiPath<(String, String)>,
     ApiQuery(query): ApiQuery<HandleQuery>,
+    consistency: Consistency,
 ) -> Result<Json<HandleView>, ApiError> {
     let contender = find_handle(&state.rwlocks, &caller, &name, &handle)?;
     contention::wait_for_news(&state, &contender, query.wait).await;
+    super::consistency::confirm(&contender.lease, consistency).await?;
     Ok(Json(contention::handle_view(&state, &contender).await))
 }
 

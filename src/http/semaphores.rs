@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use super::consistency::Consistency;
 use super::contention::{self, AcquireBody, Request, held_since};
 use super::error::{ApiError, Place, Problem, Problems, p};
 use super::extract::{ApiJson, ApiPath, ApiQuery};
@@ -183,8 +184,9 @@ state_handler!(
 pub async fn list_semaphores(
     State(state): State<AppState>,
     caller: Caller,
+    consistency: Consistency,
 ) -> Result<Json<Vec<LockSummary>>, ApiError> {
-    list(&state, &caller, Kind::Semaphore).await
+    list(&state, &caller, Kind::Semaphore, consistency).await
 }
 
 /// Reads a permit request.
@@ -198,8 +200,10 @@ pub async fn get_permit(
     State(state): State<AppState>,
     caller: Caller,
     ApiPath((name, handle)): ApiPath<(String, String)>,
+    consistency: Consistency,
 ) -> Result<Json<PermitView>, ApiError> {
     let permit = contention::find_handle(&state.semaphores, &caller, &name, &handle)?;
+    super::consistency::confirm(&permit.lease, consistency).await?;
     Ok(Json(permit_view(&permit)))
 }
 

@@ -12,6 +12,7 @@ use serde::Deserialize;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use super::consistency::Consistency;
 use super::error::{ApiError, Place, Problem, Problems, p};
 use super::extract::{ApiJson, ApiPath, ApiQuery};
 use super::leases::{lease_for, lease_gone};
@@ -188,9 +189,10 @@ pub async fn get_txn(
     State(state): State<AppState>,
     ApiPath(id): ApiPath<String>,
     ApiQuery(query): ApiQuery<TxnQuery>,
+    consistency: Consistency,
 ) -> Result<Json<TxnState>, ApiError> {
     check_name(&id)?;
-    let client = state.zk().current()?.client;
+    let client = super::consistency::reader(&state, consistency).await?;
     let dir = state.txn_members.dir(&id);
     let Some(record) = txn::read(&client, &dir).await? else {
         return Err(not_found(&id));
@@ -316,6 +318,10 @@ async fn participant_of(
     (status = 200, body = Vec<LockSummary>),
     Problems<(p::ZookeeperUnavailable,)>,
 ))]
-pub async fn list_txns(State(state): State<AppState>, caller: Caller) -> Result<Json<Vec<LockSummary>>, ApiError> {
-    list(&state, &caller, Kind::Txn).await
+pub async fn list_txns(
+    State(state): State<AppState>,
+    caller: Caller,
+    consistency: Consistency,
+) -> Result<Json<Vec<LockSummary>>, ApiError> {
+    list(&state, &caller, Kind::Txn, consistency).await
 }

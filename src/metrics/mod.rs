@@ -56,6 +56,8 @@ pub struct Metrics {
     pub subscriptions: IntGauge,
     pub resyncs: IntCounterVec,
     pub zookeeper_requests: Histogram,
+    pub zookeeper_syncs: IntCounter,
+    pub linearizable_reads: IntCounter,
     // Read when scraped.
     queue_depth: IntGaugeVec,
     queue_in_flight: IntGaugeVec,
@@ -188,6 +190,24 @@ impl Metrics {
                 )
                 .buckets(REQUEST_BUCKETS.to_vec());
                 let metric = Histogram::with_opts(opts).expect("valid histogram");
+                r.register(Box::new(metric.clone())).expect("unique metric");
+                metric
+            },
+            zookeeper_syncs: {
+                let metric = IntCounter::new(
+                    "zkgate_zookeeper_syncs_total",
+                    "ZooKeeper syncs sent for linearizable reads (shared by the reads that may share them).",
+                )
+                .expect("valid counter");
+                r.register(Box::new(metric.clone())).expect("unique metric");
+                metric
+            },
+            linearizable_reads: {
+                let metric = IntCounter::new(
+                    "zkgate_linearizable_reads_total",
+                    "Reads that waited for a ZooKeeper sync (the default consistency).",
+                )
+                .expect("valid counter");
                 r.register(Box::new(metric.clone())).expect("unique metric");
                 metric
             },

@@ -47,10 +47,13 @@ pub async fn lower(client: &Client, path: &str) -> Result<bool, ZkError> {
     }
 }
 
-/// Waits until the barrier at `path` is down (its node does not exist).
+/// Waits until the barrier at `path` is down (its node does not exist), as read by the shared
+/// watch from now on: not as the watch last knew it, which may be older than a raise already
+/// acknowledged (a waiter must not pass a barrier raised before it came). Waiters arriving
+/// together share the watch's reads ([crate::zk::watch::Subscription::read_fresh]).
 pub async fn wait_down(watches: &ExistsWatches, path: &str) {
     let mut subscription = watches.subscribe(path);
-    let _ = subscription.state.wait_for(|known| matches!(known, Some(None))).await;
+    subscription.read_fresh(|known| matches!(known, Some(None))).await;
 }
 
 /// A barrier: what `GET /v1/barriers/{name}` answers and the `barrier` topic carries.

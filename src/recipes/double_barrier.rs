@@ -122,7 +122,7 @@ pub async fn enter(
             make_ready(client, dir).await?;
             return Ok(true);
         }
-        let appeared = ready.state.wait_for(|known| matches!(known, Some(Some(_))));
+        let appeared = ready.wait_for(|known| matches!(known, Some(Some(_))));
         if tokio::time::timeout_at(deadline, appeared).await.is_err() {
             return Ok(false);
         }
@@ -157,7 +157,7 @@ pub async fn leave(
             }
         };
         let mut gone = watches.subscribe(&format!("{dir}/{target}"));
-        let deleted = gone.state.wait_for(|known| matches!(known, Some(None)));
+        let deleted = gone.wait_for(|known| matches!(known, Some(None)));
         if tokio::time::timeout_at(deadline, deleted).await.is_err() {
             return Ok(false);
         }

@@ -210,6 +210,30 @@ impl Lease {
         Ok(session.client)
     }
 
+    /// That the lease's session was alive after this was called: a `sync` on it, which
+    /// ZooKeeper refuses once it has expired the session (perhaps before this instance has
+    /// heard). A read of the lease or of what it holds confirms it first, so that it never
+    /// shows as alive a lease whose znodes another session may already have replaced.
+    ///
+    /// # Notable errors
+    /// * [LeaseError::Ended] (`session_lost`) when the session has ended.
+    /// * [LeaseError::Unavailable] while ZooKeeper cannot be reached.
+    pub async fn confirm(&self) -> Result<(), LeaseError> {
+        let session = self.zk.connected().await?;
+        let ended = || LeaseError::Ended {
+            id: self.id.clone(),
+            reason: EndReason::SessionLost,
+        };
+        if session.generation != self.generation {
+            return Err(ended());
+        }
+        match session.sync().await {
+            Ok(()) => Ok(()),
+            Err(zookeeper_client::Error::SessionExpired) => Err(ended()),
+            Err(_) => Err(Unavailable::Disconnected.into()),
+        }
+    }
+
     /// Attaches a holding; refused once the lease has ended, so nothing is attached to a lease
     /// that will never clean it up.
     pub fn attach(&self, holding: Arc<dyn Holding>) -> bool {

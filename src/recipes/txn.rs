@@ -481,7 +481,7 @@ mod io {
         let deadline = crate::time::instant_after(crate::time::until_ms(deadline_ms));
         let mut decided = watches.subscribe(&format!("{dir}/decision"));
         let appeared = async {
-            let _ = decided.state.wait_for(|known| matches!(known, Some(Some(_)))).await;
+            decided.wait_for(|known| matches!(known, Some(Some(_)))).await;
         };
         tokio::select! {
             _ = appeared => {}

@@ -10,6 +10,7 @@ pub mod recursive;
 pub mod security;
 pub mod server;
 pub mod session;
+pub mod sync;
 pub mod watch;
 
 pub use acl::acls;

@@ -32,6 +32,7 @@ use zookeeper_client::{Client, CreateMode, SessionInfo, SessionState};
 
 use super::acl::AclPolicy;
 use super::security::{ConnectError, ZkSecurity};
+use super::sync::Syncs;
 
 /// What a caller sees of the connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
@@ -50,6 +51,8 @@ pub enum Connection {
 pub struct Status {
     /// The current client, if a session has been established.
     pub client: Option<Client>,
+    /// The `sync`s of that client's linearizable reads ([super::sync]).
+    pub syncs: Arc<Syncs>,
     /// Incremented with every new session; 0 before the first one.
     pub generation: u64,
     pub connection: Connection,
@@ -64,6 +67,22 @@ pub struct Status {
 pub struct Session {
     pub client: Client,
     pub generation: u64,
+    syncs: Arc<Syncs>,
+}
+
+impl Session {
+    /// Waits until this session's server has caught up with every write acknowledged before
+    /// the call, by anyone on any server, so that a read on [Session::client] after it is
+    /// linearizable (see [super::sync]; concurrent callers share the `sync`s). Retried on a
+    /// connection loss: a `sync` is safe to repeat.
+    pub async fn sync(&self) -> Result<(), zookeeper_client::Error> {
+        super::retry_on_loss(|| self.syncs.sync(&self.client)).await
+    }
+
+    /// How many `sync`s this session has sent.
+    pub fn syncs_sent(&self) -> u64 {
+        self.syncs.sent()
+    }
 }
 
 /// Errors of [ZkSession::current].
@@ -112,6 +131,7 @@ impl ZkSession {
         let (hosts, chroot) = split_chroot(connect);
         let (sender, status) = watch::channel(Status {
             client: None,
+            syncs: Arc::default(),
             generation: 0,
             connection: Connection::Connecting,
             connects: 0,
@@ -153,6 +173,7 @@ impl ZkSession {
             (Some(client), Connection::Connected) => Ok(Session {
                 client: client.clone(),
                 generation: status.generation,
+                syncs: status.syncs.clone(),
             }),
             (_, Connection::Disconnected) => Err(Unavailable::Disconnected),
             _ => Err(Unavailable::NoSession),
@@ -281,6 +302,10 @@ impl Supervisor {
         self.status.send_modify(|s| {
             if connection == Connection::Connected {
                 s.connects += 1;
+            }
+            if client.is_some() {
+                // A new client's reads share only its own `sync`s.
+                s.syncs = Arc::default();
             }
             s.client = client;
             s.generation = generation;

@@ -30,7 +30,13 @@ pub enum Mode {
 }
 
 struct Entry {
-    state: watch::Sender<Known>,
+    /// The state, with the number of the read that saw it.
+    state: watch::Sender<(Known, u64)>,
+    /// How many reads the task has sent (each numbered, from 1).
+    issued: std::sync::atomic::AtomicU64,
+    /// Asks the task for a read now ([Subscription::read_fresh]); one stored permit, so that
+    /// the askers of one moment share one read.
+    refresh: tokio::sync::Notify,
     /// How many subscriptions are live.
     listeners: watch::Sender<usize>,
 }
@@ -47,8 +53,57 @@ pub struct ExistsWatches {
 
 /// A live subscription to a path's state; dropping it lets the watch go when it was the last.
 pub struct Subscription {
-    pub state: watch::Receiver<Known>,
+    state: watch::Receiver<(Known, u64)>,
     entry: Arc<Entry>,
+}
+
+impl Subscription {
+    /// Waits until the path's known state satisfies `wanted` (at once if it does now).
+    ///
+    /// The known state may lag a read the caller has just made on the same session: it was
+    /// read when the watch last fired, and its next read may still be on its way. So a caller
+    /// that acts on a state it has not read itself (a decision that, once made, stays) may use
+    /// this; one that has just read the path itself and saw the opposite uses
+    /// [Subscription::read_fresh].
+    pub async fn wait_for(&mut self, wanted: impl Fn(&Known) -> bool) {
+        let _ = self.state.wait_for(|(known, _)| wanted(known)).await;
+    }
+
+    /// The path's last known state.
+    pub fn known(&self) -> Known {
+        self.state.borrow().0
+    }
+
+    /// The path's last known state, marked as seen (for [Subscription::changed]).
+    pub fn see(&mut self) -> Known {
+        self.state.borrow_and_update().0
+    }
+
+    /// Makes the next [Subscription::changed] return at once.
+    pub fn mark_changed(&mut self) {
+        self.state.mark_changed();
+    }
+
+    /// Waits for the next state the watch publishes; `false` if it never will.
+    pub async fn changed(&mut self) -> bool {
+        self.state.changed().await.is_ok()
+    }
+
+    /// Waits until a read of the path sent after this call satisfies `wanted`, asking the watch
+    /// for one now: the path's state as of this moment at the earliest, never an older one the
+    /// watch still holds (a barrier down before it was raised again). The askers of one moment
+    /// share the read (the one in flight when a caller asks was sent before it: not its to
+    /// share; the next one is), so a thousand waiters arriving together cost a few reads, not
+    /// a thousand. With a `sync` on the watch's session before it, the state is at least as
+    /// new as every write acknowledged before the `sync` ([crate::zk::sync]).
+    pub async fn read_fresh(&mut self, wanted: impl Fn(&Known) -> bool) {
+        let after = self.entry.issued.load(std::sync::atomic::Ordering::SeqCst);
+        self.entry.refresh.notify_one();
+        let _ = self
+            .state
+            .wait_for(|(known, read)| *read > after && wanted(known))
+            .await;
+    }
 }
 
 impl Drop for Subscription {
@@ -83,7 +138,9 @@ impl ExistsWatches {
             Some(entry) if *entry.listeners.borrow() > 0 => (entry.clone(), false),
             _ => {
                 let entry = Arc::new(Entry {
-                    state: watch::Sender::new(None),
+                    state: watch::Sender::new((None, 0)),
+                    issued: Default::default(),
+                    refresh: tokio::sync::Notify::new(),
                     listeners: watch::Sender::new(0),
                 });
                 paths.insert(key.clone(), entry.clone());
@@ -134,6 +191,8 @@ async fn keep_watching(zk: ZkSession, key: (Mode, String), entry: Arc<Entry>, pa
                 }
             }
         };
+        // Numbered before it is sent: see [Subscription::read_fresh].
+        let read = entry.issued.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
         let armed = match mode {
             Mode::Exists => retry_on_loss(|| session.client.check_and_watch_stat(&path)).await,
             Mode::Children => match retry_on_loss(|| session.client.get_and_watch_children(&path)).await {
@@ -152,9 +211,12 @@ async fn keep_watching(zk: ZkSession, key: (Mode, String), entry: Arc<Entry>, pa
             // Created between the two reads: arm the children watch now.
             Err(zookeeper_client::Error::NodeExists) => continue,
             Ok((stat, watcher)) => {
-                entry.state.send_replace(Some(stat));
+                entry.state.send_replace((Some(stat), read));
                 tokio::select! {
                     _ = watcher.changed() => {}
+                    // Read again (and re-arm the same watch: ZooKeeper keeps one per path and
+                    // session) for a subscriber that needs a state newer than this one.
+                    _ = entry.refresh.notified() => {}
                     _ = listeners.wait_for(|n| *n == 0) => {
                         if leave_if_idle(&key, &entry, &paths) { return }
                     }

@@ -245,8 +245,8 @@ async fn pump(
 ) {
     loop {
         tokio::select! {
-            changed = subscription.state.changed() => {
-                if changed.is_err() {
+            changed = subscription.changed() => {
+                if !changed {
                     break;
                 }
                 waiting.item.notify_one();
