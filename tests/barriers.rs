@@ -93,3 +93,34 @@ async fn a_lease_bound_barrier_falls_with_its_lease_and_waits_end_clearly() {
     assert_eq!(passed.status, StatusCode::OK, "{passed:?}");
     assert_eq!(gate.get("/v1/barriers/gate").await.body["up"], false);
 }
+
+/// A waiter that comes after a raise was acknowledged waits, even while the instance's shared
+/// watch still holds the barrier as it was before the raise (its next read on its way): the
+/// wait asks the watch for a read of its own moment.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_arriving_after_a_raise_never_passes_on_the_watch_s_older_state() {
+    let zk = zookeeper().await;
+    let gate = Gate::start(&zk.connect_string()).await;
+    // The watch is kept alive between rounds, knowing the barrier down.
+    let _watching = gate
+        .running
+        .state
+        .barrier_watches
+        .subscribe("/zkgate/barriers/flapping");
+    for round in 0..100 {
+        for query in ["", "&consistency=sequential"] {
+            let raised = gate.call(Method::PUT, "/v1/barriers/flapping", None).await;
+            assert_eq!(raised.status, StatusCode::CREATED, "{raised:?}");
+            let waited = gate.get(&format!("/v1/barriers/flapping/wait?wait=0s{query}")).await;
+            assert_eq!(
+                waited.status,
+                StatusCode::CONFLICT,
+                "round {round}{query}: passed a barrier raised before it came: {waited:?}"
+            );
+            assert_eq!(
+                gate.delete("/v1/barriers/flapping").await.status,
+                StatusCode::NO_CONTENT
+            );
+        }
+    }
+}

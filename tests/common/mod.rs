@@ -5,6 +5,7 @@
 #![allow(dead_code)] // each test binary uses a different part of the harness
 
 pub mod checker;
+pub mod linearizability;
 pub mod process;
 pub mod proxy;
 pub mod tls;
