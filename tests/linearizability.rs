@@ -544,6 +544,17 @@ fn report(what: &str, verdict: &Verdict) {
     );
 }
 
+/// Every history of the run linearizable, and enough read to say so.
+fn assert_linearizable(what: &str, verdict: &Verdict, reads: usize) {
+    report(what, verdict);
+    assert!(verdict.violations.is_empty(), "{what}: {:#?}", verdict.violations);
+    assert!(
+        verdict.reads > reads,
+        "{what}: the run read too little to say anything: {}",
+        verdict.reads
+    );
+}
+
 /// The writer's instance on the leader (which applies a write before any follower does) and
 /// the reader's on a follower: the placement where a stale read is likeliest.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -557,13 +568,7 @@ async fn reads_through_another_instance_are_linearizable_by_default() {
         Duration::from_secs(6),
     )
     .await;
-    report("default, no fault", &verdict);
-    assert!(verdict.violations.is_empty(), "{:#?}", verdict.violations);
-    assert!(
-        verdict.reads > 500,
-        "the run read too little to say anything: {}",
-        verdict.reads
-    );
+    assert_linearizable("default, no fault", &verdict, 500);
     assert!(verdict.checked_locks > 0, "no lock history could be checked");
 }
 
@@ -604,13 +609,7 @@ async fn reads_stay_linearizable_while_the_zookeeper_leader_is_killed() {
         Duration::from_secs(9),
     )
     .await;
-    report("default, leader killed", &verdict);
-    assert!(verdict.violations.is_empty(), "{:#?}", verdict.violations);
-    assert!(
-        verdict.reads > 300,
-        "the run read too little to say anything: {}",
-        verdict.reads
-    );
+    assert_linearizable("default, leader killed", &verdict, 300);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -624,11 +623,5 @@ async fn reads_stay_linearizable_while_a_follower_is_paused() {
         Duration::from_secs(9),
     )
     .await;
-    report("default, follower paused", &verdict);
-    assert!(verdict.violations.is_empty(), "{:#?}", verdict.violations);
-    assert!(
-        verdict.reads > 300,
-        "the run read too little to say anything: {}",
-        verdict.reads
-    );
+    assert_linearizable("default, follower paused", &verdict, 300);
 }

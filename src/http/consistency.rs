@@ -23,10 +23,10 @@
 //! - topics after their first read: a watch event and the read after it come in the order the
 //!   server applied them.
 
+use crate::zk::Client;
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
 use serde::Deserialize;
-use zookeeper_client::Client;
 
 use super::error::{ApiError, Place};
 use crate::AppState;

@@ -70,6 +70,13 @@ pub struct Metrics {
     zookeeper_connections: IntGauge,
 }
 
+/// A counter without labels.
+fn single_counter(registry: &Registry, name: &str, help: &str) -> IntCounter {
+    let metric = IntCounter::new(name, help).expect("valid counter");
+    registry.register(Box::new(metric.clone())).expect("unique metric");
+    metric
+}
+
 fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
     let metric = IntCounterVec::new(Opts::new(name, help), labels).expect("valid counter");
     registry.register(Box::new(metric.clone())).expect("unique metric");
@@ -160,11 +167,7 @@ impl Metrics {
                 "Items moved to the dead letters after too many deliveries.",
                 &["queue"],
             ),
-            leases_created: {
-                let metric = IntCounter::new("zkgate_leases_created_total", "Leases created.").expect("valid counter");
-                r.register(Box::new(metric.clone())).expect("unique metric");
-                metric
-            },
+            leases_created: single_counter(&r, "zkgate_leases_created_total", "Leases created."),
             leases_ended: counter(
                 &r,
                 "zkgate_leases_ended_total",
@@ -193,24 +196,16 @@ impl Metrics {
                 r.register(Box::new(metric.clone())).expect("unique metric");
                 metric
             },
-            zookeeper_syncs: {
-                let metric = IntCounter::new(
-                    "zkgate_zookeeper_syncs_total",
-                    "ZooKeeper syncs sent for linearizable reads (shared by the reads that may share them).",
-                )
-                .expect("valid counter");
-                r.register(Box::new(metric.clone())).expect("unique metric");
-                metric
-            },
-            linearizable_reads: {
-                let metric = IntCounter::new(
-                    "zkgate_linearizable_reads_total",
-                    "Reads that waited for a ZooKeeper sync (the default consistency).",
-                )
-                .expect("valid counter");
-                r.register(Box::new(metric.clone())).expect("unique metric");
-                metric
-            },
+            zookeeper_syncs: single_counter(
+                &r,
+                "zkgate_zookeeper_syncs_total",
+                "ZooKeeper syncs sent for linearizable reads (shared by the reads that may share them).",
+            ),
+            linearizable_reads: single_counter(
+                &r,
+                "zkgate_linearizable_reads_total",
+                "Reads that waited for a ZooKeeper sync (the default consistency).",
+            ),
             queue_depth: gauges(
                 &r,
                 "zkgate_queue_depth",

@@ -172,6 +172,7 @@ impl ExistsWatches {
 async fn keep_watching(zk: ZkSession, key: (Mode, String), entry: Arc<Entry>, paths: Paths) {
     let (mode, path) = (key.0, key.1.clone());
     let mut listeners = entry.listeners.subscribe();
+    let mut _replaced = None;
     loop {
         let session = tokio::select! {
             session = zk.connected() => session,
@@ -212,11 +213,16 @@ async fn keep_watching(zk: ZkSession, key: (Mode, String), entry: Arc<Entry>, pa
             Err(zookeeper_client::Error::NodeExists) => continue,
             Ok((stat, watcher)) => {
                 entry.state.send_replace((Some(stat), read));
+                let mut changed = Box::pin(watcher.changed());
+                // The watch a refresh replaced goes only now that its successor is armed: the
+                // client removes a path's watch from the server when its last watcher drops,
+                // and the path would be unwatched in between.
+                _replaced = None;
                 tokio::select! {
-                    _ = watcher.changed() => {}
-                    // Read again (and re-arm the same watch: ZooKeeper keeps one per path and
+                    _ = &mut changed => {}
+                    // Read again (arming the same watch: ZooKeeper keeps one per path and
                     // session) for a subscriber that needs a state newer than this one.
-                    _ = entry.refresh.notified() => {}
+                    _ = entry.refresh.notified() => _replaced = Some(changed),
                     _ = listeners.wait_for(|n| *n == 0) => {
                         if leave_if_idle(&key, &entry, &paths) { return }
                     }
