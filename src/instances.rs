@@ -25,6 +25,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 use crate::peer::PeerKey;
 
@@ -70,6 +71,9 @@ pub struct Instances {
     key: Option<PeerKey>,
     /// Whether the primary session's registration is in place now.
     registered: watch::Receiver<bool>,
+    /// Cancelled on the way out ([Instances::deregister]): the registrars stop making the
+    /// registrations again.
+    leaving: CancellationToken,
 }
 
 /// What [Instances::url_of] found.
@@ -97,6 +101,7 @@ impl Instances {
             dir: format!("{root}/instances").into(),
             key,
             registered,
+            leaving: CancellationToken::new(),
         };
         let mut primary = Some(primary);
         for lane in lanes.all() {
@@ -111,6 +116,7 @@ impl Instances {
                 url: me.url.clone(),
                 key: instances.key.clone(),
                 registered: if lane.lane() == 0 { primary.take() } else { None },
+                leaving: instances.leaving.clone(),
             };
             tokio::spawn(registrar.run());
         }
@@ -143,6 +149,8 @@ impl Instances {
     /// that other instances answer "gone" for its leases at once instead of trying to reach it
     /// until ZooKeeper has processed the session's end.
     pub async fn deregister(&self, me: &Instance) {
+        // First, or the registrar would see the node gone and make it again.
+        self.leaving.cancel();
         // Not connected: the session's end will remove it; do not hold the shutdown up.
         let Ok(session) = self.zk.current() else {
             return;
@@ -203,6 +211,8 @@ struct Registrar {
     key: Option<PeerKey>,
     /// Told whether the registration is in place (the primary lane's only).
     registered: Option<watch::Sender<bool>>,
+    /// The instance is leaving: stop.
+    leaving: CancellationToken,
 }
 
 impl Registrar {
@@ -213,6 +223,9 @@ impl Registrar {
         let mut status = self.zk.subscribe();
         let path = format!("{}/{}", self.dir, self.name);
         loop {
+            if self.leaving.is_cancelled() {
+                return;
+            }
             let current = status.borrow_and_update().clone();
             let Some(client) = current.client else {
                 self.set_registered(false);
@@ -237,6 +250,8 @@ impl Registrar {
                         true
                     };
                     tokio::select! {
+                        biased;
+                        _ = self.leaving.cancelled() => return,
                         lost = registry::lost(&client, &path) => match lost {
                             Ok(()) => {
                                 self.set_registered(false);
