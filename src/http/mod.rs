@@ -319,23 +319,28 @@ pub fn document_auth(spec: &mut utoipa::openapi::OpenApi) {
             if forward::may_forward(path, &method) {
                 guards.extend([Problem::NotForwarded, Problem::InstanceUnavailable]);
             }
-            let responses = &mut operation.responses.responses;
-            // A problem the operation declares itself is not described twice.
-            guards.retain(|problem| {
-                !responses.values().any(|r| match r {
-                    utoipa::openapi::RefOr::T(r) => r.description.contains(&format!("`{}`", problem.slug())),
-                    utoipa::openapi::RefOr::Ref(_) => false,
-                })
-            });
-            for (status, response) in error::responses(&guards) {
-                match (responses.get_mut(&status), response) {
-                    (Some(utoipa::openapi::RefOr::T(existing)), utoipa::openapi::RefOr::T(more)) => {
-                        existing.description = format!("{}; {}", existing.description, more.description);
-                    }
-                    (_, response) => {
-                        responses.insert(status, response);
-                    }
-                }
+            declare(operation, guards);
+        }
+    }
+}
+
+/// Adds `problems` to the responses `operation` documents, but for those it declares itself
+/// (which are not described twice).
+pub fn declare(operation: &mut utoipa::openapi::path::Operation, mut problems: Vec<error::Problem>) {
+    let responses = &mut operation.responses.responses;
+    problems.retain(|problem| {
+        !responses.values().any(|r| match r {
+            utoipa::openapi::RefOr::T(r) => r.description.contains(&format!("`{}`", problem.slug())),
+            utoipa::openapi::RefOr::Ref(_) => false,
+        })
+    });
+    for (status, response) in error::responses(&problems) {
+        match (responses.get_mut(&status), response) {
+            (Some(utoipa::openapi::RefOr::T(existing)), utoipa::openapi::RefOr::T(more)) => {
+                existing.description = format!("{}; {}", existing.description, more.description);
+            }
+            (_, response) => {
+                responses.insert(status, response);
             }
         }
     }
