@@ -133,6 +133,27 @@ pub struct ServeConfig {
     #[arg(long, env = "ZKGATE_WS_IDLE_TIMEOUT", default_value = "45s", value_parser = duration)]
     pub ws_idle_timeout: Duration,
 
+    /// Events each topic keeps so that a subscriber that reconnects (an SSE client's
+    /// `Last-Event-ID`, a socket's `since`) resumes without the state again; a longer gap gets
+    /// a `resync`.
+    #[arg(long, env = "ZKGATE_EVENT_BACKLOG", default_value_t = 64, value_parser = positive)]
+    pub event_backlog: usize,
+
+    /// How long a topic stays live (with its ZooKeeper watches and recent events) after its last
+    /// subscriber left, so that one that reconnects can resume. `0s`: not at all.
+    #[arg(long, env = "ZKGATE_EVENT_LINGER", default_value = "30s", value_parser = duration)]
+    pub event_linger: Duration,
+
+    /// Most topics lingering without a subscriber at once; past it a topic ends with its last
+    /// subscriber (and a client that comes back gets the state again).
+    #[arg(long, env = "ZKGATE_MAX_LINGERING_TOPICS", default_value_t = 1024)]
+    pub max_lingering_topics: usize,
+
+    /// How long a response (an event stream included) may go without the client taking any of
+    /// it before the connection is closed: a client that stops reading holds nothing for long.
+    #[arg(long, env = "ZKGATE_WRITE_TIMEOUT", default_value = "45s", value_parser = duration)]
+    pub write_timeout: Duration,
+
     /// Writes (requests other than GET) per second per principal, or per client address when
     /// auth is off; beyond it 429 with `Retry-After`. 0 turns the limit off.
     #[arg(long, env = "ZKGATE_WRITE_RATE", default_value_t = 1000)]
@@ -258,6 +279,15 @@ pub struct ServeConfig {
     pub zookeeper_security: crate::zk::security::ZkSecurity,
 }
 
+/// A count of at least one.
+fn positive(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 fn duration(text: &str) -> Result<Duration, String> {
     parse_duration(text)
 }
@@ -326,6 +356,10 @@ impl ServeConfig {
             ws_max_message: 64 * 1024,
             ws_ping_interval: Duration::from_secs(15),
             ws_idle_timeout: Duration::from_secs(45),
+            event_backlog: 64,
+            event_linger: Duration::from_secs(30),
+            max_lingering_topics: 1024,
+            write_timeout: Duration::from_secs(45),
             zookeeper_data_dir: None,
             auth_config: None,
             cors_origin: Vec::new(),
@@ -375,6 +409,7 @@ impl ServeConfig {
         });
         crate::listen::Limits {
             header_timeout: self.header_timeout,
+            write_timeout: self.write_timeout,
             max_connections,
             max_per_address: self.max_connections_per_address.unwrap_or((max_connections / 2).max(1)),
         }

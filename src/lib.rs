@@ -152,7 +152,15 @@ impl AppState {
             instance.id.clone(),
             quotas.clone(),
         );
-        let events = Events::new(zk.clone(), barrier_watches.clone());
+        let events = Events::new(
+            zk.clone(),
+            barrier_watches.clone(),
+            events::EventSettings {
+                backlog: config.event_backlog,
+                linger: config.event_linger,
+                max_lingering: config.max_lingering_topics,
+            },
+        );
         let ws_budget = ws::outbox::Budget::new(config.ws_send_budget);
         AppState(Arc::new(Shared {
             config: Arc::new(config),

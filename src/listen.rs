@@ -9,7 +9,9 @@
 //! - **time**: a connection must send a complete request head within
 //!   [Limits::header_timeout] of being accepted, and of finishing its previous response (hyper's
 //!   header-read timeout also bounds keep-alive idleness); a partial head or a silent
-//!   connection is closed then. A request being served (a long poll) is not cut.
+//!   connection is closed then. A request being served (a long poll) is not cut. A response
+//!   the client stops taking (a write that makes no progress for [Limits::write_timeout]: an
+//!   event stream, a large read, a socket) fails, and the connection with it.
 //! - **handshakes**: each TLS handshake runs in its own task, bounded by its own timeout, so a
 //!   client that connects and sends nothing never holds up the accept loop.
 //! - **files**: the process's open-file limit is raised to its hard limit at start, so that
@@ -43,6 +45,7 @@ use tower::ServiceExt;
 #[derive(Clone, Copy, Debug)]
 pub struct Limits {
     pub header_timeout: Duration,
+    pub write_timeout: Duration,
     pub max_connections: usize,
     pub max_per_address: usize,
 }
@@ -124,10 +127,46 @@ impl Drop for Slot {
 }
 
 /// A connection's IO, carrying its [Slot]: through an upgrade the IO moves to the WebSocket,
-/// and the slot with it.
+/// and the slot with it. Its writes fail once one has waited [Limits::write_timeout] for the
+/// client to take anything: a client that stops reading (its TCP window full, or gone without
+/// a word) would otherwise hold the connection, and a stream's subscriptions, for ever.
 struct Counted<IO> {
     io: IO,
     _slot: Slot,
+    write_timeout: Duration,
+    /// Set while writes are blocked: when they give up.
+    stalled: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl<IO> Counted<IO> {
+    fn new(io: IO, slot: Slot, write_timeout: Duration) -> Counted<IO> {
+        Counted {
+            io,
+            _slot: slot,
+            write_timeout,
+            stalled: None,
+        }
+    }
+
+    /// What a write that `poll` answered comes to: progress clears the stall, a wait starts
+    /// (or continues) its timer, and a wait past it is an error.
+    fn watch<T>(&mut self, cx: &mut Context<'_>, poll: Poll<io::Result<T>>) -> Poll<io::Result<T>> {
+        if poll.is_ready() {
+            self.stalled = None;
+            return poll;
+        }
+        let timeout = self.write_timeout;
+        let stalled = self
+            .stalled
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+        match stalled.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("the client took nothing for {timeout:?} (--write-timeout)"),
+            ))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
 }
 
 impl<IO: AsyncRead + Unpin> AsyncRead for Counted<IO> {
@@ -138,11 +177,13 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Counted<IO> {
 
 impl<IO: AsyncWrite + Unpin> AsyncWrite for Counted<IO> {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write(cx, buf)
+        let poll = Pin::new(&mut self.io).poll_write(cx, buf);
+        self.watch(cx, poll)
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_flush(cx)
+        let poll = Pin::new(&mut self.io).poll_flush(cx);
+        self.watch(cx, poll)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -154,7 +195,8 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Counted<IO> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+        let poll = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
+        self.watch(cx, poll)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -172,6 +214,7 @@ pub enum Listener {
 /// finish its request in flight (keep-alive off), and returns once all have closed.
 pub async fn serve(listener: Listener, caps: Arc<Caps>, app: Router, shutdown: CancellationToken) {
     let header_timeout = caps.limits.map_or(Duration::from_secs(30), |l| l.header_timeout);
+    let write_timeout = caps.limits.map_or(Duration::from_secs(45), |l| l.write_timeout);
     let (signal, signalled) = watch::channel(());
     let (closed, all_closed) = watch::channel(());
     let connection = |peer| Connection {
@@ -203,10 +246,7 @@ pub async fn serve(listener: Listener, caps: Arc<Caps>, app: Router, shutdown: C
             };
             // Small request/response exchanges: do not let Nagle's algorithm hold a reply back.
             let _ = stream.set_nodelay(true);
-            tokio::spawn(connection(peer).serve(Counted {
-                io: stream,
-                _slot: slot,
-            }));
+            tokio::spawn(connection(peer).serve(Counted::new(stream, slot, write_timeout)));
         },
         Listener::Tls(mut tls) => loop {
             let accepted = tokio::select! {
@@ -214,10 +254,7 @@ pub async fn serve(listener: Listener, caps: Arc<Caps>, app: Router, shutdown: C
                 _ = shutdown.cancelled() => break,
             };
             let Some((stream, peer, slot)) = accepted else { break };
-            tokio::spawn(connection(peer).serve(Counted {
-                io: stream,
-                _slot: slot,
-            }));
+            tokio::spawn(connection(peer).serve(Counted::new(stream, slot, write_timeout)));
         },
     }
     drop(all_closed);

@@ -372,6 +372,61 @@ async fn clients_that_never_read_cost_their_send_buffer_not_the_writes() {
     drop(silent);
 }
 
+/// An event stream whose client stops reading (its receive window full) is cut once zkgate's
+/// writes have made no progress for `--write-timeout`: the connection, its subscription and
+/// its place in the limits come back, however much is written meanwhile.
+#[tokio::test]
+async fn an_event_stream_nobody_reads_is_cut_after_the_write_timeout() {
+    let zk = zookeeper().await;
+    let mut config = test_config(&zk.connect_string());
+    config.write_timeout = Duration::from_secs(1);
+    let gate = Gate::start_with(config).await;
+    let put = |i: usize| {
+        let value = format!("{i:04}-{}", "x".repeat(64 * 1024));
+        gate.http
+            .put(format!("{}/v1/kv/big", gate.url))
+            .header("Content-Type", "text/plain")
+            .body(value)
+            .send()
+    };
+    assert!(put(0).await.expect("PUT").status().is_success());
+    let socket = TcpSocket::new_v4().expect("socket");
+    socket.set_recv_buffer_size(4096).expect("a small receive buffer");
+    let mut stream = socket.connect(gate.running.addr).await.expect("connect");
+    stream
+        .write_all(b"GET /v1/events?topic=znode:data:kv/big HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        .await
+        .expect("request");
+    let limits = &gate.running.state.limits;
+    within(
+        Duration::from_secs(10),
+        "the stream's subscription",
+        limits.wait_held("subscriptions of anyone", |n| n == 1),
+    )
+    .await;
+    // Changes keep coming while the client reads nothing.
+    let writes = async {
+        for i in 1.. {
+            assert!(put(i).await.expect("PUT").status().is_success());
+        }
+    };
+    tokio::select! {
+        _ = writes => unreachable!(),
+        _ = within(
+            Duration::from_secs(30),
+            "the stream to be cut",
+            limits.wait_held("subscriptions of anyone", |n| n == 0),
+        ) => {}
+    }
+    within(
+        Duration::from_secs(10),
+        "its connection to close",
+        gate.running.wait_connections(|open| open == 0),
+    )
+    .await;
+    drop(stream);
+}
+
 /// Long polls are capped per principal (with auth off: per client address) and on the whole
 /// instance: past either, 429 with `Retry-After` naming the limit, while other requests are
 /// served; a long poll whose client goes away gives its place back.

@@ -279,3 +279,47 @@ async fn a_topic_subscribed_amid_changes_ends_on_the_latest_state() {
         }
     }
 }
+
+/// A socket that subscribes again with `since` (the `position` of the last event it took)
+/// gets the events it missed, not the state again; a position the topic no longer keeps (or
+/// that is not a position) is answered honestly.
+#[tokio::test]
+async fn a_subscription_resumes_after_the_position_it_gives() {
+    let zk = zookeeper().await;
+    let gate = Gate::start(&zk.connect_string()).await;
+    let mut ws = Ws::connect(gate.running.addr, "/v1/ws").await;
+    let topic = json!({"znode": {"path": "kv/flag", "watch": "data"}});
+    // "W" follows all along: what the topic published meanwhile.
+    subscribe(&mut ws, "W", topic.clone()).await;
+    let first = subscribe(&mut ws, "A", topic.clone()).await;
+    let position = first["position"].as_str().expect("a position").to_string();
+    ws.send(json!({"op": "unsubscribe", "id": "A"}));
+    let mut missed = Vec::new();
+    for (i, value) in ["on", "off", "on"].into_iter().enumerate() {
+        put(&gate, "flag", value).await;
+        // Each write seen before the next: one event each.
+        loop {
+            let event = ws.next_for("W").await;
+            missed.push(event["seq"].as_u64().unwrap());
+            if event["state"]["version"] == json!(i) {
+                break;
+            }
+        }
+    }
+    ws.send(json!({"op": "subscribe", "id": "B", "topic": topic, "since": position}));
+    for seq in missed {
+        let event = ws.next_for("B").await;
+        assert_eq!(event["seq"].as_u64(), Some(seq), "the events missed, in order: {event}");
+        assert_ne!(event["type"], "state", "{event}");
+    }
+    ws.send(json!({"op": "subscribe", "id": "C", "topic": {"lock": "elsewhere"}, "since": position}));
+    let resync = ws.next_for("C").await;
+    assert_eq!(
+        (resync["type"].as_str(), resync["reason"].as_str()),
+        (Some("resync"), Some("cannot_resume"))
+    );
+    ws.send(json!({"op": "subscribe", "id": "D", "topic": {"lock": "x"}, "since": "yesterday"}));
+    let error = ws.next_for("D").await;
+    assert_eq!(error["op"], "error", "{error}");
+    assert_eq!(error["type"], "urn:zkgate:problem:malformed-message");
+}

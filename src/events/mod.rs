@@ -7,8 +7,16 @@
 //! topic's own sequence. Subscribers get the current
 //! state first, then the changes, in order; one that falls behind the topic's recent events
 //! (bounded in number and in bytes) is told so (and given the state again) rather than
-//! silently skipping events. When the last subscriber goes the task ends. However many sockets
-//! watch a topic, ZooKeeper sees one watch per instance.
+//! silently skipping events. However many sockets and streams watch a topic, ZooKeeper sees
+//! one watch per instance.
+//!
+//! Every event has a [Position]: the topic's incarnation (its `epoch`, new each time the topic
+//! starts on an instance) and its sequence number. A subscriber that comes back with the
+//! position of the last event it took resumes after it, without the state again, while the
+//! events it missed are still among the topic's recent ones ([EventSettings::backlog]); else it
+//! gets a `resync` with the state (reason `cannot_resume`). So that a client that reconnects
+//! can resume, a topic outlives its last subscriber by [EventSettings::linger] (a bounded
+//! number of topics at once, [EventSettings::max_lingering]), then its task ends.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -26,14 +34,87 @@ use crate::zk::recursive::Change;
 use crate::zk::session::{Connection, Status, ZkSession};
 use crate::zk::watch::{ExistsWatches, Mode};
 
-/// Most recent events a topic keeps for subscribers that have not taken them yet, in number and
-/// in bytes (as JSON); the last one is kept whatever its size. A subscriber that has not taken
-/// an event by the time it is dropped is told it fell behind. Subscribers hand events on at
-/// once (a socket's own queue is bounded in bytes, see [crate::ws::outbox]), so a short
-/// backlog is enough; a long one would keep that many states alive for every busy topic, a
-/// large value's changes and all.
-const BACKLOG: usize = 16;
-const BACKLOG_BYTES: usize = 256 * 1024;
+/// Most bytes (as JSON) of the recent events a topic keeps, for subscribers that have not taken
+/// them yet and for subscribers that resume; the last event is kept whatever its size. Their
+/// number is bounded by [EventSettings::backlog]. A subscriber that has not taken an event by
+/// the time it is dropped is told it fell behind. The bound in bytes keeps a large value's
+/// changes from holding many copies of it per busy topic.
+pub const BACKLOG_BYTES: usize = 256 * 1024;
+
+/// How a topic keeps its past for subscribers that resume.
+#[derive(Clone, Copy, Debug)]
+pub struct EventSettings {
+    /// Most recent events a topic keeps (and so the longest gap a resume can bridge).
+    pub backlog: usize,
+    /// How long a topic stays live after its last subscriber left, for one that reconnects.
+    pub linger: std::time::Duration,
+    /// Most topics lingering at once on the instance (each keeps its ZooKeeper watches); past
+    /// it a topic ends when its last subscriber leaves.
+    pub max_lingering: usize,
+}
+
+impl Default for EventSettings {
+    fn default() -> EventSettings {
+        EventSettings {
+            backlog: 64,
+            linger: std::time::Duration::from_secs(30),
+            max_lingering: 1024,
+        }
+    }
+}
+
+/// Where a subscriber is in a topic: the topic's incarnation on its instance and the sequence
+/// number of the last event taken. Written `<epoch in hex>-<seq>`, as clients see it (the
+/// `position` of an event, an SSE event's id, the socket's `since`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Position {
+    pub epoch: u64,
+    pub seq: u64,
+}
+
+impl std::fmt::Display for Position {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:x}-{}", self.epoch, self.seq)
+    }
+}
+
+impl std::str::FromStr for Position {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Position, String> {
+        let invalid = || {
+            format!(
+                "`{}` is not an event position (`<epoch>-<seq>`, as events carry it)",
+                text.escape_debug()
+            )
+        };
+        let (epoch, seq) = text.split_once('-').ok_or_else(invalid)?;
+        let hex = |s: &str| !s.is_empty() && s.len() <= 16 && s.bytes().all(|b| b.is_ascii_hexdigit());
+        let digits = |s: &str| !s.is_empty() && s.len() <= 20 && s.bytes().all(|b| b.is_ascii_digit());
+        if !hex(epoch) || !digits(seq) {
+            return Err(invalid());
+        }
+        Ok(Position {
+            epoch: u64::from_str_radix(epoch, 16).map_err(|_| invalid())?,
+            seq: seq.parse().map_err(|_| invalid())?,
+        })
+    }
+}
+
+impl Serialize for Position {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+/// A new topic incarnation's epoch: random high bits per process (so that a restarted instance
+/// does not reuse its predecessor's), a counter below.
+fn next_epoch() -> u64 {
+    static BASE: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    static COUNT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let base = *BASE.get_or_init(|| u64::from(rand::random::<u32>()) << 32);
+    base.wrapping_add(COUNT.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+}
 
 /// A topic's state, shared by its events and the subscribers they reach (never copied per
 /// subscriber).
@@ -48,6 +129,9 @@ pub struct Event {
     /// subscriber sees consecutive numbers unless it is told (by a `resync`) that it missed
     /// some.
     pub seq: u64,
+    /// Where this event is in the topic (its incarnation and `seq`): give it back to resume
+    /// after it.
+    pub position: Position,
     /// `state` (the first message), what changed (e.g. `leader`, `no_leader`), or `resync`:
     /// the state now, after a time in which changes may have been missed (see `reason`).
     #[serde(rename = "type")]
@@ -60,7 +144,9 @@ pub struct Event {
     /// Why a `resync` came: `reconnected` (zkgate's ZooKeeper connection dropped and came
     /// back; watches may have missed changes meanwhile), `session_expired` (zkgate's session
     /// was replaced; everything ephemeral of the old one is gone), `fell_behind` (this
-    /// subscriber did not read fast enough and events were dropped for it).
+    /// subscriber did not read fast enough and events were dropped for it), `cannot_resume`
+    /// (the position it resumed from is no longer among the topic's recent events, or is of
+    /// another incarnation of the topic).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<&'static str>,
     /// For events of a recursive znode watch: the node that changed, relative to the root.
@@ -99,12 +185,17 @@ impl Feed {
 }
 
 struct Topic {
+    /// This incarnation of the topic (see [Position]).
+    epoch: u64,
     /// The recent events, the last one published at the back.
     recent: Mutex<Recent>,
     /// The sequence number of the last event published: subscribers wait on it.
     published: watch::Sender<u64>,
-    /// How many subscriptions are live; the topic's task ends when none is.
+    /// How many subscriptions are live; the topic's task ends when none is (after lingering).
     listeners: watch::Sender<usize>,
+    /// Since its last subscriber left: until when it lingers, and whether it holds one of the
+    /// instance's lingering places.
+    lingering: Mutex<Option<(tokio::time::Instant, bool)>>,
 }
 
 /// The topics of this instance.
@@ -113,14 +204,17 @@ pub struct Events {
     zk: ZkSession,
     watches: ExistsWatches,
     topics: Arc<Mutex<HashMap<String, Arc<Topic>>>>,
+    settings: EventSettings,
+    /// How many topics hold a lingering place now.
+    lingering: Arc<std::sync::atomic::AtomicUsize>,
 }
 
-/// A topic's recent events: consecutive sequence numbers, at most [BACKLOG] of them and
+/// A topic's recent events: consecutive sequence numbers, at most `backlog` of them and
 /// [BACKLOG_BYTES] but for the last.
-#[derive(Default)]
 struct Recent {
     events: VecDeque<(Arc<Event>, usize)>,
     bytes: usize,
+    backlog: usize,
 }
 
 impl Recent {
@@ -128,7 +222,7 @@ impl Recent {
         let size = json_size(&event);
         self.events.push_back((event, size));
         self.bytes += size;
-        while self.events.len() > 1 && (self.events.len() > BACKLOG || self.bytes > BACKLOG_BYTES) {
+        while self.events.len() > 1 && (self.events.len() > self.backlog || self.bytes > BACKLOG_BYTES) {
             if let Some((_, size)) = self.events.pop_front() {
                 self.bytes -= size;
             }
@@ -164,26 +258,42 @@ fn json_size(event: &Event) -> usize {
     count.0
 }
 
-/// A subscription: the state when it began, then the events.
+/// A subscription: the state when it began (or, for one that resumed, nothing), then the
+/// events.
 pub struct Subscription {
-    pub first: Arc<Event>,
+    /// The first event, not yet handed out: the state, or the `resync` of a resume that could
+    /// not be honoured.
+    pending: Option<Arc<Event>>,
     published: watch::Receiver<u64>,
-    /// The sequence number of the last event handed out.
+    /// The sequence number of the last event handed out (or pending).
     seen: u64,
     topic: Arc<Topic>,
     name: String,
+    events: Events,
 }
 
 impl Drop for Subscription {
     fn drop(&mut self) {
-        self.topic.listeners.send_modify(|n| *n = n.saturating_sub(1));
+        let events = &self.events;
+        let topic = &self.topic;
+        topic.listeners.send_modify(|n| {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                // Under the count's lock, so that a subscriber joining now finds it set.
+                events.start_lingering(topic);
+            }
+        });
     }
 }
 
 impl Subscription {
-    /// The next event after the ones already seen (the first state included); a `resync`
-    /// with the current state if this subscriber fell behind; `None` when the topic ends.
+    /// The next event: the first state (unless this subscription resumed), then each event
+    /// after the ones already seen; a `resync` with the current state if this subscriber fell
+    /// behind; `None` when the topic ends.
     pub async fn next(&mut self) -> Option<Arc<Event>> {
+        if let Some(first) = self.pending.take() {
+            return Some(first);
+        }
         loop {
             {
                 let recent = self.topic.recent();
@@ -204,18 +314,36 @@ impl Subscription {
         }
     }
 
+    /// Where this subscriber is: the position of the last event handed out (or about to be).
+    pub fn position(&self) -> Position {
+        Position {
+            epoch: self.topic.epoch,
+            seq: self.seen,
+        }
+    }
+
+    /// The topic's name on the bus (`lock:orders`).
+    pub fn topic(&self) -> &str {
+        &self.name
+    }
+
     /// The state now, as an event of kind `resync` (reason `fell_behind`), for a subscriber
     /// that missed events; the events it covers are skipped from then on.
     pub fn resync(&mut self) -> Arc<Event> {
+        self.resync_for("fell_behind")
+    }
+
+    fn resync_for(&mut self, reason: &'static str) -> Arc<Event> {
         let (seq, state) = self.topic.last();
         self.seen = seq;
-        crate::metrics::get().resyncs.with_label_values(&["fell_behind"]).inc();
+        crate::metrics::get().resyncs.with_label_values(&[reason]).inc();
         Arc::new(Event {
             topic: self.name.clone(),
             seq,
+            position: self.position(),
             kind: "resync",
             zxid: None,
-            reason: Some("fell_behind"),
+            reason: Some(reason),
             path: None,
             state,
         })
@@ -232,6 +360,10 @@ impl Topic {
         self.recent()
             .last()
             .map_or((0, State::default()), |e| (e.seq, e.state.clone()))
+    }
+
+    fn lingering(&self) -> std::sync::MutexGuard<'_, Option<(tokio::time::Instant, bool)>> {
+        self.lingering.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -275,6 +407,10 @@ impl Publisher {
         let event = Arc::new(Event {
             topic: self.name.clone(),
             seq,
+            position: Position {
+                epoch: self.topic.epoch,
+                seq,
+            },
             kind,
             zxid,
             reason,
@@ -291,13 +427,22 @@ impl Publisher {
         &self.events.zk
     }
 
-    /// Resolves when the last subscriber has gone; the topic is then removed (under the lock
-    /// that subscribers take to join, so none is left on a topic whose task ended) and the
-    /// task should return.
+    /// Resolves when the last subscriber has gone and the topic has lingered its time without
+    /// one coming back; the topic is then removed (under the lock that subscribers take to
+    /// join, so none is left on a topic whose task ended) and the task should return. The
+    /// lingering's end is kept in the topic, so a task that asks again after each change (a
+    /// new future each time) waits for the same moment, however busy the topic is.
     pub async fn idle(&self) {
         let mut listeners = self.topic.listeners.subscribe();
         loop {
             let _ = listeners.wait_for(|n| *n == 0).await;
+            let until = self.topic.lingering().map(|(until, _)| until);
+            if let Some(until) = until {
+                tokio::select! {
+                    _ = tokio::time::sleep_until(until) => {}
+                    _ = listeners.wait_for(|n| *n > 0) => continue,
+                }
+            }
             let mut topics = self.events.topics.lock().unwrap_or_else(|e| e.into_inner());
             if *self.topic.listeners.borrow() == 0 {
                 self.remove_from(&mut topics);
@@ -317,6 +462,7 @@ impl Publisher {
         if topics.get(&self.name).is_some_and(|t| Arc::ptr_eq(t, &self.topic)) {
             topics.remove(&self.name);
         }
+        self.events.stop_lingering(&self.topic);
     }
 }
 
@@ -374,35 +520,85 @@ impl Recoveries {
 }
 
 impl Events {
-    /// The subscription to a topic already counted in: its current state, then its events.
-    async fn finish_subscribe(&self, name: &str, topic: Arc<Topic>) -> Subscription {
+    /// The subscription to a topic already counted in: its current state, or after `since`
+    /// (see [Position]), then its events.
+    async fn finish_subscribe(&self, name: &str, topic: Arc<Topic>, since: Option<Position>) -> Subscription {
         let mut published = topic.published.subscribe();
         // The topic's first read may be in flight: wait for it (it is published as seq 1).
         let _ = published.wait_for(|seq| *seq > 0).await;
-        // The state as of the subscription: after it, every change arrives as an event.
-        let (seq, state) = topic.last();
-        Subscription {
-            first: Arc::new(Event {
-                topic: name.to_string(),
-                seq,
-                kind: "state",
-                zxid: None,
-                reason: None,
-                path: None,
-                state,
-            }),
+        let mut subscription = Subscription {
+            pending: None,
             published,
-            seen: seq,
-            topic,
+            seen: 0,
+            topic: topic.clone(),
             name: name.to_string(),
+            events: self.clone(),
+        };
+        // The state as of the subscription: after it, every change arrives as an event.
+        let (last, state) = topic.last();
+        match since {
+            None => {
+                subscription.seen = last;
+                subscription.pending = Some(Arc::new(Event {
+                    topic: name.to_string(),
+                    seq: last,
+                    position: Position {
+                        epoch: topic.epoch,
+                        seq: last,
+                    },
+                    kind: "state",
+                    zxid: None,
+                    reason: None,
+                    path: None,
+                    state,
+                }));
+            }
+            Some(since)
+                if since.epoch == topic.epoch
+                    && since.seq <= last
+                    && (since.seq == last || topic.recent().get(since.seq + 1).is_some()) =>
+            {
+                // Every event after it is still kept: they follow, the state is not sent again.
+                subscription.seen = since.seq;
+            }
+            Some(_) => subscription.pending = Some(subscription.resync_for("cannot_resume")),
         }
+        subscription
     }
 
-    pub fn new(zk: ZkSession, watches: ExistsWatches) -> Events {
+    pub fn new(zk: ZkSession, watches: ExistsWatches, settings: EventSettings) -> Events {
         Events {
             zk,
             watches,
             topics: Arc::default(),
+            settings,
+            lingering: Arc::default(),
+        }
+    }
+
+    /// `topic` has lost its last subscriber: it lingers for [EventSettings::linger] if a
+    /// lingering place is free, else it ends at once. (Called under the listener count's lock.)
+    fn start_lingering(&self, topic: &Topic) {
+        use std::sync::atomic::Ordering;
+        let now = tokio::time::Instant::now();
+        let mut lingering = topic.lingering();
+        if lingering.is_some_and(|(_, place)| place) {
+            return;
+        }
+        let place = !self.settings.linger.is_zero()
+            && self
+                .lingering
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                    (n < self.settings.max_lingering).then_some(n + 1)
+                })
+                .is_ok();
+        *lingering = Some((if place { now + self.settings.linger } else { now }, place));
+    }
+
+    /// `topic` has a subscriber again, or is gone: its lingering place is free.
+    fn stop_lingering(&self, topic: &Topic) {
+        if let Some((_, true)) = topic.lingering().take() {
+            self.lingering.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
         }
     }
 
@@ -414,21 +610,34 @@ impl Events {
             .collect()
     }
 
-    /// How many topics are live on this instance (each costs one ZooKeeper watch).
+    /// How many topics are live on this instance (each costs its ZooKeeper watches), lingering
+    /// ones included.
     pub fn topics(&self) -> usize {
         self.topics.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
 
-    /// Subscribes to topic `name`, fed by `feed` (used only if the topic is not live yet).
-    pub async fn subscribe(&self, name: &str, feed: Feed) -> Subscription {
+    /// How many topics are lingering (live without a subscriber) on this instance.
+    pub fn lingering(&self) -> usize {
+        self.lingering.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Subscribes to topic `name`, fed by `feed` (used only if the topic is not live yet): from
+    /// its state now, or, with `since`, after that position (see [Position]).
+    pub async fn subscribe(&self, name: &str, feed: Feed, since: Option<Position>) -> Subscription {
         let topic = {
             let mut topics = self.topics.lock().unwrap_or_else(|e| e.into_inner());
-            match topics.get(name).filter(|t| *t.listeners.borrow() > 0) {
+            match topics.get(name) {
                 None => {
                     let topic = Arc::new(Topic {
-                        recent: Mutex::default(),
+                        epoch: next_epoch(),
+                        recent: Mutex::new(Recent {
+                            events: VecDeque::new(),
+                            bytes: 0,
+                            backlog: self.settings.backlog.max(1),
+                        }),
                         published: watch::Sender::new(0),
                         listeners: watch::Sender::new(0),
+                        lingering: Mutex::default(),
                     });
                     topics.insert(name.to_string(), topic.clone());
                     // Counted before the task starts (a task that saw no listener would
@@ -447,13 +656,20 @@ impl Events {
                     });
                     topic
                 }
+                // A lingering topic (no subscriber) is still live: its task removes it from
+                // the map, under this lock, before it ends.
                 Some(topic) => {
-                    topic.listeners.send_modify(|n| *n += 1);
+                    topic.listeners.send_modify(|n| {
+                        if *n == 0 {
+                            self.stop_lingering(topic);
+                        }
+                        *n += 1;
+                    });
                     topic.clone()
                 }
             }
         };
-        self.finish_subscribe(name, topic).await
+        self.finish_subscribe(name, topic, since).await
     }
 }
 

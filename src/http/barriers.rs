@@ -32,6 +32,7 @@ pub const RESOURCE: Resource = Resource {
 
 fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
+        .routes(routes!(barrier_events))
         .routes(routes!(list_barriers))
         .routes(routes!(barrier_state, raise, lower))
         .routes(routes!(wait))
@@ -193,3 +194,12 @@ pub async fn list_barriers(
 ) -> Result<Json<Vec<LockSummary>>, ApiError> {
     list(&state, &caller, Kind::Barrier, consistency).await
 }
+
+super::events::events_handler!(
+    /// Follows a barrier: raised or lowered, as Server-Sent Events.
+    barrier_events,
+    "/v1/barriers/{name}/events",
+    "barriers",
+    "name",
+    Kind::Barrier
+);

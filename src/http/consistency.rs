@@ -103,7 +103,8 @@ pub async fn confirm(lease: &Lease, consistency: Consistency) -> Result<(), ApiE
 }
 
 /// Adds the parameter to the spec of every operation that takes it: the `GET`s under `/v1/`
-/// (the socket and the election's observation stream excepted: they follow, not read).
+/// (the socket, the event streams and the election's observation stream excepted: they follow,
+/// not read, and each topic's first state is read after a `sync` anyway).
 pub fn document(spec: &mut utoipa::openapi::OpenApi) {
     use utoipa::openapi::path::{ParameterBuilder, ParameterIn};
     use utoipa::openapi::schema::{SchemaType, Type};
@@ -140,5 +141,8 @@ pub fn document(spec: &mut utoipa::openapi::OpenApi) {
 /// Whether `GET path` takes `?consistency=`.
 pub fn takes_it(path: &str) -> bool {
     // `/v1/leases` lists this instance's own leases, from its memory.
-    path.starts_with("/v1/") && !matches!(path, "/v1/ws" | "/v1/leases") && !path.ends_with("/observe")
+    path.starts_with("/v1/")
+        && !matches!(path, "/v1/ws" | "/v1/leases")
+        && !path.ends_with("/observe")
+        && !super::events::is_stream(path)
 }

@@ -35,6 +35,7 @@ pub const RESOURCE: Resource = Resource {
 
 fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
+        .routes(routes!(double_barrier_events))
         .routes(routes!(list_double_barriers))
         .routes(routes!(double_barrier_state))
         .routes(routes!(enter))
@@ -289,3 +290,12 @@ pub async fn list_double_barriers(
 ) -> Result<Json<Vec<LockSummary>>, ApiError> {
     list(&state, &caller, Kind::DoubleBarrier, consistency).await
 }
+
+super::events::events_handler!(
+    /// Follows a double barrier: who entered, and when it is ready and done, as Server-Sent Events.
+    double_barrier_events,
+    "/v1/double-barriers/{name}/events",
+    "barriers",
+    "name",
+    Kind::DoubleBarrier
+);

@@ -41,6 +41,7 @@ pub const RESOURCE: Resource = Resource {
 
 fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
+        .routes(routes!(election_events))
         .routes(routes!(list_elections))
         .routes(routes!(election_state))
         .routes(routes!(campaign))
@@ -341,3 +342,12 @@ pub async fn resign(
     )
     .await
 }
+
+super::events::events_handler!(
+    /// Follows an election: its leader, term and candidates, as Server-Sent Events.
+    election_events,
+    "/v1/elections/{name}/events",
+    "elections",
+    "name",
+    Kind::Election
+);

@@ -36,6 +36,7 @@ pub const RESOURCE: Resource = Resource {
 
 fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
+        .routes(routes!(group_events))
         .routes(routes!(list_groups))
         .routes(routes!(members))
         .routes(routes!(join, leave))
@@ -246,3 +247,12 @@ pub async fn list_groups(
             .collect(),
     ))
 }
+
+super::events::events_handler!(
+    /// Follows a group: its members, as Server-Sent Events.
+    group_events,
+    "/v1/groups/{group}/events",
+    "groups",
+    "group",
+    Kind::Group
+);

@@ -33,6 +33,7 @@ pub const RESOURCE: Resource = Resource {
 
 fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
+        .routes(routes!(lock_events))
         .routes(routes!(list_locks))
         .routes(routes!(lock_state))
         .routes(routes!(acquire))
@@ -183,3 +184,12 @@ pub async fn revocations(
     });
     Ok(Json(records))
 }
+
+super::events::events_handler!(
+    /// Follows a lock: its holder and waiters, as Server-Sent Events.
+    lock_events,
+    "/v1/locks/{name}/events",
+    "locks",
+    "name",
+    Kind::Lock
+);

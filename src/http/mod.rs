@@ -14,6 +14,7 @@ mod contention;
 mod double_barriers;
 mod elections;
 pub mod error;
+pub mod events;
 pub mod extract;
 pub mod forward;
 mod groups;
@@ -27,6 +28,7 @@ mod queues;
 mod routed;
 mod rwlocks;
 mod semaphores;
+pub mod topics;
 mod txns;
 
 use axum::Json;
@@ -98,6 +100,7 @@ pub const BODY_LIMIT_BYTES: usize = 512 * 1024;
     tags(
         (name = "leases", description = "Lease-style handles: TTL, keepalive, and everything held on their behalf."),
         (name = "websocket", description = "Push over WebSockets: subscriptions to every recipe and to znodes, socket-bound leases, API calls."),
+        (name = "events", description = "Push over plain HTTP: every topic a socket can subscribe to, as Server-Sent Events (`curl -N`, `EventSource`), resumable with `Last-Event-ID`."),
         (name = "health", description = "Liveness, readiness and metrics.")
     )
 )]
@@ -110,6 +113,7 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(health::healthz))
         .routes(routes!(health::readyz))
         .routes(routes!(health::metrics))
+        .routes(routes!(events::events))
         .merge(leases::routes());
     for resource in RESOURCES {
         api = api.merge((resource.routes)());
@@ -296,7 +300,7 @@ pub fn document_auth(spec: &mut utoipa::openapi::OpenApi) {
         if path == "/healthz" || path == "/readyz" {
             continue;
         }
-        let socket = path == "/v1/ws" || path.ends_with("/observe");
+        let socket = path == "/v1/ws" || path.ends_with("/observe") || events::is_stream(path);
         let operations = [
             (axum::http::Method::GET, &mut item.get),
             (axum::http::Method::PUT, &mut item.put),

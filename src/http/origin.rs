@@ -2,7 +2,7 @@
 //! everything else a foreign page could make a browser send.
 //!
 //! Two checks, for every request that changes something (anything but `GET`/`HEAD`/
-//! `OPTIONS`) or opens a socket, with auth on or off:
+//! `OPTIONS`) or opens a socket or an event stream, with auth on or off:
 //!
 //! - **Host**: it must be a name zkgate is reached by (its listen and advertised addresses,
 //!   `localhost`, an IP address, or `--allowed-host`). A page that rebinds its own name's DNS
@@ -46,7 +46,8 @@ pub fn cors(allowed: &[String]) -> CorsLayer {
 /// The layer: see the module's documentation.
 pub async fn check_origin(State(state): State<AppState>, request: Request, next: Next) -> Response {
     let safe = matches!(*request.method(), Method::GET | Method::HEAD | Method::OPTIONS);
-    let upgrade = request.headers().contains_key(header::UPGRADE);
+    // An event stream is a socket that happens to be a GET: the same checks.
+    let upgrade = request.headers().contains_key(header::UPGRADE) || super::events::is_stream(request.uri().path());
     if safe && !upgrade {
         return next.run(request).await;
     }

@@ -41,6 +41,7 @@ pub const RESOURCE: Resource = Resource {
 
 fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
+        .routes(routes!(queue_events))
         .routes(routes!(list_queues))
         .routes(routes!(queue_state))
         .routes(routes!(items, put))
@@ -544,3 +545,12 @@ pub async fn list_queues(
 ) -> Result<Json<Vec<LockSummary>>, ApiError> {
     list(&state, &caller, Kind::Queue, consistency).await
 }
+
+super::events::events_handler!(
+    /// Follows a queue: its depth, claims and dead letters, as Server-Sent Events.
+    queue_events,
+    "/v1/queues/{name}/events",
+    "queues",
+    "name",
+    Kind::Queue
+);

@@ -34,6 +34,7 @@ pub const RESOURCE: Resource = Resource {
 
 fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
+        .routes(routes!(rwlock_events))
         .routes(routes!(list_rwlocks))
         .routes(routes!(rwlock_state))
         .routes(routes!(read))
@@ -172,3 +173,12 @@ pub async fn revoke(
 fn rw_role(node: &str) -> Role {
     if is_reader(node) { Role::Read } else { Role::Write }
 }
+
+super::events::events_handler!(
+    /// Follows a read/write lock: its holders and waiters, as Server-Sent Events.
+    rwlock_events,
+    "/v1/rwlocks/{name}/events",
+    "rwlocks",
+    "name",
+    Kind::RwLock
+);

@@ -38,6 +38,7 @@ pub const RESOURCE: Resource = Resource {
 
 fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
+        .routes(routes!(semaphore_events))
         .routes(routes!(list_semaphores))
         .routes(routes!(semaphore_state))
         .routes(routes!(acquire))
@@ -222,3 +223,12 @@ pub async fn release(
     let permit = contention::find_handle(&state.semaphores, &caller, &name, &handle)?;
     contention::release(&state.semaphores, &permit).await
 }
+
+super::events::events_handler!(
+    /// Follows a semaphore: its permits held and waiting, as Server-Sent Events.
+    semaphore_events,
+    "/v1/semaphores/{name}/events",
+    "semaphores",
+    "name",
+    Kind::Semaphore
+);

@@ -38,6 +38,7 @@ pub const RESOURCE: Resource = Resource {
 
 fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
+        .routes(routes!(txn_events))
         .routes(routes!(list_txns, create))
         .routes(routes!(get_txn))
         .routes(routes!(register))
@@ -325,3 +326,12 @@ pub async fn list_txns(
 ) -> Result<Json<Vec<LockSummary>>, ApiError> {
     list(&state, &caller, Kind::Txn, consistency).await
 }
+
+super::events::events_handler!(
+    /// Follows a two-phase commit: its votes and decision, as Server-Sent Events.
+    txn_events,
+    "/v1/txns/{id}/events",
+    "txns",
+    "id",
+    Kind::Txn
+);

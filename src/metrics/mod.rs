@@ -23,6 +23,22 @@ use prometheus::{
     TextEncoder,
 };
 
+/// Counts a socket, a stream or a subscription in its gauge while it lives.
+pub struct Counted(&'static IntGauge);
+
+impl Counted {
+    pub fn new(gauge: &'static IntGauge) -> Counted {
+        gauge.inc();
+        Counted(gauge)
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
 /// Buckets for waits and holds: 1 ms to 10 min.
 const WAIT_BUCKETS: &[f64] = &[
     0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 600.0,
@@ -53,6 +69,7 @@ pub struct Metrics {
     pub leases_created: IntCounter,
     pub leases_ended: IntCounterVec,
     pub sockets: IntGauge,
+    pub event_streams: IntGauge,
     pub subscriptions: IntGauge,
     pub resyncs: IntCounterVec,
     pub zookeeper_requests: Histogram,
@@ -175,15 +192,16 @@ impl Metrics {
                 &["reason"],
             ),
             sockets: gauge(&r, "zkgate_websocket_connections", "Open WebSocket connections."),
+            event_streams: gauge(&r, "zkgate_event_streams", "Open Server-Sent Event streams."),
             subscriptions: gauge(
                 &r,
                 "zkgate_websocket_subscriptions",
-                "Live subscriptions over all sockets.",
+                "Live subscriptions over all sockets and event streams (one per topic).",
             ),
             resyncs: counter(
                 &r,
                 "zkgate_websocket_resyncs_total",
-                "Resync events published or sent (reason: reconnected, session_expired, fell_behind).",
+                "Resync events published or sent (reason: reconnected, session_expired, fell_behind, cannot_resume).",
                 &["reason"],
             ),
             zookeeper_requests: {

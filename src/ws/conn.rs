@@ -15,18 +15,20 @@ use tokio::time::Instant;
 use tower::ServiceExt;
 
 use super::outbox::{Outbox, Refused, outbox};
-use super::topic::{self, TopicError};
-use super::{Counted, close_idle, finish, going_away};
+use super::{close_idle, finish, going_away};
 use crate::AppState;
 use crate::auth::Caller;
+use crate::events::Position;
 use crate::events::{Event, Subscription};
 use crate::http::error::Problem;
+use crate::http::topics::{self as topic, TopicError};
 use crate::limits::{ClientAddr, Permit};
+use crate::metrics::Counted;
 use crate::recipes::lease::{Lease, LeaseError};
 use crate::time::HumanDuration;
 
 /// Most subscriptions one socket may hold.
-pub const MAX_SUBSCRIPTIONS: usize = 64;
+pub const MAX_SUBSCRIPTIONS: usize = topic::MAX_TOPICS;
 
 /// Most API calls one socket may have in flight.
 pub const MAX_CALLS: usize = 32;
@@ -51,6 +53,10 @@ enum Request {
     Subscribe {
         id: String,
         topic: Value,
+        /// The `position` of the last event taken on an earlier subscription to the topic:
+        /// resume after it.
+        #[serde(default)]
+        since: Option<String>,
     },
     Unsubscribe {
         id: String,
@@ -216,7 +222,7 @@ impl Conn {
                     "no subscription with this id",
                 )),
             },
-            Request::Subscribe { id, topic } => self.subscribe(id, topic).await,
+            Request::Subscribe { id, topic, since } => self.subscribe(id, topic, since).await,
             Request::Lease { id, ttl, attach } => self.lease(id, ttl.map(|t| t.0), attach),
             Request::Call {
                 id,
@@ -228,7 +234,11 @@ impl Conn {
         }
     }
 
-    async fn subscribe(&mut self, id: String, topic: Value) -> Result<(), String> {
+    async fn subscribe(&mut self, id: String, topic: Value, since: Option<String>) -> Result<(), String> {
+        let since = since
+            .map(|since| since.parse::<Position>())
+            .transpose()
+            .map_err(|detail| error_message(Some(&id), Problem::MalformedMessage, &format!("since: {detail}")))?;
         self.subscriptions.retain(|_, task| !task.is_finished());
         if self.subscriptions.contains_key(&id) {
             return Err(error_message(
@@ -249,25 +259,9 @@ impl Conn {
             TopicError::Invalid(detail) => error_message(Some(&id), Problem::InvalidTopic, &detail),
             TopicError::Forbidden(detail) => error_message(Some(&id), Problem::Forbidden, &detail),
         })?;
-        let permit = self
-            .state
-            .limits
-            .hold(
-                format!("subscriptions of {}", crate::limits::client_key(&self.caller, None)),
-                self.state.limits.settings.subscriptions_per_principal,
-                "subscriptions per principal",
-            )
-            .map_err(|_| {
-                error_message(
-                    Some(&id),
-                    Problem::TooMany,
-                    &format!(
-                        "at most {} subscriptions per principal",
-                        self.state.limits.settings.subscriptions_per_principal
-                    ),
-                )
-            })?;
-        let subscription = self.state.events.subscribe(&name, feed).await;
+        let permit = topic::subscription_permit(&self.state, &self.caller)
+            .map_err(|err| error_message(Some(&id), Problem::TooMany, err.detail()))?;
+        let subscription = self.state.events.subscribe(&name, feed, since).await;
         tracing::debug!(id = ?id, topic = ?name, "socket subscribed");
         let task = tokio::spawn(forward(id.clone(), subscription, self.outbox.clone(), permit));
         self.subscriptions.insert(id, task);
@@ -398,15 +392,8 @@ impl Conn {
 async fn forward(id: String, mut subscription: Subscription, outbox: Outbox, permit: Permit) {
     // Dropped when the task ends or is aborted (unsubscribe, socket closed).
     let _counted = (Counted::new(&crate::metrics::get().subscriptions), permit);
-    let mut next = Some(subscription.first.clone());
     loop {
-        let event = match next.take() {
-            Some(event) => event,
-            None => match subscription.next().await {
-                Some(event) => event,
-                None => return,
-            },
-        };
+        let Some(event) = subscription.next().await else { return };
         let message = tagged(&id, &event);
         let size = message.len();
         match outbox.try_send(message) {

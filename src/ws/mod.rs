@@ -31,7 +31,6 @@
 
 mod conn;
 pub mod outbox;
-mod topic;
 
 use std::time::Duration;
 
@@ -49,7 +48,8 @@ use crate::http::check_name;
 use crate::http::error::{ApiError, Problem, Problems, p};
 use crate::http::extract::ApiPath;
 use crate::kind::Kind;
-use crate::limits::{ClientAddr, Permit};
+use crate::limits::ClientAddr;
+use crate::metrics::Counted;
 
 pub use conn::{IDLE_CLOSE_CODE, MAX_CALLS, MAX_LEASES, MAX_SUBSCRIPTIONS, SOCKET_LEASE_TTL};
 
@@ -83,33 +83,17 @@ pub async fn observe_election(
     check_name(&name)?;
     let upgrade = upgrade.map_err(not_a_websocket)?;
     state.zk().current()?;
-    let permits = socket_permits(&state, &caller, address.map(|a| a.0))?;
+    let permits = crate::http::topics::stream_permits(&state, &caller, address.map(|a| a.0))?;
     let kind = Kind::Election;
     let feed =
         crate::http::topic(&state, kind, &name).ok_or_else(|| ApiError::new(Problem::Internal, "no election topic"))?;
     Ok(
         lean(upgrade, state.config.ws_max_message).on_upgrade(move |socket| async move {
             let _permits = permits;
-            let subscription = state.events.subscribe(&kind.topic_name(&name), feed).await;
+            let subscription = state.events.subscribe(&kind.topic_name(&name), feed, None).await;
             stream(socket, subscription, state).await;
         }),
     )
-}
-
-/// Counts a socket or a subscription in its gauge while it lives.
-pub(crate) struct Counted(&'static prometheus::IntGauge);
-
-impl Counted {
-    pub(crate) fn new(gauge: &'static prometheus::IntGauge) -> Counted {
-        gauge.inc();
-        Counted(gauge)
-    }
-}
-
-impl Drop for Counted {
-    fn drop(&mut self) {
-        self.0.dec();
-    }
 }
 
 /// Sends the subscription's first state and then its events until either side goes. Like the
@@ -122,9 +106,6 @@ async fn stream(mut socket: WebSocket, mut subscription: Subscription, state: Ap
         Counted::new(&crate::metrics::get().subscriptions),
     );
     let (ping_interval, idle_timeout) = (state.config.ws_ping_interval, state.config.ws_idle_timeout);
-    if !deliver(&mut socket, &subscription.first, idle_timeout).await {
-        return;
-    }
     let mut last_heard = tokio::time::Instant::now();
     let mut ping = tokio::time::interval_at(last_heard + ping_interval, ping_interval);
     loop {
@@ -262,7 +243,7 @@ pub async fn socket(
 ) -> Result<Response, ApiError> {
     let upgrade = upgrade.map_err(not_a_websocket)?;
     let address = address.map(|a| a.0);
-    let permits = socket_permits(&state, &caller, address)?;
+    let permits = crate::http::topics::stream_permits(&state, &caller, address)?;
     // The socket outlives the handshake's request: it acts as the caller of the handshake.
     Ok(
         lean(upgrade, state.config.ws_max_message).on_upgrade(move |socket| async move {
@@ -270,24 +251,6 @@ pub async fn socket(
             conn::serve(state, caller, socket, address).await
         }),
     )
-}
-
-/// The socket counted against its principal's and its address's limits (429 beyond them).
-fn socket_permits(state: &AppState, caller: &Caller, address: Option<ClientAddr>) -> Result<Vec<Permit>, ApiError> {
-    let settings = state.limits.settings;
-    let mut permits = vec![state.limits.hold(
-        format!("sockets of {}", crate::limits::client_key(caller, None)),
-        settings.sockets_per_principal,
-        "WebSockets per principal",
-    )?];
-    if let Some(ClientAddr(ip)) = address {
-        permits.push(state.limits.hold(
-            format!("sockets of {ip}"),
-            settings.sockets_per_address,
-            "WebSockets per address",
-        )?);
-    }
-    Ok(permits)
 }
 
 /// A plain request to a socket endpoint: a problem document like every other error, not the

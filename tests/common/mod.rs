@@ -8,6 +8,7 @@ pub mod checker;
 pub mod linearizability;
 pub mod process;
 pub mod proxy;
+pub mod sse;
 pub mod tls;
 pub mod ws;
 

@@ -1,7 +1,11 @@
-//! What a socket may subscribe to, and what feeds it: `{"<topic>": "<name>"}` for a resource of
-//! any kind the registry gives a topic ([Kind::topic]: `lock`, `election`, `queue`...), a lease
-//! of this instance (`{"lease": "<id>"}`), or a znode under the root
-//! (`{"znode": {"path": "kv/app", "watch": "data|children|recursive"}}`).
+//! What a socket or an event stream may subscribe to, and what feeds it: `{"<topic>": "<name>"}`
+//! for a resource of any kind the registry gives a topic ([Kind::topic]: `lock`, `election`,
+//! `queue`...), a lease of this instance (`{"lease": "<id>"}`), or a znode under the root
+//! (`{"znode": {"path": "kv/app", "watch": "data|children|recursive"}}`). An event stream names
+//! the same topics as the bus does (`lock:orders`, `lease:<id>`, `znode:data:kv/app`,
+//! [parse_name]).
+//!
+//! Both count what they hold the same way ([stream_permits], [subscription_permit]).
 
 use serde::Deserialize;
 use serde_json::Value;
@@ -9,10 +13,15 @@ use serde_json::Value;
 use crate::AppState;
 use crate::auth::{Access, Caller};
 use crate::events::Feed;
+use crate::http::error::ApiError;
 use crate::kind::Kind;
+use crate::limits::{ClientAddr, Permit};
 use crate::recipes::lease::LeaseError;
 use crate::recipes::znode::{ZnodeChildren, ZnodeData};
 use crate::zk::names::validate_name;
+
+/// Most topics one socket or one event stream may follow.
+pub const MAX_TOPICS: usize = 64;
 
 /// A znode topic's `{"path": ..., "watch": ...}`.
 #[derive(Deserialize)]
@@ -179,4 +188,57 @@ fn may_read_znode(caller: &Caller, segments: &[&str]) -> bool {
         },
         [] => caller.is_admin(),
     }
+}
+
+/// A topic as the bus names it (`lock:orders`, `lease:<id>`, `znode:children:queues/jobs`):
+/// the socket's topic object for it.
+pub fn parse_name(text: &str) -> Result<Value, TopicError> {
+    let unknown = || {
+        TopicError::Unknown(format!(
+            "`{}` is not a topic: write `<topic>:<name>` with a topic among {}, `lease`, or `znode:<data|children|recursive>:<path>`",
+            text.escape_debug(),
+            topics()
+        ))
+    };
+    let (key, rest) = text.split_once(':').ok_or_else(unknown)?;
+    if key != "znode" {
+        return Ok(serde_json::json!({ key: rest }));
+    }
+    let (watch, path) = rest.split_once(':').ok_or_else(unknown)?;
+    if !matches!(watch, "data" | "children" | "recursive") {
+        return Err(TopicError::Invalid(format!(
+            "znode watch `{}` must be `data`, `children` or `recursive`",
+            watch.escape_debug()
+        )));
+    }
+    Ok(serde_json::json!({ "znode": { "path": path, "watch": watch } }))
+}
+
+/// A socket or an event stream, counted against its principal's and its address's limits
+/// (429 beyond them) while the permits live.
+pub fn stream_permits(state: &AppState, caller: &Caller, address: Option<ClientAddr>) -> Result<Vec<Permit>, ApiError> {
+    let settings = state.limits.settings;
+    let mut permits = vec![state.limits.hold(
+        format!("sockets of {}", crate::limits::client_key(caller, None)),
+        settings.sockets_per_principal,
+        "WebSockets and event streams per principal",
+    )?];
+    if let Some(ClientAddr(ip)) = address {
+        permits.push(state.limits.hold(
+            format!("sockets of {ip}"),
+            settings.sockets_per_address,
+            "WebSockets and event streams per address",
+        )?);
+    }
+    Ok(permits)
+}
+
+/// One subscription counted against its principal's limit, over all its sockets and streams.
+pub fn subscription_permit(state: &AppState, caller: &Caller) -> Result<Permit, ApiError> {
+    let max = state.limits.settings.subscriptions_per_principal;
+    Ok(state.limits.hold(
+        format!("subscriptions of {}", crate::limits::client_key(caller, None)),
+        max,
+        "subscriptions per principal",
+    )?)
 }

@@ -1,0 +1,342 @@
+//! Server-Sent Events: every topic a socket can subscribe to, over plain HTTP, for `curl -N`
+//! and the browser's `EventSource`.
+//!
+//! `GET /v1/events?topic=election:scheduler&topic=lock:orders` (the topics as the bus names
+//! them, [topics::parse_name]) or `GET /v1/<kind>/<name>/events` answers `text/event-stream`:
+//! first each topic's state, then every event of every topic as it comes, each as one SSE event
+//! whose `data` is the event as the socket sends it (`topic`, `seq`, `position`, `type`,
+//! `state`...) and whose `id` is the stream's position: the `position` of the last event of
+//! each topic, in the order the topics were named, joined by `,`.
+//!
+//! A client that reconnects with that id (`Last-Event-ID`, which `EventSource` sends by itself,
+//! or `?since=`) resumes: a topic whose missed events are still among its recent ones
+//! ([crate::events::EventSettings]) sends just those, without its state; one whose gap is
+//! longer (or whose topic has since ended on this instance, or which was followed on another
+//! instance) sends a `resync` with its state (reason `cannot_resume`).
+//!
+//! A comment line every `--ws-ping-interval` keeps proxies from closing a quiet stream and
+//! tells a client the connection still lives. A stream counts as a socket against the
+//! principal's and the address's limits, and each of its topics as a subscription; its Host
+//! and `Origin` are checked as a socket's are ([super::origin]); a client that stops reading
+//! falls behind (a `resync` when it reads again) and is cut after `--write-timeout`.
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, Uri};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use futures::{Stream, StreamExt};
+use serde_json::Value;
+
+use super::error::{ApiError, Place, Problem};
+use super::topics::{self, TopicError};
+use crate::AppState;
+use crate::auth::Caller;
+use crate::events::{Position, Subscription};
+use crate::kind::Kind;
+use crate::limits::ClientAddr;
+use crate::metrics::Counted;
+
+use topics::MAX_TOPICS;
+
+/// How long a client waits before reconnecting a dropped stream (sent as `retry:`).
+const RETRY: Duration = Duration::from_secs(1);
+
+/// The header a reconnecting `EventSource` sends.
+const LAST_EVENT_ID: &str = "last-event-id";
+
+/// Whether `path` (as requested, percent-encoded) is an event stream's: its Host and Origin are
+/// checked like a socket's.
+pub fn is_stream(path: &str) -> bool {
+    if path == "/v1/events" {
+        return true;
+    }
+    match path
+        .strip_prefix("/v1/")
+        .map(|rest| rest.split('/').collect::<Vec<_>>())
+        .as_deref()
+    {
+        Some([segment, _, "events"]) => Kind::from_segment(segment).is_some_and(|k| k.topic().is_some()),
+        _ => false,
+    }
+}
+
+/// Follows topics as Server-Sent Events.
+///
+/// `topic` (repeat it, up to 64) names each topic as events name it: `lock:orders`,
+/// `rwlock:NAME`, `semaphore:NAME`, `election:NAME`, `barrier:NAME`, `double_barrier:NAME`,
+/// `txn:ID`, `queue:NAME`, `group:NAME`, `lease:ID` (a lease of this instance), or
+/// `znode:data|children|recursive:PATH` (relative to the root). Each SSE event's `data` is one
+/// event (`{"topic":...,"seq":N,"position":"...","type":"state","state":{...}}`): first each
+/// topic's `state`, then its changes, `resync` (with a `reason`) where changes may have been
+/// missed. Its `id` is where the stream is; reconnect with it as `Last-Event-ID` (or
+/// `?since=`) to resume without the states again. A comment line is sent every
+/// `--ws-ping-interval`.
+#[utoipa::path(get, path = "/v1/events", tag = "events",
+    params(
+        ("topic" = Vec<String>, Query, description = "A topic to follow, e.g. `election:scheduler`, `lock:orders`, `lease:<id>`, `znode:data:kv/app`; repeat for more (at most 64)."),
+        ("since" = Option<String>, Query, description = "The `id` of the last event taken on an earlier stream of the same topics: resume after it. `Last-Event-ID` takes precedence."),
+        ("Last-Event-ID" = Option<String>, Header, description = "Sent by a reconnecting `EventSource`: the `id` of the last event it took."),
+    ),
+    responses(
+        (status = 200, content_type = "text/event-stream", body = String, description = "The events, as they come, until the client leaves"),
+        super::error::Problems<(super::error::p::InvalidField, super::error::p::ZookeeperUnavailable)>,
+    ))]
+pub async fn events(
+    State(state): State<AppState>,
+    caller: Caller,
+    address: Option<axum::Extension<ClientAddr>>,
+    uri: Uri,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let mut topics = Vec::new();
+    let mut since = None;
+    for (name, value) in form_urlencoded::parse(uri.query().unwrap_or_default().as_bytes()) {
+        match &*name {
+            "topic" => topics.push(value.into_owned()),
+            "since" => since = Some(value.into_owned()),
+            other => {
+                return Err(ApiError::invalid(
+                    Place::Query,
+                    other,
+                    "is not a parameter of an event stream (`topic`, `since`)",
+                ));
+            }
+        }
+    }
+    if topics.is_empty() {
+        return Err(ApiError::invalid(
+            Place::Query,
+            "topic",
+            "name at least one topic, e.g. `?topic=election:scheduler`",
+        ));
+    }
+    let topics = topics
+        .iter()
+        .map(|name| topics::parse_name(name).map_err(|err| topic_error(err, name)))
+        .collect::<Result<Vec<Value>, ApiError>>()?;
+    open(state, caller, address.map(|a| a.0), topics, since, &headers).await
+}
+
+/// Follows one resource's topic as Server-Sent Events (see `GET /v1/events`); the kind's
+/// module declares the route with [events_handler].
+pub async fn resource(
+    state: AppState,
+    caller: Caller,
+    address: Option<ClientAddr>,
+    kind: Kind,
+    name: String,
+    uri: Uri,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    super::check_name(&name)?;
+    let mut since = None;
+    for (key, value) in form_urlencoded::parse(uri.query().unwrap_or_default().as_bytes()) {
+        match &*key {
+            "since" => since = Some(value.into_owned()),
+            other => {
+                return Err(ApiError::invalid(
+                    Place::Query,
+                    other,
+                    "is not a parameter of an event stream (`since`)",
+                ));
+            }
+        }
+    }
+    let topic = kind.topic().expect("routes only for kinds with topics");
+    let topics = vec![serde_json::json!({ topic: name })];
+    open(state, caller, address, topics, since, &headers).await
+}
+
+/// The stream of `topics` for `caller`, from the start or after `since` (or `Last-Event-ID`).
+async fn open(
+    state: AppState,
+    caller: Caller,
+    address: Option<ClientAddr>,
+    topics: Vec<Value>,
+    since: Option<String>,
+    headers: &HeaderMap,
+) -> Result<Response, ApiError> {
+    if topics.len() > MAX_TOPICS {
+        return Err(ApiError::invalid(
+            Place::Query,
+            "topic",
+            format!("at most {MAX_TOPICS} topics per stream (open another)"),
+        ));
+    }
+    let resolved = topics
+        .iter()
+        .map(|topic| topics::resolve(&state, &caller, topic).map_err(|err| topic_error(err, &topic.to_string())))
+        .collect::<Result<Vec<_>, ApiError>>()?;
+    for (i, (name, _)) in resolved.iter().enumerate() {
+        if resolved[..i].iter().any(|(other, _)| other == name) {
+            return Err(ApiError::invalid(
+                Place::Query,
+                "topic",
+                format!("`{name}` is named twice"),
+            ));
+        }
+    }
+    let since = resume_point(headers, since, resolved.len())?;
+    state.zk().current()?;
+    let mut permits = topics::stream_permits(&state, &caller, address)?;
+    for _ in &resolved {
+        permits.push(topics::subscription_permit(&state, &caller)?);
+    }
+    let mut subscriptions = Vec::with_capacity(resolved.len());
+    for (i, (name, feed)) in resolved.into_iter().enumerate() {
+        let from = since.as_ref().map(|positions| positions[i]);
+        subscriptions.push(state.events.subscribe(&name, feed, from).await);
+    }
+    let metrics = crate::metrics::get();
+    let mut counted = vec![Counted::new(&metrics.event_streams)];
+    counted.extend(subscriptions.iter().map(|_| Counted::new(&metrics.subscriptions)));
+    let held = (permits, counted);
+    let events = merged(subscriptions).map(move |event| {
+        // The permits and gauges go with the stream.
+        let _ = &held;
+        Ok::<_, Infallible>(event)
+    });
+    let start = futures::stream::once(async { Ok(SseEvent::default().retry(RETRY)) });
+    let stream = start.chain(events).take_until(state.shutdown.clone().cancelled_owned());
+    let keep_alive = KeepAlive::new().interval(state.config.ws_ping_interval);
+    let mut response = Sse::new(stream).keep_alive(keep_alive).into_response();
+    // Proxies that buffer responses (nginx) would hold the events back.
+    response
+        .headers_mut()
+        .insert("x-accel-buffering", HeaderValue::from_static("no"));
+    Ok(response)
+}
+
+/// The events of all `subscriptions`, interleaved as they come, each with the stream's position
+/// after it as its id.
+fn merged(subscriptions: Vec<Subscription>) -> impl Stream<Item = SseEvent> + Send {
+    let mut positions: Vec<Position> = subscriptions.iter().map(Subscription::position).collect();
+    let each = subscriptions.into_iter().enumerate().map(|(i, subscription)| {
+        futures::stream::unfold(subscription, move |mut subscription| async move {
+            let event = subscription.next().await?;
+            Some(((i, event), subscription))
+        })
+        .boxed()
+    });
+    futures::stream::select_all(each).map(move |(i, event)| {
+        positions[i] = event.position;
+        let id = positions.iter().map(Position::to_string).collect::<Vec<_>>().join(",");
+        let data = serde_json::to_string(&*event).unwrap_or_default();
+        SseEvent::default().id(id).data(data)
+    })
+}
+
+/// Where the stream resumes, one position per topic: `Last-Event-ID` if the client sent one,
+/// else `?since=`; `None` for a stream from the start.
+fn resume_point(headers: &HeaderMap, since: Option<String>, topics: usize) -> Result<Option<Vec<Position>>, ApiError> {
+    let (place, field, text) = match headers.get(LAST_EVENT_ID) {
+        Some(value) => {
+            let text = value
+                .to_str()
+                .map_err(|_| ApiError::invalid(Place::Header, "Last-Event-ID", "is not text"))?;
+            (Place::Header, "Last-Event-ID", text.to_string())
+        }
+        None => match since {
+            Some(since) => (Place::Query, "since", since),
+            None => return Ok(None),
+        },
+    };
+    // An `EventSource` that never got an event has no id to send.
+    if text.is_empty() {
+        return Ok(None);
+    }
+    let positions = text
+        .split(',')
+        .map(str::parse::<Position>)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|detail| ApiError::invalid(place, field, detail))?;
+    if positions.len() != topics {
+        return Err(ApiError::invalid(
+            place,
+            field,
+            format!(
+                "has {} positions for {topics} topics: give back the `id` of the last event of a stream of the same topics",
+                positions.len()
+            ),
+        ));
+    }
+    Ok(Some(positions))
+}
+
+/// A topic that cannot be followed, as the problem of a stream's request.
+fn topic_error(err: TopicError, topic: &str) -> ApiError {
+    match err {
+        TopicError::Unknown(detail) | TopicError::Invalid(detail) => {
+            ApiError::invalid(Place::Query, "topic", detail).with("topic", topic)
+        }
+        TopicError::Forbidden(detail) => ApiError::new(Problem::Forbidden, detail),
+    }
+}
+
+/// Declares a kind's `GET /v1/<kind>/{name}/events`: its resource's topic as Server-Sent Events.
+macro_rules! events_handler {
+    ($(#[doc = $doc:tt])* $handler:ident, $path:tt, $tag:tt, $param:tt, $kind:expr) => {
+        $(#[doc = $doc])*
+        ///
+        /// The stream's first event is the state, then one per change, as on `GET /v1/events`;
+        /// reconnect with the last `id` (`Last-Event-ID` or `?since=`) to resume.
+        #[utoipa::path(get, path = $path, tag = $tag,
+            params(
+                ($param = String, Path, description = "Its name"),
+                ("since" = Option<String>, Query, description = "The `id` of the last event taken on an earlier stream: resume after it. `Last-Event-ID` takes precedence."),
+                ("Last-Event-ID" = Option<String>, Header, description = "Sent by a reconnecting `EventSource`: the `id` of the last event it took."),
+            ),
+            responses(
+                (status = 200, content_type = "text/event-stream", body = String, description = "The events, as they come, until the client leaves"),
+                $crate::http::error::Problems<($crate::http::error::p::InvalidField, $crate::http::error::p::ZookeeperUnavailable)>,
+            ))]
+        pub async fn $handler(
+            axum::extract::State(state): axum::extract::State<$crate::AppState>,
+            caller: $crate::auth::Caller,
+            address: Option<axum::Extension<$crate::limits::ClientAddr>>,
+            $crate::http::extract::ApiPath(name): $crate::http::extract::ApiPath<String>,
+            uri: axum::http::Uri,
+            headers: axum::http::HeaderMap,
+        ) -> Result<axum::response::Response, $crate::http::error::ApiError> {
+            $crate::http::events::resource(state, caller, address.map(|a| a.0), $kind, name, uri, headers).await
+        }
+    };
+}
+
+pub(crate) use events_handler;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn streams_are_told_apart_from_other_reads() {
+        assert!(is_stream("/v1/events"));
+        assert!(is_stream("/v1/locks/orders/events"));
+        assert!(is_stream("/v1/double-barriers/b%2F1/events"));
+        assert!(!is_stream("/v1/kv/app/events"));
+        assert!(!is_stream("/v1/locks/orders"));
+        assert!(!is_stream("/v1/locks/orders/events/x"));
+        assert!(!is_stream("/v1/nothing/orders/events"));
+    }
+
+    #[test]
+    fn a_resume_point_has_one_position_per_topic() {
+        let mut headers = HeaderMap::new();
+        assert_eq!(resume_point(&headers, None, 2).ok(), Some(None));
+        let both = resume_point(&headers, Some("1a-3,1b-4".into()), 2).ok().flatten();
+        assert_eq!(
+            both,
+            Some(vec![Position { epoch: 0x1a, seq: 3 }, Position { epoch: 0x1b, seq: 4 }])
+        );
+        assert!(resume_point(&headers, Some("1a-3".into()), 2).is_err());
+        assert!(resume_point(&headers, Some("zz-3,1b-4".into()), 2).is_err());
+        // The header wins: it is the newer of the two when an EventSource reconnects.
+        headers.insert(LAST_EVENT_ID, HeaderValue::from_static("2-9"));
+        let header = resume_point(&headers, Some("1-1".into()), 1).ok().flatten();
+        assert_eq!(header, Some(vec![Position { epoch: 2, seq: 9 }]));
+    }
+}
