@@ -99,7 +99,8 @@ fn every_operation(name: &str) -> Vec<(Method, String)> {
             .replace("{member}", "m1")
             .replace("{participant}", "p1")
             .replace("{claim}", "c1")
-            .replace("{item}", "i1");
+            .replace("{item}", "i1")
+            .replace("{token}", "42");
         assert!(!filled.contains('{'), "a parameter left in {filled}");
         for method in item.as_object().expect("operations").keys() {
             let method = Method::from_bytes(method.to_uppercase().as_bytes()).expect("method");

@@ -26,11 +26,13 @@ async fn every_read_takes_a_consistency_and_refuses_one_it_does_not_know() {
             continue;
         }
         reads += 1;
-        // Every path parameter a valid name that exists nowhere.
+        // Every path parameter a valid name that exists nowhere (a token, a number).
         let concrete: String = path
             .split('/')
             .map(|segment| {
-                if segment.starts_with('{') {
+                if segment == "{token}" {
+                    "42"
+                } else if segment.starts_with('{') {
                     "nothing-here"
                 } else {
                     segment

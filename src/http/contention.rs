@@ -520,3 +520,56 @@ pub async fn revoke(
         })?;
     Ok((StatusCode::ACCEPTED, Json(Revoked { revocations })).into_response())
 }
+
+/// Answer of a fencing check: the token is a current holder's (the leader's term).
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct FencingCheck {
+    #[schema(example = "orders")]
+    pub name: String,
+    #[schema(example = 4294967310i64)]
+    pub token: i64,
+}
+
+/// `GET /v1/<kind>/{name}/fencing/{token}` for the resource at `dir`, whose holders are the
+/// first `holding(names)` contenders: 200 if `token` is a current holder's, 409
+/// `stale-fencing-token` with the newest holder's token otherwise, 404 `not-held` when nobody
+/// holds. One linearizable read (a `sync` shared with concurrent reads, then the listing and
+/// a few `exists`): a resource server may ask on every write it guards.
+pub async fn check_fencing(
+    state: &AppState,
+    what: &str,
+    dir: String,
+    name: &str,
+    token: &str,
+    consistency: super::consistency::Consistency,
+    holding: impl Fn(&[String]) -> usize,
+) -> Result<Json<FencingCheck>, ApiError> {
+    use crate::recipes::view::Fencing;
+    check_name(name)?;
+    let token: i64 = token.parse().ok().filter(|t: &i64| *t > 0).ok_or_else(|| {
+        ApiError::invalid(
+            Place::Path,
+            "token",
+            format!(
+                "`{}` is not a fencing token (a positive integer, as acquire answered it)",
+                token.escape_debug()
+            ),
+        )
+    })?;
+    let client = super::consistency::reader(state, consistency).await?;
+    match crate::recipes::view::check_fencing(&client, &dir, holding, token).await? {
+        Fencing::Holds => Ok(Json(FencingCheck {
+            name: name.to_string(),
+            token,
+        })),
+        Fencing::Superseded { current } => Err(ApiError::new(
+            Problem::StaleFencingToken,
+            format!("{token} is not the token of {what} `{name}`'s holder now: {current} is"),
+        )
+        .with("current_token", current)),
+        Fencing::NotHeld => Err(ApiError::new(
+            Problem::NotHeld,
+            format!("nobody holds {what} `{name}`: no token is current"),
+        )),
+    }
+}

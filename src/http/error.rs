@@ -116,6 +116,8 @@ catalogue! {
         "ZooKeeper's ACL on the znode leaves zkgate's own identity out (see `--zookeeper-auth`)";
     NotFound: Http, 404, "not-found", "Not found", ["resource"],
         "no such lease, handle, member, key, transaction, barrier or item (`resource` says which)";
+    NotHeld: Http, 404, "not-held", "Not held", [],
+        "a fencing check of a lock (or read/write lock, or election) that nobody holds (no leader)";
     NoSuchEndpoint: Http, 404, "no-such-endpoint", "No such endpoint", [],
         "an unknown path";
     MethodNotAllowed: Http, 405, "method-not-allowed", "Method not allowed", [],
@@ -130,6 +132,8 @@ catalogue! {
         "a member or participant id that another lease holds";
     KeyNotEmpty: Http, 409, "key-not-empty", "Key has keys below it", [],
         "deleting a key with keys below it";
+    StaleFencingToken: Http, 409, "stale-fencing-token", "Fencing token not current", ["current_token"],
+        "a fencing check of a token that is not a current holder's (or the leader's term): `current_token` is the newest holder's";
     NothingToRevoke: Http, 409, "nothing-to-revoke", "Nothing to revoke", [],
         "revoking a lock nobody holds";
     PermitsMismatch: Http, 409, "permits-mismatch", "Permits mismatch", ["permits"],

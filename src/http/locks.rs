@@ -33,6 +33,7 @@ pub const RESOURCE: Resource = Resource {
 
 fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
+        .routes(routes!(check_lock_fencing))
         .routes(routes!(lock_events))
         .routes(routes!(list_locks))
         .routes(routes!(lock_state))
@@ -183,6 +184,28 @@ pub async fn revocations(
         Kind::from_topic(&r.kind).is_some_and(|kind| caller.may(kind.auth(), &r.lock, crate::auth::Access::Read))
     });
     Ok(Json(records))
+}
+
+/// Checks a fencing token against the lock's holder: for a resource server, before it accepts
+/// a write that carries the token (Chubby's sequencer check).
+///
+/// 200 if the token is the current holder's; 409 `stale-fencing-token` with the holder's
+/// token (`current_token`) if the lock has changed hands since (or the token never held it);
+/// 404 `not-held` if nobody holds it. A linearizable read by default: it reflects every grant
+/// and release any instance acknowledged before the check began.
+#[utoipa::path(get, path = "/v1/locks/{name}/fencing/{token}", tag = "locks",
+    params(("name" = String, Path, description = "Its name"), ("token" = i64, Path, description = "The fencing token to check, as the acquire (or campaign) answered it")),
+    responses(
+        (status = 200, description = "The token is current", body = contention::FencingCheck),
+        Problems<(p::InvalidField, p::NotHeld, p::StaleFencingToken, p::ZookeeperUnavailable)>,
+    ))]
+pub async fn check_lock_fencing(
+    State(state): State<AppState>,
+    ApiPath((name, token)): ApiPath<(String, String)>,
+    consistency: Consistency,
+) -> Result<Json<contention::FencingCheck>, ApiError> {
+    let dir = state.locks.dir(&name);
+    contention::check_fencing(&state, "lock", dir, &name, &token, consistency, |_: &[String]| 1).await
 }
 
 super::events::events_handler!(

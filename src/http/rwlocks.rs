@@ -34,6 +34,7 @@ pub const RESOURCE: Resource = Resource {
 
 fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
+        .routes(routes!(check_rwlock_fencing))
         .routes(routes!(rwlock_events))
         .routes(routes!(list_rwlocks))
         .routes(routes!(rwlock_state))
@@ -172,6 +173,36 @@ pub async fn revoke(
 
 fn rw_role(node: &str) -> Role {
     if is_reader(node) { Role::Read } else { Role::Write }
+}
+
+/// Checks a fencing token against the read/write lock's holders: the writer's, or any
+/// current reader's.
+///
+/// 200 if the token is a current holder's; 409 `stale-fencing-token` with the newest holder's
+/// token (`current_token`) otherwise; 404 `not-held` if nobody holds it. Linearizable by
+/// default.
+#[utoipa::path(get, path = "/v1/rwlocks/{name}/fencing/{token}", tag = "rwlocks",
+    params(("name" = String, Path, description = "Its name"), ("token" = i64, Path, description = "The fencing token to check, as the acquire (or campaign) answered it")),
+    responses(
+        (status = 200, description = "The token is current", body = contention::FencingCheck),
+        Problems<(p::InvalidField, p::NotHeld, p::StaleFencingToken, p::ZookeeperUnavailable)>,
+    ))]
+pub async fn check_rwlock_fencing(
+    State(state): State<AppState>,
+    ApiPath((name, token)): ApiPath<(String, String)>,
+    consistency: Consistency,
+) -> Result<Json<contention::FencingCheck>, ApiError> {
+    let dir = state.rwlocks.dir(&name);
+    contention::check_fencing(
+        &state,
+        "read/write lock",
+        dir,
+        &name,
+        &token,
+        consistency,
+        crate::recipes::rwlock::holding::<String>,
+    )
+    .await
 }
 
 super::events::events_handler!(

@@ -271,3 +271,85 @@ mod tests {
         assert_eq!(reads.len(), 2, "the second read takes what the moved window picks");
     }
 }
+
+/// What a fencing token is worth now: whether the contender created at `token` (its znode's
+/// `czxid`, which zkgate gives as the token) holds the resource.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fencing {
+    /// A current holder's token.
+    Holds,
+    /// Someone else holds: the newest holder's token.
+    Superseded { current: i64 },
+    /// Nobody holds.
+    NotHeld,
+}
+
+/// Checks `token` against the holders of the resource at `dir`: the first `holding(names)`
+/// contenders in queue order (one for a lock or an election, the readers at the head of a
+/// read/write lock).
+///
+/// One listing, then the holders' `czxid`s: a resource server asks this on every write it
+/// guards, so it must stay cheap however many hold. A znode's sequence number and its `czxid`
+/// grow together (the leader assigns both, in one order, to the creates in a directory), so
+/// the holders' tokens are sorted like their names and a binary search reads about
+/// log2(holders) of them. A holder that leaves during the search changes the answer anyway;
+/// the check starts again from a new listing (a few times at most).
+pub async fn check_fencing(
+    client: &Client,
+    dir: &str,
+    holding: impl Fn(&[String]) -> usize,
+    token: i64,
+) -> Result<Fencing, ZkError> {
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        let children = match retry_on_loss(|| client.list_children(dir)).await {
+            Ok(children) => children,
+            Err(ZkError::NoNode) => Vec::new(),
+            Err(err) => return Err(err),
+        };
+        let names: Vec<String> = in_sequence_order(&children)
+            .into_iter()
+            .map(|(_, name)| name.to_string())
+            .collect();
+        let holders = &names[..holding(&names).min(names.len())];
+        if holders.is_empty() {
+            return Ok(Fencing::NotHeld);
+        }
+        match search(client, dir, holders, token).await? {
+            Some(found) => return Ok(found),
+            None if attempts >= 3 => return Err(ZkError::ConnectionLoss),
+            None => continue,
+        }
+    }
+}
+
+/// The binary search of [check_fencing] over `holders`; `None` if one it read was gone.
+async fn search(client: &Client, dir: &str, holders: &[String], token: i64) -> Result<Option<Fencing>, ZkError> {
+    let czxid = |name: &String| {
+        let path = format!("{dir}/{name}");
+        async move {
+            match retry_on_loss(|| client.check_stat(&path)).await {
+                Ok(Some(stat)) => Ok(Some(stat.czxid)),
+                Ok(None) => Ok(None),
+                Err(err) => Err(err),
+            }
+        }
+    };
+    let (mut low, mut high) = (0, holders.len());
+    while low < high {
+        let middle = (low + high) / 2;
+        let Some(found) = czxid(&holders[middle]).await? else {
+            return Ok(None);
+        };
+        match found.cmp(&token) {
+            std::cmp::Ordering::Equal => return Ok(Some(Fencing::Holds)),
+            std::cmp::Ordering::Less => low = middle + 1,
+            std::cmp::Ordering::Greater => high = middle,
+        }
+    }
+    let Some(current) = czxid(holders.last().expect("not empty")).await? else {
+        return Ok(None);
+    };
+    Ok(Some(Fencing::Superseded { current }))
+}
