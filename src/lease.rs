@@ -244,7 +244,7 @@ impl Registry {
             table.ended.remove(&oldest);
         }
         drop(table);
-        lease.end();
+        lease.end(reason);
         tracing::info!(lease = %id, ?reason, "lease ended");
         crate::metrics::get()
             .leases_ended

@@ -350,15 +350,24 @@ pub fn find_handle<P: Protocol>(
     handle: &str,
 ) -> Result<Arc<Handle<P>>, ApiError> {
     check_name(name)?;
-    let found = handles.get(name, handle).ok_or_else(|| {
-        ApiError::not_found(
+    let what = handles.kind().name();
+    let Some(found) = handles.get(name, handle) else {
+        // A handle lost (its lease expired, its node deleted...) and since forgotten: its
+        // holder learns that it lost the lock, not that it never had it.
+        if let Some(lost) = handles.lost(name, handle)
+            && caller.owns(lost.owner.as_deref())
+        {
+            return Err(ApiError::new(
+                Problem::LockLost,
+                format!("handle `{handle}` lost {what} `{name}`: {}", lost.reason),
+            )
+            .with("reason", lost.reason));
+        }
+        return Err(ApiError::not_found(
             "handle",
-            format!(
-                "no handle `{handle}` for {} `{name}` on this instance",
-                handles.kind().name()
-            ),
-        )
-    })?;
+            format!("no handle `{handle}` for {what} `{name}` on this instance"),
+        ));
+    };
     found.lease.check_owner(caller)?;
     Ok(found)
 }
@@ -412,7 +421,8 @@ pub async fn release<P: Protocol>(handles: &Handles<P>, handle: &Arc<Handle<P>>)
                 handles.kind().name(),
                 handle.name
             ),
-        )),
+        )
+        .with("reason", reason)),
         _ => Ok(StatusCode::NO_CONTENT),
     }
 }

@@ -221,7 +221,7 @@ pub async fn list_elections(
     request_body(content = Proclamation, example = json!({"handle": "0b9d4c3e2f1a4b5c8d7e6f5a4b3c2d1e", "value": {"address": "10.0.0.8:8080"}})),
     responses(
         (status = 200, description = "Proclaimed", body = LeaderView),
-        Problems<(p::InvalidField, p::MalformedBody, p::ValueTooLarge, p::NotFound, p::NotLeader, p::QuotaExceeded, p::ZookeeperUnavailable)>,
+        Problems<(p::InvalidField, p::MalformedBody, p::ValueTooLarge, p::NotFound, p::LockLost, p::NotLeader, p::QuotaExceeded, p::ZookeeperUnavailable)>,
     ))]
 pub async fn proclaim(
     State(state): State<AppState>,
@@ -284,7 +284,7 @@ fn not_leader(name: &str, contender: &Contender) -> ApiError {
     params(("name" = String, Path, description = "Election name"), ("handle" = String, Path, description = "Handle from the campaign"), HandleQuery),
     responses(
         (status = 200, body = CandidateView),
-        Problems<(p::InvalidField, p::NotFound)>,
+        Problems<(p::InvalidField, p::NotFound, p::LockLost)>,
     ))]
 pub async fn get_candidate(
     State(state): State<AppState>,

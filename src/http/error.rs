@@ -154,8 +154,8 @@ catalogue! {
         "a vote after the decision";
     LeaseEnded: Http, 410, "lease-ended", "Lease ended", ["reason"],
         "the lease ended (`reason`: `deleted`, `expired`, `session_lost`, `shutdown`)";
-    LockLost: Http, 410, "lock-lost", "Lock lost", [],
-        "the lock (or leadership) was lost before this request";
+    LockLost: Http, 410, "lock-lost", "Lock lost", ["reason"],
+        "the lock (or leadership, or permit) was lost before this request: its lease expired or its session ended, or its node was deleted (`reason` says which)";
     ClaimLost: Http, 410, "claim-lost", "Claim lost", [],
         "a queue claim acked or given back after it ended (its ack deadline passed: the item is delivered again)";
     NotForwarded: Http, 421, "not-forwarded", "Served by another instance", ["instance"],

@@ -105,7 +105,7 @@ pub async fn list_locks(
     params(("name" = String, Path, description = "Lock name"), ("handle" = String, Path, description = "Handle from the acquire"), HandleQuery),
     responses(
         (status = 200, body = HandleView),
-        Problems<(p::InvalidField, p::NotFound)>,
+        Problems<(p::InvalidField, p::NotFound, p::LockLost)>,
     ))]
 pub async fn get_handle(
     State(state): State<AppState>,

@@ -195,7 +195,7 @@ pub async fn list_semaphores(
     params(("name" = String, Path, description = "Semaphore name"), ("handle" = String, Path, description = "Handle from the acquire")),
     responses(
         (status = 200, body = PermitView),
-        Problems<(p::InvalidField, p::NotFound)>,
+        Problems<(p::InvalidField, p::NotFound, p::LockLost)>,
     ))]
 pub async fn get_permit(
     State(state): State<AppState>,

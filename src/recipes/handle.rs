@@ -332,7 +332,17 @@ async fn drive<P: Protocol>(handle: &Arc<Handle<P>>) {
             // deletion fires a watch and the server forgets it, where dropping it first would
             // cost a removeWatches request on every release.
             let was_there = handle.protocol.clean_up(handle, &client).await;
+            // A lease that ended otherwise than by its owner's delete (it expired, its session
+            // died, the instance shut down) took what it held away from its holder: that is a
+            // loss, said as one, not a release the holder asked for.
+            let taken = handle
+                .lease
+                .end_reason()
+                .filter(|r| *r != crate::recipes::lease::EndReason::Deleted && !handle.release.is_cancelled());
             match exit {
+                None if let Some(reason) = taken => Phase::Lost {
+                    reason: reason.describe().to_string(),
+                },
                 None if was_there => Phase::Released,
                 None => Phase::Lost {
                     reason: handle.protocol.loss_reason(handle),
@@ -382,10 +392,45 @@ impl<P: Protocol> Clone for Handles<P> {
 struct Index<P: Protocol> {
     by_id: HashMap<(String, String), Arc<Handle<P>>>,
     by_lease: HashMap<(String, String), Arc<Handle<P>>>,
+    /// Handles that were lost, after they left the index: so that their holder, asking later,
+    /// learns that it lost the lock rather than that it never existed. The oldest go first.
+    lost: HashMap<(String, String), Lost>,
+    lost_order: std::collections::VecDeque<(String, String)>,
 }
 
+/// What is remembered of a lost handle.
+#[derive(Clone, Debug)]
+pub struct Lost {
+    /// Why it was lost.
+    pub reason: String,
+    /// Its lease's owner (only they, and admins, may learn of it).
+    pub owner: Option<String>,
+}
+
+/// How many lost handles each kind remembers (as many as ended leases are).
+const REMEMBERED_LOST: usize = 100_000;
+
 impl<P: Protocol> Index<P> {
+    fn remember_lost(&mut self, handle: &Handle<P>, reason: String) {
+        let key = (handle.name.clone(), handle.id.clone());
+        let lost = Lost {
+            reason,
+            owner: handle.lease.owner.clone(),
+        };
+        if self.lost.insert(key.clone(), lost).is_none() {
+            self.lost_order.push_back(key);
+        }
+        while self.lost_order.len() > REMEMBERED_LOST {
+            if let Some(oldest) = self.lost_order.pop_front() {
+                self.lost.remove(&oldest);
+            }
+        }
+    }
+
     fn forget(&mut self, handle: &Arc<Handle<P>>) {
+        if let Phase::Lost { reason } = handle.state().phase {
+            self.remember_lost(handle, reason);
+        }
         let by_lease = (handle.lease.id.clone(), handle.name.clone());
         if self.by_lease.get(&by_lease).is_some_and(|h| Arc::ptr_eq(h, handle)) {
             self.by_lease.remove(&by_lease);
@@ -405,6 +450,8 @@ impl<P: Protocol> Handles<P> {
             base: kind.base(root).into(),
             index: Arc::new(Mutex::new(Index {
                 by_id: HashMap::new(),
+                lost: HashMap::new(),
+                lost_order: std::collections::VecDeque::new(),
                 by_lease: HashMap::new(),
             })),
         }
@@ -495,6 +542,11 @@ impl<P: Protocol> Handles<P> {
     /// holder can learn of the loss).
     pub fn get(&self, name: &str, id: &str) -> Option<Arc<Handle<P>>> {
         self.lock().by_id.get(&(name.to_string(), id.to_string())).cloned()
+    }
+
+    /// The handle `id` of resource `name` if it was lost and has left the index since.
+    pub fn lost(&self, name: &str, id: &str) -> Option<Lost> {
+        self.lock().lost.get(&(name.to_string(), id.to_string())).cloned()
     }
 
     /// Whether the lease already has a live handle at `name` (a retried request).

@@ -130,6 +130,8 @@ pub struct Lease {
     /// it, or anything held with it.
     pub owner: Option<String>,
     ended: CancellationToken,
+    /// Why it ended, once it has.
+    end_reason: std::sync::OnceLock<EndReason>,
     inner: Mutex<LeaseInner>,
 }
 
@@ -158,6 +160,7 @@ impl Lease {
             generation,
             owner,
             ended: CancellationToken::new(),
+            end_reason: std::sync::OnceLock::new(),
             inner: Mutex::new(LeaseInner {
                 deadline: Instant::now() + ttl,
                 last_keepalive: SystemTime::now(),
@@ -273,11 +276,18 @@ impl Lease {
         inner.last_keepalive = SystemTime::now();
     }
 
-    /// Ends the lease: its holdings remove their znodes. Cancelled under the lease's own lock, so
-    /// that [Lease::attach] cannot slip a holding in after the end.
-    pub fn end(&self) {
+    /// Ends the lease for `reason`: its holdings remove their znodes (and, unless its owner
+    /// deleted it, say they lost what they held). Cancelled under the lease's own lock, so that
+    /// [Lease::attach] cannot slip a holding in after the end.
+    pub fn end(&self, reason: EndReason) {
         let _inner = self.lock();
+        let _ = self.end_reason.set(reason);
         self.ended.cancel();
+    }
+
+    /// Why the lease ended (`None` while it lives).
+    pub fn end_reason(&self) -> Option<EndReason> {
+        self.end_reason.get().copied()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, LeaseInner> {
