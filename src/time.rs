@@ -49,11 +49,17 @@ pub fn at_most(duration: Duration, max: Duration) -> Result<Duration, String> {
     Ok(duration)
 }
 
+/// How the spec writes a duration: a subset of what [parse_duration] reads (one number of up to
+/// three digits and a unit), so that a client validating against the spec sends nothing the
+/// server refuses as malformed.
+pub const DURATION_PATTERN: &str = "^(0|[0-9]{1,3}(ms|s|m|h))$";
+
 impl utoipa::PartialSchema for HumanDuration {
     fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
         utoipa::openapi::ObjectBuilder::new()
             .schema_type(utoipa::openapi::schema::Type::String)
-            .description(Some("A duration: `500ms`, `5s`, `1m 30s`, `0`."))
+            .description(Some("A duration: `500ms`, `5s`, `1m`, `0`."))
+            .pattern(Some(DURATION_PATTERN))
             .examples([serde_json::json!("30s")])
             .into()
     }

@@ -197,6 +197,13 @@ async fn bad_names_bodies_and_handles_are_refused_and_change_nothing() {
         before,
         "bad requests changed ZooKeeper"
     );
+    // A 405 says which methods the endpoint takes, in its body as in `Allow`.
+    let wrong = raw_request(gate.running.addr, "PUT", "/v1/locks/keep/acquire", &[], b"").await;
+    assert_eq!(wrong.body["allowed"], serde_json::json!(["POST"]), "{wrong:?}");
+    assert!(
+        wrong.body["detail"].as_str().unwrap_or_default().contains("POST"),
+        "{wrong:?}"
+    );
     let state = gate.get("/v1/locks/keep").await;
     assert_eq!(
         state.body["holder"]["lease"],

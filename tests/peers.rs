@@ -43,6 +43,15 @@ async fn without_a_secret_instances_do_not_forward_and_say_where_to_go() {
     assert_eq!(refused.str("instance"), *a.running.state.instance.id, "{refused:?}");
     assert!(!refused.body.to_string().contains(&a.url), "names no URL: {refused:?}");
     assert_eq!(a.post(&keepalive, None).await.status, StatusCode::OK);
+
+    // An id naming an instance that is not registered: not "send it there", but gone.
+    let unknown = format!("0123abcd-{}", &lease[9..]);
+    let gone = b.get(&format!("/v1/leases/{unknown}")).await;
+    gone.assert_problem(StatusCode::GONE, None);
+    assert!(
+        gone.str("detail").contains("no instance `0123abcd` is registered"),
+        "{gone:?}"
+    );
 }
 
 /// A registration for instance `deadbeef` pointing at `url`, made by `client`'s session,

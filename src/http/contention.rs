@@ -454,10 +454,10 @@ pub async fn wait_for_news<P: Protocol>(state: &AppState, handle: &Handle<P>, wa
 #[serde(deny_unknown_fields)]
 pub struct RevokeBody {
     /// Who asks (recorded).
-    #[schema(example = "ops@example.com")]
+    #[schema(example = "ops@example.com", max_length = 500)]
     pub by: String,
     /// Why (recorded, shown to the holder).
-    #[schema(example = "deploy in progress")]
+    #[schema(example = "deploy in progress", max_length = 500)]
     pub reason: String,
     /// After this long (at most 24h) zkgate deletes the holder's node itself (the holder
     /// loses the lock). Without it, the holder releases when it is ready.

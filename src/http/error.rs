@@ -120,8 +120,8 @@ catalogue! {
         "a fencing check of a lock (or read/write lock, or election) that nobody holds (no leader)";
     NoSuchEndpoint: Http, 404, "no-such-endpoint", "No such endpoint", [],
         "an unknown path";
-    MethodNotAllowed: Http, 405, "method-not-allowed", "Method not allowed", [],
-        "a known path with another method";
+    MethodNotAllowed: Http, 405, "method-not-allowed", "Method not allowed", ["allowed"],
+        "a known path with another method (`allowed` lists the methods it takes)";
     LockNotAcquired: Http, 409, "lock-not-acquired", "Lock not acquired", ["position", "queued"],
         "the wait ended without the lock (or permit, or leadership), and the request left the queue";
     ModeChangeRefused: Http, 409, "mode-change-refused", "Lock mode change refused", ["handle", "mode"],

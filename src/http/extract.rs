@@ -11,8 +11,9 @@ use serde::de::DeserializeOwned;
 
 use super::error::{ApiError, Place};
 
-/// A JSON object body. An empty body is an error unless `T` is an `Option` (then it is `None`), so
-/// `curl -X POST` without `-d` works for endpoints whose body is optional.
+/// A JSON object body. An empty body (or JSON's `null`, as the spec allows for an optional one)
+/// is an error unless `T` is an `Option` (then it is `None`), so `curl -X POST` without `-d`
+/// works for endpoints whose body is optional.
 pub struct ApiJson<T>(pub T);
 
 impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
@@ -23,6 +24,7 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
         let text: &[u8] = match bytes.iter().find(|b| !b.is_ascii_whitespace()) {
             None => b"null",
             Some(b'{') => &bytes,
+            Some(b'n') if bytes.trim_ascii() == b"null" => b"null",
             Some(_) => return Err(ApiError::malformed_body("the body must be a JSON object")),
         };
         let mut deserializer = serde_json::Deserializer::from_slice(text);

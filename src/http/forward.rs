@@ -61,6 +61,11 @@ pub async fn forward(State(state): State<AppState>, request: Request, next: Next
     match owner {
         Some(owner) if owner != *state.instance.id => {
             if !state.instances.can_forward() {
+                // An instance that is not registered cannot be sent anything, key or no key:
+                // say that, not "send it there".
+                if matches!(state.instances.url_of(&owner).await, Ok(Peer::Gone)) {
+                    return instance_gone(&owner).into_response();
+                }
                 return ApiError::new(
                     Problem::NotForwarded,
                     format!(
@@ -289,7 +294,7 @@ fn instance_gone(owner: &str) -> ApiError {
     ApiError::new(
         Problem::LeaseEnded,
         format!(
-            "the instance `{owner}` that owned this lease (or handle or claim) is gone; its ZooKeeper session ended and took the lease with it"
+            "no instance `{owner}` is registered: the instance that issued this lease (or handle or claim) is gone, and its ZooKeeper session took the lease and what it held with it (or the id was never issued)"
         ),
     )
     .with("reason", "session_lost")

@@ -16,6 +16,7 @@ mod elections;
 pub mod error;
 pub mod events;
 pub mod extract;
+mod formats;
 pub mod forward;
 mod groups;
 mod health;
@@ -170,11 +171,45 @@ async fn no_route(uri: Uri) -> impl IntoResponse {
     )
 }
 
-async fn method_not_allowed() -> impl IntoResponse {
-    ApiError::new(
-        error::Problem::MethodNotAllowed,
-        "this endpoint does not support that method; see /docs",
-    )
+/// A known path with another method: the problem names the methods the endpoint takes
+/// (`allowed`), as the `Allow` header the router adds does, for a client that prints the body.
+async fn method_not_allowed(matched: Option<axum::extract::MatchedPath>) -> impl IntoResponse {
+    let allowed = matched.map(|m| allowed_methods(m.as_str())).unwrap_or_default();
+    let detail = if allowed.is_empty() {
+        "this endpoint does not support that method; see /docs".to_string()
+    } else {
+        format!("this endpoint takes {}; see /docs", allowed.join(", "))
+    };
+    ApiError::new(error::Problem::MethodNotAllowed, detail).with("allowed", allowed)
+}
+
+/// The methods the spec lists for the route `template` (`/v1/locks/{name}/acquire`).
+fn allowed_methods(template: &str) -> Vec<&'static str> {
+    static METHODS: std::sync::OnceLock<std::collections::HashMap<String, Vec<&'static str>>> =
+        std::sync::OnceLock::new();
+    let methods = METHODS.get_or_init(|| {
+        let spec = routes().into_openapi();
+        spec.paths
+            .paths
+            .iter()
+            .map(|(path, item)| {
+                let mut methods = Vec::new();
+                for (method, present) in [
+                    ("GET", item.get.is_some()),
+                    ("PUT", item.put.is_some()),
+                    ("POST", item.post.is_some()),
+                    ("DELETE", item.delete.is_some()),
+                ] {
+                    if present {
+                        methods.push(method);
+                    }
+                }
+                (path.clone(), methods)
+            })
+            .collect()
+    });
+    // The router writes a catch-all `{*key}`, the spec `{key}`.
+    methods.get(&template.replace("{*", "{")).cloned().unwrap_or_default()
 }
 
 /// 413 `value-too-large` if `what` (a "value", an "item"...) takes more than `--max-value-bytes`
@@ -274,6 +309,7 @@ pub async fn read<S: Source>(
 pub fn document(spec: &mut utoipa::openapi::OpenApi) {
     document_auth(spec);
     consistency::document(spec);
+    formats::document(spec);
 }
 
 /// Bearer tokens in the spec: the scheme, and on every operation but the probes the

@@ -67,6 +67,7 @@ fn source(state: &AppState, name: &str) -> QueueTopic {
 pub struct PutQuery {
     /// 0 (first) to 99 (last); items of one priority are taken in the order they were put.
     /// Default 50.
+    #[param(minimum = 0, maximum = 99)]
     pub priority: Option<u8>,
 }
 
@@ -161,6 +162,7 @@ const MAX_ACK_DEADLINE: Duration = Duration::from_secs(12 * 3600);
 #[into_params(parameter_in = Query)]
 pub struct ItemsQuery {
     /// How many items, first to take first (default 100, at most 1000).
+    #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<usize>,
 }
 

@@ -64,6 +64,7 @@ const MAX_PERMITS: u32 = 10_000;
 pub struct PermitParams {
     /// How many permits the semaphore has (1 to 10000). The first request records it; later
     /// ones must agree.
+    #[param(minimum = 1, maximum = 10000)]
     pub permits: u32,
     /// How long to wait for a permit: `0` tries once. Capped by the server's maximum wait,
     /// which is also the default.

@@ -66,7 +66,7 @@ pub struct CreateTxn {
     /// The transaction's id (default: a new UUID).
     pub id: Option<String>,
     /// Who must vote (1 to 100 distinct names).
-    #[schema(example = json!(["billing", "inventory"]))]
+    #[schema(example = json!(["billing", "inventory"]), min_items = 1, max_items = 100)]
     pub participants: Vec<String>,
     /// What is being decided, shown to everyone.
     #[schema(example = json!({"order": 42}))]

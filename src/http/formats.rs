@@ -1,0 +1,230 @@
+//! What the API's values look like, written into the spec: the rules the server checks for
+//! names, keys, ids, fencing tokens, durations and topics, as JSON Schema patterns and bounds on
+//! every parameter that takes one. Generated clients can then validate before they send, and a
+//! fuzzer generates what the server accepts rather than mostly what it refuses.
+//!
+//! The patterns are the server's rules or a subset of them (a duration may be written in more
+//! ways than the pattern allows, never fewer); a name's bound is in bytes on the server and in
+//! characters here, so a name of many multi-byte characters may still be refused.
+
+use utoipa::openapi::path::{Parameter, ParameterIn};
+use utoipa::openapi::schema::{Object, Schema, SchemaType, Type};
+use utoipa::openapi::{OpenApi, RefOr};
+
+use crate::zk::names::MAX_NAME_BYTES;
+
+/// One segment: the characters a name may have (ZooKeeper's path rules, `zk::names`): no `/`,
+/// no control character, nothing from the private-use area, the specials or beyond U+FFFF
+/// (written as the ranges allowed, so that a generator draws only from those).
+const SEGMENT: &str = r"[\x20-\x2e\x30-\x7e\xa0-\ud7ff\uf900-\uffef]+";
+
+/// What a parameter holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Format {
+    /// A resource name (a lock's, a member's...): one segment, 1 to 128 bytes.
+    Name,
+    /// A kv key: segments joined by `/`.
+    Key,
+    /// An id zkgate issued (a lease, a handle, a claim): `<instance>-<32 hex>`.
+    Id,
+    /// A fencing token: a znode's `czxid`, positive.
+    Token,
+    /// A duration: `0`, `500ms`, `5s`, `2m`, `1h`.
+    Duration,
+    /// A topic as events name it: `lock:orders`, `znode:data:kv/app`.
+    Topic,
+    /// An event stream's position(s), as its ids carry them.
+    Positions,
+}
+
+/// The format of parameter `name` in `place` of the operation at `path`.
+fn format_of(path: &str, place: &ParameterIn, name: &str) -> Option<Format> {
+    match (place, name) {
+        (ParameterIn::Path, "name" | "group" | "member" | "participant" | "item") => Some(Format::Name),
+        (ParameterIn::Path, "id") if path.starts_with("/v1/leases/") => Some(Format::Id),
+        (ParameterIn::Path, "id") => Some(Format::Name),
+        (ParameterIn::Path, "handle" | "claim") => Some(Format::Id),
+        (ParameterIn::Path, "key") => Some(Format::Key),
+        (ParameterIn::Path, "token") => Some(Format::Token),
+        (ParameterIn::Query, "wait" | "ack_deadline") => Some(Format::Duration),
+        (ParameterIn::Query, "topic") => Some(Format::Topic),
+        (ParameterIn::Query, "since") | (ParameterIn::Header, "Last-Event-ID") => Some(Format::Positions),
+        _ => None,
+    }
+}
+
+fn schema_of(format: Format) -> Schema {
+    let string = |pattern: String| {
+        Object::builder()
+            .schema_type(SchemaType::Type(Type::String))
+            .pattern(Some(pattern))
+    };
+    let schema = match format {
+        Format::Name => string(format!("^{SEGMENT}$"))
+            .min_length(Some(1))
+            .max_length(Some(MAX_NAME_BYTES)),
+        Format::Key => string(format!("^{SEGMENT}(/{SEGMENT})*$")).min_length(Some(1)),
+        Format::Id => string("^[0-9a-f]{8}-[0-9a-f]{32}$".into()),
+        Format::Duration => string(crate::time::DURATION_PATTERN.into()),
+        Format::Topic => string(format!(
+            "^(({topics}):{SEGMENT}|lease:[0-9a-f]{{8}}-[0-9a-f]{{32}}|znode:(data|children|recursive):({SEGMENT}(/{SEGMENT})*)?)$",
+            topics = crate::kind::Kind::ALL
+                .iter()
+                .filter_map(|k| k.topic())
+                .collect::<Vec<_>>()
+                .join("|")
+        )),
+        Format::Positions => string("^[0-9a-f]{1,16}-[0-9]{1,20}(,[0-9a-f]{1,16}-[0-9]{1,20})*$".into()),
+        Format::Token => Object::builder()
+            .schema_type(SchemaType::Type(Type::Integer))
+            .format(Some(utoipa::openapi::schema::SchemaFormat::KnownFormat(
+                utoipa::openapi::schema::KnownFormat::Int64,
+            )))
+            .minimum(Some(1)),
+    };
+    Schema::Object(schema.build())
+}
+
+/// Body fields that hold names (a list's items for a list): (schema, property).
+const BODY_NAMES: &[(&str, &str)] = &[
+    ("CreateTxn", "id"),
+    ("CreateTxn", "participants"),
+    ("RevokeBody", "node"),
+];
+
+/// The format of `property` of body schema `schema`: the names above, and every `lease` and
+/// `handle` (ids zkgate issued).
+fn body_format(schema: &str, property: &str) -> Option<Format> {
+    if BODY_NAMES.contains(&(schema, property)) {
+        return Some(Format::Name);
+    }
+    matches!(property, "lease" | "handle").then_some(Format::Id)
+}
+
+/// Writes the formats into every parameter that has one (an array's items for a repeated
+/// query parameter), and into the body fields that hold names.
+pub fn document(spec: &mut OpenApi) {
+    // Only the schemas of request bodies: a response's `lease` is the lease itself.
+    let bodies = request_bodies(spec);
+    if let Some(components) = spec.components.as_mut() {
+        for (schema, body) in components.schemas.iter_mut() {
+            if !bodies.contains(schema) {
+                continue;
+            }
+            let RefOr::T(Schema::Object(object)) = body else {
+                continue;
+            };
+            for (property, field) in object.properties.iter_mut() {
+                if let (Some(format), RefOr::T(field)) = (body_format(schema, property), field) {
+                    set_format(field, format);
+                }
+            }
+        }
+    }
+    for (path, item) in spec.paths.paths.iter_mut() {
+        let operations = [&mut item.get, &mut item.put, &mut item.post, &mut item.delete];
+        for operation in operations.into_iter().flatten() {
+            for parameter in operation.parameters.iter_mut().flatten() {
+                if let RefOr::T(parameter) = parameter {
+                    apply(path, parameter);
+                }
+            }
+        }
+    }
+}
+
+/// The names of the schemas that request bodies refer to.
+fn request_bodies(spec: &OpenApi) -> std::collections::HashSet<String> {
+    let text = serde_json::to_value(&spec.paths).unwrap_or_default();
+    let mut names = std::collections::HashSet::new();
+    let mut stack = vec![&text];
+    while let Some(value) = stack.pop() {
+        match value {
+            serde_json::Value::Object(map) => {
+                if let Some(body) = map.get("requestBody") {
+                    collect_refs(body, &mut names);
+                }
+                stack.extend(map.values());
+            }
+            serde_json::Value::Array(items) => stack.extend(items),
+            _ => {}
+        }
+    }
+    names
+}
+
+fn collect_refs(value: &serde_json::Value, names: &mut std::collections::HashSet<String>) {
+    match value {
+        serde_json::Value::Object(map) => {
+            if let Some(name) = map
+                .get("$ref")
+                .and_then(|r| r.as_str())
+                .and_then(|r| r.rsplit('/').next())
+            {
+                names.insert(name.to_string());
+            }
+            map.values().for_each(|v| collect_refs(v, names));
+        }
+        serde_json::Value::Array(items) => items.iter().for_each(|v| collect_refs(v, names)),
+        _ => {}
+    }
+}
+
+/// Gives a body field `format`, keeping its description (a list's items for a list; an optional
+/// field stays optional, as a field left out).
+fn set_format(field: &mut Schema, format: Format) {
+    match field {
+        Schema::Array(array) => {
+            array.items = utoipa::openapi::schema::ArrayItems::RefOrSchema(Box::new(RefOr::T(schema_of(format))))
+        }
+        field => {
+            let description = match field {
+                Schema::Object(object) => object.description.clone(),
+                _ => None,
+            };
+            let mut formatted = schema_of(format);
+            if let Schema::Object(object) = &mut formatted {
+                object.description = description;
+            }
+            *field = formatted;
+        }
+    }
+}
+
+fn apply(path: &str, parameter: &mut Parameter) {
+    let Some(format) = format_of(path, &parameter.parameter_in, &parameter.name) else {
+        return;
+    };
+    let schema = RefOr::T(schema_of(format));
+    match parameter.schema.as_mut() {
+        Some(RefOr::T(Schema::Array(array))) => {
+            array.items = utoipa::openapi::schema::ArrayItems::RefOrSchema(Box::new(schema))
+        }
+        _ => parameter.schema = Some(schema),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parameters_are_told_apart_by_place_and_path() {
+        assert_eq!(format_of("/v1/leases/{id}", &ParameterIn::Path, "id"), Some(Format::Id));
+        assert_eq!(format_of("/v1/txns/{id}", &ParameterIn::Path, "id"), Some(Format::Name));
+        assert_eq!(format_of("/v1/kv/{key}", &ParameterIn::Path, "key"), Some(Format::Key));
+        assert_eq!(
+            format_of("/v1/locks", &ParameterIn::Query, "wait"),
+            Some(Format::Duration)
+        );
+        assert_eq!(format_of("/v1/locks", &ParameterIn::Query, "name"), None);
+    }
+
+    /// The patterns agree with the server's own checks on examples of each side.
+    #[test]
+    fn durations_the_pattern_allows_parse() {
+        for text in ["0", "5s", "500ms", "2m", "999h"] {
+            assert!(crate::time::parse_duration(text).is_ok(), "{text}");
+        }
+    }
+}
