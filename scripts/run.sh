@@ -5,4 +5,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh run
-exec cargo run --release --quiet -- serve "$@"
+cargo build --release --quiet
+echo "zkgate: the binary is $PWD/target/release/zkgate (export PATH=\"$PWD/target/release:\$PATH\" for \`zkgate lock\`)" >&2
+exec target/release/zkgate serve "$@"

@@ -211,7 +211,8 @@ async fn the_runner_exits_with_the_commands_code_or_says_why_it_could_not_run_it
     assert!(waited.elapsed() >= Duration::from_millis(500));
     assert_eq!(
         stderr.trim_end(),
-        r#"zkgate: lock "codes" was not granted within 500ms"#
+        "zkgate: waiting for lock \"codes\" (position 1)\nzkgate: lock \"codes\" was not granted within 500ms",
+        "it says that it waits, and where, then why it gave up"
     );
     let state = gate.get("/v1/locks/codes").await;
     assert_eq!(state.body["waiters"], json!([]), "{state:?}");

@@ -187,7 +187,7 @@ async fn run(target: Target, options: &RunnerOptions, argv: &[String]) -> u8 {
     let (report, mut troubles) = mpsc::channel(4);
     let keeper = tokio::spawn(guard::keep_alive(api.clone(), lease.clone(), created, report.clone()));
     let waited = tokio::select! {
-        granted = acquire(&api, &target, &lease, options.wait) => granted,
+        granted = acquire(&api, &target, &lease, options.wait, &what) => granted,
         Some(trouble) = troubles.recv() => Err(NotGranted::LeaseLost(trouble)),
         signal = signals.recv() => Err(NotGranted::Signalled(signal)),
     };
@@ -216,14 +216,29 @@ async fn run(target: Target, options: &RunnerOptions, argv: &[String]) -> u8 {
 
 /// Waits in the queue until granted, `wait` has passed, or something fails for good. zkgate
 /// unreachable (or answering 503) is retried: the keeper decides when the lease is lost.
-async fn acquire(api: &Api, target: &Target, lease: &Lease, wait: Option<Duration>) -> Result<Grant, NotGranted> {
+///
+/// While it waits it says so on stderr, with its place in the queue, once and again each time
+/// the place changes: a runner that stays silent while it waits looks hung.
+async fn acquire(
+    api: &Api,
+    target: &Target,
+    lease: &Lease,
+    wait: Option<Duration>,
+    what: &str,
+) -> Result<Grant, NotGranted> {
     let deadline = wait.map(|wait| Instant::now() + wait);
+    let mut told: Option<u64> = None;
     loop {
         let left = deadline.map(|deadline| deadline.saturating_duration_since(Instant::now()));
         let poll = left.unwrap_or(ACQUIRE_POLL).min(ACQUIRE_POLL);
         match api.contend(target, &lease.id, poll).await {
             Ok(Standing::Granted { handle, fencing_token }) => return Ok(Grant { handle, fencing_token }),
-            Ok(Standing::Queued { .. }) => {}
+            Ok(Standing::Queued { position }) => {
+                if told != Some(position) {
+                    eprintln!("zkgate: waiting for {what} (position {position})");
+                    told = Some(position);
+                }
+            }
             Err(error) if error.is_transient() => {
                 let pause = left.map_or(RETRY, |left| left.min(RETRY));
                 tokio::time::sleep(pause).await;
