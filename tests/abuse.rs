@@ -308,6 +308,20 @@ async fn gauge(gate: &Gate, name: &str) -> f64 {
         .unwrap_or_else(|| panic!("{name} in /metrics"))
 }
 
+/// Writes the `i`th value of `size` bytes to the key `big`.
+fn put_big(
+    gate: &Gate,
+    i: usize,
+    size: usize,
+) -> impl std::future::Future<Output = reqwest::Result<reqwest::Response>> {
+    let value = format!("{i:04}-{}", "x".repeat(size));
+    gate.http
+        .put(format!("{}/v1/kv/big", gate.url))
+        .header("Content-Type", "text/plain")
+        .body(value)
+        .send()
+}
+
 /// Clients that subscribe to a large value and never read cost zkgate their send buffer, not
 /// what is written meanwhile: 80 MB of changes leave at most `--ws-send-buffer` queued per
 /// socket, and the process's memory does not follow the writes.
@@ -317,14 +331,7 @@ async fn clients_that_never_read_cost_their_send_buffer_not_the_writes() {
     let mut config = test_config(&zk.connect_string());
     config.ws_send_buffer = 256 * 1024;
     let gate = Gate::start_with(config).await;
-    let put = |i: usize| {
-        let value = format!("{i:04}-{}", "x".repeat(200 * 1024));
-        gate.http
-            .put(format!("{}/v1/kv/big", gate.url))
-            .header("Content-Type", "text/plain")
-            .body(value)
-            .send()
-    };
+    let put = |i: usize| put_big(&gate, i, 200 * 1024);
     assert!(put(0).await.expect("PUT").status().is_success());
     let mut silent = Vec::new();
     for _ in 0..4 {
@@ -381,14 +388,7 @@ async fn an_event_stream_nobody_reads_is_cut_after_the_write_timeout() {
     let mut config = test_config(&zk.connect_string());
     config.write_timeout = Duration::from_secs(1);
     let gate = Gate::start_with(config).await;
-    let put = |i: usize| {
-        let value = format!("{i:04}-{}", "x".repeat(64 * 1024));
-        gate.http
-            .put(format!("{}/v1/kv/big", gate.url))
-            .header("Content-Type", "text/plain")
-            .body(value)
-            .send()
-    };
+    let put = |i: usize| put_big(&gate, i, 64 * 1024);
     assert!(put(0).await.expect("PUT").status().is_success());
     let socket = TcpSocket::new_v4().expect("socket");
     socket.set_recv_buffer_size(4096).expect("a small receive buffer");

@@ -10,7 +10,7 @@ use std::time::Duration;
 use common::proxy::Proxy;
 use common::sse::Sse;
 use common::ws::assert_no_silent_gap;
-use common::{ADMIN, Gate, auth_config, expire_sessions, grant, test_config, within, zookeeper};
+use common::{ADMIN, Gate, auth_config, expire_sessions, grant, test_config, zookeeper};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
@@ -234,16 +234,7 @@ async fn a_resume_across_a_reconnection_or_a_session_expiry_carries_the_resync()
         // A client took the watcher's last event, then went away.
         let id = watcher.last_id.clone().expect("an id");
         if fault == "partition" {
-            let mut status = gate.running.state.zk().subscribe();
-            proxy.partition();
-            within(
-                Duration::from_secs(20),
-                "zkgate to see the disconnection",
-                status.wait_for(|s| s.connection == zkgate::zk::session::Connection::Disconnected),
-            )
-            .await
-            .expect("supervisor");
-            proxy.heal();
+            common::drop_connection(&gate, &proxy).await;
         } else {
             expire_sessions(&proxy, &connect, gate.sessions().await).await;
         }

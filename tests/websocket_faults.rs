@@ -98,15 +98,7 @@ async fn a_dropped_connection_brings_a_resync_when_it_comes_back() {
     // Cut zkgate off ZooKeeper for less than its session timeout: the session survives, the
     // connection comes back, and whatever happened meanwhile is not replayed by ZooKeeper.
     let mut status = gate.running.state.zk().subscribe();
-    proxy.partition();
-    within(
-        Duration::from_secs(20),
-        "zkgate to see the disconnection",
-        status.wait_for(|s| s.connection == zkgate::zk::session::Connection::Disconnected),
-    )
-    .await
-    .expect("supervisor");
-    proxy.heal();
+    common::drop_connection(&gate, &proxy).await;
     let generation = within(
         Duration::from_secs(20),
         "zkgate to reconnect",

@@ -91,21 +91,7 @@ pub async fn events(
     uri: Uri,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let mut topics = Vec::new();
-    let mut since = None;
-    for (name, value) in form_urlencoded::parse(uri.query().unwrap_or_default().as_bytes()) {
-        match &*name {
-            "topic" => topics.push(value.into_owned()),
-            "since" => since = Some(value.into_owned()),
-            other => {
-                return Err(ApiError::invalid(
-                    Place::Query,
-                    other,
-                    "is not a parameter of an event stream (`topic`, `since`)",
-                ));
-            }
-        }
-    }
+    let (topics, since) = stream_query(&uri, true)?;
     if topics.is_empty() {
         return Err(ApiError::invalid(
             Place::Query,
@@ -132,22 +118,31 @@ pub async fn resource(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     super::check_name(&name)?;
-    let mut since = None;
-    for (key, value) in form_urlencoded::parse(uri.query().unwrap_or_default().as_bytes()) {
-        match &*key {
+    let (_, since) = stream_query(&uri, false)?;
+    let topic = kind.topic().expect("routes only for kinds with topics");
+    let topics = vec![serde_json::json!({ topic: name })];
+    open(state, caller, address, topics, since, &headers).await
+}
+
+/// A stream's query: its `topic`s (where it takes them) and `since`; any other parameter is a
+/// 400 naming it.
+fn stream_query(uri: &Uri, takes_topics: bool) -> Result<(Vec<String>, Option<String>), ApiError> {
+    let (mut topics, mut since) = (Vec::new(), None);
+    for (name, value) in form_urlencoded::parse(uri.query().unwrap_or_default().as_bytes()) {
+        match &*name {
+            "topic" if takes_topics => topics.push(value.into_owned()),
             "since" => since = Some(value.into_owned()),
             other => {
+                let known = if takes_topics { "`topic`, `since`" } else { "`since`" };
                 return Err(ApiError::invalid(
                     Place::Query,
                     other,
-                    "is not a parameter of an event stream (`since`)",
+                    format!("is not a parameter of an event stream ({known})"),
                 ));
             }
         }
     }
-    let topic = kind.topic().expect("routes only for kinds with topics");
-    let topics = vec![serde_json::json!({ topic: name })];
-    open(state, caller, address, topics, since, &headers).await
+    Ok((topics, since))
 }
 
 /// The stream of `topics` for `caller`, from the start or after `since` (or `Last-Event-ID`).

@@ -380,6 +380,21 @@ pub async fn expire_sessions(proxy: &proxy::Proxy, direct: &str, sessions: Vec<S
     proxy.heal();
 }
 
+/// Cuts `gate` off ZooKeeper (through `proxy`) until it has seen the disconnection, then heals:
+/// shorter than the session timeout, so the session survives and the connection comes back.
+pub async fn drop_connection(gate: &Gate, proxy: &proxy::Proxy) {
+    let mut status = gate.running.state.zk().subscribe();
+    proxy.partition();
+    within(
+        Duration::from_secs(20),
+        "zkgate to see the disconnection",
+        status.wait_for(|s| s.connection == zkgate::zk::session::Connection::Disconnected),
+    )
+    .await
+    .expect("supervisor");
+    proxy.heal();
+}
+
 /// Attaches to `session` directly and closes it.
 async fn close_from_outside(direct: &str, session: SessionInfo) {
     let intruder = within(Duration::from_secs(30), "attaching to the session", async {
