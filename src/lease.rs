@@ -10,7 +10,7 @@
 //! Ended leases are remembered (a bounded number) so that their next use answers "gone, and
 //! why" (HTTP 410) rather than "never heard of it" (404).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -19,9 +19,6 @@ use tokio::time::Instant;
 use crate::auth::Caller;
 use crate::recipes::lease::{EndReason, Fate, Lease, LeaseError};
 use crate::zk::session::{Lanes, ZkSession};
-
-/// How many ended leases are remembered for 410 answers.
-const REMEMBERED_ENDED: usize = 100_000;
 
 /// TTL policy, from the command line.
 #[derive(Clone, Copy, Debug)]
@@ -56,8 +53,7 @@ struct Registry {
 #[derive(Default)]
 struct Table {
     live: HashMap<String, Arc<Lease>>,
-    ended: HashMap<String, EndReason>,
-    ended_order: VecDeque<String>,
+    ended: crate::remembered::Remembered<String, EndReason>,
     by_idempotency_key: HashMap<String, String>,
     /// Live leases per owner (`None`: auth off), for the per-principal limit.
     per_owner: HashMap<Option<String>, usize>,
@@ -237,12 +233,6 @@ impl Registry {
         }
         table.by_idempotency_key.retain(|_, lease_id| lease_id != id);
         table.ended.insert(id.to_string(), reason);
-        table.ended_order.push_back(id.to_string());
-        if table.ended_order.len() > REMEMBERED_ENDED
-            && let Some(oldest) = table.ended_order.pop_front()
-        {
-            table.ended.remove(&oldest);
-        }
         drop(table);
         lease.end(reason);
         tracing::info!(lease = %id, ?reason, "lease ended");

@@ -18,6 +18,7 @@ pub mod listen;
 pub mod metrics;
 pub mod peer;
 pub mod recipes;
+pub mod remembered;
 pub mod runner;
 pub mod time;
 pub mod tls;

@@ -10,6 +10,7 @@ const LAYERS: &[(&str, u8)] = &[
     // Leaves: no module of zkgate below them.
     ("time", 0),
     ("ids", 0),
+    ("remembered", 0),
     ("kind", 0),
     ("metrics", 0),
     ("tls", 0),
@@ -42,6 +43,7 @@ const SEE_THE_ROOT: &[&str] = &["http", "ws"];
 const NO_ZOOKEEPER: &[&str] = &[
     "time",
     "ids",
+    "remembered",
     "kind",
     "metrics",
     "tls",

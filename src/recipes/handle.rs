@@ -394,8 +394,7 @@ struct Index<P: Protocol> {
     by_lease: HashMap<(String, String), Arc<Handle<P>>>,
     /// Handles that were lost, after they left the index: so that their holder, asking later,
     /// learns that it lost the lock rather than that it never existed. The oldest go first.
-    lost: HashMap<(String, String), Lost>,
-    lost_order: std::collections::VecDeque<(String, String)>,
+    lost: crate::remembered::Remembered<(String, String), Lost>,
 }
 
 /// What is remembered of a lost handle.
@@ -407,24 +406,13 @@ pub struct Lost {
     pub owner: Option<String>,
 }
 
-/// How many lost handles each kind remembers (as many as ended leases are).
-const REMEMBERED_LOST: usize = 100_000;
-
 impl<P: Protocol> Index<P> {
     fn remember_lost(&mut self, handle: &Handle<P>, reason: String) {
-        let key = (handle.name.clone(), handle.id.clone());
         let lost = Lost {
             reason,
             owner: handle.lease.owner.clone(),
         };
-        if self.lost.insert(key.clone(), lost).is_none() {
-            self.lost_order.push_back(key);
-        }
-        while self.lost_order.len() > REMEMBERED_LOST {
-            if let Some(oldest) = self.lost_order.pop_front() {
-                self.lost.remove(&oldest);
-            }
-        }
+        self.lost.insert((handle.name.clone(), handle.id.clone()), lost);
     }
 
     fn forget(&mut self, handle: &Arc<Handle<P>>) {
@@ -450,8 +438,7 @@ impl<P: Protocol> Handles<P> {
             base: kind.base(root).into(),
             index: Arc::new(Mutex::new(Index {
                 by_id: HashMap::new(),
-                lost: HashMap::new(),
-                lost_order: std::collections::VecDeque::new(),
+                lost: Default::default(),
                 by_lease: HashMap::new(),
             })),
         }
