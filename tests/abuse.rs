@@ -418,13 +418,10 @@ async fn an_event_stream_nobody_reads_is_cut_after_the_write_timeout() {
             limits.wait_held("subscriptions of anyone", |n| n == 0),
         ) => {}
     }
-    within(
-        Duration::from_secs(10),
-        "its connection to close",
-        gate.running.wait_connections(|open| open == 0),
-    )
-    .await;
-    drop(stream);
+    // And its connection is closed: reading now drains what the kernel had buffered, then
+    // ends. (The test's own HTTP client keeps other connections open, so zkgate's count of
+    // open connections says nothing here.)
+    closed_by_server(&mut stream, Duration::from_secs(20)).await;
 }
 
 /// Long polls are capped per principal (with auth off: per client address) and on the whole
