@@ -90,11 +90,21 @@ pub struct ZooKeeperServer {
 
 impl ZooKeeperServer {
     /// Starts a standalone server on a free loopback port and waits until it serves.
+    ///
+    /// The port is chosen free, but another process may bind it before the server does (the
+    /// server then exits): the start is tried again on a new port, three times in all.
     pub async fn start_standalone(options: &ServerOptions) -> Result<ZooKeeperServer, ServerError> {
-        let port = free_port()?;
-        let mut server = Self::spawn(options, 0, port, None)?;
-        server.wait_serving(Duration::from_secs(60)).await?;
-        Ok(server)
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let port = free_port()?;
+            let mut server = Self::spawn(options, 0, port, None)?;
+            match server.wait_serving(Duration::from_secs(60)).await {
+                Ok(()) => return Ok(server),
+                Err(error) if attempt >= 3 => return Err(error),
+                Err(error) => tracing::warn!(%port, %error, "ZooKeeper did not start; trying another port"),
+            }
+        }
     }
 
     /// Spawns member `id` (1-based) of an ensemble whose members are `members` (index id-1).
