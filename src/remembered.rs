@@ -51,12 +51,9 @@ impl<K: Hash + Eq + Clone, V> Remembered<K, V> {
         self.entries.get(key)
     }
 
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    fn len(&self) -> usize {
         self.entries.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
     }
 }
 

@@ -65,7 +65,8 @@ impl Default for EventSettings {
 
 /// Where a subscriber is in a topic: the topic's incarnation on its instance and the sequence
 /// number of the last event taken. Written `<epoch in hex>-<seq>`, as clients see it (the
-/// `position` of an event, an SSE event's id, the socket's `since`).
+/// `position` of an event, an SSE event's id, the socket's `since`). In an event it is two
+/// fields, `seq` and `position` (see [Event::position]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Position {
     pub epoch: u64,
@@ -101,9 +102,14 @@ impl std::str::FromStr for Position {
     }
 }
 
+/// An event's `seq` and `position` fields (the event flattens its position into them).
 impl Serialize for Position {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(self)
+        use serde::ser::SerializeMap;
+        let mut map = serializer.serialize_map(Some(2))?;
+        map.serialize_entry("seq", &self.seq)?;
+        map.serialize_entry("position", &self.to_string())?;
+        map.end()
     }
 }
 
@@ -125,12 +131,11 @@ pub type State = Arc<serde_json::Value>;
 pub struct Event {
     /// The topic, e.g. `election:scheduler`.
     pub topic: String,
-    /// The topic's sequence number: it increases by one per event of the topic, so a
-    /// subscriber sees consecutive numbers unless it is told (by a `resync`) that it missed
-    /// some.
-    pub seq: u64,
-    /// Where this event is in the topic (its incarnation and `seq`): give it back to resume
-    /// after it.
+    /// Where this event is in the topic, sent as two fields: `seq`, the topic's sequence
+    /// number, which increases by one per event of the topic, so a subscriber sees consecutive
+    /// numbers unless it is told (by a `resync`) that it missed some; and `position`
+    /// (`<epoch>-<seq>`), to give back to resume after this event.
+    #[serde(flatten)]
     pub position: Position,
     /// `state` (the first message), what changed (e.g. `leader`, `no_leader`), or `resync`:
     /// the state now, after a time in which changes may have been missed (see `reason`).
@@ -235,7 +240,7 @@ impl Recent {
 
     /// The event numbered `seq`, if it is still kept.
     fn get(&self, seq: u64) -> Option<&Arc<Event>> {
-        let first = self.events.front()?.0.seq;
+        let first = self.events.front()?.0.position.seq;
         let index = usize::try_from(seq.checked_sub(first)?).ok()?;
         self.events.get(index).map(|(event, _)| event)
     }
@@ -297,14 +302,14 @@ impl Subscription {
         loop {
             {
                 let recent = self.topic.recent();
-                let last = recent.last().map_or(0, |e| e.seq);
+                let last = recent.last().map_or(0, |e| e.position.seq);
                 if last > self.seen {
                     let Some(next) = recent.get(self.seen + 1).cloned() else {
                         // Dropped from the recent events before this subscriber took it.
                         drop(recent);
                         return Some(self.resync());
                     };
-                    self.seen = next.seq;
+                    self.seen = next.position.seq;
                     return Some(next);
                 }
             }
@@ -322,11 +327,6 @@ impl Subscription {
         }
     }
 
-    /// The topic's name on the bus (`lock:orders`).
-    pub fn topic(&self) -> &str {
-        &self.name
-    }
-
     /// The state now, as an event of kind `resync` (reason `fell_behind`), for a subscriber
     /// that missed events; the events it covers are skipped from then on.
     pub fn resync(&mut self) -> Arc<Event> {
@@ -334,16 +334,21 @@ impl Subscription {
     }
 
     fn resync_for(&mut self, reason: &'static str) -> Arc<Event> {
+        crate::metrics::get().resyncs.with_label_values(&[reason]).inc();
+        self.snapshot("resync", Some(reason))
+    }
+
+    /// The topic's state now as an event of `kind` (`state`, or `resync` with its `reason`);
+    /// this subscriber takes it up from there.
+    fn snapshot(&mut self, kind: &'static str, reason: Option<&'static str>) -> Arc<Event> {
         let (seq, state) = self.topic.last();
         self.seen = seq;
-        crate::metrics::get().resyncs.with_label_values(&[reason]).inc();
         Arc::new(Event {
             topic: self.name.clone(),
-            seq,
             position: self.position(),
-            kind: "resync",
+            kind,
             zxid: None,
-            reason: Some(reason),
+            reason,
             path: None,
             state,
         })
@@ -359,7 +364,7 @@ impl Topic {
     fn last(&self) -> (u64, State) {
         self.recent()
             .last()
-            .map_or((0, State::default()), |e| (e.seq, e.state.clone()))
+            .map_or((0, State::default()), |e| (e.position.seq, e.state.clone()))
     }
 
     fn lingering(&self) -> std::sync::MutexGuard<'_, Option<(tokio::time::Instant, bool)>> {
@@ -403,10 +408,9 @@ impl Publisher {
         path: Option<String>,
     ) {
         let mut recent = self.topic.recent();
-        let seq = recent.last().map_or(0, |e| e.seq) + 1;
+        let seq = recent.last().map_or(0, |e| e.position.seq) + 1;
         let event = Arc::new(Event {
             topic: self.name.clone(),
-            seq,
             position: Position {
                 epoch: self.topic.epoch,
                 seq,
@@ -535,24 +539,9 @@ impl Events {
             events: self.clone(),
         };
         // The state as of the subscription: after it, every change arrives as an event.
-        let (last, state) = topic.last();
+        let last = topic.last().0;
         match since {
-            None => {
-                subscription.seen = last;
-                subscription.pending = Some(Arc::new(Event {
-                    topic: name.to_string(),
-                    seq: last,
-                    position: Position {
-                        epoch: topic.epoch,
-                        seq: last,
-                    },
-                    kind: "state",
-                    zxid: None,
-                    reason: None,
-                    path: None,
-                    state,
-                }));
-            }
+            None => subscription.pending = Some(subscription.snapshot("state", None)),
             Some(since)
                 if since.epoch == topic.epoch
                     && since.seq <= last

@@ -58,7 +58,7 @@ async fn a_subscriber_gets_the_state_then_each_event_numbered() {
     let (feed, send, _) = fed();
     let mut subscription = events.subscribe("t", feed, None).await;
     let first = within(subscription.next()).await.expect("state");
-    assert_eq!((first.kind, first.seq), ("state", 1));
+    assert_eq!((first.kind, first.position.seq), ("state", 1));
     assert_eq!(*first.state, json!(0));
     for n in 1..=3 {
         send.send(n).expect("feed");
@@ -66,14 +66,17 @@ async fn a_subscriber_gets_the_state_then_each_event_numbered() {
     for n in 1..=3u64 {
         let event = within(subscription.next()).await.expect("event");
         assert_eq!(
-            (event.kind, event.seq, (*event.state).clone(), event.zxid),
+            (event.kind, event.position.seq, (*event.state).clone(), event.zxid),
             ("n", n + 1, json!(n), Some(n as i64))
         );
     }
     // A second subscriber joins the live topic: it starts with the state as it is now.
     let mut late = events.subscribe("t", fed().0, None).await;
     let first = within(late.next()).await.expect("state");
-    assert_eq!((first.kind, first.seq, (*first.state).clone()), ("state", 4, json!(3)));
+    assert_eq!(
+        (first.kind, first.position.seq, (*first.state).clone()),
+        ("state", 4, json!(3))
+    );
     assert_eq!(
         first.position,
         subscription.position(),
@@ -99,13 +102,13 @@ async fn a_subscriber_that_falls_behind_gets_the_state_again_not_a_gap() {
     let resync = within(slow.next()).await.expect("resync");
     assert_eq!((resync.kind, resync.reason), ("resync", Some("fell_behind")));
     assert_eq!(
-        (resync.seq, (*resync.state).clone()),
+        (resync.position.seq, (*resync.state).clone()),
         (total + 1, json!(total)),
         "the latest state"
     );
     send.send(total + 1).expect("feed");
     let next = within(slow.next()).await.expect("event");
-    assert_eq!(next.seq, total + 2, "consecutive after the resync");
+    assert_eq!(next.position.seq, total + 2, "consecutive after the resync");
 }
 
 /// A feed of large states: the topic keeps what its byte bound allows of them (and always the
@@ -196,13 +199,16 @@ async fn a_subscriber_resumes_after_its_position_without_the_state() {
     let mut back = events.subscribe("t", fed().0, Some(position)).await;
     for n in 2..=4u64 {
         let event = within(back.next()).await.expect("missed event");
-        assert_eq!((event.kind, event.seq, (*event.state).clone()), ("n", n + 1, json!(n)));
+        assert_eq!(
+            (event.kind, event.position.seq, (*event.state).clone()),
+            ("n", n + 1, json!(n))
+        );
     }
     // Resuming at the latest position: nothing to replay, and no state either.
     let mut current = events.subscribe("t", fed().0, Some(back.position())).await;
     publish(&send, &mut watcher, 5).await;
     let next = within(current.next()).await.expect("event");
-    assert_eq!((next.kind, next.seq), ("n", 6), "the next change, not a state");
+    assert_eq!((next.kind, next.position.seq), ("n", 6), "the next change, not a state");
 }
 
 #[tokio::test]
@@ -232,7 +238,7 @@ async fn a_resume_past_the_backlog_or_from_another_incarnation_resyncs() {
         let mut late = events.subscribe("t", fed().0, Some(since)).await;
         let resync = within(late.next()).await.expect("resync");
         assert_eq!(
-            (resync.kind, resync.reason, resync.seq, (*resync.state).clone()),
+            (resync.kind, resync.reason, resync.position.seq, (*resync.state).clone()),
             ("resync", Some("cannot_resume"), 11, json!(10)),
             "from {since}"
         );

@@ -583,3 +583,28 @@ pub async fn check_fencing(
         )),
     }
 }
+
+/// Declares a kind's `GET /v1/<kind>/{name}/fencing/{token}` ([check_fencing]): `handles` picks
+/// the kind's handles from the state (for the directory), `holding` says how many of its
+/// contenders in queue order hold.
+macro_rules! fencing_handler {
+    ($(#[doc = $doc:tt])* $handler:ident, $path:tt, $tag:tt, $what:tt, |$state:ident| $handles:expr, $holding:expr) => {
+        $(#[doc = $doc])*
+        #[utoipa::path(get, path = $path, tag = $tag,
+            params(("name" = String, Path, description = "Its name"), ("token" = i64, Path, description = "The fencing token to check, as the acquire (or campaign) answered it")),
+            responses(
+                (status = 200, description = "The token is current", body = $crate::http::contention::FencingCheck),
+                $crate::http::error::Problems<($crate::http::error::p::InvalidField, $crate::http::error::p::NotHeld, $crate::http::error::p::StaleFencingToken, $crate::http::error::p::ZookeeperUnavailable)>,
+            ))]
+        pub async fn $handler(
+            axum::extract::State($state): axum::extract::State<$crate::AppState>,
+            $crate::http::extract::ApiPath((name, token)): $crate::http::extract::ApiPath<(String, String)>,
+            consistency: $crate::http::consistency::Consistency,
+        ) -> Result<axum::Json<$crate::http::contention::FencingCheck>, $crate::http::error::ApiError> {
+            let dir = $handles.dir(&name);
+            $crate::http::contention::check_fencing(&$state, $what, dir, &name, &token, consistency, $holding).await
+        }
+    };
+}
+
+pub(crate) use fencing_handler;

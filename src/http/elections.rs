@@ -344,25 +344,19 @@ pub async fn resign(
     .await
 }
 
-/// Checks a term (the leader's fencing token) against the election's leader.
-///
-/// 200 if the term is the current leader's; 409 `stale-fencing-token` with the leader's term
-/// (`current_token`) if another has led since; 404 `not-held` if nobody campaigns.
-/// Linearizable by default.
-#[utoipa::path(get, path = "/v1/elections/{name}/fencing/{token}", tag = "elections",
-    params(("name" = String, Path, description = "Its name"), ("token" = i64, Path, description = "The fencing token to check, as the acquire (or campaign) answered it")),
-    responses(
-        (status = 200, description = "The token is current", body = contention::FencingCheck),
-        Problems<(p::InvalidField, p::NotHeld, p::StaleFencingToken, p::ZookeeperUnavailable)>,
-    ))]
-pub async fn check_election_fencing(
-    State(state): State<AppState>,
-    ApiPath((name, token)): ApiPath<(String, String)>,
-    consistency: Consistency,
-) -> Result<Json<contention::FencingCheck>, ApiError> {
-    let dir = state.elections.dir(&name);
-    contention::check_fencing(&state, "election", dir, &name, &token, consistency, |_: &[String]| 1).await
-}
+contention::fencing_handler!(
+    /// Checks a term (the leader's fencing token) against the election's leader.
+    ///
+    /// 200 if the term is the current leader's; 409 `stale-fencing-token` with the leader's term
+    /// (`current_token`) if another has led since; 404 `not-held` if nobody campaigns.
+    /// Linearizable by default.
+    check_election_fencing,
+    "/v1/elections/{name}/fencing/{token}",
+    "elections",
+    "election",
+    |state| state.elections,
+    |_: &[String]| 1
+);
 
 super::events::events_handler!(
     /// Follows an election: its leader, term and candidates, as Server-Sent Events.

@@ -186,27 +186,21 @@ pub async fn revocations(
     Ok(Json(records))
 }
 
-/// Checks a fencing token against the lock's holder: for a resource server, before it accepts
-/// a write that carries the token (Chubby's sequencer check).
-///
-/// 200 if the token is the current holder's; 409 `stale-fencing-token` with the holder's
-/// token (`current_token`) if the lock has changed hands since (or the token never held it);
-/// 404 `not-held` if nobody holds it. A linearizable read by default: it reflects every grant
-/// and release any instance acknowledged before the check began.
-#[utoipa::path(get, path = "/v1/locks/{name}/fencing/{token}", tag = "locks",
-    params(("name" = String, Path, description = "Its name"), ("token" = i64, Path, description = "The fencing token to check, as the acquire (or campaign) answered it")),
-    responses(
-        (status = 200, description = "The token is current", body = contention::FencingCheck),
-        Problems<(p::InvalidField, p::NotHeld, p::StaleFencingToken, p::ZookeeperUnavailable)>,
-    ))]
-pub async fn check_lock_fencing(
-    State(state): State<AppState>,
-    ApiPath((name, token)): ApiPath<(String, String)>,
-    consistency: Consistency,
-) -> Result<Json<contention::FencingCheck>, ApiError> {
-    let dir = state.locks.dir(&name);
-    contention::check_fencing(&state, "lock", dir, &name, &token, consistency, |_: &[String]| 1).await
-}
+contention::fencing_handler!(
+    /// Checks a fencing token against the lock's holder: for a resource server, before it accepts
+    /// a write that carries the token (Chubby's sequencer check).
+    ///
+    /// 200 if the token is the current holder's; 409 `stale-fencing-token` with the holder's
+    /// token (`current_token`) if the lock has changed hands since (or the token never held it);
+    /// 404 `not-held` if nobody holds it. A linearizable read by default: it reflects every grant
+    /// and release any instance acknowledged before the check began.
+    check_lock_fencing,
+    "/v1/locks/{name}/fencing/{token}",
+    "locks",
+    "lock",
+    |state| state.locks,
+    |_: &[String]| 1
+);
 
 super::events::events_handler!(
     /// Follows a lock: its holder and waiters, as Server-Sent Events.

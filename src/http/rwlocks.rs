@@ -175,35 +175,20 @@ fn rw_role(node: &str) -> Role {
     if is_reader(node) { Role::Read } else { Role::Write }
 }
 
-/// Checks a fencing token against the read/write lock's holders: the writer's, or any
-/// current reader's.
-///
-/// 200 if the token is a current holder's; 409 `stale-fencing-token` with the newest holder's
-/// token (`current_token`) otherwise; 404 `not-held` if nobody holds it. Linearizable by
-/// default.
-#[utoipa::path(get, path = "/v1/rwlocks/{name}/fencing/{token}", tag = "rwlocks",
-    params(("name" = String, Path, description = "Its name"), ("token" = i64, Path, description = "The fencing token to check, as the acquire (or campaign) answered it")),
-    responses(
-        (status = 200, description = "The token is current", body = contention::FencingCheck),
-        Problems<(p::InvalidField, p::NotHeld, p::StaleFencingToken, p::ZookeeperUnavailable)>,
-    ))]
-pub async fn check_rwlock_fencing(
-    State(state): State<AppState>,
-    ApiPath((name, token)): ApiPath<(String, String)>,
-    consistency: Consistency,
-) -> Result<Json<contention::FencingCheck>, ApiError> {
-    let dir = state.rwlocks.dir(&name);
-    contention::check_fencing(
-        &state,
-        "read/write lock",
-        dir,
-        &name,
-        &token,
-        consistency,
-        crate::recipes::rwlock::holding::<String>,
-    )
-    .await
-}
+contention::fencing_handler!(
+    /// Checks a fencing token against the read/write lock's holders: the writer's, or any
+    /// current reader's.
+    ///
+    /// 200 if the token is a current holder's; 409 `stale-fencing-token` with the newest holder's
+    /// token (`current_token`) otherwise; 404 `not-held` if nobody holds it. Linearizable by
+    /// default.
+    check_rwlock_fencing,
+    "/v1/rwlocks/{name}/fencing/{token}",
+    "rwlocks",
+    "read/write lock",
+    |state| state.rwlocks,
+    crate::recipes::rwlock::holding::<String>
+);
 
 super::events::events_handler!(
     /// Follows a read/write lock: its holders and waiters, as Server-Sent Events.

@@ -328,28 +328,33 @@ pub async fn check_fencing(
 async fn search(client: &Client, dir: &str, holders: &[String], token: i64) -> Result<Option<Fencing>, ZkError> {
     let czxid = |name: &String| {
         let path = format!("{dir}/{name}");
-        async move {
-            match retry_on_loss(|| client.check_stat(&path)).await {
-                Ok(Some(stat)) => Ok(Some(stat.czxid)),
-                Ok(None) => Ok(None),
-                Err(err) => Err(err),
-            }
-        }
+        async move { Ok::<_, ZkError>(retry_on_loss(|| client.check_stat(&path)).await?.map(|stat| stat.czxid)) }
     };
+    let newest = holders.len() - 1;
+    // The newest holder's token, once read (the search often reads it; a lock's only holder
+    // always is): a 409 names it without asking again.
+    let mut current = None;
     let (mut low, mut high) = (0, holders.len());
     while low < high {
         let middle = (low + high) / 2;
         let Some(found) = czxid(&holders[middle]).await? else {
             return Ok(None);
         };
+        if middle == newest {
+            current = Some(found);
+        }
         match found.cmp(&token) {
             std::cmp::Ordering::Equal => return Ok(Some(Fencing::Holds)),
             std::cmp::Ordering::Less => low = middle + 1,
             std::cmp::Ordering::Greater => high = middle,
         }
     }
-    let Some(current) = czxid(holders.last().expect("not empty")).await? else {
-        return Ok(None);
+    let current = match current {
+        Some(current) => current,
+        None => match czxid(&holders[newest]).await? {
+            Some(current) => current,
+            None => return Ok(None),
+        },
     };
     Ok(Some(Fencing::Superseded { current }))
 }
