@@ -179,6 +179,14 @@ impl Feed {
         }))
     }
 
+    /// Every resource of `kind` under `base` at a glance (its count, the busiest, their
+    /// history), from one recursive watch on `base`: see [summary].
+    pub fn summary(kind: crate::kind::Kind, base: String) -> Feed {
+        Feed(Box::new(move |publisher| {
+            Box::pin(summary::follow_summary(publisher, kind, base))
+        }))
+    }
+
     /// A lease of this instance: its state (TTL, time left) now, `expiring` once a third of its
     /// TTL is left without a keepalive, and how it ended (`ended` when deleted, `lost`
     /// otherwise).
@@ -819,6 +827,10 @@ async fn follow_lease(publisher: Publisher, leases: Leases, lease: Arc<Lease>) {
     publisher.publish(kind, serde_json::json!({ "ended": true, "reason": reason }), None);
     publisher.idle().await;
 }
+
+mod summary;
+
+pub use summary::TOP as SUMMARY_TOP;
 
 #[cfg(test)]
 mod tests;

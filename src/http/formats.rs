@@ -66,14 +66,14 @@ fn schema_of(format: Format) -> Schema {
         Format::Key => string(format!("^{SEGMENT}(/{SEGMENT})*$")).min_length(Some(1)),
         Format::Id => string("^[0-9a-f]{8}-[0-9a-f]{32}$".into()),
         Format::Duration => string(crate::time::DURATION_PATTERN.into()),
-        Format::Topic => string(format!(
-            "^(({topics}):{SEGMENT}|lease:[0-9a-f]{{8}}-[0-9a-f]{{32}}|znode:(data|children|recursive):({SEGMENT}(/{SEGMENT})*)?)$",
-            topics = crate::kind::Kind::ALL
-                .iter()
-                .filter_map(|k| k.topic())
-                .collect::<Vec<_>>()
-                .join("|")
-        )),
+        Format::Topic => {
+            let with_topic = || crate::kind::Kind::ALL.iter().filter(|k| k.topic().is_some());
+            string(format!(
+                "^(({topics}):{SEGMENT}|lease:[0-9a-f]{{8}}-[0-9a-f]{{32}}|summary:({dirs})|znode:(data|children|recursive):({SEGMENT}(/{SEGMENT})*)?)$",
+                topics = with_topic().filter_map(|k| k.topic()).collect::<Vec<_>>().join("|"),
+                dirs = with_topic().map(|k| k.dir()).collect::<Vec<_>>().join("|"),
+            ))
+        }
         Format::Positions => string("^[0-9a-f]{1,16}-[0-9]{1,20}(,[0-9a-f]{1,16}-[0-9]{1,20})*$".into()),
         Format::Token => Object::builder()
             .schema_type(SchemaType::Type(Type::Integer))

@@ -68,7 +68,7 @@ pub fn resolve(state: &AppState, caller: &Caller, topic: &Value) -> Result<(Stri
         Some([(key, value)]) => (key.as_str(), *value),
         _ => {
             return Err(TopicError::Unknown(format!(
-                "a topic is an object with one key: {}, `lease` or `znode`",
+                "a topic is an object with one key: {}, `lease`, `summary` or `znode`",
                 topics()
             )));
         }
@@ -86,10 +86,29 @@ pub fn resolve(state: &AppState, caller: &Caller, topic: &Value) -> Result<(Stri
             })?;
             Ok((format!("lease:{id}"), Feed::lease(state.leases.clone(), lease)))
         }
+        "summary" => {
+            let dir = value.as_str().unwrap_or_default();
+            let kind = Kind::ALL
+                .into_iter()
+                .find(|k| k.topic().is_some() && k.dir() == dir)
+                .ok_or_else(|| format!("`summary` takes a kind: one of {}", summary_kinds()))?;
+            // It names every resource of the kind, as the kind's directory does.
+            if !caller.may(kind.auth(), "", Access::Read) {
+                let detail = format!(
+                    "the summary of {dir} needs read access to every name of {}",
+                    kind.auth()
+                );
+                return Err(TopicError::Forbidden(detail));
+            }
+            Ok((
+                format!("summary:{dir}"),
+                Feed::summary(kind, kind.base(&state.config.root)),
+            ))
+        }
         key => {
             let kind = Kind::from_topic(key).ok_or_else(|| {
                 TopicError::Unknown(format!(
-                    "unknown topic `{key}`: topics are {}, `lease` and `znode`",
+                    "unknown topic `{key}`: topics are {}, `lease`, `summary` and `znode`",
                     topics()
                 ))
             })?;
@@ -110,6 +129,16 @@ fn topics() -> String {
         .iter()
         .filter_map(|k| k.topic())
         .map(|t| format!("`{t}`"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The kinds with a summary topic (`summary:locks`), for error messages.
+fn summary_kinds() -> String {
+    Kind::ALL
+        .iter()
+        .filter(|k| k.topic().is_some())
+        .map(|k| format!("`{}`", k.dir()))
         .collect::<Vec<_>>()
         .join(", ")
 }
@@ -195,7 +224,7 @@ fn may_read_znode(caller: &Caller, segments: &[&str]) -> bool {
 pub fn parse_name(text: &str) -> Result<Value, TopicError> {
     let unknown = || {
         TopicError::Unknown(format!(
-            "`{}` is not a topic: write `<topic>:<name>` with a topic among {}, `lease`, or `znode:<data|children|recursive>:<path>`",
+            "`{}` is not a topic: write `<topic>:<name>` with a topic among {}, `lease` or `summary`, or `znode:<data|children|recursive>:<path>`",
             text.escape_debug(),
             topics()
         ))

@@ -16,6 +16,7 @@ pub mod registry;
 pub mod revocation;
 pub mod rwlock;
 pub mod semaphore;
+pub mod summary;
 pub mod topic;
 pub mod txn;
 pub mod usage;

@@ -578,6 +578,16 @@ pub async fn sessions_watching(port: u16, path: &str) -> usize {
 
 /// How many packets a ZooKeeper server has received (the `mntr` four-letter word).
 pub async fn packets_received(port: u16) -> u64 {
+    monitored(port, "zk_packets_received").await
+}
+
+/// How many watches a ZooKeeper server holds, over all sessions (`mntr`'s `zk_watch_count`).
+pub async fn watch_count(port: u16) -> u64 {
+    monitored(port, "zk_watch_count").await
+}
+
+/// A figure of the `mntr` four-letter word.
+async fn monitored(port: u16, figure: &str) -> u64 {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
         .await
@@ -589,10 +599,40 @@ pub async fn packets_received(port: u16) -> u64 {
         .expect("read mntr");
     text.lines()
         .find_map(|line| {
-            line.strip_prefix("zk_packets_received")
-                .map(|v| v.trim().parse().expect("a count"))
+            let (name, value) = line.split_once(char::is_whitespace)?;
+            (name == figure).then(|| value.trim().parse().expect("a count"))
         })
-        .expect("zk_packets_received in mntr")
+        .unwrap_or_else(|| panic!("{figure} in mntr"))
+}
+
+/// Makes `<base>/<name>` with `contenders` ephemeral sequential children named as a lock's
+/// contenders, for each `(name, contenders)`, on `client`'s session (they live as long as it
+/// does): thousands of contended locks in a few multi-ops, as a busy deployment would have.
+pub async fn make_contended(client: &Client, base: &str, locks: &[(String, usize)]) {
+    use zookeeper_client::{Acls, CreateMode};
+    let persistent = CreateMode::Persistent.with_acls(Acls::anyone_all());
+    let ephemeral = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
+    let mut path = String::new();
+    for segment in base.trim_start_matches('/').split('/') {
+        path = format!("{path}/{segment}");
+        match client.create(&path, b"", &persistent).await {
+            Ok(_) | Err(zookeeper_client::Error::NodeExists) => {}
+            Err(err) => panic!("create {path}: {err}"),
+        }
+    }
+    for chunk in locks.chunks(200) {
+        let mut writer = client.new_multi_writer();
+        for (name, contenders) in chunk {
+            writer
+                .add_create(&format!("{base}/{name}"), b"", &persistent)
+                .expect("create");
+            for i in 0..*contenders {
+                let node = format!("{base}/{name}/_c_{i:08}-0000-0000-0000-000000000000-lock-");
+                writer.add_create(&node, b"", &ephemeral).expect("create");
+            }
+        }
+        writer.commit().await.expect("make the locks");
+    }
 }
 
 /// A throwaway self-signed certificate for `localhost` and `127.0.0.1`, in PEM files.
