@@ -214,7 +214,8 @@ pub fn app(state: AppState) -> Router {
         .config(SwaggerConfig::default().validator_url("none"));
     let api = http::guard(routes, &state)
         .merge(docs)
-        .route("/", axum::routing::get(index));
+        .route("/", axum::routing::get(index))
+        .route("/favicon.ico", axum::routing::get(favicon));
     http::finish(api)
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
@@ -232,6 +233,17 @@ pub fn app(state: AppState) -> Router {
 /// The status page from `web/`, compiled into the binary (it loads nothing from elsewhere).
 async fn index() -> axum::response::Html<&'static str> {
     axum::response::Html(include_str!("../web/index.html"))
+}
+
+/// The status page's icon (browsers ask for it whatever the page says).
+async fn favicon() -> impl axum::response::IntoResponse {
+    (
+        [
+            (axum::http::header::CONTENT_TYPE, "image/x-icon"),
+            (axum::http::header::CACHE_CONTROL, "public, max-age=86400"),
+        ],
+        include_bytes!("../web/favicon.ico").as_slice(),
+    )
 }
 
 /// A zkgate instance serving in the background.

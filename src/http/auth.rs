@@ -66,7 +66,9 @@ fn token_of(headers: &HeaderMap) -> Result<Option<String>, &'static str> {
 /// Paths anyone may read: probes, the API description and the dashboard's page (which holds
 /// no data; it asks for a token when its socket needs one).
 fn is_public(path: &str) -> bool {
-    matches!(path, "/" | "/healthz" | "/readyz" | "/openapi.json") || path == "/docs" || path.starts_with("/docs/")
+    matches!(path, "/" | "/favicon.ico" | "/healthz" | "/readyz" | "/openapi.json")
+        || path == "/docs"
+        || path.starts_with("/docs/")
 }
 
 /// The outermost layer: finds the caller from the token (401 without a valid one), or for a

@@ -1,6 +1,8 @@
 // Opens zkgate's dashboard in Debian's chromium and checks that it follows contention and queue
 // traffic live: the holder, the number of waiters and the queue depth change on the page,
-// without a reload, as HTTP clients act. Saves a screenshot.
+// without a reload, as HTTP clients act; that semaphores and a finished double barrier show as
+// they are, that the filter applies to every section, and that a 420 px wide screen scrolls
+// tables instead of cutting them. Saves a screenshot.
 //
 //   node tests/browser/dashboard.mjs http://127.0.0.1:PORT screenshot.png
 import { chromium } from "playwright-core";
@@ -49,8 +51,10 @@ try {
   }
   const held = await api("POST", "/v1/locks/orders/acquire?wait=0", { lease: leases[0] });
   expect(held.status === 200, "acquire: " + held.status);
-  const row = 'tr[data-lock="orders"]';
-  await until(`${row} td.holder`, "lease " + leases[0].slice(0, 8));
+  // A lease is labelled by its own part (the instance part before the dash is the same for all).
+  const label = (id) => "lease " + id.split("-")[1].slice(0, 8);
+  const row = '#locks tr[data-name="orders"]';
+  await until(`${row} td.holder`, label(leases[0]));
   await until(`${row} td.waiters`, "0");
   for (const lease of leases.slice(1)) {
     const queued = await api("POST", "/v1/locks/orders/acquire?wait=0&keep_queued=true", { lease });
@@ -64,7 +68,7 @@ try {
   for (let n = 0; n < 3; n++) {
     expect((await api("POST", "/v1/queues/jobs/items", { n })).status === 201, "put");
   }
-  const queueRow = 'tr[data-queue="jobs"]';
+  const queueRow = '#queues tr[data-name="jobs"]';
   await until(`${queueRow} td.depth`, "3");
   const taken = await api("POST", "/v1/queues/jobs/take?wait=0&ack_deadline=60s");
   expect(taken.status === 200, "take: " + taken.status);
@@ -73,15 +77,54 @@ try {
   // The holder releases: the next waiter holds, one waits.
   const released = await api("DELETE", `/v1/locks/orders/handles/${held.json.handle}`);
   expect(released.status === 204, "release: " + released.status);
-  await until(`${row} td.holder`, "lease " + leases[1].slice(0, 8));
+  await until(`${row} td.holder`, label(leases[1]));
   await until(`${row} td.waiters`, "1");
+  // The section's head counts from the server's summary.
+  await until("#locks-section h2 .count", "1 · 1 contended · 1 waiting");
+
+  // A semaphore with two of three permits held.
+  for (let i = 0; i < 2; i++) {
+    const permit = await api("POST", "/v1/semaphores/exports/acquire?permits=3&wait=0", { lease: leases[i] });
+    expect(permit.status === 200, "permit: " + permit.status);
+  }
+  await until('#semaphores tr[data-name="exports"] td.held', "2");
+  // A double barrier whose round is over says so.
+  const entered = await api("POST", "/v1/double-barriers/batch/enter?wait=5s", { participant: "a", size: 1 });
+  expect(entered.status === 200, "enter: " + entered.status);
+  await page.waitForFunction(() => /all in/.test(document.querySelector('#double-barriers tr[data-name="batch"]')?.textContent || ""), null, { timeout: 15000 });
+  const left = await api("POST", "/v1/double-barriers/batch/leave?wait=5s", { participant: "a" });
+  expect(left.status === 200, "leave: " + left.status);
+  await until('#double-barriers tr[data-name="batch"] td:nth-child(2)', "finished");
+
+  // One filter for every section: "ord" keeps the lock and hides the queue, the semaphore,
+  // the double barrier and every lease.
+  await page.fill("#filter", "ord");
+  await until('#locks tr[data-name="orders"] td.name', "orders");
+  for (const kind of ["queues", "semaphores", "double-barriers", "leases"]) {
+    await page.waitForFunction((k) => document.querySelectorAll(`#${k} tr[data-name]`).length === 0, kind, { timeout: 15000 })
+      .catch(() => { throw new Error(`the filter left rows in ${kind}`); });
+  }
+  await page.fill("#filter", "");
+  await until(`${queueRow} td.depth`, "2");
 
   // Let the charts gather a few samples, then keep the picture.
-  await page.waitForFunction(() => document.querySelectorAll("#contention-chart polyline").length === 2, null, { timeout: 15000 });
-  await page.waitForFunction(() => kinds.locks.items.get("orders").history.length >= 5, null, { timeout: 15000 });
+  await page.waitForFunction(() => document.querySelectorAll("#contention-chart polyline").length === 5, null, { timeout: 15000 });
+  await page.waitForFunction(() => window.zkgate.sections.locks.rows.get("orders").history.length >= 5, null, { timeout: 15000 });
   expect(await page.evaluate(() => window.__noReload === true), "the page was reloaded");
   expect(foreign.length === 0, "the page loaded from elsewhere: " + foreign.join(", "));
   await page.screenshot({ path: screenshot, fullPage: true });
+
+  // The icon browsers ask for is there.
+  const icon = await fetch(base + "/favicon.ico");
+  expect(icon.status === 200 && icon.headers.get("content-type") === "image/x-icon", "favicon: " + icon.status);
+  // On a 420 px screen nothing is cut off: the page does not scroll sideways (wide tables
+  // scroll inside their section), and every section is as wide as the screen allows.
+  await page.setViewportSize({ width: 420, height: 900 });
+  await page.waitForFunction(() => document.documentElement.scrollWidth <= 420, null, { timeout: 15000 })
+    .catch(async () => { throw new Error("at 420 px the page is " + await page.evaluate(() => document.documentElement.scrollWidth) + " px wide"); });
+  const cut = await page.evaluate(() => [...document.querySelectorAll("section")].filter((s) => s.getBoundingClientRect().right > 420).map((s) => s.id));
+  expect(cut.length === 0, "sections past the screen's edge: " + cut.join(", "));
+  await page.screenshot({ path: screenshot.replace(/\.png$/, "-narrow.png"), fullPage: false });
   console.log("dashboard followed the traffic live; screenshot:", screenshot, "holder:", await text(`${row} td.holder`));
 } finally {
   await browser.close();

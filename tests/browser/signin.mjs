@@ -30,9 +30,9 @@ try {
 
   const held = await api("POST", "/v1/locks/signed-in/acquire?wait=0", { ttl: "60s" });
   if (held.status !== 200) throw new Error("acquire: " + held.status);
-  const cell = 'tr[data-lock="signed-in"] td.holder';
+  const cell = '#locks tr[data-name="signed-in"] td.holder';
   await page.waitForFunction(([s, w]) => document.querySelector(s)?.textContent.trim() === w,
-    [cell, "lease " + held.json.lease.id.slice(0, 8)], { timeout: 15000 });
+    [cell, "lease " + held.json.lease.id.split("-")[1].slice(0, 8)], { timeout: 15000 });
   const leaked = urls.filter((u) => u.includes(token));
   if (leaked.length) throw new Error("the token appeared in URLs: " + leaked.join(", "));
   console.log("signed in; live; the lock's holder shown; the token in no URL");
