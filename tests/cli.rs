@@ -99,7 +99,8 @@ async fn the_embedded_zookeeper_needs_java_and_zookeeper_and_says_how_to_get_the
     );
 }
 
-/// `zkgate serve <args>` with its log (stdout, level info) as lines; killed when dropped.
+/// `zkgate serve <args>` with its log (stdout, level info) as lines; killed when dropped. It
+/// leads a process group of its own, as a command started from a shell's prompt does.
 fn serve_logging(
     args: &[&str],
 ) -> (
@@ -113,6 +114,7 @@ fn serve_logging(
         .env_remove("ZKGATE_AUTH_CONFIG")
         .stdout(Stdio::piped())
         .stdin(Stdio::null())
+        .process_group(0)
         .kill_on_drop(true)
         .spawn()
         .expect("start zkgate");
@@ -175,6 +177,52 @@ async fn serve_runs_an_embedded_zookeeper_serves_locks_and_stops_it_on_exit() {
     assert!(
         tokio::net::TcpStream::connect(&zookeeper).await.is_err(),
         "the embedded ZooKeeper still runs"
+    );
+}
+
+/// A Ctrl-C in the terminal goes to the whole foreground process group. It must reach zkgate
+/// alone: were the embedded ZooKeeper to die with it, zkgate's sessions would be cut before it
+/// could close them, and it would wait out their timeout (it did, for 14 s, with its locks
+/// held that long for everyone else).
+#[tokio::test]
+async fn a_ctrl_c_stops_zkgate_before_its_embedded_zookeeper() {
+    let port = free_port().expect("port");
+    let (mut child, mut lines) = serve_logging(&["--listen", &format!("127.0.0.1:{port}")]);
+    within(Duration::from_secs(60), "zkgate to report it serves", async {
+        while let Some(line) = lines.next_line().await.expect("read log") {
+            if line.contains("zkgate serving") {
+                return;
+            }
+        }
+        panic!("zkgate exited before serving");
+    })
+    .await;
+    let http = common::http_client();
+    let grant = http
+        .post(format!("http://127.0.0.1:{port}/v1/locks/cli/acquire?wait=5s"))
+        .send()
+        .await
+        .expect("acquire");
+    assert_eq!(grant.status(), StatusCode::OK);
+    let pid = child.id().expect("pid") as libc::pid_t;
+    // SAFETY: kill(2) on the process group our child leads, as a terminal's Ctrl-C does.
+    unsafe { libc::kill(-pid, libc::SIGINT) };
+    let mut log = Vec::new();
+    within(Duration::from_secs(30), "zkgate's log to end", async {
+        while let Some(line) = lines.next_line().await.expect("read log") {
+            log.push(line);
+        }
+    })
+    .await;
+    let status = within(Duration::from_secs(30), "zkgate to exit", child.wait())
+        .await
+        .expect("wait");
+    assert!(status.success(), "{status}");
+    let log = log.join("\n");
+    assert!(log.contains("leases released for shutdown leases=1"), "{log}");
+    assert!(
+        !log.contains("ZooKeeper connection lost"),
+        "ZooKeeper stopped under zkgate's sessions:\n{log}"
     );
 }
 

@@ -180,7 +180,12 @@ impl ZooKeeperServer {
             .arg(&self.config_path)
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
-            .stderr(log);
+            .stderr(log)
+            // A process group of its own: a Ctrl-C in zkgate's terminal (sent to the whole
+            // foreground group) reaches zkgate alone, which then closes its sessions (releasing
+            // what its leases hold at once) before it stops the server. Were the server to die
+            // first, every session would wait out its timeout.
+            .process_group(0);
         // SAFETY: prctl is async-signal-safe and touches no memory of ours; it makes the kernel
         // kill ZooKeeper when the thread that spawned it dies, so a `kill -9` of zkgate or a
         // crashed test does not leave a server behind.
