@@ -175,6 +175,7 @@ async fn bad_names_bodies_and_handles_are_refused_and_change_nothing() {
         ("POST", "/v1/queues/q/take?ack_deadline=0", vec![], b"", StatusCode::BAD_REQUEST, Some("ack_deadline")),
         ("POST", "/v1/queues/q/claims/nope/ack", vec![], b"", StatusCode::GONE, None),
         ("POST", "/v1/queues/q/claims/nope/nack", vec![], b"", StatusCode::GONE, None),
+        ("POST", "/v1/queues/q/dead-letters/nope/replay", vec![], b"", StatusCode::NOT_FOUND, None),
         ("POST", "/v1/queues/q/dead/nope/replay", vec![], b"", StatusCode::NOT_FOUND, None),
         ("GET", "/v1/queues/%2E%2E", vec![], b"", StatusCode::BAD_REQUEST, Some("name")),
         // Unknown endpoints and methods.

@@ -213,11 +213,16 @@ async fn an_item_delivered_too_often_is_dead_lettered_and_can_be_replayed() {
         StatusCode::NO_CONTENT,
         "the third delivery goes to the dead letters"
     );
-    let dead = gate.get("/v1/queues/mail/dead").await;
+    let dead = gate.get("/v1/queues/mail/dead-letters").await;
     assert_eq!(dead.body[0]["body"]["to"], "nobody", "{dead:?}");
+    // The same count in the queue's state, by the same name.
+    assert_eq!(gate.get("/v1/queues/mail").await.body["dead_letters"], 1);
+    // The old path still answers, the same list.
+    let old = gate.get("/v1/queues/mail/dead").await;
+    assert_eq!(old.body[0]["item"], dead.body[0]["item"], "{old:?}");
     let item = dead.body[0]["item"].as_str().expect("item").to_string();
     assert_eq!(
-        gate.post(&format!("/v1/queues/mail/dead/{item}/replay"), None)
+        gate.post(&format!("/v1/queues/mail/dead-letters/{item}/replay"), None)
             .await
             .status,
         StatusCode::NO_CONTENT

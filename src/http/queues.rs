@@ -39,6 +39,8 @@ pub const RESOURCE: Resource = Resource {
     topic: Some(|state, name| Feed::of(source(state, name))),
 };
 
+// The old paths of the dead letters are served, and listed as deprecated, until clients move.
+#[allow(deprecated)]
 fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(queue_events))
@@ -50,6 +52,8 @@ fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(nack))
         .routes(routes!(dead_letters))
         .routes(routes!(replay))
+        .routes(routes!(dead_letters_old_path))
+        .routes(routes!(replay_old_path))
 }
 
 /// Queue `name` as its topic and `GET` read it.
@@ -489,8 +493,8 @@ pub async fn items(
     ))
 }
 
-/// The dead-letter queue: items delivered too many times, oldest first.
-#[utoipa::path(get, path = "/v1/queues/{name}/dead", tag = "queues",
+/// The dead letters: items delivered too many times, oldest first.
+#[utoipa::path(get, path = "/v1/queues/{name}/dead-letters", tag = "queues",
     params(("name" = String, Path, description = "Queue name")),
     responses(
         (status = 200, body = Vec<Waiting>),
@@ -512,7 +516,7 @@ pub async fn dead_letters(
 }
 
 /// Puts a dead item back into the queue, in its old place, its delivery count reset.
-#[utoipa::path(post, path = "/v1/queues/{name}/dead/{item}/replay", tag = "queues",
+#[utoipa::path(post, path = "/v1/queues/{name}/dead-letters/{item}/replay", tag = "queues",
     params(("name" = String, Path, description = "Queue name"), ("item" = String, Path, description = "Dead item")),
     responses(
         (status = 204, description = "Back in the queue"),
@@ -533,6 +537,35 @@ pub async fn replay(
             format!("no dead item `{item}` in `{name}`"),
         ))
     }
+}
+
+/// The dead letters under their old path: use `GET /v1/queues/{name}/dead-letters`, the name
+/// the queue's state, its topic and the metrics use.
+#[utoipa::path(get, path = "/v1/queues/{name}/dead", tag = "queues", operation_id = "dead_letters_old_path",
+    params(("name" = String, Path, description = "Queue name")),
+    responses(
+        (status = 200, body = Vec<Waiting>),
+        Problems<(p::InvalidField, p::ZookeeperUnavailable)>,
+    ))]
+#[deprecated = "the path is /v1/queues/{name}/dead-letters"]
+pub async fn dead_letters_old_path(
+    state: State<AppState>,
+    name: ApiPath<String>,
+    consistency: Consistency,
+) -> Result<Json<Vec<Waiting>>, ApiError> {
+    dead_letters(state, name, consistency).await
+}
+
+/// A replay under its old path: use `POST /v1/queues/{name}/dead-letters/{item}/replay`.
+#[utoipa::path(post, path = "/v1/queues/{name}/dead/{item}/replay", tag = "queues", operation_id = "replay_old_path",
+    params(("name" = String, Path, description = "Queue name"), ("item" = String, Path, description = "Dead item")),
+    responses(
+        (status = 204, description = "Back in the queue"),
+        Problems<(p::InvalidField, p::NotFound, p::ZookeeperUnavailable)>,
+    ))]
+#[deprecated = "the path is /v1/queues/{name}/dead-letters/{item}/replay"]
+pub async fn replay_old_path(state: State<AppState>, path: ApiPath<(String, String)>) -> Result<StatusCode, ApiError> {
+    replay(state, path).await
 }
 
 /// Lists the queues.
