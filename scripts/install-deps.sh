@@ -4,13 +4,14 @@
 #   scripts/install-deps.sh test   that, plus the interoperability peers (Curator, kazoo) and
 #                                  the browser for the dashboard test (chromium), and what
 #                                  scripts/schemathesis.sh needs (python3-venv, curl), and etcd
-#                                  for the comparison bench's smoke run
+#                                  for the comparison bench's smoke run, and jq for the README
+#                                  walkthroughs (tests/readme.rs)
 set -euo pipefail
 
 want=(zookeeper)
 command -v java >/dev/null 2>&1 || want+=(default-jre-headless)
 if [[ "${1:-run}" == test ]]; then
-    want+=(libcurator-recipes-java libslf4j-java python3-kazoo chromium python3-venv curl etcd-server)
+    want+=(libcurator-recipes-java libslf4j-java python3-kazoo chromium python3-venv curl jq etcd-server)
 fi
 
 missing=()

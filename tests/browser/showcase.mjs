@@ -60,6 +60,8 @@ await api("POST", "/v1/locks/reports/revoke", { by: "ops@example.com", reason: "
 // Readers share, a writer waits.
 for (let i = 0; i < 2; i++) await api("POST", "/v1/rwlocks/catalog/read?wait=0", { lease: await lease() });
 await api("POST", "/v1/rwlocks/catalog/write?wait=0&keep_queued=true", { lease: await lease() });
+// A semaphore with two of its three permits taken.
+for (let i = 0; i < 2; i++) await api("POST", "/v1/semaphores/exports/acquire?permits=3&wait=0", { lease: await lease() });
 // A queue that backs up, one that keeps up.
 tasks.push(producer("emails", 4), consumer("emails", 2));
 tasks.push(producer("thumbnails", 3), consumer("thumbnails", 5));
@@ -79,7 +81,8 @@ await api("POST", "/v1/txns/order-42/participants/billing/vote", { vote: "commit
 
 const browser = await chromium.launch({ executablePath, headless: true, args: ["--no-sandbox"] });
 try {
-  const page = await browser.newPage({ viewport: { width: 1440, height: 1100 } });
+  // Tall enough for every section to be in view (the page follows rows only there).
+  const page = await browser.newPage({ viewport: { width: 1440, height: 2000 } });
   await page.goto(base + "/");
   await page.waitForSelector("#live.ok");
   while (Date.now() < until) await sleep(500);
