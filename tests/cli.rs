@@ -133,36 +133,31 @@ async fn serve_runs_an_embedded_zookeeper_serves_locks_and_stops_it_on_exit() {
         "--zookeeper-data-dir",
         data_dir,
     ]);
-    let mut zookeeper = None;
-    within(Duration::from_secs(60), "zkgate to report it serves", async {
-        while let Some(line) = lines.next_line().await.expect("read log") {
-            if let Some(at) = line.find("connect=") {
-                zookeeper = line[at + 8..].split_whitespace().next().map(str::to_string);
-            }
-            if line.contains("zkgate serving") {
-                return;
-            }
-        }
-        panic!("zkgate exited before serving");
-    })
-    .await;
-    let zookeeper = zookeeper.expect("the log names the embedded ZooKeeper's address");
+    let log = until_serving(&mut lines).await;
+    let zookeeper = log
+        .iter()
+        .find_map(|line| {
+            Some(
+                line[line.find("connect=")? + 8..]
+                    .split_whitespace()
+                    .next()?
+                    .to_string(),
+            )
+        })
+        .expect("the log names the embedded ZooKeeper's address");
     assert!(
         data.path().join("zoo.cfg").is_file(),
         "the data directory given is used"
     );
 
-    let http = common::http_client();
     let url = format!("http://127.0.0.1:{port}");
-    let ready = http.get(format!("{url}/readyz")).send().await.expect("readyz");
-    assert_eq!(ready.status(), StatusCode::OK);
-    let grant = http
-        .post(format!("{url}/v1/locks/cli/acquire?wait=5s"))
+    let ready = common::http_client()
+        .get(format!("{url}/readyz"))
         .send()
         .await
-        .expect("acquire");
-    assert_eq!(grant.status(), StatusCode::OK);
-    let grant: serde_json::Value = grant.json().await.expect("json");
+        .expect("readyz");
+    assert_eq!(ready.status(), StatusCode::OK);
+    let grant = take_the_lock(port).await;
     assert!(grant["fencing_token"].as_i64().is_some(), "{grant}");
 
     // SIGTERM: zkgate exits, and its ZooKeeper goes with it.
@@ -180,6 +175,34 @@ async fn serve_runs_an_embedded_zookeeper_serves_locks_and_stops_it_on_exit() {
     );
 }
 
+/// Reads zkgate's log until it says it serves: the lines so far.
+async fn until_serving(lines: &mut tokio::io::Lines<BufReader<tokio::process::ChildStdout>>) -> Vec<String> {
+    let mut log = Vec::new();
+    within(Duration::from_secs(60), "zkgate to report it serves", async {
+        while let Some(line) = lines.next_line().await.expect("read log") {
+            let serving = line.contains("zkgate serving");
+            log.push(line);
+            if serving {
+                return;
+            }
+        }
+        panic!("zkgate exited before serving:\n{}", log.join("\n"));
+    })
+    .await;
+    log
+}
+
+/// Takes the lock `cli` on the zkgate at `port` (a lease is made for it): the grant.
+async fn take_the_lock(port: u16) -> serde_json::Value {
+    let grant = common::http_client()
+        .post(format!("http://127.0.0.1:{port}/v1/locks/cli/acquire?wait=5s"))
+        .send()
+        .await
+        .expect("acquire");
+    assert_eq!(grant.status(), StatusCode::OK);
+    grant.json().await.expect("json")
+}
+
 /// A Ctrl-C in the terminal goes to the whole foreground process group. It must reach zkgate
 /// alone: were the embedded ZooKeeper to die with it, zkgate's sessions would be cut before it
 /// could close them, and it would wait out their timeout (it did, for 14 s, with its locks
@@ -188,22 +211,8 @@ async fn serve_runs_an_embedded_zookeeper_serves_locks_and_stops_it_on_exit() {
 async fn a_ctrl_c_stops_zkgate_before_its_embedded_zookeeper() {
     let port = free_port().expect("port");
     let (mut child, mut lines) = serve_logging(&["--listen", &format!("127.0.0.1:{port}")]);
-    within(Duration::from_secs(60), "zkgate to report it serves", async {
-        while let Some(line) = lines.next_line().await.expect("read log") {
-            if line.contains("zkgate serving") {
-                return;
-            }
-        }
-        panic!("zkgate exited before serving");
-    })
-    .await;
-    let http = common::http_client();
-    let grant = http
-        .post(format!("http://127.0.0.1:{port}/v1/locks/cli/acquire?wait=5s"))
-        .send()
-        .await
-        .expect("acquire");
-    assert_eq!(grant.status(), StatusCode::OK);
+    until_serving(&mut lines).await;
+    take_the_lock(port).await;
     let pid = child.id().expect("pid") as libc::pid_t;
     // SAFETY: kill(2) on the process group our child leads, as a terminal's Ctrl-C does.
     unsafe { libc::kill(-pid, libc::SIGINT) };
