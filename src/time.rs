@@ -54,6 +54,45 @@ pub fn at_most(duration: Duration, max: Duration) -> Result<Duration, String> {
 /// server refuses as malformed.
 pub const DURATION_PATTERN: &str = "^(0|[0-9]{1,3}(ms|s|m|h))$";
 
+/// A duration above zero and at most `max` (without one, any three digits), as a pattern: the
+/// numbers of each unit that fit, without leading zeros, so that a generated value is one the
+/// server takes (`ttl`, a transaction's `deadline`, a claim's `ack_deadline`).
+pub fn positive_duration_pattern(max: Option<Duration>) -> String {
+    let units = [("ms", 1u128), ("s", 1_000), ("m", 60_000), ("h", 3_600_000)];
+    let alternatives: Vec<String> = units
+        .iter()
+        .filter_map(|&(unit, ms)| {
+            let most = max.map_or(999, |max| (max.as_millis() / ms).min(999)) as u32;
+            (most >= 1).then(|| format!("({}){unit}", one_to(most)))
+        })
+        .collect();
+    format!("^({})$", alternatives.join("|"))
+}
+
+/// A pattern for the whole numbers 1 to `most` (at most 999), without leading zeros.
+fn one_to(most: u32) -> String {
+    let mut parts = vec![format!("[1-{}]", most.min(9))];
+    if most >= 10 {
+        let top = most.min(99);
+        let (tens, units) = (top / 10, top % 10);
+        if tens > 1 {
+            parts.push(format!("[1-{}][0-9]", tens - 1));
+        }
+        parts.push(format!("{tens}[0-{units}]"));
+    }
+    if most >= 100 {
+        let (hundreds, tens, units) = (most / 100, most / 10 % 10, most % 10);
+        if hundreds > 1 {
+            parts.push(format!("[1-{}][0-9][0-9]", hundreds - 1));
+        }
+        if tens > 0 {
+            parts.push(format!("{hundreds}[0-{}][0-9]", tens - 1));
+        }
+        parts.push(format!("{hundreds}{tens}[0-{units}]"));
+    }
+    parts.join("|")
+}
+
 impl utoipa::PartialSchema for HumanDuration {
     fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
         utoipa::openapi::ObjectBuilder::new()
@@ -117,6 +156,29 @@ pub fn millis_since(time: SystemTime) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The pattern takes exactly the positive durations within the bound: every count of
+    /// every unit is tried, against the server's own parser.
+    #[test]
+    fn a_positive_duration_pattern_takes_exactly_what_the_server_takes() {
+        for max in [
+            None,
+            Some(Duration::from_secs(24 * 3600)),
+            Some(Duration::from_secs(12 * 3600)),
+            Some(Duration::from_secs(90)),
+        ] {
+            let pattern = regex::Regex::new(&positive_duration_pattern(max)).expect("a valid pattern");
+            for unit in ["ms", "s", "m", "h"] {
+                for n in 0..=999 {
+                    let text = format!("{n}{unit}");
+                    let parsed = parse_duration(&text).expect("parses");
+                    let taken = !parsed.is_zero() && max.is_none_or(|max| parsed <= max);
+                    assert_eq!(pattern.is_match(&text), taken, "{text} with {max:?}");
+                }
+            }
+            assert!(!pattern.is_match("0") && !pattern.is_match("010s"));
+        }
+    }
 
     #[test]
     fn timestamps_never_panic() {

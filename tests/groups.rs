@@ -116,7 +116,42 @@ async fn a_blocked_read_with_the_current_index_times_out_with_the_same_members()
     let index = first.body["index"].as_i64().expect("index");
     let same = gate.get(&format!("/v1/groups/g?index={index}&wait=300ms")).await;
     assert_eq!(same.body, first.body);
-    gate.get("/v1/groups/g?wait=1s")
+}
+
+#[tokio::test]
+async fn a_blocked_read_without_an_index_returns_at_the_next_change() {
+    let zk = zookeeper().await;
+    let gate = Arc::new(Gate::start(&zk.connect_string()).await);
+    assert_eq!(
+        gate.call(Method::PUT, "/v1/groups/g/members/m", None).await.status,
+        StatusCode::CREATED
+    );
+    let watches = common::watch_count(zk.client_port()).await;
+    let reader = tokio::spawn({
+        let gate = gate.clone();
+        async move { gate.get("/v1/groups/g?wait=25s").await }
+    });
+    // The reader waits once zkgate watches the group's members (a children watch, which
+    // `wchp` does not list: ZooKeeper's count of watches says it).
+    within(Duration::from_secs(10), "the reader to wait", async {
+        while common::watch_count(zk.client_port()).await == watches {
+            assert!(!reader.is_finished(), "the reader answered before any change");
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    assert_eq!(
+        gate.call(Method::PUT, "/v1/groups/g/members/n", None).await.status,
+        StatusCode::CREATED
+    );
+    let changed = within(Duration::from_secs(10), "the next change", reader)
         .await
-        .assert_problem(StatusCode::BAD_REQUEST, Some("wait"));
+        .expect("the reader");
+    let members: Vec<_> = changed.body["members"]
+        .as_array()
+        .expect("members")
+        .iter()
+        .map(|m| m["id"].clone())
+        .collect();
+    assert_eq!(members, [json!("m"), json!("n")], "{changed:?}");
 }

@@ -31,22 +31,39 @@ enum Format {
     Token,
     /// A duration: `0`, `500ms`, `5s`, `2m`, `1h`.
     Duration,
+    /// A duration above zero, at most so long (`ttl`, `deadline`, `ack_deadline`).
+    PositiveDuration(Option<std::time::Duration>),
+    /// An ETag zkgate issued (`"4294967311"`), for a read's `If-None-Match`.
+    ETag,
+    /// An ETag or `*` (it exists), for `If-Match`.
+    ETagOrAny,
+    /// `*` alone (create only), for a write's `If-None-Match`.
+    Any,
     /// A topic as events name it: `lock:orders`, `znode:data:kv/app`.
     Topic,
     /// An event stream's position(s), as its ids carry them.
     Positions,
 }
 
-/// The format of parameter `name` in `place` of the operation at `path`.
-fn format_of(path: &str, place: &ParameterIn, name: &str) -> Option<Format> {
+/// The longest ack deadline of a take (queues refuse a longer one).
+const MAX_ACK_DEADLINE: std::time::Duration = std::time::Duration::from_secs(12 * 3600);
+/// The longest deadline of a transaction.
+const MAX_TXN_DEADLINE: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
+
+/// The format of parameter `name` in `place` of the operation `method` at `path`.
+fn format_of(path: &str, method: &str, place: &ParameterIn, name: &str) -> Option<Format> {
     match (place, name) {
+        (ParameterIn::Query, "ack_deadline") => Some(Format::PositiveDuration(Some(MAX_ACK_DEADLINE))),
+        (ParameterIn::Header, "If-Match") => Some(Format::ETagOrAny),
+        (ParameterIn::Header, "If-None-Match") if method == "get" => Some(Format::ETag),
+        (ParameterIn::Header, "If-None-Match") => Some(Format::Any),
         (ParameterIn::Path, "name" | "group" | "member" | "participant" | "item") => Some(Format::Name),
         (ParameterIn::Path, "id") if path.starts_with("/v1/leases/") => Some(Format::Id),
         (ParameterIn::Path, "id") => Some(Format::Name),
         (ParameterIn::Path, "handle" | "claim") => Some(Format::Id),
         (ParameterIn::Path, "key") => Some(Format::Key),
         (ParameterIn::Path, "token") => Some(Format::Token),
-        (ParameterIn::Query, "wait" | "ack_deadline") => Some(Format::Duration),
+        (ParameterIn::Query, "wait") => Some(Format::Duration),
         (ParameterIn::Query, "topic") => Some(Format::Topic),
         (ParameterIn::Query, "since") | (ParameterIn::Header, "Last-Event-ID") => Some(Format::Positions),
         _ => None,
@@ -66,6 +83,10 @@ fn schema_of(format: Format) -> Schema {
         Format::Key => string(format!("^{SEGMENT}(/{SEGMENT})*$")).min_length(Some(1)),
         Format::Id => string("^[0-9a-f]{8}-[0-9a-f]{32}$".into()),
         Format::Duration => string(crate::time::DURATION_PATTERN.into()),
+        Format::PositiveDuration(max) => string(crate::time::positive_duration_pattern(max)),
+        Format::ETag => string(r#"^(W/)?"[0-9]{1,18}"$"#.into()),
+        Format::ETagOrAny => string(r#"^(\*|(W/)?"[0-9]{1,18}")$"#.into()),
+        Format::Any => string(r"^\*$".into()),
         Format::Topic => {
             let with_topic = || crate::kind::Kind::ALL.iter().filter(|k| k.topic().is_some());
             string(format!(
@@ -92,13 +113,18 @@ const BODY_NAMES: &[(&str, &str)] = &[
     ("RevokeBody", "node"),
 ];
 
-/// The format of `property` of body schema `schema`: the names above, and every `lease` and
-/// `handle` (ids zkgate issued).
+/// The format of `property` of body schema `schema`: the names above, every `lease` and
+/// `handle` (ids zkgate issued), and the durations that must be above zero.
 fn body_format(schema: &str, property: &str) -> Option<Format> {
     if BODY_NAMES.contains(&(schema, property)) {
         return Some(Format::Name);
     }
-    matches!(property, "lease" | "handle").then_some(Format::Id)
+    match (schema, property) {
+        (_, "lease" | "handle") => Some(Format::Id),
+        (_, "ttl") => Some(Format::PositiveDuration(None)),
+        ("CreateTxn", "deadline") => Some(Format::PositiveDuration(Some(MAX_TXN_DEADLINE))),
+        _ => None,
+    }
 }
 
 /// Writes the formats into every parameter that has one (an array's items for a repeated
@@ -119,14 +145,23 @@ pub fn document(spec: &mut OpenApi) {
                     set_format(field, format);
                 }
             }
+            // The server refuses a participant named twice.
+            if let Some(RefOr::T(Schema::Array(participants))) = object.properties.get_mut("participants") {
+                participants.unique_items = true;
+            }
         }
     }
     for (path, item) in spec.paths.paths.iter_mut() {
-        let operations = [&mut item.get, &mut item.put, &mut item.post, &mut item.delete];
-        for operation in operations.into_iter().flatten() {
-            for parameter in operation.parameters.iter_mut().flatten() {
+        let operations = [
+            ("get", &mut item.get),
+            ("put", &mut item.put),
+            ("post", &mut item.post),
+            ("delete", &mut item.delete),
+        ];
+        for (method, operation) in operations {
+            for parameter in operation.iter_mut().flat_map(|o| o.parameters.iter_mut().flatten()) {
                 if let RefOr::T(parameter) = parameter {
-                    apply(path, parameter);
+                    apply(path, method, parameter);
                 }
             }
         }
@@ -177,6 +212,18 @@ fn set_format(field: &mut Schema, format: Format) {
         Schema::Array(array) => {
             array.items = utoipa::openapi::schema::ArrayItems::RefOrSchema(Box::new(RefOr::T(schema_of(format))))
         }
+        // An optional field that may be `null` (`oneOf` a schema and null): the schema's side.
+        Schema::OneOf(one_of) => {
+            for item in one_of.items.iter_mut() {
+                if let RefOr::Ref(reference) = item {
+                    let mut formatted = schema_of(format);
+                    if let Schema::Object(object) = &mut formatted {
+                        object.description = Some(reference.description.clone()).filter(|d| !d.is_empty());
+                    }
+                    *item = RefOr::T(formatted);
+                }
+            }
+        }
         field => {
             let description = match field {
                 Schema::Object(object) => object.description.clone(),
@@ -191,8 +238,8 @@ fn set_format(field: &mut Schema, format: Format) {
     }
 }
 
-fn apply(path: &str, parameter: &mut Parameter) {
-    let Some(format) = format_of(path, &parameter.parameter_in, &parameter.name) else {
+fn apply(path: &str, method: &str, parameter: &mut Parameter) {
+    let Some(format) = format_of(path, method, &parameter.parameter_in, &parameter.name) else {
         return;
     };
     let schema = RefOr::T(schema_of(format));
@@ -210,14 +257,31 @@ mod tests {
 
     #[test]
     fn parameters_are_told_apart_by_place_and_path() {
-        assert_eq!(format_of("/v1/leases/{id}", &ParameterIn::Path, "id"), Some(Format::Id));
-        assert_eq!(format_of("/v1/txns/{id}", &ParameterIn::Path, "id"), Some(Format::Name));
-        assert_eq!(format_of("/v1/kv/{key}", &ParameterIn::Path, "key"), Some(Format::Key));
         assert_eq!(
-            format_of("/v1/locks", &ParameterIn::Query, "wait"),
+            format_of("/v1/leases/{id}", "get", &ParameterIn::Path, "id"),
+            Some(Format::Id)
+        );
+        assert_eq!(
+            format_of("/v1/txns/{id}", "get", &ParameterIn::Path, "id"),
+            Some(Format::Name)
+        );
+        assert_eq!(
+            format_of("/v1/kv/{key}", "get", &ParameterIn::Path, "key"),
+            Some(Format::Key)
+        );
+        assert_eq!(
+            format_of("/v1/locks", "post", &ParameterIn::Query, "wait"),
             Some(Format::Duration)
         );
-        assert_eq!(format_of("/v1/locks", &ParameterIn::Query, "name"), None);
+        assert_eq!(format_of("/v1/locks", "post", &ParameterIn::Query, "name"), None);
+        assert_eq!(
+            format_of("/v1/kv/{key}", "get", &ParameterIn::Header, "If-None-Match"),
+            Some(Format::ETag)
+        );
+        assert_eq!(
+            format_of("/v1/kv/{key}", "put", &ParameterIn::Header, "If-None-Match"),
+            Some(Format::Any)
+        );
     }
 
     /// The patterns agree with the server's own checks on examples of each side.

@@ -81,7 +81,7 @@ pub struct Joined {
 #[into_params(parameter_in = Query)]
 pub struct GroupQuery {
     /// Wait (up to this long, capped by the server's maximum) for membership to differ from
-    /// `index`. Needs `index`.
+    /// `index`, or without it for the next change.
     #[param(value_type = Option<String>, example = "30s")]
     pub wait: Option<HumanDuration>,
     /// The `index` of a previous answer.
@@ -197,8 +197,9 @@ pub async fn leave(
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// Lists a group's live members. With `index` (from a previous answer) and `wait`, blocks
-/// until membership changes or the wait ends, then answers with the current members.
+/// Lists a group's live members. With `wait`, blocks until membership differs from `index`
+/// (from a previous answer; without it, until the next change) or the wait ends, then answers
+/// with the current members.
 #[utoipa::path(get, path = "/v1/groups/{group}", tag = "groups",
     params(("group" = String, Path, description = "Group name"), GroupQuery),
     responses(
@@ -212,15 +213,13 @@ pub async fn members(
     consistency: Consistency,
 ) -> Result<Json<GroupState>, ApiError> {
     names(&group, None)?;
-    if query.wait.is_some() && query.index.is_none() {
-        return Err(ApiError::invalid(
-            Place::Query,
-            "wait",
-            "needs `index` (from a previous answer) to wait for a change",
-        ));
-    }
     let client = super::consistency::reader(&state, consistency).await?;
-    if let (Some(index), Some(wait)) = (query.index, query.wait) {
+    if let Some(wait) = query.wait {
+        // Without `index`, the wait is for the next change after this read.
+        let index = match query.index {
+            Some(index) => index,
+            None => source(&state, &group).read(&client).await?.index,
+        };
         let wait = wait.0.min(state.config.max_wait);
         let dir = state.groups.dir(&group);
         let changed = group::wait_for_change(&client, &dir, index);
