@@ -18,10 +18,13 @@ source scripts/background-zkgate.sh
 # Short waits: generated long polls must not hold the run up.
 start_zkgate target/debug/zkgate target/schemathesis-zkgate.log --max-wait 1s
 url=$ZKGATE_URL
+# Real leases, handles, claims... for the operations that act on them, and the config that binds
+# them (with `warnings.fail-on` for operations that refuse almost everything generated).
+python3 scripts/schemathesis_fixtures.py "$url" target/schemathesis.toml
 # Event streams never end by themselves (a generated request would wait out the timeout), and
 # the WebSocket endpoints answer a plain request with 400 whatever it holds: tests/sse.rs,
 # tests/websocket*.rs and tests/fuzz.rs try them instead.
-"$venv/bin/schemathesis" run "$url/openapi.json" --url "$url" \
+"$venv/bin/schemathesis" --config-file target/schemathesis.toml run "$url/openapi.json" --url "$url" \
     --exclude-path-regex '/events$|/ws$|/observe$' \
     --checks not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance \
     --request-timeout 10 --max-examples 15 --no-color "$@"

@@ -102,7 +102,7 @@ async fn bad_names_bodies_and_handles_are_refused_and_change_nothing() {
         ("PUT", "/v1/groups/g/members/m", vec![], b"{\"dat\": 1}", StatusCode::BAD_REQUEST, None),
         ("PUT", "/v1/groups/g/members/m", vec![], b"{\"lease\": \"nope\"}", StatusCode::NOT_FOUND, None),
         ("GET", "/v1/groups/g?index=x", vec![], b"", StatusCode::BAD_REQUEST, Some("index")),
-        ("GET", "/v1/groups/g?wait=1s", vec![], b"", StatusCode::BAD_REQUEST, Some("wait")),
+        ("GET", "/v1/groups/g?index=x&wait=1s", vec![], b"", StatusCode::BAD_REQUEST, Some("index")),
         ("DELETE", "/v1/groups/g/members/nobody", vec![], b"", StatusCode::NOT_FOUND, None),
         // Configuration keys and conditions.
         ("PUT", "/v1/kv/a/../b", vec![], b"x", StatusCode::BAD_REQUEST, Some("key")),

@@ -55,6 +55,10 @@ async fn a_lease_that_expires_loses_its_lock_and_says_so_everywhere() {
         assert_eq!(reply.str("type"), "urn:zkgate:problem:lock-lost", "{reply:?}");
         assert!(reply.str("reason").contains("expired"), "{reply:?}");
     }
+    // The lease too: deleting it is not "done", it expired.
+    let deleted = gate.delete(&format!("/v1/leases/{lease}")).await;
+    deleted.assert_problem(StatusCode::GONE, None);
+    assert!(deleted.str("detail").contains("expired"), "{deleted:?}");
     // A handle that never existed is still 404.
     let never = format!("{}-0123456789abcdef0123456789abcdef", &lease[..8]);
     let unknown = gate.get(&format!("/v1/locks/orders/handles/{never}")).await;

@@ -102,6 +102,51 @@ async fn a_thousand_items_through_vanishing_consumers_are_each_acked_exactly_onc
     );
 }
 
+/// A client whose ack (or nack) reply was lost sends it again: it gets the answer the first
+/// one got. An ack after a nack (or a nack after an ack) cannot be honoured and says why.
+#[tokio::test]
+async fn a_repeated_ack_or_nack_is_answered_as_the_first() {
+    let zk = zookeeper().await;
+    let gate = Gate::start(&zk.connect_string()).await;
+    for n in 0..2 {
+        assert_eq!(
+            put(&gate, "retry", "", json!({ "n": n })).await.status,
+            StatusCode::CREATED
+        );
+    }
+    let first = take(&gate, "retry", "wait=0&ack_deadline=60s").await;
+    let acked = format!("/v1/queues/retry/claims/{}", first.str("claim"));
+    for _ in 0..2 {
+        assert_eq!(
+            gate.post(&format!("{acked}/ack"), None).await.status,
+            StatusCode::NO_CONTENT
+        );
+    }
+    let nack = gate.post(&format!("{acked}/nack"), None).await;
+    nack.assert_problem(StatusCode::GONE, None);
+    assert!(nack.str("detail").contains("was acknowledged"), "{nack:?}");
+
+    let second = take(&gate, "retry", "wait=0&ack_deadline=60s").await;
+    let given = format!("/v1/queues/retry/claims/{}", second.str("claim"));
+    for _ in 0..2 {
+        assert_eq!(
+            gate.post(&format!("{given}/nack"), None).await.status,
+            StatusCode::NO_CONTENT
+        );
+    }
+    let ack = gate.post(&format!("{given}/ack"), None).await;
+    ack.assert_problem(StatusCode::GONE, None);
+    assert!(ack.str("detail").contains("was given back"), "{ack:?}");
+    // Given back once, not twice: the item is delivered again, its second delivery.
+    let again = take(&gate, "retry", "wait=0&ack_deadline=60s").await;
+    assert_eq!(
+        (again.body["body"]["n"].as_u64(), again.body["deliveries"].as_u64()),
+        (Some(1), Some(2)),
+        "{again:?}"
+    );
+    assert_eq!(gate.get("/v1/queues/retry").await.body["depth"], 0);
+}
+
 #[tokio::test]
 async fn a_retried_put_lands_once_and_a_full_queue_refuses_more() {
     let zk = zookeeper().await;

@@ -149,6 +149,9 @@ pub fn document(spec: &mut OpenApi) {
             if let Some(RefOr::T(Schema::Array(participants))) = object.properties.get_mut("participants") {
                 participants.unique_items = true;
             }
+            if let Some(either) = lease_or_ttl(object) {
+                *body = RefOr::T(either);
+            }
         }
     }
     for (path, item) in spec.paths.paths.iter_mut() {
@@ -166,6 +169,31 @@ pub fn document(spec: &mut OpenApi) {
             }
         }
     }
+}
+
+/// A body that names a lease or asks for a new one with a `ttl` (never both: the server refuses
+/// that) as the two shapes it takes: `oneOf` the body with `lease` required and without `ttl`,
+/// and the body without `lease`.
+fn lease_or_ttl(body: &utoipa::openapi::schema::Object) -> Option<Schema> {
+    if !(body.properties.contains_key("lease") && body.properties.contains_key("ttl")) {
+        return None;
+    }
+    let without = |field: &str, description: &str| {
+        let mut shape = body.clone();
+        shape.properties.remove(field);
+        shape.description = Some(description.to_string());
+        shape
+    };
+    let mut yours = without("ttl", "With a lease of yours.");
+    yours.required.push("lease".to_string());
+    let new = without("lease", "With a new lease (of `ttl`, or the server's default).");
+    Some(Schema::OneOf(
+        utoipa::openapi::schema::OneOfBuilder::new()
+            .item(Schema::Object(yours))
+            .item(Schema::Object(new))
+            .description(body.description.clone())
+            .build(),
+    ))
 }
 
 /// The names of the schemas that request bodies refer to.

@@ -237,7 +237,8 @@ pub async fn keepalive(
 }
 
 /// Deletes a lease: everything it holds is released (its znodes deleted) before this answers,
-/// so the next waiters are already on their way.
+/// so the next waiters are already on their way. Deleting it again answers the same (a retry
+/// after a lost reply); a lease that expired or was lost answers `410` with the reason.
 #[utoipa::path(delete, path = "/v1/leases/{id}", tag = "leases",
     params(("id" = String, Path, description = "Lease id")),
     responses(
@@ -249,6 +250,14 @@ pub async fn delete_lease(
     caller: Caller,
     ApiPath(id): ApiPath<String>,
 ) -> Result<StatusCode, ApiError> {
-    state.leases.end(&caller, &id, EndReason::Deleted).await?;
-    Ok(StatusCode::NO_CONTENT)
+    match state.leases.end(&caller, &id, EndReason::Deleted).await {
+        // Deleted before: a retry after a lost reply gets the answer the first delete got.
+        // (One that expired or was lost still says so, with `410` and the reason.)
+        Ok(())
+        | Err(crate::recipes::lease::LeaseError::Ended {
+            reason: EndReason::Deleted,
+            ..
+        }) => Ok(StatusCode::NO_CONTENT),
+        Err(err) => Err(err.into()),
+    }
 }

@@ -62,7 +62,7 @@ fn source(state: &AppState, name: &str) -> LockTopic {
 /// Waiters are granted in queue order; each watches only the contender right before it.
 #[utoipa::path(post, path = "/v1/locks/{name}/acquire", tag = "locks",
     params(("name" = String, Path, description = "Lock name: 1 to 128 bytes, no `/`, no control characters, not `.` or `..`"), AcquireParams),
-    request_body(content = Option<AcquireBody>, description = "Optional.", example = json!({"lease": "3c9e1f07-6f1c2a9e0b7d4e3f8a5b6c7d8e9f0a1b"})),
+    request_body(content = Option<AcquireBody>, description = "Optional.", example = json!({"ttl": "30s"})),
     responses(
         (status = 200, description = "Granted", body = Acquisition),
         (status = 202, description = "Not granted within the wait; still queued (`keep_queued=true`)", body = Acquisition),

@@ -383,13 +383,43 @@ fn delivery(queue: &str, taken: Taken, claim: Option<&Claim>) -> Delivery {
 fn claim_lost(claim: &str) -> ApiError {
     ApiError::new(
         Problem::ClaimLost,
-        format!(
-            "claim `{claim}` is not held (acknowledged before, given back, or its ack deadline passed: the item is delivered again)"
-        ),
+        format!("claim `{claim}` is not held (given back, or its ack deadline passed: the item is delivered again)"),
     )
 }
 
-/// Acknowledges a claim: the item is removed for good.
+/// The claim `claim` of `name` for `caller`, or how an ack (`acking`) or a nack of it that is
+/// not held is answered: the same as the first when it is a repeat (a retry after a lost reply:
+/// `Ok(None)`), `410 claim-lost` saying why otherwise.
+fn claim_for(
+    state: &AppState,
+    caller: &Caller,
+    name: &str,
+    claim: &str,
+    acking: bool,
+) -> Result<Option<crate::recipes::queue::service::Claim>, ApiError> {
+    if let Some(held) = state.queues.claim(name, claim) {
+        caller.require_owner(held.owner.as_deref(), &format!("claim `{claim}`"))?;
+        return Ok(Some(held));
+    }
+    match state.queues.settled(name, claim) {
+        Some(settled) if settled.acked == acking => {
+            caller.require_owner(settled.owner.as_deref(), &format!("claim `{claim}`"))?;
+            Ok(None)
+        }
+        Some(settled) => Err(ApiError::new(
+            Problem::ClaimLost,
+            if settled.acked {
+                format!("claim `{claim}` was acknowledged: its item is gone for good")
+            } else {
+                format!("claim `{claim}` was given back: its item is delivered again")
+            },
+        )),
+        None => Err(claim_lost(claim)),
+    }
+}
+
+/// Acknowledges a claim: the item is removed for good. Acknowledging it again answers the same
+/// (a retry after a lost reply), for as long as the instance remembers (the last 100,000).
 #[utoipa::path(post, path = "/v1/queues/{name}/claims/{claim}/ack", tag = "queues",
     params(("name" = String, Path, description = "Queue name"), ("claim" = String, Path, description = "Claim from the take")),
     responses(
@@ -402,8 +432,9 @@ pub async fn ack(
     ApiPath((name, claim)): ApiPath<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
     check_name(&name)?;
-    let held = state.queues.claim(&name, &claim).ok_or_else(|| claim_lost(&claim))?;
-    caller.require_owner(held.owner.as_deref(), &format!("claim `{claim}`"))?;
+    let Some(held) = claim_for(&state, &caller, &name, &claim, true)? else {
+        return Ok(StatusCode::NO_CONTENT);
+    };
     let client = state.zk().connected().await?.client;
     let acked = queue::ack(
         &client,
@@ -415,6 +446,7 @@ pub async fn ack(
     .await?;
     state.queues.forget(&claim);
     if acked {
+        state.queues.settle(&claim, &held, true);
         let m = crate::metrics::get();
         m.queue_acks.with_label_values(&[m.queue(&name)]).inc();
         Ok(StatusCode::NO_CONTENT)
@@ -424,7 +456,7 @@ pub async fn ack(
 }
 
 /// Gives a claim back: the item is delivered again (its delivery count already counts this
-/// one).
+/// one). Giving it back again answers the same; an ack after it, `410` (and the other way round).
 #[utoipa::path(post, path = "/v1/queues/{name}/claims/{claim}/nack", tag = "queues",
     params(("name" = String, Path, description = "Queue name"), ("claim" = String, Path, description = "Claim from the take")),
     responses(
@@ -437,12 +469,14 @@ pub async fn nack(
     ApiPath((name, claim)): ApiPath<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
     check_name(&name)?;
-    let held = state.queues.claim(&name, &claim).ok_or_else(|| claim_lost(&claim))?;
-    caller.require_owner(held.owner.as_deref(), &format!("claim `{claim}`"))?;
+    let Some(held) = claim_for(&state, &caller, &name, &claim, false)? else {
+        return Ok(StatusCode::NO_CONTENT);
+    };
     let client = state.zk().connected().await?.client;
     let released = queue::release_claim(&client, &state.queues.paths(&name), &held.item, &held.data).await?;
     state.queues.forget(&claim);
     if released {
+        state.queues.settle(&claim, &held, false);
         let m = crate::metrics::get();
         m.queue_nacks.with_label_values(&[m.queue(&name)]).inc();
         Ok(StatusCode::NO_CONTENT)

@@ -57,7 +57,7 @@ fn source(state: &AppState, name: &str) -> RwLockTopic {
 /// together with every other such reader.
 #[utoipa::path(post, path = "/v1/rwlocks/{name}/read", tag = "rwlocks",
     params(("name" = String, Path, description = "Lock name: 1 to 128 bytes, no `/`, no control characters, not `.` or `..`"), AcquireParams),
-    request_body(content = Option<AcquireBody>, description = "Optional.", example = json!({"lease": "3c9e1f07-6f1c2a9e0b7d4e3f8a5b6c7d8e9f0a1b"})),
+    request_body(content = Option<AcquireBody>, description = "Optional.", example = json!({"ttl": "30s"})),
     responses(
         (status = 200, description = "Granted", body = Acquisition),
         (status = 202, description = "Not granted within the wait; still queued (`keep_queued=true`)", body = Acquisition),
@@ -78,7 +78,7 @@ pub async fn read(
 /// release the read lock first.
 #[utoipa::path(post, path = "/v1/rwlocks/{name}/write", tag = "rwlocks",
     params(("name" = String, Path, description = "Lock name"), AcquireParams),
-    request_body(content = Option<AcquireBody>, description = "Optional.", example = json!({"lease": "3c9e1f07-6f1c2a9e0b7d4e3f8a5b6c7d8e9f0a1b"})),
+    request_body(content = Option<AcquireBody>, description = "Optional.", example = json!({"ttl": "30s"})),
     responses(
         (status = 200, description = "Granted", body = Acquisition),
         (status = 202, description = "Not granted within the wait; still queued (`keep_queued=true`)", body = Acquisition),

@@ -13,6 +13,7 @@ use zookeeper_client::Error as ZkError;
 
 use super::{Attempt, QueuePaths, Taken};
 use crate::recipes::usage::Quotas;
+use crate::remembered::Remembered;
 use crate::zk::session::ZkSession;
 use crate::zk::watch::ExistsWatches;
 
@@ -52,7 +53,20 @@ pub struct Queues {
     /// Items are charged to who put them and refunded when taken or acknowledged.
     quotas: Quotas,
     claims: Arc<Mutex<HashMap<String, Claim>>>,
+    /// How this instance's claims were settled, remembered (bounded) so that a repeated ack or
+    /// nack, a client's retry after a lost reply, is answered as the first one was.
+    settled: Arc<Mutex<Remembered<String, Settled>>>,
     waiting: Arc<Mutex<HashMap<String, Arc<Waiting>>>>,
+}
+
+/// How a claim was settled.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Settled {
+    pub queue: String,
+    /// Whether it was acknowledged (the item removed) or given back (delivered again).
+    pub acked: bool,
+    /// The principal that held it.
+    pub owner: Option<String>,
 }
 
 impl Queues {
@@ -64,6 +78,7 @@ impl Queues {
             watches,
             quotas,
             claims: Arc::default(),
+            settled: Arc::default(),
             waiting: Arc::default(),
         }
     }
@@ -187,6 +202,25 @@ impl Queues {
             .get(id)
             .filter(|c| c.queue == queue)
             .cloned()
+    }
+
+    /// Remembers that the claim `id` (held as `claim`) was acknowledged or given back.
+    pub fn settle(&self, id: &str, claim: &Claim, acked: bool) {
+        let settled = Settled {
+            queue: claim.queue.clone(),
+            acked,
+            owner: claim.owner.clone(),
+        };
+        self.settled
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id.to_string(), settled);
+    }
+
+    /// How the claim `id` of `queue` was settled, if this instance remembers.
+    pub fn settled(&self, queue: &str, id: &str) -> Option<Settled> {
+        let settled = self.settled.lock().unwrap_or_else(|e| e.into_inner());
+        settled.get(id).filter(|s| s.queue == queue).cloned()
     }
 
     /// Forgets a claim (acknowledged, given back or expired).
