@@ -67,7 +67,8 @@ pub fn is_stream(path: &str) -> bool {
 ///
 /// `topic` (repeat it, up to 64) names each topic as events name it: `lock:orders`,
 /// `rwlock:NAME`, `semaphore:NAME`, `election:NAME`, `barrier:NAME`, `double_barrier:NAME`,
-/// `txn:ID`, `queue:NAME`, `group:NAME`, `lease:ID` (a lease of this instance), or
+/// `txn:ID`, `queue:NAME`, `group:NAME`, `lease:ID` (a lease of this instance), `summary:KIND`
+/// (every resource of a kind at a glance: `summary:locks`, `summary:queues`...), or
 /// `znode:data|children|recursive:PATH` (relative to the root). Each SSE event's `data` is one
 /// event (`{"topic":...,"seq":N,"position":"...","type":"state","state":{...}}`): first each
 /// topic's `state`, then its changes, `resync` (with a `reason`) where changes may have been
@@ -76,7 +77,7 @@ pub fn is_stream(path: &str) -> bool {
 /// `--ws-ping-interval`.
 #[utoipa::path(get, path = "/v1/events", tag = "events",
     params(
-        ("topic" = Vec<String>, Query, description = "A topic to follow, e.g. `election:scheduler`, `lock:orders`, `lease:<id>`, `znode:data:kv/app`; repeat for more (at most 64)."),
+        ("topic" = Vec<String>, Query, description = "A topic to follow, e.g. `election:scheduler`, `lock:orders`, `lease:<id>`, `summary:locks`, `znode:data:kv/app`; repeat for more (at most 64)."),
         ("since" = Option<String>, Query, description = "The `id` of the last event taken on an earlier stream of the same topics: resume after it. `Last-Event-ID` takes precedence."),
         ("Last-Event-ID" = Option<String>, Header, description = "Sent by a reconnecting `EventSource`: the `id` of the last event it took."),
     ),
