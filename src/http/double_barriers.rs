@@ -69,7 +69,7 @@ pub struct EnterBody {
     #[schema(example = "worker-3")]
     pub participant: String,
     /// How many participants make the barrier open (the first enter records it).
-    #[schema(example = 5)]
+    #[schema(example = 5, minimum = 1)]
     pub size: u32,
     /// The lease the participant lives by. Without it a new lease is created.
     pub lease: Option<String>,
