@@ -69,6 +69,12 @@ pub fn positive_duration_pattern(max: Option<Duration>) -> String {
     format!("^({})$", alternatives.join("|"))
 }
 
+/// A duration of zero or more, at most `max`, as a pattern (see [positive_duration_pattern]).
+pub fn duration_pattern_up_to(max: Duration) -> String {
+    let positive = positive_duration_pattern(Some(max));
+    format!("^(0|{}$", &positive[2..])
+}
+
 /// A pattern for the whole numbers 1 to `most` (at most 999), without leading zeros.
 fn one_to(most: u32) -> String {
     let mut parts = vec![format!("[1-{}]", most.min(9))];
@@ -177,6 +183,17 @@ mod tests {
                 }
             }
             assert!(!pattern.is_match("0") && !pattern.is_match("010s"));
+        }
+        let up_to = regex::Regex::new(&duration_pattern_up_to(Duration::from_secs(3600))).expect("a valid pattern");
+        for (text, taken) in [
+            ("0", true),
+            ("0s", false),
+            ("60m", true),
+            ("61m", false),
+            ("1h", true),
+            ("2h", false),
+        ] {
+            assert_eq!(up_to.is_match(text), taken, "{text}");
         }
     }
 

@@ -473,7 +473,7 @@ pub struct Revoked {
 }
 
 /// Longest grace a revocation may give a holder.
-const MAX_GRACE: Duration = Duration::from_secs(24 * 3600);
+pub(crate) const MAX_GRACE: Duration = Duration::from_secs(24 * 3600);
 
 /// Longest `by` or `reason` accepted.
 const MAX_TEXT: usize = 500;

@@ -33,6 +33,8 @@ enum Format {
     Duration,
     /// A duration above zero, at most so long (`ttl`, `deadline`, `ack_deadline`).
     PositiveDuration(Option<std::time::Duration>),
+    /// A duration, zero or more, at most so long (a revocation's `grace`).
+    DurationUpTo(std::time::Duration),
     /// An ETag zkgate issued (`"4294967311"`), for a read's `If-None-Match`.
     ETag,
     /// An ETag or `*` (it exists), for `If-Match`.
@@ -45,10 +47,9 @@ enum Format {
     Positions,
 }
 
-/// The longest ack deadline of a take (queues refuse a longer one).
-const MAX_ACK_DEADLINE: std::time::Duration = std::time::Duration::from_secs(12 * 3600);
-/// The longest deadline of a transaction.
-const MAX_TXN_DEADLINE: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
+use super::contention::MAX_GRACE;
+use super::queues::MAX_ACK_DEADLINE;
+use super::txns::MAX_DEADLINE as MAX_TXN_DEADLINE;
 
 /// The format of parameter `name` in `place` of the operation `method` at `path`.
 fn format_of(path: &str, method: &str, place: &ParameterIn, name: &str) -> Option<Format> {
@@ -64,6 +65,7 @@ fn format_of(path: &str, method: &str, place: &ParameterIn, name: &str) -> Optio
         (ParameterIn::Path, "key") => Some(Format::Key),
         (ParameterIn::Path, "token") => Some(Format::Token),
         (ParameterIn::Query, "wait") => Some(Format::Duration),
+        (ParameterIn::Query, "prefix") => Some(Format::Key),
         (ParameterIn::Query, "topic") => Some(Format::Topic),
         (ParameterIn::Query, "since") | (ParameterIn::Header, "Last-Event-ID") => Some(Format::Positions),
         _ => None,
@@ -84,6 +86,7 @@ fn schema_of(format: Format) -> Schema {
         Format::Id => string("^[0-9a-f]{8}-[0-9a-f]{32}$".into()),
         Format::Duration => string(crate::time::DURATION_PATTERN.into()),
         Format::PositiveDuration(max) => string(crate::time::positive_duration_pattern(max)),
+        Format::DurationUpTo(max) => string(crate::time::duration_pattern_up_to(max)),
         Format::ETag => string(r#"^(W/)?"[0-9]{1,18}"$"#.into()),
         Format::ETagOrAny => string(r#"^(\*|(W/)?"[0-9]{1,18}")$"#.into()),
         Format::Any => string(r"^\*$".into()),
@@ -123,6 +126,7 @@ fn body_format(schema: &str, property: &str) -> Option<Format> {
         (_, "lease" | "handle") => Some(Format::Id),
         (_, "ttl") => Some(Format::PositiveDuration(None)),
         ("CreateTxn", "deadline") => Some(Format::PositiveDuration(Some(MAX_TXN_DEADLINE))),
+        ("RevokeBody", "grace") => Some(Format::DurationUpTo(MAX_GRACE)),
         _ => None,
     }
 }

@@ -158,7 +158,7 @@ pub struct Waiting {
 }
 
 /// Longest ack deadline a take may ask for (as SQS's longest visibility timeout).
-const MAX_ACK_DEADLINE: Duration = Duration::from_secs(12 * 3600);
+pub(crate) const MAX_ACK_DEADLINE: Duration = Duration::from_secs(12 * 3600);
 
 /// Query of a listing of items.
 #[derive(Deserialize, utoipa::IntoParams)]

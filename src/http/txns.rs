@@ -54,7 +54,7 @@ fn source(state: &AppState, id: &str) -> TxnTopic {
 }
 
 /// Longest a transaction may wait for its votes.
-const MAX_DEADLINE: Duration = Duration::from_secs(24 * 3600);
+pub(crate) const MAX_DEADLINE: Duration = Duration::from_secs(24 * 3600);
 
 /// Most participants a transaction may have.
 const MAX_PARTICIPANTS: usize = 100;
