@@ -289,31 +289,30 @@ mod tests {
 
     #[test]
     fn parameters_are_told_apart_by_place_and_path() {
-        assert_eq!(
-            format_of("/v1/leases/{id}", "get", &ParameterIn::Path, "id"),
-            Some(Format::Id)
-        );
-        assert_eq!(
-            format_of("/v1/txns/{id}", "get", &ParameterIn::Path, "id"),
-            Some(Format::Name)
-        );
-        assert_eq!(
-            format_of("/v1/kv/{key}", "get", &ParameterIn::Path, "key"),
-            Some(Format::Key)
-        );
-        assert_eq!(
-            format_of("/v1/locks", "post", &ParameterIn::Query, "wait"),
-            Some(Format::Duration)
-        );
-        assert_eq!(format_of("/v1/locks", "post", &ParameterIn::Query, "name"), None);
-        assert_eq!(
-            format_of("/v1/kv/{key}", "get", &ParameterIn::Header, "If-None-Match"),
-            Some(Format::ETag)
-        );
-        assert_eq!(
-            format_of("/v1/kv/{key}", "put", &ParameterIn::Header, "If-None-Match"),
-            Some(Format::Any)
-        );
+        let cases = [
+            ("/v1/leases/{id}", "get", ParameterIn::Path, "id", Some(Format::Id)),
+            ("/v1/txns/{id}", "get", ParameterIn::Path, "id", Some(Format::Name)),
+            ("/v1/kv/{key}", "get", ParameterIn::Path, "key", Some(Format::Key)),
+            ("/v1/locks", "post", ParameterIn::Query, "wait", Some(Format::Duration)),
+            ("/v1/locks", "post", ParameterIn::Query, "name", None),
+            (
+                "/v1/kv/{key}",
+                "get",
+                ParameterIn::Header,
+                "If-None-Match",
+                Some(Format::ETag),
+            ),
+            (
+                "/v1/kv/{key}",
+                "put",
+                ParameterIn::Header,
+                "If-None-Match",
+                Some(Format::Any),
+            ),
+        ];
+        for (path, method, place, name, format) in cases {
+            assert_eq!(format_of(path, method, &place, name), format, "{method} {path} {name}");
+        }
     }
 
     /// The patterns agree with the server's own checks on examples of each side.
