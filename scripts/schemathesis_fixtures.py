@@ -18,6 +18,7 @@ scripts/schemathesis_hooks.py, from the leases listed in schemathesis-fixtures.j
 import json
 import os
 import sys
+import uuid
 import urllib.error
 import urllib.request
 
@@ -38,6 +39,8 @@ def call(base, method, path, body=None, expect=(200, 201, 202, 204)):
 
 def main():
     base, out = sys.argv[1], sys.argv[2]
+    # Names of this run's own (a run may be tried again on the same instance).
+    run = uuid.uuid4().hex[:6]
 
     def lease():
         return call(base, "POST", "/v1/leases", {"ttl": "30m"})["id"]
@@ -64,22 +67,22 @@ def main():
         noun = "permits" if kind == "semaphores" else "handles"
         extra = "&permits=8" if kind == "semaphores" else ""
         for method in ["GET", "DELETE"]:
-            name = f"fx-{kind}-{method.lower()}"
+            name = f"fx{run}-{kind}-{method.lower()}"
             bind(f"{method} /v1/{kind}/{{name}}/{noun}/{{handle}}", path__name=name, path__handle=holder(kind, name, take, extra))
     for method in ["GET", "DELETE"]:
-        name = f"fx-elections-{method.lower()}"
+        name = f"fx{run}-elections-{method.lower()}"
         bind(f"{method} /v1/elections/{{name}}/candidates/{{handle}}", path__name=name, path__handle=holder("elections", name, "campaign"))
     # Bodies get their ids from scripts/schemathesis_hooks.py (in every phase).
-    leader = holder("elections", "fx-lead", "campaign")
-    bind("PUT /v1/elections/{name}/leader", path__name="fx-lead")
+    leader = holder("elections", f"fx{run}-lead", "campaign")
+    bind("PUT /v1/elections/{name}/leader", path__name=f"fx{run}-lead")
     for verb in ["ack", "nack"]:
-        bind(f"POST /v1/queues/{{name}}/claims/{{claim}}/{verb}", path__name=f"fx-{verb}", path__claim=claim(f"fx-{verb}"))
-    call(base, "POST", "/v1/txns", {"id": "fx-txn", "participants": ["p"], "deadline": "24h"})
-    bind("PUT /v1/txns/{id}/participants/{participant}", path__id="fx-txn", path__participant="p")
-    request = urllib.request.Request(f"{base}/v1/kv/fx-key", data=b"v", method="PUT")
+        bind(f"POST /v1/queues/{{name}}/claims/{{claim}}/{verb}", path__name=f"fx{run}-{verb}", path__claim=claim(f"fx{run}-{verb}"))
+    call(base, "POST", "/v1/txns", {"id": f"fx{run}-txn", "participants": ["p"], "deadline": "24h"})
+    bind("PUT /v1/txns/{id}/participants/{participant}", path__id=f"fx{run}-txn", path__participant="p")
+    request = urllib.request.Request(f"{base}/v1/kv/fx{run}-key", data=b"v", method="PUT")
     request.add_header("content-type", "text/plain")
     urllib.request.urlopen(request, timeout=30).close()
-    bind("DELETE /v1/kv/{key}", path__key="fx-key")
+    bind("DELETE /v1/kv/{key}", path__key=f"fx{run}-key")
 
     leases = [lease() for _ in range(8)]
     fixtures = {"instance": leases[0].split("-")[0], "leases": leases, "leader": leader}
