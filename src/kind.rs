@@ -143,6 +143,11 @@ impl Kind {
         Kind::ALL.into_iter().find(|k| k.topic() == Some(topic))
     }
 
+    /// The kind whose znode directory (and URL segment) is `dir`.
+    pub fn from_dir(dir: &str) -> Option<Kind> {
+        Kind::ALL.into_iter().find(|k| k.dir() == dir)
+    }
+
     /// `<root>/<dir>`: the znode that holds every resource of this kind.
     pub fn base(self, root: &str) -> String {
         format!("{root}/{}", self.dir())

@@ -58,6 +58,16 @@ pub const DURATION_PATTERN: &str = "^(0|[0-9]{1,3}(ms|s|m|h))$";
 /// numbers of each unit that fit, without leading zeros, so that a generated value is one the
 /// server takes (`ttl`, a transaction's `deadline`, a claim's `ack_deadline`).
 pub fn positive_duration_pattern(max: Option<Duration>) -> String {
+    format!("^({})$", positive_durations(max))
+}
+
+/// A duration of zero or more, at most `max`, as a pattern (see [positive_duration_pattern]).
+pub fn duration_pattern_up_to(max: Duration) -> String {
+    format!("^(0|{})$", positive_durations(Some(max)))
+}
+
+/// The alternatives of [positive_duration_pattern], one per unit that fits under `max`.
+fn positive_durations(max: Option<Duration>) -> String {
     let units = [("ms", 1u128), ("s", 1_000), ("m", 60_000), ("h", 3_600_000)];
     let alternatives: Vec<String> = units
         .iter()
@@ -66,13 +76,7 @@ pub fn positive_duration_pattern(max: Option<Duration>) -> String {
             (most >= 1).then(|| format!("({}){unit}", one_to(most)))
         })
         .collect();
-    format!("^({})$", alternatives.join("|"))
-}
-
-/// A duration of zero or more, at most `max`, as a pattern (see [positive_duration_pattern]).
-pub fn duration_pattern_up_to(max: Duration) -> String {
-    let positive = positive_duration_pattern(Some(max));
-    format!("^(0|{}$", &positive[2..])
+    alternatives.join("|")
 }
 
 /// A pattern for the whole numbers 1 to `most` (at most 999), without leading zeros.

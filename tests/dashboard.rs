@@ -8,7 +8,7 @@ mod common;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use common::{Gate, make_contended, test_config, within, zk_client, zookeeper};
+use common::{Gate, make_contended, test_config, zk_client, zookeeper};
 use futures::StreamExt;
 
 fn browser_dir() -> PathBuf {
@@ -21,21 +21,8 @@ fn browser_dir() -> PathBuf {
 }
 
 /// Runs a browser script to completion (bounded); panics with its output unless it succeeds.
-async fn run_script(mut command: tokio::process::Command) -> String {
-    let output = within(
-        Duration::from_secs(120),
-        "the browser run",
-        command.kill_on_drop(true).output(),
-    )
-    .await
-    .expect("run node");
-    let report = format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    assert!(output.status.success(), "the browser check failed:\n{report}");
-    report
+async fn run_script(command: tokio::process::Command) -> String {
+    common::run_to_success(command, Duration::from_secs(120), "the browser check").await
 }
 
 #[tokio::test]

@@ -10,6 +10,15 @@ use common::{Gate, within, zookeeper};
 use reqwest::{Method, StatusCode};
 use serde_json::json;
 
+/// The ids of the members in a group's state, in its order.
+fn member_ids(state: &serde_json::Value) -> Vec<String> {
+    let members = state["members"].as_array().expect("members");
+    members
+        .iter()
+        .map(|m| m["id"].as_str().expect("id").to_string())
+        .collect()
+}
+
 #[tokio::test]
 async fn members_join_with_data_and_leave_when_their_lease_ends_waking_a_blocked_reader() {
     let zk = zookeeper().await;
@@ -78,13 +87,7 @@ async fn members_join_with_data_and_leave_when_their_lease_ends_waking_a_blocked
     .await;
     assert_eq!(changed.status, StatusCode::OK);
     assert_ne!(changed.body["index"], listed.body["index"], "{changed:?}");
-    let ids: Vec<_> = changed.body["members"]
-        .as_array()
-        .expect("members")
-        .iter()
-        .map(|m| m["id"].clone())
-        .collect();
-    assert_eq!(ids, vec![json!("w1")]);
+    assert_eq!(member_ids(&changed.body), ["w1"]);
 
     // Leaving explicitly; a read with an old index returns at once.
     assert_eq!(
@@ -147,11 +150,5 @@ async fn a_blocked_read_without_an_index_returns_at_the_next_change() {
     let changed = within(Duration::from_secs(10), "the next change", reader)
         .await
         .expect("the reader");
-    let members: Vec<_> = changed.body["members"]
-        .as_array()
-        .expect("members")
-        .iter()
-        .map(|m| m["id"].clone())
-        .collect();
-    assert_eq!(members, [json!("m"), json!("n")], "{changed:?}");
+    assert_eq!(member_ids(&changed.body), ["m", "n"], "{changed:?}");
 }

@@ -73,7 +73,7 @@ pub(super) async fn follow_summary(publisher: Publisher, kind: Kind, base: Strin
             if rescan.is_none() && dirty.is_empty() {
                 continue;
             }
-            match measure_now(&publisher, kind, &base, &mut tallies, rescan, dirty.clone()).await {
+            match measure_now(&publisher, kind, &base, &mut tallies, rescan, &dirty).await {
                 Ok(()) => {
                     let state = to_json(&tallies.state(crate::time::now_ms()));
                     match (rescan, &last) {
@@ -114,22 +114,19 @@ async fn measure_now(
     base: &str,
     tallies: &mut Tallies,
     rescan: Option<Option<&'static str>>,
-    dirty: HashSet<String>,
-) -> Result<(), String> {
-    let session = publisher.zk().connected().await.map_err(|e| e.to_string())?;
+    dirty: &HashSet<String>,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let session = publisher.zk().connected().await?;
     if rescan.is_some() {
-        session.sync().await.map_err(|e| e.to_string())?;
-        let all = names(&session.client, base).await.map_err(|e| e.to_string())?;
-        let measured = measure(&session.client, kind, base, all)
-            .await
-            .map_err(|e| e.to_string())?;
-        tallies.reset(measured, crate::time::now_ms());
+        session.sync().await?;
+        let all = names(&session.client, base).await?;
+        tallies.reset(measure(&session.client, kind, base, all).await?, crate::time::now_ms());
     } else {
-        let dirty = dirty.into_iter().collect();
-        let measured = measure(&session.client, kind, base, dirty)
-            .await
-            .map_err(|e| e.to_string())?;
-        tallies.update(measured, crate::time::now_ms());
+        let dirty = dirty.iter().cloned().collect();
+        tallies.update(
+            measure(&session.client, kind, base, dirty).await?,
+            crate::time::now_ms(),
+        );
     }
     Ok(())
 }

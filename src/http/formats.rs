@@ -11,6 +11,9 @@ use utoipa::openapi::path::{Parameter, ParameterIn};
 use utoipa::openapi::schema::{Object, Schema, SchemaType, Type};
 use utoipa::openapi::{OpenApi, RefOr};
 
+use super::contention::MAX_GRACE;
+use super::queues::MAX_ACK_DEADLINE;
+use super::txns::MAX_DEADLINE as MAX_TXN_DEADLINE;
 use crate::zk::names::MAX_NAME_BYTES;
 
 /// One segment: the characters a name may have (ZooKeeper's path rules, `zk::names`): no `/`,
@@ -46,10 +49,6 @@ enum Format {
     /// An event stream's position(s), as its ids carry them.
     Positions,
 }
-
-use super::contention::MAX_GRACE;
-use super::queues::MAX_ACK_DEADLINE;
-use super::txns::MAX_DEADLINE as MAX_TXN_DEADLINE;
 
 /// The format of parameter `name` in `place` of the operation `method` at `path`.
 fn format_of(path: &str, method: &str, place: &ParameterIn, name: &str) -> Option<Format> {

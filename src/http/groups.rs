@@ -215,14 +215,10 @@ pub async fn members(
     names(&group, None)?;
     let client = super::consistency::reader(&state, consistency).await?;
     if let Some(wait) = query.wait {
-        // Without `index`, the wait is for the next change after this read.
-        let index = match query.index {
-            Some(index) => index,
-            None => source(&state, &group).read(&client).await?.index,
-        };
         let wait = wait.0.min(state.config.max_wait);
         let dir = state.groups.dir(&group);
-        let changed = group::wait_for_change(&client, &dir, index);
+        // Without `index`, the wait is for the next change after the watch's first look.
+        let changed = group::wait_for_change(&client, &dir, query.index);
         let _ = tokio::time::timeout(wait, changed).await;
     }
     Ok(Json(source(&state, &group).read(&client).await?))

@@ -88,9 +88,8 @@ pub fn resolve(state: &AppState, caller: &Caller, topic: &Value) -> Result<(Stri
         }
         "summary" => {
             let dir = value.as_str().unwrap_or_default();
-            let kind = Kind::ALL
-                .into_iter()
-                .find(|k| k.topic().is_some() && k.dir() == dir)
+            let kind = Kind::from_dir(dir)
+                .filter(|k| k.topic().is_some())
                 .ok_or_else(|| format!("`summary` takes a kind: one of {}", summary_kinds()))?;
             // It names every resource of the kind, as the kind's directory does.
             if !caller.may(kind.auth(), "", Access::Read) {
@@ -204,7 +203,7 @@ fn znode_feed(
 /// itself, `leases/`, the audit log) needs an admin.
 fn may_read_znode(caller: &Caller, segments: &[&str]) -> bool {
     match segments {
-        [dir, rest @ ..] => match Kind::ALL.into_iter().find(|k| k.dir() == *dir) {
+        [dir, rest @ ..] => match Kind::from_dir(dir) {
             Some(kind) => {
                 let name = match (kind, rest) {
                     (Kind::Kv, rest) => rest.join("/"),

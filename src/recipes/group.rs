@@ -104,12 +104,13 @@ impl Source for GroupTopic {
     }
 }
 
-/// Returns once the group's membership index is not `index` (a children watch: no polling).
-pub async fn wait_for_change(client: &Client, dir: &str, index: i64) -> Result<(), ZkError> {
+/// Returns once the group's membership index is not `index`, or without one, once it changes
+/// from what this first sees (a children watch: no polling).
+pub async fn wait_for_change(client: &Client, dir: &str, mut index: Option<i64>) -> Result<(), ZkError> {
     loop {
         match retry_on_loss(|| client.get_and_watch_children(dir)).await {
             Ok((_, stat, watcher)) => {
-                if stat.pzxid != index {
+                if stat.pzxid != *index.get_or_insert(stat.pzxid) {
                     return Ok(());
                 }
                 watcher.changed().await;
@@ -119,7 +120,8 @@ pub async fn wait_for_change(client: &Client, dir: &str, index: i64) -> Result<(
                 if stat.is_some() {
                     continue;
                 }
-                if index != 0 {
+                // A group nobody joined has index 0.
+                if *index.get_or_insert(0) != 0 {
                     return Ok(());
                 }
                 watcher.changed().await;

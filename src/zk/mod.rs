@@ -61,22 +61,22 @@ where
     }
 }
 
-/// Most reads in one multi-read: each answer holds a stat (and a resource's data, which is
-/// small), so a thousand stay well within ZooKeeper's packet limit (`jute.maxbuffer`, 1 MB).
+/// Most reads in one multi-read: each answer holds a stat and a small node's data, so a
+/// thousand stay well within ZooKeeper's packet limit (`jute.maxbuffer`, 1 MB).
 const MULTI_READ_CHUNK: usize = 1000;
 
-/// The stat of each of `paths` (`None` where the node does not exist), in the order given:
-/// multi-reads of at most [MULTI_READ_CHUNK] paths, sent together so that thousands of nodes
-/// cost a few round trips.
-pub async fn stat_each(
+/// The data and stat of each of `paths` (`None` where the node does not exist), in the order
+/// given: multi-reads of at most [MULTI_READ_CHUNK] paths, sent together, so that thousands of
+/// nodes cost a few round trips and no answer outgrows a packet.
+async fn get_each(
     client: &zookeeper_client::Client,
     paths: &[String],
-) -> Result<Vec<Option<zookeeper_client::Stat>>, ZkError> {
+) -> Result<Vec<Option<(Vec<u8>, zookeeper_client::Stat)>>, ZkError> {
     let chunks = paths.chunks(MULTI_READ_CHUNK).map(|chunk| {
         retry_on_loss(move || {
             let mut reader = client.new_multi_reader();
             for path in chunk {
-                // Only fails for an invalid path; the caller's paths are made of valid names.
+                // Only fails for an invalid path; callers' paths are made of valid names.
                 let _ = reader.add_get_data(path);
             }
             reader.commit()
@@ -87,38 +87,36 @@ pub async fn stat_each(
         .into_iter()
         .flatten()
         .map(|result| match result {
-            zookeeper_client::MultiReadResult::Data { stat, .. } => Some(stat),
+            zookeeper_client::MultiReadResult::Data { data, stat } => Some((data, stat)),
             _ => None,
         })
         .collect())
 }
 
-/// Reads the data and stat of `<dir>/<name>` for each of `names` in one round trip (a
-/// multi-read), in the order given; a node gone between its listing and this read is left
-/// out.
+/// The stat of each of `paths` (`None` where the node does not exist), in the order given.
+pub async fn stat_each(
+    client: &zookeeper_client::Client,
+    paths: &[String],
+) -> Result<Vec<Option<zookeeper_client::Stat>>, ZkError> {
+    Ok(get_each(client, paths)
+        .await?
+        .into_iter()
+        .map(|read| read.map(|(_, stat)| stat))
+        .collect())
+}
+
+/// Reads the data and stat of `<dir>/<name>` for each of `names` (see [get_each]), in the order
+/// given; a node gone between its listing and this read is left out.
 pub async fn read_each(
     client: &zookeeper_client::Client,
     dir: &str,
     names: Vec<String>,
 ) -> Result<Vec<(String, Vec<u8>, zookeeper_client::Stat)>, ZkError> {
-    if names.is_empty() {
-        return Ok(Vec::new());
-    }
-    let results = retry_on_loss(|| {
-        let mut reader = client.new_multi_reader();
-        for name in &names {
-            // Only fails for an invalid path, which a listed child cannot make.
-            let _ = reader.add_get_data(&format!("{dir}/{name}"));
-        }
-        reader.commit()
-    })
-    .await?;
+    let paths: Vec<String> = names.iter().map(|name| format!("{dir}/{name}")).collect();
+    let read = get_each(client, &paths).await?;
     Ok(names
         .into_iter()
-        .zip(results)
-        .filter_map(|(name, result)| match result {
-            zookeeper_client::MultiReadResult::Data { data, stat } => Some((name, data, stat)),
-            _ => None,
-        })
+        .zip(read)
+        .filter_map(|(name, read)| read.map(|(data, stat)| (name, data, stat)))
         .collect())
 }

@@ -432,6 +432,21 @@ async fn close_from_outside(direct: &str, session: SessionInfo) {
     drop(intruder); // the last clone closes the session
 }
 
+/// Runs `command` to completion within `limit` (killed otherwise), failing the test with its
+/// output unless it succeeds: its stdout and stderr.
+pub async fn run_to_success(mut command: tokio::process::Command, limit: Duration, what: &str) -> String {
+    let output = within(limit, what, command.kill_on_drop(true).output())
+        .await
+        .unwrap_or_else(|e| panic!("{what}: cannot run: {e}"));
+    let report = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(output.status.success(), "{what} failed:\n{report}");
+    report
+}
+
 /// Awaits `future`, failing the test (naming `what`) if it takes longer than `limit`.
 pub async fn within<T>(limit: Duration, what: &str, future: impl std::future::Future<Output = T>) -> T {
     tokio::time::timeout(limit, future)
