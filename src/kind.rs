@@ -26,6 +26,7 @@ pub enum Kind {
     Queue,
     Group,
     Kv,
+    Counter,
 }
 
 /// What the registry knows of a kind.
@@ -46,7 +47,7 @@ struct Entry {
 
 impl Kind {
     /// Every kind, in the order the API documents them.
-    pub const ALL: [Kind; 10] = [
+    pub const ALL: [Kind; 11] = [
         Kind::Lock,
         Kind::RwLock,
         Kind::Semaphore,
@@ -57,6 +58,7 @@ impl Kind {
         Kind::Queue,
         Kind::Group,
         Kind::Kv,
+        Kind::Counter,
     ];
 
     const fn entry(self) -> Entry {
@@ -71,6 +73,7 @@ impl Kind {
             Kind::Queue => ("queues", "queue", "queues"),
             Kind::Group => ("groups", "group", "groups"),
             Kind::Kv => ("kv", "kv", "kv"),
+            Kind::Counter => ("counters", "counter", "counters"),
         };
         let owned_param = match self {
             Kind::Lock | Kind::RwLock | Kind::Semaphore | Kind::Election => Some("handle"),
@@ -82,7 +85,7 @@ impl Kind {
             name,
             tag,
             topic: !matches!(self, Kind::Kv),
-            lease_in_body: !matches!(self, Kind::Kv | Kind::Queue),
+            lease_in_body: !matches!(self, Kind::Kv | Kind::Queue | Kind::Counter),
             owned_param,
         }
     }

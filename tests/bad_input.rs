@@ -25,6 +25,16 @@ async fn bad_names_bodies_and_handles_are_refused_and_change_nothing() {
     assert_eq!(held.status, StatusCode::OK, "{held:?}");
     let handle = held.str("handle");
     let zk_view = zk_client(&zk.connect_string()).await;
+    // A counter at 7, and a znode where a counter would be that holds something else.
+    let counter = gate
+        .post("/v1/counters/c/add", Some(serde_json::json!({"delta": 7})))
+        .await;
+    assert_eq!(counter.status, StatusCode::OK, "{counter:?}");
+    let options = zookeeper_client::CreateMode::Persistent.with_acls(zookeeper_client::Acls::anyone_all());
+    zk_view
+        .create("/zkgate/counters/text", b"abc", &options)
+        .await
+        .expect("create");
     let before = tree(&zk_view, "/zkgate").await;
     assert!(
         before.keys().any(|k| k.starts_with("/zkgate/locks/keep/_c_")),
@@ -178,6 +188,24 @@ async fn bad_names_bodies_and_handles_are_refused_and_change_nothing() {
         ("POST", "/v1/queues/q/dead-letters/nope/replay", vec![], b"", StatusCode::NOT_FOUND, None),
         ("POST", "/v1/queues/q/dead/nope/replay", vec![], b"", StatusCode::NOT_FOUND, None),
         ("GET", "/v1/queues/%2E%2E", vec![], b"", StatusCode::BAD_REQUEST, Some("name")),
+        // Counters: bad deltas and bounds, failed conditions, adds past a bound or 64 bits, a
+        // znode that is not a counter.
+        ("POST", "/v1/counters/c/add", vec![], b"{\"delta\": \"5\"}", StatusCode::BAD_REQUEST, Some("delta")),
+        ("POST", "/v1/counters/c/add", vec![], b"{\"delta\": 1.5}", StatusCode::BAD_REQUEST, Some("delta")),
+        ("POST", "/v1/counters/c/add", vec![], b"{\"delta\": 9223372036854775808}", StatusCode::BAD_REQUEST, Some("delta")),
+        ("POST", "/v1/counters/c/add", vec![], b"{\"min\": 5, \"max\": 1}", StatusCode::BAD_REQUEST, Some("min")),
+        ("POST", "/v1/counters/c/add", vec![], b"{\"step\": 1}", StatusCode::BAD_REQUEST, None),
+        ("POST", "/v1/counters/c/add", vec![], b"{\"delta\": 1, \"max\": 7}", StatusCode::CONFLICT, None),
+        ("POST", "/v1/counters/c/add", vec![], b"{\"delta\": 9223372036854775807}", StatusCode::CONFLICT, None),
+        ("POST", "/v1/counters/text/add", vec![], b"", StatusCode::CONFLICT, None),
+        ("POST", "/v1/counters/%2E%2E/add", vec![], b"", StatusCode::BAD_REQUEST, Some("name")),
+        ("PUT", "/v1/counters/c", vec![], b"{\"value\": \"7\"}", StatusCode::BAD_REQUEST, Some("value")),
+        ("PUT", "/v1/counters/c", vec![], b"{}", StatusCode::BAD_REQUEST, None),
+        ("PUT", "/v1/counters/c", vec![("If-Match", "\"1\"")], b"{\"value\": 1}", StatusCode::PRECONDITION_FAILED, None),
+        ("PUT", "/v1/counters/c", vec![("If-None-Match", "*")], b"{\"value\": 1}", StatusCode::PRECONDITION_FAILED, None),
+        ("PUT", "/v1/counters/c", vec![("If-Match", "soon")], b"{\"value\": 1}", StatusCode::BAD_REQUEST, Some("if-match")),
+        ("DELETE", "/v1/counters/c", vec![("If-Match", "\"1\"")], b"", StatusCode::PRECONDITION_FAILED, None),
+        ("DELETE", "/v1/counters/never", vec![], b"", StatusCode::NOT_FOUND, None),
         // Unknown endpoints and methods.
         ("GET", "/v2/locks", vec![], b"", StatusCode::NOT_FOUND, None),
         ("PUT", "/v1/locks/keep/acquire", vec![], b"", StatusCode::METHOD_NOT_ALLOWED, None),
@@ -213,4 +241,5 @@ async fn bad_names_bodies_and_handles_are_refused_and_change_nothing() {
     );
     let kept = gate.get(&format!("/v1/locks/keep/handles/{handle}")).await;
     assert_eq!(kept.body["state"], "held");
+    assert_eq!(gate.get("/v1/counters/c").await.body["value"], 7);
 }

@@ -44,6 +44,11 @@ impl Peer {
         Peer::java("CuratorSemaphore", &[connect, path, &permits.to_string()]).await
     }
 
+    /// A Curator `DistributedAtomicLong` peer on the counter at `path`.
+    async fn curator_counter(connect: &str, path: &str) -> Peer {
+        Peer::java("CuratorCounter", &[connect, path]).await
+    }
+
     /// Runs `tests/interop/<class>.java` (Java's source launcher: no compile step) on the
     /// Curator class path.
     async fn java(class: &str, args: &[&str]) -> Peer {
@@ -367,4 +372,56 @@ async fn peers_with_zkgates_digest_share_its_locks_and_others_are_refused() {
     for peer in [curator, kazoo, stranger] {
         peer.quit().await;
     }
+}
+
+/// A counter is one counter for HTTP clients and Curator's `DistributedAtomicLong`: each reads
+/// what the other wrote, and their adds racing on the same znode all land.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_and_a_curator_atomic_long_share_one_counter_and_lose_no_add() {
+    let zk = zookeeper().await;
+    let connect = zk.connect_string();
+    let gate = Arc::new(Gate::start(&connect).await);
+    let mut curator = Peer::curator_counter(&connect, "/zkgate/counters/orders").await;
+
+    // Curator creates it (its own way: container parents); HTTP reads and adds.
+    assert_eq!(curator.send("add 40").await, "VALUE 40");
+    assert_eq!(gate.get("/v1/counters/orders").await.body["value"], 40);
+    let added = gate
+        .post("/v1/counters/orders/add", Some(serde_json::json!({"delta": 2})))
+        .await;
+    assert_eq!(added.i64("value"), 42, "{added:?}");
+    assert_eq!(curator.send("get").await, "VALUE 42");
+    let set = gate
+        .http
+        .put(format!("{}/v1/counters/orders", gate.url))
+        .json(&serde_json::json!({"value": -7}))
+        .send()
+        .await
+        .expect("PUT");
+    assert_eq!(set.status(), StatusCode::OK);
+    assert_eq!(curator.send("get").await, "VALUE -7");
+    assert_eq!(curator.send("add 7").await, "VALUE 0");
+
+    // Both sides add at once: 4 HTTP clients × 50, and Curator 200 one after another.
+    let http: Vec<_> = (0..4)
+        .map(|_| {
+            let gate = gate.clone();
+            tokio::spawn(async move {
+                for _ in 0..50 {
+                    let reply = gate.post("/v1/counters/orders/add", None).await;
+                    assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
+                }
+            })
+        })
+        .collect();
+    let curators = curator.send("adds 200").await;
+    assert!(curators.starts_with("VALUE "), "{curators}");
+    for task in http {
+        within(Duration::from_secs(120), "the HTTP adds", task)
+            .await
+            .expect("adds");
+    }
+    assert_eq!(gate.get("/v1/counters/orders").await.body["value"], 400);
+    assert_eq!(curator.send("get").await, "VALUE 400");
+    curator.quit().await;
 }

@@ -152,6 +152,10 @@ catalogue! {
         "a participant that voted otherwise before (a vote is final)";
     TxnDecided: Http, 409, "txn-decided", "Already decided", ["outcome"],
         "a vote after the decision";
+    OutOfBounds: Http, 409, "out-of-bounds", "Counter out of bounds", ["value"],
+        "an add that would take the counter past its `min` or `max` (or past a 64-bit integer); `value` is the counter's value, which did not change";
+    NotACounter: Http, 409, "not-a-counter", "Not a counter", ["size_bytes"],
+        "the counter's znode holds data that is not an 8-byte big-endian number (something else wrote it)";
     LeaseEnded: Http, 410, "lease-ended", "Lease ended", ["reason"],
         "the lease ended (`reason`: `deleted`, `expired`, `session_lost`, `shutdown`)";
     LockLost: Http, 410, "lock-lost", "Lock lost", ["reason"],
@@ -176,6 +180,8 @@ catalogue! {
         "ZooKeeper answered what zkgate did not expect (a bug: please report it)";
     QuotaExceeded: Http, 507, "quota-exceeded", "Quota exceeded", ["quota"],
         "a write past a ZooKeeper quota: the principal's (`--quota-bytes-per-principal`, `--quota-znodes-per-principal`) or zkgate's whole tree's (`--quota-bytes`, `--quota-znodes`); `quota` names it. Delete something first";
+    OutcomeUnknown: Http, 503, "outcome-unknown", "Outcome unknown", [],
+        "ZooKeeper's connection was lost after a counter's write was sent: it may or may not have happened. Read the counter before trying again";
     InstanceUnavailable: Http, 503, "instance-unavailable", "Owning instance unavailable", [],
         "a request forwarded to the instance that owns the lease found it unreachable, or its registration did not verify; retry after `Retry-After` seconds";
     ZookeeperUnavailable: Http, 503, "zookeeper-unavailable", "ZooKeeper unavailable", [],

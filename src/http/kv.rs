@@ -111,12 +111,12 @@ fn etag(mzxid: i64) -> String {
 }
 
 /// The version named by an `If-Match` / `If-None-Match` header: `*`, or an ETag we issued.
-enum Tag {
+pub(super) enum Tag {
     Any,
     Version(i64),
 }
 
-fn parse_tag(headers: &HeaderMap, name: header::HeaderName) -> Result<Option<Tag>, ApiError> {
+pub(super) fn parse_tag(headers: &HeaderMap, name: header::HeaderName) -> Result<Option<Tag>, ApiError> {
     let Some(value) = headers.get(&name) else {
         return Ok(None);
     };

@@ -11,6 +11,7 @@ pub mod auth;
 mod barriers;
 pub mod consistency;
 mod contention;
+mod counters;
 mod double_barriers;
 mod elections;
 pub mod error;
@@ -74,6 +75,7 @@ pub const RESOURCES: &[Resource] = &[
     queues::RESOURCE,
     groups::RESOURCE,
     kv::RESOURCE,
+    counters::RESOURCE,
 ];
 
 /// The topic of resource `name` of `kind`, if the kind has topics.

@@ -66,6 +66,8 @@ pub struct Metrics {
     pub queue_nacks: IntCounterVec,
     pub queue_redeliveries: IntCounterVec,
     pub queue_dead_lettered: IntCounterVec,
+    pub counter_writes: IntCounterVec,
+    pub counter_conflicts: IntCounterVec,
     pub leases_created: IntCounter,
     pub leases_ended: IntCounterVec,
     pub sockets: IntGauge,
@@ -184,6 +186,18 @@ impl Metrics {
                 "Items moved to the dead letters after too many deliveries.",
                 &["queue"],
             ),
+            counter_writes: counter(
+                &r,
+                "zkgate_counter_writes_total",
+                "Counter writes (op: add, set, delete).",
+                &["counter", "op"],
+            ),
+            counter_conflicts: counter(
+                &r,
+                "zkgate_counter_conflicts_total",
+                "Counter adds that read again because another writer changed the counter first.",
+                &["counter"],
+            ),
             leases_created: single_counter(&r, "zkgate_leases_created_total", "Leases created."),
             leases_ended: counter(
                 &r,
@@ -286,6 +300,11 @@ impl Metrics {
         self.name(QUEUE, name)
     }
 
+    /// The `counter` label of a use of counter `name` now (see [Metrics::name]).
+    pub fn counter<'a>(&self, name: &'a str) -> &'a str {
+        self.name(COUNTER, name)
+    }
+
     /// Holds the place of `name` (if it has or gets one) until the guard is dropped: for a live
     /// handle, so that a lock held for hours keeps its series.
     pub fn hold_name(&'static self, kind: &'static str, name: &str) -> NameHold {
@@ -321,6 +340,13 @@ impl Metrics {
                 }
                 continue;
             }
+            if *kind == COUNTER {
+                for op in COUNTER_OPS {
+                    let _ = self.counter_writes.remove_label_values(&[name, op]);
+                }
+                let _ = self.counter_conflicts.remove_label_values(&[name]);
+                continue;
+            }
             for vec in [
                 &self.lock_acquisitions,
                 &self.lock_timeouts,
@@ -346,6 +372,10 @@ pub const NAMES_PER_KIND: usize = 100;
 /// The kind labels of queues' and elections' names (as [crate::kind::Kind::label] has them).
 pub const QUEUE: &str = "queue";
 pub const ELECTION: &str = "election";
+pub const COUNTER: &str = "counter";
+
+/// The values of `zkgate_counter_writes_total`'s `op`.
+pub const COUNTER_OPS: [&str; 3] = ["add", "set", "delete"];
 
 /// The values of `zkgate_queue_takes_total`'s `mode`.
 pub const QUEUE_MODES: [&str; 2] = ["at_least_once", "at_most_once"];
@@ -459,6 +489,7 @@ mod tests {
     fn the_kind_labels_are_the_registrys() {
         assert_eq!(crate::kind::Kind::Queue.label(), QUEUE);
         assert_eq!(crate::kind::Kind::Election.label(), ELECTION);
+        assert_eq!(crate::kind::Kind::Counter.label(), COUNTER);
     }
 
     #[test]

@@ -47,6 +47,7 @@ pub fn measure_name(kind: Kind) -> &'static str {
         Kind::DoubleBarrier => "participants",
         Kind::Queue => "depth",
         Kind::Txn => "votes",
+        Kind::Counter => "updates",
         Kind::Barrier | Kind::Kv => "none",
     }
 }
@@ -108,6 +109,8 @@ fn measure_of(kind: Kind, stats: &[Option<Stat>]) -> Option<Measure> {
         }
         Kind::Barrier | Kind::Kv => plain(0),
         Kind::Txn => plain(children(1)),
+        // The times it was written (its data version): the most written rank first.
+        Kind::Counter => plain(own.version.max(0) as u64),
         Kind::RwLock | Kind::Group => plain(n),
     })
 }

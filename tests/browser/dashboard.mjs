@@ -95,12 +95,19 @@ try {
   const left = await api("POST", "/v1/double-barriers/batch/leave?wait=5s", { participant: "a" });
   expect(left.status === 200, "leave: " + left.status);
   await until('#double-barriers tr[data-name="batch"] td:nth-child(2)', "finished");
+  // A counter, its value shown live as it moves.
+  const counterRow = '#counters tr[data-name="shipped"]';
+  expect((await api("POST", "/v1/counters/shipped/add", { delta: 1200 })).status === 200, "add");
+  await until(`${counterRow} td:nth-child(2)`, "1,200");
+  expect((await api("POST", "/v1/counters/shipped/add", { delta: -1 })).status === 200, "add");
+  await until(`${counterRow} td:nth-child(2)`, "1,199");
+  await until(`${counterRow} td:nth-child(3)`, "1");
 
   // One filter for every section: "ord" keeps the lock and hides the queue, the semaphore,
-  // the double barrier and every lease.
+  // the double barrier, the counter and every lease.
   await page.fill("#filter", "ord");
   await until('#locks tr[data-name="orders"] td.name', "orders");
-  for (const kind of ["queues", "semaphores", "double-barriers", "leases"]) {
+  for (const kind of ["queues", "semaphores", "double-barriers", "counters", "leases"]) {
     await page.waitForFunction((k) => document.querySelectorAll(`#${k} tr[data-name]`).length === 0, kind, { timeout: 15000 })
       .catch(() => { throw new Error(`the filter left rows in ${kind}`); });
   }

@@ -1,0 +1,340 @@
+//! `/v1/counters`: 64-bit counters shared with Curator's `DistributedAtomicLong`: read, add a
+//! delta atomically (optionally within bounds), set (compare-and-set with `If-Match`), delete,
+//! and follow.
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::consistency::Consistency;
+use super::error::{ApiError, Place, Problem, Problems, p};
+use super::extract::{ApiJson, ApiPath};
+use super::kv::{Tag, parse_tag};
+use super::{LockSummary, Resource, check_name, list};
+use crate::AppState;
+use crate::auth::Caller;
+use crate::events::Feed;
+use crate::kind::Kind;
+use crate::recipes::counter::{self, Bounds, Condition, CounterError, CounterState, CounterTopic};
+
+/// The counter kind's module.
+pub const RESOURCE: Resource = Resource {
+    kind: Kind::Counter,
+    about: Some(
+        "Counters: 64-bit integers added to atomically (within bounds if asked), set with compare-and-set, \
+         followed live; stored as Curator's `DistributedAtomicLong` stores them.",
+    ),
+    routes,
+    topic: Some(|state, name| Feed::of(source(state, name))),
+};
+
+fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(counter_events))
+        .routes(routes!(list_counters))
+        .routes(routes!(counter_state, set, delete))
+        .routes(routes!(add))
+}
+
+/// Counter `name` as its topic and `GET` read it.
+fn source(state: &AppState, name: &str) -> CounterTopic {
+    CounterTopic {
+        name: name.to_string(),
+        path: Kind::Counter.path(&state.config.root, name),
+    }
+}
+
+/// Body of an add (optional: without it, the add is `+1`).
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AddBody {
+    /// What to add (negative to subtract); 1 when absent.
+    #[schema(example = 5)]
+    pub delta: Option<i64>,
+    /// The lowest value the add may leave (inclusive): an add below it is refused with 409
+    /// `out-of-bounds` and changes nothing.
+    #[schema(example = 0)]
+    pub min: Option<i64>,
+    /// The highest value the add may leave (inclusive).
+    #[schema(example = 100)]
+    pub max: Option<i64>,
+}
+
+/// What an add did.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct AddResult {
+    #[schema(example = "orders-shipped")]
+    pub name: String,
+    /// The value before the add.
+    #[schema(example = 37)]
+    pub previous: i64,
+    /// The value after it.
+    #[schema(example = 42)]
+    pub value: i64,
+    /// The new version, as in the `ETag` header.
+    #[schema(example = "\"4294967311\"")]
+    pub etag: String,
+}
+
+/// Body of a set.
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SetBody {
+    /// The new value.
+    #[schema(example = 0)]
+    pub value: i64,
+}
+
+fn etag_header(etag: &str) -> Result<HeaderValue, ApiError> {
+    HeaderValue::from_str(etag).map_err(|e| ApiError::new(Problem::Internal, e.to_string()))
+}
+
+fn counter_error(name: &str, err: CounterError) -> ApiError {
+    match err {
+        CounterError::OutOfBounds(value) => ApiError::new(
+            Problem::OutOfBounds,
+            format!("counter `{name}` is at {value}: the add would take it past its bounds"),
+        )
+        .with("value", value),
+        CounterError::NotACounter(size) => ApiError::new(
+            Problem::NotACounter,
+            format!("counter `{name}`'s znode holds {size} bytes that are not an 8-byte big-endian number"),
+        )
+        .with("size_bytes", size),
+        CounterError::Precondition(current) => {
+            let detail = match current {
+                Some(v) => format!(
+                    "counter `{name}` is at version {}, not the one required",
+                    counter::etag(v)
+                ),
+                None => format!("counter `{name}` does not exist"),
+            };
+            let err = ApiError::new(Problem::PreconditionFailed, detail);
+            match current {
+                Some(v) => err.with("current_etag", counter::etag(v)),
+                None => err,
+            }
+        }
+        CounterError::Missing => ApiError::not_found("counter", format!("no counter `{name}`")),
+        CounterError::OutcomeUnknown => ApiError::new(
+            Problem::OutcomeUnknown,
+            format!(
+                "the connection to ZooKeeper was lost after the write to counter `{name}` was sent: \
+                 it may or may not have happened; read the counter before trying again"
+            ),
+        ),
+        CounterError::ZooKeeper(err) => err.into(),
+    }
+}
+
+/// Reads a counter: its value (0 if it does not exist, as Curator reads it) and its version
+/// (`ETag`, for `If-Match` on a set or delete).
+#[utoipa::path(get, path = "/v1/counters/{name}", tag = "counters",
+    params(("name" = String, Path, description = "Counter name")),
+    responses(
+        (status = 200, body = CounterState, description = "The counter, with its `ETag` if it exists"),
+        Problems<(p::InvalidField, p::ZookeeperUnavailable)>,
+    ))]
+pub async fn counter_state(
+    State(state): State<AppState>,
+    ApiPath(name): ApiPath<String>,
+    consistency: Consistency,
+) -> Result<Response, ApiError> {
+    check_name(&name)?;
+    let Json(read) = super::read(&state, source(&state, &name), consistency).await?;
+    Ok(match &read.etag {
+        Some(etag) => ([(header::ETAG, etag_header(etag)?)], Json(read)).into_response(),
+        None => Json(read).into_response(),
+    })
+}
+
+/// Adds `delta` (1 without a body) to a counter atomically, creating it at 0 first if it does
+/// not exist: concurrent adds on every instance, and Curator's, each land exactly once. With
+/// `min` or `max` the add happens only if the result stays within them (409 `out-of-bounds`
+/// otherwise, and the counter does not change): a bounded counter of tickets, say.
+#[utoipa::path(post, path = "/v1/counters/{name}/add", tag = "counters",
+    params(("name" = String, Path, description = "Counter name")),
+    request_body(content = Option<AddBody>, description = "Optional: `+1` without it.", example = json!({"delta": 5, "max": 100})),
+    responses(
+        (status = 200, description = "Added", body = AddResult),
+        Problems<(p::InvalidField, p::MalformedBody, p::OutOfBounds, p::NotACounter, p::OutcomeUnknown, p::ZookeeperUnavailable)>,
+    ))]
+pub async fn add(
+    State(state): State<AppState>,
+    ApiPath(name): ApiPath<String>,
+    ApiJson(body): ApiJson<Option<AddBody>>,
+) -> Result<Response, ApiError> {
+    check_name(&name)?;
+    let (delta, bounds) = match body {
+        Some(body) => (
+            body.delta.unwrap_or(1),
+            Bounds {
+                min: body.min,
+                max: body.max,
+            },
+        ),
+        None => (1, Bounds::default()),
+    };
+    if let (Some(min), Some(max)) = (bounds.min, bounds.max)
+        && min > max
+    {
+        return Err(ApiError::invalid(
+            Place::Body,
+            "min",
+            format!("must not be above `max` ({min} > {max})"),
+        ));
+    }
+    let client = state.zk().connected().await?.client;
+    let path = Kind::Counter.path(&state.config.root, &name);
+    let added = counter::add(&client, &path, delta, bounds)
+        .await
+        .map_err(|e| counter_error(&name, e))?;
+    let m = crate::metrics::get();
+    let label = m.counter(&name);
+    m.counter_writes.with_label_values(&[label, "add"]).inc();
+    m.counter_conflicts
+        .with_label_values(&[label])
+        .inc_by(u64::from(added.conflicts));
+    let etag = counter::etag(added.stat.mzxid);
+    Ok((
+        [(header::ETAG, etag_header(&etag)?)],
+        Json(AddResult {
+            name,
+            previous: added.previous,
+            value: added.value,
+            etag,
+        }),
+    )
+        .into_response())
+}
+
+/// Sets a counter to a value, creating it if needed. `If-Match: "<etag>"` sets it only over
+/// that version (compare-and-set: 412 with the current ETag otherwise; `*`: only if it
+/// exists), `If-None-Match: *` only if it does not exist.
+#[utoipa::path(put, path = "/v1/counters/{name}", tag = "counters",
+    params(("name" = String, Path, description = "Counter name"),
+        ("If-Match" = Option<String>, Header, description = "Set only over this ETag (`*`: only if it exists)"),
+        ("If-None-Match" = Option<String>, Header, description = "`*`: create only")),
+    request_body(content = SetBody, example = json!({"value": 0})),
+    responses(
+        (status = 201, description = "Created", body = CounterState),
+        (status = 200, description = "Set", body = CounterState),
+        Problems<(p::InvalidField, p::MalformedBody, p::PreconditionFailed, p::OutcomeUnknown, p::ZookeeperUnavailable)>,
+    ))]
+pub async fn set(
+    State(state): State<AppState>,
+    ApiPath(name): ApiPath<String>,
+    headers: HeaderMap,
+    ApiJson(body): ApiJson<SetBody>,
+) -> Result<Response, ApiError> {
+    check_name(&name)?;
+    let condition = match (
+        parse_tag(&headers, header::IF_MATCH)?,
+        parse_tag(&headers, header::IF_NONE_MATCH)?,
+    ) {
+        (Some(_), Some(_)) => {
+            return Err(ApiError::invalid(
+                Place::Header,
+                "if-match",
+                "cannot be combined with `If-None-Match`",
+            ));
+        }
+        (Some(Tag::Version(v)), None) => Condition::Version(v),
+        (Some(Tag::Any), None) => Condition::Exists,
+        (None, Some(Tag::Any)) => Condition::Absent,
+        (None, Some(Tag::Version(_))) => {
+            return Err(ApiError::invalid(
+                Place::Header,
+                "if-none-match",
+                "only `*` applies to a set",
+            ));
+        }
+        (None, None) => Condition::Any,
+    };
+    let client = state.zk().connected().await?.client;
+    let path = Kind::Counter.path(&state.config.root, &name);
+    let (stat, created) = counter::set(&client, &path, body.value, condition)
+        .await
+        .map_err(|e| counter_error(&name, e))?;
+    let m = crate::metrics::get();
+    m.counter_writes.with_label_values(&[m.counter(&name), "set"]).inc();
+    let written = CounterState::of(&name, Some(body.value), Some(&stat));
+    let status = if created { StatusCode::CREATED } else { StatusCode::OK };
+    let etag = etag_header(&counter::etag(stat.mzxid))?;
+    Ok((status, [(header::ETAG, etag)], Json(written)).into_response())
+}
+
+/// Deletes a counter (it reads as 0 afterwards); `If-Match` makes it conditional.
+#[utoipa::path(delete, path = "/v1/counters/{name}", tag = "counters",
+    params(("name" = String, Path, description = "Counter name"),
+        ("If-Match" = Option<String>, Header, description = "Delete only this ETag")),
+    responses(
+        (status = 204, description = "Deleted"),
+        Problems<(p::InvalidField, p::NotFound, p::PreconditionFailed, p::ZookeeperUnavailable)>,
+    ))]
+pub async fn delete(
+    State(state): State<AppState>,
+    ApiPath(name): ApiPath<String>,
+    headers: HeaderMap,
+) -> Result<StatusCode, ApiError> {
+    check_name(&name)?;
+    let condition = match parse_tag(&headers, header::IF_MATCH)? {
+        Some(Tag::Version(v)) => Condition::Version(v),
+        Some(Tag::Any) | None => Condition::Any,
+    };
+    let client = state.zk().connected().await?.client;
+    let path = Kind::Counter.path(&state.config.root, &name);
+    counter::delete(&client, &path, condition)
+        .await
+        .map_err(|e| counter_error(&name, e))?;
+    let m = crate::metrics::get();
+    m.counter_writes.with_label_values(&[m.counter(&name), "delete"]).inc();
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Lists the counters that exist.
+#[utoipa::path(get, path = "/v1/counters", tag = "counters", responses(
+    (status = 200, body = Vec<LockSummary>),
+    Problems<(p::ZookeeperUnavailable,)>,
+))]
+pub async fn list_counters(
+    State(state): State<AppState>,
+    caller: Caller,
+    consistency: Consistency,
+) -> Result<Json<Vec<LockSummary>>, ApiError> {
+    list(&state, &caller, Kind::Counter, consistency).await
+}
+
+super::events::events_handler!(
+    /// Follows a counter: each change of its value, as Server-Sent Events.
+    counter_events,
+    "/v1/counters/{name}/events",
+    "counters",
+    "name",
+    Kind::Counter
+);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn problems_name_the_counter_and_what_is_there() {
+        let rendered = |err| {
+            let response = counter_error("tickets", err).into_response();
+            response.status()
+        };
+        assert_eq!(rendered(CounterError::OutOfBounds(3)), StatusCode::CONFLICT);
+        assert_eq!(rendered(CounterError::NotACounter(4)), StatusCode::CONFLICT);
+        assert_eq!(rendered(CounterError::Missing), StatusCode::NOT_FOUND);
+        assert_eq!(
+            rendered(CounterError::Precondition(None)),
+            StatusCode::PRECONDITION_FAILED
+        );
+        assert_eq!(rendered(CounterError::OutcomeUnknown), StatusCode::SERVICE_UNAVAILABLE);
+    }
+}

@@ -1,0 +1,398 @@
+//! Counters, stored as Curator's `DistributedAtomicLong` stores them, so that a JVM service
+//! using Curator and HTTP clients share one counter: the value is the data of the counter's own
+//! znode (`<root>/counters/<name>`, persistent), eight bytes, big-endian, two's complement. A
+//! counter that does not exist, or whose znode holds no data, is 0 (as Curator reads it); data
+//! shorter than eight bytes is not a counter (Curator fails on it too), and bytes past the
+//! eighth are ignored (Curator reads the first eight).
+//!
+//! An add is optimistic, as Curator's is: read the value and the znode's data version, then
+//! write the new value on that version (or create the znode if there is none). When another
+//! writer got there first the write fails (`BadVersion`, `NodeExists`, `NoNode`) and the add
+//! reads again; no update is lost because a write only lands on the version it was computed
+//! from. Each failure means another add succeeded, so the loop always makes progress.
+//!
+//! A lost reply is the hard case: the write may have happened. A conditional write that is
+//! retried on the same version cannot land twice, but whether *this* add landed cannot be
+//! told from the counter afterwards (another add of the same delta from the same value writes
+//! the same bytes). So a lost reply of a write is answered as [AddError::OutcomeUnknown],
+//! never guessed: reporting success for an add that did not happen would lose an update, and
+//! retrying one that did would count it twice.
+
+use serde::Serialize;
+use utoipa::ToSchema;
+use zookeeper_client::{Client, CreateMode, Error as ZkError, Stat};
+
+use super::topic::{Source, event_kinds};
+use crate::time::{from_millis, timestamp};
+use crate::zk::retry_on_loss;
+use crate::zk::watch::Mode;
+
+/// The size of a counter's value in its znode.
+pub const VALUE_BYTES: usize = 8;
+
+/// A counter's value as stored.
+pub fn encode(value: i64) -> [u8; VALUE_BYTES] {
+    value.to_be_bytes()
+}
+
+/// A counter's value from its znode's data: `None` if the data is not a counter.
+pub fn decode(data: &[u8]) -> Option<i64> {
+    if data.is_empty() {
+        return Some(0);
+    }
+    let bytes: [u8; VALUE_BYTES] = data.get(..VALUE_BYTES)?.try_into().ok()?;
+    Some(i64::from_be_bytes(bytes))
+}
+
+/// A counter as read: its value and its znode's stat (`None`: there is no znode, the value is
+/// 0).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Read {
+    pub value: i64,
+    pub stat: Option<Stat>,
+}
+
+/// Why a counter could not be read or changed.
+#[derive(Debug)]
+pub enum CounterError {
+    /// The znode holds data that is not a counter (this many bytes).
+    NotACounter(usize),
+    /// The add would leave the counter outside its bounds (or outside a 64-bit integer); the
+    /// value it has.
+    OutOfBounds(i64),
+    /// A condition on the version did not hold; the version there is (its mzxid), if any.
+    Precondition(Option<i64>),
+    /// A delete of a counter that does not exist.
+    Missing,
+    /// The connection was lost after the write was sent: it may or may not have happened.
+    OutcomeUnknown,
+    ZooKeeper(ZkError),
+}
+
+impl From<ZkError> for CounterError {
+    fn from(err: ZkError) -> CounterError {
+        CounterError::ZooKeeper(err)
+    }
+}
+
+/// Reads the counter at `path`.
+pub async fn read(client: &Client, path: &str) -> Result<Read, CounterError> {
+    match retry_on_loss(|| client.get_data(path)).await {
+        Ok((data, stat)) => match decode(&data) {
+            Some(value) => Ok(Read {
+                value,
+                stat: Some(stat),
+            }),
+            None => Err(CounterError::NotACounter(data.len())),
+        },
+        Err(ZkError::NoNode) => Ok(Read { value: 0, stat: None }),
+        Err(err) => Err(err.into()),
+    }
+}
+
+/// The bounds an add must keep the counter within (both inclusive).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Bounds {
+    pub min: Option<i64>,
+    pub max: Option<i64>,
+}
+
+/// The value `delta` leads to from `value`, if it stays within `bounds` and 64 bits.
+pub fn next_value(value: i64, delta: i64, bounds: Bounds) -> Option<i64> {
+    let next = value.checked_add(delta)?;
+    let within = bounds.min.is_none_or(|min| next >= min) && bounds.max.is_none_or(|max| next <= max);
+    within.then_some(next)
+}
+
+/// What an add did.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Added {
+    pub previous: i64,
+    pub value: i64,
+    pub stat: Stat,
+    /// How many times another writer got there first.
+    pub conflicts: u32,
+}
+
+/// Adds `delta` to the counter at `path` (creating it, and its parents, at `0 + delta`), if the
+/// result stays within `bounds`.
+pub async fn add(client: &Client, path: &str, delta: i64, bounds: Bounds) -> Result<Added, CounterError> {
+    let mut conflicts = 0;
+    loop {
+        let current = read(client, path).await?;
+        let Some(value) = next_value(current.value, delta, bounds) else {
+            return Err(CounterError::OutOfBounds(current.value));
+        };
+        match write(client, path, value, current.stat.as_ref().map(|s| s.version)).await {
+            Ok(stat) => {
+                return Ok(Added {
+                    previous: current.value,
+                    value,
+                    stat,
+                    conflicts,
+                });
+            }
+            Err(Conflict::Lost) => conflicts += 1,
+            Err(Conflict::Failed(err)) => return Err(err),
+        }
+    }
+}
+
+/// What a condition on a set requires of the counter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Condition {
+    Any,
+    /// It must not exist (create only).
+    Absent,
+    /// It must exist, whatever its version.
+    Exists,
+    /// It must exist with this version (its mzxid: the data version starts again at 0 when a
+    /// counter is deleted and created again, which would let a stale version match).
+    Version(i64),
+}
+
+/// Sets the counter at `path` to `value` if `condition` holds; the new stat, and whether the
+/// counter was created.
+pub async fn set(client: &Client, path: &str, value: i64, condition: Condition) -> Result<(Stat, bool), CounterError> {
+    loop {
+        let current = match retry_on_loss(|| client.check_stat(path)).await? {
+            None if matches!(condition, Condition::Version(_) | Condition::Exists) => {
+                return Err(CounterError::Precondition(None));
+            }
+            Some(stat) if condition == Condition::Absent => return Err(CounterError::Precondition(Some(stat.mzxid))),
+            Some(stat) if matches!(condition, Condition::Version(v) if v != stat.mzxid) => {
+                return Err(CounterError::Precondition(Some(stat.mzxid)));
+            }
+            current => current,
+        };
+        match write(client, path, value, current.as_ref().map(|s| s.version)).await {
+            Ok(stat) => return Ok((stat, current.is_none())),
+            // Changed meanwhile: an unconditional set goes again, a conditional one decides
+            // again (and fails).
+            Err(Conflict::Lost) => continue,
+            Err(Conflict::Failed(err)) => return Err(err),
+        }
+    }
+}
+
+/// Deletes the counter at `path` if `condition` holds (`Condition::Absent` is not a delete's).
+pub async fn delete(client: &Client, path: &str, condition: Condition) -> Result<(), CounterError> {
+    let mut sent = false;
+    loop {
+        let Some(stat) = retry_on_loss(|| client.check_stat(path)).await? else {
+            // After a lost reply, a missing counter is our own deletion.
+            return if sent { Ok(()) } else { Err(CounterError::Missing) };
+        };
+        if let Condition::Version(v) = condition
+            && stat.mzxid != v
+        {
+            return Err(CounterError::Precondition(Some(stat.mzxid)));
+        }
+        match client.delete(path, Some(stat.version)).await {
+            Ok(()) => return Ok(()),
+            Err(ZkError::NoNode | ZkError::BadVersion) => {}
+            Err(err) if crate::zk::is_loss(&err) => sent = true,
+            Err(err) => return Err(err.into()),
+        }
+    }
+}
+
+/// Why a write did not land.
+enum Conflict {
+    /// Another writer got there first: read again.
+    Lost,
+    Failed(CounterError),
+}
+
+/// Writes `value` on data version `version`, or creates the znode when `version` is `None`.
+async fn write(client: &Client, path: &str, value: i64, version: Option<i32>) -> Result<Stat, Conflict> {
+    let data = encode(value);
+    let result = match version {
+        Some(version) => client.set_data(path, &data, Some(version)).await,
+        None => {
+            let options = CreateMode::Persistent.with_acls(crate::zk::acls());
+            match client.create(path, &data, &options).await {
+                Ok((stat, _)) => Ok(stat),
+                Err(ZkError::NoNode) => {
+                    let parent = &path[..path.rfind('/').unwrap_or(0)];
+                    crate::zk::session::ensure_path(client, parent)
+                        .await
+                        .map_err(|e| Conflict::Failed(e.into()))?;
+                    return Err(Conflict::Lost);
+                }
+                Err(err) => Err(err),
+            }
+        }
+    };
+    match result {
+        // Servers before 3.5 leave a created node's stat out of the reply.
+        Ok(stat) if stat.is_invalid() => retry_on_loss(|| client.check_stat(path))
+            .await
+            .map_err(|e| Conflict::Failed(e.into()))?
+            .ok_or(Conflict::Lost),
+        Ok(stat) => Ok(stat),
+        Err(ZkError::BadVersion | ZkError::NodeExists | ZkError::NoNode) => Err(Conflict::Lost),
+        Err(err) if crate::zk::is_loss(&err) => Err(Conflict::Failed(CounterError::OutcomeUnknown)),
+        Err(err) => Err(Conflict::Failed(err.into())),
+    }
+}
+
+/// A counter: what `GET /v1/counters/{name}` answers and the `counter` topic carries.
+#[derive(Serialize, ToSchema, Clone, Debug, PartialEq)]
+pub struct CounterState {
+    #[schema(example = "orders-shipped")]
+    pub name: String,
+    /// The value (0 for a counter that does not exist); `null` when the znode holds data that
+    /// is not a counter.
+    #[schema(example = 42)]
+    pub value: Option<i64>,
+    /// Whether its znode exists.
+    pub exists: bool,
+    /// Its version, for `If-Match` (as in the `ETag` header); `null` when it does not exist.
+    #[schema(example = "\"4294967311\"")]
+    pub etag: Option<String>,
+    /// How many times it was written since it was created.
+    pub updates: i32,
+    /// When it was last written.
+    #[schema(example = "2026-11-22T10:00:00.000Z")]
+    pub updated: Option<String>,
+}
+
+/// A counter's version as an ETag: its znode's mzxid, quoted.
+pub fn etag(mzxid: i64) -> String {
+    format!("\"{mzxid}\"")
+}
+
+impl CounterState {
+    pub fn of(name: &str, value: Option<i64>, stat: Option<&Stat>) -> CounterState {
+        CounterState {
+            name: name.to_string(),
+            value,
+            exists: stat.is_some(),
+            etag: stat.map(|s| etag(s.mzxid)),
+            updates: stat.map_or(0, |s| s.version),
+            updated: stat.map(|s| timestamp(from_millis(s.mtime))),
+        }
+    }
+}
+
+event_kinds! {
+    /// The events of a counter topic.
+    CounterEvent {
+        Created => "created",
+        Changed => "changed",
+        Deleted => "deleted",
+    }
+}
+
+/// A counter as a topic (and as `GET` reads it): one exists-watch on its znode, which fires on
+/// every write.
+pub struct CounterTopic {
+    pub name: String,
+    pub path: String,
+}
+
+impl Source for CounterTopic {
+    type State = CounterState;
+    type Event = CounterEvent;
+
+    fn watches(&self, _: Option<&CounterState>) -> Vec<(Mode, String)> {
+        vec![(Mode::Exists, self.path.clone())]
+    }
+
+    async fn read(&self, client: &Client) -> Result<CounterState, ZkError> {
+        match retry_on_loss(|| client.get_data(&self.path)).await {
+            Ok((data, stat)) => Ok(CounterState::of(&self.name, decode(&data), Some(&stat))),
+            Err(ZkError::NoNode) => Ok(CounterState::of(&self.name, Some(0), None)),
+            Err(err) => Err(err),
+        }
+    }
+
+    fn change(&self, before: &CounterState, after: &CounterState) -> Option<CounterEvent> {
+        match (before.exists, after.exists) {
+            (false, true) => Some(CounterEvent::Created),
+            (true, false) => Some(CounterEvent::Deleted),
+            // A write of the same value is a change too: its version moved.
+            _ => (before.etag != after.etag || before.value != after.value).then_some(CounterEvent::Changed),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn values_are_stored_as_curator_stores_them() {
+        assert_eq!(encode(1), [0, 0, 0, 0, 0, 0, 0, 1]);
+        assert_eq!(encode(-1), [0xff; 8]);
+        assert_eq!(decode(&[]), Some(0), "no data is 0");
+        assert_eq!(
+            decode(&[0, 0, 0, 1]),
+            None,
+            "four bytes are a SharedCount, not a counter"
+        );
+        assert_eq!(
+            decode(&[0, 0, 0, 0, 0, 0, 1, 0, 9]),
+            Some(256),
+            "bytes past the eighth are ignored"
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn encoding_round_trips(value: i64) {
+            prop_assert_eq!(decode(&encode(value)), Some(value));
+        }
+
+        #[test]
+        fn an_add_stays_within_its_bounds(value: i64, delta: i64, min: Option<i64>, max: Option<i64>) {
+            let bounds = Bounds { min, max };
+            match next_value(value, delta, bounds) {
+                Some(next) => {
+                    prop_assert_eq!(i128::from(next), i128::from(value) + i128::from(delta));
+                    prop_assert!(min.is_none_or(|m| next >= m) && max.is_none_or(|m| next <= m));
+                }
+                None => {
+                    let exact = i128::from(value) + i128::from(delta);
+                    let outside = exact < i128::from(i64::MIN) || exact > i128::from(i64::MAX)
+                        || min.is_some_and(|m| exact < i128::from(m)) || max.is_some_and(|m| exact > i128::from(m));
+                    prop_assert!(outside);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_counter_is_created_changed_and_deleted() {
+        let topic = CounterTopic {
+            name: "c".into(),
+            path: "/zkgate/counters/c".into(),
+        };
+        let stat = |mzxid| Stat {
+            czxid: 1,
+            mzxid,
+            pzxid: 1,
+            ctime: 0,
+            mtime: 0,
+            version: 0,
+            cversion: 0,
+            aversion: 0,
+            ephemeral_owner: 0,
+            data_length: 8,
+            num_children: 0,
+        };
+        let missing = CounterState::of("c", Some(0), None);
+        let one = CounterState::of("c", Some(1), Some(&stat(5)));
+        let again = CounterState::of("c", Some(1), Some(&stat(6)));
+        assert_eq!(topic.change(&missing, &one), Some(CounterEvent::Created));
+        assert_eq!(
+            topic.change(&one, &again),
+            Some(CounterEvent::Changed),
+            "same value, new version"
+        );
+        assert_eq!(topic.change(&one, &one), None);
+        assert_eq!(topic.change(&again, &missing), Some(CounterEvent::Deleted));
+    }
+}
