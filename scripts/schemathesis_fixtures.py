@@ -83,6 +83,12 @@ def main():
     request.add_header("content-type", "text/plain")
     urllib.request.urlopen(request, timeout=30).close()
     bind("DELETE /v1/kv/{key}", path__key=f"fx{run}-key")
+    call(base, "POST", f"/v1/counters/fx{run}-counter/add", {"delta": 1})
+    bind("DELETE /v1/counters/{name}", path__name=f"fx{run}-counter")
+    for method in ["GET", "DELETE"]:
+        names = [f"fx{run}-set-{method.lower()}-{n}" for n in "ab"]
+        taken = call(base, "POST", "/v1/lock-sets?wait=0", {"locks": names, "lease": lease()})
+        bind(f"{method} /v1/lock-sets/{{set}}", path__set=taken["set"])
 
     leases = [lease() for _ in range(8)]
     fixtures = {"instance": leases[0].split("-")[0], "leases": leases, "leader": leader}

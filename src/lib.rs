@@ -68,6 +68,8 @@ pub struct Shared {
     pub lanes: zk::session::Lanes,
     pub leases: Leases,
     pub locks: Contenders,
+    /// Locks held together (`/v1/lock-sets`), on `locks`' handles.
+    pub lock_sets: Arc<recipes::multi_lock::LockSets>,
     pub rwlocks: Contenders,
     pub elections: Contenders,
     pub groups: BoundNodes,
@@ -168,6 +170,7 @@ impl AppState {
             lanes,
             leases,
             locks,
+            lock_sets: Arc::default(),
             rwlocks,
             elections,
             groups,

@@ -99,6 +99,7 @@ fn every_operation(name: &str) -> Vec<(Method, String)> {
             .replace("{member}", "m1")
             .replace("{participant}", "p1")
             .replace("{claim}", "c1")
+            .replace("{set}", "s1")
             .replace("{item}", "i1")
             .replace("{token}", "42");
         assert!(!filled.contains('{'), "a parameter left in {filled}");

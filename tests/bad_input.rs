@@ -47,6 +47,7 @@ async fn bad_names_bodies_and_handles_are_refused_and_change_nothing() {
     let body_with_lease = format!(r#"{{"lease":"{lease}","ttl":"1s"}}"#);
     let acquire_long = format!("/v1/locks/{long_name}/acquire");
     let wrong_lock = format!("/v1/locks/other/handles/{handle}");
+    let sixty_five = serde_json::json!({ "locks": (0..65).map(|n| format!("l{n}")).collect::<Vec<_>>() }).to_string();
     #[rustfmt::skip]
     let cases: Vec<Case> = vec![
         // Names: empty, dot-dot (raw and encoded), slash, control characters, too long.
@@ -206,6 +207,18 @@ async fn bad_names_bodies_and_handles_are_refused_and_change_nothing() {
         ("PUT", "/v1/counters/c", vec![("If-Match", "soon")], b"{\"value\": 1}", StatusCode::BAD_REQUEST, Some("if-match")),
         ("DELETE", "/v1/counters/c", vec![("If-Match", "\"1\"")], b"", StatusCode::PRECONDITION_FAILED, None),
         ("DELETE", "/v1/counters/never", vec![], b"", StatusCode::NOT_FOUND, None),
+        // Lock sets: no locks, too many, one twice, a bad name, a lease that is not there, an
+        // unknown set.
+        ("POST", "/v1/lock-sets", vec![], b"{\"locks\": []}", StatusCode::BAD_REQUEST, Some("locks")),
+        ("POST", "/v1/lock-sets", vec![], sixty_five.as_bytes(), StatusCode::BAD_REQUEST, Some("locks")),
+        ("POST", "/v1/lock-sets", vec![], b"{\"locks\": [\"a\", \"b\", \"a\"]}", StatusCode::BAD_REQUEST, Some("locks")),
+        ("POST", "/v1/lock-sets", vec![], b"{\"locks\": [\"a\", \"..\"]}", StatusCode::BAD_REQUEST, Some("locks")),
+        ("POST", "/v1/lock-sets", vec![], b"{\"locks\": \"a\"}", StatusCode::BAD_REQUEST, Some("locks")),
+        ("POST", "/v1/lock-sets", vec![], b"{}", StatusCode::BAD_REQUEST, None),
+        ("POST", "/v1/lock-sets?wait=later", vec![], b"{\"locks\": [\"a\"]}", StatusCode::BAD_REQUEST, Some("wait")),
+        ("POST", "/v1/lock-sets", vec![], b"{\"locks\": [\"a\"], \"lease\": \"nope\"}", StatusCode::NOT_FOUND, None),
+        ("GET", "/v1/lock-sets/nope", vec![], b"", StatusCode::NOT_FOUND, None),
+        ("DELETE", "/v1/lock-sets/nope", vec![], b"", StatusCode::NOT_FOUND, None),
         // Unknown endpoints and methods.
         ("GET", "/v2/locks", vec![], b"", StatusCode::NOT_FOUND, None),
         ("PUT", "/v1/locks/keep/acquire", vec![], b"", StatusCode::METHOD_NOT_ALLOWED, None),

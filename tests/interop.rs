@@ -425,3 +425,42 @@ async fn http_and_a_curator_atomic_long_share_one_counter_and_lose_no_add() {
     assert_eq!(curator.send("get").await, "VALUE 400");
     curator.quit().await;
 }
+
+/// A lock set over HTTP and Curator's `InterProcessMultiLock` use the same znodes: each
+/// excludes the other, a refused side holds nothing afterwards, and a release on one side lets
+/// the other in.
+#[tokio::test]
+async fn http_lock_sets_and_a_curator_multi_lock_exclude_each_other() {
+    let zk = zookeeper().await;
+    let connect = zk.connect_string();
+    let gate = Gate::start(&connect).await;
+    let mut curator = Peer::curator_kind(&connect, "/zkgate/locks/m-a,/zkgate/locks/m-b", "multi").await;
+    let set = |locks: &[&str]| serde_json::json!({"locks": locks, "ttl": "30s"});
+
+    // Curator holds a and b: a set over b and c is refused (naming b), and so is a single a.
+    assert_eq!(curator.send("acquire 10000").await, "ACQUIRED");
+    let refused = gate.post("/v1/lock-sets?wait=0", Some(set(&["m-c", "m-b"]))).await;
+    refused.assert_problem(StatusCode::CONFLICT, None);
+    assert_eq!(refused.body["lock"], "m-b", "{refused:?}");
+    let lease = gate.lease("60s").await;
+    gate.acquire("m-a", &lease, "wait=0")
+        .await
+        .assert_problem(StatusCode::CONFLICT, None);
+
+    // Curator releases: the set is granted, and Curator's multi-lock times out on b, giving a
+    // back (Curator releases what it took when one lock fails).
+    assert_eq!(curator.send("release").await, "RELEASED");
+    let granted = gate.post("/v1/lock-sets?wait=5s", Some(set(&["m-c", "m-b"]))).await;
+    assert_eq!(granted.status, StatusCode::OK, "{granted:?}");
+    assert_eq!(curator.send("acquire 300").await, "TIMEOUT");
+    let single = gate.acquire("m-a", &lease, "wait=5s").await;
+    assert_eq!(single.status, StatusCode::OK, "Curator gave `m-a` back: {single:?}");
+    gate.release("m-a", &single.str("handle")).await;
+
+    // The set goes as one: Curator gets both.
+    let released = gate.delete(&format!("/v1/lock-sets/{}", granted.str("set"))).await;
+    assert_eq!(released.status, StatusCode::NO_CONTENT);
+    assert_eq!(curator.send("acquire 10000").await, "ACQUIRED");
+    assert_eq!(curator.send("release").await, "RELEASED");
+    curator.quit().await;
+}

@@ -122,8 +122,8 @@ catalogue! {
         "an unknown path";
     MethodNotAllowed: Http, 405, "method-not-allowed", "Method not allowed", ["allowed"],
         "a known path with another method (`allowed` lists the methods it takes)";
-    LockNotAcquired: Http, 409, "lock-not-acquired", "Lock not acquired", ["position", "queued"],
-        "the wait ended without the lock (or permit, or leadership), and the request left the queue";
+    LockNotAcquired: Http, 409, "lock-not-acquired", "Lock not acquired", ["position", "queued", "lock"],
+        "the wait ended without the lock (or permit, or leadership), and the request left the queue; for a lock set, `lock` names the lock not granted, and the set holds nothing";
     ModeChangeRefused: Http, 409, "mode-change-refused", "Lock mode change refused", ["handle", "mode"],
         "a lease that reads a read/write lock asked to write it (or the other way round)";
     NotLeader: Http, 409, "not-leader", "Not the leader", ["state"],
@@ -158,7 +158,7 @@ catalogue! {
         "the counter's znode holds data that is not an 8-byte big-endian number (something else wrote it)";
     LeaseEnded: Http, 410, "lease-ended", "Lease ended", ["reason"],
         "the lease ended (`reason`: `deleted`, `expired`, `session_lost`, `shutdown`)";
-    LockLost: Http, 410, "lock-lost", "Lock lost", ["reason"],
+    LockLost: Http, 410, "lock-lost", "Lock lost", ["reason", "lock"],
         "the lock (or leadership, or permit) was lost before this request: its lease expired or its session ended, or its node was deleted (`reason` says which)";
     ClaimLost: Http, 410, "claim-lost", "Claim lost", [],
         "a queue claim acked or given back after it ended (its ack deadline passed: the item is delivered again)";

@@ -60,7 +60,7 @@ fn format_of(path: &str, method: &str, place: &ParameterIn, name: &str) -> Optio
         (ParameterIn::Path, "name" | "group" | "member" | "participant" | "item") => Some(Format::Name),
         (ParameterIn::Path, "id") if path.starts_with("/v1/leases/") => Some(Format::Id),
         (ParameterIn::Path, "id") => Some(Format::Name),
-        (ParameterIn::Path, "handle" | "claim") => Some(Format::Id),
+        (ParameterIn::Path, "handle" | "claim" | "set") => Some(Format::Id),
         (ParameterIn::Path, "key") => Some(Format::Key),
         (ParameterIn::Path, "token") => Some(Format::Token),
         (ParameterIn::Query, "wait") => Some(Format::Duration),
@@ -112,6 +112,7 @@ fn schema_of(format: Format) -> Schema {
 const BODY_NAMES: &[(&str, &str)] = &[
     ("CreateTxn", "id"),
     ("CreateTxn", "participants"),
+    ("LockSetBody", "locks"),
     ("RevokeBody", "node"),
 ];
 
@@ -148,9 +149,11 @@ pub fn document(spec: &mut OpenApi) {
                     set_format(field, format);
                 }
             }
-            // The server refuses a participant named twice.
-            if let Some(RefOr::T(Schema::Array(participants))) = object.properties.get_mut("participants") {
-                participants.unique_items = true;
+            // The server refuses a participant (or a set's lock) named twice.
+            for list in ["participants", "locks"] {
+                if let Some(RefOr::T(Schema::Array(items))) = object.properties.get_mut(list) {
+                    items.unique_items = true;
+                }
             }
             if let Some(either) = lease_or_ttl(object) {
                 *body = RefOr::T(either);

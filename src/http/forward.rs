@@ -81,6 +81,10 @@ pub async fn forward(State(state): State<AppState>, request: Request, next: Next
     }
 }
 
+/// Lock sets are no kind of their own (their locks are locks): their id and their body's lease
+/// name the instance as a lock's handle and body do.
+const LOCK_SETS: &str = "/v1/lock-sets";
+
 /// Whether a route's requests may be forwarded (for the spec): what [owner] may find an owner
 /// for.
 pub fn may_forward(template: &str, method: &Method) -> bool {
@@ -89,6 +93,7 @@ pub fn may_forward(template: &str, method: &Method) -> bool {
         .and_then(|rest| rest.split('/').next())
         .and_then(Kind::from_segment);
     match kind {
+        None if template.starts_with(LOCK_SETS) => true,
         None => template.starts_with("/v1/leases/{id}"),
         Some(kind) => {
             kind.owned_param()
@@ -109,6 +114,7 @@ async fn owner(
 ) -> Result<(Option<String>, Body), ApiError> {
     let owned = match routed.kind {
         None if routed.is_under("/v1/leases") => routed.param("id"),
+        None if routed.is_under(LOCK_SETS) => routed.param("set"),
         Some(kind) => kind.owned_param().and_then(|param| routed.param(param)),
         None => None,
     };
@@ -118,7 +124,8 @@ async fn owner(
     if routed.kind == Some(Kind::Group) && parts.method == Method::DELETE {
         return Ok((member_owner(state, routed).await?, body));
     }
-    if routed.kind.is_some_and(Kind::lease_in_body) && carries_json(parts) {
+    let names_lease = routed.kind.is_some_and(Kind::lease_in_body) || routed.is_under(LOCK_SETS);
+    if names_lease && carries_json(parts) {
         // Small JSON bodies naming a lease: read here (within the body limit) and handed on.
         let bytes = axum::body::to_bytes(body, super::BODY_LIMIT_BYTES)
             .await

@@ -24,6 +24,7 @@ mod health;
 mod kv;
 pub mod leases;
 mod limits;
+mod lock_sets;
 mod locks;
 pub mod origin;
 mod queues;
@@ -117,7 +118,8 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(health::readyz))
         .routes(routes!(health::metrics))
         .routes(routes!(events::events))
-        .merge(leases::routes());
+        .merge(leases::routes())
+        .merge(lock_sets::routes());
     for resource in RESOURCES {
         api = api.merge((resource.routes)());
     }

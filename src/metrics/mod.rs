@@ -66,6 +66,7 @@ pub struct Metrics {
     pub queue_nacks: IntCounterVec,
     pub queue_redeliveries: IntCounterVec,
     pub queue_dead_lettered: IntCounterVec,
+    pub lock_sets: IntCounterVec,
     pub counter_writes: IntCounterVec,
     pub counter_conflicts: IntCounterVec,
     pub leases_created: IntCounter,
@@ -185,6 +186,12 @@ impl Metrics {
                 "zkgate_queue_dead_lettered_total",
                 "Items moved to the dead letters after too many deliveries.",
                 &["queue"],
+            ),
+            lock_sets: counter(
+                &r,
+                "zkgate_lock_sets_total",
+                "Lock set acquires (outcome: granted, refused: one lock was not granted and the set took nothing).",
+                &["outcome"],
             ),
             counter_writes: counter(
                 &r,

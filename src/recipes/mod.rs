@@ -12,6 +12,7 @@ pub mod group;
 pub mod handle;
 pub mod lease;
 pub mod lock;
+pub mod multi_lock;
 pub mod queue;
 pub mod registry;
 pub mod revocation;

@@ -1,8 +1,10 @@
 // Interop peer for zkgate integration tests: drives an Apache Curator
-// InterProcessMutex (or one side of an InterProcessReadWriteLock) through a line
-// protocol on stdin/stdout.
+// InterProcessMutex (or one side of an InterProcessReadWriteLock, or an
+// InterProcessMultiLock over several mutexes) through a line protocol on stdin/stdout.
 //
-//   java -cp "$(tests/interop/classpath.sh)" CuratorLock <connectString> <lockPath> [mutex|read|write]
+//   java -cp "$(tests/interop/classpath.sh)" CuratorLock <connectString> <lockPath> [mutex|read|write|multi]
+//
+// For `multi`, <lockPath> lists the mutexes' paths separated by commas.
 //
 // stdout (one line each, flushed):
 //   READY                once the client is connected
@@ -22,12 +24,15 @@ import java.io.BufferedReader;
 import java.io.InputStreamReader;
 import java.io.PrintStream;
 import java.nio.charset.StandardCharsets;
+import java.util.Arrays;
 import java.util.List;
 import java.util.concurrent.TimeUnit;
 
 import org.apache.curator.framework.CuratorFramework;
 import org.apache.curator.framework.CuratorFrameworkFactory;
 import org.apache.curator.framework.api.ACLProvider;
+import org.apache.curator.framework.recipes.locks.InterProcessLock;
+import org.apache.curator.framework.recipes.locks.InterProcessMultiLock;
 import org.apache.curator.framework.recipes.locks.InterProcessMutex;
 import org.apache.curator.framework.recipes.locks.InterProcessReadWriteLock;
 import org.apache.curator.retry.ExponentialBackoffRetry;
@@ -53,7 +58,7 @@ public class CuratorLock {
         System.setOut(System.err);
 
         if (args.length != 2 && args.length != 3) {
-            say("ERROR usage: CuratorLock <connectString> <lockPath> [mutex|read|write]");
+            say("ERROR usage: CuratorLock <connectString> <lockPath> [mutex|read|write|multi]");
             System.exit(1);
         }
         String connectString = args[0];
@@ -61,7 +66,7 @@ public class CuratorLock {
         String kind = args.length == 3 ? args[2] : "mutex";
 
         CuratorFramework client;
-        InterProcessMutex mutex;
+        InterProcessLock mutex;
         try {
             CuratorFrameworkFactory.Builder builder = CuratorFrameworkFactory.builder()
                     .connectString(connectString)
@@ -92,6 +97,8 @@ public class CuratorLock {
             }
             if (kind.equals("mutex")) {
                 mutex = new InterProcessMutex(client, lockPath);
+            } else if (kind.equals("multi")) {
+                mutex = new InterProcessMultiLock(client, Arrays.asList(lockPath.split(",")));
             } else {
                 InterProcessReadWriteLock rw = new InterProcessReadWriteLock(client, lockPath);
                 mutex = kind.equals("read") ? rw.readLock() : rw.writeLock();
