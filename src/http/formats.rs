@@ -38,6 +38,9 @@ enum Format {
     PositiveDuration(Option<std::time::Duration>),
     /// A duration, zero or more, at most so long (a revocation's `grace`).
     DurationUpTo(std::time::Duration),
+    /// A UTC time in RFC 3339 (`2026-11-23T10:00:00Z`), days of a month up to the 28th in the
+    /// pattern (the server takes every valid date).
+    Timestamp,
     /// An ETag zkgate issued (`"4294967311"`), for a read's `If-None-Match`.
     ETag,
     /// An ETag or `*` (it exists), for `If-Match`.
@@ -54,6 +57,8 @@ enum Format {
 fn format_of(path: &str, method: &str, place: &ParameterIn, name: &str) -> Option<Format> {
     match (place, name) {
         (ParameterIn::Query, "ack_deadline") => Some(Format::PositiveDuration(Some(MAX_ACK_DEADLINE))),
+        (ParameterIn::Query, "delay") => Some(Format::DurationUpTo(super::queues::MAX_DELAY)),
+        (ParameterIn::Query, "not_before") => Some(Format::Timestamp),
         (ParameterIn::Header, "If-Match") => Some(Format::ETagOrAny),
         (ParameterIn::Header, "If-None-Match") if method == "get" => Some(Format::ETag),
         (ParameterIn::Header, "If-None-Match") => Some(Format::Any),
@@ -86,6 +91,10 @@ fn schema_of(format: Format) -> Schema {
         Format::Duration => string(crate::time::DURATION_PATTERN.into()),
         Format::PositiveDuration(max) => string(crate::time::positive_duration_pattern(max)),
         Format::DurationUpTo(max) => string(crate::time::duration_pattern_up_to(max)),
+        Format::Timestamp => string(
+            "^(19[7-9][0-9]|[2-9][0-9]{3})-(0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,9})?Z$"
+                .into(),
+        ),
         Format::ETag => string(r#"^(W/)?"[0-9]{1,18}"$"#.into()),
         Format::ETagOrAny => string(r#"^(\*|(W/)?"[0-9]{1,18}")$"#.into()),
         Format::Any => string(r"^\*$".into()),

@@ -73,6 +73,46 @@ pub struct PutQuery {
     /// Default 50.
     #[param(minimum = 0, maximum = 99)]
     pub priority: Option<u8>,
+    /// Not to be taken before this long from now (a delayed item; at most 30 days).
+    #[param(value_type = Option<String>, example = "10m")]
+    pub delay: Option<HumanDuration>,
+    /// Not to be taken before this time (RFC 3339 in UTC; a time past is now).
+    #[param(example = "2026-11-23T10:00:00Z")]
+    pub not_before: Option<String>,
+}
+
+/// The longest an item may be delayed.
+pub const MAX_DELAY: Duration = Duration::from_secs(30 * 24 * 3600);
+
+/// When a put's item may be taken (ms since the epoch), if it is delayed.
+fn due_of(query: &PutQuery) -> Result<Option<i64>, ApiError> {
+    match (&query.delay, &query.not_before) {
+        (Some(_), Some(_)) => Err(ApiError::invalid(
+            Place::Query,
+            "not_before",
+            "cannot be combined with `delay`",
+        )),
+        (Some(delay), None) if delay.0 > MAX_DELAY => Err(ApiError::invalid(
+            Place::Query,
+            "delay",
+            "must be at most 30 days (720h)",
+        )),
+        (Some(delay), None) => Ok((!delay.0.is_zero()).then(|| crate::time::ms_after_now(delay.0))),
+        // Any time: a delayed item waits in the queue like any other, bounded by the queue's
+        // depth limit and the quotas, not by how far ahead its time is.
+        (None, Some(at)) => {
+            let at = humantime::parse_rfc3339(at).map_err(|e| {
+                ApiError::invalid(
+                    Place::Query,
+                    "not_before",
+                    format!("`{at}` is not an RFC 3339 time in UTC like `2026-11-23T10:00:00Z`: {e}"),
+                )
+            })?;
+            let ms = at.duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_millis();
+            Ok((ms > crate::time::now_ms() as u128).then(|| i64::try_from(ms).unwrap_or(i64::MAX)))
+        }
+        (None, None) => Ok(None),
+    }
 }
 
 /// Answer of a put.
@@ -155,6 +195,9 @@ pub struct Waiting {
     pub body: Option<serde_json::Value>,
     pub text: Option<String>,
     pub body_base64: Option<String>,
+    /// For a delayed item: not taken before this time.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub not_before: Option<String>,
 }
 
 /// Longest ack deadline a take may ask for (as SQS's longest visibility timeout).
@@ -204,6 +247,7 @@ fn waiting_view(item: String, envelope: Envelope, ctime: i64) -> Waiting {
     let (body, text, body_base64) = shown(&envelope);
     Waiting {
         priority: queue::order_of(&item).map(|o| o.0).unwrap_or(queue::DEFAULT_PRIORITY),
+        not_before: queue::topic::not_before(&item),
         item,
         deliveries: envelope.deliveries,
         age_ms: millis_since(from_millis(ctime)),
@@ -241,6 +285,7 @@ pub async fn put(
     if query.priority.is_some_and(|p| p > 99) {
         return Err(ApiError::invalid(Place::Query, "priority", "must be 0 to 99"));
     }
+    let due_ms = due_of(&query)?;
     let key = match headers.get(super::leases::IDEMPOTENCY_KEY) {
         Some(value) => {
             let key = value
@@ -264,7 +309,10 @@ pub async fn put(
     let put = queue::put(
         &client,
         &paths,
-        query.priority,
+        queue::Placement {
+            priority: query.priority,
+            due_ms,
+        },
         &envelope,
         key.as_deref(),
         max_depth,

@@ -32,14 +32,72 @@ pub const PREFIX: &str = "queue-";
 
 /// An item's place in the queue, from its name: (priority, sequence).
 pub fn order_of(name: &str) -> Option<(u8, u64)> {
-    let digits = name.strip_prefix(PREFIX)?;
-    if !digits.bytes().all(|b| b.is_ascii_digit()) {
+    parse_name(name).map(|n| (n.priority, n.seq))
+}
+
+/// What an item's name says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ItemName {
+    pub priority: u8,
+    /// When it may be taken (ms since the Unix epoch), for a delayed item.
+    pub due_ms: Option<i64>,
+    pub seq: u64,
+}
+
+/// Parses an item's name: `queue-<seq>`, `queue-<YY><seq>` (priority `YY`), and for a delayed
+/// item `queue-|<due>|<seq>` or `queue-<YY>|<due>|<seq>`, `<due>` the time it may be taken in
+/// hexadecimal ms since the Unix epoch (as Curator's `DistributedDelayQueue` writes it). The
+/// sequence is ZooKeeper's, 10 digits (19 past `i32::MAX`).
+pub fn parse_name(name: &str) -> Option<ItemName> {
+    let rest = name.strip_prefix(PREFIX)?;
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    let Some((head, seq)) = rest.rsplit_once('|') else {
+        if !digits(rest) {
+            return None;
+        }
+        return match rest.len() {
+            10 | 19 => Some(ItemName {
+                priority: DEFAULT_PRIORITY,
+                due_ms: None,
+                seq: rest.parse().ok()?,
+            }),
+            12 | 21 => Some(ItemName {
+                priority: rest[..2].parse().ok()?,
+                due_ms: None,
+                seq: rest[2..].parse().ok()?,
+            }),
+            _ => None,
+        };
+    };
+    let (priority, due) = head.split_once('|')?;
+    if !digits(seq) || !matches!(seq.len(), 10 | 19) || due.is_empty() || due.len() > 15 {
         return None;
     }
-    match digits.len() {
-        10 | 19 => Some((DEFAULT_PRIORITY, digits.parse().ok()?)),
-        12 | 21 => Some((digits[..2].parse().ok()?, digits[2..].parse().ok()?)),
-        _ => None,
+    let priority = match priority {
+        "" => DEFAULT_PRIORITY,
+        p if p.len() == 2 && digits(p) => p.parse().ok()?,
+        _ => return None,
+    };
+    Some(ItemName {
+        priority,
+        due_ms: Some(i64::from_str_radix(due, 16).ok()?),
+        seq: seq.parse().ok()?,
+    })
+}
+
+/// Where a new item goes: its priority (default [DEFAULT_PRIORITY]) and, delayed, its time.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Placement {
+    pub priority: Option<u8>,
+    pub due_ms: Option<i64>,
+}
+
+/// The name prefix of a new item (ZooKeeper appends the sequence).
+pub fn item_prefix(priority: Option<u8>, due_ms: Option<i64>) -> String {
+    let priority = priority.map(|p| format!("{p:02}")).unwrap_or_default();
+    match due_ms {
+        Some(due) => format!("{PREFIX}{priority}|{due:X}|"),
+        None => format!("{PREFIX}{priority}"),
     }
 }
 
@@ -234,7 +292,7 @@ pub enum Put {
 pub async fn put(
     client: &Client,
     paths: &QueuePaths,
-    priority: Option<u8>,
+    placement: Placement,
     envelope: &Envelope,
     key: Option<&str>,
     max_depth: usize,
@@ -247,10 +305,7 @@ pub async fn put(
     if depth >= max_depth {
         return Ok(Put::Full(depth));
     }
-    let prefix = match priority {
-        Some(p) => format!("{}/{PREFIX}{p:02}", paths.items),
-        None => format!("{}/{PREFIX}", paths.items),
-    };
+    let prefix = format!("{}/{}", paths.items, item_prefix(placement.priority, placement.due_ms));
     let mut envelope = envelope.clone();
     // Checked on the item's stored size (the charge's own mention in the header aside), and
     // charged on it exactly.
@@ -351,8 +406,8 @@ pub struct Taken {
 pub enum Attempt {
     /// An item, claimed (at least once) or removed (at most once).
     Got(Taken, /* more items were waiting */ bool),
-    /// Nothing to take now.
-    Empty,
+    /// Nothing to take now; the earliest time a delayed item may be taken, if one waits.
+    Empty { next_due_ms: Option<i64> },
 }
 
 /// The items that takers on this instance are trying to claim right now.
@@ -411,15 +466,26 @@ pub async fn take(
 ) -> Result<Attempt, ZkError> {
     let items = match retry_on_loss(|| client.list_children(&paths.items)).await {
         Ok(items) => items,
-        Err(ZkError::NoNode) => return Ok(Attempt::Empty),
+        Err(ZkError::NoNode) => return Ok(Attempt::Empty { next_due_ms: None }),
         Err(err) => return Err(err),
     };
     let claimed = retry_on_loss(|| client.list_children(&paths.claims))
         .await
         .unwrap_or_default();
+    // A delayed item is not a candidate before its time; the earliest of them tells the
+    // waiting takers when to look again (a timer, not a poll of ZooKeeper).
+    let now = crate::time::now_ms();
+    let mut next_due_ms: Option<i64> = None;
     let candidates: Vec<&str> = in_queue_order(&items)
         .into_iter()
         .filter(|i| !claimed.iter().any(|c| c == i))
+        .filter(|i| match parse_name(i).and_then(|n| n.due_ms) {
+            Some(due) if due > now => {
+                next_due_ms = Some(next_due_ms.map_or(due, |next| next.min(due)));
+                false
+            }
+            _ => true,
+        })
         .collect();
     for (index, item) in candidates.iter().enumerate() {
         let Some(_reserved) = trying.reserve(item) else {
@@ -491,7 +557,7 @@ pub async fn take(
             ));
         }
     }
-    Ok(Attempt::Empty)
+    Ok(Attempt::Empty { next_due_ms })
 }
 
 /// Claims `item`: raises its delivery count (if it is unchanged) and creates the ephemeral
@@ -749,7 +815,60 @@ mod tests {
         );
     }
 
+    #[test]
+    fn delayed_items_name_their_time_and_keep_their_place() {
+        let due = 0x18B_CFE5_6800;
+        assert_eq!(item_prefix(None, Some(due)), "queue-|18BCFE56800|");
+        assert_eq!(item_prefix(Some(3), Some(due)), "queue-03|18BCFE56800|");
+        assert_eq!(item_prefix(Some(3), None), "queue-03");
+        assert_eq!(
+            parse_name("queue-|18BCFE56800|0000000007"),
+            Some(ItemName {
+                priority: DEFAULT_PRIORITY,
+                due_ms: Some(due),
+                seq: 7
+            })
+        );
+        assert_eq!(
+            parse_name("queue-03|18bcfe56800|0000000009"),
+            Some(ItemName {
+                priority: 3,
+                due_ms: Some(due),
+                seq: 9
+            })
+        );
+        for bad in [
+            "queue-|zz|0000000001",
+            "queue-3|1|0000000001",
+            "queue-||0000000001",
+            "queue-|1|42",
+        ] {
+            assert_eq!(parse_name(bad), None, "{bad}");
+        }
+        // Delayed or not, items of one priority keep the order they were put in.
+        let children = [
+            "queue-|18BCFE56800|0000000002",
+            "queue-0000000001",
+            "queue-01|1|0000000003",
+        ];
+        assert_eq!(
+            in_queue_order(&children),
+            [
+                "queue-01|1|0000000003",
+                "queue-0000000001",
+                "queue-|18BCFE56800|0000000002"
+            ]
+        );
+    }
+
     proptest! {
+        #[test]
+        fn item_names_round_trip(priority in proptest::option::of(0u8..100), due in proptest::option::of(0i64..(1 << 50)), seq in 0u64..10_000_000_000) {
+            let name = format!("{}{seq:010}", item_prefix(priority, due));
+            let parsed = parse_name(&name).expect("parses");
+            prop_assert_eq!(parsed, ItemName { priority: priority.unwrap_or(DEFAULT_PRIORITY), due_ms: due, seq });
+        }
+
         /// Lower priority numbers come first; within a priority, lower sequence numbers.
         #[test]
         fn queue_order_is_priority_then_fifo(items in prop::collection::btree_set((0u8..100, 0u64..1_000_000), 1..40)) {

@@ -145,12 +145,21 @@ impl Queues {
                     }
                     return Ok(Some((taken, claim)));
                 }
-                Attempt::Empty => {}
-            }
-            tokio::select! {
-                _ = &mut notified => {}
-                _ = &mut released => {}
-                _ = tokio::time::sleep_until(until) => return Ok(None),
+                Attempt::Empty { next_due_ms } => {
+                    // A delayed item wakes this taker when it comes due, if before the wait
+                    // ends: one timer, and one listing then (new items wake it as before).
+                    let due = next_due_ms.map(|ms| crate::time::instant_after(crate::time::until_ms(ms)));
+                    let wake = due.map_or(until, |due| due.min(until));
+                    tokio::select! {
+                        _ = &mut notified => {}
+                        _ = &mut released => {}
+                        _ = tokio::time::sleep_until(wake) => {
+                            if wake >= until {
+                                return Ok(None);
+                            }
+                        }
+                    }
+                }
             }
         }
     }

@@ -29,6 +29,16 @@ pub struct QueueItem {
     pub put_at: String,
     #[schema(example = "application/json")]
     pub content_type: String,
+    /// For a delayed item: not taken before this time.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub not_before: Option<String>,
+}
+
+/// When a delayed item may be taken, as the API writes times.
+pub fn not_before(item: &str) -> Option<String> {
+    super::parse_name(item)
+        .and_then(|n| n.due_ms)
+        .map(|due| timestamp(from_millis(due)))
 }
 
 /// A queue: what `GET /v1/queues/{name}` answers and the `queue` topic carries.
@@ -36,7 +46,8 @@ pub struct QueueItem {
 pub struct QueueState {
     #[schema(example = "emails")]
     pub name: String,
-    /// Items waiting to be taken (claimed ones excluded).
+    /// Items waiting to be taken (claimed ones excluded), delayed ones included (each of
+    /// those says in `head` and in the item listing when it may be taken).
     pub depth: usize,
     /// Items claimed and not yet acknowledged.
     pub in_flight: usize,
@@ -132,6 +143,7 @@ impl Source for QueueTopic {
 pub fn item_view(item: String, envelope: &Envelope, ctime: i64) -> QueueItem {
     QueueItem {
         priority: order_of(&item).map(|o| o.0).unwrap_or(DEFAULT_PRIORITY),
+        not_before: not_before(&item),
         item,
         deliveries: envelope.deliveries,
         put_at: timestamp(from_millis(if envelope.put_at_ms > 0 {
