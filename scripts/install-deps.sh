@@ -11,7 +11,7 @@ set -euo pipefail
 want=(zookeeper)
 command -v java >/dev/null 2>&1 || want+=(default-jre-headless)
 if [[ "${1:-run}" == test ]]; then
-    want+=(libcurator-recipes-java libslf4j-java python3-kazoo chromium python3-venv curl jq etcd-server)
+    want+=(libcurator-recipes-java libcurator-discovery-java libslf4j-java python3-kazoo chromium python3-venv curl jq etcd-server)
 fi
 
 missing=()

@@ -27,6 +27,7 @@ pub enum Kind {
     Group,
     Kv,
     Counter,
+    Service,
 }
 
 /// What the registry knows of a kind.
@@ -47,7 +48,7 @@ struct Entry {
 
 impl Kind {
     /// Every kind, in the order the API documents them.
-    pub const ALL: [Kind; 11] = [
+    pub const ALL: [Kind; 12] = [
         Kind::Lock,
         Kind::RwLock,
         Kind::Semaphore,
@@ -59,6 +60,7 @@ impl Kind {
         Kind::Group,
         Kind::Kv,
         Kind::Counter,
+        Kind::Service,
     ];
 
     const fn entry(self) -> Entry {
@@ -74,6 +76,7 @@ impl Kind {
             Kind::Group => ("groups", "group", "groups"),
             Kind::Kv => ("kv", "kv", "kv"),
             Kind::Counter => ("counters", "counter", "counters"),
+            Kind::Service => ("services", "service", "services"),
         };
         let owned_param = match self {
             Kind::Lock | Kind::RwLock | Kind::Semaphore | Kind::Election => Some("handle"),

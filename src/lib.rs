@@ -73,6 +73,8 @@ pub struct Shared {
     pub rwlocks: Contenders,
     pub elections: Contenders,
     pub groups: BoundNodes,
+    /// Service instances registered through this instance (`/v1/services`).
+    pub services: BoundNodes,
     pub semaphores: Semaphores,
     pub barriers: BoundNodes,
     pub double_barriers: BoundNodes,
@@ -142,6 +144,7 @@ impl AppState {
         let rwlocks = Contenders::new(root, Kind::RwLock);
         let elections = Contenders::new(root, Kind::Election);
         let groups = BoundNodes::new(root, Kind::Group);
+        let services = BoundNodes::new(root, Kind::Service);
         let semaphores = Semaphores::new(root, Kind::Semaphore);
         let barriers = BoundNodes::new(root, Kind::Barrier);
         let double_barriers = BoundNodes::new(root, Kind::DoubleBarrier);
@@ -174,6 +177,7 @@ impl AppState {
             rwlocks,
             elections,
             groups,
+            services,
             semaphores,
             barriers,
             double_barriers,

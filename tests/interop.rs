@@ -49,6 +49,11 @@ impl Peer {
         Peer::java("CuratorCounter", &[connect, path]).await
     }
 
+    /// A Curator `ServiceDiscovery<Map>` peer on base path `base`.
+    async fn curator_discovery(connect: &str, base: &str) -> Peer {
+        Peer::java("CuratorDiscovery", &[connect, base]).await
+    }
+
     /// Runs `tests/interop/<class>.java` (Java's source launcher: no compile step) on the
     /// Curator class path.
     async fn java(class: &str, args: &[&str]) -> Peer {
@@ -462,5 +467,82 @@ async fn http_lock_sets_and_a_curator_multi_lock_exclude_each_other() {
     assert_eq!(released.status, StatusCode::NO_CONTENT);
     assert_eq!(curator.send("acquire 10000").await, "ACQUIRED");
     assert_eq!(curator.send("release").await, "RELEASED");
+    curator.quit().await;
+}
+
+/// Service discovery: an instance registered over HTTP is one Curator's `ServiceDiscovery`
+/// lists (address, port, payload, URI), and one Curator registers is one HTTP lists, picks and
+/// follows; each goes when its side ends it.
+#[tokio::test]
+async fn http_and_curator_discovery_see_each_others_instances() {
+    let zk = zookeeper().await;
+    let connect = zk.connect_string();
+    let gate = Gate::start(&connect).await;
+    let mut curator = Peer::curator_discovery(&connect, "/zkgate/services").await;
+    let mut stream =
+        common::sse::Sse::open(&gate.http, &format!("{}/v1/services/billing/events", gate.url), None).await;
+    let mut seen = vec![stream.next().await];
+
+    // HTTP registers: Curator sees it as Curator would have written it.
+    let lease = gate.lease("30s").await;
+    let body = serde_json::json!({"address": "10.0.0.5", "port": 8080, "payload": {"zone": "eu-1"}, "uri_spec": "{scheme}://{address}:{port}", "lease": lease});
+    let registered = gate
+        .call(Method::PUT, "/v1/services/billing/instances/http-1", Some(body))
+        .await;
+    assert_eq!(registered.status, StatusCode::CREATED, "{registered:?}");
+    assert_eq!(
+        curator.send("list billing").await,
+        "INSTANCES http-1@10.0.0.5:8080,zone=eu-1,uri=http://10.0.0.5:8080"
+    );
+
+    // Curator registers: HTTP lists it, follows it, and picks it in turn.
+    assert_eq!(
+        curator.send("register billing jvm-1 10.0.0.9 9090 us-2").await,
+        "REGISTERED"
+    );
+    let event = stream
+        .until("service:billing", &mut seen, |e| {
+            e["type"] == "registered" && e["state"]["instances"].as_array().is_some_and(|i| i.len() == 2)
+        })
+        .await;
+    let jvm = event["state"]["instances"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["id"] == "jvm-1")
+        .cloned()
+        .expect("Curator's instance");
+    assert_eq!(
+        (jvm["address"].clone(), jvm["port"].clone()),
+        (serde_json::json!("10.0.0.9"), serde_json::json!(9090))
+    );
+    assert_eq!(jvm["payload"]["zone"], "us-2", "{jvm}");
+    assert_eq!(jvm["uri"], "http://10.0.0.9:9090");
+    assert_eq!(jvm["lease"], serde_json::Value::Null, "not zkgate's");
+    let mut picked = std::collections::BTreeSet::new();
+    for _ in 0..2 {
+        picked.insert(
+            gate.get("/v1/services/billing/pick?strategy=round-robin")
+                .await
+                .str("id"),
+        );
+    }
+    assert_eq!(picked.into_iter().collect::<Vec<_>>(), ["http-1", "jvm-1"]);
+
+    // The HTTP side's lease ends: Curator sees one; Curator unregisters: HTTP sees none.
+    assert_eq!(
+        gate.delete(&format!("/v1/leases/{lease}")).await.status,
+        StatusCode::NO_CONTENT
+    );
+    assert_eq!(
+        curator.send("list billing").await,
+        "INSTANCES jvm-1@10.0.0.9:9090,zone=us-2,uri=http://10.0.0.9:9090"
+    );
+    assert_eq!(curator.send("unregister").await, "UNREGISTERED");
+    stream
+        .until("service:billing", &mut seen, |e| {
+            e["state"]["instances"] == serde_json::json!([])
+        })
+        .await;
     curator.quit().await;
 }

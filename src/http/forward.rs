@@ -98,7 +98,7 @@ pub fn may_forward(template: &str, method: &Method) -> bool {
         Some(kind) => {
             kind.owned_param()
                 .is_some_and(|param| template.contains(&format!("{{{param}}}")))
-                || (kind == Kind::Group && method == Method::DELETE)
+                || (matches!(kind, Kind::Group | Kind::Service) && method == Method::DELETE)
                 || (kind.lease_in_body() && matches!(*method, Method::POST | Method::PUT))
         }
     }
@@ -121,7 +121,7 @@ async fn owner(
     if let Some(id) = owned {
         return Ok((owner_of(id).map(str::to_string), body));
     }
-    if routed.kind == Some(Kind::Group) && parts.method == Method::DELETE {
+    if matches!(routed.kind, Some(Kind::Group | Kind::Service)) && parts.method == Method::DELETE {
         return Ok((member_owner(state, routed).await?, body));
     }
     let names_lease = routed.kind.is_some_and(Kind::lease_in_body) || routed.is_under(LOCK_SETS);
@@ -135,17 +135,22 @@ async fn owner(
     Ok((None, body))
 }
 
-/// The instance of a group member named in `DELETE /v1/groups/{group}/members/{member}` that
-/// did not join through this instance: its znode's owner session tells.
+/// The instance of a group member named in `DELETE /v1/groups/{group}/members/{member}` (or
+/// of a service's instance, `DELETE /v1/services/{name}/instances/{id}`) that did not join
+/// through this instance: its znode's owner session tells.
 async fn member_owner(state: &AppState, routed: &Routed) -> Result<Option<String>, ApiError> {
-    let (Some(group), Some(member)) = (routed.param("group"), routed.param("member")) else {
+    let (nodes, resource, id) = match routed.kind {
+        Some(Kind::Service) => (&state.services, routed.param("name"), routed.param("id")),
+        _ => (&state.groups, routed.param("group"), routed.param("member")),
+    };
+    let (Some(group), Some(member)) = (resource, id) else {
         return Ok(None);
     };
     let valid = |name: &str| crate::zk::names::validate_name(name).is_ok();
-    if !valid(group) || !valid(member) || state.groups.get(group, member).is_some() {
+    if !valid(group) || !valid(member) || nodes.get(group, member).is_some() {
         return Ok(None);
     }
-    let path = format!("{}/{member}", state.groups.dir(group));
+    let path = format!("{}/{member}", nodes.dir(group));
     Ok(state.instances.owner_of_node(&path).await?)
 }
 

@@ -31,6 +31,7 @@ mod queues;
 mod routed;
 mod rwlocks;
 mod semaphores;
+mod services;
 pub mod topics;
 mod txns;
 
@@ -77,6 +78,7 @@ pub const RESOURCES: &[Resource] = &[
     groups::RESOURCE,
     kv::RESOURCE,
     counters::RESOURCE,
+    services::RESOURCE,
 ];
 
 /// The topic of resource `name` of `kind`, if the kind has topics.

@@ -76,7 +76,8 @@ pub struct PutQuery {
     /// Not to be taken before this long from now (a delayed item; at most 30 days).
     #[param(value_type = Option<String>, example = "10m")]
     pub delay: Option<HumanDuration>,
-    /// Not to be taken before this time (RFC 3339 in UTC; a time past is now).
+    /// Not to be taken before this time (RFC 3339 in UTC; a time past is now). With `delay`
+    /// too, the later of the two.
     #[param(example = "2026-11-23T10:00:00Z")]
     pub not_before: Option<String>,
 }
@@ -84,23 +85,24 @@ pub struct PutQuery {
 /// The longest an item may be delayed.
 pub const MAX_DELAY: Duration = Duration::from_secs(30 * 24 * 3600);
 
-/// When a put's item may be taken (ms since the epoch), if it is delayed.
+/// When a put's item may be taken (ms since the epoch), if it is delayed: the later of `delay`
+/// from now and `not_before` when both are given.
 fn due_of(query: &PutQuery) -> Result<Option<i64>, ApiError> {
-    match (&query.delay, &query.not_before) {
-        (Some(_), Some(_)) => Err(ApiError::invalid(
-            Place::Query,
-            "not_before",
-            "cannot be combined with `delay`",
-        )),
-        (Some(delay), None) if delay.0 > MAX_DELAY => Err(ApiError::invalid(
-            Place::Query,
-            "delay",
-            "must be at most 30 days (720h)",
-        )),
-        (Some(delay), None) => Ok((!delay.0.is_zero()).then(|| crate::time::ms_after_now(delay.0))),
-        // Any time: a delayed item waits in the queue like any other, bounded by the queue's
-        // depth limit and the quotas, not by how far ahead its time is.
-        (None, Some(at)) => {
+    let after_delay = match &query.delay {
+        Some(delay) if delay.0 > MAX_DELAY => {
+            return Err(ApiError::invalid(
+                Place::Query,
+                "delay",
+                "must be at most 30 days (720h)",
+            ));
+        }
+        Some(delay) if !delay.0.is_zero() => Some(crate::time::ms_after_now(delay.0)),
+        _ => None,
+    };
+    // Any time: a delayed item waits in the queue like any other, bounded by the queue's depth
+    // limit and the quotas, not by how far ahead its time is.
+    let at_time = match &query.not_before {
+        Some(at) => {
             let at = humantime::parse_rfc3339(at).map_err(|e| {
                 ApiError::invalid(
                     Place::Query,
@@ -109,10 +111,11 @@ fn due_of(query: &PutQuery) -> Result<Option<i64>, ApiError> {
                 )
             })?;
             let ms = at.duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_millis();
-            Ok((ms > crate::time::now_ms() as u128).then(|| i64::try_from(ms).unwrap_or(i64::MAX)))
+            (ms > crate::time::now_ms() as u128).then(|| i64::try_from(ms).unwrap_or(i64::MAX))
         }
-        (None, None) => Ok(None),
-    }
+        None => None,
+    };
+    Ok(after_delay.max(at_time))
 }
 
 /// Answer of a put.

@@ -5,6 +5,7 @@ pub mod barrier;
 pub mod config;
 pub mod contender;
 pub mod counter;
+pub mod discovery;
 pub mod double_barrier;
 pub mod election;
 pub mod ephemeral;

@@ -48,6 +48,7 @@ pub fn measure_name(kind: Kind) -> &'static str {
         Kind::Queue => "depth",
         Kind::Txn => "votes",
         Kind::Counter => "updates",
+        Kind::Service => "instances",
         Kind::Barrier | Kind::Kv => "none",
     }
 }
@@ -111,7 +112,7 @@ fn measure_of(kind: Kind, stats: &[Option<Stat>]) -> Option<Measure> {
         Kind::Txn => plain(children(1)),
         // The times it was written (its data version): the most written rank first.
         Kind::Counter => plain(own.version.max(0) as u64),
-        Kind::RwLock | Kind::Group => plain(n),
+        Kind::RwLock | Kind::Group | Kind::Service => plain(n),
     })
 }
 

@@ -102,12 +102,17 @@ try {
   expect((await api("POST", "/v1/counters/shipped/add", { delta: -1 })).status === 200, "add");
   await until(`${counterRow} td:nth-child(2)`, "1,199");
   await until(`${counterRow} td:nth-child(3)`, "1");
+  // A service with one instance, shown where it listens.
+  const registered = await api("PUT", "/v1/services/billing/instances/b1", { address: "10.0.0.5", port: 8080, lease: leases[0] });
+  expect(registered.status === 201, "register: " + registered.status);
+  await until('#services tr[data-name="billing"] td.instances', "1");
+  await until('#services tr[data-name="billing"] td:nth-child(3)', "10.0.0.5:8080");
 
   // One filter for every section: "ord" keeps the lock and hides the queue, the semaphore,
-  // the double barrier, the counter and every lease.
+  // the double barrier, the counter, the service and every lease.
   await page.fill("#filter", "ord");
   await until('#locks tr[data-name="orders"] td.name', "orders");
-  for (const kind of ["queues", "semaphores", "double-barriers", "counters", "leases"]) {
+  for (const kind of ["queues", "semaphores", "double-barriers", "counters", "services", "leases"]) {
     await page.waitForFunction((k) => document.querySelectorAll(`#${k} tr[data-name]`).length === 0, kind, { timeout: 15000 })
       .catch(() => { throw new Error(`the filter left rows in ${kind}`); });
   }

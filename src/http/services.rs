@@ -1,0 +1,332 @@
+//! `/v1/services`: service discovery shared with Curator's `curator-x-discovery`: register an
+//! instance (address, port, payload) bound to a lease, list a service's live instances, pick
+//! one (random or round-robin), follow changes. See [crate::recipes::discovery] for the
+//! layout.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+use zookeeper_client::Error as ZkError;
+
+use super::consistency::Consistency;
+use super::error::{ApiError, Place, Problem, Problems, p};
+use super::extract::{ApiJson, ApiPath, ApiQuery};
+use super::leases::{LeaseView, lease_for, lease_gone};
+use super::{LockSummary, Resource, check_name, list};
+use crate::AppState;
+use crate::auth::Caller;
+use crate::events::Feed;
+use crate::kind::Kind;
+use crate::recipes::discovery::{
+    self, CuratorInstance, InstanceView, Registrar, ServiceState, ServiceTopic, Strategy, UriSpecJson,
+};
+use crate::recipes::ephemeral::{BindError, BoundNode};
+use crate::recipes::usage::ChargeError;
+use crate::time::{HumanDuration, timestamp};
+use crate::zk::names::validate_name;
+
+/// The service kind's module.
+pub const RESOURCE: Resource = Resource {
+    kind: Kind::Service,
+    about: Some(
+        "Service discovery as Curator's curator-x-discovery lays it out: lease-bound instances with an address, \
+         port and payload; list, pick (random or round-robin), follow.",
+    ),
+    routes,
+    topic: Some(|state, name| Feed::of(source(state, name))),
+};
+
+fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(service_events))
+        .routes(routes!(list_services))
+        .routes(routes!(service_state))
+        .routes(routes!(pick))
+        .routes(routes!(get_instance, register, unregister))
+}
+
+/// Service `name` as its topic and `GET` read it.
+fn source(state: &AppState, name: &str) -> ServiceTopic {
+    ServiceTopic {
+        name: name.to_string(),
+        dir: state.services.dir(name),
+    }
+}
+
+/// Longest address accepted (a DNS name is at most 253 bytes).
+const MAX_ADDRESS: usize = 253;
+
+/// Body of a registration.
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RegisterBody {
+    /// Where the instance listens: a host name or an IP address.
+    #[schema(example = "10.0.0.5", min_length = 1, max_length = 253)]
+    pub address: String,
+    #[schema(example = 8080)]
+    pub port: Option<u16>,
+    pub ssl_port: Option<u16>,
+    /// Anything the instance publishes (JSON): a zone, a weight, a version...
+    #[schema(example = json!({"zone": "eu-1"}))]
+    pub payload: Option<serde_json::Value>,
+    /// A URI template with `{scheme}`, `{address}`, `{port}`, `{ssl-port}`, `{name}`, `{id}`.
+    #[schema(example = "{scheme}://{address}:{port}")]
+    pub uri_spec: Option<String>,
+    /// The lease the instance lives with. Without it a new lease is created and returned.
+    pub lease: Option<String>,
+    /// TTL of the lease created when `lease` is not given.
+    pub ttl: Option<HumanDuration>,
+}
+
+/// An instance as it was registered.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct Registered {
+    #[schema(example = "billing")]
+    pub service: String,
+    #[schema(example = "billing-1")]
+    pub id: String,
+    pub registered_at: String,
+    /// The lease the registration lasts with.
+    pub lease: LeaseView,
+}
+
+/// Query of a pick.
+#[derive(Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct PickQuery {
+    /// `random` (default) or `round-robin`.
+    #[param(value_type = Option<String>, example = "round-robin")]
+    pub strategy: Option<Strategy>,
+}
+
+fn names(service: &str, id: &str) -> Result<(), ApiError> {
+    check_name(service)?;
+    validate_name(id).map_err(|e| ApiError::invalid(Place::Path, "id", e))
+}
+
+fn taken(service: &str, id: &str) -> ApiError {
+    ApiError::new(
+        Problem::MemberTaken,
+        format!("instance `{id}` of `{service}` is registered by another lease or client"),
+    )
+}
+
+fn registered(node: &BoundNode) -> Registered {
+    Registered {
+        service: node.name.clone(),
+        id: node.id.clone(),
+        registered_at: timestamp(node.created_at),
+        lease: LeaseView::of(&node.lease),
+    }
+}
+
+/// Registers an instance of a service for as long as the lease lives (an ephemeral znode in
+/// Curator's format: Curator's `ServiceDiscovery` sees it). Registering the same id again
+/// with the same lease answers 200 with the registration; an id another lease or client holds
+/// answers 409.
+#[utoipa::path(put, path = "/v1/services/{name}/instances/{id}", tag = "services",
+    params(("name" = String, Path, description = "Service name"), ("id" = String, Path, description = "Instance id, unique in the service")),
+    request_body(content = RegisterBody, example = json!({"address": "10.0.0.5", "port": 8080, "payload": {"zone": "eu-1"}, "uri_spec": "{scheme}://{address}:{port}", "ttl": "30s"})),
+    responses(
+        (status = 201, description = "Registered", body = Registered),
+        (status = 200, description = "Already registered with this lease", body = Registered),
+        Problems<(p::InvalidField, p::MalformedBody, p::ValueTooLarge, p::NotFound, p::MemberTaken, p::LeaseEnded, p::QuotaExceeded, p::ZookeeperUnavailable)>,
+    ))]
+pub async fn register(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiPath((service, id)): ApiPath<(String, String)>,
+    ApiJson(body): ApiJson<RegisterBody>,
+) -> Result<Response, ApiError> {
+    names(&service, &id)?;
+    if body.address.is_empty() || body.address.len() > MAX_ADDRESS || body.address.chars().any(char::is_control) {
+        return Err(ApiError::invalid(
+            Place::Body,
+            "address",
+            format!("must be 1 to {MAX_ADDRESS} bytes without control characters"),
+        ));
+    }
+    let uri_spec = match &body.uri_spec {
+        Some(template) => Some(UriSpecJson::parse(template).ok_or_else(|| {
+            ApiError::invalid(Place::Body, "uri_spec", "must close every `{` it opens, around a name")
+        })?),
+        None => None,
+    };
+    if let Some(existing) = state.services.get(&service, &id) {
+        if body.lease.as_deref() == Some(existing.lease.id.as_str()) {
+            return Ok((StatusCode::OK, Json(registered(&existing))).into_response());
+        }
+        return Err(taken(&service, &id));
+    }
+    let (lease, _) = lease_for(&state, &caller, body.lease, body.ttl.map(|t| t.0))?;
+    let instance = CuratorInstance {
+        name: service.clone(),
+        id: id.clone(),
+        address: Some(body.address),
+        port: body.port,
+        ssl_port: body.ssl_port,
+        payload: body.payload.unwrap_or(serde_json::Value::Null),
+        registration_time_utc: crate::time::now_ms(),
+        service_type: "DYNAMIC".into(),
+        uri_spec,
+        enabled: None,
+        zkgate: Some(Registrar {
+            lease: lease.id.clone(),
+            principal: lease.owner.clone(),
+        }),
+    };
+    let data = serde_json::to_vec(&instance).map_err(|e| ApiError::new(Problem::Internal, e.to_string()))?;
+    super::check_stored_size(&state, "instance", data.len())?;
+    let path = format!("{}/{id}", state.services.dir(&service));
+    // Its data is charged to the caller, on the instance's session (as a group member's).
+    let client = state.zk().connected().await?.client;
+    let bytes = data.len();
+    let charge = match state.quotas.charge(&client, caller.name(), bytes).await {
+        Ok(charge) => state.quotas.node(&charge, bytes),
+        Err(ChargeError::Exceeded(exceeded)) => return Err(ApiError::quota(exceeded)),
+        Err(ChargeError::ZooKeeper(err)) => return Err(err.into()),
+    };
+    match state
+        .services
+        .bind(&lease, &service, &id, path, data, Some(charge))
+        .await
+    {
+        Ok(node) => Ok((StatusCode::CREATED, Json(registered(&node))).into_response()),
+        Err(BindError::Taken) => Err(taken(&service, &id)),
+        Err(BindError::LeaseEnded) => Err(lease_gone(&state, &lease)),
+        Err(BindError::ZooKeeper(ZkError::QuotaExceeded)) => Err(ApiError::quota(
+            state.quotas.exceeded(&client, caller.name(), bytes).await,
+        )),
+        Err(BindError::ZooKeeper(err)) => Err(err.into()),
+    }
+}
+
+/// Unregisters an instance registered through zkgate (on any instance: the request goes to
+/// the one that holds it).
+#[utoipa::path(delete, path = "/v1/services/{name}/instances/{id}", tag = "services",
+    params(("name" = String, Path, description = "Service name"), ("id" = String, Path, description = "Instance id")),
+    responses(
+        (status = 204, description = "Unregistered"),
+        Problems<(p::InvalidField, p::NotFound)>,
+    ))]
+pub async fn unregister(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiPath((service, id)): ApiPath<(String, String)>,
+) -> Result<StatusCode, ApiError> {
+    names(&service, &id)?;
+    let Some(node) = state.services.get(&service, &id) else {
+        return Err(ApiError::not_found(
+            "instance",
+            format!("no instance `{id}` of `{service}` registered through zkgate"),
+        ));
+    };
+    node.lease.check_owner(&caller)?;
+    state.services.release(&node).await;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Reads one instance of a service (registered by anyone).
+#[utoipa::path(get, path = "/v1/services/{name}/instances/{id}", tag = "services",
+    params(("name" = String, Path, description = "Service name"), ("id" = String, Path, description = "Instance id")),
+    responses(
+        (status = 200, body = InstanceView),
+        Problems<(p::InvalidField, p::NotFound, p::ZookeeperUnavailable)>,
+    ))]
+pub async fn get_instance(
+    State(state): State<AppState>,
+    ApiPath((service, id)): ApiPath<(String, String)>,
+    consistency: Consistency,
+) -> Result<Json<InstanceView>, ApiError> {
+    names(&service, &id)?;
+    let Json(read) = super::read(&state, source(&state, &service), consistency).await?;
+    read.instances
+        .into_iter()
+        .find(|i| i.id == id)
+        .map(Json)
+        .ok_or_else(|| ApiError::not_found("instance", format!("no instance `{id}` of `{service}`")))
+}
+
+super::state_handler!(
+    /// Lists a service's live instances (registered over HTTP or by Curator).
+    service_state,
+    "/v1/services/{name}",
+    "services",
+    "Service name",
+    ServiceState
+);
+
+/// Picks one enabled instance of a service: `random` (default), or `round-robin` (each in
+/// turn, counted on this zkgate instance). 404 when the service has none.
+#[utoipa::path(get, path = "/v1/services/{name}/pick", tag = "services",
+    params(("name" = String, Path, description = "Service name"), PickQuery),
+    responses(
+        (status = 200, body = InstanceView),
+        Problems<(p::InvalidField, p::NotFound, p::ZookeeperUnavailable)>,
+    ))]
+pub async fn pick(
+    State(state): State<AppState>,
+    ApiPath(service): ApiPath<String>,
+    ApiQuery(query): ApiQuery<PickQuery>,
+    consistency: Consistency,
+) -> Result<Json<InstanceView>, ApiError> {
+    check_name(&service)?;
+    let Json(read) = super::read(&state, source(&state, &service), consistency).await?;
+    let strategy = query.strategy.unwrap_or_default();
+    let turn = match strategy {
+        Strategy::RoundRobin => next_turn(&service),
+        Strategy::Random => 0,
+    };
+    discovery::pick(&read.instances, strategy, turn, rand::random::<u32>() as usize)
+        .cloned()
+        .map(Json)
+        .ok_or_else(|| ApiError::not_found("instance", format!("service `{service}` has no enabled instance")))
+}
+
+/// Most services whose round-robin turn is remembered; past it the turns start again (a
+/// bound against clients that pick from ever new names).
+const TURNS_KEPT: usize = 10_000;
+
+/// The next round-robin turn of `service` on this instance.
+fn next_turn(service: &str) -> usize {
+    static TURNS: Mutex<Option<HashMap<String, usize>>> = Mutex::new(None);
+    let mut turns = TURNS.lock().unwrap_or_else(|e| e.into_inner());
+    let turns = turns.get_or_insert_with(HashMap::new);
+    if turns.len() >= TURNS_KEPT && !turns.contains_key(service) {
+        turns.clear();
+    }
+    let turn = turns.entry(service.to_string()).or_insert(0);
+    let current = *turn;
+    *turn = turn.wrapping_add(1);
+    current
+}
+
+/// Lists the services that have (or had) instances.
+#[utoipa::path(get, path = "/v1/services", tag = "services", responses(
+    (status = 200, body = Vec<LockSummary>),
+    Problems<(p::ZookeeperUnavailable,)>,
+))]
+pub async fn list_services(
+    State(state): State<AppState>,
+    caller: Caller,
+    consistency: Consistency,
+) -> Result<Json<Vec<LockSummary>>, ApiError> {
+    list(&state, &caller, Kind::Service, consistency).await
+}
+
+super::events::events_handler!(
+    /// Follows a service: instances registered and unregistered, as Server-Sent Events.
+    service_events,
+    "/v1/services/{name}/events",
+    "services",
+    "name",
+    Kind::Service
+);
