@@ -78,6 +78,24 @@ pub struct ServeConfig {
     #[arg(long, env = "ZKGATE_QUEUE_MAX_DELIVERIES", default_value_t = 5)]
     pub queue_max_deliveries: u32,
 
+    /// How long a queue put's `Idempotency-Key` is remembered: a retry within it is stored once;
+    /// the janitor removes the key after it.
+    #[arg(long, env = "ZKGATE_IDEMPOTENCY_WINDOW", default_value = "24h", value_parser = duration)]
+    pub idempotency_window: Duration,
+
+    /// How long a decided two-phase-commit transaction stays readable before the janitor
+    /// removes it (its members, votes and decision with it).
+    #[arg(long, env = "ZKGATE_TXN_RETENTION", default_value = "24h", value_parser = duration)]
+    pub txn_retention: Duration,
+
+    /// Time between the janitor's passes (one instance of the cluster is the janitor).
+    #[arg(long, env = "ZKGATE_JANITOR_INTERVAL", default_value = "1m", value_parser = duration)]
+    pub janitor_interval: Duration,
+
+    /// Most znodes the janitor deletes a second.
+    #[arg(long, env = "ZKGATE_JANITOR_RATE", default_value_t = 1000)]
+    pub janitor_rate: u32,
+
     /// Largest value zkgate stores, as stored: a kv value, a queue item (with its small
     /// header), a member's data, a candidate's or proclaimed value, a transaction's payload.
     /// Larger ones answer 413 `value-too-large`. At most 896 KiB, so that a write with its
@@ -346,6 +364,10 @@ impl ServeConfig {
             max_wait: Duration::from_secs(60),
             queue_max_depth: 10_000,
             queue_max_deliveries: 5,
+            idempotency_window: Duration::from_secs(24 * 3600),
+            txn_retention: Duration::from_secs(24 * 3600),
+            janitor_interval: Duration::from_secs(60),
+            janitor_rate: 1000,
             max_value_bytes: 256 * 1024,
             quota_bytes: 64 * 1024 * 1024,
             quota_znodes: 500_000,
@@ -383,6 +405,17 @@ impl ServeConfig {
             max_long_polls: 10_000,
             metrics_names_per_kind: crate::metrics::NAMES_PER_KIND,
             zookeeper_security: Default::default(),
+        }
+    }
+
+    /// How the janitor works (`--janitor-interval`, `--janitor-rate`, `--idempotency-window`,
+    /// `--txn-retention`).
+    pub fn janitor_settings(&self) -> crate::recipes::janitor::Settings {
+        crate::recipes::janitor::Settings {
+            interval: self.janitor_interval,
+            idempotency_window: self.idempotency_window,
+            txn_retention: self.txn_retention,
+            rate: self.janitor_rate,
         }
     }
 

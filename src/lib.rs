@@ -168,6 +168,14 @@ impl AppState {
             },
         );
         let ws_budget = ws::outbox::Budget::new(config.ws_send_budget);
+        let shutdown = CancellationToken::new();
+        recipes::janitor::start(
+            zk.clone(),
+            &config.root,
+            &instance.id,
+            config.janitor_settings(),
+            shutdown.clone(),
+        );
         AppState(Arc::new(Shared {
             config: Arc::new(config),
             lanes,
@@ -185,7 +193,7 @@ impl AppState {
             queues,
             events,
             barrier_watches,
-            shutdown: CancellationToken::new(),
+            shutdown,
             authority: authority.map(Arc::new),
             limits: Arc::new(limits::Limits::new(config_limits)),
             instance,

@@ -13,13 +13,14 @@ use utoipa_axum::routes;
 use super::consistency::Consistency;
 use super::error::{ApiError, Place, Problem, Problems, p};
 use super::extract::{ApiJson, ApiPath};
-use super::kv::{Tag, parse_tag};
+use super::kv::{Tag, parse_tag, write_condition};
 use super::{LockSummary, Resource, check_name, list};
 use crate::AppState;
 use crate::auth::Caller;
 use crate::events::Feed;
 use crate::kind::Kind;
-use crate::recipes::counter::{self, Bounds, Condition, CounterError, CounterState, CounterTopic};
+use crate::recipes::config::Condition;
+use crate::recipes::counter::{self, Bounds, CounterError, CounterState, CounterTopic};
 
 /// The counter kind's module.
 pub const RESOURCE: Resource = Resource {
@@ -232,29 +233,7 @@ pub async fn set(
     ApiJson(body): ApiJson<SetBody>,
 ) -> Result<Response, ApiError> {
     check_name(&name)?;
-    let condition = match (
-        parse_tag(&headers, header::IF_MATCH)?,
-        parse_tag(&headers, header::IF_NONE_MATCH)?,
-    ) {
-        (Some(_), Some(_)) => {
-            return Err(ApiError::invalid(
-                Place::Header,
-                "if-match",
-                "cannot be combined with `If-None-Match`",
-            ));
-        }
-        (Some(Tag::Version(v)), None) => Condition::Version(v),
-        (Some(Tag::Any), None) => Condition::Exists,
-        (None, Some(Tag::Any)) => Condition::Absent,
-        (None, Some(Tag::Version(_))) => {
-            return Err(ApiError::invalid(
-                Place::Header,
-                "if-none-match",
-                "only `*` applies to a set",
-            ));
-        }
-        (None, None) => Condition::Any,
-    };
+    let condition = write_condition(&headers)?;
     let client = state.zk().connected().await?.client;
     let path = Kind::Counter.path(&state.config.root, &name);
     let (stat, created) = counter::set(&client, &path, body.value, condition)

@@ -133,27 +133,38 @@ pub async fn join(
         return Err(taken(&group, &member));
     }
     let (lease, _) = lease_for(&state, &caller, body.lease, body.ttl.map(|t| t.0))?;
-    let path = format!("{}/{member}", state.groups.dir(&group));
     // The member's data is charged to the caller, on the member's session.
-    let client = state.zk().connected().await?.client;
+    let bound = bind_charged(&state, &caller, &state.groups, &lease, (&group, &member), data).await;
+    let joined_member = bound.map_err(|err| err.unwrap_or_else(|| taken(&group, &member)))?;
+    Ok((StatusCode::CREATED, Json(joined(&joined_member))).into_response())
+}
+
+/// Binds `id` of resource `name` (a group's member, a service's instance) to `lease`, holding
+/// `data` charged to the caller on the node's session. `Err(None)`: the id is taken.
+pub(super) async fn bind_charged(
+    state: &AppState,
+    caller: &Caller,
+    nodes: &crate::recipes::ephemeral::BoundNodes,
+    lease: &std::sync::Arc<crate::recipes::lease::Lease>,
+    (name, id): (&str, &str),
+    data: Vec<u8>,
+) -> Result<std::sync::Arc<BoundNode>, Option<ApiError>> {
+    let path = format!("{}/{id}", nodes.dir(name));
+    let client = state.zk().connected().await.map_err(|e| Some(e.into()))?.client;
     let bytes = data.len();
     let charge = match state.quotas.charge(&client, caller.name(), bytes).await {
         Ok(charge) => state.quotas.node(&charge, bytes),
-        Err(ChargeError::Exceeded(exceeded)) => return Err(ApiError::quota(exceeded)),
-        Err(ChargeError::ZooKeeper(err)) => return Err(err.into()),
+        Err(ChargeError::Exceeded(exceeded)) => return Err(Some(ApiError::quota(exceeded))),
+        Err(ChargeError::ZooKeeper(err)) => return Err(Some(err.into())),
     };
-    match state
-        .groups
-        .bind(&lease, &group, &member, path, data, Some(charge))
-        .await
-    {
-        Ok(joined_member) => Ok((StatusCode::CREATED, Json(joined(&joined_member))).into_response()),
-        Err(BindError::Taken) => Err(taken(&group, &member)),
-        Err(BindError::LeaseEnded) => Err(lease_gone(&state, &lease)),
-        Err(BindError::ZooKeeper(ZkError::QuotaExceeded)) => Err(ApiError::quota(
+    match nodes.bind(lease, name, id, path, data, Some(charge)).await {
+        Ok(node) => Ok(node),
+        Err(BindError::Taken) => Err(None),
+        Err(BindError::LeaseEnded) => Err(Some(lease_gone(state, lease))),
+        Err(BindError::ZooKeeper(ZkError::QuotaExceeded)) => Err(Some(ApiError::quota(
             state.quotas.exceeded(&client, caller.name(), bytes).await,
-        )),
-        Err(BindError::ZooKeeper(err)) => Err(err.into()),
+        ))),
+        Err(BindError::ZooKeeper(err)) => Err(Some(err.into())),
     }
 }
 

@@ -243,29 +243,7 @@ pub async fn put_value(
 ) -> Result<Response, ApiError> {
     check_key(&key)?;
     let body = body.map_err(super::extract::body_rejection)?;
-    let condition = match (
-        parse_tag(&headers, header::IF_MATCH)?,
-        parse_tag(&headers, header::IF_NONE_MATCH)?,
-    ) {
-        (Some(_), Some(_)) => {
-            return Err(ApiError::invalid(
-                Place::Header,
-                "if-match",
-                "cannot be combined with `If-None-Match`",
-            ));
-        }
-        (Some(Tag::Version(v)), None) => Condition::Version(v),
-        (Some(Tag::Any), None) => Condition::Exists,
-        (None, Some(Tag::Any)) => Condition::Absent,
-        (None, Some(Tag::Version(_))) => {
-            return Err(ApiError::invalid(
-                Place::Header,
-                "if-none-match",
-                "only `*` applies to writes",
-            ));
-        }
-        (None, None) => Condition::Any,
-    };
+    let condition = write_condition(&headers)?;
     let is_json = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -296,6 +274,36 @@ pub async fn put_value(
         }),
     )
         .into_response())
+}
+
+/// What a write's `If-Match` (an ETag: that version; `*`: it exists) and `If-None-Match`
+/// (`*`: it does not) require; a kv value's and a counter's alike.
+pub(super) fn write_condition(headers: &HeaderMap) -> Result<Condition, ApiError> {
+    Ok(
+        match (
+            parse_tag(headers, header::IF_MATCH)?,
+            parse_tag(headers, header::IF_NONE_MATCH)?,
+        ) {
+            (Some(_), Some(_)) => {
+                return Err(ApiError::invalid(
+                    Place::Header,
+                    "if-match",
+                    "cannot be combined with `If-None-Match`",
+                ));
+            }
+            (Some(Tag::Version(v)), None) => Condition::Version(v),
+            (Some(Tag::Any), None) => Condition::Exists,
+            (None, Some(Tag::Any)) => Condition::Absent,
+            (None, Some(Tag::Version(_))) => {
+                return Err(ApiError::invalid(
+                    Place::Header,
+                    "if-none-match",
+                    "only `*` applies to writes",
+                ));
+            }
+            (None, None) => Condition::Any,
+        },
+    )
 }
 
 fn write_error(key: &str, err: WriteError) -> ApiError {

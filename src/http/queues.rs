@@ -326,6 +326,9 @@ pub async fn put(
         Put::Stored(item) => {
             let m = crate::metrics::get();
             m.queue_puts.with_label_values(&[m.queue(&name)]).inc();
+            if due_ms.is_some() {
+                m.queue_delayed_puts.with_label_values(&[m.queue(&name)]).inc();
+            }
             (StatusCode::CREATED, Some(item))
         }
         Put::Duplicate => (StatusCode::OK, None),

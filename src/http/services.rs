@@ -13,12 +13,11 @@ use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
-use zookeeper_client::Error as ZkError;
 
 use super::consistency::Consistency;
 use super::error::{ApiError, Place, Problem, Problems, p};
 use super::extract::{ApiJson, ApiPath, ApiQuery};
-use super::leases::{LeaseView, lease_for, lease_gone};
+use super::leases::{LeaseView, lease_for};
 use super::{LockSummary, Resource, check_name, list};
 use crate::AppState;
 use crate::auth::Caller;
@@ -27,8 +26,7 @@ use crate::kind::Kind;
 use crate::recipes::discovery::{
     self, CuratorInstance, InstanceView, Registrar, ServiceState, ServiceTopic, Strategy, UriSpecJson,
 };
-use crate::recipes::ephemeral::{BindError, BoundNode};
-use crate::recipes::usage::ChargeError;
+use crate::recipes::ephemeral::BoundNode;
 use crate::time::{HumanDuration, timestamp};
 use crate::zk::names::validate_name;
 
@@ -185,28 +183,10 @@ pub async fn register(
     };
     let data = serde_json::to_vec(&instance).map_err(|e| ApiError::new(Problem::Internal, e.to_string()))?;
     super::check_stored_size(&state, "instance", data.len())?;
-    let path = format!("{}/{id}", state.services.dir(&service));
     // Its data is charged to the caller, on the instance's session (as a group member's).
-    let client = state.zk().connected().await?.client;
-    let bytes = data.len();
-    let charge = match state.quotas.charge(&client, caller.name(), bytes).await {
-        Ok(charge) => state.quotas.node(&charge, bytes),
-        Err(ChargeError::Exceeded(exceeded)) => return Err(ApiError::quota(exceeded)),
-        Err(ChargeError::ZooKeeper(err)) => return Err(err.into()),
-    };
-    match state
-        .services
-        .bind(&lease, &service, &id, path, data, Some(charge))
-        .await
-    {
-        Ok(node) => Ok((StatusCode::CREATED, Json(registered(&node))).into_response()),
-        Err(BindError::Taken) => Err(taken(&service, &id)),
-        Err(BindError::LeaseEnded) => Err(lease_gone(&state, &lease)),
-        Err(BindError::ZooKeeper(ZkError::QuotaExceeded)) => Err(ApiError::quota(
-            state.quotas.exceeded(&client, caller.name(), bytes).await,
-        )),
-        Err(BindError::ZooKeeper(err)) => Err(err.into()),
-    }
+    let bound = super::groups::bind_charged(&state, &caller, &state.services, &lease, (&service, &id), data).await;
+    let node = bound.map_err(|err| err.unwrap_or_else(|| taken(&service, &id)))?;
+    Ok((StatusCode::CREATED, Json(registered(&node))).into_response())
 }
 
 /// Unregisters an instance registered through zkgate (on any instance: the request goes to

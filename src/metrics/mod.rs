@@ -61,12 +61,16 @@ pub struct Metrics {
     pub lock_revocations: IntCounterVec,
     pub leader_changes: IntCounterVec,
     pub queue_puts: IntCounterVec,
+    pub queue_delayed_puts: IntCounterVec,
     pub queue_takes: IntCounterVec,
     pub queue_acks: IntCounterVec,
     pub queue_nacks: IntCounterVec,
     pub queue_redeliveries: IntCounterVec,
     pub queue_dead_lettered: IntCounterVec,
     pub lock_sets: IntCounterVec,
+    pub janitor_removed: IntCounterVec,
+    pub janitor_passes: IntCounter,
+    pub janitor_active: IntGauge,
     pub counter_writes: IntCounterVec,
     pub counter_conflicts: IntCounterVec,
     pub leases_created: IntCounter,
@@ -167,6 +171,12 @@ impl Metrics {
                 &["name"],
             ),
             queue_puts: counter(&r, "zkgate_queue_puts_total", "Items put.", &["queue"]),
+            queue_delayed_puts: counter(
+                &r,
+                "zkgate_queue_delayed_puts_total",
+                "Items put with a delay (`delay` or `not_before` in the future).",
+                &["queue"],
+            ),
             queue_takes: counter(
                 &r,
                 "zkgate_queue_takes_total",
@@ -186,6 +196,22 @@ impl Metrics {
                 "zkgate_queue_dead_lettered_total",
                 "Items moved to the dead letters after too many deliveries.",
                 &["queue"],
+            ),
+            janitor_removed: counter(
+                &r,
+                "zkgate_janitor_removed_total",
+                "What the janitor removed (what: idempotency_key, txn, queue, double_barrier, group, service).",
+                &["what"],
+            ),
+            janitor_passes: single_counter(
+                &r,
+                "zkgate_janitor_passes_total",
+                "Janitor passes made by this instance.",
+            ),
+            janitor_active: gauge(
+                &r,
+                "zkgate_janitor_active",
+                "1 while this instance is the cluster's janitor, else 0.",
             ),
             lock_sets: counter(
                 &r,
@@ -335,6 +361,7 @@ impl Metrics {
             if *kind == QUEUE {
                 for vec in [
                     &self.queue_puts,
+                    &self.queue_delayed_puts,
                     &self.queue_acks,
                     &self.queue_nacks,
                     &self.queue_redeliveries,

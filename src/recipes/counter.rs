@@ -22,6 +22,7 @@ use serde::Serialize;
 use utoipa::ToSchema;
 use zookeeper_client::{Client, CreateMode, Error as ZkError, Stat};
 
+use super::config::Condition;
 use super::topic::{Source, event_kinds};
 use crate::time::{from_millis, timestamp};
 use crate::zk::retry_on_loss;
@@ -138,21 +139,9 @@ pub async fn add(client: &Client, path: &str, delta: i64, bounds: Bounds) -> Res
     }
 }
 
-/// What a condition on a set requires of the counter.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Condition {
-    Any,
-    /// It must not exist (create only).
-    Absent,
-    /// It must exist, whatever its version.
-    Exists,
-    /// It must exist with this version (its mzxid: the data version starts again at 0 when a
-    /// counter is deleted and created again, which would let a stale version match).
-    Version(i64),
-}
-
-/// Sets the counter at `path` to `value` if `condition` holds; the new stat, and whether the
-/// counter was created.
+/// Sets the counter at `path` to `value` if `condition` holds (a version is the znode's mzxid,
+/// as for kv: the data version starts again at 0 when a counter is deleted and created again,
+/// which would let a stale version match); the new stat, and whether the counter was created.
 pub async fn set(client: &Client, path: &str, value: i64, condition: Condition) -> Result<(Stat, bool), CounterError> {
     loop {
         let current = match retry_on_loss(|| client.check_stat(path)).await? {

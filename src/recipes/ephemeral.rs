@@ -66,7 +66,10 @@ impl Protocol for Bound {
     }
 
     async fn run(&self, handle: &BoundNode, client: &Client) -> Exit {
-        match create(client, &self.path, &self.data, self.charge.as_ref()).await {
+        // A group's or a service's znode is a container: ZooKeeper removes it with its last
+        // member (as Curator makes them).
+        let container_parent = matches!(self.kind, Kind::Group | Kind::Service);
+        match create(client, &self.path, &self.data, self.charge.as_ref(), container_parent).await {
             Ok(()) => {
                 handle.hold();
                 std::future::pending().await
@@ -129,11 +132,17 @@ impl BoundNodes {
     }
 }
 
-/// Creates the ephemeral node (and its parent), with its charge if it has one (in one
+/// Creates the ephemeral node (and its parent, a container if asked), with its charge if it has one (in one
 /// multi-op: a node past its principal's quota is not created). A create whose reply was lost
 /// is recognised by the node being ours (its ephemeral owner is our session); one owned by
 /// another session is `NodeExists`.
-async fn create(client: &Client, path: &str, data: &[u8], charge: Option<&ChargeNode>) -> Result<(), ZkError> {
+async fn create(
+    client: &Client,
+    path: &str,
+    data: &[u8],
+    charge: Option<&ChargeNode>,
+    container_parent: bool,
+) -> Result<(), ZkError> {
     let options = CreateMode::Ephemeral.with_acls(crate::zk::acls());
     let parent = &path[..path.rfind('/').unwrap_or(0)];
     loop {
@@ -153,6 +162,7 @@ async fn create(client: &Client, path: &str, data: &[u8], charge: Option<&Charge
         };
         match created {
             Ok(()) => return Ok(()),
+            Err(ZkError::NoNode) if container_parent => super::contender::ensure_dir(client, parent).await?,
             Err(ZkError::NoNode) => crate::zk::session::ensure_path(client, parent).await?,
             Err(err) if err == ZkError::NodeExists || crate::zk::is_loss(&err) => {
                 match retry_on_loss(|| client.check_stat(path)).await? {

@@ -11,6 +11,7 @@ pub mod election;
 pub mod ephemeral;
 pub mod group;
 pub mod handle;
+pub mod janitor;
 pub mod lease;
 pub mod lock;
 pub mod multi_lock;

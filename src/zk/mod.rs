@@ -68,7 +68,7 @@ const MULTI_READ_CHUNK: usize = 1000;
 /// The data and stat of each of `paths` (`None` where the node does not exist), in the order
 /// given: multi-reads of at most [MULTI_READ_CHUNK] paths, sent together, so that thousands of
 /// nodes cost a few round trips and no answer outgrows a packet.
-async fn get_each(
+pub async fn get_each(
     client: &zookeeper_client::Client,
     paths: &[String],
 ) -> Result<Vec<Option<(Vec<u8>, zookeeper_client::Stat)>>, ZkError> {

@@ -55,6 +55,12 @@ pub struct ServerOptions {
     /// `ssl.keyStore.location=...` (ZooKeeper turns unknown keys into `zookeeper.*` system
     /// properties, which is where its TLS settings are read).
     pub extra_config: Vec<String>,
+    /// How often the server looks for empty container znodes to remove
+    /// (`znode.container.checkIntervalMs`; ZooKeeper's own default is a minute).
+    pub container_check_interval: Duration,
+    /// Most empty containers it removes a minute (`znode.container.maxPerMinute`; ZooKeeper's
+    /// default is 10,000, which leaves 100,000 lock names of a busy hour for ten minutes).
+    pub containers_per_minute: u32,
 }
 
 impl Default for ServerOptions {
@@ -66,6 +72,8 @@ impl Default for ServerOptions {
             heap_mb: 512,
             quick_start: false,
             extra_config: Vec::new(),
+            container_check_interval: Duration::from_secs(10),
+            containers_per_minute: 100_000,
         }
     }
 }
@@ -174,6 +182,15 @@ impl ZooKeeperServer {
             // zkgate's quotas on its subtrees are only limits if the servers enforce them.
             .arg("-Dzookeeper.enforceQuota=true")
             .arg("-Dzookeeper.jmx.log4j.disable=true")
+            // Read by ZooKeeper's ContainerManager as they are (no `zookeeper.` prefix).
+            .arg(format!(
+                "-Dznode.container.checkIntervalMs={}",
+                options.container_check_interval.as_millis()
+            ))
+            .arg(format!(
+                "-Dznode.container.maxPerMinute={}",
+                options.containers_per_minute
+            ))
             .arg("-cp")
             .arg(classpath)
             .arg(main_class)

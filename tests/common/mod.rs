@@ -31,6 +31,10 @@ pub fn test_server_options() -> ServerOptions {
         heap_mb: 256,
         quick_start: true,
         extra_config: Vec::new(),
+        // Empty containers (locks...) go within a fraction of a second: tests/retention.rs
+        // waits for them.
+        container_check_interval: Duration::from_millis(200),
+        containers_per_minute: 6_000_000,
     }
 }
 
@@ -599,6 +603,12 @@ pub async fn packets_received(port: u16) -> u64 {
 /// How many watches a ZooKeeper server holds, over all sessions (`mntr`'s `zk_watch_count`).
 pub async fn watch_count(port: u16) -> u64 {
     monitored(port, "zk_watch_count").await
+}
+
+/// How many znodes a ZooKeeper server holds, its own (`/zookeeper/...`) included (`mntr`'s
+/// `zk_znode_count`).
+pub async fn znode_count(port: u16) -> u64 {
+    monitored(port, "zk_znode_count").await
 }
 
 /// A figure of the `mntr` four-letter word.

@@ -1,0 +1,413 @@
+//! Keeps zkgate's tree bounded under churn: what the recipes leave behind once it has served
+//! its purpose is removed, by one instance of the cluster at a time, at a bounded rate.
+//!
+//! What stays without it, and what happens to it:
+//!
+//! - A queue's idempotency keys (`<queue>/keys/<key>`): kept for `--idempotency-window` (24 h)
+//!   after the put, then removed; a retry after that is a new put.
+//! - Finished two-phase-commit transactions (their members, votes and decision): readable for
+//!   `--txn-retention` (24 h) after the decision, then removed.
+//! - Empty resource znodes that ZooKeeper does not remove itself: a queue with no items,
+//!   claims, dead letters or keys; a double barrier nobody is in; a group or service created
+//!   before their znodes were containers. Each is removed once it has been seen empty, and
+//!   unchanged, on two passes in a row (so a resource between two uses is not taken away under
+//!   a client), with a delete that fails if anything came meanwhile.
+//!
+//! Locks, read/write locks, semaphores and elections, and groups and services now, are
+//! ZooKeeper *container* znodes (as Curator's are): ZooKeeper itself removes them once their
+//! last child is gone (`znode.container.checkIntervalMs`, 60 s on a stock server).
+//!
+//! **One janitor per cluster.** An instance is the janitor while it holds the ephemeral
+//! `<root>/janitor` on its primary session; the others wait on an exists-watch for it to go
+//! (no polling), so that several instances do not race on the same deletions. Whoever holds it
+//! when its session ends hands over through ZooKeeper. (Two janitors at once, during a
+//! handover, would only try the same deletions, each conditional: no harm.)
+//!
+//! **Bounded.** Deletions go at most `--janitor-rate` a second (a token bucket), in multi-ops
+//! of at most [BATCH]; listings and stats are multi-reads ([crate::zk::stat_each]).
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use zookeeper_client::{Client, CreateMode, Error as ZkError, Stat};
+
+use crate::kind::Kind;
+use crate::time::now_ms;
+use crate::zk::retry_on_loss;
+use crate::zk::session::ZkSession;
+
+/// Most deletions in one multi-op.
+pub const BATCH: usize = 200;
+
+/// How the janitor works.
+#[derive(Clone, Copy, Debug)]
+pub struct Settings {
+    /// Time between passes.
+    pub interval: Duration,
+    /// How long a queue's idempotency key is kept.
+    pub idempotency_window: Duration,
+    /// How long a decided transaction is kept.
+    pub txn_retention: Duration,
+    /// Most deletions a second.
+    pub rate: u32,
+}
+
+/// What one pass removed.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Removed {
+    pub idempotency_keys: u64,
+    pub txns: u64,
+    pub empty: u64,
+}
+
+/// Starts the janitor task of this instance: it becomes the cluster's janitor when it can, and
+/// stops at `shutdown`.
+pub fn start(zk: ZkSession, root: &str, instance: &str, settings: Settings, shutdown: CancellationToken) {
+    let janitor = Janitor {
+        root: root.to_string(),
+        instance: instance.to_string(),
+        settings,
+        seen_empty: HashMap::new(),
+        bucket: Bucket::new(settings.rate),
+    };
+    let lock = format!("{root}/janitor");
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = janitor.run(zk.clone()) => {}
+            _ = shutdown.cancelled() => {}
+        }
+        crate::metrics::get().janitor_active.set(0);
+        // Hand over at once rather than when the session ends: give the node back if ours.
+        if let Ok(session) = zk.current() {
+            let client = session.client;
+            let hand_over = async {
+                if let Ok(Some(stat)) = client.check_stat(&lock).await
+                    && stat.ephemeral_owner == client.session_id().0
+                {
+                    let _ = client.delete(&lock, None).await;
+                }
+            };
+            let _ = tokio::time::timeout(Duration::from_secs(2), hand_over).await;
+        }
+    });
+}
+
+struct Janitor {
+    root: String,
+    instance: String,
+    settings: Settings,
+    /// Empty resources seen on the last pass, with the stat that showed them empty.
+    seen_empty: HashMap<String, Stat>,
+    bucket: Bucket,
+}
+
+impl Janitor {
+    async fn run(mut self, zk: ZkSession) {
+        let lock = format!("{}/janitor", self.root);
+        let metrics = crate::metrics::get();
+        loop {
+            let Ok(session) = zk.connected().await else {
+                // No session yet (or not for a while): wait for the next change of the
+                // session's status, not in a loop (a task that never yields starves its
+                // runtime).
+                let mut status = zk.subscribe();
+                let _ = tokio::time::timeout(self.settings.interval, status.changed()).await;
+                continue;
+            };
+            let client = session.client;
+            match self.lead(&client, &lock).await {
+                Ok(true) => {
+                    metrics.janitor_active.set(1);
+                    match self.pass(&client).await {
+                        Ok(removed) => {
+                            metrics.janitor_passes.inc();
+                            if removed != Removed::default() {
+                                tracing::info!(?removed, "janitor pass");
+                            }
+                        }
+                        Err(err) => tracing::warn!(error = %err, "janitor pass failed"),
+                    }
+                    tokio::time::sleep(self.settings.interval).await;
+                }
+                // Another instance is the janitor: wait for its node to go.
+                Ok(false) => {
+                    metrics.janitor_active.set(0);
+                    self.seen_empty.clear();
+                    match retry_on_loss(|| client.check_and_watch_stat(&lock)).await {
+                        Ok((Some(stat), watcher)) if stat.ephemeral_owner != client.session_id().0 => {
+                            watcher.changed().await;
+                        }
+                        Ok(_) => {}
+                        Err(_) => tokio::time::sleep(self.settings.interval).await,
+                    }
+                }
+                Err(err) => {
+                    tracing::warn!(error = %err, "janitor election failed");
+                    tokio::time::sleep(self.settings.interval).await;
+                }
+            }
+        }
+    }
+
+    /// Whether this instance is (or now becomes) the janitor: it holds `lock` on this session.
+    /// A create whose reply was lost is ours if the node's owner is our session.
+    async fn lead(&self, client: &Client, lock: &str) -> Result<bool, ZkError> {
+        let options = CreateMode::Ephemeral.with_acls(crate::zk::acls());
+        let ours = client.session_id().0;
+        if let Some(stat) = retry_on_loss(|| client.check_stat(lock)).await? {
+            return Ok(stat.ephemeral_owner == ours);
+        }
+        match client.create(lock, self.instance.as_bytes(), &options).await {
+            Ok(_) => Ok(true),
+            Err(err) if err == ZkError::NodeExists || crate::zk::is_loss(&err) => {
+                Ok(retry_on_loss(|| client.check_stat(lock))
+                    .await?
+                    .is_some_and(|s| s.ephemeral_owner == ours))
+            }
+            Err(ZkError::NoNode) => {
+                crate::zk::session::ensure_path(client, &self.root).await?;
+                Ok(false)
+            }
+            Err(err) => Err(err),
+        }
+    }
+
+    /// One pass over everything the janitor looks after.
+    async fn pass(&mut self, client: &Client) -> Result<Removed, ZkError> {
+        let mut removed = Removed::default();
+        let mut empty_now = HashMap::new();
+        self.queues(client, &mut removed, &mut empty_now).await?;
+        self.txns(client, &mut removed).await?;
+        for kind in [Kind::DoubleBarrier, Kind::Group, Kind::Service] {
+            self.empty_resources(client, kind, &mut removed, &mut empty_now).await?;
+        }
+        self.seen_empty = empty_now;
+        Ok(removed)
+    }
+
+    /// Old idempotency keys, and empty queues.
+    async fn queues(
+        &mut self,
+        client: &Client,
+        removed: &mut Removed,
+        empty_now: &mut HashMap<String, Stat>,
+    ) -> Result<(), ZkError> {
+        let base = Kind::Queue.base(&self.root);
+        let queues = children(client, &base).await?;
+        const PARTS: [&str; 4] = ["items", "claims", "dead", "keys"];
+        let mut paths = Vec::with_capacity(queues.len() * (1 + PARTS.len()));
+        for queue in &queues {
+            paths.push(format!("{base}/{queue}"));
+            paths.extend(PARTS.iter().map(|part| format!("{base}/{queue}/{part}")));
+        }
+        let stats = crate::zk::stat_each(client, &paths).await?;
+        let oldest_kept = now_ms() - self.settings.idempotency_window.as_millis() as i64;
+        for (queue, stats) in queues.iter().zip(stats.chunks(1 + PARTS.len())) {
+            let dir = format!("{base}/{queue}");
+            let [Some(own), Some(items), Some(claims), Some(dead), Some(keys)] = stats else {
+                continue;
+            };
+            if keys.num_children > 0 {
+                let keys_dir = format!("{dir}/keys");
+                let names = children(client, &keys_dir).await?;
+                let key_paths: Vec<String> = names.iter().map(|k| format!("{keys_dir}/{k}")).collect();
+                let key_stats = crate::zk::stat_each(client, &key_paths).await?;
+                let old: Vec<String> = key_paths
+                    .into_iter()
+                    .zip(key_stats)
+                    .filter(|(_, stat)| stat.is_some_and(|s| s.ctime < oldest_kept))
+                    .map(|(path, _)| path)
+                    .collect();
+                let gone = self.delete_each(client, &old).await?;
+                removed.idempotency_keys += gone;
+                crate::metrics::get()
+                    .janitor_removed
+                    .with_label_values(&["idempotency_key"])
+                    .inc_by(gone);
+                continue;
+            }
+            let empty = own.num_children == PARTS.len() as i32
+                && [items, claims, dead, keys].iter().all(|s| s.num_children == 0);
+            if !empty {
+                continue;
+            }
+            // Seen empty and unchanged (no child created or deleted anywhere in it) on the last
+            // pass too: one multi-op, which fails if anything arrived since (a delete of a
+            // node with children fails).
+            let seen = |path: &str, now: &Stat| self.seen_empty.get(path).is_some_and(|b| b.cversion == now.cversion);
+            let unchanged = seen(&dir, own)
+                && PARTS
+                    .iter()
+                    .zip([items, claims, dead, keys])
+                    .all(|(part, stat)| seen(&format!("{dir}/{part}"), stat));
+            if unchanged {
+                self.bucket.take(PARTS.len() + 1).await;
+                let mut writer = client.new_multi_writer();
+                for part in PARTS {
+                    writer.add_delete(&format!("{dir}/{part}"), None)?;
+                }
+                writer.add_delete(&dir, None)?;
+                if writer.commit().await.is_ok() {
+                    removed.empty += 1;
+                    crate::metrics::get()
+                        .janitor_removed
+                        .with_label_values(&["queue"])
+                        .inc();
+                }
+                continue;
+            }
+            empty_now.insert(dir.clone(), *own);
+            for (part, stat) in PARTS.iter().zip([items, claims, dead, keys]) {
+                empty_now.insert(format!("{dir}/{part}"), *stat);
+            }
+        }
+        Ok(())
+    }
+
+    /// Transactions decided longer ago than the retention, with everything below them.
+    async fn txns(&mut self, client: &Client, removed: &mut Removed) -> Result<(), ZkError> {
+        let base = Kind::Txn.base(&self.root);
+        let txns = children(client, &base).await?;
+        let decisions: Vec<String> = txns.iter().map(|t| format!("{base}/{t}/decision")).collect();
+        let read = crate::zk::get_each(client, &decisions).await?;
+        let oldest_kept = now_ms() - self.settings.txn_retention.as_millis() as i64;
+        for (txn, decision) in txns.iter().zip(read) {
+            let Some((data, _)) = decision else { continue };
+            let decided_at = serde_json::from_slice::<super::txn::Decision>(&data).map_or(i64::MAX, |d| d.at_ms);
+            if decided_at >= oldest_kept {
+                continue;
+            }
+            let dir = format!("{base}/{txn}");
+            let mut doomed = Vec::new();
+            for part in ["members", "votes"] {
+                let below = format!("{dir}/{part}");
+                doomed.extend(
+                    children(client, &below)
+                        .await?
+                        .into_iter()
+                        .map(|c| format!("{below}/{c}")),
+                );
+                doomed.push(below);
+            }
+            doomed.push(format!("{dir}/decision"));
+            doomed.push(dir);
+            // Children first, the transaction last: one multi-op if it fits, else in order
+            // (a pass that stops halfway leaves a decided transaction, taken up next time).
+            if self.delete_each(client, &doomed).await? > 0 {
+                removed.txns += 1;
+                crate::metrics::get().janitor_removed.with_label_values(&["txn"]).inc();
+            }
+        }
+        Ok(())
+    }
+
+    /// Resource znodes of `kind` with no children, seen so on two passes in a row.
+    async fn empty_resources(
+        &mut self,
+        client: &Client,
+        kind: Kind,
+        removed: &mut Removed,
+        empty_now: &mut HashMap<String, Stat>,
+    ) -> Result<(), ZkError> {
+        let base = kind.base(&self.root);
+        let names = children(client, &base).await?;
+        let paths: Vec<String> = names.iter().map(|n| format!("{base}/{n}")).collect();
+        let stats = crate::zk::stat_each(client, &paths).await?;
+        for (path, stat) in paths.into_iter().zip(stats) {
+            let Some(stat) = stat.filter(|s| s.num_children == 0) else {
+                continue;
+            };
+            let unchanged = self
+                .seen_empty
+                .get(&path)
+                .is_some_and(|before| before.cversion == stat.cversion && before.version == stat.version);
+            if !unchanged {
+                empty_now.insert(path, stat);
+                continue;
+            }
+            self.bucket.take(1).await;
+            // On its data version: a double barrier settled again meanwhile stays.
+            match client.delete(&path, Some(stat.version)).await {
+                Ok(()) => {
+                    removed.empty += 1;
+                    crate::metrics::get()
+                        .janitor_removed
+                        .with_label_values(&[kind.name()])
+                        .inc();
+                }
+                Err(ZkError::NotEmpty | ZkError::BadVersion | ZkError::NoNode) => {}
+                Err(err) if crate::zk::is_loss(&err) => {}
+                Err(err) => return Err(err),
+            }
+        }
+        Ok(())
+    }
+
+    /// Deletes `paths` in order (children before their parents), in multi-ops of at most
+    /// [BATCH], at the bucket's rate; paths already gone are skipped. Answers how many it
+    /// deleted.
+    async fn delete_each(&mut self, client: &Client, paths: &[String]) -> Result<u64, ZkError> {
+        let mut deleted = 0;
+        for batch in paths.chunks(BATCH) {
+            self.bucket.take(batch.len()).await;
+            let mut writer = client.new_multi_writer();
+            for path in batch {
+                writer.add_delete(path, None)?;
+            }
+            match writer.commit().await {
+                Ok(_) => deleted += batch.len() as u64,
+                // One of them went (or got a child) meanwhile: each on its own.
+                Err(_) => {
+                    for path in batch {
+                        match client.delete(path, None).await {
+                            Ok(()) => deleted += 1,
+                            Err(ZkError::NoNode | ZkError::NotEmpty) => {}
+                            Err(err) if crate::zk::is_loss(&err) => {}
+                            Err(err) => return Err(err),
+                        }
+                    }
+                }
+            }
+        }
+        Ok(deleted)
+    }
+}
+
+/// The children of `path`, none if it does not exist.
+async fn children(client: &Client, path: &str) -> Result<Vec<String>, ZkError> {
+    match retry_on_loss(|| client.list_children(path)).await {
+        Ok(children) => Ok(children),
+        Err(ZkError::NoNode) => Ok(Vec::new()),
+        Err(err) => Err(err),
+    }
+}
+
+/// A token bucket of deletions: `rate` a second, a second's worth at most in hand.
+struct Bucket {
+    rate: f64,
+    tokens: f64,
+    at: tokio::time::Instant,
+}
+
+impl Bucket {
+    fn new(rate: u32) -> Bucket {
+        let rate = f64::from(rate.max(1));
+        Bucket {
+            rate,
+            tokens: rate,
+            at: tokio::time::Instant::now(),
+        }
+    }
+
+    /// Waits until `n` deletions may go.
+    async fn take(&mut self, n: usize) {
+        let now = tokio::time::Instant::now();
+        self.tokens = (self.tokens + now.duration_since(self.at).as_secs_f64() * self.rate).min(self.rate);
+        self.at = now;
+        self.tokens -= n as f64;
+        if self.tokens < 0.0 {
+            tokio::time::sleep(Duration::from_secs_f64(-self.tokens / self.rate)).await;
+        }
+    }
+}
