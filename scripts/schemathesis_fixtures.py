@@ -86,6 +86,12 @@ def main():
     call(base, "POST", f"/v1/counters/fx{run}-counter/add", {"delta": 1})
     bind("DELETE /v1/counters/{name}", path__name=f"fx{run}-counter")
     for method in ["GET", "DELETE"]:
+        service, instance = f"fx{run}-svc", f"fx{run}-{method.lower()}"
+        body = {"address": "10.0.0.5", "port": 8080, "lease": lease()}
+        call(base, "PUT", f"/v1/services/{service}/instances/{instance}", body)
+        bind(f"{method} /v1/services/{{name}}/instances/{{id}}", path__name=service, path__id=instance)
+    bind("GET /v1/services/{name}/pick", path__name=f"fx{run}-svc")
+    for method in ["GET", "DELETE"]:
         names = [f"fx{run}-set-{method.lower()}-{n}" for n in "ab"]
         taken = call(base, "POST", "/v1/lock-sets?wait=0", {"locks": names, "lease": lease()})
         bind(f"{method} /v1/lock-sets/{{set}}", path__set=taken["set"])

@@ -38,6 +38,10 @@ enum Format {
     PositiveDuration(Option<std::time::Duration>),
     /// A duration, zero or more, at most so long (a revocation's `grace`).
     DurationUpTo(std::time::Duration),
+    /// A service instance's address: no control characters, at most 253 bytes.
+    Address,
+    /// A URI template: text, and names in braces.
+    UriTemplate,
     /// A UTC time in RFC 3339 (`2026-11-23T10:00:00Z`), days of a month up to the 28th in the
     /// pattern (the server takes every valid date).
     Timestamp,
@@ -91,6 +95,10 @@ fn schema_of(format: Format) -> Schema {
         Format::Duration => string(crate::time::DURATION_PATTERN.into()),
         Format::PositiveDuration(max) => string(crate::time::positive_duration_pattern(max)),
         Format::DurationUpTo(max) => string(crate::time::duration_pattern_up_to(max)),
+        Format::Address => string(r"^[^\x00-\x1f\x7f-\x9f]+$".into())
+            .min_length(Some(1))
+            .max_length(Some(super::services::MAX_ADDRESS)),
+        Format::UriTemplate => string(r"^([^{}]|\{[^{}]+\})*$".into()),
         Format::Timestamp => string(
             "^(19[7-9][0-9]|[2-9][0-9]{3})-(0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,9})?Z$"
                 .into(),
@@ -136,6 +144,8 @@ fn body_format(schema: &str, property: &str) -> Option<Format> {
         (_, "ttl") => Some(Format::PositiveDuration(None)),
         ("CreateTxn", "deadline") => Some(Format::PositiveDuration(Some(MAX_TXN_DEADLINE))),
         ("RevokeBody", "grace") => Some(Format::DurationUpTo(MAX_GRACE)),
+        ("InstanceBody", "address") => Some(Format::Address),
+        ("InstanceBody", "uri_spec") => Some(Format::UriTemplate),
         _ => None,
     }
 }

@@ -59,17 +59,18 @@ fn source(state: &AppState, name: &str) -> ServiceTopic {
 }
 
 /// Longest address accepted (a DNS name is at most 253 bytes).
-const MAX_ADDRESS: usize = 253;
+pub(crate) const MAX_ADDRESS: usize = 253;
 
 /// Body of a registration.
 #[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct RegisterBody {
+pub struct InstanceBody {
     /// Where the instance listens: a host name or an IP address.
     #[schema(example = "10.0.0.5", min_length = 1, max_length = 253)]
     pub address: String,
-    #[schema(example = 8080)]
+    #[schema(example = 8080, minimum = 0, maximum = 65535)]
     pub port: Option<u16>,
+    #[schema(minimum = 0, maximum = 65535)]
     pub ssl_port: Option<u16>,
     /// Anything the instance publishes (JSON): a zone, a weight, a version...
     #[schema(example = json!({"zone": "eu-1"}))]
@@ -101,7 +102,7 @@ pub struct Registered {
 #[into_params(parameter_in = Query)]
 pub struct PickQuery {
     /// `random` (default) or `round-robin`.
-    #[param(value_type = Option<String>, example = "round-robin")]
+    #[param(value_type = Option<Strategy>, example = "round-robin")]
     pub strategy: Option<Strategy>,
 }
 
@@ -132,7 +133,7 @@ fn registered(node: &BoundNode) -> Registered {
 /// answers 409.
 #[utoipa::path(put, path = "/v1/services/{name}/instances/{id}", tag = "services",
     params(("name" = String, Path, description = "Service name"), ("id" = String, Path, description = "Instance id, unique in the service")),
-    request_body(content = RegisterBody, example = json!({"address": "10.0.0.5", "port": 8080, "payload": {"zone": "eu-1"}, "uri_spec": "{scheme}://{address}:{port}", "ttl": "30s"})),
+    request_body(content = InstanceBody, example = json!({"address": "10.0.0.5", "port": 8080, "payload": {"zone": "eu-1"}, "uri_spec": "{scheme}://{address}:{port}", "ttl": "30s"})),
     responses(
         (status = 201, description = "Registered", body = Registered),
         (status = 200, description = "Already registered with this lease", body = Registered),
@@ -142,14 +143,17 @@ pub async fn register(
     State(state): State<AppState>,
     caller: Caller,
     ApiPath((service, id)): ApiPath<(String, String)>,
-    ApiJson(body): ApiJson<RegisterBody>,
+    ApiJson(body): ApiJson<InstanceBody>,
 ) -> Result<Response, ApiError> {
     names(&service, &id)?;
-    if body.address.is_empty() || body.address.len() > MAX_ADDRESS || body.address.chars().any(char::is_control) {
+    if body.address.is_empty()
+        || body.address.chars().count() > MAX_ADDRESS
+        || body.address.chars().any(char::is_control)
+    {
         return Err(ApiError::invalid(
             Place::Body,
             "address",
-            format!("must be 1 to {MAX_ADDRESS} bytes without control characters"),
+            format!("must be 1 to {MAX_ADDRESS} characters, none of them control characters"),
         ));
     }
     let uri_spec = match &body.uri_spec {
