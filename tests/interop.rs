@@ -54,6 +54,11 @@ impl Peer {
         Peer::java("CuratorDiscovery", &[connect, base]).await
     }
 
+    /// A producer on Curator's `DistributedDelayQueue` at `path`.
+    async fn curator_delay_queue(connect: &str, path: &str) -> Peer {
+        Peer::java("CuratorDelayQueue", &[connect, path]).await
+    }
+
     /// Runs `tests/interop/<class>.java` (Java's source launcher: no compile step) on the
     /// Curator class path.
     async fn java(class: &str, args: &[&str]) -> Peer {
@@ -544,5 +549,36 @@ async fn http_and_curator_discovery_see_each_others_instances() {
             e["state"]["instances"] == serde_json::json!([])
         })
         .await;
+    curator.quit().await;
+}
+
+/// Delayed items: a JVM service schedules work with Curator's `DistributedDelayQueue` (on the
+/// queue's `items`, where its names are the ones zkgate writes), and HTTP workers take each
+/// item no earlier than its time, the earliest due first.
+#[tokio::test]
+async fn items_a_curator_delay_queue_schedules_are_taken_over_http_no_earlier_than_their_time() {
+    let zk = zookeeper().await;
+    let connect = zk.connect_string();
+    let gate = Gate::start(&connect).await;
+    let mut curator = Peer::curator_delay_queue(&connect, "/zkgate/queues/jobs/items").await;
+    let due = |reply: String| -> i64 {
+        reply
+            .strip_prefix("PUT ")
+            .and_then(|ms| ms.parse().ok())
+            .unwrap_or_else(|| panic!("{reply}"))
+    };
+    let later = due(curator.send("put later 1500").await);
+    let sooner = due(curator.send("put sooner 300").await);
+    for (expected, at) in [("sooner", sooner), ("later", later)] {
+        let taken = gate.post("/v1/queues/jobs/take?wait=20s&mode=at-most-once", None).await;
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock")
+            .as_millis() as i64;
+        assert_eq!(taken.status, StatusCode::OK, "{taken:?}");
+        // Curator's serializer wrote raw UTF-8: zkgate shows it as text.
+        assert_eq!(taken.body["text"], expected, "{taken:?}");
+        assert!(now >= at, "`{expected}` taken {} ms before its time", at - now);
+    }
     curator.quit().await;
 }

@@ -195,10 +195,11 @@ impl Envelope {
                 charge: None,
             };
         }
-        // An item another client put: its bytes as they are.
+        // An item another client put: its bytes as they are (the one item of a message Curator's
+        // queues framed).
         Envelope {
             content_type: "application/octet-stream".into(),
-            body: data.to_vec(),
+            body: curator_item(data).unwrap_or(data).to_vec(),
             put_at_ms: 0,
             deliveries: 0,
             charge: None,
@@ -240,6 +241,16 @@ impl Envelope {
             )),
         }
     }
+}
+
+/// The item of a message framed as Curator's queues frame them (`ItemSerializer`: the version
+/// `0x00010001`; for each item the opcode 1, its length, 4 bytes big-endian, and its bytes;
+/// then the opcode 2), when it holds exactly one. `None` for anything else.
+fn curator_item(data: &[u8]) -> Option<&[u8]> {
+    let rest = data.strip_prefix(&[0, 1, 0, 1])?.strip_prefix(&[1])?;
+    let length = u32::from_be_bytes(rest.get(..4)?.try_into().ok()?) as usize;
+    let item = rest.get(4..4usize.checked_add(length)?)?;
+    (rest.get(4 + length..)? == [2]).then_some(item)
 }
 
 /// Paths of a queue.
@@ -813,6 +824,17 @@ mod tests {
                 "queue-900000000002"
             ]
         );
+    }
+
+    #[test]
+    fn an_item_curator_framed_is_its_bytes() {
+        let framed = b"\0\x01\0\x01\x01\0\0\0\x06sooner\x02";
+        assert_eq!(Envelope::parse(framed).body, b"sooner");
+        // Two items in one message, or a frame that does not add up: the bytes as they are.
+        let two = b"\0\x01\0\x01\x01\0\0\0\x01a\x01\0\0\0\x01b\x02";
+        assert_eq!(Envelope::parse(two).body, two);
+        let short = b"\0\x01\0\x01\x01\0\0\0\x09sooner\x02";
+        assert_eq!(Envelope::parse(short).body, short);
     }
 
     #[test]
