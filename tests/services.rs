@@ -68,6 +68,23 @@ async fn instances_are_registered_listed_picked_and_gone_with_their_lease() {
     assert_eq!(stored["zkgate"]["lease"], json!(lease));
     assert_ne!(stat.ephemeral_owner, 0, "ephemeral");
 
+    // Counted (the tests of this binary run in processes of their own).
+    let metrics = gate
+        .http
+        .get(format!("{}/metrics", gate.url))
+        .send()
+        .await
+        .expect("GET /metrics")
+        .text()
+        .await
+        .expect("text");
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l == "zkgate_service_registrations_total{service=\"billing\"} 2"),
+        "{metrics}"
+    );
+
     // Round-robin takes each in turn; random picks one of them.
     let picks: Vec<String> = round_robin_picks(&gate, 4).await;
     assert_eq!(

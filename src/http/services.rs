@@ -190,6 +190,10 @@ pub async fn register(
     // Its data is charged to the caller, on the instance's session (as a group member's).
     let bound = super::groups::bind_charged(&state, &caller, &state.services, &lease, (&service, &id), data).await;
     let node = bound.map_err(|err| err.unwrap_or_else(|| taken(&service, &id)))?;
+    let m = crate::metrics::get();
+    m.service_registrations
+        .with_label_values(&[m.name(crate::metrics::SERVICE, &service)])
+        .inc();
     Ok((StatusCode::CREATED, Json(registered(&node))).into_response())
 }
 

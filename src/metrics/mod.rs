@@ -72,6 +72,7 @@ pub struct Metrics {
     pub janitor_passes: IntCounter,
     pub janitor_active: IntGauge,
     pub counter_writes: IntCounterVec,
+    pub service_registrations: IntCounterVec,
     pub counter_conflicts: IntCounterVec,
     pub leases_created: IntCounter,
     pub leases_ended: IntCounterVec,
@@ -218,6 +219,12 @@ impl Metrics {
                 "zkgate_lock_sets_total",
                 "Lock set acquires (outcome: granted, refused: one lock was not granted and the set took nothing).",
                 &["outcome"],
+            ),
+            service_registrations: counter(
+                &r,
+                "zkgate_service_registrations_total",
+                "Service instances registered through this instance.",
+                &["service"],
             ),
             counter_writes: counter(
                 &r,
@@ -374,6 +381,10 @@ impl Metrics {
                 }
                 continue;
             }
+            if *kind == SERVICE {
+                let _ = self.service_registrations.remove_label_values(&[name]);
+                continue;
+            }
             if *kind == COUNTER {
                 for op in COUNTER_OPS {
                     let _ = self.counter_writes.remove_label_values(&[name, op]);
@@ -407,6 +418,7 @@ pub const NAMES_PER_KIND: usize = 100;
 pub const QUEUE: &str = "queue";
 pub const ELECTION: &str = "election";
 pub const COUNTER: &str = "counter";
+pub const SERVICE: &str = "service";
 
 /// The values of `zkgate_counter_writes_total`'s `op`.
 pub const COUNTER_OPS: [&str; 3] = ["add", "set", "delete"];
@@ -524,6 +536,7 @@ mod tests {
         assert_eq!(crate::kind::Kind::Queue.label(), QUEUE);
         assert_eq!(crate::kind::Kind::Election.label(), ELECTION);
         assert_eq!(crate::kind::Kind::Counter.label(), COUNTER);
+        assert_eq!(crate::kind::Kind::Service.label(), SERVICE);
     }
 
     #[test]

@@ -73,6 +73,10 @@ try {
   const taken = await api("POST", "/v1/queues/jobs/take?wait=0&ack_deadline=60s");
   expect(taken.status === 200, "take: " + taken.status);
   await until(`${queueRow} td.depth`, "2");
+  // A delayed item says when it comes due.
+  expect((await api("POST", "/v1/queues/later/items?delay=10m", { n: 1 })).status === 201, "delayed put");
+  await page.waitForFunction(() => /next due in \d+ min/.test(document.querySelector('#queues tr[data-name="later"] td.depth')?.textContent || ""), null, { timeout: 15000 })
+    .catch(() => { throw new Error("the delayed item's due time is not shown"); });
 
   // The holder releases: the next waiter holds, one waits.
   const released = await api("DELETE", `/v1/locks/orders/handles/${held.json.handle}`);
