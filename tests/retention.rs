@@ -149,26 +149,46 @@ async fn after_churn_zookeeper_holds_its_baseline_plus_what_is_live() {
         .await;
     }
     let churned = started.elapsed();
+    // Every creation and deletion from here on is an event (set before the count is read, so
+    // none is missed): the test follows the count by them, and reads ZooKeeper's own count
+    // when they say it should be down.
+    let mut events = client
+        .watch("/", zookeeper_client::AddWatchMode::PersistentRecursive)
+        .await
+        .expect("a recursive watch");
     let peak = znode_count(port).await;
 
     // ZooKeeper's containers and the janitor take it back down to the baseline and the live
-    // resources (counted from their subtrees). ZooKeeper has no event for a count, so the
-    // count is read until it is down, with a bound on the wait.
+    // resources (counted from their subtrees).
     let settled = Instant::now();
     let mut now = peak;
+    let mut expected = peak;
     // (Past the bound, what is left behind is named below.)
-    let deadline = Instant::now() + Duration::from_secs(180);
-    while Instant::now() < deadline {
-        now = znode_count(port).await;
-        let mut live = 0;
-        for prefix in LIVE {
-            live += tree(&client, prefix).await.len() as u64;
+    let _ = tokio::time::timeout(Duration::from_secs(180), async {
+        loop {
+            let mut live = 0;
+            for prefix in LIVE {
+                live += tree(&client, prefix).await.len() as u64;
+            }
+            if expected <= baseline + live {
+                now = znode_count(port).await;
+                if now <= baseline + live {
+                    return;
+                }
+                expected = now;
+            }
+            // Counted from the events until they say it is down (events between the watch
+            // and the first count may be counted twice: that only makes the count read early).
+            while expected > baseline + live {
+                match events.changed().await.event_type {
+                    zookeeper_client::EventType::NodeCreated => expected += 1,
+                    zookeeper_client::EventType::NodeDeleted => expected = expected.saturating_sub(1),
+                    _ => {}
+                }
+            }
         }
-        if now <= baseline + live {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    })
+    .await;
     let after: BTreeSet<String> = tree(&client, "/").await.into_keys().collect();
     let extra: Vec<&String> = after.difference(&baseline_tree).collect();
     let live = |path: &str| LIVE.iter().any(|prefix| path.starts_with(prefix));

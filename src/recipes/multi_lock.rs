@@ -85,15 +85,6 @@ impl LockSets {
     pub fn remove(&self, id: &str) -> Option<Arc<LockSet>> {
         self.lock().sets.remove(id)
     }
-
-    /// How many sets are remembered now.
-    pub fn len(&self) -> usize {
-        self.lock().sets.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }
 
 #[cfg(test)]
