@@ -154,9 +154,10 @@ impl AppState {
         let queues = Queues::new(
             zk.clone(),
             &config.root,
-            barrier_watches.clone(),
             instance.id.clone(),
             quotas.clone(),
+            config.event_linger,
+            config.max_lingering_topics,
         );
         let events = Events::new(
             zk.clone(),

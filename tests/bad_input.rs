@@ -47,6 +47,8 @@ async fn bad_names_bodies_and_handles_are_refused_and_change_nothing() {
     let body_with_lease = format!(r#"{{"lease":"{lease}","ttl":"1s"}}"#);
     let acquire_long = format!("/v1/locks/{long_name}/acquire");
     let wrong_lock = format!("/v1/locks/other/handles/{handle}");
+    let too_many_claims =
+        serde_json::json!({ "claims": (0..101).map(|n| format!("c{n}")).collect::<Vec<_>>() }).to_string();
     let sixty_five = serde_json::json!({ "locks": (0..65).map(|n| format!("l{n}")).collect::<Vec<_>>() }).to_string();
     #[rustfmt::skip]
     let cases: Vec<Case> = vec![
@@ -188,6 +190,16 @@ async fn bad_names_bodies_and_handles_are_refused_and_change_nothing() {
         ("POST", "/v1/queues/q/take?mode=sometimes", vec![], b"", StatusCode::BAD_REQUEST, Some("mode")),
         ("POST", "/v1/queues/q/take?mode=at-most-once&ack_deadline=1s", vec![], b"", StatusCode::BAD_REQUEST, Some("ack_deadline")),
         ("POST", "/v1/queues/q/take?ack_deadline=0", vec![], b"", StatusCode::BAD_REQUEST, Some("ack_deadline")),
+        ("POST", "/v1/queues/q/take?max_items=0", vec![], b"", StatusCode::BAD_REQUEST, Some("max_items")),
+        ("POST", "/v1/queues/q/take?max_items=101", vec![], b"", StatusCode::BAD_REQUEST, Some("max_items")),
+        ("POST", "/v1/queues/q/take?max_items=some", vec![], b"", StatusCode::BAD_REQUEST, Some("max_items")),
+        ("POST", "/v1/queues/q/claims/ack", vec![("Content-Type", "application/json")], br#"{"claims": []}"#, StatusCode::BAD_REQUEST, Some("claims")),
+        ("POST", "/v1/queues/q/claims/ack", vec![("Content-Type", "application/json")], too_many_claims.as_bytes(), StatusCode::BAD_REQUEST, Some("claims")),
+        ("POST", "/v1/queues/q/claims/ack", vec![("Content-Type", "application/json")], br#"{"claims": ["a/b"]}"#, StatusCode::BAD_REQUEST, Some("claims")),
+        ("POST", "/v1/queues/q/claims/ack", vec![("Content-Type", "application/json")], br#"{"claims": ["nope", "nope"]}"#, StatusCode::BAD_REQUEST, Some("claims")),
+        ("POST", "/v1/queues/q/claims/ack", vec![("Content-Type", "application/json")], br#"{"claims": ["nope"]}"#, StatusCode::BAD_REQUEST, Some("claims")),
+        ("POST", "/v1/queues/q/claims/ack", vec![("Content-Type", "application/json")], br#"{"claims": "nope"}"#, StatusCode::BAD_REQUEST, None),
+        ("POST", "/v1/queues/q/claims/ack", vec![("Content-Type", "application/json")], br#"{"claims": ["nope"], "all": true}"#, StatusCode::BAD_REQUEST, None),
         ("POST", "/v1/queues/q/claims/nope/ack", vec![], b"", StatusCode::GONE, None),
         ("POST", "/v1/queues/q/claims/nope/nack", vec![], b"", StatusCode::GONE, None),
         ("POST", "/v1/queues/q/dead-letters/nope/replay", vec![], b"", StatusCode::NOT_FOUND, None),

@@ -595,3 +595,179 @@ async fn delayed_items_keep_their_priority_and_a_nacked_one_comes_back_at_once()
         "{again:?}"
     );
 }
+
+/// `max_items` claims several items in one take, in queue order; a batch ack removes those
+/// still held in one call and says which were not; asking again answers the same.
+#[tokio::test]
+async fn a_batch_take_claims_items_in_order_and_a_batch_ack_settles_each() {
+    let zk = zookeeper().await;
+    let gate = Gate::start(&zk.connect_string()).await;
+    for n in 0..25 {
+        assert_eq!(
+            put(&gate, "batch", "", json!({ "n": n })).await.status,
+            StatusCode::CREATED
+        );
+    }
+    let taken = take(&gate, "batch", "wait=0&max_items=10&ack_deadline=60s").await;
+    assert_eq!(taken.status, StatusCode::OK, "{taken:?}");
+    let items = taken.body["items"].as_array().expect("a batch").clone();
+    let numbers: Vec<u64> = items.iter().map(|i| i["body"]["n"].as_u64().expect("n")).collect();
+    assert_eq!(numbers, (0..10).collect::<Vec<_>>(), "the first ten, in order");
+    let claims: Vec<String> = items
+        .iter()
+        .map(|i| i["claim"].as_str().expect("claim").to_string())
+        .collect();
+    assert_eq!(claims.iter().collect::<BTreeSet<_>>().len(), 10, "a claim each");
+    assert_eq!(gate.get("/v1/queues/batch").await.body["in_flight"], 10);
+
+    // One given back first: the batch acknowledges the other nine and says so of that one.
+    let nacked = gate
+        .post(&format!("/v1/queues/batch/claims/{}/nack", claims[3]), None)
+        .await;
+    assert_eq!(nacked.status, StatusCode::NO_CONTENT);
+    let acked = gate
+        .post("/v1/queues/batch/claims/ack", Some(json!({ "claims": claims })))
+        .await;
+    assert_eq!(acked.status, StatusCode::OK, "{acked:?}");
+    let mut expected: Vec<String> = claims.clone();
+    let lost = expected.remove(3);
+    let mut said: Vec<String> = serde_json::from_value(acked.body["acked"].clone()).expect("acked");
+    said.sort();
+    expected.sort();
+    assert_eq!(said, expected);
+    assert_eq!(acked.body["lost"][0]["claim"], lost.as_str());
+    assert!(
+        acked.body["lost"][0]["detail"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("given back"),
+        "{acked:?}"
+    );
+    let state = gate.get("/v1/queues/batch").await;
+    assert_eq!(
+        (state.body["depth"].as_u64(), state.body["in_flight"].as_u64()),
+        (Some(16), Some(0))
+    );
+
+    // A retry after a lost reply: the same answer, nothing else removed.
+    let again = gate
+        .post("/v1/queues/batch/claims/ack", Some(json!({ "claims": claims })))
+        .await;
+    assert_eq!(again.body["acked"].as_array().map(Vec::len), Some(9), "{again:?}");
+    assert_eq!(gate.get("/v1/queues/batch").await.body["depth"], 16);
+
+    // The rest in batches: the given-back item first (it is first in order), then the others.
+    let mut rest = Vec::new();
+    loop {
+        let taken = take(&gate, "batch", "wait=0&max_items=7&mode=at-most-once").await;
+        if taken.status == StatusCode::NO_CONTENT {
+            break;
+        }
+        let items = taken.body["items"].as_array().expect("a batch").clone();
+        assert!((1..=7).contains(&items.len()), "{taken:?}");
+        rest.extend(items.iter().map(|i| i["body"]["n"].as_u64().expect("n")));
+    }
+    let mut expected_rest = vec![3];
+    expected_rest.extend(10..25);
+    assert_eq!(rest, expected_rest);
+}
+
+/// A take with no wait right after a put gets that item, every time: the answer "nothing" is
+/// only given once the instance's view of the queue has caught up with ZooKeeper.
+#[tokio::test]
+async fn a_put_item_is_taken_by_the_next_take_without_wait_every_time() {
+    let zk = zookeeper().await;
+    let gate = Gate::start(&zk.connect_string()).await;
+    for n in 0..300 {
+        assert_eq!(
+            put(&gate, "next", "", json!({ "n": n })).await.status,
+            StatusCode::CREATED
+        );
+        let taken = take(&gate, "next", "wait=0&mode=at-most-once").await;
+        assert_eq!(
+            (taken.status, taken.body["body"]["n"].as_u64()),
+            (StatusCode::OK, Some(n)),
+            "take {n}: {taken:?}"
+        );
+    }
+    // Put by another ZooKeeper client (a kazoo or Curator producer): the same.
+    let producer = common::zk_client(&zk.connect_string()).await;
+    let sequential = zookeeper_client::CreateMode::PersistentSequential.with_acls(zookeeper_client::Acls::anyone_all());
+    for n in 0..300 {
+        producer
+            .create(
+                "/zkgate/queues/next/items/queue-",
+                n.to_string().as_bytes(),
+                &sequential,
+            )
+            .await
+            .expect("create an item");
+        let taken = take(&gate, "next", "wait=0&mode=at-most-once").await;
+        assert_eq!(
+            (taken.status, taken.body["text"].as_str()),
+            (StatusCode::OK, Some(n.to_string().as_str())),
+            "take {n}: {taken:?}"
+        );
+    }
+}
+
+/// Taking and acknowledging an item costs ZooKeeper three requests, however many items wait:
+/// the takers on an instance share one watched view of the queue instead of each listing it,
+/// read only the items they claim, and an acknowledgement needs no read.
+#[tokio::test]
+async fn taking_an_item_reads_only_that_item_however_long_the_queue() {
+    let zk = zookeeper().await;
+    let gate = Gate::start(&zk.connect_string()).await;
+    let port = zk.client_port();
+    for n in 0..2000 {
+        let put = gate.post("/v1/queues/long/items", Some(json!({ "n": n }))).await;
+        assert_eq!(put.status, StatusCode::CREATED);
+    }
+    // The view is made (one listing) by the first take.
+    let first = take(&gate, "long", "wait=0&ack_deadline=60s").await;
+    let ack = gate
+        .post(&format!("/v1/queues/long/claims/{}/ack", first.str("claim")), None)
+        .await;
+    assert_eq!(ack.status, StatusCode::NO_CONTENT);
+    let before = common::packets_received(port).await;
+    const ITEMS: u64 = 200;
+    for n in 1..=ITEMS {
+        let taken = take(&gate, "long", "wait=0&ack_deadline=60s").await;
+        assert_eq!(taken.body["body"]["n"].as_u64(), Some(n), "{taken:?}");
+        let ack = gate
+            .post(&format!("/v1/queues/long/claims/{}/ack", taken.str("claim")), None)
+            .await;
+        assert_eq!(ack.status, StatusCode::NO_CONTENT);
+    }
+    // The `mntr` request itself and session pings come on top: allow half a request an item.
+    let per_item = (common::packets_received(port).await - before) as f64 / ITEMS as f64;
+    assert!(per_item < 3.5, "{per_item:.2} ZooKeeper requests per take + ack");
+    assert_eq!(gate.get("/v1/queues/long").await.body["depth"], 2000 - 1 - ITEMS);
+}
+
+/// Each queue taken from keeps a view (and a ZooKeeper watch) on the instance a while after its
+/// last taker; past the instance's bound on lingering topics, a view goes with its last taker.
+#[tokio::test]
+async fn views_of_queues_nobody_takes_from_are_bounded() {
+    let zk = zookeeper().await;
+    let mut config = common::test_config(&zk.connect_string());
+    config.max_lingering_topics = 2;
+    let gate = Gate::start_with(config).await;
+    for q in 0..12 {
+        let taken = take(&gate, &format!("idle-{q}"), "wait=0").await;
+        assert_eq!(taken.status, StatusCode::NO_CONTENT);
+    }
+    within(Duration::from_secs(10), "views past the bound to go", async {
+        while gate.running.state.queues.shelves() > 2 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    // The lingering ones still serve (and a new taker revives nothing it need not).
+    assert_eq!(
+        put(&gate, "idle-11", "", json!({ "n": 1 })).await.status,
+        StatusCode::CREATED
+    );
+    let taken = take(&gate, "idle-11", "wait=0&mode=at-most-once").await;
+    assert_eq!(taken.body["body"]["n"], 1, "{taken:?}");
+}

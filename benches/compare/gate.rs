@@ -37,6 +37,15 @@ impl Zkgate {
                 "1000000",
                 "--queue-max-depth",
                 "1000000",
+                // The put workload stores more items than one principal may by default.
+                "--quota-bytes",
+                "0",
+                "--quota-znodes",
+                "0",
+                "--quota-bytes-per-principal",
+                "0",
+                "--quota-znodes-per-principal",
+                "0",
             ],
         );
         let http = super::http_client();
@@ -149,13 +158,14 @@ impl Zkgate {
         .await
     }
 
-    /// `items` items put first, then taken at least once and acked by `consumers` clients:
+    /// `items` items put first, then taken at least once and acked by `consumers` clients,
+    /// `batch` at a time (`max_items` and one batch ack; 1: one take and one ack per item):
     /// items per second of the take + ack phase.
-    pub async fn queue_take_ack(self: &Arc<Self>, consumers: usize, items: usize) -> f64 {
-        let queue = "bench-take";
+    pub async fn queue_take_ack(self: &Arc<Self>, consumers: usize, items: usize, batch: usize) -> f64 {
+        let queue = format!("bench-take-{batch}");
         let fill: Vec<_> = (0..consumers)
             .map(|c| {
-                let gate = self.clone();
+                let (gate, queue) = (self.clone(), queue.clone());
                 tokio::spawn(async move {
                     for n in (c..items).step_by(consumers) {
                         let path = format!("/v1/queues/{queue}/items");
@@ -172,20 +182,43 @@ impl Zkgate {
         let start = Instant::now();
         let tasks: Vec<_> = (0..consumers)
             .map(|_| {
-                let (gate, taken) = (self.clone(), taken.clone());
+                let (gate, taken, queue) = (self.clone(), taken.clone(), queue.clone());
                 tokio::spawn(async move {
                     loop {
-                        let path = format!("/v1/queues/{queue}/take?wait=0&ack_deadline=60s");
+                        if batch == 1 {
+                            let path = format!("/v1/queues/{queue}/take?wait=0&ack_deadline=60s");
+                            let (status, body) = gate.call(reqwest::Method::POST, &path, None).await;
+                            if status == 204 {
+                                return;
+                            }
+                            assert_eq!(status, 200, "{body}");
+                            let claim = body["claim"].as_str().expect("claim");
+                            let ack = format!("/v1/queues/{queue}/claims/{claim}/ack");
+                            let (status, _) = gate.call(reqwest::Method::POST, &ack, None).await;
+                            assert_eq!(status, 204);
+                            taken.fetch_add(1, Ordering::Relaxed);
+                            continue;
+                        }
+                        let path = format!("/v1/queues/{queue}/take?wait=0&ack_deadline=60s&max_items={batch}");
                         let (status, body) = gate.call(reqwest::Method::POST, &path, None).await;
                         if status == 204 {
                             return;
                         }
                         assert_eq!(status, 200, "{body}");
-                        let claim = body["claim"].as_str().expect("claim");
-                        let ack = format!("/v1/queues/{queue}/claims/{claim}/ack");
-                        let (status, _) = gate.call(reqwest::Method::POST, &ack, None).await;
-                        assert_eq!(status, 204);
-                        taken.fetch_add(1, Ordering::Relaxed);
+                        let claims: Vec<Value> = body["items"]
+                            .as_array()
+                            .expect("a batch")
+                            .iter()
+                            .map(|item| item["claim"].clone())
+                            .collect();
+                        let ack = format!("/v1/queues/{queue}/claims/ack");
+                        let (status, answer) = gate
+                            .call(reqwest::Method::POST, &ack, Some(json!({ "claims": claims })))
+                            .await;
+                        assert_eq!(status, 200, "{answer}");
+                        let acked = answer["acked"].as_array().map_or(0, Vec::len);
+                        assert_eq!(acked, claims.len(), "every claim acknowledged: {answer}");
+                        taken.fetch_add(acked, Ordering::Relaxed);
                     }
                 })
             })

@@ -242,10 +242,21 @@ async fn run() {
         Row {
             workload: "queue take + ack (at least once), 32 consumers: items per second".into(),
             floor: Figure::Absent("n/a"),
-            zkgate: Figure::Rate(gate.queue_take_ack(32, sizes.items).await),
+            zkgate: Figure::Rate(gate.queue_take_ack(32, sizes.items, 1).await),
             kazoo: kazoo
                 .as_ref()
                 .map_or_else(no_kazoo, |k| Figure::Rate(k.queue_take(32, sizes.items))),
+            etcd: Figure::Absent("no queue API"),
+        },
+    );
+    push(
+        &mut rows,
+        Row {
+            workload: "queue take + ack in batches of 10 (`max_items`, batch ack), 32 consumers: items per second"
+                .into(),
+            floor: Figure::Absent("n/a"),
+            zkgate: Figure::Rate(gate.queue_take_ack(32, sizes.items, 10).await),
+            kazoo: Figure::Absent("no batches"),
             etcd: Figure::Absent("no queue API"),
         },
     );

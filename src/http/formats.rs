@@ -134,13 +134,14 @@ const BODY_NAMES: &[(&str, &str)] = &[
 ];
 
 /// The format of `property` of body schema `schema`: the names above, every `lease` and
-/// `handle` (ids zkgate issued), and the durations that must be above zero.
+/// `handle` and a batch's `claims` (ids zkgate issued), and the durations that must be above
+/// zero.
 fn body_format(schema: &str, property: &str) -> Option<Format> {
     if BODY_NAMES.contains(&(schema, property)) {
         return Some(Format::Name);
     }
     match (schema, property) {
-        (_, "lease" | "handle") => Some(Format::Id),
+        (_, "lease" | "handle") | ("AckBody", "claims") => Some(Format::Id),
         (_, "ttl") => Some(Format::PositiveDuration(None)),
         ("CreateTxn", "deadline") => Some(Format::PositiveDuration(Some(MAX_TXN_DEADLINE))),
         ("RevokeBody", "grace") => Some(Format::DurationUpTo(MAX_GRACE)),
@@ -168,8 +169,8 @@ pub fn document(spec: &mut OpenApi) {
                     set_format(field, format);
                 }
             }
-            // The server refuses a participant (or a set's lock) named twice.
-            for list in ["participants", "locks"] {
+            // The server refuses a participant (or a set's lock, or a claim) named twice.
+            for list in ["participants", "locks", "claims"] {
                 if let Some(RefOr::T(Schema::Array(items))) = object.properties.get_mut(list) {
                     items.unique_items = true;
                 }

@@ -85,6 +85,9 @@ pub async fn forward(State(state): State<AppState>, request: Request, next: Next
 /// name the instance as a lock's handle and body do.
 const LOCK_SETS: &str = "/v1/lock-sets";
 
+/// A batch of a queue's claims to acknowledge: served by the instance of its first claim.
+const CLAIMS_BATCH: &str = "/v1/queues/{name}/claims/ack";
+
 /// Whether a route's requests may be forwarded (for the spec): what [owner] may find an owner
 /// for.
 pub fn may_forward(template: &str, method: &Method) -> bool {
@@ -92,6 +95,9 @@ pub fn may_forward(template: &str, method: &Method) -> bool {
         .strip_prefix("/v1/")
         .and_then(|rest| rest.split('/').next())
         .and_then(Kind::from_segment);
+    if template == CLAIMS_BATCH {
+        return true;
+    }
     match kind {
         None if template.starts_with(LOCK_SETS) => true,
         None => template.starts_with("/v1/leases/{id}"),
@@ -124,7 +130,8 @@ async fn owner(
     if matches!(routed.kind, Some(Kind::Group | Kind::Service)) && parts.method == Method::DELETE {
         return Ok((member_owner(state, routed).await?, body));
     }
-    let names_lease = routed.kind.is_some_and(Kind::lease_in_body) || routed.is_under(LOCK_SETS);
+    let names_lease =
+        routed.kind.is_some_and(Kind::lease_in_body) || routed.is_under(LOCK_SETS) || routed.template == CLAIMS_BATCH;
     if names_lease && carries_json(parts) {
         // Small JSON bodies naming a lease: read here (within the body limit) and handed on.
         let bytes = axum::body::to_bytes(body, super::BODY_LIMIT_BYTES)
@@ -165,12 +172,15 @@ fn carries_json(parts: &Parts) -> bool {
 }
 
 /// The instance of the lease a JSON body names, or of the handle it names (a leader's
-/// proclamation names its candidate's handle).
+/// proclamation names its candidate's handle), or of the first claim of a batch of claims.
 fn lease_in_body(bytes: &Bytes) -> Option<String> {
     let value: serde_json::Value = serde_json::from_slice(bytes).ok()?;
+    let first_claim = value.get("claims").and_then(|claims| claims.get(0));
     ["lease", "handle"]
         .into_iter()
-        .find_map(|field| value.get(field)?.as_str().and_then(owner_of))
+        .filter_map(|field| value.get(field))
+        .chain(first_claim)
+        .find_map(|id| id.as_str().and_then(owner_of))
         .map(str::to_string)
 }
 

@@ -16,13 +16,13 @@ use utoipa_axum::routes;
 
 use super::consistency::Consistency;
 use super::error::{ApiError, Place, Problem, Problems, p};
-use super::extract::{ApiPath, ApiQuery};
+use super::extract::{ApiJson, ApiPath, ApiQuery};
 use super::{LockSummary, Resource, check_name, list, state_handler};
 use crate::AppState;
 use crate::auth::Caller;
 use crate::events::Feed;
 use crate::kind::Kind;
-use crate::recipes::queue::service::Claim;
+use crate::recipes::queue::service::{Claim, TakeOptions};
 use crate::recipes::queue::topic::{QueueState, QueueTopic};
 use crate::recipes::queue::{self, Envelope, Put, Shown, Taken};
 use crate::recipes::usage::Payer;
@@ -49,6 +49,7 @@ fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(items, put))
         .routes(routes!(take))
         .routes(routes!(ack))
+        .routes(routes!(ack_batch))
         .routes(routes!(nack))
         .routes(routes!(dead_letters))
         .routes(routes!(replay))
@@ -154,6 +155,53 @@ pub struct TakeQuery {
     /// How long a claim lasts without an ack (default 30s, at most 12h).
     #[param(value_type = Option<String>, example = "30s")]
     pub ack_deadline: Option<HumanDuration>,
+    /// Take up to this many items at once (1 to 100): the answer is then `{"items": [...]}`,
+    /// at least one item as soon as one is there (the wait does not wait for more). Without
+    /// it, the answer is one item itself.
+    #[param(minimum = 1, maximum = 100, example = 10)]
+    pub max_items: Option<usize>,
+}
+
+/// Most items one take claims, and most claims one batch acknowledges.
+pub const MAX_BATCH: usize = 100;
+
+/// What a take answers: one item, or with `max_items` a batch.
+#[derive(Serialize, utoipa::ToSchema)]
+#[serde(untagged)]
+pub enum TakeAnswer {
+    One(Box<Delivery>),
+    Batch(Deliveries),
+}
+
+/// Items taken at once (`max_items`), in queue order.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct Deliveries {
+    pub items: Vec<Delivery>,
+}
+
+/// Claims to acknowledge together.
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AckBody {
+    /// The claims (1 to 100), each from a take through the same instance.
+    #[schema(example = json!(["0badcafe-4f1e2d3c4b5a69788796a5b4c3d2e1f0", "0badcafe-0123456789abcdef0123456789abcdef"]), min_items = 1, max_items = 100)]
+    pub claims: Vec<String>,
+}
+
+/// What became of each claim of a batch.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct AckAnswer {
+    /// Acknowledged: their items are gone for good (a claim acknowledged before counts too).
+    pub acked: Vec<String>,
+    /// Not held any more: their items are (or will be) delivered again.
+    pub lost: Vec<LostClaim>,
+}
+
+/// A claim a batch could not acknowledge, and why.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct LostClaim {
+    pub claim: String,
+    pub detail: String,
 }
 
 /// A taken item.
@@ -357,7 +405,7 @@ pub async fn put(
 #[utoipa::path(post, path = "/v1/queues/{name}/take", tag = "queues",
     params(("name" = String, Path, description = "Queue name"), TakeQuery),
     responses(
-        (status = 200, description = "An item", body = Delivery),
+        (status = 200, description = "An item (with `max_items`, `{\"items\": [...]}`)", body = TakeAnswer),
         (status = 204, description = "No item within the wait"),
         Problems<(p::InvalidField, p::ZookeeperUnavailable)>,
     ))]
@@ -387,32 +435,48 @@ pub async fn take(
             Some(deadline)
         }
     };
+    let max_items = match query.max_items {
+        Some(n) if n == 0 || n > MAX_BATCH => {
+            return Err(ApiError::invalid(
+                Place::Query,
+                "max_items",
+                format!("must be from 1 to {MAX_BATCH}"),
+            ));
+        }
+        n => n,
+    };
     state.zk().current()?;
     let wait = state.config.wait(query.wait.map(|w| w.0));
+    let options = TakeOptions {
+        ack_deadline,
+        max_deliveries: state.config.queue_max_deliveries,
+        max_items: max_items.unwrap_or(1),
+        max_bytes: state.config.max_value_bytes,
+    };
     let taken = state
         .queues
-        .take(
-            &name,
-            caller.name(),
-            ack_deadline,
-            state.config.queue_max_deliveries,
-            Instant::now() + wait,
-        )
+        .take(&name, caller.name(), options, Instant::now() + wait)
         .await?;
-    match taken {
-        None => Ok(StatusCode::NO_CONTENT.into_response()),
-        Some((taken, claim)) => {
-            let m = crate::metrics::get();
-            let [at_least_once, at_most_once] = crate::metrics::QUEUE_MODES;
-            let mode = if claim.is_some() { at_least_once } else { at_most_once };
-            let label = m.queue(&name);
-            m.queue_takes.with_label_values(&[label, mode]).inc();
-            if taken.envelope.deliveries > 1 {
-                m.queue_redeliveries.with_label_values(&[label]).inc();
-            }
-            Ok(Json(delivery(&name, taken, claim.as_ref())).into_response())
-        }
+    if taken.is_empty() {
+        return Ok(StatusCode::NO_CONTENT.into_response());
     }
+    let m = crate::metrics::get();
+    let [at_least_once, at_most_once] = crate::metrics::QUEUE_MODES;
+    let label = m.queue(&name);
+    let mut items: Vec<Delivery> = Vec::with_capacity(taken.len());
+    for (taken, claim) in taken {
+        let mode = if claim.is_some() { at_least_once } else { at_most_once };
+        m.queue_takes.with_label_values(&[label, mode]).inc();
+        if taken.envelope.deliveries > 1 {
+            m.queue_redeliveries.with_label_values(&[label]).inc();
+        }
+        items.push(delivery(&name, taken, claim.as_ref()));
+    }
+    let answer = match max_items {
+        Some(_) => TakeAnswer::Batch(Deliveries { items }),
+        None => TakeAnswer::One(Box::new(items.remove(0))),
+    };
+    Ok(Json(answer).into_response())
 }
 
 fn delivery(queue: &str, taken: Taken, claim: Option<&Claim>) -> Delivery {
@@ -489,15 +553,7 @@ pub async fn ack(
     let Some(held) = claim_for(&state, &caller, &name, &claim, true)? else {
         return Ok(StatusCode::NO_CONTENT);
     };
-    let client = state.zk().connected().await?.client;
-    let acked = queue::ack(
-        &client,
-        &state.quotas,
-        &state.queues.paths(&name),
-        &held.item,
-        &held.data,
-    )
-    .await?;
+    let acked = state.queues.ack(&name, std::slice::from_ref(&held)).await?[0];
     state.queues.forget(&claim);
     if acked {
         state.queues.settle(&claim, &held, true);
@@ -507,6 +563,87 @@ pub async fn ack(
     } else {
         Err(claim_lost(&claim))
     }
+}
+
+/// Acknowledges several claims of a queue at once (one ZooKeeper multi-op when they are all
+/// still held as claimed): each claim in `acked` or, with why, in `lost`. Claims must come
+/// from takes through one instance (a batch is served by the instance that issued its first
+/// claim); a claim acknowledged before is answered as acknowledged again.
+#[utoipa::path(post, path = "/v1/queues/{name}/claims/ack", tag = "queues",
+    params(("name" = String, Path, description = "Queue name")),
+    request_body = AckBody,
+    responses(
+        (status = 200, description = "What became of each claim", body = AckAnswer),
+        Problems<(p::InvalidField, p::MalformedBody, p::Forbidden, p::ZookeeperUnavailable)>,
+    ))]
+pub async fn ack_batch(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiPath(name): ApiPath<String>,
+    ApiJson(body): ApiJson<AckBody>,
+) -> Result<Json<AckAnswer>, ApiError> {
+    check_name(&name)?;
+    if body.claims.is_empty() || body.claims.len() > MAX_BATCH {
+        return Err(ApiError::invalid(
+            Place::Body,
+            "claims",
+            format!("must hold 1 to {MAX_BATCH} claims"),
+        ));
+    }
+    let mut seen = std::collections::HashSet::new();
+    for claim in &body.claims {
+        validate_name(claim).map_err(|e| ApiError::invalid(Place::Body, "claims", format!("`{claim}`: {e}")))?;
+        if !seen.insert(claim.as_str()) {
+            return Err(ApiError::invalid(
+                Place::Body,
+                "claims",
+                format!("`{claim}` is listed twice"),
+            ));
+        }
+        if crate::ids::owner_of(claim) != Some(&*state.instance.id) {
+            return Err(ApiError::invalid(
+                Place::Body,
+                "claims",
+                format!(
+                    "claim `{claim}` was not issued by this instance (`{}`), the batch's first claim's: acknowledge each instance's claims in a batch of their own",
+                    state.instance.id
+                ),
+            ));
+        }
+    }
+    // Every claim's owner is checked before anything is acknowledged.
+    let mut answer = AckAnswer {
+        acked: Vec::new(),
+        lost: Vec::new(),
+    };
+    let mut held = Vec::new();
+    for claim in body.claims {
+        match claim_for(&state, &caller, &name, &claim, true) {
+            Ok(Some(claim)) => held.push(claim),
+            Ok(None) => answer.acked.push(claim),
+            Err(err) if err.problem() == Problem::ClaimLost => answer.lost.push(LostClaim {
+                detail: err.detail().to_string(),
+                claim,
+            }),
+            Err(err) => return Err(err),
+        }
+    }
+    let acked = state.queues.ack(&name, &held).await?;
+    let m = crate::metrics::get();
+    for (claim, acked) in held.iter().zip(acked) {
+        state.queues.forget(&claim.id);
+        if acked {
+            state.queues.settle(&claim.id, claim, true);
+            m.queue_acks.with_label_values(&[m.queue(&name)]).inc();
+            answer.acked.push(claim.id.clone());
+        } else {
+            answer.lost.push(LostClaim {
+                claim: claim.id.clone(),
+                detail: claim_lost(&claim.id).detail().to_string(),
+            });
+        }
+    }
+    Ok(Json(answer))
 }
 
 /// Gives a claim back: the item is delivered again (its delivery count already counts this

@@ -72,7 +72,24 @@ pub async fn get_each(
     client: &zookeeper_client::Client,
     paths: &[String],
 ) -> Result<Vec<Option<(Vec<u8>, zookeeper_client::Stat)>>, ZkError> {
-    let chunks = paths.chunks(MULTI_READ_CHUNK).map(|chunk| {
+    get_each_of_size(client, paths, 0).await
+}
+
+/// The answer size a multi-read is kept under (`jute.maxbuffer` less room for the framing).
+const MULTI_READ_BYTES: usize = 1000 * 1024;
+
+/// [get_each] for nodes that may hold up to `max_bytes` each (0: small nodes): as many in one
+/// multi-read as stay within a packet together even at that size.
+pub async fn get_each_of_size(
+    client: &zookeeper_client::Client,
+    paths: &[String],
+    max_bytes: usize,
+) -> Result<Vec<Option<(Vec<u8>, zookeeper_client::Stat)>>, ZkError> {
+    let chunk = match max_bytes {
+        0 => MULTI_READ_CHUNK,
+        bytes => (MULTI_READ_BYTES / bytes).clamp(1, MULTI_READ_CHUNK),
+    };
+    let chunks = paths.chunks(chunk).map(|chunk| {
         retry_on_loss(move || {
             let mut reader = client.new_multi_reader();
             for path in chunk {

@@ -7,7 +7,8 @@
 
 use std::time::Duration;
 
-use zookeeper_client::{AddWatchMode, EventType, SessionState};
+use futures::FutureExt;
+use zookeeper_client::{AddWatchMode, Error as ZkError, EventType, PersistentWatcher, SessionState};
 
 use super::retry_on_loss;
 use super::session::ZkSession;
@@ -32,85 +33,200 @@ pub enum Change {
 /// Follows everything below `path` on `zk`'s sessions, handing each change to `emit`. Never
 /// returns: the caller drops it when nobody listens any more (which drops the watch).
 pub async fn follow(zk: &ZkSession, path: &str, mut emit: impl FnMut(Change)) {
-    let mut started = false;
-    let mut resync_reason: Option<&'static str> = None;
+    let mut follower = Follower::new(zk, path);
     loop {
-        let Ok(session) = zk.connected().await else {
+        emit(follower.next().await);
+    }
+}
+
+/// The watch of [follow], driven by its owner: [Follower::next] waits for the next change,
+/// [Follower::caught_up] collects what ZooKeeper has sent so far without waiting for more.
+///
+/// Both are cancel-safe: dropped while waiting, they lose no change (a watch set but not yet
+/// announced is dropped with the future and set again).
+pub struct Follower {
+    zk: ZkSession,
+    path: String,
+    /// The session's client and the watch on it, once announced.
+    current: Option<(zookeeper_client::Client, PersistentWatcher)>,
+    started: bool,
+    /// Why the next announcement is a resync, when a session ended.
+    resync_reason: Option<&'static str>,
+    /// The connection dropped: the next reconnection is a resync.
+    disconnected: bool,
+    /// Reconnected after a drop: the next change is a resync.
+    reconnected: bool,
+}
+
+/// What one event from the watch comes to.
+enum Seen {
+    Change(Change),
+    /// Nothing to tell (a disconnection, a children event).
+    Nothing,
+    /// Reconnected after a disconnection: resync.
+    Reconnected,
+    /// The session ended with the watch.
+    Ended,
+}
+
+impl Follower {
+    pub fn new(zk: &ZkSession, path: &str) -> Follower {
+        Follower {
+            zk: zk.clone(),
+            path: path.to_string(),
+            current: None,
+            started: false,
+            resync_reason: None,
+            disconnected: false,
+            reconnected: false,
+        }
+    }
+
+    /// The next change: first a [Change::Start], a [Change::Resync] after a reconnection or a
+    /// new session, otherwise each node's.
+    pub async fn next(&mut self) -> Change {
+        loop {
+            let Some((client, watcher)) = &mut self.current else {
+                if let Some(change) = self.watch().await {
+                    return change;
+                }
+                continue;
+            };
+            if self.reconnected {
+                // The flag is cleared only once the state is read: dropped before that, the
+                // next call reads it again.
+                let client = client.clone();
+                let exists = retry_on_loss(|| client.check_stat(&self.path)).await;
+                self.reconnected = false;
+                return Change::Resync {
+                    reason: "reconnected",
+                    exists: exists.map(|s| s.is_some()).unwrap_or(true),
+                };
+            }
+            let event = watcher.changed().await;
+            match self.see(event) {
+                Seen::Change(change) => return change,
+                Seen::Nothing => {}
+                Seen::Reconnected => self.reconnected = true,
+                Seen::Ended => self.end_session(),
+            }
+        }
+    }
+
+    /// Every change ZooKeeper sent before now: one read on the watch's session (ZooKeeper
+    /// sends a session its watch events before the reply to any later request, and the client
+    /// hands them on in that order), then every event that came before its reply. `Err` when
+    /// there is no watch (not started, or between sessions) or the read failed.
+    pub async fn caught_up(&mut self) -> Result<Vec<Change>, ZkError> {
+        let Some((client, _)) = &self.current else {
+            return Err(ZkError::ConnectionLoss);
+        };
+        let client = client.clone();
+        retry_on_loss(|| client.check_stat(&self.path)).await?;
+        let mut changes = Vec::new();
+        loop {
+            let Some((_, watcher)) = &mut self.current else {
+                return Err(ZkError::SessionExpired);
+            };
+            let Some(event) = watcher.changed().now_or_never() else {
+                return Ok(changes);
+            };
+            match self.see(event) {
+                Seen::Change(change) => changes.push(change),
+                Seen::Nothing => {}
+                // Changes may have been missed: [Self::next] resyncs first.
+                Seen::Reconnected => {
+                    self.reconnected = true;
+                    return Err(ZkError::ConnectionLoss);
+                }
+                Seen::Ended => {
+                    self.end_session();
+                    return Err(ZkError::SessionExpired);
+                }
+            }
+        }
+    }
+
+    fn end_session(&mut self) {
+        self.resync_reason = Some("session_expired");
+        self.current = None;
+        self.disconnected = false;
+        self.reconnected = false;
+    }
+
+    /// Sets the watch on the current session and reads the state: the announcement.
+    async fn watch(&mut self) -> Option<Change> {
+        let Ok(session) = self.zk.connected().await else {
             // No session: wait for the supervisor's next one. Whatever happens meanwhile is
             // lost to this watch, so the next state is a resync.
-            resync_reason.get_or_insert("session_expired");
-            let mut status = zk.subscribe();
+            self.resync_reason.get_or_insert("session_expired");
+            let mut status = self.zk.subscribe();
             if status.changed().await.is_err() {
                 return std::future::pending().await;
             }
-            continue;
+            return None;
         };
         // The watch first, then the state: a change in between is both in the state and an
         // event, never in neither.
-        let mut watcher = match retry_on_loss(|| session.client.watch(path, AddWatchMode::PersistentRecursive)).await {
+        let path = self.path.as_str();
+        let watcher = match retry_on_loss(|| session.client.watch(path, AddWatchMode::PersistentRecursive)).await {
             Ok(watcher) => watcher,
             Err(err) => {
                 tracing::warn!(%path, error = %err, "recursive watch could not be set; retrying");
                 tokio::time::sleep(Duration::from_millis(200)).await;
-                continue;
+                return None;
             }
         };
-        let Ok(stat) = retry_on_loss(|| session.client.check_stat(path)).await else {
-            continue;
-        };
+        let stat = retry_on_loss(|| session.client.check_stat(path)).await.ok()?;
         let exists = stat.is_some();
-        match resync_reason.take() {
-            Some(reason) => emit(Change::Resync { reason, exists }),
-            None if !started => emit(Change::Start {
+        let change = match self.resync_reason.take() {
+            Some(reason) => Change::Resync { reason, exists },
+            None if !self.started => Change::Start {
                 exists,
                 zxid: stat.map(|s| s.mzxid),
-            }),
-            None => emit(Change::Resync {
+            },
+            None => Change::Resync {
                 reason: "reconnected",
                 exists,
-            }),
-        }
-        started = true;
-        let mut disconnected = false;
-        loop {
-            let event = watcher.changed().await;
-            let zxid = (event.zxid >= 0).then_some(event.zxid);
-            let kind = match event.event_type {
-                EventType::Session => match event.session_state {
+            },
+        };
+        self.started = true;
+        self.disconnected = false;
+        self.reconnected = false;
+        self.current = Some((session.client, watcher));
+        Some(change)
+    }
+
+    fn see(&mut self, event: zookeeper_client::WatchedEvent) -> Seen {
+        let zxid = (event.zxid >= 0).then_some(event.zxid);
+        let kind = match event.event_type {
+            EventType::Session => {
+                return match event.session_state {
                     SessionState::Disconnected => {
-                        disconnected = true;
-                        continue;
+                        self.disconnected = true;
+                        Seen::Nothing
                     }
-                    SessionState::SyncConnected | SessionState::ConnectedReadOnly => {
-                        if std::mem::take(&mut disconnected) {
-                            let exists = retry_on_loss(|| session.client.check_stat(path)).await;
-                            let exists = exists.map(|s| s.is_some()).unwrap_or(true);
-                            emit(Change::Resync {
-                                reason: "reconnected",
-                                exists,
-                            });
-                        }
-                        continue;
+                    SessionState::SyncConnected | SessionState::ConnectedReadOnly if self.disconnected => {
+                        self.disconnected = false;
+                        Seen::Reconnected
                     }
+                    SessionState::SyncConnected | SessionState::ConnectedReadOnly => Seen::Nothing,
                     // The session ended: the watch went with it (and must not be polled again).
                     // Set a new one on the next session.
-                    _ => {
-                        resync_reason = Some("session_expired");
-                        break;
-                    }
-                },
-                EventType::NodeCreated => "created",
-                EventType::NodeDeleted => "deleted",
-                EventType::NodeDataChanged => "changed",
-                EventType::NodeChildrenChanged => continue,
-            };
-            let exists = (event.path == path).then_some(kind != "deleted");
-            emit(Change::Node {
-                kind,
-                path: event.path,
-                zxid,
-                exists,
-            });
-        }
+                    _ => Seen::Ended,
+                };
+            }
+            EventType::NodeCreated => "created",
+            EventType::NodeDeleted => "deleted",
+            EventType::NodeDataChanged => "changed",
+            EventType::NodeChildrenChanged => return Seen::Nothing,
+        };
+        let exists = (event.path == self.path).then_some(kind != "deleted");
+        Seen::Change(Change::Node {
+            kind,
+            path: event.path,
+            zxid,
+            exists,
+        })
     }
 }

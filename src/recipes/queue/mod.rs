@@ -3,7 +3,8 @@
 //! Under `<root>/queues/<name>`: `items/` holds one persistent sequential node per item, named
 //! as in the guide (`queue-<seq>`, or `queue-YY<seq>` with priority `YY`, lower first) and
 //! ordered by (priority, sequence); an item without a priority counts as [DEFAULT_PRIORITY].
-//! A consumer always decides from a fresh listing.
+//! The takers on an instance pick from one watched view of the queue ([shelf]); ZooKeeper's
+//! multi-ops decide every claim.
 //!
 //! Taking an item at least once does not remove it: it *claims* it, creating the ephemeral
 //! `claims/<item>` and raising the item's delivery count in one multi-op. The item stays in
@@ -22,7 +23,10 @@ use super::usage::{Charge, ChargeError, Exceeded, Payer, Quotas};
 use crate::zk::retry_on_loss;
 
 pub mod service;
+pub mod shelf;
 pub mod topic;
+
+use shelf::Tried;
 
 /// The priority of an item put without one.
 pub const DEFAULT_PRIORITY: u8 = 50;
@@ -411,202 +415,169 @@ async fn delete_item(
 pub struct Taken {
     pub item: String,
     pub envelope: Envelope,
+    /// The item's version once claimed (its delivery count raised): while the item has it,
+    /// nobody has claimed the item since.
+    pub version: i32,
 }
 
-/// What a take attempt came to.
-pub enum Attempt {
-    /// An item, claimed (at least once) or removed (at most once).
-    Got(Taken, /* more items were waiting */ bool),
-    /// Nothing to take now; the earliest time a delayed item may be taken, if one waits.
-    Empty { next_due_ms: Option<i64> },
+/// Most bytes of item data one multi-op of claims carries (a claim rewrites its item's data
+/// with the delivery count raised), well within ZooKeeper's 1 MiB packet limit.
+const CLAIMS_BYTES: usize = 512 * 1024;
+
+/// An item a taker picked to take, and the claim data its claim will hold.
+pub struct Pick {
+    pub item: String,
+    pub claim_data: Vec<u8>,
 }
 
-/// The items that takers on this instance are trying to claim right now.
-///
-/// Every taker lists the queue and would otherwise go for the same first item: with N takers
-/// on one instance, N-1 lose that race and pay a read and a failed multi-op each, then race
-/// for the next item. A taker skips an item another local taker is trying, so concurrent
-/// takers here claim different items at once, still in queue order between them. (Takers on
-/// other instances still race, and ZooKeeper's multi-op decides, as before.)
-#[derive(Default)]
-pub struct Trying {
-    items: std::sync::Mutex<std::collections::HashSet<String>>,
-    /// Woken when a reservation ends: a taker that found only reserved items looks again
-    /// (the other taker may have failed, leaving the item there).
-    released: tokio::sync::Notify,
+/// One picked item on its way to being taken.
+struct Candidate {
+    /// Its place among the picks.
+    index: usize,
+    envelope: Envelope,
+    data: Vec<u8>,
+    version: i32,
+    /// Whether its charge is refunded with it (at most once; not if the charge is gone).
+    refund: bool,
 }
 
-/// An item reserved in [Trying] until this is dropped.
-pub struct Reserved<'a> {
-    trying: &'a Trying,
-    item: String,
+/// What a multi-op's operation was for.
+#[derive(Clone, Copy, PartialEq)]
+enum Op {
+    Item,
+    Claim,
+    Refund,
 }
 
-impl Trying {
-    fn reserve(&self, item: &str) -> Option<Reserved<'_>> {
-        let mut set = self.items.lock().unwrap_or_else(|e| e.into_inner());
-        set.insert(item.to_string()).then(|| Reserved {
-            trying: self,
-            item: item.to_string(),
-        })
-    }
-}
-
-impl Drop for Reserved<'_> {
-    fn drop(&mut self) {
-        self.trying
-            .items
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&self.item);
-        self.trying.released.notify_waiters();
-    }
-}
-
-/// Takes the first item nobody has claimed (and no other local taker is trying): claims it
-/// (`claim_data` in the ephemeral claim node) or, with `at_most_once`, deletes it. Items
-/// claimed `max_deliveries` times already move to `dead/` on the way.
-pub async fn take(
+/// Takes the items a taker picked from the queue's shelf: claims each (`claim_data` in its
+/// ephemeral claim node, its delivery count raised) or, `at_most_once`, deletes it and refunds
+/// its charge. The picks are read together and claimed together in one multi-op (several for
+/// large items); a pick that fails leaves the others to a multi-op of their own. Items
+/// claimed `max_deliveries` times already move to `dead/` on the way. Says for each pick, in
+/// order, what came of it. `max_bytes` is the most an item may hold.
+pub async fn take_items(
     client: &Client,
     quotas: &Quotas,
     paths: &QueuePaths,
-    claim_data: &[u8],
+    picks: &[Pick],
     at_most_once: bool,
     max_deliveries: u32,
-    trying: &Trying,
-) -> Result<Attempt, ZkError> {
-    let items = match retry_on_loss(|| client.list_children(&paths.items)).await {
-        Ok(items) => items,
-        Err(ZkError::NoNode) => return Ok(Attempt::Empty { next_due_ms: None }),
-        Err(err) => return Err(err),
-    };
-    let claimed = retry_on_loss(|| client.list_children(&paths.claims))
-        .await
-        .unwrap_or_default();
-    // A delayed item is not a candidate before its time; the earliest of them tells the
-    // waiting takers when to look again (a timer, not a poll of ZooKeeper).
-    let now = crate::time::now_ms();
-    let mut next_due_ms: Option<i64> = None;
-    let candidates: Vec<&str> = in_queue_order(&items)
-        .into_iter()
-        .filter(|i| !claimed.iter().any(|c| c == i))
-        .filter(|i| match parse_name(i).and_then(|n| n.due_ms) {
-            Some(due) if due > now => {
-                next_due_ms = Some(next_due_ms.map_or(due, |next| next.min(due)));
-                false
-            }
-            _ => true,
-        })
-        .collect();
-    for (index, item) in candidates.iter().enumerate() {
-        let Some(_reserved) = trying.reserve(item) else {
+    max_bytes: usize,
+) -> Result<Vec<(Tried, Option<Taken>)>, ZkError> {
+    let mut outcome: Vec<(Tried, Option<Taken>)> = picks.iter().map(|_| (Tried::Again, None)).collect();
+    let item_paths: Vec<String> = picks.iter().map(|p| format!("{}/{}", paths.items, p.item)).collect();
+    let read = crate::zk::get_each_of_size(client, &item_paths, max_bytes).await?;
+    let mut candidates = Vec::with_capacity(picks.len());
+    for (index, read) in read.into_iter().enumerate() {
+        let Some((data, stat)) = read else {
+            outcome[index].0 = Tried::Stale;
             continue;
-        };
-        let path = format!("{}/{item}", paths.items);
-        let (data, stat) = match retry_on_loss(|| client.get_data(&path)).await {
-            Ok(read) => read,
-            Err(ZkError::NoNode) => continue,
-            Err(err) => return Err(err),
         };
         let mut envelope = Envelope::parse(&data);
-        let more = index + 1 < candidates.len();
-        if at_most_once {
-            match delete_item(
-                client,
-                quotas,
-                &path,
-                Some(stat.version),
-                envelope.charge.as_ref(),
-                None,
-            )
-            .await
-            {
-                Ok(()) => {
-                    return Ok(Attempt::Got(
-                        Taken {
-                            item: item.to_string(),
-                            envelope,
-                        },
-                        more,
-                    ));
+        if !at_most_once {
+            if envelope.deliveries >= max_deliveries {
+                let buried = bury(client, paths, &picks[index].item, &envelope, &stat).await?;
+                outcome[index].0 = if buried { Tried::Stale } else { Tried::Again };
+                continue;
+            }
+            envelope.deliveries += 1;
+        }
+        candidates.push(Candidate {
+            index,
+            refund: at_most_once && envelope.charge.is_some(),
+            data: if at_most_once { Vec::new() } else { envelope.to_bytes() },
+            envelope,
+            version: stat.version,
+        });
+    }
+    let ephemeral = CreateMode::Ephemeral.with_acls(crate::zk::acls());
+    while !candidates.is_empty() {
+        // As many as stay within one packet, at least one.
+        let mut bytes = 0;
+        let chunk = candidates
+            .iter()
+            .take_while(|c| {
+                bytes += c.data.len();
+                bytes <= CLAIMS_BYTES
+            })
+            .count()
+            .max(1);
+        let mut writer = client.new_multi_writer();
+        let mut ops = Vec::with_capacity(chunk * 2);
+        for (at, c) in candidates[..chunk].iter().enumerate() {
+            let pick = &picks[c.index];
+            let item_path = &item_paths[c.index];
+            if at_most_once {
+                writer.add_delete(item_path, Some(c.version))?;
+                ops.push((at, Op::Item));
+                if c.refund
+                    && let Some(charge) = &c.envelope.charge
+                {
+                    quotas.add_refund(&mut writer, charge)?;
+                    ops.push((at, Op::Refund));
                 }
-                Err(MultiWriteError::OperationFailed {
-                    source: ZkError::NoNode | ZkError::BadVersion,
-                    ..
-                }) => continue,
-                // A lost reply: ours if the item is gone (taken at most once: a reply lost
-                // here loses the item, as the mode says).
-                Err(MultiWriteError::RequestFailed { source }) if crate::zk::is_loss(&source) => {
-                    if retry_on_loss(|| client.check_stat(&path)).await?.is_none() {
-                        return Ok(Attempt::Got(
-                            Taken {
-                                item: item.to_string(),
-                                envelope,
-                            },
-                            more,
-                        ));
-                    }
-                    continue;
-                }
-                Err(MultiWriteError::OperationFailed { source, .. } | MultiWriteError::RequestFailed { source }) => {
+            } else {
+                writer.add_set_data(item_path, &c.data, Some(c.version))?;
+                ops.push((at, Op::Item));
+                writer.add_create(&format!("{}/{}", paths.claims, pick.item), &pick.claim_data, &ephemeral)?;
+                ops.push((at, Op::Claim));
+            }
+        }
+        let happened = match writer.commit().await {
+            Ok(_) => true,
+            Err(MultiWriteError::OperationFailed { index, source }) => {
+                let Some(&(at, op)) = ops.get(index) else {
                     return Err(source);
+                };
+                match (op, source) {
+                    // Its charge is gone (usage removed by hand): deleted alone.
+                    (Op::Refund, ZkError::NoNode) => candidates[at].refund = false,
+                    // Changed since read (claimed and given back meanwhile): try again later.
+                    (_, ZkError::BadVersion) => outcome[candidates.remove(at).index].0 = Tried::Again,
+                    // Gone, or claimed by another.
+                    (_, ZkError::NoNode | ZkError::NodeExists) => {
+                        outcome[candidates.remove(at).index].0 = Tried::Stale;
+                    }
+                    (_, source) => return Err(source),
+                }
+                continue;
+            }
+            // A lost reply: the multi-op's first effect tells whether all of it happened.
+            Err(MultiWriteError::RequestFailed { source }) if crate::zk::is_loss(&source) => {
+                let first = &candidates[0];
+                if at_most_once {
+                    // Gone: ours (taken at most once, a reply lost here loses the item if it
+                    // was another's, as the mode says).
+                    retry_on_loss(|| client.check_stat(&item_paths[first.index]))
+                        .await?
+                        .is_none()
+                } else {
+                    let pick = &picks[first.index];
+                    let claim_path = format!("{}/{}", paths.claims, pick.item);
+                    match retry_on_loss(|| client.get_data(&claim_path)).await {
+                        Ok((data, _)) => data == pick.claim_data,
+                        Err(ZkError::NoNode) => false,
+                        Err(err) => return Err(err),
+                    }
                 }
             }
-        }
-        if envelope.deliveries >= max_deliveries {
-            bury(client, paths, item, &envelope, &stat).await?;
-            continue;
-        }
-        envelope.deliveries += 1;
-        if claim(client, paths, item, &envelope, &stat, claim_data).await? {
-            return Ok(Attempt::Got(
-                Taken {
-                    item: item.to_string(),
-                    envelope,
-                },
-                more,
-            ));
+            Err(MultiWriteError::RequestFailed { source }) => return Err(source),
+        };
+        for c in candidates.drain(..chunk) {
+            outcome[c.index] = if happened {
+                let taken = Taken {
+                    item: picks[c.index].item.clone(),
+                    envelope: c.envelope,
+                    // A set-data raises the version by exactly one.
+                    version: c.version + i32::from(!at_most_once),
+                };
+                (Tried::Taken, Some(taken))
+            } else {
+                (Tried::Again, None)
+            };
         }
     }
-    Ok(Attempt::Empty { next_due_ms })
-}
-
-/// Claims `item`: raises its delivery count (if it is unchanged) and creates the ephemeral
-/// claim, in one multi-op. `false` if someone else got there first.
-async fn claim(
-    client: &Client,
-    paths: &QueuePaths,
-    item: &str,
-    envelope: &Envelope,
-    stat: &Stat,
-    claim_data: &[u8],
-) -> Result<bool, ZkError> {
-    let item_path = format!("{}/{item}", paths.items);
-    let claim_path = format!("{}/{item}", paths.claims);
-    let mut writer = client.new_multi_writer();
-    writer.add_set_data(&item_path, &envelope.to_bytes(), Some(stat.version))?;
-    writer.add_create(
-        &claim_path,
-        claim_data,
-        &CreateMode::Ephemeral.with_acls(crate::zk::acls()),
-    )?;
-    match writer.commit().await {
-        Ok(_) => Ok(true),
-        Err(MultiWriteError::OperationFailed {
-            source: ZkError::BadVersion | ZkError::NodeExists | ZkError::NoNode,
-            ..
-        }) => Ok(false),
-        Err(MultiWriteError::OperationFailed { source, .. }) => Err(source),
-        // A lost reply: the claim is ours if its node holds our claim data.
-        Err(MultiWriteError::RequestFailed { source }) if crate::zk::is_loss(&source) => {
-            match retry_on_loss(|| client.get_data(&claim_path)).await {
-                Ok((data, _)) => Ok(data == claim_data),
-                Err(ZkError::NoNode) => Ok(false),
-                Err(err) => Err(err),
-            }
-        }
-        Err(MultiWriteError::RequestFailed { source }) => Err(source),
-    }
+    Ok(outcome)
 }
 
 /// Moves an item that has been delivered too often to `dead/`.
@@ -616,7 +587,7 @@ async fn bury(
     item: &str,
     envelope: &Envelope,
     stat: &Stat,
-) -> Result<(), ZkError> {
+) -> Result<bool, ZkError> {
     let mut writer = client.new_multi_writer();
     writer.add_delete(&format!("{}/{item}", paths.items), Some(stat.version))?;
     writer.add_create(
@@ -630,10 +601,10 @@ async fn bury(
             let queue = paths.dir.rsplit('/').next().unwrap_or_default();
             let m = crate::metrics::get();
             m.queue_dead_lettered.with_label_values(&[m.queue(queue)]).inc();
-            Ok(())
+            Ok(true)
         }
-        Err(MultiWriteError::OperationFailed { .. }) => Ok(()), // changed meanwhile: someone else decides
-        Err(MultiWriteError::RequestFailed { source }) if crate::zk::is_loss(&source) => Ok(()),
+        Err(MultiWriteError::OperationFailed { .. }) => Ok(false), // changed meanwhile: someone else decides
+        Err(MultiWriteError::RequestFailed { source }) if crate::zk::is_loss(&source) => Ok(false),
         Err(MultiWriteError::RequestFailed { source }) => Err(source),
     }
 }
@@ -680,6 +651,52 @@ pub async fn ack(
         // stood), otherwise not.
         Err(MultiWriteError::RequestFailed { source }) if crate::zk::is_loss(&source) => {
             Ok(retry_on_loss(|| client.check_stat(&item_path)).await?.is_none())
+        }
+        Err(MultiWriteError::RequestFailed { source }) => Err(source),
+    }
+}
+
+/// A claim this instance made, as its acknowledgement needs it.
+pub struct HeldClaim<'a> {
+    pub item: &'a str,
+    /// The item's version when claimed ([Taken::version]).
+    pub version: i32,
+    pub charge: Option<&'a Charge>,
+}
+
+/// Acknowledges claims this instance made on its current session, all in one multi-op: each
+/// item deleted if it still has the version its claim gave it, its claim deleted, its charge
+/// refunded. No read first: an item claimed by anyone since has another version (a claim
+/// always raises it), and a claim node of ours still stands while the session that made it
+/// does. `false` (nothing done) if any of them is no longer as claimed; the caller then
+/// settles each on its own ([ack]).
+pub async fn ack_held(
+    client: &Client,
+    quotas: &Quotas,
+    paths: &QueuePaths,
+    claims: &[HeldClaim<'_>],
+) -> Result<bool, ZkError> {
+    let Some(first) = claims.first() else {
+        return Ok(true);
+    };
+    let mut writer = client.new_multi_writer();
+    for claim in claims {
+        // The item first: its deletion event reaches the queue's shelves before the claim's,
+        // so that no taker is woken for an item that is going.
+        writer.add_delete(&format!("{}/{}", paths.items, claim.item), Some(claim.version))?;
+        writer.add_delete(&format!("{}/{}", paths.claims, claim.item), None)?;
+        if let Some(charge) = claim.charge {
+            quotas.add_refund(&mut writer, charge)?;
+        }
+    }
+    match writer.commit().await {
+        Ok(_) => Ok(true),
+        Err(MultiWriteError::OperationFailed { .. }) => Ok(false),
+        // A lost reply: done if the first item is gone (nobody else deletes an item while a
+        // claim on it stands); if not, nothing happened.
+        Err(MultiWriteError::RequestFailed { source }) if crate::zk::is_loss(&source) => {
+            let path = format!("{}/{}", paths.items, first.item);
+            Ok(retry_on_loss(|| client.check_stat(&path)).await?.is_none())
         }
         Err(MultiWriteError::RequestFailed { source }) => Err(source),
     }

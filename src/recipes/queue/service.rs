@@ -2,20 +2,18 @@
 //! its waiting takers, woken one per item.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use zookeeper_client::Error as ZkError;
 
-use super::{Attempt, QueuePaths, Taken};
-use crate::recipes::usage::Quotas;
+use super::shelf::{Shelves, Tried};
+use super::{HeldClaim, Pick, QueuePaths, Taken};
+use crate::recipes::usage::{Charge, Quotas};
 use crate::remembered::Remembered;
 use crate::zk::session::ZkSession;
-use crate::zk::watch::ExistsWatches;
 
 /// A claim made through this instance.
 #[derive(Clone)]
@@ -29,18 +27,27 @@ pub struct Claim {
     pub deadline_ms: i64,
     /// The principal that took it (`None` with auth off): only it (or an admin) acks.
     pub owner: Option<String>,
+    /// The item's version once claimed, the session generation the claim was made on, and
+    /// the item's charge: what acknowledging it without reading first needs.
+    version: i32,
+    generation: u64,
+    charge: Option<Charge>,
     expire: CancellationToken,
 }
 
-/// The takers of one queue waiting on this instance.
-struct Waiting {
-    /// Woken once per change of the queue's items (and again by a taker that saw more).
-    item: Notify,
-    takers: AtomicUsize,
-    /// Items local takers are claiming now.
-    trying: super::Trying,
-    /// Woken when the last taker stops waiting, so the pump can go.
-    idle: Notify,
+/// How long a taker waits for a queue's first listing (its shelf's), whatever its own wait.
+const FIRST_LISTING: Duration = Duration::from_secs(10);
+
+/// What a take asks for.
+#[derive(Clone, Copy, Debug)]
+pub struct TakeOptions {
+    /// Claim for this long (at least once); `None`: remove (at most once).
+    pub ack_deadline: Option<Duration>,
+    pub max_deliveries: u32,
+    /// Most items to take at once.
+    pub max_items: usize,
+    /// The most an item may hold (how many may be read together).
+    pub max_bytes: usize,
 }
 
 #[derive(Clone)]
@@ -49,14 +56,14 @@ pub struct Queues {
     /// This instance's id: the prefix of its claims.
     instance: Arc<str>,
     base: Arc<str>,
-    watches: ExistsWatches,
+    /// Each queue with takers here, as they see it (one watch per queue).
+    shelves: Shelves,
     /// Items are charged to who put them and refunded when taken or acknowledged.
     quotas: Quotas,
     claims: Arc<Mutex<HashMap<String, Claim>>>,
     /// How this instance's claims were settled, remembered (bounded) so that a repeated ack or
     /// nack, a client's retry after a lost reply, is answered as the first one was.
     settled: Arc<Mutex<Remembered<String, Settled>>>,
-    waiting: Arc<Mutex<HashMap<String, Arc<Waiting>>>>,
 }
 
 /// How a claim was settled.
@@ -70,17 +77,29 @@ pub struct Settled {
 }
 
 impl Queues {
-    pub fn new(zk: ZkSession, root: &str, watches: ExistsWatches, instance: Arc<str>, quotas: Quotas) -> Queues {
+    /// A queue's shelf outlives its last taker by `linger`, at most `max_lingering` at once.
+    pub fn new(
+        zk: ZkSession,
+        root: &str,
+        instance: Arc<str>,
+        quotas: Quotas,
+        linger: Duration,
+        max_lingering: usize,
+    ) -> Queues {
         Queues {
+            shelves: Shelves::new(zk.clone(), linger, max_lingering),
             zk,
             instance,
             base: format!("{root}/queues").into(),
-            watches,
             quotas,
             claims: Arc::default(),
             settled: Arc::default(),
-            waiting: Arc::default(),
         }
+    }
+
+    /// How many queues this instance keeps a shelf (and a watch) for.
+    pub fn shelves(&self) -> usize {
+        self.shelves.count()
     }
 
     pub fn base(&self) -> &str {
@@ -95,76 +114,134 @@ impl Queues {
         QueuePaths::new(format!("{}/{queue}", self.base))
     }
 
-    /// Takes one item, waiting until `until` for one to come. With `ack_deadline`, the
-    /// item is claimed (at least once) for `owner` (the principal that alone may ack it)
-    /// and the claim given back if not acknowledged in time; without, it is removed (at
-    /// most once).
+    /// Takes up to `options.max_items` items, waiting until `until` for at least one. With an
+    /// ack deadline each is claimed (at least once) for `owner` (the principal that alone may
+    /// ack it) and the claim given back if not acknowledged in time; without, removed (at most
+    /// once). Empty when the wait ends with nothing to take.
+    ///
+    /// Takers pick from the queue's shelf (see [super::shelf]): each item is tried by one
+    /// taker here, and a taker waits for the shelf to say an item came instead of listing.
     pub async fn take(
         &self,
         queue: &str,
         owner: Option<&str>,
-        ack_deadline: Option<Duration>,
-        max_deliveries: u32,
+        options: TakeOptions,
         until: Instant,
-    ) -> Result<Option<(Taken, Option<Claim>)>, ZkError> {
-        let waiting = self.join_waiting(queue);
-        let _leaving = Leaving(waiting.clone());
+    ) -> Result<Vec<(Taken, Option<Claim>)>, ZkError> {
         let paths = self.paths(queue);
+        let shelf = self.shelves.using(queue, &paths);
         loop {
             // Registered before looking, so that an item arriving in between still wakes us.
-            let notified = waiting.item.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            let released = waiting.trying.released.notified();
-            tokio::pin!(released);
-            released.as_mut().enable();
-            let client = self.zk.connected().await.map_err(|_| ZkError::ConnectionLoss)?.client;
-            let claim = ack_deadline.map(|deadline| self.new_claim(queue, owner, deadline));
-            let data = claim.as_ref().map(|c| c.data.clone()).unwrap_or_default();
-            match super::take(
-                &client,
-                &self.quotas,
-                &paths,
-                &data,
-                claim.is_none(),
-                max_deliveries,
-                &waiting.trying,
-            )
-            .await?
-            {
-                Attempt::Got(taken, more) => {
-                    if more {
-                        waiting.item.notify_one(); // pass the turn on: another item waits
+            let item = shelf.item_ready();
+            tokio::pin!(item);
+            item.as_mut().enable();
+            let synced = shelf.synced();
+            tokio::pin!(synced);
+            synced.as_mut().enable();
+            let session = self.zk.connected().await.map_err(|_| ZkError::ConnectionLoss)?;
+            if !shelf.is_synced() {
+                // The first listing is part of looking, whatever the wait.
+                tokio::time::timeout(FIRST_LISTING, &mut synced)
+                    .await
+                    .map_err(|_| ZkError::ConnectionLoss)?;
+                continue;
+            }
+            let mut picked = shelf.pick(options.max_items.max(1));
+            if picked.names.is_empty() && Instant::now() >= until {
+                // About to say there is nothing: as of now, not of an older shelf.
+                if !shelf.caught_up().await {
+                    return Err(ZkError::ConnectionLoss);
+                }
+                picked = shelf.pick(options.max_items.max(1));
+                if picked.names.is_empty() {
+                    return Ok(Vec::new());
+                }
+            }
+            if picked.names.is_empty() {
+                // A delayed item wakes this taker when it comes due, if before the wait ends:
+                // one timer (new items wake it as before).
+                let due = picked
+                    .next_due_ms
+                    .map(|ms| crate::time::instant_after(crate::time::until_ms(ms)));
+                let wake = due.map_or(until, |due| due.min(until));
+                tokio::select! {
+                    () = &mut item => {}
+                    () = &mut synced => {}
+                    () = tokio::time::sleep_until(wake) => {}
+                }
+                continue;
+            }
+            if picked.more {
+                shelf.pass_on(); // another taker may take what this one leaves
+            }
+            // The ZooKeeper part runs to its end even if the client goes meanwhile, so that
+            // every claim made is kept (and given back at its deadline), never orphaned.
+            let queues = self.clone();
+            let (queue, owner) = (queue.to_string(), owner.map(str::to_string));
+            let (shelf, paths) = (shelf.shelf(), paths.clone());
+            let took = tokio::spawn(async move {
+                let claims: Vec<Option<Claim>> = picked
+                    .names
+                    .iter()
+                    .map(|_| {
+                        options
+                            .ack_deadline
+                            .map(|deadline| queues.new_claim(&queue, owner.as_deref(), deadline, session.generation))
+                    })
+                    .collect();
+                let picks: Vec<Pick> = picked
+                    .names
+                    .into_iter()
+                    .zip(&claims)
+                    .map(|(item, claim)| Pick {
+                        item,
+                        claim_data: claim.as_ref().map(|c| c.data.clone()).unwrap_or_default(),
+                    })
+                    .collect();
+                let outcome = super::take_items(
+                    &session.client,
+                    &queues.quotas,
+                    &paths,
+                    &picks,
+                    options.ack_deadline.is_none(),
+                    options.max_deliveries,
+                    options.max_bytes,
+                )
+                .await;
+                let outcome = match outcome {
+                    Ok(outcome) => outcome,
+                    Err(err) => {
+                        for pick in &picks {
+                            shelf.tried(&pick.item, Tried::Again);
+                        }
+                        return Err(err);
                     }
+                };
+                let mut got = Vec::new();
+                for ((pick, claim), (tried, taken)) in picks.iter().zip(claims).zip(outcome) {
+                    shelf.tried(&pick.item, tried);
+                    let Some(taken) = taken else { continue };
                     let claim = claim.map(|c| Claim {
                         item: taken.item.clone(),
+                        version: taken.version,
+                        charge: taken.envelope.charge.clone(),
                         ..c
                     });
                     if let Some(claim) = &claim {
-                        self.keep(claim.clone(), ack_deadline.unwrap_or_default());
+                        queues.keep(claim.clone(), options.ack_deadline.unwrap_or_default());
                     }
-                    return Ok(Some((taken, claim)));
+                    got.push((taken, claim));
                 }
-                Attempt::Empty { next_due_ms } => {
-                    // A delayed item wakes this taker when it comes due, if before the wait
-                    // ends: one timer, and one listing then (new items wake it as before).
-                    let due = next_due_ms.map(|ms| crate::time::instant_after(crate::time::until_ms(ms)));
-                    let wake = due.map_or(until, |due| due.min(until));
-                    tokio::select! {
-                        _ = &mut notified => {}
-                        _ = &mut released => {}
-                        _ = tokio::time::sleep_until(wake) => {
-                            if wake >= until {
-                                return Ok(None);
-                            }
-                        }
-                    }
-                }
+                Ok(got)
+            });
+            let got = took.await.map_err(|_| ZkError::ConnectionLoss)??;
+            if !got.is_empty() {
+                return Ok(got);
             }
         }
     }
 
-    fn new_claim(&self, queue: &str, owner: Option<&str>, deadline: Duration) -> Claim {
+    fn new_claim(&self, queue: &str, owner: Option<&str>, deadline: Duration, generation: u64) -> Claim {
         let id = crate::ids::owned_id(&self.instance);
         let deadline_ms = crate::time::ms_after_now(deadline);
         let data =
@@ -176,8 +253,38 @@ impl Queues {
             data,
             deadline_ms,
             owner: owner.map(str::to_string),
+            version: 0,
+            generation,
+            charge: None,
             expire: CancellationToken::new(),
         }
+    }
+
+    /// Acknowledges claims of `queue` this instance holds: all in one multi-op without reading
+    /// first when they were made on the current session and are as claimed, otherwise each on
+    /// its own. Whether each was acknowledged (`false`: no longer held, given back or taken
+    /// by another), in order.
+    pub async fn ack(&self, queue: &str, held: &[Claim]) -> Result<Vec<bool>, ZkError> {
+        let session = self.zk.connected().await.map_err(|_| ZkError::ConnectionLoss)?;
+        let paths = self.paths(queue);
+        if held.iter().all(|c| c.generation == session.generation) {
+            let claims: Vec<HeldClaim<'_>> = held
+                .iter()
+                .map(|c| HeldClaim {
+                    item: &c.item,
+                    version: c.version,
+                    charge: c.charge.as_ref(),
+                })
+                .collect();
+            if super::ack_held(&session.client, &self.quotas, &paths, &claims).await? {
+                return Ok(vec![true; held.len()]);
+            }
+        }
+        let mut acked = Vec::with_capacity(held.len());
+        for claim in held {
+            acked.push(super::ack(&session.client, &self.quotas, &paths, &claim.item, &claim.data).await?);
+        }
+        Ok(acked)
     }
 
     /// Remembers a claim and gives it back when its deadline passes unacknowledged.
@@ -239,74 +346,5 @@ impl Queues {
             claim.expire.cancel();
         }
         claim
-    }
-
-    /// Counts a taker in for `queue` (under the lock the pump takes to leave, so it never
-    /// leaves a taker behind), starting the queue's pump if none runs.
-    fn join_waiting(&self, queue: &str) -> Arc<Waiting> {
-        let mut all = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(waiting) = all.get(queue) {
-            waiting.takers.fetch_add(1, Ordering::SeqCst);
-            return waiting.clone();
-        }
-        let waiting = Arc::new(Waiting {
-            item: Notify::new(),
-            takers: AtomicUsize::new(1),
-            trying: super::Trying::default(),
-            idle: Notify::new(),
-        });
-        all.insert(queue.to_string(), waiting.clone());
-        let subscription = self.watches.subscribe_children(&self.paths(queue).items);
-        tokio::spawn(pump(
-            queue.to_string(),
-            waiting.clone(),
-            subscription,
-            self.waiting.clone(),
-        ));
-        waiting
-    }
-}
-
-/// Decrements the takers on drop and wakes the pump when none are left.
-struct Leaving(Arc<Waiting>);
-
-impl Drop for Leaving {
-    fn drop(&mut self) {
-        if self.0.takers.fetch_sub(1, Ordering::SeqCst) == 1 {
-            self.0.idle.notify_one();
-        }
-    }
-}
-
-/// Turns each change of the queue's items (the one shared children watch) into one wake-up
-/// of one waiting taker; ends when no taker waits.
-async fn pump(
-    queue: String,
-    waiting: Arc<Waiting>,
-    mut subscription: crate::zk::watch::Subscription,
-    all: Arc<Mutex<HashMap<String, Arc<Waiting>>>>,
-) {
-    loop {
-        tokio::select! {
-            changed = subscription.changed() => {
-                if !changed {
-                    break;
-                }
-                waiting.item.notify_one();
-            }
-            _ = waiting.idle.notified() => {
-                let mut all = all.lock().unwrap_or_else(|e| e.into_inner());
-                if waiting.takers.load(Ordering::SeqCst) == 0 {
-                    if all.get(&queue).is_some_and(|w| Arc::ptr_eq(w, &waiting)) {
-                        all.remove(&queue);
-                    }
-                    return;
-                }
-            }
-        }
-    }
-    let mut all = all.lock().unwrap_or_else(|e| e.into_inner());
-    if all.get(&queue).is_some_and(|w| Arc::ptr_eq(w, &waiting)) {
-        all.remove(&queue);
     }
 }
