@@ -4,6 +4,8 @@
 //!
 //! Run: `cargo bench --bench compare` (prints a Markdown table for BENCHMARKS.md).
 //! `ZKGATE_BENCH_ONLY=zkgate` leaves kazoo and etcd out (to profile zkgate).
+//! `ZKGATE_BENCH_WORKLOADS=uncontended,queue` runs only those groups of rows (`memory`,
+//! `uncontended`, `contended`, `queue`, `failover`; all by default), e.g. under `perf`.
 //! `ZKGATE_BENCH_QUICK=1` makes every workload tiny: CI runs it so that the bench cannot rot
 //! (it asserts what each system answered, never how fast).
 //!
@@ -80,6 +82,11 @@ fn main() {
     runtime::block_on(run());
 }
 
+/// Whether the group of rows `group` is to run (`ZKGATE_BENCH_WORKLOADS`).
+fn wanted(group: &str) -> bool {
+    std::env::var("ZKGATE_BENCH_WORKLOADS").map_or(true, |groups| groups.split(',').any(|g| g.trim() == group))
+}
+
 fn median_millis(samples: &[Duration]) -> Figure {
     Figure::Millis(Latency::of(samples).p50 / 1000.0)
 }
@@ -108,84 +115,94 @@ async fn run() {
 
     // First, while zkgate's heap is fresh (freed memory from the workloads would hide the
     // leases' growth): memory per idle lease.
-    let lease_bytes = gate.idle_lease_bytes(sizes.leases).await;
+    let lease_bytes = match wanted("memory") {
+        true => Some(gate.idle_lease_bytes(sizes.leases).await),
+        false => None,
+    };
 
     // Uncontended cycle. Warm up every side (JIT, connections), then measure the floor and
     // zkgate in alternating short rounds, so that the shared machine's bursts of noise hit
     // all three alike.
-    floor.serial(sizes.warmup).await;
-    floor.pipelined(sizes.warmup).await;
-    gate.cycles(sizes.warmup).await;
-    let (mut serial, mut pipelined, mut http) = (Vec::new(), Vec::new(), Vec::new());
-    let mut cpu = Duration::ZERO;
-    let round = 200.min(sizes.cycles);
-    for _ in 0..sizes.cycles / round {
-        serial.extend(floor.serial(round).await);
-        pipelined.extend(floor.pipelined(round).await);
-        let cpu_before = gate.child.cpu_time();
-        http.extend(gate.cycles(round).await);
-        cpu += gate.child.cpu_time().saturating_sub(cpu_before);
-    }
-    let (serial, pipelined, http) = (Latency::of(&serial), Latency::of(&pipelined), Latency::of(&http));
-    let kazoo_cycle = kazoo.as_ref().map_or_else(no_kazoo, |k| {
-        k.cycles(sizes.warmup);
-        Figure::Latency(Latency::of(&k.cycles(sizes.cycles)))
-    });
-    let etcd_cycle = match &etcd {
-        Some(e) => {
-            e.cycles(sizes.warmup).await;
-            Figure::Latency(Latency::of(&e.cycles(sizes.cycles).await))
+    if wanted("uncontended") {
+        floor.serial(sizes.warmup).await;
+        floor.pipelined(sizes.warmup).await;
+        gate.cycles(sizes.warmup).await;
+        let (mut serial, mut pipelined, mut http) = (Vec::new(), Vec::new(), Vec::new());
+        let mut cpu = Duration::ZERO;
+        let round = 200.min(sizes.cycles);
+        for _ in 0..sizes.cycles / round {
+            serial.extend(floor.serial(round).await);
+            pipelined.extend(floor.pipelined(round).await);
+            let cpu_before = gate.child.cpu_time();
+            http.extend(gate.cycles(round).await);
+            cpu += gate.child.cpu_time().saturating_sub(cpu_before);
         }
-        None => no_etcd(),
-    };
-    push(
-        &mut rows,
-        Row {
-            workload: "uncontended lock cycle (serial floor: create, getChildren, delete)".into(),
-            floor: Figure::Latency(serial),
-            zkgate: Figure::Latency(http),
-            kazoo: kazoo_cycle,
-            etcd: etcd_cycle,
-        },
-    );
-    push(
-        &mut rows,
-        Row {
-            workload: "uncontended lock cycle (pipelined floor: create + getChildren, delete)".into(),
-            floor: Figure::Latency(pipelined),
-            zkgate: Figure::Latency(http),
-            kazoo: Figure::Absent("above"),
-            etcd: Figure::Absent("above"),
-        },
-    );
-    push(
-        &mut rows,
-        Row {
-            workload: "one HTTP round trip to zkgate (GET /healthz, no ZooKeeper)".into(),
-            floor: Figure::Absent("n/a"),
-            zkgate: Figure::Latency(Latency::of(&gate.health_round_trips(sizes.cycles).await)),
-            kazoo: Figure::Absent("n/a"),
-            etcd: Figure::Absent("n/a"),
-        },
-    );
-    push(
-        &mut rows,
-        Row {
-            workload: "zkgate CPU per HTTP request (uncontended cycle)".into(),
-            floor: Figure::Absent("n/a"),
-            zkgate: Figure::CpuMicros(cpu.as_secs_f64() * 1e6 / (2 * sizes.cycles) as f64),
-            kazoo: Figure::Absent("n/a"),
-            etcd: Figure::Absent("n/a"),
-        },
-    );
+        let (serial, pipelined, http) = (Latency::of(&serial), Latency::of(&pipelined), Latency::of(&http));
+        let kazoo_cycle = kazoo.as_ref().map_or_else(no_kazoo, |k| {
+            k.cycles(sizes.warmup);
+            Figure::Latency(Latency::of(&k.cycles(sizes.cycles)))
+        });
+        let etcd_cycle = match &etcd {
+            Some(e) => {
+                e.cycles(sizes.warmup).await;
+                Figure::Latency(Latency::of(&e.cycles(sizes.cycles).await))
+            }
+            None => no_etcd(),
+        };
+        push(
+            &mut rows,
+            Row {
+                workload: "uncontended lock cycle (serial floor: create, getChildren, delete)".into(),
+                floor: Figure::Latency(serial),
+                zkgate: Figure::Latency(http),
+                kazoo: kazoo_cycle,
+                etcd: etcd_cycle,
+            },
+        );
+        push(
+            &mut rows,
+            Row {
+                workload: "uncontended lock cycle (pipelined floor: create + getChildren, delete)".into(),
+                floor: Figure::Latency(pipelined),
+                zkgate: Figure::Latency(http),
+                kazoo: Figure::Absent("above"),
+                etcd: Figure::Absent("above"),
+            },
+        );
+        push(
+            &mut rows,
+            Row {
+                workload: "one HTTP round trip to zkgate (GET /healthz, no ZooKeeper)".into(),
+                floor: Figure::Absent("n/a"),
+                zkgate: Figure::Latency(Latency::of(&gate.health_round_trips(sizes.cycles).await)),
+                kazoo: Figure::Absent("n/a"),
+                etcd: Figure::Absent("n/a"),
+            },
+        );
+        push(
+            &mut rows,
+            Row {
+                workload: "zkgate CPU per HTTP request (uncontended cycle)".into(),
+                floor: Figure::Absent("n/a"),
+                zkgate: Figure::CpuMicros(cpu.as_secs_f64() * 1e6 / (2 * sizes.cycles) as f64),
+                kazoo: Figure::Absent("n/a"),
+                etcd: Figure::Absent("n/a"),
+            },
+        );
+    }
 
     // Contention: one lock, 32 clients; then many locks, one client each. The floor runs the
     // recipe itself on raw sessions, as many as zkgate opens: what ZooKeeper alone can do.
-    for (clients, locks, what) in [
-        (32, 1, "one lock, 32 clients: grants per second"),
-        (32, 32, "32 locks, 32 clients: cycles per second"),
-        (64, 64, "64 locks, 64 clients: cycles per second"),
-    ] {
+    let contended = if wanted("contended") {
+        &[
+            (32, 1, "one lock, 32 clients: grants per second"),
+            (32, 32, "32 locks, 32 clients: cycles per second"),
+            (64, 64, "64 locks, 64 clients: cycles per second"),
+        ][..]
+    } else {
+        &[]
+    };
+    for &(clients, locks, what) in contended {
         let raw = Figure::Rate(floor.contended(clients, locks, sizes.seconds).await);
         // Where the machine's CPU goes while zkgate runs it: zkgate, ZooKeeper, this client.
         let pids = [
@@ -225,69 +242,75 @@ async fn run() {
     }
 
     // Queues: 32 producers, then 32 consumers taking at least once and acknowledging.
-    push(
-        &mut rows,
-        Row {
-            workload: "queue put, 32 producers: items per second".into(),
-            floor: Figure::Absent("n/a"),
-            zkgate: Figure::Rate(gate.queue_put(32, sizes.seconds).await),
-            kazoo: kazoo
-                .as_ref()
-                .map_or_else(no_kazoo, |k| Figure::Rate(k.queue_put(32, sizes.seconds))),
-            etcd: Figure::Absent("no queue API"),
-        },
-    );
-    push(
-        &mut rows,
-        Row {
-            workload: "queue take + ack (at least once), 32 consumers: items per second".into(),
-            floor: Figure::Absent("n/a"),
-            zkgate: Figure::Rate(gate.queue_take_ack(32, sizes.items, 1).await),
-            kazoo: kazoo
-                .as_ref()
-                .map_or_else(no_kazoo, |k| Figure::Rate(k.queue_take(32, sizes.items))),
-            etcd: Figure::Absent("no queue API"),
-        },
-    );
-    push(
-        &mut rows,
-        Row {
-            workload: "queue take + ack in batches of 10 (`max_items`, batch ack), 32 consumers: items per second"
-                .into(),
-            floor: Figure::Absent("n/a"),
-            zkgate: Figure::Rate(gate.queue_take_ack(32, sizes.items, 10).await),
-            kazoo: Figure::Absent("no batches"),
-            etcd: Figure::Absent("no queue API"),
-        },
-    );
+    if wanted("queue") {
+        push(
+            &mut rows,
+            Row {
+                workload: "queue put, 32 producers: items per second".into(),
+                floor: Figure::Absent("n/a"),
+                zkgate: Figure::Rate(gate.queue_put(32, sizes.seconds).await),
+                kazoo: kazoo
+                    .as_ref()
+                    .map_or_else(no_kazoo, |k| Figure::Rate(k.queue_put(32, sizes.seconds))),
+                etcd: Figure::Absent("no queue API"),
+            },
+        );
+        push(
+            &mut rows,
+            Row {
+                workload: "queue take + ack (at least once), 32 consumers: items per second".into(),
+                floor: Figure::Absent("n/a"),
+                zkgate: Figure::Rate(gate.queue_take_ack(32, sizes.items, 1).await),
+                kazoo: kazoo
+                    .as_ref()
+                    .map_or_else(no_kazoo, |k| Figure::Rate(k.queue_take(32, sizes.items))),
+                etcd: Figure::Absent("no queue API"),
+            },
+        );
+        push(
+            &mut rows,
+            Row {
+                workload: "queue take + ack in batches of 10 (`max_items`, batch ack), 32 consumers: items per second"
+                    .into(),
+                floor: Figure::Absent("n/a"),
+                zkgate: Figure::Rate(gate.queue_take_ack(32, sizes.items, 10).await),
+                kazoo: Figure::Absent("no batches"),
+                etcd: Figure::Absent("no queue API"),
+            },
+        );
+    }
 
     // Election failover: the leader's lease (session) ends; the next candidate learns it leads.
-    push(
-        &mut rows,
-        Row {
-            workload: "election failover after the leader's lease ends (median)".into(),
-            floor: Figure::Absent("n/a"),
-            zkgate: median_millis(&gate.failover(sizes.failovers).await),
-            kazoo: kazoo
-                .as_ref()
-                .map_or_else(no_kazoo, |k| median_millis(&k.failover(sizes.failovers))),
-            etcd: match &etcd {
-                Some(e) => median_millis(&e.failover(sizes.failovers).await),
-                None => no_etcd(),
+    if wanted("failover") {
+        push(
+            &mut rows,
+            Row {
+                workload: "election failover after the leader's lease ends (median)".into(),
+                floor: Figure::Absent("n/a"),
+                zkgate: median_millis(&gate.failover(sizes.failovers).await),
+                kazoo: kazoo
+                    .as_ref()
+                    .map_or_else(no_kazoo, |k| median_millis(&k.failover(sizes.failovers))),
+                etcd: match &etcd {
+                    Some(e) => median_millis(&e.failover(sizes.failovers).await),
+                    None => no_etcd(),
+                },
             },
-        },
-    );
+        );
+    }
 
-    push(
-        &mut rows,
-        Row {
-            workload: format!("zkgate memory per idle lease ({} leases)", sizes.leases),
-            floor: Figure::Absent("n/a"),
-            zkgate: Figure::Bytes(lease_bytes),
-            kazoo: Figure::Absent("n/a"),
-            etcd: Figure::Absent("n/a"),
-        },
-    );
+    if let Some(lease_bytes) = lease_bytes {
+        push(
+            &mut rows,
+            Row {
+                workload: format!("zkgate memory per idle lease ({} leases)", sizes.leases),
+                floor: Figure::Absent("n/a"),
+                zkgate: Figure::Bytes(lease_bytes),
+                kazoo: Figure::Absent("n/a"),
+                etcd: Figure::Absent("n/a"),
+            },
+        );
+    }
 
     report(&rows);
     println!();
