@@ -286,6 +286,12 @@ impl Zkgate {
     /// Extra resident memory per idle lease, over `count` leases.
     pub async fn idle_lease_bytes(self: &Arc<Self>, count: usize) -> f64 {
         let before = self.child.rss_bytes();
+        self.hold_leases(count).await;
+        (self.child.rss_bytes().saturating_sub(before)) as f64 / count as f64
+    }
+
+    /// Creates `count` leases (an hour's TTL) and leaves them idle.
+    pub async fn hold_leases(self: &Arc<Self>, count: usize) {
         let tasks: Vec<_> = (0..32)
             .map(|c| {
                 let gate = self.clone();
@@ -299,6 +305,5 @@ impl Zkgate {
         for task in tasks {
             task.await.expect("leases");
         }
-        (self.child.rss_bytes().saturating_sub(before)) as f64 / count as f64
     }
 }

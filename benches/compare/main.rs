@@ -5,7 +5,8 @@
 //! Run: `cargo bench --bench compare` (prints a Markdown table for BENCHMARKS.md).
 //! `ZKGATE_BENCH_ONLY=zkgate` leaves kazoo and etcd out (to profile zkgate).
 //! `ZKGATE_BENCH_WORKLOADS=uncontended,queue` runs only those groups of rows (`memory`,
-//! `uncontended`, `contended`, `queue`, `failover`; all by default), e.g. under `perf`.
+//! `uncontended`, `contended`, `queue`, `failover`, `curves`; all by default), e.g. under
+//! `perf`.
 //! `ZKGATE_BENCH_QUICK=1` makes every workload tiny: CI runs it so that the bench cannot rot
 //! (it asserts what each system answered, never how fast).
 //!
@@ -35,6 +36,10 @@ struct Sizes {
     items: usize,
     failovers: usize,
     leases: usize,
+    /// Idle leases held at each point of the cost curve (cumulative), and the cycles measured
+    /// at each.
+    lease_curve: &'static [usize],
+    curve_cycles: usize,
 }
 
 impl Sizes {
@@ -47,6 +52,8 @@ impl Sizes {
                 items: 100,
                 failovers: 2,
                 leases: 500,
+                lease_curve: &[10, 200],
+                curve_cycles: 50,
             }
         } else {
             Sizes {
@@ -56,6 +63,8 @@ impl Sizes {
                 items: 3000,
                 failovers: 7,
                 leases: 10_000,
+                lease_curve: &[10, 1_000, 10_000, 100_000],
+                curve_cycles: 2_000,
             }
         }
     }
@@ -241,6 +250,36 @@ async fn run() {
         );
     }
 
+    // How cost grows: the uncontended cycle and memory per lease with more and more idle
+    // leases held (on a zkgate of its own, so that the rows above ran on a fresh one).
+    let mut curve = Vec::new();
+    if wanted("curves") {
+        let curved = Arc::new(gate::Zkgate::start(&connect).await);
+        let mut held = 0;
+        for &target in sizes.lease_curve {
+            let rss_before = curved.child.rss_bytes();
+            curved.hold_leases(target - held).await;
+            let added = target - held;
+            held = target;
+            let per_lease = (curved.child.rss_bytes().saturating_sub(rss_before)) as f64 / added as f64;
+            curved.cycles(sizes.curve_cycles / 4).await;
+            let cpu_before = curved.child.cpu_time();
+            let samples = curved.cycles(sizes.curve_cycles).await;
+            let cpu = curved.child.cpu_time().saturating_sub(cpu_before);
+            let point = CurvePoint {
+                leases: target,
+                cycle: Latency::of(&samples),
+                cpu_micros: cpu.as_secs_f64() * 1e6 / (2 * sizes.curve_cycles) as f64,
+                bytes_per_lease: (added >= 500).then_some(per_lease),
+            };
+            eprintln!(
+                "{} idle leases: cycle p50 {:.0} µs, CPU {:.0} µs a request",
+                point.leases, point.cycle.p50, point.cpu_micros
+            );
+            curve.push(point);
+        }
+    }
+
     // Queues: 32 producers, then 32 consumers taking at least once and acknowledging.
     if wanted("queue") {
         push(
@@ -313,6 +352,9 @@ async fn run() {
     }
 
     report(&rows);
+    if !curve.is_empty() {
+        report_curve(&curve);
+    }
     println!();
     for budget in budgets {
         println!(
@@ -334,6 +376,38 @@ fn push(rows: &mut Vec<Row>, row: Row) {
         row.floor.show()
     );
     rows.push(row);
+}
+
+/// One point of a cost curve.
+struct CurvePoint {
+    leases: usize,
+    cycle: Latency,
+    cpu_micros: f64,
+    /// Memory per lease of those added since the previous point (too few added: none).
+    bytes_per_lease: Option<f64>,
+}
+
+fn report_curve(points: &[CurvePoint]) {
+    println!();
+    println!(
+        "| idle leases held | uncontended cycle | CPU per request | memory per lease added | cycle p50 vs the first | CPU vs the first |"
+    );
+    println!("|---|---|---|---|---|---|");
+    let first = &points[0];
+    for point in points {
+        println!(
+            "| {} | p50 {:.0} µs, p99 {:.0} µs | {:.0} µs | {} | {:.2}x | {:.2}x |",
+            point.leases,
+            point.cycle.p50,
+            point.cycle.p99,
+            point.cpu_micros,
+            point
+                .bytes_per_lease
+                .map_or("–".into(), |b| format!("{:.2} KiB", b / 1024.0)),
+            point.cycle.p50 / first.cycle.p50,
+            point.cpu_micros / first.cpu_micros,
+        );
+    }
 }
 
 fn report(rows: &[Row]) {
