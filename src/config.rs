@@ -158,12 +158,14 @@ pub struct ServeConfig {
     pub event_backlog: usize,
 
     /// How long a topic stays live (with its ZooKeeper watches and recent events) after its last
-    /// subscriber left, so that one that reconnects can resume. `0s`: not at all.
+    /// subscriber left, so that one that reconnects can resume; so does a queue's view (its
+    /// watch) after its last taker. `0s`: not at all.
     #[arg(long, env = "ZKGATE_EVENT_LINGER", default_value = "30s", value_parser = duration)]
     pub event_linger: Duration,
 
-    /// Most topics lingering without a subscriber at once; past it a topic ends with its last
-    /// subscriber (and a client that comes back gets the state again).
+    /// Most topics lingering without a subscriber at once, and as many queue views without a
+    /// taker; past it a topic ends with its last subscriber (and a client that comes back gets
+    /// the state again), a queue's view with its last taker.
     #[arg(long, env = "ZKGATE_MAX_LINGERING_TOPICS", default_value_t = 1024)]
     pub max_lingering_topics: usize,
 

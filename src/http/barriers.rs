@@ -183,7 +183,7 @@ pub async fn wait(
 }
 
 /// Lists the barriers that are up.
-#[utoipa::path(get, path = "/v1/barriers", tag = "barriers", responses(
+#[utoipa::path(get, path = "/v1/barriers", tag = "barriers", params(super::paging::PageQuery), responses(
     (status = 200, body = Vec<LockSummary>),
     Problems<(p::ZookeeperUnavailable,)>,
 ))]
@@ -191,8 +191,9 @@ pub async fn list_barriers(
     State(state): State<AppState>,
     caller: Caller,
     consistency: Consistency,
-) -> Result<Json<Vec<LockSummary>>, ApiError> {
-    list(&state, &caller, Kind::Barrier, consistency).await
+    paging: super::paging::Paging,
+) -> Result<super::paging::Page<LockSummary>, ApiError> {
+    list(&state, &caller, Kind::Barrier, consistency, &paging).await
 }
 
 super::events::events_handler!(

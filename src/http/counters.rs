@@ -276,7 +276,7 @@ pub async fn delete(
 }
 
 /// Lists the counters that exist.
-#[utoipa::path(get, path = "/v1/counters", tag = "counters", responses(
+#[utoipa::path(get, path = "/v1/counters", tag = "counters", params(super::paging::PageQuery), responses(
     (status = 200, body = Vec<LockSummary>),
     Problems<(p::ZookeeperUnavailable,)>,
 ))]
@@ -284,8 +284,9 @@ pub async fn list_counters(
     State(state): State<AppState>,
     caller: Caller,
     consistency: Consistency,
-) -> Result<Json<Vec<LockSummary>>, ApiError> {
-    list(&state, &caller, Kind::Counter, consistency).await
+    paging: super::paging::Paging,
+) -> Result<super::paging::Page<LockSummary>, ApiError> {
+    list(&state, &caller, Kind::Counter, consistency, &paging).await
 }
 
 super::events::events_handler!(

@@ -279,7 +279,7 @@ state_handler!(
 );
 
 /// Lists the double barriers.
-#[utoipa::path(get, path = "/v1/double-barriers", tag = "barriers", responses(
+#[utoipa::path(get, path = "/v1/double-barriers", tag = "barriers", params(super::paging::PageQuery), responses(
     (status = 200, body = Vec<LockSummary>),
     Problems<(p::ZookeeperUnavailable,)>,
 ))]
@@ -287,8 +287,9 @@ pub async fn list_double_barriers(
     State(state): State<AppState>,
     caller: Caller,
     consistency: Consistency,
-) -> Result<Json<Vec<LockSummary>>, ApiError> {
-    list(&state, &caller, Kind::DoubleBarrier, consistency).await
+    paging: super::paging::Paging,
+) -> Result<super::paging::Page<LockSummary>, ApiError> {
+    list(&state, &caller, Kind::DoubleBarrier, consistency, &paging).await
 }
 
 super::events::events_handler!(

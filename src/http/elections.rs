@@ -203,7 +203,7 @@ state_handler!(
 
 /// Lists the elections that exist in ZooKeeper, with their number of candidates (plus the
 /// acknowledgement node when someone leads).
-#[utoipa::path(get, path = "/v1/elections", tag = "elections", responses(
+#[utoipa::path(get, path = "/v1/elections", tag = "elections", params(super::paging::PageQuery), responses(
     (status = 200, body = Vec<LockSummary>),
     Problems<(p::ZookeeperUnavailable,)>,
 ))]
@@ -211,8 +211,9 @@ pub async fn list_elections(
     State(state): State<AppState>,
     caller: Caller,
     consistency: Consistency,
-) -> Result<Json<Vec<LockSummary>>, ApiError> {
-    list(&state, &caller, Kind::Election, consistency).await
+    paging: super::paging::Paging,
+) -> Result<super::paging::Page<LockSummary>, ApiError> {
+    list(&state, &caller, Kind::Election, consistency, &paging).await
 }
 
 /// Changes the value the leader proclaims. Only the leader may: anyone else gets 409.

@@ -236,7 +236,7 @@ pub async fn members(
 }
 
 /// Lists the groups that exist in ZooKeeper, with their number of members.
-#[utoipa::path(get, path = "/v1/groups", tag = "groups", responses(
+#[utoipa::path(get, path = "/v1/groups", tag = "groups", params(super::paging::PageQuery), responses(
     (status = 200, body = Vec<GroupSummary>),
     Problems<(p::ZookeeperUnavailable,)>,
 ))]
@@ -244,14 +244,12 @@ pub async fn list_groups(
     State(state): State<AppState>,
     caller: Caller,
     consistency: Consistency,
-) -> Result<Json<Vec<GroupSummary>>, ApiError> {
+    paging: super::paging::Paging,
+) -> Result<super::paging::Page<GroupSummary>, ApiError> {
     let names = readable(&state, &caller, Kind::Group, consistency).await?;
-    Ok(Json(
-        names
-            .into_iter()
-            .map(|(group, members)| GroupSummary { group, members })
-            .collect(),
-    ))
+    Ok(paging
+        .page(names, |(group, _)| group.clone())
+        .map(|(group, members)| GroupSummary { group, members }))
 }
 
 super::events::events_handler!(

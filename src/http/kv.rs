@@ -67,6 +67,15 @@ pub struct ReadQuery {
 pub struct ListQuery {
     /// List the keys under this key (`a/b`); the top level when absent.
     pub prefix: Option<String>,
+    /// Most keys in the answer (1 to 10000, default 1000). When more follow, the answer's
+    /// `Link` header (`rel="next"`) is the URL of the next page.
+    #[param(minimum = 1, maximum = 10000)]
+    #[allow(dead_code)] // read by the `Paging` extractor; here for the spec and the field check
+    pub limit: Option<usize>,
+    /// Where the page starts: the `cursor` of the previous page's `Link` (opaque).
+    #[param(max_length = 4096, pattern = "^([0-9a-f]{2})*$")]
+    #[allow(dead_code)] // as `limit`
+    pub cursor: Option<String>,
 }
 
 /// The keys directly under a prefix.
@@ -356,7 +365,8 @@ pub async fn list_keys(
     caller: Caller,
     ApiQuery(query): ApiQuery<ListQuery>,
     consistency: Consistency,
-) -> Result<axum::Json<KeyList>, ApiError> {
+    paging: super::paging::Paging,
+) -> Result<axum::response::Response, ApiError> {
     let prefix = query.prefix.unwrap_or_default();
     let path = if prefix.is_empty() {
         format!("{}/kv", state.config.root)
@@ -380,12 +390,20 @@ pub async fn list_keys(
                     caller.may("kv", &full, crate::auth::Access::Read)
                 })
                 .collect();
-            Ok(axum::Json(KeyList { prefix, keys }))
+            let page = paging.page(keys, String::clone);
+            Ok(super::paging::Page::<String>::with_link(
+                page.next,
+                axum::Json(KeyList {
+                    prefix,
+                    keys: page.entries,
+                }),
+            ))
         }
         None if prefix.is_empty() => Ok(axum::Json(KeyList {
             prefix,
             keys: Vec::new(),
-        })),
+        })
+        .into_response()),
         None => Err(ApiError::not_found("key", format!("no key `{prefix}`"))),
     }
 }

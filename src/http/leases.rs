@@ -183,22 +183,31 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
 }
 
 /// Lists the live leases of this instance, oldest first.
-#[utoipa::path(get, path = "/v1/leases", tag = "leases", responses((status = 200, body = Vec<LeaseSummary>)))]
-pub async fn list_leases(State(state): State<AppState>, caller: Caller) -> Json<Vec<LeaseSummary>> {
-    Json(
-        state
-            .leases
-            .list(&caller)
-            .iter()
-            .map(|l| LeaseSummary {
-                id: l.id.clone(),
-                ttl_ms: l.ttl.as_millis() as u64,
-                remaining_ms: l.remaining().as_millis() as u64,
-                age_ms: millis_since(l.created_at),
-                holdings: l.holdings().len(),
-            })
-            .collect(),
-    )
+#[utoipa::path(get, path = "/v1/leases", tag = "leases", params(super::paging::PageQuery), responses(
+    (status = 200, body = Vec<LeaseSummary>),
+    Problems<(p::InvalidField,)>,
+))]
+pub async fn list_leases(
+    State(state): State<AppState>,
+    caller: Caller,
+    paging: super::paging::Paging,
+) -> super::paging::Page<LeaseSummary> {
+    // Oldest first: by creation time (ns since the epoch, zero-padded so that the text sorts
+    // as the number), then id.
+    let created = |l: &std::sync::Arc<crate::recipes::lease::Lease>| {
+        let nanos = l
+            .created_at
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        format!("{nanos:024}|{}", l.id)
+    };
+    paging.page(state.leases.list(&caller), created).map(|l| LeaseSummary {
+        id: l.id.clone(),
+        ttl_ms: l.ttl.as_millis() as u64,
+        remaining_ms: l.remaining().as_millis() as u64,
+        age_ms: millis_since(l.created_at),
+        holdings: l.holdings().len(),
+    })
 }
 
 /// Reads a lease: remaining TTL and everything it holds.

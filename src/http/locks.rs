@@ -88,7 +88,7 @@ state_handler!(
 );
 
 /// Lists the locks that exist in ZooKeeper, with their number of contenders.
-#[utoipa::path(get, path = "/v1/locks", tag = "locks", responses(
+#[utoipa::path(get, path = "/v1/locks", tag = "locks", params(super::paging::PageQuery), responses(
     (status = 200, body = Vec<LockSummary>),
     Problems<(p::ZookeeperUnavailable,)>,
 ))]
@@ -96,8 +96,9 @@ pub async fn list_locks(
     State(state): State<AppState>,
     caller: Caller,
     consistency: Consistency,
-) -> Result<Json<Vec<LockSummary>>, ApiError> {
-    list(&state, &caller, Kind::Lock, consistency).await
+    paging: super::paging::Paging,
+) -> Result<super::paging::Page<LockSummary>, ApiError> {
+    list(&state, &caller, Kind::Lock, consistency, &paging).await
 }
 
 /// Reads a handle: waiting (with position), held (with fencing token) or lost (with reason).

@@ -27,6 +27,7 @@ mod limits;
 mod lock_sets;
 mod locks;
 pub mod origin;
+pub mod paging;
 mod queues;
 mod routed;
 mod rwlocks;
@@ -283,20 +284,18 @@ pub async fn readable(
         .collect())
 }
 
-/// `GET /v1/<kind>`: [readable] as a list.
+/// `GET /v1/<kind>`: [readable] as a list, one page of it.
 pub async fn list(
     state: &AppState,
     caller: &crate::auth::Caller,
     kind: Kind,
     consistency: Consistency,
-) -> Result<Json<Vec<LockSummary>>, ApiError> {
+    paging: &paging::Paging,
+) -> Result<paging::Page<LockSummary>, ApiError> {
     let names = readable(state, caller, kind, consistency).await?;
-    Ok(Json(
-        names
-            .into_iter()
-            .map(|(name, contenders)| LockSummary { name, contenders })
-            .collect(),
-    ))
+    Ok(paging
+        .page(names, |(name, _)| name.clone())
+        .map(|(name, contenders)| LockSummary { name, contenders }))
 }
 
 /// `GET` of a resource: its state, as its topic carries it, read on the primary session at

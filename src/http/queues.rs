@@ -794,7 +794,7 @@ pub async fn replay_old_path(state: State<AppState>, path: ApiPath<(String, Stri
 }
 
 /// Lists the queues.
-#[utoipa::path(get, path = "/v1/queues", tag = "queues", responses(
+#[utoipa::path(get, path = "/v1/queues", tag = "queues", params(super::paging::PageQuery), responses(
     (status = 200, body = Vec<LockSummary>),
     Problems<(p::ZookeeperUnavailable,)>,
 ))]
@@ -802,8 +802,9 @@ pub async fn list_queues(
     State(state): State<AppState>,
     caller: Caller,
     consistency: Consistency,
-) -> Result<Json<Vec<LockSummary>>, ApiError> {
-    list(&state, &caller, Kind::Queue, consistency).await
+    paging: super::paging::Paging,
+) -> Result<super::paging::Page<LockSummary>, ApiError> {
+    list(&state, &caller, Kind::Queue, consistency, &paging).await
 }
 
 super::events::events_handler!(

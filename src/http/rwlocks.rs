@@ -104,7 +104,7 @@ state_handler!(
 );
 
 /// Lists the read/write locks that exist in ZooKeeper, with their number of contenders.
-#[utoipa::path(get, path = "/v1/rwlocks", tag = "rwlocks", responses(
+#[utoipa::path(get, path = "/v1/rwlocks", tag = "rwlocks", params(super::paging::PageQuery), responses(
     (status = 200, body = Vec<LockSummary>),
     Problems<(p::ZookeeperUnavailable,)>,
 ))]
@@ -112,8 +112,9 @@ pub async fn list_rwlocks(
     State(state): State<AppState>,
     caller: Caller,
     consistency: Consistency,
-) -> Result<Json<Vec<LockSummary>>, ApiError> {
-    list(&state, &caller, Kind::RwLock, consistency).await
+    paging: super::paging::Paging,
+) -> Result<super::paging::Page<LockSummary>, ApiError> {
+    list(&state, &caller, Kind::RwLock, consistency, &paging).await
 }
 
 /// Reads a handle: waiting (with position), held (with fencing token) or lost (with reason).

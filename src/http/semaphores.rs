@@ -179,7 +179,7 @@ state_handler!(
 );
 
 /// Lists the semaphores that exist in ZooKeeper.
-#[utoipa::path(get, path = "/v1/semaphores", tag = "semaphores", responses(
+#[utoipa::path(get, path = "/v1/semaphores", tag = "semaphores", params(super::paging::PageQuery), responses(
     (status = 200, body = Vec<LockSummary>),
     Problems<(p::ZookeeperUnavailable,)>,
 ))]
@@ -187,8 +187,9 @@ pub async fn list_semaphores(
     State(state): State<AppState>,
     caller: Caller,
     consistency: Consistency,
-) -> Result<Json<Vec<LockSummary>>, ApiError> {
-    list(&state, &caller, Kind::Semaphore, consistency).await
+    paging: super::paging::Paging,
+) -> Result<super::paging::Page<LockSummary>, ApiError> {
+    list(&state, &caller, Kind::Semaphore, consistency, &paging).await
 }
 
 /// Reads a permit request.

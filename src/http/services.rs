@@ -298,7 +298,7 @@ fn next_turn(service: &str) -> usize {
 }
 
 /// Lists the services that have (or had) instances.
-#[utoipa::path(get, path = "/v1/services", tag = "services", responses(
+#[utoipa::path(get, path = "/v1/services", tag = "services", params(super::paging::PageQuery), responses(
     (status = 200, body = Vec<LockSummary>),
     Problems<(p::ZookeeperUnavailable,)>,
 ))]
@@ -306,8 +306,9 @@ pub async fn list_services(
     State(state): State<AppState>,
     caller: Caller,
     consistency: Consistency,
-) -> Result<Json<Vec<LockSummary>>, ApiError> {
-    list(&state, &caller, Kind::Service, consistency).await
+    paging: super::paging::Paging,
+) -> Result<super::paging::Page<LockSummary>, ApiError> {
+    list(&state, &caller, Kind::Service, consistency, &paging).await
 }
 
 super::events::events_handler!(

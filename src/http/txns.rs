@@ -315,7 +315,7 @@ async fn participant_of(
 }
 
 /// Lists the transactions.
-#[utoipa::path(get, path = "/v1/txns", tag = "txns", responses(
+#[utoipa::path(get, path = "/v1/txns", tag = "txns", params(super::paging::PageQuery), responses(
     (status = 200, body = Vec<LockSummary>),
     Problems<(p::ZookeeperUnavailable,)>,
 ))]
@@ -323,8 +323,9 @@ pub async fn list_txns(
     State(state): State<AppState>,
     caller: Caller,
     consistency: Consistency,
-) -> Result<Json<Vec<LockSummary>>, ApiError> {
-    list(&state, &caller, Kind::Txn, consistency).await
+    paging: super::paging::Paging,
+) -> Result<super::paging::Page<LockSummary>, ApiError> {
+    list(&state, &caller, Kind::Txn, consistency, &paging).await
 }
 
 super::events::events_handler!(

@@ -1,0 +1,145 @@
+//! Paged lists: `limit` and `cursor`, and the `Link` header to the next page. A client that
+//! follows the links sees every entry once and in order, even while entries come and go; the
+//! default page is bounded.
+
+mod common;
+
+use common::{Gate, zookeeper};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+/// `GET url`: the status, the body and the next page's URL (from `Link`), if any.
+async fn page(gate: &Gate, url: &str) -> (StatusCode, Value, Option<String>) {
+    let response = gate.http.get(format!("{}{url}", gate.url)).send().await.expect("list");
+    let status = response.status();
+    let next = response
+        .headers()
+        .get(reqwest::header::LINK)
+        .and_then(|v| v.to_str().ok())
+        .map(|link| {
+            assert!(link.ends_with("; rel=\"next\""), "{link}");
+            link.trim_start_matches('<').split('>').next().expect("url").to_string()
+        });
+    let body = response.json().await.unwrap_or(Value::Null);
+    (status, body, next)
+}
+
+async fn put_key(gate: &Gate, key: &str) {
+    let response = gate
+        .http
+        .put(format!("{}/v1/kv/{key}", gate.url))
+        .header("Content-Type", "text/plain")
+        .body("v")
+        .send()
+        .await
+        .expect("put");
+    assert_eq!(response.status(), StatusCode::CREATED, "{key}");
+}
+
+#[tokio::test]
+async fn following_the_links_lists_every_key_once_in_order_while_keys_come_and_go() {
+    let zk = zookeeper().await;
+    let gate = Gate::start(&zk.connect_string()).await;
+    for n in 0..25 {
+        put_key(&gate, &format!("pages/k{n:02}")).await;
+    }
+    let mut seen = Vec::new();
+    let mut url = "/v1/kv?prefix=pages&limit=10".to_string();
+    let mut pages = 0;
+    loop {
+        let (status, body, next) = page(&gate, &url).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert_eq!(body["prefix"], "pages");
+        let keys: Vec<String> = serde_json::from_value(body["keys"].clone()).expect("keys");
+        assert!(keys.len() <= 10, "{keys:?}");
+        seen.extend(keys);
+        pages += 1;
+        if pages == 1 {
+            // Between the pages: one key before the cursor goes and one comes, one after comes.
+            let deleted = gate.delete("/v1/kv/pages/k03").await;
+            assert_eq!(deleted.status, StatusCode::NO_CONTENT);
+            put_key(&gate, "pages/k035").await;
+            put_key(&gate, "pages/k175").await;
+        }
+        match next {
+            Some(next) => url = next,
+            None => break,
+        }
+    }
+    let mut expected: Vec<String> = (0..25).map(|n| format!("k{n:02}")).collect();
+    expected.insert(18, "k175".into());
+    assert_eq!(seen, expected, "the first page's keys, then what came after the cursor");
+    assert_eq!(pages, 3);
+}
+
+#[tokio::test]
+async fn every_list_pages_and_the_default_page_is_bounded() {
+    let zk = zookeeper().await;
+    let gate = Gate::start(&zk.connect_string()).await;
+    // Leases, oldest first: pages of 4 give them back in the order they were made.
+    let mut made = Vec::new();
+    for _ in 0..10 {
+        made.push(gate.lease("1m").await);
+    }
+    let mut listed = Vec::new();
+    let mut url = Some("/v1/leases?limit=4".to_string());
+    while let Some(at) = url {
+        let (status, body, next) = page(&gate, &at).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        listed.extend(
+            body.as_array()
+                .expect("leases")
+                .iter()
+                .map(|l| l["id"].as_str().expect("id").to_string()),
+        );
+        url = next;
+    }
+    assert_eq!(listed, made);
+
+    // Locks (as every kind's list): held by one lease, listed two by two.
+    let lease = &made[0];
+    for name in ["la", "lb", "lc", "ld", "le"] {
+        let granted = gate
+            .post(
+                &format!("/v1/locks/{name}/acquire?wait=0"),
+                Some(json!({ "lease": lease })),
+            )
+            .await;
+        assert_eq!(granted.status, StatusCode::OK, "{granted:?}");
+    }
+    let (_, first, next) = page(&gate, "/v1/locks?limit=2").await;
+    let names = |body: &Value| -> Vec<String> {
+        body.as_array()
+            .expect("list")
+            .iter()
+            .map(|l| l["name"].as_str().expect("name").to_string())
+            .collect()
+    };
+    assert_eq!(names(&first), ["la", "lb"]);
+    let (_, second, _) = page(&gate, &next.expect("a next page")).await;
+    assert_eq!(names(&second), ["lc", "ld"]);
+
+    // Without a limit, at most 1,000 keys and a link to the rest.
+    for n in 0..1001 {
+        put_key(&gate, &format!("many/k{n:04}")).await;
+    }
+    let (_, body, next) = page(&gate, "/v1/kv?prefix=many").await;
+    assert_eq!(body["keys"].as_array().map(Vec::len), Some(1000));
+    let (_, rest, last) = page(&gate, &next.expect("a link to the rest")).await;
+    assert_eq!(rest["keys"], json!(["k1000"]));
+    assert!(last.is_none(), "no link after the last page");
+
+    // Limits and cursors the lists did not give are refused, naming the parameter.
+    for url in [
+        "/v1/kv?limit=0",
+        "/v1/locks?limit=10001",
+        "/v1/leases?limit=many",
+        "/v1/groups?cursor=not-hex",
+        "/v1/queues?cursor=abc",
+    ] {
+        let (status, body, _) = page(&gate, url).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{url}: {body}");
+        let field = if url.contains("limit") { "limit" } else { "cursor" };
+        assert_eq!(body["field"], field, "{url}: {body}");
+    }
+}
