@@ -143,3 +143,35 @@ async fn every_list_pages_and_the_default_page_is_bounded() {
         assert_eq!(body["field"], field, "{url}: {body}");
     }
 }
+
+#[tokio::test]
+async fn a_queues_items_page_in_the_order_they_will_be_taken() {
+    let zk = zookeeper().await;
+    let gate = Gate::start(&zk.connect_string()).await;
+    // Priorities put out of order: the pages follow (priority, then put order).
+    for (n, priority) in [(0, 50), (1, 10), (2, 50), (3, 90), (4, 10), (5, 50), (6, 10)] {
+        let put = gate
+            .post(
+                &format!("/v1/queues/paged/items?priority={priority}"),
+                Some(json!({ "n": n })),
+            )
+            .await;
+        assert_eq!(put.status, StatusCode::CREATED, "{put:?}");
+    }
+    let mut seen = Vec::new();
+    let mut url = Some("/v1/queues/paged/items?limit=3".to_string());
+    while let Some(at) = url {
+        let (status, body, next) = page(&gate, &at).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        let items = body.as_array().expect("items");
+        assert!(items.len() <= 3);
+        seen.extend(items.iter().map(|i| i["body"]["n"].as_u64().expect("n")));
+        url = next;
+    }
+    assert_eq!(seen, [1, 4, 6, 0, 2, 5, 3]);
+    let (status, body, _) = page(&gate, "/v1/queues/paged/items?limit=1001").await;
+    assert_eq!(
+        (status, body["field"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("limit"))
+    );
+}

@@ -17,6 +17,7 @@ use utoipa_axum::routes;
 use super::consistency::Consistency;
 use super::error::{ApiError, Place, Problem, Problems, p};
 use super::extract::{ApiJson, ApiPath, ApiQuery};
+use super::paging::{Page, Paging};
 use super::{LockSummary, Resource, check_name, list, state_handler};
 use crate::AppState;
 use crate::auth::Caller;
@@ -259,9 +260,15 @@ pub(crate) const MAX_ACK_DEADLINE: Duration = Duration::from_secs(12 * 3600);
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 pub struct ItemsQuery {
-    /// How many items, first to take first (default 100, at most 1000).
+    /// How many items, first to take first (default 100, at most 1000). When more follow, the
+    /// answer's `Link` header (`rel="next"`) is the URL of the next page.
     #[param(minimum = 1, maximum = 1000)]
+    #[allow(dead_code)] // read with the cursor (`Paging`); here for the spec and the field check
     pub limit: Option<usize>,
+    /// Where the page starts: the `cursor` of the previous page's `Link` (opaque).
+    #[param(max_length = 4096, pattern = "^([0-9a-f]{2})*$")]
+    #[allow(dead_code)] // as `limit`
+    pub cursor: Option<String>,
 }
 
 /// Most items a listing returns.
@@ -696,31 +703,32 @@ state_handler!(
 pub async fn items(
     State(state): State<AppState>,
     ApiPath(name): ApiPath<String>,
-    ApiQuery(query): ApiQuery<ItemsQuery>,
+    ApiQuery(_query): ApiQuery<ItemsQuery>,
     consistency: Consistency,
-) -> Result<Json<Vec<Waiting>>, ApiError> {
+    uri: axum::http::Uri,
+) -> Result<Response, ApiError> {
     check_name(&name)?;
-    let limit = query.limit.unwrap_or(100);
-    if limit == 0 || limit > MAX_LISTED {
-        return Err(ApiError::invalid(
-            Place::Query,
-            "limit",
-            format!("must be 1 to {MAX_LISTED}"),
-        ));
-    }
-    let client = super::consistency::reader(&state, consistency).await?;
-    let items = queue::list(&client, &state.queues.paths(&name).items, limit).await?;
-    Ok(Json(
-        items
-            .into_iter()
-            .map(|(item, envelope, stat)| waiting_view(item, envelope, stat.ctime))
-            .collect(),
-    ))
+    let paging = Paging::parse(uri.path(), uri.query().unwrap_or_default(), 100, MAX_LISTED)?;
+    let dir = state.queues.paths(&name).items;
+    listed(&state, &dir, &paging, consistency).await
 }
 
-/// The dead letters: items delivered too many times, oldest first.
+/// One page of the items under `dir` (`items/` or `dead/`), in queue order, with their bodies.
+async fn listed(state: &AppState, dir: &str, paging: &Paging, consistency: Consistency) -> Result<Response, ApiError> {
+    let client = super::consistency::reader(state, consistency).await?;
+    let page = paging.page(queue::names(&client, dir).await?, |(place, _)| place.clone());
+    let names = page.entries.into_iter().map(|(_, name)| name).collect();
+    let items: Vec<Waiting> = queue::read(&client, dir, names)
+        .await?
+        .into_iter()
+        .map(|(item, envelope, stat)| waiting_view(item, envelope, stat.ctime))
+        .collect();
+    Ok(Page::<Waiting>::with_link(page.next, Json(items)))
+}
+
+/// The dead letters: items delivered too many times, oldest first (in pages, as `items`).
 #[utoipa::path(get, path = "/v1/queues/{name}/dead-letters", tag = "queues",
-    params(("name" = String, Path, description = "Queue name")),
+    params(("name" = String, Path, description = "Queue name"), ItemsQuery),
     responses(
         (status = 200, body = Vec<Waiting>),
         Problems<(p::InvalidField, p::ZookeeperUnavailable)>,
@@ -728,16 +736,14 @@ pub async fn items(
 pub async fn dead_letters(
     State(state): State<AppState>,
     ApiPath(name): ApiPath<String>,
+    ApiQuery(_query): ApiQuery<ItemsQuery>,
     consistency: Consistency,
-) -> Result<Json<Vec<Waiting>>, ApiError> {
+    uri: axum::http::Uri,
+) -> Result<Response, ApiError> {
     check_name(&name)?;
-    let client = super::consistency::reader(&state, consistency).await?;
-    let dead = queue::list(&client, &state.queues.paths(&name).dead, 1000).await?;
-    Ok(Json(
-        dead.into_iter()
-            .map(|(item, envelope, stat)| waiting_view(item, envelope, stat.ctime))
-            .collect(),
-    ))
+    let paging = Paging::parse(uri.path(), uri.query().unwrap_or_default(), 100, MAX_LISTED)?;
+    let dir = state.queues.paths(&name).dead;
+    listed(&state, &dir, &paging, consistency).await
 }
 
 /// Puts a dead item back into the queue, in its old place, its delivery count reset.
@@ -767,7 +773,7 @@ pub async fn replay(
 /// The dead letters under their old path: use `GET /v1/queues/{name}/dead-letters`, the name
 /// the queue's state, its topic and the metrics use.
 #[utoipa::path(get, path = "/v1/queues/{name}/dead", tag = "queues", operation_id = "dead_letters_old_path",
-    params(("name" = String, Path, description = "Queue name")),
+    params(("name" = String, Path, description = "Queue name"), ItemsQuery),
     responses(
         (status = 200, body = Vec<Waiting>),
         Problems<(p::InvalidField, p::ZookeeperUnavailable)>,
@@ -776,9 +782,11 @@ pub async fn replay(
 pub async fn dead_letters_old_path(
     state: State<AppState>,
     name: ApiPath<String>,
+    query: ApiQuery<ItemsQuery>,
     consistency: Consistency,
-) -> Result<Json<Vec<Waiting>>, ApiError> {
-    dead_letters(state, name, consistency).await
+    uri: axum::http::Uri,
+) -> Result<Response, ApiError> {
+    dead_letters(state, name, query, consistency, uri).await
 }
 
 /// A replay under its old path: use `POST /v1/queues/{name}/dead-letters/{item}/replay`.

@@ -723,19 +723,22 @@ pub async fn release_claim(
     }
 }
 
-/// The items under `dir` (`items/` or `dead/`) in queue order with their envelopes, at most
-/// `limit`.
-pub async fn list(client: &Client, dir: &str, limit: usize) -> Result<Vec<(String, Envelope, Stat)>, ZkError> {
+/// The items under `dir` (`items/` or `dead/`), each with its place in queue order as text
+/// (priority, then sequence: it sorts as the queue does), for paging.
+pub async fn names(client: &Client, dir: &str) -> Result<Vec<(String, String)>, ZkError> {
     let children = match retry_on_loss(|| client.list_children(dir)).await {
         Ok(children) => children,
         Err(ZkError::NoNode) => return Ok(Vec::new()),
         Err(err) => return Err(err),
     };
-    let names: Vec<String> = in_queue_order(&children)
+    Ok(children
         .into_iter()
-        .take(limit)
-        .map(str::to_string)
-        .collect();
+        .filter_map(|name| order_of(&name).map(|(priority, seq)| (format!("{priority:03}|{seq:020}"), name)))
+        .collect())
+}
+
+/// The items `names` under `dir` with their envelopes (an item gone meanwhile is left out).
+pub async fn read(client: &Client, dir: &str, names: Vec<String>) -> Result<Vec<(String, Envelope, Stat)>, ZkError> {
     let read = crate::zk::read_each(client, dir, names).await?;
     Ok(read
         .into_iter()
