@@ -290,6 +290,69 @@ impl Zkgate {
         (self.child.rss_bytes().saturating_sub(before)) as f64 / count as f64
     }
 
+    /// Acquires the locks `held-<n>` for `n` in `from..to`, each with one of `leases` (round
+    /// robin), 32 at a time, and keeps them.
+    pub async fn hold_locks(self: &Arc<Self>, from: usize, to: usize, leases: &Arc<Vec<String>>) {
+        let tasks: Vec<_> = (0..32)
+            .map(|c| {
+                let (gate, leases) = (self.clone(), leases.clone());
+                tokio::spawn(async move {
+                    for n in (from + c..to).step_by(32) {
+                        let lease = &leases[n % leases.len()];
+                        let (status, body) = gate
+                            .call(
+                                reqwest::Method::POST,
+                                &format!("/v1/locks/held-{n}/acquire?wait=0"),
+                                Some(json!({ "lease": lease })),
+                            )
+                            .await;
+                        assert_eq!(status, 200, "{body}");
+                    }
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await.expect("locks");
+        }
+    }
+
+    /// Puts the keys `<prefix>/k<n>` for `n` in `from..to`, 32 at a time.
+    pub async fn put_keys(self: &Arc<Self>, prefix: &str, from: usize, to: usize) {
+        let tasks: Vec<_> = (0..32)
+            .map(|c| {
+                let (gate, prefix) = (self.clone(), prefix.to_string());
+                tokio::spawn(async move {
+                    for n in (from + c..to).step_by(32) {
+                        let url = format!("{}/v1/kv/{prefix}/k{n:07}", gate.base);
+                        let response = gate.http.put(url).body("v").send().await.expect("put");
+                        assert_eq!(response.status().as_u16(), 201);
+                    }
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await.expect("keys");
+        }
+    }
+
+    /// `count` reads of `path` (which must answer 200), one after the other.
+    pub async fn reads(&self, path: &str, count: usize) -> Vec<Duration> {
+        let mut samples = Vec::with_capacity(count);
+        for _ in 0..count {
+            let start = Instant::now();
+            let response = self
+                .http
+                .get(format!("{}{path}", self.base))
+                .send()
+                .await
+                .expect("read");
+            assert_eq!(response.status().as_u16(), 200, "{path}");
+            response.bytes().await.expect("body");
+            samples.push(start.elapsed());
+        }
+        samples
+    }
+
     /// Creates `count` leases (an hour's TTL) and leaves them idle.
     pub async fn hold_leases(self: &Arc<Self>, count: usize) {
         let tasks: Vec<_> = (0..32)

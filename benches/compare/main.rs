@@ -40,6 +40,9 @@ struct Sizes {
     /// at each.
     lease_curve: &'static [usize],
     curve_cycles: usize,
+    /// Locks held, and keys under one prefix, at each point of their curves.
+    lock_curve: &'static [usize],
+    key_curve: &'static [usize],
 }
 
 impl Sizes {
@@ -54,6 +57,8 @@ impl Sizes {
                 leases: 500,
                 lease_curve: &[10, 200],
                 curve_cycles: 50,
+                lock_curve: &[10, 200],
+                key_curve: &[10, 200],
             }
         } else {
             Sizes {
@@ -65,6 +70,8 @@ impl Sizes {
                 leases: 10_000,
                 lease_curve: &[10, 1_000, 10_000, 100_000],
                 curve_cycles: 2_000,
+                lock_curve: &[10, 1_000, 10_000, 100_000],
+                key_curve: &[1_000, 10_000, 100_000],
             }
         }
     }
@@ -253,6 +260,8 @@ async fn run() {
     // How cost grows: the uncontended cycle and memory per lease with more and more idle
     // leases held (on a zkgate of its own, so that the rows above ran on a fresh one).
     let mut curve = Vec::new();
+    let mut lock_curve = Vec::new();
+    let mut key_curve = Vec::new();
     if wanted("curves") {
         let curved = Arc::new(gate::Zkgate::start(&connect).await);
         let mut held = 0;
@@ -267,16 +276,49 @@ async fn run() {
             let samples = curved.cycles(sizes.curve_cycles).await;
             let cpu = curved.child.cpu_time().saturating_sub(cpu_before);
             let point = CurvePoint {
-                leases: target,
+                count: target,
                 cycle: Latency::of(&samples),
                 cpu_micros: cpu.as_secs_f64() * 1e6 / (2 * sizes.curve_cycles) as f64,
-                bytes_per_lease: (added >= 500).then_some(per_lease),
+                bytes_per_one: (added >= 500).then_some(per_lease),
             };
             eprintln!(
                 "{} idle leases: cycle p50 {:.0} µs, CPU {:.0} µs a request",
-                point.leases, point.cycle.p50, point.cpu_micros
+                point.count, point.cycle.p50, point.cpu_micros
             );
             curve.push(point);
+        }
+        // Locks held by others (a hundred leases): acquiring and releasing another.
+        let holders = Arc::new(futures::future::join_all((0..100).map(|_| curved.lease("1h"))).await);
+        let mut locked = 0;
+        for &target in sizes.lock_curve {
+            let rss_before = curved.child.rss_bytes();
+            curved.hold_locks(locked, target, &holders).await;
+            let added = target - locked;
+            locked = target;
+            let per_lock = (curved.child.rss_bytes().saturating_sub(rss_before)) as f64 / added as f64;
+            curved.cycles(sizes.curve_cycles / 4).await;
+            let cpu_before = curved.child.cpu_time();
+            let samples = curved.cycles(sizes.curve_cycles).await;
+            let cpu = curved.child.cpu_time().saturating_sub(cpu_before);
+            lock_curve.push(CurvePoint {
+                count: target,
+                cycle: Latency::of(&samples),
+                cpu_micros: cpu.as_secs_f64() * 1e6 / (2 * sizes.curve_cycles) as f64,
+                bytes_per_one: (added >= 500).then_some(per_lock),
+            });
+        }
+        // Keys under one prefix: reading one, and the first page of the list.
+        let mut keys = 0;
+        for &target in sizes.key_curve {
+            curved.put_keys("many", keys, target).await;
+            keys = target;
+            let read = Latency::of(&curved.reads("/v1/kv/many/k0000000", sizes.curve_cycles).await);
+            let list = Latency::of(
+                &curved
+                    .reads("/v1/kv?prefix=many&limit=1000", sizes.curve_cycles / 10)
+                    .await,
+            );
+            key_curve.push((target, read, list));
         }
     }
 
@@ -353,7 +395,24 @@ async fn run() {
 
     report(&rows);
     if !curve.is_empty() {
-        report_curve(&curve);
+        report_curve("idle leases held", &curve);
+        report_curve("locks held by others", &lock_curve);
+        println!();
+        println!(
+            "| keys under the prefix | read one key | list a page of 1,000 | read vs the first | list vs the first |"
+        );
+        println!("|---|---|---|---|---|");
+        for (keys, read, list) in &key_curve {
+            println!(
+                "| {keys} | p50 {:.0} µs, p99 {:.0} µs | p50 {:.0} µs, p99 {:.0} µs | {:.2}x | {:.2}x |",
+                read.p50,
+                read.p99,
+                list.p50,
+                list.p99,
+                read.p50 / key_curve[0].1.p50,
+                list.p50 / key_curve[0].2.p50,
+            );
+        }
     }
     println!();
     for budget in budgets {
@@ -380,29 +439,30 @@ fn push(rows: &mut Vec<Row>, row: Row) {
 
 /// One point of a cost curve.
 struct CurvePoint {
-    leases: usize,
+    /// How many leases (or locks...) were held.
+    count: usize,
     cycle: Latency,
     cpu_micros: f64,
-    /// Memory per lease of those added since the previous point (too few added: none).
-    bytes_per_lease: Option<f64>,
+    /// Memory per one of those added since the previous point (too few added: none).
+    bytes_per_one: Option<f64>,
 }
 
-fn report_curve(points: &[CurvePoint]) {
+fn report_curve(what: &str, points: &[CurvePoint]) {
     println!();
     println!(
-        "| idle leases held | uncontended cycle | CPU per request | memory per lease added | cycle p50 vs the first | CPU vs the first |"
+        "| {what} | uncontended cycle | CPU per request | memory per one added | cycle p50 vs the first | CPU vs the first |"
     );
     println!("|---|---|---|---|---|---|");
     let first = &points[0];
     for point in points {
         println!(
             "| {} | p50 {:.0} µs, p99 {:.0} µs | {:.0} µs | {} | {:.2}x | {:.2}x |",
-            point.leases,
+            point.count,
             point.cycle.p50,
             point.cycle.p99,
             point.cpu_micros,
             point
-                .bytes_per_lease
+                .bytes_per_one
                 .map_or("–".into(), |b| format!("{:.2} KiB", b / 1024.0)),
             point.cycle.p50 / first.cycle.p50,
             point.cpu_micros / first.cpu_micros,
