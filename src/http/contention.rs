@@ -269,19 +269,18 @@ fn check_waiter_limits<P: Protocol>(
     }
     let settings = state.limits.settings;
     let retry = Duration::from_secs(1);
-    if handles.queued(|h| h.name == name) >= settings.waiters_per_lock {
+    if handles.queued_at(name) >= settings.waiters_per_lock {
         let detail = format!(
             "at most {} contenders may wait for `{name}` on this instance",
             settings.waiters_per_lock
         );
         return Err(crate::limits::refusal(detail, retry).into());
     }
-    let owned = |owner: &Option<String>| *owner == lease.owner;
     let mine = [&state.locks, &state.rwlocks, &state.elections]
         .iter()
-        .map(|r| r.queued(|h| owned(&h.lease.owner)))
+        .map(|r| r.queued_of(&lease.owner))
         .sum::<usize>()
-        + state.semaphores.queued(|h| owned(&h.lease.owner));
+        + state.semaphores.queued_of(&lease.owner);
     if mine >= settings.waiters_per_principal {
         let detail = format!(
             "at most {} waiting contenders per principal on this instance",
