@@ -763,6 +763,8 @@ async fn views_of_queues_nobody_takes_from_are_bounded() {
         }
     })
     .await;
+    // Those within it linger (their 30 s are not up): views are kept, only bounded.
+    assert_eq!(gate.running.state.queues.shelves(), 2);
     // The lingering ones still serve (and a new taker revives nothing it need not).
     assert_eq!(
         put(&gate, "idle-11", "", json!({ "n": 1 })).await.status,

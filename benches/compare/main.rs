@@ -268,19 +268,8 @@ async fn run() {
         for &target in sizes.lease_curve {
             let rss_before = curved.child.rss_bytes();
             curved.hold_leases(target - held).await;
-            let added = target - held;
+            let point = CurvePoint::measure(&curved, target, target - held, rss_before, sizes.curve_cycles).await;
             held = target;
-            let per_lease = (curved.child.rss_bytes().saturating_sub(rss_before)) as f64 / added as f64;
-            curved.cycles(sizes.curve_cycles / 4).await;
-            let cpu_before = curved.child.cpu_time();
-            let samples = curved.cycles(sizes.curve_cycles).await;
-            let cpu = curved.child.cpu_time().saturating_sub(cpu_before);
-            let point = CurvePoint {
-                count: target,
-                cycle: Latency::of(&samples),
-                cpu_micros: cpu.as_secs_f64() * 1e6 / (2 * sizes.curve_cycles) as f64,
-                bytes_per_one: (added >= 500).then_some(per_lease),
-            };
             eprintln!(
                 "{} idle leases: cycle p50 {:.0} µs, CPU {:.0} µs a request",
                 point.count, point.cycle.p50, point.cpu_micros
@@ -293,19 +282,9 @@ async fn run() {
         for &target in sizes.lock_curve {
             let rss_before = curved.child.rss_bytes();
             curved.hold_locks(locked, target, &holders).await;
-            let added = target - locked;
+            lock_curve
+                .push(CurvePoint::measure(&curved, target, target - locked, rss_before, sizes.curve_cycles).await);
             locked = target;
-            let per_lock = (curved.child.rss_bytes().saturating_sub(rss_before)) as f64 / added as f64;
-            curved.cycles(sizes.curve_cycles / 4).await;
-            let cpu_before = curved.child.cpu_time();
-            let samples = curved.cycles(sizes.curve_cycles).await;
-            let cpu = curved.child.cpu_time().saturating_sub(cpu_before);
-            lock_curve.push(CurvePoint {
-                count: target,
-                cycle: Latency::of(&samples),
-                cpu_micros: cpu.as_secs_f64() * 1e6 / (2 * sizes.curve_cycles) as f64,
-                bytes_per_one: (added >= 500).then_some(per_lock),
-            });
         }
         // Keys under one prefix: reading one, and the first page of the list.
         let mut keys = 0;
@@ -445,6 +424,24 @@ struct CurvePoint {
     cpu_micros: f64,
     /// Memory per one of those added since the previous point (too few added: none).
     bytes_per_one: Option<f64>,
+}
+
+impl CurvePoint {
+    /// The point at `count` held, `added` of them since the resident memory was `rss_before`:
+    /// a quarter of `cycles` to warm up, then `cycles` uncontended cycles and zkgate's CPU.
+    async fn measure(gate: &gate::Zkgate, count: usize, added: usize, rss_before: u64, cycles: usize) -> CurvePoint {
+        let per_one = gate.child.rss_bytes().saturating_sub(rss_before) as f64 / added as f64;
+        gate.cycles(cycles / 4).await;
+        let cpu_before = gate.child.cpu_time();
+        let samples = gate.cycles(cycles).await;
+        let cpu = gate.child.cpu_time().saturating_sub(cpu_before);
+        CurvePoint {
+            count,
+            cycle: Latency::of(&samples),
+            cpu_micros: cpu.as_secs_f64() * 1e6 / (2 * cycles) as f64,
+            bytes_per_one: (added >= 500).then_some(per_one),
+        }
+    }
 }
 
 fn report_curve(what: &str, points: &[CurvePoint]) {

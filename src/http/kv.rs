@@ -391,7 +391,7 @@ pub async fn list_keys(
                 })
                 .collect();
             let page = paging.page(keys, String::clone);
-            Ok(super::paging::Page::<String>::with_link(
+            Ok(super::paging::with_link(
                 page.next,
                 axum::Json(KeyList {
                     prefix,

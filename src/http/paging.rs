@@ -101,8 +101,8 @@ impl Paging {
 
     /// The page of `entries` this request asks for: sorted by `key`, those after the cursor,
     /// at most `limit`; and the cursor of the next page if more follow.
-    pub fn page<T>(&self, mut entries: Vec<T>, key: impl Fn(&T) -> String) -> Page<T> {
-        let mut keyed: Vec<(String, T)> = entries.drain(..).map(|e| (key(&e), e)).collect();
+    pub fn page<T>(&self, entries: Vec<T>, key: impl Fn(&T) -> String) -> Page<T> {
+        let mut keyed: Vec<(String, T)> = entries.into_iter().map(|e| (key(&e), e)).collect();
         keyed.sort_by(|a, b| a.0.cmp(&b.0));
         let start = match &self.after {
             Some(after) => keyed.partition_point(|(k, _)| k.as_str() <= after.as_str()),
@@ -160,20 +160,20 @@ impl<T> Page<T> {
             next: self.next,
         }
     }
+}
 
-    /// `body` (which holds this page's entries) with the page's `Link` header.
-    pub fn with_link(next: Option<String>, body: impl IntoResponse) -> Response {
-        let mut response = body.into_response();
-        if let Some(value) = next.and_then(|link| HeaderValue::from_str(&link).ok()) {
-            response.headers_mut().insert(header::LINK, value);
-        }
-        response
+/// `body` (which holds a page's entries) with the page's `Link` header to `next`, if any.
+pub fn with_link(next: Option<String>, body: impl IntoResponse) -> Response {
+    let mut response = body.into_response();
+    if let Some(value) = next.and_then(|link| HeaderValue::from_str(&link).ok()) {
+        response.headers_mut().insert(header::LINK, value);
     }
+    response
 }
 
 impl<T: Serialize> IntoResponse for Page<T> {
     fn into_response(self) -> Response {
-        Page::<T>::with_link(self.next, axum::Json(self.entries))
+        with_link(self.next, axum::Json(self.entries))
     }
 }
 

@@ -17,7 +17,7 @@ use utoipa_axum::routes;
 use super::consistency::Consistency;
 use super::error::{ApiError, Place, Problem, Problems, p};
 use super::extract::{ApiJson, ApiPath, ApiQuery};
-use super::paging::{Page, Paging};
+use super::paging::{Paging, with_link};
 use super::{LockSummary, Resource, check_name, list, state_handler};
 use crate::AppState;
 use crate::auth::Caller;
@@ -561,15 +561,23 @@ pub async fn ack(
         return Ok(StatusCode::NO_CONTENT);
     };
     let acked = state.queues.ack(&name, std::slice::from_ref(&held)).await?[0];
-    state.queues.forget(&claim);
-    if acked {
-        state.queues.settle(&claim, &held, true);
-        let m = crate::metrics::get();
-        m.queue_acks.with_label_values(&[m.queue(&name)]).inc();
+    if settle_ack(&state, &name, &held, acked) {
         Ok(StatusCode::NO_CONTENT)
     } else {
         Err(claim_lost(&claim))
     }
+}
+
+/// Forgets a held claim once its ack is decided, remembering how (for a repeat) and counting
+/// it if acknowledged; whether it was.
+fn settle_ack(state: &AppState, queue: &str, held: &Claim, acked: bool) -> bool {
+    state.queues.forget(&held.id);
+    if acked {
+        state.queues.settle(&held.id, held, true);
+        let m = crate::metrics::get();
+        m.queue_acks.with_label_values(&[m.queue(queue)]).inc();
+    }
+    acked
 }
 
 /// Acknowledges several claims of a queue at once (one ZooKeeper multi-op when they are all
@@ -636,12 +644,8 @@ pub async fn ack_batch(
         }
     }
     let acked = state.queues.ack(&name, &held).await?;
-    let m = crate::metrics::get();
     for (claim, acked) in held.iter().zip(acked) {
-        state.queues.forget(&claim.id);
-        if acked {
-            state.queues.settle(&claim.id, claim, true);
-            m.queue_acks.with_label_values(&[m.queue(&name)]).inc();
+        if settle_ack(&state, &name, claim, acked) {
             answer.acked.push(claim.id.clone());
         } else {
             answer.lost.push(LostClaim {
@@ -723,7 +727,7 @@ async fn listed(state: &AppState, dir: &str, paging: &Paging, consistency: Consi
         .into_iter()
         .map(|(item, envelope, stat)| waiting_view(item, envelope, stat.ctime))
         .collect();
-    Ok(Page::<Waiting>::with_link(page.next, Json(items)))
+    Ok(with_link(page.next, Json(items)))
 }
 
 /// The dead letters: items delivered too many times, oldest first (in pages, as `items`).

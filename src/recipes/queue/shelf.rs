@@ -310,7 +310,6 @@ impl Shelf {
             }
         } else if kind == "deleted" && (path == dir.items || path == dir.dir) {
             // The queue went (the janitor removes empty ones): so did everything in it.
-            let now = crate::time::now_ms();
             state.reset(Vec::new(), Vec::new(), now);
             false
         } else {
