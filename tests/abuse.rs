@@ -281,17 +281,6 @@ async fn frames_over_the_limit_are_refused_from_their_header() {
     assert_eq!(gate.get("/healthz").await.status, StatusCode::OK);
 }
 
-/// The resident memory of this test process (zkgate runs in it), in bytes.
-fn resident_bytes() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
-    let kib: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS");
-    kib * 1024
-}
-
 /// A gauge's value from `/metrics`.
 async fn gauge(gate: &Gate, name: &str) -> f64 {
     let text = gate
@@ -353,7 +342,7 @@ async fn clients_that_never_read_cost_their_send_buffer_not_the_writes() {
             .wait_held("subscriptions of anyone", |n| n == 4),
     )
     .await;
-    let before = resident_bytes();
+    let before = common::resident_bytes();
     let mut most_queued = 0.0f64;
     for i in 1..=400 {
         assert!(put(i).await.expect("PUT").status().is_success());
@@ -361,7 +350,7 @@ async fn clients_that_never_read_cost_their_send_buffer_not_the_writes() {
             most_queued = most_queued.max(gauge(&gate, "zkgate_ws_queued_bytes").await);
         }
     }
-    let grown = resident_bytes().saturating_sub(before);
+    let grown = common::resident_bytes().saturating_sub(before);
     assert!(
         most_queued <= (4 * 256 * 1024) as f64,
         "at most the 4 send buffers queued, saw {most_queued} bytes"
@@ -536,17 +525,6 @@ async fn long_polls_are_capped_per_principal_and_per_instance() {
     }
 }
 
-/// The resident memory of process `pid`, in bytes.
-fn resident_bytes_of(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc/<pid>/status");
-    let kib: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS");
-    kib * 1024
-}
-
 /// Acquires and releases lock `name` with `lease`.
 async fn lock_cycle(http: &reqwest::Client, url: &str, lease: &str, name: &str) {
     let acquired: serde_json::Value = http
@@ -610,10 +588,10 @@ async fn unique_name_churn_leaves_metrics_and_memory_flat() {
     let warm = names / 20;
     let t0 = std::time::Instant::now();
     churn(&http, &gate.url, &lease, 0..warm).await;
-    let started = resident_bytes_of(pid);
+    let started = common::resident_bytes_of(&pid.to_string());
     churn(&http, &gate.url, &lease, warm..names).await;
     let text = metrics().await;
-    let grown = resident_bytes_of(pid).saturating_sub(started);
+    let grown = common::resident_bytes_of(&pid.to_string()).saturating_sub(started);
     // The figures, for the record.
     eprintln!(
         "{names} names in {:?}: /metrics {} KB, RSS {} KiB at start, grew {} KiB",

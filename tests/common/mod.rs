@@ -689,3 +689,19 @@ pub fn http_builder() -> reqwest::ClientBuilder {
     // Idle connections go before zkgate closes them (`--header-timeout`, 30 s).
     reqwest::Client::builder().pool_idle_timeout(Duration::from_secs(20))
 }
+
+/// The resident memory of this test process (zkgate runs in it), in bytes.
+pub fn resident_bytes() -> u64 {
+    resident_bytes_of("self")
+}
+
+/// The resident memory of process `pid` (or `self`), in bytes.
+pub fn resident_bytes_of(pid: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc/<pid>/status");
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS");
+    kib * 1024
+}
