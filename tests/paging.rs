@@ -175,3 +175,28 @@ async fn a_queues_items_page_in_the_order_they_will_be_taken() {
         (StatusCode::BAD_REQUEST, Some("limit"))
     );
 }
+
+/// Every list that takes a `cursor` says in the spec that its answer may carry a `Link` to the
+/// next page (so that generated clients expose it), and no other operation claims one.
+#[test]
+fn the_spec_declares_the_link_of_every_paged_list() {
+    let spec: Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/openapi/openapi.json")).expect("the spec"),
+    )
+    .expect("JSON");
+    let mut paged = 0;
+    for (path, operations) in spec["paths"].as_object().expect("paths") {
+        for (method, operation) in operations.as_object().expect("operations") {
+            let takes_cursor = operation["parameters"]
+                .as_array()
+                .is_some_and(|params| params.iter().any(|p| p["name"] == "cursor" && p["in"] == "query"));
+            let declares_link = !operation["responses"]["200"]["headers"]["Link"].is_null();
+            assert_eq!(
+                takes_cursor, declares_link,
+                "{method} {path}: takes a cursor {takes_cursor}, declares Link {declares_link}"
+            );
+            paged += usize::from(takes_cursor);
+        }
+    }
+    assert!(paged >= 15, "only {paged} paged lists in the spec");
+}

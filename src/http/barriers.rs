@@ -184,7 +184,7 @@ pub async fn wait(
 
 /// Lists the barriers that are up.
 #[utoipa::path(get, path = "/v1/barriers", tag = "barriers", params(super::paging::PageQuery), responses(
-    (status = 200, body = Vec<LockSummary>),
+    (status = 200, body = Vec<LockSummary>, headers(("Link" = String, description = "While more entries follow: the next page, `<url>; rel=\"next\"`"))),
     Problems<(p::ZookeeperUnavailable,)>,
 ))]
 pub async fn list_barriers(

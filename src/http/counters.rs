@@ -277,7 +277,7 @@ pub async fn delete(
 
 /// Lists the counters that exist.
 #[utoipa::path(get, path = "/v1/counters", tag = "counters", params(super::paging::PageQuery), responses(
-    (status = 200, body = Vec<LockSummary>),
+    (status = 200, body = Vec<LockSummary>, headers(("Link" = String, description = "While more entries follow: the next page, `<url>; rel=\"next\"`"))),
     Problems<(p::ZookeeperUnavailable,)>,
 ))]
 pub async fn list_counters(

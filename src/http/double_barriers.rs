@@ -280,7 +280,7 @@ state_handler!(
 
 /// Lists the double barriers.
 #[utoipa::path(get, path = "/v1/double-barriers", tag = "barriers", params(super::paging::PageQuery), responses(
-    (status = 200, body = Vec<LockSummary>),
+    (status = 200, body = Vec<LockSummary>, headers(("Link" = String, description = "While more entries follow: the next page, `<url>; rel=\"next\"`"))),
     Problems<(p::ZookeeperUnavailable,)>,
 ))]
 pub async fn list_double_barriers(

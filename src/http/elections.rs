@@ -204,7 +204,7 @@ state_handler!(
 /// Lists the elections that exist in ZooKeeper, with their number of candidates (plus the
 /// acknowledgement node when someone leads).
 #[utoipa::path(get, path = "/v1/elections", tag = "elections", params(super::paging::PageQuery), responses(
-    (status = 200, body = Vec<LockSummary>),
+    (status = 200, body = Vec<LockSummary>, headers(("Link" = String, description = "While more entries follow: the next page, `<url>; rel=\"next\"`"))),
     Problems<(p::ZookeeperUnavailable,)>,
 ))]
 pub async fn list_elections(

@@ -237,7 +237,7 @@ pub async fn members(
 
 /// Lists the groups that exist in ZooKeeper, with their number of members.
 #[utoipa::path(get, path = "/v1/groups", tag = "groups", params(super::paging::PageQuery), responses(
-    (status = 200, body = Vec<GroupSummary>),
+    (status = 200, body = Vec<GroupSummary>, headers(("Link" = String, description = "While more entries follow: the next page, `<url>; rel=\"next\"`"))),
     Problems<(p::ZookeeperUnavailable,)>,
 ))]
 pub async fn list_groups(

@@ -184,7 +184,7 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
 
 /// Lists the live leases of this instance, oldest first.
 #[utoipa::path(get, path = "/v1/leases", tag = "leases", params(super::paging::PageQuery), responses(
-    (status = 200, body = Vec<LeaseSummary>),
+    (status = 200, body = Vec<LeaseSummary>, headers(("Link" = String, description = "While more entries follow: the next page, `<url>; rel=\"next\"`"))),
     Problems<(p::InvalidField,)>,
 ))]
 pub async fn list_leases(

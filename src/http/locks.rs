@@ -89,7 +89,7 @@ state_handler!(
 
 /// Lists the locks that exist in ZooKeeper, with their number of contenders.
 #[utoipa::path(get, path = "/v1/locks", tag = "locks", params(super::paging::PageQuery), responses(
-    (status = 200, body = Vec<LockSummary>),
+    (status = 200, body = Vec<LockSummary>, headers(("Link" = String, description = "While more entries follow: the next page, `<url>; rel=\"next\"`"))),
     Problems<(p::ZookeeperUnavailable,)>,
 ))]
 pub async fn list_locks(

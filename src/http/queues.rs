@@ -701,7 +701,7 @@ state_handler!(
 #[utoipa::path(get, path = "/v1/queues/{name}/items", tag = "queues",
     params(("name" = String, Path, description = "Queue name"), ItemsQuery),
     responses(
-        (status = 200, body = Vec<Waiting>),
+        (status = 200, body = Vec<Waiting>, headers(("Link" = String, description = "While more entries follow: the next page, `<url>; rel=\"next\"`"))),
         Problems<(p::InvalidField, p::ZookeeperUnavailable)>,
     ))]
 pub async fn items(
@@ -734,7 +734,7 @@ async fn listed(state: &AppState, dir: &str, paging: &Paging, consistency: Consi
 #[utoipa::path(get, path = "/v1/queues/{name}/dead-letters", tag = "queues",
     params(("name" = String, Path, description = "Queue name"), ItemsQuery),
     responses(
-        (status = 200, body = Vec<Waiting>),
+        (status = 200, body = Vec<Waiting>, headers(("Link" = String, description = "While more entries follow: the next page, `<url>; rel=\"next\"`"))),
         Problems<(p::InvalidField, p::ZookeeperUnavailable)>,
     ))]
 pub async fn dead_letters(
@@ -779,7 +779,7 @@ pub async fn replay(
 #[utoipa::path(get, path = "/v1/queues/{name}/dead", tag = "queues", operation_id = "dead_letters_old_path",
     params(("name" = String, Path, description = "Queue name"), ItemsQuery),
     responses(
-        (status = 200, body = Vec<Waiting>),
+        (status = 200, body = Vec<Waiting>, headers(("Link" = String, description = "While more entries follow: the next page, `<url>; rel=\"next\"`"))),
         Problems<(p::InvalidField, p::ZookeeperUnavailable)>,
     ))]
 #[deprecated = "the path is /v1/queues/{name}/dead-letters"]
@@ -807,7 +807,7 @@ pub async fn replay_old_path(state: State<AppState>, path: ApiPath<(String, Stri
 
 /// Lists the queues.
 #[utoipa::path(get, path = "/v1/queues", tag = "queues", params(super::paging::PageQuery), responses(
-    (status = 200, body = Vec<LockSummary>),
+    (status = 200, body = Vec<LockSummary>, headers(("Link" = String, description = "While more entries follow: the next page, `<url>; rel=\"next\"`"))),
     Problems<(p::ZookeeperUnavailable,)>,
 ))]
 pub async fn list_queues(

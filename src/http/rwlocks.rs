@@ -105,7 +105,7 @@ state_handler!(
 
 /// Lists the read/write locks that exist in ZooKeeper, with their number of contenders.
 #[utoipa::path(get, path = "/v1/rwlocks", tag = "rwlocks", params(super::paging::PageQuery), responses(
-    (status = 200, body = Vec<LockSummary>),
+    (status = 200, body = Vec<LockSummary>, headers(("Link" = String, description = "While more entries follow: the next page, `<url>; rel=\"next\"`"))),
     Problems<(p::ZookeeperUnavailable,)>,
 ))]
 pub async fn list_rwlocks(

@@ -180,7 +180,7 @@ state_handler!(
 
 /// Lists the semaphores that exist in ZooKeeper.
 #[utoipa::path(get, path = "/v1/semaphores", tag = "semaphores", params(super::paging::PageQuery), responses(
-    (status = 200, body = Vec<LockSummary>),
+    (status = 200, body = Vec<LockSummary>, headers(("Link" = String, description = "While more entries follow: the next page, `<url>; rel=\"next\"`"))),
     Problems<(p::ZookeeperUnavailable,)>,
 ))]
 pub async fn list_semaphores(

@@ -299,7 +299,7 @@ fn next_turn(service: &str) -> usize {
 
 /// Lists the services that have (or had) instances.
 #[utoipa::path(get, path = "/v1/services", tag = "services", params(super::paging::PageQuery), responses(
-    (status = 200, body = Vec<LockSummary>),
+    (status = 200, body = Vec<LockSummary>, headers(("Link" = String, description = "While more entries follow: the next page, `<url>; rel=\"next\"`"))),
     Problems<(p::ZookeeperUnavailable,)>,
 ))]
 pub async fn list_services(

@@ -316,7 +316,7 @@ async fn participant_of(
 
 /// Lists the transactions.
 #[utoipa::path(get, path = "/v1/txns", tag = "txns", params(super::paging::PageQuery), responses(
-    (status = 200, body = Vec<LockSummary>),
+    (status = 200, body = Vec<LockSummary>, headers(("Link" = String, description = "While more entries follow: the next page, `<url>; rel=\"next\"`"))),
     Problems<(p::ZookeeperUnavailable,)>,
 ))]
 pub async fn list_txns(
