@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use zkgate::zk::server::{MemberPorts, ServerOptions, ZooKeeperServer, free_port};
+use zkgate::zk::server::{ServerOptions, ZooKeeperServer, free_port};
 
 #[allow(dead_code)]
 #[path = "compare/process.rs"]
@@ -42,22 +42,9 @@ async fn run() {
     let seconds = Duration::from_secs(setting("ZKGATE_BENCH_SECONDS", 10));
     let grants = setting("ZKGATE_BENCH_GRANTS", 2000);
     let options = ServerOptions::default();
-    let members: Vec<MemberPorts> = (0..3)
-        .map(|_| MemberPorts {
-            client: free_port().expect("port"),
-            quorum: free_port().expect("port"),
-            election: free_port().expect("port"),
-        })
-        .collect();
-    let mut servers: Vec<ZooKeeperServer> = (1..=3)
-        .map(|id| ZooKeeperServer::spawn_member(&options, id, &members).expect("spawn member"))
-        .collect();
-    for server in &mut servers {
-        server
-            .wait_serving(Duration::from_secs(60))
-            .await
-            .expect("member serves");
-    }
+    let servers = ZooKeeperServer::start_ensemble(&options, 3)
+        .await
+        .expect("the ensemble");
     let mut followers = Vec::new();
     for server in &servers {
         if mode_of(server.client_port()).await.as_deref() == Some("follower") {

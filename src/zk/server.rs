@@ -115,6 +115,41 @@ impl ZooKeeperServer {
         }
     }
 
+    /// Starts an ensemble of `size` servers on free loopback ports and waits until every member
+    /// serves (a quorum answers). As with [ZooKeeperServer::start_standalone], a port may be
+    /// taken between its choice and the server's bind: the whole ensemble is tried again on new
+    /// ports, three times in all (the failed members are stopped when dropped).
+    pub async fn start_ensemble(options: &ServerOptions, size: u32) -> Result<Vec<ZooKeeperServer>, ServerError> {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let members = (0..size)
+                .map(|_| {
+                    Ok(MemberPorts {
+                        client: free_port()?,
+                        quorum: free_port()?,
+                        election: free_port()?,
+                    })
+                })
+                .collect::<std::io::Result<Vec<MemberPorts>>>()?;
+            let mut servers = (1..=size)
+                .map(|id| ZooKeeperServer::spawn_member(options, id, &members))
+                .collect::<Result<Vec<_>, _>>()?;
+            let mut failed = None;
+            for server in &mut servers {
+                if let Err(error) = server.wait_serving(Duration::from_secs(60)).await {
+                    failed = Some(error);
+                    break;
+                }
+            }
+            match failed {
+                None => return Ok(servers),
+                Some(error) if attempt >= 3 => return Err(error),
+                Some(error) => tracing::warn!(%error, "the ensemble did not start; trying other ports"),
+            }
+        }
+    }
+
     /// Spawns member `id` (1-based) of an ensemble whose members are `members` (index id-1).
     /// It does not wait: an ensemble member serves only once a quorum is up.
     pub fn spawn_member(

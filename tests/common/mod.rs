@@ -18,7 +18,7 @@ use std::time::Duration;
 use reqwest::{Method, StatusCode};
 use serde_json::Value;
 use zkgate::config::ServeConfig;
-use zkgate::zk::server::{MemberPorts, ServerOptions, ZooKeeperServer, free_port};
+use zkgate::zk::server::{ServerOptions, ZooKeeperServer};
 use zookeeper_client::{Client, SessionInfo};
 
 /// Options for test servers: short ticks (so short session timeouts are allowed), no fsync,
@@ -54,37 +54,10 @@ pub struct Ensemble {
 impl Ensemble {
     pub async fn start(size: u32) -> Ensemble {
         let options = test_server_options();
-        // A free port is only free when it is chosen: another test's server may bind it before
-        // this one does (ZooKeeper then exits with status 14). A start that fails is tried
-        // again on new ports; the failed members are stopped when dropped.
-        let mut failures = Vec::new();
-        for _ in 0..3 {
-            match Ensemble::try_start(&options, size).await {
-                Ok(servers) => return Ensemble { servers, options },
-                Err(error) => failures.push(error),
-            }
-        }
-        panic!("the ensemble did not start in three attempts: {failures:#?}");
-    }
-
-    async fn try_start(options: &ServerOptions, size: u32) -> Result<Vec<ZooKeeperServer>, String> {
-        let members: Vec<MemberPorts> = (0..size)
-            .map(|_| MemberPorts {
-                client: free_port().expect("port"),
-                quorum: free_port().expect("port"),
-                election: free_port().expect("port"),
-            })
-            .collect();
-        let mut servers: Vec<ZooKeeperServer> = (1..=size)
-            .map(|id| ZooKeeperServer::spawn_member(options, id, &members).expect("spawn member"))
-            .collect();
-        for server in &mut servers {
-            server
-                .wait_serving(Duration::from_secs(60))
-                .await
-                .map_err(|error| format!("{error:?}"))?;
-        }
-        Ok(servers)
+        let servers = ZooKeeperServer::start_ensemble(&options, size)
+            .await
+            .expect("the ensemble starts");
+        Ensemble { servers, options }
     }
 
     /// The index of the member that is the quorum's leader, by asking each (`srvr`).
