@@ -12,10 +12,11 @@ use serde_json::{Value, json};
 use super::process::{Child, wait_http_ok};
 
 pub struct Etcd {
-    _child: Child,
+    child: Child,
     _data: tempfile::TempDir,
     base: String,
     http: reqwest::Client,
+    refused: std::sync::atomic::AtomicUsize,
 }
 
 fn b64(text: &str) -> String {
@@ -67,25 +68,48 @@ impl Etcd {
         let http = super::http_client();
         wait_http_ok(&http, &format!("{client_url}/health")).await;
         Some(Etcd {
-            _child: child,
+            child,
             _data: data,
             base: client_url,
             http,
+            refused: Default::default(),
         })
     }
 
     async fn post(&self, path: &str, body: Value) -> Value {
-        let response = self
-            .http
-            .post(format!("{}{path}", self.base))
-            .json(&body)
-            .send()
-            .await
-            .expect("etcd answers");
-        let status = response.status();
-        let body: Value = response.json().await.expect("JSON");
-        assert!(status.is_success(), "{path}: {status} {body}");
-        body
+        loop {
+            let response = self
+                .http
+                .post(format!("{}{path}", self.base))
+                .json(&body)
+                .send()
+                .await
+                .expect("etcd answers");
+            let status = response.status();
+            let answer: Value = response.json().await.expect("JSON");
+            // etcd sheds load when its applying falls 5,000 entries behind its log ("too many
+            // requests"): a client tries again, as a user's would, and the wait counts.
+            if status.is_server_error()
+                && answer["error"]
+                    .as_str()
+                    .is_some_and(|e| e.contains("too many requests"))
+            {
+                self.refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                continue;
+            }
+            assert!(status.is_success(), "{path}: {status} {answer}");
+            return answer;
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.pid()
+    }
+
+    /// How many requests etcd has refused as too many (each tried again).
+    pub fn refused(&self) -> usize {
+        self.refused.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     pub async fn lease(&self, ttl_seconds: u64) -> String {
@@ -100,6 +124,17 @@ impl Etcd {
             .await;
         let key = locked["key"].as_str().expect("lock key");
         self.post("/v3/lock/unlock", json!({ "key": key })).await;
+    }
+
+    /// Locks and unlocks `lock` with `lease`: when the lock was answered (granted).
+    pub async fn acquired_at(&self, lock: &str, lease: &str) -> Instant {
+        let locked = self
+            .post("/v3/lock/lock", json!({ "name": b64(lock), "lease": lease }))
+            .await;
+        let granted = Instant::now();
+        let key = locked["key"].as_str().expect("lock key");
+        self.post("/v3/lock/unlock", json!({ "key": key })).await;
+        granted
     }
 
     pub async fn cycles(&self, count: usize) -> Vec<Duration> {

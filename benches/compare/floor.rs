@@ -111,8 +111,24 @@ impl Floor {
     }
 }
 
-/// One acquire and release of the lock at `dir` by the ZooKeeper guide's recipe.
-async fn recipe_cycle(client: &Client, dir: &str, prefix: &str) {
+impl Floor {
+    /// The recipe on lock `/bench-floor/load-<lock>` (made if missing), on session `i` in
+    /// turn: when it was granted (before the release).
+    pub async fn acquired_at(&self, i: usize, lock: usize) -> Instant {
+        let client = &self.sessions[i % self.sessions.len()];
+        let dir = format!("{}/load-{lock}", self.dir);
+        let prefix = format!("{dir}/_c_{}-lock-", uuid::Uuid::new_v4());
+        let persistent = CreateMode::Persistent.with_acls(Acls::anyone_all());
+        if client.check_stat(&dir).await.expect("exists").is_none() {
+            let _ = client.create(&dir, &[], &persistent).await;
+        }
+        recipe_cycle(client, &dir, &prefix).await
+    }
+}
+
+/// One acquire and release of the lock at `dir` by the ZooKeeper guide's recipe: when it was
+/// granted.
+async fn recipe_cycle(client: &Client, dir: &str, prefix: &str) -> Instant {
     let options = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
     let (created, listed) = tokio::join!(client.create(prefix, b"", &options), client.list_children(dir));
     let sequence = created.expect("create").1.into_i64();
@@ -133,8 +149,10 @@ async fn recipe_cycle(client: &Client, dir: &str, prefix: &str) {
         }
         children = client.list_children(dir).await.expect("list");
     }
+    let granted = Instant::now();
     client
         .delete(&format!("{prefix}{sequence:010}"), None)
         .await
         .expect("delete");
+    granted
 }

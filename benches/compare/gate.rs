@@ -16,38 +16,46 @@ pub struct Zkgate {
 
 impl Zkgate {
     pub async fn start(connect: &str) -> Zkgate {
+        Zkgate::start_with(connect, &[]).await
+    }
+
+    /// [Zkgate::start] with more arguments.
+    pub async fn start_with(connect: &str, more: &[&str]) -> Zkgate {
         let port = zkgate::zk::server::free_port().expect("port");
         let base = format!("http://127.0.0.1:{port}");
-        let child = Child::spawn(
-            env!("CARGO_BIN_EXE_zkgate"),
-            &[
-                "serve",
-                "--zookeeper",
-                connect,
-                "--listen",
-                &format!("127.0.0.1:{port}"),
-                // One client address drives all the load: measure zkgate, not its limits.
-                "--write-rate",
-                "0",
-                "--max-waiters-per-lock",
-                "100000",
-                "--max-waiters-per-principal",
-                "100000",
-                "--max-leases-per-principal",
-                "1000000",
-                "--queue-max-depth",
-                "1000000",
-                // The put workload stores more items than one principal may by default.
-                "--quota-bytes",
-                "0",
-                "--quota-znodes",
-                "0",
-                "--quota-bytes-per-principal",
-                "0",
-                "--quota-znodes-per-principal",
-                "0",
-            ],
-        );
+        let listen = format!("127.0.0.1:{port}");
+        let mut args = vec![
+            "serve",
+            "--zookeeper",
+            connect,
+            "--listen",
+            &listen,
+            // One client address drives all the load: measure zkgate, not its limits.
+            "--write-rate",
+            "0",
+            "--max-waiters-per-lock",
+            "100000",
+            "--max-waiters-per-principal",
+            "100000",
+            "--max-leases-per-principal",
+            "1000000",
+            "--queue-max-depth",
+            "1000000",
+            // The put workload stores more items than one principal may by default.
+            "--quota-bytes",
+            "0",
+            "--quota-znodes",
+            "0",
+            "--quota-bytes-per-principal",
+            "0",
+            "--quota-znodes-per-principal",
+            "0",
+        ];
+        args.extend_from_slice(more);
+        // `ZKGATE_BENCH_ZKGATE_ARGS="--worker-threads 1"`: variants of zkgate's own settings.
+        let variant = std::env::var("ZKGATE_BENCH_ZKGATE_ARGS").unwrap_or_default();
+        args.extend(variant.split_whitespace());
+        let child = Child::spawn(env!("CARGO_BIN_EXE_zkgate"), &args);
         let http = super::http_client();
         wait_http_ok(&http, &format!("{base}/readyz")).await;
         Zkgate { child, base, http }
@@ -72,33 +80,104 @@ impl Zkgate {
         body["id"].as_str().expect("lease id").to_string()
     }
 
-    /// Acquire (waiting up to `wait`), then release; `None` if not granted.
-    async fn cycle(&self, lock: &str, lease: &str, wait: &str) -> Option<()> {
+    /// Asks for `lock` for `lease`, waiting up to `wait`: zkgate's answer.
+    async fn acquire_reply(&self, lock: &str, lease: &str, wait: &str) -> (u16, Value) {
+        self.call(
+            reqwest::Method::POST,
+            &format!("/v1/locks/{lock}/acquire?wait={wait}"),
+            Some(json!({ "lease": lease })),
+        )
+        .await
+    }
+
+    /// Acquires `lock` for `lease`, waiting up to `wait`: its handle, or `None` if not granted.
+    async fn acquire(&self, lock: &str, lease: &str, wait: &str) -> Option<String> {
+        let (status, body) = self.acquire_reply(lock, lease, wait).await;
+        (status == 200).then(|| body["handle"].as_str().expect("handle").to_string())
+    }
+
+    async fn release(&self, lock: &str, handle: &str) {
         let (status, body) = self
-            .call(
-                reqwest::Method::POST,
-                &format!("/v1/locks/{lock}/acquire?wait={wait}"),
-                Some(json!({ "lease": lease })),
-            )
-            .await;
-        if status != 200 {
-            return None;
-        }
-        let handle = body["handle"].as_str().expect("handle");
-        let (status, _) = self
             .call(
                 reqwest::Method::DELETE,
                 &format!("/v1/locks/{lock}/handles/{handle}"),
                 None,
             )
             .await;
-        assert_eq!(status, 204);
+        assert_eq!(status, 204, "release of {lock} {handle}: {body}");
+    }
+
+    /// Acquire (waiting up to `wait`), then release; `None` if not granted.
+    async fn cycle(&self, lock: &str, lease: &str, wait: &str) -> Option<()> {
+        let handle = self.acquire(lock, lease, wait).await?;
+        self.release(lock, &handle).await;
         Some(())
+    }
+
+    /// Acquires and releases `lock` for `lease`: when the grant was answered, or `None` if
+    /// zkgate refused it (`429`, a limit reached).
+    pub async fn acquired_at(&self, lock: &str, lease: &str) -> Option<Instant> {
+        let (status, body) = self.acquire_reply(lock, lease, "30s").await;
+        let granted = Instant::now();
+        if status == 429 {
+            return None;
+        }
+        assert_eq!(status, 200, "{body}");
+        self.release(lock, body["handle"].as_str().expect("handle")).await;
+        Some(granted)
+    }
+
+    /// Puts `items` items on `queue`, 32 at a time.
+    pub async fn fill(self: &Arc<Self>, queue: &str, items: usize) {
+        let fill: Vec<_> = (0..32)
+            .map(|c| {
+                let (gate, queue) = (self.clone(), queue.to_string());
+                tokio::spawn(async move {
+                    for n in (c..items).step_by(32) {
+                        let path = format!("/v1/queues/{queue}/items");
+                        let (status, _) = gate.call(reqwest::Method::POST, &path, Some(json!({ "n": n }))).await;
+                        assert_eq!(status, 201);
+                    }
+                })
+            })
+            .collect();
+        for task in fill {
+            task.await.expect("fill");
+        }
+    }
+
+    /// Takes one item of `queue` (which must have one), then acknowledges it: when the take
+    /// was answered, or `None` if zkgate refused it (`429`).
+    pub async fn taken_at(&self, queue: &str) -> Option<Instant> {
+        let path = format!("/v1/queues/{queue}/take?wait=30s&ack_deadline=60s");
+        let (status, body) = self.call(reqwest::Method::POST, &path, None).await;
+        let taken = Instant::now();
+        if status == 429 {
+            return None;
+        }
+        assert_eq!(status, 200, "{body}");
+        let claim = body["claim"].as_str().expect("claim");
+        let ack = format!("/v1/queues/{queue}/claims/{claim}/ack");
+        let (status, _) = self.call(reqwest::Method::POST, &ack, None).await;
+        assert_eq!(status, 204);
+        Some(taken)
+    }
+
+    /// Acquires `lock` for `lease`, which must be granted at once: its handle.
+    pub async fn hold(&self, lock: &str, lease: &str) -> String {
+        self.acquire(lock, lease, "0").await.expect("granted")
     }
 
     /// Uncontended cycles, one after the other, with one lease.
     pub async fn cycles(&self, count: usize) -> Vec<Duration> {
         let lease = self.lease("1h").await;
+        self.cycles_with(&lease, count).await
+    }
+
+    /// Uncontended cycles, one after the other, with `lease` (which may be another instance's:
+    /// then each request is forwarded to it).
+    pub async fn cycles_with(&self, lease: &str, count: usize) -> Vec<Duration> {
+        let lease = lease.to_string();
         let mut samples = Vec::with_capacity(count);
         for _ in 0..count {
             let start = Instant::now();
@@ -123,21 +202,7 @@ impl Zkgate {
     /// `clients` clients, each with its own lease, cycling on `locks` locks (client `i` on lock
     /// `i % locks`) for `duration`: grants per second.
     pub async fn contended(self: &Arc<Self>, clients: usize, locks: usize, duration: Duration) -> f64 {
-        super::stats::rate(clients, duration, |i, deadline| {
-            let gate = self.clone();
-            async move {
-                let lease = gate.lease("1h").await;
-                let lock = format!("c{locks}-{}", i % locks);
-                let mut granted = 0;
-                while Instant::now() < deadline {
-                    if gate.cycle(&lock, &lease, "30s").await.is_some() && Instant::now() < deadline {
-                        granted += 1;
-                    }
-                }
-                granted
-            }
-        })
-        .await
+        contended_across(std::slice::from_ref(self), clients, locks, duration).await
     }
 
     /// `producers` clients putting small JSON items for `duration`: items per second.
@@ -163,21 +228,7 @@ impl Zkgate {
     /// items per second of the take + ack phase.
     pub async fn queue_take_ack(self: &Arc<Self>, consumers: usize, items: usize, batch: usize) -> f64 {
         let queue = format!("bench-take-{batch}");
-        let fill: Vec<_> = (0..consumers)
-            .map(|c| {
-                let (gate, queue) = (self.clone(), queue.clone());
-                tokio::spawn(async move {
-                    for n in (c..items).step_by(consumers) {
-                        let path = format!("/v1/queues/{queue}/items");
-                        let (status, _) = gate.call(reqwest::Method::POST, &path, Some(json!({ "n": n }))).await;
-                        assert_eq!(status, 201);
-                    }
-                })
-            })
-            .collect();
-        for task in fill {
-            task.await.expect("fill");
-        }
+        self.fill(&queue, items).await;
         let taken = Arc::new(AtomicUsize::new(0));
         let start = Instant::now();
         let tasks: Vec<_> = (0..consumers)
@@ -369,4 +420,112 @@ impl Zkgate {
             task.await.expect("leases");
         }
     }
+
+    /// Queues a waiter on `lock` for each of `leases` (`keep_queued`, each answered `202`): the
+    /// first `in_order` one after the other (so that they are the head of the queue, in that
+    /// order), the rest 32 at a time.
+    pub async fn queue_waiters(self: &Arc<Self>, lock: &str, leases: &[String], in_order: usize) {
+        let queue = |lease: String| {
+            let (gate, path) = (
+                self.clone(),
+                format!("/v1/locks/{lock}/acquire?wait=0&keep_queued=true"),
+            );
+            async move {
+                let (status, body) = gate
+                    .call(reqwest::Method::POST, &path, Some(json!({ "lease": lease })))
+                    .await;
+                assert_eq!(status, 202, "{body}");
+            }
+        };
+        for lease in &leases[..in_order] {
+            queue(lease.clone()).await;
+        }
+        for chunk in leases[in_order..].chunks(32) {
+            futures::future::join_all(chunk.iter().cloned().map(queue)).await;
+        }
+    }
+
+    /// Hand-overs of `lock`, held by `holder` (lease, handle), to each of `next` (the head of its
+    /// queue, in order): the next waiter long-polls, the holder releases, and the time from the
+    /// release until the waiter's poll answers that it holds. The old holder then queues again
+    /// at the tail, so that the queue keeps its length.
+    pub async fn handovers(
+        self: &Arc<Self>,
+        lock: &str,
+        mut holder: (String, String),
+        next: &[String],
+    ) -> Vec<Duration> {
+        let mut samples = Vec::with_capacity(next.len());
+        for lease in next {
+            let (gate, path, body) = (
+                self.clone(),
+                format!("/v1/locks/{lock}/acquire?wait=30s&keep_queued=true"),
+                json!({ "lease": lease }),
+            );
+            let poll = tokio::spawn(async move {
+                let (status, body) = gate.call(reqwest::Method::POST, &path, Some(body)).await;
+                (status, body, Instant::now())
+            });
+            // Let the long poll reach zkgate before the release (arriving late would only
+            // shorten the time measured).
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            let start = Instant::now();
+            self.release(lock, &holder.1).await;
+            let (status, body, granted) = poll.await.expect("poll");
+            assert_eq!(status, 200, "{body}");
+            samples.push(granted.saturating_duration_since(start));
+            let requeue = format!("/v1/locks/{lock}/acquire?wait=0&keep_queued=true");
+            let (status, answer) = self
+                .call(reqwest::Method::POST, &requeue, Some(json!({ "lease": holder.0 })))
+                .await;
+            assert_eq!(status, 202, "{answer}");
+            holder = (lease.clone(), body["handle"].as_str().expect("handle").to_string());
+        }
+        samples
+    }
+
+    /// Opens `count` WebSockets, each subscribed to `topic` (a JSON topic), and keeps them: each
+    /// has had the topic's first `state` when this returns.
+    pub async fn subscribers(&self, topic: &Value, count: usize) -> Vec<Subscriber> {
+        use futures::{SinkExt, StreamExt};
+        let url = format!("{}/v1/ws", self.base.replacen("http://", "ws://", 1));
+        let mut sockets = Vec::with_capacity(count);
+        for chunk in (0..count).collect::<Vec<_>>().chunks(32) {
+            let opened = futures::future::join_all(chunk.iter().map(|_| async {
+                let (mut socket, _) = tokio_tungstenite::connect_async(&url).await.expect("socket");
+                let subscribe = json!({ "op": "subscribe", "id": "s", "topic": topic }).to_string();
+                socket.send(subscribe.into()).await.expect("subscribe");
+                let first = socket.next().await.expect("a message").expect("a frame");
+                let first: Value = serde_json::from_str(first.to_text().expect("text")).expect("JSON");
+                assert_eq!(first["type"], "state", "{first}");
+                socket
+            }))
+            .await;
+            sockets.extend(opened);
+        }
+        sockets
+    }
+}
+
+pub type Subscriber = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+/// [Zkgate::contended] with the clients spread over `gates` (client `i` on gate `i % n`, with a
+/// lease of that gate).
+pub async fn contended_across(gates: &[Arc<Zkgate>], clients: usize, locks: usize, duration: Duration) -> f64 {
+    let gates = gates.to_vec();
+    super::stats::rate(clients, duration, |i, deadline| {
+        let gate = gates[i % gates.len()].clone();
+        async move {
+            let lease = gate.lease("1h").await;
+            let lock = format!("c{locks}-{}", i % locks);
+            let mut granted = 0;
+            while Instant::now() < deadline {
+                if gate.cycle(&lock, &lease, "30s").await.is_some() && Instant::now() < deadline {
+                    granted += 1;
+                }
+            }
+            granted
+        }
+    })
+    .await
 }

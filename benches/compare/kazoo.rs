@@ -80,6 +80,29 @@ impl Kazoo {
         result["rate"].as_f64().expect("rate")
     }
 
+    /// Open loop (see `stats::open_loop`): lock-and-release cycles due at `rate` a second for
+    /// `duration`, run by `clients` threads (sessions); the latency of each acquire from when
+    /// it was due.
+    pub fn lock_load(&self, clients: usize, rate: f64, duration: Duration) -> Vec<Duration> {
+        self.open_loop("lock_load", clients, rate, duration)
+    }
+
+    /// Open loop: takes (each consumed after) due at `rate` a second for `duration` from a
+    /// queue filled first, by `consumers` threads; the latency of each take from when it was due.
+    pub fn take_load(&self, consumers: usize, rate: f64, duration: Duration) -> Vec<Duration> {
+        self.open_loop("take_load", consumers, rate, duration)
+    }
+
+    fn open_loop(&self, workload: &str, workers: usize, rate: f64, duration: Duration) -> Vec<Duration> {
+        let args = [
+            workload.to_string(),
+            workers.to_string(),
+            format!("{rate:.3}"),
+            format!("{:.1}", duration.as_secs_f64()),
+        ];
+        Kazoo::samples(&self.run(&args))
+    }
+
     pub fn failover(&self, rounds: usize) -> Vec<Duration> {
         Kazoo::samples(&self.run(&["failover".into(), rounds.to_string()]))
     }

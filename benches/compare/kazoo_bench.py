@@ -5,12 +5,15 @@
   python3 kazoo_bench.py HOSTS queue_put PRODUCERS SECONDS
   python3 kazoo_bench.py HOSTS queue_take CONSUMERS ITEMS
   python3 kazoo_bench.py HOSTS failover ROUNDS
+  python3 kazoo_bench.py HOSTS lock_load CLIENTS RATE SECONDS
+  python3 kazoo_bench.py HOSTS take_load CONSUMERS RATE SECONDS
 
 Each client is its own KazooClient (its own session), in its own thread, as separate services
 would be.
 """
 
 import json
+import queue as jobs
 import sys
 import threading
 import time
@@ -115,6 +118,90 @@ def queue_take(consumers, items):
     return {"rate": sum(taken) / elapsed, "taken": sum(taken)}
 
 
+def open_loop(workers, rate, seconds, setup, op):
+    """Operations due at `rate` a second for `seconds`, handed to `workers` threads (each with
+    `setup(i)`'s state) as they come due; each latency counted from when it was due, so that
+    falling behind is charged (no coordinated omission). `op(state, n)` runs operation `n` and
+    returns when its measured step was answered (time.perf_counter)."""
+    states = [setup(i) for i in range(workers)]
+    due_jobs = jobs.Queue()
+    samples = []
+    lock = threading.Lock()
+
+    def work(i):
+        while True:
+            job = due_jobs.get()
+            if job is None:
+                return
+            n, due = job
+            answered = op(states[i], n)
+            with lock:
+                samples.append((answered - due) * 1e6)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(workers)]
+    for t in threads:
+        t.start()
+    count = max(1, int(rate * seconds))
+    start = time.perf_counter() + 0.01
+    for n in range(count):
+        due = start + n / rate
+        wait = due - time.perf_counter()
+        if wait > 0:
+            time.sleep(wait)
+        due_jobs.put((n, due))
+    for _ in threads:
+        due_jobs.put(None)
+    for t in threads:
+        t.join()
+    return states, samples
+
+
+LOAD_LOCKS = 1024
+
+
+def lock_load(clients, rate, seconds):
+    def setup(i):
+        zk = client()
+        # Each lock once before the measuring (its parent node made), as the Rust side does.
+        for n in range(i, LOAD_LOCKS, clients):
+            op(zk, n)
+        return zk
+
+    def op(zk, n):
+        lock = Lock(zk, "%s/load-%d" % (ROOT, n % LOAD_LOCKS))
+        lock.acquire()
+        granted = time.perf_counter()
+        lock.release()
+        return granted
+
+    states, samples = open_loop(clients, rate, seconds, setup, op)
+    for zk in states:
+        zk.stop()
+    return {"samples_us": samples}
+
+
+def take_load(consumers, rate, seconds):
+    filler = client()
+    path = ROOT + "/take-load-%d" % int(rate)
+    LockingQueue(filler, path).put_all([b'{"n": %d}' % n for n in range(int(rate * seconds) + 1)])
+
+    def setup(i):
+        return LockingQueue(client(), path)
+
+    def op(queue, n):
+        item = queue.get(timeout=30)
+        taken = time.perf_counter()
+        assert item is not None, "the queue was filled for every take"
+        queue.consume()
+        return taken
+
+    states, samples = open_loop(consumers, rate, seconds, setup, op)
+    for queue in states:
+        queue.client.stop()
+    filler.stop()
+    return {"samples_us": samples}
+
+
 def failover(rounds):
     samples = []
     for r in range(rounds):
@@ -158,6 +245,8 @@ def main():
         "queue_put": queue_put,
         "queue_take": queue_take,
         "failover": failover,
+        "lock_load": lock_load,
+        "take_load": take_load,
     }[workload](*args)
     print(json.dumps(result))
 

@@ -5,8 +5,10 @@
 //! Run: `cargo bench --bench compare` (prints a Markdown table for BENCHMARKS.md).
 //! `ZKGATE_BENCH_ONLY=zkgate` leaves kazoo and etcd out (to profile zkgate).
 //! `ZKGATE_BENCH_WORKLOADS=uncontended,queue` runs only those groups of rows (`memory`,
-//! `uncontended`, `contended`, `queue`, `failover`, `curves`; all by default), e.g. under
-//! `perf`.
+//! `uncontended`, `contended`, `queue`, `failover`, `curves`, `load`, `ensemble`; all by
+//! default), e.g. under `perf`.
+//! `ZKGATE_BENCH_ZKGATE_ARGS="--worker-threads 1"` adds arguments to every zkgate started (to
+//! compare its settings).
 //! `ZKGATE_BENCH_QUICK=1` makes every workload tiny: CI runs it so that the bench cannot rot
 //! (it asserts what each system answered, never how fast).
 //!
@@ -24,6 +26,8 @@ mod stats;
 
 use std::sync::Arc;
 use std::time::Duration;
+
+use std::time::Instant;
 
 use stats::{Figure, Latency};
 use zkgate::zk::server::{ServerOptions, ZooKeeperServer};
@@ -43,6 +47,11 @@ struct Sizes {
     /// Locks held, and keys under one prefix, at each point of their curves.
     lock_curve: &'static [usize],
     key_curve: &'static [usize],
+    /// Waiters queued on one lock at each point, and the hand-overs measured at each.
+    waiter_curve: &'static [usize],
+    handovers: usize,
+    /// WebSockets subscribed to one topic at each point (cumulative).
+    subscriber_curve: &'static [usize],
 }
 
 impl Sizes {
@@ -59,6 +68,9 @@ impl Sizes {
                 curve_cycles: 50,
                 lock_curve: &[10, 200],
                 key_curve: &[10, 200],
+                waiter_curve: &[10, 50],
+                handovers: 5,
+                subscriber_curve: &[10, 50],
             }
         } else {
             Sizes {
@@ -71,7 +83,10 @@ impl Sizes {
                 lease_curve: &[10, 1_000, 10_000, 100_000],
                 curve_cycles: 2_000,
                 lock_curve: &[10, 1_000, 10_000, 100_000],
-                key_curve: &[1_000, 10_000, 100_000],
+                key_curve: &[1_000, 10_000, 100_000, 1_000_000],
+                waiter_curve: &[10, 100, 1_000],
+                handovers: 30,
+                subscriber_curve: &[100, 1_000, 5_000],
             }
         }
     }
@@ -88,7 +103,9 @@ struct Row {
 
 pub fn http_client() -> reqwest::Client {
     reqwest::Client::builder()
-        .pool_max_idle_per_host(256)
+        // Room for the open loop's bursts: a pool that closes the connections a burst opened
+        // makes the next burst pay for new ones.
+        .pool_max_idle_per_host(4096)
         .tcp_nodelay(true)
         .build()
         .expect("http client")
@@ -111,11 +128,13 @@ async fn run() {
     let sizes = Sizes::from_env();
     let options = ServerOptions {
         force_sync: false,
+        // A million keys and a hundred thousand locks and leases fit.
+        heap_mb: 3072,
         ..ServerOptions::default()
     };
     let server = ZooKeeperServer::start_standalone(&options).await.expect("ZooKeeper");
     let connect = server.connect_string();
-    let floor = floor::Floor::connect(&connect).await;
+    let floor = Arc::new(floor::Floor::connect(&connect).await);
     let gate = Arc::new(gate::Zkgate::start(&connect).await);
     // `ZKGATE_BENCH_ONLY=zkgate`: zkgate and the floor alone (for profiling zkgate).
     let peers = std::env::var("ZKGATE_BENCH_ONLY").map_or(true, |only| only != "zkgate");
@@ -257,50 +276,6 @@ async fn run() {
         );
     }
 
-    // How cost grows: the uncontended cycle and memory per lease with more and more idle
-    // leases held (on a zkgate of its own, so that the rows above ran on a fresh one).
-    let mut curve = Vec::new();
-    let mut lock_curve = Vec::new();
-    let mut key_curve = Vec::new();
-    if wanted("curves") {
-        let curved = Arc::new(gate::Zkgate::start(&connect).await);
-        let mut held = 0;
-        for &target in sizes.lease_curve {
-            let rss_before = curved.child.rss_bytes();
-            curved.hold_leases(target - held).await;
-            let point = CurvePoint::measure(&curved, target, target - held, rss_before, sizes.curve_cycles).await;
-            held = target;
-            eprintln!(
-                "{} idle leases: cycle p50 {:.0} µs, CPU {:.0} µs a request",
-                point.count, point.cycle.p50, point.cpu_micros
-            );
-            curve.push(point);
-        }
-        // Locks held by others (a hundred leases): acquiring and releasing another.
-        let holders = Arc::new(futures::future::join_all((0..100).map(|_| curved.lease("1h"))).await);
-        let mut locked = 0;
-        for &target in sizes.lock_curve {
-            let rss_before = curved.child.rss_bytes();
-            curved.hold_locks(locked, target, &holders).await;
-            lock_curve
-                .push(CurvePoint::measure(&curved, target, target - locked, rss_before, sizes.curve_cycles).await);
-            locked = target;
-        }
-        // Keys under one prefix: reading one, and the first page of the list.
-        let mut keys = 0;
-        for &target in sizes.key_curve {
-            curved.put_keys("many", keys, target).await;
-            keys = target;
-            let read = Latency::of(&curved.reads("/v1/kv/many/k0000000", sizes.curve_cycles).await);
-            let list = Latency::of(
-                &curved
-                    .reads("/v1/kv?prefix=many&limit=1000", sizes.curve_cycles / 10)
-                    .await,
-            );
-            key_curve.push((target, read, list));
-        }
-    }
-
     // Queues: 32 producers, then 32 consumers taking at least once and acknowledging.
     if wanted("queue") {
         push(
@@ -340,6 +315,156 @@ async fn run() {
         );
     }
 
+    // Latency under load: each system's maximum rate in a closed loop (32 clients), then an
+    // open loop at half and four fifths of it (`stats::open_loop`: requests start when due,
+    // whatever the earlier ones are doing, and wait counts).
+    let mut load = Vec::new();
+    let mut load_notes = Vec::new();
+    if wanted("load") {
+        let seconds = sizes.seconds;
+        // Whose CPU each point watches: the whole machine's budget, to say who ran out.
+        let watched = [
+            ("zkgate", gate.child.pid().to_string()),
+            ("ZooKeeper", server.pid().map_or("self".into(), |p| p.to_string())),
+            ("the bench client", "self".to_string()),
+        ];
+        let leases = Arc::new(futures::future::join_all((0..32).map(|_| gate.lease("1h"))).await);
+        let max = floor.contended(32, 32, seconds).await;
+        let f = floor.clone();
+        let acquire = move |i: usize| {
+            let floor = f.clone();
+            async move { Some(floor.acquired_at(i, i % LOAD_LOCKS).await) }
+        };
+        warm(acquire.clone()).await;
+        let points = at_shares(max, seconds, &watched[1..], acquire).await;
+        load.push(LoadRow::new(
+            ACQUIRE,
+            "raw floor (the recipe on zkgate's sessions)",
+            max,
+            points,
+        ));
+        let max = gate.contended(32, 32, seconds).await;
+        let (g, l) = (gate.clone(), leases.clone());
+        let acquire = move |i: usize| {
+            let (gate, leases) = (g.clone(), l.clone());
+            async move {
+                let lease = &leases[(i + i / LOAD_LOCKS) % leases.len()];
+                gate.acquired_at(&format!("load-{}", i % LOAD_LOCKS), lease).await
+            }
+        };
+        warm(acquire.clone()).await;
+        let points = at_shares(max, seconds, &watched, acquire).await;
+        load.push(LoadRow::new(ACQUIRE, "zkgate", max, points));
+        if let Some(k) = &kazoo {
+            let max = k.contended(32, 32, seconds);
+            let points = SHARES.map(|share| LoadPoint::of(max * share, &k.lock_load(32, max * share, seconds)));
+            load.push(LoadRow::new(ACQUIRE, "kazoo", max, points.into()));
+        }
+        if let Some(e) = &etcd {
+            let max = e.contended(32, 32, seconds).await;
+            let leases = Arc::new(futures::future::join_all((0..32).map(|_| e.lease(3600))).await);
+            let shared = e.clone();
+            let acquire = move |i: usize| {
+                let (etcd, leases) = (shared.clone(), leases.clone());
+                async move {
+                    let lease = &leases[(i + i / LOAD_LOCKS) % leases.len()];
+                    Some(etcd.acquired_at(&format!("load-{}", i % LOAD_LOCKS), lease).await)
+                }
+            };
+            warm(acquire.clone()).await;
+            let points = at_shares(
+                max,
+                seconds,
+                &[("etcd", e.pid().to_string()), watched[2].clone()],
+                acquire,
+            )
+            .await;
+            load.push(LoadRow::new(ACQUIRE, "etcd", max, points));
+            if e.refused() > 0 {
+                load_notes.push(format!(
+                    "etcd refused {} requests as too many (each tried again after 1 ms)",
+                    e.refused()
+                ));
+            }
+        }
+        let max = gate.queue_take_ack(32, sizes.items, 1).await;
+        let mut points = Vec::new();
+        for share in SHARES {
+            let (rate, queue) = (max * share, format!("load-take-{share}"));
+            gate.fill(&queue, (rate * seconds.as_secs_f64()) as usize + 1).await;
+            let g = gate.clone();
+            let take = move |_| {
+                let (gate, queue) = (g.clone(), queue.clone());
+                async move { gate.taken_at(&queue).await }
+            };
+            points.push(LoadPoint::measure(rate, seconds, &watched, take).await);
+        }
+        load.push(LoadRow::new(TAKE, "zkgate", max, points));
+        if let Some(k) = &kazoo {
+            // kazoo takes tens of items a second: a sixth of the items keeps its run short.
+            let max = k.queue_take(32, (sizes.items / 6).max(32));
+            let points = SHARES.map(|share| LoadPoint::of(max * share, &k.take_load(32, max * share, seconds)));
+            load.push(LoadRow::new(TAKE, "kazoo", max, points.into()));
+        }
+    }
+
+    // Two instances on a 3-server ensemble against one: the contended throughput with the
+    // clients on one instance or spread over both, and what a request forwarded to the
+    // instance that owns its lease costs over one sent there directly.
+    let mut ensemble_rows = Vec::new();
+    if wanted("ensemble") {
+        let servers = ZooKeeperServer::start_ensemble(&options, 3)
+            .await
+            .expect("the ensemble");
+        let connect: Vec<String> = servers
+            .iter()
+            .map(|s| format!("127.0.0.1:{}", s.client_port()))
+            .collect();
+        let connect = connect.join(",");
+        // A shared secret, so that each forwards what belongs to the other.
+        let secret = ["--cluster-secret", "bench-cluster-secret-of-32-bytes-or-more"];
+        let (a, b) = (
+            Arc::new(gate::Zkgate::start_with(&connect, &secret).await),
+            Arc::new(gate::Zkgate::start_with(&connect, &secret).await),
+        );
+        a.cycles(sizes.warmup).await;
+        b.cycles(sizes.warmup).await;
+        for (clients, locks) in [(32, 32), (64, 64)] {
+            let one = gate::contended_across(std::slice::from_ref(&a), clients, locks, sizes.seconds).await;
+            let two = gate::contended_across(&[a.clone(), b.clone()], clients, locks, sizes.seconds).await;
+            ensemble_rows.push(format!(
+                "| {locks} locks, {clients} clients: cycles per second | {one:.0}/s | {two:.0}/s | {:.2}x |",
+                two / one
+            ));
+        }
+        // The same lease (A's) used through A, and through B (which forwards to A).
+        let lease = a.lease("1h").await;
+        b.cycles_with(&lease, sizes.warmup).await;
+        let cpu = |gates: &[&gate::Zkgate]| gates.iter().map(|g| g.child.cpu_time()).sum::<Duration>();
+        let per_request = |used: Duration| used.as_secs_f64() * 1e6 / (2 * sizes.cycles) as f64;
+        let before = cpu(&[&a, &b]);
+        let direct = Latency::of(&a.cycles_with(&lease, sizes.cycles).await);
+        let direct_cpu = per_request(cpu(&[&a, &b]).saturating_sub(before));
+        let before = cpu(&[&a, &b]);
+        let forwarded = Latency::of(&b.cycles_with(&lease, sizes.cycles).await);
+        let forwarded_cpu = per_request(cpu(&[&a, &b]).saturating_sub(before));
+        ensemble_rows.push(format!(
+            "| uncontended cycle, the lease's own instance vs through the other (forwarded) | p50 {:.0} µs, p99 {:.0} µs | p50 {:.0} µs, p99 {:.0} µs | {:+.0} µs a cycle |",
+            direct.p50,
+            direct.p99,
+            forwarded.p50,
+            forwarded.p99,
+            forwarded.p50 - direct.p50
+        ));
+        ensemble_rows.push(format!(
+            "| zkgate CPU per request (both instances), direct vs forwarded | {direct_cpu:.0} µs | {forwarded_cpu:.0} µs | {:+.0} µs a request |",
+            forwarded_cpu - direct_cpu
+        ));
+        for row in &ensemble_rows {
+            eprintln!("{row}");
+        }
+    }
+
     // Election failover: the leader's lease (session) ends; the next candidate learns it leads.
     if wanted("failover") {
         push(
@@ -357,6 +482,84 @@ async fn run() {
                 },
             },
         );
+    }
+
+    // How cost grows: the uncontended cycle and memory per lease with more and more idle
+    // leases held, and the rest of the curves. Last, and on a ZooKeeper and a zkgate of their
+    // own: a million keys and a hundred thousand locks make the heap of the ZooKeeper that
+    // holds them a slower one for whatever runs on it next.
+    let mut curve = Vec::new();
+    let mut lock_curve = Vec::new();
+    let mut key_curve = Vec::new();
+    let mut waiter_curve = Vec::new();
+    let mut subscriber_curve = Vec::new();
+    if wanted("curves") {
+        let own = ZooKeeperServer::start_standalone(&options).await.expect("ZooKeeper");
+        let zookeeper_watches = || process::zookeeper_figure(own.client_port(), "zk_watch_count");
+        let curved = Arc::new(gate::Zkgate::start(&own.connect_string()).await);
+        let mut held = 0;
+        for &target in sizes.lease_curve {
+            let rss_before = curved.child.rss_bytes();
+            curved.hold_leases(target - held).await;
+            let point = CurvePoint::measure(&curved, target, target - held, rss_before, sizes.curve_cycles).await;
+            held = target;
+            eprintln!(
+                "{} idle leases: cycle p50 {:.0} µs, CPU {:.0} µs a request",
+                point.count, point.cycle.p50, point.cpu_micros
+            );
+            curve.push(point);
+        }
+        // Locks held by others (a hundred leases): acquiring and releasing another.
+        let holders = Arc::new(futures::future::join_all((0..100).map(|_| curved.lease("1h"))).await);
+        let mut locked = 0;
+        for &target in sizes.lock_curve {
+            let rss_before = curved.child.rss_bytes();
+            curved.hold_locks(locked, target, &holders).await;
+            lock_curve
+                .push(CurvePoint::measure(&curved, target, target - locked, rss_before, sizes.curve_cycles).await);
+            locked = target;
+        }
+        // Waiters queued on one lock: the hand-over to the head, the watches and the memory.
+        for &waiters in sizes.waiter_curve {
+            let lock = format!("waited-{waiters}");
+            let leases: Vec<String> = futures::future::join_all((0..=waiters).map(|_| curved.lease("1h"))).await;
+            let holder = (leases[0].clone(), curved.hold(&lock, &leases[0]).await);
+            let rounds = sizes.handovers.min(waiters);
+            let (rss_before, watches_before) = (curved.child.rss_bytes(), zookeeper_watches());
+            curved.queue_waiters(&lock, &leases[1..], rounds).await;
+            let bytes = curved.child.rss_bytes().saturating_sub(rss_before) as f64 / waiters as f64;
+            let watches = zookeeper_watches().saturating_sub(watches_before) as f64 / waiters as f64;
+            let handover = Latency::of(&curved.handovers(&lock, holder, &leases[1..=rounds]).await);
+            waiter_curve.push((waiters, handover, watches, (waiters >= 500).then_some(bytes)));
+        }
+        // WebSockets subscribed to one lock's topic (kept open until the end of the curves).
+        let mut subscribed = Vec::new();
+        for &target in sizes.subscriber_curve {
+            let (rss_before, watches_before) = (curved.child.rss_bytes(), zookeeper_watches());
+            let added = target - subscribed.len();
+            subscribed.extend(
+                curved
+                    .subscribers(&serde_json::json!({ "lock": "subscribed" }), added)
+                    .await,
+            );
+            let bytes = curved.child.rss_bytes().saturating_sub(rss_before) as f64 / added as f64;
+            let watches = zookeeper_watches().saturating_sub(watches_before);
+            subscriber_curve.push((target, watches, (added >= 500).then_some(bytes)));
+        }
+        drop(subscribed);
+        // Keys under one prefix: reading one, and the first page of the list.
+        let mut keys = 0;
+        for &target in sizes.key_curve {
+            curved.put_keys("many", keys, target).await;
+            keys = target;
+            let read = Latency::of(&curved.reads("/v1/kv/many/k0000000", sizes.curve_cycles).await);
+            let list = Latency::of(
+                &curved
+                    .reads("/v1/kv?prefix=many&limit=1000", sizes.curve_cycles / 10)
+                    .await,
+            );
+            key_curve.push((target, read, list));
+        }
     }
 
     if let Some(lease_bytes) = lease_bytes {
@@ -392,6 +595,44 @@ async fn run() {
                 list.p50 / key_curve[0].2.p50,
             );
         }
+    }
+    if !waiter_curve.is_empty() {
+        println!();
+        println!(
+            "| waiters queued on one lock | hand-over (release → the next one's poll answered) | p50 vs the first | ZooKeeper watches per waiter | memory per waiter |"
+        );
+        println!("|---|---|---|---|---|");
+        let first = waiter_curve[0].1.p50;
+        for (waiters, handover, watches, bytes) in &waiter_curve {
+            println!(
+                "| {waiters} | p50 {:.0} µs, p99 {:.0} µs | {:.2}x | {watches:.2} | {} |",
+                handover.p50,
+                handover.p99,
+                handover.p50 / first,
+                bytes.map_or("–".into(), |b| format!("{:.2} KiB", b / 1024.0)),
+            );
+        }
+        println!();
+        println!("| WebSockets subscribed to one topic | ZooKeeper watches added | memory per subscriber added |");
+        println!("|---|---|---|");
+        for (subscribers, watches, bytes) in &subscriber_curve {
+            println!(
+                "| {subscribers} | {watches} | {} |",
+                bytes.map_or("–".into(), |b| format!("{:.2} KiB", b / 1024.0)),
+            );
+        }
+    }
+    if !ensemble_rows.is_empty() {
+        println!();
+        println!("| on a 3-server ensemble | one instance | two instances | two vs one |");
+        println!("|---|---|---|---|");
+        for row in &ensemble_rows {
+            println!("{row}");
+        }
+    }
+    report_load(&load);
+    for note in load_notes {
+        println!("- {note}");
     }
     println!();
     for budget in budgets {
@@ -494,4 +735,169 @@ fn report(rows: &[Row]) {
         "Ratios are zkgate's advantage: above 1 means zkgate is faster (higher rate, lower latency \
          or time); against the floor, below 1 is zkgate's overhead (the floor's p50 / zkgate's p50)."
     );
+}
+
+/// The shares of the maximum rate the open loop runs at.
+const SHARES: [f64; 2] = [0.5, 0.8];
+const ACQUIRE: &str = "lock acquire (then release), 1,024 locks";
+/// The locks the open loop cycles through (operation `i` on lock `i % LOAD_LOCKS`, with lease
+/// `i + i / LOAD_LOCKS` of 32: the leases take turns, and two operations that meet on a lock
+/// are two contenders, never one lease asking twice, which zkgate and etcd answer with the
+/// handle it already has): enough that two operations in flight rarely meet on one.
+const LOAD_LOCKS: usize = 1024;
+
+/// Runs `op` once for each of the [LOAD_LOCKS] locks, 32 at a time, before the measuring: the
+/// first acquire of a lock also makes its parent node, which users' long-lived locks have.
+async fn warm<F, Fut>(op: F)
+where
+    F: Fn(usize) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = Option<Instant>> + Send + 'static,
+{
+    let tasks: Vec<_> = (0..32)
+        .map(|c| {
+            let op = op.clone();
+            tokio::spawn(async move {
+                for i in (c..LOAD_LOCKS).step_by(32) {
+                    op(i).await.expect("not refused");
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.expect("warm-up");
+    }
+}
+const TAKE: &str = "queue take (then ack)";
+
+/// One workload of one system under load: its maximum rate, and the latency at each share.
+struct LoadRow {
+    workload: &'static str,
+    system: &'static str,
+    max: f64,
+    points: Vec<LoadPoint>,
+}
+
+/// An open loop at one rate.
+struct LoadPoint {
+    rate: f64,
+    /// Of the operations answered.
+    latency: Latency,
+    /// Operations refused (`429`).
+    refused: usize,
+    /// zkgate's CPU time per operation (two requests: the measured one and its release or ack).
+    cpu_micros: Option<f64>,
+    /// The cores each watched process kept busy meanwhile.
+    cores: Vec<(&'static str, f64)>,
+}
+
+impl LoadPoint {
+    fn show(&self) -> String {
+        let mut shown = format!(
+            "{:.0}/s: p50 {:.0} µs, p99 {:.0} µs",
+            self.rate, self.latency.p50, self.latency.p99
+        );
+        if let Some(cpu) = self.cpu_micros {
+            shown += &format!(", zkgate CPU {cpu:.0} µs an operation");
+        }
+        if self.refused > 0 {
+            shown += &format!(", {} refused (`429`)", self.refused);
+        }
+        if !self.cores.is_empty() {
+            let cores: Vec<String> = self.cores.iter().map(|(who, n)| format!("{who} {n:.2}")).collect();
+            shown += &format!("; CPUs busy: {}", cores.join(", "));
+        }
+        shown
+    }
+
+    /// Latencies measured elsewhere (kazoo's own open loop).
+    fn of(rate: f64, samples: &[Duration]) -> LoadPoint {
+        LoadPoint {
+            rate,
+            latency: Latency::of(samples),
+            refused: 0,
+            cpu_micros: None,
+            cores: Vec::new(),
+        }
+    }
+
+    /// `op` in an open loop at `rate` for `duration`, and the CPU time of each of `watched`
+    /// (who, pid) meanwhile: zkgate's (named `zkgate`) per operation.
+    async fn measure<F, Fut>(rate: f64, duration: Duration, watched: &[(&'static str, String)], op: F) -> LoadPoint
+    where
+        F: Fn(usize) -> Fut + Send + 'static,
+        Fut: Future<Output = Option<Instant>> + Send + 'static,
+    {
+        let before: Vec<Duration> = watched.iter().map(|(_, pid)| process::cpu_time_of(pid)).collect();
+        let start = Instant::now();
+        let loaded = stats::open_loop(rate, duration, op).await;
+        let elapsed = start.elapsed().as_secs_f64();
+        let used: Vec<(&'static str, f64)> = watched
+            .iter()
+            .zip(before)
+            .map(|((who, pid), before)| (*who, process::cpu_time_of(pid).saturating_sub(before).as_secs_f64()))
+            .collect();
+        let operations = (loaded.samples.len() + loaded.refused).max(1) as f64;
+        LoadPoint {
+            rate,
+            latency: Latency::of(&loaded.samples),
+            refused: loaded.refused,
+            cpu_micros: used
+                .iter()
+                .find(|(who, _)| *who == "zkgate")
+                .map(|(_, seconds)| seconds * 1e6 / operations),
+            cores: used
+                .into_iter()
+                .map(|(who, seconds)| (who, seconds / elapsed))
+                .collect(),
+        }
+    }
+}
+
+impl LoadRow {
+    fn new(workload: &'static str, system: &'static str, max: f64, points: Vec<LoadPoint>) -> LoadRow {
+        for point in &points {
+            eprintln!("{workload}, {system} (max {max:.0}/s) at {}", point.show());
+        }
+        LoadRow {
+            workload,
+            system,
+            max,
+            points,
+        }
+    }
+}
+
+/// `op` in an open loop at each of [SHARES] of `max` a second, for `duration` each.
+async fn at_shares<F, Fut>(max: f64, duration: Duration, watched: &[(&'static str, String)], op: F) -> Vec<LoadPoint>
+where
+    F: Fn(usize) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = Option<Instant>> + Send + 'static,
+{
+    let mut points = Vec::new();
+    for share in SHARES {
+        let point = LoadPoint::measure(max * share, duration, watched, op.clone()).await;
+        points.push(point);
+    }
+    points
+}
+
+fn report_load(rows: &[LoadRow]) {
+    if rows.is_empty() {
+        return;
+    }
+    println!();
+    println!(
+        "| under load (open loop) | system | max rate (32 clients, closed loop) | at 50%: p50, p99 | at 80%: p50, p99 |"
+    );
+    println!("|---|---|---|---|---|");
+    for row in rows {
+        println!(
+            "| {} | {} | {:.0}/s | {} | {} |",
+            row.workload,
+            row.system,
+            row.max,
+            row.points[0].show(),
+            row.points[1].show()
+        );
+    }
 }

@@ -8,12 +8,24 @@ pub struct Child {
 }
 
 impl Child {
+    /// Output is dropped, or with `ZKGATE_BENCH_LOGS=<dir>` written to `<dir>/<program>.<n>.log`
+    /// (to see why a system failed mid-run).
     pub fn spawn(program: &str, args: &[&str]) -> Child {
+        static SPAWNED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let output = match std::env::var_os("ZKGATE_BENCH_LOGS") {
+            Some(dir) => {
+                let name = std::path::Path::new(program).file_name().expect("program name");
+                let n = SPAWNED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let path = std::path::Path::new(&dir).join(format!("{}.{n}.log", name.to_string_lossy()));
+                std::process::Stdio::from(std::fs::File::create(&path).expect("log file"))
+            }
+            None => std::process::Stdio::null(),
+        };
         let child = std::process::Command::new(program)
             .args(args)
             .env("ZKGATE_LOG", "warn")
             .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
+            .stderr(output)
             .spawn()
             .unwrap_or_else(|e| panic!("start {program}: {e}"));
         Child { child }
@@ -77,4 +89,16 @@ pub async fn wait_http_ok(http: &reqwest::Client, url: &str) {
         assert!(Instant::now() < deadline, "{url} did not answer");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// A figure of a ZooKeeper server's `mntr` four-letter word (e.g. `zk_watch_count`).
+pub fn zookeeper_figure(port: u16, figure: &str) -> u64 {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("ZooKeeper");
+    stream.write_all(b"mntr").expect("mntr");
+    let mut text = String::new();
+    stream.read_to_string(&mut text).expect("read mntr");
+    text.lines()
+        .find_map(|line| line.strip_prefix(figure)?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{figure} in mntr"))
 }

@@ -84,3 +84,63 @@ where
     }
     done as f64 / duration.as_secs_f64()
 }
+
+/// What an open loop measured: the latency of each operation answered, and how many were
+/// refused (a system shedding load: zkgate's `429` past its limits).
+pub struct Loaded {
+    pub samples: Vec<Duration>,
+    pub refused: usize,
+}
+
+/// Most operations an open loop has in flight: the 32 clients of the closed loop that measured
+/// the maximum (kazoo's open loop has 32 threads), now sending when operations fall due. Past
+/// it a due operation waits in the client, and that wait counts in its latency.
+pub const IN_FLIGHT: usize = 32;
+
+/// Open loop: `op(i)` is due `i / rate` seconds after the start, for `duration`, however many
+/// earlier ones are still running (up to [IN_FLIGHT] at once; later ones wait their turn).
+/// Each one's latency runs from when it was due to the instant `op` answers (when its measured
+/// step got its reply; `None`: refused), so a system that falls behind is charged for the wait
+/// as its users would be (no coordinated omission, which a closed loop of clients has: a slow
+/// reply there delays the next request instead of counting). The due times are kept by a
+/// thread of its own that sleeps to each: the runtime's timer ticks in milliseconds, coarser
+/// than the latencies.
+pub async fn open_loop<F, Fut>(rate: f64, duration: Duration, op: F) -> Loaded
+where
+    F: Fn(usize) -> Fut + Send + 'static,
+    Fut: Future<Output = Option<Instant>> + Send + 'static,
+{
+    let runtime = tokio::runtime::Handle::current();
+    let in_flight = std::sync::Arc::new(tokio::sync::Semaphore::new(IN_FLIGHT));
+    let count = (rate * duration.as_secs_f64()).max(1.0) as usize;
+    let start = Instant::now() + Duration::from_millis(10);
+    let pacer = std::thread::spawn(move || {
+        (0..count)
+            .map(|i| {
+                let due = start + Duration::from_secs_f64(i as f64 / rate);
+                if let Some(wait) = due.checked_duration_since(Instant::now()) {
+                    std::thread::sleep(wait);
+                }
+                let (answered, in_flight) = (op(i), in_flight.clone());
+                runtime.spawn(async move {
+                    let _turn = in_flight.acquire_owned().await.expect("never closed");
+                    answered.await.map(|at| at.saturating_duration_since(due))
+                })
+            })
+            .collect::<Vec<_>>()
+    });
+    let tasks = tokio::task::spawn_blocking(move || pacer.join().expect("pacer"))
+        .await
+        .expect("pacer");
+    let mut loaded = Loaded {
+        samples: Vec::with_capacity(tasks.len()),
+        refused: 0,
+    };
+    for task in tasks {
+        match task.await.expect("operation") {
+            Some(latency) => loaded.samples.push(latency),
+            None => loaded.refused += 1,
+        }
+    }
+    loaded
+}
