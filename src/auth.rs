@@ -194,13 +194,9 @@ fn parse_hash(text: &str) -> Result<[u8; 32], String> {
 /// A new random token and the line that lists it in the config file (`zkgate token`).
 pub fn new_token() -> (String, String) {
     let bytes: [u8; 32] = rand::random();
-    let token = format!("zkg_{}", to_hex(&bytes));
-    let hash = format!("sha256:{}", to_hex(&sha256(&token)));
+    let token = format!("zkg_{}", crate::ids::hex(&bytes));
+    let hash = format!("sha256:{}", crate::ids::hex(&sha256(&token)));
     (token, hash)
-}
-
-fn to_hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Who a request is from.

@@ -25,13 +25,44 @@ pub fn sibling_id(of: &str) -> String {
 /// The instance that issued a lease id, handle or claim (`None` if it is not one of ours).
 pub fn owner_of(id: &str) -> Option<&str> {
     let (instance, rest) = id.split_once('-')?;
-    let hex = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
-    (hex(instance, 8) && hex(rest, 32)).then_some(instance)
+    let hex_of = |s: &str, n: usize| s.len() == n && is_hex(s);
+    (hex_of(instance, 8) && hex_of(rest, 32)).then_some(instance)
+}
+
+/// `bytes` in lowercase hexadecimal, the form of every id, token, hash and cursor zkgate writes.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Whether `text` is lowercase hexadecimal digits only.
+pub fn is_hex(text: &str) -> bool {
+    text.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+/// The bytes [hex] wrote as `text` (`None` if it is not lowercase hexadecimal of whole bytes).
+pub fn unhex(text: &str) -> Option<Vec<u8>> {
+    if !text.len().is_multiple_of(2) || !is_hex(text) {
+        return None;
+    }
+    (0..text.len())
+        .step_by(2)
+        .map(|at| u8::from_str_radix(&text[at..at + 2], 16).ok())
+        .collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hex_reads_back_what_it_wrote_and_nothing_else() {
+        let bytes = [0u8, 1, 0x7f, 0xab, 0xff];
+        assert_eq!(hex(&bytes), "00017fabff");
+        assert_eq!(unhex(&hex(&bytes)).as_deref(), Some(&bytes[..]));
+        for bad in ["0", "abc", "AB", "zz", "0x"] {
+            assert_eq!(unhex(bad), None, "{bad}");
+        }
+    }
 
     #[test]
     fn ids_name_their_instance() {

@@ -129,21 +129,15 @@ impl Zkgate {
 
     /// Puts `items` items on `queue`, 32 at a time.
     pub async fn fill(self: &Arc<Self>, queue: &str, items: usize) {
-        let fill: Vec<_> = (0..32)
-            .map(|c| {
-                let (gate, queue) = (self.clone(), queue.to_string());
-                tokio::spawn(async move {
-                    for n in (c..items).step_by(32) {
-                        let path = format!("/v1/queues/{queue}/items");
-                        let (status, _) = gate.call(reqwest::Method::POST, &path, Some(json!({ "n": n }))).await;
-                        assert_eq!(status, 201);
-                    }
-                })
-            })
-            .collect();
-        for task in fill {
-            task.await.expect("fill");
-        }
+        let (gate, path) = (self.clone(), format!("/v1/queues/{queue}/items"));
+        super::stats::each_by_32(0..items, move |n| {
+            let (gate, path) = (gate.clone(), path.clone());
+            async move {
+                let (status, _) = gate.call(reqwest::Method::POST, &path, Some(json!({ "n": n }))).await;
+                assert_eq!(status, 201);
+            }
+        })
+        .await;
     }
 
     /// Takes one item of `queue` (which must have one), then acknowledges it: when the take
@@ -344,46 +338,30 @@ impl Zkgate {
     /// Acquires the locks `held-<n>` for `n` in `from..to`, each with one of `leases` (round
     /// robin), 32 at a time, and keeps them.
     pub async fn hold_locks(self: &Arc<Self>, from: usize, to: usize, leases: &Arc<Vec<String>>) {
-        let tasks: Vec<_> = (0..32)
-            .map(|c| {
-                let (gate, leases) = (self.clone(), leases.clone());
-                tokio::spawn(async move {
-                    for n in (from + c..to).step_by(32) {
-                        let lease = &leases[n % leases.len()];
-                        let (status, body) = gate
-                            .call(
-                                reqwest::Method::POST,
-                                &format!("/v1/locks/held-{n}/acquire?wait=0"),
-                                Some(json!({ "lease": lease })),
-                            )
-                            .await;
-                        assert_eq!(status, 200, "{body}");
-                    }
-                })
-            })
-            .collect();
-        for task in tasks {
-            task.await.expect("locks");
-        }
+        let (gate, leases) = (self.clone(), leases.clone());
+        super::stats::each_by_32(from..to, move |n| {
+            let (gate, leases) = (gate.clone(), leases.clone());
+            async move {
+                let lease = &leases[n % leases.len()];
+                let (status, body) = gate.acquire_reply(&format!("held-{n}"), lease, "0").await;
+                assert_eq!(status, 200, "{body}");
+            }
+        })
+        .await;
     }
 
     /// Puts the keys `<prefix>/k<n>` for `n` in `from..to`, 32 at a time.
     pub async fn put_keys(self: &Arc<Self>, prefix: &str, from: usize, to: usize) {
-        let tasks: Vec<_> = (0..32)
-            .map(|c| {
-                let (gate, prefix) = (self.clone(), prefix.to_string());
-                tokio::spawn(async move {
-                    for n in (from + c..to).step_by(32) {
-                        let url = format!("{}/v1/kv/{prefix}/k{n:07}", gate.base);
-                        let response = gate.http.put(url).body("v").send().await.expect("put");
-                        assert_eq!(response.status().as_u16(), 201);
-                    }
-                })
-            })
-            .collect();
-        for task in tasks {
-            task.await.expect("keys");
-        }
+        let (gate, prefix) = (self.clone(), prefix.to_string());
+        super::stats::each_by_32(from..to, move |n| {
+            let url = format!("{}/v1/kv/{prefix}/k{n:07}", gate.base);
+            let http = gate.http.clone();
+            async move {
+                let response = http.put(url).body("v").send().await.expect("put");
+                assert_eq!(response.status().as_u16(), 201);
+            }
+        })
+        .await;
     }
 
     /// `count` reads of `path` (which must answer 200), one after the other.
@@ -406,19 +384,14 @@ impl Zkgate {
 
     /// Creates `count` leases (an hour's TTL) and leaves them idle.
     pub async fn hold_leases(self: &Arc<Self>, count: usize) {
-        let tasks: Vec<_> = (0..32)
-            .map(|c| {
-                let gate = self.clone();
-                tokio::spawn(async move {
-                    for _ in (c..count).step_by(32) {
-                        gate.lease("1h").await;
-                    }
-                })
-            })
-            .collect();
-        for task in tasks {
-            task.await.expect("leases");
-        }
+        let gate = self.clone();
+        super::stats::each_by_32(0..count, move |_| {
+            let gate = gate.clone();
+            async move {
+                gate.lease("1h").await;
+            }
+        })
+        .await;
     }
 
     /// Queues a waiter on `lock` for each of `leases` (`keep_queued`, each answered `202`): the

@@ -753,19 +753,13 @@ where
     F: Fn(usize) -> Fut + Clone + Send + 'static,
     Fut: Future<Output = Option<Instant>> + Send + 'static,
 {
-    let tasks: Vec<_> = (0..32)
-        .map(|c| {
-            let op = op.clone();
-            tokio::spawn(async move {
-                for i in (c..LOAD_LOCKS).step_by(32) {
-                    op(i).await.expect("not refused");
-                }
-            })
-        })
-        .collect();
-    for task in tasks {
-        task.await.expect("warm-up");
-    }
+    stats::each_by_32(0..LOAD_LOCKS, move |i| {
+        let answered = op(i);
+        async move {
+            answered.await.expect("not refused");
+        }
+    })
+    .await;
 }
 const TAKE: &str = "queue take (then ack)";
 

@@ -144,3 +144,25 @@ where
     }
     loaded
 }
+
+/// `op(n)` for every `n` in `range`, by 32 tasks at once (task `c` takes `start + c`, then every
+/// 32nd after it): how the bench fills zkgate with leases, locks, keys and items.
+pub async fn each_by_32<F, Fut>(range: std::ops::Range<usize>, op: F)
+where
+    F: Fn(usize) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let tasks: Vec<_> = (0..32)
+        .map(|c| {
+            let (op, range) = (op.clone(), range.clone());
+            tokio::spawn(async move {
+                for n in (range.start + c..range.end).step_by(32) {
+                    op(n).await;
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.expect("a task of each_by_32");
+    }
+}

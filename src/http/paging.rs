@@ -81,7 +81,7 @@ impl Paging {
                 "cursor" => {
                     // Any position is a place to start from: only the form is checked.
                     let cursor = (value.len() <= MAX_CURSOR)
-                        .then(|| unhex(&value))
+                        .then(|| crate::ids::unhex(&value))
                         .flatten()
                         .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
                         .ok_or_else(|| {
@@ -126,24 +126,10 @@ impl Paging {
         let mut query = form_urlencoded::Serializer::new(String::new());
         query.extend_pairs(&self.rest);
         query.append_pair("limit", &self.limit.to_string());
-        query.append_pair("cursor", &hex(last.as_bytes()));
+        // A cursor's form: the key's bytes in hexadecimal (safe in a URL as it is).
+        query.append_pair("cursor", &crate::ids::hex(last.as_bytes()));
         format!("<{}?{}>; rel=\"next\"", self.path, query.finish())
     }
-}
-
-/// A cursor's form: the key's bytes in lowercase hexadecimal (safe in a URL as it is).
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn unhex(text: &str) -> Option<Vec<u8>> {
-    if !text.len().is_multiple_of(2) || !text.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
-        return None;
-    }
-    (0..text.len())
-        .step_by(2)
-        .map(|at| u8::from_str_radix(&text[at..at + 2], 16).ok())
-        .collect()
 }
 
 /// One page of a list: its entries, and the link to the next page if more follow.

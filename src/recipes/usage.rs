@@ -109,8 +109,7 @@ struct Inner {
 pub fn path_id(prefix: &str, path: &str) -> String {
     use sha2::Digest;
     let digest = sha2::Sha256::digest(path.as_bytes());
-    let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
-    format!("{prefix}-{hex}")
+    format!("{prefix}-{}", crate::ids::hex(&digest[..16]))
 }
 
 /// Who pays for a write: the principal (`None`: auth is off) and the quotas that bound it.
