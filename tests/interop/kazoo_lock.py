@@ -86,6 +86,10 @@ def main():
                         say("ERROR usage: acquire <millis>")
                         continue
                     timeout = int(parts[1]) / 1000.0
+                    # The lock's znode is a container (zkgate and Curator make it one):
+                    # ZooKeeper removes it once its last contender goes, so make sure of it
+                    # again on every acquire, as Curator does, rather than once.
+                    lock.assured_path = False
                     try:
                         ok = lock.acquire(timeout=timeout)
                     except LockTimeout:
