@@ -259,16 +259,17 @@ pub struct ServeConfig {
     #[arg(long, env = "ZKGATE_TLS_KEY", requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
 
-    /// The URL other zkgate instances reach this one at, to forward requests for its leases
-    /// (default: the listen address; with an unspecified address such as 0.0.0.0, this host's
-    /// name).
+    /// The URL other zkgate instances reach this one at, to hand it requests for the leases it
+    /// keeps (default: the listen address; with an unspecified address such as 0.0.0.0, this
+    /// host's name).
     #[arg(long, env = "ZKGATE_ADVERTISE_URL")]
     pub advertise_url: Option<String>,
 
     /// A secret every instance of the deployment shares (16 characters or more): instances
-    /// believe only the registrations and forwarded requests signed with it, and forward to
-    /// each other only with it. Without it, the `--zookeeper-auth` credential serves; with
-    /// neither, a request for another instance's lease is answered 421 instead of forwarded.
+    /// believe only the registrations and handed-over requests signed with it, and hand
+    /// requests to each other only with it. Without it, the `--zookeeper-auth` credential
+    /// serves; with neither, an instance takes a lease kept elsewhere over instead of handing
+    /// the request to its keeper, and a claim made elsewhere is answered 421.
     #[arg(
         long,
         env = "ZKGATE_CLUSTER_SECRET",
@@ -488,7 +489,7 @@ impl ServeConfig {
     }
 
     /// The key instances trust each other with: `--cluster-secret(-file)`, else the one
-    /// `--zookeeper-auth` gives; `None` with neither (then instances do not forward).
+    /// `--zookeeper-auth` gives; `None` with neither (then instances hand nothing over).
     pub fn peer_key(&self) -> Option<crate::peer::PeerKey> {
         self.cluster_secret
             .clone()

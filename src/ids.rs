@@ -1,8 +1,10 @@
-//! The ids zkgate hands out (leases, handles, claims) and how to tell which instance issued one.
+//! The ids zkgate hands out (leases, handles, claims) and what they tell.
 //!
-//! Every id an instance issues starts with that instance's id: `<8 hex>-<32 hex>`. So any
-//! instance can tell, without a lookup, where a request naming a lease, handle or claim must go
-//! (see [crate::instances] and `http::forward`).
+//! Every id an instance issues is `<8 hex>-<32 hex>`: the id of the instance that issued it,
+//! then 128 random bits. The prefix says where a claim was made (claims are timed by their
+//! instance); a lease moves between instances, so its prefix says only where it was made. A
+//! handle's random part is also the GUID in the name of its znode ([guid_of]), so that any
+//! instance finds a handle's znode from the handle alone.
 
 /// A new instance id: 8 lowercase hex digits, random.
 pub fn new_instance_id() -> String {
@@ -20,6 +22,15 @@ pub fn sibling_id(of: &str) -> String {
         Some(instance) => owned_id(instance),
         None => uuid::Uuid::new_v4().simple().to_string(),
     }
+}
+
+/// The GUID in the znode names of the handle `id` (Curator's `_c_<guid>-lock-<seq>`): its
+/// random part, written as a UUID (`None` if `id` is not one of ours).
+pub fn guid_of(id: &str) -> Option<String> {
+    owner_of(id)?;
+    let (_, random) = id.split_once('-')?;
+    let bytes: [u8; 16] = unhex(random)?.try_into().ok()?;
+    Some(uuid::Uuid::from_bytes(bytes).hyphenated().to_string())
 }
 
 /// The instance that issued a lease id, handle or claim (`None` if it is not one of ours).
@@ -73,5 +84,12 @@ mod tests {
         assert_eq!(owner_of("6f1c2a9e0b7d4e3f8a5b6c7d8e9f0a1b"), None);
         assert_eq!(owner_of("zzzzzzzz-6f1c2a9e0b7d4e3f8a5b6c7d8e9f0a1b"), None);
         assert_eq!(owner_of("0123abcd-short"), None);
+    }
+
+    #[test]
+    fn a_handle_names_the_guid_of_its_znode() {
+        let id = "0123abcd-6f1c2a9e0b7d4e3f8a5b6c7d8e9f0a1b";
+        assert_eq!(guid_of(id).as_deref(), Some("6f1c2a9e-0b7d-4e3f-8a5b-6c7d8e9f0a1b"));
+        assert_eq!(guid_of("6f1c2a9e0b7d4e3f8a5b6c7d8e9f0a1b"), None);
     }
 }

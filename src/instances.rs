@@ -1,25 +1,22 @@
 //! Several zkgate instances on one ensemble: who owns a lease, and where that instance is.
 //!
-//! All recipe state lives in ZooKeeper, so any instance reads any lock, leader or queue. A
-//! lease, though, is kept alive by the instance that made it (its timer, its socket, its
-//! ZooKeeper session, which its ephemeral znodes belong to). So that a load balancer without
-//! stickiness works:
-//! - every lease id, handle and claim an instance issues starts with the instance's id
-//!   (`<8 hex>-<32 hex>`), and the znodes held for a lease record the lease (and so its
-//!   instance): any instance can tell whose an id is without a lookup;
+//! All recipe state lives in ZooKeeper, so any instance reads any lock, leader or queue, and
+//! serves any lease's holdings from their znodes. A lease's TTL, though, is timed by one
+//! instance, its keeper ([crate::lease]); and a queue's claim by the instance that made it. So:
 //! - each instance registers itself while its session lives: an ephemeral znode
 //!   `<root>/instances/<id>` holding the URL it is reached at (`--advertise-url`), made by its
 //!   primary session; each further session (lane, see [crate::zk::session]) makes
-//!   `<root>/instances/<id>~<lane>`, so that the owner session of a member's znode names its
-//!   instance whichever lane made it;
-//! - a request naming another instance's lease, handle or claim is forwarded there
-//!   ([crate::http::forward]); if that instance is gone, so are its leases (its session
-//!   ended and its znodes with it), which is what the answer says.
+//!   `<root>/instances/<id>~<lane>`. A registration present means its instance is alive: the
+//!   reaper takes over the leases of an instance whose registration is gone;
+//! - a request for a lease kept by another instance is handed to that instance (see
+//!   `http::handoff`), and one for a claim to the instance that made it (its id starts with
+//!   that instance's).
 //!
 //! A registration is believed only when it is signed with the deployment's key and its znode
 //! belongs to the session it names ([crate::peer]): whoever can write to ZooKeeper cannot
-//! point another instance's forwards at itself. Each registration is watched, and made again
-//! when it is lost or replaced while its session lives (as well as on every new session).
+//! point another instance's hand-offs at itself. Each registration is watched, and made again
+//! when it is lost, replaced or changed while its session lives (as well as on every new
+//! session).
 
 use std::sync::Arc;
 
@@ -138,6 +135,11 @@ impl Instances {
         *self.registered.borrow()
     }
 
+    /// A receiver of whether this instance's registration is in place.
+    pub fn registration(&self) -> watch::Receiver<bool> {
+        self.registered.clone()
+    }
+
     /// Returns once this instance's registration is in place.
     pub async fn wait_registered(&self) {
         let mut registered = self.registered.clone();
@@ -190,17 +192,6 @@ impl Instances {
     }
 }
 
-impl Instances {
-    /// The instance whose session owns the ephemeral znode at `path` (a member joined through
-    /// it): found by matching the node's owner session with the registrations' (rare: only
-    /// requests that land on the wrong instance ask). `None` if the node or its instance is gone.
-    pub async fn owner_of_node(&self, path: &str) -> Result<Option<String>, ZkError> {
-        let client = self.zk.connected().await.map_err(|_| ZkError::ConnectionLoss)?.client;
-        let registration = registry::owner_of_node(&client, &self.dir, path).await?;
-        Ok(registration.map(|name| name.split(LANE_SEPARATOR).next().unwrap_or_default().to_string()))
-    }
-}
-
 /// Keeps one session's registration `<dir>/<name>` in place: made on each new session of
 /// `zk`, and made again whenever it is lost or replaced while that session lives.
 struct Registrar {
@@ -224,6 +215,7 @@ impl Registrar {
         let path = format!("{}/{}", self.dir, self.name);
         loop {
             if self.leaving.is_cancelled() {
+                self.set_registered(false);
                 return;
             }
             let current = status.borrow_and_update().clone();
@@ -234,8 +226,8 @@ impl Registrar {
                 }
                 continue;
             };
-            let data = |session| self.data(session);
-            let error = match registry::register(&client, &self.dir, &self.name, data).await {
+            let data = self.data(client.session_id().0);
+            let error = match registry::register(&client, &self.dir, &self.name, |_| data.clone()).await {
                 Ok(()) => {
                     self.set_registered(true);
                     tracing::info!(name = %self.name, url = %self.url, "instance registered");
@@ -251,8 +243,11 @@ impl Registrar {
                     };
                     tokio::select! {
                         biased;
-                        _ = self.leaving.cancelled() => return,
-                        lost = registry::lost(&client, &path) => match lost {
+                        _ = self.leaving.cancelled() => {
+                            self.set_registered(false);
+                            return;
+                        }
+                        lost = registry::lost(&client, &path, &data) => match lost {
                             Ok(()) => {
                                 self.set_registered(false);
                                 tracing::warn!(name = %self.name, "this instance's registration was removed or replaced; registering again");

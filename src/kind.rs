@@ -1,6 +1,6 @@
 //! The resource kinds zkgate serves, declared once.
 //!
-//! Everything that needs to know a kind (the router and the spec, authorisation, forwarding,
+//! Everything that needs to know a kind (the router and the spec, authorisation,
 //! the socket's topics, metrics, the lease's list of holdings, the znode layout) asks [Kind]
 //! instead of spelling `"locks"` or `"double_barrier"` itself. A kind has two names:
 //!
@@ -39,11 +39,6 @@ struct Entry {
     /// Whether its resources can be followed as socket topics by name (kv is followed as
     /// znodes instead).
     topic: bool,
-    /// Whether requests that contend, join, enter or register name their lease in a JSON body
-    /// (`"lease": "<id>"`), which tells the instance that owns it.
-    lease_in_body: bool,
-    /// The path parameter that carries an id issued by one instance (a handle, a claim).
-    owned_param: Option<&'static str>,
 }
 
 impl Kind {
@@ -78,18 +73,11 @@ impl Kind {
             Kind::Counter => ("counters", "counter", "counters"),
             Kind::Service => ("services", "service", "services"),
         };
-        let owned_param = match self {
-            Kind::Lock | Kind::RwLock | Kind::Semaphore | Kind::Election => Some("handle"),
-            Kind::Queue => Some("claim"),
-            _ => None,
-        };
         Entry {
             segment,
             name,
             tag,
             topic: !matches!(self, Kind::Kv),
-            lease_in_body: !matches!(self, Kind::Kv | Kind::Queue | Kind::Counter),
-            owned_param,
         }
     }
 
@@ -127,16 +115,6 @@ impl Kind {
     /// The OpenAPI tag of its operations.
     pub const fn tag(self) -> &'static str {
         self.entry().tag
-    }
-
-    /// Whether its writes may name a lease in their JSON body.
-    pub const fn lease_in_body(self) -> bool {
-        self.entry().lease_in_body
-    }
-
-    /// The path parameter that names an id issued by one instance, if any.
-    pub const fn owned_param(self) -> Option<&'static str> {
-        self.entry().owned_param
     }
 
     /// The kind whose URL segment (and znode directory) is `segment`.

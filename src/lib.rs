@@ -38,8 +38,8 @@ use crate::config::ServeConfig;
 use crate::events::Events;
 use crate::kind::Kind;
 use crate::lease::Leases;
+use crate::recipes::bound::BoundNodes;
 use crate::recipes::contender::Contenders;
-use crate::recipes::ephemeral::BoundNodes;
 use crate::recipes::queue::service::Queues;
 use crate::recipes::semaphore::Semaphores;
 use crate::zk::session::ZkSession;
@@ -68,8 +68,9 @@ pub struct Shared {
     pub lanes: zk::session::Lanes,
     pub leases: Leases,
     pub locks: Contenders,
-    /// Locks held together (`/v1/lock-sets`), on `locks`' handles.
-    pub lock_sets: Arc<recipes::multi_lock::LockSets>,
+    /// The records of locks held together (`/v1/lock-sets`, on `locks`' handles): lease-bound
+    /// nodes under `<root>/lock-sets`.
+    pub lock_sets: BoundNodes,
     pub rwlocks: Contenders,
     pub elections: Contenders,
     pub groups: BoundNodes,
@@ -100,12 +101,24 @@ pub struct Shared {
     /// The bytes all sockets of the instance may have queued for their clients
     /// (`--ws-send-budget`, see [ws::outbox]).
     pub ws_budget: ws::outbox::Budget,
+    /// Whether the reaper has made its first pass (here, or another instance is the reaper):
+    /// after a restart of every instance, the leases that expired meanwhile have ended.
+    pub reaped: tokio::sync::watch::Receiver<bool>,
 }
 
 impl Shared {
     /// The primary ZooKeeper session: reads, queues, event topics, the instance's registration.
     pub fn zk(&self) -> &ZkSession {
         self.lanes.primary()
+    }
+
+    /// Returns once the instance is ready (what `/readyz` says): registered, its heartbeat
+    /// answered, and the leases of instances that are gone taken over or ended.
+    pub async fn wait_ready(&self) {
+        self.instances.wait_registered().await;
+        self.leases.wait_fresh().await;
+        let mut reaped = self.reaped.clone();
+        let _ = reaped.wait_for(|reaped| *reaped).await;
     }
 }
 
@@ -116,7 +129,7 @@ impl AppState {
         let connect = config.zookeeper.clone().unwrap_or_default();
         let config_limits = config.limit_settings();
         metrics::get().set_names_per_kind(config.metrics_names_per_kind);
-        let peers = http::forward::peer_client(&config);
+        let peers = http::handoff::peer_client(&config);
         let zk = ZkSession::start(
             &connect,
             &config.root,
@@ -137,7 +150,9 @@ impl AppState {
             config.lease_policy(),
             config.max_leases_per_principal,
             instance.id.clone(),
+            &config.root,
             lanes.clone(),
+            instances.registration(),
         );
         let root = config.root.as_str();
         let locks = Contenders::new(root, Kind::Lock);
@@ -170,6 +185,20 @@ impl AppState {
         );
         let ws_budget = ws::outbox::Budget::new(config.ws_send_budget);
         let shutdown = CancellationToken::new();
+        let lock_sets = BoundNodes::new(root, Kind::Lock);
+        leases.set_adopter(adopter(Holders {
+            locks: locks.clone(),
+            lock_sets: lock_sets.clone(),
+            rwlocks: rwlocks.clone(),
+            elections: elections.clone(),
+            semaphores: semaphores.clone(),
+            groups: groups.clone(),
+            services: services.clone(),
+            barriers: barriers.clone(),
+            double_barriers: double_barriers.clone(),
+            txn_members: txn_members.clone(),
+        }));
+        let reaped = lease::reaper::start(leases.clone(), zk.clone(), &config.root, shutdown.clone());
         recipes::janitor::start(
             zk.clone(),
             &config.root,
@@ -182,7 +211,7 @@ impl AppState {
             lanes,
             leases,
             locks,
-            lock_sets: Arc::default(),
+            lock_sets,
             rwlocks,
             elections,
             groups,
@@ -202,8 +231,65 @@ impl AppState {
             peers,
             ws_budget,
             quotas,
+            reaped,
         }))
     }
+}
+
+/// The registries of what leases hold, for [adopter].
+struct Holders {
+    locks: Contenders,
+    lock_sets: BoundNodes,
+    rwlocks: Contenders,
+    elections: Contenders,
+    semaphores: Semaphores,
+    groups: BoundNodes,
+    services: BoundNodes,
+    barriers: BoundNodes,
+    double_barriers: BoundNodes,
+    txn_members: BoundNodes,
+}
+
+/// What takes over the holdings of a lease this instance adopts: each reference under its
+/// record names a kind and a protocol, whose registry takes the handle over (its task finds
+/// its znodes and goes on, see [recipes::handle]).
+fn adopter(holders: Holders) -> lease::Adopter {
+    use recipes::lease::record::Held;
+    Arc::new(move |lease, holdings| {
+        for holding in holdings {
+            let (name, id) = (holding.name.as_str(), holding.handle.as_str());
+            let adopted = match (holding.kind(), &holding.held) {
+                (Some(kind @ (Kind::Lock | Kind::RwLock | Kind::Election)), Held::Contender { role }) => {
+                    let registry = match kind {
+                        Kind::Lock => &holders.locks,
+                        Kind::RwLock => &holders.rwlocks,
+                        _ => &holders.elections,
+                    };
+                    recipes::contender::Role::from_label(role)
+                        .is_some_and(|role| registry.adopt_contender(lease, name, id, role).is_ok())
+                }
+                (Some(Kind::Semaphore), Held::Permit { permits }) => {
+                    holders.semaphores.adopt_permit(lease, name, id, *permits).is_ok()
+                }
+                (Some(kind), held @ Held::Bound { .. }) => {
+                    let registry = match kind {
+                        Kind::Group => Some(&holders.groups),
+                        Kind::Service => Some(&holders.services),
+                        Kind::Barrier => Some(&holders.barriers),
+                        Kind::DoubleBarrier => Some(&holders.double_barriers),
+                        Kind::Txn => Some(&holders.txn_members),
+                        Kind::Lock => Some(&holders.lock_sets),
+                        _ => None,
+                    };
+                    registry.is_some_and(|nodes| nodes.adopt_bound(lease, (name, id), held).is_ok())
+                }
+                _ => false,
+            };
+            if !adopted {
+                tracing::warn!(lease = %lease.id, ?holding, "a holding of a lease taken over was not understood");
+            }
+        }
+    })
 }
 
 /// Every route of the API and the sockets, each with its spec.
@@ -323,16 +409,17 @@ impl Running {
         self.caps.wait_open(test).await
     }
 
-    /// Shuts down gracefully: stops accepting, closes the WebSockets (close frame 1001), ends
-    /// every lease it holds so that their locks, leaderships and memberships pass to waiters
-    /// elsewhere at once (not one session timeout later), lets requests in flight finish
-    /// (briefly), and closes the ZooKeeper session.
+    /// Shuts down gracefully: stops accepting, closes the WebSockets (close frame 1001),
+    /// removes its registration at once (so that the other instances take its leases over now,
+    /// not one session timeout later) and stops keeping its leases without ending any (their
+    /// locks, leaderships and memberships stay as they are, kept by another instance), lets
+    /// requests in flight finish (briefly), and closes the ZooKeeper sessions.
     pub async fn stop(mut self) -> std::io::Result<()> {
         self.stop.cancel();
         self.state.shutdown.cancel();
-        let ended = self.state.leases.end_all().await;
-        tracing::info!(leases = ended, "leases released for shutdown");
         self.state.instances.deregister(&self.state.instance).await;
+        let handed = self.state.leases.hand_over_all();
+        tracing::info!(leases = handed, "leases handed over for shutdown");
         self.state.lanes.shutdown();
         let abort = self.task.abort_handle();
         // Long polls may hold connections for up to `max_wait`; do not wait for them.

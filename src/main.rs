@@ -156,16 +156,19 @@ async fn serve(mut config: ServeConfig) -> Result<(), String> {
         .is_err()
     {
         tracing::warn!("ZooKeeper not connected yet; answering 503 until it is");
-    } else if tokio::time::timeout(Duration::from_secs(15), running.state.instances.wait_registered())
+    } else if tokio::time::timeout(Duration::from_secs(15), running.state.wait_ready())
         .await
         .is_err()
     {
-        // Ready (and "serving") means registered too: other instances can forward to it.
-        tracing::warn!("not registered in ZooKeeper yet; /readyz answers 503 until it is");
+        // Ready (and "serving") means registered too (other instances can hand requests to
+        // it), keeping leases, and the leases of instances gone meanwhile taken over or ended.
+        tracing::warn!("not ready yet; /readyz answers 503 until it is");
     }
     tracing::info!(url = %running.url(), docs = %format!("{}/docs", running.url()), "zkgate serving");
     shutdown_signal().await;
-    tracing::info!("shutting down: closing sockets, releasing leases (a second signal exits at once)");
+    tracing::info!(
+        "shutting down: closing sockets, handing leases over to the other instances (a second signal exits at once)"
+    );
     tokio::select! {
         stopped = running.stop() => stopped.map_err(|e| e.to_string()),
         _ = shutdown_signal() => {

@@ -158,6 +158,11 @@ pub fn now_ms() -> i64 {
         .as_millis() as i64
 }
 
+/// Milliseconds since the epoch at `time` (0 before it).
+pub fn millis_of(time: SystemTime) -> i64 {
+    time.duration_since(UNIX_EPOCH).unwrap_or_default().as_millis() as i64
+}
+
 /// Milliseconds since `time` (0 if it is in the future).
 pub fn millis_since(time: SystemTime) -> u64 {
     SystemTime::now().duration_since(time).unwrap_or_default().as_millis() as u64

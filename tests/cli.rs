@@ -228,7 +228,7 @@ async fn a_ctrl_c_stops_zkgate_before_its_embedded_zookeeper() {
         .expect("wait");
     assert!(status.success(), "{status}");
     let log = log.join("\n");
-    assert!(log.contains("leases released for shutdown leases=1"), "{log}");
+    assert!(log.contains("leases handed over for shutdown leases=1"), "{log}");
     assert!(
         !log.contains("ZooKeeper connection lost"),
         "ZooKeeper stopped under zkgate's sessions:\n{log}"

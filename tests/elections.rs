@@ -1,6 +1,7 @@
-//! Leader election over HTTP: one leader at a time while leaders resign, lose their lease and
-//! lose their instance's ZooKeeper session; candidates take over in order with increasing
-//! terms; only the leader may proclaim; "no leader" is visible.
+//! Leader election over HTTP: one leader at a time while leaders resign (through any
+//! instance) and lose their lease, and while their instance's ZooKeeper sessions expire (which
+//! takes nothing from them); candidates take over in order with increasing terms; only the
+//! leader may proclaim; "no leader" is visible.
 
 mod common;
 
@@ -106,8 +107,16 @@ async fn one_leader_at_a_time_through_resignation_lease_expiry_and_session_expir
     assert!(next > term);
     term = next;
 
-    // 3. Instance A's session expires: candidate 4 (on B) leads.
+    // 3. Instance A's sessions expire: candidate 3 leads on, with the same term (its lease and
+    // its candidate outlive the session). It resigns through B, which serves that from
+    // ZooKeeper (A keeps its lease): candidate 4 leads.
+    let c3 = led.str("handle");
     expire_sessions(&proxy, &zk.connect_string(), a.sessions().await).await;
+    a.wait_generation(2).await;
+    within(Duration::from_secs(20), "A ready again", a.running.state.wait_ready()).await;
+    assert_eq!(assert_leader(&b, &leases[2]).await, term);
+    let resigned = b.delete(&format!("/v1/elections/jobs/candidates/{c3}")).await;
+    assert_eq!(resigned.status, StatusCode::NO_CONTENT, "{resigned:?}");
     let led = within(Duration::from_secs(30), "candidate 4 to lead", waiters.next().unwrap())
         .await
         .unwrap();

@@ -99,26 +99,39 @@ async fn locks_stay_exclusive_when_every_call_lands_on_either_instance() {
     assert_eq!(tally.value, 60);
 }
 
+/// An instance stops (what SIGTERM does: [zkgate::Running::stop]): it hands its leases over
+/// rather than ending them. Its client keeps the lease alive through the other instance, which
+/// takes it over; the lock stays held, with the same fencing token, and the handle goes on
+/// there.
 #[tokio::test]
-async fn a_lease_whose_instance_is_gone_is_reported_gone() {
+async fn a_lease_whose_instance_stops_lives_on_through_the_other() {
     let zk = zookeeper().await;
     let a = Gate::start(&zk.connect_string()).await;
     let b = Gate::start(&zk.connect_string()).await;
     let lease = a.lease("30s").await;
     let granted = a.acquire("orphan", &lease, "wait=0").await;
+    assert_eq!(granted.status, StatusCode::OK, "{granted:?}");
     let handle = granted.str("handle");
     a.running.stop().await.expect("stop A");
-
-    let gone = b.post(&format!("/v1/leases/{lease}/keepalive"), None).await;
-    gone.assert_problem(StatusCode::GONE, None);
-    assert_eq!(gone.body["reason"], "session_lost", "{gone:?}");
-    let handle = b
-        .call(Method::GET, &format!("/v1/locks/orphan/handles/{handle}"), None)
-        .await;
-    handle.assert_problem(StatusCode::GONE, None);
-    // A's holder went with it: B grants the lock at once.
+    let kept = b.post(&format!("/v1/leases/{lease}/keepalive"), None).await;
+    assert_eq!(kept.status, StatusCode::OK, "{kept:?}");
+    assert_eq!(kept.body["holdings"][0]["handle"], handle, "{kept:?}");
+    let seen = b.get(&format!("/v1/locks/orphan/handles/{handle}?wait=10s")).await;
+    assert_eq!(seen.body["state"], "held", "{seen:?}");
+    assert_eq!(seen.body["fencing_token"], granted.body["fencing_token"], "{seen:?}");
+    let state = b.get("/v1/locks/orphan").await;
+    assert_eq!(
+        state.body["holder"]["fencing_token"], granted.body["fencing_token"],
+        "{state:?}"
+    );
+    b.post("/v1/locks/orphan/acquire?wait=0", Some(json!({})))
+        .await
+        .assert_problem(StatusCode::CONFLICT, None);
+    // Released through B, which keeps the lease now: the lock is free at once.
+    b.release("orphan", &handle).await;
     let next = b.post("/v1/locks/orphan/acquire?wait=5s", Some(json!({}))).await;
     assert_eq!(next.status, StatusCode::OK, "{next:?}");
+    assert!(next.i64("fencing_token") > granted.i64("fencing_token"));
 }
 
 #[tokio::test]

@@ -130,7 +130,7 @@ async fn a_set_waits_its_turn_and_is_granted_when_the_last_lock_frees() {
 }
 
 #[tokio::test]
-async fn a_set_is_forwarded_to_its_leases_instance_and_released_through_another() {
+async fn a_set_is_taken_by_its_leases_keeper_and_read_and_released_through_another() {
     let zk = zookeeper().await;
     let a = Gate::start(&zk.connect_string()).await;
     let b = Gate::start(&zk.connect_string()).await;

@@ -28,30 +28,59 @@ fn now_ms() -> u64 {
         .as_millis() as u64
 }
 
+/// Without a shared secret an instance cannot hand a request to another, nor believe one: it
+/// takes the lease over instead (one conditional write), and serves it. The lease moves to
+/// whichever instance was asked last, and nothing it holds is lost on the way.
 #[tokio::test]
-async fn without_a_secret_instances_do_not_forward_and_say_where_to_go() {
+async fn without_a_secret_an_instance_takes_the_lease_over_instead_of_handing_it_on() {
     let zk = zookeeper().await;
     let mut config = test_config(&zk.connect_string());
     config.cluster_secret = None;
     let a = Gate::start_with(config.clone()).await;
     let b = Gate::start_with(config).await;
     let lease = a.lease("30s").await;
+    let held = a.acquire("moved", &lease, "wait=0").await;
+    assert_eq!(held.status, StatusCode::OK, "{held:?}");
     let keepalive = format!("/v1/leases/{lease}/keepalive");
-    let refused = b.post(&keepalive, None).await;
-    refused.assert_problem(StatusCode::MISDIRECTED_REQUEST, None);
-    assert!(refused.str("type").ends_with(":not-forwarded"), "{refused:?}");
-    assert_eq!(refused.str("instance"), *a.running.state.instance.id, "{refused:?}");
-    assert!(!refused.body.to_string().contains(&a.url), "names no URL: {refused:?}");
+    let kept = b.post(&keepalive, None).await;
+    assert_eq!(kept.status, StatusCode::OK, "{kept:?}");
+    let kept_by = |gate: &Gate| gate.running.state.leases.peek(&lease).is_ok();
+    assert!(kept_by(&b), "B keeps it now");
+    // A learns of the takeover through its notice before its next heartbeat counts.
+    within(Duration::from_secs(10), "A to drop the lease", async {
+        while kept_by(&a) {
+            a.running.state.leases.next_heartbeat().await;
+        }
+    })
+    .await;
+    // And back: A takes it over again, and the lock was held throughout.
     assert_eq!(a.post(&keepalive, None).await.status, StatusCode::OK);
-
-    // An id naming an instance that is not registered: not "send it there", but gone.
-    let unknown = format!("0123abcd-{}", &lease[9..]);
-    let gone = b.get(&format!("/v1/leases/{unknown}")).await;
-    gone.assert_problem(StatusCode::GONE, None);
-    assert!(
-        gone.str("detail").contains("no instance `0123abcd` is registered"),
-        "{gone:?}"
+    let state = b.get("/v1/locks/moved").await;
+    assert_eq!(
+        state.body["holder"]["fencing_token"], held.body["fencing_token"],
+        "{state:?}"
     );
+    // An id no instance ever issued: not found, wherever asked.
+    let unknown = format!("0123abcd-{}", &lease[9..]);
+    b.get(&format!("/v1/leases/{unknown}"))
+        .await
+        .assert_problem(StatusCode::NOT_FOUND, None);
+}
+
+/// A lease record in ZooKeeper naming `keeper` for `id`, owned by principal `app`, as an
+/// attacker with write access to ZooKeeper could make it.
+async fn record_foreign_lease(client: &zookeeper_client::Client, id: &str, keeper: &str) {
+    let record = json!({"ttl_ms": 30000, "principal": "app", "created_ms": 1, "keeper": keeper});
+    let path = format!("/zkgate/leases/{id}");
+    let _ = client.delete(&path, None).await;
+    client
+        .create(
+            &path,
+            record.to_string().as_bytes(),
+            &CreateMode::Persistent.with_acls(Acls::anyone_all()),
+        )
+        .await
+        .expect("record the lease");
 }
 
 /// A registration for instance `deadbeef` pointing at `url`, made by `client`'s session,
@@ -75,7 +104,7 @@ async fn register_foreign(client: &zookeeper_client::Client, url: &str, key: Opt
 }
 
 #[tokio::test]
-async fn forwards_go_only_to_verified_registrations_and_never_carry_the_token() {
+async fn hand_offs_go_only_to_verified_registrations_and_never_carry_the_token() {
     let zk = zookeeper().await;
     let dir = tempfile::tempdir().expect("temp dir");
     let (auth, token) = principals(&dir);
@@ -88,15 +117,19 @@ async fn forwards_go_only_to_verified_registrations_and_never_carry_the_token() 
     let url = format!("http://{}", listener.local_addr().expect("addr"));
     let keepalive = format!("/v1/leases/{FOREIGN_LEASE}/keepalive");
 
-    // Unsigned, signed with another key, or signed for another session: nothing is sent.
+    // Unsigned, signed with another key, or signed for another session: nothing is sent; the
+    // lease (which a record says `deadbeef` keeps) is taken over and served here instead.
     let wrong = PeerKey::parse("not the deployment's secret").expect("key");
     let right = PeerKey::parse(TEST_CLUSTER_SECRET).expect("key");
+    // (Registered before the record names it, so that the reaper never finds the lease's
+    // keeper gone and takes it over itself.)
     for key in [None, Some(&wrong)] {
         register_foreign(&attacker, &url, key).await;
-        let refused = gate.call_as(Some(&token), Method::POST, &keepalive, None).await;
-        refused.assert_problem(StatusCode::SERVICE_UNAVAILABLE, None);
-        assert!(refused.str("type").ends_with(":instance-unavailable"), "{refused:?}");
-        assert!(!refused.body.to_string().contains(&url), "names no URL: {refused:?}");
+        record_foreign_lease(&attacker, FOREIGN_LEASE, "deadbeef").await;
+        let served = gate.call_as(Some(&token), Method::POST, &keepalive, None).await;
+        assert_eq!(served.status, StatusCode::OK, "{served:?}");
+        assert!(!served.body.to_string().contains(&url), "names no URL: {served:?}");
+        gate.running.state.leases.hand_over_all();
     }
     // A genuine registration copied by another session: its owner is not the session it names.
     register_foreign(&attacker, &url, Some(&right)).await;
@@ -114,9 +147,10 @@ async fn forwards_go_only_to_verified_registrations_and_never_carry_the_token() 
         )
         .await
         .expect("copy");
-    gate.call_as(Some(&token), Method::POST, &keepalive, None)
-        .await
-        .assert_problem(StatusCode::SERVICE_UNAVAILABLE, None);
+    record_foreign_lease(&attacker, FOREIGN_LEASE, "deadbeef").await;
+    let served = gate.call_as(Some(&token), Method::POST, &keepalive, None).await;
+    assert_eq!(served.status, StatusCode::OK, "{served:?}");
+    gate.running.state.leases.hand_over_all();
     thief.delete("/zkgate/instances/deadbeef", None).await.expect("delete");
 
     // Nothing reached the listener so far.
@@ -131,9 +165,10 @@ async fn forwards_go_only_to_verified_registrations_and_never_carry_the_token() 
     );
     let listener = tokio::net::TcpListener::from_std(std_listener).expect("tokio listener");
 
-    // Signed by the deployment's key and owned by the session it names: forwarded, with the
+    // Signed by the deployment's key and owned by the session it names: handed over, with the
     // principal asserted and signed, and without the client's token.
     register_foreign(&attacker, &url, Some(&right)).await;
+    record_foreign_lease(&attacker, FOREIGN_LEASE, "deadbeef").await;
     let received = tokio::spawn(async move {
         let (mut stream, _) = listener.accept().await.expect("accept");
         let mut head = Vec::new();
@@ -191,7 +226,7 @@ async fn the_peer_headers_from_a_client_are_refused_unless_a_peer_signed_them() 
     let now = now_ms();
     let send = |key: &PeerKey, forward: Forward<'_>| {
         let mut headers = reqwest::header::HeaderMap::new();
-        for (name, value) in zkgate::http::forward::peer_headers(key, &forward).iter() {
+        for (name, value) in zkgate::http::handoff::peer_headers(key, &forward).iter() {
             headers.insert(name.clone(), value.clone());
         }
         let request = gate.http.get(format!("{}{path}", gate.url)).headers(headers);
@@ -213,6 +248,31 @@ async fn the_peer_headers_from_a_client_are_refused_unless_a_peer_signed_them() 
     assert_eq!(bare.status(), StatusCode::UNAUTHORIZED);
     // Signed by a peer: served as the principal it asserts.
     assert_eq!(send(&right, forward(me, now)).await, StatusCode::OK);
+}
+
+/// Another client overwrites the instance's registration (same session, another URL): the
+/// instance notices and writes its own again, so that requests handed to it keep reaching it.
+#[tokio::test]
+async fn a_registration_changed_by_another_client_is_written_again() {
+    let zk = zookeeper().await;
+    let gate = Gate::start(&zk.connect_string()).await;
+    let path = format!("/zkgate/instances/{}", gate.running.state.instance.id);
+    let other = zk_client(&zk.connect_string()).await;
+    let (genuine, _) = other.get_data(&path).await.expect("registered");
+    other
+        .set_data(&path, b"{\"url\":\"http://127.0.0.1:1\"}", None)
+        .await
+        .expect("overwrite");
+    within(Duration::from_secs(20), "the registration is written again", async {
+        loop {
+            let (data, _, watcher) = other.get_and_watch_data(&path).await.expect("watch");
+            if data == genuine {
+                return;
+            }
+            watcher.changed().await;
+        }
+    })
+    .await;
 }
 
 #[tokio::test]

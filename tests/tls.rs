@@ -35,7 +35,7 @@ async fn https_and_wss_serve_with_the_given_certificate() {
         .wait_connected(Duration::from_secs(20))
         .await
         .expect("connected");
-    running.state.instances.wait_registered().await;
+    running.state.wait_ready().await;
     let addr = running.addr;
 
     // A client that connects and never says hello must not hold anyone up.

@@ -37,7 +37,8 @@ async fn a_session_expiry_brings_a_resync_with_the_state_after_it() {
 
     expire_sessions(&proxy, &connect, gate.sessions().await).await;
 
-    // The lock's holder died with the session: the resync says so.
+    // The watches went with the session: the resync says so, with the state after it (the
+    // holder's lease outlives the session, so it holds on, with the same token).
     let resync = loop {
         let event = ws.next_for("L").await;
         lock_events.push(event.clone());
@@ -45,7 +46,11 @@ async fn a_session_expiry_brings_a_resync_with_the_state_after_it() {
             break event;
         }
     };
-    assert_eq!(resync["state"]["holder"], Value::Null, "{resync}");
+    assert_eq!(
+        resync["state"]["holder"]["fencing_token"],
+        json!(held.i64("fencing_token")),
+        "{resync}"
+    );
     loop {
         let event = ws.next_for("R").await;
         tree_events.push(event.clone());
@@ -56,6 +61,8 @@ async fn a_session_expiry_brings_a_resync_with_the_state_after_it() {
 
     // Changes after it arrive as events again, numbered on.
     gate.wait_generation(2).await;
+    within(Duration::from_secs(20), "ready again", gate.running.state.wait_ready()).await;
+    gate.release("orders", &held.str("handle")).await;
     let fresh = gate.lease("60s").await;
     assert_eq!(gate.acquire("orders", &fresh, "wait=0").await.status, StatusCode::OK);
     loop {

@@ -59,13 +59,14 @@ async fn creator_acl(peer: &Client) -> Vec<Acl> {
     acl
 }
 
-/// Takes a lock, puts a queue item, writes a value and joins a group through `gate`.
+/// Takes a lock, puts a queue item, writes a value and joins a group through `gate` (the
+/// lock and the member of each round are their own: what a round holds outlives a session).
 async fn use_every_kind(gate: &Process, round: u32) {
     let lease = gate.lease("60s").await;
     let (status, body) = gate
         .call(
             Method::POST,
-            "/v1/locks/orders/acquire?wait=0",
+            &format!("/v1/locks/orders-{round}/acquire?wait=0"),
             Some(json!({ "lease": lease })),
         )
         .await;
@@ -146,13 +147,14 @@ async fn a_digest_closes_zkgates_znodes_to_everyone_else_across_a_session_expiry
     assert!(checked >= 9, "only {checked} znodes under {ROOT}");
 
     // Expire zkgate's session: cut it off for longer than its timeout; ZooKeeper deletes its
-    // ephemeral znodes (the lock's contender among them) when it expires the session.
-    let contenders = peer
-        .list_children(&format!("{ROOT}/locks/orders"))
+    // ephemeral znodes (the instance's registration) when it expires the session.
+    let registrations = peer
+        .list_children(&format!("{ROOT}/instances"))
         .await
-        .expect("contenders");
-    let contender = format!("{ROOT}/locks/orders/{}", contenders[0]);
-    let (exists, deleted) = peer.check_and_watch_stat(&contender).await.expect("watch");
+        .expect("registrations");
+    let primary = registrations.iter().find(|r| !r.contains('~')).expect("a registration");
+    let registration = format!("{ROOT}/instances/{primary}");
+    let (exists, deleted) = peer.check_and_watch_stat(&registration).await.expect("watch");
     assert!(exists.is_some());
     proxy.partition();
     within(Duration::from_secs(30), "the session to expire", deleted.changed()).await;

@@ -9,7 +9,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use super::error::{ApiError, Problem};
-use super::forward::{FORWARDED_AT, FORWARDED_BY, FORWARDED_FOR, SIGNATURE};
+use super::handoff::{FORWARDED_AT, FORWARDED_BY, FORWARDED_FOR, SIGNATURE};
 use super::routed::Routed;
 use crate::AppState;
 use crate::auth::{Access, Caller};

@@ -18,7 +18,8 @@ use crate::auth::Caller;
 use crate::events::Feed;
 use crate::kind::Kind;
 use crate::recipes::barrier::{self, BarrierState, BarrierTopic};
-use crate::recipes::ephemeral::{self, BindError};
+use crate::recipes::bound::{self, BindError};
+use crate::recipes::handle::Phase;
 use crate::recipes::topic::Source;
 use crate::time::HumanDuration;
 
@@ -69,7 +70,7 @@ pub struct WaitQuery {
 
 /// Raises a barrier: persistent without a body, bound to a lease (it falls when the lease
 /// ends) with `lease` or `ttl`. Raising a raised barrier is a no-op (200).
-#[utoipa::path(put, path = "/v1/barriers/{name}", tag = "barriers",
+#[utoipa::path(put, path = "/v1/barriers/{name}", tag = "barriers", extensions(("x-zkgate-served-by" = json!({"keeper": "body"}))),
     params(("name" = String, Path, description = "Barrier name")),
     request_body(content = Option<RaiseBody>, description = "Optional.", example = json!({"ttl": "5m"})),
     responses(
@@ -91,9 +92,9 @@ pub async fn raise(
         let client = state.zk().connected().await?.client;
         (barrier::raise(&client, &path).await?, client)
     } else {
-        let (lease, _) = lease_for(&state, &caller, body.lease, body.ttl.map(|t| t.0))?;
+        let (lease, _) = lease_for(&state, &caller, body.lease, body.ttl.map(|t| t.0)).await?;
         let client = lease.session().await?;
-        let data = ephemeral::owner_record(&lease);
+        let data = bound::owner_record(&lease);
         let created = match state.barriers.bind(&lease, &name, &name, path, data, None).await {
             Ok(_) => true,
             Err(BindError::Taken) => false,
@@ -120,11 +121,28 @@ pub async fn lower(
     ApiPath(name): ApiPath<String>,
 ) -> Result<StatusCode, ApiError> {
     check_name(&name)?;
-    let client = state.zk().connected().await?.client;
+    let client = super::consistency::synced(&state).await?;
     let path = state.barriers.dir(&name);
-    ephemeral::check_owner(&client, &path, &caller, &format!("barrier `{name}`")).await?;
-    if let Some(bound) = state.barriers.get(&name, &name) {
+    let root = &state.config.root;
+    let owner = bound::check_owner(
+        &client,
+        root,
+        Kind::Barrier,
+        &path,
+        &caller,
+        &format!("barrier `{name}`"),
+    )
+    .await?;
+    if let Some(bound) = state
+        .barriers
+        .get(&name, &name)
+        .filter(|b| b.state().phase != Phase::Moved)
+    {
         state.barriers.release(&bound).await;
+        return Ok(StatusCode::NO_CONTENT);
+    }
+    // Bound to a lease kept elsewhere: released with its reference, through ZooKeeper.
+    if owner.is_some() && bound::release_recorded(&client, root, Kind::Barrier, (&name, &name), &path).await? {
         return Ok(StatusCode::NO_CONTENT);
     }
     if barrier::lower(&client, &path).await? {

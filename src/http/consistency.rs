@@ -91,13 +91,23 @@ pub async fn reader(state: &AppState, consistency: Consistency) -> Result<Client
     Ok(session.client)
 }
 
+/// The primary session after a `sync`: for a write that acts on what another instance may have
+/// just written (a release of a handle acquired through it), which must see it.
+pub async fn synced(state: &AppState) -> Result<Client, ApiError> {
+    reader(state, Consistency::Linearizable).await
+}
+
 /// Before answering a read of `lease` (or of what it holds) from what this instance knows: at
-/// `linearizable`, that its session was alive after the read began, so that a lease ZooKeeper
-/// has already expired (and whose locks another instance may have granted since) is not shown
-/// as alive. The lease's `sync` is shared like the primary's.
-pub async fn confirm(lease: &Lease, consistency: Consistency) -> Result<(), ApiError> {
+/// `linearizable`, that it still keeps the lease as ZooKeeper has it after the read began (a
+/// `sync` and a read of its record), so that a lease another instance took over or ended (and
+/// whose locks may have been granted since) is not shown as alive here.
+pub async fn confirm(
+    state: &AppState,
+    lease: &std::sync::Arc<Lease>,
+    consistency: Consistency,
+) -> Result<(), ApiError> {
     if consistency == Consistency::Linearizable {
-        lease.confirm().await?;
+        state.leases.confirm(lease).await?;
     }
     Ok(())
 }

@@ -20,8 +20,8 @@ use crate::auth::Caller;
 use crate::events::Feed;
 use crate::kind::Kind;
 use crate::recipes::Settle;
+use crate::recipes::bound::{self, BindError, BoundNode};
 use crate::recipes::double_barrier::{self, DoubleBarrierState, DoubleBarrierTopic, READY};
-use crate::recipes::ephemeral::{self, BindError, BoundNode};
 use crate::time::HumanDuration;
 use crate::zk::names::validate_name;
 
@@ -150,20 +150,13 @@ async fn participant(
         }
         Some(_) => Err(taken(name, &body.participant)),
         None => {
-            let (lease, _) = lease_for(state, caller, body.lease.clone(), body.ttl.map(|t| t.0))?;
+            let (lease, _) = lease_for(state, caller, body.lease.clone(), body.ttl.map(|t| t.0)).await?;
             let client = lease.session().await?;
             settle_size(&client, &dir, name, body.size).await?;
             let path = format!("{dir}/{}", body.participant);
             match state
                 .double_barriers
-                .bind(
-                    &lease,
-                    name,
-                    &body.participant,
-                    path,
-                    ephemeral::owner_record(&lease),
-                    None,
-                )
+                .bind(&lease, name, &body.participant, path, bound::owner_record(&lease), None)
                 .await
             {
                 Ok(node) => Ok((node, client)),
@@ -178,7 +171,7 @@ async fn participant(
 /// Enters the barrier: returns 200 once `size` participants are in (at once if the barrier is
 /// already open), or 202 when the wait ends first (the participant stays inside; enter again
 /// with the same lease to go on waiting). The participant lives by its lease.
-#[utoipa::path(post, path = "/v1/double-barriers/{name}/enter", tag = "barriers",
+#[utoipa::path(post, path = "/v1/double-barriers/{name}/enter", tag = "barriers", extensions(("x-zkgate-served-by" = json!({"keeper": "body"}))),
     params(("name" = String, Path, description = "Double barrier name"), WaitQuery),
     request_body(content = EnterBody, example = json!({"participant": "worker-3", "size": 5})),
     responses(
@@ -239,10 +232,10 @@ pub async fn leave(
     let deadline = Instant::now() + state.config.wait(query.wait.map(|w| w.0));
     // Whoever serves it, a participant leaves only by its lease's principal (or an admin).
     let nodes = &state.double_barriers;
-    let any = state.zk().connected().await?.client;
+    let any = super::consistency::synced(&state).await?;
     let what = format!("participant `{}`", body.participant);
     let path = format!("{}/{}", nodes.dir(&name), body.participant);
-    ephemeral::check_owner(&any, &path, &caller, &what).await?;
+    bound::check_owner(&any, &state.config.root, Kind::DoubleBarrier, &path, &caller, &what).await?;
     // On the participant's own session if it entered here, which sees its own removal at once.
     let client = match nodes.get(&name, &body.participant) {
         Some(node) => node.lease.session().await?,

@@ -12,7 +12,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::consistency::Consistency;
-use super::contention::{self, HandleQuery, Request, find_handle, held_since, open_contender};
+use super::contention::{self, Found, HandleQuery, Request, find_handle, held_since, open_contender};
 use super::error::{ApiError, Problem, Problems, p};
 use super::extract::{ApiJson, ApiPath, ApiQuery};
 use super::leases::LeaseView;
@@ -21,7 +21,7 @@ use crate::AppState;
 use crate::auth::Caller;
 use crate::events::Feed;
 use crate::kind::Kind;
-use crate::recipes::contender::{Contender, Role};
+use crate::recipes::contender::Role;
 use crate::recipes::election::{self, ElectionState, LeaderView, Leadership};
 use crate::recipes::handle::Phase;
 use crate::recipes::lease::Lease;
@@ -145,7 +145,7 @@ pub struct Proclamation {
 /// Candidates lead in the order they joined; each watches only the candidate right before it.
 /// When a candidate becomes leader zkgate writes the election's acknowledgement node, then
 /// answers. The same lease campaigning again gets the same handle and resumes waiting.
-#[utoipa::path(post, path = "/v1/elections/{name}/campaign", tag = "elections",
+#[utoipa::path(post, path = "/v1/elections/{name}/campaign", tag = "elections", extensions(("x-zkgate-served-by" = json!({"keeper": "body"}))),
     params(("name" = String, Path, description = "Election name: 1 to 128 bytes, no `/`, no control characters, not `.` or `..`"), CampaignParams),
     request_body(content = Option<CampaignBody>, description = "Optional.", example = json!({"value": {"address": "10.0.0.7:8080"}})),
     responses(
@@ -173,7 +173,8 @@ pub async fn campaign(
         ttl: body.ttl.map(|t| t.0),
     };
     let (registry, value) = (&state.elections, body.value);
-    let open = async |lease: Arc<Lease>| open_contender(&state, registry, &lease, &name, Role::Candidate, value);
+    let open =
+        async |lease: Arc<Lease>| open_contender(&state, registry, &lease, &name, Role::Candidate, value.clone());
     let outcome = contention::contend(&state, registry, request, open).await?;
     let current = outcome.handle.state();
     let candidacy = Candidacy {
@@ -231,31 +232,38 @@ pub async fn proclaim(
     ApiJson(body): ApiJson<Proclamation>,
 ) -> Result<Json<LeaderView>, ApiError> {
     super::check_stored_size(&state, "proclaimed value", json_len(&body.value))?;
-    let contender = find_handle(&state.elections, &caller, &name, &body.handle)?;
-    let current = contender.state();
-    let (Phase::Held { since }, Some(node)) = (&current.phase, &current.node) else {
-        return Err(not_leader(&name, &contender));
+    let client = super::consistency::synced(&state).await?;
+    // The leader's candidate node and when it began leading (known only to its keeper).
+    let (candidate, since) = match find_handle(&state.elections, &client, &caller, &name, &body.handle).await? {
+        Found::Here(contender) => {
+            let current = contender.state();
+            let (Phase::Held { since }, Some(node)) = (&current.phase, &current.node) else {
+                return Err(not_leader(&name, &body.handle, current.phase.name()));
+            };
+            (node.name.clone(), Some(timestamp(*since)))
+        }
+        Found::There(recorded) if recorded.holds() => (recorded.node.name.clone(), None),
+        Found::There(_) => return Err(not_leader(&name, &body.handle, "waiting")),
     };
-    let client = state.zk().current()?.client;
     let dir = state.elections.dir(&name);
     let payer = Payer {
         quotas: &state.quotas,
         principal: caller.name(),
     };
     let size = json_len(&body.value);
-    let proclaimed = match election::proclaim(&client, &dir, &node.name, body.value, payer).await {
+    let proclaimed = match election::proclaim(&client, &dir, &candidate, body.value, payer).await {
         Err(ZkError::QuotaExceeded) => return Err(ApiError::quota(payer.exceeded(&client, size).await)),
         proclaimed => proclaimed?,
     };
     let Some(ack) = proclaimed else {
-        return Err(not_leader(&name, &contender));
+        return Err(not_leader(&name, &body.handle, "held"));
     };
     Ok(Json(LeaderView {
         node: ack.candidate,
         term: ack.term,
         value: ack.value,
         lease: Some(ack.lease),
-        since: Some(timestamp(*since)),
+        since,
         acknowledged: true,
         client: "zkgate",
     }))
@@ -266,15 +274,12 @@ fn json_len(value: &serde_json::Value) -> usize {
     serde_json::to_vec(value).map_or(0, |v| v.len())
 }
 
-fn not_leader(name: &str, contender: &Contender) -> ApiError {
+fn not_leader(name: &str, handle: &str, state: &str) -> ApiError {
     ApiError::new(
         Problem::NotLeader,
-        format!(
-            "handle `{}` is not the leader of `{name}`: only the leader may proclaim",
-            contender.id
-        ),
+        format!("handle `{handle}` is not the leader of `{name}`: only the leader may proclaim"),
     )
-    .with("state", contender.state().phase.name())
+    .with("state", state)
 }
 
 /// Reads a candidate: waiting (with position), leading (`held`, with term) or lost.
@@ -294,34 +299,18 @@ pub async fn get_candidate(
     ApiQuery(query): ApiQuery<HandleQuery>,
     consistency: Consistency,
 ) -> Result<Json<CandidateView>, ApiError> {
-    let candidate = find_handle(&state.elections, &caller, &name, &handle)?;
-    contention::wait_for_news(&state, &candidate, query.wait).await;
-    super::consistency::confirm(&candidate.lease, consistency).await?;
-    let current = candidate.state();
-    let (position, reason) = match &current.phase {
-        Phase::Waiting { position } => (
-            Some(
-                contention::fresh_position(&state, &candidate)
-                    .await
-                    .unwrap_or(*position),
-            ),
-            None,
-        ),
-        Phase::Lost { reason } => (None, Some(reason.clone())),
-        Phase::Failed { error } => (None, Some(error.to_string())),
-        _ => (None, None),
-    };
+    let seen = contention::get_handle(&state, &state.elections, &caller, (&name, &handle), query, consistency).await?;
     Ok(Json(CandidateView {
-        election: candidate.name.clone(),
-        handle: candidate.id.clone(),
-        lease: candidate.lease.id.clone(),
-        state: current.phase.name(),
-        leader: matches!(current.phase, Phase::Held { .. }),
-        position,
-        term: current.fencing_token(),
-        node: current.node.map(|n| n.name),
-        since: held_since(&current.phase),
-        reason,
+        election: seen.name,
+        handle: seen.handle,
+        lease: seen.lease,
+        state: seen.state,
+        leader: seen.state == "held",
+        position: seen.position,
+        term: seen.fencing_token,
+        node: seen.node,
+        since: seen.held_since,
+        reason: seen.reason,
     }))
 }
 
@@ -338,11 +327,9 @@ pub async fn resign(
     caller: Caller,
     ApiPath((name, handle)): ApiPath<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
-    contention::release(
-        &state.elections,
-        &find_handle(&state.elections, &caller, &name, &handle)?,
-    )
-    .await
+    let client = super::consistency::synced(&state).await?;
+    let found = find_handle(&state.elections, &client, &caller, &name, &handle).await?;
+    contention::release(&state, &state.elections, found).await
 }
 
 contention::fencing_handler!(

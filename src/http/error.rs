@@ -157,13 +157,13 @@ catalogue! {
     NotACounter: Http, 409, "not-a-counter", "Not a counter", ["size_bytes"],
         "the counter's znode holds data that is not an 8-byte big-endian number (something else wrote it)";
     LeaseEnded: Http, 410, "lease-ended", "Lease ended", ["reason"],
-        "the lease ended (`reason`: `deleted`, `expired`, `session_lost`, `shutdown`)";
+        "the lease ended (`reason`: `deleted`, `expired`)";
     LockLost: Http, 410, "lock-lost", "Lock lost", ["reason", "lock"],
-        "the lock (or leadership, or permit) was lost before this request: its lease expired or its session ended, or its node was deleted (`reason` says which)";
+        "the lock (or leadership, or permit) was lost before this request: its lease expired, or its node was deleted (`reason` says which)";
     ClaimLost: Http, 410, "claim-lost", "Claim lost", [],
         "a queue claim acked or given back after it ended (its ack deadline passed: the item is delivered again)";
     NotForwarded: Http, 421, "not-forwarded", "Served by another instance", ["instance"],
-        "the lease, handle, claim or member belongs to another instance (`instance`), and this one has no `--cluster-secret` (nor `--zookeeper-auth`) to forward with: send the request there, or give every instance the same secret";
+        "the queue claim was made by another instance (`instance`), which times it, and this one has no `--cluster-secret` (nor `--zookeeper-auth`) to hand the request over with: send it there, or give every instance the same secret";
     PreconditionFailed: Http, 412, "precondition-failed", "Precondition failed", ["current_etag"],
         "`If-Match` / `If-None-Match` did not hold (`current_etag` says what is there)";
     BodyTooLarge: Http, 413, "body-too-large", "Request body too large", ["limit_bytes"],
@@ -182,8 +182,8 @@ catalogue! {
         "a write past a ZooKeeper quota: the principal's (`--quota-bytes-per-principal`, `--quota-znodes-per-principal`) or zkgate's whole tree's (`--quota-bytes`, `--quota-znodes`); `quota` names it. Delete something first";
     OutcomeUnknown: Http, 503, "outcome-unknown", "Outcome unknown", [],
         "ZooKeeper's connection was lost after a counter's write was sent: it may or may not have happened. Read the counter before trying again";
-    InstanceUnavailable: Http, 503, "instance-unavailable", "Owning instance unavailable", [],
-        "a request forwarded to the instance that owns the lease found it unreachable, or its registration did not verify; retry after `Retry-After` seconds";
+    InstanceUnavailable: Http, 503, "instance-unavailable", "Instance unavailable", [],
+        "the instance that made the claim did not answer, or the lease moved to another instance while the request was served; retry after `Retry-After` seconds";
     ZookeeperUnavailable: Http, 503, "zookeeper-unavailable", "ZooKeeper unavailable", [],
         "ZooKeeper is unreachable; retry after `Retry-After` seconds";
     MalformedMessage: Socket, 400, "malformed-message", "Malformed message", [],
@@ -465,11 +465,11 @@ impl From<crate::auth::Forbidden> for ApiError {
     }
 }
 
-impl From<crate::recipes::ephemeral::OwnerError> for ApiError {
-    fn from(err: crate::recipes::ephemeral::OwnerError) -> ApiError {
+impl From<crate::recipes::bound::OwnerError> for ApiError {
+    fn from(err: crate::recipes::bound::OwnerError) -> ApiError {
         match err {
-            crate::recipes::ephemeral::OwnerError::Forbidden(err) => err.into(),
-            crate::recipes::ephemeral::OwnerError::ZooKeeper(err) => err.into(),
+            crate::recipes::bound::OwnerError::Forbidden(err) => err.into(),
+            crate::recipes::bound::OwnerError::ZooKeeper(err) => err.into(),
         }
     }
 }
@@ -483,11 +483,15 @@ impl From<Unavailable> for ApiError {
 impl From<LeaseError> for ApiError {
     fn from(err: LeaseError) -> ApiError {
         match &err {
-            LeaseError::Unknown(_) | LeaseError::Elsewhere { .. } => ApiError::not_found("lease", err.to_string()),
+            LeaseError::Unknown(_) => ApiError::not_found("lease", err.to_string()),
+            // The hand-off guard serves a request where its lease is kept: this is a race with a
+            // takeover, which a retry settles.
+            LeaseError::Elsewhere { .. } => ApiError::new(Problem::InstanceUnavailable, format!("{err}; try again")),
+            LeaseError::NotFresh => ApiError::unavailable(err.to_string()),
             LeaseError::Ended { reason, .. } => {
                 ApiError::new(Problem::LeaseEnded, err.to_string()).with("reason", reason)
             }
-            LeaseError::NotYours(_) => ApiError::new(Problem::Forbidden, err.to_string()),
+            LeaseError::NotYours(_) | LeaseError::ReadOnly => ApiError::new(Problem::Forbidden, err.to_string()),
             LeaseError::TooMany(_) => ApiError::new(Problem::TooMany, err.to_string()),
             LeaseError::Unavailable(u) => ApiError::from(*u),
         }

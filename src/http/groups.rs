@@ -18,8 +18,9 @@ use crate::AppState;
 use crate::auth::Caller;
 use crate::events::Feed;
 use crate::kind::Kind;
-use crate::recipes::ephemeral::{BindError, BoundNode};
+use crate::recipes::bound::{self, BindError, BoundNode};
 use crate::recipes::group::{self, GroupState, GroupTopic};
+use crate::recipes::handle::Phase;
 use crate::recipes::topic::Source;
 use crate::recipes::usage::ChargeError;
 use crate::time::{HumanDuration, timestamp};
@@ -108,7 +109,7 @@ fn names(group: &str, member: Option<&str>) -> Result<(), ApiError> {
 ///
 /// Joining again with the same lease answers 200 with the existing membership; a member id
 /// that someone else holds answers 409.
-#[utoipa::path(put, path = "/v1/groups/{group}/members/{member}", tag = "groups",
+#[utoipa::path(put, path = "/v1/groups/{group}/members/{member}", tag = "groups", extensions(("x-zkgate-served-by" = json!({"keeper": "body"}))),
     params(("group" = String, Path, description = "Group name"), ("member" = String, Path, description = "Member id, unique in the group")),
     request_body(content = Option<JoinBody>, description = "Optional.", example = json!({"data": {"address": "10.0.0.7:8080"}})),
     responses(
@@ -132,7 +133,7 @@ pub async fn join(
         }
         return Err(taken(&group, &member));
     }
-    let (lease, _) = lease_for(&state, &caller, body.lease, body.ttl.map(|t| t.0))?;
+    let (lease, _) = lease_for(&state, &caller, body.lease, body.ttl.map(|t| t.0)).await?;
     // The member's data is charged to the caller, on the member's session.
     let bound = bind_charged(&state, &caller, &state.groups, &lease, (&group, &member), data).await;
     let joined_member = bound.map_err(|err| err.unwrap_or_else(|| taken(&group, &member)))?;
@@ -144,7 +145,7 @@ pub async fn join(
 pub(super) async fn bind_charged(
     state: &AppState,
     caller: &Caller,
-    nodes: &crate::recipes::ephemeral::BoundNodes,
+    nodes: &crate::recipes::bound::BoundNodes,
     lease: &std::sync::Arc<crate::recipes::lease::Lease>,
     (name, id): (&str, &str),
     data: Vec<u8>,
@@ -184,7 +185,7 @@ fn taken(group: &str, member: &str) -> ApiError {
     )
 }
 
-/// Leaves a group (a member joined through this instance).
+/// Leaves a group (a member joined through zkgate, through any instance).
 #[utoipa::path(delete, path = "/v1/groups/{group}/members/{member}", tag = "groups",
     params(("group" = String, Path, description = "Group name"), ("member" = String, Path, description = "Member id")),
     responses(
@@ -197,15 +198,43 @@ pub async fn leave(
     ApiPath((group, member)): ApiPath<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
     names(&group, Some(&member))?;
-    let Some(joined) = state.groups.get(&group, &member) else {
-        return Err(ApiError::not_found(
+    let gone = || {
+        ApiError::not_found(
             "member",
-            format!("no member `{member}` of `{group}` joined through this instance"),
-        ));
+            format!("no member `{member}` of `{group}` joined through zkgate"),
+        )
     };
-    joined.lease.check_owner(&caller)?;
-    state.groups.release(&joined).await;
-    Ok(StatusCode::NO_CONTENT)
+    let path = format!("{}/{member}", state.groups.dir(&group));
+    unbind(&state, &caller, &state.groups, (&group, &member), &path, gone).await
+}
+
+/// Releases the lease-bound node `id` of resource `name` at `path` (a member, a service
+/// instance, a lock set's record), if `caller` may: through its task if its lease is kept here,
+/// else through ZooKeeper alone (its node records its lease, see [crate::recipes::bound]).
+/// `gone` is the answer when there is no such node of zkgate's.
+pub(super) async fn unbind(
+    state: &AppState,
+    caller: &Caller,
+    nodes: &crate::recipes::bound::BoundNodes,
+    (name, id): (&str, &str),
+    path: &str,
+    gone: impl FnOnce() -> ApiError,
+) -> Result<StatusCode, ApiError> {
+    if let Some(node) = nodes.get(name, id).filter(|n| n.state().phase != Phase::Moved) {
+        node.lease.check_owner(caller)?;
+        nodes.release(&node).await;
+        return Ok(StatusCode::NO_CONTENT);
+    }
+    let client = super::consistency::synced(state).await?;
+    let (root, kind) = (&state.config.root, nodes.kind());
+    let owner = bound::check_owner(&client, root, kind, path, caller, &format!("`{id}` of `{name}`")).await?;
+    if owner.is_none() {
+        return Err(gone());
+    }
+    match bound::release_recorded(&client, root, kind, (name, id), path).await? {
+        true => Ok(StatusCode::NO_CONTENT),
+        false => Err(gone()),
+    }
 }
 
 /// Lists a group's live members. With `wait`, blocks until membership differs from `index`

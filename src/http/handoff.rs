@@ -1,30 +1,44 @@
-//! Requests for another instance's lease, handle or claim are served by that instance: this
-//! guard sends them there and relays the answer, so clients (and load balancers without
-//! stickiness) may send any request to any instance, over HTTP or as a socket's call. See
-//! [crate::instances].
+//! Which instance serves a request, as each route declares it.
 //!
-//! It runs after routing, so it reads the ids a request carries from what the router matched
-//! and the [Kind] registry: a lease (`/v1/leases/{id}`), the kind's owned id (a lock's
-//! `{handle}`, a queue's `{claim}`), a group member that joined elsewhere (its znode's owner
-//! session names its instance), or the `lease` (or `handle`) of a JSON body for the kinds
-//! whose writes may name one. A request forwarded once carries [FORWARDED_BY] and is never
-//! forwarded again (no loops, even while registrations change).
+//! Any instance serves almost everything from ZooKeeper: reads, handles, releases, members,
+//! votes. What is inherently in one instance's memory is a lease's TTL timer (and the tasks of
+//! what it holds), kept by its *keeper* ([crate::lease]), and a queue claim's ack deadline,
+//! timed by the instance that made it. So each operation declares, in its spec, whose memory it
+//! needs ([SERVED_BY], an OpenAPI extension the guard reads once from the spec):
 //!
-//! Forwarding needs the deployment's key ([crate::peer]): a request goes only to a registration
-//! that verifies, without the client's `Authorization` (its token never leaves this
-//! instance), with the principal this instance authenticated and a MAC over the request
-//! instead ([peer_headers]); the owner checks those in [crate::http::auth::authenticate] and
-//! authorises the request as usual. Without a key nothing is forwarded: the answer is `421
-//! not-forwarded`, naming the instance.
+//! - `{"keeper": {"path": "id"}}` or `{"keeper": "body"}`: the keeper of the lease named by that
+//!   path parameter or by the JSON body's `lease`. Kept here: served here. Kept by another
+//!   instance that answers: handed to it and its answer relayed. Kept by an instance that is
+//!   gone, does not answer, cannot vouch for it, or cannot be trusted (no or another
+//!   `--cluster-secret`): taken over here ([crate::lease::Leases::take_over]) and served here.
+//!   A body that names no lease makes a new one here.
+//! - `{"issuer": {"path": "claim"}}` or `{"issuer": "body"}`: the instance that made the claim
+//!   (a batch: its first claim), named by the claim id's prefix.
+//! - nothing: any instance.
+//!
+//! No route template or body field is matched as a string: the guard reads the declaration of
+//! the operation the router matched, and a body through a typed struct. A test holds every
+//! operation whose body takes a `lease` to declaring it.
+//!
+//! Handing over needs the deployment's key ([crate::peer]): a request goes only to a
+//! registration that verifies, without the client's `Authorization` (its token never leaves
+//! this instance), with the principal this instance authenticated and a MAC over the request
+//! instead ([peer_headers]); the other checks those in [crate::http::auth::authenticate] and
+//! authorises the request as usual. A request handed over once carries [FORWARDED_BY] and is
+//! never handed on again: an instance that receives one for a lease it does not keep (or while
+//! it cannot vouch for its leases) answers [NOT_KEEPING], and the sender takes the lease over.
 
+use std::collections::HashMap;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
-use axum::extract::{Request, State};
+use axum::extract::{MatchedPath, Request, State};
 use axum::http::request::Parts;
-use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, header};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
 
 use super::error::{ApiError, Problem};
 use super::routed::Routed;
@@ -32,133 +46,146 @@ use crate::AppState;
 use crate::auth::Caller;
 use crate::ids::owner_of;
 use crate::instances::Peer;
-use crate::kind::Kind;
+use crate::recipes::lease::LeaseError;
 
-/// Marks a forwarded request (its value: the instance that forwarded it).
+/// The OpenAPI extension by which an operation declares which instance serves it.
+pub const SERVED_BY: &str = "x-zkgate-served-by";
+
+/// Marks a request handed over (its value: the instance that handed it).
 pub const FORWARDED_BY: &str = "zkgate-forwarded-by";
-/// A forwarded request's caller, as the forwarding instance authenticated it.
+/// A handed-over request's caller, as the sending instance authenticated it.
 pub const FORWARDED_FOR: &str = "zkgate-forwarded-for";
-/// When a forwarded request was sent (ms since the Unix epoch).
+/// When a handed-over request was sent (ms since the Unix epoch).
 pub const FORWARDED_AT: &str = "zkgate-forwarded-at";
-/// The MAC of a forwarded request ([crate::peer::PeerKey::sign_forward]).
+/// The MAC of a handed-over request ([crate::peer::PeerKey::sign_forward]).
 pub const SIGNATURE: &str = "zkgate-signature";
+/// On the answer to a handed-over request: the lease is not kept here (any more), or this
+/// instance cannot vouch for its leases now. The sender takes it over.
+pub const NOT_KEEPING: &str = "zkgate-not-keeping";
+
+/// Whose memory an operation needs (see the module's docs).
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum ServedBy {
+    /// The keeper of the lease named there.
+    Keeper(Named),
+    /// The instance that made the claim named there.
+    Issuer(Named),
+}
+
+/// Where a request names the lease or claim it acts for.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum Named {
+    /// A path parameter.
+    Path(String),
+    /// The JSON body: its `lease`, or the first of its `claims`.
+    Body,
+}
+
+/// An operation's declaration, and whether it may wait (a long poll).
+#[derive(Clone, Debug)]
+struct Declared {
+    served_by: ServedBy,
+    waits: bool,
+}
+
+/// Every operation's declaration, by method and route, read once from the spec.
+fn declared(method: &Method, route: &str) -> Option<&'static Declared> {
+    static DECLARED: OnceLock<HashMap<(Method, String), Declared>> = OnceLock::new();
+    DECLARED
+        .get_or_init(|| {
+            declarations(&super::routes().into_openapi())
+                .into_iter()
+                .filter_map(|(method, path, served_by, waits)| {
+                    Some((
+                        (method, path),
+                        Declared {
+                            served_by: served_by.ok()?,
+                            waits,
+                        },
+                    ))
+                })
+                .collect()
+        })
+        .get(&(method.clone(), route.to_string()))
+}
+
+/// The declarations of `spec`: method, path, what it says (or why it does not parse), and
+/// whether the operation waits.
+pub fn declarations(spec: &utoipa::openapi::OpenApi) -> Vec<(Method, String, Result<ServedBy, String>, bool)> {
+    let mut found = Vec::new();
+    for (path, item) in &spec.paths.paths {
+        for (method, operation) in [
+            (Method::GET, &item.get),
+            (Method::POST, &item.post),
+            (Method::PUT, &item.put),
+            (Method::DELETE, &item.delete),
+        ] {
+            let Some(operation) = operation else { continue };
+            let Some(value) = operation.extensions.as_ref().and_then(|e| e.get(SERVED_BY)) else {
+                continue;
+            };
+            let parsed = serde_json::from_value::<ServedBy>(value.clone()).map_err(|e| e.to_string());
+            found.push((method, path.clone(), parsed, super::limits::takes_wait(operation)));
+        }
+    }
+    found
+}
 
 /// The guard; see the module's documentation.
-pub async fn forward(State(state): State<AppState>, request: Request, next: Next) -> Response {
-    if request.headers().contains_key(FORWARDED_BY) {
+pub async fn handoff(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|m| m.as_str().to_string());
+    let Some(declared) = route.and_then(|route| declared(request.method(), &route)) else {
         return next.run(request).await;
-    }
-    let (mut parts, body) = request.into_parts();
-    let routed = match Routed::of(&mut parts).await {
-        Ok(routed) => routed,
-        Err(err) => return err.into_response(),
     };
-    let (owner, body) = match owner(&state, &parts, &routed, body).await {
+    let handed = request.headers().contains_key(FORWARDED_BY);
+    let (mut parts, body) = request.into_parts();
+    let (named, body) = match named(&declared.served_by, &mut parts, body).await {
         Ok(found) => found,
         Err(err) => return err.into_response(),
     };
     let request = Request::from_parts(parts, body);
-    match owner {
-        Some(owner) if owner != *state.instance.id => {
-            if !state.instances.can_forward() {
-                // An instance that is not registered cannot be sent anything, key or no key:
-                // say that, not "send it there".
-                if matches!(state.instances.url_of(&owner).await, Ok(Peer::Gone)) {
-                    return instance_gone(&owner).into_response();
-                }
-                return ApiError::new(
-                    Problem::NotForwarded,
-                    format!(
-                        "this belongs to instance `{owner}`; this instance has no --cluster-secret (nor --zookeeper-auth) to forward with: send the request to that instance, or give every instance the same secret"
-                    ),
-                )
-                .with("instance", owner)
-                .into_response();
-            }
-            relay(&state, &owner, request).await
+    let Some(id) = named else {
+        return next.run(request).await;
+    };
+    match declared.served_by {
+        ServedBy::Keeper(_) => to_keeper(&state, &id, handed, declared.waits, request, next).await,
+        ServedBy::Issuer(_) => to_issuer(&state, &id, handed, declared.waits, request, next).await,
+    }
+}
+
+/// The lease (or claim) id the request names where its declaration says, and its body (read
+/// when that is where the id is).
+async fn named(served_by: &ServedBy, parts: &mut Parts, body: Body) -> Result<(Option<String>, Body), ApiError> {
+    let (ServedBy::Keeper(named) | ServedBy::Issuer(named)) = served_by;
+    match named {
+        Named::Path(param) => {
+            let routed = Routed::of(parts).await?;
+            Ok((routed.param(param).map(str::to_string), body))
         }
-        _ => next.run(request).await,
-    }
-}
-
-/// Lock sets are no kind of their own (their locks are locks): their id and their body's lease
-/// name the instance as a lock's handle and body do.
-const LOCK_SETS: &str = "/v1/lock-sets";
-
-/// A batch of a queue's claims to acknowledge: served by the instance of its first claim.
-const CLAIMS_BATCH: &str = "/v1/queues/{name}/claims/ack";
-
-/// Whether a route's requests may be forwarded (for the spec): what [owner] may find an owner
-/// for.
-pub fn may_forward(template: &str, method: &Method) -> bool {
-    let kind = template
-        .strip_prefix("/v1/")
-        .and_then(|rest| rest.split('/').next())
-        .and_then(Kind::from_segment);
-    if template == CLAIMS_BATCH {
-        return true;
-    }
-    match kind {
-        None if template.starts_with(LOCK_SETS) => true,
-        None => template.starts_with("/v1/leases/{id}"),
-        Some(kind) => {
-            kind.owned_param()
-                .is_some_and(|param| template.contains(&format!("{{{param}}}")))
-                || (matches!(kind, Kind::Group | Kind::Service) && method == Method::DELETE)
-                || (kind.lease_in_body() && matches!(*method, Method::POST | Method::PUT))
+        Named::Body if carries_json(parts) => {
+            let bytes = axum::body::to_bytes(body, super::BODY_LIMIT_BYTES)
+                .await
+                .map_err(|_| ApiError::too_large(super::BODY_LIMIT_BYTES))?;
+            // Read through a typed struct; a body it does not fit is the handler's to refuse.
+            let id = serde_json::from_slice::<NamedInBody>(&bytes)
+                .ok()
+                .and_then(|body| body.lease.or_else(|| body.claims.and_then(|c| c.into_iter().next())));
+            Ok((id, Body::from(bytes)))
         }
+        Named::Body => Ok((None, body)),
     }
 }
 
-/// The instance a request is for, if it names one, and its body (read when the body is where
-/// the lease is named).
-async fn owner(
-    state: &AppState,
-    parts: &Parts,
-    routed: &Routed,
-    body: Body,
-) -> Result<(Option<String>, Body), ApiError> {
-    let owned = match routed.kind {
-        None if routed.is_under("/v1/leases") => routed.param("id"),
-        None if routed.is_under(LOCK_SETS) => routed.param("set"),
-        Some(kind) => kind.owned_param().and_then(|param| routed.param(param)),
-        None => None,
-    };
-    if let Some(id) = owned {
-        return Ok((owner_of(id).map(str::to_string), body));
-    }
-    if matches!(routed.kind, Some(Kind::Group | Kind::Service)) && parts.method == Method::DELETE {
-        return Ok((member_owner(state, routed).await?, body));
-    }
-    let names_lease =
-        routed.kind.is_some_and(Kind::lease_in_body) || routed.is_under(LOCK_SETS) || routed.template == CLAIMS_BATCH;
-    if names_lease && carries_json(parts) {
-        // Small JSON bodies naming a lease: read here (within the body limit) and handed on.
-        let bytes = axum::body::to_bytes(body, super::BODY_LIMIT_BYTES)
-            .await
-            .map_err(|_| ApiError::too_large(super::BODY_LIMIT_BYTES))?;
-        return Ok((lease_in_body(&bytes), Body::from(bytes)));
-    }
-    Ok((None, body))
-}
-
-/// The instance of a group member named in `DELETE /v1/groups/{group}/members/{member}` (or
-/// of a service's instance, `DELETE /v1/services/{name}/instances/{id}`) that did not join
-/// through this instance: its znode's owner session tells.
-async fn member_owner(state: &AppState, routed: &Routed) -> Result<Option<String>, ApiError> {
-    let (nodes, resource, id) = match routed.kind {
-        Some(Kind::Service) => (&state.services, routed.param("name"), routed.param("id")),
-        _ => (&state.groups, routed.param("group"), routed.param("member")),
-    };
-    let (Some(group), Some(member)) = (resource, id) else {
-        return Ok(None);
-    };
-    let valid = |name: &str| crate::zk::names::validate_name(name).is_ok();
-    if !valid(group) || !valid(member) || nodes.get(group, member).is_some() {
-        return Ok(None);
-    }
-    let path = format!("{}/{member}", nodes.dir(group));
-    Ok(state.instances.owner_of_node(&path).await?)
+/// What a body may name: the lease it acts with, or the claims it settles.
+#[derive(Deserialize)]
+struct NamedInBody {
+    lease: Option<String>,
+    claims: Option<Vec<String>>,
 }
 
 /// A write with a JSON body, which may name a lease.
@@ -171,17 +198,113 @@ fn carries_json(parts: &Parts) -> bool {
     json && matches!(parts.method, Method::POST | Method::PUT)
 }
 
-/// The instance of the lease a JSON body names, or of the handle it names (a leader's
-/// proclamation names its candidate's handle), or of the first claim of a batch of claims.
-fn lease_in_body(bytes: &Bytes) -> Option<String> {
-    let value: serde_json::Value = serde_json::from_slice(bytes).ok()?;
-    let first_claim = value.get("claims").and_then(|claims| claims.get(0));
-    ["lease", "handle"]
-        .into_iter()
-        .filter_map(|field| value.get(field))
-        .chain(first_claim)
-        .find_map(|id| id.as_str().and_then(owner_of))
-        .map(str::to_string)
+/// Serves a request for lease `id` here if this instance keeps it; else hands it to its keeper,
+/// or takes the lease over when that is gone, does not answer, cannot vouch for it or cannot be
+/// trusted. Any other answer about the lease (unknown, ended, another principal's) is the
+/// handler's to give.
+async fn to_keeper(state: &AppState, id: &str, handed: bool, waits: bool, request: Request, next: Next) -> Response {
+    let caller = request.extensions().get::<Caller>().cloned().unwrap_or(Caller::Nobody);
+    let keeper = match state.leases.find(&caller, id).await {
+        Ok(_) => return next.run(request).await,
+        Err(LeaseError::Elsewhere { keeper, .. }) => keeper,
+        Err(LeaseError::NotFresh) if handed => return not_keeping(id),
+        Err(_) => return next.run(request).await,
+    };
+    if handed {
+        // Handed here by an instance that took the keeper to be this one: not any more.
+        return not_keeping(id);
+    }
+    let request = match hand_over(state, &keeper, waits, request).await {
+        Ok(answer) => return answer,
+        Err(request) => request,
+    };
+    match state.leases.take_over(&caller, id, false).await {
+        Ok(_) => next.run(request).await,
+        Err(LeaseError::Elsewhere { keeper, .. }) => ApiError::new(
+            Problem::InstanceUnavailable,
+            format!("lease `{id}` moved to instance `{keeper}` while this request was on its way; try again"),
+        )
+        .into_response(),
+        Err(_) => next.run(request).await,
+    }
+}
+
+/// Sends `request` to the instance `keeper` and relays its answer; gives the request back when
+/// it cannot be handed over (no key, no verified registration, no answer, or the keeper does
+/// not keep the lease).
+async fn hand_over(state: &AppState, keeper: &str, waits: bool, request: Request) -> Result<Response, Request> {
+    let Some(key) = state.instances.key() else {
+        return Err(request);
+    };
+    let Ok(Peer::At(url)) = state.instances.url_of(keeper).await else {
+        return Err(request);
+    };
+    let (parts, body) = request.into_parts();
+    let body = match axum::body::to_bytes(body, super::BODY_LIMIT_BYTES).await {
+        Ok(bytes) => bytes,
+        Err(_) => return Ok(ApiError::too_large(super::BODY_LIMIT_BYTES).into_response()),
+    };
+    // A long poll waits up to --max-wait there; anything else answers at once, or is taken over.
+    let timeout = match waits {
+        true => state.config.max_wait + Duration::from_secs(10),
+        false => HANDOFF_TIMEOUT,
+    };
+    match relay(state, key, keeper, &url, &parts, body.clone(), timeout).await {
+        Some(answer) if !answer.headers().contains_key(NOT_KEEPING) => Ok(answer),
+        _ => Err(Request::from_parts(parts, Body::from(body))),
+    }
+}
+
+/// How long a request that does not wait may take on the keeper before this instance takes the
+/// lease over (a keeper that is paused, or cut off).
+pub const HANDOFF_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Serves a request for claim `id` here if this instance made it (or it was handed here), else
+/// hands it to the instance that did: claims are timed in its memory.
+async fn to_issuer(state: &AppState, id: &str, handed: bool, waits: bool, request: Request, next: Next) -> Response {
+    let issuer = match owner_of(id) {
+        Some(issuer) if !handed && issuer != &*state.instance.id => issuer.to_string(),
+        _ => return next.run(request).await,
+    };
+    match state.instances.url_of(&issuer).await {
+        Ok(Peer::Gone) => return next.run(request).await,
+        Err(err) => return ApiError::from(err).into_response(),
+        Ok(_) if !state.instances.can_forward() => {
+            return ApiError::new(
+                Problem::NotForwarded,
+                format!(
+                    "this claim was made by instance `{issuer}`; this instance has no --cluster-secret (nor --zookeeper-auth) to hand it over with: send the request to that instance, or give every instance the same secret"
+                ),
+            )
+            .with("instance", issuer)
+            .into_response();
+        }
+        Ok(_) => {}
+    }
+    match hand_over(state, &issuer, waits, request).await {
+        Ok(answer) => answer,
+        Err(_) => ApiError::new(
+            Problem::InstanceUnavailable,
+            format!("the instance `{issuer}` that made this claim did not answer; try again"),
+        )
+        .into_response(),
+    }
+}
+
+/// The answer to a handed-over request for a lease this instance does not keep (any more) or
+/// cannot vouch for now.
+fn not_keeping(id: &str) -> Response {
+    let mut response = ApiError::new(
+        Problem::InstanceUnavailable,
+        format!("lease `{id}` is not kept by this instance now"),
+    )
+    .into_response();
+    if let Ok(value) = HeaderValue::from_str(id) {
+        response
+            .headers_mut()
+            .insert(HeaderName::from_static(NOT_KEEPING), value);
+    }
+    response
 }
 
 /// Headers that belong to one connection, not to the request.
@@ -196,23 +319,17 @@ const HOP_BY_HOP: &[HeaderName] = &[
     header::PROXY_AUTHORIZATION,
 ];
 
-/// Sends the request to `owner` and relays its answer (503 if it cannot be reached, 410 if it
-/// is gone).
-async fn relay(state: &AppState, owner: &str, request: Request) -> Response {
-    let url = match state.instances.url_of(owner).await {
-        Ok(Peer::At(url)) => url,
-        Ok(Peer::Gone) => return instance_gone(owner).into_response(),
-        Ok(Peer::Unverified) => return unavailable(owner).into_response(),
-        Err(err) => return ApiError::from(err).into_response(),
-    };
-    let Some(key) = state.instances.key() else {
-        return unavailable(owner).into_response();
-    };
-    let (parts, body) = request.into_parts();
-    let body = match axum::body::to_bytes(body, super::BODY_LIMIT_BYTES).await {
-        Ok(bytes) => bytes,
-        Err(_) => return ApiError::too_large(super::BODY_LIMIT_BYTES).into_response(),
-    };
+/// Sends the request to `to` at `url`, signed, and relays its answer; `None` if it does not
+/// answer within `timeout`.
+async fn relay(
+    state: &AppState,
+    key: &crate::peer::PeerKey,
+    to: &str,
+    url: &str,
+    parts: &Parts,
+    body: Bytes,
+    timeout: Duration,
+) -> Option<Response> {
     let path = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
     let mut headers = parts.headers.clone();
     for name in HOP_BY_HOP {
@@ -226,14 +343,13 @@ async fn relay(state: &AppState, owner: &str, request: Request) -> Response {
         method: parts.method.as_str(),
         path,
         from: &state.instance.id,
-        to: owner,
+        to,
         principal: caller.name(),
         at_ms: u64::try_from(crate::time::now_ms()).unwrap_or_default(),
         body: &body,
     };
     headers.extend(peer_headers(key, &forward));
-    // Long polls wait up to --max-wait on the owner: wait a little longer for them here.
-    let timeout = state.config.max_wait + Duration::from_secs(10);
+    crate::metrics::get().handoffs.inc();
     let sent = state
         .peers
         .request(parts.method.clone(), format!("{url}{path}"))
@@ -246,28 +362,27 @@ async fn relay(state: &AppState, owner: &str, request: Request) -> Response {
         Ok(answer) => answer,
         Err(err) => {
             // The peer's address and the transport's error are for the log, not the client.
-            tracing::warn!(%owner, url = ?url, error = %err, "forwarding failed");
-            return ApiError::new(
-                Problem::InstanceUnavailable,
-                format!("the instance `{owner}` that owns this lease did not answer; try again"),
-            )
-            .into_response();
+            tracing::warn!(%to, url = ?url, error = %err, "handing a request over failed");
+            return None;
         }
     };
     let status = answer.status();
     let headers: HeaderMap = answer
         .headers()
         .iter()
-        .filter(|(name, _)| RELAYED.contains(name))
+        .filter(|(name, _)| RELAYED.contains(name) || name.as_str() == NOT_KEEPING)
         .map(|(name, value)| (name.clone(), value.clone()))
         .collect();
-    let body = answer.bytes().await.unwrap_or_default();
+    let body = answer.bytes().await.ok()?;
     let mut response = (status, body).into_response();
     response.headers_mut().extend(headers);
-    response
+    if status == StatusCode::SERVICE_UNAVAILABLE && response.headers().contains_key(NOT_KEEPING) {
+        tracing::info!(%to, "the instance handed a request did not keep its lease");
+    }
+    Some(response)
 }
 
-/// The headers of a forward of `forward`: from whom, for whom, when, and their MAC.
+/// The headers of a hand-over of `forward`: from whom, for whom, when, and their MAC.
 pub fn peer_headers(key: &crate::peer::PeerKey, forward: &crate::peer::Forward<'_>) -> HeaderMap {
     let mut headers = HeaderMap::new();
     let mut put = |name: &'static str, value: &str| {
@@ -284,8 +399,9 @@ pub fn peer_headers(key: &crate::peer::PeerKey, forward: &crate::peer::Forward<'
     headers
 }
 
-/// A client's headers that do not go to the owner: its credentials (the owner believes the
-/// principal this instance asserts, never a token) and the peer protocol's own headers.
+/// A client's headers that do not go to the other instance: its credentials (the receiver
+/// believes the principal this instance asserts, never a token) and the peer protocol's own
+/// headers.
 const NOT_FORWARDED: &[&str] = &[
     "authorization",
     "cookie",
@@ -296,42 +412,27 @@ const NOT_FORWARDED: &[&str] = &[
     SIGNATURE,
 ];
 
-/// The owner's response headers relayed to the client: what zkgate's handlers set.
+/// The other instance's response headers relayed to the client: what zkgate's handlers set.
 const RELAYED: &[HeaderName] = &[
     header::CONTENT_TYPE,
     header::RETRY_AFTER,
     header::LOCATION,
     header::ETAG,
     header::WWW_AUTHENTICATE,
+    header::LINK,
 ];
 
-fn unavailable(owner: &str) -> ApiError {
-    ApiError::new(
-        Problem::InstanceUnavailable,
-        format!("the instance `{owner}` that owns this could not be reached safely; try again"),
-    )
-}
-
-fn instance_gone(owner: &str) -> ApiError {
-    ApiError::new(
-        Problem::LeaseEnded,
-        format!(
-            "no instance `{owner}` is registered: the instance that issued this lease (or handle or claim) is gone, and its ZooKeeper session took the lease and what it held with it (or the id was never issued)"
-        ),
-    )
-    .with("reason", "session_lost")
-}
-
-/// The client that forwards to other instances: kept-alive connections; for `https://` peers
-/// the system's CAs and this instance's own certificate chain (instances of one deployment
-/// usually share a CA).
+/// The client that hands requests to other instances: kept-alive connections; for `https://`
+/// peers the system's CAs and this instance's own certificate chain (instances of one
+/// deployment usually share a CA).
 pub fn peer_client(config: &crate::config::ServeConfig) -> reqwest::Client {
     crate::tls::install_crypto_provider();
     // Idle connections go before the peer would close them (`--header-timeout`, 30 s by
-    // default), so that a forward is not sent on a connection being closed.
+    // default), so that a request is not sent on a connection being closed.
     let mut builder = reqwest::Client::builder()
         .pool_max_idle_per_host(64)
         .pool_idle_timeout(Duration::from_secs(20))
+        .connect_timeout(HANDOFF_TIMEOUT)
         .tcp_nodelay(true);
     if let Some(pem) = config.tls_cert.as_ref().and_then(|cert| std::fs::read(cert).ok())
         && let Ok(certs) = reqwest::Certificate::from_pem_bundle(&pem)
@@ -339,7 +440,102 @@ pub fn peer_client(config: &crate::config::ServeConfig) -> reqwest::Client {
         builder = builder.tls_certs_merge(certs);
     }
     builder.build().unwrap_or_else(|err| {
-        tracing::warn!(error = %err, "the forwarding client lacks the TLS settings");
+        tracing::warn!(error = %err, "the hand-over client lacks the TLS settings");
         reqwest::Client::new()
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use utoipa::openapi::{RefOr, Schema};
+
+    /// The properties of a request body's schema (resolved through the components, and
+    /// through the `oneOf` an optional body is).
+    fn body_properties(spec: &utoipa::openapi::OpenApi, operation: &utoipa::openapi::path::Operation) -> Vec<String> {
+        let Some(RefOr::T(body)) = &operation.request_body else {
+            return Vec::new();
+        };
+        let mut properties = Vec::new();
+        for content in body.content.values() {
+            let RefOr::T(content) = content else { continue };
+            if let Some(schema) = &content.schema {
+                properties_of(spec, schema, &mut properties);
+            }
+        }
+        properties
+    }
+
+    fn properties_of(spec: &utoipa::openapi::OpenApi, schema: &RefOr<Schema>, out: &mut Vec<String>) {
+        match schema {
+            RefOr::Ref(reference) => {
+                let name = reference.ref_location.rsplit('/').next().unwrap_or_default();
+                let components = spec.components.as_ref().expect("components");
+                if let Some(schema) = components.schemas.get(name) {
+                    properties_of(spec, schema, out);
+                }
+            }
+            RefOr::T(Schema::Object(object)) => out.extend(object.properties.keys().cloned()),
+            RefOr::T(Schema::OneOf(one_of)) => one_of.items.iter().for_each(|s| properties_of(spec, s, out)),
+            RefOr::T(Schema::AllOf(all_of)) => all_of.items.iter().for_each(|s| properties_of(spec, s, out)),
+            RefOr::T(Schema::AnyOf(any_of)) => any_of.items.iter().for_each(|s| properties_of(spec, s, out)),
+            RefOr::T(_) => {}
+        }
+    }
+
+    /// Every declaration parses and names what the operation has, and every operation whose
+    /// body names a lease (or claims) declares it: a new route cannot forget to be served where
+    /// its lease is kept.
+    #[test]
+    fn every_operation_that_acts_for_a_lease_or_a_claim_declares_it() {
+        let spec = crate::http::routes().into_openapi();
+        let declared = declarations(&spec);
+        assert!(!declared.is_empty());
+        for (method, path, served_by, _) in &declared {
+            let served_by = served_by.as_ref().unwrap_or_else(|e| panic!("{method} {path}: {e}"));
+            let (ServedBy::Keeper(named) | ServedBy::Issuer(named)) = served_by;
+            if let Named::Path(param) = named {
+                assert!(
+                    path.contains(&format!("{{{param}}}")),
+                    "{method} {path} has no `{param}`"
+                );
+            }
+        }
+        for (path, item) in &spec.paths.paths {
+            for (method, operation) in [
+                (Method::POST, &item.post),
+                (Method::PUT, &item.put),
+                (Method::DELETE, &item.delete),
+            ] {
+                let Some(operation) = operation else { continue };
+                let properties = body_properties(&spec, operation);
+                let wanted = if properties.iter().any(|p| p == "lease") {
+                    Some(ServedBy::Keeper(Named::Body))
+                } else if properties.iter().any(|p| p == "claims") {
+                    Some(ServedBy::Issuer(Named::Body))
+                } else {
+                    None
+                };
+                let Some(wanted) = wanted else { continue };
+                let found = declared
+                    .iter()
+                    .find(|(m, p, _, _)| *m == method && p == path)
+                    .and_then(|(_, _, served_by, _)| served_by.clone().ok());
+                assert_eq!(found, Some(wanted), "{method} {path}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_declaration_reads_as_written() {
+        let parse = |text: &str| serde_json::from_str::<ServedBy>(text).map_err(|e| e.to_string());
+        assert_eq!(
+            parse(r#"{"keeper": {"path": "id"}}"#),
+            Ok(ServedBy::Keeper(Named::Path("id".into())))
+        );
+        assert_eq!(parse(r#"{"keeper": "body"}"#), Ok(ServedBy::Keeper(Named::Body)));
+        assert_eq!(parse(r#"{"issuer": "body"}"#), Ok(ServedBy::Issuer(Named::Body)));
+        assert!(parse(r#"{"keeper": "query"}"#).is_err());
+        assert!(parse(r#"{"owner": "body"}"#).is_err());
+    }
 }

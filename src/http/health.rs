@@ -77,7 +77,9 @@ pub async fn healthz(State(state): State<AppState>, caller: Caller) -> Json<Heal
 }
 
 /// Readiness: the ZooKeeper session is connected, so recipe calls can be served, and this
-/// instance's registration is in place, so other instances can forward to it.
+/// instance's registration is in place (so other instances can hand requests to it), its
+/// heartbeat is answered (it can keep leases), and the leases of instances gone before it are
+/// taken over.
 #[utoipa::path(get, path = "/readyz", tag = "health", responses(
     (status = 200, body = Health),
     Problems<(p::ZookeeperUnavailable,)>,
@@ -86,7 +88,17 @@ pub async fn readyz(State(state): State<AppState>, caller: Caller) -> Result<Jso
     state.zk().current()?;
     if !state.instances.registered() {
         return Err(ApiError::unavailable(
-            "this instance is not registered in ZooKeeper yet (other instances could not forward to it)",
+            "this instance is not registered in ZooKeeper yet (other instances could not hand requests to it)",
+        ));
+    }
+    if !state.leases.is_fresh() {
+        return Err(ApiError::unavailable(
+            "this instance's heartbeat is not answered yet: it cannot keep leases",
+        ));
+    }
+    if !*state.reaped.borrow() {
+        return Err(ApiError::unavailable(
+            "the leases of instances that are gone are being taken over (or ended, if they expired meanwhile)",
         ));
     }
     Ok(Json(health(&state, &caller, "ok")))

@@ -18,6 +18,7 @@ use super::error::{ApiError, Place, Problem, Problems, p};
 use super::extract::{ApiJson, ApiPath};
 use crate::AppState;
 use crate::auth::Caller;
+use crate::lease::NewLease;
 use crate::recipes::lease::{EndReason, HoldingView, Lease};
 use crate::time::{HumanDuration, millis_since, timestamp};
 
@@ -29,9 +30,10 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(keepalive))
 }
 
-/// The lease a request names, or a new one (with `ttl`) when it names none; the flag says
-/// whether it was made for this request (and should go if the request comes to nothing).
-pub fn lease_for(
+/// The lease a request names (kept here: the hand-off guard saw to that), or a new one (with
+/// `ttl`) when it names none, whose record is written with the first thing it holds; the flag
+/// says whether it was made for this request (and should go if the request comes to nothing).
+pub async fn lease_for(
     state: &AppState,
     caller: &Caller,
     lease: Option<String>,
@@ -43,24 +45,38 @@ pub fn lease_for(
             "ttl",
             "only applies when no `lease` is given",
         )),
-        (Some(id), None) => Ok((state.leases.get(caller, &id)?, false)),
+        (Some(id), None) => Ok((state.leases.find(caller, &id).await?, false)),
         (None, ttl) => {
             if ttl.is_some_and(|t| t.is_zero()) {
                 return Err(ApiError::invalid(Place::Body, "ttl", "must be above zero"));
             }
-            Ok((state.leases.create(caller, ttl, None)?, true))
+            let new = NewLease {
+                ttl,
+                idempotency_key: None,
+                with_first_holding: true,
+            };
+            Ok((state.leases.create(caller, new).await?, true))
         }
     }
 }
 
-/// The error for a request whose lease ended while it was served.
+/// The error for a request whose lease ended (or left this instance) while it was served.
 pub fn lease_gone(state: &AppState, lease: &Lease) -> ApiError {
-    state
-        .leases
-        .peek(&lease.id)
-        .err()
-        .map(ApiError::from)
-        .unwrap_or_else(|| ApiError::new(Problem::LockNotAcquired, "the request was released while it waited"))
+    if let Err(err) = state.leases.peek(&lease.id) {
+        return err.into();
+    }
+    if lease.dropped().is_cancelled() {
+        return moved(&lease.id);
+    }
+    ApiError::new(Problem::LockNotAcquired, "the request was released while it waited")
+}
+
+/// The error for a request whose lease another instance took over while it was served.
+pub fn moved(id: &str) -> ApiError {
+    ApiError::new(
+        Problem::InstanceUnavailable,
+        format!("lease `{id}` moved to another instance while this request was served; try again"),
+    )
 }
 
 /// The header that makes a lease creation safe to retry.
@@ -154,7 +170,12 @@ pub async fn create_lease(
     if ttl.is_some_and(|t| t.is_zero()) {
         return Err(ApiError::invalid(Place::Body, "ttl", "must be above zero"));
     }
-    let lease = state.leases.create(&caller, ttl, key)?;
+    let new = NewLease {
+        ttl,
+        idempotency_key: key,
+        with_first_holding: false,
+    };
+    let lease = state.leases.create(&caller, new).await?;
     let location = HeaderValue::from_str(&format!("/v1/leases/{}", lease.id))
         .map_err(|e| ApiError::new(Problem::Internal, e.to_string()))?;
     Ok((
@@ -182,7 +203,7 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
     Ok(Some(key))
 }
 
-/// Lists the live leases of this instance, oldest first.
+/// Lists the live leases this instance keeps, oldest first.
 #[utoipa::path(get, path = "/v1/leases", tag = "leases", params(super::paging::PageQuery), responses(
     (status = 200, body = Vec<LeaseSummary>, headers(("Link" = String, description = "While more entries follow: the next page, `<url>; rel=\"next\"`"))),
     Problems<(p::InvalidField,)>,
@@ -211,7 +232,7 @@ pub async fn list_leases(
 }
 
 /// Reads a lease: remaining TTL and everything it holds.
-#[utoipa::path(get, path = "/v1/leases/{id}", tag = "leases",
+#[utoipa::path(get, path = "/v1/leases/{id}", tag = "leases", extensions(("x-zkgate-served-by" = json!({"keeper": {"path": "id"}}))),
     params(("id" = String, Path, description = "Lease id")),
     responses(
         (status = 200, body = LeaseView),
@@ -223,14 +244,14 @@ pub async fn get_lease(
     ApiPath(id): ApiPath<String>,
     consistency: Consistency,
 ) -> Result<Json<LeaseView>, ApiError> {
-    let lease = state.leases.get(&caller, &id)?;
-    super::consistency::confirm(&lease, consistency).await?;
+    let lease = state.leases.find(&caller, &id).await?;
+    super::consistency::confirm(&state, &lease, consistency).await?;
     Ok(Json(LeaseView::of(&lease)))
 }
 
 /// Keeps a lease alive for another TTL; answers with its holdings, so a holder learns here if
 /// it lost a lock.
-#[utoipa::path(post, path = "/v1/leases/{id}/keepalive", tag = "leases",
+#[utoipa::path(post, path = "/v1/leases/{id}/keepalive", tag = "leases", extensions(("x-zkgate-served-by" = json!({"keeper": {"path": "id"}}))),
     params(("id" = String, Path, description = "Lease id")),
     responses(
         (status = 200, body = LeaseView),
@@ -241,14 +262,15 @@ pub async fn keepalive(
     caller: Caller,
     ApiPath(id): ApiPath<String>,
 ) -> Result<Json<LeaseView>, ApiError> {
-    let lease = state.leases.keepalive(&caller, &id)?;
+    let lease = state.leases.find(&caller, &id).await?;
+    lease.renew();
     Ok(Json(LeaseView::of(&lease)))
 }
 
 /// Deletes a lease: everything it holds is released (its znodes deleted) before this answers,
 /// so the next waiters are already on their way. Deleting it again answers the same (a retry
 /// after a lost reply); a lease that expired or was lost answers `410` with the reason.
-#[utoipa::path(delete, path = "/v1/leases/{id}", tag = "leases",
+#[utoipa::path(delete, path = "/v1/leases/{id}", tag = "leases", extensions(("x-zkgate-served-by" = json!({"keeper": {"path": "id"}}))),
     params(("id" = String, Path, description = "Lease id")),
     responses(
         (status = 204, description = "Deleted; its locks are released"),

@@ -4,11 +4,12 @@
 //!
 //! A set's locks are ordinary locks (the same znodes and handles as `POST
 //! /v1/locks/{name}/acquire`): each has its own fencing token, and each handle can be read on
-//! its lock. A set is not a kind of its own: its routes authorise each lock by name here, and
-//! forward by the set's id or the body's lease like a lock's handle.
+//! its lock. A set is not a kind of its own: its routes authorise each lock by name here. Its
+//! acquire is served by the keeper of the lease it names, like a lock's; a granted set is
+//! recorded in ZooKeeper, so that any instance reads or releases it.
 
 use std::sync::Arc;
-use std::time::{Instant, SystemTime};
+use std::time::Instant;
 
 use axum::Json;
 use axum::extract::State;
@@ -18,17 +19,17 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::consistency::Consistency;
-use super::contention::{self, HandleView, Request, held_since};
-use super::error::{ApiError, Place, Problems, p};
+use super::contention::{self, HandleView, Request, Seen, find_handle, held_since};
+use super::error::{ApiError, Place, Problem, Problems, p};
 use super::extract::{ApiJson, ApiPath, ApiQuery};
-use super::leases::{LeaseView, lease_for};
+use super::leases::{LeaseView, lease_for, lease_gone};
 use crate::AppState;
 use crate::auth::{Access, Caller};
 use crate::kind::Kind;
-use crate::recipes::contender::Role;
-use crate::recipes::handle::Phase;
+use crate::recipes::bound::BindError;
+use crate::recipes::contender::{Contender, Role};
 use crate::recipes::lease::{EndReason, Lease};
-use crate::recipes::multi_lock::{LockSet, canonical_order};
+use crate::recipes::multi_lock::{self, SetRecord, canonical_order};
 use crate::time::HumanDuration;
 
 /// Most locks in one set.
@@ -121,7 +122,7 @@ fn set_lock(handle: &crate::recipes::contender::Contender) -> SetLock {
 /// is not granted within the wait, every lock taken for the set is released before the answer
 /// (409 `lock-not-acquired` naming the `lock` that was not granted): a refused set holds
 /// nothing. Locks the lease already held join the set (and stay held if the set is refused).
-#[utoipa::path(post, path = "/v1/lock-sets", tag = "locks",
+#[utoipa::path(post, path = "/v1/lock-sets", tag = "locks", extensions(("x-zkgate-served-by" = json!({"keeper": "body"}))),
     params(SetParams),
     request_body(content = LockSetBody, example = json!({"locks": ["account-42", "account-17"], "ttl": "30s"})),
     responses(
@@ -153,8 +154,25 @@ pub async fn acquire_set(
         caller.require(Kind::Lock.auth(), name, Access::Write)?;
     }
     let deadline = Instant::now() + state.config.wait(params.wait.map(|w| w.0));
-    let (lease, own_lease) = lease_for(&state, &caller, body.lease, body.ttl.map(|t| t.0))?;
+    let (lease, own_lease) = lease_for(&state, &caller, body.lease, body.ttl.map(|t| t.0)).await?;
     let mut taken = Vec::with_capacity(order.len());
+    let refused = |taken: Vec<(Arc<Contender>, bool)>, err: ApiError| {
+        let (state, lease) = (&state, &lease);
+        async move {
+            // All or none: what this request took goes before the answer.
+            if own_lease {
+                let _ = state.leases.end(&Caller::Anyone, &lease.id, EndReason::Deleted).await;
+            } else {
+                for (handle, held_before) in taken.iter().rev() {
+                    if !held_before {
+                        state.locks.release(handle).await;
+                    }
+                }
+            }
+            crate::metrics::get().lock_sets.with_label_values(&["refused"]).inc();
+            err
+        }
+    };
     for name in order {
         let held_before = state.locks.holds(&lease, name);
         let request = Request {
@@ -170,44 +188,55 @@ pub async fn acquire_set(
         };
         match contention::contend(&state, &state.locks, request, open).await {
             Ok(granted) => taken.push((granted.handle, held_before)),
-            Err(err) => {
-                // All or none: what this request took goes before the answer.
-                if own_lease {
-                    let _ = state.leases.end(&Caller::Anyone, &lease.id, EndReason::Deleted).await;
-                } else {
-                    for (handle, held_before) in taken.iter().rev() {
-                        if !held_before {
-                            state.locks.release(handle).await;
-                        }
-                    }
-                }
-                crate::metrics::get().lock_sets.with_label_values(&["refused"]).inc();
-                return Err(err.with("lock", name));
-            }
+            Err(err) => return Err(refused(taken, err.with("lock", name)).await),
         }
     }
-    let set = Arc::new(LockSet {
-        id: crate::ids::sibling_id(&lease.id),
-        lease: lease.clone(),
-        handles: taken.into_iter().map(|(handle, _)| handle).collect(),
-        created_at: SystemTime::now(),
-    });
-    state.lock_sets.insert(set.clone());
+    let id = crate::ids::sibling_id(&lease.id);
+    let record = SetRecord {
+        lease: lease.id.clone(),
+        principal: lease.owner.clone(),
+        locks: taken
+            .iter()
+            .map(|(handle, _)| multi_lock::SetLock {
+                lock: handle.name.clone(),
+                handle: handle.id.clone(),
+            })
+            .collect(),
+        created_ms: crate::time::now_ms(),
+    };
+    let path = multi_lock::record_path(&state.config.root, &id);
+    let bound = state
+        .lock_sets
+        .bind_as(&lease, (&id, &id), path, record.to_bytes(), None, true)
+        .await;
+    if let Err(err) = bound {
+        let err = match err {
+            BindError::LeaseEnded => lease_gone(&state, &lease),
+            BindError::Taken => ApiError::new(Problem::Internal, "a lock set's id was taken"),
+            BindError::ZooKeeper(err) => err.into(),
+        };
+        return Err(refused(taken, err).await);
+    }
     crate::metrics::get().lock_sets.with_label_values(&["granted"]).inc();
     Ok(Json(LockSetView {
-        set: set.id.clone(),
-        locks: set.handles.iter().map(|h| set_lock(h)).collect(),
+        set: id,
+        locks: taken.iter().map(|(handle, _)| set_lock(handle)).collect(),
         lease: LeaseView::of(&lease),
     }))
 }
 
-/// The set `id`, if `caller` may use it; 404 otherwise.
-fn find_set(state: &AppState, caller: &Caller, id: &str) -> Result<Arc<LockSet>, ApiError> {
-    let set = state
-        .lock_sets
-        .get(id)
-        .ok_or_else(|| ApiError::not_found("lock set", format!("no lock set `{id}` on this instance")))?;
-    set.lease.check_owner(caller)?;
+/// The set `id` as ZooKeeper records it, if `caller` may use it; 404 otherwise.
+async fn find_set(
+    state: &AppState,
+    client: &crate::zk::Client,
+    caller: &Caller,
+    id: &str,
+) -> Result<SetRecord, ApiError> {
+    crate::zk::names::validate_name(id).map_err(|e| ApiError::invalid(Place::Path, "set", e))?;
+    let set = multi_lock::read(client, &state.config.root, id)
+        .await?
+        .ok_or_else(|| ApiError::not_found("lock set", format!("no lock set `{id}` (released, or its lease ended)")))?;
+    caller.require_owner(set.principal.as_deref(), &format!("lock set `{id}`"))?;
     Ok(set)
 }
 
@@ -224,19 +253,30 @@ pub async fn get_set(
     ApiPath(id): ApiPath<String>,
     consistency: Consistency,
 ) -> Result<Json<LockSetState>, ApiError> {
-    let set = find_set(&state, &caller, &id)?;
-    super::consistency::confirm(&set.lease, consistency).await?;
-    let mut locks = Vec::with_capacity(set.handles.len());
-    for handle in &set.handles {
-        locks.push(contention::handle_view(&state, handle).await);
+    let client = super::consistency::reader(&state, consistency).await?;
+    let set = find_set(&state, &client, &caller, &id).await?;
+    let mut locks: Vec<HandleView> = Vec::with_capacity(set.locks.len());
+    for member in &set.locks {
+        let query = contention::HandleQuery { wait: None };
+        let seen = match contention::get_handle(
+            &state,
+            &state.locks,
+            &caller,
+            (&member.lock, &member.handle),
+            query,
+            consistency,
+        )
+        .await
+        {
+            Ok(seen) => seen,
+            Err(_) => Seen::gone(&member.lock, &member.handle, &set.lease),
+        };
+        locks.push(seen.into());
     }
-    let all_held = set
-        .handles
-        .iter()
-        .all(|h| matches!(h.state().phase, Phase::Held { .. }));
+    let all_held = locks.iter().all(|l| l.state == "held");
     Ok(Json(LockSetState {
-        set: set.id.clone(),
-        lease: set.lease.id.clone(),
+        set: id,
+        lease: set.lease,
         state: if all_held { "held" } else { "lost" },
         locks,
     }))
@@ -255,14 +295,21 @@ pub async fn release_set(
     caller: Caller,
     ApiPath(id): ApiPath<String>,
 ) -> Result<StatusCode, ApiError> {
-    let set = find_set(&state, &caller, &id)?;
-    state.lock_sets.remove(&set.id);
+    let client = super::consistency::synced(&state).await?;
+    let set = find_set(&state, &client, &caller, &id).await?;
     let mut lost = None;
-    for handle in set.handles.iter().rev() {
-        if let Err(err) = contention::release(&state.locks, handle).await {
-            lost.get_or_insert(err.with("lock", &handle.name));
+    for member in set.locks.iter().rev() {
+        let released = match find_handle(&state.locks, &client, &caller, &member.lock, &member.handle).await {
+            Ok(found) => contention::release(&state, &state.locks, found).await.map(|_| ()),
+            Err(err) => Err(err),
+        };
+        if let Err(err) = released {
+            lost.get_or_insert(err.with("lock", &member.lock));
         }
     }
+    let gone = || ApiError::not_found("lock set", format!("no lock set `{id}`"));
+    let path = multi_lock::record_path(&state.config.root, &id);
+    super::groups::unbind(&state, &caller, &state.lock_sets, (&id, &id), &path, gone).await?;
     match lost {
         Some(err) => Err(err),
         None => Ok(StatusCode::NO_CONTENT),

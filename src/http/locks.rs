@@ -60,7 +60,7 @@ fn source(state: &AppState, name: &str) -> LockTopic {
 /// the same handle is returned (a retried acquire never queues twice), and waiting resumes.
 ///
 /// Waiters are granted in queue order; each watches only the contender right before it.
-#[utoipa::path(post, path = "/v1/locks/{name}/acquire", tag = "locks",
+#[utoipa::path(post, path = "/v1/locks/{name}/acquire", tag = "locks", extensions(("x-zkgate-served-by" = json!({"keeper": "body"}))),
     params(("name" = String, Path, description = "Lock name: 1 to 128 bytes, no `/`, no control characters, not `.` or `..`"), AcquireParams),
     request_body(content = Option<AcquireBody>, description = "Optional.", example = json!({"ttl": "30s"})),
     responses(
@@ -115,10 +115,8 @@ pub async fn get_handle(
     ApiQuery(query): ApiQuery<HandleQuery>,
     consistency: Consistency,
 ) -> Result<Json<HandleView>, ApiError> {
-    let contender = find_handle(&state.locks, &caller, &name, &handle)?;
-    contention::wait_for_news(&state, &contender, query.wait).await;
-    super::consistency::confirm(&contender.lease, consistency).await?;
-    Ok(Json(contention::handle_view(&state, &contender).await))
+    let seen = contention::get_handle(&state, &state.locks, &caller, (&name, &handle), query, consistency).await?;
+    Ok(Json(seen.into()))
 }
 
 /// Releases the lock (or leaves the queue). The znode is deleted before this answers, which
@@ -134,7 +132,9 @@ pub async fn release(
     caller: Caller,
     ApiPath((name, handle)): ApiPath<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
-    contention::release(&state.locks, &find_handle(&state.locks, &caller, &name, &handle)?).await
+    let client = super::consistency::synced(&state).await?;
+    let found = find_handle(&state.locks, &client, &caller, &name, &handle).await?;
+    contention::release(&state, &state.locks, found).await
 }
 
 /// Asks the holder(s) of a lock to give it up. Each holder learns it on its handle

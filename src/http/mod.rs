@@ -1,6 +1,6 @@
 //! The HTTP API: one module per resource kind, each a thin adapter from HTTP to its recipe
 //! (etcd's `v3lock` is the model: parse, call the recipe, map the result), the catalogue of
-//! problems, the extractors, and the guards every API route passes (forwarding, authorisation,
+//! problems, the extractors, and the guards every API route passes (hand-off, authorisation,
 //! the write rate).
 //!
 //! Each `<kind>.rs` exports a [Resource]: its kind, its routes (router and spec from the same
@@ -18,8 +18,8 @@ pub mod error;
 pub mod events;
 pub mod extract;
 mod formats;
-pub mod forward;
 mod groups;
+pub mod handoff;
 mod health;
 mod kv;
 pub mod leases;
@@ -142,15 +142,16 @@ pub fn routes() -> OpenApiRouter<AppState> {
 }
 
 /// The guards of every API route, after routing (so they read the kind and name the router
-/// matched): requests for another instance's lease go there ([forward::forward]), the owner
-/// authorises them by name ([auth::authorize]) and counts them against the write rate and the
-/// long polls in flight ([limits::limit]). Routes only: unknown paths and methods get their problem without.
+/// matched): a request for a lease kept by another instance goes to it or takes the lease over
+/// ([handoff::handoff]), the serving instance authorises it by name ([auth::authorize]) and
+/// counts it against the write rate and the long polls in flight ([limits::limit]). Routes
+/// only: unknown paths and methods get their problem without.
 pub fn guard(router: Router<AppState>, state: &AppState) -> Router<AppState> {
     use axum::middleware::from_fn_with_state;
     router
         .route_layer(from_fn_with_state(state.clone(), limits::limit))
         .route_layer(axum::middleware::from_fn(auth::authorize))
-        .route_layer(from_fn_with_state(state.clone(), forward::forward))
+        .route_layer(from_fn_with_state(state.clone(), handoff::handoff))
 }
 
 /// Unknown routes and methods as problem documents, and the body limit.
@@ -361,8 +362,17 @@ pub fn document_auth(spec: &mut utoipa::openapi::OpenApi) {
                 // A socket or a long poll past its limits.
                 guards.push(Problem::TooMany);
             }
-            if forward::may_forward(path, &method) {
-                guards.extend([Problem::NotForwarded, Problem::InstanceUnavailable]);
+            match operation
+                .extensions
+                .as_ref()
+                .and_then(|e| e.get(handoff::SERVED_BY))
+                .and_then(|value| serde_json::from_value::<handoff::ServedBy>(value.clone()).ok())
+            {
+                Some(handoff::ServedBy::Keeper(_)) => guards.push(Problem::InstanceUnavailable),
+                Some(handoff::ServedBy::Issuer(_)) => {
+                    guards.extend([Problem::NotForwarded, Problem::InstanceUnavailable])
+                }
+                None => {}
             }
             declare(operation, guards);
         }

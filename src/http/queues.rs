@@ -545,7 +545,7 @@ fn claim_for(
 
 /// Acknowledges a claim: the item is removed for good. Acknowledging it again answers the same
 /// (a retry after a lost reply), for as long as the instance remembers (the last 100,000).
-#[utoipa::path(post, path = "/v1/queues/{name}/claims/{claim}/ack", tag = "queues",
+#[utoipa::path(post, path = "/v1/queues/{name}/claims/{claim}/ack", tag = "queues", extensions(("x-zkgate-served-by" = json!({"issuer": {"path": "claim"}}))),
     params(("name" = String, Path, description = "Queue name"), ("claim" = String, Path, description = "Claim from the take")),
     responses(
         (status = 204, description = "Acknowledged: the item is gone"),
@@ -584,7 +584,7 @@ fn settle_ack(state: &AppState, queue: &str, held: &Claim, acked: bool) -> bool 
 /// still held as claimed): each claim in `acked` or, with why, in `lost`. Claims must come
 /// from takes through one instance (a batch is served by the instance that issued its first
 /// claim); a claim acknowledged before is answered as acknowledged again.
-#[utoipa::path(post, path = "/v1/queues/{name}/claims/ack", tag = "queues",
+#[utoipa::path(post, path = "/v1/queues/{name}/claims/ack", tag = "queues", extensions(("x-zkgate-served-by" = json!({"issuer": "body"}))),
     params(("name" = String, Path, description = "Queue name")),
     request_body = AckBody,
     responses(
@@ -659,7 +659,7 @@ pub async fn ack_batch(
 
 /// Gives a claim back: the item is delivered again (its delivery count already counts this
 /// one). Giving it back again answers the same; an ack after it, `410` (and the other way round).
-#[utoipa::path(post, path = "/v1/queues/{name}/claims/{claim}/nack", tag = "queues",
+#[utoipa::path(post, path = "/v1/queues/{name}/claims/{claim}/nack", tag = "queues", extensions(("x-zkgate-served-by" = json!({"issuer": {"path": "claim"}}))),
     params(("name" = String, Path, description = "Queue name"), ("claim" = String, Path, description = "Claim from the take")),
     responses(
         (status = 204, description = "Given back"),

@@ -61,9 +61,4 @@ impl Routed {
     pub fn resource(&self) -> Option<&str> {
         self.kind.and(self.params.first().map(|(_, v)| v.as_str()))
     }
-
-    /// Whether the route is under `prefix` (`/v1/leases`).
-    pub fn is_under(&self, prefix: &str) -> bool {
-        self.template == prefix || self.template.starts_with(&format!("{prefix}/"))
-    }
 }

@@ -55,7 +55,7 @@ fn source(state: &AppState, name: &str) -> RwLockTopic {
 
 /// Acquires a read lock, waiting up to `wait`: granted when no writer is ahead in the queue,
 /// together with every other such reader.
-#[utoipa::path(post, path = "/v1/rwlocks/{name}/read", tag = "rwlocks",
+#[utoipa::path(post, path = "/v1/rwlocks/{name}/read", tag = "rwlocks", extensions(("x-zkgate-served-by" = json!({"keeper": "body"}))),
     params(("name" = String, Path, description = "Lock name: 1 to 128 bytes, no `/`, no control characters, not `.` or `..`"), AcquireParams),
     request_body(content = Option<AcquireBody>, description = "Optional.", example = json!({"ttl": "30s"})),
     responses(
@@ -76,7 +76,7 @@ pub async fn read(
 /// Acquires the write lock, waiting up to `wait`: granted when nobody is ahead in the queue.
 /// A lease that holds (or waits for) a read lock here is refused with 409 `mode-change-refused`:
 /// release the read lock first.
-#[utoipa::path(post, path = "/v1/rwlocks/{name}/write", tag = "rwlocks",
+#[utoipa::path(post, path = "/v1/rwlocks/{name}/write", tag = "rwlocks", extensions(("x-zkgate-served-by" = json!({"keeper": "body"}))),
     params(("name" = String, Path, description = "Lock name"), AcquireParams),
     request_body(content = Option<AcquireBody>, description = "Optional.", example = json!({"ttl": "30s"})),
     responses(
@@ -131,10 +131,8 @@ pub async fn get_handle(
     ApiQuery(query): ApiQuery<HandleQuery>,
     consistency: Consistency,
 ) -> Result<Json<HandleView>, ApiError> {
-    let contender = find_handle(&state.rwlocks, &caller, &name, &handle)?;
-    contention::wait_for_news(&state, &contender, query.wait).await;
-    super::consistency::confirm(&contender.lease, consistency).await?;
-    Ok(Json(contention::handle_view(&state, &contender).await))
+    let seen = contention::get_handle(&state, &state.rwlocks, &caller, (&name, &handle), query, consistency).await?;
+    Ok(Json(seen.into()))
 }
 
 /// Releases a read or write lock (or leaves the queue).
@@ -149,7 +147,9 @@ pub async fn release(
     caller: Caller,
     ApiPath((name, handle)): ApiPath<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
-    contention::release(&state.rwlocks, &find_handle(&state.rwlocks, &caller, &name, &handle)?).await
+    let client = super::consistency::synced(&state).await?;
+    let found = find_handle(&state.rwlocks, &client, &caller, &name, &handle).await?;
+    contention::release(&state, &state.rwlocks, found).await
 }
 
 /// Asks the holder(s) of a read/write lock to give it up. Each holder learns it on its handle

@@ -13,7 +13,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::consistency::Consistency;
-use super::contention::{self, AcquireBody, Request, held_since};
+use super::contention::{self, AcquireBody, Found, Request, held_since};
 use super::error::{ApiError, Place, Problem, Problems, p};
 use super::extract::{ApiJson, ApiPath, ApiQuery};
 use super::leases::{LeaseView, lease_gone};
@@ -23,6 +23,7 @@ use crate::auth::Caller;
 use crate::events::Feed;
 use crate::kind::Kind;
 use crate::recipes::Settle;
+use crate::recipes::contender::Recorded;
 use crate::recipes::handle::Phase;
 use crate::recipes::lease::Lease;
 use crate::recipes::semaphore::{Permit, SemaphoreState, SemaphoreTopic, settle_permits};
@@ -89,8 +90,12 @@ pub struct PermitView {
     pub state: &'static str,
     /// Acquirers ahead while waiting (0: next, waiting for a permit to come back).
     pub position: Option<usize>,
+    /// When it was granted (known to the instance that keeps its lease).
     pub held_since: Option<String>,
-    pub lease: LeaseView,
+    /// The lease holding it, when answered by the instance that keeps it; else its id is in
+    /// `lease_id`.
+    pub lease: Option<LeaseView>,
+    pub lease_id: String,
 }
 
 fn permit_view(permit: &Permit) -> PermitView {
@@ -106,13 +111,29 @@ fn permit_view(permit: &Permit) -> PermitView {
             _ => None,
         },
         held_since: held_since(&current.phase),
-        lease: LeaseView::of(&permit.lease),
+        lease: Some(LeaseView::of(&permit.lease)),
+        lease_id: permit.lease.id.clone(),
+    }
+}
+
+/// A permit request as ZooKeeper has it (its lease kept by another instance).
+fn recorded_view(recorded: &Recorded, permits: u32) -> PermitView {
+    PermitView {
+        semaphore: recorded.name.clone(),
+        permits,
+        acquired: recorded.holds(),
+        handle: recorded.handle.clone(),
+        state: if recorded.holds() { "held" } else { "waiting" },
+        position: recorded.position,
+        held_since: None,
+        lease: None,
+        lease_id: recorded.owner().map(|o| o.lease).unwrap_or_default(),
     }
 }
 
 /// Acquires one permit, waiting up to `wait`. Without a `lease` one is created and returned;
 /// the permit goes back when the lease ends. A lease asking again gets the same handle.
-#[utoipa::path(post, path = "/v1/semaphores/{name}/acquire", tag = "semaphores",
+#[utoipa::path(post, path = "/v1/semaphores/{name}/acquire", tag = "semaphores", extensions(("x-zkgate-served-by" = json!({"keeper": "body"}))),
     params(("name" = String, Path, description = "Semaphore name"), PermitParams),
     request_body(content = Option<AcquireBody>, description = "Optional.", example = json!({"ttl": "30s"})),
     responses(
@@ -205,9 +226,18 @@ pub async fn get_permit(
     ApiPath((name, handle)): ApiPath<(String, String)>,
     consistency: Consistency,
 ) -> Result<Json<PermitView>, ApiError> {
-    let permit = contention::find_handle(&state.semaphores, &caller, &name, &handle)?;
-    super::consistency::confirm(&permit.lease, consistency).await?;
-    Ok(Json(permit_view(&permit)))
+    let client = super::consistency::reader(&state, consistency).await?;
+    match contention::find_handle(&state.semaphores, &client, &caller, &name, &handle).await? {
+        Found::Here(permit) => {
+            super::consistency::confirm(&state, &permit.lease, consistency).await?;
+            Ok(Json(permit_view(&permit)))
+        }
+        Found::There(recorded) => {
+            let dir = state.semaphores.dir(&name);
+            let permits = crate::recipes::semaphore::permits_of(&client, &dir).await?.unwrap_or(0) as u32;
+            Ok(Json(recorded_view(&recorded, permits)))
+        }
+    }
 }
 
 /// Gives a permit back (or leaves the queue).
@@ -222,8 +252,9 @@ pub async fn release(
     caller: Caller,
     ApiPath((name, handle)): ApiPath<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
-    let permit = contention::find_handle(&state.semaphores, &caller, &name, &handle)?;
-    contention::release(&state.semaphores, &permit).await
+    let client = super::consistency::synced(&state).await?;
+    let found = contention::find_handle(&state.semaphores, &client, &caller, &name, &handle).await?;
+    contention::release(&state, &state.semaphores, found).await
 }
 
 super::events::events_handler!(

@@ -23,10 +23,10 @@ use crate::AppState;
 use crate::auth::Caller;
 use crate::events::Feed;
 use crate::kind::Kind;
+use crate::recipes::bound::BoundNode;
 use crate::recipes::discovery::{
     self, CuratorInstance, InstanceView, Registrar, ServiceState, ServiceTopic, Strategy, UriSpecJson,
 };
-use crate::recipes::ephemeral::BoundNode;
 use crate::time::{HumanDuration, timestamp};
 use crate::zk::names::validate_name;
 
@@ -131,7 +131,7 @@ fn registered(node: &BoundNode) -> Registered {
 /// Curator's format: Curator's `ServiceDiscovery` sees it). Registering the same id again
 /// with the same lease answers 200 with the registration; an id another lease or client holds
 /// answers 409.
-#[utoipa::path(put, path = "/v1/services/{name}/instances/{id}", tag = "services",
+#[utoipa::path(put, path = "/v1/services/{name}/instances/{id}", tag = "services", extensions(("x-zkgate-served-by" = json!({"keeper": "body"}))),
     params(("name" = String, Path, description = "Service name"), ("id" = String, Path, description = "Instance id, unique in the service")),
     request_body(content = InstanceBody, example = json!({"address": "10.0.0.5", "port": 8080, "payload": {"zone": "eu-1"}, "uri_spec": "{scheme}://{address}:{port}", "ttl": "30s"})),
     responses(
@@ -168,7 +168,7 @@ pub async fn register(
         }
         return Err(taken(&service, &id));
     }
-    let (lease, _) = lease_for(&state, &caller, body.lease, body.ttl.map(|t| t.0))?;
+    let (lease, _) = lease_for(&state, &caller, body.lease, body.ttl.map(|t| t.0)).await?;
     let instance = CuratorInstance {
         name: service.clone(),
         id: id.clone(),
@@ -197,8 +197,8 @@ pub async fn register(
     Ok((StatusCode::CREATED, Json(registered(&node))).into_response())
 }
 
-/// Unregisters an instance registered through zkgate (on any instance: the request goes to
-/// the one that holds it).
+/// Unregisters an instance registered through zkgate (through any instance: its node records
+/// its lease).
 #[utoipa::path(delete, path = "/v1/services/{name}/instances/{id}", tag = "services",
     params(("name" = String, Path, description = "Service name"), ("id" = String, Path, description = "Instance id")),
     responses(
@@ -211,15 +211,14 @@ pub async fn unregister(
     ApiPath((service, id)): ApiPath<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
     names(&service, &id)?;
-    let Some(node) = state.services.get(&service, &id) else {
-        return Err(ApiError::not_found(
+    let gone = || {
+        ApiError::not_found(
             "instance",
             format!("no instance `{id}` of `{service}` registered through zkgate"),
-        ));
+        )
     };
-    node.lease.check_owner(&caller)?;
-    state.services.release(&node).await;
-    Ok(StatusCode::NO_CONTENT)
+    let path = format!("{}/{id}", state.services.dir(&service));
+    super::groups::unbind(&state, &caller, &state.services, (&service, &id), &path, gone).await
 }
 
 /// Reads one instance of a service (registered by anyone).

@@ -21,7 +21,7 @@ use crate::AppState;
 use crate::auth::Caller;
 use crate::events::Feed;
 use crate::kind::Kind;
-use crate::recipes::ephemeral::{self, BindError};
+use crate::recipes::bound::{self, BindError};
 use crate::recipes::topic::Source;
 use crate::recipes::txn::{self, Record, Spec, TxnState, TxnTopic, Vote, VoteError};
 use crate::time::{HumanDuration, at_most};
@@ -207,7 +207,7 @@ pub async fn get_txn(
 
 /// Registers a participant: its own ephemeral node, bound to its lease, so that its failure
 /// before it votes aborts the transaction.
-#[utoipa::path(put, path = "/v1/txns/{id}/participants/{participant}", tag = "txns",
+#[utoipa::path(put, path = "/v1/txns/{id}/participants/{participant}", tag = "txns", extensions(("x-zkgate-served-by" = json!({"keeper": "body"}))),
     params(("id" = String, Path, description = "Transaction id"), ("participant" = String, Path, description = "A participant named at creation")),
     request_body(content = Option<RegisterBody>, description = "Optional.", example = json!({"ttl": "30s"})),
     responses(
@@ -222,13 +222,13 @@ pub async fn register(
 ) -> Result<Response, ApiError> {
     let (_, dir, _) = participant_of(&state, &caller, &id, &participant).await?;
     let body = body.unwrap_or_default();
-    let (lease, _) = lease_for(&state, &caller, body.lease, body.ttl.map(|t| t.0))?;
+    let (lease, _) = lease_for(&state, &caller, body.lease, body.ttl.map(|t| t.0)).await?;
     // The member node lives on the lease's session, and is read back on it (which sees it).
     let client = lease.session().await?;
     let path = format!("{dir}/members/{participant}");
     match state
         .txn_members
-        .bind(&lease, &id, &participant, path, ephemeral::owner_record(&lease), None)
+        .bind(&lease, &id, &participant, path, bound::owner_record(&lease), None)
         .await
     {
         Ok(_) => {}
@@ -298,12 +298,13 @@ async fn participant_of(
 ) -> Result<(crate::zk::Client, String, Record), ApiError> {
     check_name(id)?;
     validate_name(participant).map_err(|e| ApiError::invalid(Place::Path, "participant", e))?;
-    let client = state.zk().connected().await?.client;
+    let client = super::consistency::synced(state).await?;
     let dir = state.txn_members.dir(id);
     // A participant registered with another principal's lease is not the caller's, whichever
     // instance it registered through: its node records the principal.
     let member = format!("{dir}/members/{participant}");
-    ephemeral::check_owner(&client, &member, caller, &format!("participant `{participant}`")).await?;
+    let what = format!("participant `{participant}`");
+    bound::check_owner(&client, &state.config.root, Kind::Txn, &member, caller, &what).await?;
     let record = txn::read(&client, &dir).await?.ok_or_else(|| not_found(id))?;
     if !record.spec.participants.iter().any(|p| p == participant) {
         return Err(ApiError::new(

@@ -1,24 +1,58 @@
-//! The leases of this instance: zkgate's handle for an HTTP client, the way an etcd lease or a
-//! ZooKeeper session is for a native client.
+//! The leases this instance keeps: zkgate's handle for an HTTP client, the way an etcd lease or
+//! a ZooKeeper session is for a native client.
 //!
-//! The lease itself (what a recipe hangs its znodes off) is [crate::recipes::lease::Lease];
-//! this registry makes them (round robin over the instance's sessions, at most so many per
-//! principal, idempotent with a key), keeps them alive, and ends them in exactly one of four
-//! ways: `DELETE`, a missed keepalive (its TTL passes with no keepalive), the loss of the
-//! ZooKeeper session it was born in, or the instance shutting down.
+//! A lease is ZooKeeper data ([crate::recipes::lease::record]); this registry is its *keeper's*
+//! side: the instance that times a lease keeps it in memory ([Lease]) with its TTL timer and
+//! the tasks of what it holds. It makes leases (round robin over the instance's sessions, at
+//! most so many per principal, idempotent with a key), keeps them alive in memory (a keepalive
+//! writes nothing to ZooKeeper), ends them (`DELETE`, or a TTL with no keepalive) with one write
+//! conditional on the record's version, and takes over leases whose keeper is gone or does not
+//! answer ([takeover]).
 //!
-//! Ended leases are remembered (a bounded number) so that their next use answers "gone, and
-//! why" (HTTP 410) rather than "never heard of it" (404).
+//! # The contract
+//! Consul's, taken from Chubby: **a TTL is a lower bound**. A lease never ends before its TTL
+//! has passed since the last keepalive any instance acknowledged; it ends at that moment while
+//! its keeper lives, and otherwise at most [FRESH] plus one TTL after the keeper was last seen
+//! alive (and not before the survivors notice it gone: see [reaper]). What makes the lower
+//! bound hold across instances ([keeping]):
+//! - a keeper acknowledges a keepalive only while it is *fresh*: its last heartbeat write (one
+//!   a second, not one per keepalive) was sent less than [FRESH] ago and answered, and it is
+//!   registered. Every takeover of one of its leases leaves a notice it watches, which ZooKeeper
+//!   delivers before the reply to any later heartbeat: a fresh keeper knows of every takeover
+//!   older than [FRESH];
+//! - so an instance that takes a lease over gives it until [FRESH] plus its TTL after the former
+//!   keeper's last heartbeat (its node's `mtime`, ZooKeeper's clock): no keepalive that keeper
+//!   acknowledged can be later than that.
+//!
+//! Ended leases are remembered here (a bounded number), and their records stay a while in
+//! ZooKeeper as tombstones, so that their next use answers "gone, and why" (HTTP 410) rather
+//! than "never heard of it" (404), on any instance.
+
+pub mod keeping;
+pub mod reaper;
+pub mod takeover;
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, Weak};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::{Duration, SystemTime};
 
+use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::auth::Caller;
-use crate::recipes::lease::{EndReason, Fate, Lease, LeaseError};
-use crate::zk::session::{Lanes, ZkSession};
+use crate::recipes::lease::record::{self, HoldingRecord, LeaseRecord};
+use crate::recipes::lease::{EndReason, Fate, Kept, Lease, LeaseError};
+use crate::zk::session::Lanes;
+
+/// How long an instance goes on acknowledging keepalives after its last heartbeat was sent (and
+/// answered); also the margin a takeover adds after the former keeper's last heartbeat.
+pub const FRESH: Duration = Duration::from_secs(3);
+
+/// How often an instance writes its heartbeat.
+pub const HEARTBEAT: Duration = Duration::from_secs(1);
+
+/// How long the record of an ended lease stays, so that its next use answers why it ended.
+pub const TOMBSTONE: Duration = Duration::from_secs(60);
 
 /// TTL policy, from the command line.
 #[derive(Clone, Copy, Debug)]
@@ -35,7 +69,11 @@ impl LeasePolicy {
     }
 }
 
-/// The registry of leases of this instance.
+/// Takes over the tasks of what an adopted lease holds (the handles of every kind live a layer
+/// below, in the registries the composition root makes).
+pub type Adopter = Arc<dyn Fn(&Arc<Lease>, Vec<HoldingRecord>) + Send + Sync>;
+
+/// The registry of the leases this instance keeps.
 #[derive(Clone)]
 pub struct Leases {
     inner: Arc<Registry>,
@@ -43,11 +81,14 @@ pub struct Leases {
 
 struct Registry {
     policy: LeasePolicy,
-    /// This instance's id: the prefix of every lease id issued here.
+    /// This instance's id: the keeper named in the records of its leases.
     instance: Arc<str>,
+    root: String,
     max_per_owner: usize,
     lanes: Lanes,
     table: Mutex<Table>,
+    adopter: OnceLock<Adopter>,
+    keeping: keeping::Keeping,
 }
 
 #[derive(Default)]
@@ -59,82 +100,173 @@ struct Table {
     per_owner: HashMap<Option<String>, usize>,
 }
 
+/// What to make of a new lease.
+pub struct NewLease<'a> {
+    pub ttl: Option<Duration>,
+    pub idempotency_key: Option<&'a str>,
+    /// Its record is written with the first thing it holds (see [Lease::guard]): a lease made
+    /// for one request that holds something at once costs no write of its own.
+    pub with_first_holding: bool,
+}
+
 impl Leases {
-    /// Creates the registry and starts ending the leases of every session that ends, on each
-    /// of the `lanes`.
-    pub fn new(policy: LeasePolicy, max_per_owner: usize, instance: Arc<str>, lanes: Lanes) -> Leases {
+    /// Creates the registry and starts keeping: the heartbeat, the notices of takeovers, and
+    /// the check of every kept lease after a new session. `registered` says whether this
+    /// instance's registration is in place (a keeper vouches for its leases only then).
+    pub fn new(
+        policy: LeasePolicy,
+        max_per_owner: usize,
+        instance: Arc<str>,
+        root: &str,
+        lanes: Lanes,
+        registered: watch::Receiver<bool>,
+    ) -> Leases {
         let inner = Arc::new(Registry {
             policy,
-            instance,
+            instance: instance.clone(),
+            root: root.to_string(),
             max_per_owner,
             lanes: lanes.clone(),
             table: Mutex::default(),
+            adopter: OnceLock::new(),
+            keeping: keeping::Keeping::new(registered, lanes.primary().clone()),
         });
-        for lane in lanes.all() {
-            tokio::spawn(end_leases_of_lost_sessions(Arc::downgrade(&inner), lane.clone()));
-        }
+        tokio::spawn(keeping::run(Arc::downgrade(&inner), lanes.primary().clone()));
         Leases { inner }
+    }
+
+    /// Sets what takes over the holdings of an adopted lease (once, at start).
+    pub fn set_adopter(&self, adopter: Adopter) {
+        let _ = self.inner.adopter.set(adopter);
     }
 
     pub fn policy(&self) -> LeasePolicy {
         self.inner.policy
     }
 
-    /// Creates a lease bound to the current session of a connected lane (round robin), owned by
-    /// `caller`. With an idempotency key, a retry of the same request (by the same principal)
-    /// returns the lease the first one created (while it lives).
-    pub fn create(
-        &self,
-        caller: &Caller,
-        requested_ttl: Option<Duration>,
-        idempotency_key: Option<&str>,
-    ) -> Result<Arc<Lease>, LeaseError> {
-        let (lane, session) = self.inner.lanes.pick()?;
+    /// This instance's id.
+    pub fn instance(&self) -> &str {
+        &self.inner.instance
+    }
+
+    /// Whether this instance vouches for its leases now (see the module's docs).
+    pub fn is_fresh(&self) -> bool {
+        self.inner.keeping.is_fresh()
+    }
+
+    /// Returns after this instance's next heartbeat that counts (by then it has acted on every
+    /// notice of a takeover older than that heartbeat).
+    pub async fn next_heartbeat(&self) {
+        self.inner.keeping.next_beat().await
+    }
+
+    /// Returns once this instance vouches for its leases (registered, and a heartbeat answered).
+    pub async fn wait_fresh(&self) {
+        self.inner.keeping.fresh().await
+    }
+
+    /// Creates a lease kept here, on the next connected lane (round robin), owned by `caller`.
+    /// With an idempotency key, a retry of the same request (by the same principal) returns the
+    /// lease the first one created (while it lives).
+    ///
+    /// # Notable errors
+    /// * [LeaseError::ReadOnly] for a principal that may write nothing (and so hold nothing).
+    /// * [LeaseError::TooMany] past the per-principal limit.
+    /// * [LeaseError::NotFresh] while this instance cannot vouch for its leases.
+    /// * [LeaseError::Unavailable] while ZooKeeper cannot be reached.
+    pub async fn create(&self, caller: &Caller, new: NewLease<'_>) -> Result<Arc<Lease>, LeaseError> {
+        // A lease costs a record in ZooKeeper: only for a principal that may hold something.
+        let writes = crate::kind::Kind::ALL
+            .iter()
+            .any(|kind| caller.may_some(kind.auth(), crate::auth::Access::Write));
+        if !writes {
+            return Err(LeaseError::ReadOnly);
+        }
+        if !self.is_fresh() {
+            return Err(LeaseError::NotFresh);
+        }
+        let (lane, _) = self.inner.lanes.pick()?;
         let owner = caller.name().map(str::to_string);
         // Keys are per principal: another principal's key must not reach this one's lease.
-        let idempotency_key = idempotency_key.map(|key| format!("{}\0{key}", owner.as_deref().unwrap_or_default()));
-        let idempotency_key = idempotency_key.as_deref();
-        let mut table = self.inner.table();
-        if let Some(existing) = idempotency_key
-            .and_then(|key| table.by_idempotency_key.get(key))
-            .and_then(|id| table.live.get(id))
+        let key = new
+            .idempotency_key
+            .map(|key| format!("{}\0{key}", owner.as_deref().unwrap_or_default()));
+        let ttl = self.inner.policy.grant(new.ttl);
+        let id = crate::ids::owned_id(&self.inner.instance);
+        let path = record::path(&self.inner.root, &id);
+        let created_at = SystemTime::now();
+        let written = LeaseRecord {
+            ttl_ms: ttl.as_millis() as u64,
+            requested_ttl_ms: new.ttl.filter(|r| *r != ttl).map(|r| r.as_millis() as u64),
+            principal: owner.clone(),
+            created_ms: crate::time::millis_of(created_at),
+            keeper: self.inner.instance.to_string(),
+            ended: None,
+            ended_ms: None,
+        };
         {
-            return Ok(existing.clone());
+            let mut table = self.inner.table();
+            if let Some(existing) = key
+                .as_deref()
+                .and_then(|key| table.by_idempotency_key.get(key))
+                .and_then(|id| table.live.get(id))
+            {
+                return Ok(existing.clone());
+            }
+            let held = table.per_owner.get(&owner).copied().unwrap_or(0);
+            if held >= self.inner.max_per_owner {
+                return Err(LeaseError::TooMany(self.inner.max_per_owner));
+            }
+            *table.per_owner.entry(owner.clone()).or_default() += 1;
         }
-        let held = table.per_owner.get(&owner).copied().unwrap_or(0);
-        if held >= self.inner.max_per_owner {
-            return Err(LeaseError::TooMany(self.inner.max_per_owner));
-        }
-        *table.per_owner.entry(owner.clone()).or_default() += 1;
-        let ttl = self.inner.policy.grant(requested_ttl);
+        let version = match new.with_first_holding {
+            true => Err(written.to_bytes()),
+            false => match self.inner.write_record(lane, &path, &written).await {
+                Ok(version) => Ok(version),
+                Err(err) => {
+                    self.inner.uncount(&owner);
+                    return Err(err);
+                }
+            },
+        };
         let lease = Arc::new(Lease::new(
-            crate::ids::owned_id(&self.inner.instance),
-            ttl,
-            requested_ttl,
+            Kept {
+                id,
+                ttl,
+                requested_ttl: new.ttl,
+                created_at,
+                path,
+                owner,
+                version,
+                deadline: Instant::now() + ttl,
+            },
             lane.clone(),
-            session.generation,
-            owner,
         ));
+        let mut table = self.inner.table();
         table.live.insert(lease.id.clone(), lease.clone());
-        if let Some(key) = idempotency_key {
-            table.by_idempotency_key.insert(key.to_string(), lease.id.clone());
+        if let Some(key) = key {
+            table.by_idempotency_key.insert(key, lease.id.clone());
         }
         drop(table);
-        tokio::spawn(expire_when_silent(Arc::downgrade(&self.inner), lease.clone()));
+        self.inner.start_timer(&lease);
         crate::metrics::get().leases_created.inc();
         Ok(lease)
     }
 
-    /// The live lease with this id, if `caller` owns it.
+    /// The live lease with this id kept here, if `caller` owns it.
     ///
     /// # Notable errors
-    /// * [LeaseError::Ended] for a lease that ended (deleted, expired or lost with its session).
-    /// * [LeaseError::Unknown] for an id never issued here (or ended too long ago).
+    /// * [LeaseError::Ended] for a lease that ended here (deleted or expired).
+    /// * [LeaseError::Unknown] for a lease not kept here (see [Leases::find]).
     /// * [LeaseError::NotYours] for another principal's lease.
+    /// * [LeaseError::NotFresh] while this instance cannot vouch for the leases it keeps.
     pub fn get(&self, caller: &Caller, id: &str) -> Result<Arc<Lease>, LeaseError> {
         let table = self.inner.table();
         if let Some(lease) = table.live.get(id) {
             lease.check_owner(caller)?;
+            if !self.is_fresh() {
+                return Err(LeaseError::NotFresh);
+            }
             return Ok(lease.clone());
         }
         match table.ended.get(id) {
@@ -142,14 +274,44 @@ impl Leases {
                 id: id.to_string(),
                 reason,
             }),
-            None => match crate::ids::owner_of(id).filter(|owner| *owner != &*self.inner.instance) {
-                Some(instance) => Err(LeaseError::Elsewhere {
-                    id: id.to_string(),
-                    instance: instance.to_string(),
-                }),
-                None => Err(LeaseError::Unknown(id.to_string())),
-            },
+            None => Err(LeaseError::Unknown(id.to_string())),
         }
+    }
+
+    /// [Leases::get], or for a lease not kept here, what its record says: ended (and why),
+    /// kept by another instance ([LeaseError::Elsewhere]), or unknown. A lease whose record
+    /// names this instance but that is not in its memory (a takeover undone by another) is
+    /// taken over again.
+    pub async fn find(&self, caller: &Caller, id: &str) -> Result<Arc<Lease>, LeaseError> {
+        match self.get(caller, id) {
+            Err(LeaseError::Unknown(_)) => {}
+            known => return known,
+        }
+        if crate::ids::owner_of(id).is_none() {
+            return Err(LeaseError::Unknown(id.to_string()));
+        }
+        let client = self.inner.lanes.primary().connected().await?.client;
+        let path = record::path(&self.inner.root, id);
+        let found = record::read(&client, &path)
+            .await
+            .map_err(|_| LeaseError::Unavailable(crate::zk::session::Unavailable::Disconnected))?
+            .ok_or_else(|| LeaseError::Unknown(id.to_string()))?;
+        if !caller.owns(found.record.principal.as_deref()) {
+            return Err(LeaseError::NotYours(id.to_string()));
+        }
+        if let Some(reason) = found.record.ended {
+            return Err(LeaseError::Ended {
+                id: id.to_string(),
+                reason,
+            });
+        }
+        if found.record.keeper == *self.inner.instance {
+            return self.take_over(caller, id, false).await;
+        }
+        Err(LeaseError::Elsewhere {
+            id: id.to_string(),
+            keeper: found.record.keeper,
+        })
     }
 
     /// What [Leases::get] answers for `id`, whoever asks: for a lease whose owner was checked
@@ -158,7 +320,7 @@ impl Leases {
         self.get(&Caller::Anyone, id)
     }
 
-    /// How each lease of this instance ended, for topics (see [Fate]).
+    /// How each lease ended here, for topics (see [Fate]).
     pub fn fate(&self) -> Fate {
         let leases = self.clone();
         Arc::new(move |id: &str| match leases.peek(id) {
@@ -167,12 +329,12 @@ impl Leases {
         })
     }
 
-    /// How many leases are live on this instance.
+    /// How many leases this instance keeps.
     pub fn count(&self) -> usize {
         self.inner.table().live.len()
     }
 
-    /// Every live lease `caller` owns (all of them for an admin), oldest first.
+    /// Every lease kept here that `caller` owns (all of them for an admin), oldest first.
     pub fn list(&self, caller: &Caller) -> Vec<Arc<Lease>> {
         let mut leases: Vec<_> = self
             .inner
@@ -186,33 +348,68 @@ impl Leases {
         leases
     }
 
-    /// Pushes the lease's deadline one TTL into the future.
+    /// Pushes the lease's deadline one TTL into the future: in memory, no write.
     pub fn keepalive(&self, caller: &Caller, id: &str) -> Result<Arc<Lease>, LeaseError> {
         let lease = self.get(caller, id)?;
         lease.renew();
         Ok(lease)
     }
 
-    /// Ends every live lease (reason `shutdown`) and waits (bounded) until their holdings have
-    /// removed their znodes: on the way out, so that waiters elsewhere proceed at once instead
-    /// of after the session timeout. Returns how many leases it ended.
-    pub async fn end_all(&self) -> usize {
-        let ids: Vec<String> = self.list(&Caller::Anyone).into_iter().map(|l| l.id.clone()).collect();
-        let ended =
-            futures::future::join_all(ids.iter().map(|id| self.end(&Caller::Anyone, id, EndReason::Shutdown))).await;
-        ended.iter().filter(|r| r.is_ok()).count()
+    /// That the lease is still kept here as ZooKeeper has it now (a `sync` and a read of its
+    /// record): for a linearizable read of a lease or of what it holds, which must not show as
+    /// live a lease another instance has taken over or ended since.
+    pub async fn confirm(&self, lease: &Arc<Lease>) -> Result<(), LeaseError> {
+        let Some(version) = lease.version() else {
+            return Ok(());
+        };
+        let session = self.inner.lanes.primary().connected().await?;
+        let unavailable = || LeaseError::Unavailable(crate::zk::session::Unavailable::Disconnected);
+        session.sync().await.map_err(|_| unavailable())?;
+        let found = record::read(&session.client, &lease.path)
+            .await
+            .map_err(|_| unavailable())?;
+        match found {
+            Some(found)
+                if found.version == version
+                    && found.record.ended.is_none()
+                    && found.record.keeper == *self.inner.instance =>
+            {
+                Ok(())
+            }
+            found => {
+                self.inner.drop_here(&lease.id);
+                Err(
+                    match found.and_then(|f| f.record.ended.map(|reason| (reason, f.record.keeper))) {
+                        Some((reason, _)) => LeaseError::Ended {
+                            id: lease.id.clone(),
+                            reason,
+                        },
+                        None => LeaseError::Unknown(lease.id.clone()),
+                    },
+                )
+            }
+        }
     }
 
-    /// Ends the lease and waits (bounded) until its holdings have removed their znodes, so that
-    /// when this returns the next waiters are already being woken.
+    /// Ends the lease kept here and waits (bounded) until its holdings have removed their
+    /// znodes, so that when this returns the next waiters are already being woken.
     pub async fn end(&self, caller: &Caller, id: &str, reason: EndReason) -> Result<(), LeaseError> {
-        self.get(caller, id)?;
-        let lease = self.inner.end(id, reason).ok_or_else(|| match self.get(caller, id) {
-            Err(err) => err,
-            Ok(_) => LeaseError::Unknown(id.to_string()),
-        })?;
+        let lease = self.find(caller, id).await?;
+        self.inner.end(&lease, reason).await?;
         lease.holdings_finished(Duration::from_secs(10)).await;
         Ok(())
+    }
+
+    /// Stops keeping every lease without ending one (on the way out): their holdings' tasks
+    /// stop and leave their znodes; the other instances take the leases over once this one's
+    /// registration is gone. Returns how many it kept.
+    pub fn hand_over_all(&self) -> usize {
+        let leases: Vec<Arc<Lease>> = self.inner.table().live.drain().map(|(_, lease)| lease).collect();
+        self.inner.table().per_owner.clear();
+        for lease in &leases {
+            lease.drop_here();
+        }
+        leases.len()
     }
 }
 
@@ -221,68 +418,146 @@ impl Registry {
         self.table.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Moves a live lease to the ended ones and cancels its token. `None` if it was not live.
-    fn end(&self, id: &str, reason: EndReason) -> Option<Arc<Lease>> {
+    fn uncount(&self, owner: &Option<String>) {
         let mut table = self.table();
-        let lease = table.live.remove(id)?;
-        if let Some(count) = table.per_owner.get_mut(&lease.owner) {
+        if let Some(count) = table.per_owner.get_mut(owner) {
             *count -= 1;
             if *count == 0 {
-                table.per_owner.remove(&lease.owner);
+                table.per_owner.remove(owner);
             }
         }
+    }
+
+    async fn write_record(
+        &self,
+        lane: &crate::zk::session::ZkSession,
+        path: &str,
+        written: &LeaseRecord,
+    ) -> Result<i32, LeaseError> {
+        let client = lane.connected().await?.client;
+        record::create(&client, path, written)
+            .await
+            .map_err(|_| LeaseError::Unavailable(crate::zk::session::Unavailable::Disconnected))
+    }
+
+    /// The record of a lease kept here, as written (before its end).
+    fn record_of(&self, lease: &Lease) -> LeaseRecord {
+        LeaseRecord {
+            ttl_ms: lease.ttl.as_millis() as u64,
+            requested_ttl_ms: lease
+                .requested_ttl
+                .filter(|r| *r != lease.ttl)
+                .map(|r| r.as_millis() as u64),
+            principal: lease.owner.clone(),
+            created_ms: crate::time::millis_of(lease.created_at),
+            keeper: self.instance.to_string(),
+            ended: None,
+            ended_ms: None,
+        }
+    }
+
+    /// Forgets a live lease here (ended or taken over); `None` if it was not live.
+    fn forget(&self, id: &str, ended: Option<EndReason>) -> Option<Arc<Lease>> {
+        let mut table = self.table();
+        let lease = table.live.remove(id)?;
         table.by_idempotency_key.retain(|_, lease_id| lease_id != id);
-        table.ended.insert(id.to_string(), reason);
+        if let Some(reason) = ended {
+            table.ended.insert(id.to_string(), reason);
+        }
         drop(table);
+        self.uncount(&lease.owner);
+        Some(lease)
+    }
+
+    /// Stops keeping a lease that another instance keeps now (or that is gone).
+    fn drop_here(&self, id: &str) {
+        if let Some(lease) = self.forget(id, None) {
+            lease.drop_here();
+            tracing::info!(lease = %id, "lease no longer kept here");
+        }
+    }
+
+    /// Ends a lease kept here: the end is written into its record, conditional on the version
+    /// kept (so a keeper that lost it cannot end it), then its holdings release what they hold
+    /// and the tombstone goes a while later. A lease whose record was never written just ends.
+    async fn end(self: &Arc<Self>, lease: &Arc<Lease>, reason: EndReason) -> Result<(), LeaseError> {
+        if let Some(version) = lease.version() {
+            let client = lease.session().await?;
+            match record::mark_ended(&client, &lease.path, &self.record_of(lease), version, reason).await {
+                Ok(()) => {}
+                Err(crate::zk::ZkError::BadVersion | crate::zk::ZkError::NoNode) => {
+                    self.drop_here(&lease.id);
+                    return Err(LeaseError::Unknown(lease.id.clone()));
+                }
+                Err(_) => {
+                    return Err(LeaseError::Unavailable(crate::zk::session::Unavailable::Disconnected));
+                }
+            }
+        }
+        self.finish(lease, reason);
+        Ok(())
+    }
+
+    /// Ends a lease whose end is written: its holdings release what they hold, and its
+    /// tombstone goes a while later.
+    fn finish(self: &Arc<Self>, lease: &Arc<Lease>, reason: EndReason) {
+        if self.forget(&lease.id, Some(reason)).is_none() {
+            // Ended (or dropped) meanwhile by another path.
+            return;
+        }
         lease.end(reason);
-        tracing::info!(lease = %id, ?reason, "lease ended");
+        tracing::info!(lease = %lease.id, ?reason, "lease ended");
         crate::metrics::get()
             .leases_ended
             .with_label_values(&[reason.label()])
             .inc();
-        Some(lease.clone())
+        if lease.version().is_some() {
+            tokio::spawn(remove_tombstone(Arc::downgrade(self), lease.clone()));
+        }
+    }
+
+    /// Starts the task that ends the lease when its deadline passes with no keepalive.
+    fn start_timer(self: &Arc<Self>, lease: &Arc<Lease>) {
+        tokio::spawn(expire_when_silent(Arc::downgrade(self), lease.clone()));
     }
 }
 
 /// Sleeps until the lease's deadline, re-reading it after each keepalive; ends it if it passed.
+/// An end that cannot be written (ZooKeeper away) is tried again: the lease lives on meanwhile,
+/// which its contract allows (a TTL is a lower bound).
 async fn expire_when_silent(registry: Weak<Registry>, lease: Arc<Lease>) {
     loop {
         tokio::select! {
             _ = tokio::time::sleep_until(lease.deadline()) => {}
             _ = lease.ended().cancelled() => return,
+            _ = lease.dropped().cancelled() => return,
         }
-        if lease.deadline() <= Instant::now() {
-            if let Some(registry) = registry.upgrade() {
-                registry.end(&lease.id, EndReason::Expired);
-            }
+        if lease.deadline() > Instant::now() {
+            continue;
+        }
+        let Some(registry) = registry.upgrade() else {
             return;
+        };
+        match registry.end(&lease, EndReason::Expired).await {
+            Err(LeaseError::Unavailable(_)) => {
+                drop(registry);
+                tokio::time::sleep(HEARTBEAT).await;
+            }
+            _ => return,
         }
     }
 }
 
-/// Ends every lease of `zk`'s lane bound to a session generation that is over: older than the
-/// current session's, or the current one once it has ended.
-async fn end_leases_of_lost_sessions(registry: Weak<Registry>, zk: ZkSession) {
-    let mut status = zk.subscribe();
-    while status.changed().await.is_ok() {
-        let (generation, live) = {
-            let s = status.borrow_and_update();
-            (s.generation, s.client.is_some())
-        };
-        let lost_up_to = if live { generation.saturating_sub(1) } else { generation };
-        let Some(registry) = registry.upgrade() else {
-            return;
-        };
-        let lost: Vec<String> = registry
-            .table()
-            .live
-            .values()
-            .filter(|l| l.zk.lane() == zk.lane() && l.generation <= lost_up_to)
-            .map(|l| l.id.clone())
-            .collect();
-        for id in lost {
-            registry.end(&id, EndReason::SessionLost);
-        }
+/// Removes an ended lease's tombstone once [TOMBSTONE] has passed and its holdings are gone
+/// (the reaper removes those this misses: see [reaper]).
+async fn remove_tombstone(registry: Weak<Registry>, lease: Arc<Lease>) {
+    lease.holdings_finished(TOMBSTONE).await;
+    tokio::time::sleep(TOMBSTONE).await;
+    if registry.upgrade().is_none() {
+        return;
+    }
+    if let Ok(client) = lease.session().await {
+        let _ = record::remove_tombstone(&client, &lease.path).await;
     }
 }
 

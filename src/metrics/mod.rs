@@ -76,6 +76,8 @@ pub struct Metrics {
     pub counter_conflicts: IntCounterVec,
     pub leases_created: IntCounter,
     pub leases_ended: IntCounterVec,
+    pub leases_taken_over: IntCounter,
+    pub handoffs: IntCounter,
     pub sockets: IntGauge,
     pub event_streams: IntGauge,
     pub subscriptions: IntGauge,
@@ -242,8 +244,18 @@ impl Metrics {
             leases_ended: counter(
                 &r,
                 "zkgate_leases_ended_total",
-                "Leases ended (reason: deleted, expired, session_lost).",
+                "Leases ended (reason: deleted, expired).",
                 &["reason"],
+            ),
+            leases_taken_over: single_counter(
+                &r,
+                "zkgate_leases_taken_over_total",
+                "Leases this instance took over from another (gone, or not answering).",
+            ),
+            handoffs: single_counter(
+                &r,
+                "zkgate_handoffs_total",
+                "Requests this instance handed to another (to the keeper of their lease, or the instance that made their claim).",
             ),
             sockets: gauge(&r, "zkgate_websocket_connections", "Open WebSocket connections."),
             event_streams: gauge(&r, "zkgate_event_streams", "Open Server-Sent Event streams."),

@@ -3,8 +3,8 @@
 //!
 //! Here the waiting is shared: all the waiters of one instance on one barrier wait on the
 //! instance's one watch for that path ([ExistsWatches]), and are woken in process when it
-//! reports the node gone. A barrier is either persistent (lowered by a `DELETE`) or bound to
-//! its owner's lease (an ephemeral node, so it falls when the owner goes silent or dies).
+//! reports the node gone. A barrier is either raised for good (lowered by a `DELETE`) or bound
+//! to its owner's lease (it falls when the lease ends: its owner went silent or deleted it).
 
 use serde::Serialize;
 use utoipa::ToSchema;
@@ -66,7 +66,7 @@ pub struct BarrierState {
     /// When it was raised.
     #[schema(example = "2026-11-22T10:00:00.000Z")]
     pub since: Option<String>,
-    /// Whether it falls with its owner (a lease-bound, ephemeral barrier).
+    /// Whether it falls with its owner's lease (a lease-bound barrier).
     pub bound: bool,
     /// The lease it is bound to, for a barrier raised through zkgate with one.
     pub lease: Option<String>,
@@ -104,7 +104,7 @@ impl Source for BarrierTopic {
             name: self.name.clone(),
             up: stat.is_some(),
             since: stat.map(|s| timestamp(from_millis(s.ctime))),
-            bound: stat.is_some_and(|s| s.ephemeral_owner != 0),
+            bound: stat.is_some() && super::bound::Owner::in_data(&data).is_some(),
             lease: super::view::lease_of(&data),
         })
     }

@@ -1,55 +1,82 @@
-//! Lease-bound ephemeral znodes: a group member (the guide's group membership: each member an
-//! ephemeral child of the group's znode, holding its data), a barrier bound to its owner, a
-//! double barrier's participant, a two-phase commit's registered participant.
+//! Lease-bound znodes: a group member (the guide's group membership: each member a child of the
+//! group's znode, holding its data), a barrier bound to its owner, a double barrier's
+//! participant, a two-phase commit's registered participant, a registered service instance.
 //!
-//! ZooKeeper removes such a node when its session dies; zkgate also removes it when the lease
-//! it was made for ends. Each is a [Handle] whose protocol, [Bound], creates the node, holds
-//! until it is released, and deletes it. Its id is the caller's (the member or participant id,
-//! unique in its resource), not one zkgate issues.
+//! The guide makes these ephemeral, so that they go when their owner's session dies. zkgate's
+//! owner is a lease, which outlives any one instance's session ([super::lease]): each node is
+//! persistent, created in one multi-op with its lease's reference to it, and removed when the
+//! lease ends or the holder releases it. Each is a [Handle] whose protocol, [Bound], creates the
+//! node, holds until it is released, and deletes it. Its id is the caller's (the member or
+//! participant id, unique in its resource), not one zkgate issues.
 //!
 //! Who may act on such a node is decided from ZooKeeper's data, not from what one instance
-//! remembers: the node records its lease and the lease's principal ([owner_record]), and
-//! [check_owner] reads that record on whichever instance serves the request. A lease's
-//! principal is fixed when it is made and the node lives no longer than the lease, so the
-//! record cannot go stale; a node recording no principal (one made without auth, or by another
-//! client such as kazoo) is anyone's with write access to its resource, as before auth.
+//! remembers: the node records its lease and the lease's principal ([owner_record]), or, when
+//! its data is the member's own (a group member's, which Curator and kazoo read as it is), a
+//! *binding* `<root>/bindings/<hash of the path>` made with it does ([owner_of]). [check_owner]
+//! reads that record on whichever instance serves the request, and [release_recorded] releases
+//! such a node through any instance. A lease's principal is fixed when it is made and the node
+//! lives no longer than the lease, so the record cannot go stale; a node recording no principal
+//! (one made without auth, or by another client such as kazoo) is anyone's with write access to
+//! its resource, as before auth.
 
 use std::sync::Arc;
 
-use zookeeper_client::{Client, CreateMode, Error as ZkError, MultiWriteError};
+use zookeeper_client::{Client, CreateMode, Error as ZkError, EventType};
 
-use super::handle::{Exit, Handle, Handles, Phase, Protocol, Refused};
+use super::handle::{Exit, Handle, Handles, NotCreated, Phase, Protocol, Refused, create_held, delete_all};
 use super::lease::Lease;
+use super::lease::record::{self, Held, HoldingRecord};
 use super::usage::ChargeNode;
 use crate::auth::{Caller, Forbidden};
 use crate::kind::Kind;
 use crate::zk::retry_on_loss;
 
+/// The directory of bindings under the root.
+pub const BINDINGS: &str = "bindings";
+
 /// A lease-bound node's protocol: where it is and what it holds.
 pub struct Bound {
     kind: Kind,
-    /// The node's path; its parent is created (persistent) if needed.
+    /// zkgate's root znode (where bindings are).
+    root: Arc<str>,
+    /// The node's path; its parent is created if needed (a container for groups and services).
     pub path: String,
-    data: Vec<u8>,
-    /// Its charge to the principal that made it ([crate::recipes::usage]), an ephemeral node
-    /// created with it on the same session, so that it goes with it.
+    /// Its data; `None` for a node adopted from another keeper, which is found, never made.
+    data: Option<Vec<u8>>,
+    /// Its charge to the principal that made it ([crate::recipes::usage]), created and deleted
+    /// with it.
     charge: Option<ChargeNode>,
+    /// The binding that names its lease, for a node whose data is not zkgate's.
+    binding: Option<String>,
+    /// Not shown among the lease's holdings (a lock set's record).
+    hidden: bool,
 }
 
-/// One lease-bound ephemeral node.
+/// One lease-bound node.
 pub type BoundNode = Handle<Bound>;
 
-/// The lease-bound nodes of one kind made through this instance, by resource and id.
+/// The lease-bound nodes of one kind kept by this instance, by resource and id.
 pub type BoundNodes = Handles<Bound>;
 
 /// Why a bound node could not be made.
 #[derive(Debug)]
 pub enum BindError {
-    /// Another lease, or another session, already has a node there.
+    /// Another lease, or another client, already has a node there.
     Taken,
-    /// The lease ended meanwhile.
+    /// The lease ended meanwhile (or left this instance).
     LeaseEnded,
     ZooKeeper(ZkError),
+}
+
+/// Whether the nodes of `kind` hold their members' own data, so that a binding names their
+/// lease.
+fn needs_binding(kind: Kind) -> bool {
+    kind == Kind::Group
+}
+
+/// `<root>/bindings/<hash of path>`: the binding of the node at `path`.
+pub fn binding_path(root: &str, path: &str) -> String {
+    format!("{root}/{BINDINGS}/{}", super::usage::path_id("b", path))
 }
 
 impl Protocol for Bound {
@@ -65,40 +92,121 @@ impl Protocol for Bound {
         false
     }
 
+    fn shown(&self) -> bool {
+        !self.hidden
+    }
+
     async fn run(&self, handle: &BoundNode, client: &Client) -> Exit {
-        // A group's or a service's znode is a container: ZooKeeper removes it with its last
-        // member (as Curator makes them).
-        let container_parent = matches!(self.kind, Kind::Group | Kind::Service);
-        match create(client, &self.path, &self.data, self.charge.as_ref(), container_parent).await {
-            Ok(()) => {
-                handle.hold();
-                std::future::pending().await
+        if let Some(exit) = self.find_or_create(handle, client).await {
+            return exit;
+        }
+        handle.hold();
+        // Watched, so that a release through another instance (which deletes the node and its
+        // reference) ends this task too.
+        loop {
+            match retry_on_loss(|| client.check_and_watch_stat(&self.path)).await {
+                Ok((None, _)) => return Exit::Lost("its znode was deleted".into()),
+                Ok((Some(_), watcher)) => match watcher.changed().await.event_type {
+                    EventType::NodeDeleted => return Exit::Lost("its znode was deleted".into()),
+                    EventType::Session => return Exit::Interrupted,
+                    _ => {}
+                },
+                Err(err) => return Exit::from_error(err),
             }
-            Err(err) => Exit::from_error(err),
         }
     }
 
-    /// Deletes the node. A node already gone (another participant removed it, as the double
-    /// barrier lets any session do) is not a loss: a bound node promises no exclusion.
-    async fn clean_up(&self, _handle: &BoundNode, client: &Client) -> bool {
-        let charge = self.charge.as_ref().map(|c| c.path.as_str());
-        for path in std::iter::once(self.path.as_str()).chain(charge) {
-            match retry_on_loss(|| client.delete(path, None)).await {
-                Ok(()) | Err(ZkError::NoNode | ZkError::SessionExpired | ZkError::ClientClosed) => {}
-                Err(err) => tracing::warn!(%path, error = %err, "could not delete a lease-bound node"),
+    /// Deletes the node, its charge, its binding and its reference. A node already gone
+    /// (another participant removed it, as the double barrier lets anyone do) is not a loss: a
+    /// bound node promises no exclusion.
+    async fn clean_up(&self, handle: &BoundNode, client: &Client) -> Result<bool, ZkError> {
+        let mut paths = vec![self.path.clone()];
+        paths.extend(self.charge.iter().map(|c| c.path.clone()));
+        paths.extend(self.binding.iter().cloned());
+        paths.push(handle.reference());
+        delete_all(client, &paths).await?;
+        Ok(true)
+    }
+
+    fn record(&self, handle: &BoundNode) -> HoldingRecord {
+        HoldingRecord {
+            kind: self.kind.name().to_string(),
+            name: handle.name.clone(),
+            handle: handle.id.clone(),
+            held: Held::Bound {
+                path: self.path.clone(),
+                charge: self.charge.as_ref().map(|c| c.path.clone()),
+                binding: self.binding.is_some(),
+                hidden: self.hidden,
+            },
+        }
+    }
+}
+
+impl Bound {
+    /// Finds the node (made before, by this task or a former keeper's) or creates it with its
+    /// charge, binding and reference in one multi-op. `Some` exit if it cannot be had.
+    async fn find_or_create(&self, handle: &BoundNode, client: &Client) -> Option<Exit> {
+        let options = CreateMode::Persistent.with_acls(crate::zk::acls());
+        let parent = &self.path[..self.path.rfind('/').unwrap_or(0)];
+        loop {
+            let data = match (&self.data, handle.may_create()) {
+                (Some(data), true) => data,
+                _ => {
+                    return match owner_of(client, &self.root, self.kind, &self.path).await {
+                        Ok(Some(owner)) if owner.lease == handle.lease.id => None,
+                        Ok(_) => Some(Exit::Lost("its znode was deleted".into())),
+                        Err(err) => Some(Exit::from_error(err)),
+                    };
+                }
+            };
+            let add = |writer: &mut zookeeper_client::MultiWriter<'_>| {
+                writer.add_create(&self.path, data, &options)?;
+                if let Some(charge) = &self.charge {
+                    writer.add_create(&charge.path, &charge.data, &options)?;
+                }
+                if let Some(binding) = &self.binding {
+                    writer.add_create(binding, &owner_record(&handle.lease), &options)?;
+                }
+                Ok(())
+            };
+            match create_held(handle, client, add, None).await {
+                Ok(_) => return None,
+                Err(NotCreated::Refused {
+                    index: 0,
+                    error: ZkError::NoNode,
+                }) => {
+                    // A group's or a service's znode is a container: ZooKeeper removes it with
+                    // its last member (as Curator makes them).
+                    let made = match self.kind {
+                        Kind::Group | Kind::Service => super::contender::ensure_dir(client, parent).await,
+                        _ => crate::zk::session::ensure_path(client, parent).await,
+                    };
+                    if let Err(err) = made {
+                        return Some(Exit::from_error(err));
+                    }
+                }
+                // Its reference is there: an earlier create applied (its reply lost).
+                Err(NotCreated::Refused { index: usize::MAX, .. }) => handle.created(),
+                // The node (made by another lease, or another client) or its binding is taken.
+                Err(NotCreated::Refused {
+                    error: ZkError::NodeExists,
+                    ..
+                }) => return Some(Exit::Failed(ZkError::NodeExists)),
+                // The creation may have applied: the next pass looks for it (made is made).
+                Err(NotCreated::Request(err)) if crate::zk::is_loss(&err) => handle.created(),
+                Err(not_created) => return Some(not_created.exit()),
             }
         }
-        true
     }
 }
 
 impl BoundNodes {
-    /// Creates the ephemeral node `path` holding `data`, as `id` of resource `name`, bound to
-    /// `lease`, and waits until it exists. The same id asked again with the same lease is the
-    /// same node.
+    /// Creates the node `path` holding `data`, as `id` of resource `name`, bound to `lease`, and
+    /// waits until it exists. The same id asked again with the same lease is the same node.
     ///
     /// # Notable errors
-    /// * [BindError::Taken] when another lease (here) or another session (anywhere) has it.
+    /// * [BindError::Taken] when another lease (or another client) has it.
     /// * [BindError::LeaseEnded] when the lease ended first.
     pub async fn bind(
         &self,
@@ -109,11 +217,28 @@ impl BoundNodes {
         data: Vec<u8>,
         charge: Option<ChargeNode>,
     ) -> Result<Arc<BoundNode>, BindError> {
+        self.bind_as(lease, (name, id), path, data, charge, false).await
+    }
+
+    /// [BoundNodes::bind], for a node that does not show among the lease's holdings (`hidden`:
+    /// a lock set's record).
+    pub async fn bind_as(
+        &self,
+        lease: &Arc<Lease>,
+        (name, id): (&str, &str),
+        path: String,
+        data: Vec<u8>,
+        charge: Option<ChargeNode>,
+        hidden: bool,
+    ) -> Result<Arc<BoundNode>, BindError> {
         let protocol = Bound {
             kind: self.kind(),
+            root: self.root().into(),
+            binding: needs_binding(self.kind()).then(|| binding_path(self.root(), &path)),
             path,
-            data,
+            data: Some(data),
             charge,
+            hidden,
         };
         let same_lease = |existing: &BoundNode, _: &Bound| Arc::ptr_eq(&existing.lease, lease);
         let node = match self.open(lease, name, Some(id.to_string()), protocol, same_lease) {
@@ -130,61 +255,82 @@ impl BoundNodes {
             _ => Err(BindError::LeaseEnded),
         }
     }
-}
 
-/// Creates the ephemeral node (and its parent, a container if asked), with its charge if it has one (in one
-/// multi-op: a node past its principal's quota is not created). A create whose reply was lost
-/// is recognised by the node being ours (its ephemeral owner is our session); one owned by
-/// another session is `NodeExists`.
-async fn create(
-    client: &Client,
-    path: &str,
-    data: &[u8],
-    charge: Option<&ChargeNode>,
-    container_parent: bool,
-) -> Result<(), ZkError> {
-    let options = CreateMode::Ephemeral.with_acls(crate::zk::acls());
-    let parent = &path[..path.rfind('/').unwrap_or(0)];
-    loop {
-        let created = match charge {
-            None => client.create(path, data, &options).await.map(|_| ()),
-            Some(charge) => {
-                let mut writer = client.new_multi_writer();
-                writer.add_create(path, data, &options)?;
-                writer.add_create(&charge.path, &charge.data, &options)?;
-                match writer.commit().await {
-                    Ok(_) => Ok(()),
-                    Err(
-                        MultiWriteError::OperationFailed { source, .. } | MultiWriteError::RequestFailed { source },
-                    ) => Err(source),
-                }
-            }
+    /// Takes over the bound node of a lease adopted from another keeper, from its reference.
+    pub fn adopt_bound(
+        &self,
+        lease: &Arc<Lease>,
+        (name, id): (&str, &str),
+        held: &Held,
+    ) -> Result<Arc<BoundNode>, Refused<Bound>> {
+        let Held::Bound {
+            path,
+            charge,
+            binding,
+            hidden,
+        } = held
+        else {
+            return Err(Refused::LeaseEnded);
         };
-        match created {
-            Ok(()) => return Ok(()),
-            Err(ZkError::NoNode) if container_parent => super::contender::ensure_dir(client, parent).await?,
-            Err(ZkError::NoNode) => crate::zk::session::ensure_path(client, parent).await?,
-            Err(err) if err == ZkError::NodeExists || crate::zk::is_loss(&err) => {
-                match retry_on_loss(|| client.check_stat(path)).await? {
-                    Some(stat) if stat.ephemeral_owner == client.session_id().0 => return Ok(()),
-                    Some(_) => return Err(ZkError::NodeExists),
-                    None => continue,
-                }
-            }
-            Err(err) => return Err(err),
-        }
+        let protocol = Bound {
+            kind: self.kind(),
+            root: self.root().into(),
+            binding: binding.then(|| binding_path(self.root(), path)),
+            path: path.clone(),
+            data: None,
+            charge: charge.clone().map(|path| ChargeNode { path, data: Vec::new() }),
+            hidden: *hidden,
+        };
+        self.adopt(lease, name, id, protocol)
     }
 }
 
 /// The data of a node zkgate binds to `lease` for the guide's recipes whose nodes carry no data
 /// of their own (a lease-bound barrier, a double barrier's participant, a transaction's
-/// participant): `{"lease": <id>, "principal": <owner>}`.
+/// participant), and of a binding: `{"lease": <id>, "principal": <owner>}`.
 pub fn owner_record(lease: &Lease) -> Vec<u8> {
     let mut record = serde_json::json!({ "lease": lease.id });
     if let Some(owner) = &lease.owner {
         record["principal"] = owner.as_str().into();
     }
     record.to_string().into_bytes()
+}
+
+/// Whose a lease-bound node is, as recorded in ZooKeeper.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Owner {
+    pub lease: String,
+    pub principal: Option<String>,
+}
+
+impl Owner {
+    /// The owner a node's data records: `{"lease", "principal"}` at its top (an owner record, a
+    /// contender's data) or under `zkgate` (a service instance, in Curator's JSON).
+    pub fn in_data(data: &[u8]) -> Option<Owner> {
+        let value: serde_json::Value = serde_json::from_slice(data).ok()?;
+        let record = match value.get("zkgate") {
+            Some(nested) if nested.is_object() => nested,
+            _ => &value,
+        };
+        Some(Owner {
+            lease: record.get("lease")?.as_str()?.to_string(),
+            principal: record.get("principal").and_then(|p| p.as_str()).map(str::to_string),
+        })
+    }
+}
+
+/// The owner of the lease-bound node of `kind` at `path`, from its data or its binding; `None`
+/// when it is not there or records none (it is not zkgate's).
+pub async fn owner_of(client: &Client, root: &str, kind: Kind, path: &str) -> Result<Option<Owner>, ZkError> {
+    let record = match needs_binding(kind) {
+        true => binding_path(root, path),
+        false => path.to_string(),
+    };
+    match retry_on_loss(|| client.get_data(&record)).await {
+        Ok((data, _)) => Ok(Owner::in_data(&data)),
+        Err(ZkError::NoNode) => Ok(None),
+        Err(err) => Err(err),
+    }
 }
 
 /// Why [check_owner] refused.
@@ -194,23 +340,93 @@ pub enum OwnerError {
     ZooKeeper(ZkError),
 }
 
-/// `Ok` if `caller` may act on the node at `path` (`what` names it in the refusal): its
-/// recorded principal, an admin, or anyone when it records none. A node that is not there is
-/// nobody's: `Ok`, and the operation finds it gone.
+/// `Ok` if `caller` may act on the node of `kind` at `path` (`what` names it in the refusal):
+/// its recorded principal, an admin, or anyone when it records none. A node that is not there
+/// is nobody's: `Ok`, and the operation finds it gone.
 ///
 /// The check and the act that follows are two requests; between them the node can only change
 /// hands if its lease ends and another principal binds the same id, after which the act is
 /// one the new owner's node could have suffered from anyone before it was made.
-pub async fn check_owner(client: &Client, path: &str, caller: &Caller, what: &str) -> Result<(), OwnerError> {
-    let data = match retry_on_loss(|| client.get_data(path)).await {
-        Ok((data, _)) => data,
-        Err(ZkError::NoNode) => return Ok(()),
-        Err(err) => return Err(OwnerError::ZooKeeper(err)),
-    };
-    match super::view::principal_of(&data) {
-        None => Ok(()),
+pub async fn check_owner(
+    client: &Client,
+    root: &str,
+    kind: Kind,
+    path: &str,
+    caller: &Caller,
+    what: &str,
+) -> Result<Option<Owner>, OwnerError> {
+    let owner = owner_of(client, root, kind, path)
+        .await
+        .map_err(OwnerError::ZooKeeper)?;
+    match owner.as_ref().and_then(|o| o.principal.as_deref()) {
+        None => Ok(owner),
         Some(recorded) => caller
-            .require_owner(Some(&recorded), what)
+            .require_owner(Some(recorded), what)
+            .map(|()| owner)
             .map_err(OwnerError::Forbidden),
+    }
+}
+
+/// Releases the lease-bound node `id` of resource `name` of `kind` at `path` through ZooKeeper
+/// alone, on whichever instance serves the request: the node, its charge, its binding and its
+/// reference go in one multi-op (the lease's keeper, watching the node, sees it released). A
+/// node that records no lease (not zkgate's) is deleted alone. `false` if nothing was there.
+pub async fn release_recorded(
+    client: &Client,
+    root: &str,
+    kind: Kind,
+    (name, id): (&str, &str),
+    path: &str,
+) -> Result<bool, ZkError> {
+    let mut paths = vec![path.to_string()];
+    if let Some(owner) = owner_of(client, root, kind, path).await? {
+        let reference = format!(
+            "{}/{}",
+            record::path(root, &owner.lease),
+            record::reference_name(kind, name, id)
+        );
+        if let Ok((data, _)) = retry_on_loss(|| client.get_data(&reference)).await
+            && let Some(HoldingRecord {
+                held: Held::Bound { charge, .. },
+                ..
+            }) = HoldingRecord::parse(&data)
+        {
+            paths.extend(charge);
+        }
+        if needs_binding(kind) {
+            paths.push(binding_path(root, path));
+        }
+        paths.push(reference);
+    }
+    Ok(delete_all(client, &paths).await?[0])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_owner_is_read_from_an_owner_record_or_a_service_instance() {
+        let record = br#"{"lease":"0123abcd-6f1c2a9e0b7d4e3f8a5b6c7d8e9f0a1b","principal":"alice"}"#;
+        let owner = Owner::in_data(record).expect("owner");
+        assert_eq!(owner.principal.as_deref(), Some("alice"));
+        let instance = br#"{"name":"api","id":"a","payload":null,"zkgate":{"lease":"L","principal":null}}"#;
+        assert_eq!(
+            Owner::in_data(instance),
+            Some(Owner {
+                lease: "L".into(),
+                principal: None
+            })
+        );
+        // A member's own data is not an owner record.
+        assert_eq!(Owner::in_data(br#"{"host":"a"}"#), None);
+        assert_eq!(Owner::in_data(b"10.0.0.1"), None);
+    }
+
+    #[test]
+    fn bindings_are_one_per_path() {
+        let a = binding_path("/zkgate", "/zkgate/groups/g/m");
+        assert!(a.starts_with("/zkgate/bindings/b-"), "{a}");
+        assert_ne!(a, binding_path("/zkgate", "/zkgate/groups/g/n"));
     }
 }

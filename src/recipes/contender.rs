@@ -3,10 +3,12 @@
 //! composes too.
 //!
 //! A contender is a [Handle] whose protocol is [Contention]: create
-//! `<dir>/_c_<guid><infix><seq>` and list the children in one round trip, ask the role's pure
-//! decision function ([Role::next_step]) what to do, watch the one node it names, repeat until
-//! it holds; then report a deletion of its node by anyone else as a loss. Releasing (or the
-//! lease ending) deletes the node, which wakes the next waiter through ZooKeeper.
+//! `<dir>/_c_<guid><infix><seq>` (persistent, with its reference under the lease's record, in
+//! one multi-op) and list the children in one round trip, ask the role's pure decision function
+//! ([Role::next_step]) what to do, watch the one node it names, repeat until it holds; then
+//! report a deletion of its node by anyone else as a loss. Releasing (or the lease ending)
+//! deletes the node, which wakes the next waiter through ZooKeeper. The GUID is the handle's
+//! ([crate::ids::guid_of]), so any instance finds a handle's node ([recorded]).
 //!
 //! The fencing token is the contender znode's `czxid`: zxids are handed out in the one order
 //! in which ZooKeeper applies writes, and contenders are granted in creation order, so tokens
@@ -16,10 +18,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use zookeeper_client::{Client, CreateMode, Error as ZkError, EventType};
+use zookeeper_client::{Client, CreateMode, Error as ZkError, EventType, MultiWriteResult};
 
-use super::handle::{Exit, Handle, Handles, Node, Protocol, Refused};
+use super::handle::{Exit, Handle, Handles, Node, NotCreated, Protocol, Refused, create_held, delete_all};
 use super::lease::Lease;
+use super::lease::record::{Held, HoldingRecord};
 use super::revocation;
 use super::{election, lock, rwlock};
 use crate::kind::Kind;
@@ -74,6 +77,23 @@ impl Role {
         }
     }
 
+    /// Its name in a holding's record.
+    pub fn label(self) -> &'static str {
+        match self {
+            Role::Exclusive => "exclusive",
+            Role::Read => "read",
+            Role::Write => "write",
+            Role::Candidate => "candidate",
+        }
+    }
+
+    /// The role [Role::label] names.
+    pub fn from_label(label: &str) -> Option<Role> {
+        [Role::Exclusive, Role::Read, Role::Write, Role::Candidate]
+            .into_iter()
+            .find(|role| role.label() == label)
+    }
+
     /// `read` / `write` for the roles of a read/write lock.
     pub fn mode(self) -> Option<&'static str> {
         match self {
@@ -94,9 +114,9 @@ impl Role {
     }
 }
 
-/// One ordered ephemeral sequential znode of ours, `<dir>/_c_<guid><infix><seq>`: the GUID in
-/// its name finds it again after a lost create reply (the recipes' GUID rule) or a create that
-/// was cancelled in flight.
+/// One ordered sequential znode of a holding, `<dir>/_c_<guid><infix><seq>`: the GUID in its
+/// name finds it again after a lost create reply (the recipes' GUID rule), a create that was
+/// cancelled in flight, an interrupted session, or on another instance (it is the handle's).
 pub struct Sequential {
     pub dir: String,
     guid: String,
@@ -104,56 +124,96 @@ pub struct Sequential {
 }
 
 impl Sequential {
-    /// A node to be created under `dir` with Curator's `infix`.
-    pub fn new(dir: String, infix: &'static str) -> Sequential {
+    /// The node of handle `handle` under `dir`, with Curator's `infix`.
+    pub fn of_handle(dir: String, infix: &'static str, handle: &str) -> Sequential {
         Sequential {
             dir,
-            guid: uuid::Uuid::new_v4().to_string(),
+            guid: crate::ids::guid_of(handle).unwrap_or_else(|| uuid::Uuid::new_v4().to_string()),
             infix,
         }
     }
 
-    /// Creates the node holding `data` and lists `dir`'s children in one round trip (both
-    /// requests are sent back to back on the one session, which ZooKeeper serves in order, so
-    /// the listing includes the new node). `dir` is created (a container) if missing.
+    /// Finds the handle's node, or creates it holding `data` together with the handle's
+    /// reference (see [create_held]), and lists `dir`'s children in the same round trip (the
+    /// listing is sent right after the create on the one session, which ZooKeeper serves in
+    /// order, so it includes the new node). `dir` is created (a container) if missing.
     ///
     /// # Lost create replies
     /// On a connection loss the create may have happened; the GUID tells: the children are
-    /// listed and a node carrying it is adopted instead of creating a second one.
-    pub async fn create(&self, client: &Client, data: &[u8]) -> Result<(Node, Vec<String>), ZkError> {
-        let prefix = format!("{}/_c_{}{}", self.dir, self.guid, self.infix);
-        let options = CreateMode::EphemeralSequential.with_acls(crate::zk::acls());
+    /// listed and a node carrying it is adopted instead of creating a second one. A handle that
+    /// may not create (adopted, or created before) only looks: a node it cannot find is lost.
+    pub async fn find_or_create<P: Protocol>(
+        &self,
+        handle: &Handle<P>,
+        client: &Client,
+        data: &[u8],
+    ) -> Result<(Node, Vec<String>), Exit> {
+        let prefix = format!("{}/{}", self.dir, self.name_prefix());
+        let options = CreateMode::PersistentSequential.with_acls(crate::zk::acls());
         loop {
-            let create = client.create(&prefix, data, &options);
-            let list = client.list_children(&self.dir);
-            let started = std::time::Instant::now();
-            let (created, listed) = tokio::join!(create, list);
-            crate::metrics::zookeeper_request(started.elapsed());
-            match created {
-                Ok((stat, sequence)) => {
-                    let name = format!("_c_{}{}{}", self.guid, self.infix, sequence);
-                    let children = match listed {
-                        Ok(children) => children,
-                        Err(_) => retry_on_loss(|| client.list_children(&self.dir)).await?,
+            if !handle.may_create() {
+                return match self.find(client).await.map_err(Exit::from_error)? {
+                    Some(node) => {
+                        let children = retry_on_loss(|| client.list_children(&self.dir))
+                            .await
+                            .map_err(Exit::from_error)?;
+                        Ok((node, children))
+                    }
+                    None => Err(Exit::Lost("its znode was deleted".into())),
+                };
+            }
+            let add = |writer: &mut zookeeper_client::MultiWriter<'_>| writer.add_create(&prefix, data, &options);
+            match create_held(handle, client, add, Some(&self.dir)).await {
+                Ok((results, listed)) => {
+                    let Some(MultiWriteResult::Create { path, stat }) = results.into_iter().next() else {
+                        return Err(Exit::Failed(ZkError::UnexpectedError("no create result".into())));
                     };
-                    return Ok((
-                        Node {
-                            name,
-                            czxid: stat.czxid,
+                    let name = path.rsplit('/').next().unwrap_or_default().to_string();
+                    // A multi-op's stat may be empty (ZOOKEEPER-4026): read the czxid then.
+                    let czxid = match stat.czxid {
+                        czxid if czxid > 0 => czxid,
+                        _ => match retry_on_loss(|| client.check_stat(&path))
+                            .await
+                            .map_err(Exit::from_error)?
+                        {
+                            Some(stat) => stat.czxid,
+                            None => return Err(Exit::Lost("its znode was deleted".into())),
                         },
-                        children,
-                    ));
+                    };
+                    let children = match listed {
+                        Some(Ok(children)) => children,
+                        _ => retry_on_loss(|| client.list_children(&self.dir))
+                            .await
+                            .map_err(Exit::from_error)?,
+                    };
+                    return Ok((Node { name, czxid }, children));
                 }
-                Err(ZkError::NoNode) => ensure_dir(client, &self.dir).await?,
-                Err(err) if crate::zk::is_loss(&err) => {
-                    if let Some(node) = self.find(client).await? {
-                        let children = retry_on_loss(|| client.list_children(&self.dir)).await?;
+                Err(NotCreated::Refused {
+                    index: 0,
+                    error: ZkError::NoNode,
+                }) => ensure_dir(client, &self.dir).await.map_err(Exit::from_error)?,
+                // Created by an earlier attempt whose reply was lost: find it.
+                Err(NotCreated::Refused {
+                    error: ZkError::NodeExists,
+                    ..
+                }) => handle.created(),
+                Err(NotCreated::Request(err)) if crate::zk::is_loss(&err) => {
+                    if let Some(node) = self.find(client).await.map_err(Exit::from_error)? {
+                        handle.created();
+                        let children = retry_on_loss(|| client.list_children(&self.dir))
+                            .await
+                            .map_err(Exit::from_error)?;
                         return Ok((node, children));
                     }
                 }
-                Err(err) => return Err(err),
+                Err(not_created) => return Err(not_created.exit()),
             }
         }
+    }
+
+    /// The name of our node before ZooKeeper's sequence: `_c_<guid><infix>`.
+    pub fn name_prefix(&self) -> String {
+        format!("_c_{}{}", self.guid, self.infix)
     }
 
     /// Our node (by GUID), if the server has one.
@@ -177,40 +237,14 @@ impl Sequential {
         }
     }
 
-    /// Deletes our node: `known`, or the one the GUID finds (a create still in flight when the
-    /// run was cancelled is applied before that listing, by session order). Returns `false` if
-    /// a node we knew was already gone.
-    pub async fn remove(&self, client: &Client, known: Option<&Node>) -> bool {
+    /// The path of our node, `known` or found by its GUID (a create still in flight when the
+    /// run was cancelled is applied before that listing, by session order), if there is one.
+    pub async fn path(&self, client: &Client, known: Option<&Node>) -> Result<Option<String>, ZkError> {
         let name = match known {
-            Some(node) => node.name.clone(),
-            None => match self.find(client).await {
-                Ok(Some(node)) => node.name,
-                _ => return true,
-            },
+            Some(node) => Some(node.name.clone()),
+            None => self.find(client).await?.map(|node| node.name),
         };
-        let path = format!("{}/{name}", self.dir);
-        // A delete whose reply was lost may have happened: after a connection loss, `NoNode`
-        // means "deleted, maybe by us" and must not be taken for someone else's deletion.
-        let mut reply_lost = false;
-        let result = retry_on_loss(|| {
-            let delete = client.delete(&path, None);
-            let attempt_after_loss = std::mem::replace(&mut reply_lost, true);
-            async move {
-                match delete.await {
-                    Err(ZkError::NoNode) if attempt_after_loss => Ok(()),
-                    result => result,
-                }
-            }
-        })
-        .await;
-        match result {
-            Ok(()) | Err(ZkError::SessionExpired) | Err(ZkError::ClientClosed) => true,
-            Err(ZkError::NoNode) => false,
-            Err(err) => {
-                tracing::warn!(%path, error = %err, "could not delete an ordered node");
-                true
-            }
-        }
+        Ok(name.map(|name| format!("{}/{name}", self.dir)))
     }
 }
 
@@ -240,7 +274,7 @@ pub async fn queue_until_held(
             Ok((None, _)) => {}
             Ok((Some(_), watcher)) => {
                 if watcher.changed().await.event_type == EventType::Session {
-                    return Err(Exit::Lost("the ZooKeeper session ended while it waited".into()));
+                    return Err(Exit::Interrupted);
                 }
             }
             Err(err) => return Err(Exit::from_error(err)),
@@ -296,9 +330,7 @@ impl Contention {
                     }
                     match watcher.changed().await.event_type {
                         EventType::NodeDeleted => return Exit::Lost(handle.protocol.loss_reason(handle)),
-                        EventType::Session => {
-                            return Exit::Lost("the ZooKeeper session ended while it held the lock".into());
-                        }
+                        EventType::Session => return Exit::Interrupted,
                         _ => continue,
                     }
                 }
@@ -314,12 +346,25 @@ impl Protocol for Contention {
         self.role.kind()
     }
 
-    /// The recipe: create, then list / watch the predecessor until it holds (a candidate then
-    /// acknowledges its leadership, the guide's leader procedure), then watch its own node.
+    /// The recipe: find or create the node, then list / watch the predecessor until it holds
+    /// (a candidate then acknowledges its leadership, the guide's leader procedure), then
+    /// watch its own node.
     async fn run(&self, handle: &Contender, client: &Client) -> Exit {
-        let (node, children) = match self.node.create(client, &Contention::data(handle)).await {
-            Ok(created) => created,
-            Err(err) => return Exit::Failed(err),
+        let (node, children) = match handle.state().node {
+            // A run after an interruption: the node it had, if it is still there.
+            Some(node) => match retry_on_loss(|| client.list_children(&self.node.dir)).await {
+                Ok(children) if children.contains(&node.name) => (node, children),
+                Ok(_) | Err(ZkError::NoNode) => return Exit::Lost(self.loss_reason(handle)),
+                Err(err) => return Exit::from_error(err),
+            },
+            None => match self
+                .node
+                .find_or_create(handle, client, &Contention::data(handle))
+                .await
+            {
+                Ok(found) => found,
+                Err(exit) => return exit,
+            },
         };
         handle.set_node(node.clone());
         if let Err(exit) =
@@ -334,29 +379,41 @@ impl Protocol for Contention {
                 lease: handle.lease.id.clone(),
                 value: self.value.clone(),
             };
-            if let Err(err) = election::acknowledge(client, &self.node.dir, &ack).await {
-                return Exit::from_error(err);
+            if let Err(exit) = election::acknowledge(handle, client, &self.node.dir, &ack).await {
+                return exit;
             }
         }
         handle.grant();
         Contention::watch_own_node(handle, client, &node).await
     }
 
-    async fn clean_up(&self, handle: &Contender, client: &Client) -> bool {
+    async fn clean_up(&self, handle: &Contender, client: &Client) -> Result<bool, ZkError> {
         let known = handle.state().node;
-        if self.role == Role::Candidate {
+        let node = self.node.path(client, known.as_ref()).await?;
+        if self.role == Role::Candidate
+            && let Some(node) = &node
+        {
             // A leader steps down by removing its acknowledgement first, so that its successor
             // never finds a stale one. Done for any candidate: one may be cancelled after it
             // wrote the acknowledgement but before it reported leading.
-            let candidate = match &known {
-                Some(node) => Some(node.name.clone()),
-                None => self.node.find(client).await.ok().flatten().map(|n| n.name),
-            };
-            if let Some(candidate) = candidate {
-                election::retract(client, &self.node.dir, &candidate).await;
-            }
+            let candidate = node.rsplit('/').next().unwrap_or_default();
+            election::retract(client, &self.node.dir, candidate).await;
         }
-        self.node.remove(client, known.as_ref()).await
+        let mut paths: Vec<String> = node.into_iter().collect();
+        paths.push(handle.reference());
+        let there = delete_all(client, &paths).await?;
+        Ok(known.is_none() || there[0] && paths.len() == 2)
+    }
+
+    fn record(&self, handle: &Contender) -> HoldingRecord {
+        HoldingRecord {
+            kind: self.role.kind().name().to_string(),
+            name: handle.name.clone(),
+            handle: handle.id.clone(),
+            held: Held::Contender {
+                role: self.role.label().to_string(),
+            },
+        }
     }
 
     /// A forced revocation if one was asked with a grace, else unknown.
@@ -382,14 +439,32 @@ impl Contenders {
         role: Role,
         value: Option<serde_json::Value>,
     ) -> Result<(Arc<Contender>, bool), Refused<Contention>> {
+        let id = crate::ids::sibling_id(&lease.id);
         let protocol = Contention {
             role,
             value,
-            node: Sequential::new(self.dir(name), role.infix()),
+            node: Sequential::of_handle(self.dir(name), role.infix(), &id),
         };
-        self.open(lease, name, None, protocol, |existing, new| {
+        self.open(lease, name, Some(id), protocol, |existing, new| {
             existing.protocol.role == new.role
         })
+    }
+
+    /// Takes over the contender `handle` at `name` in `role` of a lease adopted from another
+    /// keeper (see [Handles::adopt]).
+    pub fn adopt_contender(
+        &self,
+        lease: &Arc<Lease>,
+        name: &str,
+        handle: &str,
+        role: Role,
+    ) -> Result<Arc<Contender>, Refused<Contention>> {
+        let protocol = Contention {
+            role,
+            value: None,
+            node: Sequential::of_handle(self.dir(name), role.infix(), handle),
+        };
+        self.adopt(lease, name, handle, protocol)
     }
 }
 
@@ -418,4 +493,156 @@ pub async fn position_now(client: &Client, contender: &Contender) -> Option<usiz
         Next::Wait { position, .. } => Some(position),
         _ => None,
     }
+}
+
+/// A holding of another instance's lease (or of a lease whose keeper is elsewhere), as
+/// ZooKeeper has it: what any instance serves a handle's request from.
+#[derive(Clone, Debug)]
+pub struct Recorded {
+    /// The kind and resource it is at.
+    pub kind: Kind,
+    pub name: String,
+    pub handle: String,
+    /// The node that decides its place (a permit request's lease node once it has one).
+    pub node: Node,
+    /// Every znode it holds, to delete on release.
+    pub paths: Vec<String>,
+    pub role: Role,
+    /// Its node's data: whose it is, a revocation request, a candidate's value.
+    pub data: Vec<u8>,
+    /// `None` while it holds, else the contenders ahead.
+    pub position: Option<usize>,
+    /// What changes it next: the node right before it, or its own (a holder's).
+    pub next: Watched,
+}
+
+/// The one znode whose change a long poll on a recorded holding waits for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Watched {
+    /// A node's existence (the predecessor: its deletion may grant).
+    Exists(String),
+    /// A node's data or deletion (a holder's own: a revocation request, or its loss).
+    Data(String),
+    /// A directory's children (a permit request waiting for a permit to come back).
+    Children(String),
+}
+
+impl Recorded {
+    /// Whose it is, as its node records.
+    pub fn owner(&self) -> Option<super::bound::Owner> {
+        super::bound::Owner::in_data(&self.data)
+    }
+
+    /// Whether it holds (the lock, the leadership, a permit).
+    pub fn holds(&self) -> bool {
+        self.position.is_none()
+    }
+
+    /// The reference to it under its lease's record (`root` is zkgate's root).
+    pub fn reference(&self, root: &str) -> Option<String> {
+        let owner = self.owner()?;
+        Some(format!(
+            "{}/{}",
+            super::lease::record::path(root, &owner.lease),
+            super::lease::record::reference_name(self.kind, &self.name, &self.handle)
+        ))
+    }
+}
+
+impl Role {
+    /// The role of a zkgate or Curator contender, from its node's name.
+    pub fn of_node(name: &str) -> Option<Role> {
+        [Role::Read, Role::Write, Role::Candidate, Role::Exclusive]
+            .into_iter()
+            .find(|role| name.contains(role.infix()))
+    }
+}
+
+/// The contender `handle` of the resource `name` of `kind` (at `dir`), from ZooKeeper: its
+/// node is found by the handle's GUID. `None` if it has none (released, lost, or never there).
+pub async fn recorded(
+    client: &Client,
+    kind: Kind,
+    dir: &str,
+    name: &str,
+    handle: &str,
+) -> Result<Option<Recorded>, ZkError> {
+    let Some(guid) = crate::ids::guid_of(handle) else {
+        return Ok(None);
+    };
+    let children = match retry_on_loss(|| client.list_children(dir)).await {
+        Ok(children) => children,
+        Err(ZkError::NoNode) => return Ok(None),
+        Err(err) => return Err(err),
+    };
+    let Some(own) = children.iter().find(|c| c.contains(&guid)).cloned() else {
+        return Ok(None);
+    };
+    let Some(role) = Role::of_node(&own) else {
+        return Ok(None);
+    };
+    let path = format!("{dir}/{own}");
+    let (data, stat) = match retry_on_loss(|| client.get_data(&path)).await {
+        Ok(read) => read,
+        Err(ZkError::NoNode) => return Ok(None),
+        Err(err) => return Err(err),
+    };
+    let (position, next) = match role.next_step(&children, &own) {
+        Next::Hold | Next::Missing => (None, Watched::Data(path.clone())),
+        Next::Wait { predecessor, position } => (Some(position), Watched::Exists(format!("{dir}/{predecessor}"))),
+    };
+    Ok(Some(Recorded {
+        kind,
+        name: name.to_string(),
+        handle: handle.to_string(),
+        node: Node {
+            name: own,
+            czxid: stat.czxid,
+        },
+        paths: vec![path],
+        role,
+        data,
+        position,
+        next,
+    }))
+}
+
+/// Whether the znode at `path` exists.
+pub async fn exists(client: &Client, path: &str) -> Result<bool, ZkError> {
+    Ok(retry_on_loss(|| client.check_stat(path)).await?.is_some())
+}
+
+/// Waits (until `until`) for a change to what decides `recorded`'s state: the one node it
+/// names ([Recorded::next]). A holder whose node already carries a revocation request does
+/// not wait: that is news already.
+pub async fn await_change(client: &Client, recorded: &Recorded, until: tokio::time::Instant) -> Result<(), ZkError> {
+    let watcher = match &recorded.next {
+        Watched::Data(_) if revocation::record_in(&recorded.data).is_some() => return Ok(()),
+        Watched::Exists(path) => match retry_on_loss(|| client.check_and_watch_stat(path)).await? {
+            (None, _) => return Ok(()),
+            (Some(_), watcher) => watcher,
+        },
+        Watched::Data(path) => match retry_on_loss(|| client.get_and_watch_data(path)).await {
+            Ok((_, _, watcher)) => watcher,
+            Err(ZkError::NoNode) => return Ok(()),
+            Err(err) => return Err(err),
+        },
+        Watched::Children(path) => retry_on_loss(|| client.list_and_watch_children(path)).await?.1,
+    };
+    let _ = tokio::time::timeout_at(until, watcher.changed()).await;
+    Ok(())
+}
+
+/// Releases a recorded holding through ZooKeeper alone, on whichever instance serves the
+/// request: a leader's acknowledgement first (if it names this candidate), then its znodes and
+/// its reference together (the keeper's task sees its node go with its reference: released).
+/// `false` if its node was gone already.
+pub async fn release_recorded(client: &Client, root: &str, recorded: &Recorded) -> Result<bool, ZkError> {
+    if recorded.role == Role::Candidate {
+        let dir = &recorded.paths[0][..recorded.paths[0].rfind('/').unwrap_or(0)];
+        election::retract(client, dir, &recorded.node.name).await;
+    }
+    let mut paths = recorded.paths.clone();
+    paths.extend(recorded.reference(root));
+    Ok(delete_all(client, &paths).await?[0])
 }

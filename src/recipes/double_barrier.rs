@@ -19,8 +19,9 @@ use tokio::time::Instant;
 use utoipa::ToSchema;
 use zookeeper_client::{Client, CreateMode, Error as ZkError};
 
-use super::ephemeral::BoundNodes;
+use super::bound::{BoundNodes, release_recorded};
 use super::topic::{Source, event_kinds};
+use crate::kind::Kind;
 use crate::zk::retry_on_loss;
 use crate::zk::watch::{ExistsWatches, Mode};
 
@@ -131,8 +132,8 @@ pub async fn enter(
 
 /// Leaves, the guide's herd-free exit ([next_leave_step]): `true` once every participant has
 /// left, `false` if `deadline` comes first (leaving again goes on waiting). The participant's
-/// node is released through its handle when it entered through this instance (`nodes` of
-/// barrier `name`), else deleted directly: ZooKeeper lets any session delete an ephemeral node.
+/// node is released through its handle when its lease is kept by this instance (`nodes` of
+/// barrier `name`), else through ZooKeeper with its reference ([release_recorded]).
 pub async fn leave(
     client: &Client,
     watches: &ExistsWatches,
@@ -165,14 +166,16 @@ pub async fn leave(
 }
 
 async fn remove_participant(client: &Client, nodes: &BoundNodes, name: &str, me: &str) -> Result<(), ZkError> {
-    if let Some(node) = nodes.get(name, me) {
+    if let Some(node) = nodes
+        .get(name, me)
+        .filter(|n| n.state().phase != super::handle::Phase::Moved)
+    {
         nodes.release(&node).await;
         return Ok(());
     }
-    match retry_on_loss(|| client.delete(&format!("{}/{me}", nodes.dir(name)), None)).await {
-        Ok(()) | Err(ZkError::NoNode) => Ok(()),
-        Err(err) => Err(err),
-    }
+    let path = format!("{}/{me}", nodes.dir(name));
+    release_recorded(client, nodes.root(), Kind::DoubleBarrier, (name, me), &path).await?;
+    Ok(())
 }
 
 /// A double barrier: what `GET /v1/double-barriers/{name}` answers and the `double_barrier`

@@ -1,13 +1,14 @@
 //! Leader election: the guide's protocol on the node names of Curator's `LeaderLatch`.
 //!
-//! Each candidate creates `<root>/elections/<name>/_c_<guid>-latch-<seq>` (ephemeral,
-//! sequential) and watches the next lower candidate, never the lowest (that would wake every
+//! Each candidate creates `<root>/elections/<name>/_c_<guid>-latch-<seq>` (sequential, and
+//! persistent: it lives as long as its lease, see [super::lease]) and watches the next lower candidate, never the lowest (that would wake every
 //! candidate at each change: the herd effect). The lowest candidate leads; the decision is the
 //! exclusive lock's ([super::lock::next_step]).
 //!
 //! Being the lowest does not tell anyone that the leader knows it leads, so the new leader
-//! writes the guide's acknowledgement node, `<root>/elections/<name>/leader` (ephemeral, so it
-//! dies with the leader's session), naming its candidate, its term and its value. Observers
+//! writes the guide's acknowledgement node, `<root>/elections/<name>/leader` (persistent like
+//! the candidates, and written under the leader's lease), naming its candidate, its term and
+//! its value. Observers
 //! read "who leads since when" from it; a leader steps down by deleting it before its
 //! candidate node, so the next leader does not find a stale one. (A Curator `LeaderLatch`
 //! leader writes none: its leadership shows as not acknowledged.) The child name `leader`
@@ -21,7 +22,8 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use zookeeper_client::{Client, CreateMode, Error as ZkError, MultiWriteError};
 
-use super::contender::Contenders;
+use super::contender::{Contender, Contenders};
+use super::handle::{Exit, NotCreated, write_held};
 use super::topic::{Source, event_kinds};
 use super::usage::{self, ChargeError, Payer};
 use super::view::{ContenderView, LISTED, read_queue};
@@ -54,29 +56,37 @@ impl Acknowledgement {
     }
 }
 
-/// Writes the acknowledgement of a new leader. An existing one is either this leader's own
-/// (a create whose reply was lost: done) or a previous leader's that is being removed: wait
-/// for it to go (a data watch) and create again.
-pub async fn acknowledge(client: &Client, dir: &str, ack: &Acknowledgement) -> Result<(), ZkError> {
+/// Writes the acknowledgement of the new leader `handle` (persistent, like its candidate: it
+/// outlives the instance that wrote it, and goes when the leader steps down), guarded by its
+/// lease. An existing one is either this leader's own (a create whose reply was lost, or a run
+/// before an interruption: done) or a former leader's left behind: every earlier candidate is
+/// gone once this one leads, so it is stale, and removed (conditional on its version).
+pub async fn acknowledge(handle: &Contender, client: &Client, dir: &str, ack: &Acknowledgement) -> Result<(), Exit> {
     let path = format!("{dir}/{ACK_NODE}");
     let data = serde_json::to_vec(ack).unwrap_or_default();
-    let options = CreateMode::Ephemeral.with_acls(crate::zk::acls());
+    let options = CreateMode::Persistent.with_acls(crate::zk::acls());
     loop {
-        match client.create(&path, &data, &options).await {
+        match write_held(handle, client, |writer| writer.add_create(&path, &data, &options)).await {
             Ok(_) => return Ok(()),
-            Err(err) if err == ZkError::NodeExists || crate::zk::is_loss(&err) => {
-                match retry_on_loss(|| client.get_and_watch_data(&path)).await {
-                    Ok((existing, _, watcher)) => {
-                        if Acknowledgement::parse(&existing).is_some_and(|a| a.candidate == ack.candidate) {
-                            return Ok(());
-                        }
-                        watcher.changed().await;
-                    }
-                    Err(ZkError::NoNode) => {}
-                    Err(err) => return Err(err),
+            Err(NotCreated::Refused {
+                error: ZkError::NodeExists,
+                ..
+            }) => {}
+            Err(NotCreated::Request(err)) if crate::zk::is_loss(&err) => {}
+            Err(not_created) => return Err(not_created.exit()),
+        }
+        match retry_on_loss(|| client.get_data(&path)).await {
+            Ok((existing, stat)) => {
+                if Acknowledgement::parse(&existing).is_some_and(|a| a.candidate == ack.candidate) {
+                    return Ok(());
+                }
+                match retry_on_loss(|| client.delete(&path, Some(stat.version))).await {
+                    Ok(()) | Err(ZkError::NoNode | ZkError::BadVersion) => {}
+                    Err(err) => return Err(Exit::from_error(err)),
                 }
             }
-            Err(err) => return Err(err),
+            Err(ZkError::NoNode) => {}
+            Err(err) => return Err(Exit::from_error(err)),
         }
     }
 }

@@ -1,12 +1,24 @@
 //! Driven handles: one lease's place at one resource, with its own task that runs the recipe.
 //!
-//! Every lease-bound recipe works the same way once it has its znodes: a task runs the recipe
-//! on the lease's own session (its znodes must live and die with the lease), publishes where it
-//! stands ([Phase]), and when the handle is released or the lease ends it removes what it
-//! created and says how it ended. What differs is the protocol: a lock contender queues and
-//! watches its predecessor, a semaphore permit takes the semaphore's lock then waits for a free
-//! permit, a group member just creates its node. So a [Handle] is generic over its [Protocol],
-//! the way Curator's `LockInternals` is one driver with a small predicate per lock type.
+//! Every lease-bound recipe works the same way once it has its znodes: a task on the lease's
+//! keeper runs the recipe, publishes where it stands ([Phase]), and when the handle is released
+//! or the lease ends it removes what it created and says how it ended. What differs is the
+//! protocol: a lock contender queues and watches its predecessor, a semaphore permit takes the
+//! semaphore's lock then waits for a free permit, a group member just creates its node. So a
+//! [Handle] is generic over its [Protocol], the way Curator's `LockInternals` is one driver with
+//! a small predicate per lock type.
+//!
+//! A holding's znodes are persistent and its lease's record names them ([record]), so the task
+//! is not bound to one ZooKeeper session, nor to one instance:
+//! - when the session ends (its watches go with it), the task runs the protocol again on the
+//!   next one, which finds its znodes where they are (by the GUID in their names, or their
+//!   path) and goes on;
+//! - when another instance takes the lease over, the task here stops and leaves the znodes as
+//!   they are ([Lease::dropped]); the new keeper [Handles::adopt]s the holding from its record
+//!   and runs the same protocol, which may then find but never create its znodes;
+//! - a release need not come through this task: any instance may delete a holding's znodes
+//!   and their reference together. A task whose znode vanished therefore asks whether the
+//!   reference went too: if so the holding was released, else it was lost.
 //!
 //! A handle is a [Holding] of its lease, so the lease shows it and waits for it when it ends;
 //! [Handles] indexes the handles of one kind on this instance.
@@ -19,11 +31,13 @@ use std::time::{Duration, SystemTime};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use zookeeper_client::{Client, Error as ZkError};
+use zookeeper_client::{Client, Error as ZkError, MultiWriteError, MultiWriteResult, MultiWriter};
 
-use super::lease::{Holding, HoldingView, Lease};
+use super::lease::record::HoldingRecord;
+use super::lease::{GuardError, Holding, HoldingView, Lease};
 use super::revocation::Revocation;
 use crate::kind::Kind;
+use crate::zk::retry_on_loss;
 
 /// Where a handle stands.
 #[derive(Clone, Debug, PartialEq)]
@@ -39,8 +53,11 @@ pub enum Phase {
     Lost { reason: String },
     /// Released by its holder (or its lease ended); its znodes are gone.
     Released,
-    /// Its znode could not be created (`NodeExists`: another session has it).
+    /// Its znode could not be created (`NodeExists`: another lease has it).
     Failed { error: ZkError },
+    /// This instance no longer keeps its lease (another took it over): the handle lives on
+    /// there, with its znodes.
+    Moved,
 }
 
 impl Phase {
@@ -52,12 +69,16 @@ impl Phase {
             Phase::Lost { .. } => "lost",
             Phase::Released => "released",
             Phase::Failed { .. } => "failed",
+            Phase::Moved => "moved",
         }
     }
 
     /// No further change will happen by itself.
     pub fn is_final(&self) -> bool {
-        matches!(self, Phase::Lost { .. } | Phase::Released | Phase::Failed { .. })
+        matches!(
+            self,
+            Phase::Lost { .. } | Phase::Released | Phase::Failed { .. } | Phase::Moved
+        )
     }
 
     /// Not yet decided either way: creating, or queued.
@@ -96,16 +117,29 @@ impl HandleState {
 
 /// How a protocol's run ended by itself (a release or the lease's end cancels it instead).
 pub enum Exit {
+    /// Its znode vanished (a release through another instance, if its reference went too).
     Lost(String),
     Failed(ZkError),
+    /// The session ended under it (its watches went with it): run again on the next one.
+    Interrupted,
+    /// A write for the lease was refused: another instance keeps it now.
+    Moved,
 }
 
 impl Exit {
-    /// A ZooKeeper error that ends a run: the session's end is a loss, anything else a failure.
+    /// A ZooKeeper error that ends a run: the session's end interrupts it, anything else fails.
     pub fn from_error(err: ZkError) -> Exit {
         match err {
-            ZkError::SessionExpired | ZkError::ClientClosed => Exit::Lost("the ZooKeeper session ended".into()),
+            ZkError::SessionExpired | ZkError::ClientClosed => Exit::Interrupted,
             err => Exit::Failed(err),
+        }
+    }
+
+    /// The exit of a write guarded by the lease that failed.
+    pub fn from_guard(err: GuardError) -> Exit {
+        match err {
+            GuardError::LeaseMoved => Exit::Moved,
+            GuardError::ZooKeeper(err) => Exit::from_error(err),
         }
     }
 }
@@ -127,15 +161,26 @@ pub trait Protocol: Send + Sync + Sized + 'static {
         true
     }
 
-    /// Runs the recipe on the lease's session: creates the znodes, moves the handle through
-    /// its phases ([Handle::wait], [Handle::grant]) and returns only if it ends by itself. It
-    /// is cancelled (dropped) when the handle is released or the lease ends.
+    /// Runs the recipe on a session of the lease's: finds its znodes (a run after an
+    /// interruption, or of an adopted handle) or creates them ([create_held], only if
+    /// [Handle::may_create]), moves the handle through its phases ([Handle::wait],
+    /// [Handle::grant]) and returns only if it ends by itself. It is cancelled (dropped) when
+    /// the handle is released, the lease ends or moves.
     fn run(&self, handle: &Handle<Self>, client: &Client) -> impl Future<Output = Exit> + Send;
 
-    /// Removes what the run created (also when it was cancelled in the middle of a create:
-    /// the GUID finds it). Returns `false` if a node the handle held was already gone, which
-    /// makes a release a loss.
-    fn clean_up(&self, handle: &Handle<Self>, client: &Client) -> impl Future<Output = bool> + Send;
+    /// Removes what the run created and the holding's reference (also when it was cancelled in
+    /// the middle of a create: the GUID finds it). `Ok(false)` if a node the handle held was
+    /// already gone, which makes a release a loss; `Err` if ZooKeeper could not be told (tried
+    /// again on the next session).
+    fn clean_up(&self, handle: &Handle<Self>, client: &Client) -> impl Future<Output = Result<bool, ZkError>> + Send;
+
+    /// What the lease's reference to this holding records.
+    fn record(&self, handle: &Handle<Self>) -> HoldingRecord;
+
+    /// Whether it shows among its lease's holdings.
+    fn shown(&self) -> bool {
+        true
+    }
 
     /// Why a held node vanished, for a release that found it gone.
     fn loss_reason(&self, _handle: &Handle<Self>) -> String {
@@ -163,6 +208,9 @@ pub struct Handle<P: Protocol> {
     /// Its registry's queued counts, and whether it is counted in them now.
     queued: Arc<QueuedCounts>,
     counted: std::sync::atomic::AtomicBool,
+    /// Whether its run may create its znodes: until they are first created, for a new handle;
+    /// never for one adopted from another keeper (a znode it cannot find was lost).
+    may_create: std::sync::atomic::AtomicBool,
 }
 
 impl<P: Protocol> Drop for Handle<P> {
@@ -253,6 +301,21 @@ impl<P: Protocol> Handle<P> {
         self.release.is_cancelled() || self.lease.ended().is_cancelled()
     }
 
+    /// Whether its run may still create its znodes (see [create_held]).
+    pub fn may_create(&self) -> bool {
+        self.may_create.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Its znodes exist: a later run finds them, never makes them again.
+    pub fn created(&self) {
+        self.may_create.store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// The znode under its lease's record that names it.
+    pub fn reference(&self) -> String {
+        self.lease.reference(self.protocol.kind(), &self.name, &self.id)
+    }
+
     fn set_phase(&self, phase: Phase) {
         self.state.send_modify(|s| s.phase = phase);
         self.recount();
@@ -311,16 +374,19 @@ impl<P: Protocol> Handle<P> {
 }
 
 impl<P: Protocol> Holding for Handle<P> {
-    fn view(&self) -> HoldingView {
+    fn view(&self) -> Option<HoldingView> {
+        if !self.protocol.shown() {
+            return None;
+        }
         let state = self.state();
-        HoldingView {
+        Some(HoldingView {
             kind: self.protocol.kind().name(),
             name: self.name.clone(),
             handle: self.id.clone(),
             state: state.phase.name(),
             fencing_token: state.fencing_token(),
             revocation: state.revocation,
-        }
+        })
     }
 
     fn finished(&self) -> watch::Receiver<bool> {
@@ -328,55 +394,81 @@ impl<P: Protocol> Holding for Handle<P> {
     }
 }
 
-/// Runs the protocol on the lease's own session until it ends, then cleans up and reports.
+/// How a handle's task stopped running its protocol.
+enum Stop {
+    /// The run ended by itself.
+    Exit(Exit),
+    /// Released, or its lease ended: its znodes go.
+    Leave,
+    /// Its lease left this instance: its znodes stay, for the keeper now.
+    Drop,
+}
+
+/// Runs the protocol until it ends (again on each new session, see the module's docs), then
+/// cleans up and reports.
 async fn drive<P: Protocol>(handle: &Arc<Handle<P>>) {
-    let end = match handle.lease.zk.connected().await {
-        Err(err) => Phase::Failed {
-            error: match err {
-                crate::zk::session::Unavailable::NoSession => ZkError::SessionExpired,
-                crate::zk::session::Unavailable::Disconnected => ZkError::ConnectionLoss,
-            },
-        },
-        Ok(session) if session.generation != handle.lease.generation => Phase::Lost {
-            reason: "the lease's ZooKeeper session has ended".into(),
-        },
-        Ok(session) => {
-            let client = session.client;
-            let run = handle.protocol.run(handle, &client);
-            tokio::pin!(run);
-            let exit = tokio::select! {
-                exit = &mut run => Some(exit),
-                _ = handle.release.cancelled() => None,
-                _ = handle.lease.ended().cancelled() => None,
-            };
-            // Clean up while the run (pinned in this block) and its watches are still alive: a
-            // deletion fires a watch and the server forgets it, where dropping it first would
-            // cost a removeWatches request on every release.
-            let was_there = handle.protocol.clean_up(handle, &client).await;
-            // A lease that ended otherwise than by its owner's delete (it expired, its session
-            // died, the instance shut down) took what it held away from its holder: that is a
-            // loss, said as one, not a release the holder asked for.
-            let taken = handle
-                .lease
-                .end_reason()
-                .filter(|r| *r != crate::recipes::lease::EndReason::Deleted && !handle.release.is_cancelled());
-            match exit {
-                None if let Some(reason) = taken => Phase::Lost {
-                    reason: reason.describe().to_string(),
-                },
-                None if was_there => Phase::Released,
-                None => Phase::Lost {
-                    reason: handle.protocol.loss_reason(handle),
-                },
-                Some(Exit::Lost(reason)) => Phase::Lost { reason },
-                Some(Exit::Failed(error)) => Phase::Failed { error },
+    let lease = &handle.lease;
+    let mut ended_generation = None;
+    let stop = loop {
+        let session = tokio::select! {
+            session = connected_after(&lease.zk, ended_generation) => session,
+            _ = handle.release.cancelled() => break Stop::Leave,
+            _ = lease.ended().cancelled() => break Stop::Leave,
+            _ = lease.dropped().cancelled() => break Stop::Drop,
+        };
+        let client = &session.client;
+        let run = handle.protocol.run(handle, client);
+        tokio::pin!(run);
+        let stop = tokio::select! {
+            exit = &mut run => Stop::Exit(exit),
+            _ = handle.release.cancelled() => Stop::Leave,
+            _ = lease.ended().cancelled() => Stop::Leave,
+            _ = lease.dropped().cancelled() => Stop::Drop,
+        };
+        match stop {
+            // Its watches went with the session: on the next one.
+            Stop::Exit(Exit::Interrupted) => ended_generation = Some(session.generation),
+            Stop::Leave => {
+                // Clean up while the run (pinned in this block) and its watches are still alive:
+                // a deletion fires a watch and the server forgets it, where dropping it first
+                // would cost a removeWatches request on every release.
+                match handle.protocol.clean_up(handle, client).await {
+                    Ok(was_there) => break left(handle, was_there),
+                    Err(err) => {
+                        tracing::debug!(handle = %handle.id, error = %err, "clean-up interrupted; trying again");
+                        after_failure(&lease.zk, session.generation, &err).await;
+                        break clean_up_later(handle).await;
+                    }
+                }
             }
+            stop => break stop,
         }
+    };
+    let end = match stop {
+        Stop::Drop | Stop::Exit(Exit::Moved) => Phase::Moved,
+        Stop::Exit(Exit::Failed(error)) => Phase::Failed { error },
+        // A loss found by the clean-up itself (its node gone, or its lease expired) is one; a
+        // node the run saw vanish may have been released through another instance.
+        Stop::Exit(Exit::Lost(reason)) if handle.is_leaving() => Phase::Lost { reason },
+        Stop::Exit(Exit::Lost(reason)) => match released_elsewhere(handle).await {
+            true => Phase::Released,
+            false => Phase::Lost { reason },
+        },
+        Stop::Exit(Exit::Interrupted) | Stop::Leave => Phase::Released,
     };
     tracing::debug!(kind = %handle.protocol.kind(), name = %handle.name, handle = %handle.id, phase = end.name(), "handle finished");
     handle.record_end(&end);
     let lost = matches!(end, Phase::Lost { .. });
     handle.set_phase(end);
+    if lost && !handle.is_leaving() {
+        // The reference stays, so that the loss shows on the lease (here and on any keeper
+        // after this one), until the holder releases the handle or the lease ends.
+        tokio::select! {
+            _ = handle.release.cancelled() => remove_reference(handle).await,
+            _ = lease.ended().cancelled() => remove_reference(handle).await,
+            _ = lease.dropped().cancelled() => {}
+        }
+    }
     handle.finished.send_replace(true);
     // Lost handles stay on the lease so that its holder learns of the loss; the rest leave it.
     if !lost {
@@ -384,9 +476,253 @@ async fn drive<P: Protocol>(handle: &Arc<Handle<P>>) {
     }
 }
 
+/// Deletes the reference of a lost handle (its znode is gone already), on the sessions that
+/// follow until it is done or the lease leaves this instance.
+async fn remove_reference<P: Protocol>(handle: &Arc<Handle<P>>) {
+    let (zk, reference) = (&handle.lease.zk, [handle.reference()]);
+    loop {
+        let session = tokio::select! {
+            session = connected_after(zk, None) => session,
+            _ = handle.lease.dropped().cancelled() => return,
+        };
+        match delete_all(&session.client, &reference).await {
+            Ok(_) => return,
+            Err(err) => after_failure(zk, session.generation, &err).await,
+        }
+    }
+}
+
+/// How a handle that left ended, from whether its znode was still there: a lease that ended
+/// otherwise than by its owner's delete (it expired) took what it held away from its holder,
+/// which is a loss, said as one, not a release the holder asked for; so is a node found gone.
+fn left<P: Protocol>(handle: &Handle<P>, was_there: bool) -> Stop {
+    let taken = handle
+        .lease
+        .end_reason()
+        .filter(|r| *r != super::lease::EndReason::Deleted && !handle.release.is_cancelled());
+    match taken {
+        Some(reason) => Stop::Exit(Exit::Lost(reason.describe().to_string())),
+        None if was_there => Stop::Leave,
+        None => Stop::Exit(Exit::Lost(handle.protocol.loss_reason(handle))),
+    }
+}
+
+/// Cleans up on the sessions that follow, until it is done or the lease leaves this instance
+/// (the reaper finishes what an ended lease leaves behind, see [crate::lease]).
+async fn clean_up_later<P: Protocol>(handle: &Arc<Handle<P>>) -> Stop {
+    let zk = &handle.lease.zk;
+    loop {
+        let session = tokio::select! {
+            session = connected_after(zk, None) => session,
+            _ = handle.lease.dropped().cancelled() => return Stop::Drop,
+        };
+        match handle.protocol.clean_up(handle, &session.client).await {
+            Ok(was_there) => return left(handle, was_there),
+            Err(err) => after_failure(zk, session.generation, &err).await,
+        }
+    }
+}
+
+/// Whether a holding whose znode vanished was released (through another instance, which
+/// deletes the holding's reference with its znodes) rather than lost (its reference stays,
+/// so that its holder learns of the loss until it releases the handle).
+async fn released_elsewhere<P: Protocol>(handle: &Handle<P>) -> bool {
+    let Ok(client) = handle.lease.session().await else {
+        return false;
+    };
+    matches!(retry_on_loss(|| client.check_stat(&handle.reference())).await, Ok(None))
+}
+
+/// A connected session of `zk` (waiting, without polling, while there is none) other than the
+/// one of generation `not` (one that was found
+/// ended: its client fails every request at once, and asking it again would spin until the
+/// supervisor, maybe waiting for this very thread, publishes the next one), waiting for it
+/// without polling.
+async fn connected_after(zk: &crate::zk::session::ZkSession, not: Option<u64>) -> crate::zk::session::Session {
+    let mut status = zk.subscribe();
+    loop {
+        if let Ok(session) = zk.current()
+            && Some(session.generation) != not
+        {
+            return session;
+        }
+        if status.changed().await.is_err() {
+            // The supervisor stopped (the instance is shutting down): nothing more to run on.
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+/// Waits before trying again what failed on the session of generation `generation`: for the
+/// next session if that one ended, else a moment.
+async fn after_failure(zk: &crate::zk::session::ZkSession, generation: u64, err: &ZkError) {
+    match err {
+        ZkError::SessionExpired | ZkError::ClientClosed => {
+            connected_after(zk, Some(generation)).await;
+        }
+        _ => tokio::time::sleep(Duration::from_millis(500)).await,
+    }
+}
+
+/// Why [create_held] made nothing.
+#[derive(Debug)]
+pub enum NotCreated {
+    /// The lease moved to another instance (or ended): nothing was written.
+    LeaseMoved,
+    /// Operation `index` of the holding's own (0 for the first it added) failed.
+    Refused { index: usize, error: ZkError },
+    /// The request failed as a whole: a connection loss (it may have been applied: look before
+    /// creating again) or the session's end.
+    Request(ZkError),
+}
+
+impl NotCreated {
+    /// The exit for a run whose create failed with an error it does not handle itself.
+    pub fn exit(self) -> Exit {
+        match self {
+            NotCreated::LeaseMoved => Exit::Moved,
+            NotCreated::Refused { error, .. } | NotCreated::Request(error) => Exit::from_error(error),
+        }
+    }
+}
+
+/// What [create_held] made: the results of the holding's own operations, and the listing it
+/// was asked to send after them, if it was.
+pub type Made = (Vec<MultiWriteResult>, Option<Result<Vec<String>, ZkError>>);
+
+/// Creates a holding's znodes (what `add` adds to the multi-op) together with its reference
+/// under the lease's record, guarded by the lease (the record's version as kept here, or its
+/// creation: see [Lease::guard]), in one multi-op: all or nothing. With `then_list`, that
+/// directory's children are asked for right after the write on the same session (one round
+/// trip for both; ZooKeeper serves a session in order, so the listing sees the write).
+pub async fn create_held<P: Protocol>(
+    handle: &Handle<P>,
+    client: &Client,
+    add: impl Fn(&mut MultiWriter<'_>) -> Result<(), ZkError>,
+    then_list: Option<&str>,
+) -> Result<Made, NotCreated> {
+    let reference = handle.protocol.record(handle).to_bytes();
+    commit_guarded(handle, client, Some(&reference), add, then_list).await
+}
+
+/// Writes what `add` adds for a holding that exists already (a semaphore's permit node, an
+/// election's acknowledgement), guarded by the lease as [create_held] is.
+pub async fn write_held<P: Protocol>(
+    handle: &Handle<P>,
+    client: &Client,
+    add: impl Fn(&mut MultiWriter<'_>) -> Result<(), ZkError>,
+) -> Result<Vec<MultiWriteResult>, NotCreated> {
+    Ok(commit_guarded(handle, client, None, add, None).await?.0)
+}
+
+async fn commit_guarded<P: Protocol>(
+    handle: &Handle<P>,
+    client: &Client,
+    reference: Option<&[u8]>,
+    add: impl Fn(&mut MultiWriter<'_>) -> Result<(), ZkError>,
+    then_list: Option<&str>,
+) -> Result<Made, NotCreated> {
+    let own = if reference.is_some() { 2 } else { 1 };
+    let options = zookeeper_client::CreateMode::Persistent.with_acls(crate::zk::acls());
+    loop {
+        let mut writer = client.new_multi_writer();
+        let guard = handle.lease.guard(&mut writer).map_err(NotCreated::Request)?;
+        reference
+            .map_or(Ok(()), |reference| {
+                writer.add_create(&handle.reference(), reference, &options)
+            })
+            .and_then(|()| add(&mut writer))
+            .map_err(NotCreated::Request)?;
+        let started = std::time::Instant::now();
+        // Both requests are sent here, in this order; their replies come together.
+        let commit = writer.commit();
+        let listing = then_list.map(|dir| client.list_children(dir));
+        let (committed, listed) = match listing {
+            Some(listing) => {
+                let (committed, listed) = tokio::join!(commit, listing);
+                (committed, Some(listed))
+            }
+            None => (commit.await, None),
+        };
+        crate::metrics::zookeeper_request(started.elapsed());
+        let failed = match committed {
+            Ok(results) => {
+                let _ = handle.lease.guarded(guard, None);
+                handle.created();
+                return Ok((results.into_iter().skip(own).collect(), listed));
+            }
+            Err(MultiWriteError::RequestFailed { source }) => return Err(NotCreated::Request(source)),
+            Err(MultiWriteError::OperationFailed { index, source }) => (index, source),
+        };
+        match failed {
+            (0, error) => match handle.lease.guarded(guard, Some((0, error))) {
+                Ok(_) => continue,
+                Err(GuardError::LeaseMoved) => return Err(NotCreated::LeaseMoved),
+                Err(GuardError::ZooKeeper(error)) => return Err(NotCreated::Request(error)),
+            },
+            // The reference is there already: an earlier create of this holding applied (its
+            // reply lost); its znodes are to be found, not made again.
+            (1, ZkError::NodeExists) if own == 2 => {
+                return Err(NotCreated::Refused {
+                    index: usize::MAX,
+                    error: ZkError::NodeExists,
+                });
+            }
+            (1, error) if own == 2 => return Err(NotCreated::Request(error)),
+            (index, error) => {
+                return Err(NotCreated::Refused {
+                    index: index - own,
+                    error,
+                });
+            }
+        }
+    }
+}
+
+/// Deletes `paths` (a holding's znodes, its reference last) in one multi-op; a path already
+/// gone is left out and the rest deleted again. Returns, for each path, whether it was there.
+pub async fn delete_all(client: &Client, paths: &[String]) -> Result<Vec<bool>, ZkError> {
+    let mut there = vec![true; paths.len()];
+    let mut pending = vec![true; paths.len()];
+    // After a lost reply a path found gone may be one this deleted: it counts as there.
+    let mut reply_lost = false;
+    loop {
+        let mut writer = client.new_multi_writer();
+        let left: Vec<usize> = (0..paths.len()).filter(|&i| pending[i]).collect();
+        if left.is_empty() {
+            return Ok(there);
+        }
+        for &i in &left {
+            writer.add_delete(&paths[i], None)?;
+        }
+        let started = std::time::Instant::now();
+        let committed = writer.commit().await;
+        crate::metrics::zookeeper_request(started.elapsed());
+        match committed {
+            Ok(_) => return Ok(there),
+            Err(MultiWriteError::OperationFailed {
+                index,
+                source: ZkError::NoNode,
+            }) => {
+                pending[left[index]] = false;
+                there[left[index]] &= reply_lost;
+            }
+            Err(err) => {
+                let err = ZkError::from(err);
+                if !crate::zk::is_loss(&err) {
+                    return Err(err);
+                }
+                // Applied or not, the next attempt tells: what is gone is left out.
+                reply_lost = true;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+}
+
 /// Why [Handles::open] made no handle.
 pub enum Refused<P: Protocol> {
-    /// The lease ended meanwhile.
+    /// The lease ended meanwhile, or left this instance.
     LeaseEnded,
     /// The lease (or, for handles with their own id, another lease) already has a live handle
     /// here that this request cannot reuse: it is given.
@@ -396,6 +732,7 @@ pub enum Refused<P: Protocol> {
 /// The handles of one kind made through this instance, by resource and id, and by lease.
 pub struct Handles<P: Protocol> {
     kind: Kind,
+    root: Arc<str>,
     base: Arc<str>,
     index: Arc<Mutex<Index<P>>>,
     queued: Arc<QueuedCounts>,
@@ -443,6 +780,7 @@ impl<P: Protocol> Clone for Handles<P> {
     fn clone(&self) -> Self {
         Handles {
             kind: self.kind,
+            root: self.root.clone(),
             base: self.base.clone(),
             index: self.index.clone(),
             queued: self.queued.clone(),
@@ -496,6 +834,7 @@ impl<P: Protocol> Handles<P> {
     pub fn new(root: &str, kind: Kind) -> Handles<P> {
         Handles {
             kind,
+            root: root.into(),
             base: kind.base(root).into(),
             index: Arc::new(Mutex::new(Index {
                 by_id: HashMap::new(),
@@ -513,6 +852,11 @@ impl<P: Protocol> Handles<P> {
     /// `<root>/<kind's dir>`.
     pub fn base(&self) -> &str {
         &self.base
+    }
+
+    /// zkgate's root znode.
+    pub fn root(&self) -> &str {
+        &self.root
     }
 
     /// The znode of resource `name` (already validated).
@@ -546,9 +890,36 @@ impl<P: Protocol> Handles<P> {
                 Err(Refused::Taken(existing.clone()))
             };
         }
+        let id = id.unwrap_or_else(|| crate::ids::sibling_id(&lease.id));
+        let handle = self.insert(&mut index, lease, name, id, protocol, true)?;
+        Ok((handle, true))
+    }
+
+    /// Takes over the handle `id` at `name` of a lease adopted from another keeper (see
+    /// [crate::lease]), from its reference: its task finds its znodes and goes on, or finds
+    /// them gone (lost). The handle already here is kept.
+    pub fn adopt(&self, lease: &Arc<Lease>, name: &str, id: &str, protocol: P) -> Result<Arc<Handle<P>>, Refused<P>> {
+        let mut index = self.lock();
+        if let Some(existing) = index.by_id.get(&(name.to_string(), id.to_string()))
+            && Arc::ptr_eq(&existing.lease, lease)
+        {
+            return Ok(existing.clone());
+        }
+        self.insert(&mut index, lease, name, id.to_string(), protocol, false)
+    }
+
+    fn insert(
+        &self,
+        index: &mut Index<P>,
+        lease: &Arc<Lease>,
+        name: &str,
+        id: String,
+        protocol: P,
+        may_create: bool,
+    ) -> Result<Arc<Handle<P>>, Refused<P>> {
         let (protocol_metered, kind_label) = (protocol.metered(), protocol.kind().label());
         let handle = Arc::new(Handle {
-            id: id.unwrap_or_else(|| crate::ids::sibling_id(&lease.id)),
+            id,
             name: name.to_string(),
             lease: lease.clone(),
             created_at: SystemTime::now(),
@@ -565,6 +936,7 @@ impl<P: Protocol> Handles<P> {
             _metered: protocol_metered.then(|| crate::metrics::get().hold_name(kind_label, name)),
             queued: self.queued.clone(),
             counted: std::sync::atomic::AtomicBool::new(false),
+            may_create: std::sync::atomic::AtomicBool::new(may_create),
         });
         let holding: Arc<dyn Holding> = handle.clone();
         if !lease.attach(holding.clone()) {
@@ -580,14 +952,14 @@ impl<P: Protocol> Handles<P> {
         index
             .by_id
             .insert((name.to_string(), handle.id.clone()), handle.clone());
-        // The exit hook takes the index lock, which is held until both insertions are done, so
-        // it cannot run before them even if the task finishes at once.
+        // The exit hook takes the index lock, which the caller holds until both insertions are
+        // done, so it cannot run before them even if the task finishes at once.
         let (driven, registry) = (handle.clone(), self.index.clone());
         tokio::spawn(async move {
             drive(&driven).await;
-            forget_when_done(&registry, &driven).await;
+            registry.lock().unwrap_or_else(|e| e.into_inner()).forget(&driven);
         });
-        Ok((handle, true))
+        Ok(handle)
     }
 
     /// The handle `id` of resource `name`: live, or lost and not yet released (so that its
@@ -639,13 +1011,4 @@ impl<P: Protocol> Handles<P> {
     fn lock(&self) -> std::sync::MutexGuard<'_, Index<P>> {
         self.index.lock().unwrap_or_else(|e| e.into_inner())
     }
-}
-
-/// Drops a finished handle from the index: at once, unless it was lost (then when its lease
-/// ends or it is released, so that its holder can learn of the loss meanwhile).
-async fn forget_when_done<P: Protocol>(index: &Arc<Mutex<Index<P>>>, handle: &Arc<Handle<P>>) {
-    if matches!(handle.state().phase, Phase::Lost { .. }) {
-        handle.lease.ended().cancelled().await;
-    }
-    index.lock().unwrap_or_else(|e| e.into_inner()).forget(handle);
 }

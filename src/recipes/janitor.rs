@@ -30,7 +30,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
-use zookeeper_client::{Client, CreateMode, Error as ZkError, Stat};
+use zookeeper_client::{Client, Error as ZkError, Stat};
 
 use crate::kind::Kind;
 use crate::time::now_ms;
@@ -80,14 +80,7 @@ pub fn start(zk: ZkSession, root: &str, instance: &str, settings: Settings, shut
         crate::metrics::get().janitor_active.set(0);
         // Hand over at once rather than when the session ends: give the node back if ours.
         if let Ok(session) = zk.current() {
-            let client = session.client;
-            let hand_over = async {
-                if let Ok(Some(stat)) = client.check_stat(&lock).await
-                    && stat.ephemeral_owner == client.session_id().0
-                {
-                    let _ = client.delete(&lock, None).await;
-                }
-            };
+            let hand_over = super::registry::resign(&session.client, &lock);
             let _ = tokio::time::timeout(Duration::from_secs(2), hand_over).await;
         }
     });
@@ -134,12 +127,8 @@ impl Janitor {
                 Ok(false) => {
                     metrics.janitor_active.set(0);
                     self.seen_empty.clear();
-                    match retry_on_loss(|| client.check_and_watch_stat(&lock)).await {
-                        Ok((Some(stat), watcher)) if stat.ephemeral_owner != client.session_id().0 => {
-                            watcher.changed().await;
-                        }
-                        Ok(_) => {}
-                        Err(_) => tokio::time::sleep(self.settings.interval).await,
+                    if super::registry::await_leader_gone(&client, &lock).await.is_err() {
+                        tokio::time::sleep(self.settings.interval).await;
                     }
                 }
                 Err(err) => {
@@ -151,26 +140,8 @@ impl Janitor {
     }
 
     /// Whether this instance is (or now becomes) the janitor: it holds `lock` on this session.
-    /// A create whose reply was lost is ours if the node's owner is our session.
     async fn lead(&self, client: &Client, lock: &str) -> Result<bool, ZkError> {
-        let options = CreateMode::Ephemeral.with_acls(crate::zk::acls());
-        let ours = client.session_id().0;
-        if let Some(stat) = retry_on_loss(|| client.check_stat(lock)).await? {
-            return Ok(stat.ephemeral_owner == ours);
-        }
-        match client.create(lock, self.instance.as_bytes(), &options).await {
-            Ok(_) => Ok(true),
-            Err(err) if err == ZkError::NodeExists || crate::zk::is_loss(&err) => {
-                Ok(retry_on_loss(|| client.check_stat(lock))
-                    .await?
-                    .is_some_and(|s| s.ephemeral_owner == ours))
-            }
-            Err(ZkError::NoNode) => {
-                crate::zk::session::ensure_path(client, &self.root).await?;
-                Ok(false)
-            }
-            Err(err) => Err(err),
-        }
+        super::registry::lead(client, lock, self.instance.as_bytes()).await
     }
 
     /// One pass over everything the janitor looks after.

@@ -63,8 +63,7 @@ event_kinds! {
         Granted => "granted",
         /// Nobody holds it any more: its holder released it (or is not known to have lost it).
         Released => "released",
-        /// Nobody holds it any more: its holder's lease on this instance expired or died with
-        /// its session.
+        /// Nobody holds it any more: its holder's lease, kept by this instance, expired.
         Lost => "lost",
         /// Someone asked the holder to give it up.
         Revocation => "revocation",

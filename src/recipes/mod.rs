@@ -2,13 +2,14 @@
 //! free of I/O, and a thin async driver beside it.
 
 pub mod barrier;
+pub mod bound;
 pub mod config;
 pub mod contender;
 pub mod counter;
 pub mod discovery;
 pub mod double_barrier;
 pub mod election;
-pub mod ephemeral;
+
 pub mod group;
 pub mod handle;
 pub mod janitor;

@@ -13,14 +13,13 @@
 //! set in another order can still wait on a zkgate set until one of their timeouts.)
 //!
 //! If any lock is not granted within the request's one wait, every lock taken for the set is
-//! released before the answer, so a refused set holds nothing.
+//! released before the answer, so a refused set holds nothing. A granted set is recorded in
+//! ZooKeeper ([SetRecord]), so that any instance serves it.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-use std::time::SystemTime;
+use serde::{Deserialize, Serialize};
+use zookeeper_client::{Client, Error as ZkError};
 
-use super::contender::Contender;
-use super::lease::Lease;
+use crate::zk::retry_on_loss;
 
 /// The order a set's locks are taken in: sorted bytewise. `None` if a name appears twice.
 pub fn canonical_order<S: AsRef<str>>(names: &[S]) -> Option<Vec<&str>> {
@@ -31,59 +30,51 @@ pub fn canonical_order<S: AsRef<str>>(names: &[S]) -> Option<Vec<&str>> {
     (order.len() == before).then_some(order)
 }
 
-/// Locks held together by one lease.
-pub struct LockSet {
-    /// The set's id (issued by this instance, like a handle's).
-    pub id: String,
-    pub lease: Arc<Lease>,
-    /// Its locks' handles, in the order they were taken.
-    pub handles: Vec<Arc<Contender>>,
-    pub created_at: SystemTime,
+/// The directory of set records under the root.
+pub const LOCK_SETS: &str = "lock-sets";
+
+/// `<root>/lock-sets/<id>`: the record of set `id`.
+pub fn record_path(root: &str, id: &str) -> String {
+    format!("{root}/{LOCK_SETS}/{id}")
 }
 
-impl LockSet {
-    /// Whether the set is over: every handle released or lost.
-    fn is_over(&self) -> bool {
-        self.handles.iter().all(|h| h.state().phase.is_final())
+/// A granted set's record, `<root>/lock-sets/<id>`: a lease-bound node of its lease (see
+/// [super::bound]; not shown among the lease's holdings, whose locks are), so that any
+/// instance reads or releases the set, and it goes when the lease ends.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetRecord {
+    pub lease: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub principal: Option<String>,
+    /// Its locks, in the order they were taken.
+    pub locks: Vec<SetLock>,
+    /// When it was granted, ms since the Unix epoch.
+    pub created_ms: i64,
+}
+
+/// One lock of a set: its name and the lease's handle there.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetLock {
+    pub lock: String,
+    pub handle: String,
+}
+
+impl SetRecord {
+    pub fn to_bytes(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    pub fn parse(data: &[u8]) -> Option<SetRecord> {
+        serde_json::from_slice(data).ok()
     }
 }
 
-/// The lock sets of this instance, by id. A set is forgotten when it is released, and sets
-/// whose handles have all ended (their lease expired, say) are swept as new sets come, so the
-/// map stays within the live handles whatever the churn.
-#[derive(Default)]
-pub struct LockSets {
-    inner: Mutex<Inner>,
-}
-
-#[derive(Default)]
-struct Inner {
-    sets: HashMap<String, Arc<LockSet>>,
-    /// The size at which the next sweep runs (twice what the last one left, at least 64), so
-    /// that sweeping costs O(1) per insert on average.
-    sweep_at: usize,
-}
-
-impl LockSets {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    pub fn insert(&self, set: Arc<LockSet>) {
-        let mut inner = self.lock();
-        if inner.sets.len() >= inner.sweep_at {
-            inner.sets.retain(|_, set| !set.is_over());
-            inner.sweep_at = (inner.sets.len() * 2).max(64);
-        }
-        inner.sets.insert(set.id.clone(), set);
-    }
-
-    pub fn get(&self, id: &str) -> Option<Arc<LockSet>> {
-        self.lock().sets.get(id).cloned()
-    }
-
-    pub fn remove(&self, id: &str) -> Option<Arc<LockSet>> {
-        self.lock().sets.remove(id)
+/// The record of set `id`, if there is one.
+pub async fn read(client: &Client, root: &str, id: &str) -> Result<Option<SetRecord>, ZkError> {
+    match retry_on_loss(|| client.get_data(&record_path(root, id))).await {
+        Ok((data, _)) => Ok(SetRecord::parse(&data)),
+        Err(ZkError::NoNode) => Ok(None),
+        Err(err) => Err(err),
     }
 }
 

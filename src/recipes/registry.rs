@@ -1,6 +1,7 @@
 //! A registry of live processes: each registers an ephemeral znode (its name, some data) under
 //! one directory while its session lives, the guide's group membership used by zkgate's
-//! instances for themselves ([crate::instances] says what they register and why).
+//! instances for themselves ([crate::instances] says what they register and why); and the
+//! leadership nodes by which one instance of the cluster does a job (the janitor, the reaper).
 
 use zookeeper_client::{Client, CreateMode, Error as ZkError};
 
@@ -52,13 +53,19 @@ pub async fn register(client: &Client, dir: &str, name: &str, data: impl Fn(i64)
     }
 }
 
-/// Returns once the registration `path` is no longer this session's: deleted, or replaced by
-/// another session's node. An error when ZooKeeper cannot be asked (look again later).
-pub async fn lost(client: &Client, path: &str) -> Result<(), ZkError> {
+/// Returns once the registration `path` is no longer this session's as made: deleted,
+/// replaced by another session's node, or its data changed by another client (so that a
+/// registration pointing elsewhere is made again rather than believed). An error when
+/// ZooKeeper cannot be asked (look again later).
+pub async fn lost(client: &Client, path: &str, data: &[u8]) -> Result<(), ZkError> {
     let mine = client.session_id().0;
     loop {
-        let (stat, watcher) = client.check_and_watch_stat(path).await?;
-        if stat.is_none_or(|stat| stat.ephemeral_owner != mine) {
+        let (current, stat, watcher) = match client.get_and_watch_data(path).await {
+            Ok(read) => read,
+            Err(ZkError::NoNode) => return Ok(()),
+            Err(err) => return Err(err),
+        };
+        if stat.ephemeral_owner != mine || current != data {
             return Ok(());
         }
         watcher.changed().await;
@@ -83,27 +90,69 @@ pub async fn read(client: &Client, path: &str) -> Result<Option<(Vec<u8>, i64)>,
     }
 }
 
-/// The registration under `dir` made by the session that owns the ephemeral znode at `path`:
-/// which process made that node. `None` if the node, or its owner's registration, is gone.
-pub async fn owner_of_node(client: &Client, dir: &str, path: &str) -> Result<Option<String>, ZkError> {
-    let Some(stat) = retry_on_loss(|| client.check_stat(path)).await? else {
-        return Ok(None);
-    };
-    if stat.ephemeral_owner == 0 {
-        return Ok(None);
-    }
-    let names = match retry_on_loss(|| client.list_children(dir)).await {
-        Ok(names) => names,
-        Err(ZkError::NoNode) => return Ok(None),
-        Err(err) => return Err(err),
-    };
-    for name in names {
-        let registration = format!("{dir}/{name}");
-        if let Some(registered) = retry_on_loss(|| client.check_stat(&registration)).await?
-            && registered.ephemeral_owner == stat.ephemeral_owner
-        {
-            return Ok(Some(name));
+/// The names registered under `dir`, with a watch for the next change.
+pub async fn members_and_watch(
+    client: &Client,
+    dir: &str,
+) -> Result<(Vec<String>, zookeeper_client::OneshotWatcher), ZkError> {
+    loop {
+        match retry_on_loss(|| client.list_and_watch_children(dir)).await {
+            Ok(listed) => return Ok(listed),
+            Err(ZkError::NoNode) => {
+                let options = CreateMode::Persistent.with_acls(crate::zk::acls());
+                match retry_on_loss(|| client.create(dir, &[], &options)).await {
+                    Ok(_) | Err(ZkError::NodeExists) => {}
+                    Err(err) => return Err(err),
+                }
+            }
+            Err(err) => return Err(err),
         }
     }
-    Ok(None)
+}
+
+/// Whether this session holds (or now takes) the leadership node `path` (ephemeral, holding
+/// `data`): one instance of the cluster at a time does the work it stands for. A create whose
+/// reply was lost is ours if the node's owner is our session.
+pub async fn lead(client: &Client, path: &str, data: &[u8]) -> Result<bool, ZkError> {
+    let options = CreateMode::Ephemeral.with_acls(crate::zk::acls());
+    let ours = client.session_id().0;
+    if let Some(stat) = retry_on_loss(|| client.check_stat(path)).await? {
+        return Ok(stat.ephemeral_owner == ours);
+    }
+    match client.create(path, data, &options).await {
+        Ok(_) => Ok(true),
+        Err(err) if err == ZkError::NodeExists || crate::zk::is_loss(&err) => {
+            Ok(retry_on_loss(|| client.check_stat(path))
+                .await?
+                .is_some_and(|s| s.ephemeral_owner == ours))
+        }
+        Err(ZkError::NoNode) => {
+            let parent = &path[..path.rfind('/').unwrap_or(0)];
+            crate::zk::session::ensure_path(client, parent).await?;
+            Ok(false)
+        }
+        Err(err) => Err(err),
+    }
+}
+
+/// Waits until the leadership node `path`, held by another session, goes (an exists-watch, no
+/// polling); at once if it is not there or is ours.
+pub async fn await_leader_gone(client: &Client, path: &str) -> Result<(), ZkError> {
+    match retry_on_loss(|| client.check_and_watch_stat(path)).await? {
+        (Some(stat), watcher) if stat.ephemeral_owner != client.session_id().0 => {
+            watcher.changed().await;
+            Ok(())
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Gives the leadership node `path` back if this session holds it (on the way out, so that
+/// another instance takes over at once rather than when the session ends).
+pub async fn resign(client: &Client, path: &str) {
+    if let Ok(Some(stat)) = client.check_stat(path).await
+        && stat.ephemeral_owner == client.session_id().0
+    {
+        let _ = client.delete(path, None).await;
+    }
 }

@@ -2,8 +2,9 @@
 //! `InterProcessSemaphoreV2`, so Curator semaphores and HTTP clients share the same permits.
 //!
 //! Under `<root>/semaphores/<name>`: `locks/` holds an exclusive lock (the lock recipe) that
-//! serialises acquirers, and `leases/` holds one ephemeral sequential node per permit held
-//! (`_c_<guid>-lease-<seq>`). An acquirer first takes the lock; then, as the only one doing
+//! serialises acquirers, and `leases/` holds one sequential node per permit held
+//! (`_c_<guid>-lease-<seq>`; persistent, living as long as the zkgate lease, see
+//! [super::lease]). An acquirer first takes the lock; then, as the only one doing
 //! so, it creates its lease node and lists `leases/` with a children watch until
 //! [permit_step] lets it hold; then it gives the lock back. So acquirers wait on the lock
 //! queue, each watching only its predecessor, and only the lock holder watches the permits: a
@@ -22,10 +23,11 @@ use serde::Serialize;
 use utoipa::ToSchema;
 use zookeeper_client::{Client, CreateMode, Error as ZkError, EventType};
 
-use super::contender::{Role, Sequential, queue_until_held};
-use super::handle::{Exit, Handle, Handles, Protocol, Refused};
+use super::contender::{Next, Recorded, Role, Sequential, Watched, queue_until_held};
+use super::handle::{Exit, Handle, Handles, Node, NotCreated, Protocol, Refused, delete_all, write_held};
 use super::in_sequence_order;
 use super::lease::Lease;
+use super::lease::record::{Held, HoldingRecord};
 use super::lock;
 use super::topic::{Source, event_kinds};
 use super::view::{ContenderView, HoldersChange, LISTED, holders_change, read_queue};
@@ -43,6 +45,15 @@ pub const PERMITS: &str = "permits";
 /// or says what it records instead.
 pub async fn settle_permits(client: &Client, dir: &str, permits: u32) -> Result<(), super::Settle> {
     super::settle(client, dir, PERMITS, u64::from(permits), CreateMode::Container).await
+}
+
+/// The number of permits recorded in the semaphore at `dir`, if one is.
+pub async fn permits_of(client: &Client, dir: &str) -> Result<Option<u64>, ZkError> {
+    match retry_on_loss(|| client.get_data(dir)).await {
+        Ok((data, _)) => Ok(super::recorded(&data, PERMITS)),
+        Err(ZkError::NoNode) => Ok(None),
+        Err(err) => Err(err),
+    }
 }
 
 /// What the holder of the semaphore's lock does next, decided from `leases/`.
@@ -94,23 +105,40 @@ impl Protocol for PermitRequest {
 
     /// Curator's protocol: take the lock, create the lease node, wait for a free permit, give
     /// the lock back and hold. Held only once the lock is given back: a caller told "granted"
-    /// may ask again at once, maybe on another of the instance's sessions, and must not find
-    /// its own previous request still in the queue.
+    /// may ask again at once, maybe through another instance, and must not find its own
+    /// previous request still in the queue. A run after an interruption (or on a new keeper)
+    /// goes on from the node it finds: its lease node, else its lock node.
     async fn run(&self, handle: &Permit, client: &Client) -> Exit {
-        let data = serde_json::json!({ "lease": handle.lease.id, "handle": handle.id }).to_string();
-        let (lock_node, children) = match self.lock.create(client, data.as_bytes()).await {
-            Ok(created) => created,
-            Err(err) => return Exit::Failed(err),
-        };
-        let queued = queue_until_held(client, &self.lock.dir, &lock_node, children, Role::Exclusive, |p| {
-            handle.wait(p)
-        });
-        if let Err(exit) = queued.await {
-            return exit;
+        let mut data = serde_json::json!({ "lease": handle.lease.id, "handle": handle.id });
+        if let Some(owner) = &handle.lease.owner {
+            data["principal"] = owner.as_str().into();
         }
-        let (lease_node, _) = match self.lease.create(client, data.as_bytes()).await {
-            Ok(created) => created,
-            Err(err) => return Exit::from_error(err),
+        let data = data.to_string();
+        let lease_node = match handle.may_create() {
+            true => None,
+            false => match self.lease.find(client).await {
+                Ok(found) => found,
+                Err(err) => return Exit::from_error(err),
+            },
+        };
+        let lease_node = match lease_node {
+            Some(node) => node,
+            None => {
+                let (lock_node, children) = match self.lock.find_or_create(handle, client, data.as_bytes()).await {
+                    Ok(created) => created,
+                    Err(exit) => return exit,
+                };
+                let queued = queue_until_held(client, &self.lock.dir, &lock_node, children, Role::Exclusive, |p| {
+                    handle.wait(p)
+                });
+                if let Err(exit) = queued.await {
+                    return exit;
+                }
+                match self.create_lease_node(handle, client, data.as_bytes()).await {
+                    Ok(node) => node,
+                    Err(exit) => return exit,
+                }
+            }
         };
         loop {
             let (children, watcher) = match retry_on_loss(|| client.list_and_watch_children(&self.lease.dir)).await {
@@ -124,22 +152,69 @@ impl Protocol for PermitRequest {
                     // First in the queue (it holds the lock), waiting for a permit to come back.
                     handle.wait(0);
                     if watcher.changed().await.event_type == EventType::Session {
-                        return Exit::Lost("the ZooKeeper session ended while it waited".into());
+                        return Exit::Interrupted;
                     }
                 }
             }
         }
-        self.lock.remove(client, Some(&lock_node)).await;
+        match self.lock.path(client, None).await {
+            Ok(Some(lock)) => {
+                if let Err(err) = delete_all(client, &[lock]).await {
+                    return Exit::from_error(err);
+                }
+            }
+            Ok(None) => {}
+            Err(err) => return Exit::from_error(err),
+        }
         handle.grant();
         std::future::pending().await
     }
 
-    /// The lock (if still held: a request cancelled while it waited) and the lease node go.
-    /// A permit does not watch its lease node, so a release never reports a loss.
-    async fn clean_up(&self, _handle: &Permit, client: &Client) -> bool {
-        self.lock.remove(client, None).await;
-        self.lease.remove(client, None).await;
-        true
+    /// The lock (if still held: a request cancelled while it waited), the lease node and the
+    /// reference go. A permit does not watch its lease node, so a release never reports a loss.
+    async fn clean_up(&self, handle: &Permit, client: &Client) -> Result<bool, ZkError> {
+        let mut paths = Vec::new();
+        for node in [&self.lock, &self.lease] {
+            paths.extend(node.path(client, None).await?);
+        }
+        paths.push(handle.reference());
+        delete_all(client, &paths).await?;
+        Ok(true)
+    }
+
+    fn record(&self, handle: &Permit) -> HoldingRecord {
+        HoldingRecord {
+            kind: Kind::Semaphore.name().to_string(),
+            name: handle.name.clone(),
+            handle: handle.id.clone(),
+            held: Held::Permit { permits: self.permits },
+        }
+    }
+}
+
+impl PermitRequest {
+    /// Creates the lease node (guarded by the zkgate lease), or finds it after a lost reply.
+    async fn create_lease_node(&self, handle: &Permit, client: &Client, data: &[u8]) -> Result<Node, Exit> {
+        let prefix = format!("{}/{}", self.lease.dir, self.lease.name_prefix());
+        let options = CreateMode::PersistentSequential.with_acls(crate::zk::acls());
+        loop {
+            match write_held(handle, client, |writer| writer.add_create(&prefix, data, &options)).await {
+                Ok(_) => {}
+                Err(NotCreated::Refused {
+                    error: ZkError::NoNode, ..
+                }) => {
+                    crate::zk::session::ensure_path(client, &self.lease.dir)
+                        .await
+                        .map_err(Exit::from_error)?;
+                    continue;
+                }
+                Err(NotCreated::Request(err)) if crate::zk::is_loss(&err) => {}
+                Err(not_created) => return Err(not_created.exit()),
+            }
+            if let Some(node) = self.lease.find(client).await.map_err(Exit::from_error)? {
+                return Ok(node);
+            }
+        }
     }
 }
 
@@ -147,18 +222,101 @@ impl Semaphores {
     /// The lease's permit request for `name` (a semaphore of `permits`): the live one, or a new
     /// one. `None` if the lease ended meanwhile.
     pub fn request(&self, lease: &Arc<Lease>, name: &str, permits: u32) -> Option<Arc<Permit>> {
-        let dir = self.dir(name);
-        let protocol = PermitRequest {
-            permits,
-            lock: Sequential::new(format!("{dir}/locks"), lock::INFIX),
-            lease: Sequential::new(format!("{dir}/leases"), LEASE_INFIX),
-        };
-        match self.open(lease, name, None, protocol, |_, _| true) {
+        let id = crate::ids::sibling_id(&lease.id);
+        match self.open(
+            lease,
+            name,
+            Some(id.clone()),
+            self.protocol(name, permits, &id),
+            |_, _| true,
+        ) {
             Ok((permit, _)) => Some(permit),
             Err(Refused::Taken(existing)) => Some(existing),
             Err(Refused::LeaseEnded) => None,
         }
     }
+
+    /// Takes over the permit request `handle` of a lease adopted from another keeper.
+    pub fn adopt_permit(
+        &self,
+        lease: &Arc<Lease>,
+        name: &str,
+        handle: &str,
+        permits: u32,
+    ) -> Result<Arc<Permit>, Refused<PermitRequest>> {
+        self.adopt(lease, name, handle, self.protocol(name, permits, handle))
+    }
+
+    fn protocol(&self, name: &str, permits: u32, handle: &str) -> PermitRequest {
+        let dir = self.dir(name);
+        PermitRequest {
+            permits,
+            lock: Sequential::of_handle(format!("{dir}/locks"), lock::INFIX, handle),
+            lease: Sequential::of_handle(format!("{dir}/leases"), LEASE_INFIX, handle),
+        }
+    }
+}
+
+/// The permit request `handle` of semaphore `name` (at `dir`), from ZooKeeper (see
+/// [super::contender::recorded]): its lease node if it has one (holding, or first in line for a
+/// permit), else its node in the semaphore's lock queue. `None` if it has neither.
+pub async fn recorded(client: &Client, dir: &str, name: &str, handle: &str) -> Result<Option<Recorded>, ZkError> {
+    let Some(guid) = crate::ids::guid_of(handle) else {
+        return Ok(None);
+    };
+    let (leases_dir, locks_dir) = (format!("{dir}/leases"), format!("{dir}/locks"));
+    let list = |dir: String| async move {
+        match retry_on_loss(|| client.list_children(&dir)).await {
+            Ok(children) => Ok(children),
+            Err(ZkError::NoNode) => Ok(Vec::new()),
+            Err(err) => Err(err),
+        }
+    };
+    let (leases, locks) = (list(leases_dir.clone()).await?, list(locks_dir.clone()).await?);
+    let find = |children: &[String]| children.iter().find(|c| c.contains(&guid)).cloned();
+    let (lease_node, lock_node) = (find(&leases), find(&locks));
+    let mut paths: Vec<String> = lock_node.iter().map(|n| format!("{locks_dir}/{n}")).collect();
+    let (own, position, next) = match (&lease_node, &lock_node) {
+        (Some(own), _) => {
+            let permits = permits_of(client, dir).await?;
+            let path = format!("{leases_dir}/{own}");
+            paths.insert(0, path.clone());
+            match permit_step(&leases, own, permits.map_or(u32::MAX, |p| p as u32)) {
+                PermitStep::WaitForRelease => (own.clone(), Some(0), Watched::Children(leases_dir.clone())),
+                _ => (own.clone(), None, Watched::Data(path)),
+            }
+        }
+        (None, Some(own)) => match lock::next_step(&locks, own) {
+            Next::Wait { predecessor, position } => (
+                own.clone(),
+                Some(position),
+                Watched::Exists(format!("{locks_dir}/{predecessor}")),
+            ),
+            // First in line: about to take a permit.
+            _ => (own.clone(), Some(0), Watched::Children(leases_dir.clone())),
+        },
+        (None, None) => return Ok(None),
+    };
+    let path = &paths[0];
+    let (data, stat) = match retry_on_loss(|| client.get_data(path)).await {
+        Ok(read) => read,
+        Err(ZkError::NoNode) => return Ok(None),
+        Err(err) => return Err(err),
+    };
+    Ok(Some(Recorded {
+        kind: Kind::Semaphore,
+        name: name.to_string(),
+        handle: handle.to_string(),
+        node: Node {
+            name: own,
+            czxid: stat.czxid,
+        },
+        paths,
+        role: Role::Exclusive,
+        data,
+        position,
+        next,
+    }))
 }
 
 /// A semaphore: what `GET /v1/semaphores/{name}` answers and the `semaphore` topic carries.

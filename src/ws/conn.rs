@@ -97,7 +97,7 @@ struct Conn {
 }
 
 /// Serves one general socket as `caller` until it closes. Its calls are the caller's; one
-/// forwarded to another instance goes with the caller asserted there, never a token.
+/// handed to another instance goes with the caller asserted there, never a token.
 pub async fn serve(state: AppState, caller: Caller, mut socket: WebSocket, address: Option<ClientAddr>) {
     let _counted = Counted::new(&crate::metrics::get().sockets);
     let (idle_timeout, ping_interval) = (state.config.ws_idle_timeout, state.config.ws_ping_interval);
@@ -223,7 +223,7 @@ impl Conn {
                 )),
             },
             Request::Subscribe { id, topic, since } => self.subscribe(id, topic, since).await,
-            Request::Lease { id, ttl, attach } => self.lease(id, ttl.map(|t| t.0), attach),
+            Request::Lease { id, ttl, attach } => self.lease(id, ttl.map(|t| t.0), attach).await,
             Request::Call {
                 id,
                 method,
@@ -268,7 +268,9 @@ impl Conn {
         Ok(())
     }
 
-    fn lease(&mut self, id: String, ttl: Option<Duration>, attach: Option<String>) -> Result<(), String> {
+    /// Binds a lease to the socket: a new one, or one attached by id, which this instance then
+    /// keeps (a socket-bound lease is timed by the socket's instance: another's is taken over).
+    async fn lease(&mut self, id: String, ttl: Option<Duration>, attach: Option<String>) -> Result<(), String> {
         self.leases.retain(|lease| !lease.ended().is_cancelled());
         if self.leases.len() >= MAX_LEASES {
             return Err(error_message(
@@ -285,19 +287,23 @@ impl Conn {
             ));
         }
         let lease = match attach {
-            Some(existing) => self.state.leases.keepalive(&self.caller, &existing),
-            None => self
-                .state
-                .leases
-                .create(&self.caller, Some(ttl.unwrap_or(SOCKET_LEASE_TTL)), None),
+            Some(existing) => self.state.leases.take_over(&self.caller, &existing, true).await,
+            None => {
+                let new = crate::lease::NewLease {
+                    ttl: Some(ttl.unwrap_or(SOCKET_LEASE_TTL)),
+                    idempotency_key: None,
+                    with_first_holding: false,
+                };
+                self.state.leases.create(&self.caller, new).await
+            }
         }
         .map_err(|err| {
             let problem = match err {
                 LeaseError::Unknown(_) | LeaseError::Elsewhere { .. } => Problem::UnknownLease,
-                LeaseError::NotYours(_) => Problem::Forbidden,
+                LeaseError::NotYours(_) | LeaseError::ReadOnly => Problem::Forbidden,
                 LeaseError::TooMany(_) => Problem::TooMany,
                 LeaseError::Ended { .. } => Problem::LeaseEnded,
-                LeaseError::Unavailable(_) => Problem::ZookeeperUnavailable,
+                LeaseError::Unavailable(_) | LeaseError::NotFresh => Problem::ZookeeperUnavailable,
             };
             error_message(Some(&id), problem, &err.to_string())
         })?;

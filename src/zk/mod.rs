@@ -14,7 +14,7 @@ pub mod sync;
 pub mod watch;
 
 pub use acl::acls;
-pub use zookeeper_client::{Client, Error as ZkError};
+pub use zookeeper_client::{Client, Error as ZkError, WatchedEvent};
 
 use std::future::Future;
 use std::time::Duration;

@@ -3,9 +3,11 @@
 //! Every recipe borrows the current [Client] from here. The supervisor connects (retrying while
 //! ZooKeeper is unreachable), makes sure the chroot and the root znode exist, follows the
 //! session's state and, when the session ends (`Expired`, `Closed`, `AuthFailed`), builds a new
-//! client. Each client gets a new *generation* number: a lease remembers the generation it was
-//! born in, and a lease of an older generation is lost, because the ephemeral znodes it held
-//! died with that session. ZooKeeper, not zkgate, decides when a session is gone.
+//! client. Each client gets a new *generation* number; a session's end takes its watches and
+//! its ephemeral znodes (the instance's registration, the janitor's and the reaper's nodes,
+//! queue claims) with it, and whoever relied on them starts again on the next generation. What
+//! leases hold is persistent ([crate::recipes::lease]): a session's end ends no lease.
+//! ZooKeeper, not zkgate, decides when a session is gone.
 //!
 //! Every session is built with the settings of [ZkSecurity] (digest authentication, TLS), so a
 //! new session after an expiry authenticates again before it creates anything.
@@ -13,15 +15,12 @@
 //! # Why an instance has several sessions
 //! ZooKeeper serves one session's requests strictly in order, and a session's read waits for
 //! its own writes in flight to commit. With every lock of a busy instance on one session, the
-//! locks wait for each other at ZooKeeper although they have nothing in common: the compare
-//! bench's raw floor (the lock recipe alone on zookeeper-client) does about 7,400 cycles a
-//! second on 32 locks over one session and about 14,000 over two (BENCHMARKS.md). So an
-//! instance opens `--zookeeper-sessions` supervised sessions, its *lanes*, and each lease lives
-//! on one of them: everything the lease holds (lock contenders, permits, members) is created on
-//! its lane's session, so the lease and its ephemeral znodes still live and die together, and
-//! one lease's requests keep their order. The first lane is the instance's *primary* session: it
-//! registers the instance and serves everything that is not a lease's (reads, queues, event
-//! topics). Losing one lane's session ends only that lane's leases.
+//! locks wait for each other at ZooKeeper although they have nothing in common (BENCHMARKS.md
+//! has the figures). So an instance opens `--zookeeper-sessions` supervised sessions, its
+//! *lanes*, and each lease it keeps writes through one of them, so that one lease's requests
+//! keep their order. The first lane is the instance's *primary* session: it registers the
+//! instance, beats its heartbeat and serves everything that is not a lease's (reads, queues,
+//! event topics).
 
 use std::sync::Arc;
 use std::time::Duration;

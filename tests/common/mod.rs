@@ -144,13 +144,9 @@ impl Gate {
                 .await
                 .expect("zkgate connects to ZooKeeper");
         }
-        // Registered, so that other instances can forward to it from the start.
-        within(
-            Duration::from_secs(20),
-            "zkgate registers itself",
-            running.state.instances.wait_registered(),
-        )
-        .await;
+        // Ready: registered (other instances can hand requests to it), its heartbeat answered
+        // (it can keep leases), the leases of instances gone before it taken over.
+        within(Duration::from_secs(20), "zkgate is ready", running.state.wait_ready()).await;
         let url = running.url();
         let http = http_builder().pool_max_idle_per_host(64).build().expect("http client");
         Gate { running, url, http }

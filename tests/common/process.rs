@@ -67,7 +67,8 @@ impl Process {
     }
 
     /// Waits (bounded) until each of the process's ZooKeeper sessions (lanes) has had session
-    /// number `generation` (it logs each one it establishes).
+    /// number `generation` (it logs each one it establishes), and it keeps leases on its primary
+    /// session of that generation (it logs that too, once it has checked every lease it keeps).
     pub async fn wait_session(&self, generation: u64) {
         for lane in 0..self.lanes {
             let established = format!("lane={lane} generation={generation} ");
@@ -78,6 +79,13 @@ impl Process {
             )
             .await;
         }
+        let keeping = format!("generation={generation}");
+        self.wait_log(
+            Duration::from_secs(30),
+            &format!("keeping leases on session {generation}"),
+            |line| line.contains("keeping leases on this session") && line.trim_end().ends_with(&keeping),
+        )
+        .await;
     }
 
     /// Waits (bounded) until the process has a ZooKeeper session, which is when it is ready.

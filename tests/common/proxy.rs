@@ -165,14 +165,25 @@ async fn forward(inbound: TcpStream, target: String, mut faults: Faults) {
     }
 }
 
+/// ZooKeeper's multi-op request type: a contender is created in one, with its lease's
+/// reference to it.
+const MULTI: i32 = 14;
+
 /// Whether a request body creates a lock contender: a create (its type is the second i32)
-/// whose path (a length-prefixed string after the header) has `-lock-` in it.
+/// whose path (a length-prefixed string after the header) has `-lock-` in it, or a multi-op
+/// that creates one.
 fn is_lock_create(body: &[u8]) -> bool {
     let int = |at: usize| {
         body.get(at..at + 4)
             .map(|b| i32::from_be_bytes([b[0], b[1], b[2], b[3]]))
     };
     let Some(kind) = int(4) else { return false };
+    if kind == MULTI {
+        return CREATE_TYPES
+            .iter()
+            .any(|create| body.windows(4).any(|w| w == create.to_be_bytes()))
+            && String::from_utf8_lossy(body).contains("-lock-");
+    }
     let Some(len) = int(8) else { return false };
     let path = body.get(12..12 + len.max(0) as usize).unwrap_or_default();
     CREATE_TYPES.contains(&kind) && String::from_utf8_lossy(path).contains("-lock-")

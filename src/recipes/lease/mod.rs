@@ -1,16 +1,25 @@
-//! A lease as the recipes see it: the owner of the ephemeral znodes created on its behalf, on one
-//! ZooKeeper session, ending once (etcd's `concurrency.Session` plays this part for its
+//! A lease as the recipes see it: the owner of the znodes created on its behalf, kept by one
+//! instance at a time, ending once (etcd's `concurrency.Session` plays this part for its
 //! recipes).
 //!
-//! A lease has an unguessable id, a TTL and the set of *holdings* created for it (lock
-//! contenders, permits, election candidates, group members, barrier participants), each of
-//! which owns ephemeral znodes on the lease's session. When the lease ends, its `ended` token is
-//! cancelled; every holding listens to that token and deletes its own znodes, which wakes the
-//! next waiter through ZooKeeper at once. If zkgate itself dies, ZooKeeper expires the session
-//! and removes the same znodes: no holding outlives both.
+//! A lease is ZooKeeper data ([record]): its record `<root>/leases/<id>` says its TTL, its
+//! principal and which instance keeps it now (its *keeper*), and every holding made for it (a
+//! lock contender, a permit, an election candidate, a group member, a barrier participant...)
+//! is a persistent znode created in one multi-op with a child of the record naming it. So
+//! whatever a lease holds is found from ZooKeeper, and outlives the instance that made it.
 //!
-//! How leases are made, kept alive, expired and looked up is the registry's business
-//! ([crate::lease], a layer up); this file holds only what a recipe needs of one.
+//! This type is the keeper's side: the lease in the memory of the one instance that times it.
+//! Each write made for the lease checks the record's version as this instance keeps it
+//! ([Lease::guard]): an instance that lost the lease to another (see [record::take_over]) can
+//! write nothing more for it. The lease ends once ([Lease::end]): its `ended` token is
+//! cancelled and every holding deletes its znodes, which wakes the next waiter through
+//! ZooKeeper at once. When another instance takes it over, [Lease::drop_here] stops its
+//! holdings here without touching their znodes, which the new keeper now looks after.
+//!
+//! How leases are made, kept alive, expired, handed over and looked up is the registry's
+//! business ([crate::lease], a layer up); this module holds only what a recipe needs of one.
+
+pub mod record;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
@@ -18,33 +27,29 @@ use std::time::{Duration, SystemTime};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use zookeeper_client::{CreateMode, Error as ZkError, MultiWriter};
 
 use crate::auth::Caller;
+use crate::kind::Kind;
 use crate::recipes::revocation::Revocation;
 use crate::zk::session::{Unavailable, ZkSession};
 
 /// Why a lease ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum EndReason {
     /// Its owner deleted it.
     Deleted,
     /// No keepalive arrived within its TTL.
     Expired,
-    /// The ZooKeeper session it was bound to expired; its znodes went with it.
-    SessionLost,
-    /// The zkgate instance that held it shut down (SIGTERM) and released it on the way out.
-    Shutdown,
 }
 
 impl EndReason {
-    /// The reason as it is serialised (`deleted`, `expired`, `session_lost`).
+    /// The reason as it is serialised (`deleted`, `expired`).
     pub fn label(self) -> &'static str {
         match self {
             EndReason::Deleted => "deleted",
             EndReason::Expired => "expired",
-            EndReason::SessionLost => "session_lost",
-            EndReason::Shutdown => "shutdown",
         }
     }
 
@@ -52,8 +57,6 @@ impl EndReason {
         match self {
             EndReason::Deleted => "the lease was deleted",
             EndReason::Expired => "the lease expired: no keepalive arrived within its TTL",
-            EndReason::SessionLost => "the lease was lost with zkgate's ZooKeeper session, which expired",
-            EndReason::Shutdown => "the zkgate instance that held the lease shut down and released it",
         }
     }
 }
@@ -65,28 +68,32 @@ pub enum LeaseError {
     Unknown(String),
     #[error("lease `{id}` has ended: {}", reason.describe())]
     Ended { id: String, reason: EndReason },
-    #[error(
-        "lease `{id}` is held by the zkgate instance `{instance}`: HTTP requests are forwarded there, a socket must be on that instance"
-    )]
-    Elsewhere { id: String, instance: String },
+    #[error("lease `{id}` is kept by the zkgate instance `{keeper}`")]
+    Elsewhere { id: String, keeper: String },
     #[error("lease `{0}` belongs to another principal")]
     NotYours(String),
+    #[error("a lease holds what its principal writes, and this principal may write nothing")]
+    ReadOnly,
     #[error("at most {0} live leases per principal; delete or let expire one first")]
     TooMany(usize),
+    #[error(
+        "this instance cannot vouch for the leases it keeps right now (its ZooKeeper session is behind); try again, or another instance"
+    )]
+    NotFresh,
     #[error(transparent)]
     Unavailable(#[from] Unavailable),
 }
 
-/// What became of a lease, as the registry that made it knows (only the instance that holds a
-/// lease does): `None` while it lives or when it is unknown here. A topic asks it to tell a
-/// holding that was lost from one that was released.
+/// What became of a lease, as this instance knows (the instance that ended a lease does):
+/// `None` while it lives or when it is unknown here. A topic asks it to tell a holding that was
+/// lost from one that was released.
 pub type Fate = Arc<dyn Fn(&str) -> Option<EndReason> + Send + Sync>;
 
 /// What a holding reports about itself, shown on the lease.
 #[derive(Clone, Debug, serde::Serialize, utoipa::ToSchema)]
 pub struct HoldingView {
     /// The kind of resource (a socket topic's name): `lock`, `rwlock`, `semaphore`,
-    /// `election`, `group`, `barrier`, `double_barrier`, `txn`.
+    /// `election`, `group`, `barrier`, `double_barrier`, `txn`, `service`.
     #[schema(value_type = String, example = "lock")]
     pub kind: &'static str,
     /// The resource's name.
@@ -105,15 +112,37 @@ pub struct HoldingView {
     pub revocation: Option<Revocation>,
 }
 
-/// Something that a lease holds: it owns ephemeral znodes and cleans them up when the lease's
-/// `ended` token is cancelled (see [crate::recipes::handle]).
+/// Something that a lease holds: it owns znodes and cleans them up when the lease's `ended`
+/// token is cancelled (see [crate::recipes::handle]).
 pub trait Holding: Send + Sync + 'static {
-    fn view(&self) -> HoldingView;
-    /// Becomes `true` once the holding's znode is gone (or was never created).
+    /// How it shows on the lease; `None` for what is not shown (a lock set's record: its locks
+    /// are).
+    fn view(&self) -> Option<HoldingView>;
+    /// Becomes `true` once the holding's task is over: its znode gone (or never created), or
+    /// left to another keeper.
     fn finished(&self) -> watch::Receiver<bool>;
 }
 
-/// One lease.
+/// Whether the lease's record is in ZooKeeper yet, and at which version.
+#[derive(Clone, Debug)]
+enum Written {
+    /// Not yet: it is created in the same multi-op as the first thing the lease holds (a lock
+    /// acquired without a lease makes the lease and the contender in one write).
+    Pending(Vec<u8>),
+    /// At this version, as this instance keeps it.
+    At(i32),
+}
+
+/// What [Lease::guard] added to a multi-op, for [Lease::guarded].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Guard {
+    /// The record's creation.
+    Creates,
+    /// A check of the record's version.
+    Checks,
+}
+
+/// One lease, as its keeper holds it.
 pub struct Lease {
     pub id: String,
     /// The TTL granted.
@@ -121,48 +150,63 @@ pub struct Lease {
     /// The TTL asked for, if one was (it may differ from `ttl` by the policy's clamping).
     pub requested_ttl: Option<Duration>,
     pub created_at: SystemTime,
-    /// The instance's ZooKeeper session (lane) this lease lives on: everything it holds is
-    /// created on it.
+    /// The instance's session (lane) the lease's writes go through while kept here, so that
+    /// they keep their order. Not bound to one session of it: the holdings are persistent.
     pub zk: ZkSession,
-    /// The generation of that session this lease is bound to.
-    pub generation: u64,
+    /// Its record, `<root>/leases/<id>`; the references to its holdings are its children.
+    pub path: String,
     /// The principal that created it (`None` when auth is off); only it (or an admin) may use
     /// it, or anything held with it.
     pub owner: Option<String>,
     ended: CancellationToken,
+    dropped: CancellationToken,
     /// Why it ended, once it has.
     end_reason: std::sync::OnceLock<EndReason>,
     inner: Mutex<LeaseInner>,
 }
 
 struct LeaseInner {
+    written: Written,
     deadline: Instant,
     last_keepalive: SystemTime,
     holdings: Vec<Arc<dyn Holding>>,
 }
 
+/// How a [Lease] comes to be kept here.
+pub struct Kept {
+    pub id: String,
+    pub ttl: Duration,
+    pub requested_ttl: Option<Duration>,
+    pub created_at: SystemTime,
+    pub path: String,
+    pub owner: Option<String>,
+    /// The record's version, or `None` for a new lease whose record is written with its first
+    /// holding (its data given here).
+    pub version: Result<i32, Vec<u8>>,
+    /// When it expires unless kept alive.
+    pub deadline: Instant,
+}
+
 impl Lease {
-    /// A new lease with `ttl` on `zk`'s session of `generation`, owned by `owner`.
-    pub fn new(
-        id: String,
-        ttl: Duration,
-        requested_ttl: Option<Duration>,
-        zk: ZkSession,
-        generation: u64,
-        owner: Option<String>,
-    ) -> Lease {
+    /// A lease kept here on `zk`'s session.
+    pub fn new(kept: Kept, zk: ZkSession) -> Lease {
         Lease {
-            id,
-            ttl,
-            requested_ttl,
-            created_at: SystemTime::now(),
+            id: kept.id,
+            ttl: kept.ttl,
+            requested_ttl: kept.requested_ttl,
+            created_at: kept.created_at,
             zk,
-            generation,
-            owner,
+            path: kept.path,
+            owner: kept.owner,
             ended: CancellationToken::new(),
+            dropped: CancellationToken::new(),
             end_reason: std::sync::OnceLock::new(),
             inner: Mutex::new(LeaseInner {
-                deadline: Instant::now() + ttl,
+                written: match kept.version {
+                    Ok(version) => Written::At(version),
+                    Err(data) => Written::Pending(data),
+                },
+                deadline: kept.deadline,
                 last_keepalive: SystemTime::now(),
                 holdings: Vec::new(),
             }),
@@ -174,6 +218,17 @@ impl Lease {
         &self.ended
     }
 
+    /// Cancelled when this instance stops keeping the lease without ending it (another took it
+    /// over, or this one is shutting down): its holdings stop here and leave their znodes.
+    pub fn dropped(&self) -> &CancellationToken {
+        &self.dropped
+    }
+
+    /// Whether this instance keeps the lease no more, ended or not.
+    pub fn is_gone(&self) -> bool {
+        self.ended.is_cancelled() || self.dropped.is_cancelled()
+    }
+
     pub fn remaining(&self) -> Duration {
         self.lock().deadline.saturating_duration_since(Instant::now())
     }
@@ -183,7 +238,7 @@ impl Lease {
     }
 
     pub fn holdings(&self) -> Vec<HoldingView> {
-        self.lock().holdings.iter().map(|h| h.view()).collect()
+        self.lock().holdings.iter().filter_map(|h| h.view()).collect()
     }
 
     /// `Ok` if `caller` may use this lease and what it holds (its owner, or an admin).
@@ -195,53 +250,78 @@ impl Lease {
         }
     }
 
-    /// The client of the lease's own session, on which whatever it holds is created (and read
-    /// back in the same request: a session sees its own writes, another session served by
-    /// another server of an ensemble might not yet).
+    /// The client of the lease's session (whatever its generation: what the lease holds is
+    /// persistent, so a new session of the lane serves it as well as the old one did).
     ///
     /// # Notable errors
-    /// * [LeaseError::Ended] (`session_lost`) when that session has ended since the lease began.
-    /// * [LeaseError::Unavailable] while ZooKeeper cannot be reached.
-    pub async fn session(&self) -> Result<zookeeper_client::Client, LeaseError> {
-        let session = self.zk.connected().await?;
-        if session.generation != self.generation {
-            return Err(LeaseError::Ended {
-                id: self.id.clone(),
-                reason: EndReason::SessionLost,
-            });
-        }
-        Ok(session.client)
+    /// * [Unavailable] while ZooKeeper cannot be reached.
+    pub async fn session(&self) -> Result<zookeeper_client::Client, Unavailable> {
+        Ok(self.zk.connected().await?.client)
     }
 
-    /// That the lease's session was alive after this was called: a `sync` on it, which
-    /// ZooKeeper refuses once it has expired the session (perhaps before this instance has
-    /// heard). A read of the lease or of what it holds confirms it first, so that it never
-    /// shows as alive a lease whose znodes another session may already have replaced.
-    ///
-    /// # Notable errors
-    /// * [LeaseError::Ended] (`session_lost`) when the session has ended.
-    /// * [LeaseError::Unavailable] while ZooKeeper cannot be reached.
-    pub async fn confirm(&self) -> Result<(), LeaseError> {
-        let session = self.zk.connected().await?;
-        let ended = || LeaseError::Ended {
-            id: self.id.clone(),
-            reason: EndReason::SessionLost,
-        };
-        if session.generation != self.generation {
-            return Err(ended());
-        }
-        match session.sync().await {
-            Ok(()) => Ok(()),
-            Err(zookeeper_client::Error::SessionExpired) => Err(ended()),
-            Err(_) => Err(Unavailable::Disconnected.into()),
+    /// The record's version as kept here; `None` before the record is written.
+    pub fn version(&self) -> Option<i32> {
+        match self.lock().written {
+            Written::At(version) => Some(version),
+            Written::Pending(_) => None,
         }
     }
 
-    /// Attaches a holding; refused once the lease has ended, so nothing is attached to a lease
-    /// that will never clean it up.
+    /// Adds to `writer`, first, what makes a write for this lease conditional on this instance
+    /// still keeping it: the record's creation if it is not written yet, else a check of its
+    /// version. Report the commit's outcome to [Lease::guarded].
+    pub fn guard(&self, writer: &mut MultiWriter<'_>) -> Result<Guard, ZkError> {
+        match &self.lock().written {
+            Written::Pending(data) => {
+                writer.add_create(&self.path, data, &CreateMode::Persistent.with_acls(crate::zk::acls()))?;
+                Ok(Guard::Creates)
+            }
+            Written::At(version) => {
+                writer.add_check_version(&self.path, *version)?;
+                Ok(Guard::Checks)
+            }
+        }
+    }
+
+    /// Takes note of the outcome of a multi-op that began with `guard`: `Ok(true)` if it
+    /// applied; `Ok(false)` if it is to be sent again (the record was created meanwhile, by
+    /// another holding's write or by this one's whose reply was lost); `Err` with the error of
+    /// an operation after the guard. A failed check means that this instance no longer keeps
+    /// the lease: [LeaseMoved].
+    pub fn guarded(&self, guard: Guard, failed: Option<(usize, ZkError)>) -> Result<bool, GuardError> {
+        match (guard, failed) {
+            (Guard::Creates, None) => {
+                self.set_written(0);
+                Ok(true)
+            }
+            (Guard::Checks, None) => Ok(true),
+            (Guard::Creates, Some((0, ZkError::NodeExists))) => {
+                // Its id is unguessable: a record there is this lease's own.
+                self.set_written(0);
+                Ok(false)
+            }
+            (_, Some((0, ZkError::NoNode | ZkError::BadVersion))) => Err(GuardError::LeaseMoved),
+            (_, Some((_, err))) => Err(GuardError::ZooKeeper(err)),
+        }
+    }
+
+    fn set_written(&self, version: i32) {
+        let mut inner = self.lock();
+        if matches!(inner.written, Written::Pending(_)) {
+            inner.written = Written::At(version);
+        }
+    }
+
+    /// The znode under its record that names the holding `handle` of resource `name` of `kind`.
+    pub fn reference(&self, kind: Kind, name: &str, handle: &str) -> String {
+        format!("{}/{}", self.path, record::reference_name(kind, name, handle))
+    }
+
+    /// Attaches a holding; refused once the lease has ended or left this instance, so nothing
+    /// is attached to a lease that will never clean it up here.
     pub fn attach(&self, holding: Arc<dyn Holding>) -> bool {
         let mut inner = self.lock();
-        if self.ended.is_cancelled() {
+        if self.is_gone() {
             return false;
         }
         inner.holdings.push(holding);
@@ -253,9 +333,8 @@ impl Lease {
         self.lock().holdings.retain(|h| !Arc::ptr_eq(h, holding));
     }
 
-    /// Waits until every holding has removed its znodes, or `limit` passes (a holding whose
-    /// delete cannot reach ZooKeeper gives up when the session does: do not keep the caller
-    /// longer than that).
+    /// Waits until every holding's task is over, or `limit` passes (a holding whose delete
+    /// cannot reach ZooKeeper keeps trying: do not keep the caller longer than that).
     pub async fn holdings_finished(&self, limit: Duration) {
         let holdings: Vec<_> = self.lock().holdings.iter().map(|h| h.finished()).collect();
         let all = futures::future::join_all(holdings.into_iter().map(|mut done| async move {
@@ -272,7 +351,7 @@ impl Lease {
     /// Pushes the deadline one TTL into the future (a keepalive).
     pub fn renew(&self) {
         let mut inner = self.lock();
-        inner.deadline = Instant::now() + self.ttl;
+        inner.deadline = inner.deadline.max(Instant::now() + self.ttl);
         inner.last_keepalive = SystemTime::now();
     }
 
@@ -285,6 +364,13 @@ impl Lease {
         self.ended.cancel();
     }
 
+    /// Stops keeping the lease here without ending it: its holdings stop and leave their znodes
+    /// to the instance that keeps it now.
+    pub fn drop_here(&self) {
+        let _inner = self.lock();
+        self.dropped.cancel();
+    }
+
     /// Why the lease ended (`None` while it lives).
     pub fn end_reason(&self) -> Option<EndReason> {
         self.end_reason.get().copied()
@@ -293,4 +379,13 @@ impl Lease {
     fn lock(&self) -> std::sync::MutexGuard<'_, LeaseInner> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
+}
+
+/// Why a write guarded by [Lease::guard] was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GuardError {
+    /// The record's version changed or it is gone: another instance keeps the lease now, or it
+    /// ended. Nothing was written.
+    LeaseMoved,
+    ZooKeeper(ZkError),
 }

@@ -1,0 +1,209 @@
+//! Taking a lease over from its keeper: when a request for it reaches this instance and its
+//! keeper is gone or does not answer (see `http::handoff`), or when the reaper finds a lease
+//! whose keeper is gone (see [super::reaper]).
+//!
+//! One write conditional on the record's version makes this instance the keeper
+//! ([record::take_over]); of two instances trying at once, one wins and the other learns who.
+//! The lease is then timed here from what the former keeper can at most have acknowledged: no
+//! keepalive later than [FRESH] after its last heartbeat (see [super::keeping]), so the lease
+//! may end no earlier than its TTL after that ([earliest_end]). If that has passed already the
+//! lease ends at once (it expired while nobody could time it: after every instance was gone,
+//! say); else the holdings' tasks are taken over from the references under its record and go
+//! on from the znodes they find.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::{FRESH, Leases};
+use crate::auth::Caller;
+use crate::recipes::lease::record::{self, Found, TakeOver};
+use crate::recipes::lease::{EndReason, Kept, Lease, LeaseError};
+use crate::zk::session::Unavailable;
+
+/// The earliest a lease may end (ms, ZooKeeper's clock) when its keeper was last seen at
+/// `last_seen_ms`: [FRESH] (the last keepalive that keeper can have acknowledged) plus its TTL.
+pub fn earliest_end(last_seen_ms: i64, ttl: Duration) -> i64 {
+    last_seen_ms
+        .saturating_add(FRESH.as_millis() as i64)
+        .saturating_add(ttl.as_millis() as i64)
+}
+
+/// How long a lease taken over at `now_ms` has before it may end (zero: it may end now).
+pub fn time_left(last_seen_ms: i64, ttl: Duration, now_ms: i64) -> Duration {
+    Duration::from_millis(u64::try_from(earliest_end(last_seen_ms, ttl).saturating_sub(now_ms)).unwrap_or(0))
+}
+
+fn unavailable() -> LeaseError {
+    LeaseError::Unavailable(Unavailable::Disconnected)
+}
+
+impl Leases {
+    /// Takes the lease `id` over from its keeper (gone, or not answering a request handed to
+    /// it), for `caller`; with `keepalive`, the request is one, and renews the lease too.
+    ///
+    /// # Notable errors
+    /// * [LeaseError::Elsewhere] when another instance took it first (hand the request there).
+    /// * [LeaseError::Ended] when it ended (or, having expired while nobody kept it, ends now).
+    /// * [LeaseError::Unknown], [LeaseError::NotYours] as for [Leases::find].
+    /// * [LeaseError::NotFresh] while this instance cannot vouch for what it would keep.
+    pub async fn take_over(&self, caller: &Caller, id: &str, keepalive: bool) -> Result<Arc<Lease>, LeaseError> {
+        if let Ok(lease) = self.get(caller, id) {
+            if keepalive {
+                lease.renew();
+            }
+            return Ok(lease);
+        }
+        if !self.is_fresh() {
+            return Err(LeaseError::NotFresh);
+        }
+        let client = self.inner.lanes.primary().connected().await?.client;
+        let path = record::path(&self.inner.root, id);
+        let found = record::read(&client, &path)
+            .await
+            .map_err(|_| unavailable())?
+            .ok_or_else(|| LeaseError::Unknown(id.to_string()))?;
+        if !caller.owns(found.record.principal.as_deref()) {
+            return Err(LeaseError::NotYours(id.to_string()));
+        }
+        if let Some(reason) = found.record.ended {
+            return Err(LeaseError::Ended {
+                id: id.to_string(),
+                reason,
+            });
+        }
+        let last_seen = self.last_seen(&client, &found.record.keeper).await?;
+        let lease = self.adopt(id, &found, last_seen).await?;
+        if lease.ended().is_cancelled() {
+            return Err(LeaseError::Ended {
+                id: id.to_string(),
+                reason: lease.end_reason().unwrap_or(EndReason::Expired),
+            });
+        }
+        if keepalive {
+            lease.renew();
+        }
+        Ok(lease)
+    }
+
+    /// When `keeper` was last seen (its keeper node's `mtime`); now if it never was (a
+    /// conservative guess: it gives the lease its whole TTL).
+    async fn last_seen(&self, client: &crate::zk::Client, keeper: &str) -> Result<i64, LeaseError> {
+        let now = self.inner.keeping.server_now().ok_or(LeaseError::NotFresh)?;
+        let seen = crate::recipes::lease::record::keepers(client, &self.inner.root)
+            .await
+            .map_err(|_| unavailable())?
+            .into_iter()
+            .find(|(name, _)| name == keeper)
+            .map(|(_, mtime)| mtime);
+        Ok(seen.unwrap_or(now).min(now))
+    }
+
+    /// Makes this instance the keeper of the lease found as `found`, whose keeper was last seen
+    /// at `last_seen_ms`: times it from then, takes over what it holds, and ends it at once if
+    /// it has expired, or if it had ended and its ender did not finish (a tombstone with
+    /// holdings).
+    pub(super) async fn adopt(&self, id: &str, found: &Found, last_seen_ms: i64) -> Result<Arc<Lease>, LeaseError> {
+        let now = self.inner.keeping.server_now().ok_or(LeaseError::NotFresh)?;
+        let (lane, session) = self.inner.lanes.pick()?;
+        let client = session.client;
+        let version = match record::take_over(&client, &self.inner.root, id, found, &self.inner.instance).await {
+            Ok(version) => version,
+            Err(TakeOver::Changed) => {
+                return match record::read(&client, &record::path(&self.inner.root, id)).await {
+                    Ok(Some(now)) => match now.record.ended {
+                        Some(reason) => Err(LeaseError::Ended {
+                            id: id.to_string(),
+                            reason,
+                        }),
+                        None => Err(LeaseError::Elsewhere {
+                            id: id.to_string(),
+                            keeper: now.record.keeper,
+                        }),
+                    },
+                    Ok(None) => Err(LeaseError::Unknown(id.to_string())),
+                    Err(_) => Err(unavailable()),
+                };
+            }
+            Err(TakeOver::Gone) => return Err(LeaseError::Unknown(id.to_string())),
+            Err(TakeOver::ZooKeeper(_)) => return Err(unavailable()),
+        };
+        let ttl = Duration::from_millis(found.record.ttl_ms);
+        let left = time_left(last_seen_ms, ttl, now);
+        let lease = Arc::new(Lease::new(
+            Kept {
+                id: id.to_string(),
+                ttl,
+                requested_ttl: found.record.requested_ttl_ms.map(Duration::from_millis),
+                created_at: crate::time::from_millis(found.record.created_ms),
+                path: record::path(&self.inner.root, id),
+                owner: found.record.principal.clone(),
+                version: Ok(version),
+                deadline: Instant::now() + left,
+            },
+            lane.clone(),
+        ));
+        {
+            let mut table = self.inner.table();
+            if let Some(existing) = table.live.get(id) {
+                return Ok(existing.clone());
+            }
+            table.live.insert(id.to_string(), lease.clone());
+            *table.per_owner.entry(lease.owner.clone()).or_default() += 1;
+        }
+        let holdings = record::holdings(&client, &lease.path).await.unwrap_or_default();
+        tracing::info!(lease = %id, from = %found.record.keeper, holdings = holdings.len(), left = ?left, "lease taken over");
+        crate::metrics::get().leases_taken_over.inc();
+        if let Some(adopter) = self.inner.adopter.get() {
+            adopter(&lease, holdings.into_iter().map(|(_, holding)| holding).collect());
+        }
+        match found.record.ended {
+            // Ended, and left with holdings by an ender that is gone: finish its end.
+            Some(reason) => self.inner.finish(&lease, reason),
+            None => self.inner.start_timer(&lease),
+        }
+        Ok(lease)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_taken_over_lease_lives_its_ttl_after_the_last_keepalive_its_keeper_could_have_acknowledged() {
+        let ttl = Duration::from_secs(10);
+        let fresh = FRESH.as_millis() as i64;
+        // Seen a moment ago: the whole TTL, and the margin.
+        assert_eq!(time_left(1_000_000, ttl, 1_000_000), ttl + FRESH);
+        // Seen 4 s ago: 4 s less.
+        assert_eq!(
+            time_left(1_000_000, ttl, 1_004_000),
+            ttl + FRESH - Duration::from_secs(4)
+        );
+        // Seen a TTL and the margin ago, or longer: nothing left, it may end at once.
+        assert_eq!(time_left(1_000_000, ttl, 1_000_000 + fresh + 10_000), Duration::ZERO);
+        assert_eq!(time_left(1_000_000, ttl, 9_000_000), Duration::ZERO);
+        // A clock that went back gives more, never less.
+        assert!(time_left(1_000_000, ttl, 999_000) > ttl + FRESH);
+    }
+
+    proptest::proptest! {
+        /// Whatever the times, the lease never ends before a keepalive acknowledged by its
+        /// former keeper (at most FRESH after it was last seen) is a TTL old.
+        #[test]
+        fn never_before_the_ttl_of_any_acknowledged_keepalive(
+            last_seen in 0i64..1_000_000_000,
+            acked_after in 0i64..3_000,
+            taken_after in 0i64..100_000,
+            ttl_ms in 1u64..3_600_000,
+        ) {
+            let ttl = Duration::from_millis(ttl_ms);
+            let acked = last_seen + acked_after.min(FRESH.as_millis() as i64);
+            let taken = last_seen + taken_after;
+            let ends = taken + time_left(last_seen, ttl, taken).as_millis() as i64;
+            proptest::prop_assert!(ends >= acked + ttl_ms as i64);
+        }
+    }
+}

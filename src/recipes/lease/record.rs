@@ -1,0 +1,506 @@
+//! The znodes of leases: the record of each lease, the references to what it holds, and each
+//! instance's keeper node.
+//!
+//! ```text
+//! <root>/leases/<id>                 the record: TTL, principal, created, keeper (JSON)
+//! <root>/leases/<id>/<reference>     one per holding: what it is and where (JSON)
+//! <root>/keepers/<instance>          touched by its instance every second: its last sign of life
+//! <root>/keepers/<instance>/<id>     a notice: lease <id> was taken over from it
+//! ```
+//!
+//! **Who keeps a lease.** The record names its keeper, and only a write conditional on the
+//! record's version changes that ([take_over]), so two instances never both keep one: each
+//! write an instance makes for a lease checks the version it keeps it at
+//! ([super::Lease::guard]). A takeover also leaves a notice under the former keeper's node, in
+//! the same multi-op, which that instance watches; it learns of the takeover before the reply
+//! to any later write of its own (ZooKeeper sends a session its watch events in order with its
+//! replies), which is what lets it stop acknowledging keepalives for a lease the moment it
+//! cannot know it still keeps it (see [crate::lease]).
+//!
+//! **An end is a write too.** The keeper ends a lease by writing the reason into the record
+//! (conditional on its version, so a keeper that lost the lease cannot end it), then its
+//! holdings delete their znodes and references; the record stays a while as a *tombstone* so
+//! that any instance answers "ended, and why" (HTTP 410) rather than "never heard of it".
+
+use serde::{Deserialize, Serialize};
+use zookeeper_client::{Client, CreateMode, Error as ZkError, MultiWriteError, OneshotWatcher, Stat};
+
+use crate::kind::Kind;
+use crate::zk::retry_on_loss;
+
+use super::EndReason;
+
+/// The directory of the lease records under the root.
+pub const LEASES: &str = "leases";
+/// The directory of the keeper nodes under the root.
+pub const KEEPERS: &str = "keepers";
+
+/// `<root>/leases`.
+pub fn leases_dir(root: &str) -> String {
+    format!("{root}/{LEASES}")
+}
+
+/// `<root>/leases/<id>`.
+pub fn path(root: &str, id: &str) -> String {
+    format!("{root}/{LEASES}/{id}")
+}
+
+/// `<root>/keepers/<instance>`.
+pub fn keeper_path(root: &str, instance: &str) -> String {
+    format!("{root}/{KEEPERS}/{instance}")
+}
+
+/// What a lease's record holds.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseRecord {
+    pub ttl_ms: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requested_ttl_ms: Option<u64>,
+    /// Its owner (`None` when auth is off).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub principal: Option<String>,
+    /// When it was made, ms since the Unix epoch.
+    pub created_ms: i64,
+    /// The instance that keeps it (times its TTL) now.
+    pub keeper: String,
+    /// Why it ended, once it has: the record is then a tombstone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended: Option<EndReason>,
+    /// When it ended, ms since the Unix epoch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended_ms: Option<i64>,
+}
+
+impl LeaseRecord {
+    pub fn to_bytes(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    pub fn parse(data: &[u8]) -> Option<LeaseRecord> {
+        serde_json::from_slice(data).ok()
+    }
+}
+
+/// A record as read: its content, its version (the keeper's epoch) and its number of holdings.
+#[derive(Clone, Debug)]
+pub struct Found {
+    pub record: LeaseRecord,
+    pub version: i32,
+    pub holdings: i32,
+}
+
+impl Found {
+    fn of(data: &[u8], stat: &Stat) -> Option<Found> {
+        Some(Found {
+            record: LeaseRecord::parse(data)?,
+            version: stat.version,
+            holdings: stat.num_children,
+        })
+    }
+}
+
+/// The record at `path`, if there is one (a record that does not parse counts as none).
+pub async fn read(client: &Client, path: &str) -> Result<Option<Found>, ZkError> {
+    match retry_on_loss(|| client.get_data(path)).await {
+        Ok((data, stat)) => Ok(Found::of(&data, &stat)),
+        Err(ZkError::NoNode) => Ok(None),
+        Err(err) => Err(err),
+    }
+}
+
+/// The records at `paths`, in the order given (`None` where there is none), in multi-reads.
+pub async fn read_several(client: &Client, paths: &[String]) -> Result<Vec<Option<Found>>, ZkError> {
+    let read = crate::zk::get_each(client, paths).await?;
+    Ok(read
+        .into_iter()
+        .map(|read| read.and_then(|(data, stat)| Found::of(&data, &stat)))
+        .collect())
+}
+
+/// Every lease record under the root, by id (tombstones included), in multi-reads.
+pub async fn read_all(client: &Client, root: &str) -> Result<Vec<(String, Found)>, ZkError> {
+    let dir = leases_dir(root);
+    let ids = match retry_on_loss(|| client.list_children(&dir)).await {
+        Ok(ids) => ids,
+        Err(ZkError::NoNode) => return Ok(Vec::new()),
+        Err(err) => return Err(err),
+    };
+    let read = crate::zk::read_each(client, &dir, ids).await?;
+    Ok(read
+        .into_iter()
+        .filter_map(|(id, data, stat)| Found::of(&data, &stat).map(|found| (id, found)))
+        .collect())
+}
+
+/// Makes `<root>/leases`, `<root>/keepers` and `<root>/bindings` if they are missing.
+pub async fn prepare(client: &Client, root: &str) -> Result<(), ZkError> {
+    let bindings = format!("{root}/{}", crate::recipes::bound::BINDINGS);
+    for dir in [leases_dir(root), format!("{root}/{KEEPERS}"), bindings] {
+        crate::zk::session::ensure_path(client, &dir).await?;
+    }
+    Ok(())
+}
+
+/// Creates a lease's record. A create whose reply was lost finds the record there: its id is
+/// unguessable, so it is this one's (version 0: nothing can have changed it yet but its keeper).
+pub async fn create(client: &Client, path: &str, record: &LeaseRecord) -> Result<i32, ZkError> {
+    let options = CreateMode::Persistent.with_acls(crate::zk::acls());
+    let data = record.to_bytes();
+    loop {
+        match client.create(path, &data, &options).await {
+            Ok(_) | Err(ZkError::NodeExists) => return Ok(0),
+            Err(ZkError::NoNode) => {
+                let parent = &path[..path.rfind('/').unwrap_or(0)];
+                crate::zk::session::ensure_path(client, parent).await?;
+            }
+            Err(err) if crate::zk::is_loss(&err) => {
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+            Err(err) => return Err(err),
+        }
+    }
+}
+
+/// Why [take_over] did not take the lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TakeOver {
+    /// Its record changed since it was read (another instance took it, or it ended): read again.
+    Changed,
+    /// Its record is gone.
+    Gone,
+    ZooKeeper(ZkError),
+}
+
+/// Makes `me` the keeper of the lease `id` found as `found`: one write conditional on the version
+/// read, so that of two instances trying at once one wins. A notice for the former keeper goes
+/// in the same multi-op (unless its keeper node is gone: then it is gone too). Returns the
+/// record's new version.
+pub async fn take_over(client: &Client, root: &str, id: &str, found: &Found, me: &str) -> Result<i32, TakeOver> {
+    let record = LeaseRecord {
+        keeper: me.to_string(),
+        ..found.record.clone()
+    };
+    let data = record.to_bytes();
+    let path = path(root, id);
+    let notice = format!("{}/{id}", keeper_path(root, &found.record.keeper));
+    let mut with_notice = found.record.keeper != me;
+    loop {
+        let mut writer = client.new_multi_writer();
+        let added = writer.add_set_data(&path, &data, Some(found.version)).and_then(|()| {
+            if with_notice {
+                writer.add_create(&notice, &[], &CreateMode::Persistent.with_acls(crate::zk::acls()))
+            } else {
+                Ok(())
+            }
+        });
+        added.map_err(TakeOver::ZooKeeper)?;
+        match writer.commit().await {
+            Ok(results) => {
+                return Ok(match results.first() {
+                    Some(zookeeper_client::MultiWriteResult::SetData { stat }) => stat.version,
+                    _ => found.version + 1,
+                });
+            }
+            Err(MultiWriteError::OperationFailed { index: 0, source }) => {
+                return Err(match source {
+                    ZkError::NoNode => TakeOver::Gone,
+                    ZkError::BadVersion => TakeOver::Changed,
+                    err => TakeOver::ZooKeeper(err),
+                });
+            }
+            // The former keeper's node is gone (so is it), or holds a notice already (an
+            // earlier takeover of this lease from it): take it over without one.
+            Err(MultiWriteError::OperationFailed {
+                source: ZkError::NoNode | ZkError::NodeExists,
+                ..
+            }) => with_notice = false,
+            Err(err) => {
+                let err = ZkError::from(err);
+                if !crate::zk::is_loss(&err) {
+                    return Err(TakeOver::ZooKeeper(err));
+                }
+                // The reply was lost: whether it applied, a fresh read tells.
+                match read(client, &path).await {
+                    Ok(Some(now)) if now.record.keeper == me && now.record.ended.is_none() => return Ok(now.version),
+                    Ok(Some(now)) if now.version == found.version => {}
+                    Ok(Some(_)) => return Err(TakeOver::Changed),
+                    Ok(None) => return Err(TakeOver::Gone),
+                    Err(err) => return Err(TakeOver::ZooKeeper(err)),
+                }
+            }
+        }
+    }
+}
+
+/// Writes the end of a lease into its record (conditional on `version`, the version kept). A
+/// reply lost on the way is retried: a retry that finds the version moved reads whether the end
+/// is the one written.
+///
+/// # Notable errors
+/// * `BadVersion` or `NoNode`: the lease is not kept at that version (it was taken over or
+///   removed); nothing was written.
+pub async fn mark_ended(
+    client: &Client,
+    path: &str,
+    record: &LeaseRecord,
+    version: i32,
+    reason: EndReason,
+) -> Result<(), ZkError> {
+    let ended = LeaseRecord {
+        ended: Some(reason),
+        ended_ms: Some(crate::time::now_ms()),
+        ..record.clone()
+    };
+    let data = ended.to_bytes();
+    let mut retried = false;
+    loop {
+        match client.set_data(path, &data, Some(version)).await {
+            Ok(_) => return Ok(()),
+            Err(err) if crate::zk::is_loss(&err) => {
+                retried = true;
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+            Err(ZkError::BadVersion) if retried => match read(client, path).await? {
+                Some(now) if now.record.ended == Some(reason) && now.record.keeper == record.keeper => return Ok(()),
+                _ => return Err(ZkError::BadVersion),
+            },
+            Err(err) => return Err(err),
+        }
+    }
+}
+
+/// Removes a tombstone. `false` (and nothing removed) while references remain under it (a
+/// holding still being cleaned up) or when it is not a tombstone (any more).
+pub async fn remove_tombstone(client: &Client, path: &str) -> Result<bool, ZkError> {
+    let Some(found) = read(client, path).await? else {
+        return Ok(true);
+    };
+    if found.record.ended.is_none() || found.holdings > 0 {
+        return Ok(false);
+    }
+    match retry_on_loss(|| client.delete(path, Some(found.version))).await {
+        Ok(()) | Err(ZkError::NoNode) => Ok(true),
+        Err(ZkError::NotEmpty | ZkError::BadVersion) => Ok(false),
+        Err(err) => Err(err),
+    }
+}
+
+/// What a lease holds, as the reference under its record says: enough for any instance to find
+/// the holding's znodes, and for a new keeper to take its task over.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HoldingRecord {
+    /// The kind's name (`lock`, `group`...).
+    pub kind: String,
+    /// The resource's name.
+    pub name: String,
+    /// The handle (a member's or participant's own id for bound nodes).
+    pub handle: String,
+    #[serde(flatten)]
+    pub held: Held,
+}
+
+/// The protocol of a holding, and what it needs to be found again.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "protocol", rename_all = "snake_case")]
+pub enum Held {
+    /// An ordered node `_c_<guid><infix><seq>` in the resource's znode (the GUID is the
+    /// handle's, see [crate::ids::guid_of]).
+    Contender {
+        /// `exclusive`, `read`, `write` or `candidate`.
+        role: String,
+    },
+    /// A semaphore permit request: a node in its `locks/`, then one in its `leases/`.
+    Permit { permits: u32 },
+    /// One node at a known path (a member, a participant, a lease-bound barrier, a service
+    /// instance), with the charge of its data and the binding that names its lease when its
+    /// data cannot.
+    Bound {
+        path: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        charge: Option<String>,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        binding: bool,
+        /// Not shown among the lease's holdings (a lock set's record).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        hidden: bool,
+    },
+}
+
+impl HoldingRecord {
+    pub fn to_bytes(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    pub fn parse(data: &[u8]) -> Option<HoldingRecord> {
+        serde_json::from_slice(data).ok()
+    }
+
+    /// The kind it is of, if zkgate knows it.
+    pub fn kind(&self) -> Option<Kind> {
+        Kind::from_topic(&self.kind)
+    }
+}
+
+/// The name of the reference to holding `handle` of resource `name` of `kind` under its lease's
+/// record: the kind and a hash of the resource and the handle, so that any instance that knows
+/// the holding (and its lease) finds it without a listing.
+pub fn reference_name(kind: Kind, name: &str, handle: &str) -> String {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(format!("{name}\0{handle}").as_bytes());
+    format!("{}-{}", kind.name(), crate::ids::hex(&digest[..16]))
+}
+
+/// The holdings recorded under the lease record at `path`, by reference name.
+pub async fn holdings(client: &Client, path: &str) -> Result<Vec<(String, HoldingRecord)>, ZkError> {
+    let names = match retry_on_loss(|| client.list_children(path)).await {
+        Ok(names) => names,
+        Err(ZkError::NoNode) => return Ok(Vec::new()),
+        Err(err) => return Err(err),
+    };
+    let read = crate::zk::read_each(client, path, names).await?;
+    Ok(read
+        .into_iter()
+        .filter_map(|(name, data, _)| HoldingRecord::parse(&data).map(|record| (name, record)))
+        .collect())
+}
+
+/// Touches `<root>/keepers/<me>` (creating it if missing): the instance's sign of life, whose
+/// `mtime` (ZooKeeper's clock) says when it last was. Returns that time, and whether the node
+/// had to be made (its notices, if any, were lost with it).
+pub async fn touch(client: &Client, root: &str, me: &str) -> Result<(i64, bool), ZkError> {
+    let path = keeper_path(root, me);
+    match client.set_data(&path, &[], None).await {
+        Ok(stat) => return Ok((stat.mtime, false)),
+        Err(ZkError::NoNode) => {}
+        Err(err) => return Err(err),
+    }
+    let options = CreateMode::Persistent.with_acls(crate::zk::acls());
+    loop {
+        match client.create(&path, &[], &options).await {
+            Ok((stat, _)) => return Ok((stat.mtime, true)),
+            // Made by a create whose reply was lost: touch it to learn the time.
+            Err(ZkError::NodeExists) => return Ok((client.set_data(&path, &[], None).await?.mtime, true)),
+            Err(ZkError::NoNode) => crate::zk::session::ensure_path(client, &format!("{root}/{KEEPERS}")).await?,
+            Err(err) => return Err(err),
+        }
+    }
+}
+
+/// The notices under `<root>/keepers/<me>` (the ids of leases taken over from this instance),
+/// with a watch for the next.
+pub async fn notices(client: &Client, root: &str, me: &str) -> Result<(Vec<String>, OneshotWatcher), ZkError> {
+    retry_on_loss(|| client.list_and_watch_children(&keeper_path(root, me))).await
+}
+
+/// Removes notices once acted on.
+pub async fn clear_notices(client: &Client, root: &str, me: &str, ids: &[String]) {
+    let dir = keeper_path(root, me);
+    for chunk in ids.chunks(crate::recipes::janitor::BATCH) {
+        let mut writer = client.new_multi_writer();
+        for id in chunk {
+            let _ = writer.add_delete(&format!("{dir}/{id}"), None);
+        }
+        if writer.commit().await.is_err() {
+            // One was gone already: delete them one by one.
+            for id in chunk {
+                let _ = retry_on_loss(|| client.delete(&format!("{dir}/{id}"), None)).await;
+            }
+        }
+    }
+}
+
+/// When each instance under `<root>/keepers` was last seen (its node's `mtime`), by id.
+pub async fn keepers(client: &Client, root: &str) -> Result<Vec<(String, i64)>, ZkError> {
+    let dir = format!("{root}/{KEEPERS}");
+    let names = match retry_on_loss(|| client.list_children(&dir)).await {
+        Ok(names) => names,
+        Err(ZkError::NoNode) => return Ok(Vec::new()),
+        Err(err) => return Err(err),
+    };
+    let read = crate::zk::read_each(client, &dir, names).await?;
+    Ok(read.into_iter().map(|(name, _, stat)| (name, stat.mtime)).collect())
+}
+
+/// Removes the keeper node of an instance that is gone, with its notices.
+pub async fn forget_keeper(client: &Client, root: &str, instance: &str) -> Result<(), ZkError> {
+    let path = keeper_path(root, instance);
+    loop {
+        let notices = match retry_on_loss(|| client.list_children(&path)).await {
+            Ok(notices) => notices,
+            Err(ZkError::NoNode) => return Ok(()),
+            Err(err) => return Err(err),
+        };
+        clear_notices(client, root, instance, &notices).await;
+        match retry_on_loss(|| client.delete(&path, None)).await {
+            Ok(()) | Err(ZkError::NoNode) => return Ok(()),
+            Err(ZkError::NotEmpty) => continue,
+            Err(err) => return Err(err),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_record_reads_back_and_tolerates_what_it_does_not_know() {
+        let record = LeaseRecord {
+            ttl_ms: 30_000,
+            requested_ttl_ms: None,
+            principal: Some("alice".into()),
+            created_ms: 1,
+            keeper: "0123abcd".into(),
+            ended: None,
+            ended_ms: None,
+        };
+        assert_eq!(LeaseRecord::parse(&record.to_bytes()), Some(record.clone()));
+        let newer = br#"{"ttl_ms":5,"created_ms":2,"keeper":"x","ended":"expired","ended_ms":3,"later":1}"#;
+        let parsed = LeaseRecord::parse(newer).expect("parses");
+        assert_eq!(parsed.ended, Some(EndReason::Expired));
+        assert_eq!(parsed.principal, None);
+        assert_eq!(LeaseRecord::parse(b"not json"), None);
+    }
+
+    #[test]
+    fn holdings_record_their_protocol() {
+        let bound = HoldingRecord {
+            kind: "group".into(),
+            name: "workers".into(),
+            handle: "w-1".into(),
+            held: Held::Bound {
+                path: "/zkgate/groups/workers/w-1".into(),
+                charge: Some("/zkgate/usage/anyone/x".into()),
+                binding: true,
+                hidden: false,
+            },
+        };
+        let text = String::from_utf8(bound.to_bytes()).expect("utf-8");
+        assert!(text.contains(r#""protocol":"bound""#), "{text}");
+        assert_eq!(HoldingRecord::parse(text.as_bytes()), Some(bound));
+        let contender = HoldingRecord {
+            kind: "lock".into(),
+            name: "orders".into(),
+            handle: "0123abcd-6f1c2a9e0b7d4e3f8a5b6c7d8e9f0a1b".into(),
+            held: Held::Contender {
+                role: "exclusive".into(),
+            },
+        };
+        assert_eq!(HoldingRecord::parse(&contender.to_bytes()), Some(contender.clone()));
+        assert_eq!(contender.kind(), Some(Kind::Lock));
+    }
+
+    #[test]
+    fn references_differ_by_kind_resource_and_handle() {
+        let a = reference_name(Kind::Group, "g", "m");
+        assert!(a.starts_with("group-") && a.len() == "group-".len() + 32, "{a}");
+        assert_ne!(a, reference_name(Kind::Group, "g", "n"));
+        assert_ne!(a, reference_name(Kind::Group, "h", "m"));
+        assert_ne!(a, reference_name(Kind::Service, "g", "m"));
+        // The separator keeps `a`+`bc` and `ab`+`c` apart.
+        assert_ne!(
+            reference_name(Kind::Group, "a", "bc"),
+            reference_name(Kind::Group, "ab", "c")
+        );
+    }
+}
