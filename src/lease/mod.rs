@@ -89,7 +89,14 @@ struct Registry {
     table: Mutex<Table>,
     adopter: OnceLock<Adopter>,
     keeping: keeping::Keeping,
+    /// Taking a lease over is one at a time per lease here (striped by its id's hash): the
+    /// reaper and a client's request racing for the same lease would otherwise see each other's
+    /// write as another instance's ([Leases::adopt]).
+    adopting: [tokio::sync::Mutex<()>; ADOPTING_STRIPES],
 }
+
+/// How many locks [Registry::adopting] stripes over.
+const ADOPTING_STRIPES: usize = 64;
 
 #[derive(Default)]
 struct Table {
@@ -130,6 +137,7 @@ impl Leases {
             table: Mutex::default(),
             adopter: OnceLock::new(),
             keeping: keeping::Keeping::new(registered, lanes.primary().clone()),
+            adopting: std::array::from_fn(|_| tokio::sync::Mutex::new(())),
         });
         tokio::spawn(keeping::run(Arc::downgrade(&inner), lanes.primary().clone()));
         Leases { inner }
@@ -290,12 +298,7 @@ impl Leases {
         if crate::ids::owner_of(id).is_none() {
             return Err(LeaseError::Unknown(id.to_string()));
         }
-        let client = self.inner.lanes.primary().connected().await?.client;
-        let path = record::path(&self.inner.root, id);
-        let found = record::read(&client, &path)
-            .await
-            .map_err(|_| LeaseError::Unavailable(crate::zk::session::Unavailable::Disconnected))?
-            .ok_or_else(|| LeaseError::Unknown(id.to_string()))?;
+        let found = self.read_record(id).await?;
         if !caller.owns(found.record.principal.as_deref()) {
             return Err(LeaseError::NotYours(id.to_string()));
         }
@@ -312,6 +315,24 @@ impl Leases {
             id: id.to_string(),
             keeper: found.record.keeper,
         })
+    }
+
+    /// The record of lease `id` as ZooKeeper has it. Read once, and again after a `sync` when
+    /// it is not there: a lease made through another instance a moment ago may not have
+    /// reached this session's server yet (each ZooKeeper server serves reads from its own copy),
+    /// and its client may already be using it here.
+    pub(crate) async fn read_record(&self, id: &str) -> Result<record::Found, LeaseError> {
+        let session = self.inner.lanes.primary().connected().await?;
+        let unavailable = || LeaseError::Unavailable(crate::zk::session::Unavailable::Disconnected);
+        let path = record::path(&self.inner.root, id);
+        if let Some(found) = record::read(&session.client, &path).await.map_err(|_| unavailable())? {
+            return Ok(found);
+        }
+        session.sync().await.map_err(|_| unavailable())?;
+        record::read(&session.client, &path)
+            .await
+            .map_err(|_| unavailable())?
+            .ok_or_else(|| LeaseError::Unknown(id.to_string()))
     }
 
     /// What [Leases::get] answers for `id`, whoever asks: for a lease whose owner was checked

@@ -58,12 +58,7 @@ impl Leases {
         if !self.is_fresh() {
             return Err(LeaseError::NotFresh);
         }
-        let client = self.inner.lanes.primary().connected().await?.client;
-        let path = record::path(&self.inner.root, id);
-        let found = record::read(&client, &path)
-            .await
-            .map_err(|_| unavailable())?
-            .ok_or_else(|| LeaseError::Unknown(id.to_string()))?;
+        let found = self.read_record(id).await?;
         if !caller.owns(found.record.principal.as_deref()) {
             return Err(LeaseError::NotYours(id.to_string()));
         }
@@ -73,6 +68,7 @@ impl Leases {
                 reason,
             });
         }
+        let client = self.inner.lanes.primary().connected().await?.client;
         let last_seen = self.last_seen(&client, &found.record.keeper).await?;
         let lease = self.adopt(id, &found, last_seen).await?;
         if lease.ended().is_cancelled() {
@@ -105,12 +101,27 @@ impl Leases {
     /// it has expired, or if it had ended and its ender did not finish (a tombstone with
     /// holdings).
     pub(super) async fn adopt(&self, id: &str, found: &Found, last_seen_ms: i64) -> Result<Arc<Lease>, LeaseError> {
+        let stripe = {
+            use std::hash::{BuildHasher, BuildHasherDefault};
+            let hash = BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default().hash_one(id);
+            hash as usize % self.inner.adopting.len()
+        };
+        let adopting = self.inner.adopting[stripe].lock().await;
+        // Taken over here meanwhile (the reaper, or another request): `found` is stale.
+        if let Some(existing) = self.inner.table().live.get(id).cloned() {
+            return Ok(existing);
+        }
         let now = self.inner.keeping.server_now().ok_or(LeaseError::NotFresh)?;
         let (lane, session) = self.inner.lanes.pick()?;
-        let client = session.client;
+        let client = session.client.clone();
         let version = match record::take_over(&client, &self.inner.root, id, found, &self.inner.instance).await {
             Ok(version) => version,
             Err(TakeOver::Changed) => {
+                // As it is now (read after a sync: this session's server may lag the write
+                // that changed it).
+                if session.sync().await.is_err() {
+                    return Err(unavailable());
+                }
                 return match record::read(&client, &record::path(&self.inner.root, id)).await {
                     Ok(Some(now)) => match now.record.ended {
                         Some(reason) => Err(LeaseError::Ended {
@@ -152,6 +163,7 @@ impl Leases {
             table.live.insert(id.to_string(), lease.clone());
             *table.per_owner.entry(lease.owner.clone()).or_default() += 1;
         }
+        drop(adopting);
         let holdings = record::holdings(&client, &lease.path).await.unwrap_or_default();
         tracing::info!(lease = %id, from = %found.record.keeper, holdings = holdings.len(), left = ?left, "lease taken over");
         crate::metrics::get().leases_taken_over.inc();
@@ -161,6 +173,16 @@ impl Leases {
         match found.record.ended {
             // Ended, and left with holdings by an ender that is gone: finish its end.
             Some(reason) => self.inner.finish(&lease, reason),
+            // Its time passed while nobody kept it (every instance was gone): it ends now, and
+            // its holdings are released before this returns (the reaper's first pass is done
+            // before the instance is ready: it serves nothing of such a lease).
+            None if left.is_zero() => {
+                if self.inner.end(&lease, EndReason::Expired).await.is_ok() {
+                    lease.holdings_finished(Duration::from_secs(10)).await;
+                } else {
+                    self.inner.start_timer(&lease);
+                }
+            }
             None => self.inner.start_timer(&lease),
         }
         Ok(lease)
