@@ -139,9 +139,12 @@ pub async fn lower(
         .filter(|b| b.state().phase != Phase::Moved)
     {
         state.barriers.release(&bound).await;
-        return Ok(StatusCode::NO_CONTENT);
+        if bound.state().phase != Phase::Moved {
+            return Ok(StatusCode::NO_CONTENT);
+        }
     }
-    // Bound to a lease kept elsewhere: released with its reference, through ZooKeeper.
+    // Bound to a lease kept elsewhere (or moved there while released here): released with its
+    // reference, through ZooKeeper.
     if owner.is_some() && bound::release_recorded(&client, root, Kind::Barrier, (&name, &name), &path).await? {
         return Ok(StatusCode::NO_CONTENT);
     }

@@ -217,13 +217,12 @@ where
                 "ZooKeeper did not answer in time; the request left the queue",
             ))
         }
-        Phase::Lost { reason } => Err(match state.leases.peek(&lease.id) {
-            Err(lease_err) => ApiError::from(lease_err),
-            Ok(_) => ApiError::new(
+        Phase::Lost { reason } => Err(super::leases::lease_error(state, &lease).unwrap_or_else(|| {
+            ApiError::new(
                 Problem::LockLost,
                 format!("the contender for `{name}` was lost: {reason}"),
-            ),
-        }),
+            )
+        })),
         Phase::Failed { error } => {
             give_up(state, handles, &handle, own_lease).await;
             Err(ApiError::from(error))
@@ -607,6 +606,16 @@ pub async fn release<P: Protocol>(
     };
     handles.release(&handle).await;
     match handle.state().phase {
+        // Its lease moved to another instance while this one released it: the task stopped
+        // without deleting (it no longer acts for the lease). Released through ZooKeeper, as
+        // any instance that does not keep the lease does.
+        Phase::Moved => {
+            let client = super::consistency::synced(state).await?;
+            if let Some(recorded) = lookup(&client, handles, &handle.name, &handle.id).await? {
+                contender::release_recorded(&client, &state.config.root, &recorded).await?;
+            }
+            Ok(StatusCode::NO_CONTENT)
+        }
         Phase::Lost { reason } => Err(ApiError::new(
             Problem::LockLost,
             format!(

@@ -223,7 +223,11 @@ pub(super) async fn unbind(
     if let Some(node) = nodes.get(name, id).filter(|n| n.state().phase != Phase::Moved) {
         node.lease.check_owner(caller)?;
         nodes.release(&node).await;
-        return Ok(StatusCode::NO_CONTENT);
+        if node.state().phase != Phase::Moved {
+            return Ok(StatusCode::NO_CONTENT);
+        }
+        // Its lease moved to another instance meanwhile: the task stopped without deleting;
+        // released through ZooKeeper below.
     }
     let client = super::consistency::synced(state).await?;
     let (root, kind) = (&state.config.root, nodes.kind());

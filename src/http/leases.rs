@@ -62,13 +62,18 @@ pub async fn lease_for(
 
 /// The error for a request whose lease ended (or left this instance) while it was served.
 pub fn lease_gone(state: &AppState, lease: &Lease) -> ApiError {
-    if let Err(err) = state.leases.peek(&lease.id) {
-        return err.into();
-    }
+    lease_error(state, lease)
+        .unwrap_or_else(|| ApiError::new(Problem::LockNotAcquired, "the request was released while it waited"))
+}
+
+/// Why `lease`, used by a request here, is no longer usable here, if it is not: moved to
+/// another instance (dropped here: this instance no longer knows it, which is not "unknown"),
+/// or ended.
+pub fn lease_error(state: &AppState, lease: &Lease) -> Option<ApiError> {
     if lease.dropped().is_cancelled() {
-        return moved(&lease.id);
+        return Some(moved(&lease.id));
     }
-    ApiError::new(Problem::LockNotAcquired, "the request was released while it waited")
+    state.leases.peek(&lease.id).err().map(ApiError::from)
 }
 
 /// The error for a request whose lease another instance took over while it was served.
