@@ -1,10 +1,10 @@
 //! The ids zkgate hands out (leases, handles, claims) and what they tell.
 //!
 //! Every id an instance issues is `<8 hex>-<32 hex>`: the id of the instance that issued it,
-//! then 128 random bits. The prefix says where a claim was made (claims are timed by their
-//! instance); a lease moves between instances, so its prefix says only where it was made. A
-//! handle's random part is also the GUID in the name of its znode ([guid_of]), so that any
-//! instance finds a handle's znode from the handle alone.
+//! then 128 random bits. A lease moves between instances, so its prefix says only where it was
+//! made. A handle's random part is also the GUID in the name of its znode ([guid_of]), and a
+//! claim's id ends with its item's name ([claim_id]), so that any instance finds a handle's or
+//! a claim's znode from its id alone.
 
 /// A new instance id: 8 lowercase hex digits, random.
 pub fn new_instance_id() -> String {
@@ -38,6 +38,19 @@ pub fn owner_of(id: &str) -> Option<&str> {
     let (instance, rest) = id.split_once('-')?;
     let hex_of = |s: &str, n: usize| s.len() == n && is_hex(s);
     (hex_of(instance, 8) && hex_of(rest, 32)).then_some(instance)
+}
+
+/// A new claim id for `item`, issued by `instance`: `<instance>-<32 hex>.<item's name in
+/// hex>`.
+pub fn claim_id(instance: &str, item: &str) -> String {
+    format!("{}.{}", owned_id(instance), hex(item.as_bytes()))
+}
+
+/// The name of the item the claim `id` claims (`None` if `id` is not a claim id of ours).
+pub fn claimed_item(id: &str) -> Option<String> {
+    let (owned, item) = id.split_once('.')?;
+    owner_of(owned)?;
+    String::from_utf8(unhex(item)?).ok().filter(|item| !item.is_empty())
 }
 
 /// `bytes` in lowercase hexadecimal, the form of every id, token, hash and cursor zkgate writes.
@@ -84,6 +97,16 @@ mod tests {
         assert_eq!(owner_of("6f1c2a9e0b7d4e3f8a5b6c7d8e9f0a1b"), None);
         assert_eq!(owner_of("zzzzzzzz-6f1c2a9e0b7d4e3f8a5b6c7d8e9f0a1b"), None);
         assert_eq!(owner_of("0123abcd-short"), None);
+    }
+
+    #[test]
+    fn a_claim_names_its_item() {
+        let id = claim_id("0123abcd", "queue-05|18c3a2b|0000000012");
+        assert_eq!(claimed_item(&id).as_deref(), Some("queue-05|18c3a2b|0000000012"));
+        assert_eq!(claimed_item(&owned_id("0123abcd")), None, "a claim id of before");
+        assert_eq!(claimed_item("0123abcd-6f1c2a9e0b7d4e3f8a5b6c7d8e9f0a1b."), None);
+        assert_eq!(claimed_item("0123abcd-6f1c.71756575"), None);
+        assert_eq!(claimed_item("0123abcd-6f1c2a9e0b7d4e3f8a5b6c7d8e9f0a1b.7g"), None);
     }
 
     #[test]

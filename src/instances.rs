@@ -120,11 +120,6 @@ impl Instances {
         instances
     }
 
-    /// Whether this instance can forward to others (it has the deployment's key).
-    pub fn can_forward(&self) -> bool {
-        self.key.is_some()
-    }
-
     /// The key this instance signs and verifies with, if it has one.
     pub fn key(&self) -> Option<&PeerKey> {
         self.key.as_ref()

@@ -198,7 +198,13 @@ impl AppState {
             double_barriers: double_barriers.clone(),
             txn_members: txn_members.clone(),
         }));
-        let reaped = lease::reaper::start(leases.clone(), zk.clone(), &config.root, shutdown.clone());
+        let reaped = lease::reaper::start(
+            leases.clone(),
+            queues.clone(),
+            zk.clone(),
+            &config.root,
+            shutdown.clone(),
+        );
         recipes::janitor::start(
             zk.clone(),
             &config.root,

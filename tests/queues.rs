@@ -434,6 +434,125 @@ async fn every_acknowledged_put_survives_a_kill_9_of_the_instance() {
     assert!(accepted.is_subset(&delivered), "an acknowledged put was lost");
 }
 
+/// A claim is ZooKeeper's, not its instance's: acknowledged or given back through another
+/// instance (no hand-off, no shared secret), and it outlives a `kill -9` of the instance that
+/// made it: acknowledged through a survivor before its deadline it is gone for good; left alone
+/// it comes back at its deadline, not before, and not at the instance's death.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_is_settled_through_any_instance_and_outlives_the_one_that_made_it() {
+    use reqwest::Method;
+    let zk = zookeeper().await;
+    let mut a = Process::start(&zk.connect_string()).await;
+    let b = Process::start(&zk.connect_string()).await;
+    for i in 0..4 {
+        let (status, put) = a
+            .call(Method::POST, "/v1/queues/outliving/items", Some(json!({"n": i})))
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{put}");
+    }
+    let take = |deadline: &'static str| {
+        let a = &a;
+        async move {
+            let (status, item) = a
+                .call(
+                    Method::POST,
+                    &format!("/v1/queues/outliving/take?ack_deadline={deadline}"),
+                    None,
+                )
+                .await;
+            assert_eq!(status, StatusCode::OK, "{item}");
+            item
+        }
+    };
+    let (acked_elsewhere, nacked_elsewhere) = (take("60s").await, take("60s").await);
+    let (acked_after_kill, left_alone) = (take("60s").await, take("8s").await);
+    let claim = |item: &serde_json::Value| item["claim"].as_str().expect("claim").to_string();
+
+    // Through B, which made neither: acknowledged (and again: answered as the first), given back.
+    let ack = format!("/v1/queues/outliving/claims/{}/ack", claim(&acked_elsewhere));
+    for _ in 0..2 {
+        let (status, body) = b.call(Method::POST, &ack, None).await;
+        assert_eq!(status, StatusCode::NO_CONTENT, "{body}");
+    }
+    let nack = format!("/v1/queues/outliving/claims/{}/nack", claim(&nacked_elsewhere));
+    let (status, body) = b.call(Method::POST, &nack, None).await;
+    assert_eq!(status, StatusCode::NO_CONTENT, "{body}");
+    let (status, body) = a.call(Method::POST, &nack.replace("/nack", "/ack"), None).await;
+    assert_eq!(status, StatusCode::GONE, "given back through B, not A's to ack: {body}");
+    let (status, again) = b
+        .call(Method::POST, "/v1/queues/outliving/take?ack_deadline=60s", None)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{again}");
+    assert_eq!(
+        again["item"], nacked_elsewhere["item"],
+        "the item given back comes first"
+    );
+    assert_eq!(again["deliveries"], 2);
+    let (status, body) = a
+        .call(
+            Method::POST,
+            &format!("/v1/queues/outliving/claims/{}/ack", claim(&again)),
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::NO_CONTENT, "{body}");
+
+    // A dies with two claims standing: neither comes back at its death.
+    a.kill().await;
+    let (status, body) = b
+        .call(
+            Method::POST,
+            &format!("/v1/queues/outliving/claims/{}/ack", claim(&acked_after_kill)),
+            None,
+        )
+        .await;
+    assert_eq!(
+        status,
+        StatusCode::NO_CONTENT,
+        "acknowledged after its instance died: {body}"
+    );
+    // The other comes back when its deadline passes (timed by B once A is gone), not before.
+    let (status, back) = b
+        .call(
+            Method::POST,
+            "/v1/queues/outliving/take?wait=30s&ack_deadline=60s",
+            None,
+        )
+        .await;
+    let back_at = now_ms();
+    assert_eq!(status, StatusCode::OK, "{back}");
+    assert_eq!(back["item"], left_alone["item"], "{back}");
+    assert_eq!(back["deliveries"], 2, "{back}");
+    let deadline = ms_of(&left_alone["ack_deadline_at"]);
+    assert!(
+        back_at >= deadline,
+        "delivered again {} ms before its deadline",
+        deadline - back_at
+    );
+    let (status, body) = b
+        .call(
+            Method::POST,
+            &format!("/v1/queues/outliving/claims/{}/ack", claim(&left_alone)),
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::GONE, "past its deadline: {body}");
+    let (status, body) = b
+        .call(
+            Method::POST,
+            &format!("/v1/queues/outliving/claims/{}/ack", claim(&back)),
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::NO_CONTENT, "{body}");
+    let (_, state) = b.call(Method::GET, "/v1/queues/outliving", None).await;
+    assert_eq!(
+        (state["depth"].as_u64(), state["in_flight"].as_u64()),
+        (Some(0), Some(0)),
+        "{state}"
+    );
+}
+
 #[tokio::test]
 async fn bytes_text_and_json_come_back_as_they_went_in() {
     let zk = zookeeper().await;

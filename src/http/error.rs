@@ -162,8 +162,6 @@ catalogue! {
         "the lock (or leadership, or permit) was lost before this request: its lease expired, or its node was deleted (`reason` says which)";
     ClaimLost: Http, 410, "claim-lost", "Claim lost", [],
         "a queue claim acked or given back after it ended (its ack deadline passed: the item is delivered again)";
-    NotForwarded: Http, 421, "not-forwarded", "Served by another instance", ["instance"],
-        "the queue claim was made by another instance (`instance`), which times it, and this one has no `--cluster-secret` (nor `--zookeeper-auth`) to hand the request over with: send it there, or give every instance the same secret";
     PreconditionFailed: Http, 412, "precondition-failed", "Precondition failed", ["current_etag"],
         "`If-Match` / `If-None-Match` did not hold (`current_etag` says what is there)";
     BodyTooLarge: Http, 413, "body-too-large", "Request body too large", ["limit_bytes"],
@@ -183,7 +181,7 @@ catalogue! {
     OutcomeUnknown: Http, 503, "outcome-unknown", "Outcome unknown", [],
         "ZooKeeper's connection was lost after a counter's write was sent: it may or may not have happened. Read the counter before trying again";
     InstanceUnavailable: Http, 503, "instance-unavailable", "Instance unavailable", [],
-        "the instance that made the claim did not answer, or the lease moved to another instance while the request was served; retry after `Retry-After` seconds";
+        "the lease moved to another instance while the request was on its way (or this instance, handed the request, keeps it no more); retry after `Retry-After` seconds";
     ZookeeperUnavailable: Http, 503, "zookeeper-unavailable", "ZooKeeper unavailable", [],
         "ZooKeeper is unreachable; retry after `Retry-After` seconds";
     MalformedMessage: Socket, 400, "malformed-message", "Malformed message", [],

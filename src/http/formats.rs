@@ -28,8 +28,10 @@ enum Format {
     Name,
     /// A kv key: segments joined by `/`.
     Key,
-    /// An id zkgate issued (a lease, a handle, a claim): `<instance>-<32 hex>`.
+    /// An id zkgate issued (a lease, a handle, a lock set): `<instance>-<32 hex>`.
     Id,
+    /// A queue claim's id: an [Format::Id], `.`, its item's name in hex.
+    ClaimId,
     /// A fencing token: a znode's `czxid`, positive.
     Token,
     /// A duration: `0`, `500ms`, `5s`, `2m`, `1h`.
@@ -69,7 +71,8 @@ fn format_of(path: &str, method: &str, place: &ParameterIn, name: &str) -> Optio
         (ParameterIn::Path, "name" | "group" | "member" | "participant" | "item") => Some(Format::Name),
         (ParameterIn::Path, "id") if path.starts_with("/v1/leases/") => Some(Format::Id),
         (ParameterIn::Path, "id") => Some(Format::Name),
-        (ParameterIn::Path, "handle" | "claim" | "set") => Some(Format::Id),
+        (ParameterIn::Path, "handle" | "set") => Some(Format::Id),
+        (ParameterIn::Path, "claim") => Some(Format::ClaimId),
         (ParameterIn::Path, "key") => Some(Format::Key),
         (ParameterIn::Path, "token") => Some(Format::Token),
         (ParameterIn::Query, "wait") => Some(Format::Duration),
@@ -92,6 +95,7 @@ fn schema_of(format: Format) -> Schema {
             .max_length(Some(MAX_NAME_BYTES)),
         Format::Key => string(format!("^{SEGMENT}(/{SEGMENT})*$")).min_length(Some(1)),
         Format::Id => string("^[0-9a-f]{8}-[0-9a-f]{32}$".into()),
+        Format::ClaimId => string(r"^[0-9a-f]{8}-[0-9a-f]{32}\.([0-9a-f]{2})+$".into()),
         Format::Duration => string(crate::time::DURATION_PATTERN.into()),
         Format::PositiveDuration(max) => string(crate::time::positive_duration_pattern(max)),
         Format::DurationUpTo(max) => string(crate::time::duration_pattern_up_to(max)),
@@ -141,7 +145,8 @@ fn body_format(schema: &str, property: &str) -> Option<Format> {
         return Some(Format::Name);
     }
     match (schema, property) {
-        (_, "lease" | "handle") | ("AckBody", "claims") => Some(Format::Id),
+        (_, "lease" | "handle") => Some(Format::Id),
+        ("AckBody", "claims") => Some(Format::ClaimId),
         (_, "ttl") => Some(Format::PositiveDuration(None)),
         ("CreateTxn", "deadline") => Some(Format::PositiveDuration(Some(MAX_TXN_DEADLINE))),
         ("RevokeBody", "grace") => Some(Format::DurationUpTo(MAX_GRACE)),

@@ -1,10 +1,10 @@
 //! Which instance serves a request, as each route declares it.
 //!
 //! Any instance serves almost everything from ZooKeeper: reads, handles, releases, members,
-//! votes. What is inherently in one instance's memory is a lease's TTL timer (and the tasks of
-//! what it holds), kept by its *keeper* ([crate::lease]), and a queue claim's ack deadline,
-//! timed by the instance that made it. So each operation declares, in its spec, whose memory it
-//! needs ([SERVED_BY], an OpenAPI extension the guard reads once from the spec):
+//! votes, a queue claim's ack and nack. What is inherently in one instance's memory is a
+//! lease's TTL timer (and the tasks of what it holds), kept by its *keeper* ([crate::lease]).
+//! So each operation declares, in its spec, whose memory it needs ([SERVED_BY], an OpenAPI
+//! extension the guard reads once from the spec):
 //!
 //! - `{"keeper": {"path": "id"}}` or `{"keeper": "body"}`: the keeper of the lease named by that
 //!   path parameter or by the JSON body's `lease`. Kept here: served here. Kept by another
@@ -12,8 +12,6 @@
 //!   gone, does not answer, cannot vouch for it, or cannot be trusted (no or another
 //!   `--cluster-secret`): taken over here ([crate::lease::Leases::take_over]) and served here.
 //!   A body that names no lease makes a new one here.
-//! - `{"issuer": {"path": "claim"}}` or `{"issuer": "body"}`: the instance that made the claim
-//!   (a batch: its first claim), named by the claim id's prefix.
 //! - nothing: any instance.
 //!
 //! No route template or body field is matched as a string: the guard reads the declaration of
@@ -44,7 +42,6 @@ use super::error::{ApiError, Problem};
 use super::routed::Routed;
 use crate::AppState;
 use crate::auth::Caller;
-use crate::ids::owner_of;
 use crate::instances::Peer;
 use crate::recipes::lease::LeaseError;
 
@@ -69,17 +66,15 @@ pub const NOT_KEEPING: &str = "zkgate-not-keeping";
 pub enum ServedBy {
     /// The keeper of the lease named there.
     Keeper(Named),
-    /// The instance that made the claim named there.
-    Issuer(Named),
 }
 
-/// Where a request names the lease or claim it acts for.
+/// Where a request names the lease it acts for.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
 pub enum Named {
     /// A path parameter.
     Path(String),
-    /// The JSON body: its `lease`, or the first of its `claims`.
+    /// The JSON body: its `lease`.
     Body,
 }
 
@@ -154,14 +149,13 @@ pub async fn handoff(State(state): State<AppState>, request: Request, next: Next
     };
     match declared.served_by {
         ServedBy::Keeper(_) => to_keeper(&state, &id, handed, declared.waits, request, next).await,
-        ServedBy::Issuer(_) => to_issuer(&state, &id, handed, declared.waits, request, next).await,
     }
 }
 
-/// The lease (or claim) id the request names where its declaration says, and its body (read
-/// when that is where the id is).
+/// The lease id the request names where its declaration says, and its body (read when that is
+/// where the id is).
 async fn named(served_by: &ServedBy, parts: &mut Parts, body: Body) -> Result<(Option<String>, Body), ApiError> {
-    let (ServedBy::Keeper(named) | ServedBy::Issuer(named)) = served_by;
+    let ServedBy::Keeper(named) = served_by;
     match named {
         Named::Path(param) => {
             let routed = Routed::of(parts).await?;
@@ -174,18 +168,17 @@ async fn named(served_by: &ServedBy, parts: &mut Parts, body: Body) -> Result<(O
             // Read through a typed struct; a body it does not fit is the handler's to refuse.
             let id = serde_json::from_slice::<NamedInBody>(&bytes)
                 .ok()
-                .and_then(|body| body.lease.or_else(|| body.claims.and_then(|c| c.into_iter().next())));
+                .and_then(|body| body.lease);
             Ok((id, Body::from(bytes)))
         }
         Named::Body => Ok((None, body)),
     }
 }
 
-/// What a body may name: the lease it acts with, or the claims it settles.
+/// What a body may name: the lease it acts with.
 #[derive(Deserialize)]
 struct NamedInBody {
     lease: Option<String>,
-    claims: Option<Vec<String>>,
 }
 
 /// A write with a JSON body, which may name a lease.
@@ -258,38 +251,6 @@ async fn hand_over(state: &AppState, keeper: &str, waits: bool, request: Request
 /// How long a request that does not wait may take on the keeper before this instance takes the
 /// lease over (a keeper that is paused, or cut off).
 pub const HANDOFF_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// Serves a request for claim `id` here if this instance made it (or it was handed here), else
-/// hands it to the instance that did: claims are timed in its memory.
-async fn to_issuer(state: &AppState, id: &str, handed: bool, waits: bool, request: Request, next: Next) -> Response {
-    let issuer = match owner_of(id) {
-        Some(issuer) if !handed && issuer != &*state.instance.id => issuer.to_string(),
-        _ => return next.run(request).await,
-    };
-    match state.instances.url_of(&issuer).await {
-        Ok(Peer::Gone) => return next.run(request).await,
-        Err(err) => return ApiError::from(err).into_response(),
-        Ok(_) if !state.instances.can_forward() => {
-            return ApiError::new(
-                Problem::NotForwarded,
-                format!(
-                    "this claim was made by instance `{issuer}`; this instance has no --cluster-secret (nor --zookeeper-auth) to hand it over with: send the request to that instance, or give every instance the same secret"
-                ),
-            )
-            .with("instance", issuer)
-            .into_response();
-        }
-        Ok(_) => {}
-    }
-    match hand_over(state, &issuer, waits, request).await {
-        Ok(answer) => answer,
-        Err(_) => ApiError::new(
-            Problem::InstanceUnavailable,
-            format!("the instance `{issuer}` that made this claim did not answer; try again"),
-        )
-        .into_response(),
-    }
-}
 
 /// The answer to a handed-over request for a lease this instance does not keep (any more) or
 /// cannot vouch for now.
@@ -484,16 +445,16 @@ mod tests {
     }
 
     /// Every declaration parses and names what the operation has, and every operation whose
-    /// body names a lease (or claims) declares it: a new route cannot forget to be served where
-    /// its lease is kept.
+    /// body names a lease declares it: a new route cannot forget to be served where its lease
+    /// is kept.
     #[test]
-    fn every_operation_that_acts_for_a_lease_or_a_claim_declares_it() {
+    fn every_operation_that_acts_for_a_lease_declares_it() {
         let spec = crate::http::routes().into_openapi();
         let declared = declarations(&spec);
         assert!(!declared.is_empty());
         for (method, path, served_by, _) in &declared {
             let served_by = served_by.as_ref().unwrap_or_else(|e| panic!("{method} {path}: {e}"));
-            let (ServedBy::Keeper(named) | ServedBy::Issuer(named)) = served_by;
+            let ServedBy::Keeper(named) = served_by;
             if let Named::Path(param) = named {
                 assert!(
                     path.contains(&format!("{{{param}}}")),
@@ -509,14 +470,10 @@ mod tests {
             ] {
                 let Some(operation) = operation else { continue };
                 let properties = body_properties(&spec, operation);
-                let wanted = if properties.iter().any(|p| p == "lease") {
-                    Some(ServedBy::Keeper(Named::Body))
-                } else if properties.iter().any(|p| p == "claims") {
-                    Some(ServedBy::Issuer(Named::Body))
-                } else {
-                    None
-                };
-                let Some(wanted) = wanted else { continue };
+                if !properties.iter().any(|p| p == "lease") {
+                    continue;
+                }
+                let wanted = ServedBy::Keeper(Named::Body);
                 let found = declared
                     .iter()
                     .find(|(m, p, _, _)| *m == method && p == path)
@@ -534,7 +491,7 @@ mod tests {
             Ok(ServedBy::Keeper(Named::Path("id".into())))
         );
         assert_eq!(parse(r#"{"keeper": "body"}"#), Ok(ServedBy::Keeper(Named::Body)));
-        assert_eq!(parse(r#"{"issuer": "body"}"#), Ok(ServedBy::Issuer(Named::Body)));
+        assert!(parse(r#"{"issuer": "body"}"#).is_err(), "claims are served anywhere");
         assert!(parse(r#"{"keeper": "query"}"#).is_err());
         assert!(parse(r#"{"owner": "body"}"#).is_err());
     }

@@ -362,17 +362,13 @@ pub fn document_auth(spec: &mut utoipa::openapi::OpenApi) {
                 // A socket or a long poll past its limits.
                 guards.push(Problem::TooMany);
             }
-            match operation
+            let served_by = operation
                 .extensions
                 .as_ref()
                 .and_then(|e| e.get(handoff::SERVED_BY))
-                .and_then(|value| serde_json::from_value::<handoff::ServedBy>(value.clone()).ok())
-            {
-                Some(handoff::ServedBy::Keeper(_)) => guards.push(Problem::InstanceUnavailable),
-                Some(handoff::ServedBy::Issuer(_)) => {
-                    guards.extend([Problem::NotForwarded, Problem::InstanceUnavailable])
-                }
-                None => {}
+                .and_then(|value| serde_json::from_value::<handoff::ServedBy>(value.clone()).ok());
+            if let Some(handoff::ServedBy::Keeper(_)) = served_by {
+                guards.push(Problem::InstanceUnavailable);
             }
             declare(operation, guards);
         }

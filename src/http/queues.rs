@@ -184,8 +184,8 @@ pub struct Deliveries {
 #[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AckBody {
-    /// The claims (1 to 100), each from a take through the same instance.
-    #[schema(example = json!(["0badcafe-4f1e2d3c4b5a69788796a5b4c3d2e1f0", "0badcafe-0123456789abcdef0123456789abcdef"]), min_items = 1, max_items = 100)]
+    /// The claims (1 to 100), each from a take of this queue through any instance.
+    #[schema(example = json!(["0badcafe-4f1e2d3c4b5a69788796a5b4c3d2e1f0.71756575652d30303030303030303132", "0badcafe-0123456789abcdef0123456789abcdef.71756575652d30303030303030303133"]), min_items = 1, max_items = 100)]
     pub claims: Vec<String>,
 }
 
@@ -512,21 +512,27 @@ fn claim_lost(claim: &str) -> ApiError {
     )
 }
 
-/// The claim `claim` of `name` for `caller`, or how an ack (`acking`) or a nack of it that is
-/// not held is answered: the same as the first when it is a repeat (a retry after a lost reply:
-/// `Ok(None)`), `410 claim-lost` saying why otherwise.
-fn claim_for(
+/// The claim `claim` of `name` for `caller` (made through any instance, see
+/// [Queues::find](crate::recipes::queue::service::Queues::find)), or how an ack (`acking`) or a
+/// nack of it that is not held is answered: the same as the first when it is a repeat to this
+/// instance (a retry after a lost reply: `Ok(None)`), `410 claim-lost` saying why otherwise.
+async fn claim_for(
     state: &AppState,
     caller: &Caller,
     name: &str,
     claim: &str,
     acking: bool,
-) -> Result<Option<crate::recipes::queue::service::Claim>, ApiError> {
-    if let Some(held) = state.queues.claim(name, claim) {
+) -> Result<Option<Claim>, ApiError> {
+    let settled = state.queues.settled(name, claim);
+    let held = match settled {
+        Some(_) => None,
+        None => state.queues.find(name, claim).await?,
+    };
+    if let Some(held) = held {
         caller.require_owner(held.owner.as_deref(), &format!("claim `{claim}`"))?;
         return Ok(Some(held));
     }
-    match state.queues.settled(name, claim) {
+    match settled {
         Some(settled) if settled.acked == acking => {
             caller.require_owner(settled.owner.as_deref(), &format!("claim `{claim}`"))?;
             Ok(None)
@@ -543,9 +549,10 @@ fn claim_for(
     }
 }
 
-/// Acknowledges a claim: the item is removed for good. Acknowledging it again answers the same
-/// (a retry after a lost reply), for as long as the instance remembers (the last 100,000).
-#[utoipa::path(post, path = "/v1/queues/{name}/claims/{claim}/ack", tag = "queues", extensions(("x-zkgate-served-by" = json!({"issuer": {"path": "claim"}}))),
+/// Acknowledges a claim, through any instance: the item is removed for good. Acknowledging it
+/// again through the same instance answers the same (a retry after a lost reply), for as long
+/// as the instance remembers (the last 100,000).
+#[utoipa::path(post, path = "/v1/queues/{name}/claims/{claim}/ack", tag = "queues",
     params(("name" = String, Path, description = "Queue name"), ("claim" = String, Path, description = "Claim from the take")),
     responses(
         (status = 204, description = "Acknowledged: the item is gone"),
@@ -557,7 +564,7 @@ pub async fn ack(
     ApiPath((name, claim)): ApiPath<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
     check_name(&name)?;
-    let Some(held) = claim_for(&state, &caller, &name, &claim, true)? else {
+    let Some(held) = claim_for(&state, &caller, &name, &claim, true).await? else {
         return Ok(StatusCode::NO_CONTENT);
     };
     let acked = state.queues.ack(&name, std::slice::from_ref(&held)).await?[0];
@@ -581,10 +588,10 @@ fn settle_ack(state: &AppState, queue: &str, held: &Claim, acked: bool) -> bool 
 }
 
 /// Acknowledges several claims of a queue at once (one ZooKeeper multi-op when they are all
-/// still held as claimed): each claim in `acked` or, with why, in `lost`. Claims must come
-/// from takes through one instance (a batch is served by the instance that issued its first
-/// claim); a claim acknowledged before is answered as acknowledged again.
-#[utoipa::path(post, path = "/v1/queues/{name}/claims/ack", tag = "queues", extensions(("x-zkgate-served-by" = json!({"issuer": "body"}))),
+/// still held as claimed and were made through the instance that receives the batch): each
+/// claim in `acked` or, with why, in `lost`; a claim acknowledged before is answered as
+/// acknowledged again.
+#[utoipa::path(post, path = "/v1/queues/{name}/claims/ack", tag = "queues",
     params(("name" = String, Path, description = "Queue name")),
     request_body = AckBody,
     responses(
@@ -607,22 +614,18 @@ pub async fn ack_batch(
     }
     let mut seen = std::collections::HashSet::new();
     for claim in &body.claims {
-        validate_name(claim).map_err(|e| ApiError::invalid(Place::Body, "claims", format!("`{claim}`: {e}")))?;
+        if crate::ids::claimed_item(claim).is_none() {
+            return Err(ApiError::invalid(
+                Place::Body,
+                "claims",
+                format!("`{claim}` is not a claim id (`<instance>-<32 hex>.<hex>`, as a take answers)"),
+            ));
+        }
         if !seen.insert(claim.as_str()) {
             return Err(ApiError::invalid(
                 Place::Body,
                 "claims",
                 format!("`{claim}` is listed twice"),
-            ));
-        }
-        if crate::ids::owner_of(claim) != Some(&*state.instance.id) {
-            return Err(ApiError::invalid(
-                Place::Body,
-                "claims",
-                format!(
-                    "claim `{claim}` was not issued by this instance (`{}`), the batch's first claim's: acknowledge each instance's claims in a batch of their own",
-                    state.instance.id
-                ),
             ));
         }
     }
@@ -633,7 +636,7 @@ pub async fn ack_batch(
     };
     let mut held = Vec::new();
     for claim in body.claims {
-        match claim_for(&state, &caller, &name, &claim, true) {
+        match claim_for(&state, &caller, &name, &claim, true).await {
             Ok(Some(claim)) => held.push(claim),
             Ok(None) => answer.acked.push(claim),
             Err(err) if err.problem() == Problem::ClaimLost => answer.lost.push(LostClaim {
@@ -657,9 +660,9 @@ pub async fn ack_batch(
     Ok(Json(answer))
 }
 
-/// Gives a claim back: the item is delivered again (its delivery count already counts this
+/// Gives a claim back, through any instance: the item is delivered again (its delivery count already counts this
 /// one). Giving it back again answers the same; an ack after it, `410` (and the other way round).
-#[utoipa::path(post, path = "/v1/queues/{name}/claims/{claim}/nack", tag = "queues", extensions(("x-zkgate-served-by" = json!({"issuer": {"path": "claim"}}))),
+#[utoipa::path(post, path = "/v1/queues/{name}/claims/{claim}/nack", tag = "queues",
     params(("name" = String, Path, description = "Queue name"), ("claim" = String, Path, description = "Claim from the take")),
     responses(
         (status = 204, description = "Given back"),
@@ -671,11 +674,10 @@ pub async fn nack(
     ApiPath((name, claim)): ApiPath<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
     check_name(&name)?;
-    let Some(held) = claim_for(&state, &caller, &name, &claim, false)? else {
+    let Some(held) = claim_for(&state, &caller, &name, &claim, false).await? else {
         return Ok(StatusCode::NO_CONTENT);
     };
-    let client = state.zk().connected().await?.client;
-    let released = queue::release_claim(&client, &state.queues.paths(&name), &held.item, &held.data).await?;
+    let released = state.queues.release(&held).await?;
     state.queues.forget(&claim);
     if released {
         state.queues.settle(&claim, &held, false);

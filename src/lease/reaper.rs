@@ -13,12 +13,16 @@
 //!   than its TTL) ends at once: its waiters are granted;
 //! - finishes the end of a lease whose ender went before its holdings were gone;
 //! - removes tombstones older than [TOMBSTONE], and the keeper nodes of instances gone for
-//!   good.
+//!   good;
+//! - when it is its first pass or an instance went since the last, takes over the timing of
+//!   the queue claims of every instance gone ([Queues::adopt_orphans]): each is given back at
+//!   its ack deadline unless acknowledged through any instance meanwhile.
 //!
 //! Taking over is a write conditional on the record's version, so a reaper racing a client's
 //! request that takes the same lease over (see [super::takeover]) cannot keep it twice.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Mutex;
 
 use crate::zk::{Client, ZkError};
 use futures::StreamExt;
@@ -27,6 +31,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{HEARTBEAT, Leases, TOMBSTONE};
 use crate::recipes::lease::record;
+use crate::recipes::queue::service::Queues;
 use crate::recipes::registry;
 use crate::zk::session::ZkSession;
 
@@ -35,12 +40,20 @@ const CONCURRENT: usize = 32;
 
 /// Starts this instance's reaper task (it reaps when it is elected) until `shutdown`. The
 /// receiver turns `true` once a pass has run here, or another instance is the reaper.
-pub fn start(leases: Leases, zk: ZkSession, root: &str, shutdown: CancellationToken) -> watch::Receiver<bool> {
+pub fn start(
+    leases: Leases,
+    queues: Queues,
+    zk: ZkSession,
+    root: &str,
+    shutdown: CancellationToken,
+) -> watch::Receiver<bool> {
     let (reaped, receiver) = watch::channel(false);
     let reaper = Reaper {
         leases,
+        queues,
         root: root.to_string(),
         reaped,
+        claims_swept_with: Mutex::new(None),
     };
     tokio::spawn(async move {
         tokio::select! {
@@ -57,8 +70,12 @@ pub fn start(leases: Leases, zk: ZkSession, root: &str, shutdown: CancellationTo
 
 struct Reaper {
     leases: Leases,
+    queues: Queues,
     root: String,
     reaped: watch::Sender<bool>,
+    /// The instances registered when the claims were last swept (`None`: not yet, since this
+    /// instance became the reaper): claims are swept again once one of them goes.
+    claims_swept_with: Mutex<Option<HashSet<String>>>,
 }
 
 /// What a pass did.
@@ -67,6 +84,7 @@ struct Swept {
     taken_over: usize,
     tombstones: usize,
     keepers: usize,
+    claims: usize,
 }
 
 impl Reaper {
@@ -84,7 +102,7 @@ impl Reaper {
                 Ok(true) => match registry::members_and_watch(&client, &instances).await {
                     Ok((registered, watcher)) => {
                         match self.pass(&client, &registered).await {
-                            Ok(swept) if swept.taken_over + swept.tombstones + swept.keepers > 0 => {
+                            Ok(swept) if swept.taken_over + swept.tombstones + swept.keepers + swept.claims > 0 => {
                                 tracing::info!(?swept, "reaper pass");
                             }
                             Ok(_) => {}
@@ -99,6 +117,7 @@ impl Reaper {
                     Err(_) => tokio::time::sleep(HEARTBEAT).await,
                 },
                 Ok(false) => {
+                    *self.claims_swept_with.lock().unwrap_or_else(|e| e.into_inner()) = None;
                     self.reaped.send_replace(true);
                     if registry::await_leader_gone(&client, &lock).await.is_err() {
                         tokio::time::sleep(HEARTBEAT).await;
@@ -159,6 +178,22 @@ impl Reaper {
                 swept.keepers += 1;
             }
         }
+        swept.claims = self.sweep_claims(client, &live).await?;
         Ok(swept)
+    }
+
+    /// Adopts the claims of instances gone, on the first pass and after an instance went.
+    async fn sweep_claims(&self, client: &Client, live: &HashSet<&str>) -> Result<usize, ZkError> {
+        let now: HashSet<String> = live.iter().map(|id| id.to_string()).collect();
+        let due = match &*self.claims_swept_with.lock().unwrap_or_else(|e| e.into_inner()) {
+            Some(before) => !before.is_subset(&now),
+            None => true,
+        };
+        if !due {
+            return Ok(0);
+        }
+        let adopted = self.queues.adopt_orphans(client, live).await?;
+        *self.claims_swept_with.lock().unwrap_or_else(|e| e.into_inner()) = Some(now);
+        Ok(adopted)
     }
 }

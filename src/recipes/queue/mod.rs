@@ -6,12 +6,16 @@
 //! The takers on an instance pick from one watched view of the queue ([shelf]); ZooKeeper's
 //! multi-ops decide every claim.
 //!
-//! Taking an item at least once does not remove it: it *claims* it, creating the ephemeral
+//! Taking an item at least once does not remove it: it *claims* it, creating
 //! `claims/<item>` and raising the item's delivery count in one multi-op. The item stays in
 //! `items/` until the claim is acknowledged (one multi-op deletes claim and item), so a reply
-//! lost on the way to the consumer loses nothing. A claim goes (and the item is delivered
-//! again) when it is given back (nack), when its ack deadline passes, or with zkgate's
-//! session if the instance dies. An item claimed more than the allowed number of times moves
+//! lost on the way to the consumer loses nothing. The claim node is persistent and records
+//! ([ClaimRecord]) the claim's id, its ack deadline, the principal that took it and the
+//! instance that times it, so that any instance acknowledges it or gives it back, and a claim
+//! outlives the instance that made it: that instance gives it back when the deadline passes,
+//! or, once it is gone, the lease reaper's instance does ([service::Queues::adopt_orphans]). A
+//! claim goes (and the item is delivered again) when it is given back (nack) or its ack
+//! deadline passes. An item claimed more than the allowed number of times moves
 //! to `dead/` instead, to be listed and replayed. Taking at most once deletes the item before
 //! returning it. A put with an `Idempotency-Key` creates the item and `keys/<key>` in one
 //! multi-op, so a retried put lands once.
@@ -410,6 +414,95 @@ async fn delete_item(
     }
 }
 
+/// What a claim node holds: enough for any instance to acknowledge the claim, to give it
+/// back, or to time it once the instance that made it is gone.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClaimRecord {
+    /// The claim's id, as the consumer got it (see [crate::ids::claim_id]).
+    pub claim: String,
+    /// When the item is given back unless acknowledged (ms since the epoch, the instances'
+    /// clocks).
+    pub deadline_ms: i64,
+    /// The principal that took it, who alone (or an admin) acknowledges it; `None` with
+    /// authentication off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub principal: Option<String>,
+    /// The instance that times the deadline (made the claim).
+    #[serde(default)]
+    pub instance: String,
+}
+
+impl ClaimRecord {
+    pub fn to_bytes(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    /// The record in a claim node's data (`None` if it holds something else).
+    pub fn parse(data: &[u8]) -> Option<ClaimRecord> {
+        serde_json::from_slice(data).ok()
+    }
+}
+
+/// The claim on `item`, as recorded, and its node's version (`None` if the item is not claimed
+/// or its claim node holds something else).
+pub async fn read_claim(
+    client: &Client,
+    paths: &QueuePaths,
+    item: &str,
+) -> Result<Option<(ClaimRecord, Stat)>, ZkError> {
+    let path = format!("{}/{item}", paths.claims);
+    match retry_on_loss(|| client.get_data(&path)).await {
+        Ok((data, stat)) => Ok(ClaimRecord::parse(&data).map(|record| (record, stat))),
+        Err(ZkError::NoNode) => Ok(None),
+        Err(err) => Err(err),
+    }
+}
+
+/// A claim as [all_claims] finds it.
+pub struct StandingClaim {
+    pub queue: String,
+    pub item: String,
+    pub record: ClaimRecord,
+}
+
+/// Every claim of every queue under `base`, for the reaper: one listing of the queues, one of
+/// each queue's claims, one read of each claim (pipelined, 32 at a time).
+pub async fn all_claims(client: &Client, base: &str) -> Result<Vec<StandingClaim>, ZkError> {
+    use futures::StreamExt;
+    let queues = match retry_on_loss(|| client.list_children(base)).await {
+        Ok(queues) => queues,
+        Err(ZkError::NoNode) => return Ok(Vec::new()),
+        Err(err) => return Err(err),
+    };
+    let listed: Vec<Result<(String, Vec<String>), ZkError>> = futures::stream::iter(queues)
+        .map(|queue| async move {
+            let dir = format!("{base}/{queue}/claims");
+            match retry_on_loss(|| client.list_children(&dir)).await {
+                Ok(items) => Ok((queue, items)),
+                Err(ZkError::NoNode) => Ok((queue, Vec::new())),
+                Err(err) => Err(err),
+            }
+        })
+        .buffer_unordered(32)
+        .collect()
+        .await;
+    let mut claimed = Vec::new();
+    for listed in listed {
+        let (queue, items) = listed?;
+        claimed.extend(items.into_iter().map(|item| (queue.clone(), item)));
+    }
+    let read: Vec<Result<Option<StandingClaim>, ZkError>> = futures::stream::iter(claimed)
+        .map(|(queue, item)| async move {
+            let paths = QueuePaths::new(format!("{base}/{queue}"));
+            let found = read_claim(client, &paths, &item).await?;
+            Ok(found.map(|(record, _)| StandingClaim { queue, item, record }))
+        })
+        .buffer_unordered(32)
+        .collect()
+        .await;
+    read.into_iter().filter_map(Result::transpose).collect()
+}
+
 /// A claimed (or taken) item.
 #[derive(Clone, Debug)]
 pub struct Taken {
@@ -449,8 +542,8 @@ enum Op {
     Refund,
 }
 
-/// Takes the items a taker picked from the queue's shelf: claims each (`claim_data` in its
-/// ephemeral claim node, its delivery count raised) or, `at_most_once`, deletes it and refunds
+/// Takes the items a taker picked from the queue's shelf: claims each (`claim_data`, its
+/// [ClaimRecord], in its claim node, its delivery count raised) or, `at_most_once`, deletes it and refunds
 /// its charge. The picks are read together and claimed together in one multi-op (several for
 /// large items); a pick that fails leaves the others to a multi-op of their own. Items
 /// claimed `max_deliveries` times already move to `dead/` on the way. Says for each pick, in
@@ -490,7 +583,9 @@ pub async fn take_items(
             version: stat.version,
         });
     }
-    let ephemeral = CreateMode::Ephemeral.with_acls(crate::zk::acls());
+    // Persistent: a claim outlives the instance (and session) that made it, until acknowledged,
+    // given back or past its deadline (see the module's docs).
+    let persistent = CreateMode::Persistent.with_acls(crate::zk::acls());
     while !candidates.is_empty() {
         // As many as stay within one packet, at least one.
         let mut bytes = 0;
@@ -519,7 +614,11 @@ pub async fn take_items(
             } else {
                 writer.add_set_data(item_path, &c.data, Some(c.version))?;
                 ops.push((at, Op::Item));
-                writer.add_create(&format!("{}/{}", paths.claims, pick.item), &pick.claim_data, &ephemeral)?;
+                writer.add_create(
+                    &format!("{}/{}", paths.claims, pick.item),
+                    &pick.claim_data,
+                    &persistent,
+                )?;
                 ops.push((at, Op::Claim));
             }
         }
@@ -609,27 +708,23 @@ async fn bury(
     }
 }
 
-/// Acknowledges a claim: deletes the claim (if it still holds `claim_data`) and the item
-/// together, refunding the item's charge. `false` if the claim is no longer ours (expired and
-/// maybe taken by another).
+/// Acknowledges the claim `claim` on `item`: deletes the claim (if it is still that claim) and
+/// the item together, refunding the item's charge. `false` if the claim is no longer held
+/// (given back, and maybe taken by another).
 pub async fn ack(
     client: &Client,
     quotas: &Quotas,
     paths: &QueuePaths,
     item: &str,
-    claim_data: &[u8],
+    claim: &str,
 ) -> Result<bool, ZkError> {
     let claim_path = format!("{}/{item}", paths.claims);
     let item_path = format!("{}/{item}", paths.items);
-    let (data, stat) = match retry_on_loss(|| client.get_data(&claim_path)).await {
-        Ok(read) => read,
-        Err(ZkError::NoNode) => return Ok(false),
-        Err(err) => return Err(err),
+    let stat = match read_claim(client, paths, item).await? {
+        Some((record, stat)) if record.claim == claim => stat,
+        _ => return Ok(false),
     };
-    if data != claim_data {
-        return Ok(false);
-    }
-    // Nobody changes the item while our claim stands: its charge is the one read here.
+    // Nobody changes the item while the claim stands: its charge is the one read here.
     let charge = match retry_on_loss(|| client.get_data(&item_path)).await {
         Ok((data, _)) => Envelope::parse(&data).charge,
         Err(ZkError::NoNode) => return Ok(false),
@@ -647,7 +742,7 @@ pub async fn ack(
     {
         Ok(()) => Ok(true),
         Err(MultiWriteError::OperationFailed { .. }) => Ok(false),
-        // A lost reply: done if the item is gone (nobody else could delete it while our claim
+        // A lost reply: done if the item is gone (nobody else could delete it while the claim
         // stood), otherwise not.
         Err(MultiWriteError::RequestFailed { source }) if crate::zk::is_loss(&source) => {
             Ok(retry_on_loss(|| client.check_stat(&item_path)).await?.is_none())
@@ -664,12 +759,12 @@ pub struct HeldClaim<'a> {
     pub charge: Option<&'a Charge>,
 }
 
-/// Acknowledges claims this instance made on its current session, all in one multi-op: each
-/// item deleted if it still has the version its claim gave it, its claim deleted, its charge
-/// refunded. No read first: an item claimed by anyone since has another version (a claim
-/// always raises it), and a claim node of ours still stands while the session that made it
-/// does. `false` (nothing done) if any of them is no longer as claimed; the caller then
-/// settles each on its own ([ack]).
+/// Acknowledges claims this instance made, all in one multi-op: each item deleted if it still
+/// has the version its claim gave it, its claim deleted, its charge refunded. No read first:
+/// an item claimed by anyone since has another version (a claim always raises it), so a claim
+/// node there is still ours, and one given back meanwhile is missing (the delete fails).
+/// `false` (nothing done) if any of them is no longer as claimed; the caller then settles each
+/// on its own ([ack]).
 pub async fn ack_held(
     client: &Client,
     quotas: &Quotas,
@@ -702,24 +797,19 @@ pub async fn ack_held(
     }
 }
 
-/// Gives a claim back (nack, or a missed deadline): the item is taken again later.
-pub async fn release_claim(
-    client: &Client,
-    paths: &QueuePaths,
-    item: &str,
-    claim_data: &[u8],
-) -> Result<bool, ZkError> {
+/// Gives the claim `claim` on `item` back (nack, or a missed deadline): the item is taken
+/// again later. `false` if it is no longer held.
+pub async fn release_claim(client: &Client, paths: &QueuePaths, item: &str, claim: &str) -> Result<bool, ZkError> {
     let claim_path = format!("{}/{item}", paths.claims);
-    match retry_on_loss(|| client.get_data(&claim_path)).await {
-        Ok((data, stat)) if data == claim_data => {
+    match read_claim(client, paths, item).await? {
+        Some((record, stat)) if record.claim == claim => {
             match retry_on_loss(|| client.delete(&claim_path, Some(stat.version))).await {
                 Ok(()) | Err(ZkError::NoNode) => Ok(true),
                 Err(ZkError::BadVersion) => Ok(false),
                 Err(err) => Err(err),
             }
         }
-        Ok(_) | Err(ZkError::NoNode) => Ok(false),
-        Err(err) => Err(err),
+        _ => Ok(false),
     }
 }
 

@@ -1,7 +1,7 @@
-//! The queues as this instance serves them: the claims it made (with their ack deadlines) and
-//! its waiting takers, woken one per item.
+//! The queues as this instance serves them: the claims it times (made here, or adopted from an
+//! instance gone) with their ack deadlines, and its waiting takers, woken one per item.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -10,29 +10,53 @@ use tokio_util::sync::CancellationToken;
 use zookeeper_client::Error as ZkError;
 
 use super::shelf::{Shelves, Tried};
-use super::{HeldClaim, Pick, QueuePaths, Taken};
+use super::{ClaimRecord, HeldClaim, Pick, QueuePaths, Taken};
 use crate::recipes::usage::{Charge, Quotas};
 use crate::remembered::Remembered;
 use crate::zk::session::ZkSession;
 
-/// A claim made through this instance.
+/// A claim as this instance knows it: one it made or adopted (and times), or one another
+/// instance made, read from ZooKeeper to settle it here.
 #[derive(Clone)]
 pub struct Claim {
-    /// The public claim id (also written into the claimed item's claim record).
+    /// The public claim id (also in the claim node's [ClaimRecord]).
     pub id: String,
     pub queue: String,
     /// The claimed item; empty until the take succeeds.
     pub item: String,
-    pub data: Vec<u8>,
     pub deadline_ms: i64,
     /// The principal that took it (`None` with auth off): only it (or an admin) acks.
     pub owner: Option<String>,
-    /// The item's version once claimed, the session generation the claim was made on, and
-    /// the item's charge: what acknowledging it without reading first needs.
-    version: i32,
-    generation: u64,
+    /// The item's version once claimed and the item's charge, when this instance made the
+    /// claim: what acknowledging it without reading first needs.
+    version: Option<i32>,
     charge: Option<Charge>,
     expire: CancellationToken,
+}
+
+impl Claim {
+    /// A claim as its node records it (the item's version and charge unknown).
+    fn recorded(queue: String, item: String, record: ClaimRecord) -> Claim {
+        Claim {
+            id: record.claim,
+            queue,
+            item,
+            deadline_ms: record.deadline_ms,
+            owner: record.principal,
+            version: None,
+            charge: None,
+            expire: CancellationToken::new(),
+        }
+    }
+
+    fn record(&self, instance: &str) -> ClaimRecord {
+        ClaimRecord {
+            claim: self.id.clone(),
+            deadline_ms: self.deadline_ms,
+            principal: self.owner.clone(),
+            instance: instance.to_string(),
+        }
+    }
 }
 
 /// How long a taker waits for a queue's first listing (its shelf's), whatever its own wait.
@@ -53,13 +77,14 @@ pub struct TakeOptions {
 #[derive(Clone)]
 pub struct Queues {
     zk: ZkSession,
-    /// This instance's id: the prefix of its claims.
+    /// This instance's id: the prefix of its claims, and who times them.
     instance: Arc<str>,
     base: Arc<str>,
     /// Each queue with takers here, as they see it (one watch per queue).
     shelves: Shelves,
     /// Items are charged to who put them and refunded when taken or acknowledged.
     quotas: Quotas,
+    /// The claims this instance times: those it made, and those it adopted from instances gone.
     claims: Arc<Mutex<HashMap<String, Claim>>>,
     /// How this instance's claims were settled, remembered (bounded) so that a repeated ack or
     /// nack, a client's retry after a lost reply, is answered as the first one was.
@@ -183,10 +208,10 @@ impl Queues {
                 let claims: Vec<Option<Claim>> = picked
                     .names
                     .iter()
-                    .map(|_| {
+                    .map(|item| {
                         options
                             .ack_deadline
-                            .map(|deadline| queues.new_claim(&queue, owner.as_deref(), deadline, session.generation))
+                            .map(|deadline| queues.new_claim(&queue, item, owner.as_deref(), deadline))
                     })
                     .collect();
                 let picks: Vec<Pick> = picked
@@ -195,7 +220,10 @@ impl Queues {
                     .zip(&claims)
                     .map(|(item, claim)| Pick {
                         item,
-                        claim_data: claim.as_ref().map(|c| c.data.clone()).unwrap_or_default(),
+                        claim_data: claim
+                            .as_ref()
+                            .map(|c| c.record(&queues.instance).to_bytes())
+                            .unwrap_or_default(),
                     })
                     .collect();
                 let outcome = super::take_items(
@@ -222,13 +250,12 @@ impl Queues {
                     shelf.tried(&pick.item, tried);
                     let Some(taken) = taken else { continue };
                     let claim = claim.map(|c| Claim {
-                        item: taken.item.clone(),
-                        version: taken.version,
+                        version: Some(taken.version),
                         charge: taken.envelope.charge.clone(),
                         ..c
                     });
                     if let Some(claim) = &claim {
-                        queues.keep(claim.clone(), options.ack_deadline.unwrap_or_default());
+                        queues.keep(claim.clone());
                     }
                     got.push((taken, claim));
                 }
@@ -241,54 +268,56 @@ impl Queues {
         }
     }
 
-    fn new_claim(&self, queue: &str, owner: Option<&str>, deadline: Duration, generation: u64) -> Claim {
-        let id = crate::ids::owned_id(&self.instance);
-        let deadline_ms = crate::time::ms_after_now(deadline);
-        let data =
-            serde_json::to_vec(&serde_json::json!({ "claim": id, "deadline_ms": deadline_ms })).unwrap_or_default();
+    fn new_claim(&self, queue: &str, item: &str, owner: Option<&str>, deadline: Duration) -> Claim {
         Claim {
-            id,
+            id: crate::ids::claim_id(&self.instance, item),
             queue: queue.to_string(),
-            item: String::new(),
-            data,
-            deadline_ms,
+            item: item.to_string(),
+            deadline_ms: crate::time::ms_after_now(deadline),
             owner: owner.map(str::to_string),
-            version: 0,
-            generation,
+            version: None,
             charge: None,
             expire: CancellationToken::new(),
         }
     }
 
-    /// Acknowledges claims of `queue` this instance holds: all in one multi-op without reading
-    /// first when they were made on the current session and are as claimed, otherwise each on
-    /// its own. Whether each was acknowledged (`false`: no longer held, given back or taken
-    /// by another), in order.
+    /// Acknowledges claims of `queue`: all in one multi-op without reading first when this
+    /// instance made them all (and they are as claimed), otherwise each on its own. Whether
+    /// each was acknowledged (`false`: no longer held, given back or taken by another), in
+    /// order.
     pub async fn ack(&self, queue: &str, held: &[Claim]) -> Result<Vec<bool>, ZkError> {
         let session = self.zk.connected().await.map_err(|_| ZkError::ConnectionLoss)?;
         let paths = self.paths(queue);
-        if held.iter().all(|c| c.generation == session.generation) {
-            let claims: Vec<HeldClaim<'_>> = held
-                .iter()
-                .map(|c| HeldClaim {
+        let made_here: Option<Vec<HeldClaim<'_>>> = held
+            .iter()
+            .map(|c| {
+                Some(HeldClaim {
                     item: &c.item,
-                    version: c.version,
+                    version: c.version?,
                     charge: c.charge.as_ref(),
                 })
-                .collect();
-            if super::ack_held(&session.client, &self.quotas, &paths, &claims).await? {
-                return Ok(vec![true; held.len()]);
-            }
+            })
+            .collect();
+        if let Some(claims) = made_here
+            && super::ack_held(&session.client, &self.quotas, &paths, &claims).await?
+        {
+            return Ok(vec![true; held.len()]);
         }
         let mut acked = Vec::with_capacity(held.len());
         for claim in held {
-            acked.push(super::ack(&session.client, &self.quotas, &paths, &claim.item, &claim.data).await?);
+            acked.push(super::ack(&session.client, &self.quotas, &paths, &claim.item, &claim.id).await?);
         }
         Ok(acked)
     }
 
+    /// Gives a claim of `queue` back; whether it was still held.
+    pub async fn release(&self, claim: &Claim) -> Result<bool, ZkError> {
+        let session = self.zk.connected().await.map_err(|_| ZkError::ConnectionLoss)?;
+        super::release_claim(&session.client, &self.paths(&claim.queue), &claim.item, &claim.id).await
+    }
+
     /// Remembers a claim and gives it back when its deadline passes unacknowledged.
-    fn keep(&self, claim: Claim, deadline: Duration) {
+    fn keep(&self, claim: Claim) {
         let id = claim.id.clone();
         self.claims
             .lock()
@@ -297,17 +326,70 @@ impl Queues {
         let queues = self.clone();
         tokio::spawn(async move {
             tokio::select! {
-                _ = tokio::time::sleep(deadline) => {}
+                _ = tokio::time::sleep(crate::time::until_ms(claim.deadline_ms)) => {}
                 _ = claim.expire.cancelled() => return,
             }
-            if queues.forget(&id).is_some()
-                && let Ok(session) = queues.zk.connected().await
-            {
-                let paths = queues.paths(&claim.queue);
-                let _ = super::release_claim(&session.client, &paths, &claim.item, &claim.data).await;
-                tracing::info!(queue = %claim.queue, item = %claim.item, "ack deadline passed: item given back");
+            if queues.forget(&id).is_some() {
+                // Given back here, or already settled through another instance.
+                if let Ok(true) = queues.release(&claim).await {
+                    tracing::info!(queue = %claim.queue, item = %claim.item, "ack deadline passed: item given back");
+                }
             }
         });
+    }
+
+    /// The claim `id` of `queue` as an ack or a nack finds it: timed here, or else as recorded in
+    /// ZooKeeper (made through another instance, which times it, or one gone, whose claims the
+    /// reaper's instance times) while its deadline has not passed. `None` if it is not held.
+    pub async fn find(&self, queue: &str, id: &str) -> Result<Option<Claim>, ZkError> {
+        if let Some(held) = self.claim(queue, id) {
+            return Ok(Some(held));
+        }
+        let Some(item) = crate::ids::claimed_item(id) else {
+            return Ok(None);
+        };
+        let session = self.zk.connected().await.map_err(|_| ZkError::ConnectionLoss)?;
+        let paths = self.paths(queue);
+        let mut recorded = super::read_claim(&session.client, &paths, &item).await?;
+        if recorded.is_none() {
+            // Made through another instance a moment ago, maybe: this session's server may not
+            // have it yet. As of now, after a sync.
+            session.sync().await?;
+            recorded = super::read_claim(&session.client, &paths, &item).await?;
+        }
+        Ok(recorded
+            .filter(|(record, _)| record.claim == id && record.deadline_ms > crate::time::now_ms())
+            .map(|(record, _)| Claim::recorded(queue.to_string(), item, record)))
+    }
+
+    /// Takes over the timing of every claim whose instance is not in `live` (gone): each is
+    /// given back at its deadline (at once if past) unless acknowledged meanwhile through any
+    /// instance. Run by the lease reaper's instance, when an instance goes and when it starts.
+    /// How many it adopted.
+    pub async fn adopt_orphans(
+        &self,
+        client: &zookeeper_client::Client,
+        live: &HashSet<&str>,
+    ) -> Result<usize, ZkError> {
+        let mut adopted = 0;
+        for super::StandingClaim { queue, item, record } in super::all_claims(client, &self.base).await? {
+            if live.contains(record.instance.as_str()) || self.claim(&queue, &record.claim).is_some() {
+                continue;
+            }
+            let claim = Claim::recorded(queue, item, record);
+            if claim.deadline_ms <= crate::time::now_ms() {
+                // Past its deadline already (every instance was gone meanwhile): given back
+                // before this returns, so before a starting instance is ready.
+                if self.release(&claim).await? {
+                    tracing::info!(queue = %claim.queue, item = %claim.item, "ack deadline passed while its instance was gone: item given back");
+                }
+            } else {
+                tracing::info!(queue = %claim.queue, item = %claim.item, "timing a claim of an instance gone");
+                self.keep(claim);
+            }
+            adopted += 1;
+        }
+        Ok(adopted)
     }
 
     /// The claim with this id, if it is `queue`'s and still held.
