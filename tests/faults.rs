@@ -951,3 +951,648 @@ async fn a_frozen_instance_s_lease_kept_alive_through_the_other_holds_on() {
     assert_eq!(granted.status, StatusCode::OK, "{granted:?}");
     assert!(granted.i64("fencing_token") > held["fencing_token"].as_i64().expect("token"));
 }
+
+// ---------------------------------------------------------------------------------------
+// Leases across instances: 300 clients hold locks, leaderships, memberships and service
+// registrations through three zkgate instances, each request to the next instance (a
+// round-robin load balancer), while an instance is killed or all three are restarted in turn.
+
+/// The instances a client reaches: their URLs (which change as instances restart), taken in
+/// turn.
+#[derive(Clone)]
+struct Pool {
+    urls: Arc<std::sync::RwLock<Vec<String>>>,
+    next: Arc<AtomicUsize>,
+}
+
+impl Pool {
+    fn new(urls: Vec<String>) -> Pool {
+        Pool {
+            urls: Arc::new(std::sync::RwLock::new(urls)),
+            next: Arc::default(),
+        }
+    }
+
+    fn next(&self) -> String {
+        let urls = self.urls.read().unwrap();
+        urls[self.next.fetch_add(1, Ordering::Relaxed) % urls.len()].clone()
+    }
+
+    fn set(&self, index: usize, url: String) {
+        self.urls.write().unwrap()[index] = url;
+    }
+}
+
+/// What the clients of a scenario saw.
+#[derive(Default)]
+struct Seen {
+    /// Leases that ended under their client (a keepalive answered 404 or 410).
+    leases_lost: AtomicUsize,
+    /// Requests that failed (no answer, or a 5xx) and were sent again to the next instance.
+    failed: AtomicUsize,
+    /// Of those, the ones answered with a 5xx (the others reached no instance).
+    answered_5xx: AtomicUsize,
+    /// The longest a keepalive took to be answered (sent again to the next instance while it
+    /// failed), in ms.
+    longest_gap_ms: std::sync::atomic::AtomicU64,
+    lock_cycles: AtomicUsize,
+    /// Answers a client did not expect: (the lease, what happened).
+    surprises: std::sync::Mutex<Vec<(String, String)>>,
+}
+
+impl Seen {
+    fn surprise(&self, lease: &str, what: String) {
+        eprintln!("{lease}: {what}");
+        self.surprises.lock().unwrap().push((lease.to_string(), what));
+    }
+}
+
+/// The TTL of the scenario's leases, and how often their clients keep them alive.
+const SCENARIO_TTL: &str = "6s";
+const KEEPALIVE_EVERY: Duration = Duration::from_secs(1);
+
+/// One request, to the next instance; again (to the one after) while it fails. `None` once
+/// `stop` is set.
+async fn send(
+    http: &reqwest::Client,
+    pool: &Pool,
+    seen: &Seen,
+    stop: &AtomicBool,
+    method: reqwest::Method,
+    path: &str,
+    body: Option<serde_json::Value>,
+) -> Option<(StatusCode, serde_json::Value)> {
+    loop {
+        if stop.load(Ordering::SeqCst) {
+            return None;
+        }
+        let mut request = http
+            .request(method.clone(), format!("{}{path}", pool.next()))
+            .timeout(Duration::from_secs(30));
+        if let Some(body) = &body {
+            request = request.json(body);
+        }
+        match request.send().await {
+            Ok(answer) if !answer.status().is_server_error() => {
+                let status = answer.status();
+                let body = answer.json().await.unwrap_or(serde_json::Value::Null);
+                return Some((status, body));
+            }
+            answered => {
+                if answered.is_ok() {
+                    seen.answered_5xx.fetch_add(1, Ordering::Relaxed);
+                }
+                seen.failed.fetch_add(1, Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(50)).await; // a client's backoff before it retries
+            }
+        }
+    }
+}
+
+/// A lease made through the pool and kept alive through it until `stop`.
+async fn kept_lease(http: reqwest::Client, pool: Pool, seen: Arc<Seen>, stop: Arc<AtomicBool>) -> Option<String> {
+    let body = json!({"ttl": SCENARIO_TTL});
+    let (status, lease) = send(
+        &http,
+        &pool,
+        &seen,
+        &stop,
+        reqwest::Method::POST,
+        "/v1/leases",
+        Some(body),
+    )
+    .await?;
+    assert_eq!(status, StatusCode::CREATED, "{lease}");
+    let id = lease["id"].as_str().expect("id").to_string();
+    let keepalive = format!("/v1/leases/{id}/keepalive");
+    let lease_id = id.clone();
+    tokio::spawn(async move {
+        let id = lease_id;
+        loop {
+            let sent = Instant::now();
+            let Some((status, body)) = send(&http, &pool, &seen, &stop, reqwest::Method::POST, &keepalive, None).await
+            else {
+                return;
+            };
+            if status != StatusCode::OK {
+                seen.surprise(&id, format!("keepalive: {status} {body}"));
+                seen.leases_lost.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+            seen.longest_gap_ms
+                .fetch_max(sent.elapsed().as_millis() as u64, Ordering::Relaxed);
+            tokio::time::sleep(KEEPALIVE_EVERY).await; // the keepalive period
+        }
+    });
+    Some(id)
+}
+
+/// Everything the scenario's clients hold, to check at the end.
+struct Scenario {
+    pool: Pool,
+    http: reqwest::Client,
+    seen: Arc<Seen>,
+    stop: Arc<AtomicBool>,
+    stop_keeping: Arc<AtomicBool>,
+    registers: Arc<Vec<FencedRegister>>,
+    histories: Arc<Vec<History>>,
+    /// Each election's leader's term before the fault.
+    terms: Vec<i64>,
+    /// Every candidate, which must survive: (path to read it, what is expected there).
+    candidates: Vec<(String, String)>,
+    /// Queue claims taken through the instances before the fault, to acknowledge after it.
+    claims: Vec<String>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+const LOCKS: usize = 9;
+const LOCK_CLIENTS: usize = 90;
+const ELECTIONS: usize = 6;
+const CANDIDATES: usize = 60;
+const GROUPS: usize = 3;
+const MEMBERS: usize = 75;
+const SERVICES: usize = 3;
+const REGISTRATIONS: usize = 75;
+const CLAIMS: usize = 30;
+
+/// Starts 300 clients through `pool`: lock clients cycling (acquire, fenced write, release),
+/// candidates, members and service instances, each on a lease of its own kept alive through
+/// the pool; returns once every holding is in place and each election has its leader.
+async fn start_clients(pool: Pool) -> Scenario {
+    let http = common::http_builder()
+        .pool_max_idle_per_host(16)
+        .build()
+        .expect("client");
+    let seen = Arc::new(Seen::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    let registers: Arc<Vec<FencedRegister>> = Arc::new((0..LOCKS).map(|_| FencedRegister::new(true)).collect());
+    let histories: Arc<Vec<History>> = Arc::new((0..LOCKS).map(|_| History::default()).collect());
+    let mut tasks = Vec::new();
+    let mut candidates = Vec::new();
+    // Keepalives go on until the workers have stopped (a lease must not end under them).
+    let stop_keeping = Arc::new(AtomicBool::new(false));
+    let lease = || kept_lease(http.clone(), pool.clone(), seen.clone(), stop_keeping.clone());
+    for i in 0..LOCK_CLIENTS {
+        let lease = lease().await.expect("a lease");
+        let (http, pool, seen, stop) = (http.clone(), pool.clone(), seen.clone(), stop.clone());
+        let (registers, histories) = (registers.clone(), histories.clone());
+        tasks.push(tokio::spawn(async move {
+            let lock = i % LOCKS;
+            let name = format!("client-{i}");
+            let acquire = format!("/v1/locks/shared-{lock}/acquire?wait=5s&keep_queued=true");
+            let body = json!({"lease": lease});
+            while let Some((status, granted)) = send(
+                &http,
+                &pool,
+                &seen,
+                &stop,
+                reqwest::Method::POST,
+                &acquire,
+                Some(body.clone()),
+            )
+            .await
+            {
+                if status == StatusCode::ACCEPTED {
+                    continue; // still queued: wait on
+                }
+                if status != StatusCode::OK {
+                    seen.surprise(&lease, format!("acquire: {status} {granted}"));
+                    return;
+                }
+                let token = granted["fencing_token"].as_i64().expect("token");
+                histories[lock].record(&name, token, LockEvent::Granted);
+                let read = registers[lock].read();
+                tokio::time::sleep(Duration::from_millis(20)).await; // the critical section's work
+                registers[lock].write(&name, token, read);
+                histories[lock].record(&name, token, LockEvent::Released);
+                let release = format!(
+                    "/v1/locks/shared-{lock}/handles/{}",
+                    granted["handle"].as_str().expect("handle")
+                );
+                let Some((status, body)) =
+                    send(&http, &pool, &seen, &stop, reqwest::Method::DELETE, &release, None).await
+                else {
+                    return;
+                };
+                if status != StatusCode::NO_CONTENT {
+                    seen.surprise(&lease, format!("release: {status} {body}"));
+                    return;
+                }
+                seen.lock_cycles.fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
+    for i in 0..CANDIDATES {
+        let lease = lease().await.expect("a lease");
+        let election = format!("leading-{}", i % ELECTIONS);
+        let body = json!({"lease": lease, "value": i});
+        let path = format!("/v1/elections/{election}/campaign?wait=0&keep_queued=true");
+        let (status, joined) = send(&http, &pool, &seen, &stop, reqwest::Method::POST, &path, Some(body))
+            .await
+            .expect("campaign");
+        assert!(matches!(status, StatusCode::OK | StatusCode::ACCEPTED), "{joined}");
+        let handle = joined["handle"].as_str().expect("handle");
+        candidates.push((
+            format!("/v1/elections/{election}/candidates/{handle}"),
+            "candidate".to_string(),
+        ));
+    }
+    for i in 0..MEMBERS {
+        let lease = lease().await.expect("a lease");
+        let path = format!("/v1/groups/members-{}/members/m{i}", i % GROUPS);
+        let (status, joined) = send(
+            &http,
+            &pool,
+            &seen,
+            &stop,
+            reqwest::Method::PUT,
+            &path,
+            Some(json!({"lease": lease, "data": i})),
+        )
+        .await
+        .expect("join");
+        assert_eq!(status, StatusCode::CREATED, "{joined}");
+    }
+    for i in 0..REGISTRATIONS {
+        let lease = lease().await.expect("a lease");
+        let path = format!("/v1/services/service-{}/instances/s{i}", i % SERVICES);
+        let body = json!({"lease": lease, "address": "10.0.0.1", "port": 8000 + i});
+        let (status, registered) = send(&http, &pool, &seen, &stop, reqwest::Method::PUT, &path, Some(body))
+            .await
+            .expect("register");
+        assert_eq!(status, StatusCode::CREATED, "{registered}");
+    }
+    let mut claims = Vec::new();
+    for i in 0..CLAIMS {
+        let put = json!({"n": i});
+        let (status, body) = send(
+            &http,
+            &pool,
+            &seen,
+            &stop,
+            reqwest::Method::POST,
+            "/v1/queues/consumed/items",
+            Some(put),
+        )
+        .await
+        .expect("put");
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+        let take = "/v1/queues/consumed/take?ack_deadline=60s";
+        let (status, item) = send(&http, &pool, &seen, &stop, reqwest::Method::POST, take, None)
+            .await
+            .expect("take");
+        assert_eq!(status, StatusCode::OK, "{item}");
+        claims.push(item["claim"].as_str().expect("claim").to_string());
+    }
+    let mut terms = Vec::new();
+    for e in 0..ELECTIONS {
+        let (_, state) = send(
+            &http,
+            &pool,
+            &seen,
+            &stop,
+            reqwest::Method::GET,
+            &format!("/v1/elections/leading-{e}"),
+            None,
+        )
+        .await
+        .expect("election");
+        terms.push(state["leader"]["term"].as_i64().expect("a leader"));
+    }
+    Scenario {
+        pool,
+        http,
+        seen,
+        stop,
+        stop_keeping,
+        registers,
+        histories,
+        terms,
+        candidates,
+        claims,
+        tasks,
+    }
+}
+
+impl Scenario {
+    async fn get(&self, path: &str) -> (StatusCode, serde_json::Value) {
+        let never = AtomicBool::new(false);
+        send(
+            &self.http,
+            &self.pool,
+            &self.seen,
+            &never,
+            reqwest::Method::GET,
+            path,
+            None,
+        )
+        .await
+        .expect("a reply")
+    }
+
+    /// Stops the clients and checks what they hold: no lease lost, every lock's history one
+    /// holder at a time in token order with no write lost, every leader the same as before,
+    /// every candidate, member and service instance in place. Prints the figures.
+    /// Fails, with what the instances logged about the leases concerned, if a client was
+    /// surprised.
+    fn explain_surprises(&self, what: &str, processes: &[&Process]) {
+        let surprises = self.seen.surprises.lock().unwrap().clone();
+        if surprises.is_empty() {
+            return;
+        }
+        for process in processes {
+            for line in process.log() {
+                if surprises.iter().any(|(lease, _)| line.contains(lease.as_str())) {
+                    eprintln!("{}: {line}", process.url);
+                }
+            }
+        }
+        panic!("{what}: clients were surprised: {surprises:?}");
+    }
+
+    async fn check(mut self, what: &str, processes: &[&Process]) {
+        let cycles_before = self.seen.lock_cycles.load(Ordering::Relaxed);
+        within(Duration::from_secs(30), "lock cycles after the fault", async {
+            while self.seen.lock_cycles.load(Ordering::Relaxed) < cycles_before + LOCKS
+                && self.seen.surprises.lock().unwrap().is_empty()
+            {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await;
+        self.explain_surprises(what, processes);
+        for e in 0..ELECTIONS {
+            let (_, state) = self.get(&format!("/v1/elections/leading-{e}")).await;
+            assert_eq!(
+                state["leader"]["term"].as_i64(),
+                Some(self.terms[e]),
+                "election {e}: {state}"
+            );
+        }
+        for (path, _) in &self.candidates {
+            let (status, candidate) = self.get(path).await;
+            assert_eq!(status, StatusCode::OK, "{path}: {candidate}");
+            assert!(
+                matches!(candidate["state"].as_str(), Some("held" | "waiting" | "pending")),
+                "{path}: {candidate}"
+            );
+        }
+        let mut members = 0;
+        for g in 0..GROUPS {
+            let (_, group) = self.get(&format!("/v1/groups/members-{g}")).await;
+            members += group["members"].as_array().map_or(0, Vec::len);
+        }
+        assert_eq!(members, MEMBERS, "every member is in");
+        let mut instances = 0;
+        for s in 0..SERVICES {
+            let (_, service) = self.get(&format!("/v1/services/service-{s}")).await;
+            instances += service["instances"].as_array().map_or(0, Vec::len);
+        }
+        assert_eq!(instances, REGISTRATIONS, "every service instance is registered");
+        // Claims made through every instance, the one gone included: none was given back with
+        // it, each is acknowledged through whichever instance answers.
+        let (_, queue) = self.get("/v1/queues/consumed").await;
+        assert_eq!(queue["in_flight"], CLAIMS, "{queue}");
+        for claim in &self.claims {
+            let never = AtomicBool::new(false);
+            let ack = format!("/v1/queues/consumed/claims/{claim}/ack");
+            let (status, body) = send(
+                &self.http,
+                &self.pool,
+                &self.seen,
+                &never,
+                reqwest::Method::POST,
+                &ack,
+                None,
+            )
+            .await
+            .expect("a reply");
+            assert_eq!(status, StatusCode::NO_CONTENT, "{claim}: {body}");
+        }
+        let (_, queue) = self.get("/v1/queues/consumed").await;
+        assert_eq!(
+            (queue["depth"].as_u64(), queue["in_flight"].as_u64()),
+            (Some(0), Some(0)),
+            "{queue}"
+        );
+        self.stop.store(true, Ordering::SeqCst);
+        for task in std::mem::take(&mut self.tasks) {
+            within(Duration::from_secs(60), "the clients to stop", task)
+                .await
+                .expect("client");
+        }
+        self.stop_keeping.store(true, Ordering::SeqCst);
+        self.explain_surprises(what, processes);
+        let mut accepted = 0;
+        for (register, history) in self.registers.iter().zip(self.histories.iter()) {
+            let tally = register.check().unwrap_or_else(|violation| panic!("{violation}"));
+            let grants = history.check().unwrap_or_else(|violation| panic!("{violation}"));
+            assert_eq!(grants, tally.accepted, "every grant wrote once");
+            accepted += tally.accepted;
+        }
+        let lost = self.seen.leases_lost.load(Ordering::Relaxed);
+        println!(
+            "{what}: 300 leases, {lost} lost; {accepted} fenced lock cycles, 0 overlaps; {CLAIMS} claims acknowledged after the fault; {} requests failed and were sent again ({} of them answered 5xx, the others reached no instance); longest wait for a keepalive's answer {} ms",
+            self.seen.failed.load(Ordering::Relaxed),
+            self.seen.answered_5xx.load(Ordering::Relaxed),
+            self.seen.longest_gap_ms.load(Ordering::Relaxed),
+        );
+        assert_eq!(lost, 0, "no lease lost");
+    }
+}
+
+/// `kill -9` of one of three instances while 300 clients hold locks, leaderships, memberships
+/// and service registrations through all three and keep alive through any: the survivors
+/// take its leases over, nothing is lost, every lock stays exclusive and grants in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kill_9_of_one_of_three_instances_loses_no_lease() {
+    let ensemble = Ensemble::start(3).await;
+    let connect = ensemble.connect_string();
+    let mut processes = Vec::new();
+    for _ in 0..3 {
+        processes.push(Process::start(&connect).await);
+    }
+    let pool = Pool::new(processes.iter().map(|p| p.url.clone()).collect());
+    let scenario = start_clients(pool).await;
+    let killed = Instant::now();
+    processes[0].kill().await;
+    // Long enough for its session to expire (2 s) and its leases to be taken over.
+    tokio::time::sleep(Duration::from_secs(6)).await; // the scenario's length, not a synchronisation
+    let what = format!("kill -9 of one of three instances ({:?} ago)", killed.elapsed());
+    scenario.check(&what, &processes.iter().collect::<Vec<_>>()).await;
+}
+
+/// Each of three instances in turn gets SIGTERM, exits and is started again, while 300 clients
+/// hold and keep alive through any: every lease lives on, handed over at each stop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_restart_of_three_instances_loses_no_lease() {
+    let ensemble = Ensemble::start(3).await;
+    let connect = ensemble.connect_string();
+    let mut processes = Vec::new();
+    for _ in 0..3 {
+        processes.push(Process::start(&connect).await);
+    }
+    let pool = Pool::new(processes.iter().map(|p| p.url.clone()).collect());
+    let scenario = start_clients(pool.clone()).await;
+    for (i, process) in processes.iter_mut().enumerate() {
+        process.terminate();
+        let status = within(Duration::from_secs(30), "the instance to exit", process.child.wait())
+            .await
+            .expect("exit");
+        assert!(status.success(), "{status:?}");
+        *process = Process::start(&connect).await;
+        pool.set(i, process.url.clone());
+        tokio::time::sleep(Duration::from_secs(2)).await; // traffic between restarts, not a synchronisation
+    }
+    scenario
+        .check(
+            "a rolling restart of three instances",
+            &processes.iter().collect::<Vec<_>>(),
+        )
+        .await;
+}
+
+/// Every instance is killed; one comes back after twice the TTL. Before it is ready it ends
+/// every lease whose time passed meanwhile (and grants their waiters), and keeps the others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_instance_killed_and_one_back_ends_what_expired_before_it_serves() {
+    let zk = zookeeper().await;
+    let connect = zk.connect_string();
+    let mut a = Process::start(&connect).await;
+    let mut b = Process::start(&connect).await;
+    let expiring = a.lease("4s").await;
+    let (status, held) = a
+        .call(
+            reqwest::Method::POST,
+            "/v1/locks/outage/acquire?wait=0",
+            Some(json!({"lease": expiring})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{held}");
+    let lasting = b.lease("60s").await;
+    let (status, queued) = b
+        .call(
+            reqwest::Method::POST,
+            "/v1/locks/outage/acquire?wait=0&keep_queued=true",
+            Some(json!({"lease": lasting})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{queued}");
+    // And a queue claim whose deadline passes during the outage.
+    let (status, put) = a
+        .call(reqwest::Method::POST, "/v1/queues/outage/items", Some(json!({"n": 1})))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{put}");
+    let (status, claimed) = a
+        .call(reqwest::Method::POST, "/v1/queues/outage/take?ack_deadline=4s", None)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{claimed}");
+    a.kill().await;
+    b.kill().await;
+    // Twice the TTL with no instance: past its TTL and the takeover's margin (4 s + 3 s).
+    tokio::time::sleep(Duration::from_secs(8)).await; // the outage, not a synchronisation
+    let c = Process::start(&connect).await;
+    // Ready ("serving") means the reaper's first pass is done: the expired lease has ended,
+    // its lock passed to the waiter, whose lease lives on.
+    let (status, state) = c.call(reqwest::Method::GET, "/v1/locks/outage", None).await;
+    assert_eq!(status, StatusCode::OK, "{state}");
+    assert_eq!(state["holder"]["lease"], json!(lasting), "{state}");
+    assert!(state["holder"]["fencing_token"].as_i64() > held["fencing_token"].as_i64());
+    let (status, gone) = c
+        .call(reqwest::Method::GET, &format!("/v1/leases/{expiring}"), None)
+        .await;
+    assert_eq!(status, StatusCode::GONE, "{gone}");
+    assert_eq!(gone["reason"], "expired", "{gone}");
+    let (status, kept) = c
+        .call(reqwest::Method::POST, &format!("/v1/leases/{lasting}/keepalive"), None)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{kept}");
+    let handle = queued["handle"].as_str().expect("handle");
+    let (_, view) = c
+        .call(
+            reqwest::Method::GET,
+            &format!("/v1/locks/outage/handles/{handle}?wait=5s"),
+            None,
+        )
+        .await;
+    assert_eq!(view["state"], "held", "{view}");
+    // The claim was given back before it served: its item is there to take at once.
+    let (status, again) = c
+        .call(reqwest::Method::POST, "/v1/queues/outage/take?wait=0", None)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{again}");
+    assert_eq!(
+        (&again["item"], &again["deliveries"]),
+        (&claimed["item"], &json!(2)),
+        "{again}"
+    );
+}
+
+/// An instance is cut off from ZooKeeper (a black hole) while its client keeps its lease
+/// alive through the other: the other takes the lease over (the cut-off one cannot vouch for
+/// it), the lock stays held; when the connection heals, the cut-off instance drops the lease
+/// before it keeps leases again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_cut_off_from_zookeeper_hands_its_lease_to_the_other() {
+    let zk = zookeeper().await;
+    let proxy = Proxy::start(&zk.connect_string()).await;
+    let cut = Process::start(&proxy.connect_string()).await;
+    let other = Arc::new(Gate::start(&zk.connect_string()).await);
+    let lease = cut.lease("4s").await;
+    let (status, held) = cut
+        .call(
+            reqwest::Method::POST,
+            "/v1/locks/cut/acquire?wait=0",
+            Some(json!({"lease": lease})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{held}");
+    let pool = Pool::new(vec![cut.url.clone(), other.url.clone()]);
+    let (seen, stop) = (Arc::new(Seen::default()), Arc::new(AtomicBool::new(false)));
+    let keeper = {
+        let (pool, seen, stop, lease) = (pool.clone(), seen.clone(), stop.clone(), lease.clone());
+        tokio::spawn(async move {
+            let http = common::http_client();
+            let path = format!("/v1/leases/{lease}/keepalive");
+            loop {
+                let sent = Instant::now();
+                let Some((status, _)) = send(&http, &pool, &seen, &stop, reqwest::Method::POST, &path, None).await
+                else {
+                    return;
+                };
+                if status != StatusCode::OK {
+                    seen.leases_lost.fetch_add(1, Ordering::Relaxed);
+                    return;
+                }
+                seen.longest_gap_ms
+                    .fetch_max(sent.elapsed().as_millis() as u64, Ordering::Relaxed);
+                tokio::time::sleep(KEEPALIVE_EVERY).await; // the keepalive period
+            }
+        })
+    };
+    proxy.black_hole(true);
+    // Past the session timeout (2 s) and a TTL: the lease must have moved to live on.
+    tokio::time::sleep(Duration::from_secs(6)).await; // the fault's length, not a synchronisation
+    assert!(
+        other.running.state.leases.peek(&lease).is_ok(),
+        "the other instance keeps the lease"
+    );
+    let state = other.get("/v1/locks/cut").await;
+    assert_eq!(
+        state.body["holder"]["fencing_token"], held["fencing_token"],
+        "{state:?}"
+    );
+    proxy.black_hole(false);
+    cut.wait_session(2).await;
+    let (_, list) = cut.call(reqwest::Method::GET, "/v1/leases", None).await;
+    let listed = list.as_array().is_some_and(|l| l.iter().any(|l| l["id"] == lease));
+    assert!(!listed, "the cut-off instance still keeps the lease: {list}");
+    stop.store(true, Ordering::SeqCst);
+    keeper.await.expect("keeper");
+    assert_eq!(seen.leases_lost.load(Ordering::Relaxed), 0, "the lease lived on");
+    println!(
+        "black hole: a keepalive took at most {} ms to be answered; {} requests sent again",
+        seen.longest_gap_ms.load(Ordering::Relaxed),
+        seen.failed.load(Ordering::Relaxed)
+    );
+}
