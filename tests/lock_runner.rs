@@ -12,6 +12,7 @@ mod common;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use common::process::Process;
 use common::{Gate, wait_children, within, zookeeper};
 use reqwest::StatusCode;
 use serde_json::json;
@@ -35,9 +36,15 @@ struct Runner {
 impl Runner {
     /// `zkgate <args> -- sh -c <script>` against `url`.
     fn start(url: &str, args: &[&str], script: &str) -> Runner {
+        Runner::start_at(&[url], args, script)
+    }
+
+    /// `zkgate <args> --url <url>... -- sh -c <script>`: against the instances at `urls`.
+    fn start_at(urls: &[&str], args: &[&str], script: &str) -> Runner {
         let mut child = tokio::process::Command::new(ZKGATE)
             .args(args)
-            .args(["--url", url, "--", "sh", "-c", script])
+            .args(urls.iter().flat_map(|url| ["--url", url]))
+            .args(["--", "sh", "-c", script])
             .env_remove("ZKGATE_URL")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -168,6 +175,59 @@ async fn the_command_runs_under_the_lock_with_the_holders_token_and_the_lock_is_
     assert_eq!(holder(&gate, "orders").await, None);
     let gone = gate.get(&format!("/v1/leases/{lease}")).await;
     assert_eq!(gone.status, StatusCode::GONE, "{gone:?}");
+}
+
+#[tokio::test]
+async fn given_two_instances_the_command_runs_on_through_a_kill_9_of_the_one_it_started_on() {
+    let zk = zookeeper().await;
+    let mut first = Process::start(&zk.connect_string()).await;
+    let second = Process::start(&zk.connect_string()).await;
+    let script = r#"echo "env $ZKGATE_FENCING_TOKEN $ZKGATE_LEASE $ZKGATE_URL"; read go; echo done"#;
+    let mut runner = Runner::start_at(&[&first.url, &second.url], &["lock", "orders", "--ttl", TTL], script);
+    let env = runner.report("env").await;
+    let (token, lease) = (env[1].parse::<i64>().expect("a token"), env[2].clone());
+    // The command is told every instance, the one that answers first.
+    assert_eq!(env[3], format!("{},{}", first.url, second.url));
+    let held_by = |(status, state): (StatusCode, serde_json::Value)| {
+        assert_eq!(status, StatusCode::OK, "{state}");
+        let holder = &state["holder"];
+        (
+            holder["lease"].as_str().map(str::to_string),
+            holder["fencing_token"].as_i64(),
+        )
+    };
+    let lock = "/v1/locks/orders";
+    assert_eq!(
+        held_by(second.call(reqwest::Method::GET, lock, None).await),
+        (Some(lease.clone()), Some(token))
+    );
+
+    // The instance the runner made its lease on dies. Its keepalives go to the other, which
+    // takes the lease over: the lock outlives two TTLs with the same holder and token, and the
+    // command runs on. (The wait is the span under test, not a synchronisation.)
+    first.kill().await;
+    let ttl = zkgate::time::parse_duration(TTL).expect("TTL");
+    tokio::time::sleep(2 * ttl + Duration::from_millis(100)).await;
+    assert_eq!(
+        held_by(second.call(reqwest::Method::GET, lock, None).await),
+        (Some(lease.clone()), Some(token)),
+        "the lock changed hands; the surviving instance's log: {:#?}",
+        second.log()
+    );
+
+    runner.tell("go").await;
+    assert_eq!(runner.line("the command's end").await, "done");
+    let (code, stderr) = runner.exit().await;
+    assert_eq!(code, 0, "{stderr}");
+    // The runner deleted its lease through the instance that answers, and the lock with it.
+    assert_eq!(
+        held_by(second.call(reqwest::Method::GET, lock, None).await),
+        (None, None)
+    );
+    let (status, gone) = second
+        .call(reqwest::Method::GET, &format!("/v1/leases/{lease}"), None)
+        .await;
+    assert_eq!(status, StatusCode::GONE, "{gone}");
 }
 
 #[tokio::test]

@@ -2,8 +2,15 @@
 //! (create, keep alive and delete a lease; acquire or campaign; long-poll a handle), each
 //! answering a typed reply or a [CallError] that is worth showing to a user as it is.
 //!
+//! Given several zkgate instances, a call goes to the one that last answered and, while an
+//! instance does not answer (or answers 503), to the next: any instance serves any lease, so
+//! the runner keeps its lease, and its command runs on, through the loss of the instance it
+//! started on.
+//!
 //! `http://` and `https://` (rustls with the ring provider; the system's CAs, plus `--ca`).
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderValue};
@@ -147,29 +154,43 @@ pub struct HandleNews {
     pub revocation: Option<Revocation>,
 }
 
-/// A client of one zkgate.
+/// A client of the zkgate instances of one deployment; clones share which one answers.
 #[derive(Clone)]
 pub struct Api {
     http: Client,
-    base: Url,
+    bases: Arc<[Url]>,
+    /// The instance calls go to first: the last that answered.
+    current: Arc<AtomicUsize>,
+}
+
+/// `text` as the base URL of a zkgate: `http(s)://host:port`, maybe with a path prefix.
+fn base_url(text: &str) -> Result<Url, String> {
+    let base = Url::parse(text).map_err(|e| format!("--url `{text}` is not a URL: {e}"))?;
+    match base.scheme() {
+        "http" | "https" => {}
+        other => {
+            return Err(format!(
+                "--url `{base}`: the scheme must be http or https, not `{other}`"
+            ));
+        }
+    }
+    if base.cannot_be_a_base() || base.host().is_none() {
+        return Err(format!("--url `{base}` names no host"));
+    }
+    Ok(base)
 }
 
 impl Api {
-    /// A client for the zkgate at `base` (`http(s)://host:port`, maybe with a path prefix),
-    /// sending `Authorization: Bearer <token>` when a token is given, and trusting the CAs in
-    /// the PEM file `ca` besides the system's.
-    pub fn new(base: &str, token: Option<&str>, ca: Option<&std::path::Path>) -> Result<Api, String> {
-        let base = Url::parse(base).map_err(|e| format!("--url `{base}` is not a URL: {e}"))?;
-        match base.scheme() {
-            "http" | "https" => {}
-            other => {
-                return Err(format!(
-                    "--url `{base}`: the scheme must be http or https, not `{other}`"
-                ));
-            }
-        }
-        if base.cannot_be_a_base() || base.host().is_none() {
-            return Err(format!("--url `{base}` names no host"));
+    /// A client for the zkgate instances at `bases` (`http(s)://host:port`, maybe with a path
+    /// prefix; at least one), sending `Authorization: Bearer <token>` when a token is given,
+    /// and trusting the CAs in the PEM file `ca` besides the system's.
+    pub fn new<S: AsRef<str>>(bases: &[S], token: Option<&str>, ca: Option<&std::path::Path>) -> Result<Api, String> {
+        let bases: Vec<Url> = bases
+            .iter()
+            .map(|base| base_url(base.as_ref().trim()))
+            .collect::<Result<_, _>>()?;
+        if bases.is_empty() {
+            return Err("--url: give at least one zkgate URL".to_string());
         }
         let mut headers = HeaderMap::new();
         if let Some(token) = token {
@@ -193,7 +214,19 @@ impl Api {
             .user_agent(concat!("zkgate-runner/", env!("CARGO_PKG_VERSION")))
             .build()
             .map_err(|e| format!("cannot set up an HTTP client: {e}"))?;
-        Ok(Api { http, base })
+        Ok(Api {
+            http,
+            bases: bases.into(),
+            current: Arc::default(),
+        })
+    }
+
+    /// The zkgate calls go to now (the last that answered), as given.
+    pub fn url(&self) -> String {
+        self.bases[self.current.load(Ordering::Relaxed) % self.bases.len()]
+            .as_str()
+            .trim_end_matches('/')
+            .to_string()
     }
 
     /// Creates a lease with `ttl`.
@@ -260,7 +293,10 @@ impl Api {
         self.parse(answer)
     }
 
-    /// Sends one request; a success status with its JSON answer (`null` when empty), or why not.
+    /// Sends one request to the instance that answered last and, while the instance tried
+    /// does not answer or answers 503, to each next one in turn (each within `limit`); a
+    /// success status with its JSON answer (`null` when empty), or why not (the last
+    /// instance's answer).
     async fn call(
         &self,
         method: Method,
@@ -269,14 +305,40 @@ impl Api {
         body: Option<Value>,
         limit: Duration,
     ) -> Result<(StatusCode, Value), CallError> {
-        let url = self.url(path, query);
-        let mut request = self.http.request(method, url.clone()).timeout(limit);
+        let first = self.current.load(Ordering::Relaxed);
+        let mut failed = None;
+        for attempt in 0..self.bases.len() {
+            let at = (first + attempt) % self.bases.len();
+            match self.call_at(at, method.clone(), path, query, body.clone(), limit).await {
+                Err(error) if error.is_transient() => failed = Some(error),
+                answered => {
+                    self.current.store(at, Ordering::Relaxed);
+                    return answered;
+                }
+            }
+        }
+        Err(failed.expect("at least one instance was tried"))
+    }
+
+    /// [Api::call] to the instance `at`.
+    async fn call_at(
+        &self,
+        at: usize,
+        method: Method,
+        path: &[&str],
+        query: &[(&str, String)],
+        body: Option<Value>,
+        limit: Duration,
+    ) -> Result<(StatusCode, Value), CallError> {
+        let base = &self.bases[at];
+        let url = endpoint(base, path, query);
+        let mut request = self.http.request(method, url).timeout(limit);
         if let Some(body) = body {
             request = request.json(&body);
         }
-        let response = request.send().await.map_err(|e| self.unreachable(&e, limit))?;
+        let response = request.send().await.map_err(|e| unreachable(base, &e, limit))?;
         let status = response.status();
-        let bytes = response.bytes().await.map_err(|e| self.unreachable(&e, limit))?;
+        let bytes = response.bytes().await.map_err(|e| unreachable(base, &e, limit))?;
         let answer = if bytes.is_empty() {
             Value::Null
         } else {
@@ -289,39 +351,36 @@ impl Api {
         }
     }
 
-    /// `base` + the path segments (each percent-encoded, so a name is always one segment).
-    fn url(&self, path: &[&str], query: &[(&str, String)]) -> Url {
-        let mut url = self.base.clone();
-        if let Ok(mut segments) = url.path_segments_mut() {
-            segments.pop_if_empty().extend(path);
-        }
-        if !query.is_empty() {
-            url.query_pairs_mut().extend_pairs(query);
-        }
-        url
-    }
-
     fn parse<T: serde::de::DeserializeOwned>(&self, answer: Value) -> Result<T, CallError> {
         serde_json::from_value(answer).map_err(|e| self.unexpected(e.to_string()))
     }
 
     fn unexpected(&self, what: String) -> CallError {
-        CallError::Unexpected {
-            url: self.base.to_string(),
-            what,
-        }
+        CallError::Unexpected { url: self.url(), what }
     }
+}
 
-    fn unreachable(&self, error: &reqwest::Error, limit: Duration) -> CallError {
-        let cause = if error.is_timeout() {
-            format!("no answer within {}", humantime::format_duration(limit))
-        } else {
-            innermost_cause(error)
-        };
-        CallError::Unreachable {
-            url: self.base.to_string(),
-            cause,
-        }
+/// `base` + the path segments (each percent-encoded, so a name is always one segment).
+fn endpoint(base: &Url, path: &[&str], query: &[(&str, String)]) -> Url {
+    let mut url = base.clone();
+    if let Ok(mut segments) = url.path_segments_mut() {
+        segments.pop_if_empty().extend(path);
+    }
+    if !query.is_empty() {
+        url.query_pairs_mut().extend_pairs(query);
+    }
+    url
+}
+
+fn unreachable(base: &Url, error: &reqwest::Error, limit: Duration) -> CallError {
+    let cause = if error.is_timeout() {
+        format!("no answer within {}", humantime::format_duration(limit))
+    } else {
+        innermost_cause(error)
+    };
+    CallError::Unreachable {
+        url: base.to_string(),
+        cause,
     }
 }
 
@@ -358,8 +417,8 @@ mod tests {
 
     #[test]
     fn names_are_one_path_segment_each() {
-        let api = Api::new("http://127.0.0.1:7070/prefix/", None, None).expect("api");
-        let url = api.url(&["v1", "locks", "a/b c", "acquire"], &[("wait", "0ms".into())]);
+        let base = base_url("http://127.0.0.1:7070/prefix/").expect("url");
+        let url = endpoint(&base, &["v1", "locks", "a/b c", "acquire"], &[("wait", "0ms".into())]);
         assert_eq!(
             url.as_str(),
             "http://127.0.0.1:7070/prefix/v1/locks/a%2Fb%20c/acquire?wait=0ms"
@@ -368,19 +427,21 @@ mod tests {
 
     #[test]
     fn only_http_and_https_urls_are_accepted() {
-        assert!(Api::new("http://zkgate:7070", Some("t0ken"), None).is_ok());
-        assert!(Api::new("https://zkgate:7070", Some("t0ken"), None).is_ok());
+        assert!(Api::new(&["http://zkgate:7070"], Some("t0ken"), None).is_ok());
+        assert!(Api::new(&["https://zkgate:7070"], Some("t0ken"), None).is_ok());
+        assert!(Api::new(&["http://a:7070", "http://b:7070"], None, None).is_ok());
+        assert!(Api::new::<&str>(&[], None, None).is_err());
         for (url, complaint) in [
             ("ftp://zkgate", "the scheme must be http or https"),
             ("zkgate:7070", "the scheme must be http"),
             ("not a url", "is not a URL"),
         ] {
-            match Api::new(url, None, None) {
+            match Api::new(&["http://fine:7070", url], None, None) {
                 Ok(_) => panic!("{url} accepted"),
                 Err(message) => assert!(message.contains(complaint), "{url}: {message}"),
             }
         }
-        assert!(Api::new("http://zkgate", Some("bad\ntoken"), None).is_err());
+        assert!(Api::new(&["http://zkgate"], Some("bad\ntoken"), None).is_err());
     }
 
     #[test]

@@ -28,8 +28,13 @@ pub async fn keep_alive(api: Api, lease: Lease, mut alive_since: Instant, troubl
         tokio::time::sleep_until(next).await;
         let sent = Instant::now();
         let expires = alive_since + ttl;
-        // A keepalive that arrives after `expires` is no use: it would find the lease gone.
-        let limit = expires.saturating_duration_since(sent).max(Duration::from_millis(100));
+        // A keepalive that arrives after `expires` is no use: it would find the lease gone. And
+        // an instance that does not answer within a period (paused, cut off) gives the next
+        // instance its turn with time to spare.
+        let limit = expires
+            .saturating_duration_since(sent)
+            .min(period)
+            .max(Duration::from_millis(100));
         match api.keepalive(&lease.id, limit).await {
             Ok(()) => {
                 alive_since = sent;

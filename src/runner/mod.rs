@@ -42,7 +42,7 @@ const RETRY: Duration = Duration::from_secs(1);
 const EXIT_CODES: &str = "\
 Environment of the command: ZKGATE_FENCING_TOKEN (the grant's fencing token; for `elect` the
 leader's term), ZKGATE_LOCK or ZKGATE_ELECTION (the name), ZKGATE_LEASE, ZKGATE_HANDLE,
-ZKGATE_URL.
+ZKGATE_URL (the URLs given, comma-separated).
 
 Exit status: the command's, or 128 + the signal that ended it. Otherwise:
   124  not granted within --wait
@@ -53,9 +53,16 @@ Exit status: the command's, or 128 + the signal that ended it. Otherwise:
 /// Options shared by `zkgate lock` and `zkgate elect`.
 #[derive(Args, Clone, Debug)]
 pub struct RunnerOptions {
-    /// Base URL of the zkgate to use (`http://` or `https://`).
-    #[arg(long, env = "ZKGATE_URL", default_value = "http://127.0.0.1:7070")]
-    pub url: String,
+    /// Base URL of a zkgate instance to use (`http://` or `https://`). Give several (`--url A
+    /// --url B`, or `ZKGATE_URL=A,B`): the runner keeps its lease, and its command runs on,
+    /// through whichever answers.
+    #[arg(
+        long = "url",
+        env = "ZKGATE_URL",
+        value_delimiter = ',',
+        default_value = "http://127.0.0.1:7070"
+    )]
+    pub urls: Vec<String>,
 
     /// CA certificates (PEM) to trust for an `https://` zkgate, besides the system's.
     #[arg(long, env = "ZKGATE_CA")]
@@ -170,7 +177,7 @@ impl NotGranted {
 
 async fn run(target: Target, options: &RunnerOptions, argv: &[String]) -> u8 {
     let what = format!("{} \"{}\"", target.noun(), target.name());
-    let api = match Api::new(&options.url, options.token.as_deref(), options.ca.as_deref()) {
+    let api = match Api::new(&options.urls, options.token.as_deref(), options.ca.as_deref()) {
         Ok(api) => api,
         Err(message) => return fail(&message),
     };
@@ -199,7 +206,7 @@ async fn run(target: Target, options: &RunnerOptions, argv: &[String]) -> u8 {
                 grant.handle.clone(),
                 report,
             ));
-            let env = environment(&target, options, &lease, &grant);
+            let env = environment(&api, &target, options, &lease, &grant);
             let code = run_command(argv, &env, &mut troubles, &mut signals, options.grace, &what).await;
             watcher.abort();
             code
@@ -254,15 +261,33 @@ async fn acquire(
 }
 
 /// What the command finds in its environment (added to the runner's own).
-fn environment(target: &Target, options: &RunnerOptions, lease: &Lease, grant: &Grant) -> Vec<(&'static str, String)> {
+fn environment(
+    api: &Api,
+    target: &Target,
+    options: &RunnerOptions,
+    lease: &Lease,
+    grant: &Grant,
+) -> Vec<(&'static str, String)> {
     vec![
         ("ZKGATE_FENCING_TOKEN", grant.fencing_token.to_string()),
         (target.env_var(), target.name().to_string()),
         ("ZKGATE_LEASE", lease.id.clone()),
         ("ZKGATE_HANDLE", grant.handle.clone()),
-        // So that the command can talk to the same zkgate (e.g. proclaim a new value).
-        ("ZKGATE_URL", options.url.clone()),
+        // So that the command can talk to the same zkgate instances (e.g. proclaim a new value):
+        // as given, the one that answers first.
+        ("ZKGATE_URL", url_list(&options.urls, &api.url())),
     ]
+}
+
+/// The URLs given, comma-separated, the one that answers now (`first`) first: a command that
+/// takes only the first (`${ZKGATE_URL%%,*}`) or a lone URL (`$ZKGATE_URL`) reaches zkgate.
+fn url_list(urls: &[String], first: &str) -> String {
+    let first = first.trim_end_matches('/');
+    let others = urls
+        .iter()
+        .map(|u| u.trim())
+        .filter(|u| u.trim_end_matches('/') != first);
+    std::iter::once(first).chain(others).collect::<Vec<_>>().join(",")
 }
 
 /// Runs the command under supervision; its exit code.
