@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use zookeeper_client::{Client, CreateMode, Error as ZkError, EventType, MultiWriteResult};
 
-use super::handle::{Exit, Handle, Handles, Node, NotCreated, Protocol, Refused, create_held, delete_all};
+use super::handle::{Exit, Handle, Handles, Made, Node, NotCreated, Protocol, Refused, create_held, delete_all};
 use super::lease::Lease;
 use super::lease::record::{Held, HoldingRecord};
 use super::revocation;
@@ -164,14 +164,16 @@ impl Sequential {
             }
             let add = |writer: &mut zookeeper_client::MultiWriter<'_>| writer.add_create(&prefix, data, &options);
             match create_held(handle, client, add, Some(&self.dir)).await {
-                Ok((results, listed)) => {
+                Ok(Made { results, listed, czxid }) => {
                     let Some(MultiWriteResult::Create { path, stat }) = results.into_iter().next() else {
                         return Err(Exit::Failed(ZkError::UnexpectedError("no create result".into())));
                     };
                     let name = path.rsplit('/').next().unwrap_or_default().to_string();
-                    // A multi-op's stat may be empty (ZOOKEEPER-4026): read the czxid then.
+                    // A multi-op's stat may be empty (ZOOKEEPER-4026): the reference's czxid,
+                    // read in the same round trip, is the transaction's; else read the node's.
                     let czxid = match stat.czxid {
                         czxid if czxid > 0 => czxid,
+                        _ if czxid.is_some_and(|czxid| czxid > 0) => czxid.unwrap_or_default(),
                         _ => match retry_on_loss(|| client.check_stat(&path))
                             .await
                             .map_err(Exit::from_error)?

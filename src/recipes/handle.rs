@@ -586,9 +586,17 @@ impl NotCreated {
     }
 }
 
-/// What [create_held] made: the results of the holding's own operations, and the listing it
-/// was asked to send after them, if it was.
-pub type Made = (Vec<MultiWriteResult>, Option<Result<Vec<String>, ZkError>>);
+/// What [create_held] made.
+pub struct Made {
+    /// The results of the holding's own operations.
+    pub results: Vec<MultiWriteResult>,
+    /// The listing it was asked to send after them, if it was.
+    pub listed: Option<Result<Vec<String>, ZkError>>,
+    /// The zxid of the multi-op's transaction (the `czxid` of every node it created), read
+    /// from the reference in the same round trip: ZooKeeper 3.8's multi-op answers a create
+    /// without its stat (ZOOKEEPER-4026), and a contender's fencing token is its `czxid`.
+    pub czxid: Option<i64>,
+}
 
 /// Creates a holding's znodes (what `add` adds to the multi-op) together with its reference
 /// under the lease's record, guarded by the lease (the record's version as kept here, or its
@@ -605,6 +613,27 @@ pub async fn create_held<P: Protocol>(
     commit_guarded(handle, client, Some(&reference), add, then_list).await
 }
 
+/// The requests [commit_guarded] sends right after its multi-op, on the same session (so
+/// that they see it), in the same round trip.
+async fn read_after(
+    client: &Client,
+    then_list: Option<&str>,
+    then_stat: Option<&str>,
+) -> (Option<Result<Vec<String>, ZkError>>, Option<i64>) {
+    // Each request is sent when its future is made: both leave before either is awaited.
+    let listing = then_list.map(|dir| client.list_children(dir));
+    let stat = then_stat.map(|path| client.check_stat(path));
+    let listed = match listing {
+        Some(listing) => Some(listing.await),
+        None => None,
+    };
+    let czxid = match stat {
+        Some(stat) => stat.await.ok().flatten().map(|stat| stat.czxid),
+        None => None,
+    };
+    (listed, czxid)
+}
+
 /// Writes what `add` adds for a holding that exists already (a semaphore's permit node, an
 /// election's acknowledgement), guarded by the lease as [create_held] is.
 pub async fn write_held<P: Protocol>(
@@ -612,7 +641,7 @@ pub async fn write_held<P: Protocol>(
     client: &Client,
     add: impl Fn(&mut MultiWriter<'_>) -> Result<(), ZkError>,
 ) -> Result<Vec<MultiWriteResult>, NotCreated> {
-    Ok(commit_guarded(handle, client, None, add, None).await?.0)
+    Ok(commit_guarded(handle, client, None, add, None).await?.results)
 }
 
 async fn commit_guarded<P: Protocol>(
@@ -634,22 +663,20 @@ async fn commit_guarded<P: Protocol>(
             .and_then(|()| add(&mut writer))
             .map_err(NotCreated::Request)?;
         let started = std::time::Instant::now();
-        // Both requests are sent here, in this order; their replies come together.
+        // The requests are sent here, in this order; their replies come together.
         let commit = writer.commit();
-        let listing = then_list.map(|dir| client.list_children(dir));
-        let (committed, listed) = match listing {
-            Some(listing) => {
-                let (committed, listed) = tokio::join!(commit, listing);
-                (committed, Some(listed))
-            }
-            None => (commit.await, None),
-        };
+        let then_stat = reference.map(|_| handle.reference());
+        let (committed, (listed, czxid)) = tokio::join!(commit, read_after(client, then_list, then_stat.as_deref()));
         crate::metrics::zookeeper_request(started.elapsed());
         let failed = match committed {
             Ok(results) => {
                 let _ = handle.lease.guarded(guard, None);
                 handle.created();
-                return Ok((results.into_iter().skip(own).collect(), listed));
+                return Ok(Made {
+                    results: results.into_iter().skip(own).collect(),
+                    listed,
+                    czxid,
+                });
             }
             Err(MultiWriteError::RequestFailed { source }) => return Err(NotCreated::Request(source)),
             Err(MultiWriteError::OperationFailed { index, source }) => (index, source),
