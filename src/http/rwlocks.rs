@@ -9,9 +9,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::consistency::Consistency;
-use super::contention::{
-    self, AcquireBody, AcquireParams, Acquisition, HandleQuery, HandleView, RevokeBody, Revoked, find_handle,
-};
+use super::contention::{self, AcquireBody, AcquireParams, Acquisition, HandleQuery, HandleView, RevokeBody, Revoked};
 use super::error::{ApiError, Problems, p};
 use super::extract::{ApiJson, ApiPath, ApiQuery};
 use super::{LockSummary, Resource, list, state_handler};
@@ -147,9 +145,7 @@ pub async fn release(
     caller: Caller,
     ApiPath((name, handle)): ApiPath<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
-    let client = super::consistency::synced(&state).await?;
-    let found = find_handle(&state.rwlocks, &client, &caller, &name, &handle).await?;
-    contention::release(&state, &state.rwlocks, found).await
+    contention::release_by_id(&state, &state.rwlocks, &caller, &name, &handle).await
 }
 
 /// Asks the holder(s) of a read/write lock to give it up. Each holder learns it on its handle

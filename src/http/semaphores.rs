@@ -252,9 +252,7 @@ pub async fn release(
     caller: Caller,
     ApiPath((name, handle)): ApiPath<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
-    let client = super::consistency::synced(&state).await?;
-    let found = contention::find_handle(&state.semaphores, &client, &caller, &name, &handle).await?;
-    contention::release(&state, &state.semaphores, found).await
+    contention::release_by_id(&state, &state.semaphores, &caller, &name, &handle).await
 }
 
 super::events::events_handler!(
