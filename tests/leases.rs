@@ -115,3 +115,68 @@ async fn a_lease_reports_its_holdings_and_ends_with_410_after_delete() {
         );
     }
 }
+
+/// Keepalives cost ZooKeeper nothing while the keeper lives: neither those that reach the
+/// keeper nor those another instance hands to it write anything. Counted by ZooKeeper's own
+/// transaction ids: between two probe znodes, the only transactions are the instances'
+/// heartbeats (each a `set_data` of its node under `keepers/`, whose version counts them).
+#[tokio::test]
+async fn a_keepalive_writes_nothing_to_zookeeper() {
+    let zk = zookeeper().await;
+    let keeper = Gate::start(&zk.connect_string()).await;
+    let other = Gate::start(&zk.connect_string()).await;
+    let client = common::zk_client(&zk.connect_string()).await;
+    let lease = keeper.lease("30s").await;
+    assert_eq!(keeper.acquire("kept", &lease, "wait=0").await.status, StatusCode::OK);
+    let record = format!("/zkgate/leases/{lease}");
+    let heartbeats = async || {
+        let mut beats = 0;
+        for keeper in client.list_children("/zkgate/keepers").await.expect("keepers") {
+            let (_, stat) = client
+                .get_data(&format!("/zkgate/keepers/{keeper}"))
+                .await
+                .expect("a keeper node");
+            beats += i64::from(stat.version);
+        }
+        beats
+    };
+    let probe = async |name: &str| {
+        let options = zookeeper_client::CreateMode::Persistent.with_acls(zookeeper_client::Acls::anyone_all());
+        let (stat, _) = client.create(name, &[], &options).await.expect("a probe");
+        stat.czxid
+    };
+    let (_, recorded) = client.get_data(&record).await.expect("the lease's record");
+
+    let beats_before = heartbeats().await;
+    let first = probe("/probe-before").await;
+    for i in 0..200 {
+        let through = if i % 2 == 0 { &keeper } else { &other };
+        let kept = through.post(&format!("/v1/leases/{lease}/keepalive"), None).await;
+        assert_eq!(kept.status, StatusCode::OK, "{kept:?}");
+    }
+    let last = probe("/probe-after").await;
+    let beats = heartbeats().await - beats_before;
+
+    let written = last - first - 1;
+    assert!(
+        written <= beats,
+        "200 keepalives, half of them handed over: {written} transactions besides {beats} heartbeats"
+    );
+    let (_, now) = client.get_data(&record).await.expect("the lease's record");
+    assert_eq!(now.mzxid, recorded.mzxid, "the lease's record was written");
+    // The other instance handed each of its keepalives to the keeper (the count is the
+    // process's: both instances run in this test's process).
+    let metrics = common::http_client()
+        .get(format!("{}/metrics", other.url))
+        .send()
+        .await
+        .expect("GET /metrics")
+        .text()
+        .await
+        .expect("metrics");
+    let handed = metrics
+        .lines()
+        .find_map(|line| line.strip_prefix("zkgate_handoffs_total "))
+        .unwrap_or_else(|| panic!("no hand-over count: {metrics}"));
+    assert_eq!(handed.trim(), "100", "keepalives handed to the keeper");
+}

@@ -255,7 +255,7 @@ impl Metrics {
             handoffs: single_counter(
                 &r,
                 "zkgate_handoffs_total",
-                "Requests this instance handed to another (to the keeper of their lease, or the instance that made their claim).",
+                "Requests this instance handed to the keeper of their lease (keepalives, WebSocket-bound leases).",
             ),
             sockets: gauge(&r, "zkgate_websocket_connections", "Open WebSocket connections."),
             event_streams: gauge(&r, "zkgate_event_streams", "Open Server-Sent Event streams."),
