@@ -789,6 +789,21 @@ async fn nobody_passes_a_double_barrier_early_across_a_death_and_a_server_restar
     }
 }
 
+/// A lease of `process` with `ttl` that holds `lock`, acquired through it: the lease's id and
+/// the grant.
+async fn holding(process: &Process, lock: &str, ttl: &str) -> (String, serde_json::Value) {
+    let lease = process.lease(ttl).await;
+    let (status, held) = process
+        .call(
+            reqwest::Method::POST,
+            &format!("/v1/locks/{lock}/acquire?wait=0"),
+            Some(json!({"lease": lease})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{held}");
+    (lease, held)
+}
+
 /// The zkgate process of a lock holder freezes (SIGSTOP) past its ZooKeeper session timeout,
 /// and the holder's client goes silent too. The other instance takes the frozen one's leases
 /// over (its registration went with its session) and ends this one when its TTL has passed:
@@ -802,15 +817,7 @@ async fn a_frozen_instance_loses_its_silent_lease_to_the_other_and_is_fenced_off
     let other = Arc::new(Gate::start(&zk.connect_string()).await);
     let register = FencedRegister::new(true);
     let http = common::http_client();
-    let lease = frozen.lease("2s").await;
-    let (status, held) = frozen
-        .call(
-            reqwest::Method::POST,
-            "/v1/locks/frozen/acquire?wait=0",
-            Some(json!({"lease": lease})),
-        )
-        .await;
-    assert_eq!(status, StatusCode::OK, "{held}");
+    let (lease, held) = holding(&frozen, "frozen", "2s").await;
     let stale_token = held["fencing_token"].as_i64().expect("token");
     let stale_read = register.read();
 
@@ -874,15 +881,7 @@ async fn a_frozen_instance_s_lease_kept_alive_through_the_other_holds_on() {
     let zk = zookeeper().await;
     let frozen = Process::start(&zk.connect_string()).await;
     let other = Arc::new(Gate::start(&zk.connect_string()).await);
-    let lease = frozen.lease("3s").await;
-    let (status, held) = frozen
-        .call(
-            reqwest::Method::POST,
-            "/v1/locks/kept/acquire?wait=0",
-            Some(json!({"lease": lease})),
-        )
-        .await;
-    assert_eq!(status, StatusCode::OK, "{held}");
+    let (lease, held) = holding(&frozen, "kept", "3s").await;
     let rival = other.lease("60s").await;
     let mut waiting = {
         let (other, rival) = (other.clone(), rival.clone());
@@ -1538,15 +1537,7 @@ async fn an_instance_cut_off_from_zookeeper_hands_its_lease_to_the_other() {
     let proxy = Proxy::start(&zk.connect_string()).await;
     let cut = Process::start(&proxy.connect_string()).await;
     let other = Arc::new(Gate::start(&zk.connect_string()).await);
-    let lease = cut.lease("4s").await;
-    let (status, held) = cut
-        .call(
-            reqwest::Method::POST,
-            "/v1/locks/cut/acquire?wait=0",
-            Some(json!({"lease": lease})),
-        )
-        .await;
-    assert_eq!(status, StatusCode::OK, "{held}");
+    let (lease, held) = holding(&cut, "cut", "4s").await;
     let pool = Pool::new(vec![cut.url.clone(), other.url.clone()]);
     let (seen, stop) = (Arc::new(Seen::default()), Arc::new(AtomicBool::new(false)));
     let keeper = {
