@@ -55,7 +55,10 @@ impl Zkgate {
         // `ZKGATE_BENCH_ZKGATE_ARGS="--worker-threads 1"`: variants of zkgate's own settings.
         let variant = std::env::var("ZKGATE_BENCH_ZKGATE_ARGS").unwrap_or_default();
         args.extend(variant.split_whitespace());
-        let child = Child::spawn(env!("CARGO_BIN_EXE_zkgate"), &args);
+        // `ZKGATE_BENCH_BINARY=<path>`: another build of zkgate (an earlier commit's, to measure
+        // a change before and after in one run of the same bench).
+        let binary = std::env::var("ZKGATE_BENCH_BINARY").unwrap_or_else(|_| env!("CARGO_BIN_EXE_zkgate").into());
+        let child = Child::spawn(&binary, &args);
         let http = super::http_client();
         wait_http_ok(&http, &format!("{base}/readyz")).await;
         Zkgate { child, base, http }
@@ -70,6 +73,29 @@ impl Zkgate {
         let status = response.status().as_u16();
         let bytes = response.bytes().await.expect("body");
         (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+    }
+
+    /// `POST /v1/leases/{lease}/keepalive`: zkgate's status.
+    pub async fn keepalive(&self, lease: &str) -> u16 {
+        let (status, _) = self
+            .call(reqwest::Method::POST, &format!("/v1/leases/{lease}/keepalive"), None)
+            .await;
+        status
+    }
+
+    /// The value of the metric `name` (unlabelled) in `/metrics`, if zkgate has it.
+    pub async fn metric(&self, name: &str) -> Option<f64> {
+        let text = self
+            .http
+            .get(format!("{}/metrics", self.base))
+            .send()
+            .await
+            .ok()?
+            .text()
+            .await
+            .ok()?;
+        text.lines()
+            .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
     }
 
     pub async fn lease(&self, ttl: &str) -> String {
@@ -168,8 +194,7 @@ impl Zkgate {
         self.cycles_with(&lease, count).await
     }
 
-    /// Uncontended cycles, one after the other, with `lease` (which may be another instance's:
-    /// then each request is forwarded to it).
+    /// Uncontended cycles, one after the other, with `lease` (which may be another instance's).
     pub async fn cycles_with(&self, lease: &str, count: usize) -> Vec<Duration> {
         let lease = lease.to_string();
         let mut samples = Vec::with_capacity(count);

@@ -5,8 +5,10 @@
 //! Run: `cargo bench --bench compare` (prints a Markdown table for BENCHMARKS.md).
 //! `ZKGATE_BENCH_ONLY=zkgate` leaves kazoo and etcd out (to profile zkgate).
 //! `ZKGATE_BENCH_WORKLOADS=uncontended,queue` runs only those groups of rows (`memory`,
-//! `uncontended`, `contended`, `queue`, `failover`, `curves`, `load`, `ensemble`; all by
-//! default), e.g. under `perf`.
+//! `uncontended`, `contended`, `queue`, `failover`, `leases`, `curves`, `load`, `ensemble`;
+//! all by default), e.g. under `perf`.
+//! `ZKGATE_BENCH_BINARY=<path>` runs another build of zkgate (an earlier commit's) in its place,
+//! to measure a change before and after with the same bench.
 //! `ZKGATE_BENCH_ZKGATE_ARGS="--worker-threads 1"` adds arguments to every zkgate started (to
 //! compare its settings).
 //! `ZKGATE_BENCH_QUICK=1` makes every workload tiny: CI runs it so that the bench cannot rot
@@ -19,7 +21,9 @@
 mod etcd;
 mod floor;
 mod gate;
+mod instances;
 mod kazoo;
+mod leases;
 mod process;
 mod runtime;
 mod stats;
@@ -52,6 +56,10 @@ struct Sizes {
     handovers: usize,
     /// WebSockets subscribed to one topic at each point (cumulative).
     subscriber_curve: &'static [usize],
+    /// Leases created (and kept alive) one after the other, and idle leases held, for their
+    /// costs.
+    lease_costs: usize,
+    idle_leases: usize,
 }
 
 impl Sizes {
@@ -71,6 +79,8 @@ impl Sizes {
                 waiter_curve: &[10, 50],
                 handovers: 5,
                 subscriber_curve: &[10, 50],
+                lease_costs: 100,
+                idle_leases: 500,
             }
         } else {
             Sizes {
@@ -87,6 +97,8 @@ impl Sizes {
                 waiter_curve: &[10, 100, 1_000],
                 handovers: 30,
                 subscriber_curve: &[100, 1_000, 5_000],
+                lease_costs: 2_000,
+                idle_leases: 100_000,
             }
         }
     }
@@ -409,9 +421,11 @@ async fn run() {
     }
 
     // Two instances on a 3-server ensemble against one: the contended throughput with the
-    // clients on one instance or spread over both, and what a request forwarded to the
-    // instance that owns its lease costs over one sent there directly.
+    // clients on one instance or spread over both, and what a request for a lease sent to the
+    // instance that does not keep it costs over one sent to its keeper. Then three instances
+    // restarted in turn, or one killed, under load.
     let mut ensemble_rows = Vec::new();
+    let mut disrupted = Vec::new();
     if wanted("ensemble") {
         let servers = ZooKeeperServer::start_ensemble(&options, 3)
             .await
@@ -421,7 +435,7 @@ async fn run() {
             .map(|s| format!("127.0.0.1:{}", s.client_port()))
             .collect();
         let connect = connect.join(",");
-        // A shared secret, so that each forwards what belongs to the other.
+        // A shared secret, so that each trusts what the other hands it.
         let secret = ["--cluster-secret", "bench-cluster-secret-of-32-bytes-or-more"];
         let (a, b) = (
             Arc::new(gate::Zkgate::start_with(&connect, &secret).await),
@@ -437,7 +451,9 @@ async fn run() {
                 two / one
             ));
         }
-        // The same lease (A's) used through A, and through B (which forwards to A).
+        // The same lease (A's, which A keeps) used through A, and through B: B serves a lock
+        // from ZooKeeper itself, and hands a keepalive to A (an earlier zkgate forwarded every
+        // request of A's lease to A).
         let lease = a.lease("1h").await;
         b.cycles_with(&lease, sizes.warmup).await;
         let cpu = |gates: &[&gate::Zkgate]| gates.iter().map(|g| g.child.cpu_time()).sum::<Duration>();
@@ -446,20 +462,46 @@ async fn run() {
         let direct = Latency::of(&a.cycles_with(&lease, sizes.cycles).await);
         let direct_cpu = per_request(cpu(&[&a, &b]).saturating_sub(before));
         let before = cpu(&[&a, &b]);
-        let forwarded = Latency::of(&b.cycles_with(&lease, sizes.cycles).await);
-        let forwarded_cpu = per_request(cpu(&[&a, &b]).saturating_sub(before));
+        let through = Latency::of(&b.cycles_with(&lease, sizes.cycles).await);
+        let through_cpu = per_request(cpu(&[&a, &b]).saturating_sub(before));
         ensemble_rows.push(format!(
-            "| uncontended cycle, the lease's own instance vs through the other (forwarded) | p50 {:.0} µs, p99 {:.0} µs | p50 {:.0} µs, p99 {:.0} µs | {:+.0} µs a cycle |",
+            "| uncontended cycle, through the lease's keeper vs through the other | p50 {:.0} µs, p99 {:.0} µs | p50 {:.0} µs, p99 {:.0} µs | {:+.0} µs a cycle |",
             direct.p50,
             direct.p99,
-            forwarded.p50,
-            forwarded.p99,
-            forwarded.p50 - direct.p50
+            through.p50,
+            through.p99,
+            through.p50 - direct.p50
         ));
         ensemble_rows.push(format!(
-            "| zkgate CPU per request (both instances), direct vs forwarded | {direct_cpu:.0} µs | {forwarded_cpu:.0} µs | {:+.0} µs a request |",
-            forwarded_cpu - direct_cpu
+            "| zkgate CPU per request (both instances), through the keeper vs through the other | {direct_cpu:.0} µs | {through_cpu:.0} µs | {:+.0} µs a request |",
+            through_cpu - direct_cpu
         ));
+        let keepalives = |gate: Arc<gate::Zkgate>, lease: String| async move {
+            let mut samples = Vec::with_capacity(sizes.cycles);
+            for _ in 0..sizes.cycles {
+                let start = Instant::now();
+                assert_eq!(gate.keepalive(&lease).await, 200);
+                samples.push(start.elapsed());
+            }
+            Latency::of(&samples)
+        };
+        let direct = keepalives(a.clone(), lease.clone()).await;
+        let handed = keepalives(b.clone(), lease.clone()).await;
+        ensemble_rows.push(format!(
+            "| keepalive, at the keeper vs through the other (handed to the keeper) | p50 {:.0} µs, p99 {:.0} µs | p50 {:.0} µs, p99 {:.0} µs | {:+.0} µs a keepalive |",
+            direct.p50,
+            direct.p99,
+            handed.p50,
+            handed.p99,
+            handed.p50 - direct.p50
+        ));
+        drop((a, b));
+        // Instances that stop and die under load (three of them, on the same ensemble).
+        for disruption in [instances::Disruption::RollingRestart, instances::Disruption::Kill9] {
+            let row = instances::under(&connect, &secret, disruption, sizes.seconds).await;
+            eprintln!("{row}");
+            disrupted.push(row);
+        }
         for row in &ensemble_rows {
             eprintln!("{row}");
         }
@@ -483,6 +525,12 @@ async fn run() {
             },
         );
     }
+
+    // What a lease costs: creation, keepalives, and many held idle (its own ZooKeeper).
+    let lease_costs = match wanted("leases") {
+        true => leases::costs(&options, sizes.lease_costs, sizes.idle_leases).await,
+        false => Vec::new(),
+    };
 
     // How cost grows: the uncontended cycle and memory per lease with more and more idle
     // leases held, and the rest of the curves. Last, and on a ZooKeeper and a zkgate of their
@@ -627,6 +675,21 @@ async fn run() {
         println!("| on a 3-server ensemble | one instance | two instances | two vs one |");
         println!("|---|---|---|---|");
         for row in &ensemble_rows {
+            println!("{row}");
+        }
+    }
+    if !disrupted.is_empty() {
+        println!();
+        println!("{}", instances::HEADER);
+        for row in &disrupted {
+            println!("{row}");
+        }
+    }
+    if !lease_costs.is_empty() {
+        println!();
+        println!("| a lease | cost |");
+        println!("|---|---|");
+        for row in &lease_costs {
             println!("{row}");
         }
     }

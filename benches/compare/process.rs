@@ -35,6 +35,13 @@ impl Child {
         self.child.id()
     }
 
+    /// Sends `signal` (SIGTERM: a clean stop; SIGKILL: `kill -9`) and waits for the exit.
+    pub fn stop(&mut self, signal: libc::c_int) {
+        // SAFETY: kill(2) on the pid of a child we own and have not reaped.
+        unsafe { libc::kill(self.child.id() as libc::pid_t, signal) };
+        let _ = self.child.wait();
+    }
+
     /// Resident memory, from `/proc/<pid>/status`.
     pub fn rss_bytes(&self) -> u64 {
         rss_bytes_of(self.pid())
@@ -101,4 +108,42 @@ pub fn zookeeper_figure(port: u16, figure: &str) -> u64 {
     text.lines()
         .find_map(|line| line.strip_prefix(figure)?.trim().parse().ok())
         .unwrap_or_else(|| panic!("{figure} in mntr"))
+}
+
+/// A ZooKeeper server's last transaction id (its `srvr` four-letter word): the transactions
+/// between two readings are the writes it took meanwhile.
+pub fn zookeeper_zxid(port: u16) -> u64 {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("ZooKeeper");
+    stream.write_all(b"srvr").expect("srvr");
+    let mut text = String::new();
+    stream.read_to_string(&mut text).expect("read srvr");
+    text.lines()
+        .find_map(|line| u64::from_str_radix(line.strip_prefix("Zxid: 0x")?.trim(), 16).ok())
+        .unwrap_or_else(|| panic!("Zxid in srvr: {text}"))
+}
+
+/// The Java heap a JVM uses after a full collection (`jcmd GC.run`, then `GC.heap_info`'s
+/// `used`), in bytes; `None` without `jcmd`.
+pub fn java_heap_used(pid: u32) -> Option<u64> {
+    let jcmd = |command: &str| {
+        std::process::Command::new("jcmd")
+            .args([&pid.to_string(), command])
+            .output()
+            .ok()
+            .filter(|out| out.status.success())
+            .map(|out| String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    jcmd("GC.run")?;
+    let info = jcmd("GC.heap_info")?;
+    // " garbage-first heap   total 3145728K, used 123456K [...]"
+    let used = info
+        .split("used ")
+        .nth(1)?
+        .split('K')
+        .next()?
+        .trim()
+        .parse::<u64>()
+        .ok()?;
+    Some(used * 1024)
 }
