@@ -47,10 +47,14 @@ pub fn claim_id(instance: &str, item: &str) -> String {
 }
 
 /// The name of the item the claim `id` claims (`None` if `id` is not a claim id of ours).
+/// Only a name an item can have: printable ASCII without `/`, not `.` or `..` (queue items,
+/// zkgate's and its peers', are named so; anything else, a NUL say, is no znode name at all).
 pub fn claimed_item(id: &str) -> Option<String> {
     let (owned, item) = id.split_once('.')?;
     owner_of(owned)?;
-    String::from_utf8(unhex(item)?).ok().filter(|item| !item.is_empty())
+    let item = String::from_utf8(unhex(item)?).ok()?;
+    let printable = item.bytes().all(|b| b.is_ascii_graphic() && b != b'/');
+    (printable && !matches!(item.as_str(), "" | "." | "..")).then_some(item)
 }
 
 /// `bytes` in lowercase hexadecimal, the form of every id, token, hash and cursor zkgate writes.
@@ -107,6 +111,11 @@ mod tests {
         assert_eq!(claimed_item("0123abcd-6f1c2a9e0b7d4e3f8a5b6c7d8e9f0a1b."), None);
         assert_eq!(claimed_item("0123abcd-6f1c.71756575"), None);
         assert_eq!(claimed_item("0123abcd-6f1c2a9e0b7d4e3f8a5b6c7d8e9f0a1b.7g"), None);
+        // Hex of what no znode may be named (schemathesis sent a NUL: ZooKeeper refused the
+        // path and the ack answered 500).
+        for name in ["\0", "a/b", ".", "..", "caf\u{e9}", "tab\there"] {
+            assert_eq!(claimed_item(&claim_id("0123abcd", name)), None, "{name:?}");
+        }
     }
 
     #[test]

@@ -198,6 +198,9 @@ async fn bad_names_bodies_and_handles_are_refused_and_change_nothing() {
         ("POST", "/v1/queues/q/claims/ack", vec![("Content-Type", "application/json")], br#"{"claims": ["a/b"]}"#, StatusCode::BAD_REQUEST, Some("claims")),
         ("POST", "/v1/queues/q/claims/ack", vec![("Content-Type", "application/json")], br#"{"claims": ["nope", "nope"]}"#, StatusCode::BAD_REQUEST, Some("claims")),
         ("POST", "/v1/queues/q/claims/ack", vec![("Content-Type", "application/json")], br#"{"claims": ["nope"]}"#, StatusCode::BAD_REQUEST, Some("claims")),
+        // A claim id whose item would be named by a NUL: no znode name (it reached ZooKeeper, 500).
+        ("POST", "/v1/queues/q/claims/ack", vec![("Content-Type", "application/json")], br#"{"claims": ["00000000-00000000000000000000000000000000.00"]}"#, StatusCode::BAD_REQUEST, Some("claims")),
+        ("POST", "/v1/queues/q/claims/00000000-00000000000000000000000000000000.00/ack", vec![], b"", StatusCode::GONE, None),
         ("POST", "/v1/queues/q/claims/ack", vec![("Content-Type", "application/json")], br#"{"claims": "nope"}"#, StatusCode::BAD_REQUEST, None),
         ("POST", "/v1/queues/q/claims/ack", vec![("Content-Type", "application/json")], br#"{"claims": ["nope"], "all": true}"#, StatusCode::BAD_REQUEST, None),
         ("POST", "/v1/queues/q/claims/nope/ack", vec![], b"", StatusCode::GONE, None),
