@@ -184,6 +184,7 @@ where
             }
         }
     };
+    let awaiting = handle.awaited();
     let outcome = handle.granted_within(wait, FIRST_DECISION_LIMIT).await;
     if matches!(outcome, Phase::Waiting { .. }) {
         let (m, kind) = (crate::metrics::get(), handles.kind().label());
@@ -200,19 +201,31 @@ where
         Phase::Held { .. } => kept(true),
         Phase::Waiting { .. } if request.keep_queued => kept(false),
         Phase::Waiting { position } => {
-            give_up(state, handles, &handle, own_lease).await;
+            // Another request of the lease waits on the handle (this one's retry, say): it
+            // stays queued for that one.
+            let queued = handle.awaited_by_others();
+            if !queued {
+                give_up(state, handles, &handle, own_lease).await;
+            }
+            drop(awaiting);
             Err(ApiError::new(
                 Problem::LockNotAcquired,
                 format!(
-                    "`{name}` was not granted within {}; the request left the queue (it was at position {position})",
-                    humantime::format_duration(wait)
+                    "`{name}` was not granted within {}; {} (it was at position {position})",
+                    humantime::format_duration(wait),
+                    match queued {
+                        true => "the lease stays queued for another request of its that waits",
+                        false => "the request left the queue",
+                    }
                 ),
             )
             .with("position", position)
-            .with("queued", false))
+            .with("queued", queued))
         }
         Phase::Pending => {
-            give_up(state, handles, &handle, own_lease).await;
+            if !handle.awaited_by_others() {
+                give_up(state, handles, &handle, own_lease).await;
+            }
             Err(ApiError::unavailable(
                 "ZooKeeper did not answer in time; the request left the queue",
             ))

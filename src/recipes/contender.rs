@@ -152,7 +152,16 @@ impl Sequential {
         let options = CreateMode::PersistentSequential.with_acls(crate::zk::acls());
         loop {
             if !handle.may_create() {
-                return match self.find(client).await.map_err(Exit::from_error)? {
+                // Adopted from another keeper: its node, made through another ZooKeeper server
+                // a moment ago, may not have reached this session's server yet. Looked for again
+                // after a `sync` before it is called lost (else a waiter adopted in a takeover
+                // could find itself "released" and its long poll answer 409).
+                let mut found = self.find(client).await.map_err(Exit::from_error)?;
+                if found.is_none() {
+                    retry_on_loss(|| client.sync("/")).await.map_err(Exit::from_error)?;
+                    found = self.find(client).await.map_err(Exit::from_error)?;
+                }
+                return match found {
                     Some(node) => {
                         let children = retry_on_loss(|| client.list_children(&self.dir))
                             .await

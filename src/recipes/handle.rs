@@ -201,6 +201,8 @@ pub struct Handle<P: Protocol> {
     state: watch::Sender<HandleState>,
     release: CancellationToken,
     finished: watch::Sender<bool>,
+    /// How many acquire requests wait on this handle now (see [Handle::awaited]).
+    awaiting: std::sync::atomic::AtomicUsize,
     /// Our side of `Holding`, set once attached to the lease.
     me: Mutex<Option<Arc<dyn Holding>>>,
     /// Keeps the name's series while the handle lives (metered kinds only).
@@ -228,6 +230,20 @@ impl<P: Protocol> Handle<P> {
 
     pub fn subscribe(&self) -> watch::Receiver<HandleState> {
         self.state.subscribe()
+    }
+
+    /// Counts an acquire request as waiting on this handle until the guard is dropped. Two
+    /// may: a retried request (its first attempt's client gone) finds the handle the first
+    /// made, and the first may still be waiting on it.
+    pub fn awaited(&self) -> Awaited<'_> {
+        self.awaiting.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Awaited(&self.awaiting)
+    }
+
+    /// Whether another acquire request than the caller's (which holds an [Awaited]) waits on
+    /// this handle: a request that gives up then leaves it queued for that one.
+    pub fn awaited_by_others(&self) -> bool {
+        self.awaiting.load(std::sync::atomic::Ordering::SeqCst) > 1
     }
 
     /// Waits for the run's first decision: anything but `Pending` (a run that ends is final,
@@ -456,7 +472,7 @@ async fn drive<P: Protocol>(handle: &Arc<Handle<P>>) {
         },
         Stop::Exit(Exit::Interrupted) | Stop::Leave => Phase::Released,
     };
-    tracing::debug!(kind = %handle.protocol.kind(), name = %handle.name, handle = %handle.id, phase = end.name(), "handle finished");
+    tracing::debug!(kind = %handle.protocol.kind(), name = %handle.name, handle = %handle.id, lease = %handle.lease.id, phase = end.name(), "handle finished");
     handle.record_end(&end);
     let lost = matches!(end, Phase::Lost { .. });
     handle.set_phase(end);
@@ -530,6 +546,11 @@ async fn released_elsewhere<P: Protocol>(handle: &Handle<P>) -> bool {
     let Ok(client) = handle.lease.session().await else {
         return false;
     };
+    // After a `sync`: the reference may have been made through another server a moment ago
+    // (a holding adopted in a takeover), and a stale "no reference" would call a loss a release.
+    if retry_on_loss(|| client.sync("/")).await.is_err() {
+        return false;
+    }
     matches!(retry_on_loss(|| client.check_stat(&handle.reference())).await, Ok(None))
 }
 
@@ -561,6 +582,15 @@ async fn after_failure(zk: &crate::zk::session::ZkSession, generation: u64, err:
             connected_after(zk, Some(generation)).await;
         }
         _ => tokio::time::sleep(Duration::from_millis(500)).await,
+    }
+}
+
+/// An acquire request waiting on a handle (see [Handle::awaited]).
+pub struct Awaited<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl Drop for Awaited<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
     }
 }
 
@@ -959,6 +989,7 @@ impl<P: Protocol> Handles<P> {
             }),
             release: CancellationToken::new(),
             finished: watch::Sender::new(false),
+            awaiting: std::sync::atomic::AtomicUsize::new(0),
             me: Mutex::new(None),
             _metered: protocol_metered.then(|| crate::metrics::get().hold_name(kind_label, name)),
             queued: self.queued.clone(),
