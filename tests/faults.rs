@@ -1021,6 +1021,22 @@ async fn send(
     path: &str,
     body: Option<serde_json::Value>,
 ) -> Option<(StatusCode, serde_json::Value)> {
+    Some(send_again(http, pool, seen, stop, method, path, body).await?.0)
+}
+
+/// [send], and whether an earlier attempt may have been carried out (it reached an instance
+/// whose answer was lost): a release sent again may then find the handle gone, which is the
+/// answer to a release already done.
+async fn send_again(
+    http: &reqwest::Client,
+    pool: &Pool,
+    seen: &Seen,
+    stop: &AtomicBool,
+    method: reqwest::Method,
+    path: &str,
+    body: Option<serde_json::Value>,
+) -> Option<((StatusCode, serde_json::Value), bool)> {
+    let mut maybe_done = false;
     loop {
         if stop.load(Ordering::SeqCst) {
             return None;
@@ -1035,11 +1051,16 @@ async fn send(
             Ok(answer) if !answer.status().is_server_error() => {
                 let status = answer.status();
                 let body = answer.json().await.unwrap_or(serde_json::Value::Null);
-                return Some((status, body));
+                return Some(((status, body), maybe_done));
             }
             answered => {
-                if answered.is_ok() {
-                    seen.answered_5xx.fetch_add(1, Ordering::Relaxed);
+                match &answered {
+                    Ok(_) => {
+                        seen.answered_5xx.fetch_add(1, Ordering::Relaxed);
+                    }
+                    // Sent, and the connection went before the answer: it may have been done.
+                    Err(error) if !error.is_connect() => maybe_done = true,
+                    Err(_) => {}
                 }
                 seen.failed.fetch_add(1, Ordering::Relaxed);
                 tokio::time::sleep(Duration::from_millis(50)).await; // a client's backoff before it retries
@@ -1168,12 +1189,14 @@ async fn start_clients(pool: Pool) -> Scenario {
                     "/v1/locks/shared-{lock}/handles/{}",
                     granted["handle"].as_str().expect("handle")
                 );
-                let Some((status, body)) =
-                    send(&http, &pool, &seen, &stop, reqwest::Method::DELETE, &release, None).await
+                let Some(((status, body), again)) =
+                    send_again(&http, &pool, &seen, &stop, reqwest::Method::DELETE, &release, None).await
                 else {
                     return;
                 };
-                if status != StatusCode::NO_CONTENT {
+                // Sent again after an answer was lost: the first may have released it.
+                let done_before = again && status == StatusCode::NOT_FOUND;
+                if status != StatusCode::NO_CONTENT && !done_before {
                     seen.surprise(&lease, format!("release: {status} {body}"));
                     return;
                 }
@@ -1304,6 +1327,14 @@ impl Scenario {
                 if surprises.iter().any(|(lease, _)| line.contains(lease.as_str())) {
                     eprintln!("{}: {line}", process.url);
                 }
+            }
+        }
+        // `ZKGATE_TEST_LOG_DIR=<dir>`: every process's whole log there, to read at leisure.
+        if let Some(dir) = std::env::var_os("ZKGATE_TEST_LOG_DIR") {
+            for (i, process) in processes.iter().enumerate() {
+                let path = std::path::Path::new(&dir).join(format!("zkgate-{i}.log"));
+                let _ = std::fs::write(&path, process.log().join("\n"));
+                eprintln!("{}: its log is in {}", process.url, path.display());
             }
         }
         panic!("{what}: clients were surprised: {surprises:?}");

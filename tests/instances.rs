@@ -56,6 +56,34 @@ async fn a_lease_made_on_one_instance_is_kept_alive_used_and_released_through_th
     assert_eq!(gone.body["reason"], "deleted");
 }
 
+/// A lock released through the instance that does not keep its lease (from ZooKeeper), then
+/// acquired again at once through the keeper, is a new grant: the keeper, whose own view of the
+/// old handle has not caught up, never answers with the released handle and its old token.
+#[tokio::test]
+async fn a_lock_released_through_the_other_instance_and_acquired_again_is_a_new_grant() {
+    let zk = zookeeper().await;
+    let keeper = Gate::start(&zk.connect_string()).await;
+    let other = Gate::start(&zk.connect_string()).await;
+    let lease = keeper.lease("30s").await;
+    for round in 0..20 {
+        let first = keeper.acquire("again", &lease, "wait=0").await;
+        assert_eq!(first.status, StatusCode::OK, "{first:?}");
+        other.release("again", &first.str("handle")).await;
+        let second = keeper.acquire("again", &lease, "wait=0").await;
+        assert_eq!(second.status, StatusCode::OK, "round {round}: {second:?}");
+        assert_ne!(
+            second.str("handle"),
+            first.str("handle"),
+            "round {round}: the released handle again"
+        );
+        assert!(
+            second.i64("fencing_token") > first.i64("fencing_token"),
+            "round {round}: {second:?} after {first:?}"
+        );
+        keeper.release("again", &second.str("handle")).await;
+    }
+}
+
 #[tokio::test]
 async fn locks_stay_exclusive_when_every_call_lands_on_either_instance() {
     let zk = zookeeper().await;

@@ -166,7 +166,12 @@ impl Process {
                 super::TEST_CLUSTER_SECRET,
             ])
             .args(flags)
-            .env("ZKGATE_LOG", "info")
+            // `ZKGATE_TEST_PROCESS_LOG=info,zkgate::recipes::handle=debug`: more of what the
+            // processes do, for a failure's message.
+            .env(
+                "ZKGATE_LOG",
+                std::env::var("ZKGATE_TEST_PROCESS_LOG").unwrap_or_else(|_| "info".into()),
+            )
             .stdout(std::process::Stdio::piped())
             .stdin(std::process::Stdio::null())
             .kill_on_drop(true)
