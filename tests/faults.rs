@@ -1329,20 +1329,13 @@ impl Scenario {
                 }
             }
         }
-        // `ZKGATE_TEST_LOG_DIR=<dir>`: every process's whole log there, to read at leisure.
-        if let Some(dir) = std::env::var_os("ZKGATE_TEST_LOG_DIR") {
-            for (i, process) in processes.iter().enumerate() {
-                let path = std::path::Path::new(&dir).join(format!("zkgate-{i}.log"));
-                let _ = std::fs::write(&path, process.log().join("\n"));
-                eprintln!("{}: its log is in {}", process.url, path.display());
-            }
-        }
+        keep_logs(processes);
         panic!("{what}: clients were surprised: {surprises:?}");
     }
 
     async fn check(mut self, what: &str, processes: &[&Process]) {
         let cycles_before = self.seen.lock_cycles.load(Ordering::Relaxed);
-        within(Duration::from_secs(30), "lock cycles after the fault", async {
+        let cycled = tokio::time::timeout(Duration::from_secs(30), async {
             while self.seen.lock_cycles.load(Ordering::Relaxed) < cycles_before + LOCKS
                 && self.seen.surprises.lock().unwrap().is_empty()
             {
@@ -1351,6 +1344,13 @@ impl Scenario {
         })
         .await;
         self.explain_surprises(what, processes);
+        if cycled.is_err() {
+            keep_logs(processes);
+            panic!(
+                "{what}: {} lock cycles in the 30 s after the fault (at least {LOCKS} expected)",
+                self.seen.lock_cycles.load(Ordering::Relaxed) - cycles_before
+            );
+        }
         for e in 0..ELECTIONS {
             let (_, state) = self.get(&format!("/v1/elections/leading-{e}")).await;
             assert_eq!(
@@ -1431,6 +1431,17 @@ impl Scenario {
     }
 }
 
+/// `ZKGATE_TEST_LOG_DIR=<dir>`: every process's whole log there, to read at leisure.
+fn keep_logs(processes: &[&Process]) {
+    if let Some(dir) = std::env::var_os("ZKGATE_TEST_LOG_DIR") {
+        for (i, process) in processes.iter().enumerate() {
+            let path = std::path::Path::new(&dir).join(format!("zkgate-{i}.log"));
+            let _ = std::fs::write(&path, process.log().join("\n"));
+            eprintln!("{}: its log is in {}", process.url, path.display());
+        }
+    }
+}
+
 /// `kill -9` of one of three instances while 300 clients hold locks, leaderships, memberships
 /// and service registrations through all three and keep alive through any: the survivors
 /// take its leases over, nothing is lost, every lock stays exclusive and grants in order.
@@ -1464,20 +1475,22 @@ async fn a_rolling_restart_of_three_instances_loses_no_lease() {
     }
     let pool = Pool::new(processes.iter().map(|p| p.url.clone()).collect());
     let scenario = start_clients(pool.clone()).await;
+    // The stopped processes' logs are kept for a surprise's explanation.
+    let mut stopped = Vec::new();
     for (i, process) in processes.iter_mut().enumerate() {
         process.terminate();
         let status = within(Duration::from_secs(30), "the instance to exit", process.child.wait())
             .await
             .expect("exit");
         assert!(status.success(), "{status:?}");
-        *process = Process::start(&connect).await;
+        stopped.push(std::mem::replace(process, Process::start(&connect).await));
         pool.set(i, process.url.clone());
         tokio::time::sleep(Duration::from_secs(2)).await; // traffic between restarts, not a synchronisation
     }
     scenario
         .check(
             "a rolling restart of three instances",
-            &processes.iter().collect::<Vec<_>>(),
+            &stopped.iter().chain(&processes).collect::<Vec<_>>(),
         )
         .await;
 }
