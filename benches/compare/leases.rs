@@ -22,40 +22,28 @@ pub async fn costs(options: &ServerOptions, count: usize, idle: usize) -> Vec<St
     for _ in 0..100 {
         gate.lease("1h").await;
     }
-    let cpu = gate.child.cpu_time();
-    let mut samples = Vec::with_capacity(count);
-    for _ in 0..count {
-        let start = Instant::now();
+    let (created, cpu) = timed(&gate, count, || async {
         gate.lease("1h").await;
-        samples.push(start.elapsed());
-    }
-    let cpu = gate.child.cpu_time().saturating_sub(cpu);
-    let created = Latency::of(&samples);
+    })
+    .await;
     rows.push(format!(
-        "| create a lease (`POST /v1/leases`) | p50 {:.0} µs, p99 {:.0} µs; zkgate CPU {:.0} µs |",
-        created.p50,
-        created.p99,
-        cpu.as_secs_f64() * 1e6 / count as f64
+        "| create a lease (`POST /v1/leases`) | p50 {:.0} µs, p99 {:.0} µs; zkgate CPU {cpu:.0} µs |",
+        created.p50, created.p99,
     ));
 
     // Keepalives to the lease's keeper: ZooKeeper's transactions meanwhile are its heartbeats
     // (one a second), not the keepalives.
     let lease = gate.lease("1h").await;
-    let (zxid, started, cpu) = (process::zookeeper_zxid(port), Instant::now(), gate.child.cpu_time());
-    let mut samples = Vec::with_capacity(count);
-    for _ in 0..count {
-        let start = Instant::now();
+    let (zxid, started) = (process::zookeeper_zxid(port), Instant::now());
+    let (kept, cpu) = timed(&gate, count, || async {
         assert_eq!(gate.keepalive(&lease).await, 200);
-        samples.push(start.elapsed());
-    }
+    })
+    .await;
     let (writes, took) = (process::zookeeper_zxid(port) - zxid, started.elapsed());
-    let cpu = gate.child.cpu_time().saturating_sub(cpu);
-    let kept = Latency::of(&samples);
     rows.push(format!(
-        "| keep a lease alive at its keeper | p50 {:.0} µs, p99 {:.0} µs; zkgate CPU {:.0} µs; ZooKeeper transactions during {count} keepalives: {writes} in {:.1} s (heartbeats: 1 a second) |",
+        "| keep a lease alive at its keeper | p50 {:.0} µs, p99 {:.0} µs; zkgate CPU {cpu:.0} µs; ZooKeeper transactions during {count} keepalives: {writes} in {:.1} s (heartbeats: 1 a second) |",
         kept.p50,
         kept.p99,
-        cpu.as_secs_f64() * 1e6 / count as f64,
         took.as_secs_f64(),
     ));
 
@@ -77,4 +65,21 @@ pub async fn costs(options: &ServerOptions, count: usize, idle: usize) -> Vec<St
             )),
     ));
     rows
+}
+
+/// `count` calls of `call` one after the other: their latencies, and zkgate's CPU per call (µs).
+async fn timed<F, Fut>(gate: &Zkgate, count: usize, mut call: F) -> (Latency, f64)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let cpu = gate.child.cpu_time();
+    let mut samples = Vec::with_capacity(count);
+    for _ in 0..count {
+        let start = Instant::now();
+        call().await;
+        samples.push(start.elapsed());
+    }
+    let cpu = gate.child.cpu_time().saturating_sub(cpu);
+    (Latency::of(&samples), cpu.as_secs_f64() * 1e6 / count as f64)
 }
