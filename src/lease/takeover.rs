@@ -155,21 +155,21 @@ impl Leases {
             },
             lane.clone(),
         ));
-        {
-            let mut table = self.inner.table();
-            if let Some(existing) = table.live.get(id) {
-                return Ok(existing.clone());
-            }
-            table.live.insert(id.to_string(), lease.clone());
-            *table.per_owner.entry(lease.owner.clone()).or_default() += 1;
-        }
-        drop(adopting);
-        let holdings = record::holdings(&client, &lease.path).await.unwrap_or_default();
+        // Its holdings are attached before the lease is in the table: a request that finds it
+        // there (a keepalive answering with the holdings, a release looking for its handle)
+        // must find them. Nobody else adopts it meanwhile (the stripe is held).
+        let holdings = self.holdings_of(&lease).await;
         tracing::info!(lease = %id, from = %found.record.keeper, holdings = holdings.len(), left = ?left, "lease taken over");
         crate::metrics::get().leases_taken_over.inc();
         if let Some(adopter) = self.inner.adopter.get() {
             adopter(&lease, holdings.into_iter().map(|(_, holding)| holding).collect());
         }
+        {
+            let mut table = self.inner.table();
+            table.live.insert(id.to_string(), lease.clone());
+            *table.per_owner.entry(lease.owner.clone()).or_default() += 1;
+        }
+        drop(adopting);
         match found.record.ended {
             // Ended, and left with holdings by an ender that is gone: finish its end.
             Some(reason) => self.inner.finish(&lease, reason),
@@ -186,6 +186,31 @@ impl Leases {
             None => self.inner.start_timer(&lease),
         }
         Ok(lease)
+    }
+}
+
+impl Leases {
+    /// The holdings recorded under the record of `lease`, just taken over. The keeper is this
+    /// instance now, so nobody else will take them up: read again while ZooKeeper is away
+    /// (each lane reconnects), for as long as the lease could live (its TTL). Only if that
+    /// fails too is the lease kept with none; its references then stay until this instance
+    /// is gone and another finishes its end.
+    async fn holdings_of(&self, lease: &Lease) -> Vec<(String, record::HoldingRecord)> {
+        let until = Instant::now() + lease.ttl;
+        loop {
+            let read = match self.inner.lanes.primary().connected().await {
+                Ok(session) => record::holdings(&session.client, &lease.path).await.ok(),
+                Err(_) => None,
+            };
+            match read {
+                Some(holdings) => return holdings,
+                None if Instant::now() >= until => {
+                    tracing::warn!(lease = %lease.id, "the holdings of a lease taken over could not be read");
+                    return Vec::new();
+                }
+                None => tokio::time::sleep(Duration::from_millis(100)).await, // a retry's pace
+            }
+        }
     }
 }
 
