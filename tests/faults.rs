@@ -1442,11 +1442,9 @@ fn keep_logs(processes: &[&Process]) {
     }
 }
 
-/// `kill -9` of one of three instances while 300 clients hold locks, leaderships, memberships
-/// and service registrations through all three and keep alive through any: the survivors
-/// take its leases over, nothing is lost, every lock stays exclusive and grants in order.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_kill_9_of_one_of_three_instances_loses_no_lease() {
+/// A 3-server ensemble (and its connect string), three zkgate processes on it, and the 300
+/// clients of [start_clients] through all three.
+async fn three_instances() -> (Ensemble, String, Vec<Process>, Scenario) {
     let ensemble = Ensemble::start(3).await;
     let connect = ensemble.connect_string();
     let mut processes = Vec::new();
@@ -1455,6 +1453,15 @@ async fn a_kill_9_of_one_of_three_instances_loses_no_lease() {
     }
     let pool = Pool::new(processes.iter().map(|p| p.url.clone()).collect());
     let scenario = start_clients(pool).await;
+    (ensemble, connect, processes, scenario)
+}
+
+/// `kill -9` of one of three instances while 300 clients hold locks, leaderships, memberships
+/// and service registrations through all three and keep alive through any: the survivors
+/// take its leases over, nothing is lost, every lock stays exclusive and grants in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kill_9_of_one_of_three_instances_loses_no_lease() {
+    let (_ensemble, _, mut processes, scenario) = three_instances().await;
     let killed = Instant::now();
     processes[0].kill().await;
     // Long enough for its session to expire (2 s) and its leases to be taken over.
@@ -1467,14 +1474,8 @@ async fn a_kill_9_of_one_of_three_instances_loses_no_lease() {
 /// hold and keep alive through any: every lease lives on, handed over at each stop.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rolling_restart_of_three_instances_loses_no_lease() {
-    let ensemble = Ensemble::start(3).await;
-    let connect = ensemble.connect_string();
-    let mut processes = Vec::new();
-    for _ in 0..3 {
-        processes.push(Process::start(&connect).await);
-    }
-    let pool = Pool::new(processes.iter().map(|p| p.url.clone()).collect());
-    let scenario = start_clients(pool.clone()).await;
+    let (_ensemble, connect, mut processes, scenario) = three_instances().await;
+    let pool = scenario.pool.clone();
     // The stopped processes' logs are kept for a surprise's explanation.
     let mut stopped = Vec::new();
     for (i, process) in processes.iter_mut().enumerate() {
