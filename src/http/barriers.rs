@@ -133,11 +133,7 @@ pub async fn lower(
         &format!("barrier `{name}`"),
     )
     .await?;
-    if let Some(bound) = state
-        .barriers
-        .get(&name, &name)
-        .filter(|b| b.state().phase != Phase::Moved)
-    {
+    if let Some(bound) = state.barriers.serving(&name, &name) {
         state.barriers.release(&bound).await;
         if bound.state().phase != Phase::Moved {
             return Ok(StatusCode::NO_CONTENT);

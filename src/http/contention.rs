@@ -392,7 +392,7 @@ pub async fn find_handle<P: Protocol>(
 ) -> Result<Found<P>, ApiError> {
     check_name(name)?;
     let what = handles.kind().name();
-    if let Some(found) = handles.get(name, handle).filter(|h| h.state().phase != Phase::Moved) {
+    if let Some(found) = handles.serving(name, handle) {
         found.lease.check_owner(caller)?;
         if still_referenced(handles, client, &found).await? {
             return Ok(Found::Here(found));
@@ -616,7 +616,7 @@ pub async fn release_by_id<P: Protocol>(
     handle: &str,
 ) -> Result<StatusCode, ApiError> {
     check_name(name)?;
-    if let Some(here) = handles.get(name, handle).filter(|h| h.state().phase != Phase::Moved) {
+    if let Some(here) = handles.serving(name, handle) {
         here.lease.check_owner(caller)?;
         return release(state, handles, Found::Here(here)).await;
     }

@@ -220,7 +220,7 @@ pub(super) async fn unbind(
     path: &str,
     gone: impl FnOnce() -> ApiError,
 ) -> Result<StatusCode, ApiError> {
-    if let Some(node) = nodes.get(name, id).filter(|n| n.state().phase != Phase::Moved) {
+    if let Some(node) = nodes.serving(name, id) {
         node.lease.check_owner(caller)?;
         nodes.release(&node).await;
         if node.state().phase != Phase::Moved {

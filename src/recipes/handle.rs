@@ -1026,6 +1026,13 @@ impl<P: Protocol> Handles<P> {
         self.lock().by_id.get(&(name.to_string(), id.to_string())).cloned()
     }
 
+    /// The handle `id` of resource `name` if this instance serves it: kept here, and its lease
+    /// not moved to another instance (one that moved is served from ZooKeeper, like any other
+    /// instance's).
+    pub fn serving(&self, name: &str, id: &str) -> Option<Arc<Handle<P>>> {
+        self.get(name, id).filter(|h| h.state().phase != Phase::Moved)
+    }
+
     /// The handle `id` of resource `name` if it was lost and has left the index since.
     pub fn lost(&self, name: &str, id: &str) -> Option<Lost> {
         self.lock().lost.get(&(name.to_string(), id.to_string())).cloned()
