@@ -997,12 +997,21 @@ struct Seen {
     lock_cycles: AtomicUsize,
     /// Answers a client did not expect: (the lease, what happened).
     surprises: std::sync::Mutex<Vec<(String, String)>>,
+    /// What each lock client did last, and when (for a failure's message).
+    doing: std::sync::Mutex<std::collections::BTreeMap<String, (Instant, String)>>,
 }
 
 impl Seen {
     fn surprise(&self, lease: &str, what: String) {
         eprintln!("{lease}: {what}");
         self.surprises.lock().unwrap().push((lease.to_string(), what));
+    }
+
+    fn doing(&self, client: &str, what: String) {
+        self.doing
+            .lock()
+            .unwrap()
+            .insert(client.to_string(), (Instant::now(), what));
     }
 }
 
@@ -1161,17 +1170,22 @@ async fn start_clients(pool: Pool) -> Scenario {
             let name = format!("client-{i}");
             let acquire = format!("/v1/locks/shared-{lock}/acquire?wait=5s&keep_queued=true");
             let body = json!({"lease": lease});
-            while let Some((status, granted)) = send(
-                &http,
-                &pool,
-                &seen,
-                &stop,
-                reqwest::Method::POST,
-                &acquire,
-                Some(body.clone()),
-            )
-            .await
-            {
+            loop {
+                seen.doing(&name, format!("acquire with {lease}"));
+                let Some((status, granted)) = send(
+                    &http,
+                    &pool,
+                    &seen,
+                    &stop,
+                    reqwest::Method::POST,
+                    &acquire,
+                    Some(body.clone()),
+                )
+                .await
+                else {
+                    break;
+                };
+                seen.doing(&name, format!("acquire with {lease} answered {status} {granted}"));
                 if status == StatusCode::ACCEPTED {
                     continue; // still queued: wait on
                 }
@@ -1189,11 +1203,13 @@ async fn start_clients(pool: Pool) -> Scenario {
                     "/v1/locks/shared-{lock}/handles/{}",
                     granted["handle"].as_str().expect("handle")
                 );
+                seen.doing(&name, format!("release {release}"));
                 let Some(((status, body), again)) =
                     send_again(&http, &pool, &seen, &stop, reqwest::Method::DELETE, &release, None).await
                 else {
                     return;
                 };
+                seen.doing(&name, format!("release {release} answered {status}"));
                 // Sent again after an answer was lost: the first may have released it.
                 let done_before = again && status == StatusCode::NOT_FOUND;
                 if status != StatusCode::NO_CONTENT && !done_before {
@@ -1345,6 +1361,13 @@ impl Scenario {
         .await;
         self.explain_surprises(what, processes);
         if cycled.is_err() {
+            for lock in 0..LOCKS {
+                let (status, state) = self.get(&format!("/v1/locks/shared-{lock}")).await;
+                eprintln!("shared-{lock}: {status} {state}");
+            }
+            for (client, (at, what)) in self.seen.doing.lock().unwrap().iter() {
+                eprintln!("{client}, {:?} ago: {what}", at.elapsed());
+            }
             keep_logs(processes);
             panic!(
                 "{what}: {} lock cycles in the 30 s after the fault (at least {LOCKS} expected)",
