@@ -158,7 +158,7 @@ impl Leases {
         // Its holdings are attached before the lease is in the table: a request that finds it
         // there (a keepalive answering with the holdings, a release looking for its handle)
         // must find them. Nobody else adopts it meanwhile (the stripe is held).
-        let holdings = self.holdings_of(&lease).await;
+        let holdings = self.holdings_of(&lease, &client).await;
         tracing::info!(lease = %id, from = %found.record.keeper, holdings = holdings.len(), left = ?left, "lease taken over");
         crate::metrics::get().leases_taken_over.inc();
         if let Some(adopter) = self.inner.adopter.get() {
@@ -187,20 +187,26 @@ impl Leases {
         }
         Ok(lease)
     }
-}
 
-impl Leases {
-    /// The holdings recorded under the record of `lease`, just taken over. The keeper is this
-    /// instance now, so nobody else will take them up: read again while ZooKeeper is away
-    /// (each lane reconnects), for as long as the lease could live (its TTL). Only if that
-    /// fails too is the lease kept with none; its references then stay until this instance
-    /// is gone and another finishes its end.
-    async fn holdings_of(&self, lease: &Lease) -> Vec<(String, record::HoldingRecord)> {
+    /// The holdings recorded under the record of `lease`, just taken over by a write on
+    /// `client`. Read on that session first: having seen its own write, it has seen every
+    /// reference made before it (and the former keeper can make none after: each holding is
+    /// written conditionally on the record's version). The keeper is this instance now, so
+    /// nobody else will take them up: while that read fails, read again (after a `sync`, on a
+    /// session that reconnected maybe to another server) for as long as the lease could live
+    /// (its TTL). Only if that fails too is the lease kept with none; its references then stay
+    /// until this instance is gone and another finishes its end.
+    async fn holdings_of(&self, lease: &Lease, client: &crate::zk::Client) -> Vec<(String, record::HoldingRecord)> {
+        if let Ok(holdings) = record::holdings(client, &lease.path).await {
+            return holdings;
+        }
         let until = Instant::now() + lease.ttl;
         loop {
             let read = match self.inner.lanes.primary().connected().await {
-                Ok(session) => record::holdings(&session.client, &lease.path).await.ok(),
-                Err(_) => None,
+                Ok(session) if session.sync().await.is_ok() => {
+                    record::holdings(&session.client, &lease.path).await.ok()
+                }
+                _ => None,
             };
             match read {
                 Some(holdings) => return holdings,
