@@ -162,6 +162,59 @@ async fn a_lease_whose_instance_stops_lives_on_through_the_other() {
     assert!(next.i64("fencing_token") > granted.i64("fencing_token"));
 }
 
+/// A request that found a lease's keeper failing takes the lease over from that keeper only:
+/// if another (live) instance took it over meanwhile, it stays there (taking it from a live
+/// keeper moved leases back and forth between the survivors of a rolling restart, and cut
+/// off the requests each was serving).
+#[tokio::test]
+async fn a_takeover_leaves_the_lease_with_a_live_instance_that_took_it_first() {
+    let zk = zookeeper().await;
+    let a = Gate::start(&zk.connect_string()).await;
+    let b = Gate::start(&zk.connect_string()).await;
+    let c = Gate::start(&zk.connect_string()).await;
+    let lease = a.lease("30s").await;
+    let granted = a.acquire("contested", &lease, "wait=0").await;
+    assert_eq!(granted.status, StatusCode::OK, "{granted:?}");
+    let gone = a.running.state.instance.id.to_string();
+    a.running.stop().await.expect("stop A");
+    let kept = b.post(&format!("/v1/leases/{lease}/keepalive"), None).await;
+    assert_eq!(kept.status, StatusCode::OK, "{kept:?}");
+    // B took it over for the keepalive, or C's reaper did first (then B handed it to C).
+    let (keeper, other) = match b.running.state.leases.peek(&lease) {
+        Ok(_) => (&b, &c),
+        Err(_) => (&c, &b),
+    };
+    assert!(
+        keeper.running.state.leases.peek(&lease).is_ok(),
+        "B or C keeps the lease"
+    );
+    // The other found A failing before that; it must not take the lease from the live keeper.
+    let taken = other
+        .running
+        .state
+        .leases
+        .take_over(&zkgate::auth::Caller::Anyone, &lease, Some(&gone), false)
+        .await;
+    match taken {
+        Err(zkgate::recipes::lease::LeaseError::Elsewhere { keeper: named, .. }) => {
+            assert_eq!(named, *keeper.running.state.instance.id)
+        }
+        other => panic!(
+            "the lease was taken from its live keeper: {:?}",
+            other.map(|l| l.id.clone())
+        ),
+    }
+    assert!(
+        keeper.running.state.leases.peek(&lease).is_ok(),
+        "its keeper keeps the lease"
+    );
+    let seen = c
+        .get(&format!("/v1/locks/contested/handles/{}", granted.str("handle")))
+        .await;
+    assert_eq!(seen.body["state"], "held", "{seen:?}");
+    assert_eq!(seen.body["fencing_token"], granted.body["fencing_token"], "{seen:?}");
+}
+
 #[tokio::test]
 async fn a_forwarded_request_is_authorised_by_the_owner_as_its_sender() {
     let zk = zookeeper().await;

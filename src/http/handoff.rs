@@ -207,20 +207,29 @@ async fn to_keeper(state: &AppState, id: &str, handed: bool, waits: bool, reques
         // Handed here by an instance that took the keeper to be this one: not any more.
         return not_keeping(id);
     }
-    let request = match hand_over(state, &keeper, waits, request).await {
-        Ok(answer) => return answer,
-        Err(request) => request,
-    };
-    match state.leases.take_over(&caller, id, false).await {
-        Ok(_) => next.run(request).await,
-        Err(LeaseError::Elsewhere { keeper, .. }) => ApiError::new(
-            Problem::InstanceUnavailable,
-            format!("lease `{id}` moved to instance `{keeper}` while this request was on its way; try again"),
-        )
-        .into_response(),
-        Err(_) => next.run(request).await,
+    let (mut keeper, mut request) = (keeper, request);
+    // The keeper may change while this runs (another instance took the lease over from the
+    // one that failed): the request follows it, a few times.
+    for _ in 0..HANDOFF_HOPS {
+        request = match hand_over(state, &keeper, waits, request).await {
+            Ok(answer) => return answer,
+            Err(request) => request,
+        };
+        match state.leases.take_over(&caller, id, Some(&keeper), false).await {
+            Err(LeaseError::Elsewhere { keeper: now, .. }) => keeper = now,
+            _ => return next.run(request).await,
+        }
     }
+    ApiError::new(
+        Problem::InstanceUnavailable,
+        format!("lease `{id}` moved to instance `{keeper}` while this request was on its way; try again"),
+    )
+    .into_response()
 }
+
+/// How many keepers a request follows before it answers `503` (each found failing, or taken
+/// over by another meanwhile).
+const HANDOFF_HOPS: usize = 3;
 
 /// Sends `request` to the instance `keeper` and relays its answer; gives the request back when
 /// it cannot be handed over (no key, no verified registration, no answer, or the keeper does

@@ -309,7 +309,7 @@ impl Leases {
             });
         }
         if found.record.keeper == *self.inner.instance {
-            return self.take_over(caller, id, false).await;
+            return self.take_over(caller, id, Some(&found.record.keeper), false).await;
         }
         Err(LeaseError::Elsewhere {
             id: id.to_string(),

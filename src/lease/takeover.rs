@@ -42,13 +42,22 @@ fn unavailable() -> LeaseError {
 impl Leases {
     /// Takes the lease `id` over from its keeper (gone, or not answering a request handed to
     /// it), for `caller`; with `keepalive`, the request is one, and renews the lease too.
+    /// With `from`, only from that keeper (the one found failing): if the record names
+    /// another by now (a live instance took it over meanwhile), that one keeps it.
     ///
     /// # Notable errors
-    /// * [LeaseError::Elsewhere] when another instance took it first (hand the request there).
+    /// * [LeaseError::Elsewhere] when another instance took it first, or keeps it now instead
+    ///   of `from` (hand the request there).
     /// * [LeaseError::Ended] when it ended (or, having expired while nobody kept it, ends now).
     /// * [LeaseError::Unknown], [LeaseError::NotYours] as for [Leases::find].
     /// * [LeaseError::NotFresh] while this instance cannot vouch for what it would keep.
-    pub async fn take_over(&self, caller: &Caller, id: &str, keepalive: bool) -> Result<Arc<Lease>, LeaseError> {
+    pub async fn take_over(
+        &self,
+        caller: &Caller,
+        id: &str,
+        from: Option<&str>,
+        keepalive: bool,
+    ) -> Result<Arc<Lease>, LeaseError> {
         if let Ok(lease) = self.get(caller, id) {
             if keepalive {
                 lease.renew();
@@ -66,6 +75,15 @@ impl Leases {
             return Err(LeaseError::Ended {
                 id: id.to_string(),
                 reason,
+            });
+        }
+        // Taken over by another instance since the caller found its keeper failing (the
+        // reaper of a third, or a request there): taking it from that one, alive, would only
+        // move the lease again and cut off the requests it serves.
+        if from.is_some_and(|from| from != found.record.keeper && found.record.keeper != *self.inner.instance) {
+            return Err(LeaseError::Elsewhere {
+                id: id.to_string(),
+                keeper: found.record.keeper,
             });
         }
         let client = self.inner.lanes.primary().connected().await?.client;

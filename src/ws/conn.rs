@@ -287,7 +287,7 @@ impl Conn {
             ));
         }
         let lease = match attach {
-            Some(existing) => self.state.leases.take_over(&self.caller, &existing, true).await,
+            Some(existing) => self.state.leases.take_over(&self.caller, &existing, None, true).await,
             None => {
                 let new = crate::lease::NewLease {
                     ttl: Some(ttl.unwrap_or(SOCKET_LEASE_TTL)),
