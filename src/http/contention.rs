@@ -343,6 +343,7 @@ fn other_role(name: &str, existing: &Contender, asked: Role) -> ApiError {
 
 /// Leaves the queue; a lease made just for this request goes too.
 async fn give_up<P: Protocol>(state: &AppState, handles: &Handles<P>, handle: &Arc<Handle<P>>, own_lease: bool) {
+    tracing::debug!(handle = %handle.id, lease = %handle.lease.id, "handle given up by its acquire");
     handles.release(handle).await;
     if own_lease {
         let _ = state
@@ -437,6 +438,7 @@ async fn still_referenced<P: Protocol>(
     if contender::exists(client, &handle.reference()).await? {
         return Ok(true);
     }
+    tracing::debug!(handle = %handle.id, lease = %handle.lease.id, "handle let go: its reference is gone (released through another instance)");
     let (handles, handle) = (handles.clone(), handle.clone());
     tokio::spawn(async move { handles.release(&handle).await });
     Ok(false)

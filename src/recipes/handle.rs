@@ -418,6 +418,9 @@ enum Stop {
     Leave,
     /// Its lease left this instance: its znodes stay, for the keeper now.
     Drop,
+    /// Its clean-up found it lost (its node gone, which it deleted the reference of, or its
+    /// lease ended otherwise than by its owner): said so, without asking ZooKeeper again.
+    Lost(String),
 }
 
 /// Runs the protocol until it ends (again on each new session, see the module's docs), then
@@ -460,19 +463,30 @@ async fn drive<P: Protocol>(handle: &Arc<Handle<P>>) {
             stop => break stop,
         }
     };
+    // Why, for the log: which way the task stopped.
+    let why = match &stop {
+        Stop::Exit(_) => "its run ended",
+        Stop::Leave if handle.release.is_cancelled() => "released here",
+        Stop::Leave => "its lease ended",
+        Stop::Drop => "its lease left this instance",
+        Stop::Lost(_) => "its clean-up found it lost",
+    };
     let end = match stop {
         Stop::Drop | Stop::Exit(Exit::Moved) => Phase::Moved,
         Stop::Exit(Exit::Failed(error)) => Phase::Failed { error },
-        // A loss found by the clean-up itself (its node gone, or its lease expired) is one; a
-        // node the run saw vanish may have been released through another instance.
-        Stop::Exit(Exit::Lost(reason)) if handle.is_leaving() => Phase::Lost { reason },
+        // A loss found by the clean-up itself (its node gone, or its lease expired) is one.
+        Stop::Lost(reason) => Phase::Lost { reason },
+        // A node the run saw vanish may have been released through another instance, even
+        // while a release here was starting: a release sent again after its first attempt's
+        // answer was lost (that one, through an instance that died, deleted it), which is
+        // answered as the release it is, not as a loss.
         Stop::Exit(Exit::Lost(reason)) => match released_elsewhere(handle).await {
             true => Phase::Released,
             false => Phase::Lost { reason },
         },
         Stop::Exit(Exit::Interrupted) | Stop::Leave => Phase::Released,
     };
-    tracing::debug!(kind = %handle.protocol.kind(), name = %handle.name, handle = %handle.id, lease = %handle.lease.id, phase = end.name(), "handle finished");
+    tracing::debug!(kind = %handle.protocol.kind(), name = %handle.name, handle = %handle.id, lease = %handle.lease.id, phase = end.name(), why, "handle finished");
     handle.record_end(&end);
     let lost = matches!(end, Phase::Lost { .. });
     handle.set_phase(end);
@@ -517,9 +531,9 @@ fn left<P: Protocol>(handle: &Handle<P>, was_there: bool) -> Stop {
         .end_reason()
         .filter(|r| *r != super::lease::EndReason::Deleted && !handle.release.is_cancelled());
     match taken {
-        Some(reason) => Stop::Exit(Exit::Lost(reason.describe().to_string())),
+        Some(reason) => Stop::Lost(reason.describe().to_string()),
         None if was_there => Stop::Leave,
-        None => Stop::Exit(Exit::Lost(handle.protocol.loss_reason(handle))),
+        None => Stop::Lost(handle.protocol.loss_reason(handle)),
     }
 }
 
