@@ -410,10 +410,15 @@ impl Protocol for Contention {
             let candidate = node.rsplit('/').next().unwrap_or_default();
             election::retract(client, &self.node.dir, candidate).await;
         }
+        let had_node = node.is_some();
         let mut paths: Vec<String> = node.into_iter().collect();
         paths.push(handle.reference());
         let there = delete_all(client, &paths).await?;
-        Ok(known.is_none() || there[0] && paths.len() == 2)
+        let (node_there, reference_there) = (had_node && there[0], there[paths.len() - 1]);
+        // Its node and its reference both gone already: released through another instance
+        // (which deletes them together), say by the first attempt of this very release, whose
+        // answer was lost. A node gone with its reference still there was lost.
+        Ok(known.is_none() || node_there || !reference_there)
     }
 
     fn record(&self, handle: &Contender) -> HoldingRecord {
