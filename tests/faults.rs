@@ -804,6 +804,50 @@ async fn holding(process: &Process, lock: &str, ttl: &str) -> (String, serde_jso
     (lease, held)
 }
 
+/// A release sent again through the lease's keeper after its first attempt, through another
+/// instance, deleted the handle (its answer lost on the way): answered as the release it is
+/// (`204`), not as a loss, although the keeper learns of the deletion only after the second
+/// attempt began (here: it hears nothing from ZooKeeper meanwhile).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_sent_again_through_the_keeper_after_one_done_elsewhere_is_a_release() {
+    let zk = zookeeper().await;
+    let proxy = Proxy::start(&zk.connect_string()).await;
+    let keeper = Arc::new(Gate::start(&proxy.connect_string()).await);
+    let other = Gate::start(&zk.connect_string()).await;
+    let lease = keeper.lease("30s").await;
+    let granted = keeper.acquire("again", &lease, "wait=0").await;
+    assert_eq!(granted.status, StatusCode::OK, "{granted:?}");
+    let handle = granted.str("handle");
+    let path = format!("/v1/locks/again/handles/{handle}");
+    // Shorter than the keeper's session timeout (4 s): its session lives on.
+    proxy.black_hole(true);
+    let first = other.delete(&path).await;
+    assert_eq!(first.status, StatusCode::NO_CONTENT, "{first:?}");
+    let second = {
+        let (keeper, path) = (keeper.clone(), path.clone());
+        tokio::spawn(async move { keeper.delete(&path).await })
+    };
+    let kept = keeper
+        .running
+        .state
+        .locks
+        .get("again", &handle)
+        .expect("the keeper's handle");
+    within(Duration::from_secs(10), "the second release to begin", async {
+        while !kept.is_leaving() {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    proxy.black_hole(false);
+    let second = within(Duration::from_secs(30), "the second release", second)
+        .await
+        .expect("release");
+    assert_eq!(second.status, StatusCode::NO_CONTENT, "{second:?}");
+    let state = other.get("/v1/locks/again").await;
+    assert!(state.body["holder"].is_null(), "{state:?}");
+}
+
 /// The zkgate process of a lock holder freezes (SIGSTOP) past its ZooKeeper session timeout,
 /// and the holder's client goes silent too. The other instance takes the frozen one's leases
 /// over (its registration went with its session) and ends this one when its TTL has passed:
