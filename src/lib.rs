@@ -15,6 +15,7 @@ pub mod kind;
 pub mod lease;
 pub mod limits;
 pub mod listen;
+pub mod locked;
 pub mod metrics;
 pub mod peer;
 pub mod recipes;
@@ -265,30 +266,17 @@ fn adopter(holders: Holders) -> lease::Adopter {
         for holding in holdings {
             let (name, id) = (holding.name.as_str(), holding.handle.as_str());
             let adopted = match (holding.kind(), &holding.held) {
-                (Some(kind @ (Kind::Lock | Kind::RwLock | Kind::Election)), Held::Contender { role }) => {
-                    let registry = match kind {
-                        Kind::Lock => &holders.locks,
-                        Kind::RwLock => &holders.rwlocks,
-                        _ => &holders.elections,
-                    };
-                    recipes::contender::Role::from_label(role)
-                        .is_some_and(|role| registry.adopt_contender(lease, name, id, role).is_ok())
-                }
+                (Some(kind), Held::Contender { role }) => holders
+                    .contenders(kind)
+                    .zip(recipes::contender::Role::from_label(role))
+                    .is_some_and(|(registry, role)| registry.adopt_contender(lease, name, id, role).is_ok()),
                 (Some(Kind::Semaphore), Held::Permit { permits }) => {
                     holders.semaphores.adopt_permit(lease, name, id, *permits).is_ok()
                 }
-                (Some(kind), held @ Held::Bound { .. }) => {
-                    let registry = match kind {
-                        Kind::Group => Some(&holders.groups),
-                        Kind::Service => Some(&holders.services),
-                        Kind::Barrier => Some(&holders.barriers),
-                        Kind::DoubleBarrier => Some(&holders.double_barriers),
-                        Kind::Txn => Some(&holders.txn_members),
-                        Kind::Lock => Some(&holders.lock_sets),
-                        _ => None,
-                    };
-                    registry.is_some_and(|nodes| nodes.adopt_bound(lease, (name, id), held).is_ok())
-                }
+                (Some(kind), held @ Held::Bound { .. }) => holders
+                    .bound(kind)
+                    .is_some_and(|nodes| nodes.adopt_bound(lease, (name, id), held).is_ok()),
+                // A kind this version does not know, or a holding its kind never makes.
                 _ => false,
             };
             if !adopted {
@@ -296,6 +284,39 @@ fn adopter(holders: Holders) -> lease::Adopter {
             }
         }
     })
+}
+
+impl Holders {
+    /// The registry of a kind's contenders, if it has any.
+    fn contenders(&self, kind: Kind) -> Option<&recipes::contender::Contenders> {
+        match kind {
+            Kind::Lock => Some(&self.locks),
+            Kind::RwLock => Some(&self.rwlocks),
+            Kind::Election => Some(&self.elections),
+            Kind::Semaphore
+            | Kind::Barrier
+            | Kind::DoubleBarrier
+            | Kind::Txn
+            | Kind::Queue
+            | Kind::Group
+            | Kind::Kv
+            | Kind::Counter
+            | Kind::Service => None,
+        }
+    }
+
+    /// The registry of a kind's lease-bound nodes, if it has any (a lock's are lock sets').
+    fn bound(&self, kind: Kind) -> Option<&BoundNodes> {
+        match kind {
+            Kind::Group => Some(&self.groups),
+            Kind::Service => Some(&self.services),
+            Kind::Barrier => Some(&self.barriers),
+            Kind::DoubleBarrier => Some(&self.double_barriers),
+            Kind::Txn => Some(&self.txn_members),
+            Kind::Lock => Some(&self.lock_sets),
+            Kind::RwLock | Kind::Semaphore | Kind::Election | Kind::Queue | Kind::Kv | Kind::Counter => None,
+        }
+    }
 }
 
 /// Every route of the API and the sockets, each with its spec.

@@ -24,6 +24,7 @@ use axum::http::Method;
 use tokio::time::Instant;
 
 use crate::auth::Caller;
+use crate::locked::Locked;
 
 /// The address a request came from (absent for requests built in-process).
 #[derive(Clone, Copy, Debug)]
@@ -77,7 +78,7 @@ impl Limits {
     fn take(&self, key: &str) -> Result<(), Duration> {
         let rate = f64::from(self.settings.write_rate);
         let now = Instant::now();
-        let mut buckets = self.buckets.lock().unwrap_or_else(|e| e.into_inner());
+        let mut buckets = self.buckets.locked();
         if buckets.len() >= MAX_BUCKETS && !buckets.contains_key(key) {
             buckets.retain(|_, b| b.tokens + now.duration_since(b.at).as_secs_f64() * rate < rate);
         }
@@ -96,7 +97,7 @@ impl Limits {
 
     /// Holds one of at most `max` of `key` (a socket, a subscription) until the permit drops.
     pub fn hold(&self, key: String, max: usize, what: &str) -> Result<Permit, Refusal> {
-        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        let mut held = self.held.locked();
         let count = held.entry(key.clone()).or_default();
         if *count >= max {
             return Err(refusal(
@@ -115,7 +116,7 @@ impl Limits {
 
     /// How many of `key` are held now.
     pub fn held(&self, key: &str) -> usize {
-        let held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        let held = self.held.locked();
         held.get(key).copied().unwrap_or(0)
     }
 
@@ -164,7 +165,7 @@ pub struct Permit {
 
 impl Drop for Permit {
     fn drop(&mut self) {
-        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        let mut held = self.held.locked();
         if let Some(count) = held.get_mut(&self.key) {
             *count -= 1;
             if *count == 0 {

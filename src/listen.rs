@@ -27,6 +27,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use crate::locked::Locked;
 use axum::Router;
 use axum::extract::ConnectInfo;
 use hyper::body::Incoming;
@@ -77,7 +78,7 @@ impl Caps {
     /// A slot for a connection from `address`, or `None` past a cap.
     pub fn take(self: &Arc<Caps>, address: IpAddr) -> Option<Slot> {
         let limits = self.limits?;
-        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        let mut open = self.open.locked();
         let (total, per_address) = &mut *open;
         let mine = per_address.entry(address).or_default();
         if *total >= limits.max_connections || *mine >= limits.max_per_address {
@@ -94,7 +95,7 @@ impl Caps {
 
     /// How many connections are open.
     pub fn open(&self) -> usize {
-        self.open.lock().unwrap_or_else(|e| e.into_inner()).0
+        self.open.locked().0
     }
 
     /// Waits until `test` accepts the number of connections open (a drain, or a test
@@ -112,7 +113,7 @@ impl Caps {
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        let mut open = self.caps.open.lock().unwrap_or_else(|e| e.into_inner());
+        let mut open = self.caps.open.locked();
         let (total, per_address) = &mut *open;
         *total = total.saturating_sub(1);
         if let Some(mine) = per_address.get_mut(&self.address) {

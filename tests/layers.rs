@@ -7,33 +7,35 @@ use std::path::{Path, PathBuf};
 
 /// Each top-level module and its layer: a module may name modules of lower layers only.
 const LAYERS: &[(&str, u8)] = &[
+    // Below everything: a poison-tolerant lock.
+    ("locked", 0),
     // Leaves: no module of zkgate below them.
-    ("time", 0),
-    ("ids", 0),
-    ("remembered", 0),
-    ("kind", 0),
-    ("metrics", 0),
-    ("tls", 0),
-    ("peer", 0),
+    ("time", 1),
+    ("ids", 1),
+    ("remembered", 1),
+    ("kind", 1),
+    ("metrics", 1),
+    ("tls", 1),
+    ("peer", 1),
     // The HTTP server's accept loop and its bounds (knows nothing of zkgate's routes).
-    ("listen", 0),
+    ("listen", 1),
     // Who may do what (names kinds).
-    ("auth", 1),
+    ("auth", 2),
     // ZooKeeper as such: sessions, watches, names, the embedded server.
-    ("zk", 2),
+    ("zk", 3),
     // The recipes: the only other place that talks to ZooKeeper.
-    ("recipes", 3),
+    ("recipes", 4),
     // What an instance keeps on top of the recipes.
-    ("lease", 4),
-    ("instances", 4),
-    ("limits", 4),
+    ("lease", 5),
+    ("instances", 5),
+    ("limits", 5),
     // The event bus (it also follows leases), and the settings of `serve`.
-    ("events", 5),
-    ("config", 5),
+    ("events", 6),
+    ("config", 6),
     // The edges: HTTP, the lock runner, and the socket (which serves calls through HTTP).
-    ("http", 6),
-    ("runner", 6),
-    ("ws", 7),
+    ("http", 7),
+    ("runner", 7),
+    ("ws", 8),
 ];
 
 /// Modules that may name the composition root's `AppState` (the state axum hands handlers).
@@ -41,6 +43,7 @@ const SEE_THE_ROOT: &[&str] = &["http", "ws"];
 
 /// Modules that may not make ZooKeeper requests themselves.
 const NO_ZOOKEEPER: &[&str] = &[
+    "locked",
     "time",
     "ids",
     "remembered",

@@ -28,6 +28,7 @@ use std::collections::VecDeque;
 use tokio::sync::watch;
 
 use crate::lease::Leases;
+use crate::locked::Locked;
 use crate::recipes::lease::{EndReason, Lease, LeaseError};
 use crate::recipes::topic::{EventKind, Source};
 use crate::zk::recursive::Change;
@@ -365,7 +366,7 @@ impl Subscription {
 
 impl Topic {
     fn recent(&self) -> std::sync::MutexGuard<'_, Recent> {
-        self.recent.lock().unwrap_or_else(|e| e.into_inner())
+        self.recent.locked()
     }
 
     /// The last state published and its sequence number (0 before the first).
@@ -376,7 +377,7 @@ impl Topic {
     }
 
     fn lingering(&self) -> std::sync::MutexGuard<'_, Option<(tokio::time::Instant, bool)>> {
-        self.lingering.lock().unwrap_or_else(|e| e.into_inner())
+        self.lingering.locked()
     }
 }
 
@@ -455,7 +456,7 @@ impl Publisher {
                     _ = listeners.wait_for(|n| *n > 0) => continue,
                 }
             }
-            let mut topics = self.events.topics.lock().unwrap_or_else(|e| e.into_inner());
+            let mut topics = self.events.topics.locked();
             if *self.topic.listeners.borrow() == 0 {
                 self.remove_from(&mut topics);
                 return;
@@ -465,7 +466,7 @@ impl Publisher {
 
     /// Removes the topic (its task is ending for another reason than idleness).
     fn retire(&self) {
-        self.remove_from(&mut self.events.topics.lock().unwrap_or_else(|e| e.into_inner()));
+        self.remove_from(&mut self.events.topics.locked());
     }
 
     /// Removes this topic from the instance's map, unless a new topic of the same name
@@ -610,7 +611,7 @@ impl Events {
     /// How many topics are live on this instance (each costs its ZooKeeper watches), lingering
     /// ones included.
     pub fn topics(&self) -> usize {
-        self.topics.lock().unwrap_or_else(|e| e.into_inner()).len()
+        self.topics.locked().len()
     }
 
     /// How many topics are lingering (live without a subscriber) on this instance.
@@ -622,7 +623,7 @@ impl Events {
     /// its state now, or, with `since`, after that position (see [Position]).
     pub async fn subscribe(&self, name: &str, feed: Feed, since: Option<Position>) -> Subscription {
         let topic = {
-            let mut topics = self.topics.lock().unwrap_or_else(|e| e.into_inner());
+            let mut topics = self.topics.locked();
             match topics.get(name) {
                 None => {
                     let topic = Arc::new(Topic {

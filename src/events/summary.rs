@@ -19,6 +19,7 @@ use tokio::sync::Notify;
 
 use super::{Publisher, to_json};
 use crate::kind::Kind;
+use crate::locked::Locked;
 use crate::recipes::summary::{Tallies, measure, names};
 use crate::zk::recursive::Change;
 
@@ -44,7 +45,7 @@ pub(super) async fn follow_summary(publisher: Publisher, kind: Kind, base: Strin
     let watch = crate::zk::recursive::follow(publisher.zk(), &base, {
         let (pending, wake) = (pending.clone(), wake.clone());
         move |change| {
-            let mut pending = pending.lock().unwrap_or_else(|e| e.into_inner());
+            let mut pending = pending.locked();
             match change {
                 Change::Start { .. } => pending.rescan = Some(None),
                 Change::Resync { reason, .. } => pending.rescan = Some(Some(reason)),
@@ -67,7 +68,7 @@ pub(super) async fn follow_summary(publisher: Publisher, kind: Kind, base: Strin
         loop {
             wake.notified().await;
             let (rescan, dirty) = {
-                let mut pending = pending.lock().unwrap_or_else(|e| e.into_inner());
+                let mut pending = pending.locked();
                 (pending.rescan.take(), std::mem::take(&mut pending.dirty))
             };
             if rescan.is_none() && dirty.is_empty() {
@@ -87,7 +88,7 @@ pub(super) async fn follow_summary(publisher: Publisher, kind: Kind, base: Strin
                 Err(err) => {
                     // Measured nothing: all of it again, in a moment.
                     tracing::debug!(kind = kind.dir(), error = %err, "summary measurement failed; again");
-                    let mut pending = pending.lock().unwrap_or_else(|e| e.into_inner());
+                    let mut pending = pending.locked();
                     pending.dirty.extend(dirty);
                     if let Some(rescan) = rescan {
                         pending.rescan = Some(pending.rescan.unwrap_or(rescan));

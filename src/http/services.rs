@@ -23,6 +23,7 @@ use crate::AppState;
 use crate::auth::Caller;
 use crate::events::Feed;
 use crate::kind::Kind;
+use crate::locked::Locked;
 use crate::recipes::bound::BoundNode;
 use crate::recipes::discovery::{
     self, CuratorInstance, InstanceView, Registrar, ServiceState, ServiceTopic, Strategy, UriSpecJson,
@@ -285,7 +286,7 @@ const TURNS_KEPT: usize = 10_000;
 /// The next round-robin turn of `service` on this instance.
 fn next_turn(service: &str) -> usize {
     static TURNS: Mutex<Option<HashMap<String, usize>>> = Mutex::new(None);
-    let mut turns = TURNS.lock().unwrap_or_else(|e| e.into_inner());
+    let mut turns = TURNS.locked();
     let turns = turns.get_or_insert_with(HashMap::new);
     if turns.len() >= TURNS_KEPT && !turns.contains_key(service) {
         turns.clear();

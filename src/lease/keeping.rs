@@ -26,6 +26,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::{FRESH, HEARTBEAT, Registry};
+use crate::locked::Locked;
 use crate::recipes::lease::record;
 use crate::zk::session::ZkSession;
 
@@ -92,11 +93,11 @@ impl Keeping {
 }
 
 fn lock<T: Copy>(cell: &Mutex<T>) -> T {
-    *cell.lock().unwrap_or_else(|e| e.into_inner())
+    *cell.locked()
 }
 
 fn set<T>(cell: &Mutex<T>, value: T) {
-    *cell.lock().unwrap_or_else(|e| e.into_inner()) = value;
+    *cell.locked() = value;
 }
 
 type Notices = Pin<Box<dyn Future<Output = WatchedEvent> + Send>>;

@@ -40,6 +40,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::auth::Caller;
+use crate::locked::Locked;
 use crate::recipes::lease::record::{self, HoldingRecord, LeaseRecord};
 use crate::recipes::lease::{EndReason, Fate, Kept, Lease, LeaseError};
 use crate::zk::session::Lanes;
@@ -436,7 +437,7 @@ impl Leases {
 
 impl Registry {
     fn table(&self) -> std::sync::MutexGuard<'_, Table> {
-        self.table.lock().unwrap_or_else(|e| e.into_inner())
+        self.table.locked()
     }
 
     fn uncount(&self, owner: &Option<String>) {

@@ -30,6 +30,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::{HEARTBEAT, Leases, TOMBSTONE};
+use crate::locked::Locked;
 use crate::recipes::lease::record;
 use crate::recipes::queue::service::Queues;
 use crate::recipes::registry;
@@ -117,7 +118,7 @@ impl Reaper {
                     Err(_) => tokio::time::sleep(HEARTBEAT).await,
                 },
                 Ok(false) => {
-                    *self.claims_swept_with.lock().unwrap_or_else(|e| e.into_inner()) = None;
+                    *self.claims_swept_with.locked() = None;
                     self.reaped.send_replace(true);
                     if registry::await_leader_gone(&client, &lock).await.is_err() {
                         tokio::time::sleep(HEARTBEAT).await;
@@ -185,7 +186,7 @@ impl Reaper {
     /// Adopts the claims of instances gone, on the first pass and after an instance went.
     async fn sweep_claims(&self, client: &Client, live: &HashSet<&str>) -> Result<usize, ZkError> {
         let now: HashSet<String> = live.iter().map(|id| id.to_string()).collect();
-        let due = match &*self.claims_swept_with.lock().unwrap_or_else(|e| e.into_inner()) {
+        let due = match &*self.claims_swept_with.locked() {
             Some(before) => !before.is_subset(&now),
             None => true,
         };
@@ -193,7 +194,7 @@ impl Reaper {
             return Ok(0);
         }
         let adopted = self.queues.adopt_orphans(client, live).await?;
-        *self.claims_swept_with.lock().unwrap_or_else(|e| e.into_inner()) = Some(now);
+        *self.claims_swept_with.locked() = Some(now);
         Ok(adopted)
     }
 }

@@ -10,6 +10,7 @@
 //! start again from zero when it comes back after losing its place, which Prometheus reads as
 //! a counter reset (as after a restart).
 
+use crate::locked::Locked;
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -72,7 +73,7 @@ impl Names {
     }
 
     fn table(&self) -> std::sync::MutexGuard<'_, Table> {
-        self.table.lock().unwrap_or_else(|e| e.into_inner())
+        self.table.locked()
     }
 
     /// A use of `name` of `kind` at `now` (`hold`: one more holder until [Names::release]):

@@ -180,7 +180,16 @@ impl Bound {
                     // its last member (as Curator makes them).
                     let made = match self.kind {
                         Kind::Group | Kind::Service => super::contender::ensure_dir(client, parent).await,
-                        _ => crate::zk::session::ensure_path(client, parent).await,
+                        Kind::Lock
+                        | Kind::RwLock
+                        | Kind::Semaphore
+                        | Kind::Election
+                        | Kind::Barrier
+                        | Kind::DoubleBarrier
+                        | Kind::Txn
+                        | Kind::Queue
+                        | Kind::Kv
+                        | Kind::Counter => crate::zk::session::ensure_path(client, parent).await,
                     };
                     if let Err(err) = made {
                         return Some(Exit::from_error(err));

@@ -37,6 +37,7 @@ use super::lease::record::HoldingRecord;
 use super::lease::{GuardError, Holding, HoldingView, Lease};
 use super::revocation::Revocation;
 use crate::kind::Kind;
+use crate::locked::Locked;
 use crate::zk::retry_on_loss;
 
 /// Where a handle stands.
@@ -383,7 +384,7 @@ impl<P: Protocol> Handle<P> {
     }
 
     fn detach(&self) {
-        if let Some(me) = self.me.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        if let Some(me) = self.me.locked().take() {
             self.lease.detach(&me);
         }
     }
@@ -822,7 +823,7 @@ pub struct QueuedCounts {
 impl QueuedCounts {
     fn change(&self, name: &str, owner: &Option<String>, queued: bool) {
         fn step<K: std::hash::Hash + Eq>(map: &Mutex<HashMap<K, usize>>, key: K, up: bool) {
-            let mut map = map.lock().unwrap_or_else(|e| e.into_inner());
+            let mut map = map.locked();
             if up {
                 *map.entry(key).or_default() += 1;
             } else if let std::collections::hash_map::Entry::Occupied(mut entry) = map.entry(key) {
@@ -837,12 +838,12 @@ impl QueuedCounts {
     }
 
     fn at(&self, name: &str) -> usize {
-        let map = self.by_name.lock().unwrap_or_else(|e| e.into_inner());
+        let map = self.by_name.locked();
         map.get(name).copied().unwrap_or(0)
     }
 
     fn of(&self, owner: &Option<String>) -> usize {
-        let map = self.by_owner.lock().unwrap_or_else(|e| e.into_inner());
+        let map = self.by_owner.locked();
         map.get(owner).copied().unwrap_or(0)
     }
 }
@@ -1014,7 +1015,7 @@ impl<P: Protocol> Handles<P> {
         if !lease.attach(holding.clone()) {
             return Err(Refused::LeaseEnded);
         }
-        *handle.me.lock().unwrap_or_else(|e| e.into_inner()) = Some(holding);
+        *handle.me.locked() = Some(holding);
         handle.recount(); // pending: queued until granted or finished
         if handle.protocol.one_per_lease() {
             index
@@ -1029,7 +1030,7 @@ impl<P: Protocol> Handles<P> {
         let (driven, registry) = (handle.clone(), self.index.clone());
         tokio::spawn(async move {
             drive(&driven).await;
-            registry.lock().unwrap_or_else(|e| e.into_inner()).forget(&driven);
+            registry.locked().forget(&driven);
         });
         Ok(handle)
     }
@@ -1088,6 +1089,6 @@ impl<P: Protocol> Handles<P> {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Index<P>> {
-        self.index.lock().unwrap_or_else(|e| e.into_inner())
+        self.index.locked()
     }
 }

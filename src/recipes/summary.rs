@@ -66,7 +66,10 @@ fn probes(kind: Kind, dir: &str) -> Vec<String> {
         Kind::DoubleBarrier => below(&[super::double_barrier::READY]),
         Kind::Queue => below(&["items", "claims", "dead"]),
         Kind::Txn => below(&["votes"]),
-        _ => below(&[]),
+        // Measured by their own znode's children (or data) alone.
+        Kind::Lock | Kind::RwLock | Kind::Barrier | Kind::Group | Kind::Kv | Kind::Counter | Kind::Service => {
+            below(&[])
+        }
     }
 }
 

@@ -27,6 +27,7 @@ use serde::Serialize;
 use tokio::sync::watch;
 use zookeeper_client::{Client, CreateMode, Error as ZkError, MultiReadResult, MultiWriter};
 
+use crate::locked::Locked;
 use crate::zk::quota::{self, Limits, Reached, Usage};
 use crate::zk::retry_on_loss;
 use crate::zk::session::ZkSession;
@@ -213,13 +214,7 @@ impl Quotas {
 
     /// Makes sure `principal` has its usage node and quota (once per process).
     async fn prepare(&self, client: &Client, principal: &str) -> Result<(), ZkError> {
-        if self
-            .0
-            .prepared
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .contains(principal)
-        {
+        if self.0.prepared.locked().contains(principal) {
             return Ok(());
         }
         let dir = self.principal_dir(principal);
@@ -231,21 +226,13 @@ impl Quotas {
             znodes: limits.znodes.map(|n| n.saturating_add(1)),
         };
         quota::set(client, &dir, in_units).await?;
-        self.0
-            .prepared
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(principal.to_string());
+        self.0.prepared.locked().insert(principal.to_string());
         Ok(())
     }
 
     /// Sets `principal`'s usage node and quota up again (after a write found it missing).
     pub async fn repair(&self, client: &Client, principal: &str) -> Result<(), ZkError> {
-        self.0
-            .prepared
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(principal);
+        self.0.prepared.locked().remove(principal);
         self.prepare(client, principal).await
     }
 

@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::watch;
 use zookeeper_client::Stat;
 
+use crate::locked::Locked;
 use crate::zk::retry_on_loss;
 use crate::zk::session::ZkSession;
 
@@ -133,7 +134,7 @@ impl ExistsWatches {
 
     pub fn subscribe_to(&self, mode: Mode, path: &str) -> Subscription {
         let key = (mode, path.to_string());
-        let mut paths = self.paths.lock().unwrap_or_else(|e| e.into_inner());
+        let mut paths = self.paths.locked();
         let (entry, new) = match paths.get(&key) {
             Some(entry) if *entry.listeners.borrow() > 0 => (entry.clone(), false),
             _ => {
@@ -161,7 +162,7 @@ impl ExistsWatches {
 
     /// How many subscriptions `path` has now, as a receiver that follows changes.
     pub fn listeners(&self, path: &str) -> Option<watch::Receiver<usize>> {
-        let paths = self.paths.lock().unwrap_or_else(|e| e.into_inner());
+        let paths = self.paths.locked();
         paths
             .get(&(Mode::Exists, path.to_string()))
             .map(|entry| entry.listeners.subscribe())
@@ -244,7 +245,7 @@ async fn keep_watching(zk: ZkSession, key: (Mode, String), entry: Arc<Entry>, pa
 /// Removes the path's entry if nobody listens, under the lock subscribers take to join, so a
 /// subscriber is never left with an entry whose task has gone. `true` if the task should end.
 fn leave_if_idle(key: &(Mode, String), entry: &Arc<Entry>, paths: &Paths) -> bool {
-    let mut paths = paths.lock().unwrap_or_else(|e| e.into_inner());
+    let mut paths = paths.locked();
     if *entry.listeners.borrow() > 0 {
         return false;
     }

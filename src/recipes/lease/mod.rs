@@ -31,6 +31,7 @@ use zookeeper_client::{CreateMode, Error as ZkError, MultiWriter};
 
 use crate::auth::Caller;
 use crate::kind::Kind;
+use crate::locked::Locked;
 use crate::recipes::revocation::Revocation;
 use crate::zk::session::{Unavailable, ZkSession};
 
@@ -377,7 +378,7 @@ impl Lease {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, LeaseInner> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+        self.inner.locked()
     }
 }
 

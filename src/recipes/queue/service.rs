@@ -11,6 +11,7 @@ use zookeeper_client::Error as ZkError;
 
 use super::shelf::{Shelves, Tried};
 use super::{ClaimRecord, HeldClaim, Pick, QueuePaths, Taken};
+use crate::locked::Locked;
 use crate::recipes::usage::{Charge, Quotas};
 use crate::remembered::Remembered;
 use crate::zk::session::ZkSession;
@@ -319,10 +320,7 @@ impl Queues {
     /// Remembers a claim and gives it back when its deadline passes unacknowledged.
     fn keep(&self, claim: Claim) {
         let id = claim.id.clone();
-        self.claims
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(id.clone(), claim.clone());
+        self.claims.locked().insert(id.clone(), claim.clone());
         let queues = self.clone();
         tokio::spawn(async move {
             tokio::select! {
@@ -394,12 +392,7 @@ impl Queues {
 
     /// The claim with this id, if it is `queue`'s and still held.
     pub fn claim(&self, queue: &str, id: &str) -> Option<Claim> {
-        self.claims
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(id)
-            .filter(|c| c.queue == queue)
-            .cloned()
+        self.claims.locked().get(id).filter(|c| c.queue == queue).cloned()
     }
 
     /// Remembers that the claim `id` (held as `claim`) was acknowledged or given back.
@@ -409,21 +402,18 @@ impl Queues {
             acked,
             owner: claim.owner.clone(),
         };
-        self.settled
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(id.to_string(), settled);
+        self.settled.locked().insert(id.to_string(), settled);
     }
 
     /// How the claim `id` of `queue` was settled, if this instance remembers.
     pub fn settled(&self, queue: &str, id: &str) -> Option<Settled> {
-        let settled = self.settled.lock().unwrap_or_else(|e| e.into_inner());
+        let settled = self.settled.locked();
         settled.get(id).filter(|s| s.queue == queue).cloned()
     }
 
     /// Forgets a claim (acknowledged, given back or expired).
     pub fn forget(&self, id: &str) -> Option<Claim> {
-        let claim = self.claims.lock().unwrap_or_else(|e| e.into_inner()).remove(id);
+        let claim = self.claims.locked().remove(id);
         if let Some(claim) = &claim {
             claim.expire.cancel();
         }

@@ -39,6 +39,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::{Notify, mpsc, oneshot};
 
 use super::{ItemName, QueuePaths, parse_name};
+use crate::locked::Locked;
 use crate::zk::recursive::{Change, Follower};
 use crate::zk::retry_on_loss;
 use crate::zk::session::ZkSession;
@@ -237,7 +238,7 @@ impl Shelf {
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.locked()
     }
 
     /// Whether the first listing is in.
@@ -413,12 +414,12 @@ impl Shelves {
 
     /// How many shelves exist now (with takers or lingering).
     pub fn count(&self) -> usize {
-        self.all.lock().unwrap_or_else(|e| e.into_inner()).len()
+        self.all.locked().len()
     }
 
     /// The shelf of `queue`, counting the caller in as a taker; started if none is kept.
     pub fn using(&self, queue: &str, paths: &QueuePaths) -> Using {
-        let mut all = self.all.lock().unwrap_or_else(|e| e.into_inner());
+        let mut all = self.all.locked();
         if let Some(shelf) = all.get(queue) {
             // Counted under the map's lock, which the task takes to end: it never ends with a
             // taker counted in.
@@ -441,7 +442,7 @@ impl Shelves {
 
     /// Removes `shelf` if it is still `queue`'s and nobody uses it; `true` if removed.
     fn end(&self, queue: &str, shelf: &Arc<Shelf>) -> bool {
-        let mut all = self.all.lock().unwrap_or_else(|e| e.into_inner());
+        let mut all = self.all.locked();
         if shelf.takers.load(Ordering::SeqCst) != 0 {
             return false;
         }
