@@ -127,20 +127,94 @@ fn code_lines(text: &str) -> Vec<(usize, String)> {
         .collect()
 }
 
-/// The top-level modules a line names through `crate::`.
-fn named_modules(line: &str) -> Vec<String> {
-    let mut named = Vec::new();
-    let mut rest = line;
-    while let Some(at) = rest.find("crate::") {
-        rest = &rest[at + "crate::".len()..];
-        if let Some(group) = rest.strip_prefix('{') {
-            let inner = group.split('}').next().unwrap_or_default();
-            for item in inner.split(',') {
-                named.push(item.trim().split("::").next().unwrap_or_default().to_string());
-            }
+/// The code of a file as [code_lines] has it, with each `use` declaration joined into one
+/// entry (at its first line): rustfmt splits a long group over several lines.
+fn statements(text: &str) -> Vec<(usize, String)> {
+    let mut out: Vec<(usize, String)> = Vec::new();
+    let mut open_use = false;
+    for (line_no, line) in code_lines(text) {
+        if open_use && let Some((_, statement)) = out.last_mut() {
+            statement.push_str(&line);
         } else {
-            let name: String = rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
-            named.push(name);
+            out.push((line_no, line.clone()));
+            open_use = is_use(&line);
+        }
+        if open_use && line.ends_with(';') {
+            open_use = false;
+        }
+    }
+    out
+}
+
+fn is_use(line: &str) -> bool {
+    let line = line
+        .strip_prefix("pub(crate) ")
+        .or_else(|| line.strip_prefix("pub "))
+        .unwrap_or(line);
+    line.starts_with("use ")
+}
+
+/// Every path a `use` tree names, its groups expanded: `crate::{a::{b, c}, d}` names
+/// `crate::a::b`, `crate::a::c` and `crate::d` (whitespace dropped: an `as` alias runs into
+/// its path's last segment, which no check reads).
+fn use_paths(tree: &str) -> Vec<String> {
+    fn expand(prefix: &str, tree: &str, out: &mut Vec<String>) {
+        let tree: String = tree.chars().filter(|c| !c.is_whitespace()).collect();
+        match (tree.find('{'), tree.rfind('}')) {
+            (Some(open), Some(close)) if open < close => {
+                let head = format!("{prefix}{}", &tree[..open]);
+                let mut depth = 0;
+                let mut start = open + 1;
+                for (at, c) in tree[..close].char_indices().skip(open + 1) {
+                    match c {
+                        '{' => depth += 1,
+                        '}' => depth -= 1,
+                        ',' if depth == 0 => {
+                            expand(&head, &tree[start..at], out);
+                            start = at + 1;
+                        }
+                        _ => {}
+                    }
+                }
+                expand(&head, &tree[start..close], out);
+            }
+            _ if !tree.is_empty() => out.push(format!("{prefix}{tree}")),
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    expand("", tree, &mut out);
+    out
+}
+
+/// The top-level modules a statement names through `crate::`: every path of a `use` tree, and
+/// any `crate::` path in other code.
+fn named_modules(statement: &str) -> Vec<String> {
+    let first = |path: &str| {
+        let name: String = path.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+        name
+    };
+    let mut named = Vec::new();
+    if is_use(statement) {
+        let tree = statement
+            .split_once("use ")
+            .map_or("", |(_, tree)| tree)
+            .trim_end_matches(';');
+        for path in use_paths(tree) {
+            if let Some(rest) = path.strip_prefix("crate::") {
+                named.push(first(rest));
+            }
+        }
+    } else {
+        let mut rest = statement;
+        while let Some(at) = rest.find("crate::") {
+            rest = &rest[at + "crate::".len()..];
+            if let Some(group) = rest.strip_prefix('{') {
+                let inner = group.split('}').next().unwrap_or_default();
+                named.extend(inner.split(',').map(|item| first(item.trim())));
+            } else {
+                named.push(first(rest));
+            }
         }
     }
     named.retain(|n| !n.is_empty());
@@ -174,7 +248,7 @@ fn every_module_names_only_lower_layers() {
     let mut wrong = Vec::new();
     for (module, path, text) in each_file() {
         let own = layer(&module);
-        for (line_no, line) in code_lines(&text) {
+        for (line_no, line) in statements(&text) {
             for named in named_modules(&line) {
                 let allowed = match LAYERS.iter().find(|(name, _)| *name == named) {
                     Some(_) if named == module => true,
@@ -201,7 +275,7 @@ fn only_zk_and_recipes_talk_to_zookeeper() {
         if !NO_ZOOKEEPER.contains(&module.as_str()) {
             continue;
         }
-        for (line_no, line) in code_lines(&text) {
+        for (line_no, line) in statements(&text) {
             let request = REQUESTS.iter().find(|r| line.contains(*r));
             // `Leases::create`, `BoundNodes::delete` ... are not ZooKeeper's: only calls on a
             // client count, which these modules never hold.
@@ -235,4 +309,18 @@ fn every_module_is_in_a_layer() {
     for module in modules.keys() {
         layer(module);
     }
+}
+
+#[test]
+fn use_trees_are_read_whole() {
+    assert_eq!(
+        use_paths("crate::{a::{b, c}, d::e}"),
+        ["crate::a::b", "crate::a::c", "crate::d::e"]
+    );
+    let text =
+        "use crate::{\n    http::thing,\n    zk::{\n        Client,\n    },\n};\nfn f() { crate::lease::x(); }\n";
+    let statements = statements(text);
+    assert_eq!(statements.len(), 2, "{statements:?}");
+    assert_eq!(named_modules(&statements[0].1), ["http", "zk"]);
+    assert_eq!(named_modules(&statements[1].1), ["lease"]);
 }
