@@ -1,6 +1,9 @@
 //! What the lock-like resources share over HTTP (exclusive locks, read/write locks, elections,
 //! semaphores): the long-poll acquire and how its outcome maps to a status, the waiter limits,
 //! the handle views and their long polls, the release, and revocation.
+//!
+//! Over 600 lines: the long-poll acquire, handle views and releases of four kinds; the hand list
+//! of registries here goes with issue 31's driver trait, then views and releases split off.
 
 use std::future::Future;
 use std::sync::Arc;

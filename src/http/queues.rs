@@ -1,6 +1,9 @@
 //! `/v1/queues`: durable queues and priority queues: put (idempotent with a key, bounded),
 //! take at least once (claim, ack, nack, ack deadline, dead letters) or at most once, long
 //! polls, depth and peek.
+//!
+//! Over 600 lines: every queue route with its request and answer types (their spec is generated
+//! from them); issue 31 splits puts, takes and claims into files of their own.
 
 use std::time::Duration;
 
