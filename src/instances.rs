@@ -153,7 +153,7 @@ impl Instances {
             return;
         };
         let path = format!("{}/{}", self.dir, me.id);
-        if let Err(err) = registry::deregister(&session.client, &path).await {
+        if let Err(err) = registry::deregister(session.client(), &path).await {
             tracing::warn!(error = %err, "could not remove this instance's registration");
         }
     }
@@ -163,7 +163,13 @@ impl Instances {
     /// # Notable errors
     /// * Connection loss and the like when ZooKeeper cannot be asked.
     pub async fn url_of(&self, instance: &str) -> Result<Peer, ZkError> {
-        let client = self.zk.connected().await.map_err(|_| ZkError::ConnectionLoss)?.client;
+        let client = self
+            .zk
+            .connected()
+            .await
+            .map_err(|_| ZkError::ConnectionLoss)?
+            .client()
+            .clone();
         let path = format!("{}/{instance}", self.dir);
         let Some((data, owner)) = registry::read(&client, &path).await? else {
             return Ok(Peer::Gone);

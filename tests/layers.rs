@@ -63,6 +63,48 @@ const NO_ZOOKEEPER: &[&str] = &[
     "ws",
 ];
 
+/// The edges: they hand a recipe the whole session (`crate::zk::Session`) and answer what it
+/// returns (`crate::zk::Failure` and the recipes' own errors); ZooKeeper's client and its errors
+/// are the business of `zk/` and `recipes/`.
+const EDGES: &[&str] = &["http", "ws", "runner"];
+
+/// What an edge's statement says of ZooKeeper's client, if it names the client, its errors or
+/// its crate, or asks a session for its client.
+fn names_the_client(statement: &str) -> Option<&'static str> {
+    if statement.contains("zookeeper_client") {
+        return Some("the zookeeper_client crate");
+    }
+    if statement.contains(".client()") {
+        return Some("a session's client");
+    }
+    let words = |s: &str| -> Vec<String> {
+        s.split(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':'))
+            .map(str::to_string)
+            .collect()
+    };
+    let mut paths: Vec<String> = if is_use(statement) {
+        let tree = statement
+            .split_once("use ")
+            .map_or("", |(_, t)| t)
+            .trim_end_matches(';');
+        use_paths(tree)
+    } else {
+        words(statement)
+    };
+    paths.retain(|p| p.starts_with("crate::zk::") || p.starts_with("zk::") || p.starts_with("super::"));
+    let idents = statement.split(|c: char| !(c.is_alphanumeric() || c == '_'));
+    if idents.into_iter().any(|w| w == "ZkError") {
+        return Some("ZooKeeper's errors");
+    }
+    if paths
+        .iter()
+        .any(|p| p.ends_with("zk::Client") || p.contains("zk::Clientas"))
+    {
+        return Some("ZooKeeper's client");
+    }
+    None
+}
+
 /// zookeeper-client's request methods (and zkgate's retrying helper around them).
 const REQUESTS: &[&str] = &[
     ".create(",
@@ -288,7 +330,7 @@ fn only_zk_and_recipes_talk_to_zookeeper() {
                     path.display()
                 ));
             }
-            if line.contains("zookeeper_client::") && !line.contains("zookeeper_client::Error") {
+            if line.contains("zookeeper_client") {
                 wrong.push(format!(
                     "{}:{line_no}: `{module}` uses zookeeper_client: {line}",
                     path.display()
@@ -301,6 +343,57 @@ fn only_zk_and_recipes_talk_to_zookeeper() {
         "ZooKeeper outside zk/ and recipes/:\n{}",
         wrong.join("\n")
     );
+}
+
+#[test]
+fn the_edges_hand_recipes_a_session_and_never_touch_its_client() {
+    let mut wrong = Vec::new();
+    for (module, path, text) in each_file() {
+        if !EDGES.contains(&module.as_str()) {
+            continue;
+        }
+        for (line_no, line) in statements(&text) {
+            if let Some(what) = names_the_client(&line) {
+                wrong.push(format!("{}:{line_no}: `{module}` names {what}: {line}", path.display()));
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "an edge reaching past the recipes:\n{}",
+        wrong.join("\n")
+    );
+}
+
+#[test]
+fn the_client_check_sees_every_way_of_naming_it() {
+    for text in [
+        "use crate::zk::{\n    Session,\n    Client,\n};\n",
+        "use crate::zk::ZkError;\n",
+        "use crate::zk::{Client as Zk, Session};\n",
+        "fn f(c: &crate::zk::Client) {}\n",
+        "fn f(e: crate::zk::ZkError) {}\n",
+        "let client = session.client();\n",
+        "use zookeeper_client::Error;\n",
+        "Err(ZkError::NodeExists) => {}\n",
+    ] {
+        let statements = statements(text);
+        assert!(
+            statements.iter().any(|(_, s)| names_the_client(s).is_some()),
+            "not caught: {text:?}"
+        );
+    }
+    for text in [
+        "use crate::zk::{Failure, Session};\n",
+        "let session = state.zk().connected().await?;\n",
+        "let http = reqwest::Client::new();\n",
+    ] {
+        let statements = statements(text);
+        assert!(
+            statements.iter().all(|(_, s)| names_the_client(s).is_none()),
+            "wrongly caught: {text:?}"
+        );
+    }
 }
 
 #[test]

@@ -286,7 +286,7 @@ async fn a_registration_replaced_by_another_session_is_made_again() {
         .zk()
         .current()
         .expect("session")
-        .client
+        .client()
         .session_id()
         .0;
     let other = zk_client(&zk.connect_string()).await;

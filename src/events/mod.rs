@@ -32,7 +32,7 @@ use crate::locked::Locked;
 use crate::recipes::lease::{EndReason, Lease, LeaseError};
 use crate::recipes::topic::{EventKind, Source};
 use crate::zk::recursive::Change;
-use crate::zk::session::{Connection, Status, ZkSession};
+use crate::zk::session::{Status, ZkSession};
 use crate::zk::watch::{ExistsWatches, Mode};
 
 /// Most bytes (as JSON) of the recent events a topic keeps, for subscribers that have not taken
@@ -512,11 +512,7 @@ impl Recoveries {
             }
             let (generation, connects, connected) = {
                 let s = self.status.borrow_and_update();
-                (
-                    s.generation,
-                    s.connects,
-                    s.client.is_some() && s.connection == Connection::Connected,
-                )
+                (s.generation, s.connects, s.is_connected())
             };
             if !connected || connects == self.connects {
                 continue;
@@ -737,7 +733,7 @@ async fn read_until_done<S: Source>(publisher: &Publisher, source: &S, synced: b
     loop {
         if let Ok(session) = publisher.events.zk.connected().await
             && (!synced || session.sync().await.is_ok())
-            && let Ok(state) = source.read(&session.client).await
+            && let Ok(state) = source.read(&session).await
         {
             return Some(state);
         }

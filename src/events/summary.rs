@@ -120,12 +120,12 @@ async fn measure_now(
     let session = publisher.zk().connected().await?;
     if rescan.is_some() {
         session.sync().await?;
-        let all = names(&session.client, base).await?;
-        tallies.reset(measure(&session.client, kind, base, all).await?, crate::time::now_ms());
+        let all = names(session.client(), base).await?;
+        tallies.reset(measure(session.client(), kind, base, all).await?, crate::time::now_ms());
     } else {
         let dirty = dirty.iter().cloned().collect();
         tallies.update(
-            measure(&session.client, kind, base, dirty).await?,
+            measure(session.client(), kind, base, dirty).await?,
             crate::time::now_ms(),
         );
     }

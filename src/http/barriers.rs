@@ -88,12 +88,12 @@ pub async fn raise(
     let body = body.unwrap_or_default();
     let path = state.barriers.dir(&name);
     // The answer is the barrier as the session that raised it sees it, which is sure to see it.
-    let (created, client) = if body.lease.is_none() && body.ttl.is_none() {
-        let client = state.zk().connected().await?.client;
-        (barrier::raise(&client, &path).await?, client)
+    let (created, session) = if body.lease.is_none() && body.ttl.is_none() {
+        let session = state.zk().connected().await?;
+        (barrier::raise(&session, &path).await?, session)
     } else {
         let (lease, _) = lease_for(&state, &caller, body.lease, body.ttl.map(|t| t.0)).await?;
-        let client = lease.session().await?;
+        let session = lease.session().await?;
         let data = bound::owner_record(&lease);
         let created = match state.barriers.bind(&lease, &name, &name, path, data, None).await {
             Ok(_) => true,
@@ -101,10 +101,10 @@ pub async fn raise(
             Err(BindError::LeaseEnded) => return Err(lease_gone(&state, &lease)),
             Err(BindError::ZooKeeper(err)) => return Err(err.into()),
         };
-        (created, client)
+        (created, session)
     };
     let status = if created { StatusCode::CREATED } else { StatusCode::OK };
-    Ok((status, Json(source(&state, &name).read(&client).await?)).into_response())
+    Ok((status, Json(source(&state, &name).read(&session).await?)).into_response())
 }
 
 /// Lowers a barrier, releasing every waiter. A barrier bound to a lease is lowered only by the
@@ -121,11 +121,11 @@ pub async fn lower(
     ApiPath(name): ApiPath<String>,
 ) -> Result<StatusCode, ApiError> {
     check_name(&name)?;
-    let client = super::consistency::synced(&state).await?;
+    let session = super::consistency::synced(&state).await?;
     let path = state.barriers.dir(&name);
     let root = &state.config.root;
     let owner = bound::check_owner(
-        &client,
+        &session,
         root,
         Kind::Barrier,
         &path,
@@ -141,10 +141,10 @@ pub async fn lower(
     }
     // Bound to a lease kept elsewhere (or moved there while released here): released with its
     // reference, through ZooKeeper.
-    if owner.is_some() && bound::release_recorded(&client, root, Kind::Barrier, (&name, &name), &path).await? {
+    if owner.is_some() && bound::release_recorded(&session, root, Kind::Barrier, (&name, &name), &path).await? {
         return Ok(StatusCode::NO_CONTENT);
     }
-    if barrier::lower(&client, &path).await? {
+    if barrier::lower(&session, &path).await? {
         Ok(StatusCode::NO_CONTENT)
     } else {
         Err(ApiError::not_found("barrier", format!("barrier `{name}` is not up")))

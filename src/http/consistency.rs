@@ -23,7 +23,7 @@
 //! - topics after their first read: a watch event and the read after it come in the order the
 //!   server applied them.
 
-use crate::zk::Client;
+use crate::zk::Session;
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
 use serde::Deserialize;
@@ -81,19 +81,19 @@ impl<S: Send + Sync> FromRequestParts<S> for Consistency {
     }
 }
 
-/// The client to read with at `consistency`: the primary session's, synced first when the
-/// read must be linearizable.
-pub async fn reader(state: &AppState, consistency: Consistency) -> Result<Client, ApiError> {
+/// The session to read with at `consistency`: the primary one, synced first when the read
+/// must be linearizable.
+pub async fn reader(state: &AppState, consistency: Consistency) -> Result<Session, ApiError> {
     let session = state.zk().current()?;
     if consistency == Consistency::Linearizable {
         session.sync().await?;
     }
-    Ok(session.client)
+    Ok(session)
 }
 
 /// The primary session after a `sync`: for a write that acts on what another instance may have
 /// just written (a release of a handle acquired through it), which must see it.
-pub async fn synced(state: &AppState) -> Result<Client, ApiError> {
+pub async fn synced(state: &AppState) -> Result<Session, ApiError> {
     reader(state, Consistency::Linearizable).await
 }
 

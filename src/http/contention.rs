@@ -26,6 +26,7 @@ use crate::recipes::lease::{EndReason, Lease};
 use crate::recipes::revocation::{self, Revocation, RevokeError};
 use crate::recipes::semaphore;
 use crate::time::{HumanDuration, at_most, timestamp};
+use crate::zk::Session;
 
 /// How long an acquire waits for ZooKeeper to create the contender and answer the first
 /// listing when the caller's own wait is shorter (a try-lock still needs that round trip).
@@ -177,8 +178,8 @@ where
     let handle = match handle.state().phase {
         Phase::Pending => handle,
         _ => {
-            let client = super::consistency::reader(state, super::consistency::Consistency::Linearizable).await?;
-            match still_referenced(handles, &client, &handle).await? {
+            let session = super::consistency::reader(state, super::consistency::Consistency::Linearizable).await?;
+            match still_referenced(handles, &session, &handle).await? {
                 true => handle,
                 false => {
                     handles.release(&handle).await;
@@ -389,7 +390,7 @@ pub enum Found<P: Protocol> {
 /// neither has it, 410 if it was lost here.
 pub async fn find_handle<P: Protocol>(
     handles: &Handles<P>,
-    client: &crate::zk::Client,
+    session: &Session,
     caller: &Caller,
     name: &str,
     handle: &str,
@@ -398,7 +399,7 @@ pub async fn find_handle<P: Protocol>(
     let what = handles.kind().name();
     if let Some(found) = handles.serving(name, handle) {
         found.lease.check_owner(caller)?;
-        if still_referenced(handles, client, &found).await? {
+        if still_referenced(handles, session, &found).await? {
             return Ok(Found::Here(found));
         }
     }
@@ -413,7 +414,7 @@ pub async fn find_handle<P: Protocol>(
         )
         .with("reason", lost.reason));
     }
-    let Some(recorded) = lookup(client, handles, name, handle).await? else {
+    let Some(recorded) = lookup(session, handles, name, handle).await? else {
         return Err(ApiError::not_found(
             "handle",
             format!("no handle `{handle}` for {what} `{name}` (released, or lost with its lease or its node)"),
@@ -432,13 +433,13 @@ pub async fn find_handle<P: Protocol>(
 /// handle keeps its reference (until released), and a pending one may not have it yet.
 async fn still_referenced<P: Protocol>(
     handles: &Handles<P>,
-    client: &crate::zk::Client,
+    session: &Session,
     handle: &Arc<Handle<P>>,
 ) -> Result<bool, ApiError> {
     if matches!(handle.state().phase, Phase::Pending | Phase::Lost { .. }) {
         return Ok(true);
     }
-    if contender::exists(client, &handle.reference()).await? {
+    if contender::exists(session, &handle.reference()).await? {
         return Ok(true);
     }
     tracing::debug!(handle = %handle.id, lease = %handle.lease.id, "handle let go: its reference is gone (released through another instance)");
@@ -449,15 +450,15 @@ async fn still_referenced<P: Protocol>(
 
 /// The handle as ZooKeeper has it: a semaphore's permit request, or a contender.
 async fn lookup<P: Protocol>(
-    client: &crate::zk::Client,
+    session: &Session,
     handles: &Handles<P>,
     name: &str,
     handle: &str,
-) -> Result<Option<Recorded>, crate::zk::ZkError> {
+) -> Result<Option<Recorded>, crate::zk::Failure> {
     let dir = handles.dir(name);
     match handles.kind() {
-        Kind::Semaphore => semaphore::recorded(client, &dir, name, handle).await,
-        kind => contender::recorded(client, kind, &dir, name, handle).await,
+        Kind::Semaphore => semaphore::recorded(session, &dir, name, handle).await,
+        kind => contender::recorded(session, kind, &dir, name, handle).await,
     }
 }
 
@@ -564,8 +565,8 @@ pub async fn get_handle(
     query: HandleQuery,
     consistency: super::consistency::Consistency,
 ) -> Result<Seen, ApiError> {
-    let client = super::consistency::reader(state, consistency).await?;
-    match find_handle(handles, &client, caller, name, handle).await? {
+    let session = super::consistency::reader(state, consistency).await?;
+    match find_handle(handles, &session, caller, name, handle).await? {
         Found::Here(contender) => {
             wait_for_news(state, &contender, query.wait).await;
             // A handle whose lease ended here says so itself; one whose lease is still kept
@@ -577,7 +578,7 @@ pub async fn get_handle(
             if confirmed {
                 return Ok(Seen::here(state, &contender).await);
             }
-            match lookup(&client, handles, name, handle).await? {
+            match lookup(&session, handles, name, handle).await? {
                 Some(recorded) => Ok(Seen::there(&recorded)),
                 None => Err(ApiError::not_found(
                     "handle",
@@ -586,7 +587,7 @@ pub async fn get_handle(
             }
         }
         Found::There(recorded) => {
-            let recorded = await_news_there(state, &client, handles, recorded, query.wait).await?;
+            let recorded = await_news_there(state, &session, handles, recorded, query.wait).await?;
             Ok(Seen::there(&recorded))
         }
     }
@@ -595,8 +596,8 @@ pub async fn get_handle(
 /// When the lease holding `handle` was granted, for a waiting contender: read afresh on the
 /// primary session.
 pub async fn fresh_position(state: &AppState, contender: &Contender) -> Option<usize> {
-    let client = state.zk().current().ok()?.client;
-    position_now(&client, contender).await
+    let session = state.zk().current().ok()?;
+    position_now(&session, contender).await
 }
 
 /// When a phase began holding.
@@ -632,8 +633,8 @@ pub async fn release_by_id<P: Protocol>(
     let unsynced = super::consistency::reader(state, super::consistency::Consistency::Sequential).await?;
     let found = match find_handle(handles, &unsynced, caller, name, handle).await {
         Err(error) if error.status() == StatusCode::NOT_FOUND => {
-            let client = super::consistency::synced(state).await?;
-            find_handle(handles, &client, caller, name, handle).await?
+            let session = super::consistency::synced(state).await?;
+            find_handle(handles, &session, caller, name, handle).await?
         }
         found => found?,
     };
@@ -655,8 +656,8 @@ pub async fn release<P: Protocol>(
     let handle = match found {
         Found::Here(handle) => handle,
         Found::There(recorded) => {
-            let client = super::consistency::synced(state).await?;
-            contender::release_recorded(&client, &state.config.root, &recorded).await?;
+            let session = super::consistency::synced(state).await?;
+            contender::release_recorded(&session, &state.config.root, &recorded).await?;
             return Ok(StatusCode::NO_CONTENT);
         }
     };
@@ -666,9 +667,9 @@ pub async fn release<P: Protocol>(
         // without deleting (it no longer acts for the lease). Released through ZooKeeper, as
         // any instance that does not keep the lease does.
         Phase::Moved => {
-            let client = super::consistency::synced(state).await?;
-            if let Some(recorded) = lookup(&client, handles, &handle.name, &handle.id).await? {
-                contender::release_recorded(&client, &state.config.root, &recorded).await?;
+            let session = super::consistency::synced(state).await?;
+            if let Some(recorded) = lookup(&session, handles, &handle.name, &handle.id).await? {
+                contender::release_recorded(&session, &state.config.root, &recorded).await?;
             }
             Ok(StatusCode::NO_CONTENT)
         }
@@ -712,7 +713,7 @@ pub async fn wait_for_news<P: Protocol>(state: &AppState, handle: &Handle<P>, wa
 /// (released, or lost).
 pub async fn await_news_there<P: Protocol>(
     state: &AppState,
-    client: &crate::zk::Client,
+    session: &Session,
     handles: &Handles<P>,
     recorded: Recorded,
     wait: Option<HumanDuration>,
@@ -726,8 +727,8 @@ pub async fn await_news_there<P: Protocol>(
         if news || tokio::time::Instant::now() >= until {
             return Ok(current);
         }
-        contender::await_change(client, &current, until).await?;
-        current = match lookup(client, handles, &current.name, &current.handle).await? {
+        contender::await_change(session, &current, until).await?;
+        current = match lookup(session, handles, &current.name, &current.handle).await? {
             Some(now) => now,
             None => {
                 return Err(ApiError::new(
@@ -798,7 +799,7 @@ pub async fn revoke(
         Some(grace) => Some(at_most(grace.0, MAX_GRACE).map_err(|e| ApiError::invalid(Place::Body, "grace", e))?),
         None => None,
     };
-    let client = state.zk().connected().await?.client;
+    let session = state.zk().connected().await?;
     let request = revocation::Request {
         kind: registry.kind(),
         name,
@@ -810,7 +811,7 @@ pub async fn revoke(
         role_of,
     };
     let audit_base = format!("{}/revocations", state.config.root);
-    let revocations = revocation::revoke(&client, &audit_base, request, caller)
+    let revocations = revocation::revoke(&session, &audit_base, request, caller)
         .await
         .map_err(|err| match err {
             RevokeError::NoSuchNode => ApiError::not_found(
@@ -862,8 +863,8 @@ pub async fn check_fencing(
             ),
         )
     })?;
-    let client = super::consistency::reader(state, consistency).await?;
-    match crate::recipes::view::check_fencing(&client, &dir, holding, token).await? {
+    let session = super::consistency::reader(state, consistency).await?;
+    match crate::recipes::view::check_fencing(&session, &dir, holding, token).await? {
         Fencing::Holds => Ok(Json(FencingCheck {
             name: name.to_string(),
             token,

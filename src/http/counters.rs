@@ -189,9 +189,9 @@ pub async fn add(
             format!("must not be above `max` ({min} > {max})"),
         ));
     }
-    let client = state.zk().connected().await?.client;
+    let session = state.zk().connected().await?;
     let path = Kind::Counter.path(&state.config.root, &name);
-    let added = counter::add(&client, &path, delta, bounds)
+    let added = counter::add(&session, &path, delta, bounds)
         .await
         .map_err(|e| counter_error(&name, e))?;
     let m = crate::metrics::get();
@@ -234,9 +234,9 @@ pub async fn set(
 ) -> Result<Response, ApiError> {
     check_name(&name)?;
     let condition = write_condition(&headers)?;
-    let client = state.zk().connected().await?.client;
+    let session = state.zk().connected().await?;
     let path = Kind::Counter.path(&state.config.root, &name);
-    let (stat, created) = counter::set(&client, &path, body.value, condition)
+    let (stat, created) = counter::set(&session, &path, body.value, condition)
         .await
         .map_err(|e| counter_error(&name, e))?;
     let m = crate::metrics::get();
@@ -265,9 +265,9 @@ pub async fn delete(
         Some(Tag::Version(v)) => Condition::Version(v),
         Some(Tag::Any) | None => Condition::Any,
     };
-    let client = state.zk().connected().await?.client;
+    let session = state.zk().connected().await?;
     let path = Kind::Counter.path(&state.config.root, &name);
-    counter::delete(&client, &path, condition)
+    counter::delete(&session, &path, condition)
         .await
         .map_err(|e| counter_error(&name, e))?;
     let m = crate::metrics::get();

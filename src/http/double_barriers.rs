@@ -23,6 +23,7 @@ use crate::recipes::Settle;
 use crate::recipes::bound::{self, BindError, BoundNode};
 use crate::recipes::double_barrier::{self, DoubleBarrierState, DoubleBarrierTopic, READY};
 use crate::time::HumanDuration;
+use crate::zk::Session;
 use crate::zk::names::validate_name;
 
 /// The double barrier kind's module.
@@ -120,8 +121,8 @@ fn taken(name: &str, participant: &str) -> ApiError {
 }
 
 /// Records `size` in the barrier's znode (creating it); 409 if it records another size.
-async fn settle_size(client: &crate::zk::Client, dir: &str, name: &str, size: u32) -> Result<(), ApiError> {
-    match double_barrier::settle_size(client, dir, size).await {
+async fn settle_size(session: &Session, dir: &str, name: &str, size: u32) -> Result<(), ApiError> {
+    match double_barrier::settle_size(session, dir, size).await {
         Ok(()) => Ok(()),
         Err(Settle::Mismatch(n)) => Err(ApiError::new(
             Problem::SizeMismatch,
@@ -139,27 +140,27 @@ async fn participant(
     caller: &Caller,
     name: &str,
     body: &EnterBody,
-) -> Result<(std::sync::Arc<BoundNode>, crate::zk::Client), ApiError> {
+) -> Result<(std::sync::Arc<BoundNode>, Session), ApiError> {
     let dir = state.double_barriers.dir(name);
     match state.double_barriers.get(name, &body.participant) {
         Some(node) if Some(node.lease.id.as_str()) == body.lease.as_deref() => {
             node.lease.check_owner(caller)?;
-            let client = node.lease.session().await?;
-            settle_size(&client, &dir, name, body.size).await?;
-            Ok((node, client))
+            let session = node.lease.session().await?;
+            settle_size(&session, &dir, name, body.size).await?;
+            Ok((node, session))
         }
         Some(_) => Err(taken(name, &body.participant)),
         None => {
             let (lease, _) = lease_for(state, caller, body.lease.clone(), body.ttl.map(|t| t.0)).await?;
-            let client = lease.session().await?;
-            settle_size(&client, &dir, name, body.size).await?;
+            let session = lease.session().await?;
+            settle_size(&session, &dir, name, body.size).await?;
             let path = format!("{dir}/{}", body.participant);
             match state
                 .double_barriers
                 .bind(&lease, name, &body.participant, path, bound::owner_record(&lease), None)
                 .await
             {
-                Ok(node) => Ok((node, client)),
+                Ok(node) => Ok((node, session)),
                 Err(BindError::Taken) => Err(taken(name, &body.participant)),
                 Err(BindError::LeaseEnded) => Err(lease_gone(state, &lease)),
                 Err(BindError::ZooKeeper(err)) => Err(err.into()),
@@ -194,10 +195,10 @@ pub async fn enter(
     let deadline = Instant::now() + state.config.wait(query.wait.map(|w| w.0));
     // Everything from here on the lease's own session: the count of who is inside must include
     // our own node, which only the session that created it is sure to see at once.
-    let (node, client) = participant(&state, &caller, &name, &body).await?;
+    let (node, session) = participant(&state, &caller, &name, &body).await?;
     let dir = state.double_barriers.dir(&name);
-    let passed = double_barrier::enter(&client, &state.barrier_watches, &dir, body.size, deadline).await?;
-    let inside = double_barrier::participants(&client, &dir).await?.len();
+    let passed = double_barrier::enter(&session, &state.barrier_watches, &dir, body.size, deadline).await?;
+    let inside = double_barrier::participants(&session, &dir).await?.len();
     let passage = Passage {
         barrier: name,
         participant: body.participant,
@@ -237,12 +238,12 @@ pub async fn leave(
     let path = format!("{}/{}", nodes.dir(&name), body.participant);
     bound::check_owner(&any, &state.config.root, Kind::DoubleBarrier, &path, &caller, &what).await?;
     // On the participant's own session if it entered here, which sees its own removal at once.
-    let client = match nodes.get(&name, &body.participant) {
+    let session = match nodes.get(&name, &body.participant) {
         Some(node) => node.lease.session().await?,
         None => any,
     };
     let passed = double_barrier::leave(
-        &client,
+        &session,
         &state.barrier_watches,
         nodes,
         &name,
@@ -250,7 +251,7 @@ pub async fn leave(
         deadline,
     )
     .await?;
-    let inside = double_barrier::participants(&client, &nodes.dir(&name)).await?.len();
+    let inside = double_barrier::participants(&session, &nodes.dir(&name)).await?.len();
     let passage = Passage {
         barrier: name,
         participant: body.participant,

@@ -27,7 +27,7 @@ use crate::recipes::handle::Phase;
 use crate::recipes::lease::Lease;
 use crate::recipes::usage::Payer;
 use crate::time::{HumanDuration, timestamp};
-use zookeeper_client::Error as ZkError;
+use crate::zk::Failure;
 
 /// The election kind's module.
 pub const RESOURCE: Resource = Resource {
@@ -232,9 +232,9 @@ pub async fn proclaim(
     ApiJson(body): ApiJson<Proclamation>,
 ) -> Result<Json<LeaderView>, ApiError> {
     super::check_stored_size(&state, "proclaimed value", json_len(&body.value))?;
-    let client = super::consistency::synced(&state).await?;
+    let session = super::consistency::synced(&state).await?;
     // The leader's candidate node and when it began leading (known only to its keeper).
-    let (candidate, since) = match find_handle(&state.elections, &client, &caller, &name, &body.handle).await? {
+    let (candidate, since) = match find_handle(&state.elections, &session, &caller, &name, &body.handle).await? {
         Found::Here(contender) => {
             let current = contender.state();
             let (Phase::Held { since }, Some(node)) = (&current.phase, &current.node) else {
@@ -251,8 +251,8 @@ pub async fn proclaim(
         principal: caller.name(),
     };
     let size = json_len(&body.value);
-    let proclaimed = match election::proclaim(&client, &dir, &candidate, body.value, payer).await {
-        Err(ZkError::QuotaExceeded) => return Err(ApiError::quota(payer.exceeded(&client, size).await)),
+    let proclaimed = match election::proclaim(&session, &dir, &candidate, body.value, payer).await {
+        Err(Failure::QuotaFull) => return Err(ApiError::quota(payer.exceeded(&session, size).await)),
         proclaimed => proclaimed?,
     };
     let Some(ack) = proclaimed else {
@@ -327,8 +327,8 @@ pub async fn resign(
     caller: Caller,
     ApiPath((name, handle)): ApiPath<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
-    let client = super::consistency::synced(&state).await?;
-    let found = find_handle(&state.elections, &client, &caller, &name, &handle).await?;
+    let session = super::consistency::synced(&state).await?;
+    let found = find_handle(&state.elections, &session, &caller, &name, &handle).await?;
     contention::release(&state, &state.elections, found).await
 }
 

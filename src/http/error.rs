@@ -12,12 +12,12 @@
 
 use std::collections::BTreeMap;
 
+use crate::zk::Failure;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use serde_json::{Map, Value, json};
 use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
-use zookeeper_client::Error as ZkError;
 
 use crate::recipes::lease::LeaseError;
 use crate::zk::session::Unavailable;
@@ -419,29 +419,23 @@ impl ApiError {
     }
 }
 
-impl From<ZkError> for ApiError {
-    fn from(err: ZkError) -> ApiError {
+impl From<Failure> for ApiError {
+    fn from(err: Failure) -> ApiError {
         match err {
-            err if crate::zk::is_loss(&err) => ApiError::unavailable(format!("ZooKeeper did not answer: {err}")),
-            ZkError::Timeout
-            | ZkError::NoHosts
-            | ZkError::SessionExpired
-            | ZkError::ClientClosed
-            | ZkError::Throttled => ApiError::unavailable(format!("ZooKeeper did not answer: {err}")),
-            // zkgate's own session may not touch the znode: its ACL (set by a peer, or by an
-            // instance with another digest) leaves zkgate out. Not the client's doing, and not
-            // a bug in zkgate: say exactly that.
-            ZkError::NoAuth => ApiError::new(
+            Failure::Unanswered(_) => ApiError::unavailable(err.to_string()),
+            // Not the client's doing, and not a bug in zkgate: say exactly that.
+            Failure::Denied => ApiError::new(
                 Problem::ZookeeperRefused,
                 "ZooKeeper refuses zkgate's session access to this znode: its ACL leaves zkgate's identity out (see --zookeeper-auth)",
             ),
             // A write past a ZooKeeper quota that the handler did not name more precisely.
-            ZkError::QuotaExceeded => ApiError::new(
+            Failure::QuotaFull => ApiError::new(
                 Problem::QuotaExceeded,
                 "ZooKeeper refused the write: a quota on zkgate's znodes is full; delete something first",
             )
             .with("quota", "zookeeper"),
-            err => ApiError::new(Problem::Internal, format!("unexpected ZooKeeper error: {err}")),
+            // Where a taken name is the client's doing, its handler says so before this.
+            Failure::Taken | Failure::Unexpected(_) => ApiError::new(Problem::Internal, err.to_string()),
         }
     }
 }

@@ -24,8 +24,8 @@ use crate::recipes::handle::Phase;
 use crate::recipes::topic::Source;
 use crate::recipes::usage::ChargeError;
 use crate::time::{HumanDuration, timestamp};
+use crate::zk::Failure;
 use crate::zk::names::validate_name;
-use zookeeper_client::Error as ZkError;
 
 /// The group kind's module.
 pub const RESOURCE: Resource = Resource {
@@ -151,9 +151,9 @@ pub(super) async fn bind_charged(
     data: Vec<u8>,
 ) -> Result<std::sync::Arc<BoundNode>, Option<ApiError>> {
     let path = format!("{}/{id}", nodes.dir(name));
-    let client = state.zk().connected().await.map_err(|e| Some(e.into()))?.client;
+    let session = state.zk().connected().await.map_err(|e| Some(e.into()))?;
     let bytes = data.len();
-    let charge = match state.quotas.charge(&client, caller.name(), bytes).await {
+    let charge = match state.quotas.charge(&session, caller.name(), bytes).await {
         Ok(charge) => state.quotas.node(&charge, bytes),
         Err(ChargeError::Exceeded(exceeded)) => return Err(Some(ApiError::quota(exceeded))),
         Err(ChargeError::ZooKeeper(err)) => return Err(Some(err.into())),
@@ -162,8 +162,8 @@ pub(super) async fn bind_charged(
         Ok(node) => Ok(node),
         Err(BindError::Taken) => Err(None),
         Err(BindError::LeaseEnded) => Err(Some(lease_gone(state, lease))),
-        Err(BindError::ZooKeeper(ZkError::QuotaExceeded)) => Err(Some(ApiError::quota(
-            state.quotas.exceeded(&client, caller.name(), bytes).await,
+        Err(BindError::ZooKeeper(Failure::QuotaFull)) => Err(Some(ApiError::quota(
+            state.quotas.exceeded(&session, caller.name(), bytes).await,
         ))),
         Err(BindError::ZooKeeper(err)) => Err(Some(err.into())),
     }
@@ -229,13 +229,13 @@ pub(super) async fn unbind(
         // Its lease moved to another instance meanwhile: the task stopped without deleting;
         // released through ZooKeeper below.
     }
-    let client = super::consistency::synced(state).await?;
+    let session = super::consistency::synced(state).await?;
     let (root, kind) = (&state.config.root, nodes.kind());
-    let owner = bound::check_owner(&client, root, kind, path, caller, &format!("`{id}` of `{name}`")).await?;
+    let owner = bound::check_owner(&session, root, kind, path, caller, &format!("`{id}` of `{name}`")).await?;
     if owner.is_none() {
         return Err(gone());
     }
-    match bound::release_recorded(&client, root, kind, (name, id), path).await? {
+    match bound::release_recorded(&session, root, kind, (name, id), path).await? {
         true => Ok(StatusCode::NO_CONTENT),
         false => Err(gone()),
     }
@@ -257,15 +257,15 @@ pub async fn members(
     consistency: Consistency,
 ) -> Result<Json<GroupState>, ApiError> {
     names(&group, None)?;
-    let client = super::consistency::reader(&state, consistency).await?;
+    let session = super::consistency::reader(&state, consistency).await?;
     if let Some(wait) = query.wait {
         let wait = wait.0.min(state.config.max_wait);
         let dir = state.groups.dir(&group);
         // Without `index`, the wait is for the next change after the watch's first look.
-        let changed = group::wait_for_change(&client, &dir, query.index);
+        let changed = group::wait_for_change(&session, &dir, query.index);
         let _ = tokio::time::timeout(wait, changed).await;
     }
-    Ok(Json(source(&state, &group).read(&client).await?))
+    Ok(Json(source(&state, &group).read(&session).await?))
 }
 
 /// Lists the groups that exist in ZooKeeper, with their number of members.

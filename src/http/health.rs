@@ -61,7 +61,7 @@ fn health(state: &AppState, caller: &Caller, status: &'static str) -> Health {
         zookeeper: Some(ZooKeeperStatus {
             connection: zk.connection,
             servers: state.zk().hosts().to_string(),
-            session_id: zk.client.as_ref().map(|c| format!("{:#x}", c.session_id().0)),
+            session_id: zk.session_id().map(|id| format!("{id:#x}")),
             session_generation: zk.generation,
             sessions: state.lanes.all().len(),
             sessions_connected: state.lanes.all().iter().filter(|lane| lane.current().is_ok()).count(),
@@ -125,13 +125,13 @@ pub async fn metrics(State(state): State<AppState>) -> impl axum::response::Into
 async fn readings(state: &AppState) -> crate::metrics::Readings {
     let status = state.zk().status();
     let queues = match state.zk().current() {
-        Ok(session) => crate::recipes::queue::topic::counts(&session.client, state.queues.base())
+        Ok(session) => crate::recipes::queue::topic::counts(&session, state.queues.base())
             .await
             .ok(),
         Err(_) => None,
     };
     crate::metrics::Readings {
-        zookeeper_connected: status.client.is_some() && status.connection == Connection::Connected,
+        zookeeper_connected: status.is_connected(),
         session_generation: status.generation,
         connections: status.connects,
         leases: state.leases.count(),

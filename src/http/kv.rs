@@ -168,7 +168,7 @@ fn precondition_failed(key: &str, current: Option<i64>) -> ApiError {
         ReadQuery,
         ("If-None-Match" = Option<String>, Header, description = "An ETag: 304 if the value still has it (after waiting, with `wait`)")),
     responses(
-        (status = 200, description = "The value, with its `ETag`, in the `Content-Type` it was written with (a value written by another client comes as bytes)",
+        (status = 200, description = "The value, with its `ETag`, in the `Content-Type` it was written with (a value written by another session comes as bytes)",
             content((serde_json::Value = "application/json", example = json!({"dark_mode": true, "max_items": 50})),
                 (String = "text/plain", example = json!("maintenance at 22:00")),
                 (String = "application/octet-stream"))),
@@ -194,13 +194,13 @@ pub async fn get_value(
         }
         None => None,
     };
-    let client = super::consistency::reader(&state, consistency).await?;
+    let session = super::consistency::reader(&state, consistency).await?;
     let path = format!("{}/kv/{key}", state.config.root);
     if let (Some(version), Some(wait)) = (known, query.wait) {
         let wait = wait.0.min(state.config.max_wait);
-        let _ = tokio::time::timeout(wait, config::wait_change(&client, &path, version)).await;
+        let _ = tokio::time::timeout(wait, config::wait_change(&session, &path, version)).await;
     }
-    let Some(entry) = config::read(&client, &path).await? else {
+    let Some(entry) = config::read(&session, &path).await? else {
         return Err(ApiError::not_found("key", format!("no key `{key}`")));
     };
     let tag =
@@ -261,13 +261,13 @@ pub async fn put_value(
         return Err(ApiError::malformed_body(format!("the body is not valid JSON: {err}")));
     }
     super::check_stored_size(&state, "value", body.len())?;
-    let client = state.zk().connected().await?.client;
+    let session = state.zk().connected().await?;
     let path = format!("{}/kv/{key}", state.config.root);
     let payer = Payer {
         quotas: &state.quotas,
         principal: caller.name(),
     };
-    let (stat, created) = config::write(&client, &path, &body, condition, payer)
+    let (stat, created) = config::write(&session, &path, &body, condition, payer)
         .await
         .map_err(|e| write_error(&key, e))?;
     let tag = etag(stat.mzxid);
@@ -346,9 +346,9 @@ pub async fn delete_value(
         Some(Tag::Version(v)) => Condition::Version(v),
         Some(Tag::Any) | None => Condition::Any,
     };
-    let client = state.zk().connected().await?.client;
+    let session = state.zk().connected().await?;
     let path = format!("{}/kv/{key}", state.config.root);
-    config::delete(&client, &path, condition, &state.quotas)
+    config::delete(&session, &path, condition, &state.quotas)
         .await
         .map_err(|e| write_error(&key, e))?;
     Ok(StatusCode::NO_CONTENT)
@@ -374,8 +374,8 @@ pub async fn list_keys(
         check_key(&prefix).map_err(|_| ApiError::invalid(Place::Query, "prefix", "must be a valid key (`a/b`)"))?;
         format!("{}/kv/{prefix}", state.config.root)
     };
-    let client = super::consistency::reader(&state, consistency).await?;
-    match config::children(&client, &path).await? {
+    let session = super::consistency::reader(&state, consistency).await?;
+    match config::children(&session, &path).await? {
         Some(keys) => {
             // Only the keys the caller may read (a principal limited to `app/` lists with
             // `?prefix=app`).

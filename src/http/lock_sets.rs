@@ -31,6 +31,7 @@ use crate::recipes::contender::{Contender, Role};
 use crate::recipes::lease::{EndReason, Lease};
 use crate::recipes::multi_lock::{self, SetRecord, canonical_order};
 use crate::time::HumanDuration;
+use crate::zk::Session;
 
 /// Most locks in one set.
 pub const MAX_LOCKS: usize = 64;
@@ -226,14 +227,9 @@ pub async fn acquire_set(
 }
 
 /// The set `id` as ZooKeeper records it, if `caller` may use it; 404 otherwise.
-async fn find_set(
-    state: &AppState,
-    client: &crate::zk::Client,
-    caller: &Caller,
-    id: &str,
-) -> Result<SetRecord, ApiError> {
+async fn find_set(state: &AppState, session: &Session, caller: &Caller, id: &str) -> Result<SetRecord, ApiError> {
     crate::zk::names::validate_name(id).map_err(|e| ApiError::invalid(Place::Path, "set", e))?;
-    let set = multi_lock::read(client, &state.config.root, id)
+    let set = multi_lock::read(session, &state.config.root, id)
         .await?
         .ok_or_else(|| ApiError::not_found("lock set", format!("no lock set `{id}` (released, or its lease ended)")))?;
     caller.require_owner(set.principal.as_deref(), &format!("lock set `{id}`"))?;
@@ -253,8 +249,8 @@ pub async fn get_set(
     ApiPath(id): ApiPath<String>,
     consistency: Consistency,
 ) -> Result<Json<LockSetState>, ApiError> {
-    let client = super::consistency::reader(&state, consistency).await?;
-    let set = find_set(&state, &client, &caller, &id).await?;
+    let session = super::consistency::reader(&state, consistency).await?;
+    let set = find_set(&state, &session, &caller, &id).await?;
     let mut locks: Vec<HandleView> = Vec::with_capacity(set.locks.len());
     for member in &set.locks {
         let query = contention::HandleQuery { wait: None };
@@ -295,11 +291,11 @@ pub async fn release_set(
     caller: Caller,
     ApiPath(id): ApiPath<String>,
 ) -> Result<StatusCode, ApiError> {
-    let client = super::consistency::synced(&state).await?;
-    let set = find_set(&state, &client, &caller, &id).await?;
+    let session = super::consistency::synced(&state).await?;
+    let set = find_set(&state, &session, &caller, &id).await?;
     let mut lost = None;
     for member in set.locks.iter().rev() {
-        let released = match find_handle(&state.locks, &client, &caller, &member.lock, &member.handle).await {
+        let released = match find_handle(&state.locks, &session, &caller, &member.lock, &member.handle).await {
             Ok(found) => contention::release(&state, &state.locks, found).await.map(|_| ()),
             Err(err) => Err(err),
         };

@@ -277,8 +277,8 @@ pub async fn readable(
     kind: Kind,
     consistency: Consistency,
 ) -> Result<Vec<(String, i32)>, ApiError> {
-    let client = consistency::reader(state, consistency).await?;
-    let names = crate::recipes::read_names(&client, &kind.base(&state.config.root)).await?;
+    let session = consistency::reader(state, consistency).await?;
+    let names = crate::recipes::read_names(&session, &kind.base(&state.config.root)).await?;
     Ok(names
         .into_iter()
         .filter(|(name, _)| caller.may(kind.auth(), name, crate::auth::Access::Read))
@@ -306,8 +306,8 @@ pub async fn read<S: Source>(
     source: S,
     consistency: Consistency,
 ) -> Result<Json<S::State>, ApiError> {
-    let client = consistency::reader(state, consistency).await?;
-    Ok(Json(source.read(&client).await?))
+    let session = consistency::reader(state, consistency).await?;
+    Ok(Json(source.read(&session).await?))
 }
 
 /// What the spec says beyond each operation's own declaration: the guards' problems and

@@ -360,7 +360,7 @@ pub async fn put(
     let bytes = body.map_err(super::extract::body_rejection)?;
     let envelope = body_of(&headers, &bytes)?;
     super::check_stored_size(&state, "item", envelope.to_bytes().len())?;
-    let client = state.zk().connected().await?.client;
+    let session = state.zk().connected().await?;
     let paths = state.queues.paths(&name);
     let max_depth = state.config.queue_max_depth;
     let payer = Payer {
@@ -368,7 +368,7 @@ pub async fn put(
         principal: caller.name(),
     };
     let put = queue::put(
-        &client,
+        &session,
         &paths,
         queue::Placement {
             priority: query.priority,
@@ -724,10 +724,10 @@ pub async fn items(
 
 /// One page of the items under `dir` (`items/` or `dead/`), in queue order, with their bodies.
 async fn listed(state: &AppState, dir: &str, paging: &Paging, consistency: Consistency) -> Result<Response, ApiError> {
-    let client = super::consistency::reader(state, consistency).await?;
-    let page = paging.page(queue::names(&client, dir).await?, |(place, _)| place.clone());
+    let session = super::consistency::reader(state, consistency).await?;
+    let page = paging.page(queue::names(&session, dir).await?, |(place, _)| place.clone());
     let names = page.entries.into_iter().map(|(_, name)| name).collect();
-    let items: Vec<Waiting> = queue::read(&client, dir, names)
+    let items: Vec<Waiting> = queue::read(&session, dir, names)
         .await?
         .into_iter()
         .map(|(item, envelope, stat)| waiting_view(item, envelope, stat.ctime))
@@ -768,8 +768,8 @@ pub async fn replay(
 ) -> Result<StatusCode, ApiError> {
     check_name(&name)?;
     validate_name(&item).map_err(|e| ApiError::invalid(Place::Path, "item", e))?;
-    let client = state.zk().connected().await?.client;
-    if queue::replay(&client, &state.queues.paths(&name), &item).await? {
+    let session = state.zk().connected().await?;
+    if queue::replay(&session, &state.queues.paths(&name), &item).await? {
         Ok(StatusCode::NO_CONTENT)
     } else {
         Err(ApiError::not_found(

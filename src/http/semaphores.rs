@@ -168,9 +168,9 @@ pub async fn acquire(
     };
     let open = async |lease: Arc<Lease>| {
         // On the lease's session, where the permit's task reads the count back.
-        let client = lease.session().await?;
+        let session = lease.session().await?;
         let dir = state.semaphores.dir(&name);
-        match settle_permits(&client, &dir, permits).await {
+        match settle_permits(&session, &dir, permits).await {
             Ok(()) => {}
             Err(Settle::Mismatch(recorded)) => {
                 return Err(ApiError::new(
@@ -226,15 +226,17 @@ pub async fn get_permit(
     ApiPath((name, handle)): ApiPath<(String, String)>,
     consistency: Consistency,
 ) -> Result<Json<PermitView>, ApiError> {
-    let client = super::consistency::reader(&state, consistency).await?;
-    match contention::find_handle(&state.semaphores, &client, &caller, &name, &handle).await? {
+    let session = super::consistency::reader(&state, consistency).await?;
+    match contention::find_handle(&state.semaphores, &session, &caller, &name, &handle).await? {
         Found::Here(permit) => {
             super::consistency::confirm(&state, &permit.lease, consistency).await?;
             Ok(Json(permit_view(&permit)))
         }
         Found::There(recorded) => {
             let dir = state.semaphores.dir(&name);
-            let permits = crate::recipes::semaphore::permits_of(&client, &dir).await?.unwrap_or(0) as u32;
+            let permits = crate::recipes::semaphore::permits_of(&session, &dir)
+                .await?
+                .unwrap_or(0) as u32;
             Ok(Json(recorded_view(&recorded, permits)))
         }
     }

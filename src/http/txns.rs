@@ -25,8 +25,8 @@ use crate::recipes::bound::{self, BindError};
 use crate::recipes::topic::Source;
 use crate::recipes::txn::{self, Record, Spec, TxnState, TxnTopic, Vote, VoteError};
 use crate::time::{HumanDuration, at_most};
-use crate::zk::ZkError;
 use crate::zk::names::validate_name;
+use crate::zk::{Failure, Session};
 
 /// The transaction kind's module.
 pub const RESOURCE: Resource = Resource {
@@ -108,8 +108,8 @@ fn not_found(id: &str) -> ApiError {
 }
 
 /// Transaction `id` read on `client`, 404 if there is none.
-async fn read(state: &AppState, client: &crate::zk::Client, id: &str) -> Result<TxnState, ApiError> {
-    let read = source(state, id).read(client).await?;
+async fn read(state: &AppState, session: &Session, id: &str) -> Result<TxnState, ApiError> {
+    let read = source(state, id).read(session).await?;
     if read.exists { Ok(read) } else { Err(not_found(id)) }
 }
 
@@ -161,11 +161,11 @@ pub async fn create(
     };
     let stored = serde_json::to_vec(&spec).map_or(0, |s| s.len());
     super::check_stored_size(&state, "transaction (with its payload)", stored)?;
-    let client = state.zk().connected().await?.client;
+    let session = state.zk().connected().await?;
     let dir = state.txn_members.dir(&id);
-    match txn::create(&client, &dir, &spec).await {
+    match txn::create(&session, &dir, &spec).await {
         Ok(()) => {}
-        Err(ZkError::NodeExists) => {
+        Err(Failure::Taken) => {
             return Err(ApiError::new(
                 Problem::TxnExists,
                 format!("a transaction `{id}` exists"),
@@ -174,7 +174,7 @@ pub async fn create(
         Err(err) => return Err(err.into()),
     }
     tokio::spawn(txn::coordinate(state.zk().clone(), dir.clone(), spec.deadline_ms));
-    Ok((StatusCode::CREATED, Json(read(&state, &client, &id).await?)).into_response())
+    Ok((StatusCode::CREATED, Json(read(&state, &session, &id).await?)).into_response())
 }
 
 /// Reads a transaction; with `wait`, blocks until it is decided (or the wait ends). Past the
@@ -193,16 +193,16 @@ pub async fn get_txn(
     consistency: Consistency,
 ) -> Result<Json<TxnState>, ApiError> {
     check_name(&id)?;
-    let client = super::consistency::reader(&state, consistency).await?;
+    let session = super::consistency::reader(&state, consistency).await?;
     let dir = state.txn_members.dir(&id);
-    let Some(record) = txn::read(&client, &dir).await? else {
+    let Some(record) = txn::read(&session, &dir).await? else {
         return Err(not_found(&id));
     };
     if let Some(wait) = query.wait.filter(|_| record.decision.is_none()) {
         let until = crate::time::instant_after(wait.0.min(state.config.max_wait));
-        txn::await_decision(&client, &state.barrier_watches, &dir, record.spec.deadline_ms, until).await?;
+        txn::await_decision(&session, &state.barrier_watches, &dir, record.spec.deadline_ms, until).await?;
     }
-    Ok(Json(read(&state, &client, &id).await?))
+    Ok(Json(read(&state, &session, &id).await?))
 }
 
 /// Registers a participant: its own ephemeral node, bound to its lease, so that its failure
@@ -224,7 +224,7 @@ pub async fn register(
     let body = body.unwrap_or_default();
     let (lease, _) = lease_for(&state, &caller, body.lease, body.ttl.map(|t| t.0)).await?;
     // The member node lives on the lease's session, and is read back on it (which sees it).
-    let client = lease.session().await?;
+    let session = lease.session().await?;
     let path = format!("{dir}/members/{participant}");
     match state
         .txn_members
@@ -241,7 +241,7 @@ pub async fn register(
         Err(BindError::LeaseEnded) => return Err(lease_gone(&state, &lease)),
         Err(BindError::ZooKeeper(err)) => return Err(err.into()),
     }
-    Ok((StatusCode::CREATED, Json(read(&state, &client, &id).await?)).into_response())
+    Ok((StatusCode::CREATED, Json(read(&state, &session, &id).await?)).into_response())
 }
 
 /// Votes `commit` or `abort`. A vote is final: the same vote again is accepted, another is
@@ -259,7 +259,7 @@ pub async fn vote(
     ApiPath((id, participant)): ApiPath<(String, String)>,
     ApiJson(body): ApiJson<VoteBody>,
 ) -> Result<Json<TxnState>, ApiError> {
-    let (client, dir, record) = participant_of(&state, &caller, &id, &participant).await?;
+    let (session, dir, record) = participant_of(&state, &caller, &id, &participant).await?;
     if let Some(decision) = &record.decision
         && record.votes.get(&participant) != Some(&body.vote)
     {
@@ -274,7 +274,7 @@ pub async fn vote(
             format!("`{participant}` must register (PUT .../participants/{participant}) before it votes"),
         ));
     }
-    match txn::record_vote(&client, &dir, &participant, body.vote).await {
+    match txn::record_vote(&session, &dir, &participant, body.vote).await {
         Ok(()) => {}
         Err(VoteError::AlreadyVoted(existing)) => {
             return Err(ApiError::new(
@@ -285,7 +285,7 @@ pub async fn vote(
         }
         Err(VoteError::ZooKeeper(err)) => return Err(err.into()),
     }
-    Ok(Json(read(&state, &client, &id).await?))
+    Ok(Json(read(&state, &session, &id).await?))
 }
 
 /// The transaction, checking that `participant` is one of it (and, registered here, the
@@ -295,24 +295,24 @@ async fn participant_of(
     caller: &Caller,
     id: &str,
     participant: &str,
-) -> Result<(crate::zk::Client, String, Record), ApiError> {
+) -> Result<(Session, String, Record), ApiError> {
     check_name(id)?;
     validate_name(participant).map_err(|e| ApiError::invalid(Place::Path, "participant", e))?;
-    let client = super::consistency::synced(state).await?;
+    let session = super::consistency::synced(state).await?;
     let dir = state.txn_members.dir(id);
     // A participant registered with another principal's lease is not the caller's, whichever
     // instance it registered through: its node records the principal.
     let member = format!("{dir}/members/{participant}");
     let what = format!("participant `{participant}`");
-    bound::check_owner(&client, &state.config.root, Kind::Txn, &member, caller, &what).await?;
-    let record = txn::read(&client, &dir).await?.ok_or_else(|| not_found(id))?;
+    bound::check_owner(&session, &state.config.root, Kind::Txn, &member, caller, &what).await?;
+    let record = txn::read(&session, &dir).await?.ok_or_else(|| not_found(id))?;
     if !record.spec.participants.iter().any(|p| p == participant) {
         return Err(ApiError::new(
             Problem::NotAParticipant,
             format!("`{participant}` is not a participant of `{id}`"),
         ));
     }
-    Ok((client, dir, record))
+    Ok((session, dir, record))
 }
 
 /// Lists the transactions.

@@ -113,7 +113,7 @@ pub(super) async fn run(registry: Weak<Registry>, zk: ZkSession) {
             return;
         };
         if let Ok(session) = zk.current() {
-            let client = &session.client;
+            let client = session.client();
             let me = keeper.instance.clone();
             match record::touch(client, &keeper.root, &me).await {
                 Ok((mtime, made)) => {

@@ -330,11 +330,11 @@ impl Leases {
         let session = self.inner.lanes.primary().connected().await?;
         let unavailable = || LeaseError::Unavailable(crate::zk::session::Unavailable::Disconnected);
         let path = record::path(&self.inner.root, id);
-        if let Some(found) = record::read(&session.client, &path).await.map_err(|_| unavailable())? {
+        if let Some(found) = record::read(session.client(), &path).await.map_err(|_| unavailable())? {
             return Ok(found);
         }
         session.sync().await.map_err(|_| unavailable())?;
-        record::read(&session.client, &path)
+        record::read(session.client(), &path)
             .await
             .map_err(|_| unavailable())?
             .ok_or_else(|| LeaseError::Unknown(id.to_string()))
@@ -391,7 +391,7 @@ impl Leases {
         let session = self.inner.lanes.primary().connected().await?;
         let unavailable = || LeaseError::Unavailable(crate::zk::session::Unavailable::Disconnected);
         session.sync().await.map_err(|_| unavailable())?;
-        let found = record::read(&session.client, &lease.path)
+        let found = record::read(session.client(), &lease.path)
             .await
             .map_err(|_| unavailable())?;
         match found {
@@ -460,7 +460,7 @@ impl Registry {
         path: &str,
         written: &LeaseRecord,
     ) -> Result<i32, LeaseError> {
-        let client = lane.connected().await?.client;
+        let client = lane.connected().await?.client().clone();
         record::create(&client, path, written)
             .await
             .map_err(|_| LeaseError::Unavailable(crate::zk::session::Unavailable::Disconnected))
@@ -508,8 +508,8 @@ impl Registry {
     /// and the tombstone goes a while later. A lease whose record was never written just ends.
     async fn end(self: &Arc<Self>, lease: &Arc<Lease>, reason: EndReason) -> Result<(), LeaseError> {
         if let Some(version) = lease.version() {
-            let client = lease.session().await?;
-            match record::mark_ended(&client, &lease.path, &self.record_of(lease), version, reason).await {
+            let session = lease.session().await?;
+            match record::mark_ended(session.client(), &lease.path, &self.record_of(lease), version, reason).await {
                 Ok(()) => {}
                 Err(crate::zk::ZkError::BadVersion | crate::zk::ZkError::NoNode) => {
                     self.drop_here(&lease.id);
@@ -582,8 +582,8 @@ async fn remove_tombstone(registry: Weak<Registry>, lease: Arc<Lease>) {
     if registry.upgrade().is_none() {
         return;
     }
-    if let Ok(client) = lease.session().await {
-        let _ = record::remove_tombstone(&client, &lease.path).await;
+    if let Ok(session) = lease.session().await {
+        let _ = record::remove_tombstone(session.client(), &lease.path).await;
     }
 }
 

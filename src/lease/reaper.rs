@@ -63,7 +63,7 @@ pub fn start(
         }
         if let Ok(session) = zk.current() {
             let path = format!("{}/reaper", reaper.root);
-            let _ = tokio::time::timeout(HEARTBEAT, registry::resign(&session.client, &path)).await;
+            let _ = tokio::time::timeout(HEARTBEAT, registry::resign(session.client(), &path)).await;
         }
     });
     receiver
@@ -98,11 +98,11 @@ impl Reaper {
                 let _ = tokio::time::timeout(HEARTBEAT, status.changed()).await;
                 continue;
             };
-            let client = session.client;
-            match registry::lead(&client, &lock, self.leases.instance().as_bytes()).await {
-                Ok(true) => match registry::members_and_watch(&client, &instances).await {
+            let client = session.client();
+            match registry::lead(client, &lock, self.leases.instance().as_bytes()).await {
+                Ok(true) => match registry::members_and_watch(client, &instances).await {
                     Ok((registered, watcher)) => {
-                        match self.pass(&client, &registered).await {
+                        match self.pass(client, &registered).await {
                             Ok(swept) if swept.taken_over + swept.tombstones + swept.keepers + swept.claims > 0 => {
                                 tracing::info!(?swept, "reaper pass");
                             }
@@ -120,7 +120,7 @@ impl Reaper {
                 Ok(false) => {
                     *self.claims_swept_with.locked() = None;
                     self.reaped.send_replace(true);
-                    if registry::await_leader_gone(&client, &lock).await.is_err() {
+                    if registry::await_leader_gone(client, &lock).await.is_err() {
                         tokio::time::sleep(HEARTBEAT).await;
                     }
                 }

@@ -86,7 +86,7 @@ impl Leases {
                 keeper: found.record.keeper,
             });
         }
-        let client = self.inner.lanes.primary().connected().await?.client;
+        let client = self.inner.lanes.primary().connected().await?.client().clone();
         let last_seen = self.last_seen(&client, &found.record.keeper).await?;
         let lease = self.adopt(id, &found, last_seen).await?;
         if lease.ended().is_cancelled() {
@@ -131,7 +131,7 @@ impl Leases {
         }
         let now = self.inner.keeping.server_now().ok_or(LeaseError::NotFresh)?;
         let (lane, session) = self.inner.lanes.pick()?;
-        let client = session.client.clone();
+        let client = session.client().clone();
         let version = match record::take_over(&client, &self.inner.root, id, found, &self.inner.instance).await {
             Ok(version) => version,
             Err(TakeOver::Changed) => {
@@ -222,7 +222,7 @@ impl Leases {
         loop {
             let read = match self.inner.lanes.primary().connected().await {
                 Ok(session) if session.sync().await.is_ok() => {
-                    record::holdings(&session.client, &lease.path).await.ok()
+                    record::holdings(session.client(), &lease.path).await.ok()
                 }
                 _ => None,
             };

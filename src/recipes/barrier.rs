@@ -6,9 +6,10 @@
 //! reports the node gone. A barrier is either raised for good (lowered by a `DELETE`) or bound
 //! to its owner's lease (it falls when the lease ends: its owner went silent or deleted it).
 
+use crate::zk::{Failure, Session};
 use serde::Serialize;
 use utoipa::ToSchema;
-use zookeeper_client::{Client, CreateMode, Error as ZkError};
+use zookeeper_client::{CreateMode, Error as ZkError};
 
 use super::topic::{Source, event_kinds};
 use crate::time::{from_millis, timestamp};
@@ -16,7 +17,8 @@ use crate::zk::retry_on_loss;
 use crate::zk::watch::{ExistsWatches, Mode};
 
 /// Raises a persistent barrier at `path`; `false` if it was already up.
-pub async fn raise(client: &Client, path: &str) -> Result<bool, ZkError> {
+pub async fn raise(session: &Session, path: &str) -> Result<bool, Failure> {
+    let client = session.client();
     let options = CreateMode::Persistent.with_acls(crate::zk::acls());
     loop {
         match client.create(path, &[], &options).await {
@@ -28,13 +30,14 @@ pub async fn raise(client: &Client, path: &str) -> Result<bool, ZkError> {
                 let parent = &path[..path.rfind('/').unwrap_or(0)];
                 crate::zk::session::ensure_path(client, parent).await?;
             }
-            Err(err) => return Err(err),
+            Err(err) => return Err(err.into()),
         }
     }
 }
 
 /// Lowers the barrier at `path` (whoever raised it); `false` if it was not up.
-pub async fn lower(client: &Client, path: &str) -> Result<bool, ZkError> {
+pub async fn lower(session: &Session, path: &str) -> Result<bool, Failure> {
+    let client = session.client();
     let mut retried = false;
     loop {
         match client.delete(path, None).await {
@@ -42,7 +45,7 @@ pub async fn lower(client: &Client, path: &str) -> Result<bool, ZkError> {
             // After a lost reply, a missing node is our own deletion.
             Err(ZkError::NoNode) => return Ok(retried),
             Err(err) if crate::zk::is_loss(&err) => retried = true,
-            Err(err) => return Err(err),
+            Err(err) => return Err(err.into()),
         }
     }
 }
@@ -94,11 +97,12 @@ impl Source for BarrierTopic {
         vec![(Mode::Exists, self.path.clone())]
     }
 
-    async fn read(&self, client: &Client) -> Result<BarrierState, ZkError> {
+    async fn read(&self, session: &Session) -> Result<BarrierState, Failure> {
+        let client = session.client();
         let (data, stat) = match retry_on_loss(|| client.get_data(&self.path)).await {
             Ok((data, stat)) => (data, Some(stat)),
             Err(ZkError::NoNode) => (Vec::new(), None),
-            Err(err) => return Err(err),
+            Err(err) => return Err(err.into()),
         };
         Ok(BarrierState {
             name: self.name.clone(),

@@ -19,6 +19,7 @@
 //! (one made without auth, or by another client such as kazoo) is anyone's with write access to
 //! its resource, as before auth.
 
+use crate::zk::{Failure, Session};
 use std::sync::Arc;
 
 use zookeeper_client::{Client, CreateMode, Error as ZkError, EventType};
@@ -65,7 +66,7 @@ pub enum BindError {
     Taken,
     /// The lease ended meanwhile (or left this instance).
     LeaseEnded,
-    ZooKeeper(ZkError),
+    ZooKeeper(Failure),
 }
 
 /// Whether the nodes of `kind` hold their members' own data, so that a binding names their
@@ -257,9 +258,7 @@ impl BoundNodes {
         };
         match node.decided().await {
             Phase::Held { .. } => Ok(node),
-            Phase::Failed {
-                error: ZkError::NodeExists,
-            } => Err(BindError::Taken),
+            Phase::Failed { error: Failure::Taken } => Err(BindError::Taken),
             Phase::Failed { error } => Err(BindError::ZooKeeper(error)),
             _ => Err(BindError::LeaseEnded),
         }
@@ -346,7 +345,7 @@ pub async fn owner_of(client: &Client, root: &str, kind: Kind, path: &str) -> Re
 #[derive(Debug)]
 pub enum OwnerError {
     Forbidden(Forbidden),
-    ZooKeeper(ZkError),
+    ZooKeeper(Failure),
 }
 
 /// `Ok` if `caller` may act on the node of `kind` at `path` (`what` names it in the refusal):
@@ -357,16 +356,17 @@ pub enum OwnerError {
 /// hands if its lease ends and another principal binds the same id, after which the act is
 /// one the new owner's node could have suffered from anyone before it was made.
 pub async fn check_owner(
-    client: &Client,
+    session: &Session,
     root: &str,
     kind: Kind,
     path: &str,
     caller: &Caller,
     what: &str,
 ) -> Result<Option<Owner>, OwnerError> {
+    let client = session.client();
     let owner = owner_of(client, root, kind, path)
         .await
-        .map_err(OwnerError::ZooKeeper)?;
+        .map_err(|err| OwnerError::ZooKeeper(err.into()))?;
     match owner.as_ref().and_then(|o| o.principal.as_deref()) {
         None => Ok(owner),
         Some(recorded) => caller
@@ -381,12 +381,13 @@ pub async fn check_owner(
 /// reference go in one multi-op (the lease's keeper, watching the node, sees it released). A
 /// node that records no lease (not zkgate's) is deleted alone. `false` if nothing was there.
 pub async fn release_recorded(
-    client: &Client,
+    session: &Session,
     root: &str,
     kind: Kind,
     (name, id): (&str, &str),
     path: &str,
-) -> Result<bool, ZkError> {
+) -> Result<bool, Failure> {
+    let client = session.client();
     let mut paths = vec![path.to_string()];
     if let Some(owner) = owner_of(client, root, kind, path).await? {
         let reference = format!(

@@ -7,6 +7,7 @@
 //! conditional on an mzxid reads the stat, compares the mzxid, and writes with the data
 //! version it read, so a change in between still fails the write.
 
+use crate::zk::{Failure, Session};
 use zookeeper_client::{Client, CreateMode, Error as ZkError, MultiWriteError, MultiWriteResult, Stat};
 
 use super::usage::{self, ChargeError, Exceeded, Payer, Quotas};
@@ -43,11 +44,17 @@ pub enum WriteError {
     Missing,
     /// The write would pass this quota.
     Quota(Exceeded),
-    ZooKeeper(ZkError),
+    ZooKeeper(Failure),
 }
 
 impl From<ZkError> for WriteError {
     fn from(err: ZkError) -> WriteError {
+        WriteError::ZooKeeper(err.into())
+    }
+}
+
+impl From<Failure> for WriteError {
+    fn from(err: Failure) -> WriteError {
         WriteError::ZooKeeper(err)
     }
 }
@@ -62,23 +69,25 @@ impl From<ChargeError> for WriteError {
 }
 
 /// Reads `path`; `None` if it does not exist.
-pub async fn read(client: &Client, path: &str) -> Result<Option<Entry>, ZkError> {
+pub async fn read(session: &Session, path: &str) -> Result<Option<Entry>, Failure> {
+    let client = session.client();
     match retry_on_loss(|| client.get_data(path)).await {
         Ok((data, stat)) => Ok(Some(Entry { data, stat })),
         Err(ZkError::NoNode) => Ok(None),
-        Err(err) => Err(err),
+        Err(err) => Err(err.into()),
     }
 }
 
 /// Waits until `path` no longer has version `version` (changed or deleted), with a data watch.
-pub async fn wait_change(client: &Client, path: &str, version: i64) -> Result<(), ZkError> {
+pub async fn wait_change(session: &Session, path: &str, version: i64) -> Result<(), Failure> {
+    let client = session.client();
     loop {
         match retry_on_loss(|| client.get_and_watch_data(path)).await {
             Ok((_, stat, watcher)) if stat.mzxid == version => {
                 watcher.changed().await;
             }
             Ok(_) | Err(ZkError::NoNode) => return Ok(()),
-            Err(err) => return Err(err),
+            Err(err) => return Err(err.into()),
         }
     }
 }
@@ -89,12 +98,13 @@ pub async fn wait_change(client: &Client, path: &str, version: i64) -> Result<()
 /// The key's charge ([usage]) moves to `payer` in the same multi-op: a write past the payer's
 /// quota fails whole, and a key is charged once, to whoever wrote it last.
 pub async fn write(
-    client: &Client,
+    session: &Session,
     path: &str,
     data: &[u8],
     condition: Condition,
     payer: Payer<'_>,
 ) -> Result<(Stat, bool), WriteError> {
+    let client = session.client();
     let mine = payer
         .quotas
         .charge_as(client, payer.principal, data.len(), usage::path_id("kv", path))
@@ -143,7 +153,7 @@ pub async fn write(
             Err(MultiWriteError::OperationFailed {
                 source: ZkError::QuotaExceeded,
                 ..
-            }) => return Err(WriteError::Quota(payer.exceeded(client, data.len()).await)),
+            }) => return Err(WriteError::Quota(payer.exceeded(session, data.len()).await)),
             // A parent was created (or deleted) meanwhile: look again.
             Err(MultiWriteError::OperationFailed { index, .. }) if index < value => {
                 missing = missing_parents(client, path).await?;
@@ -168,7 +178,7 @@ pub async fn write(
             // holds our data at the version it would have; otherwise decide again.
             Err(MultiWriteError::RequestFailed { source }) if crate::zk::is_loss(&source) => {
                 let version = expected.as_ref().map_or(0, |stat| stat.version + 1);
-                if let Some(entry) = read(client, path).await?
+                if let Some(entry) = read(session, path).await?
                     && entry.data == data
                     && entry.stat.version == version
                 {
@@ -196,7 +206,8 @@ async fn missing_parents(client: &Client, path: &str) -> Result<Vec<String>, ZkE
 }
 
 /// Deletes `path` if `condition` holds, refunding its charge in the same multi-op.
-pub async fn delete(client: &Client, path: &str, condition: Condition, quotas: &Quotas) -> Result<(), WriteError> {
+pub async fn delete(session: &Session, path: &str, condition: Condition, quotas: &Quotas) -> Result<(), WriteError> {
+    let client = session.client();
     let id = usage::path_id("kv", path);
     let mut retried = false;
     loop {
@@ -234,13 +245,14 @@ pub async fn delete(client: &Client, path: &str, condition: Condition, quotas: &
 }
 
 /// The keys directly under `path`, sorted; `None` if `path` does not exist.
-pub async fn children(client: &Client, path: &str) -> Result<Option<Vec<String>>, ZkError> {
+pub async fn children(session: &Session, path: &str) -> Result<Option<Vec<String>>, Failure> {
+    let client = session.client();
     match retry_on_loss(|| client.list_children(path)).await {
         Ok(mut keys) => {
             keys.sort();
             Ok(Some(keys))
         }
         Err(ZkError::NoNode) => Ok(None),
-        Err(err) => Err(err),
+        Err(err) => Err(err.into()),
     }
 }

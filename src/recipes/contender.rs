@@ -18,6 +18,7 @@
 //! Over 600 lines: the ordered-node engine and its three users' role logic in one file; issue 31
 //! splits it along a driver trait (one file per lock kind), which moves the role branches out.
 
+use crate::zk::{Failure, Session};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -503,7 +504,8 @@ pub(crate) async fn ensure_dir(client: &Client, dir: &str) -> Result<(), ZkError
 
 /// Where a waiting contender stands now, read afresh: it watches only the node right before
 /// it, so its own record of the queue ahead is as old as that node. `None` unless it waits.
-pub async fn position_now(client: &Client, contender: &Contender) -> Option<usize> {
+pub async fn position_now(session: &Session, contender: &Contender) -> Option<usize> {
+    let client = session.client();
     let node = contender.state().node?;
     let children = retry_on_loss(|| client.list_children(&contender.protocol.node.dir))
         .await
@@ -580,19 +582,20 @@ impl Role {
 /// The contender `handle` of the resource `name` of `kind` (at `dir`), from ZooKeeper: its
 /// node is found by the handle's GUID. `None` if it has none (released, lost, or never there).
 pub async fn recorded(
-    client: &Client,
+    session: &Session,
     kind: Kind,
     dir: &str,
     name: &str,
     handle: &str,
-) -> Result<Option<Recorded>, ZkError> {
+) -> Result<Option<Recorded>, Failure> {
+    let client = session.client();
     let Some(guid) = crate::ids::guid_of(handle) else {
         return Ok(None);
     };
     let children = match retry_on_loss(|| client.list_children(dir)).await {
         Ok(children) => children,
         Err(ZkError::NoNode) => return Ok(None),
-        Err(err) => return Err(err),
+        Err(err) => return Err(err.into()),
     };
     let Some(own) = children.iter().find(|c| c.contains(&guid)).cloned() else {
         return Ok(None);
@@ -604,7 +607,7 @@ pub async fn recorded(
     let (data, stat) = match retry_on_loss(|| client.get_data(&path)).await {
         Ok(read) => read,
         Err(ZkError::NoNode) => return Ok(None),
-        Err(err) => return Err(err),
+        Err(err) => return Err(err.into()),
     };
     let (position, next) = match role.next_step(&children, &own) {
         Next::Hold | Next::Missing => (None, Watched::Data(path.clone())),
@@ -627,14 +630,16 @@ pub async fn recorded(
 }
 
 /// Whether the znode at `path` exists.
-pub async fn exists(client: &Client, path: &str) -> Result<bool, ZkError> {
+pub async fn exists(session: &Session, path: &str) -> Result<bool, Failure> {
+    let client = session.client();
     Ok(retry_on_loss(|| client.check_stat(path)).await?.is_some())
 }
 
 /// Waits (until `until`) for a change to what decides `recorded`'s state: the one node it
 /// names ([Recorded::next]). A holder whose node already carries a revocation request does
 /// not wait: that is news already.
-pub async fn await_change(client: &Client, recorded: &Recorded, until: tokio::time::Instant) -> Result<(), ZkError> {
+pub async fn await_change(session: &Session, recorded: &Recorded, until: tokio::time::Instant) -> Result<(), Failure> {
+    let client = session.client();
     let watcher = match &recorded.next {
         Watched::Data(_) if revocation::record_in(&recorded.data).is_some() => return Ok(()),
         Watched::Exists(path) => match retry_on_loss(|| client.check_and_watch_stat(path)).await? {
@@ -644,7 +649,7 @@ pub async fn await_change(client: &Client, recorded: &Recorded, until: tokio::ti
         Watched::Data(path) => match retry_on_loss(|| client.get_and_watch_data(path)).await {
             Ok((_, _, watcher)) => watcher,
             Err(ZkError::NoNode) => return Ok(()),
-            Err(err) => return Err(err),
+            Err(err) => return Err(err.into()),
         },
         Watched::Children(path) => retry_on_loss(|| client.list_and_watch_children(path)).await?.1,
     };
@@ -656,7 +661,8 @@ pub async fn await_change(client: &Client, recorded: &Recorded, until: tokio::ti
 /// request: a leader's acknowledgement first (if it names this candidate), then its znodes and
 /// its reference together (the keeper's task sees its node go with its reference: released).
 /// `false` if its node was gone already.
-pub async fn release_recorded(client: &Client, root: &str, recorded: &Recorded) -> Result<bool, ZkError> {
+pub async fn release_recorded(session: &Session, root: &str, recorded: &Recorded) -> Result<bool, Failure> {
+    let client = session.client();
     if recorded.role == Role::Candidate {
         let dir = &recorded.paths[0][..recorded.paths[0].rfind('/').unwrap_or(0)];
         election::retract(client, dir, &recorded.node.name).await;

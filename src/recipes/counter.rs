@@ -18,6 +18,7 @@
 //! never guessed: reporting success for an add that did not happen would lose an update, and
 //! retrying one that did would count it twice.
 
+use crate::zk::{Failure, Session};
 use serde::Serialize;
 use utoipa::ToSchema;
 use zookeeper_client::{Client, CreateMode, Error as ZkError, Stat};
@@ -67,12 +68,12 @@ pub enum CounterError {
     Missing,
     /// The connection was lost after the write was sent: it may or may not have happened.
     OutcomeUnknown,
-    ZooKeeper(ZkError),
+    ZooKeeper(Failure),
 }
 
 impl From<ZkError> for CounterError {
     fn from(err: ZkError) -> CounterError {
-        CounterError::ZooKeeper(err)
+        CounterError::ZooKeeper(err.into())
     }
 }
 
@@ -117,7 +118,8 @@ pub struct Added {
 
 /// Adds `delta` to the counter at `path` (creating it, and its parents, at `0 + delta`), if the
 /// result stays within `bounds`.
-pub async fn add(client: &Client, path: &str, delta: i64, bounds: Bounds) -> Result<Added, CounterError> {
+pub async fn add(session: &Session, path: &str, delta: i64, bounds: Bounds) -> Result<Added, CounterError> {
+    let client = session.client();
     let mut conflicts = 0;
     loop {
         let current = read(client, path).await?;
@@ -142,7 +144,13 @@ pub async fn add(client: &Client, path: &str, delta: i64, bounds: Bounds) -> Res
 /// Sets the counter at `path` to `value` if `condition` holds (a version is the znode's mzxid,
 /// as for kv: the data version starts again at 0 when a counter is deleted and created again,
 /// which would let a stale version match); the new stat, and whether the counter was created.
-pub async fn set(client: &Client, path: &str, value: i64, condition: Condition) -> Result<(Stat, bool), CounterError> {
+pub async fn set(
+    session: &Session,
+    path: &str,
+    value: i64,
+    condition: Condition,
+) -> Result<(Stat, bool), CounterError> {
+    let client = session.client();
     loop {
         let current = match retry_on_loss(|| client.check_stat(path)).await? {
             None if matches!(condition, Condition::Version(_) | Condition::Exists) => {
@@ -165,7 +173,8 @@ pub async fn set(client: &Client, path: &str, value: i64, condition: Condition) 
 }
 
 /// Deletes the counter at `path` if `condition` holds (`Condition::Absent` is not a delete's).
-pub async fn delete(client: &Client, path: &str, condition: Condition) -> Result<(), CounterError> {
+pub async fn delete(session: &Session, path: &str, condition: Condition) -> Result<(), CounterError> {
+    let client = session.client();
     let mut sent = false;
     loop {
         let Some(stat) = retry_on_loss(|| client.check_stat(path)).await? else {
@@ -289,11 +298,12 @@ impl Source for CounterTopic {
         vec![(Mode::Exists, self.path.clone())]
     }
 
-    async fn read(&self, client: &Client) -> Result<CounterState, ZkError> {
+    async fn read(&self, session: &Session) -> Result<CounterState, Failure> {
+        let client = session.client();
         match retry_on_loss(|| client.get_data(&self.path)).await {
             Ok((data, stat)) => Ok(CounterState::of(&self.name, decode(&data), Some(&stat))),
             Err(ZkError::NoNode) => Ok(CounterState::of(&self.name, Some(0), None)),
-            Err(err) => Err(err),
+            Err(err) => Err(err.into()),
         }
     }
 

@@ -11,9 +11,10 @@
 //! (`"@class": "java.util.HashMap"`); zkgate writes payloads as given, which a
 //! `ServiceDiscovery<Map>` reads as a map.
 
+use crate::zk::{Failure, Session};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
-use zookeeper_client::{Client, Error as ZkError};
+use zookeeper_client::Error as ZkError;
 
 use super::topic::{Source, event_kinds};
 use crate::time::{from_millis, timestamp};
@@ -231,11 +232,12 @@ impl Source for ServiceTopic {
 
     /// The instances in two round trips (a listing, a multi-read); children that are not
     /// instances are left out.
-    async fn read(&self, client: &Client) -> Result<ServiceState, ZkError> {
+    async fn read(&self, session: &Session) -> Result<ServiceState, Failure> {
+        let client = session.client();
         let mut ids = match retry_on_loss(|| client.list_children(&self.dir)).await {
             Ok(ids) => ids,
             Err(ZkError::NoNode) => Vec::new(),
-            Err(err) => return Err(err),
+            Err(err) => return Err(err.into()),
         };
         ids.sort();
         let instances = crate::zk::read_each(client, &self.dir, ids)

@@ -14,6 +14,7 @@
 //!   waits for the lowest to go; the last one out removes `ready`. Each deletion wakes one
 //!   waiter, except the last.
 
+use crate::zk::{Failure, Session};
 use serde::Serialize;
 use tokio::time::Instant;
 use utoipa::ToSchema;
@@ -59,7 +60,8 @@ pub fn next_leave_step<'a, S: AsRef<str>>(participants: &'a [S], me: &str) -> Le
 }
 
 /// The participants under `dir` (its children but `ready`); `None` if `dir` does not exist.
-pub async fn participants(client: &Client, dir: &str) -> Result<Vec<String>, ZkError> {
+pub async fn participants(session: &Session, dir: &str) -> Result<Vec<String>, Failure> {
+    let client = session.client();
     match retry_on_loss(|| client.list_children(dir)).await {
         Ok(mut children) => {
             children.retain(|c| c != READY);
@@ -67,7 +69,7 @@ pub async fn participants(client: &Client, dir: &str) -> Result<Vec<String>, ZkE
             Ok(children)
         }
         Err(ZkError::NoNode) => Ok(Vec::new()),
-        Err(err) => Err(err),
+        Err(err) => Err(err.into()),
     }
 }
 
@@ -92,7 +94,8 @@ pub async fn clear_ready(client: &Client, dir: &str) -> Result<(), ZkError> {
 }
 
 /// Records `size` in the barrier's znode (creating it), or says what it records instead.
-pub async fn settle_size(client: &Client, dir: &str, size: u32) -> Result<(), super::Settle> {
+pub async fn settle_size(session: &Session, dir: &str, size: u32) -> Result<(), super::Settle> {
+    let client = session.client();
     super::settle(client, dir, SIZE, u64::from(size), CreateMode::Persistent).await
 }
 
@@ -102,16 +105,17 @@ pub async fn settle_size(client: &Client, dir: &str, size: u32) -> Result<(), su
 /// removed and the round starts again. Waiting for `ready` is one exists-watch per instance,
 /// shared by its waiters.
 pub async fn enter(
-    client: &Client,
+    session: &Session,
     watches: &ExistsWatches,
     dir: &str,
     size: u32,
     deadline: Instant,
-) -> Result<bool, ZkError> {
+) -> Result<bool, Failure> {
+    let client = session.client();
     let ready_path = format!("{dir}/{READY}");
     let mut ready = watches.subscribe(&ready_path);
     loop {
-        let inside = participants(client, dir).await?;
+        let inside = participants(session, dir).await?;
         let ready_now = retry_on_loss(|| client.check_stat(&ready_path)).await?.is_some();
         if ready_now && (inside.len() > 1 || size == 1) {
             return Ok(true);
@@ -135,25 +139,26 @@ pub async fn enter(
 /// node is released through its handle when its lease is kept by this instance (`nodes` of
 /// barrier `name`), else through ZooKeeper with its reference ([release_recorded]).
 pub async fn leave(
-    client: &Client,
+    session: &Session,
     watches: &ExistsWatches,
     nodes: &BoundNodes,
     name: &str,
     me: &str,
     deadline: Instant,
-) -> Result<bool, ZkError> {
+) -> Result<bool, Failure> {
+    let client = session.client();
     let dir = nodes.dir(name);
     loop {
-        let inside = participants(client, &dir).await?;
+        let inside = participants(session, &dir).await?;
         let target = match next_leave_step(&inside, me) {
             LeaveStep::Done => {
-                remove_participant(client, nodes, name, me).await?;
+                remove_participant(session, nodes, name, me).await?;
                 clear_ready(client, &dir).await?;
                 return Ok(true);
             }
             LeaveStep::WaitFor(highest) => highest.to_string(),
             LeaveStep::RemoveAndWaitFor(lowest) => {
-                remove_participant(client, nodes, name, me).await?;
+                remove_participant(session, nodes, name, me).await?;
                 lowest.to_string()
             }
         };
@@ -165,7 +170,7 @@ pub async fn leave(
     }
 }
 
-async fn remove_participant(client: &Client, nodes: &BoundNodes, name: &str, me: &str) -> Result<(), ZkError> {
+async fn remove_participant(session: &Session, nodes: &BoundNodes, name: &str, me: &str) -> Result<(), Failure> {
     if let Some(node) = nodes
         .get(name, me)
         .filter(|n| n.state().phase != super::handle::Phase::Moved)
@@ -174,7 +179,7 @@ async fn remove_participant(client: &Client, nodes: &BoundNodes, name: &str, me:
         return Ok(());
     }
     let path = format!("{}/{me}", nodes.dir(name));
-    release_recorded(client, nodes.root(), Kind::DoubleBarrier, (name, me), &path).await?;
+    release_recorded(session, nodes.root(), Kind::DoubleBarrier, (name, me), &path).await?;
     Ok(())
 }
 
@@ -218,16 +223,17 @@ impl Source for DoubleBarrierTopic {
         vec![(Mode::Children, self.dir.clone())]
     }
 
-    async fn read(&self, client: &Client) -> Result<DoubleBarrierState, ZkError> {
+    async fn read(&self, session: &Session) -> Result<DoubleBarrierState, Failure> {
+        let client = session.client();
         let size = match retry_on_loss(|| client.get_data(&self.dir)).await {
             Ok((data, _)) => super::recorded(&data, SIZE),
             Err(ZkError::NoNode) => None,
-            Err(err) => return Err(err),
+            Err(err) => return Err(err.into()),
         };
         let mut children = match retry_on_loss(|| client.list_children(&self.dir)).await {
             Ok(children) => children,
             Err(ZkError::NoNode) => Vec::new(),
-            Err(err) => return Err(err),
+            Err(err) => return Err(err.into()),
         };
         children.sort();
         let ready = children.iter().any(|c| c == READY);

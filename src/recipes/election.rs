@@ -18,6 +18,7 @@
 //! The term is the leader's candidate czxid: the lowest candidate leads, so a later leader's
 //! node was created after every earlier leader's, and terms strictly increase.
 
+use crate::zk::{Failure, Session};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use zookeeper_client::{Client, CreateMode, Error as ZkError, MultiWriteError};
@@ -109,19 +110,20 @@ pub async fn retract(client: &Client, dir: &str, candidate: &str) {
 /// moved to whoever proclaims, so an election holds at most one charged value at a time.
 /// `QuotaExceeded` if the value would pass a quota (nothing is written then).
 pub async fn proclaim(
-    client: &Client,
+    session: &Session,
     dir: &str,
     candidate: &str,
     value: serde_json::Value,
     payer: Payer<'_>,
-) -> Result<Option<Acknowledgement>, ZkError> {
+) -> Result<Option<Acknowledgement>, Failure> {
+    let client = session.client();
     let path = format!("{dir}/{ACK_NODE}");
     let id = usage::path_id("el", &path);
     loop {
         let (data, stat) = match retry_on_loss(|| client.get_data(&path)).await {
             Ok(read) => read,
             Err(ZkError::NoNode) => return Ok(None),
-            Err(err) => return Err(err),
+            Err(err) => return Err(err.into()),
         };
         let Some(mut ack) = Acknowledgement::parse(&data).filter(|a| a.candidate == candidate) else {
             return Ok(None);
@@ -134,7 +136,7 @@ pub async fn proclaim(
             .await
         {
             Ok(charge) => charge,
-            Err(ChargeError::Exceeded(_)) => return Err(ZkError::QuotaExceeded),
+            Err(ChargeError::Exceeded(_)) => return Err(Failure::QuotaFull),
             Err(ChargeError::ZooKeeper(err)) => return Err(err),
         };
         let charges = payer.quotas.charges_of(client, &id).await?;
@@ -146,7 +148,7 @@ pub async fn proclaim(
             Err(MultiWriteError::OperationFailed {
                 source: ZkError::QuotaExceeded,
                 ..
-            }) => return Err(ZkError::QuotaExceeded),
+            }) => return Err(Failure::QuotaFull),
             Err(MultiWriteError::OperationFailed {
                 index: 0,
                 source: ZkError::NoNode,
@@ -157,9 +159,9 @@ pub async fn proclaim(
                 source: ZkError::BadVersion | ZkError::NoNode | ZkError::NodeExists,
                 ..
             }) => continue,
-            Err(MultiWriteError::OperationFailed { source, .. }) => return Err(source),
+            Err(MultiWriteError::OperationFailed { source, .. }) => return Err(source.into()),
             Err(MultiWriteError::RequestFailed { source }) if crate::zk::is_loss(&source) => continue,
-            Err(MultiWriteError::RequestFailed { source }) => return Err(source),
+            Err(MultiWriteError::RequestFailed { source }) => return Err(source.into()),
         }
     }
 }
@@ -238,12 +240,13 @@ impl Source for Leadership {
         ]
     }
 
-    async fn read(&self, client: &Client) -> Result<ElectionState, ZkError> {
+    async fn read(&self, session: &Session) -> Result<ElectionState, Failure> {
+        let client = session.client();
         let queue = read_queue(client, &self.dir, |_, i| i <= LISTED).await?;
         let ack = match retry_on_loss(|| client.get_data(&format!("{}/{ACK_NODE}", self.dir))).await {
             Ok((data, stat)) => Acknowledgement::parse(&data).map(|a| (a, stat.ctime)),
             Err(ZkError::NoNode) => None,
-            Err(err) => return Err(err),
+            Err(err) => return Err(err.into()),
         };
         let local = self.local.local(&self.name);
         let candidates: Vec<ContenderView> = queue

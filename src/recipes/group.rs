@@ -6,9 +6,10 @@
 //! group znode's `pzxid`, which changes whenever a child is created or deleted) and waits on a
 //! children watch: no polling.
 
+use crate::zk::{Failure, Session};
 use serde::Serialize;
 use utoipa::ToSchema;
-use zookeeper_client::{Client, Error as ZkError};
+use zookeeper_client::Error as ZkError;
 
 use super::topic::{Source, event_kinds};
 use crate::time::{from_millis, timestamp};
@@ -65,7 +66,8 @@ impl Source for GroupTopic {
 
     /// The members and their data in two round trips; none (index 0) for a group nobody
     /// joined.
-    async fn read(&self, client: &Client) -> Result<GroupState, ZkError> {
+    async fn read(&self, session: &Session) -> Result<GroupState, Failure> {
+        let client = session.client();
         let (mut ids, stat) = match retry_on_loss(|| client.get_children(&self.dir)).await {
             Ok(read) => read,
             Err(ZkError::NoNode) => {
@@ -75,7 +77,7 @@ impl Source for GroupTopic {
                     members: Vec::new(),
                 });
             }
-            Err(err) => return Err(err),
+            Err(err) => return Err(err.into()),
         };
         ids.sort();
         let members = crate::zk::read_each(client, &self.dir, ids)
@@ -106,7 +108,8 @@ impl Source for GroupTopic {
 
 /// Returns once the group's membership index is not `index`, or without one, once it changes
 /// from what this first sees (a children watch: no polling).
-pub async fn wait_for_change(client: &Client, dir: &str, mut index: Option<i64>) -> Result<(), ZkError> {
+pub async fn wait_for_change(session: &Session, dir: &str, mut index: Option<i64>) -> Result<(), Failure> {
+    let client = session.client();
     loop {
         match retry_on_loss(|| client.get_and_watch_children(dir)).await {
             Ok((_, stat, watcher)) => {
@@ -126,7 +129,7 @@ pub async fn wait_for_change(client: &Client, dir: &str, mut index: Option<i64>)
                 }
                 watcher.changed().await;
             }
-            Err(err) => return Err(err),
+            Err(err) => return Err(err.into()),
         }
     }
 }

@@ -42,7 +42,7 @@ use super::lease::{GuardError, Holding, HoldingView, Lease};
 use super::revocation::Revocation;
 use crate::kind::Kind;
 use crate::locked::Locked;
-use crate::zk::retry_on_loss;
+use crate::zk::{Failure, retry_on_loss};
 
 /// Where a handle stands.
 #[derive(Clone, Debug, PartialEq)]
@@ -59,7 +59,7 @@ pub enum Phase {
     /// Released by its holder (or its lease ended); its znodes are gone.
     Released,
     /// Its znode could not be created (`NodeExists`: another lease has it).
-    Failed { error: ZkError },
+    Failed { error: Failure },
     /// This instance no longer keeps its lease (another took it over): the handle lives on
     /// there, with its znodes.
     Moved,
@@ -440,7 +440,7 @@ async fn drive<P: Protocol>(handle: &Arc<Handle<P>>) {
             _ = lease.ended().cancelled() => break Stop::Leave,
             _ = lease.dropped().cancelled() => break Stop::Drop,
         };
-        let client = &session.client;
+        let client = session.client();
         let run = handle.protocol.run(handle, client);
         tokio::pin!(run);
         let stop = tokio::select! {
@@ -478,7 +478,7 @@ async fn drive<P: Protocol>(handle: &Arc<Handle<P>>) {
     };
     let end = match stop {
         Stop::Drop | Stop::Exit(Exit::Moved) => Phase::Moved,
-        Stop::Exit(Exit::Failed(error)) => Phase::Failed { error },
+        Stop::Exit(Exit::Failed(error)) => Phase::Failed { error: error.into() },
         // A loss found by the clean-up itself (its node gone, or its lease expired) is one.
         Stop::Lost(reason) => Phase::Lost { reason },
         // A node the run saw vanish may have been released through another instance, even
@@ -520,7 +520,7 @@ async fn remove_reference<P: Protocol>(handle: &Arc<Handle<P>>) {
             session = connected_after(zk, None) => session,
             _ = handle.lease.dropped().cancelled() => return,
         };
-        match delete_all(&session.client, &reference).await {
+        match delete_all(session.client(), &reference).await {
             Ok(_) => return,
             Err(err) => after_failure(zk, session.generation, &err).await,
         }
@@ -551,7 +551,7 @@ async fn clean_up_later<P: Protocol>(handle: &Arc<Handle<P>>) -> Stop {
             session = connected_after(zk, None) => session,
             _ = handle.lease.dropped().cancelled() => return Stop::Drop,
         };
-        match handle.protocol.clean_up(handle, &session.client).await {
+        match handle.protocol.clean_up(handle, session.client()).await {
             Ok(was_there) => return left(handle, was_there),
             Err(err) => after_failure(zk, session.generation, &err).await,
         }
@@ -562,15 +562,18 @@ async fn clean_up_later<P: Protocol>(handle: &Arc<Handle<P>>) -> Stop {
 /// deletes the holding's reference with its znodes) rather than lost (its reference stays,
 /// so that its holder learns of the loss until it releases the handle).
 async fn released_elsewhere<P: Protocol>(handle: &Handle<P>) -> bool {
-    let Ok(client) = handle.lease.session().await else {
+    let Ok(session) = handle.lease.session().await else {
         return false;
     };
     // After a `sync`: the reference may have been made through another server a moment ago
     // (a holding adopted in a takeover), and a stale "no reference" would call a loss a release.
-    if retry_on_loss(|| client.sync("/")).await.is_err() {
+    if session.sync().await.is_err() {
         return false;
     }
-    matches!(retry_on_loss(|| client.check_stat(&handle.reference())).await, Ok(None))
+    matches!(
+        retry_on_loss(|| session.client().check_stat(&handle.reference())).await,
+        Ok(None)
+    )
 }
 
 /// A connected session of `zk` (waiting, without polling, while there is none) other than the

@@ -80,7 +80,7 @@ pub fn start(zk: ZkSession, root: &str, instance: &str, settings: Settings, shut
         crate::metrics::get().janitor_active.set(0);
         // Hand over at once rather than when the session ends: give the node back if ours.
         if let Ok(session) = zk.current() {
-            let hand_over = super::registry::resign(&session.client, &lock);
+            let hand_over = super::registry::resign(session.client(), &lock);
             let _ = tokio::time::timeout(Duration::from_secs(2), hand_over).await;
         }
     });
@@ -108,11 +108,11 @@ impl Janitor {
                 let _ = tokio::time::timeout(self.settings.interval, status.changed()).await;
                 continue;
             };
-            let client = session.client;
-            match self.lead(&client, &lock).await {
+            let client = session.client();
+            match self.lead(client, &lock).await {
                 Ok(true) => {
                     metrics.janitor_active.set(1);
-                    match self.pass(&client).await {
+                    match self.pass(client).await {
                         Ok(removed) => {
                             metrics.janitor_passes.inc();
                             if removed != Removed::default() {
@@ -127,7 +127,7 @@ impl Janitor {
                 Ok(false) => {
                     metrics.janitor_active.set(0);
                     self.seen_empty.clear();
-                    if super::registry::await_leader_gone(&client, &lock).await.is_err() {
+                    if super::registry::await_leader_gone(client, &lock).await.is_err() {
                         tokio::time::sleep(self.settings.interval).await;
                     }
                 }

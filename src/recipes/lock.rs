@@ -14,9 +14,9 @@
 //!
 //! The driver is [crate::recipes::contender]; this file holds the decision.
 
+use crate::zk::{Failure, Session};
 use serde::Serialize;
 use utoipa::ToSchema;
-use zookeeper_client::{Client, Error as ZkError};
 
 use super::contender::{Contenders, Next};
 use super::in_sequence_order;
@@ -98,7 +98,8 @@ impl Source for LockTopic {
         watches
     }
 
-    async fn read(&self, client: &Client) -> Result<LockState, ZkError> {
+    async fn read(&self, session: &Session) -> Result<LockState, Failure> {
+        let client = session.client();
         let queue = read_queue(client, &self.dir, |_, i| i <= LISTED).await?;
         let local = self.local.local(&self.name);
         let mut views = queue.records.iter().map(|r| ContenderView::of(r, None, &local));

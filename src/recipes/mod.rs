@@ -28,6 +28,7 @@ pub mod usage;
 pub mod view;
 pub mod znode;
 
+use crate::zk::{Failure, Session};
 use zookeeper_client::{Client, CreateMode, Error as ZkError};
 
 use crate::zk::retry_on_loss;
@@ -37,7 +38,7 @@ use crate::zk::retry_on_loss;
 pub enum Settle {
     /// The resource records another value.
     Mismatch(u64),
-    ZooKeeper(ZkError),
+    ZooKeeper(Failure),
 }
 
 /// Makes sure the znode `dir` exists (created with `mode`) and records `key: value` in its JSON
@@ -54,7 +55,7 @@ pub async fn settle(client: &Client, dir: &str, key: &str, value: u64, mode: Cre
                 None => match retry_on_loss(|| client.set_data(dir, &ours, Some(stat.version))).await {
                     Ok(_) => return Ok(()),
                     Err(ZkError::BadVersion | ZkError::NoNode) => continue,
-                    Err(err) => return Err(Settle::ZooKeeper(err)),
+                    Err(err) => return Err(Settle::ZooKeeper(err.into())),
                 },
             },
             Err(ZkError::NoNode) => {
@@ -66,12 +67,12 @@ pub async fn settle(client: &Client, dir: &str, key: &str, value: u64, mode: Cre
                         let parent = &dir[..dir.rfind('/').unwrap_or(0)];
                         crate::zk::session::ensure_path(client, parent)
                             .await
-                            .map_err(Settle::ZooKeeper)?;
+                            .map_err(|err| Settle::ZooKeeper(err.into()))?;
                     }
-                    Err(err) => return Err(Settle::ZooKeeper(err)),
+                    Err(err) => return Err(Settle::ZooKeeper(err.into())),
                 }
             }
-            Err(err) => return Err(Settle::ZooKeeper(err)),
+            Err(err) => return Err(Settle::ZooKeeper(err.into())),
         }
     }
 }
@@ -86,11 +87,12 @@ pub fn recorded(data: &[u8], key: &str) -> Option<u64> {
 
 /// Every resource znode under `base` (`<root>/<kind>`) with its number of children (contenders,
 /// members, items...), read in two round trips.
-pub async fn read_names(client: &Client, base: &str) -> Result<Vec<(String, i32)>, ZkError> {
+pub async fn read_names(session: &Session, base: &str) -> Result<Vec<(String, i32)>, Failure> {
+    let client = session.client();
     let mut names = match retry_on_loss(|| client.list_children(base)).await {
         Ok(names) => names,
         Err(ZkError::NoNode) => return Ok(Vec::new()),
-        Err(err) => return Err(err),
+        Err(err) => return Err(err.into()),
     };
     names.sort();
     let read = crate::zk::read_each(client, base, names).await?;

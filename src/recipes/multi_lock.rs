@@ -16,8 +16,9 @@
 //! released before the answer, so a refused set holds nothing. A granted set is recorded in
 //! ZooKeeper ([SetRecord]), so that any instance serves it.
 
+use crate::zk::{Failure, Session};
 use serde::{Deserialize, Serialize};
-use zookeeper_client::{Client, Error as ZkError};
+use zookeeper_client::Error as ZkError;
 
 use crate::zk::retry_on_loss;
 
@@ -70,11 +71,12 @@ impl SetRecord {
 }
 
 /// The record of set `id`, if there is one.
-pub async fn read(client: &Client, root: &str, id: &str) -> Result<Option<SetRecord>, ZkError> {
+pub async fn read(session: &Session, root: &str, id: &str) -> Result<Option<SetRecord>, Failure> {
+    let client = session.client();
     match retry_on_loss(|| client.get_data(&record_path(root, id))).await {
         Ok((data, _)) => Ok(SetRecord::parse(&data)),
         Err(ZkError::NoNode) => Ok(None),
-        Err(err) => Err(err),
+        Err(err) => Err(err.into()),
     }
 }
 

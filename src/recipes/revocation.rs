@@ -11,6 +11,7 @@
 //! Every revocation is also appended to an audit log, `<root>/revocations/r-<seq>`
 //! (persistent, the oldest trimmed beyond [AUDIT_KEPT]).
 
+use crate::zk::{Failure, Session};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -77,12 +78,12 @@ pub enum RevokeError {
     /// A holder is another principal's (Curator's and kazoo's holders have no principal: only
     /// an admin may take theirs back).
     Forbidden(Forbidden),
-    ZooKeeper(ZkError),
+    ZooKeeper(Failure),
 }
 
 impl From<ZkError> for RevokeError {
     fn from(err: ZkError) -> RevokeError {
-        RevokeError::ZooKeeper(err)
+        RevokeError::ZooKeeper(err.into())
     }
 }
 
@@ -90,11 +91,12 @@ impl From<ZkError> for RevokeError {
 /// forces it after the grace if one is given, and appends each record to the audit log under
 /// `audit_base`. Returns the revocations made (a holder that released meanwhile is skipped).
 pub async fn revoke(
-    client: &Client,
+    session: &Session,
     audit_base: &str,
     request: Request<'_>,
     caller: &Caller,
 ) -> Result<Vec<Revocation>, RevokeError> {
+    let client = session.client();
     let queue = read_queue(client, &request.dir, |names, i| match request.node {
         Some(node) => names[i] == node,
         None => (request.role_of)(&names[i]).next_step(names, &names[i]) == Next::Hold,
@@ -222,11 +224,12 @@ pub async fn audit(client: &Client, base: &str, record: &Revocation) -> Result<(
 }
 
 /// The audit log, newest first, at most `limit` records.
-pub async fn read_audit(client: &Client, base: &str, limit: usize) -> Result<Vec<Revocation>, ZkError> {
+pub async fn read_audit(session: &Session, base: &str, limit: usize) -> Result<Vec<Revocation>, Failure> {
+    let client = session.client();
     let mut names = match retry_on_loss(|| client.list_children(base)).await {
         Ok(names) => names,
         Err(ZkError::NoNode) => return Ok(Vec::new()),
-        Err(err) => return Err(err),
+        Err(err) => return Err(err.into()),
     };
     names.sort();
     names.reverse();

@@ -11,9 +11,9 @@
 //! A contender whose kind zkgate does not recognise counts as a writer: an unknown node can
 //! make a reader wait, never let it in beside a writer.
 
+use crate::zk::{Failure, Session};
 use serde::Serialize;
 use utoipa::ToSchema;
-use zookeeper_client::{Client, Error as ZkError};
 
 use super::contender::{Contenders, Next};
 use super::in_sequence_order;
@@ -105,7 +105,8 @@ impl Source for RwLockTopic {
         vec![(Mode::Children, self.dir.clone())]
     }
 
-    async fn read(&self, client: &Client) -> Result<RwLockState, ZkError> {
+    async fn read(&self, session: &Session) -> Result<RwLockState, Failure> {
+        let client = session.client();
         let queue = read_queue(client, &self.dir, |names, i| {
             let holding = holding(names);
             i < holding.min(LISTED) || (i >= holding && i < holding + LISTED)

@@ -17,6 +17,7 @@
 //! it in the semaphore znode's data (`{"permits": N}`, see [super::settle]) and refuses a
 //! request that disagrees, so HTTP clients cannot silently use two different limits.
 
+use crate::zk::{Failure, Session};
 use std::sync::Arc;
 
 use serde::Serialize;
@@ -43,16 +44,18 @@ pub const PERMITS: &str = "permits";
 
 /// Makes sure the semaphore znode exists (a container, as Curator's) and records `permits`,
 /// or says what it records instead.
-pub async fn settle_permits(client: &Client, dir: &str, permits: u32) -> Result<(), super::Settle> {
+pub async fn settle_permits(session: &Session, dir: &str, permits: u32) -> Result<(), super::Settle> {
+    let client = session.client();
     super::settle(client, dir, PERMITS, u64::from(permits), CreateMode::Container).await
 }
 
 /// The number of permits recorded in the semaphore at `dir`, if one is.
-pub async fn permits_of(client: &Client, dir: &str) -> Result<Option<u64>, ZkError> {
+pub async fn permits_of(session: &Session, dir: &str) -> Result<Option<u64>, Failure> {
+    let client = session.client();
     match retry_on_loss(|| client.get_data(dir)).await {
         Ok((data, _)) => Ok(super::recorded(&data, PERMITS)),
         Err(ZkError::NoNode) => Ok(None),
-        Err(err) => Err(err),
+        Err(err) => Err(err.into()),
     }
 }
 
@@ -260,7 +263,8 @@ impl Semaphores {
 /// The permit request `handle` of semaphore `name` (at `dir`), from ZooKeeper (see
 /// [super::contender::recorded]): its lease node if it has one (holding, or first in line for a
 /// permit), else its node in the semaphore's lock queue. `None` if it has neither.
-pub async fn recorded(client: &Client, dir: &str, name: &str, handle: &str) -> Result<Option<Recorded>, ZkError> {
+pub async fn recorded(session: &Session, dir: &str, name: &str, handle: &str) -> Result<Option<Recorded>, Failure> {
+    let client = session.client();
     let Some(guid) = crate::ids::guid_of(handle) else {
         return Ok(None);
     };
@@ -278,7 +282,7 @@ pub async fn recorded(client: &Client, dir: &str, name: &str, handle: &str) -> R
     let mut paths: Vec<String> = lock_node.iter().map(|n| format!("{locks_dir}/{n}")).collect();
     let (own, position, next) = match (&lease_node, &lock_node) {
         (Some(own), _) => {
-            let permits = permits_of(client, dir).await?;
+            let permits = permits_of(session, dir).await?;
             let path = format!("{leases_dir}/{own}");
             paths.insert(0, path.clone());
             match permit_step(&leases, own, permits.map_or(u32::MAX, |p| p as u32)) {
@@ -301,7 +305,7 @@ pub async fn recorded(client: &Client, dir: &str, name: &str, handle: &str) -> R
     let (data, stat) = match retry_on_loss(|| client.get_data(path)).await {
         Ok(read) => read,
         Err(ZkError::NoNode) => return Ok(None),
-        Err(err) => return Err(err),
+        Err(err) => return Err(err.into()),
     };
     Ok(Some(Recorded {
         kind: Kind::Semaphore,
@@ -367,11 +371,12 @@ impl Source for SemaphoreTopic {
         ]
     }
 
-    async fn read(&self, client: &Client) -> Result<SemaphoreState, ZkError> {
+    async fn read(&self, session: &Session) -> Result<SemaphoreState, Failure> {
+        let client = session.client();
         let permits = match retry_on_loss(|| client.get_data(&self.dir)).await {
             Ok((data, _)) => super::recorded(&data, PERMITS),
             Err(ZkError::NoNode) => None,
-            Err(err) => return Err(err),
+            Err(err) => return Err(err.into()),
         };
         // Lease nodes beyond the permits belong to the queue's first acquirer, still waiting.
         let held = |names: &[String]| permits.map_or(names.len(), |p| names.len().min(p as usize));

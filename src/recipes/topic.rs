@@ -9,10 +9,10 @@
 //!
 //! [Source::change] is pure: two states in, the kind of event out. Each recipe unit-tests it.
 
+use crate::zk::{Failure, Session};
 use std::future::Future;
 
 use serde::Serialize;
-use zookeeper_client::{Client, Error as ZkError};
 
 use crate::zk::watch::Mode;
 
@@ -35,7 +35,7 @@ pub trait Source: Send + Sync + 'static {
     fn watches(&self, state: Option<&Self::State>) -> Vec<(Mode, String)>;
 
     /// Reads the state now.
-    fn read(&self, client: &Client) -> impl Future<Output = Result<Self::State, ZkError>> + Send;
+    fn read(&self, session: &Session) -> impl Future<Output = Result<Self::State, Failure>> + Send;
 
     /// What kind of event leads from `before` to `after`, or `None` if nothing changed that
     /// subscribers care about.

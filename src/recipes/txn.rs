@@ -11,11 +11,11 @@
 //! notifications stay O(n) (the guide's first fix); anyone reading the decision after the
 //! deadline may write the abort itself, so a dead coordinator cannot block the transaction.
 
+use crate::zk::{Failure, Session};
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
-use zookeeper_client::{Client, Error as ZkError};
 
 use super::topic::{Source, event_kinds};
 use crate::time::{from_millis, timestamp};
@@ -276,8 +276,8 @@ impl Source for TxnTopic {
         ]
     }
 
-    async fn read(&self, client: &Client) -> Result<TxnState, ZkError> {
-        Ok(TxnState::of(&self.id, read(client, &self.dir).await?))
+    async fn read(&self, session: &Session) -> Result<TxnState, Failure> {
+        Ok(TxnState::of(&self.id, read(session, &self.dir).await?))
     }
 
     fn change(&self, before: &TxnState, after: &TxnState) -> Option<TxnEvent> {
@@ -296,7 +296,7 @@ impl Source for TxnTopic {
 pub enum VoteError {
     /// This participant already voted otherwise.
     AlreadyVoted(Vote),
-    ZooKeeper(zookeeper_client::Error),
+    ZooKeeper(Failure),
 }
 
 pub use io::{await_decision, coordinate, create, decide_now, read, record_vote};
@@ -314,10 +314,14 @@ mod io {
     use crate::zk::retry_on_loss;
     use crate::zk::session::ZkSession;
     use crate::zk::watch::ExistsWatches;
+    use crate::zk::{Failure, Session};
 
     /// Creates the transaction znode with its `members` and `votes` children in one multi.
-    /// `NodeExists` if the id is taken.
-    pub async fn create(client: &Client, dir: &str, spec: &Spec) -> Result<(), ZkError> {
+    ///
+    /// # Notable errors
+    /// * [Failure::Taken] if a transaction with that id exists (with another spec).
+    pub async fn create(session: &Session, dir: &str, spec: &Spec) -> Result<(), Failure> {
+        let client = session.client();
         let data = serde_json::to_vec(spec).unwrap_or_default();
         let options = CreateMode::Persistent.with_acls(crate::zk::acls());
         loop {
@@ -333,30 +337,35 @@ mod io {
                 }) => {
                     crate::zk::session::ensure_path(client, &dir[..dir.rfind('/').unwrap_or(0)]).await?;
                 }
-                Err(zookeeper_client::MultiWriteError::OperationFailed { source, .. }) => return Err(source),
+                Err(zookeeper_client::MultiWriteError::OperationFailed { source, .. }) => return Err(source.into()),
                 Err(zookeeper_client::MultiWriteError::RequestFailed { source }) if crate::zk::is_loss(&source) => {
                     // Applied or not: a transaction znode with our exact spec is ours.
                     match retry_on_loss(|| client.get_data(dir)).await {
                         Ok((existing, _)) if existing == data => return Ok(()),
-                        Ok(_) => return Err(ZkError::NodeExists),
+                        Ok(_) => return Err(Failure::Taken),
                         Err(ZkError::NoNode) => continue,
-                        Err(err) => return Err(err),
+                        Err(err) => return Err(err.into()),
                     }
                 }
-                Err(zookeeper_client::MultiWriteError::RequestFailed { source }) => return Err(source),
+                Err(zookeeper_client::MultiWriteError::RequestFailed { source }) => return Err(source.into()),
             }
         }
     }
 
     /// Reads a transaction; `None` if there is none with that id.
-    pub async fn read(client: &Client, dir: &str) -> Result<Option<Record>, ZkError> {
+    pub async fn read(session: &Session, dir: &str) -> Result<Option<Record>, Failure> {
+        let client = session.client();
         let spec: Spec = match retry_on_loss(|| client.get_data(dir)).await {
             Ok((data, _)) => match serde_json::from_slice(&data) {
                 Ok(spec) => spec,
-                Err(_) => return Err(ZkError::UnexpectedError(format!("{dir} is not a zkgate transaction"))),
+                Err(_) => {
+                    return Err(Failure::Unexpected(ZkError::UnexpectedError(format!(
+                        "{dir} is not a zkgate transaction"
+                    ))));
+                }
             },
             Err(ZkError::NoNode) => return Ok(None),
-            Err(err) => return Err(err),
+            Err(err) => return Err(err.into()),
         };
         let registered: BTreeSet<String> = retry_on_loss(|| client.list_children(&format!("{dir}/members")))
             .await?
@@ -366,7 +375,7 @@ mod io {
         let decision = match retry_on_loss(|| client.get_data(&format!("{dir}/decision"))).await {
             Ok((data, _)) => serde_json::from_slice(&data).ok(),
             Err(ZkError::NoNode) => None,
-            Err(err) => return Err(err),
+            Err(err) => return Err(err.into()),
         };
         Ok(Some(Record {
             spec,
@@ -387,7 +396,8 @@ mod io {
     }
 
     /// Records `vote` for `participant` (create-only): the same vote again is fine.
-    pub async fn record_vote(client: &Client, dir: &str, participant: &str, vote: Vote) -> Result<(), VoteError> {
+    pub async fn record_vote(session: &Session, dir: &str, participant: &str, vote: Vote) -> Result<(), VoteError> {
+        let client = session.client();
         let path = format!("{dir}/votes/{participant}");
         let options = CreateMode::Persistent.with_acls(crate::zk::acls());
         loop {
@@ -399,14 +409,16 @@ mod io {
                             return match Vote::parse(&data) {
                                 Some(existing) if existing == vote => Ok(()),
                                 Some(existing) => Err(VoteError::AlreadyVoted(existing)),
-                                None => Err(VoteError::ZooKeeper(ZkError::UnexpectedError("unreadable vote".into()))),
+                                None => Err(VoteError::ZooKeeper(Failure::Unexpected(ZkError::UnexpectedError(
+                                    "unreadable vote".into(),
+                                )))),
                             };
                         }
                         Err(ZkError::NoNode) => continue,
-                        Err(err) => return Err(VoteError::ZooKeeper(err)),
+                        Err(err) => return Err(VoteError::ZooKeeper(err.into())),
                     }
                 }
-                Err(err) => return Err(VoteError::ZooKeeper(err)),
+                Err(err) => return Err(VoteError::ZooKeeper(err.into())),
             }
         }
     }
@@ -441,11 +453,12 @@ mod io {
 
     /// Decides now if the transaction's state (as read now) settles it, writing the decision.
     pub async fn decide_now(
-        client: &Client,
+        session: &Session,
         dir: &str,
         ever_registered: &BTreeSet<String>,
-    ) -> Result<Option<Decision>, ZkError> {
-        let Some(record) = read(client, dir).await? else {
+    ) -> Result<Option<Decision>, Failure> {
+        let client = session.client();
+        let Some(record) = read(session, dir).await? else {
             return Ok(None);
         };
         if record.decision.is_some() {
@@ -461,7 +474,7 @@ mod io {
             past_deadline: now_ms() >= record.spec.deadline_ms,
         };
         match decide(&tally) {
-            Some((outcome, reason)) => write_decision(client, dir, outcome, reason).await.map(Some),
+            Some((outcome, reason)) => Ok(Some(write_decision(client, dir, outcome, reason).await?)),
             None => Ok(None),
         }
     }
@@ -471,12 +484,12 @@ mod io {
     /// cannot leave a transaction undecided. The decision is awaited on the instance's one
     /// shared watch of it.
     pub async fn await_decision(
-        client: &Client,
+        session: &Session,
         watches: &ExistsWatches,
         dir: &str,
         deadline_ms: i64,
         until: Instant,
-    ) -> Result<(), ZkError> {
+    ) -> Result<(), Failure> {
         // The deadline comes from ZooKeeper, whatever wrote it: checked arithmetic only.
         let deadline = crate::time::instant_after(crate::time::until_ms(deadline_ms));
         let mut decided = watches.subscribe(&format!("{dir}/decision"));
@@ -487,7 +500,7 @@ mod io {
             _ = appeared => {}
             _ = tokio::time::sleep_until(until) => {}
             _ = tokio::time::sleep_until(deadline), if deadline < until => {
-                decide_now(client, dir, &BTreeSet::new()).await?;
+                decide_now(session, dir, &BTreeSet::new()).await?;
             }
         }
         Ok(())
@@ -502,7 +515,7 @@ mod io {
                 tokio::time::sleep(Duration::from_millis(200)).await;
                 continue;
             };
-            let client = session.client;
+            let client = session.client();
             let members = retry_on_loss(|| client.get_and_watch_children(&format!("{dir}/members"))).await;
             let votes = retry_on_loss(|| client.get_and_watch_children(&format!("{dir}/votes"))).await;
             let (Ok((registered, _, members_changed)), Ok((_, _, votes_changed))) = (members, votes) else {
@@ -510,7 +523,7 @@ mod io {
                 return;
             };
             ever_registered.extend(registered);
-            match decide_now(&client, &dir, &ever_registered).await {
+            match decide_now(&session, &dir, &ever_registered).await {
                 Ok(Some(decision)) => {
                     tracing::info!(%dir, outcome = ?decision.outcome, reason = ?decision.reason, "transaction decided");
                     return;

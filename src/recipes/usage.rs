@@ -20,6 +20,7 @@
 //! says so in `/readyz`, and checks the usage itself before each charge: the same bounds,
 //! except for writes that race on several instances.
 
+use crate::zk::{Failure, Session};
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
@@ -81,12 +82,12 @@ pub struct Exceeded {
 #[derive(Debug)]
 pub enum ChargeError {
     Exceeded(Exceeded),
-    ZooKeeper(ZkError),
+    ZooKeeper(Failure),
 }
 
 impl From<ZkError> for ChargeError {
     fn from(err: ZkError) -> ChargeError {
-        ChargeError::ZooKeeper(err)
+        ChargeError::ZooKeeper(err.into())
     }
 }
 
@@ -122,8 +123,8 @@ pub struct Payer<'a> {
 
 impl Payer<'_> {
     /// What to say of a write of `bytes` that ZooKeeper refused with `QuotaExceeded`.
-    pub async fn exceeded(&self, client: &Client, bytes: usize) -> Exceeded {
-        self.quotas.exceeded(client, self.principal, bytes).await
+    pub async fn exceeded(&self, session: &Session, bytes: usize) -> Exceeded {
+        self.quotas.exceeded(session, self.principal, bytes).await
     }
 }
 
@@ -239,7 +240,13 @@ impl Quotas {
     /// A new charge for a value of `bytes` that `principal` (`None`: auth is off) stores, its
     /// node to be created (with [Quotas::add_charge]) in the multi-op that stores the value.
     /// Where the servers do not enforce quotas, the usage is checked here first.
-    pub async fn charge(&self, client: &Client, principal: Option<&str>, bytes: usize) -> Result<Charge, ChargeError> {
+    pub async fn charge(
+        &self,
+        session: &Session,
+        principal: Option<&str>,
+        bytes: usize,
+    ) -> Result<Charge, ChargeError> {
+        let client = session.client();
         let id = uuid::Uuid::new_v4().simple().to_string();
         self.charge_as(client, principal, bytes, id).await
     }
@@ -404,7 +411,8 @@ impl Quotas {
     }
 
     /// What to say of a write ZooKeeper refused with `QuotaExceeded`: the quota it passed.
-    pub async fn exceeded(&self, client: &Client, principal: Option<&str>, bytes: usize) -> Exceeded {
+    pub async fn exceeded(&self, session: &Session, principal: Option<&str>, bytes: usize) -> Exceeded {
+        let client = session.client();
         let principal = principal.unwrap_or(ANYONE);
         match self.check(client, principal, bytes).await {
             Ok(Some(exceeded)) => exceeded,

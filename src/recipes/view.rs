@@ -2,6 +2,7 @@
 //! queue read in two round trips, bounded to what a state lists, and each contender's view.
 //! Every topic and `GET` of a contended resource reads through here.
 
+use crate::zk::{Failure, Session};
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
@@ -295,18 +296,19 @@ pub enum Fencing {
 /// log2(holders) of them. A holder that leaves during the search changes the answer anyway;
 /// the check starts again from a new listing (a few times at most).
 pub async fn check_fencing(
-    client: &Client,
+    session: &Session,
     dir: &str,
     holding: impl Fn(&[String]) -> usize,
     token: i64,
-) -> Result<Fencing, ZkError> {
+) -> Result<Fencing, Failure> {
+    let client = session.client();
     let mut attempts = 0;
     loop {
         attempts += 1;
         let children = match retry_on_loss(|| client.list_children(dir)).await {
             Ok(children) => children,
             Err(ZkError::NoNode) => Vec::new(),
-            Err(err) => return Err(err),
+            Err(err) => return Err(err.into()),
         };
         let names: Vec<String> = in_sequence_order(&children)
             .into_iter()
@@ -318,7 +320,7 @@ pub async fn check_fencing(
         }
         match search(client, dir, holders, token).await? {
             Some(found) => return Ok(found),
-            None if attempts >= 3 => return Err(ZkError::ConnectionLoss),
+            None if attempts >= 3 => return Err(ZkError::ConnectionLoss.into()),
             None => continue,
         }
     }

@@ -2,9 +2,10 @@
 //! data (`created`, `changed`, `deleted`) or its children. (Everything below a znode, with one
 //! persistent recursive watch, is [crate::zk::recursive].)
 
+use crate::zk::{Failure, Session};
 use serde::Serialize;
 use utoipa::ToSchema;
-use zookeeper_client::{Client, Error as ZkError};
+use zookeeper_client::Error as ZkError;
 
 use super::topic::{Source, event_kinds};
 use crate::zk::retry_on_loss;
@@ -77,7 +78,8 @@ impl Source for ZnodeData {
         vec![(Mode::Exists, self.path.clone())]
     }
 
-    async fn read(&self, client: &Client) -> Result<ZnodeDataState, ZkError> {
+    async fn read(&self, session: &Session) -> Result<ZnodeDataState, Failure> {
+        let client = session.client();
         match retry_on_loss(|| client.get_data(&self.path)).await {
             Ok((data, stat)) => Ok(ZnodeDataState {
                 exists: true,
@@ -91,7 +93,7 @@ impl Source for ZnodeData {
                 version: None,
                 mzxid: None,
             }),
-            Err(err) => Err(err),
+            Err(err) => Err(err.into()),
         }
     }
 
@@ -113,7 +115,8 @@ impl Source for ZnodeChildren {
         vec![(Mode::Children, self.path.clone())]
     }
 
-    async fn read(&self, client: &Client) -> Result<ZnodeChildrenState, ZkError> {
+    async fn read(&self, session: &Session) -> Result<ZnodeChildrenState, Failure> {
+        let client = session.client();
         match retry_on_loss(|| client.list_children(&self.path)).await {
             Ok(mut children) => {
                 children.sort();
@@ -123,7 +126,7 @@ impl Source for ZnodeChildren {
                 exists: false,
                 children: Vec::new(),
             }),
-            Err(err) => Err(err),
+            Err(err) => Err(err.into()),
         }
     }
 

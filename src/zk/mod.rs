@@ -3,6 +3,7 @@
 //! session's security (digest authentication, the ACL of the znodes zkgate creates, TLS).
 
 pub mod acl;
+pub mod failure;
 pub mod names;
 pub mod nodelay;
 pub mod quota;
@@ -14,6 +15,8 @@ pub mod sync;
 pub mod watch;
 
 pub use acl::acls;
+pub use failure::Failure;
+pub use session::Session;
 pub use zookeeper_client::{Client, Error as ZkError, WatchedEvent};
 
 use std::future::Future;

@@ -169,7 +169,7 @@ impl Follower {
         // The watch first, then the state: a change in between is both in the state and an
         // event, never in neither.
         let path = self.path.as_str();
-        let watcher = match retry_on_loss(|| session.client.watch(path, AddWatchMode::PersistentRecursive)).await {
+        let watcher = match retry_on_loss(|| session.client().watch(path, AddWatchMode::PersistentRecursive)).await {
             Ok(watcher) => watcher,
             Err(err) => {
                 tracing::warn!(%path, error = %err, "recursive watch could not be set; retrying");
@@ -177,7 +177,7 @@ impl Follower {
                 return None;
             }
         };
-        let stat = retry_on_loss(|| session.client.check_stat(path)).await.ok()?;
+        let stat = retry_on_loss(|| session.client().check_stat(path)).await.ok()?;
         let exists = stat.is_some();
         let change = match self.resync_reason.take() {
             Some(reason) => Change::Resync { reason, exists },
@@ -193,7 +193,7 @@ impl Follower {
         self.started = true;
         self.disconnected = false;
         self.reconnected = false;
-        self.current = Some((session.client, watcher));
+        self.current = Some((session.client().clone(), watcher));
         Some(change)
     }
 

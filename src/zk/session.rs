@@ -61,21 +61,40 @@ pub struct Status {
     pub connects: u64,
 }
 
+impl Status {
+    /// Whether a session is established and its connection up.
+    pub fn is_connected(&self) -> bool {
+        self.client.is_some() && self.connection == Connection::Connected
+    }
+
+    /// The current session's id, if a session is established.
+    pub fn session_id(&self) -> Option<i64> {
+        self.client.as_ref().map(|c| c.session_id().0)
+    }
+}
+
 /// A borrowed client, with the generation of the session it belongs to.
 #[derive(Clone)]
 pub struct Session {
-    pub client: Client,
+    client: Client,
     pub generation: u64,
     syncs: Arc<Syncs>,
 }
 
 impl Session {
+    /// The session's ZooKeeper client, for the recipes and what sits below them. The edges
+    /// (`http/`, `ws/`, `runner/`) hand the whole session to a recipe and never ask for its
+    /// client (`tests/layers.rs`): what they do with ZooKeeper is a recipe's business.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
     /// Waits until this session's server has caught up with every write acknowledged before
     /// the call, by anyone on any server, so that a read on [Session::client] after it is
     /// linearizable (see [super::sync]; concurrent callers share the `sync`s). Retried on a
     /// connection loss: a `sync` is safe to repeat.
-    pub async fn sync(&self) -> Result<(), zookeeper_client::Error> {
-        super::retry_on_loss(|| self.syncs.sync(&self.client)).await
+    pub async fn sync(&self) -> Result<(), super::Failure> {
+        Ok(super::retry_on_loss(|| self.syncs.sync(&self.client)).await?)
     }
 
     /// How many `sync`s this session has sent.

@@ -196,11 +196,11 @@ async fn keep_watching(zk: ZkSession, key: (Mode, String), entry: Arc<Entry>, pa
         // Numbered before it is sent: see [Subscription::read_fresh].
         let read = entry.issued.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
         let armed = match mode {
-            Mode::Exists => retry_on_loss(|| session.client.check_and_watch_stat(&path)).await,
-            Mode::Children => match retry_on_loss(|| session.client.get_and_watch_children(&path)).await {
+            Mode::Exists => retry_on_loss(|| session.client().check_and_watch_stat(&path)).await,
+            Mode::Children => match retry_on_loss(|| session.client().get_and_watch_children(&path)).await {
                 Ok((_, stat, watcher)) => Ok((Some(stat), watcher)),
                 // No parent yet: follow its creation instead.
-                Err(zookeeper_client::Error::NoNode) => retry_on_loss(|| session.client.check_and_watch_stat(&path))
+                Err(zookeeper_client::Error::NoNode) => retry_on_loss(|| session.client().check_and_watch_stat(&path))
                     .await
                     .and_then(|(stat, watcher)| match stat {
                         Some(_) => Err(zookeeper_client::Error::NodeExists),

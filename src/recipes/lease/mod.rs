@@ -33,7 +33,7 @@ use crate::auth::Caller;
 use crate::kind::Kind;
 use crate::locked::Locked;
 use crate::recipes::revocation::Revocation;
-use crate::zk::session::{Unavailable, ZkSession};
+use crate::zk::session::{Session, Unavailable, ZkSession};
 
 /// Why a lease ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
@@ -251,13 +251,13 @@ impl Lease {
         }
     }
 
-    /// The client of the lease's session (whatever its generation: what the lease holds is
-    /// persistent, so a new session of the lane serves it as well as the old one did).
+    /// The lease's session (whatever its generation: what the lease holds is persistent, so a
+    /// new session of the lane serves it as well as the old one did).
     ///
     /// # Notable errors
     /// * [Unavailable] while ZooKeeper cannot be reached.
-    pub async fn session(&self) -> Result<zookeeper_client::Client, Unavailable> {
-        Ok(self.zk.connected().await?.client)
+    pub async fn session(&self) -> Result<Session, Unavailable> {
+        self.zk.connected().await
     }
 
     /// The record's version as kept here; `None` before the record is written.

@@ -23,6 +23,7 @@
 //! Over 600 lines (about 150 of them tests): put, take and their multi-ops in one file; issue
 //! 31's typed multi-op builder shrinks `take_items`, then take and put split by concept.
 
+use crate::zk::{Failure, Session};
 use serde::{Deserialize, Serialize};
 use zookeeper_client::{Client, CreateMode, Error as ZkError, MultiWriteError, Stat};
 
@@ -312,14 +313,15 @@ pub enum Put {
 /// all; so is the item's charge to `payer`, so that an item past the payer's quota is not
 /// stored.
 pub async fn put(
-    client: &Client,
+    session: &Session,
     paths: &QueuePaths,
     placement: Placement,
     envelope: &Envelope,
     key: Option<&str>,
     max_depth: usize,
     payer: Payer<'_>,
-) -> Result<Put, ZkError> {
+) -> Result<Put, Failure> {
+    let client = session.client();
     let depth = match retry_on_loss(|| client.check_stat(&paths.items)).await? {
         Some(stat) => stat.num_children as usize,
         None => 0,
@@ -332,7 +334,7 @@ pub async fn put(
     // Checked on the item's stored size (the charge's own mention in the header aside), and
     // charged on it exactly.
     let size = envelope.to_bytes().len();
-    envelope.charge = match payer.quotas.charge(client, payer.principal, size).await {
+    envelope.charge = match payer.quotas.charge(session, payer.principal, size).await {
         Ok(charge) => Some(charge),
         Err(ChargeError::Exceeded(exceeded)) => return Ok(Put::Quota(exceeded)),
         Err(ChargeError::ZooKeeper(err)) => return Err(err),
@@ -366,7 +368,7 @@ pub async fn put(
             Err(MultiWriteError::OperationFailed {
                 source: ZkError::QuotaExceeded,
                 ..
-            }) => return Ok(Put::Quota(payer.exceeded(client, data.len()).await)),
+            }) => return Ok(Put::Quota(payer.exceeded(session, data.len()).await)),
             Err(MultiWriteError::OperationFailed {
                 source: ZkError::NoNode,
                 ..
@@ -376,12 +378,12 @@ pub async fn put(
                     payer.quotas.repair(client, &charge.principal).await?;
                 }
             }
-            Err(MultiWriteError::OperationFailed { source, .. }) => return Err(source),
+            Err(MultiWriteError::OperationFailed { source, .. }) => return Err(source.into()),
             // A lost reply: with a key, the key tells whether it happened; without, the put is
             // not retried (it may have happened, and a second copy is worse for most users
             // than a clear error they can retry with a key).
             Err(MultiWriteError::RequestFailed { source }) if crate::zk::is_loss(&source) && key.is_some() => continue,
-            Err(MultiWriteError::RequestFailed { source }) => return Err(source),
+            Err(MultiWriteError::RequestFailed { source }) => return Err(source.into()),
         }
     }
 }
@@ -818,11 +820,12 @@ pub async fn release_claim(client: &Client, paths: &QueuePaths, item: &str, clai
 
 /// The items under `dir` (`items/` or `dead/`), each with its place in queue order as text
 /// (priority, then sequence: it sorts as the queue does), for paging.
-pub async fn names(client: &Client, dir: &str) -> Result<Vec<(String, String)>, ZkError> {
+pub async fn names(session: &Session, dir: &str) -> Result<Vec<(String, String)>, Failure> {
+    let client = session.client();
     let children = match retry_on_loss(|| client.list_children(dir)).await {
         Ok(children) => children,
         Err(ZkError::NoNode) => return Ok(Vec::new()),
-        Err(err) => return Err(err),
+        Err(err) => return Err(err.into()),
     };
     Ok(children
         .into_iter()
@@ -831,7 +834,8 @@ pub async fn names(client: &Client, dir: &str) -> Result<Vec<(String, String)>, 
 }
 
 /// The items `names` under `dir` with their envelopes (an item gone meanwhile is left out).
-pub async fn read(client: &Client, dir: &str, names: Vec<String>) -> Result<Vec<(String, Envelope, Stat)>, ZkError> {
+pub async fn read(session: &Session, dir: &str, names: Vec<String>) -> Result<Vec<(String, Envelope, Stat)>, Failure> {
+    let client = session.client();
     let read = crate::zk::read_each(client, dir, names).await?;
     Ok(read
         .into_iter()
@@ -840,12 +844,13 @@ pub async fn read(client: &Client, dir: &str, names: Vec<String>) -> Result<Vec<
 }
 
 /// Moves a dead item back into the queue, under its own name, its delivery count reset.
-pub async fn replay(client: &Client, paths: &QueuePaths, item: &str) -> Result<bool, ZkError> {
+pub async fn replay(session: &Session, paths: &QueuePaths, item: &str) -> Result<bool, Failure> {
+    let client = session.client();
     let dead_path = format!("{}/{item}", paths.dead);
     let (data, stat) = match retry_on_loss(|| client.get_data(&dead_path)).await {
         Ok(read) => read,
         Err(ZkError::NoNode) => return Ok(false),
-        Err(err) => return Err(err),
+        Err(err) => return Err(err.into()),
     };
     let mut envelope = Envelope::parse(&data);
     envelope.deliveries = 0;
@@ -859,7 +864,7 @@ pub async fn replay(client: &Client, paths: &QueuePaths, item: &str) -> Result<b
     match writer.commit().await {
         Ok(_) => Ok(true),
         Err(MultiWriteError::OperationFailed { .. }) => Ok(false),
-        Err(MultiWriteError::RequestFailed { source }) => Err(source),
+        Err(MultiWriteError::RequestFailed { source }) => Err(source.into()),
     }
 }
 

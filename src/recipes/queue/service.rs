@@ -14,6 +14,7 @@ use super::{ClaimRecord, HeldClaim, Pick, QueuePaths, Taken};
 use crate::locked::Locked;
 use crate::recipes::usage::{Charge, Quotas};
 use crate::remembered::Remembered;
+use crate::zk::Failure;
 use crate::zk::session::ZkSession;
 
 /// A claim as this instance knows it: one it made or adopted (and times), or one another
@@ -153,7 +154,7 @@ impl Queues {
         owner: Option<&str>,
         options: TakeOptions,
         until: Instant,
-    ) -> Result<Vec<(Taken, Option<Claim>)>, ZkError> {
+    ) -> Result<Vec<(Taken, Option<Claim>)>, Failure> {
         let paths = self.paths(queue);
         let shelf = self.shelves.using(queue, &paths);
         loop {
@@ -176,7 +177,7 @@ impl Queues {
             if picked.names.is_empty() && Instant::now() >= until {
                 // About to say there is nothing: as of now, not of an older shelf.
                 if !shelf.caught_up().await {
-                    return Err(ZkError::ConnectionLoss);
+                    return Err(ZkError::ConnectionLoss.into());
                 }
                 picked = shelf.pick(options.max_items.max(1));
                 if picked.names.is_empty() {
@@ -228,7 +229,7 @@ impl Queues {
                     })
                     .collect();
                 let outcome = super::take_items(
-                    &session.client,
+                    session.client(),
                     &queues.quotas,
                     &paths,
                     &picks,
@@ -286,7 +287,7 @@ impl Queues {
     /// instance made them all (and they are as claimed), otherwise each on its own. Whether
     /// each was acknowledged (`false`: no longer held, given back or taken by another), in
     /// order.
-    pub async fn ack(&self, queue: &str, held: &[Claim]) -> Result<Vec<bool>, ZkError> {
+    pub async fn ack(&self, queue: &str, held: &[Claim]) -> Result<Vec<bool>, Failure> {
         let session = self.zk.connected().await.map_err(|_| ZkError::ConnectionLoss)?;
         let paths = self.paths(queue);
         let made_here: Option<Vec<HeldClaim<'_>>> = held
@@ -300,21 +301,21 @@ impl Queues {
             })
             .collect();
         if let Some(claims) = made_here
-            && super::ack_held(&session.client, &self.quotas, &paths, &claims).await?
+            && super::ack_held(session.client(), &self.quotas, &paths, &claims).await?
         {
             return Ok(vec![true; held.len()]);
         }
         let mut acked = Vec::with_capacity(held.len());
         for claim in held {
-            acked.push(super::ack(&session.client, &self.quotas, &paths, &claim.item, &claim.id).await?);
+            acked.push(super::ack(session.client(), &self.quotas, &paths, &claim.item, &claim.id).await?);
         }
         Ok(acked)
     }
 
     /// Gives a claim of `queue` back; whether it was still held.
-    pub async fn release(&self, claim: &Claim) -> Result<bool, ZkError> {
+    pub async fn release(&self, claim: &Claim) -> Result<bool, Failure> {
         let session = self.zk.connected().await.map_err(|_| ZkError::ConnectionLoss)?;
-        super::release_claim(&session.client, &self.paths(&claim.queue), &claim.item, &claim.id).await
+        Ok(super::release_claim(session.client(), &self.paths(&claim.queue), &claim.item, &claim.id).await?)
     }
 
     /// Remembers a claim and gives it back when its deadline passes unacknowledged.
@@ -339,7 +340,7 @@ impl Queues {
     /// The claim `id` of `queue` as an ack or a nack finds it: timed here, or else as recorded in
     /// ZooKeeper (made through another instance, which times it, or one gone, whose claims the
     /// reaper's instance times) while its deadline has not passed. `None` if it is not held.
-    pub async fn find(&self, queue: &str, id: &str) -> Result<Option<Claim>, ZkError> {
+    pub async fn find(&self, queue: &str, id: &str) -> Result<Option<Claim>, Failure> {
         if let Some(held) = self.claim(queue, id) {
             return Ok(Some(held));
         }
@@ -348,12 +349,12 @@ impl Queues {
         };
         let session = self.zk.connected().await.map_err(|_| ZkError::ConnectionLoss)?;
         let paths = self.paths(queue);
-        let mut recorded = super::read_claim(&session.client, &paths, &item).await?;
+        let mut recorded = super::read_claim(session.client(), &paths, &item).await?;
         if recorded.is_none() {
             // Made through another instance a moment ago, maybe: this session's server may not
             // have it yet. As of now, after a sync.
             session.sync().await?;
-            recorded = super::read_claim(&session.client, &paths, &item).await?;
+            recorded = super::read_claim(session.client(), &paths, &item).await?;
         }
         Ok(recorded
             .filter(|(record, _)| record.claim == id && record.deadline_ms > crate::time::now_ms())
@@ -378,7 +379,7 @@ impl Queues {
             if claim.deadline_ms <= crate::time::now_ms() {
                 // Past its deadline already (every instance was gone meanwhile): given back
                 // before this returns, so before a starting instance is ready.
-                if self.release(&claim).await? {
+                if super::release_claim(client, &self.paths(&claim.queue), &claim.item, &claim.id).await? {
                     tracing::info!(queue = %claim.queue, item = %claim.item, "ack deadline passed while its instance was gone: item given back");
                 }
             } else {

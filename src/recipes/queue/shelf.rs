@@ -330,7 +330,7 @@ impl Shelf {
                     return; // the session's end brings another resync
                 };
                 let list = |path: String| {
-                    let client = session.client.clone();
+                    let client = session.client().clone();
                     async move {
                         match retry_on_loss(|| client.list_children(&path)).await {
                             Ok(children) => Ok(children),

@@ -2,6 +2,7 @@
 //! the oldest, and the head of the queue (without the items' bodies, which may be large: they
 //! are read with `GET .../items`).
 
+use crate::zk::{Failure, Session};
 use serde::Serialize;
 use utoipa::ToSchema;
 use zookeeper_client::{Client, Error as ZkError};
@@ -90,7 +91,8 @@ impl Source for QueueTopic {
 
     /// Three listings and one multi-read (the head, and the oldest item: the one put first,
     /// the lowest sequence number whatever its priority).
-    async fn read(&self, client: &Client) -> Result<QueueState, ZkError> {
+    async fn read(&self, session: &Session) -> Result<QueueState, Failure> {
+        let client = session.client();
         let items = children(client, &self.paths.items).await?;
         let claims = children(client, &self.paths.claims).await?;
         let dead = children(client, &self.paths.dead).await?;
@@ -166,11 +168,12 @@ async fn children(client: &Client, dir: &str) -> Result<Vec<String>, ZkError> {
 /// Every queue under `base` (`<root>/queues`) with its counts, read in two round trips (a
 /// listing, then one multi-read of each queue's `items`, `claims` and `dead`): items waiting
 /// (claimed ones not counted), claims in flight, dead letters.
-pub async fn counts(client: &Client, base: &str) -> Result<Vec<crate::metrics::QueueCounts>, ZkError> {
+pub async fn counts(session: &Session, base: &str) -> Result<Vec<crate::metrics::QueueCounts>, Failure> {
+    let client = session.client();
     let queues = match retry_on_loss(|| client.list_children(base)).await {
         Ok(queues) => queues,
         Err(ZkError::NoNode) => return Ok(Vec::new()),
-        Err(err) => return Err(err),
+        Err(err) => return Err(err.into()),
     };
     let paths: Vec<String> = queues
         .iter()
