@@ -59,25 +59,25 @@ impl Kind {
     ];
 
     const fn entry(self) -> Entry {
-        let (segment, name, tag) = match self {
-            Kind::Lock => ("locks", "lock", "locks"),
-            Kind::RwLock => ("rwlocks", "rwlock", "rwlocks"),
-            Kind::Semaphore => ("semaphores", "semaphore", "semaphores"),
-            Kind::Election => ("elections", "election", "elections"),
-            Kind::Barrier => ("barriers", "barrier", "barriers"),
-            Kind::DoubleBarrier => ("double-barriers", "double_barrier", "barriers"),
-            Kind::Txn => ("txns", "txn", "txns"),
-            Kind::Queue => ("queues", "queue", "queues"),
-            Kind::Group => ("groups", "group", "groups"),
-            Kind::Kv => ("kv", "kv", "kv"),
-            Kind::Counter => ("counters", "counter", "counters"),
-            Kind::Service => ("services", "service", "services"),
+        let (segment, name, tag, topic) = match self {
+            Kind::Lock => ("locks", "lock", "locks", true),
+            Kind::RwLock => ("rwlocks", "rwlock", "rwlocks", true),
+            Kind::Semaphore => ("semaphores", "semaphore", "semaphores", true),
+            Kind::Election => ("elections", "election", "elections", true),
+            Kind::Barrier => ("barriers", "barrier", "barriers", true),
+            Kind::DoubleBarrier => ("double-barriers", "double_barrier", "barriers", true),
+            Kind::Txn => ("txns", "txn", "txns", true),
+            Kind::Queue => ("queues", "queue", "queues", true),
+            Kind::Group => ("groups", "group", "groups", true),
+            Kind::Kv => ("kv", "kv", "kv", false),
+            Kind::Counter => ("counters", "counter", "counters", true),
+            Kind::Service => ("services", "service", "services", true),
         };
         Entry {
             segment,
             name,
             tag,
-            topic: !matches!(self, Kind::Kv),
+            topic,
         }
     }
 

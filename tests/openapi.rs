@@ -90,3 +90,89 @@ async fn serves_the_spec_and_docs_and_answers_503_without_zookeeper() {
     }
     running.stop().await.expect("stop");
 }
+
+/// The spec's lists of kinds come from the registry: the socket and the event stream name every
+/// kind's topic, and a lease's holdings allow every kind's name (hand lists here missed the
+/// semaphores, counters and services added later).
+#[test]
+fn the_spec_lists_every_kind_from_the_registry() {
+    use zkgate::kind::Kind;
+    let spec: serde_json::Value = serde_json::from_str(&generated()).expect("json");
+    let description = |path: &str| {
+        spec["paths"][path]["get"]["description"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    };
+    let (socket, stream) = (description("/v1/ws"), description("/v1/events"));
+    let kinds: Vec<&str> = spec["components"]["schemas"]["HoldingView"]["properties"]["kind"]["enum"]
+        .as_array()
+        .expect("a holding's kind is an enum")
+        .iter()
+        .filter_map(|v| v.as_str())
+        .collect();
+    for kind in Kind::ALL {
+        assert!(
+            kinds.contains(&kind.name()),
+            "a holding's kind may be `{}`",
+            kind.name()
+        );
+        let Some(topic) = kind.topic() else { continue };
+        assert!(
+            socket.contains(&format!("`{{\"{topic}\":\"NAME\"}}`")),
+            "/v1/ws names `{topic}`:\n{socket}"
+        );
+        assert!(
+            stream.contains(&format!("`{topic}:NAME`")),
+            "/v1/events names `{topic}`:\n{stream}"
+        );
+    }
+    assert_eq!(kinds.len(), Kind::ALL.len());
+}
+
+/// The README's lists of kinds (the topics of the event streams and of the socket, the kinds
+/// a grant names) name every kind of the registry.
+#[test]
+fn the_readme_lists_every_kind() {
+    use zkgate::kind::Kind;
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).expect("README");
+    // A paragraph: from the line that starts with `start` to the next blank line.
+    let paragraph = |start: &str| -> String {
+        let at = readme.find(start).unwrap_or_else(|| panic!("README has `{start}`"));
+        readme[at..].split("\n\n").next().unwrap_or_default().to_string()
+    };
+    let stream_topics = paragraph("Topics are `lock:`");
+    let grants = paragraph("[[principals.grants]]");
+    for kind in Kind::ALL {
+        let words = grants.split(|c: char| !(c.is_alphanumeric() || c == '-'));
+        assert!(
+            words.into_iter().any(|w| w == kind.auth()),
+            "the grant example's comment names `{}`:\n{grants}",
+            kind.auth()
+        );
+        let Some(topic) = kind.topic() else { continue };
+        assert!(
+            stream_topics.contains(&format!("`{topic}:`")),
+            "the SSE topics name `{topic}:`"
+        );
+        assert!(
+            readme.contains(&format!("\n| `{{\"{topic}\":")),
+            "the socket's topic table has a row for `{topic}`"
+        );
+    }
+}
+
+/// The dashboard has a section for every kind with a topic (kv has none: its keys are followed
+/// as znodes), named by the kind's segment as the summaries are.
+#[test]
+fn the_dashboard_has_a_section_for_every_kind_with_a_topic() {
+    use zkgate::kind::Kind;
+    let page = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/web/index.html")).expect("page");
+    for kind in Kind::ALL.into_iter().filter(|k| k.topic().is_some()) {
+        assert!(
+            page.contains(&format!("data-kind=\"{}\"", kind.segment())),
+            "the dashboard shows `{}`",
+            kind.segment()
+        );
+    }
+}

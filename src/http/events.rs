@@ -65,11 +65,10 @@ pub fn is_stream(path: &str) -> bool {
 
 /// Follows topics as Server-Sent Events.
 ///
-/// `topic` (repeat it, up to 64) names each topic as events name it: `lock:orders`,
-/// `rwlock:NAME`, `semaphore:NAME`, `election:NAME`, `barrier:NAME`, `double_barrier:NAME`,
-/// `txn:ID`, `queue:NAME`, `group:NAME`, `lease:ID` (a lease of this instance), `summary:KIND`
-/// (every resource of a kind at a glance: `summary:locks`, `summary:queues`...), or
-/// `znode:data|children|recursive:PATH` (relative to the root). Each SSE event's `data` is one
+/// `topic` (repeat it, up to 64) names each topic as events name it: `KIND:NAME` for a
+/// resource (`lock:orders`; the kinds are listed below), `lease:ID` (a lease of this instance),
+/// `summary:KIND` (every resource of a kind at a glance: `summary:locks`, `summary:queues`...),
+/// or `znode:data|children|recursive:PATH` (relative to the root). Each SSE event's `data` is one
 /// event (`{"topic":...,"seq":N,"position":"...","type":"state","state":{...}}`): first each
 /// topic's `state`, then its changes, `resync` (with a `reason`) where changes may have been
 /// missed. Its `id` is where the stream is; reconnect with it as `Last-Event-ID` (or

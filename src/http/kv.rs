@@ -168,7 +168,7 @@ fn precondition_failed(key: &str, current: Option<i64>) -> ApiError {
         ReadQuery,
         ("If-None-Match" = Option<String>, Header, description = "An ETag: 304 if the value still has it (after waiting, with `wait`)")),
     responses(
-        (status = 200, description = "The value, with its `ETag`, in the `Content-Type` it was written with (a value written by another session comes as bytes)",
+        (status = 200, description = "The value, with its `ETag`, in the `Content-Type` it was written with (a value written by another client comes as bytes)",
             content((serde_json::Value = "application/json", example = json!({"dark_mode": true, "max_items": 50})),
                 (String = "text/plain", example = json!("maintenance at 22:00")),
                 (String = "application/octet-stream"))),

@@ -98,7 +98,7 @@ pub const BODY_LIMIT_BYTES: usize = 512 * 1024;
 #[openapi(
     info(
         title = "zkgate",
-        description = "Apache ZooKeeper's coordination recipes over HTTP: leases, exclusive and read/write locks with fencing tokens, semaphores, leader election, group membership, configuration, barriers and double barriers, two-phase commit, queues.\n\n\
+        description = "Apache ZooKeeper's coordination recipes over HTTP: leases, exclusive and read/write locks with fencing tokens, lock sets, semaphores, leader election, group membership, service discovery, configuration (kv), counters, barriers and double barriers, two-phase commit, queues (one tag per kind below).\n\n\
             Errors are RFC 9457 problem documents (`application/problem+json`) whose `type` is `urn:zkgate:problem:<slug>`.\n\
             Durations are written like `500ms`, `5s`, `1m`.",
         license(name = "MIT")
@@ -314,6 +314,7 @@ pub async fn read<S: Source>(
 /// bearer auth ([document_auth]), and `?consistency=` on the reads ([consistency::document]).
 pub fn document(spec: &mut utoipa::openapi::OpenApi) {
     document_auth(spec);
+    topics::document(spec);
     consistency::document(spec);
     formats::document(spec);
 }

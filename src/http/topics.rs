@@ -20,6 +20,36 @@ use crate::recipes::lease::LeaseError;
 use crate::recipes::znode::{ZnodeChildren, ZnodeData};
 use crate::zk::names::validate_name;
 
+/// The kinds' topics as the API documents them, from the registry: `lock`, `rwlock`... (every
+/// [Kind] with a topic, in [Kind::ALL]'s order).
+pub fn kind_topics() -> Vec<&'static str> {
+    Kind::ALL.into_iter().filter_map(Kind::topic).collect()
+}
+
+/// Appends to the descriptions of the socket and the event stream the topics of every kind
+/// that has them, written from the registry here rather than by hand in their doc comments (a
+/// hand list missed three kinds).
+pub fn document(spec: &mut utoipa::openapi::OpenApi) {
+    let listed = |example: fn(&str) -> String| kind_topics().into_iter().map(example).collect::<Vec<_>>().join(", ");
+    let endings = [
+        (
+            "/v1/ws",
+            format!("Resource topics: {}.", listed(|t| format!("`{{\"{t}\":\"NAME\"}}`"))),
+        ),
+        (
+            "/v1/events",
+            format!("Resource topics: {}.", listed(|t| format!("`{t}:NAME`"))),
+        ),
+    ];
+    for (path, ending) in endings {
+        if let Some(operation) = spec.paths.paths.get_mut(path).and_then(|item| item.get.as_mut()) {
+            let description = operation.description.get_or_insert_with(String::new);
+            description.push_str("\n\n");
+            description.push_str(&ending);
+        }
+    }
+}
+
 /// Most topics one socket or one event stream may follow.
 pub const MAX_TOPICS: usize = 64;
 

@@ -216,12 +216,12 @@ pub(crate) fn lean(upgrade: WebSocketUpgrade, max_message: usize) -> WebSocketUp
 ///
 /// Upgrade with `Connection: Upgrade` and `Upgrade: websocket`, then send JSON text messages:
 ///
-/// - `{"op":"subscribe","id":"s1","topic":{"lock":"orders"}}`: topics `lock`, `rwlock`,
-///   `election`, `barrier`, `double_barrier`, `queue`, `group`, `txn`, `lease` (each with a
-///   name), and `{"znode":{"path":"kv/app","watch":"data|children|recursive"}}` (relative to
-///   the root). Events: `{"op":"event","id":"s1","topic":...,"seq":N,"type":...,"zxid":...,
-///   "state":{...}}`, the first of type `state`; `resync` (with a `reason`) replaces the
-///   client's view when events may have been missed.
+/// - `{"op":"subscribe","id":"s1","topic":{"lock":"orders"}}`: a resource of a kind (listed
+///   below) or a lease (`{"lease":"<id>"}`) by name, or
+///   `{"znode":{"path":"kv/app","watch":"data|children|recursive"}}` (relative to the root).
+///   Events: `{"op":"event","id":"s1","topic":...,"seq":N,"type":...,"zxid":...,"state":{...}}`,
+///   the first of type `state`; `resync` (with a `reason`) replaces the client's view when
+///   events may have been missed.
 /// - `{"op":"unsubscribe","id":"s1"}`.
 /// - `{"op":"lease","id":"l1","ttl":"5s"}` (or `"attach":"<lease id>"`): a lease kept alive
 ///   while the socket is; answered by `{"op":"lease","id":"l1","lease":{...}}`.

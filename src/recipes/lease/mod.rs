@@ -90,12 +90,24 @@ pub enum LeaseError {
 /// lost from one that was released.
 pub type Fate = Arc<dyn Fn(&str) -> Option<EndReason> + Send + Sync>;
 
+/// A holding's `kind` in the spec: the name of a kind, every one listed from the registry (a
+/// list written by hand here missed kinds added later).
+fn kind_name_schema() -> utoipa::openapi::Object {
+    utoipa::openapi::ObjectBuilder::new()
+        .schema_type(utoipa::openapi::schema::Type::String)
+        .description(Some(
+            "The kind of resource, by its name (as its socket topic names it).",
+        ))
+        .enum_values(Some(crate::kind::Kind::ALL.map(crate::kind::Kind::name)))
+        .examples(["lock"])
+        .build()
+}
+
 /// What a holding reports about itself, shown on the lease.
 #[derive(Clone, Debug, serde::Serialize, utoipa::ToSchema)]
 pub struct HoldingView {
-    /// The kind of resource (a socket topic's name): `lock`, `rwlock`, `semaphore`,
-    /// `election`, `group`, `barrier`, `double_barrier`, `txn`, `service`.
-    #[schema(value_type = String, example = "lock")]
+    /// The kind of resource, by its name (as its socket topic names it).
+    #[schema(schema_with = kind_name_schema)]
     pub kind: &'static str,
     /// The resource's name.
     #[schema(example = "orders")]
