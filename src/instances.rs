@@ -2,7 +2,7 @@
 //!
 //! All recipe state lives in ZooKeeper, so any instance reads any lock, leader or queue, and
 //! serves any lease's holdings from their znodes. A lease's TTL, though, is timed by one
-//! instance, its keeper ([crate::lease]); and a queue's claim by the instance that made it. So:
+//! instance, its keeper ([crate::keeper]); and a queue's claim by the instance that made it. So:
 //! - each instance registers itself while its session lives: an ephemeral znode
 //!   `<root>/instances/<id>` holding the URL it is reached at (`--advertise-url`), made by its
 //!   primary session; each further session (lane, see [crate::zk::session]) makes

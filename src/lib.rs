@@ -11,8 +11,8 @@ pub mod events;
 pub mod http;
 pub mod ids;
 pub mod instances;
+pub mod keeper;
 pub mod kind;
-pub mod lease;
 pub mod limits;
 pub mod listen;
 pub mod locked;
@@ -37,8 +37,8 @@ use utoipa_swagger_ui::{Config as SwaggerConfig, SwaggerUi};
 
 use crate::config::ServeConfig;
 use crate::events::Events;
+use crate::keeper::Leases;
 use crate::kind::Kind;
-use crate::lease::Leases;
 use crate::recipes::bound::BoundNodes;
 use crate::recipes::contender::Contenders;
 use crate::recipes::queue::service::Queues;
@@ -199,7 +199,7 @@ impl AppState {
             double_barriers: double_barriers.clone(),
             txn_members: txn_members.clone(),
         }));
-        let reaped = lease::reaper::start(
+        let reaped = keeper::reaper::start(
             leases.clone(),
             queues.clone(),
             zk.clone(),
@@ -260,7 +260,7 @@ struct Holders {
 /// What takes over the holdings of a lease this instance adopts: each reference under its
 /// record names a kind and a protocol, whose registry takes the handle over (its task finds
 /// its znodes and goes on, see [recipes::handle]).
-fn adopter(holders: Holders) -> lease::Adopter {
+fn adopter(holders: Holders) -> keeper::Adopter {
     use recipes::lease::record::Held;
     Arc::new(move |lease, holdings| {
         for holding in holdings {

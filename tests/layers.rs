@@ -26,7 +26,7 @@ const LAYERS: &[(&str, u8)] = &[
     // The recipes: the only other place that talks to ZooKeeper.
     ("recipes", 4),
     // What an instance keeps on top of the recipes.
-    ("lease", 5),
+    ("keeper", 5),
     ("instances", 5),
     ("limits", 5),
     // The event bus (it also follows leases), and the settings of `serve`.
@@ -53,7 +53,7 @@ const NO_ZOOKEEPER: &[&str] = &[
     "peer",
     "listen",
     "auth",
-    "lease",
+    "keeper",
     "instances",
     "events",
     "limits",
@@ -411,7 +411,7 @@ fn use_trees_are_read_whole() {
         ["crate::a::b", "crate::a::c", "crate::d::e"]
     );
     let text =
-        "use crate::{\n    http::thing,\n    zk::{\n        Client,\n    },\n};\nfn f() { crate::lease::x(); }\n";
+        "use crate::{\n    http::thing,\n    zk::{\n        Client,\n    },\n};\nfn f() { crate::keeper::x(); }\n";
     let statements = statements(text);
     assert_eq!(statements.len(), 2, "{statements:?}");
     assert_eq!(named_modules(&statements[0].1), ["http", "zk"]);

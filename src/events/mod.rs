@@ -27,7 +27,7 @@ use std::collections::VecDeque;
 
 use tokio::sync::watch;
 
-use crate::lease::Leases;
+use crate::keeper::Leases;
 use crate::locked::Locked;
 use crate::recipes::lease::{EndReason, Lease, LeaseError};
 use crate::recipes::topic::{EventKind, Source};

@@ -19,7 +19,7 @@ use crate::AppState;
 use crate::auth::Caller;
 use crate::events::Feed;
 use crate::kind::Kind;
-use crate::recipes::config::Condition;
+use crate::recipes::condition::Condition;
 use crate::recipes::counter::{self, Bounds, CounterError, CounterState, CounterTopic};
 
 /// The counter kind's module.

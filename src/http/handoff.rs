@@ -2,7 +2,7 @@
 //!
 //! Any instance serves almost everything from ZooKeeper: reads, handles, releases, members,
 //! votes, a queue claim's ack and nack. What is inherently in one instance's memory is a
-//! lease's TTL timer (and the tasks of what it holds), kept by its *keeper* ([crate::lease]).
+//! lease's TTL timer (and the tasks of what it holds), kept by its *keeper* ([crate::keeper]).
 //! So each operation declares, in its spec, whose memory it needs ([SERVED_BY], an OpenAPI
 //! extension the guard reads once from the spec):
 //!
@@ -10,7 +10,7 @@
 //!   path parameter or by the JSON body's `lease`. Kept here: served here. Kept by another
 //!   instance that answers: handed to it and its answer relayed. Kept by an instance that is
 //!   gone, does not answer, cannot vouch for it, or cannot be trusted (no or another
-//!   `--cluster-secret`): taken over here ([crate::lease::Leases::take_over]) and served here.
+//!   `--cluster-secret`): taken over here ([crate::keeper::Leases::take_over]) and served here.
 //!   A body that names no lease makes a new one here.
 //! - nothing: any instance.
 //!

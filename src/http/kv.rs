@@ -21,7 +21,8 @@ use super::extract::{ApiPath, ApiQuery};
 use crate::AppState;
 use crate::auth::Caller;
 use crate::kind::Kind;
-use crate::recipes::config::{self, Condition, WriteError};
+use crate::recipes::condition::Condition;
+use crate::recipes::kv::{self, WriteError};
 use crate::recipes::usage::Payer;
 use crate::time::HumanDuration;
 use crate::zk::names::validate_name;
@@ -198,9 +199,9 @@ pub async fn get_value(
     let path = format!("{}/kv/{key}", state.config.root);
     if let (Some(version), Some(wait)) = (known, query.wait) {
         let wait = wait.0.min(state.config.max_wait);
-        let _ = tokio::time::timeout(wait, config::wait_change(&session, &path, version)).await;
+        let _ = tokio::time::timeout(wait, kv::wait_change(&session, &path, version)).await;
     }
-    let Some(entry) = config::read(&session, &path).await? else {
+    let Some(entry) = kv::read(&session, &path).await? else {
         return Err(ApiError::not_found("key", format!("no key `{key}`")));
     };
     let tag =
@@ -267,7 +268,7 @@ pub async fn put_value(
         quotas: &state.quotas,
         principal: caller.name(),
     };
-    let (stat, created) = config::write(&session, &path, &body, condition, payer)
+    let (stat, created) = kv::write(&session, &path, &body, condition, payer)
         .await
         .map_err(|e| write_error(&key, e))?;
     let tag = etag(stat.mzxid);
@@ -348,7 +349,7 @@ pub async fn delete_value(
     };
     let session = state.zk().connected().await?;
     let path = format!("{}/kv/{key}", state.config.root);
-    config::delete(&session, &path, condition, &state.quotas)
+    kv::delete(&session, &path, condition, &state.quotas)
         .await
         .map_err(|e| write_error(&key, e))?;
     Ok(StatusCode::NO_CONTENT)
@@ -375,7 +376,7 @@ pub async fn list_keys(
         format!("{}/kv/{prefix}", state.config.root)
     };
     let session = super::consistency::reader(&state, consistency).await?;
-    match config::children(&session, &path).await? {
+    match kv::children(&session, &path).await? {
         Some(keys) => {
             // Only the keys the caller may read (a principal limited to `app/` lists with
             // `?prefix=app`).

@@ -18,7 +18,7 @@ use super::error::{ApiError, Place, Problem, Problems, p};
 use super::extract::{ApiJson, ApiPath};
 use crate::AppState;
 use crate::auth::Caller;
-use crate::lease::NewLease;
+use crate::keeper::NewLease;
 use crate::recipes::lease::{EndReason, HoldingView, Lease};
 use crate::time::{HumanDuration, millis_since, timestamp};
 

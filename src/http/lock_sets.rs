@@ -1,5 +1,5 @@
 //! `/v1/lock-sets`: several exclusive locks acquired as one, all or none, in one request (a long
-//! poll, as for one lock), read, and released together. See [crate::recipes::multi_lock] for
+//! poll, as for one lock), read, and released together. See [crate::recipes::lock_set] for
 //! the order they are taken in and why sets cannot deadlock.
 //!
 //! A set's locks are ordinary locks (the same znodes and handles as `POST
@@ -29,7 +29,7 @@ use crate::kind::Kind;
 use crate::recipes::bound::BindError;
 use crate::recipes::contender::{Contender, Role};
 use crate::recipes::lease::{EndReason, Lease};
-use crate::recipes::multi_lock::{self, SetRecord, canonical_order};
+use crate::recipes::lock_set::{self, SetRecord, canonical_order};
 use crate::time::HumanDuration;
 use crate::zk::Session;
 
@@ -198,14 +198,14 @@ pub async fn acquire_set(
         principal: lease.owner.clone(),
         locks: taken
             .iter()
-            .map(|(handle, _)| multi_lock::SetLock {
+            .map(|(handle, _)| lock_set::SetLock {
                 lock: handle.name.clone(),
                 handle: handle.id.clone(),
             })
             .collect(),
         created_ms: crate::time::now_ms(),
     };
-    let path = multi_lock::record_path(&state.config.root, &id);
+    let path = lock_set::record_path(&state.config.root, &id);
     let bound = state
         .lock_sets
         .bind_as(&lease, (&id, &id), path, record.to_bytes(), None, true)
@@ -229,7 +229,7 @@ pub async fn acquire_set(
 /// The set `id` as ZooKeeper records it, if `caller` may use it; 404 otherwise.
 async fn find_set(state: &AppState, session: &Session, caller: &Caller, id: &str) -> Result<SetRecord, ApiError> {
     crate::zk::names::validate_name(id).map_err(|e| ApiError::invalid(Place::Path, "set", e))?;
-    let set = multi_lock::read(session, &state.config.root, id)
+    let set = lock_set::read(session, &state.config.root, id)
         .await?
         .ok_or_else(|| ApiError::not_found("lock set", format!("no lock set `{id}` (released, or its lease ended)")))?;
     caller.require_owner(set.principal.as_deref(), &format!("lock set `{id}`"))?;
@@ -304,7 +304,7 @@ pub async fn release_set(
         }
     }
     let gone = || ApiError::not_found("lock set", format!("no lock set `{id}`"));
-    let path = multi_lock::record_path(&state.config.root, &id);
+    let path = lock_set::record_path(&state.config.root, &id);
     super::groups::unbind(&state, &caller, &state.lock_sets, (&id, &id), &path, gone).await?;
     match lost {
         Some(err) => Err(err),

@@ -1,6 +1,6 @@
 //! `/v1/services`: service discovery shared with Curator's `curator-x-discovery`: register an
 //! instance (address, port, payload) bound to a lease, list a service's live instances, pick
-//! one (random or round-robin), follow changes. See [crate::recipes::discovery] for the
+//! one (random or round-robin), follow changes. See [crate::recipes::service] for the
 //! layout.
 
 use std::collections::HashMap;
@@ -25,7 +25,7 @@ use crate::events::Feed;
 use crate::kind::Kind;
 use crate::locked::Locked;
 use crate::recipes::bound::BoundNode;
-use crate::recipes::discovery::{
+use crate::recipes::service::{
     self, CuratorInstance, InstanceView, Registrar, ServiceState, ServiceTopic, Strategy, UriSpecJson,
 };
 use crate::time::{HumanDuration, timestamp};
@@ -273,7 +273,7 @@ pub async fn pick(
         Strategy::RoundRobin => next_turn(&service),
         Strategy::Random => 0,
     };
-    discovery::pick(&read.instances, strategy, turn, rand::random::<u32>() as usize)
+    service::pick(&read.instances, strategy, turn, rand::random::<u32>() as usize)
         .cloned()
         .map(Json)
         .ok_or_else(|| ApiError::not_found("instance", format!("service `{service}` has no enabled instance")))

@@ -23,7 +23,7 @@ use serde::Serialize;
 use utoipa::ToSchema;
 use zookeeper_client::{Client, CreateMode, Error as ZkError, Stat};
 
-use super::config::Condition;
+use super::condition::Condition;
 use super::topic::{Source, event_kinds};
 use crate::time::{from_millis, timestamp};
 use crate::zk::retry_on_loss;

@@ -543,7 +543,7 @@ fn left<P: Protocol>(handle: &Handle<P>, was_there: bool) -> Stop {
 }
 
 /// Cleans up on the sessions that follow, until it is done or the lease leaves this instance
-/// (the reaper finishes what an ended lease leaves behind, see [crate::lease]).
+/// (the reaper finishes what an ended lease leaves behind, see [crate::keeper]).
 async fn clean_up_later<P: Protocol>(handle: &Arc<Handle<P>>) -> Stop {
     let zk = &handle.lease.zk;
     loop {
@@ -975,7 +975,7 @@ impl<P: Protocol> Handles<P> {
     }
 
     /// Takes over the handle `id` at `name` of a lease adopted from another keeper (see
-    /// [crate::lease]), from its reference: its task finds its znodes and goes on, or finds
+    /// [crate::keeper]), from its reference: its task finds its znodes and goes on, or finds
     /// them gone (lost). The handle already here is kept.
     pub fn adopt(&self, lease: &Arc<Lease>, name: &str, id: &str, protocol: P) -> Result<Arc<Handle<P>>, Refused<P>> {
         let mut index = self.lock();

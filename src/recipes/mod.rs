@@ -3,24 +3,25 @@
 
 pub mod barrier;
 pub mod bound;
-pub mod config;
+pub mod condition;
 pub mod contender;
 pub mod counter;
-pub mod discovery;
 pub mod double_barrier;
 pub mod election;
 
 pub mod group;
 pub mod handle;
 pub mod janitor;
+pub mod kv;
 pub mod lease;
 pub mod lock;
-pub mod multi_lock;
+pub mod lock_set;
 pub mod queue;
 pub mod registry;
 pub mod revocation;
 pub mod rwlock;
 pub mod semaphore;
+pub mod service;
 pub mod summary;
 pub mod topic;
 pub mod txn;

@@ -289,7 +289,7 @@ impl Conn {
         let lease = match attach {
             Some(existing) => self.state.leases.take_over(&self.caller, &existing, None, true).await,
             None => {
-                let new = crate::lease::NewLease {
+                let new = crate::keeper::NewLease {
                     ttl: Some(ttl.unwrap_or(SOCKET_LEASE_TTL)),
                     idempotency_key: None,
                     with_first_holding: false,

@@ -17,7 +17,7 @@
 //! holdings here without touching their znodes, which the new keeper now looks after.
 //!
 //! How leases are made, kept alive, expired, handed over and looked up is the registry's
-//! business ([crate::lease], a layer up); this module holds only what a recipe needs of one.
+//! business ([crate::keeper], a layer up); this module holds only what a recipe needs of one.
 
 pub mod record;
 

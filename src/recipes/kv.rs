@@ -7,6 +7,7 @@
 //! conditional on an mzxid reads the stat, compares the mzxid, and writes with the data
 //! version it read, so a change in between still fails the write.
 
+use super::condition::Condition;
 use crate::zk::{Failure, Session};
 use zookeeper_client::{Client, CreateMode, Error as ZkError, MultiWriteError, MultiWriteResult, Stat};
 
@@ -18,19 +19,6 @@ use crate::zk::retry_on_loss;
 pub struct Entry {
     pub data: Vec<u8>,
     pub stat: Stat,
-}
-
-/// What a conditional write or delete requires of the current value.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Condition {
-    /// Whatever is there (or nothing).
-    Any,
-    /// The key must not exist (create only).
-    Absent,
-    /// The key must exist, whatever its version.
-    Exists,
-    /// The key must exist with this version (its mzxid).
-    Version(i64),
 }
 
 /// Why a write or delete did not happen.
