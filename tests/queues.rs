@@ -877,13 +877,13 @@ async fn views_of_queues_nobody_takes_from_are_bounded() {
         assert_eq!(taken.status, StatusCode::NO_CONTENT);
     }
     within(Duration::from_secs(10), "views past the bound to go", async {
-        while gate.running.state.queues.shelves() > 2 {
+        while gate.running.state.queues.mirrors() > 2 {
             tokio::task::yield_now().await;
         }
     })
     .await;
     // Those within it linger (their 30 s are not up): views are kept, only bounded.
-    assert_eq!(gate.running.state.queues.shelves(), 2);
+    assert_eq!(gate.running.state.queues.mirrors(), 2);
     // The lingering ones still serve (and a new taker revives nothing it need not).
     assert_eq!(
         put(&gate, "idle-11", "", json!({ "n": 1 })).await.status,

@@ -12,7 +12,7 @@ use super::consistency::Consistency;
 use super::error::{ApiError, Problem, Problems, p};
 use super::extract::{ApiJson, ApiPath, ApiQuery};
 use super::leases::{lease_for, lease_gone};
-use super::{LockSummary, Resource, check_name, list, state_handler};
+use super::{ListedResource, Resource, check_name, list, state_handler};
 use crate::AppState;
 use crate::auth::Caller;
 use crate::events::Feed;
@@ -201,7 +201,7 @@ pub async fn wait(
 
 /// Lists the barriers that are up.
 #[utoipa::path(get, path = "/v1/barriers", tag = "barriers", params(super::paging::PageQuery), responses(
-    (status = 200, body = Vec<LockSummary>, headers(("Link" = String, description = "While more entries follow: the next page, `<url>; rel=\"next\"`"))),
+    (status = 200, body = Vec<ListedResource>, headers(("Link" = String, description = "While more entries follow: the next page, `<url>; rel=\"next\"`"))),
     Problems<(p::ZookeeperUnavailable,)>,
 ))]
 pub async fn list_barriers(
@@ -209,7 +209,7 @@ pub async fn list_barriers(
     caller: Caller,
     consistency: Consistency,
     paging: super::paging::Paging,
-) -> Result<super::paging::Page<LockSummary>, ApiError> {
+) -> Result<super::paging::Page<ListedResource>, ApiError> {
     list(&state, &caller, Kind::Barrier, consistency, &paging).await
 }
 

@@ -14,7 +14,7 @@ use super::consistency::Consistency;
 use super::error::{ApiError, Place, Problem, Problems, p};
 use super::extract::{ApiJson, ApiPath};
 use super::kv::{Tag, parse_tag, write_condition};
-use super::{LockSummary, Resource, check_name, list};
+use super::{ListedResource, Resource, check_name, list};
 use crate::AppState;
 use crate::auth::Caller;
 use crate::events::Feed;
@@ -277,7 +277,7 @@ pub async fn delete(
 
 /// Lists the counters that exist.
 #[utoipa::path(get, path = "/v1/counters", tag = "counters", params(super::paging::PageQuery), responses(
-    (status = 200, body = Vec<LockSummary>, headers(("Link" = String, description = "While more entries follow: the next page, `<url>; rel=\"next\"`"))),
+    (status = 200, body = Vec<ListedResource>, headers(("Link" = String, description = "While more entries follow: the next page, `<url>; rel=\"next\"`"))),
     Problems<(p::ZookeeperUnavailable,)>,
 ))]
 pub async fn list_counters(
@@ -285,7 +285,7 @@ pub async fn list_counters(
     caller: Caller,
     consistency: Consistency,
     paging: super::paging::Paging,
-) -> Result<super::paging::Page<LockSummary>, ApiError> {
+) -> Result<super::paging::Page<ListedResource>, ApiError> {
     list(&state, &caller, Kind::Counter, consistency, &paging).await
 }
 

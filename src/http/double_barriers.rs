@@ -14,12 +14,12 @@ use super::consistency::Consistency;
 use super::error::{ApiError, Place, Problem, Problems, p};
 use super::extract::{ApiJson, ApiPath, ApiQuery};
 use super::leases::{LeaseView, lease_for, lease_gone};
-use super::{LockSummary, Resource, check_name, list, state_handler};
+use super::{ListedResource, Resource, check_name, list, state_handler};
 use crate::AppState;
 use crate::auth::Caller;
 use crate::events::Feed;
 use crate::kind::Kind;
-use crate::recipes::Settle;
+use crate::recipes::SettingError;
 use crate::recipes::bound::{self, BindError, BoundNode};
 use crate::recipes::double_barrier::{self, DoubleBarrierState, DoubleBarrierTopic, READY};
 use crate::time::HumanDuration;
@@ -121,15 +121,15 @@ fn taken(name: &str, participant: &str) -> ApiError {
 }
 
 /// Records `size` in the barrier's znode (creating it); 409 if it records another size.
-async fn settle_size(session: &Session, dir: &str, name: &str, size: u32) -> Result<(), ApiError> {
-    match double_barrier::settle_size(session, dir, size).await {
+async fn agree_on_size(session: &Session, dir: &str, name: &str, size: u32) -> Result<(), ApiError> {
+    match double_barrier::agree_on_size(session, dir, size).await {
         Ok(()) => Ok(()),
-        Err(Settle::Mismatch(n)) => Err(ApiError::new(
+        Err(SettingError::Mismatch(n)) => Err(ApiError::new(
             Problem::SizeMismatch,
             format!("double barrier `{name}` has size {n}, not {size}"),
         )
         .with("size", n)),
-        Err(Settle::ZooKeeper(err)) => Err(err.into()),
+        Err(SettingError::ZooKeeper(err)) => Err(err.into()),
     }
 }
 
@@ -146,14 +146,14 @@ async fn participant(
         Some(node) if Some(node.lease.id.as_str()) == body.lease.as_deref() => {
             node.lease.check_owner(caller)?;
             let session = node.lease.session().await?;
-            settle_size(&session, &dir, name, body.size).await?;
+            agree_on_size(&session, &dir, name, body.size).await?;
             Ok((node, session))
         }
         Some(_) => Err(taken(name, &body.participant)),
         None => {
             let (lease, _) = lease_for(state, caller, body.lease.clone(), body.ttl.map(|t| t.0)).await?;
             let session = lease.session().await?;
-            settle_size(&session, &dir, name, body.size).await?;
+            agree_on_size(&session, &dir, name, body.size).await?;
             let path = format!("{dir}/{}", body.participant);
             match state
                 .double_barriers
@@ -274,7 +274,7 @@ state_handler!(
 
 /// Lists the double barriers.
 #[utoipa::path(get, path = "/v1/double-barriers", tag = "barriers", params(super::paging::PageQuery), responses(
-    (status = 200, body = Vec<LockSummary>, headers(("Link" = String, description = "While more entries follow: the next page, `<url>; rel=\"next\"`"))),
+    (status = 200, body = Vec<ListedResource>, headers(("Link" = String, description = "While more entries follow: the next page, `<url>; rel=\"next\"`"))),
     Problems<(p::ZookeeperUnavailable,)>,
 ))]
 pub async fn list_double_barriers(
@@ -282,7 +282,7 @@ pub async fn list_double_barriers(
     caller: Caller,
     consistency: Consistency,
     paging: super::paging::Paging,
-) -> Result<super::paging::Page<LockSummary>, ApiError> {
+) -> Result<super::paging::Page<ListedResource>, ApiError> {
     list(&state, &caller, Kind::DoubleBarrier, consistency, &paging).await
 }
 

@@ -16,7 +16,7 @@ use super::contention::{self, Found, HandleQuery, Request, find_handle, held_sin
 use super::error::{ApiError, Problem, Problems, p};
 use super::extract::{ApiJson, ApiPath, ApiQuery};
 use super::leases::LeaseView;
-use super::{LockSummary, Resource, list, state_handler};
+use super::{ListedResource, Resource, list, state_handler};
 use crate::AppState;
 use crate::auth::Caller;
 use crate::events::Feed;
@@ -205,7 +205,7 @@ state_handler!(
 /// Lists the elections that exist in ZooKeeper, with their number of candidates (plus the
 /// acknowledgement node when someone leads).
 #[utoipa::path(get, path = "/v1/elections", tag = "elections", params(super::paging::PageQuery), responses(
-    (status = 200, body = Vec<LockSummary>, headers(("Link" = String, description = "While more entries follow: the next page, `<url>; rel=\"next\"`"))),
+    (status = 200, body = Vec<ListedResource>, headers(("Link" = String, description = "While more entries follow: the next page, `<url>; rel=\"next\"`"))),
     Problems<(p::ZookeeperUnavailable,)>,
 ))]
 pub async fn list_elections(
@@ -213,7 +213,7 @@ pub async fn list_elections(
     caller: Caller,
     consistency: Consistency,
     paging: super::paging::Paging,
-) -> Result<super::paging::Page<LockSummary>, ApiError> {
+) -> Result<super::paging::Page<ListedResource>, ApiError> {
     list(&state, &caller, Kind::Election, consistency, &paging).await
 }
 

@@ -12,7 +12,7 @@ use super::consistency::Consistency;
 use super::contention::{self, AcquireBody, AcquireParams, Acquisition, HandleQuery, HandleView, RevokeBody, Revoked};
 use super::error::{ApiError, Problems, p};
 use super::extract::{ApiJson, ApiPath, ApiQuery};
-use super::{LockSummary, Resource, list, state_handler};
+use super::{ListedResource, Resource, list, state_handler};
 use crate::AppState;
 use crate::auth::Caller;
 use crate::events::Feed;
@@ -47,7 +47,7 @@ fn source(state: &AppState, name: &str) -> LockTopic {
         name: name.to_string(),
         dir: state.locks.dir(name),
         local: state.locks.clone(),
-        fate: state.leases.fate(),
+        why_ended: state.leases.why_ended(),
     }
 }
 
@@ -87,7 +87,7 @@ state_handler!(
 
 /// Lists the locks that exist in ZooKeeper, with their number of contenders.
 #[utoipa::path(get, path = "/v1/locks", tag = "locks", params(super::paging::PageQuery), responses(
-    (status = 200, body = Vec<LockSummary>, headers(("Link" = String, description = "While more entries follow: the next page, `<url>; rel=\"next\"`"))),
+    (status = 200, body = Vec<ListedResource>, headers(("Link" = String, description = "While more entries follow: the next page, `<url>; rel=\"next\"`"))),
     Problems<(p::ZookeeperUnavailable,)>,
 ))]
 pub async fn list_locks(
@@ -95,7 +95,7 @@ pub async fn list_locks(
     caller: Caller,
     consistency: Consistency,
     paging: super::paging::Paging,
-) -> Result<super::paging::Page<LockSummary>, ApiError> {
+) -> Result<super::paging::Page<ListedResource>, ApiError> {
     list(&state, &caller, Kind::Lock, consistency, &paging).await
 }
 

@@ -260,9 +260,9 @@ macro_rules! state_handler {
 
 pub(crate) use state_handler;
 
-/// A resource in a list.
+/// One entry of a kind's list (`GET /v1/<kind>`): a resource and how many children its znode has.
 #[derive(serde::Serialize, utoipa::ToSchema)]
-pub struct LockSummary {
+pub struct ListedResource {
     #[schema(example = "orders")]
     pub name: String,
     /// Its children in ZooKeeper: holders plus waiters, members, items...
@@ -292,11 +292,11 @@ pub async fn list(
     kind: Kind,
     consistency: Consistency,
     paging: &paging::Paging,
-) -> Result<paging::Page<LockSummary>, ApiError> {
+) -> Result<paging::Page<ListedResource>, ApiError> {
     let names = readable(state, caller, kind, consistency).await?;
     Ok(paging
         .page(names, |(name, _)| name.clone())
-        .map(|(name, contenders)| LockSummary { name, contenders }))
+        .map(|(name, contenders)| ListedResource { name, contenders }))
 }
 
 /// `GET` of a resource: its state, as its topic carries it, read on the primary session at

@@ -21,7 +21,7 @@ use super::consistency::Consistency;
 use super::error::{ApiError, Place, Problem, Problems, p};
 use super::extract::{ApiJson, ApiPath, ApiQuery};
 use super::paging::{Paging, with_link};
-use super::{LockSummary, Resource, check_name, list, state_handler};
+use super::{ListedResource, Resource, check_name, list, state_handler};
 use crate::AppState;
 use crate::auth::Caller;
 use crate::events::Feed;
@@ -812,7 +812,7 @@ pub async fn replay_old_path(state: State<AppState>, path: ApiPath<(String, Stri
 
 /// Lists the queues.
 #[utoipa::path(get, path = "/v1/queues", tag = "queues", params(super::paging::PageQuery), responses(
-    (status = 200, body = Vec<LockSummary>, headers(("Link" = String, description = "While more entries follow: the next page, `<url>; rel=\"next\"`"))),
+    (status = 200, body = Vec<ListedResource>, headers(("Link" = String, description = "While more entries follow: the next page, `<url>; rel=\"next\"`"))),
     Problems<(p::ZookeeperUnavailable,)>,
 ))]
 pub async fn list_queues(
@@ -820,7 +820,7 @@ pub async fn list_queues(
     caller: Caller,
     consistency: Consistency,
     paging: super::paging::Paging,
-) -> Result<super::paging::Page<LockSummary>, ApiError> {
+) -> Result<super::paging::Page<ListedResource>, ApiError> {
     list(&state, &caller, Kind::Queue, consistency, &paging).await
 }
 

@@ -12,7 +12,7 @@ use super::consistency::Consistency;
 use super::contention::{self, AcquireBody, AcquireParams, Acquisition, HandleQuery, HandleView, RevokeBody, Revoked};
 use super::error::{ApiError, Problems, p};
 use super::extract::{ApiJson, ApiPath, ApiQuery};
-use super::{LockSummary, Resource, list, state_handler};
+use super::{ListedResource, Resource, list, state_handler};
 use crate::AppState;
 use crate::auth::Caller;
 use crate::events::Feed;
@@ -103,7 +103,7 @@ state_handler!(
 
 /// Lists the read/write locks that exist in ZooKeeper, with their number of contenders.
 #[utoipa::path(get, path = "/v1/rwlocks", tag = "rwlocks", params(super::paging::PageQuery), responses(
-    (status = 200, body = Vec<LockSummary>, headers(("Link" = String, description = "While more entries follow: the next page, `<url>; rel=\"next\"`"))),
+    (status = 200, body = Vec<ListedResource>, headers(("Link" = String, description = "While more entries follow: the next page, `<url>; rel=\"next\"`"))),
     Problems<(p::ZookeeperUnavailable,)>,
 ))]
 pub async fn list_rwlocks(
@@ -111,7 +111,7 @@ pub async fn list_rwlocks(
     caller: Caller,
     consistency: Consistency,
     paging: super::paging::Paging,
-) -> Result<super::paging::Page<LockSummary>, ApiError> {
+) -> Result<super::paging::Page<ListedResource>, ApiError> {
     list(&state, &caller, Kind::RwLock, consistency, &paging).await
 }
 

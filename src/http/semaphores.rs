@@ -17,16 +17,16 @@ use super::contention::{self, AcquireBody, Found, Request, held_since};
 use super::error::{ApiError, Place, Problem, Problems, p};
 use super::extract::{ApiJson, ApiPath, ApiQuery};
 use super::leases::{LeaseView, lease_gone};
-use super::{LockSummary, Resource, check_name, list, state_handler};
+use super::{ListedResource, Resource, check_name, list, state_handler};
 use crate::AppState;
 use crate::auth::Caller;
 use crate::events::Feed;
 use crate::kind::Kind;
-use crate::recipes::Settle;
+use crate::recipes::SettingError;
 use crate::recipes::contender::Recorded;
 use crate::recipes::handle::Phase;
 use crate::recipes::lease::Lease;
-use crate::recipes::semaphore::{Permit, SemaphoreState, SemaphoreTopic, settle_permits};
+use crate::recipes::semaphore::{Permit, SemaphoreState, SemaphoreTopic, agree_on_permits};
 use crate::time::HumanDuration;
 
 /// The semaphore kind's module.
@@ -170,16 +170,16 @@ pub async fn acquire(
         // On the lease's session, where the permit's task reads the count back.
         let session = lease.session().await?;
         let dir = state.semaphores.dir(&name);
-        match settle_permits(&session, &dir, permits).await {
+        match agree_on_permits(&session, &dir, permits).await {
             Ok(()) => {}
-            Err(Settle::Mismatch(recorded)) => {
+            Err(SettingError::Mismatch(recorded)) => {
                 return Err(ApiError::new(
                     Problem::PermitsMismatch,
                     format!("semaphore `{name}` has {recorded} permits, not {permits}"),
                 )
                 .with("permits", recorded));
             }
-            Err(Settle::ZooKeeper(err)) => return Err(err.into()),
+            Err(SettingError::ZooKeeper(err)) => return Err(err.into()),
         }
         state
             .semaphores
@@ -201,7 +201,7 @@ state_handler!(
 
 /// Lists the semaphores that exist in ZooKeeper.
 #[utoipa::path(get, path = "/v1/semaphores", tag = "semaphores", params(super::paging::PageQuery), responses(
-    (status = 200, body = Vec<LockSummary>, headers(("Link" = String, description = "While more entries follow: the next page, `<url>; rel=\"next\"`"))),
+    (status = 200, body = Vec<ListedResource>, headers(("Link" = String, description = "While more entries follow: the next page, `<url>; rel=\"next\"`"))),
     Problems<(p::ZookeeperUnavailable,)>,
 ))]
 pub async fn list_semaphores(
@@ -209,7 +209,7 @@ pub async fn list_semaphores(
     caller: Caller,
     consistency: Consistency,
     paging: super::paging::Paging,
-) -> Result<super::paging::Page<LockSummary>, ApiError> {
+) -> Result<super::paging::Page<ListedResource>, ApiError> {
     list(&state, &caller, Kind::Semaphore, consistency, &paging).await
 }
 

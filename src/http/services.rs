@@ -18,7 +18,7 @@ use super::consistency::Consistency;
 use super::error::{ApiError, Place, Problem, Problems, p};
 use super::extract::{ApiJson, ApiPath, ApiQuery};
 use super::leases::{LeaseView, lease_for};
-use super::{LockSummary, Resource, check_name, list};
+use super::{ListedResource, Resource, check_name, list};
 use crate::AppState;
 use crate::auth::Caller;
 use crate::events::Feed;
@@ -299,7 +299,7 @@ fn next_turn(service: &str) -> usize {
 
 /// Lists the services that have (or had) instances.
 #[utoipa::path(get, path = "/v1/services", tag = "services", params(super::paging::PageQuery), responses(
-    (status = 200, body = Vec<LockSummary>, headers(("Link" = String, description = "While more entries follow: the next page, `<url>; rel=\"next\"`"))),
+    (status = 200, body = Vec<ListedResource>, headers(("Link" = String, description = "While more entries follow: the next page, `<url>; rel=\"next\"`"))),
     Problems<(p::ZookeeperUnavailable,)>,
 ))]
 pub async fn list_services(
@@ -307,7 +307,7 @@ pub async fn list_services(
     caller: Caller,
     consistency: Consistency,
     paging: super::paging::Paging,
-) -> Result<super::paging::Page<LockSummary>, ApiError> {
+) -> Result<super::paging::Page<ListedResource>, ApiError> {
     list(&state, &caller, Kind::Service, consistency, &paging).await
 }
 

@@ -16,7 +16,7 @@ use super::consistency::Consistency;
 use super::error::{ApiError, Place, Problem, Problems, p};
 use super::extract::{ApiJson, ApiPath, ApiQuery};
 use super::leases::{lease_for, lease_gone};
-use super::{LockSummary, Resource, check_name, list};
+use super::{ListedResource, Resource, check_name, list};
 use crate::AppState;
 use crate::auth::Caller;
 use crate::events::Feed;
@@ -317,7 +317,7 @@ async fn participant_of(
 
 /// Lists the transactions.
 #[utoipa::path(get, path = "/v1/txns", tag = "txns", params(super::paging::PageQuery), responses(
-    (status = 200, body = Vec<LockSummary>, headers(("Link" = String, description = "While more entries follow: the next page, `<url>; rel=\"next\"`"))),
+    (status = 200, body = Vec<ListedResource>, headers(("Link" = String, description = "While more entries follow: the next page, `<url>; rel=\"next\"`"))),
     Problems<(p::ZookeeperUnavailable,)>,
 ))]
 pub async fn list_txns(
@@ -325,7 +325,7 @@ pub async fn list_txns(
     caller: Caller,
     consistency: Consistency,
     paging: super::paging::Paging,
-) -> Result<super::paging::Page<LockSummary>, ApiError> {
+) -> Result<super::paging::Page<ListedResource>, ApiError> {
     list(&state, &caller, Kind::Txn, consistency, &paging).await
 }
 

@@ -46,7 +46,7 @@ use tokio::time::Instant;
 use crate::auth::Caller;
 use crate::locked::Locked;
 use crate::recipes::lease::record::{self, HoldingRecord, LeaseRecord};
-use crate::recipes::lease::{EndReason, Fate, Kept, Lease, LeaseError};
+use crate::recipes::lease::{EndReason, Kept, Lease, LeaseError, WhyEnded};
 use crate::zk::session::Lanes;
 
 /// How long an instance goes on acknowledging keepalives after its last heartbeat was sent (and
@@ -346,8 +346,8 @@ impl Leases {
         self.get(&Caller::Anyone, id)
     }
 
-    /// How each lease ended here, for topics (see [Fate]).
-    pub fn fate(&self) -> Fate {
+    /// How each lease ended here, for topics (see [WhyEnded]).
+    pub fn why_ended(&self) -> WhyEnded {
         let leases = self.clone();
         Arc::new(move |id: &str| match leases.peek(id) {
             Err(LeaseError::Ended { reason, .. }) => Some(reason),

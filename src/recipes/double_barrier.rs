@@ -94,9 +94,9 @@ pub async fn clear_ready(client: &Client, dir: &str) -> Result<(), ZkError> {
 }
 
 /// Records `size` in the barrier's znode (creating it), or says what it records instead.
-pub async fn settle_size(session: &Session, dir: &str, size: u32) -> Result<(), super::Settle> {
+pub async fn agree_on_size(session: &Session, dir: &str, size: u32) -> Result<(), super::SettingError> {
     let client = session.client();
-    super::settle(client, dir, SIZE, u64::from(size), CreateMode::Persistent).await
+    super::agree_on_setting(client, dir, SIZE, u64::from(size), CreateMode::Persistent).await
 }
 
 /// Enters (after the participant's own node was created on `client`'s session, which sees it

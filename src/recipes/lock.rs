@@ -20,7 +20,7 @@ use utoipa::ToSchema;
 
 use super::contender::{Contenders, Next};
 use super::in_sequence_order;
-use super::lease::{EndReason, Fate};
+use super::lease::{EndReason, WhyEnded};
 use super::topic::{Source, event_kinds};
 use super::view::{ContenderView, LISTED, read_queue};
 use crate::zk::watch::Mode;
@@ -75,14 +75,14 @@ event_kinds! {
 /// An exclusive lock as a topic (and as `GET` reads it).
 ///
 /// ZooKeeper only says that the holder's node went; whether that was a release or a loss is
-/// known to the instance that held the lease ([Fate]). Other instances (and Curator or kazoo
+/// known to the instance that held the lease ([WhyEnded]). Other instances (and Curator or kazoo
 /// holders) report `released`.
 pub struct LockTopic {
     pub name: String,
     pub dir: String,
     /// This instance's contenders, which know when theirs were granted.
     pub local: Contenders,
-    pub fate: Fate,
+    pub why_ended: WhyEnded,
 }
 
 impl Source for LockTopic {
@@ -119,7 +119,7 @@ impl Source for LockTopic {
             }
             let lease = before.holder.as_ref().and_then(|h| h.lease.as_deref());
             let lost = lease
-                .and_then(|id| (self.fate)(id))
+                .and_then(|id| (self.why_ended)(id))
                 .is_some_and(|r| r != EndReason::Deleted);
             return Some(if lost { LockEvent::Lost } else { LockEvent::Released });
         }
@@ -193,7 +193,7 @@ mod tests {
             name: "orders".into(),
             dir: "/zkgate/locks/orders".into(),
             local: Contenders::new("/zkgate", crate::kind::Kind::Lock),
-            fate: Arc::new(|id: &str| match id {
+            why_ended: Arc::new(|id: &str| match id {
                 "expired" => Some(EndReason::Expired),
                 "deleted" => Some(EndReason::Deleted),
                 _ => None,

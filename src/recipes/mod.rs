@@ -34,9 +34,9 @@ use zookeeper_client::{Client, CreateMode, Error as ZkError};
 
 use crate::zk::retry_on_loss;
 
-/// Why a setting recorded in a resource's znode could not be settled.
+/// Why the setting recorded in a resource's znode could not be agreed on.
 #[derive(Debug)]
-pub enum Settle {
+pub enum SettingError {
     /// The resource records another value.
     Mismatch(u64),
     ZooKeeper(Failure),
@@ -46,17 +46,23 @@ pub enum Settle {
 /// data, or says what it records instead: the first request sets it and later ones must agree
 /// (a semaphore's number of permits, a double barrier's size), so that clients cannot silently
 /// use two different settings. A znode without a record (made by Curator, say) gets ours.
-pub async fn settle(client: &Client, dir: &str, key: &str, value: u64, mode: CreateMode) -> Result<(), Settle> {
+pub async fn agree_on_setting(
+    client: &Client,
+    dir: &str,
+    key: &str,
+    value: u64,
+    mode: CreateMode,
+) -> Result<(), SettingError> {
     let ours = serde_json::to_vec(&serde_json::json!({ key: value })).unwrap_or_default();
     loop {
         match retry_on_loss(|| client.get_data(dir)).await {
             Ok((data, stat)) => match recorded(&data, key) {
                 Some(n) if n == value => return Ok(()),
-                Some(n) => return Err(Settle::Mismatch(n)),
+                Some(n) => return Err(SettingError::Mismatch(n)),
                 None => match retry_on_loss(|| client.set_data(dir, &ours, Some(stat.version))).await {
                     Ok(_) => return Ok(()),
                     Err(ZkError::BadVersion | ZkError::NoNode) => continue,
-                    Err(err) => return Err(Settle::ZooKeeper(err.into())),
+                    Err(err) => return Err(SettingError::ZooKeeper(err.into())),
                 },
             },
             Err(ZkError::NoNode) => {
@@ -68,12 +74,12 @@ pub async fn settle(client: &Client, dir: &str, key: &str, value: u64, mode: Cre
                         let parent = &dir[..dir.rfind('/').unwrap_or(0)];
                         crate::zk::session::ensure_path(client, parent)
                             .await
-                            .map_err(|err| Settle::ZooKeeper(err.into()))?;
+                            .map_err(|err| SettingError::ZooKeeper(err.into()))?;
                     }
-                    Err(err) => return Err(Settle::ZooKeeper(err.into())),
+                    Err(err) => return Err(SettingError::ZooKeeper(err.into())),
                 }
             }
-            Err(err) => return Err(Settle::ZooKeeper(err.into())),
+            Err(err) => return Err(SettingError::ZooKeeper(err.into())),
         }
     }
 }

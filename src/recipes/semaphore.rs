@@ -44,9 +44,9 @@ pub const PERMITS: &str = "permits";
 
 /// Makes sure the semaphore znode exists (a container, as Curator's) and records `permits`,
 /// or says what it records instead.
-pub async fn settle_permits(session: &Session, dir: &str, permits: u32) -> Result<(), super::Settle> {
+pub async fn agree_on_permits(session: &Session, dir: &str, permits: u32) -> Result<(), super::SettingError> {
     let client = session.client();
-    super::settle(client, dir, PERMITS, u64::from(permits), CreateMode::Container).await
+    super::agree_on_setting(client, dir, PERMITS, u64::from(permits), CreateMode::Container).await
 }
 
 /// The number of permits recorded in the semaphore at `dir`, if one is.

@@ -88,7 +88,7 @@ pub enum LeaseError {
 /// What became of a lease, as this instance knows (the instance that ended a lease does):
 /// `None` while it lives or when it is unknown here. A topic asks it to tell a holding that was
 /// lost from one that was released.
-pub type Fate = Arc<dyn Fn(&str) -> Option<EndReason> + Send + Sync>;
+pub type WhyEnded = Arc<dyn Fn(&str) -> Option<EndReason> + Send + Sync>;
 
 /// A holding's `kind` in the spec: the name of a kind, every one listed from the registry (a
 /// list written by hand here missed kinds added later).

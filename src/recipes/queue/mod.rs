@@ -3,7 +3,7 @@
 //! Under `<root>/queues/<name>`: `items/` holds one persistent sequential node per item, named
 //! as in the guide (`queue-<seq>`, or `queue-YY<seq>` with priority `YY`, lower first) and
 //! ordered by (priority, sequence); an item without a priority counts as [DEFAULT_PRIORITY].
-//! The takers on an instance pick from one watched view of the queue ([shelf]); ZooKeeper's
+//! The takers on an instance pick from one watched view of the queue ([mirror]); ZooKeeper's
 //! multi-ops decide every claim.
 //!
 //! Taking an item at least once does not remove it: it *claims* it, creating
@@ -30,11 +30,11 @@ use zookeeper_client::{Client, CreateMode, Error as ZkError, MultiWriteError, St
 use super::usage::{Charge, ChargeError, Exceeded, Payer, Quotas};
 use crate::zk::retry_on_loss;
 
+pub mod mirror;
 pub mod service;
-pub mod shelf;
 pub mod topic;
 
-use shelf::Tried;
+use mirror::Tried;
 
 /// The priority of an item put without one.
 pub const DEFAULT_PRIORITY: u8 = 50;
@@ -547,7 +547,7 @@ enum Op {
     Refund,
 }
 
-/// Takes the items a taker picked from the queue's shelf: claims each (`claim_data`, its
+/// Takes the items a taker picked from the queue's mirror: claims each (`claim_data`, its
 /// [ClaimRecord], in its claim node, its delivery count raised) or, `at_most_once`, deletes it and refunds
 /// its charge. The picks are read together and claimed together in one multi-op (several for
 /// large items); a pick that fails leaves the others to a multi-op of their own. Items
@@ -568,14 +568,14 @@ pub async fn take_items(
     let mut candidates = Vec::with_capacity(picks.len());
     for (index, read) in read.into_iter().enumerate() {
         let Some((data, stat)) = read else {
-            outcome[index].0 = Tried::Stale;
+            outcome[index].0 = Tried::TakenElsewhere;
             continue;
         };
         let mut envelope = Envelope::parse(&data);
         if !at_most_once {
             if envelope.deliveries >= max_deliveries {
                 let buried = bury(client, paths, &picks[index].item, &envelope, &stat).await?;
-                outcome[index].0 = if buried { Tried::Stale } else { Tried::Again };
+                outcome[index].0 = if buried { Tried::TakenElsewhere } else { Tried::Again };
                 continue;
             }
             envelope.deliveries += 1;
@@ -640,7 +640,7 @@ pub async fn take_items(
                     (_, ZkError::BadVersion) => outcome[candidates.remove(at).index].0 = Tried::Again,
                     // Gone, or claimed by another.
                     (_, ZkError::NoNode | ZkError::NodeExists) => {
-                        outcome[candidates.remove(at).index].0 = Tried::Stale;
+                        outcome[candidates.remove(at).index].0 = Tried::TakenElsewhere;
                     }
                     (_, source) => return Err(source),
                 }
@@ -781,7 +781,7 @@ pub async fn ack_held(
     };
     let mut writer = client.new_multi_writer();
     for claim in claims {
-        // The item first: its deletion event reaches the queue's shelves before the claim's,
+        // The item first: its deletion event reaches the queue's mirrors before the claim's,
         // so that no taker is woken for an item that is going.
         writer.add_delete(&format!("{}/{}", paths.items, claim.item), Some(claim.version))?;
         writer.add_delete(&format!("{}/{}", paths.claims, claim.item), None)?;

@@ -9,7 +9,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use zookeeper_client::Error as ZkError;
 
-use super::shelf::{Shelves, Tried};
+use super::mirror::{Mirrors, Tried};
 use super::{ClaimRecord, HeldClaim, Pick, QueuePaths, Taken};
 use crate::locked::Locked;
 use crate::recipes::usage::{Charge, Quotas};
@@ -61,7 +61,7 @@ impl Claim {
     }
 }
 
-/// How long a taker waits for a queue's first listing (its shelf's), whatever its own wait.
+/// How long a taker waits for a queue's first listing (its mirror's), whatever its own wait.
 const FIRST_LISTING: Duration = Duration::from_secs(10);
 
 /// What a take asks for.
@@ -83,7 +83,7 @@ pub struct Queues {
     instance: Arc<str>,
     base: Arc<str>,
     /// Each queue with takers here, as they see it (one watch per queue).
-    shelves: Shelves,
+    mirrors: Mirrors,
     /// Items are charged to who put them and refunded when taken or acknowledged.
     quotas: Quotas,
     /// The claims this instance times: those it made, and those it adopted from instances gone.
@@ -104,7 +104,7 @@ pub struct Settled {
 }
 
 impl Queues {
-    /// A queue's shelf outlives its last taker by `linger`, at most `max_lingering` at once.
+    /// A queue's mirror outlives its last taker by `linger`, at most `max_lingering` at once.
     pub fn new(
         zk: ZkSession,
         root: &str,
@@ -114,7 +114,7 @@ impl Queues {
         max_lingering: usize,
     ) -> Queues {
         Queues {
-            shelves: Shelves::new(zk.clone(), linger, max_lingering),
+            mirrors: Mirrors::new(zk.clone(), linger, max_lingering),
             zk,
             instance,
             base: format!("{root}/queues").into(),
@@ -124,9 +124,9 @@ impl Queues {
         }
     }
 
-    /// How many queues this instance keeps a shelf (and a watch) for.
-    pub fn shelves(&self) -> usize {
-        self.shelves.count()
+    /// How many queues this instance keeps a mirror (and a watch) for.
+    pub fn mirrors(&self) -> usize {
+        self.mirrors.count()
     }
 
     pub fn base(&self) -> &str {
@@ -146,8 +146,8 @@ impl Queues {
     /// ack it) and the claim given back if not acknowledged in time; without, removed (at most
     /// once). Empty when the wait ends with nothing to take.
     ///
-    /// Takers pick from the queue's shelf (see [super::shelf]): each item is tried by one
-    /// taker here, and a taker waits for the shelf to say an item came instead of listing.
+    /// Takers pick from the queue's mirror (see [super::mirror]): each item is tried by one
+    /// taker here, and a taker waits for the mirror to say an item came instead of listing.
     pub async fn take(
         &self,
         queue: &str,
@@ -156,30 +156,30 @@ impl Queues {
         until: Instant,
     ) -> Result<Vec<(Taken, Option<Claim>)>, Failure> {
         let paths = self.paths(queue);
-        let shelf = self.shelves.using(queue, &paths);
+        let mirror = self.mirrors.using(queue, &paths);
         loop {
             // Registered before looking, so that an item arriving in between still wakes us.
-            let item = shelf.item_ready();
+            let item = mirror.item_ready();
             tokio::pin!(item);
             item.as_mut().enable();
-            let synced = shelf.synced();
+            let synced = mirror.synced();
             tokio::pin!(synced);
             synced.as_mut().enable();
             let session = self.zk.connected().await.map_err(|_| ZkError::ConnectionLoss)?;
-            if !shelf.is_synced() {
+            if !mirror.is_synced() {
                 // The first listing is part of looking, whatever the wait.
                 tokio::time::timeout(FIRST_LISTING, &mut synced)
                     .await
                     .map_err(|_| ZkError::ConnectionLoss)?;
                 continue;
             }
-            let mut picked = shelf.pick(options.max_items.max(1));
+            let mut picked = mirror.pick(options.max_items.max(1));
             if picked.names.is_empty() && Instant::now() >= until {
-                // About to say there is nothing: as of now, not of an older shelf.
-                if !shelf.caught_up().await {
+                // About to say there is nothing: as of now, not of an older mirror.
+                if !mirror.caught_up().await {
                     return Err(ZkError::ConnectionLoss.into());
                 }
-                picked = shelf.pick(options.max_items.max(1));
+                picked = mirror.pick(options.max_items.max(1));
                 if picked.names.is_empty() {
                     return Ok(Vec::new());
                 }
@@ -199,13 +199,13 @@ impl Queues {
                 continue;
             }
             if picked.more {
-                shelf.pass_on(); // another taker may take what this one leaves
+                mirror.pass_on(); // another taker may take what this one leaves
             }
             // The ZooKeeper part runs to its end even if the client goes meanwhile, so that
             // every claim made is kept (and given back at its deadline), never orphaned.
             let queues = self.clone();
             let (queue, owner) = (queue.to_string(), owner.map(str::to_string));
-            let (shelf, paths) = (shelf.shelf(), paths.clone());
+            let (mirror, paths) = (mirror.mirror(), paths.clone());
             let took = tokio::spawn(async move {
                 let claims: Vec<Option<Claim>> = picked
                     .names
@@ -242,14 +242,14 @@ impl Queues {
                     Ok(outcome) => outcome,
                     Err(err) => {
                         for pick in &picks {
-                            shelf.tried(&pick.item, Tried::Again);
+                            mirror.tried(&pick.item, Tried::Again);
                         }
                         return Err(err);
                     }
                 };
                 let mut got = Vec::new();
                 for ((pick, claim), (tried, taken)) in picks.iter().zip(claims).zip(outcome) {
-                    shelf.tried(&pick.item, tried);
+                    mirror.tried(&pick.item, tried);
                     let Some(taken) = taken else { continue };
                     let claim = claim.map(|c| Claim {
                         version: Some(taken.version),

@@ -7,26 +7,26 @@
 //! ZooKeeper's work per item and the queue drained 17 times slower than it filled. With it, a
 //! take reads only the items it claims.
 //!
-//! The shelf is a hint, never the truth: a claim is still decided by ZooKeeper's multi-op
-//! (which fails if the item changed or another claim exists), so a stale shelf costs a failed
+//! The mirror is a hint, never the truth: a claim is still decided by ZooKeeper's multi-op
+//! (which fails if the item changed or another claim exists), so a stale mirror costs a failed
 //! attempt, never a double claim. What it must not do is *miss* an item (a taker would wait
 //! while one waits), and that is why it is right:
 //!
 //! - The watch is set before the listing (the [Follower] announces it with `Start`, and
-//!   after a reconnection or a new session with `Resync`, upon which the shelf lists again).
+//!   after a reconnection or a new session with `Resync`, upon which the mirror lists again).
 //!   Every change after the watch arrives as an event, in ZooKeeper's order, after the listing
 //!   is applied; an event the listing already reflects sets the same state again. For each
 //!   name the last event wins, and that is the state in ZooKeeper.
 //! - Takes run on the same session as the watch (the instance's primary session). ZooKeeper
 //!   sends a session a watch event before the reply to any later request, so when a take
 //!   finds an item gone (or already claimed) the event saying so is already on its way to the
-//!   shelf. The taker marks the item *stale* meanwhile, so that no other taker tries it
+//!   mirror. The taker marks the item *taken elsewhere* meanwhile, so that no other taker tries it
 //!   again; the next event about the name clears the mark, and a resync clears them all.
 //! - A failure that says nothing about the item's fate (a changed version, a lost reply) puts
 //!   it back.
-//! - Events reach the shelf a little after ZooKeeper sent them. That never matters to a taker
+//! - Events reach the mirror a little after ZooKeeper sent them. That never matters to a taker
 //!   that finds an item, but "nothing to take" must be true at some moment of the request: a
-//!   taker about to say so first has the shelf catch up ([Shelf::caught_up]: one read on the
+//!   taker about to say so first has the mirror catch up ([Mirror::caught_up]: one read on the
 //!   watch's session, after which every event sent before its reply is applied).
 //!
 //! New takeable items (created, a claim given back, a delayed item come due) wake one waiting
@@ -50,7 +50,7 @@ pub enum Tried {
     /// Taken (claimed or removed) by this taker: its events will say so.
     Taken,
     /// Gone or claimed by another: an event will say so; not tried again until then.
-    Stale,
+    TakenElsewhere,
     /// Nothing learnt (its version changed, a reply was lost): takeable as before.
     Again,
 }
@@ -63,14 +63,14 @@ struct State {
     /// Every item (names a queue item has), with what its name says.
     items: HashMap<String, ItemName>,
     claimed: HashSet<String>,
-    /// Takeable now, in queue order: not claimed, due, not being tried nor stale.
+    /// Takeable now, in queue order: not claimed, due, not being tried nor taken elsewhere.
     ready: BTreeMap<(u8, u64), String>,
     /// Not claimed, not due yet: by due time, then queue order.
     delayed: BTreeMap<(i64, u8, u64), String>,
     /// Picked by a local taker that has not said yet what came of it.
     trying: HashSet<String>,
     /// Found gone or claimed by a taker before the event saying so arrived.
-    stale: HashSet<String>,
+    taken_elsewhere: HashSet<String>,
 }
 
 impl State {
@@ -80,7 +80,7 @@ impl State {
         let Some(parsed) = self.items.get(name).copied() else {
             return false;
         };
-        if self.claimed.contains(name) || self.trying.contains(name) || self.stale.contains(name) {
+        if self.claimed.contains(name) || self.trying.contains(name) || self.taken_elsewhere.contains(name) {
             return false;
         }
         match parsed.due_ms {
@@ -109,7 +109,7 @@ impl State {
         let Some(parsed) = parse_name(name) else {
             return false; // not an item (another client's node): never taken
         };
-        self.stale.remove(name);
+        self.taken_elsewhere.remove(name);
         self.unplace(name);
         self.items.insert(name.to_string(), parsed);
         self.place(name, now_ms)
@@ -118,18 +118,18 @@ impl State {
     fn item_deleted(&mut self, name: &str) {
         self.unplace(name);
         self.items.remove(name);
-        self.stale.remove(name);
+        self.taken_elsewhere.remove(name);
     }
 
     fn claim_created(&mut self, name: &str) {
         self.unplace(name);
         self.claimed.insert(name.to_string());
-        self.stale.remove(name);
+        self.taken_elsewhere.remove(name);
     }
 
     fn claim_deleted(&mut self, name: &str, now_ms: i64) -> bool {
         self.claimed.remove(name);
-        self.stale.remove(name);
+        self.taken_elsewhere.remove(name);
         self.place(name, now_ms)
     }
 
@@ -166,11 +166,11 @@ impl State {
         self.trying.remove(name);
         match tried {
             Tried::Taken => false,
-            // Only while the shelf still has it as takeable: if the event came first, the
-            // shelf already knows better.
-            Tried::Stale => {
+            // Only while the mirror still has it as takeable: if the event came first, the
+            // mirror already knows better.
+            Tried::TakenElsewhere => {
                 if self.items.contains_key(name) && !self.claimed.contains(name) {
-                    self.stale.insert(name.to_string());
+                    self.taken_elsewhere.insert(name.to_string());
                 }
                 false
             }
@@ -187,7 +187,7 @@ impl State {
         self.claimed = claims.into_iter().collect();
         self.ready.clear();
         self.delayed.clear();
-        self.stale.clear();
+        self.taken_elsewhere.clear();
         let names: Vec<String> = self.items.keys().cloned().collect();
         for name in names {
             self.place(&name, now_ms);
@@ -196,25 +196,25 @@ impl State {
     }
 }
 
-/// One queue's shelf on this instance; see the module's documentation.
-pub struct Shelf {
+/// One queue's mirror on this instance; see the module's documentation.
+pub struct Mirror {
     state: Mutex<State>,
     /// One permit per item that became takeable: one waiting taker is woken for each.
     item: Notify,
-    /// Woken when the shelf (re)synced, for every waiting taker.
+    /// Woken when the mirror (re)synced, for every waiting taker.
     synced: Notify,
-    /// Takers using the shelf now; the shelf's task ends some time after the last left.
+    /// Takers using the mirror now; the mirror's task ends some time after the last left.
     takers: AtomicUsize,
     /// Woken when the last taker leaves.
     idle: Notify,
-    /// Requests to catch up with ZooKeeper, to the shelf's task.
+    /// Requests to catch up with ZooKeeper, to the mirror's task.
     catch_up: mpsc::UnboundedSender<oneshot::Sender<bool>>,
 }
 
-impl Shelf {
-    fn new() -> (Shelf, mpsc::UnboundedReceiver<oneshot::Sender<bool>>) {
+impl Mirror {
+    fn new() -> (Mirror, mpsc::UnboundedReceiver<oneshot::Sender<bool>>) {
         let (catch_up, asked) = mpsc::unbounded_channel();
-        let shelf = Shelf {
+        let mirror = Mirror {
             state: Mutex::default(),
             item: Notify::new(),
             synced: Notify::new(),
@@ -222,13 +222,13 @@ impl Shelf {
             idle: Notify::new(),
             catch_up,
         };
-        (shelf, asked)
+        (mirror, asked)
     }
 
-    /// Brings the shelf up to everything ZooKeeper had done when this was called (one read on
+    /// Brings the mirror up to everything ZooKeeper had done when this was called (one read on
     /// the watch's session, shared by the takers asking at once); `false` if it could not (no
     /// session). A taker asks before it answers that there is nothing to take, so that the
-    /// answer is as of a moment during its request, never of an older shelf.
+    /// answer is as of a moment during its request, never of an older mirror.
     pub async fn caught_up(&self) -> bool {
         let (asker, answer) = oneshot::channel();
         if self.catch_up.send(asker).is_err() {
@@ -246,7 +246,7 @@ impl Shelf {
         self.state().synced
     }
 
-    /// Resolves when the shelf (re)synced; register (`enable`) before checking [Self::is_synced].
+    /// Resolves when the mirror (re)synced; register (`enable`) before checking [Self::is_synced].
     pub fn synced(&self) -> tokio::sync::futures::Notified<'_> {
         self.synced.notified()
     }
@@ -358,37 +358,37 @@ impl Shelf {
     }
 }
 
-/// What [Shelf::pick] found.
+/// What [Mirror::pick] found.
 pub struct Picked {
     pub names: Vec<String>,
     pub more: bool,
     pub next_due_ms: Option<i64>,
 }
 
-/// The shelves of this instance's queues: one per queue with takers, kept a while after the
+/// The mirrors of this instance's queues: one per queue with takers, kept a while after the
 /// last taker left (`linger`), a bounded number of them at once (`max_lingering`).
 #[derive(Clone)]
-pub struct Shelves {
+pub struct Mirrors {
     zk: ZkSession,
-    all: Arc<Mutex<HashMap<String, Arc<Shelf>>>>,
+    all: Arc<Mutex<HashMap<String, Arc<Mirror>>>>,
     lingering: Arc<AtomicUsize>,
     linger: std::time::Duration,
     max_lingering: usize,
 }
 
-/// A taker's use of a shelf: counted in while it lives.
-pub struct Using(Arc<Shelf>);
+/// A taker's use of a mirror: counted in while it lives.
+pub struct Using(Arc<Mirror>);
 
 impl std::ops::Deref for Using {
-    type Target = Shelf;
-    fn deref(&self) -> &Shelf {
+    type Target = Mirror;
+    fn deref(&self) -> &Mirror {
         &self.0
     }
 }
 
 impl Using {
-    /// The shelf itself, for work that may outlive this use.
-    pub fn shelf(&self) -> Arc<Shelf> {
+    /// The mirror itself, for work that may outlive this use.
+    pub fn mirror(&self) -> Arc<Mirror> {
         self.0.clone()
     }
 }
@@ -401,9 +401,9 @@ impl Drop for Using {
     }
 }
 
-impl Shelves {
-    pub fn new(zk: ZkSession, linger: std::time::Duration, max_lingering: usize) -> Shelves {
-        Shelves {
+impl Mirrors {
+    pub fn new(zk: ZkSession, linger: std::time::Duration, max_lingering: usize) -> Mirrors {
+        Mirrors {
             zk,
             all: Arc::default(),
             lingering: Arc::default(),
@@ -412,83 +412,83 @@ impl Shelves {
         }
     }
 
-    /// How many shelves exist now (with takers or lingering).
+    /// How many mirrors exist now (with takers or lingering).
     pub fn count(&self) -> usize {
         self.all.locked().len()
     }
 
-    /// The shelf of `queue`, counting the caller in as a taker; started if none is kept.
+    /// The mirror of `queue`, counting the caller in as a taker; started if none is kept.
     pub fn using(&self, queue: &str, paths: &QueuePaths) -> Using {
         let mut all = self.all.locked();
-        if let Some(shelf) = all.get(queue) {
+        if let Some(mirror) = all.get(queue) {
             // Counted under the map's lock, which the task takes to end: it never ends with a
             // taker counted in.
-            shelf.takers.fetch_add(1, Ordering::SeqCst);
-            return Using(shelf.clone());
+            mirror.takers.fetch_add(1, Ordering::SeqCst);
+            return Using(mirror.clone());
         }
-        let (shelf, catch_up) = Shelf::new();
-        let shelf = Arc::new(shelf);
-        shelf.takers.fetch_add(1, Ordering::SeqCst);
-        all.insert(queue.to_string(), shelf.clone());
+        let (mirror, catch_up) = Mirror::new();
+        let mirror = Arc::new(mirror);
+        mirror.takers.fetch_add(1, Ordering::SeqCst);
+        all.insert(queue.to_string(), mirror.clone());
         tokio::spawn(keep(
             self.clone(),
             queue.to_string(),
             paths.clone(),
-            shelf.clone(),
+            mirror.clone(),
             catch_up,
         ));
-        Using(shelf)
+        Using(mirror)
     }
 
-    /// Removes `shelf` if it is still `queue`'s and nobody uses it; `true` if removed.
-    fn end(&self, queue: &str, shelf: &Arc<Shelf>) -> bool {
+    /// Removes `mirror` if it is still `queue`'s and nobody uses it; `true` if removed.
+    fn end(&self, queue: &str, mirror: &Arc<Mirror>) -> bool {
         let mut all = self.all.locked();
-        if shelf.takers.load(Ordering::SeqCst) != 0 {
+        if mirror.takers.load(Ordering::SeqCst) != 0 {
             return false;
         }
-        if all.get(queue).is_some_and(|kept| Arc::ptr_eq(kept, shelf)) {
+        if all.get(queue).is_some_and(|kept| Arc::ptr_eq(kept, mirror)) {
             all.remove(queue);
         }
         true
     }
 }
 
-/// Keeps a shelf current while it is used, and a while after (see [Shelves]); answers the
-/// takers' requests to catch up ([Shelf::caught_up]).
+/// Keeps a mirror current while it is used, and a while after (see [Mirrors]); answers the
+/// takers' requests to catch up ([Mirror::caught_up]).
 async fn keep(
-    shelves: Shelves,
+    mirrors: Mirrors,
     queue: String,
     paths: QueuePaths,
-    shelf: Arc<Shelf>,
+    mirror: Arc<Mirror>,
     mut catch_up: mpsc::UnboundedReceiver<oneshot::Sender<bool>>,
 ) {
-    let zk = shelves.zk.clone();
+    let zk = mirrors.zk.clone();
     let mut follower = Follower::new(&zk, &paths.dir);
-    // Since the last taker left: until when the shelf lingers, and whether it holds one of
+    // Since the last taker left: until when the mirror lingers, and whether it holds one of
     // the lingering places.
     let mut lingering: Option<(tokio::time::Instant, bool)> = None;
     let release = |lingering: &mut Option<(tokio::time::Instant, bool)>| {
         if let Some((_, true)) = lingering.take() {
-            shelves.lingering.fetch_sub(1, Ordering::SeqCst);
+            mirrors.lingering.fetch_sub(1, Ordering::SeqCst);
         }
     };
     loop {
-        let idle = shelf.idle.notified();
+        let idle = mirror.idle.notified();
         tokio::pin!(idle);
         idle.as_mut().enable();
-        if shelf.takers.load(Ordering::SeqCst) > 0 {
+        if mirror.takers.load(Ordering::SeqCst) > 0 {
             release(&mut lingering);
         } else if lingering.is_none() {
-            let place = shelves.lingering.fetch_add(1, Ordering::SeqCst) < shelves.max_lingering;
+            let place = mirrors.lingering.fetch_add(1, Ordering::SeqCst) < mirrors.max_lingering;
             if !place {
-                shelves.lingering.fetch_sub(1, Ordering::SeqCst);
+                mirrors.lingering.fetch_sub(1, Ordering::SeqCst);
             }
             let now = tokio::time::Instant::now();
-            lingering = Some((if place { now + shelves.linger } else { now }, place));
+            lingering = Some((if place { now + mirrors.linger } else { now }, place));
         }
         let until = lingering.map(|(until, _)| until);
         tokio::select! {
-            change = follower.next() => shelf.see(&zk, &queue, &paths, change).await,
+            change = follower.next() => mirror.see(&zk, &queue, &paths, change).await,
             asked = catch_up.recv() => {
                 let Some(first) = asked else { break };
                 // Every request queued now is answered by the same read.
@@ -499,7 +499,7 @@ async fn keep(
                 let caught_up = match follower.caught_up().await {
                     Ok(changes) => {
                         for change in changes {
-                            shelf.see(&zk, &queue, &paths, change).await;
+                            mirror.see(&zk, &queue, &paths, change).await;
                         }
                         true
                     }
@@ -511,7 +511,7 @@ async fn keep(
             }
             () = &mut idle => {}
             () = async { tokio::time::sleep_until(until.unwrap_or_else(tokio::time::Instant::now)).await }, if until.is_some() => {
-                if shelves.end(&queue, &shelf) {
+                if mirrors.end(&queue, &mirror) {
                     break;
                 }
             }
@@ -544,10 +544,10 @@ mod tests {
         let mut state = State::default();
         state.reset(vec![name(1), name(2)], vec![], 0);
         let picked = state.pick(1, 0);
-        assert!(!state.tried(&picked[0], Tried::Stale, 0));
+        assert!(!state.tried(&picked[0], Tried::TakenElsewhere, 0));
         assert_eq!(state.pick(5, 0), vec![name(2)], "the stale item is passed over");
         state.item_deleted(&name(1));
-        assert!(state.stale.is_empty(), "the event clears the mark");
+        assert!(state.taken_elsewhere.is_empty(), "the event clears the mark");
         // A failure that tells nothing puts the item back.
         assert!(state.tried(&name(2), Tried::Again, 0));
         assert_eq!(state.pick(5, 0), vec![name(2)]);
@@ -559,8 +559,8 @@ mod tests {
         state.reset(vec![name(1)], vec![], 0);
         state.pick(1, 0);
         state.claim_created(&name(1)); // the event came before the taker said
-        state.tried(&name(1), Tried::Stale, 0);
-        assert!(state.stale.is_empty());
+        state.tried(&name(1), Tried::TakenElsewhere, 0);
+        assert!(state.taken_elsewhere.is_empty());
         assert!(state.claim_deleted(&name(1), 0), "given back: takeable again");
     }
 
