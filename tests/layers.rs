@@ -415,5 +415,5 @@ fn use_trees_are_read_whole() {
     let statements = statements(text);
     assert_eq!(statements.len(), 2, "{statements:?}");
     assert_eq!(named_modules(&statements[0].1), ["http", "zk"]);
-    assert_eq!(named_modules(&statements[1].1), ["lease"]);
+    assert_eq!(named_modules(&statements[1].1), ["keeper"]);
 }
