@@ -108,6 +108,28 @@ pub struct Shared {
 }
 
 impl Shared {
+    /// How many handles of `owner` wait their turn on this instance, over every kind that
+    /// queues (a new kind must say whether it does: the match has no wildcard).
+    pub fn waiting_of(&self, owner: &Option<String>) -> usize {
+        Kind::ALL
+            .into_iter()
+            .map(|kind| match kind {
+                Kind::Lock => self.locks.queued_of(owner),
+                Kind::RwLock => self.rwlocks.queued_of(owner),
+                Kind::Election => self.elections.queued_of(owner),
+                Kind::Semaphore => self.semaphores.queued_of(owner),
+                Kind::Barrier
+                | Kind::DoubleBarrier
+                | Kind::Txn
+                | Kind::Queue
+                | Kind::Group
+                | Kind::Kv
+                | Kind::Counter
+                | Kind::Service => 0,
+            })
+            .sum()
+    }
+
     /// The primary ZooKeeper session: reads, queues, event topics, the instance's registration.
     pub fn zk(&self) -> &ZkSession {
         self.lanes.primary()

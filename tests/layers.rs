@@ -396,6 +396,38 @@ fn the_client_check_sees_every_way_of_naming_it() {
     }
 }
 
+/// The contender engine knows its users only through their `Driver` (Curator's
+/// `LockInternals` knows only a `LockInternalsDriver`): `recipes/contender.rs` names none of
+/// the recipes built on it, and `recipes/handle.rs` (under every lease-bound protocol) none of
+/// the kinds.
+#[test]
+fn the_contender_engine_names_none_of_its_users() {
+    let users = ["lock", "rwlock", "election", "semaphore", "lock_set"];
+    let mut wrong = Vec::new();
+    for file in ["recipes/contender.rs", "recipes/handle.rs"] {
+        let text = std::fs::read_to_string(src().join(file)).expect("read");
+        for (line_no, line) in statements(&text) {
+            let paths = if is_use(&line) {
+                use_paths(line.split_once("use ").map_or("", |(_, t)| t).trim_end_matches(';'))
+            } else {
+                line.split(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':'))
+                    .map(str::to_string)
+                    .collect()
+            };
+            for path in paths {
+                let segments: Vec<&str> = path.split("::").collect();
+                let names_user = segments
+                    .windows(2)
+                    .any(|w| matches!(w[0], "super" | "recipes") && users.contains(&w[1]));
+                if names_user || (file.ends_with("handle.rs") && path.starts_with("Kind::")) {
+                    wrong.push(format!("src/{file}:{line_no}: {line}"));
+                }
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "the engine names its users:\n{}", wrong.join("\n"));
+}
+
 #[test]
 fn every_module_is_in_a_layer() {
     let modules: BTreeMap<String, ()> = each_file().into_iter().map(|(m, _, _)| (m, ())).collect();

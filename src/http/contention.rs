@@ -311,11 +311,7 @@ fn check_waiter_limits<P: Protocol>(
         );
         return Err(crate::limits::refusal(detail, retry).into());
     }
-    let mine = [&state.locks, &state.rwlocks, &state.elections]
-        .iter()
-        .map(|r| r.queued_of(&lease.owner))
-        .sum::<usize>()
-        + state.semaphores.queued_of(&lease.owner);
+    let mine = state.waiting_of(&lease.owner);
     if mine >= settings.waiters_per_principal {
         let detail = format!(
             "at most {} waiting contenders per principal on this instance",

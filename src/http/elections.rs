@@ -21,7 +21,6 @@ use crate::AppState;
 use crate::auth::Caller;
 use crate::events::Feed;
 use crate::kind::Kind;
-use crate::recipes::contender::Role;
 use crate::recipes::election::{self, ElectionState, LeaderView, Leadership};
 use crate::recipes::handle::Phase;
 use crate::recipes::lease::Lease;
@@ -174,7 +173,7 @@ pub async fn campaign(
     };
     let (registry, value) = (&state.elections, body.value);
     let open =
-        async |lease: Arc<Lease>| open_contender(&state, registry, &lease, &name, Role::Candidate, value.clone());
+        async |lease: Arc<Lease>| open_contender(&state, registry, &lease, &name, election::CANDIDATE, value.clone());
     let outcome = contention::contend(&state, registry, request, open).await?;
     let current = outcome.handle.state();
     let candidacy = Candidacy {

@@ -27,7 +27,7 @@ use crate::AppState;
 use crate::auth::{Access, Caller};
 use crate::kind::Kind;
 use crate::recipes::bound::BindError;
-use crate::recipes::contender::{Contender, Role};
+use crate::recipes::contender::Contender;
 use crate::recipes::lease::{EndReason, Lease};
 use crate::recipes::lock_set::{self, SetRecord, canonical_order};
 use crate::time::HumanDuration;
@@ -185,7 +185,14 @@ pub async fn acquire_set(
             ttl: None,
         };
         let open = async |lease: Arc<Lease>| {
-            contention::open_contender(&state, &state.locks, &lease, name, Role::Exclusive, None)
+            contention::open_contender(
+                &state,
+                &state.locks,
+                &lease,
+                name,
+                crate::recipes::lock::EXCLUSIVE,
+                None,
+            )
         };
         match contention::contend(&state, &state.locks, request, open).await {
             Ok(granted) => taken.push((granted.handle, held_before)),

@@ -17,7 +17,6 @@ use crate::AppState;
 use crate::auth::Caller;
 use crate::events::Feed;
 use crate::kind::Kind;
-use crate::recipes::contender::Role;
 use crate::recipes::lock::{LockState, LockTopic};
 use crate::recipes::revocation::{AUDIT_KEPT, Revocation, read_audit};
 
@@ -73,7 +72,16 @@ pub async fn acquire(
     ApiQuery(params): ApiQuery<AcquireParams>,
     ApiJson(body): ApiJson<Option<AcquireBody>>,
 ) -> Result<Response, ApiError> {
-    contention::acquire(&state, &caller, &state.locks, &name, Role::Exclusive, params, body).await
+    contention::acquire(
+        &state,
+        &caller,
+        &state.locks,
+        &name,
+        crate::recipes::lock::EXCLUSIVE,
+        params,
+        body,
+    )
+    .await
 }
 
 state_handler!(
@@ -150,7 +158,15 @@ pub async fn revoke(
     ApiPath(name): ApiPath<String>,
     ApiJson(body): ApiJson<RevokeBody>,
 ) -> Result<Response, ApiError> {
-    contention::revoke(&state, &caller, &state.locks, &name, |_| Role::Exclusive, body).await
+    contention::revoke(
+        &state,
+        &caller,
+        &state.locks,
+        &name,
+        |_| crate::recipes::lock::EXCLUSIVE,
+        body,
+    )
+    .await
 }
 
 /// Query of the revocation audit log.

@@ -18,7 +18,7 @@ use crate::auth::Caller;
 use crate::events::Feed;
 use crate::kind::Kind;
 use crate::recipes::contender::Role;
-use crate::recipes::rwlock::{RwLockState, RwLockTopic, is_reader};
+use crate::recipes::rwlock::{self, RwLockState, RwLockTopic, is_reader};
 
 /// The read/write lock kind's module.
 pub const RESOURCE: Resource = Resource {
@@ -68,7 +68,7 @@ pub async fn read(
     ApiQuery(params): ApiQuery<AcquireParams>,
     ApiJson(body): ApiJson<Option<AcquireBody>>,
 ) -> Result<Response, ApiError> {
-    contention::acquire(&state, &caller, &state.rwlocks, &name, Role::Read, params, body).await
+    contention::acquire(&state, &caller, &state.rwlocks, &name, rwlock::READ, params, body).await
 }
 
 /// Acquires the write lock, waiting up to `wait`: granted when nobody is ahead in the queue.
@@ -89,7 +89,7 @@ pub async fn write(
     ApiQuery(params): ApiQuery<AcquireParams>,
     ApiJson(body): ApiJson<Option<AcquireBody>>,
 ) -> Result<Response, ApiError> {
-    contention::acquire(&state, &caller, &state.rwlocks, &name, Role::Write, params, body).await
+    contention::acquire(&state, &caller, &state.rwlocks, &name, rwlock::WRITE, params, body).await
 }
 
 state_handler!(
@@ -169,7 +169,7 @@ pub async fn revoke(
 }
 
 fn rw_role(node: &str) -> Role {
-    if is_reader(node) { Role::Read } else { Role::Write }
+    if is_reader(node) { rwlock::READ } else { rwlock::WRITE }
 }
 
 contention::fencing_handler!(

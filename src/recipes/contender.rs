@@ -5,7 +5,7 @@
 //! A contender is a [Handle] whose protocol is [Contention]: create
 //! `<dir>/_c_<guid><infix><seq>` (persistent, with its reference under the lease's record, in
 //! one multi-op) and list the children in one round trip, ask the role's pure decision function
-//! ([Role::next_step]) what to do, watch the one node it names, repeat until it holds; then
+//! ([Driver::next_step]) what to do, watch the one node it names, repeat until it holds; then
 //! report a deletion of its node by anyone else as a loss. Releasing (or the lease ending)
 //! deletes the node, which wakes the next waiter through ZooKeeper. The GUID is the handle's
 //! ([crate::ids::guid_of]), so any instance finds a handle's node ([recorded]).
@@ -15,8 +15,8 @@
 //! strictly increase in grant order, even across a deleted and recreated resource znode
 //! (where sequence numbers would start again from zero).
 //!
-//! Over 600 lines: the ordered-node engine and its three users' role logic in one file; issue 31
-//! splits it along a driver trait (one file per lock kind), which moves the role branches out.
+//! The engine knows its users only through the [Driver] each implements (which node may
+//! proceed, what to do on grant and on exit); [super::roles] lists them.
 
 use crate::zk::{Failure, Session};
 use std::sync::Arc;
@@ -28,7 +28,6 @@ use super::handle::{Exit, Handle, Handles, Made, Node, NotCreated, Protocol, Ref
 use super::lease::Lease;
 use super::lease::record::{Held, HoldingRecord};
 use super::revocation;
-use super::{election, lock, rwlock};
 use crate::kind::Kind;
 use crate::zk::retry_on_loss;
 
@@ -47,74 +46,106 @@ pub enum Next<'a> {
     Missing,
 }
 
-/// What a contender is for, which decides its znode name and when it holds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Role {
-    /// An exclusive lock's contender.
-    Exclusive,
-    /// A read/write lock's reader.
-    Read,
-    /// A read/write lock's writer.
-    Write,
-    /// An election's candidate.
-    Candidate,
+/// What one kind of contender decides and does around the engine (the shape of Curator's
+/// `LockInternalsDriver`): its znode's name, which node may proceed, and what it does once
+/// granted and before its node goes. An exclusive lock's ([super::lock]), a read/write lock's
+/// reader and writer ([super::rwlock]) and an election's candidate ([super::election]) each
+/// implement it in their own file; the engine knows only this trait, and [super::roles] lists
+/// the implementations (to read a role back from a node's name or a holding's record).
+pub trait Driver: Send + Sync + 'static {
+    /// Its name in a holding's record (`exclusive`, `read`, `write`, `candidate`).
+    fn label(&self) -> &'static str;
+
+    /// The kind of resource it contends for.
+    fn kind(&self) -> Kind;
+
+    /// Curator's name infix: nodes are `_c_<guid><infix><seq>` (`InterProcessMutex`,
+    /// `InterProcessReadWriteLock`, `LeaderLatch`).
+    fn infix(&self) -> &'static str;
+
+    /// `read` / `write` for the roles of a read/write lock.
+    fn mode(&self) -> Option<&'static str> {
+        None
+    }
+
+    /// The recipe's decision for the contender `me` given the resource's `children`: hold,
+    /// wait for the one node it names, or missing.
+    fn next_step<'a>(&self, children: &'a [String], me: &str) -> Next<'a>;
+
+    /// What it does once its turn came and before it reports holding (an election's candidate
+    /// writes its acknowledgement); an error ends the run.
+    fn on_grant<'a>(
+        &'a self,
+        _handle: &'a Contender,
+        _client: &'a Client,
+        _node: &'a Node,
+    ) -> Step<'a, Result<(), Exit>> {
+        Box::pin(async { Ok(()) })
+    }
+
+    /// What it does before its node `name` in `dir` is deleted, by its own instance or any
+    /// other (a candidate retracts its acknowledgement first, so that its successor never finds
+    /// a stale one).
+    fn on_exit<'a>(&'a self, _client: &'a Client, _dir: &'a str, _name: &'a str) -> Step<'a, ()> {
+        Box::pin(async {})
+    }
+
+    /// Counts a grant in the metrics beyond the acquisition every contender counts (a new
+    /// leader, for a candidate). `labels` are the handle's kind and name labels.
+    fn count_grant(&self, _labels: [&str; 2]) {}
+}
+
+/// A step of a [Driver] that talks to ZooKeeper.
+pub type Step<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
+
+/// A contender's role: its [Driver], as a value to keep, copy and compare (two roles are the
+/// same when their labels are).
+#[derive(Clone, Copy)]
+pub struct Role(pub &'static dyn Driver);
+
+impl PartialEq for Role {
+    fn eq(&self, other: &Role) -> bool {
+        self.0.label() == other.0.label()
+    }
+}
+
+impl Eq for Role {}
+
+impl std::fmt::Debug for Role {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.0.label())
+    }
 }
 
 impl Role {
-    /// Curator's name infix: nodes are `_c_<guid><infix><seq>` (`InterProcessMutex`,
-    /// `InterProcessReadWriteLock`, `LeaderLatch`).
     pub fn infix(self) -> &'static str {
-        match self {
-            Role::Exclusive => lock::INFIX,
-            Role::Read => rwlock::READ_INFIX,
-            Role::Write => rwlock::WRITE_INFIX,
-            Role::Candidate => election::INFIX,
-        }
+        self.0.infix()
     }
 
-    /// The kind of resource it contends for.
     pub fn kind(self) -> Kind {
-        match self {
-            Role::Exclusive => Kind::Lock,
-            Role::Read | Role::Write => Kind::RwLock,
-            Role::Candidate => Kind::Election,
-        }
+        self.0.kind()
     }
 
-    /// Its name in a holding's record.
     pub fn label(self) -> &'static str {
-        match self {
-            Role::Exclusive => "exclusive",
-            Role::Read => "read",
-            Role::Write => "write",
-            Role::Candidate => "candidate",
-        }
+        self.0.label()
+    }
+
+    pub fn mode(self) -> Option<&'static str> {
+        self.0.mode()
+    }
+
+    pub fn next_step<'a>(self, children: &'a [String], me: &str) -> Next<'a> {
+        self.0.next_step(children, me)
     }
 
     /// The role [Role::label] names.
     pub fn from_label(label: &str) -> Option<Role> {
-        [Role::Exclusive, Role::Read, Role::Write, Role::Candidate]
-            .into_iter()
-            .find(|role| role.label() == label)
+        super::roles::ALL.into_iter().find(|role| role.label() == label)
     }
 
-    /// `read` / `write` for the roles of a read/write lock.
-    pub fn mode(self) -> Option<&'static str> {
-        match self {
-            Role::Read => Some("read"),
-            Role::Write => Some("write"),
-            Role::Exclusive | Role::Candidate => None,
-        }
-    }
-
-    /// The recipe's decision for the contender `me` given the resource's `children`: a lock
-    /// contender, a writer and a candidate wait for every lower node (they watch the next
-    /// lower one); a reader waits only for lower writers.
-    pub fn next_step<'a, S: AsRef<str>>(self, children: &'a [S], me: &str) -> Next<'a> {
-        match self {
-            Role::Exclusive | Role::Write | Role::Candidate => lock::next_step(children, me),
-            Role::Read => rwlock::next_read_step(children, me),
-        }
+    /// The role of a zkgate or Curator contender, from its node's name.
+    pub fn of_node(name: &str) -> Option<Role> {
+        super::roles::ALL.into_iter().find(|role| name.contains(role.infix()))
     }
 }
 
@@ -315,6 +346,11 @@ pub type Contender = Handle<Contention>;
 pub type Contenders = Handles<Contention>;
 
 impl Contention {
+    /// The resource's znode, where its contenders queue.
+    pub fn dir(&self) -> &str {
+        &self.node.dir
+    }
+
     /// The node's data: whose it is (lease, handle and principal, for any instance that must
     /// decide whether a caller may act on it) and the value.
     fn data(handle: &Contender) -> Vec<u8> {
@@ -361,6 +397,10 @@ impl Protocol for Contention {
         self.role.kind()
     }
 
+    fn count_grant(&self, labels: [&str; 2]) {
+        self.role.0.count_grant(labels);
+    }
+
     /// The recipe: find or create the node, then list / watch the predecessor until it holds
     /// (a candidate then acknowledges its leadership, the guide's leader procedure), then
     /// watch its own node.
@@ -387,16 +427,8 @@ impl Protocol for Contention {
         {
             return exit;
         }
-        if self.role == Role::Candidate {
-            let ack = election::Acknowledgement {
-                candidate: node.name.clone(),
-                term: node.czxid,
-                lease: handle.lease.id.clone(),
-                value: self.value.clone(),
-            };
-            if let Err(exit) = election::acknowledge(handle, client, &self.node.dir, &ack).await {
-                return exit;
-            }
+        if let Err(exit) = self.role.0.on_grant(handle, client, &node).await {
+            return exit;
         }
         handle.grant();
         Contention::watch_own_node(handle, client, &node).await
@@ -405,14 +437,9 @@ impl Protocol for Contention {
     async fn clean_up(&self, handle: &Contender, client: &Client) -> Result<bool, ZkError> {
         let known = handle.state().node;
         let node = self.node.path(client, known.as_ref()).await?;
-        if self.role == Role::Candidate
-            && let Some(node) = &node
-        {
-            // A leader steps down by removing its acknowledgement first, so that its successor
-            // never finds a stale one. Done for any candidate: one may be cancelled after it
-            // wrote the acknowledgement but before it reported leading.
-            let candidate = node.rsplit('/').next().unwrap_or_default();
-            election::retract(client, &self.node.dir, candidate).await;
+        if let Some(node) = &node {
+            let name = node.rsplit('/').next().unwrap_or_default();
+            self.role.0.on_exit(client, &self.node.dir, name).await;
         }
         let had_node = node.is_some();
         let mut paths: Vec<String> = node.into_iter().collect();
@@ -570,15 +597,6 @@ impl Recorded {
     }
 }
 
-impl Role {
-    /// The role of a zkgate or Curator contender, from its node's name.
-    pub fn of_node(name: &str) -> Option<Role> {
-        [Role::Read, Role::Write, Role::Candidate, Role::Exclusive]
-            .into_iter()
-            .find(|role| name.contains(role.infix()))
-    }
-}
-
 /// The contender `handle` of the resource `name` of `kind` (at `dir`), from ZooKeeper: its
 /// node is found by the handle's GUID. `None` if it has none (released, lost, or never there).
 pub async fn recorded(
@@ -663,10 +681,8 @@ pub async fn await_change(session: &Session, recorded: &Recorded, until: tokio::
 /// `false` if its node was gone already.
 pub async fn release_recorded(session: &Session, root: &str, recorded: &Recorded) -> Result<bool, Failure> {
     let client = session.client();
-    if recorded.role == Role::Candidate {
-        let dir = &recorded.paths[0][..recorded.paths[0].rfind('/').unwrap_or(0)];
-        election::retract(client, dir, &recorded.node.name).await;
-    }
+    let dir = &recorded.paths[0][..recorded.paths[0].rfind('/').unwrap_or(0)];
+    recorded.role.0.on_exit(client, dir, &recorded.node.name).await;
     let mut paths = recorded.paths.clone();
     paths.extend(recorded.reference(root));
     Ok(delete_all(client, &paths).await?[0])

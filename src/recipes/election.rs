@@ -23,11 +23,12 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use zookeeper_client::{Client, CreateMode, Error as ZkError, MultiWriteError};
 
-use super::contender::{Contender, Contenders};
-use super::handle::{Exit, NotCreated, write_held};
+use super::contender::{Contender, Contenders, Driver, Next, Role, Step};
+use super::handle::{Exit, Node, NotCreated, write_held};
 use super::topic::{Source, event_kinds};
 use super::usage::{self, ChargeError, Payer};
 use super::view::{ContenderView, LISTED, read_queue};
+use crate::kind::Kind;
 use crate::time::{from_millis, timestamp};
 use crate::zk::retry_on_loss;
 use crate::zk::watch::Mode;
@@ -89,6 +90,57 @@ pub async fn acknowledge(handle: &Contender, client: &Client, dir: &str, ack: &A
             Err(ZkError::NoNode) => {}
             Err(err) => return Err(Exit::from_error(err)),
         }
+    }
+}
+
+/// An election's candidate: it leads with the lowest sequence number (waiting as an exclusive
+/// lock's contender does), and leads only once it wrote its acknowledgement.
+pub struct Candidate;
+
+/// The role of an election's candidates.
+pub const CANDIDATE: Role = Role(&Candidate);
+
+impl Driver for Candidate {
+    fn label(&self) -> &'static str {
+        "candidate"
+    }
+
+    fn kind(&self) -> Kind {
+        Kind::Election
+    }
+
+    fn infix(&self) -> &'static str {
+        INFIX
+    }
+
+    fn next_step<'a>(&self, children: &'a [String], me: &str) -> Next<'a> {
+        super::lock::next_step(children, me)
+    }
+
+    fn on_grant<'a>(&'a self, handle: &'a Contender, client: &'a Client, node: &'a Node) -> Step<'a, Result<(), Exit>> {
+        Box::pin(async move {
+            let ack = Acknowledgement {
+                candidate: node.name.clone(),
+                term: node.czxid,
+                lease: handle.lease.id.clone(),
+                value: handle.protocol.value.clone(),
+            };
+            acknowledge(handle, client, handle.protocol.dir(), &ack).await
+        })
+    }
+
+    /// A leader steps down by removing its acknowledgement first, so that its successor never
+    /// finds a stale one. Done for any candidate: one may be cancelled after it wrote the
+    /// acknowledgement but before it reported leading.
+    fn on_exit<'a>(&'a self, client: &'a Client, dir: &'a str, name: &'a str) -> Step<'a, ()> {
+        Box::pin(retract(client, dir, name))
+    }
+
+    fn count_grant(&self, labels: [&str; 2]) {
+        crate::metrics::get()
+            .leader_changes
+            .with_label_values(&[labels[1]])
+            .inc();
     }
 }
 

@@ -166,6 +166,10 @@ pub trait Protocol: Send + Sync + Sized + 'static {
         true
     }
 
+    /// Counts a grant in the metrics beyond the wait and the acquisition every metered handle
+    /// counts (a new leader, for an election's candidate). `labels`: kind and name.
+    fn count_grant(&self, _labels: [&str; 2]) {}
+
     /// Runs the recipe on a session of the lease's: finds its znodes (a run after an
     /// interruption, or of an adopted handle) or creates them ([create_held], only if
     /// [Handle::may_create]), moves the handle through its phases ([Handle::wait],
@@ -365,9 +369,7 @@ impl<P: Protocol> Handle<P> {
         let labels = self.labels();
         m.lock_wait.with_label_values(&labels).observe(waited.as_secs_f64());
         m.lock_acquisitions.with_label_values(&labels).inc();
-        if self.protocol.kind() == Kind::Election {
-            m.leader_changes.with_label_values(&[labels[1]]).inc();
-        }
+        self.protocol.count_grant(labels);
     }
 
     /// Metrics of the end: the hold's length if it was granted, a loss if it was lost.

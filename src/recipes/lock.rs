@@ -18,11 +18,12 @@ use crate::zk::{Failure, Session};
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use super::contender::{Contenders, Next};
+use super::contender::{Contenders, Driver, Next, Role};
 use super::in_sequence_order;
 use super::lease::{EndReason, WhyEnded};
 use super::topic::{Source, event_kinds};
 use super::view::{ContenderView, LISTED, read_queue};
+use crate::kind::Kind;
 use crate::zk::watch::Mode;
 
 /// The infix of Curator's lock contender names (`_c_<uuid>-lock-<seq>`).
@@ -39,6 +40,30 @@ pub fn next_step<'a, S: AsRef<str>>(children: &'a [S], me: &str) -> Next<'a> {
             predecessor: ordered[i - 1].1,
             position: i,
         },
+    }
+}
+
+/// An exclusive lock's contender: it holds with the lowest sequence number.
+pub struct Exclusive;
+
+/// The role of an exclusive lock's contenders.
+pub const EXCLUSIVE: Role = Role(&Exclusive);
+
+impl Driver for Exclusive {
+    fn label(&self) -> &'static str {
+        "exclusive"
+    }
+
+    fn kind(&self) -> Kind {
+        Kind::Lock
+    }
+
+    fn infix(&self) -> &'static str {
+        INFIX
+    }
+
+    fn next_step<'a>(&self, children: &'a [String], me: &str) -> Next<'a> {
+        next_step(children, me)
     }
 }
 

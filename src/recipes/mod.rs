@@ -19,6 +19,7 @@ pub mod lock_set;
 pub mod queue;
 pub mod registry;
 pub mod revocation;
+pub mod roles;
 pub mod rwlock;
 pub mod semaphore;
 pub mod service;

@@ -15,10 +15,11 @@ use crate::zk::{Failure, Session};
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use super::contender::{Contenders, Next};
+use super::contender::{Contenders, Driver, Next, Role};
 use super::in_sequence_order;
 use super::topic::{Source, event_kinds};
 use super::view::{ContenderView, HoldersChange, LISTED, holders_change, read_queue};
+use crate::kind::Kind;
 use crate::zk::watch::Mode;
 
 /// The infix of Curator's read contender names.
@@ -44,6 +45,60 @@ pub fn next_read_step<'a, S: AsRef<str>>(children: &'a [S], me: &str) -> Next<'a
             predecessor: writer,
             position: i,
         },
+    }
+}
+
+/// A read/write lock's reader: it waits only for lower writers.
+pub struct Reader;
+
+/// A read/write lock's writer: it waits, as an exclusive lock's contender, for every lower node.
+pub struct Writer;
+
+/// The roles of a read/write lock's contenders.
+pub const READ: Role = Role(&Reader);
+pub const WRITE: Role = Role(&Writer);
+
+impl Driver for Reader {
+    fn label(&self) -> &'static str {
+        "read"
+    }
+
+    fn kind(&self) -> Kind {
+        Kind::RwLock
+    }
+
+    fn infix(&self) -> &'static str {
+        READ_INFIX
+    }
+
+    fn mode(&self) -> Option<&'static str> {
+        Some("read")
+    }
+
+    fn next_step<'a>(&self, children: &'a [String], me: &str) -> Next<'a> {
+        next_read_step(children, me)
+    }
+}
+
+impl Driver for Writer {
+    fn label(&self) -> &'static str {
+        "write"
+    }
+
+    fn kind(&self) -> Kind {
+        Kind::RwLock
+    }
+
+    fn infix(&self) -> &'static str {
+        WRITE_INFIX
+    }
+
+    fn mode(&self) -> Option<&'static str> {
+        Some("write")
+    }
+
+    fn next_step<'a>(&self, children: &'a [String], me: &str) -> Next<'a> {
+        super::lock::next_step(children, me)
     }
 }
 
@@ -158,7 +213,7 @@ mod tests {
     }
 
     fn role_of(child: &str) -> Role {
-        if is_reader(child) { Role::Read } else { Role::Write }
+        if is_reader(child) { READ } else { WRITE }
     }
 
     #[test]
@@ -173,7 +228,7 @@ mod tests {
         assert_eq!(next_read_step(&children, &children[0]), Next::Hold);
         assert_eq!(next_read_step(&children, &children[1]), Next::Hold);
         assert_eq!(
-            Role::Write.next_step(&children, &children[2]),
+            WRITE.next_step(&children, &children[2]),
             Next::Wait {
                 predecessor: &children[1],
                 position: 2

@@ -24,7 +24,7 @@ use serde::Serialize;
 use utoipa::ToSchema;
 use zookeeper_client::{Client, CreateMode, Error as ZkError, EventType};
 
-use super::contender::{Next, Recorded, Role, Sequential, Watched, queue_until_held};
+use super::contender::{Next, Recorded, Sequential, Watched, queue_until_held};
 use super::handle::{Exit, Handle, Handles, Node, NotCreated, Protocol, Refused, delete_all, write_held};
 use super::in_sequence_order;
 use super::lease::Lease;
@@ -131,9 +131,14 @@ impl Protocol for PermitRequest {
                     Ok(created) => created,
                     Err(exit) => return exit,
                 };
-                let queued = queue_until_held(client, &self.lock.dir, &lock_node, children, Role::Exclusive, |p| {
-                    handle.wait(p)
-                });
+                let queued = queue_until_held(
+                    client,
+                    &self.lock.dir,
+                    &lock_node,
+                    children,
+                    super::lock::EXCLUSIVE,
+                    |p| handle.wait(p),
+                );
                 if let Err(exit) = queued.await {
                     return exit;
                 }
@@ -316,7 +321,7 @@ pub async fn recorded(session: &Session, dir: &str, name: &str, handle: &str) ->
             czxid: stat.czxid,
         },
         paths,
-        role: Role::Exclusive,
+        role: super::lock::EXCLUSIVE,
         data,
         position,
         next,
