@@ -398,14 +398,17 @@ fn the_client_check_sees_every_way_of_naming_it() {
 
 /// The contender engine knows its users only through their `Driver` (Curator's
 /// `LockInternals` knows only a `LockInternalsDriver`): `recipes/contender.rs` names none of
-/// the recipes built on it, and `recipes/handle.rs` (under every lease-bound protocol) none of
+/// the recipes built on it, and `recipes/handle/` (under every lease-bound protocol) none of
 /// the kinds.
 #[test]
 fn the_contender_engine_names_none_of_its_users() {
     let users = ["lock", "rwlock", "election", "semaphore", "lock_set"];
     let mut wrong = Vec::new();
-    for file in ["recipes/contender.rs", "recipes/handle.rs"] {
-        let text = std::fs::read_to_string(src().join(file)).expect("read");
+    let mut files = vec![src().join("recipes/contender.rs")];
+    rust_files(&src().join("recipes/handle"), &mut files);
+    for path in files {
+        let file = path.strip_prefix(src()).expect("under src").display().to_string();
+        let text = std::fs::read_to_string(&path).expect("read");
         for (line_no, line) in statements(&text) {
             let paths = if is_use(&line) {
                 use_paths(line.split_once("use ").map_or("", |(_, t)| t).trim_end_matches(';'))
@@ -419,7 +422,7 @@ fn the_contender_engine_names_none_of_its_users() {
                 let names_user = segments
                     .windows(2)
                     .any(|w| matches!(w[0], "super" | "recipes") && users.contains(&w[1]));
-                if names_user || (file.ends_with("handle.rs") && path.starts_with("Kind::")) {
+                if names_user || (file.contains("handle") && path.starts_with("Kind::")) {
                     wrong.push(format!("src/{file}:{line_no}: {line}"));
                 }
             }

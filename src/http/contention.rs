@@ -20,9 +20,10 @@ use super::leases::{LeaseView, lease_for, lease_gone};
 use crate::AppState;
 use crate::auth::Caller;
 use crate::kind::Kind;
-use crate::recipes::contender::{self, Contender, Contenders, Recorded, Role, position_now};
+use crate::recipes::contender::{Contender, Contenders, Role, position_now};
 use crate::recipes::handle::{Handle, Handles, Phase, Protocol, Refused};
 use crate::recipes::lease::{EndReason, Lease};
+use crate::recipes::recorded::{self, Recorded};
 use crate::recipes::revocation::{self, Revocation, RevokeError};
 use crate::recipes::semaphore;
 use crate::time::{HumanDuration, at_most, timestamp};
@@ -435,7 +436,7 @@ async fn still_referenced<P: Protocol>(
     if matches!(handle.state().phase, Phase::Pending | Phase::Lost { .. }) {
         return Ok(true);
     }
-    if contender::exists(session, &handle.reference()).await? {
+    if recorded::exists(session, &handle.reference()).await? {
         return Ok(true);
     }
     tracing::debug!(handle = %handle.id, lease = %handle.lease.id, "handle let go: its reference is gone (released through another instance)");
@@ -454,7 +455,7 @@ async fn lookup<P: Protocol>(
     let dir = handles.dir(name);
     match handles.kind() {
         Kind::Semaphore => semaphore::recorded(session, &dir, name, handle).await,
-        kind => contender::recorded(session, kind, &dir, name, handle).await,
+        kind => recorded::recorded(session, kind, &dir, name, handle).await,
     }
 }
 
@@ -636,7 +637,7 @@ pub async fn release_by_id<P: Protocol>(
     };
     match found {
         Found::There(recorded) => {
-            contender::release_recorded(&unsynced, &state.config.root, &recorded).await?;
+            recorded::release_recorded(&unsynced, &state.config.root, &recorded).await?;
             Ok(StatusCode::NO_CONTENT)
         }
         here => release(state, handles, here).await,
@@ -653,7 +654,7 @@ pub async fn release<P: Protocol>(
         Found::Here(handle) => handle,
         Found::There(recorded) => {
             let session = super::consistency::synced(state).await?;
-            contender::release_recorded(&session, &state.config.root, &recorded).await?;
+            recorded::release_recorded(&session, &state.config.root, &recorded).await?;
             return Ok(StatusCode::NO_CONTENT);
         }
     };
@@ -665,7 +666,7 @@ pub async fn release<P: Protocol>(
         Phase::Moved => {
             let session = super::consistency::synced(state).await?;
             if let Some(recorded) = lookup(&session, handles, &handle.name, &handle.id).await? {
-                contender::release_recorded(&session, &state.config.root, &recorded).await?;
+                recorded::release_recorded(&session, &state.config.root, &recorded).await?;
             }
             Ok(StatusCode::NO_CONTENT)
         }
@@ -723,7 +724,7 @@ pub async fn await_news_there<P: Protocol>(
         if news || tokio::time::Instant::now() >= until {
             return Ok(current);
         }
-        contender::await_change(session, &current, until).await?;
+        recorded::await_change(session, &current, until).await?;
         current = match lookup(session, handles, &current.name, &current.handle).await? {
             Some(now) => now,
             None => {

@@ -23,9 +23,9 @@ use crate::auth::Caller;
 use crate::events::Feed;
 use crate::kind::Kind;
 use crate::recipes::SettingError;
-use crate::recipes::contender::Recorded;
 use crate::recipes::handle::Phase;
 use crate::recipes::lease::Lease;
+use crate::recipes::recorded::Recorded;
 use crate::recipes::semaphore::{Permit, SemaphoreState, SemaphoreTopic, agree_on_permits};
 use crate::time::HumanDuration;
 

@@ -17,6 +17,7 @@ pub mod lease;
 pub mod lock;
 pub mod lock_set;
 pub mod queue;
+pub mod recorded;
 pub mod registry;
 pub mod revocation;
 pub mod roles;

@@ -24,12 +24,13 @@ use serde::Serialize;
 use utoipa::ToSchema;
 use zookeeper_client::{Client, CreateMode, Error as ZkError, EventType};
 
-use super::contender::{Next, Recorded, Sequential, Watched, queue_until_held};
+use super::contender::{Next, Sequential, queue_until_held};
 use super::handle::{Exit, Handle, Handles, Node, NotCreated, Protocol, Refused, delete_all, write_held};
 use super::in_sequence_order;
 use super::lease::Lease;
 use super::lease::record::{Held, HoldingRecord};
 use super::lock;
+use super::recorded::{Recorded, Watched};
 use super::topic::{Source, event_kinds};
 use super::view::{ContenderView, HoldersChange, LISTED, holders_change, read_queue};
 use crate::kind::Kind;

@@ -1,0 +1,203 @@
+//! A handle's task: runs its protocol on a session of its lease's, again on the next session
+//! after an interruption, until the handle is released, its lease ends or moves, or its node
+//! is lost; then cleans up what it made and says how it ended.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use zookeeper_client::Error as ZkError;
+
+use super::{Exit, Handle, Phase, Protocol, delete_all};
+use crate::zk::retry_on_loss;
+
+/// How a handle's task stopped running its protocol.
+enum Stop {
+    /// The run ended by itself.
+    Exit(Exit),
+    /// Released, or its lease ended: its znodes go.
+    Leave,
+    /// Its lease left this instance: its znodes stay, for the keeper now.
+    Drop,
+    /// Its clean-up found it lost (its node gone, which it deleted the reference of, or its
+    /// lease ended otherwise than by its owner): said so, without asking ZooKeeper again.
+    Lost(String),
+}
+
+/// Runs the protocol until it ends (again on each new session, see the module's docs), then
+/// cleans up and reports.
+pub(super) async fn drive<P: Protocol>(handle: &Arc<Handle<P>>) {
+    let lease = &handle.lease;
+    let mut ended_generation = None;
+    let stop = loop {
+        let session = tokio::select! {
+            session = connected_after(&lease.zk, ended_generation) => session,
+            _ = handle.release.cancelled() => break Stop::Leave,
+            _ = lease.ended().cancelled() => break Stop::Leave,
+            _ = lease.dropped().cancelled() => break Stop::Drop,
+        };
+        let client = session.client();
+        let run = handle.protocol.run(handle, client);
+        tokio::pin!(run);
+        let stop = tokio::select! {
+            exit = &mut run => Stop::Exit(exit),
+            _ = handle.release.cancelled() => Stop::Leave,
+            _ = lease.ended().cancelled() => Stop::Leave,
+            _ = lease.dropped().cancelled() => Stop::Drop,
+        };
+        match stop {
+            // Its watches went with the session: on the next one.
+            Stop::Exit(Exit::Interrupted) => ended_generation = Some(session.generation),
+            Stop::Leave => {
+                // Clean up while the run (pinned in this block) and its watches are still alive:
+                // a deletion fires a watch and the server forgets it, where dropping it first
+                // would cost a removeWatches request on every release.
+                match handle.protocol.clean_up(handle, client).await {
+                    Ok(was_there) => break left(handle, was_there),
+                    Err(err) => {
+                        tracing::debug!(handle = %handle.id, error = %err, "clean-up interrupted; trying again");
+                        after_failure(&lease.zk, session.generation, &err).await;
+                        break clean_up_later(handle).await;
+                    }
+                }
+            }
+            stop => break stop,
+        }
+    };
+    // Why, for the log: which way the task stopped.
+    let why = match &stop {
+        Stop::Exit(_) => "its run ended",
+        Stop::Leave if handle.release.is_cancelled() => "released here",
+        Stop::Leave => "its lease ended",
+        Stop::Drop => "its lease left this instance",
+        Stop::Lost(_) => "its clean-up found it lost",
+    };
+    let end = match stop {
+        Stop::Drop | Stop::Exit(Exit::Moved) => Phase::Moved,
+        Stop::Exit(Exit::Failed(error)) => Phase::Failed { error: error.into() },
+        // A loss found by the clean-up itself (its node gone, or its lease expired) is one.
+        Stop::Lost(reason) => Phase::Lost { reason },
+        // A node the run saw vanish may have been released through another instance, even
+        // while a release here was starting: a release sent again after its first attempt's
+        // answer was lost (that one, through an instance that died, deleted it), which is
+        // answered as the release it is, not as a loss.
+        Stop::Exit(Exit::Lost(reason)) => match released_elsewhere(handle).await {
+            true => Phase::Released,
+            false => Phase::Lost { reason },
+        },
+        Stop::Exit(Exit::Interrupted) | Stop::Leave => Phase::Released,
+    };
+    tracing::debug!(kind = %handle.protocol.kind(), name = %handle.name, handle = %handle.id, lease = %handle.lease.id, phase = end.name(), why, "handle finished");
+    handle.record_end(&end);
+    let lost = matches!(end, Phase::Lost { .. });
+    handle.set_phase(end);
+    if lost && !handle.is_leaving() {
+        // The reference stays, so that the loss shows on the lease (here and on any keeper
+        // after this one), until the holder releases the handle or the lease ends.
+        tokio::select! {
+            _ = handle.release.cancelled() => remove_reference(handle).await,
+            _ = lease.ended().cancelled() => remove_reference(handle).await,
+            _ = lease.dropped().cancelled() => {}
+        }
+    }
+    handle.finished.send_replace(true);
+    // Lost handles stay on the lease so that its holder learns of the loss; the rest leave it.
+    if !lost {
+        handle.detach();
+    }
+}
+
+/// Deletes the reference of a lost handle (its znode is gone already), on the sessions that
+/// follow until it is done or the lease leaves this instance.
+async fn remove_reference<P: Protocol>(handle: &Arc<Handle<P>>) {
+    let (zk, reference) = (&handle.lease.zk, [handle.reference()]);
+    loop {
+        let session = tokio::select! {
+            session = connected_after(zk, None) => session,
+            _ = handle.lease.dropped().cancelled() => return,
+        };
+        match delete_all(session.client(), &reference).await {
+            Ok(_) => return,
+            Err(err) => after_failure(zk, session.generation, &err).await,
+        }
+    }
+}
+
+/// How a handle that left ended, from whether its znode was still there: a lease that ended
+/// otherwise than by its owner's delete (it expired) took what it held away from its holder,
+/// which is a loss, said as one, not a release the holder asked for; so is a node found gone.
+fn left<P: Protocol>(handle: &Handle<P>, was_there: bool) -> Stop {
+    let taken = handle
+        .lease
+        .end_reason()
+        .filter(|r| *r != crate::recipes::lease::EndReason::Deleted && !handle.release.is_cancelled());
+    match taken {
+        Some(reason) => Stop::Lost(reason.describe().to_string()),
+        None if was_there => Stop::Leave,
+        None => Stop::Lost(handle.protocol.loss_reason(handle)),
+    }
+}
+
+/// Cleans up on the sessions that follow, until it is done or the lease leaves this instance
+/// (the reaper finishes what an ended lease leaves behind, see [crate::keeper]).
+async fn clean_up_later<P: Protocol>(handle: &Arc<Handle<P>>) -> Stop {
+    let zk = &handle.lease.zk;
+    loop {
+        let session = tokio::select! {
+            session = connected_after(zk, None) => session,
+            _ = handle.lease.dropped().cancelled() => return Stop::Drop,
+        };
+        match handle.protocol.clean_up(handle, session.client()).await {
+            Ok(was_there) => return left(handle, was_there),
+            Err(err) => after_failure(zk, session.generation, &err).await,
+        }
+    }
+}
+
+/// Whether a holding whose znode vanished was released (through another instance, which
+/// deletes the holding's reference with its znodes) rather than lost (its reference stays,
+/// so that its holder learns of the loss until it releases the handle).
+async fn released_elsewhere<P: Protocol>(handle: &Handle<P>) -> bool {
+    let Ok(session) = handle.lease.session().await else {
+        return false;
+    };
+    // After a `sync`: the reference may have been made through another server a moment ago
+    // (a holding adopted in a takeover), and a stale "no reference" would call a loss a release.
+    if session.sync().await.is_err() {
+        return false;
+    }
+    matches!(
+        retry_on_loss(|| session.client().check_stat(&handle.reference())).await,
+        Ok(None)
+    )
+}
+
+/// A connected session of `zk` (waiting, without polling, while there is none) other than the
+/// one of generation `not` (one that was found
+/// ended: its client fails every request at once, and asking it again would spin until the
+/// supervisor, maybe waiting for this very thread, publishes the next one), waiting for it
+/// without polling.
+async fn connected_after(zk: &crate::zk::session::ZkSession, not: Option<u64>) -> crate::zk::session::Session {
+    let mut status = zk.subscribe();
+    loop {
+        if let Ok(session) = zk.current()
+            && Some(session.generation) != not
+        {
+            return session;
+        }
+        if status.changed().await.is_err() {
+            // The supervisor stopped (the instance is shutting down): nothing more to run on.
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+/// Waits before trying again what failed on the session of generation `generation`: for the
+/// next session if that one ended, else a moment.
+async fn after_failure(zk: &crate::zk::session::ZkSession, generation: u64, err: &ZkError) {
+    match err {
+        ZkError::SessionExpired | ZkError::ClientClosed => {
+            connected_after(zk, Some(generation)).await;
+        }
+        _ => tokio::time::sleep(Duration::from_millis(500)).await,
+    }
+}

@@ -1,0 +1,157 @@
+//! A contender's holding as ZooKeeper has it, for whichever instance serves its request
+//! without keeping its lease: found by the handle's GUID ([recorded]), read, long-polled
+//! ([await_change]) and released ([release_recorded]) through ZooKeeper alone.
+
+use crate::zk::{Failure, Session};
+use zookeeper_client::Error as ZkError;
+
+use super::contender::{Next, Role};
+use super::handle::{Node, delete_all};
+use super::revocation;
+use crate::kind::Kind;
+use crate::zk::retry_on_loss;
+
+/// A holding of another instance's lease (or of a lease whose keeper is elsewhere), as
+/// ZooKeeper has it: what any instance serves a handle's request from.
+#[derive(Clone, Debug)]
+pub struct Recorded {
+    /// The kind and resource it is at.
+    pub kind: Kind,
+    pub name: String,
+    pub handle: String,
+    /// The node that decides its place (a permit request's lease node once it has one).
+    pub node: Node,
+    /// Every znode it holds, to delete on release.
+    pub paths: Vec<String>,
+    pub role: Role,
+    /// Its node's data: whose it is, a revocation request, a candidate's value.
+    pub data: Vec<u8>,
+    /// `None` while it holds, else the contenders ahead.
+    pub position: Option<usize>,
+    /// What changes it next: the node right before it, or its own (a holder's).
+    pub next: Watched,
+}
+
+/// The one znode whose change a long poll on a recorded holding waits for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Watched {
+    /// A node's existence (the predecessor: its deletion may grant).
+    Exists(String),
+    /// A node's data or deletion (a holder's own: a revocation request, or its loss).
+    Data(String),
+    /// A directory's children (a permit request waiting for a permit to come back).
+    Children(String),
+}
+
+impl Recorded {
+    /// Whose it is, as its node records.
+    pub fn owner(&self) -> Option<super::bound::Owner> {
+        super::bound::Owner::in_data(&self.data)
+    }
+
+    /// Whether it holds (the lock, the leadership, a permit).
+    pub fn holds(&self) -> bool {
+        self.position.is_none()
+    }
+
+    /// The reference to it under its lease's record (`root` is zkgate's root).
+    pub fn reference(&self, root: &str) -> Option<String> {
+        let owner = self.owner()?;
+        Some(format!(
+            "{}/{}",
+            super::lease::record::path(root, &owner.lease),
+            super::lease::record::reference_name(self.kind, &self.name, &self.handle)
+        ))
+    }
+}
+
+/// The contender `handle` of the resource `name` of `kind` (at `dir`), from ZooKeeper: its
+/// node is found by the handle's GUID. `None` if it has none (released, lost, or never there).
+pub async fn recorded(
+    session: &Session,
+    kind: Kind,
+    dir: &str,
+    name: &str,
+    handle: &str,
+) -> Result<Option<Recorded>, Failure> {
+    let client = session.client();
+    let Some(guid) = crate::ids::guid_of(handle) else {
+        return Ok(None);
+    };
+    let children = match retry_on_loss(|| client.list_children(dir)).await {
+        Ok(children) => children,
+        Err(ZkError::NoNode) => return Ok(None),
+        Err(err) => return Err(err.into()),
+    };
+    let Some(own) = children.iter().find(|c| c.contains(&guid)).cloned() else {
+        return Ok(None);
+    };
+    let Some(role) = Role::of_node(&own) else {
+        return Ok(None);
+    };
+    let path = format!("{dir}/{own}");
+    let (data, stat) = match retry_on_loss(|| client.get_data(&path)).await {
+        Ok(read) => read,
+        Err(ZkError::NoNode) => return Ok(None),
+        Err(err) => return Err(err.into()),
+    };
+    let (position, next) = match role.next_step(&children, &own) {
+        Next::Hold | Next::Missing => (None, Watched::Data(path.clone())),
+        Next::Wait { predecessor, position } => (Some(position), Watched::Exists(format!("{dir}/{predecessor}"))),
+    };
+    Ok(Some(Recorded {
+        kind,
+        name: name.to_string(),
+        handle: handle.to_string(),
+        node: Node {
+            name: own,
+            czxid: stat.czxid,
+        },
+        paths: vec![path],
+        role,
+        data,
+        position,
+        next,
+    }))
+}
+
+/// Whether the znode at `path` exists.
+pub async fn exists(session: &Session, path: &str) -> Result<bool, Failure> {
+    let client = session.client();
+    Ok(retry_on_loss(|| client.check_stat(path)).await?.is_some())
+}
+
+/// Waits (until `until`) for a change to what decides `recorded`'s state: the one node it
+/// names ([Recorded::next]). A holder whose node already carries a revocation request does
+/// not wait: that is news already.
+pub async fn await_change(session: &Session, recorded: &Recorded, until: tokio::time::Instant) -> Result<(), Failure> {
+    let client = session.client();
+    let watcher = match &recorded.next {
+        Watched::Data(_) if revocation::record_in(&recorded.data).is_some() => return Ok(()),
+        Watched::Exists(path) => match retry_on_loss(|| client.check_and_watch_stat(path)).await? {
+            (None, _) => return Ok(()),
+            (Some(_), watcher) => watcher,
+        },
+        Watched::Data(path) => match retry_on_loss(|| client.get_and_watch_data(path)).await {
+            Ok((_, _, watcher)) => watcher,
+            Err(ZkError::NoNode) => return Ok(()),
+            Err(err) => return Err(err.into()),
+        },
+        Watched::Children(path) => retry_on_loss(|| client.list_and_watch_children(path)).await?.1,
+    };
+    let _ = tokio::time::timeout_at(until, watcher.changed()).await;
+    Ok(())
+}
+
+/// Releases a recorded holding through ZooKeeper alone, on whichever instance serves the
+/// request: a leader's acknowledgement first (if it names this candidate), then its znodes and
+/// its reference together (the keeper's task sees its node go with its reference: released).
+/// `false` if its node was gone already.
+pub async fn release_recorded(session: &Session, root: &str, recorded: &Recorded) -> Result<bool, Failure> {
+    let client = session.client();
+    let dir = &recorded.paths[0][..recorded.paths[0].rfind('/').unwrap_or(0)];
+    recorded.role.0.on_exit(client, dir, &recorded.node.name).await;
+    let mut paths = recorded.paths.clone();
+    paths.extend(recorded.reference(root));
+    Ok(delete_all(client, &paths).await?[0])
+}
