@@ -1,0 +1,203 @@
+//! A claim: the persistent `claims/<item>` record that any instance reads, acknowledges or
+//! gives back, and that outlives the instance that made it.
+
+use serde::{Deserialize, Serialize};
+use zookeeper_client::{Client, Error as ZkError, MultiWriteError, Stat};
+
+use super::*;
+use crate::recipes::usage::{Charge, Quotas};
+use crate::zk::retry_on_loss;
+
+/// What a claim node holds: enough for any instance to acknowledge the claim, to give it
+/// back, or to time it once the instance that made it is gone.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClaimRecord {
+    /// The claim's id, as the consumer got it (see [crate::ids::claim_id]).
+    pub claim: String,
+    /// When the item is given back unless acknowledged (ms since the epoch, the instances'
+    /// clocks).
+    pub deadline_ms: i64,
+    /// The principal that took it, who alone (or an admin) acknowledges it; `None` with
+    /// authentication off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub principal: Option<String>,
+    /// The instance that times the deadline (made the claim).
+    #[serde(default)]
+    pub instance: String,
+}
+
+impl ClaimRecord {
+    pub fn to_bytes(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    /// The record in a claim node's data (`None` if it holds something else).
+    pub fn parse(data: &[u8]) -> Option<ClaimRecord> {
+        serde_json::from_slice(data).ok()
+    }
+}
+
+/// The claim on `item`, as recorded, and its node's version (`None` if the item is not claimed
+/// or its claim node holds something else).
+pub async fn read_claim(
+    client: &Client,
+    paths: &QueuePaths,
+    item: &str,
+) -> Result<Option<(ClaimRecord, Stat)>, ZkError> {
+    let path = format!("{}/{item}", paths.claims);
+    match retry_on_loss(|| client.get_data(&path)).await {
+        Ok((data, stat)) => Ok(ClaimRecord::parse(&data).map(|record| (record, stat))),
+        Err(ZkError::NoNode) => Ok(None),
+        Err(err) => Err(err),
+    }
+}
+
+/// A claim as [all_claims] finds it.
+pub struct StandingClaim {
+    pub queue: String,
+    pub item: String,
+    pub record: ClaimRecord,
+}
+
+/// Every claim of every queue under `base`, for the reaper: one listing of the queues, one of
+/// each queue's claims, one read of each claim (pipelined, 32 at a time).
+pub async fn all_claims(client: &Client, base: &str) -> Result<Vec<StandingClaim>, ZkError> {
+    use futures::StreamExt;
+    let queues = match retry_on_loss(|| client.list_children(base)).await {
+        Ok(queues) => queues,
+        Err(ZkError::NoNode) => return Ok(Vec::new()),
+        Err(err) => return Err(err),
+    };
+    let listed: Vec<Result<(String, Vec<String>), ZkError>> = futures::stream::iter(queues)
+        .map(|queue| async move {
+            let dir = format!("{base}/{queue}/claims");
+            match retry_on_loss(|| client.list_children(&dir)).await {
+                Ok(items) => Ok((queue, items)),
+                Err(ZkError::NoNode) => Ok((queue, Vec::new())),
+                Err(err) => Err(err),
+            }
+        })
+        .buffer_unordered(32)
+        .collect()
+        .await;
+    let mut claimed = Vec::new();
+    for listed in listed {
+        let (queue, items) = listed?;
+        claimed.extend(items.into_iter().map(|item| (queue.clone(), item)));
+    }
+    let read: Vec<Result<Option<StandingClaim>, ZkError>> = futures::stream::iter(claimed)
+        .map(|(queue, item)| async move {
+            let paths = QueuePaths::new(format!("{base}/{queue}"));
+            let found = read_claim(client, &paths, &item).await?;
+            Ok(found.map(|(record, _)| StandingClaim { queue, item, record }))
+        })
+        .buffer_unordered(32)
+        .collect()
+        .await;
+    read.into_iter().filter_map(Result::transpose).collect()
+}
+
+/// Acknowledges the claim `claim` on `item`: deletes the claim (if it is still that claim) and
+/// the item together, refunding the item's charge. `false` if the claim is no longer held
+/// (given back, and maybe taken by another).
+pub async fn ack(
+    client: &Client,
+    quotas: &Quotas,
+    paths: &QueuePaths,
+    item: &str,
+    claim: &str,
+) -> Result<bool, ZkError> {
+    let claim_path = format!("{}/{item}", paths.claims);
+    let item_path = format!("{}/{item}", paths.items);
+    let stat = match read_claim(client, paths, item).await? {
+        Some((record, stat)) if record.claim == claim => stat,
+        _ => return Ok(false),
+    };
+    // Nobody changes the item while the claim stands: its charge is the one read here.
+    let charge = match retry_on_loss(|| client.get_data(&item_path)).await {
+        Ok((data, _)) => Envelope::parse(&data).charge,
+        Err(ZkError::NoNode) => return Ok(false),
+        Err(err) => return Err(err),
+    };
+    match delete_item(
+        client,
+        quotas,
+        &item_path,
+        None,
+        charge.as_ref(),
+        Some((&claim_path, stat.version)),
+    )
+    .await
+    {
+        Ok(()) => Ok(true),
+        Err(MultiWriteError::OperationFailed { .. }) => Ok(false),
+        // A lost reply: done if the item is gone (nobody else could delete it while the claim
+        // stood), otherwise not.
+        Err(MultiWriteError::RequestFailed { source }) if crate::zk::is_loss(&source) => {
+            Ok(retry_on_loss(|| client.check_stat(&item_path)).await?.is_none())
+        }
+        Err(MultiWriteError::RequestFailed { source }) => Err(source),
+    }
+}
+
+/// A claim this instance made, as its acknowledgement needs it.
+pub struct HeldClaim<'a> {
+    pub item: &'a str,
+    /// The item's version when claimed ([Taken::version]).
+    pub version: i32,
+    pub charge: Option<&'a Charge>,
+}
+
+/// Acknowledges claims this instance made, all in one multi-op: each item deleted if it still
+/// has the version its claim gave it, its claim deleted, its charge refunded. No read first:
+/// an item claimed by anyone since has another version (a claim always raises it), so a claim
+/// node there is still ours, and one given back meanwhile is missing (the delete fails).
+/// `false` (nothing done) if any of them is no longer as claimed; the caller then settles each
+/// on its own ([ack]).
+pub async fn ack_held(
+    client: &Client,
+    quotas: &Quotas,
+    paths: &QueuePaths,
+    claims: &[HeldClaim<'_>],
+) -> Result<bool, ZkError> {
+    let Some(first) = claims.first() else {
+        return Ok(true);
+    };
+    let mut writer = client.new_multi_writer();
+    for claim in claims {
+        // The item first: its deletion event reaches the queue's mirrors before the claim's,
+        // so that no taker is woken for an item that is going.
+        writer.add_delete(&format!("{}/{}", paths.items, claim.item), Some(claim.version))?;
+        writer.add_delete(&format!("{}/{}", paths.claims, claim.item), None)?;
+        if let Some(charge) = claim.charge {
+            quotas.add_refund(&mut writer, charge)?;
+        }
+    }
+    match writer.commit().await {
+        Ok(_) => Ok(true),
+        Err(MultiWriteError::OperationFailed { .. }) => Ok(false),
+        // A lost reply: done if the first item is gone (nobody else deletes an item while a
+        // claim on it stands); if not, nothing happened.
+        Err(MultiWriteError::RequestFailed { source }) if crate::zk::is_loss(&source) => {
+            let path = format!("{}/{}", paths.items, first.item);
+            Ok(retry_on_loss(|| client.check_stat(&path)).await?.is_none())
+        }
+        Err(MultiWriteError::RequestFailed { source }) => Err(source),
+    }
+}
+
+/// Gives the claim `claim` on `item` back (nack, or a missed deadline): the item is taken
+/// again later. `false` if it is no longer held.
+pub async fn release_claim(client: &Client, paths: &QueuePaths, item: &str, claim: &str) -> Result<bool, ZkError> {
+    let claim_path = format!("{}/{item}", paths.claims);
+    match read_claim(client, paths, item).await? {
+        Some((record, stat)) if record.claim == claim => {
+            match retry_on_loss(|| client.delete(&claim_path, Some(stat.version))).await {
+                Ok(()) | Err(ZkError::NoNode) => Ok(true),
+                Err(ZkError::BadVersion) => Ok(false),
+                Err(err) => Err(err),
+            }
+        }
+        _ => Ok(false),
+    }
+}
