@@ -1,0 +1,388 @@
+//! What the lock-like resources share over HTTP (exclusive locks, read/write locks, elections,
+//! semaphores): the long-poll acquire and how its outcome maps to a status, the waiter limits,
+//! the handle views and their long polls, the release, and revocation.
+//!
+//! Here the acquire; the handle views and their long polls in [views], the release in
+//! [release], revocation in [revoke], fencing checks in [fencing].
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Json;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+
+use super::check_name;
+use super::error::{ApiError, Place, Problem};
+use super::leases::{LeaseView, lease_for, lease_gone};
+use crate::AppState;
+use crate::auth::Caller;
+use crate::kind::Kind;
+use crate::recipes::contender::{Contender, Contenders, Role, position_now};
+use crate::recipes::handle::{Handle, Handles, Phase, Protocol, Refused};
+use crate::recipes::lease::{EndReason, Lease};
+use crate::recipes::recorded::{self, Recorded};
+use crate::recipes::revocation::{self, Revocation, RevokeError};
+use crate::recipes::semaphore;
+use crate::time::{HumanDuration, at_most, timestamp};
+use crate::zk::Session;
+
+mod fencing;
+mod release;
+mod revoke;
+mod views;
+
+pub(crate) use fencing::fencing_handler;
+pub use fencing::{FencingCheck, check_fencing};
+pub use release::{release, release_by_id};
+pub(crate) use revoke::MAX_GRACE;
+pub use revoke::{RevokeBody, Revoked, revoke};
+pub use views::{Found, HandleQuery, Seen, find_handle, get_handle, held_since};
+use views::{lookup, still_referenced};
+
+/// How long an acquire waits for ZooKeeper to create the contender and answer the first
+/// listing when the caller's own wait is shorter (a try-lock still needs that round trip).
+const FIRST_DECISION_LIMIT: Duration = Duration::from_secs(10);
+
+/// Query of an acquire.
+#[derive(Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct AcquireParams {
+    /// How long to wait for the lock: `0` tries once, `10s` waits up to ten seconds. Capped by
+    /// the server's maximum wait, which is also the default.
+    #[param(value_type = Option<String>, example = "10s")]
+    pub wait: Option<HumanDuration>,
+    /// When the wait ends without the lock: `false` (default) leaves the queue; `true` stays
+    /// queued and answers 202 with the position, to be waited on again with the same lease.
+    pub keep_queued: Option<bool>,
+}
+
+/// Body of an acquire (optional).
+#[derive(Deserialize, utoipa::ToSchema, Default)]
+#[serde(deny_unknown_fields)]
+pub struct AcquireBody {
+    /// The lease to hold the lock with. Without it a new lease is created and returned.
+    pub lease: Option<String>,
+    /// TTL of the lease created when `lease` is not given.
+    pub ttl: Option<HumanDuration>,
+}
+
+/// Answer of an acquire: granted (200) or still queued (202).
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct Acquisition {
+    #[schema(example = "orders")]
+    pub lock: String,
+    /// `read` or `write` for a read/write lock.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mode: Option<&'static str>,
+    /// `true` when the lock is held.
+    pub acquired: bool,
+    /// Release with `DELETE .../handles/{handle}`.
+    #[schema(example = "0b9d4c3e2f1a4b5c8d7e6f5a4b3c2d1e")]
+    pub handle: String,
+    /// Present once granted: strictly increases with every grant of this lock. Send it with
+    /// every write to the protected resource, which must reject tokens lower than the highest
+    /// it has seen.
+    #[schema(example = 4294967302_i64)]
+    pub fencing_token: Option<i64>,
+    /// Contenders ahead (0 when held).
+    pub position: usize,
+    /// The contender's znode name.
+    #[schema(example = "_c_6c1f1a9e-8d2b-4d43-9b7a-0e1c2d3e4f50-lock-0000000007")]
+    pub node: Option<String>,
+    /// When the lock was granted.
+    pub held_since: Option<String>,
+    /// The lease holding it; keep it alive with `POST /v1/leases/{id}/keepalive`.
+    pub lease: LeaseView,
+}
+
+/// A handle: one lease's place at one lock.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct HandleView {
+    pub lock: String,
+    /// `read` or `write`, for a read/write lock.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mode: Option<&'static str>,
+    pub handle: String,
+    pub lease: String,
+    /// `pending`, `waiting`, `held`, `lost`, `released` or `failed`.
+    #[schema(example = "held")]
+    pub state: &'static str,
+    /// Contenders ahead while waiting.
+    pub position: Option<usize>,
+    /// Present while held (and after a loss, to tell which grant was lost).
+    pub fencing_token: Option<i64>,
+    pub node: Option<String>,
+    pub held_since: Option<String>,
+    /// Why it was lost or failed.
+    pub reason: Option<String>,
+    /// Someone asked the holder to give the lock up: release it when ready.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub revocation: Option<Revocation>,
+}
+
+/// One acquire (or campaign, or permit) request, after parsing.
+pub struct Request<'a> {
+    pub caller: &'a Caller,
+    pub name: &'a str,
+    /// The wait asked for (`None`: the server's maximum).
+    pub wait: Option<Duration>,
+    /// Stay queued when the wait ends without a grant.
+    pub keep_queued: bool,
+    pub lease: Option<String>,
+    pub ttl: Option<Duration>,
+}
+
+/// What a request came to: granted, or (asked to stay) still queued.
+pub struct Granted<P: Protocol> {
+    pub handle: Arc<Handle<P>>,
+    pub lease: Arc<Lease>,
+    pub granted: bool,
+}
+
+impl<P: Protocol> Granted<P> {
+    /// 200 when granted, 202 when still queued.
+    pub fn status(&self) -> StatusCode {
+        if self.granted {
+            StatusCode::OK
+        } else {
+            StatusCode::ACCEPTED
+        }
+    }
+}
+
+/// The acquire long poll at resource `request.name` of `handles`: finds or makes the lease,
+/// checks the waiter limits, lets `open` make (or find again) the lease's handle, and waits for
+/// the grant. A wait that ends without it leaves the queue (409) unless asked to stay (202); a
+/// lease made for the request goes with a request that comes to nothing.
+pub async fn contend<P, F, Fut>(
+    state: &AppState,
+    handles: &Handles<P>,
+    request: Request<'_>,
+    open: F,
+) -> Result<Granted<P>, ApiError>
+where
+    P: Protocol,
+    F: Fn(Arc<Lease>) -> Fut,
+    Fut: Future<Output = Result<Arc<Handle<P>>, ApiError>>,
+{
+    let name = request.name;
+    check_name(name)?;
+    let wait = state.config.wait(request.wait);
+    let caller = request.caller;
+    let (lease, own_lease) = lease_for(state, caller, request.lease, request.ttl).await?;
+    let opened = match check_waiter_limits(state, handles, &lease, name) {
+        Ok(()) => open(lease.clone()).await,
+        Err(refused) => Err(refused),
+    };
+    let handle = match opened {
+        Ok(handle) => handle,
+        Err(err) => {
+            if own_lease {
+                let _ = state.leases.end(caller, &lease.id, EndReason::Deleted).await;
+            }
+            return Err(err);
+        }
+    };
+    // The lease's handle here from before (a retried acquire) may have been released through
+    // another instance meanwhile: then it is let go, and a new one made.
+    let handle = match handle.state().phase {
+        Phase::Pending => handle,
+        _ => {
+            let session = super::consistency::reader(state, super::consistency::Consistency::Linearizable).await?;
+            match still_referenced(handles, &session, &handle).await? {
+                true => handle,
+                false => {
+                    handles.release(&handle).await;
+                    open(lease.clone()).await?
+                }
+            }
+        }
+    };
+    let awaiting = handle.awaited();
+    let outcome = handle.granted_within(wait, FIRST_DECISION_LIMIT).await;
+    if matches!(outcome, Phase::Waiting { .. }) {
+        let (m, kind) = (crate::metrics::get(), handles.kind().label());
+        m.lock_timeouts.with_label_values(&[kind, m.name(kind, name)]).inc();
+    }
+    let kept = |granted| {
+        Ok(Granted {
+            handle: handle.clone(),
+            lease: lease.clone(),
+            granted,
+        })
+    };
+    match outcome {
+        Phase::Held { .. } => kept(true),
+        Phase::Waiting { .. } if request.keep_queued => kept(false),
+        Phase::Waiting { position } => {
+            // Another request of the lease waits on the handle (this one's retry, say): it
+            // stays queued for that one.
+            let queued = handle.awaited_by_others();
+            if !queued {
+                give_up(state, handles, &handle, own_lease).await;
+            }
+            drop(awaiting);
+            Err(ApiError::new(
+                Problem::LockNotAcquired,
+                format!(
+                    "`{name}` was not granted within {}; {} (it was at position {position})",
+                    humantime::format_duration(wait),
+                    match queued {
+                        true => "the lease stays queued for another request of its that waits",
+                        false => "the request left the queue",
+                    }
+                ),
+            )
+            .with("position", position)
+            .with("queued", queued))
+        }
+        Phase::Pending => {
+            if !handle.awaited_by_others() {
+                give_up(state, handles, &handle, own_lease).await;
+            }
+            Err(ApiError::unavailable(
+                "ZooKeeper did not answer in time; the request left the queue",
+            ))
+        }
+        Phase::Lost { reason } => Err(super::leases::lease_error(state, &lease).unwrap_or_else(|| {
+            ApiError::new(
+                Problem::LockLost,
+                format!("the contender for `{name}` was lost: {reason}"),
+            )
+        })),
+        Phase::Failed { error } => {
+            give_up(state, handles, &handle, own_lease).await;
+            Err(ApiError::from(error))
+        }
+        Phase::Released => Err(lease_gone(state, &lease)),
+        // The lease moved to another instance meanwhile (a takeover): the handle lives on there.
+        Phase::Moved => Err(super::leases::moved(&lease.id)),
+    }
+}
+
+/// The contender of `lease` in `role` at `name`, for [contend]: refused if the lease contends
+/// here in another role.
+pub fn open_contender(
+    state: &AppState,
+    registry: &Contenders,
+    lease: &Arc<Lease>,
+    name: &str,
+    role: Role,
+    value: Option<serde_json::Value>,
+) -> Result<Arc<Contender>, ApiError> {
+    match registry.contend(lease, name, role, value) {
+        Ok((contender, _new)) => Ok(contender),
+        Err(Refused::LeaseEnded) => Err(lease_gone(state, lease)),
+        Err(Refused::Taken(existing)) => Err(other_role(name, &existing, role)),
+    }
+}
+
+/// An acquire of a lock: 200 with the grant, or 202 still queued.
+pub async fn acquire(
+    state: &AppState,
+    caller: &Caller,
+    registry: &Contenders,
+    name: &str,
+    role: Role,
+    params: AcquireParams,
+    body: Option<AcquireBody>,
+) -> Result<Response, ApiError> {
+    let body = body.unwrap_or_default();
+    let request = Request {
+        caller,
+        name,
+        wait: params.wait.map(|w| w.0),
+        keep_queued: params.keep_queued == Some(true),
+        lease: body.lease,
+        ttl: body.ttl.map(|t| t.0),
+    };
+    let open = async |lease: Arc<Lease>| open_contender(state, registry, &lease, name, role, None);
+    let outcome = contend(state, registry, request, open).await?;
+    Ok((outcome.status(), Json(acquisition(&outcome.handle, &outcome.lease))).into_response())
+}
+
+/// Refuses (429) a new handle beyond the waiters allowed per resource or per principal on
+/// this instance; a retry by a lease that already waits here is never refused.
+fn check_waiter_limits<P: Protocol>(
+    state: &AppState,
+    handles: &Handles<P>,
+    lease: &Lease,
+    name: &str,
+) -> Result<(), ApiError> {
+    if handles.holds(lease, name) {
+        return Ok(());
+    }
+    let settings = state.limits.settings;
+    let retry = Duration::from_secs(1);
+    if handles.queued_at(name) >= settings.waiters_per_lock {
+        let detail = format!(
+            "at most {} contenders may wait for `{name}` on this instance",
+            settings.waiters_per_lock
+        );
+        return Err(crate::limits::refusal(detail, retry).into());
+    }
+    let mine = state.waiting_of(&lease.owner);
+    if mine >= settings.waiters_per_principal {
+        let detail = format!(
+            "at most {} waiting contenders per principal on this instance",
+            settings.waiters_per_principal
+        );
+        return Err(crate::limits::refusal(detail, retry).into());
+    }
+    Ok(())
+}
+
+/// A lease that reads asks to write (or the other way round): refused, because two readers
+/// upgrading at once would wait for each other forever.
+fn other_role(name: &str, existing: &Contender, asked: Role) -> ApiError {
+    let (has, wants) = (
+        existing.protocol.role.mode().unwrap_or("?"),
+        asked.mode().unwrap_or("?"),
+    );
+    ApiError::new(
+        Problem::ModeChangeRefused,
+        format!(
+            "this lease already has a {has} contender on `{name}` (handle `{}`); release it before asking to {wants}: \
+             upgrading a read lock in place would deadlock two readers doing the same",
+            existing.id
+        ),
+    )
+    .with("handle", &existing.id)
+    .with("mode", has)
+}
+
+/// Leaves the queue; a lease made just for this request goes too.
+async fn give_up<P: Protocol>(state: &AppState, handles: &Handles<P>, handle: &Arc<Handle<P>>, own_lease: bool) {
+    tracing::debug!(handle = %handle.id, lease = %handle.lease.id, "handle given up by its acquire");
+    handles.release(handle).await;
+    if own_lease {
+        let _ = state
+            .leases
+            .end(&Caller::Anyone, &handle.lease.id, EndReason::Deleted)
+            .await;
+    }
+}
+
+fn acquisition(contender: &Contender, lease: &Lease) -> Acquisition {
+    let current = contender.state();
+    let (acquired, position, held_since) = match current.phase {
+        Phase::Held { since } => (true, 0, Some(timestamp(since))),
+        Phase::Waiting { position } => (false, position, None),
+        _ => (false, 0, None),
+    };
+    Acquisition {
+        lock: contender.name.clone(),
+        mode: contender.protocol.role.mode(),
+        acquired,
+        handle: contender.id.clone(),
+        fencing_token: current.fencing_token(),
+        position,
+        node: current.node.map(|n| n.name),
+        held_since,
+        lease: LeaseView::of(lease),
+    }
+}

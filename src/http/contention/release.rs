@@ -1,0 +1,82 @@
+//! A release by handle id: on the keeper's instance through its task, anywhere else through
+//! ZooKeeper alone.
+
+use super::*;
+
+/// Releases a handle: through its task if its lease is kept here, else through ZooKeeper
+/// ([contender::release_recorded]); 410 if the lock had been lost before.
+/// `DELETE .../{name}/handles/{handle}`: a handle kept here is released at once, its task
+/// deleting its znodes and reference in one multi-op (nothing read first: if another instance
+/// released it already there is nothing left to delete, and the answer is the same `204`); any
+/// other as ZooKeeper has it, after a `sync` (see [find_handle]).
+pub async fn release_by_id<P: Protocol>(
+    state: &AppState,
+    handles: &Handles<P>,
+    caller: &Caller,
+    name: &str,
+    handle: &str,
+) -> Result<StatusCode, ApiError> {
+    check_name(name)?;
+    if let Some(here) = handles.serving(name, handle) {
+        here.lease.check_owner(caller)?;
+        return release(state, handles, Found::Here(here)).await;
+    }
+    // Read as this session's server has it, and again after a `sync` only if it is not there:
+    // a handle acquired through another instance a moment ago may not have reached this
+    // server yet. One found is deleted by a multi-op, which ZooKeeper orders after whatever
+    // came before it, so it needs no sync.
+    let unsynced = crate::http::consistency::reader(state, crate::http::consistency::Consistency::Sequential).await?;
+    let found = match find_handle(handles, &unsynced, caller, name, handle).await {
+        Err(error) if error.status() == StatusCode::NOT_FOUND => {
+            let session = crate::http::consistency::synced(state).await?;
+            find_handle(handles, &session, caller, name, handle).await?
+        }
+        found => found?,
+    };
+    match found {
+        Found::There(recorded) => {
+            recorded::release_recorded(&unsynced, &state.config.root, &recorded).await?;
+            Ok(StatusCode::NO_CONTENT)
+        }
+        here => release(state, handles, here).await,
+    }
+}
+
+/// Releases a handle as [find_handle] or [release_by_id] found it.
+pub async fn release<P: Protocol>(
+    state: &AppState,
+    handles: &Handles<P>,
+    found: Found<P>,
+) -> Result<StatusCode, ApiError> {
+    let handle = match found {
+        Found::Here(handle) => handle,
+        Found::There(recorded) => {
+            let session = crate::http::consistency::synced(state).await?;
+            recorded::release_recorded(&session, &state.config.root, &recorded).await?;
+            return Ok(StatusCode::NO_CONTENT);
+        }
+    };
+    handles.release(&handle).await;
+    match handle.state().phase {
+        // Its lease moved to another instance while this one released it: the task stopped
+        // without deleting (it no longer acts for the lease). Released through ZooKeeper, as
+        // any instance that does not keep the lease does.
+        Phase::Moved => {
+            let session = crate::http::consistency::synced(state).await?;
+            if let Some(recorded) = lookup(&session, handles, &handle.name, &handle.id).await? {
+                recorded::release_recorded(&session, &state.config.root, &recorded).await?;
+            }
+            Ok(StatusCode::NO_CONTENT)
+        }
+        Phase::Lost { reason } => Err(ApiError::new(
+            Problem::LockLost,
+            format!(
+                "{} `{}` had been lost before this release: {reason}",
+                handles.kind().name(),
+                handle.name
+            ),
+        )
+        .with("reason", reason)),
+        _ => Ok(StatusCode::NO_CONTENT),
+    }
+}
