@@ -1,0 +1,182 @@
+//! Reading a queue's items and dead letters (paged), and replaying a dead letter.
+
+use super::*;
+
+/// An item waiting (or dead) in a queue.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct Waiting {
+    #[schema(example = "queue-500000000042")]
+    pub item: String,
+    #[schema(example = 50)]
+    pub priority: u8,
+    #[schema(example = 1)]
+    pub deliveries: u32,
+    #[schema(example = 5300)]
+    pub age_ms: u64,
+    #[schema(example = "application/json")]
+    pub content_type: String,
+    /// The body, when JSON (any JSON value).
+    #[schema(example = json!({"to": "ada@example.com"}))]
+    pub body: Option<serde_json::Value>,
+    pub text: Option<String>,
+    pub body_base64: Option<String>,
+    /// For a delayed item: not taken before this time.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub not_before: Option<String>,
+}
+
+/// Query of a listing of items.
+#[derive(Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ItemsQuery {
+    /// How many items, first to take first (default 100, at most 1000). When more follow, the
+    /// answer's `Link` header (`rel="next"`) is the URL of the next page.
+    #[param(minimum = 1, maximum = 1000)]
+    #[allow(dead_code)] // read with the cursor (`Paging`); here for the spec and the field check
+    pub limit: Option<usize>,
+    /// Where the page starts: the `cursor` of the previous page's `Link` (opaque).
+    #[param(max_length = 4096, pattern = "^([0-9a-f]{2})*$")]
+    #[allow(dead_code)] // as `limit`
+    pub cursor: Option<String>,
+}
+
+/// Most items a listing returns.
+pub(super) const MAX_LISTED: usize = 1000;
+
+/// An item's body as the views show it: `(body, text, body_base64)`, one of them set.
+pub(super) fn shown(envelope: &Envelope) -> (Option<serde_json::Value>, Option<String>, Option<String>) {
+    match envelope.shown() {
+        Shown::Json(value) => (Some(value), None, None),
+        Shown::Text(text) => (None, Some(text), None),
+        Shown::Base64(encoded) => (None, None, Some(encoded)),
+    }
+}
+
+pub(super) fn waiting_view(item: String, envelope: Envelope, ctime: i64) -> Waiting {
+    let (body, text, body_base64) = shown(&envelope);
+    Waiting {
+        priority: queue::order_of(&item).map(|o| o.0).unwrap_or(queue::DEFAULT_PRIORITY),
+        not_before: queue::topic::not_before(&item),
+        item,
+        deliveries: envelope.deliveries,
+        age_ms: millis_since(from_millis(ctime)),
+        content_type: envelope.content_type,
+        body,
+        text,
+        body_base64,
+    }
+}
+
+/// The items waiting (and claimed) in a queue, first to take first, with their bodies.
+#[utoipa::path(get, path = "/v1/queues/{name}/items", tag = "queues",
+    params(("name" = String, Path, description = "Queue name"), ItemsQuery),
+    responses(
+        (status = 200, body = Vec<Waiting>, headers(("Link" = String, description = "While more entries follow: the next page, `<url>; rel=\"next\"`"))),
+        Problems<(p::InvalidField, p::ZookeeperUnavailable)>,
+    ))]
+pub async fn items(
+    State(state): State<AppState>,
+    ApiPath(name): ApiPath<String>,
+    ApiQuery(_query): ApiQuery<ItemsQuery>,
+    consistency: Consistency,
+    uri: axum::http::Uri,
+) -> Result<Response, ApiError> {
+    check_name(&name)?;
+    let paging = Paging::parse(uri.path(), uri.query().unwrap_or_default(), 100, MAX_LISTED)?;
+    let dir = state.queues.paths(&name).items;
+    listed(&state, &dir, &paging, consistency).await
+}
+
+/// One page of the items under `dir` (`items/` or `dead/`), in queue order, with their bodies.
+pub(super) async fn listed(
+    state: &AppState,
+    dir: &str,
+    paging: &Paging,
+    consistency: Consistency,
+) -> Result<Response, ApiError> {
+    let session = crate::http::consistency::reader(state, consistency).await?;
+    let page = paging.page(queue::names(&session, dir).await?, |(place, _)| place.clone());
+    let names = page.entries.into_iter().map(|(_, name)| name).collect();
+    let items: Vec<Waiting> = queue::read(&session, dir, names)
+        .await?
+        .into_iter()
+        .map(|(item, envelope, stat)| waiting_view(item, envelope, stat.ctime))
+        .collect();
+    Ok(with_link(page.next, Json(items)))
+}
+
+/// The dead letters: items delivered too many times, oldest first (in pages, as `items`).
+#[utoipa::path(get, path = "/v1/queues/{name}/dead-letters", tag = "queues",
+    params(("name" = String, Path, description = "Queue name"), ItemsQuery),
+    responses(
+        (status = 200, body = Vec<Waiting>, headers(("Link" = String, description = "While more entries follow: the next page, `<url>; rel=\"next\"`"))),
+        Problems<(p::InvalidField, p::ZookeeperUnavailable)>,
+    ))]
+pub async fn dead_letters(
+    State(state): State<AppState>,
+    ApiPath(name): ApiPath<String>,
+    ApiQuery(_query): ApiQuery<ItemsQuery>,
+    consistency: Consistency,
+    uri: axum::http::Uri,
+) -> Result<Response, ApiError> {
+    check_name(&name)?;
+    let paging = Paging::parse(uri.path(), uri.query().unwrap_or_default(), 100, MAX_LISTED)?;
+    let dir = state.queues.paths(&name).dead;
+    listed(&state, &dir, &paging, consistency).await
+}
+
+/// Puts a dead item back into the queue, in its old place, its delivery count reset.
+#[utoipa::path(post, path = "/v1/queues/{name}/dead-letters/{item}/replay", tag = "queues",
+    params(("name" = String, Path, description = "Queue name"), ("item" = String, Path, description = "Dead item")),
+    responses(
+        (status = 204, description = "Back in the queue"),
+        Problems<(p::InvalidField, p::NotFound, p::ZookeeperUnavailable)>,
+    ))]
+pub async fn replay(
+    State(state): State<AppState>,
+    ApiPath((name, item)): ApiPath<(String, String)>,
+) -> Result<StatusCode, ApiError> {
+    check_name(&name)?;
+    validate_name(&item).map_err(|e| ApiError::invalid(Place::Path, "item", e))?;
+    let session = state.zk().connected().await?;
+    if queue::replay(&session, &state.queues.paths(&name), &item).await? {
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(ApiError::not_found(
+            "item",
+            format!("no dead item `{item}` in `{name}`"),
+        ))
+    }
+}
+
+/// The dead letters under their old path: use `GET /v1/queues/{name}/dead-letters`, the name
+/// the queue's state, its topic and the metrics use.
+#[utoipa::path(get, path = "/v1/queues/{name}/dead", tag = "queues", operation_id = "dead_letters_old_path",
+    params(("name" = String, Path, description = "Queue name"), ItemsQuery),
+    responses(
+        (status = 200, body = Vec<Waiting>, headers(("Link" = String, description = "While more entries follow: the next page, `<url>; rel=\"next\"`"))),
+        Problems<(p::InvalidField, p::ZookeeperUnavailable)>,
+    ))]
+#[deprecated = "the path is /v1/queues/{name}/dead-letters"]
+pub async fn dead_letters_old_path(
+    state: State<AppState>,
+    name: ApiPath<String>,
+    query: ApiQuery<ItemsQuery>,
+    consistency: Consistency,
+    uri: axum::http::Uri,
+) -> Result<Response, ApiError> {
+    dead_letters(state, name, query, consistency, uri).await
+}
+
+/// A replay under its old path: use `POST /v1/queues/{name}/dead-letters/{item}/replay`.
+#[utoipa::path(post, path = "/v1/queues/{name}/dead/{item}/replay", tag = "queues", operation_id = "replay_old_path",
+    params(("name" = String, Path, description = "Queue name"), ("item" = String, Path, description = "Dead item")),
+    responses(
+        (status = 204, description = "Back in the queue"),
+        Problems<(p::InvalidField, p::NotFound, p::ZookeeperUnavailable)>,
+    ))]
+#[deprecated = "the path is /v1/queues/{name}/dead-letters/{item}/replay"]
+pub async fn replay_old_path(state: State<AppState>, path: ApiPath<(String, String)>) -> Result<StatusCode, ApiError> {
+    replay(state, path).await
+}

@@ -1,0 +1,113 @@
+//! `/v1/queues`: durable queues and priority queues: put (idempotent with a key, bounded),
+//! take at least once (claim, ack, nack, ack deadline, dead letters) or at most once, long
+//! polls, depth and peek.
+//!
+//! Here the resource, its routes and its list; a put in [put], a take in [take], a claim's end
+//! in [claims], the listings and dead letters in [listing].
+
+use std::time::Duration;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::consistency::Consistency;
+use super::error::{ApiError, Place, Problem, Problems, p};
+use super::extract::{ApiJson, ApiPath, ApiQuery};
+use super::paging::{Paging, with_link};
+use super::{ListedResource, Resource, check_name, list, state_handler};
+use crate::AppState;
+use crate::auth::Caller;
+use crate::events::Feed;
+use crate::kind::Kind;
+use crate::recipes::queue::service::{Claim, TakeOptions};
+use crate::recipes::queue::topic::{QueueState, QueueTopic};
+use crate::recipes::queue::{self, Envelope, Put, Shown, Taken};
+use crate::recipes::usage::Payer;
+use crate::time::{HumanDuration, at_most, from_millis, millis_since, timestamp};
+use crate::zk::names::validate_name;
+
+/// The queue kind's module.
+mod claims;
+mod listing;
+mod put;
+mod take;
+
+pub use claims::*;
+pub use listing::*;
+pub use put::*;
+pub use take::*;
+
+pub const RESOURCE: Resource = Resource {
+    kind: Kind::Queue,
+    about: Some(
+        "Durable queues and priority queues: idempotent puts, at-least-once takes with ack deadlines, dead letters.",
+    ),
+    routes,
+    topic: Some(|state, name| Feed::of(source(state, name))),
+};
+
+// The old paths of the dead letters are served, and listed as deprecated, until clients move.
+#[allow(deprecated)]
+fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(queue_events))
+        .routes(routes!(list_queues))
+        .routes(routes!(queue_state))
+        .routes(routes!(items, put))
+        .routes(routes!(take))
+        .routes(routes!(ack))
+        .routes(routes!(ack_batch))
+        .routes(routes!(nack))
+        .routes(routes!(dead_letters))
+        .routes(routes!(replay))
+        .routes(routes!(dead_letters_old_path))
+        .routes(routes!(replay_old_path))
+}
+
+/// Queue `name` as its topic and `GET` read it.
+fn source(state: &AppState, name: &str) -> QueueTopic {
+    QueueTopic {
+        name: name.to_string(),
+        paths: state.queues.paths(name),
+    }
+}
+
+state_handler!(
+    /// A queue's depth, claims in flight, dead letters, oldest item and next items (without their
+    /// bodies: `GET .../items` has them).
+    queue_state,
+    "/v1/queues/{name}",
+    "queues",
+    "Queue name",
+    QueueState
+);
+
+/// Lists the queues.
+#[utoipa::path(get, path = "/v1/queues", tag = "queues", params(super::paging::PageQuery), responses(
+    (status = 200, body = Vec<ListedResource>, headers(("Link" = String, description = "While more entries follow: the next page, `<url>; rel=\"next\"`"))),
+    Problems<(p::ZookeeperUnavailable,)>,
+))]
+pub async fn list_queues(
+    State(state): State<AppState>,
+    caller: Caller,
+    consistency: Consistency,
+    paging: super::paging::Paging,
+) -> Result<super::paging::Page<ListedResource>, ApiError> {
+    list(&state, &caller, Kind::Queue, consistency, &paging).await
+}
+
+super::events::events_handler!(
+    /// Follows a queue: its depth, claims and dead letters, as Server-Sent Events.
+    queue_events,
+    "/v1/queues/{name}/events",
+    "queues",
+    "name",
+    Kind::Queue
+);
