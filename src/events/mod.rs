@@ -17,6 +17,10 @@
 //! gets a `resync` with the state (reason `cannot_resume`). So that a client that reconnects
 //! can resume, a topic outlives its last subscriber by [EventSettings::linger] (a bounded
 //! number of topics at once, [EventSettings::max_lingering]), then its task ends.
+//!
+//! Here the topics, their subscriptions and the registry ([Events]); an event's [Position] in
+//! [position], what a topic's task publishes through in [publisher], the tasks that feed
+//! topics in [follow], the kinds' summaries in [summary].
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -34,6 +38,14 @@ use crate::recipes::topic::{EventKind, Source};
 use crate::zk::recursive::Change;
 use crate::zk::session::{Status, ZkSession};
 use crate::zk::watch::{ExistsWatches, Mode};
+
+mod follow;
+mod position;
+mod publisher;
+
+use follow::*;
+pub use position::*;
+use publisher::*;
 
 /// Most bytes (as JSON) of the recent events a topic keeps, for subscribers that have not taken
 /// them yet and for subscribers that resume; the last event is kept whatever its size. Their
@@ -62,65 +74,6 @@ impl Default for EventSettings {
             max_lingering: 1024,
         }
     }
-}
-
-/// Where a subscriber is in a topic: the topic's incarnation on its instance and the sequence
-/// number of the last event taken. Written `<epoch in hex>-<seq>`, as clients see it (the
-/// `position` of an event, an SSE event's id, the socket's `since`). In an event it is two
-/// fields, `seq` and `position` (see [Event::position]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Position {
-    pub epoch: u64,
-    pub seq: u64,
-}
-
-impl std::fmt::Display for Position {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{:x}-{}", self.epoch, self.seq)
-    }
-}
-
-impl std::str::FromStr for Position {
-    type Err = String;
-
-    fn from_str(text: &str) -> Result<Position, String> {
-        let invalid = || {
-            format!(
-                "`{}` is not an event position (`<epoch>-<seq>`, as events carry it)",
-                text.escape_debug()
-            )
-        };
-        let (epoch, seq) = text.split_once('-').ok_or_else(invalid)?;
-        let hex = |s: &str| !s.is_empty() && s.len() <= 16 && s.bytes().all(|b| b.is_ascii_hexdigit());
-        let digits = |s: &str| !s.is_empty() && s.len() <= 20 && s.bytes().all(|b| b.is_ascii_digit());
-        if !hex(epoch) || !digits(seq) {
-            return Err(invalid());
-        }
-        Ok(Position {
-            epoch: u64::from_str_radix(epoch, 16).map_err(|_| invalid())?,
-            seq: seq.parse().map_err(|_| invalid())?,
-        })
-    }
-}
-
-/// An event's `seq` and `position` fields (the event flattens its position into them).
-impl Serialize for Position {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        use serde::ser::SerializeMap;
-        let mut map = serializer.serialize_map(Some(2))?;
-        map.serialize_entry("seq", &self.seq)?;
-        map.serialize_entry("position", &self.to_string())?;
-        map.end()
-    }
-}
-
-/// A new topic incarnation's epoch: random high bits per process (so that a restarted instance
-/// does not reuse its predecessor's), a counter below.
-fn next_epoch() -> u64 {
-    static BASE: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    static COUNT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let base = *BASE.get_or_init(|| u64::from(rand::random::<u32>()) << 32);
-    base.wrapping_add(COUNT.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
 }
 
 /// A topic's state, shared by its events and the subscribers they reach (never copied per
@@ -381,153 +334,6 @@ impl Topic {
     }
 }
 
-/// A topic's task's handle on it: publishes events, and tells when nobody listens any more.
-#[derive(Clone)]
-pub struct Publisher {
-    events: Events,
-    name: String,
-    topic: Arc<Topic>,
-}
-
-impl Publisher {
-    /// Publishes an event with the next sequence number; `state` becomes the topic's state.
-    pub fn publish(&self, kind: &'static str, state: serde_json::Value, zxid: Option<i64>) {
-        self.publish_event(kind, Arc::new(state), zxid, None, None);
-    }
-
-    /// Publishes a `resync` with the state after a time in which changes may have been lost.
-    pub fn resync(&self, reason: &'static str, state: serde_json::Value) {
-        crate::metrics::get().resyncs.with_label_values(&[reason]).inc();
-        self.publish_event("resync", Arc::new(state), None, Some(reason), None);
-    }
-
-    /// Publishes the event of one node below a recursive watch, with the topic's new state
-    /// (`None`: it stays).
-    pub fn publish_node(&self, kind: &'static str, path: String, zxid: Option<i64>, state: Option<serde_json::Value>) {
-        let state = state.map(Arc::new).unwrap_or_else(|| self.topic.last().1);
-        self.publish_event(kind, state, zxid, None, Some(path));
-    }
-
-    fn publish_event(
-        &self,
-        kind: &'static str,
-        state: State,
-        zxid: Option<i64>,
-        reason: Option<&'static str>,
-        path: Option<String>,
-    ) {
-        let mut recent = self.topic.recent();
-        let seq = recent.last().map_or(0, |e| e.position.seq) + 1;
-        let event = Arc::new(Event {
-            topic: self.name.clone(),
-            position: Position {
-                epoch: self.topic.epoch,
-                seq,
-            },
-            kind,
-            zxid,
-            reason,
-            path,
-            state,
-        });
-        // Kept under the lock, so that the recent events stay in the order of their numbers.
-        recent.push(event);
-        drop(recent);
-        self.topic.published.send_replace(seq);
-    }
-
-    pub fn zk(&self) -> &ZkSession {
-        &self.events.zk
-    }
-
-    /// Resolves when the last subscriber has gone and the topic has lingered its time without
-    /// one coming back; the topic is then removed (under the lock that subscribers take to
-    /// join, so none is left on a topic whose task ended) and the task should return. The
-    /// lingering's end is kept in the topic, so a task that asks again after each change (a
-    /// new future each time) waits for the same moment, however busy the topic is.
-    pub async fn idle(&self) {
-        let mut listeners = self.topic.listeners.subscribe();
-        loop {
-            let _ = listeners.wait_for(|n| *n == 0).await;
-            let until = self.topic.lingering().map(|(until, _)| until);
-            if let Some(until) = until {
-                tokio::select! {
-                    _ = tokio::time::sleep_until(until) => {}
-                    _ = listeners.wait_for(|n| *n > 0) => continue,
-                }
-            }
-            let mut topics = self.events.topics.locked();
-            if *self.topic.listeners.borrow() == 0 {
-                self.remove_from(&mut topics);
-                return;
-            }
-        }
-    }
-
-    /// Removes the topic (its task is ending for another reason than idleness).
-    fn retire(&self) {
-        self.remove_from(&mut self.events.topics.locked());
-    }
-
-    /// Removes this topic from the instance's map, unless a new topic of the same name
-    /// already took its place.
-    fn remove_from(&self, topics: &mut HashMap<String, Arc<Topic>>) {
-        if topics.get(&self.name).is_some_and(|t| Arc::ptr_eq(t, &self.topic)) {
-            topics.remove(&self.name);
-        }
-        self.events.stop_lingering(&self.topic);
-    }
-}
-
-/// Follows the session supervisor and says when a topic must resync: each time a connection
-/// is established again, in the same session or a new one. It counts connections rather than
-/// watching for a disconnected state, which a busy topic may never see (the status channel
-/// keeps only the latest value, and a short drop is over before the topic looks).
-pub struct Recoveries {
-    status: watch::Receiver<Status>,
-    generation: u64,
-    connects: u64,
-}
-
-impl Recoveries {
-    pub fn new(zk: &ZkSession) -> Recoveries {
-        let mut status = zk.subscribe();
-        let (generation, connects) = {
-            let s = status.borrow_and_update();
-            (s.generation, s.connects)
-        };
-        Recoveries {
-            status,
-            generation,
-            connects,
-        }
-    }
-
-    /// Waits until the session is connected again after a disconnection (`reconnected`) or on
-    /// a new session (`session_expired`). Never resolves once the supervisor has stopped.
-    pub async fn next(&mut self) -> &'static str {
-        loop {
-            if self.status.changed().await.is_err() {
-                return std::future::pending().await;
-            }
-            let (generation, connects, connected) = {
-                let s = self.status.borrow_and_update();
-                (s.generation, s.connects, s.is_connected())
-            };
-            if !connected || connects == self.connects {
-                continue;
-            }
-            self.connects = connects;
-            let before = std::mem::replace(&mut self.generation, generation);
-            return if before == generation || before == 0 {
-                "reconnected"
-            } else {
-                "session_expired"
-            };
-        }
-    }
-}
-
 impl Events {
     /// The subscription to a topic already counted in: its current state, or after `since`
     /// (see [Position]), then its events.
@@ -665,164 +471,6 @@ impl Events {
         };
         self.finish_subscribe(name, topic, since).await
     }
-}
-
-/// A source's task: publish the first state, then each change, until nobody listens. After
-/// ZooKeeper comes back from a disconnection or a session expiry it publishes the state as a
-/// `resync` whether or not it changed: watches do not report what happened while the
-/// connection was down (ZOOKEEPER-4698 for persistent ones; a new session has none of the old
-/// one's), so subscribers are told honestly instead of trusting a silent gap.
-async fn follow<S: Source>(publisher: Publisher, source: S) {
-    let mut recoveries = Recoveries::new(&publisher.events.zk);
-    // The watches first, then the read: a change after the watches are set wakes the loop
-    // even if the read missed it.
-    let mut watching = source.watches(None);
-    let mut watches = publisher.events.watch_all(&watching);
-    let Some(mut last) = Box::pin(read_until_done(&publisher, &source, true)).await else {
-        return;
-    };
-    let zxid = watches
-        .iter()
-        .filter_map(|(mode, watch)| zxid_of(*mode, &watch.known()))
-        .max();
-    publisher.publish("state", to_json(&last), zxid);
-    loop {
-        // The state may call for other watches (a new lock holder's node). A new watch counts
-        // as changed, so the state is read again once it is set, and nothing that changed
-        // between the last read and the watch is missed.
-        let wanted = source.watches(Some(&last));
-        if wanted != watching {
-            watches = publisher.events.watch_all(&wanted);
-            for (_, watch) in &mut watches {
-                watch.mark_changed();
-            }
-            watching = wanted;
-        }
-        let any_change = futures::future::select_all(watches.iter_mut().map(|(_, w)| Box::pin(w.changed())));
-        let resync = tokio::select! {
-            (changed, _, _) = any_change => if changed { None } else { return },
-            reason = recoveries.next() => Some(reason),
-            _ = publisher.idle() => return,
-        };
-        // Mark what the watches saw as seen *before* reading: a change that lands during the
-        // read then wakes the loop again. (Marking after the read would swallow it, and the
-        // state would stay behind with nothing left to wake it.)
-        let zxid = last_zxid(&mut watches);
-        let Some(after) = Box::pin(read_until_done(&publisher, &source, resync.is_some())).await else {
-            return;
-        };
-        if let Some(reason) = resync {
-            publisher.resync(reason, to_json(&after));
-        } else if let Some(event) = source.change(&last, &after) {
-            publisher.publish(event.name(), to_json(&after), zxid);
-        }
-        last = after;
-    }
-}
-
-/// Reads the source's state on the instance's primary session, trying again (briefly spaced)
-/// while it fails: waiting for the next change instead could leave the subscribers with a
-/// stale state for good. `None` once nobody listens any more.
-///
-/// A topic's first state, and its state after a reconnection or a new session (a `resync`),
-/// is read after a `sync` (`synced`), like a linearizable `GET`: a subscriber starts from
-/// every write acknowledged before it subscribed. After that each read follows a watch event,
-/// and the session's server sends the event before any read that could see the change, so
-/// the states that follow need no `sync` of their own.
-async fn read_until_done<S: Source>(publisher: &Publisher, source: &S, synced: bool) -> Option<S::State> {
-    loop {
-        if let Ok(session) = publisher.events.zk.connected().await
-            && (!synced || session.sync().await.is_ok())
-            && let Ok(state) = source.read(&session).await
-        {
-            return Some(state);
-        }
-        if *publisher.topic.listeners.borrow() == 0 {
-            return None;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
-}
-
-fn to_json<T: Serialize>(state: &T) -> serde_json::Value {
-    serde_json::to_value(state).unwrap_or_default()
-}
-
-/// The zxid of the last change the shared watches saw (marking them seen): a node's `mzxid`
-/// for an exists-watch, its `pzxid` (last child created or deleted) for a children watch.
-fn last_zxid(watches: &mut [(Mode, crate::zk::watch::Subscription)]) -> Option<i64> {
-    watches
-        .iter_mut()
-        .filter_map(|(mode, watch)| zxid_of(*mode, &watch.see()))
-        .max()
-}
-
-fn zxid_of(mode: Mode, known: &crate::zk::watch::Known) -> Option<i64> {
-    let stat = known.as_ref()?.as_ref()?;
-    Some(match mode {
-        Mode::Exists => stat.mzxid,
-        Mode::Children => stat.pzxid,
-    })
-}
-
-/// A recursive znode topic's task: [crate::zk::recursive::follow] until nobody listens.
-async fn follow_recursive(publisher: Publisher, path: String, root: String) {
-    let relative = |node: &str| {
-        node.strip_prefix(&root)
-            .unwrap_or(node)
-            .trim_start_matches('/')
-            .to_string()
-    };
-    let exists = |exists: bool| serde_json::json!({ "exists": exists });
-    let follow = crate::zk::recursive::follow(publisher.zk(), &path, |change| match change {
-        Change::Start { exists: e, zxid } => publisher.publish("state", exists(e), zxid),
-        Change::Resync { reason, exists: e } => publisher.resync(reason, exists(e)),
-        Change::Node {
-            kind,
-            path,
-            zxid,
-            exists: e,
-        } => publisher.publish_node(kind, relative(&path), zxid, e.map(exists)),
-    });
-    tokio::select! {
-        _ = follow => {}
-        _ = publisher.idle() => {}
-    }
-}
-
-/// A lease topic's task: timers, not polling. It sleeps until the time to warn, and wakes at
-/// once when the lease ends.
-async fn follow_lease(publisher: Publisher, leases: Leases, lease: Arc<Lease>) {
-    let live = |lease: &Lease| serde_json::json!({ "ended": false, "ttl_ms": lease.ttl.as_millis() as u64, "remaining_ms": lease.remaining().as_millis() as u64 });
-    publisher.publish("state", live(&lease), None);
-    let warn_before = lease.ttl / 3;
-    let mut warned = false;
-    loop {
-        let remaining = lease.remaining();
-        let wake = if remaining > warn_before {
-            warned = false;
-            remaining - warn_before
-        } else {
-            if !warned {
-                publisher.publish("expiring", live(&lease), None);
-                warned = true;
-            }
-            // A keepalive moves the deadline: look again when it would have passed.
-            remaining.max(std::time::Duration::from_millis(50))
-        };
-        tokio::select! {
-            _ = tokio::time::sleep(wake) => {}
-            _ = lease.ended().cancelled() => break,
-            _ = publisher.idle() => return,
-        }
-    }
-    let reason = match leases.peek(&lease.id) {
-        Err(LeaseError::Ended { reason, .. }) => reason,
-        _ => EndReason::Deleted,
-    };
-    let kind = if reason == EndReason::Deleted { "ended" } else { "lost" };
-    publisher.publish(kind, serde_json::json!({ "ended": true, "reason": reason }), None);
-    publisher.idle().await;
 }
 
 mod summary;
