@@ -9,10 +9,9 @@ use clap::Args;
 use crate::keeper::LeasePolicy;
 use crate::time::parse_duration;
 
-/// ZooKeeper sessions per instance unless `--zookeeper-sessions` says otherwise: on the
-/// compare bench, 4 sessions turn over 32 locks about 1.4 times as fast as one, and the raw
-/// floor does 2.3x on 4 sessions what it does on one, and only 15% more again on 8
-/// (BENCHMARKS.md).
+/// ZooKeeper sessions per instance unless `--zookeeper-sessions` says otherwise: a session's
+/// requests are served in order, so contended locks on one session wait on each other; more
+/// than four add little (BENCHMARKS.md, the compare bench's settings table).
 pub const DEFAULT_ZOOKEEPER_SESSIONS: u16 = 4;
 
 /// Options of `zkgate serve`.
@@ -46,9 +45,8 @@ pub struct ServeConfig {
 
     /// Threads that run zkgate's tasks (default: half the CPUs, at least one). zkgate mostly
     /// waits on ZooKeeper and the network, and every hand-off of a task between threads costs a
-    /// wake-up: on the 2-CPU bench machine, one thread instead of two cut CPU per request from
-    /// about 200 to 130 µs and the uncontended lock cycle from about 1,040 to 790 µs, and left
-    /// the other CPU to ZooKeeper (BENCHMARKS.md).
+    /// wake-up; fewer threads leave the other CPUs to ZooKeeper (BENCHMARKS.md, the compare
+    /// bench's settings table).
     #[arg(long, env = "ZKGATE_WORKER_THREADS", value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub worker_threads: Option<u16>,
 

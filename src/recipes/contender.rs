@@ -311,9 +311,9 @@ pub async fn queue_until_held(
             Next::Missing => return Err(Exit::Lost("its znode was deleted while it waited".into())),
             Next::Wait { predecessor, position } => (format!("{dir}/{predecessor}"), position),
         };
-        // A waiter keeps the one name it watches, never the listing, through its wait: held
-        // across the wait, each waiter's listing of the queue made it cost memory in
-        // proportion to the queue (51 KiB each with 1,000 waiting on one lock: quadratic).
+        // A waiter keeps the one name it watches, never the listing, through its wait: a listing
+        // held across the wait makes each waiter cost memory in proportion to the queue, and
+        // the queue's waiters together its square (BENCHMARKS.md, "Waiters, subscribers").
         drop(children);
         waiting(position);
         match retry_on_loss(|| client.check_and_watch_stat(&predecessor)).await {

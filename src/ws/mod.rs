@@ -190,8 +190,8 @@ pub(crate) async fn finish(socket: &mut WebSocket) {
     let _ = tokio::time::timeout(Duration::from_secs(1), socket.close()).await;
 }
 
-/// The read buffer of a socket. tungstenite's default (128 KiB, allocated up front) would
-/// make an idle socket cost ~150 KiB; clients send small messages, and a larger one still
+/// The read buffer of a socket. tungstenite's default (128 KiB, allocated up front) would be
+/// most of an idle socket's memory; clients send small messages, and a larger one still
 /// arrives (the buffer grows for it).
 const READ_BUFFER_BYTES: usize = 4 * 1024;
 

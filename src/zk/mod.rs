@@ -32,8 +32,7 @@ use std::time::Duration;
 /// No reply from a server ever becomes `Custom`, and client-side argument checks are
 /// `BadArguments`, so every `Custom` on a request is a transport failure. Every recipe asks
 /// this predicate instead of matching `ConnectionLoss`, so that the GUID rule and the retries
-/// also run when a server dies mid-request (found by the follower-kill test on the ensemble,
-/// which saw "Broken pipe" turn a try-lock into a 500).
+/// also run when a server dies mid-request (the ensemble's follower-kill test covers it).
 pub fn is_loss(err: &ZkError) -> bool {
     matches!(err, ZkError::ConnectionLoss | ZkError::Custom(_))
 }

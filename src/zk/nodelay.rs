@@ -4,9 +4,9 @@
 //! With Nagle's algorithm on, a small write waits in the kernel while an earlier one is
 //! unacknowledged. A contender sends its create and its getChildren back to back, and the
 //! server acknowledges the create only with its reply: the pipelined pair costs two round
-//! trips instead of one, and so does any request written while another is unanswered. On the
-//! compare bench, turning it off took the uncontended HTTP lock cycle from 1,064 to 866 µs
-//! (BENCHMARKS.md). ZooKeeper's own server sockets already run without it.
+//! trips instead of one, and so does any request written while another is unanswered (measured
+//! in BENCHMARKS.md, "`TCP_NODELAY` on the ZooKeeper connections"). ZooKeeper's own server
+//! sockets already run without it.
 //!
 //! The crate has no hook for its socket, so after every connection (the first one of a session
 //! and each reconnection) the supervisor looks through this process's open sockets and turns

@@ -35,8 +35,9 @@ pub struct Handles<P: Protocol> {
 
 /// How many of a registry's handles are queued (pending or waiting), by resource name and by
 /// the owner of their lease: what the waiter limits check on every acquire. Kept as handles
-/// change phase rather than counted by a scan of every handle, which at 100,000 held locks
-/// cost each acquire 20 ms (and the instance 45 acquisitions a second).
+/// change phase rather than counted by a scan of every handle, which would make each acquire
+/// cost in proportion to the handles held (BENCHMARKS.md, "How cost grows with idle leases
+/// and held locks").
 #[derive(Default)]
 pub struct QueuedCounts {
     by_name: Mutex<HashMap<String, usize>>,

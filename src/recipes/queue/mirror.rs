@@ -2,10 +2,9 @@
 //! claimed, which a local taker is trying and which are not due yet, kept current by one
 //! persistent recursive watch on the queue, shared by every taker of the queue here.
 //!
-//! Without it, every take listed the queue's items and claims: two reads of every name in the
-//! queue per take, so that a queue of 3,000 items cost 32 consumers most of a millisecond of
-//! ZooKeeper's work per item and the queue drained 17 times slower than it filled. With it, a
-//! take reads only the items it claims.
+//! Without it, every take would list the queue's items and claims: two reads of every name in
+//! the queue per take, a cost that grows with the queue and with its consumers (BENCHMARKS.md,
+//! "Queue consumption"). With it, a take reads only the items it claims.
 //!
 //! The mirror is a hint, never the truth: a claim is still decided by ZooKeeper's multi-op
 //! (which fails if the item changed or another claim exists), so a stale mirror costs a failed
