@@ -1,0 +1,90 @@
+//! How a lease kept here ends: its TTL timer (reset by each keepalive), the end written into
+//! its record (conditional on the version kept), its holdings released, and its tombstone
+//! removed a while later.
+
+use super::*;
+
+impl Registry {
+    /// Ends a lease kept here: the end is written into its record, conditional on the version
+    /// kept (so a keeper that lost it cannot end it), then its holdings release what they hold
+    /// and the tombstone goes a while later. A lease whose record was never written just ends.
+    pub(super) async fn end(self: &Arc<Self>, lease: &Arc<Lease>, reason: EndReason) -> Result<(), LeaseError> {
+        if let Some(version) = lease.version() {
+            let session = lease.session().await?;
+            match record::mark_ended(session.client(), &lease.path, &self.record_of(lease), version, reason).await {
+                Ok(()) => {}
+                Err(crate::zk::ZkError::BadVersion | crate::zk::ZkError::NoNode) => {
+                    self.drop_here(&lease.id);
+                    return Err(LeaseError::Unknown(lease.id.clone()));
+                }
+                Err(_) => {
+                    return Err(LeaseError::Unavailable(crate::zk::session::Unavailable::Disconnected));
+                }
+            }
+        }
+        self.finish(lease, reason);
+        Ok(())
+    }
+
+    /// Ends a lease whose end is written: its holdings release what they hold, and its
+    /// tombstone goes a while later.
+    pub(super) fn finish(self: &Arc<Self>, lease: &Arc<Lease>, reason: EndReason) {
+        if self.forget(&lease.id, Some(reason)).is_none() {
+            // Ended (or dropped) meanwhile by another path.
+            return;
+        }
+        lease.end(reason);
+        tracing::info!(lease = %lease.id, ?reason, "lease ended");
+        crate::metrics::get()
+            .leases_ended
+            .with_label_values(&[reason.label()])
+            .inc();
+        if lease.version().is_some() {
+            tokio::spawn(remove_tombstone(Arc::downgrade(self), lease.clone()));
+        }
+    }
+
+    /// Starts the task that ends the lease when its deadline passes with no keepalive.
+    pub(super) fn start_timer(self: &Arc<Self>, lease: &Arc<Lease>) {
+        tokio::spawn(expire_when_silent(Arc::downgrade(self), lease.clone()));
+    }
+}
+
+/// Sleeps until the lease's deadline, re-reading it after each keepalive; ends it if it passed.
+/// An end that cannot be written (ZooKeeper away) is tried again: the lease lives on meanwhile,
+/// which its contract allows (a TTL is a lower bound).
+async fn expire_when_silent(registry: Weak<Registry>, lease: Arc<Lease>) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep_until(lease.deadline()) => {}
+            _ = lease.ended().cancelled() => return,
+            _ = lease.dropped().cancelled() => return,
+        }
+        if lease.deadline() > Instant::now() {
+            continue;
+        }
+        let Some(registry) = registry.upgrade() else {
+            return;
+        };
+        match registry.end(&lease, EndReason::Expired).await {
+            Err(LeaseError::Unavailable(_)) => {
+                drop(registry);
+                tokio::time::sleep(HEARTBEAT).await;
+            }
+            _ => return,
+        }
+    }
+}
+
+/// Removes an ended lease's tombstone once [TOMBSTONE] has passed and its holdings are gone
+/// (the reaper removes those this misses: see [reaper]).
+async fn remove_tombstone(registry: Weak<Registry>, lease: Arc<Lease>) {
+    lease.holdings_finished(TOMBSTONE).await;
+    tokio::time::sleep(TOMBSTONE).await;
+    if registry.upgrade().is_none() {
+        return;
+    }
+    if let Ok(session) = lease.session().await {
+        let _ = record::remove_tombstone(session.client(), &lease.path).await;
+    }
+}
