@@ -304,6 +304,21 @@ impl Leases {
         if crate::ids::owner_of(id).is_none() {
             return Err(LeaseError::Unknown(id.to_string()));
         }
+        let found = self.read_live_record(caller, id).await?;
+        if found.record.keeper == *self.inner.instance {
+            return self.take_over(caller, id, Some(&found.record.keeper), false).await;
+        }
+        Err(LeaseError::Elsewhere {
+            id: id.to_string(),
+            keeper: found.record.keeper,
+        })
+    }
+
+    /// The record of lease `id` if `caller` may use it and it has not ended.
+    ///
+    /// # Notable errors
+    /// * [LeaseError::NotYours], [LeaseError::Ended], and [Leases::read_record]'s.
+    async fn read_live_record(&self, caller: &Caller, id: &str) -> Result<record::Found, LeaseError> {
         let found = self.read_record(id).await?;
         if !caller.owns(found.record.principal.as_deref()) {
             return Err(LeaseError::NotYours(id.to_string()));
@@ -314,13 +329,7 @@ impl Leases {
                 reason,
             });
         }
-        if found.record.keeper == *self.inner.instance {
-            return self.take_over(caller, id, Some(&found.record.keeper), false).await;
-        }
-        Err(LeaseError::Elsewhere {
-            id: id.to_string(),
-            keeper: found.record.keeper,
-        })
+        Ok(found)
     }
 
     /// The record of lease `id` as ZooKeeper has it. Read once, and again after a `sync` when

@@ -67,16 +67,7 @@ impl Leases {
         if !self.is_fresh() {
             return Err(LeaseError::NotFresh);
         }
-        let found = self.read_record(id).await?;
-        if !caller.owns(found.record.principal.as_deref()) {
-            return Err(LeaseError::NotYours(id.to_string()));
-        }
-        if let Some(reason) = found.record.ended {
-            return Err(LeaseError::Ended {
-                id: id.to_string(),
-                reason,
-            });
-        }
+        let found = self.read_live_record(caller, id).await?;
         // Taken over by another instance since the caller found its keeper failing (the
         // reaper of a third, or a request there): taking it from that one, alive, would only
         // move the lease again and cut off the requests it serves.
