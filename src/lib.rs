@@ -290,7 +290,7 @@ fn adopter(holders: Holders) -> keeper::Adopter {
             let adopted = match (holding.kind(), &holding.held) {
                 (Some(kind), Held::Contender { role }) => holders
                     .contenders(kind)
-                    .zip(recipes::contender::Role::from_label(role))
+                    .zip(recipes::roles::from_label(role))
                     .is_some_and(|(registry, role)| registry.adopt_contender(lease, name, id, role).is_ok()),
                 (Some(Kind::Semaphore), Held::Permit { permits }) => {
                     holders.semaphores.adopt_permit(lease, name, id, *permits).is_ok()

@@ -137,16 +137,6 @@ impl Role {
     pub fn next_step<'a>(self, children: &'a [String], me: &str) -> Next<'a> {
         self.0.next_step(children, me)
     }
-
-    /// The role [Role::label] names.
-    pub fn from_label(label: &str) -> Option<Role> {
-        super::roles::ALL.into_iter().find(|role| role.label() == label)
-    }
-
-    /// The role of a zkgate or Curator contender, from its node's name.
-    pub fn of_node(name: &str) -> Option<Role> {
-        super::roles::ALL.into_iter().find(|role| name.contains(role.infix()))
-    }
 }
 
 /// One ordered sequential znode of a holding, `<dir>/_c_<guid><infix><seq>`: the GUID in its

@@ -23,7 +23,7 @@ use serde::Serialize;
 use utoipa::ToSchema;
 use zookeeper_client::{Client, CreateMode, Error as ZkError, Stat};
 
-use super::condition::Condition;
+use super::condition::{Condition, Recheck};
 use super::topic::{Source, event_kinds};
 use crate::time::{from_millis, timestamp};
 use crate::zk::retry_on_loss;
@@ -69,6 +69,12 @@ pub enum CounterError {
     /// The connection was lost after the write was sent: it may or may not have happened.
     OutcomeUnknown,
     ZooKeeper(Failure),
+}
+
+impl From<Failure> for CounterError {
+    fn from(err: Failure) -> CounterError {
+        CounterError::ZooKeeper(err)
+    }
 }
 
 impl From<ZkError> for CounterError {
@@ -121,10 +127,14 @@ pub struct Added {
 pub async fn add(session: &Session, path: &str, delta: i64, bounds: Bounds) -> Result<Added, CounterError> {
     let client = session.client();
     let mut conflicts = 0;
+    let mut recheck = Recheck::default();
     loop {
         let current = read(client, path).await?;
         let Some(value) = next_value(current.value, delta, bounds) else {
-            return Err(CounterError::OutOfBounds(current.value));
+            recheck
+                .confirm(session, CounterError::OutOfBounds(current.value))
+                .await?;
+            continue;
         };
         match write(client, path, value, current.stat.as_ref().map(|s| s.version)).await {
             Ok(stat) => {
@@ -151,16 +161,24 @@ pub async fn set(
     condition: Condition,
 ) -> Result<(Stat, bool), CounterError> {
     let client = session.client();
+    let mut recheck = Recheck::default();
     loop {
         let current = match retry_on_loss(|| client.check_stat(path)).await? {
             None if matches!(condition, Condition::Version(_) | Condition::Exists) => {
-                return Err(CounterError::Precondition(None));
+                Err(CounterError::Precondition(None))
             }
-            Some(stat) if condition == Condition::Absent => return Err(CounterError::Precondition(Some(stat.mzxid))),
+            Some(stat) if condition == Condition::Absent => Err(CounterError::Precondition(Some(stat.mzxid))),
             Some(stat) if matches!(condition, Condition::Version(v) if v != stat.mzxid) => {
-                return Err(CounterError::Precondition(Some(stat.mzxid)));
+                Err(CounterError::Precondition(Some(stat.mzxid)))
             }
-            current => current,
+            current => Ok(current),
+        };
+        let current = match current {
+            Ok(current) => current,
+            Err(refusal) => {
+                recheck.confirm(session, refusal).await?;
+                continue;
+            }
         };
         match write(client, path, value, current.as_ref().map(|s| s.version)).await {
             Ok(stat) => return Ok((stat, current.is_none())),
@@ -176,15 +194,23 @@ pub async fn set(
 pub async fn delete(session: &Session, path: &str, condition: Condition) -> Result<(), CounterError> {
     let client = session.client();
     let mut sent = false;
+    let mut recheck = Recheck::default();
     loop {
         let Some(stat) = retry_on_loss(|| client.check_stat(path)).await? else {
             // After a lost reply, a missing counter is our own deletion.
-            return if sent { Ok(()) } else { Err(CounterError::Missing) };
+            if sent {
+                return Ok(());
+            }
+            recheck.confirm(session, CounterError::Missing).await?;
+            continue;
         };
         if let Condition::Version(v) = condition
             && stat.mzxid != v
         {
-            return Err(CounterError::Precondition(Some(stat.mzxid)));
+            recheck
+                .confirm(session, CounterError::Precondition(Some(stat.mzxid)))
+                .await?;
+            continue;
         }
         match client.delete(path, Some(stat.version)).await {
             Ok(()) => return Ok(()),

@@ -7,7 +7,7 @@
 //! conditional on an mzxid reads the stat, compares the mzxid, and writes with the data
 //! version it read, so a change in between still fails the write.
 
-use super::condition::Condition;
+use super::condition::{Condition, Recheck};
 use crate::zk::{Failure, Session};
 use zookeeper_client::{Client, CreateMode, Error as ZkError, MultiWriteError, MultiWriteResult, Stat};
 
@@ -99,15 +99,21 @@ pub async fn write(
         .await?;
     let options = CreateMode::Persistent.with_acls(crate::zk::acls());
     let mut missing: Vec<String> = Vec::new();
+    let mut recheck = Recheck::default();
     loop {
         let current = retry_on_loss(|| client.check_stat(path)).await?;
         let expected = match (condition, current) {
-            (Condition::Absent, Some(stat)) => return Err(WriteError::Precondition(Some(stat.mzxid))),
-            (Condition::Version(_) | Condition::Exists, None) => return Err(WriteError::Precondition(None)),
-            (Condition::Version(v), Some(stat)) if stat.mzxid != v => {
-                return Err(WriteError::Precondition(Some(stat.mzxid)));
+            (Condition::Absent, Some(stat)) => Err(WriteError::Precondition(Some(stat.mzxid))),
+            (Condition::Version(_) | Condition::Exists, None) => Err(WriteError::Precondition(None)),
+            (Condition::Version(v), Some(stat)) if stat.mzxid != v => Err(WriteError::Precondition(Some(stat.mzxid))),
+            (_, current) => Ok(current),
+        };
+        let expected = match expected {
+            Ok(expected) => expected,
+            Err(refusal) => {
+                recheck.confirm(session, refusal).await?;
+                continue;
             }
-            (_, current) => current,
         };
         let charges = payer.quotas.charges_of(client, &mine.id).await?;
         let mut writer = client.new_multi_writer();
@@ -198,15 +204,23 @@ pub async fn delete(session: &Session, path: &str, condition: Condition, quotas:
     let client = session.client();
     let id = usage::path_id("kv", path);
     let mut retried = false;
+    let mut recheck = Recheck::default();
     loop {
         let Some(stat) = retry_on_loss(|| client.check_stat(path)).await? else {
             // After a lost reply, a missing node is our own deletion.
-            return if retried { Ok(()) } else { Err(WriteError::Missing) };
+            if retried {
+                return Ok(());
+            }
+            recheck.confirm(session, WriteError::Missing).await?;
+            continue;
         };
         if let Condition::Version(v) = condition
             && stat.mzxid != v
         {
-            return Err(WriteError::Precondition(Some(stat.mzxid)));
+            recheck
+                .confirm(session, WriteError::Precondition(Some(stat.mzxid)))
+                .await?;
+            continue;
         }
         let charges = quotas.charges_of(client, &id).await?;
         let mut writer = client.new_multi_writer();

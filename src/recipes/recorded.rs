@@ -86,7 +86,7 @@ pub async fn recorded(
     let Some(own) = children.iter().find(|c| c.contains(&guid)).cloned() else {
         return Ok(None);
     };
-    let Some(role) = Role::of_node(&own) else {
+    let Some(role) = super::roles::of_node(&own) else {
         return Ok(None);
     };
     let path = format!("{dir}/{own}");
