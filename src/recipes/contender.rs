@@ -117,25 +117,12 @@ impl std::fmt::Debug for Role {
     }
 }
 
-impl Role {
-    pub fn infix(self) -> &'static str {
-        self.0.infix()
-    }
+/// A role is its driver: `role.next_step(...)`, `role.label()`.
+impl std::ops::Deref for Role {
+    type Target = dyn Driver;
 
-    pub fn kind(self) -> Kind {
-        self.0.kind()
-    }
-
-    pub fn label(self) -> &'static str {
-        self.0.label()
-    }
-
-    pub fn mode(self) -> Option<&'static str> {
-        self.0.mode()
-    }
-
-    pub fn next_step<'a>(self, children: &'a [String], me: &str) -> Next<'a> {
-        self.0.next_step(children, me)
+    fn deref(&self) -> &dyn Driver {
+        self.0
     }
 }
 
@@ -388,7 +375,7 @@ impl Protocol for Contention {
     }
 
     fn count_grant(&self, labels: [&str; 2]) {
-        self.role.0.count_grant(labels);
+        self.role.count_grant(labels);
     }
 
     /// The recipe: find or create the node, then list / watch the predecessor until it holds
@@ -417,7 +404,7 @@ impl Protocol for Contention {
         {
             return exit;
         }
-        if let Err(exit) = self.role.0.on_grant(handle, client, &node).await {
+        if let Err(exit) = self.role.on_grant(handle, client, &node).await {
             return exit;
         }
         handle.grant();
@@ -429,7 +416,7 @@ impl Protocol for Contention {
         let node = self.node.path(client, known.as_ref()).await?;
         if let Some(node) = &node {
             let name = node.rsplit('/').next().unwrap_or_default();
-            self.role.0.on_exit(client, &self.node.dir, name).await;
+            self.role.on_exit(client, &self.node.dir, name).await;
         }
         let had_node = node.is_some();
         let mut paths: Vec<String> = node.into_iter().collect();

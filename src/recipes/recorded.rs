@@ -150,7 +150,7 @@ pub async fn await_change(session: &Session, recorded: &Recorded, until: tokio::
 pub async fn release_recorded(session: &Session, root: &str, recorded: &Recorded) -> Result<bool, Failure> {
     let client = session.client();
     let dir = &recorded.paths[0][..recorded.paths[0].rfind('/').unwrap_or(0)];
-    recorded.role.0.on_exit(client, dir, &recorded.node.name).await;
+    recorded.role.on_exit(client, dir, &recorded.node.name).await;
     let mut paths = recorded.paths.clone();
     paths.extend(recorded.reference(root));
     Ok(delete_all(client, &paths).await?[0])
