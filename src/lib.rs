@@ -153,20 +153,7 @@ impl AppState {
         let config_limits = config.limit_settings();
         metrics::get().set_names_per_kind(config.metrics_names_per_kind);
         let peers = http::handoff::peer_client(&config);
-        let zk = ZkSession::start(
-            &connect,
-            &config.root,
-            config.session_timeout,
-            config.zookeeper_security.clone(),
-        );
-        let lanes = zk::session::Lanes::start(
-            zk.clone(),
-            &connect,
-            &config.root,
-            config.session_timeout,
-            &config.zookeeper_security,
-            config.zookeeper_sessions.into(),
-        );
+        let (zk, lanes) = start_sessions(&config, &connect);
         let instance = instances::Instance::new(config.advertised_url());
         let instances = instances::Instances::start(lanes.clone(), &config.root, instance.clone(), config.peer_key());
         let leases = Leases::new(
@@ -177,16 +164,7 @@ impl AppState {
             lanes.clone(),
             instances.registration(),
         );
-        let root = config.root.as_str();
-        let locks = Contenders::new(root, Kind::Lock);
-        let rwlocks = Contenders::new(root, Kind::RwLock);
-        let elections = Contenders::new(root, Kind::Election);
-        let groups = BoundNodes::new(root, Kind::Group);
-        let services = BoundNodes::new(root, Kind::Service);
-        let semaphores = Semaphores::new(root, Kind::Semaphore);
-        let barriers = BoundNodes::new(root, Kind::Barrier);
-        let double_barriers = BoundNodes::new(root, Kind::DoubleBarrier);
-        let txn_members = BoundNodes::new(root, Kind::Txn);
+        let holders = Holders::new(&config.root);
         let barrier_watches = ExistsWatches::new(zk.clone());
         let quotas = recipes::usage::Quotas::start(zk.clone(), &config.root, config.quota_settings());
         let queues = Queues::new(
@@ -208,19 +186,7 @@ impl AppState {
         );
         let ws_budget = ws::outbox::Budget::new(config.ws_send_budget);
         let shutdown = CancellationToken::new();
-        let lock_sets = BoundNodes::new(root, Kind::Lock);
-        leases.set_adopter(adopter(Holders {
-            locks: locks.clone(),
-            lock_sets: lock_sets.clone(),
-            rwlocks: rwlocks.clone(),
-            elections: elections.clone(),
-            semaphores: semaphores.clone(),
-            groups: groups.clone(),
-            services: services.clone(),
-            barriers: barriers.clone(),
-            double_barriers: double_barriers.clone(),
-            txn_members: txn_members.clone(),
-        }));
+        leases.set_adopter(adopter(holders.clone()));
         let reaped = keeper::reaper::start(
             leases.clone(),
             queues.clone(),
@@ -239,16 +205,16 @@ impl AppState {
             config: Arc::new(config),
             lanes,
             leases,
-            locks,
-            lock_sets,
-            rwlocks,
-            elections,
-            groups,
-            services,
-            semaphores,
-            barriers,
-            double_barriers,
-            txn_members,
+            locks: holders.locks,
+            lock_sets: holders.lock_sets,
+            rwlocks: holders.rwlocks,
+            elections: holders.elections,
+            groups: holders.groups,
+            services: holders.services,
+            semaphores: holders.semaphores,
+            barriers: holders.barriers,
+            double_barriers: holders.double_barriers,
+            txn_members: holders.txn_members,
             queues,
             events,
             barrier_watches,
@@ -265,7 +231,27 @@ impl AppState {
     }
 }
 
+/// The primary session and the lanes (the sessions leases' writes go through).
+fn start_sessions(config: &ServeConfig, connect: &str) -> (ZkSession, zk::session::Lanes) {
+    let zk = ZkSession::start(
+        connect,
+        &config.root,
+        config.session_timeout,
+        config.zookeeper_security.clone(),
+    );
+    let lanes = zk::session::Lanes::start(
+        zk.clone(),
+        connect,
+        &config.root,
+        config.session_timeout,
+        &config.zookeeper_security,
+        config.zookeeper_sessions.into(),
+    );
+    (zk, lanes)
+}
+
 /// The registries of what leases hold, for [adopter].
+#[derive(Clone)]
 struct Holders {
     locks: Contenders,
     lock_sets: BoundNodes,
@@ -282,6 +268,23 @@ struct Holders {
 /// What takes over the holdings of a lease this instance adopts: each reference under its
 /// record names a kind and a protocol, whose registry takes the handle over (its task finds
 /// its znodes and goes on, see [recipes::handle]).
+impl Holders {
+    fn new(root: &str) -> Holders {
+        Holders {
+            locks: Contenders::new(root, Kind::Lock),
+            lock_sets: BoundNodes::new(root, Kind::Lock),
+            rwlocks: Contenders::new(root, Kind::RwLock),
+            elections: Contenders::new(root, Kind::Election),
+            semaphores: Semaphores::new(root, Kind::Semaphore),
+            groups: BoundNodes::new(root, Kind::Group),
+            services: BoundNodes::new(root, Kind::Service),
+            barriers: BoundNodes::new(root, Kind::Barrier),
+            double_barriers: BoundNodes::new(root, Kind::DoubleBarrier),
+            txn_members: BoundNodes::new(root, Kind::Txn),
+        }
+    }
+}
+
 fn adopter(holders: Holders) -> keeper::Adopter {
     use recipes::lease::record::Held;
     Arc::new(move |lease, holdings| {

@@ -1602,12 +1602,12 @@ async fn every_instance_killed_and_one_back_ends_what_expired_before_it_serves()
     b.kill().await;
     // Twice the TTL with no instance: past its TTL and the takeover's margin (4 s + 3 s).
     tokio::time::sleep(Duration::from_secs(8)).await; // the outage, not a synchronisation
-    let c = Process::start(&connect).await;
+    let mut c = Process::start(&connect).await;
     // Ready ("serving") means the reaper's first pass is done: the expired lease has ended,
     // its lock passed to the waiter, whose lease lives on.
     let (status, state) = c.call(reqwest::Method::GET, "/v1/locks/outage", None).await;
     assert_eq!(status, StatusCode::OK, "{state}");
-    assert_eq!(state["holder"]["lease"], json!(lasting), "{state}");
+    assert_eq!(state["holder"]["lease"], json!(lasting), "{state}; {}", c.diagnose());
     assert!(state["holder"]["fencing_token"].as_i64() > held["fencing_token"].as_i64());
     let (status, gone) = c
         .call(reqwest::Method::GET, &format!("/v1/leases/{expiring}"), None)

@@ -431,6 +431,32 @@ fn the_contender_engine_names_none_of_its_users() {
     assert!(wrong.is_empty(), "the engine names its users:\n{}", wrong.join("\n"));
 }
 
+/// Multi-ops are built with `zk::Multi`, whose refusals and answers come back by the tag of the
+/// operation: outside it, nobody decodes ZooKeeper's index of a refused operation.
+#[test]
+fn multi_ops_are_built_with_tags_only() {
+    let raw = ["new_multi_writer", "MultiWriter", "MultiWriteError", "MultiWriteResult"];
+    let mut wrong = Vec::new();
+    for (_, path, text) in each_file() {
+        if path.ends_with("zk/multi.rs") {
+            continue;
+        }
+        for (line_no, line) in code_lines(&text) {
+            if let Some(name) = raw.iter().find(|name| {
+                line.split(|c: char| !(c.is_alphanumeric() || c == '_'))
+                    .any(|word| word == **name)
+            }) {
+                wrong.push(format!("{}:{line_no}: {name}", path.display()));
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "a raw multi-op outside zk::multi:\n{}",
+        wrong.join("\n")
+    );
+}
+
 #[test]
 fn every_module_is_in_a_layer() {
     let modules: BTreeMap<String, ()> = each_file().into_iter().map(|(m, _, _)| (m, ())).collect();

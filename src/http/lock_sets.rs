@@ -136,24 +136,7 @@ pub async fn acquire_set(
     ApiQuery(params): ApiQuery<SetParams>,
     ApiJson(body): ApiJson<LockSetBody>,
 ) -> Result<Json<LockSetView>, ApiError> {
-    if body.locks.is_empty() || body.locks.len() > MAX_LOCKS {
-        return Err(ApiError::invalid(
-            Place::Body,
-            "locks",
-            format!("must name 1 to {MAX_LOCKS} locks"),
-        ));
-    }
-    for name in &body.locks {
-        crate::zk::names::validate_name(name)
-            .map_err(|e| ApiError::invalid(Place::Body, "locks", format!("`{name}` {e}")))?;
-    }
-    let Some(order) = canonical_order(&body.locks) else {
-        return Err(ApiError::invalid(Place::Body, "locks", "must name each lock once"));
-    };
-    // The route names no lock, so the guard could not authorise them: each one here.
-    for name in &order {
-        caller.require(Kind::Lock.auth(), name, Access::Write)?;
-    }
+    let order = locks_in_order(&caller, &body.locks)?;
     let deadline = Instant::now() + state.config.wait(params.wait.map(|w| w.0));
     let (lease, own_lease) = lease_for(&state, &caller, body.lease, body.ttl.map(|t| t.0)).await?;
     let mut taken = Vec::with_capacity(order.len());
@@ -199,13 +182,52 @@ pub async fn acquire_set(
             Err(err) => return Err(refused(taken, err.with("lock", name)).await),
         }
     }
+    let handles: Vec<&Arc<Contender>> = taken.iter().map(|(handle, _)| handle).collect();
+    let id = match record_set(&state, &lease, &handles).await {
+        Ok(id) => id,
+        Err(err) => return Err(refused(taken, err).await),
+    };
+    crate::metrics::get().lock_sets.with_label_values(&["granted"]).inc();
+    Ok(Json(LockSetView {
+        set: id,
+        locks: taken.iter().map(|(handle, _)| set_lock(handle)).collect(),
+        lease: LeaseView::of(&lease),
+    }))
+}
+
+/// The locks a set names, each valid, named once and allowed to `caller`, in the order every
+/// set takes them (so that two sets never wait on each other).
+fn locks_in_order<'a>(caller: &Caller, locks: &'a [String]) -> Result<Vec<&'a str>, ApiError> {
+    if locks.is_empty() || locks.len() > MAX_LOCKS {
+        return Err(ApiError::invalid(
+            Place::Body,
+            "locks",
+            format!("must name 1 to {MAX_LOCKS} locks"),
+        ));
+    }
+    for name in locks {
+        crate::zk::names::validate_name(name)
+            .map_err(|e| ApiError::invalid(Place::Body, "locks", format!("`{name}` {e}")))?;
+    }
+    let Some(order) = canonical_order(locks) else {
+        return Err(ApiError::invalid(Place::Body, "locks", "must name each lock once"));
+    };
+    // The route names no lock, so the guard could not authorise them: each one here.
+    for name in &order {
+        caller.require(Kind::Lock.auth(), name, Access::Write)?;
+    }
+    Ok(order)
+}
+
+/// Records the set of `handles` (granted, in order) under a new id, bound to `lease`.
+async fn record_set(state: &AppState, lease: &Arc<Lease>, handles: &[&Arc<Contender>]) -> Result<String, ApiError> {
     let id = crate::ids::sibling_id(&lease.id);
     let record = SetRecord {
         lease: lease.id.clone(),
         principal: lease.owner.clone(),
-        locks: taken
+        locks: handles
             .iter()
-            .map(|(handle, _)| lock_set::SetLock {
+            .map(|handle| lock_set::SetLock {
                 lock: handle.name.clone(),
                 handle: handle.id.clone(),
             })
@@ -215,22 +237,14 @@ pub async fn acquire_set(
     let path = lock_set::record_path(&state.config.root, &id);
     let bound = state
         .lock_sets
-        .bind_as(&lease, (&id, &id), path, record.to_bytes(), None, true)
+        .bind_as(lease, (&id, &id), path, record.to_bytes(), None, true)
         .await;
-    if let Err(err) = bound {
-        let err = match err {
-            BindError::LeaseEnded => lease_gone(&state, &lease),
-            BindError::Taken => ApiError::new(Problem::Internal, "a lock set's id was taken"),
-            BindError::ZooKeeper(err) => err.into(),
-        };
-        return Err(refused(taken, err).await);
+    match bound {
+        Ok(_) => Ok(id),
+        Err(BindError::LeaseEnded) => Err(lease_gone(state, lease)),
+        Err(BindError::Taken) => Err(ApiError::new(Problem::Internal, "a lock set's id was taken")),
+        Err(BindError::ZooKeeper(err)) => Err(err.into()),
     }
-    crate::metrics::get().lock_sets.with_label_values(&["granted"]).inc();
-    Ok(Json(LockSetView {
-        set: id,
-        locks: taken.iter().map(|(handle, _)| set_lock(handle)).collect(),
-        lease: LeaseView::of(&lease),
-    }))
 }
 
 /// The set `id` as ZooKeeper records it, if `caller` may use it; 404 otherwise.

@@ -130,6 +130,9 @@ fn gauges(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGa
 }
 
 impl Metrics {
+    /// One entry per metric (its name, help and labels, registered once), in the order of the
+    /// struct's fields: a table, long because the metrics are many; split, a metric's
+    /// declaration would only be harder to find.
     fn new() -> Metrics {
         let r = Registry::new();
         let kn = &["kind", "name"][..];

@@ -24,12 +24,13 @@ use std::sync::Arc;
 
 use zookeeper_client::{Client, CreateMode, Error as ZkError, EventType};
 
-use super::handle::{Exit, Handle, Handles, NotCreated, Phase, Protocol, Refused, create_held, delete_all};
+use super::handle::{Exit, Guarded, Handle, Handles, NotCreated, Phase, Protocol, Refused, create_held, delete_all};
 use super::lease::Lease;
 use super::lease::record::{self, Held, HoldingRecord};
 use super::usage::ChargeNode;
 use crate::auth::{Caller, Forbidden};
 use crate::kind::Kind;
+use crate::zk::Multi;
 use crate::zk::retry_on_loss;
 
 /// The directory of bindings under the root.
@@ -144,6 +145,17 @@ impl Protocol for Bound {
     }
 }
 
+/// What an operation of a bound node's create is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Part {
+    /// The node itself.
+    Node,
+    /// Its charge (a kv value's, a counter's).
+    Charge,
+    /// Its binding (a service instance's name, taken by one lease at a time).
+    Binding,
+}
+
 impl Bound {
     /// Finds the node (made before, by this task or a former keeper's) or creates it with its
     /// charge, binding and reference in one multi-op. `Some` exit if it cannot be had.
@@ -161,20 +173,25 @@ impl Bound {
                     };
                 }
             };
-            let add = |writer: &mut zookeeper_client::MultiWriter<'_>| {
-                writer.add_create(&self.path, data, &options)?;
+            let add = |multi: &mut Multi<'_, Guarded<Part>>| {
+                multi.create(Guarded::Own(Part::Node), &self.path, data, &options)?;
                 if let Some(charge) = &self.charge {
-                    writer.add_create(&charge.path, &charge.data, &options)?;
+                    multi.create(Guarded::Own(Part::Charge), &charge.path, &charge.data, &options)?;
                 }
                 if let Some(binding) = &self.binding {
-                    writer.add_create(binding, &owner_record(&handle.lease), &options)?;
+                    multi.create(
+                        Guarded::Own(Part::Binding),
+                        binding,
+                        &owner_record(&handle.lease),
+                        &options,
+                    )?;
                 }
                 Ok(())
             };
             match create_held(handle, client, add, None).await {
                 Ok(_) => return None,
                 Err(NotCreated::Refused {
-                    index: 0,
+                    tag: Part::Node,
                     error: ZkError::NoNode,
                 }) => {
                     // A group's or a service's znode is a container: ZooKeeper removes it with
@@ -197,7 +214,7 @@ impl Bound {
                     }
                 }
                 // Its reference is there: an earlier create applied (its reply lost).
-                Err(NotCreated::Refused { index: usize::MAX, .. }) => handle.created(),
+                Err(NotCreated::MadeBefore) => handle.created(),
                 // The node (made by another lease, or another client) or its binding is taken.
                 Err(NotCreated::Refused {
                     error: ZkError::NodeExists,

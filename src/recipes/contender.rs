@@ -22,13 +22,16 @@ use crate::zk::Session;
 use std::sync::Arc;
 use std::time::Duration;
 
-use zookeeper_client::{Client, CreateMode, Error as ZkError, EventType, MultiWriteResult};
+use zookeeper_client::{Client, CreateMode, Error as ZkError, EventType};
 
-use super::handle::{Exit, Handle, Handles, Made, Node, NotCreated, Protocol, Refused, create_held, delete_all};
+use super::handle::{
+    Exit, Guarded, Handle, Handles, Made, Node, NotCreated, Protocol, Refused, create_held, delete_all,
+};
 use super::lease::Lease;
 use super::lease::record::{Held, HoldingRecord};
 use super::revocation;
 use crate::kind::Kind;
+use crate::zk::Multi;
 use crate::zk::retry_on_loss;
 
 /// How long a holder runs before its own znode is watched (see [Contention::run]).
@@ -183,19 +186,19 @@ impl Sequential {
                     None => Err(Exit::Lost("its znode was deleted".into())),
                 };
             }
-            let add = |writer: &mut zookeeper_client::MultiWriter<'_>| writer.add_create(&prefix, data, &options);
+            let add = |multi: &mut Multi<'_, Guarded<()>>| multi.create(Guarded::Own(()), &prefix, data, &options);
             match create_held(handle, client, add, Some(&self.dir)).await {
-                Ok(Made { results, listed, czxid }) => {
-                    let Some(MultiWriteResult::Create { path, stat }) = results.into_iter().next() else {
+                Ok(Made { done, listed, czxid }) => {
+                    let Some(path) = done.created(&()) else {
                         return Err(Exit::Failed(ZkError::UnexpectedError("no create result".into())));
                     };
                     let name = path.rsplit('/').next().unwrap_or_default().to_string();
                     // A multi-op's stat may be empty (ZOOKEEPER-4026): the reference's czxid,
                     // read in the same round trip, is the transaction's; else read the node's.
-                    let czxid = match stat.czxid {
-                        czxid if czxid > 0 => czxid,
+                    let czxid = match done.stat(&()).map(|stat| stat.czxid) {
+                        Some(czxid) if czxid > 0 => czxid,
                         _ if czxid.is_some_and(|czxid| czxid > 0) => czxid.unwrap_or_default(),
-                        _ => match retry_on_loss(|| client.check_stat(&path))
+                        _ => match retry_on_loss(|| client.check_stat(path))
                             .await
                             .map_err(Exit::from_error)?
                         {
@@ -212,14 +215,10 @@ impl Sequential {
                     return Ok((Node { name, czxid }, children));
                 }
                 Err(NotCreated::Refused {
-                    index: 0,
-                    error: ZkError::NoNode,
+                    error: ZkError::NoNode, ..
                 }) => ensure_dir(client, &self.dir).await.map_err(Exit::from_error)?,
                 // Created by an earlier attempt whose reply was lost: find it.
-                Err(NotCreated::Refused {
-                    error: ZkError::NodeExists,
-                    ..
-                }) => handle.created(),
+                Err(NotCreated::MadeBefore) => handle.created(),
                 Err(NotCreated::Request(err)) if crate::zk::is_loss(&err) => {
                     if let Some(node) = self.find(client).await.map_err(Exit::from_error)? {
                         handle.created();

@@ -18,13 +18,15 @@
 //! The term is the leader's candidate czxid: the lowest candidate leads, so a later leader's
 //! node was created after every earlier leader's, and terms strictly increase.
 
+use crate::recipes::usage::Charged;
+use crate::zk::{Failed, Multi};
 use crate::zk::{Failure, Session};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
-use zookeeper_client::{Client, CreateMode, Error as ZkError, MultiWriteError};
+use zookeeper_client::{Client, CreateMode, Error as ZkError};
 
 use super::contender::{Contender, Contenders, Driver, Next, Role, Step};
-use super::handle::{Exit, Node, NotCreated, write_held};
+use super::handle::{Exit, Guarded, Node, NotCreated, write_held};
 use super::topic::{Source, event_kinds};
 use super::usage::{self, ChargeError, Payer};
 use super::view::{ContenderView, LISTED, read_queue};
@@ -68,7 +70,11 @@ pub async fn acknowledge(handle: &Contender, client: &Client, dir: &str, ack: &A
     let data = serde_json::to_vec(ack).unwrap_or_default();
     let options = CreateMode::Persistent.with_acls(crate::zk::acls());
     loop {
-        match write_held(handle, client, |writer| writer.add_create(&path, &data, &options)).await {
+        match write_held(handle, client, |multi| {
+            multi.create(Guarded::Own(()), &path, &data, &options)
+        })
+        .await
+        {
             Ok(_) => return Ok(()),
             Err(NotCreated::Refused {
                 error: ZkError::NodeExists,
@@ -192,28 +198,29 @@ pub async fn proclaim(
             Err(ChargeError::ZooKeeper(err)) => return Err(err),
         };
         let charges = payer.quotas.charges_of(client, &id).await?;
-        let mut writer = client.new_multi_writer();
-        writer.add_set_data(&path, &bytes, Some(stat.version))?;
-        payer.quotas.add_recharge(&mut writer, &mine, bytes.len(), &charges)?;
-        match writer.commit().await {
+        let mut multi = Multi::new(client);
+        multi.set(Charged::Value, &path, &bytes, Some(stat.version))?;
+        payer
+            .quotas
+            .add_recharge(&mut multi, Charged::Charge, &mine, bytes.len(), &charges)?;
+        match multi.commit().await {
             Ok(_) => return Ok(Some(ack)),
-            Err(MultiWriteError::OperationFailed {
-                source: ZkError::QuotaExceeded,
+            Err(Failed::Refused {
+                error: ZkError::QuotaExceeded,
                 ..
             }) => return Err(Failure::QuotaFull),
-            Err(MultiWriteError::OperationFailed {
-                index: 0,
-                source: ZkError::NoNode,
+            Err(Failed::Refused {
+                tag: Charged::Value,
+                error: ZkError::NoNode,
             }) => return Ok(None),
             // Changed under us (by a retried write of ours, the leader changed, or a charge
             // moved meanwhile): read again.
-            Err(MultiWriteError::OperationFailed {
-                source: ZkError::BadVersion | ZkError::NoNode | ZkError::NodeExists,
+            Err(Failed::Refused {
+                error: ZkError::BadVersion | ZkError::NoNode | ZkError::NodeExists,
                 ..
             }) => continue,
-            Err(MultiWriteError::OperationFailed { source, .. }) => return Err(source.into()),
-            Err(MultiWriteError::RequestFailed { source }) if crate::zk::is_loss(&source) => continue,
-            Err(MultiWriteError::RequestFailed { source }) => return Err(source.into()),
+            Err(failed) if failed.is_loss() => continue,
+            Err(failed) => return Err(failed.into()),
         }
     }
 }

@@ -34,8 +34,8 @@ use zookeeper_client::{Client, Error as ZkError, Stat};
 
 use crate::kind::Kind;
 use crate::time::now_ms;
-use crate::zk::retry_on_loss;
 use crate::zk::session::ZkSession;
+use crate::zk::{Multi, retry_on_loss};
 
 /// Most deletions in one multi-op.
 pub const BATCH: usize = 200;
@@ -214,12 +214,12 @@ impl Janitor {
                     .all(|(part, stat)| seen(&format!("{dir}/{part}"), stat));
             if unchanged {
                 self.bucket.take(PARTS.len() + 1).await;
-                let mut writer = client.new_multi_writer();
+                let mut multi = Multi::new(client);
                 for part in PARTS {
-                    writer.add_delete(&format!("{dir}/{part}"), None)?;
+                    multi.delete((), &format!("{dir}/{part}"), None)?;
                 }
-                writer.add_delete(&dir, None)?;
-                if writer.commit().await.is_ok() {
+                multi.delete((), &dir, None)?;
+                if multi.commit().await.is_ok() {
                     removed.empty += 1;
                     crate::metrics::get()
                         .janitor_removed
@@ -322,11 +322,11 @@ impl Janitor {
         let mut deleted = 0;
         for batch in paths.chunks(BATCH) {
             self.bucket.take(batch.len()).await;
-            let mut writer = client.new_multi_writer();
+            let mut multi = Multi::new(client);
             for path in batch {
-                writer.add_delete(path, None)?;
+                multi.delete((), path, None)?;
             }
-            match writer.commit().await {
+            match multi.commit().await {
                 Ok(_) => deleted += batch.len() as u64,
                 // One of them went (or got a child) meanwhile: each on its own.
                 Err(_) => {

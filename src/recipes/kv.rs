@@ -8,8 +8,9 @@
 //! version it read, so a change in between still fails the write.
 
 use super::condition::{Condition, Recheck};
+use crate::zk::{Failed, Multi};
 use crate::zk::{Failure, Session};
-use zookeeper_client::{Client, CreateMode, Error as ZkError, MultiWriteError, MultiWriteResult, Stat};
+use zookeeper_client::{Client, CreateMode, Error as ZkError, Stat};
 
 use super::usage::{self, ChargeError, Exceeded, Payer, Quotas};
 use crate::zk::retry_on_loss;
@@ -102,13 +103,7 @@ pub async fn write(
     let mut recheck = Recheck::default();
     loop {
         let current = retry_on_loss(|| client.check_stat(path)).await?;
-        let expected = match (condition, current) {
-            (Condition::Absent, Some(stat)) => Err(WriteError::Precondition(Some(stat.mzxid))),
-            (Condition::Version(_) | Condition::Exists, None) => Err(WriteError::Precondition(None)),
-            (Condition::Version(v), Some(stat)) if stat.mzxid != v => Err(WriteError::Precondition(Some(stat.mzxid))),
-            (_, current) => Ok(current),
-        };
-        let expected = match expected {
+        let expected = match admits(condition, current) {
             Ok(expected) => expected,
             Err(refusal) => {
                 recheck.confirm(session, refusal).await?;
@@ -116,43 +111,41 @@ pub async fn write(
             }
         };
         let charges = payer.quotas.charges_of(client, &mine.id).await?;
-        let mut writer = client.new_multi_writer();
+        let mut multi = Multi::new(client);
         // A new key's missing parents are created in the same multi-op: a watcher sees the
         // key appear with them, never an empty parent first.
         let parents: &[String] = if expected.is_none() { &missing } else { &[] };
         for parent in parents {
-            writer.add_create(parent, &[], &options)?;
+            multi.create(Op::Parent, parent, &[], &options)?;
         }
-        let value = parents.len();
         match &expected {
-            None => writer.add_create(path, data, &options)?,
-            Some(stat) => writer.add_set_data(path, data, Some(stat.version))?,
+            None => multi.create(Op::Value, path, data, &options)?,
+            Some(stat) => multi.set(Op::Value, path, data, Some(stat.version))?,
         }
-        payer.quotas.add_recharge(&mut writer, &mine, data.len(), &charges)?;
-        match writer.commit().await {
-            Ok(results) => {
-                let stat = match results.into_iter().nth(value) {
-                    Some(MultiWriteResult::SetData { stat } | MultiWriteResult::Create { stat, .. })
-                        if !stat.is_invalid() =>
-                    {
-                        stat
-                    }
+        payer
+            .quotas
+            .add_recharge(&mut multi, Op::Charge, &mine, data.len(), &charges)?;
+        let failed = match multi.commit().await {
+            Ok(done) => {
+                let stat = match done.stat(&Op::Value) {
+                    Some(stat) => *stat,
                     // Servers that leave a created node's stat out of a multi-op's reply.
-                    _ => retry_on_loss(|| client.check_stat(path))
+                    None => retry_on_loss(|| client.check_stat(path))
                         .await?
                         .ok_or(ZkError::NoNode)?,
                 };
                 return Ok((stat, expected.is_none()));
             }
-            Err(MultiWriteError::OperationFailed {
-                source: ZkError::QuotaExceeded,
+            Err(failed) => failed,
+        };
+        match failed {
+            Failed::Refused {
+                error: ZkError::QuotaExceeded,
                 ..
-            }) => return Err(WriteError::Quota(payer.exceeded(session, data.len()).await)),
+            } => return Err(WriteError::Quota(payer.exceeded(session, data.len()).await)),
             // A parent was created (or deleted) meanwhile: look again.
-            Err(MultiWriteError::OperationFailed { index, .. }) if index < value => {
-                missing = missing_parents(client, path).await?;
-            }
-            Err(MultiWriteError::OperationFailed { index, source }) if index == value => match (&expected, source) {
+            Failed::Refused { tag: Op::Parent, .. } => missing = missing_parents(client, path).await?,
+            Failed::Refused { tag: Op::Value, error } => match (&expected, error) {
                 (None, ZkError::NoNode) => missing = missing_parents(client, path).await?,
                 // Someone created it meanwhile: decide again against what is there now.
                 (None, ZkError::NodeExists) => {}
@@ -163,25 +156,51 @@ pub async fn write(
             },
             // A charge changed meanwhile (a write of the same key on another instance):
             // decide again.
-            Err(MultiWriteError::OperationFailed {
-                source: ZkError::NoNode | ZkError::NodeExists | ZkError::BadVersion,
-                ..
-            }) => {}
-            Err(MultiWriteError::OperationFailed { source, .. }) => return Err(source.into()),
+            Failed::Refused {
+                tag: Op::Charge,
+                error: ZkError::NoNode | ZkError::NodeExists | ZkError::BadVersion,
+            } => {}
             // The reply was lost: the multi-op happened whole or not at all. Ours if the key
             // holds our data at the version it would have; otherwise decide again.
-            Err(MultiWriteError::RequestFailed { source }) if crate::zk::is_loss(&source) => {
+            failed if failed.is_loss() => {
                 let version = expected.as_ref().map_or(0, |stat| stat.version + 1);
-                if let Some(entry) = read(session, path).await?
-                    && entry.data == data
-                    && entry.stat.version == version
-                {
-                    return Ok((entry.stat, expected.is_none()));
+                if let Some(stat) = holds(session, path, data, version).await? {
+                    return Ok((stat, expected.is_none()));
                 }
             }
-            Err(MultiWriteError::RequestFailed { source }) => return Err(source.into()),
+            failed => return Err(failed.error().into()),
         }
     }
+}
+
+/// The stat a write under `condition` expects to replace (`None`: it creates the key), given
+/// the key's `current` stat; the refusal if the condition does not hold.
+fn admits(condition: Condition, current: Option<Stat>) -> Result<Option<Stat>, WriteError> {
+    match (condition, current) {
+        (Condition::Absent, Some(stat)) => Err(WriteError::Precondition(Some(stat.mzxid))),
+        (Condition::Version(_) | Condition::Exists, None) => Err(WriteError::Precondition(None)),
+        (Condition::Version(v), Some(stat)) if stat.mzxid != v => Err(WriteError::Precondition(Some(stat.mzxid))),
+        (_, current) => Ok(current),
+    }
+}
+
+/// The key's stat if it holds `data` at `version` (a write whose reply was lost applied).
+async fn holds(session: &Session, path: &str, data: &[u8], version: i32) -> Result<Option<Stat>, Failure> {
+    Ok(read(session, path)
+        .await?
+        .filter(|entry| entry.data == data && entry.stat.version == version)
+        .map(|entry| entry.stat))
+}
+
+/// What an operation of a kv write's multi-op is for.
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Op {
+    /// A missing parent of a new key.
+    Parent,
+    /// The key's own node.
+    Value,
+    /// A charge created, resized or refunded.
+    Charge,
 }
 
 /// The ancestors of `path` that do not exist, the highest first.
@@ -223,25 +242,24 @@ pub async fn delete(session: &Session, path: &str, condition: Condition, quotas:
             continue;
         }
         let charges = quotas.charges_of(client, &id).await?;
-        let mut writer = client.new_multi_writer();
-        writer.add_delete(path, Some(stat.version))?;
-        quotas.add_refunds(&mut writer, &charges)?;
-        match writer.commit().await {
+        let mut multi = Multi::new(client);
+        multi.delete(Op::Value, path, Some(stat.version))?;
+        quotas.add_refunds(&mut multi, Op::Charge, &charges)?;
+        match multi.commit().await {
             Ok(_) => return Ok(()),
-            Err(MultiWriteError::OperationFailed { index: 0, source }) => match source {
+            Err(Failed::Refused { tag: Op::Value, error }) => match error {
                 ZkError::NotEmpty => return Err(WriteError::NotEmpty),
                 // Changed or deleted since the stat: decide again (a conditional delete loses).
                 ZkError::NoNode | ZkError::BadVersion => {}
                 err => return Err(err.into()),
             },
             // A charge changed meanwhile: decide again.
-            Err(MultiWriteError::OperationFailed {
-                source: ZkError::NoNode | ZkError::BadVersion,
+            Err(Failed::Refused {
+                error: ZkError::NoNode | ZkError::BadVersion,
                 ..
             }) => {}
-            Err(MultiWriteError::OperationFailed { source, .. }) => return Err(source.into()),
-            Err(MultiWriteError::RequestFailed { source }) if crate::zk::is_loss(&source) => retried = true,
-            Err(MultiWriteError::RequestFailed { source }) => return Err(source.into()),
+            Err(failed) if failed.is_loss() => retried = true,
+            Err(failed) => return Err(failed.error().into()),
         }
     }
 }

@@ -25,7 +25,7 @@ use utoipa::ToSchema;
 use zookeeper_client::{Client, CreateMode, Error as ZkError, EventType};
 
 use super::contender::{Next, Sequential, queue_until_held};
-use super::handle::{Exit, Handle, Handles, Node, NotCreated, Protocol, Refused, delete_all, write_held};
+use super::handle::{Exit, Guarded, Handle, Handles, Node, NotCreated, Protocol, Refused, delete_all, write_held};
 use super::in_sequence_order;
 use super::lease::Lease;
 use super::lease::record::{Held, HoldingRecord};
@@ -207,7 +207,11 @@ impl PermitRequest {
         let prefix = format!("{}/{}", self.lease.dir, self.lease.name_prefix());
         let options = CreateMode::PersistentSequential.with_acls(crate::zk::acls());
         loop {
-            match write_held(handle, client, |writer| writer.add_create(&prefix, data, &options)).await {
+            match write_held(handle, client, |multi| {
+                multi.create(Guarded::Own(()), &prefix, data, &options)
+            })
+            .await
+            {
                 Ok(_) => {}
                 Err(NotCreated::Refused {
                     error: ZkError::NoNode, ..

@@ -314,7 +314,7 @@ mod io {
     use crate::zk::retry_on_loss;
     use crate::zk::session::ZkSession;
     use crate::zk::watch::ExistsWatches;
-    use crate::zk::{Failure, Session};
+    use crate::zk::{Failed, Failure, Multi, Session};
 
     /// Creates the transaction znode with its `members` and `votes` children in one multi.
     ///
@@ -325,20 +325,18 @@ mod io {
         let data = serde_json::to_vec(spec).unwrap_or_default();
         let options = CreateMode::Persistent.with_acls(crate::zk::acls());
         loop {
-            let mut writer = client.new_multi_writer();
-            writer.add_create(dir, &data, &options)?;
-            writer.add_create(&format!("{dir}/members"), &[], &options)?;
-            writer.add_create(&format!("{dir}/votes"), &[], &options)?;
-            match writer.commit().await {
+            let mut multi = Multi::new(client);
+            multi.create((), dir, &data, &options)?;
+            multi.create((), &format!("{dir}/members"), &[], &options)?;
+            multi.create((), &format!("{dir}/votes"), &[], &options)?;
+            match multi.commit().await {
                 Ok(_) => return Ok(()),
-                Err(zookeeper_client::MultiWriteError::OperationFailed {
-                    source: ZkError::NoNode,
-                    ..
+                Err(Failed::Refused {
+                    error: ZkError::NoNode, ..
                 }) => {
                     crate::zk::session::ensure_path(client, &dir[..dir.rfind('/').unwrap_or(0)]).await?;
                 }
-                Err(zookeeper_client::MultiWriteError::OperationFailed { source, .. }) => return Err(source.into()),
-                Err(zookeeper_client::MultiWriteError::RequestFailed { source }) if crate::zk::is_loss(&source) => {
+                Err(failed) if failed.is_loss() => {
                     // Applied or not: a transaction znode with our exact spec is ours.
                     match retry_on_loss(|| client.get_data(dir)).await {
                         Ok((existing, _)) if existing == data => return Ok(()),
@@ -347,7 +345,7 @@ mod io {
                         Err(err) => return Err(err.into()),
                     }
                 }
-                Err(zookeeper_client::MultiWriteError::RequestFailed { source }) => return Err(source.into()),
+                Err(failed) => return Err(failed.into()),
             }
         }
     }

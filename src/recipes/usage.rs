@@ -24,9 +24,10 @@ use crate::zk::{Failure, Session};
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
+use crate::zk::Multi;
 use serde::Serialize;
 use tokio::sync::watch;
-use zookeeper_client::{Client, CreateMode, Error as ZkError, MultiReadResult, MultiWriter};
+use zookeeper_client::{Client, CreateMode, Error as ZkError, MultiReadResult};
 
 use crate::locked::Locked;
 use crate::zk::quota::{self, Limits, Reached, Usage};
@@ -131,6 +132,14 @@ impl Payer<'_> {
 /// One byte of a charge's data per KiB of its value (at least one for a value of any size).
 pub fn units(bytes: usize) -> usize {
     bytes.div_ceil(1024).max(1)
+}
+
+/// What an operation of a charged write is for: the value's own node, or one of its charges
+/// (created, resized or refunded with it).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Charged {
+    Value,
+    Charge,
 }
 
 impl Quotas {
@@ -308,13 +317,14 @@ impl Quotas {
             .collect())
     }
 
-    /// Adds to `writer` what moves the charges `existing` (from [Quotas::charges_of]) to
+    /// Adds to `multi` what moves the charges `existing` (from [Quotas::charges_of]) to
     /// `mine` for a value of `bytes`: the others' refunded, `mine` created or resized, each
     /// conditional on the version read, so that a write racing on the same key fails the
     /// multi-op rather than leaving two charges.
-    pub fn add_recharge(
+    pub fn add_recharge<T: Clone>(
         &self,
-        writer: &mut MultiWriter,
+        multi: &mut Multi<'_, T>,
+        tag: T,
         mine: &Charge,
         bytes: usize,
         existing: &[(Charge, i32)],
@@ -323,21 +333,26 @@ impl Quotas {
         for (charge, version) in existing {
             if charge == mine {
                 had = true;
-                writer.add_set_data(&self.path(charge), &vec![0; units(bytes)], Some(*version))?;
+                multi.set(tag.clone(), &self.path(charge), &vec![0; units(bytes)], Some(*version))?;
             } else {
-                writer.add_delete(&self.path(charge), Some(*version))?;
+                multi.delete(tag.clone(), &self.path(charge), Some(*version))?;
             }
         }
         if !had {
-            self.add_charge(writer, mine, bytes, false)?;
+            self.add_charge(multi, tag, mine, bytes, false)?;
         }
         Ok(())
     }
 
-    /// Adds to `writer` the refund of each of `existing` (a deleted key's charges).
-    pub fn add_refunds(&self, writer: &mut MultiWriter, existing: &[(Charge, i32)]) -> Result<(), ZkError> {
+    /// Adds to `multi` the refund of each of `existing` (a deleted key's charges).
+    pub fn add_refunds<T: Clone>(
+        &self,
+        multi: &mut Multi<'_, T>,
+        tag: T,
+        existing: &[(Charge, i32)],
+    ) -> Result<(), ZkError> {
         for (charge, version) in existing {
-            writer.add_delete(&self.path(charge), Some(*version))?;
+            multi.delete(tag.clone(), &self.path(charge), Some(*version))?;
         }
         Ok(())
     }
@@ -350,11 +365,12 @@ impl Quotas {
         }
     }
 
-    /// Adds the creation of `charge`'s node, for a value of `bytes`, to `writer`: ephemeral
+    /// Adds the creation of `charge`'s node, for a value of `bytes`, to `multi`: ephemeral
     /// for an ephemeral value (it must be created on the value's session).
-    pub fn add_charge(
+    pub fn add_charge<T>(
         &self,
-        writer: &mut MultiWriter,
+        multi: &mut Multi<'_, T>,
+        tag: T,
         charge: &Charge,
         bytes: usize,
         ephemeral: bool,
@@ -364,7 +380,8 @@ impl Quotas {
         } else {
             CreateMode::Persistent
         };
-        writer.add_create(
+        multi.create(
+            tag,
             &self.path(charge),
             &vec![0; units(bytes)],
             &mode.with_acls(crate::zk::acls()),
@@ -372,9 +389,9 @@ impl Quotas {
         Ok(())
     }
 
-    /// Adds the deletion of `charge`'s node to `writer` (with the value's).
-    pub fn add_refund(&self, writer: &mut MultiWriter, charge: &Charge) -> Result<(), ZkError> {
-        writer.add_delete(&self.path(charge), None)?;
+    /// Adds the deletion of `charge`'s node to `multi` (with the value's).
+    pub fn add_refund<T>(&self, multi: &mut Multi<'_, T>, tag: T, charge: &Charge) -> Result<(), ZkError> {
+        multi.delete(tag, &self.path(charge), None)?;
         Ok(())
     }
 

@@ -4,6 +4,7 @@
 
 pub mod acl;
 pub mod failure;
+pub mod multi;
 pub mod names;
 pub mod nodelay;
 pub mod quota;
@@ -16,6 +17,7 @@ pub mod watch;
 
 pub use acl::acls;
 pub use failure::Failure;
+pub use multi::{Done, Failed, Multi};
 pub use session::Session;
 pub use zookeeper_client::{Client, Error as ZkError, WatchedEvent};
 

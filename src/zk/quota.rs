@@ -136,19 +136,18 @@ pub async fn set(client: &Client, path: &str, limits: Limits) -> Result<(), ZkEr
         // The limits, then the statistics: creating the statistics node is what makes the
         // servers count the subtree's current usage into it.
         let mode = CreateMode::Persistent.with_acls(super::acls());
-        let mut writer = admin.new_multi_writer();
-        writer.add_create(&limits_path, wanted.as_bytes(), &mode)?;
-        writer.add_create(&format!("{dir}/zookeeper_stats"), b"count=0,bytes=0", &mode)?;
-        match writer.commit().await {
+        let mut multi = super::Multi::new(&admin);
+        multi.create((), &limits_path, wanted.as_bytes(), &mode)?;
+        multi.create((), &format!("{dir}/zookeeper_stats"), b"count=0,bytes=0", &mode)?;
+        match multi.commit().await {
             Ok(_) => return Ok(()),
             // Another instance (or a lost reply of ours) made it: compare again.
-            Err(zookeeper_client::MultiWriteError::OperationFailed {
-                source: ZkError::NodeExists,
+            Err(super::Failed::Refused {
+                error: ZkError::NodeExists,
                 ..
             }) => continue,
-            Err(zookeeper_client::MultiWriteError::RequestFailed { source }) if super::is_loss(&source) => continue,
-            Err(zookeeper_client::MultiWriteError::OperationFailed { source, .. }) => return Err(source),
-            Err(zookeeper_client::MultiWriteError::RequestFailed { source }) => return Err(source),
+            Err(failed) if failed.is_loss() => continue,
+            Err(failed) => return Err(failed.error()),
         }
     }
 }

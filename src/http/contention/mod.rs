@@ -187,21 +187,7 @@ where
             return Err(err);
         }
     };
-    // The lease's handle here from before (a retried acquire) may have been released through
-    // another instance meanwhile: then it is let go, and a new one made.
-    let handle = match handle.state().phase {
-        Phase::Pending => handle,
-        _ => {
-            let session = super::consistency::reader(state, super::consistency::Consistency::Linearizable).await?;
-            match still_referenced(handles, &session, &handle).await? {
-                true => handle,
-                false => {
-                    handles.release(&handle).await;
-                    open(lease.clone()).await?
-                }
-            }
-        }
-    };
+    let handle = current(state, handles, handle, || open(lease.clone())).await?;
     let awaiting = handle.awaited();
     let outcome = handle.granted_within(wait, FIRST_DECISION_LIMIT).await;
     if matches!(outcome, Phase::Waiting { .. }) {
@@ -226,19 +212,7 @@ where
                 give_up(state, handles, &handle, own_lease).await;
             }
             drop(awaiting);
-            Err(ApiError::new(
-                Problem::LockNotAcquired,
-                format!(
-                    "`{name}` was not granted within {}; {} (it was at position {position})",
-                    humantime::format_duration(wait),
-                    match queued {
-                        true => "the lease stays queued for another request of its that waits",
-                        false => "the request left the queue",
-                    }
-                ),
-            )
-            .with("position", position)
-            .with("queued", queued))
+            Err(not_granted(name, wait, position, queued))
         }
         Phase::Pending => {
             if !handle.awaited_by_others() {
@@ -262,6 +236,46 @@ where
         // The lease moved to another instance meanwhile (a takeover): the handle lives on there.
         Phase::Moved => Err(super::leases::moved(&lease.id)),
     }
+}
+
+/// The lease's handle here from before (a retried acquire), unless it was released through
+/// another instance meanwhile: then it is let go, and a new one made.
+async fn current<P, Fut>(
+    state: &AppState,
+    handles: &Handles<P>,
+    handle: Arc<Handle<P>>,
+    open: impl FnOnce() -> Fut,
+) -> Result<Arc<Handle<P>>, ApiError>
+where
+    P: Protocol,
+    Fut: Future<Output = Result<Arc<Handle<P>>, ApiError>>,
+{
+    if matches!(handle.state().phase, Phase::Pending) {
+        return Ok(handle);
+    }
+    let session = super::consistency::reader(state, super::consistency::Consistency::Linearizable).await?;
+    if still_referenced(handles, &session, &handle).await? {
+        return Ok(handle);
+    }
+    handles.release(&handle).await;
+    open().await
+}
+
+/// The 409 of an acquire that was not granted within its wait.
+fn not_granted(name: &str, wait: Duration, position: usize, queued: bool) -> ApiError {
+    let after = match queued {
+        true => "the lease stays queued for another request of its that waits",
+        false => "the request left the queue",
+    };
+    ApiError::new(
+        Problem::LockNotAcquired,
+        format!(
+            "`{name}` was not granted within {}; {after} (it was at position {position})",
+            humantime::format_duration(wait),
+        ),
+    )
+    .with("position", position)
+    .with("queued", queued)
 }
 
 /// The contender of `lease` in `role` at `name`, for [contend]: refused if the lease contends

@@ -4,37 +4,52 @@
 
 use std::time::Duration;
 
-use zookeeper_client::{Client, Error as ZkError, MultiWriteError, MultiWriteResult, MultiWriter};
+use zookeeper_client::{Client, Error as ZkError};
+
+use crate::zk::{Done, Failed, Multi};
 
 use super::{Exit, Handle, Protocol};
 use crate::recipes::lease::GuardError;
 
+/// What an operation of a guarded multi-op is for: the lease's guard, the holding's reference
+/// under the lease's record, or one of the holding's own (tagged by the holding).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Guarded<T> {
+    Guard,
+    Reference,
+    Own(T),
+}
+
 /// Why [create_held] made nothing.
 #[derive(Debug)]
-pub enum NotCreated {
+pub enum NotCreated<T> {
     /// The lease moved to another instance (or ended): nothing was written.
     LeaseMoved,
-    /// Operation `index` of the holding's own (0 for the first it added) failed.
-    Refused { index: usize, error: ZkError },
+    /// The holding's reference is there already: an earlier create of it applied (its reply
+    /// lost), so its znodes are to be found, not made again.
+    MadeBefore,
+    /// The holding's own operation tagged `tag` was refused.
+    Refused { tag: T, error: ZkError },
     /// The request failed as a whole: a connection loss (it may have been applied: look before
     /// creating again) or the session's end.
     Request(ZkError),
 }
 
-impl NotCreated {
+impl<T> NotCreated<T> {
     /// The exit for a run whose create failed with an error it does not handle itself.
     pub fn exit(self) -> Exit {
         match self {
             NotCreated::LeaseMoved => Exit::Moved,
+            NotCreated::MadeBefore => Exit::Failed(ZkError::NodeExists),
             NotCreated::Refused { error, .. } | NotCreated::Request(error) => Exit::from_error(error),
         }
     }
 }
 
 /// What [create_held] made.
-pub struct Made {
-    /// The results of the holding's own operations.
-    pub results: Vec<MultiWriteResult>,
+pub struct Made<T> {
+    /// The answers to the holding's own operations.
+    pub done: Done<T>,
     /// The listing it was asked to send after them, if it was.
     pub listed: Option<Result<Vec<String>, ZkError>>,
     /// The zxid of the multi-op's transaction (the `czxid` of every node it created), read
@@ -43,17 +58,18 @@ pub struct Made {
     pub czxid: Option<i64>,
 }
 
-/// Creates a holding's znodes (what `add` adds to the multi-op) together with its reference
-/// under the lease's record, guarded by the lease (the record's version as kept here, or its
-/// creation: see [Lease::guard]), in one multi-op: all or nothing. With `then_list`, that
-/// directory's children are asked for right after the write on the same session (one round
-/// trip for both; ZooKeeper serves a session in order, so the listing sees the write).
-pub async fn create_held<P: Protocol>(
+/// Creates a holding's znodes (what `add` adds to the multi-op, each tagged
+/// [Guarded::Own]) together with its reference under the lease's record, guarded by the lease
+/// (the record's version as kept here, or its creation: see [Lease::guard]), in one multi-op:
+/// all or nothing. With `then_list`, that directory's children are asked for right after the
+/// write on the same session (one round trip for both; ZooKeeper serves a session in order, so
+/// the listing sees the write).
+pub async fn create_held<P: Protocol, T: Send + 'static>(
     handle: &Handle<P>,
     client: &Client,
-    add: impl Fn(&mut MultiWriter<'_>) -> Result<(), ZkError>,
+    add: impl Fn(&mut Multi<'_, Guarded<T>>) -> Result<(), ZkError>,
     then_list: Option<&str>,
-) -> Result<Made, NotCreated> {
+) -> Result<Made<T>, NotCreated<T>> {
     let reference = handle.protocol.record(handle).to_bytes();
     commit_guarded(handle, client, Some(&reference), add, then_list).await
 }
@@ -81,72 +97,73 @@ async fn read_after(
 
 /// Writes what `add` adds for a holding that exists already (a semaphore's permit node, an
 /// election's acknowledgement), guarded by the lease as [create_held] is.
-pub async fn write_held<P: Protocol>(
+pub async fn write_held<P: Protocol, T: Send + 'static>(
     handle: &Handle<P>,
     client: &Client,
-    add: impl Fn(&mut MultiWriter<'_>) -> Result<(), ZkError>,
-) -> Result<Vec<MultiWriteResult>, NotCreated> {
-    Ok(commit_guarded(handle, client, None, add, None).await?.results)
+    add: impl Fn(&mut Multi<'_, Guarded<T>>) -> Result<(), ZkError>,
+) -> Result<Done<T>, NotCreated<T>> {
+    Ok(commit_guarded(handle, client, None, add, None).await?.done)
 }
 
-async fn commit_guarded<P: Protocol>(
+async fn commit_guarded<P: Protocol, T: Send + 'static>(
     handle: &Handle<P>,
     client: &Client,
     reference: Option<&[u8]>,
-    add: impl Fn(&mut MultiWriter<'_>) -> Result<(), ZkError>,
+    add: impl Fn(&mut Multi<'_, Guarded<T>>) -> Result<(), ZkError>,
     then_list: Option<&str>,
-) -> Result<Made, NotCreated> {
-    let own = if reference.is_some() { 2 } else { 1 };
+) -> Result<Made<T>, NotCreated<T>> {
     let options = zookeeper_client::CreateMode::Persistent.with_acls(crate::zk::acls());
     loop {
-        let mut writer = client.new_multi_writer();
-        let guard = handle.lease.guard(&mut writer).map_err(NotCreated::Request)?;
+        let mut multi = Multi::new(client);
+        let guard = handle
+            .lease
+            .guard(&mut multi, Guarded::Guard)
+            .map_err(NotCreated::Request)?;
         reference
             .map_or(Ok(()), |reference| {
-                writer.add_create(&handle.reference(), reference, &options)
+                multi.create(Guarded::Reference, &handle.reference(), reference, &options)
             })
-            .and_then(|()| add(&mut writer))
+            .and_then(|()| add(&mut multi))
             .map_err(NotCreated::Request)?;
         let started = std::time::Instant::now();
         // The requests are sent here, in this order; their replies come together.
-        let commit = writer.commit();
+        let commit = multi.commit();
         let then_stat = reference.map(|_| handle.reference());
         let (committed, (listed, czxid)) = tokio::join!(commit, read_after(client, then_list, then_stat.as_deref()));
         crate::metrics::zookeeper_request(started.elapsed());
-        let failed = match committed {
-            Ok(results) => {
+        match committed {
+            Ok(done) => {
                 let _ = handle.lease.guarded(guard, None);
                 handle.created();
-                return Ok(Made {
-                    results: results.into_iter().skip(own).collect(),
-                    listed,
-                    czxid,
+                let done = done.filter_map(|tag| match tag {
+                    Guarded::Own(tag) => Some(tag),
+                    Guarded::Guard | Guarded::Reference => None,
                 });
+                return Ok(Made { done, listed, czxid });
             }
-            Err(MultiWriteError::RequestFailed { source }) => return Err(NotCreated::Request(source)),
-            Err(MultiWriteError::OperationFailed { index, source }) => (index, source),
-        };
-        match failed {
-            (0, error) => match handle.lease.guarded(guard, Some((0, error))) {
+            Err(Failed::Request(error)) => return Err(NotCreated::Request(error)),
+            Err(Failed::Refused {
+                tag: Guarded::Guard,
+                error,
+            }) => match handle.lease.guarded(guard, Some(error)) {
                 Ok(_) => continue,
                 Err(GuardError::LeaseMoved) => return Err(NotCreated::LeaseMoved),
                 Err(GuardError::ZooKeeper(error)) => return Err(NotCreated::Request(error)),
             },
             // The reference is there already: an earlier create of this holding applied (its
             // reply lost); its znodes are to be found, not made again.
-            (1, ZkError::NodeExists) if own == 2 => {
-                return Err(NotCreated::Refused {
-                    index: usize::MAX,
-                    error: ZkError::NodeExists,
-                });
-            }
-            (1, error) if own == 2 => return Err(NotCreated::Request(error)),
-            (index, error) => {
-                return Err(NotCreated::Refused {
-                    index: index - own,
-                    error,
-                });
-            }
+            Err(Failed::Refused {
+                tag: Guarded::Reference,
+                error: ZkError::NodeExists,
+            }) => return Err(NotCreated::MadeBefore),
+            Err(Failed::Refused {
+                tag: Guarded::Reference,
+                error,
+            }) => return Err(NotCreated::Request(error)),
+            Err(Failed::Refused {
+                tag: Guarded::Own(tag),
+                error,
+            }) => return Err(NotCreated::Refused { tag, error }),
         }
     }
 }
@@ -159,30 +176,29 @@ pub async fn delete_all(client: &Client, paths: &[String]) -> Result<Vec<bool>, 
     // After a lost reply a path found gone may be one this deleted: it counts as there.
     let mut reply_lost = false;
     loop {
-        let mut writer = client.new_multi_writer();
-        let left: Vec<usize> = (0..paths.len()).filter(|&i| pending[i]).collect();
-        if left.is_empty() {
+        // Each delete is tagged with its path's place in `paths`.
+        let mut multi = Multi::new(client);
+        for i in (0..paths.len()).filter(|&i| pending[i]) {
+            multi.delete(i, &paths[i], None)?;
+        }
+        if multi.is_empty() {
             return Ok(there);
         }
-        for &i in &left {
-            writer.add_delete(&paths[i], None)?;
-        }
         let started = std::time::Instant::now();
-        let committed = writer.commit().await;
+        let committed = multi.commit().await;
         crate::metrics::zookeeper_request(started.elapsed());
         match committed {
             Ok(_) => return Ok(there),
-            Err(MultiWriteError::OperationFailed {
-                index,
-                source: ZkError::NoNode,
+            Err(Failed::Refused {
+                tag: i,
+                error: ZkError::NoNode,
             }) => {
-                pending[left[index]] = false;
-                there[left[index]] &= reply_lost;
+                pending[i] = false;
+                there[i] &= reply_lost;
             }
-            Err(err) => {
-                let err = ZkError::from(err);
-                if !crate::zk::is_loss(&err) {
-                    return Err(err);
+            Err(failed) => {
+                if !failed.is_loss() {
+                    return Err(failed.error());
                 }
                 // Applied or not, the next attempt tells: what is gone is left out.
                 reply_lost = true;

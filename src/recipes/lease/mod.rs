@@ -24,10 +24,11 @@ pub mod record;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
+use crate::zk::Multi;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use zookeeper_client::{CreateMode, Error as ZkError, MultiWriter};
+use zookeeper_client::{CreateMode, Error as ZkError};
 
 use crate::auth::Caller;
 use crate::kind::Kind;
@@ -280,41 +281,46 @@ impl Lease {
         }
     }
 
-    /// Adds to `writer`, first, what makes a write for this lease conditional on this instance
+    /// Adds to `multi`, first (tagged `tag`), what makes a write for this lease conditional on this instance
     /// still keeping it: the record's creation if it is not written yet, else a check of its
     /// version. Report the commit's outcome to [Lease::guarded].
-    pub fn guard(&self, writer: &mut MultiWriter<'_>) -> Result<Guard, ZkError> {
+    pub fn guard<T>(&self, multi: &mut Multi<'_, T>, tag: T) -> Result<Guard, ZkError> {
         match &self.lock().written {
             Written::Pending(data) => {
-                writer.add_create(&self.path, data, &CreateMode::Persistent.with_acls(crate::zk::acls()))?;
+                multi.create(
+                    tag,
+                    &self.path,
+                    data,
+                    &CreateMode::Persistent.with_acls(crate::zk::acls()),
+                )?;
                 Ok(Guard::Creates)
             }
             Written::At(version) => {
-                writer.add_check_version(&self.path, *version)?;
+                multi.check(tag, &self.path, *version)?;
                 Ok(Guard::Checks)
             }
         }
     }
 
     /// Takes note of the outcome of a multi-op that began with `guard`: `Ok(true)` if it
-    /// applied; `Ok(false)` if it is to be sent again (the record was created meanwhile, by
-    /// another holding's write or by this one's whose reply was lost); `Err` with the error of
-    /// an operation after the guard. A failed check means that this instance no longer keeps
-    /// the lease: [LeaseMoved].
-    pub fn guarded(&self, guard: Guard, failed: Option<(usize, ZkError)>) -> Result<bool, GuardError> {
-        match (guard, failed) {
+    /// applied (`refused`: `None`); `Ok(false)` if it is to be sent again (the record was
+    /// created meanwhile, by another holding's write or by this one's whose reply was lost);
+    /// `Err` with the guard's own refusal otherwise. A failed check means that this instance
+    /// no longer keeps the lease: [LeaseMoved].
+    pub fn guarded(&self, guard: Guard, refused: Option<ZkError>) -> Result<bool, GuardError> {
+        match (guard, refused) {
             (Guard::Creates, None) => {
                 self.set_written(0);
                 Ok(true)
             }
             (Guard::Checks, None) => Ok(true),
-            (Guard::Creates, Some((0, ZkError::NodeExists))) => {
+            (Guard::Creates, Some(ZkError::NodeExists)) => {
                 // Its id is unguessable: a record there is this lease's own.
                 self.set_written(0);
                 Ok(false)
             }
-            (_, Some((0, ZkError::NoNode | ZkError::BadVersion))) => Err(GuardError::LeaseMoved),
-            (_, Some((_, err))) => Err(GuardError::ZooKeeper(err)),
+            (_, Some(ZkError::NoNode | ZkError::BadVersion)) => Err(GuardError::LeaseMoved),
+            (_, Some(err)) => Err(GuardError::ZooKeeper(err)),
         }
     }
 

@@ -22,8 +22,9 @@
 //! holdings delete their znodes and references; the record stays a while as a *tombstone* so
 //! that any instance answers "ended, and why" (HTTP 410) rather than "never heard of it".
 
+use crate::zk::{Failed, Multi};
 use serde::{Deserialize, Serialize};
-use zookeeper_client::{Client, CreateMode, Error as ZkError, MultiWriteError, OneshotWatcher, Stat};
+use zookeeper_client::{Client, CreateMode, Error as ZkError, OneshotWatcher, Stat};
 
 use crate::kind::Kind;
 use crate::zk::retry_on_loss;
@@ -171,6 +172,15 @@ pub enum TakeOver {
     ZooKeeper(ZkError),
 }
 
+/// What an operation of a takeover's multi-op is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Part {
+    /// The lease's record, rewritten to name its new keeper.
+    Record,
+    /// The notice for the former keeper.
+    Notice,
+}
+
 /// Makes `me` the keeper of the lease `id` found as `found`: one write conditional on the version
 /// read, so that of two instances trying at once one wins. A notice for the former keeper goes
 /// in the same multi-op (unless its keeper node is gone: then it is gone too). Returns the
@@ -185,24 +195,29 @@ pub async fn take_over(client: &Client, root: &str, id: &str, found: &Found, me:
     let notice = format!("{}/{id}", keeper_path(root, &found.record.keeper));
     let mut with_notice = found.record.keeper != me;
     loop {
-        let mut writer = client.new_multi_writer();
-        let added = writer.add_set_data(&path, &data, Some(found.version)).and_then(|()| {
-            if with_notice {
-                writer.add_create(&notice, &[], &CreateMode::Persistent.with_acls(crate::zk::acls()))
-            } else {
-                Ok(())
-            }
-        });
+        let mut multi = Multi::new(client);
+        let added = multi
+            .set(Part::Record, &path, &data, Some(found.version))
+            .and_then(|()| {
+                if with_notice {
+                    multi.create(
+                        Part::Notice,
+                        &notice,
+                        &[],
+                        &CreateMode::Persistent.with_acls(crate::zk::acls()),
+                    )
+                } else {
+                    Ok(())
+                }
+            });
         added.map_err(TakeOver::ZooKeeper)?;
-        match writer.commit().await {
-            Ok(results) => {
-                return Ok(match results.first() {
-                    Some(zookeeper_client::MultiWriteResult::SetData { stat }) => stat.version,
-                    _ => found.version + 1,
-                });
-            }
-            Err(MultiWriteError::OperationFailed { index: 0, source }) => {
-                return Err(match source {
+        match multi.commit().await {
+            Ok(done) => return Ok(done.stat(&Part::Record).map_or(found.version + 1, |stat| stat.version)),
+            Err(Failed::Refused {
+                tag: Part::Record,
+                error,
+            }) => {
+                return Err(match error {
                     ZkError::NoNode => TakeOver::Gone,
                     ZkError::BadVersion => TakeOver::Changed,
                     err => TakeOver::ZooKeeper(err),
@@ -210,14 +225,13 @@ pub async fn take_over(client: &Client, root: &str, id: &str, found: &Found, me:
             }
             // The former keeper's node is gone (so is it), or holds a notice already (an
             // earlier takeover of this lease from it): take it over without one.
-            Err(MultiWriteError::OperationFailed {
-                source: ZkError::NoNode | ZkError::NodeExists,
-                ..
+            Err(Failed::Refused {
+                tag: Part::Notice,
+                error: ZkError::NoNode | ZkError::NodeExists,
             }) => with_notice = false,
-            Err(err) => {
-                let err = ZkError::from(err);
-                if !crate::zk::is_loss(&err) {
-                    return Err(TakeOver::ZooKeeper(err));
+            Err(failed) => {
+                if !failed.is_loss() {
+                    return Err(TakeOver::ZooKeeper(failed.error()));
                 }
                 // The reply was lost: whether it applied, a fresh read tells.
                 match read(client, &path).await {
@@ -396,11 +410,11 @@ pub async fn notices(client: &Client, root: &str, me: &str) -> Result<(Vec<Strin
 pub async fn clear_notices(client: &Client, root: &str, me: &str, ids: &[String]) {
     let dir = keeper_path(root, me);
     for chunk in ids.chunks(crate::recipes::janitor::BATCH) {
-        let mut writer = client.new_multi_writer();
+        let mut multi = Multi::new(client);
         for id in chunk {
-            let _ = writer.add_delete(&format!("{dir}/{id}"), None);
+            let _ = multi.delete((), &format!("{dir}/{id}"), None);
         }
-        if writer.commit().await.is_err() {
+        if multi.commit().await.is_err() {
             // One was gone already: delete them one by one.
             for id in chunk {
                 let _ = retry_on_loss(|| client.delete(&format!("{dir}/{id}"), None)).await;

@@ -1,8 +1,9 @@
 //! A claim: the persistent `claims/<item>` record that any instance reads, acknowledges or
 //! gives back, and that outlives the instance that made it.
 
+use crate::zk::{Failed, Multi};
 use serde::{Deserialize, Serialize};
-use zookeeper_client::{Client, Error as ZkError, MultiWriteError, Stat};
+use zookeeper_client::{Client, Error as ZkError, Stat};
 
 use super::*;
 use crate::recipes::usage::{Charge, Quotas};
@@ -130,13 +131,11 @@ pub async fn ack(
     .await
     {
         Ok(()) => Ok(true),
-        Err(MultiWriteError::OperationFailed { .. }) => Ok(false),
+        Err(Failed::Refused { .. }) => Ok(false),
         // A lost reply: done if the item is gone (nobody else could delete it while the claim
         // stood), otherwise not.
-        Err(MultiWriteError::RequestFailed { source }) if crate::zk::is_loss(&source) => {
-            Ok(retry_on_loss(|| client.check_stat(&item_path)).await?.is_none())
-        }
-        Err(MultiWriteError::RequestFailed { source }) => Err(source),
+        Err(failed) if failed.is_loss() => Ok(retry_on_loss(|| client.check_stat(&item_path)).await?.is_none()),
+        Err(failed) => Err(failed.error()),
     }
 }
 
@@ -163,26 +162,30 @@ pub async fn ack_held(
     let Some(first) = claims.first() else {
         return Ok(true);
     };
-    let mut writer = client.new_multi_writer();
+    let mut multi = Multi::new(client);
     for claim in claims {
         // The item first: its deletion event reaches the queue's mirrors before the claim's,
         // so that no taker is woken for an item that is going.
-        writer.add_delete(&format!("{}/{}", paths.items, claim.item), Some(claim.version))?;
-        writer.add_delete(&format!("{}/{}", paths.claims, claim.item), None)?;
+        multi.delete(
+            Part::Item,
+            &format!("{}/{}", paths.items, claim.item),
+            Some(claim.version),
+        )?;
+        multi.delete(Part::Claim, &format!("{}/{}", paths.claims, claim.item), None)?;
         if let Some(charge) = claim.charge {
-            quotas.add_refund(&mut writer, charge)?;
+            quotas.add_refund(&mut multi, Part::Charge, charge)?;
         }
     }
-    match writer.commit().await {
+    match multi.commit().await {
         Ok(_) => Ok(true),
-        Err(MultiWriteError::OperationFailed { .. }) => Ok(false),
+        Err(Failed::Refused { .. }) => Ok(false),
         // A lost reply: done if the first item is gone (nobody else deletes an item while a
         // claim on it stands); if not, nothing happened.
-        Err(MultiWriteError::RequestFailed { source }) if crate::zk::is_loss(&source) => {
+        Err(failed) if failed.is_loss() => {
             let path = format!("{}/{}", paths.items, first.item);
             Ok(retry_on_loss(|| client.check_stat(&path)).await?.is_none())
         }
-        Err(MultiWriteError::RequestFailed { source }) => Err(source),
+        Err(failed) => Err(failed.error()),
     }
 }
 

@@ -23,8 +23,9 @@
 //! Here a queue's paths, the put and the reads; an item's name and envelope in [item], a take
 //! in [take], a claim in [claim].
 
+use crate::zk::{Failed, Multi};
 use crate::zk::{Failure, Session};
-use zookeeper_client::{Client, CreateMode, Error as ZkError, MultiWriteError, Stat};
+use zookeeper_client::{Client, CreateMode, Error as ZkError, Stat};
 
 use super::usage::{Charge, ChargeError, Exceeded, Payer, Quotas};
 use crate::zk::retry_on_loss;
@@ -118,53 +119,61 @@ pub async fn put(
     let options = CreateMode::PersistentSequential.with_acls(crate::zk::acls());
     let plain = CreateMode::Persistent.with_acls(crate::zk::acls());
     loop {
-        let mut writer = client.new_multi_writer();
-        writer.add_create(&prefix, &data, &options)?;
+        let mut multi = Multi::new(client);
+        multi.create(Part::Item, &prefix, &data, &options)?;
         if let Some(key) = key {
-            writer.add_create(&format!("{}/{key}", paths.keys), &[], &plain)?;
+            multi.create(Part::Key, &format!("{}/{key}", paths.keys), &[], &plain)?;
         }
         if let Some(charge) = &envelope.charge {
-            payer.quotas.add_charge(&mut writer, charge, data.len(), false)?;
+            payer
+                .quotas
+                .add_charge(&mut multi, Part::Charge, charge, data.len(), false)?;
         }
-        match writer.commit().await {
-            Ok(results) => {
-                let name = match results.first() {
-                    Some(zookeeper_client::MultiWriteResult::Create { path, .. }) => {
-                        path.rsplit('/').next().unwrap_or_default().to_string()
-                    }
-                    _ => String::new(),
-                };
-                return Ok(Put::Stored(name));
+        match multi.commit().await {
+            Ok(done) => {
+                let created = done.created(&Part::Item).unwrap_or_default();
+                return Ok(Put::Stored(created.rsplit('/').next().unwrap_or_default().to_string()));
             }
-            Err(MultiWriteError::OperationFailed {
-                index: 1,
-                source: ZkError::NodeExists,
-            }) if key.is_some() => return Ok(Put::Duplicate),
-            Err(MultiWriteError::OperationFailed {
-                source: ZkError::QuotaExceeded,
+            Err(Failed::Refused {
+                tag: Part::Key,
+                error: ZkError::NodeExists,
+            }) => return Ok(Put::Duplicate),
+            Err(Failed::Refused {
+                error: ZkError::QuotaExceeded,
                 ..
             }) => return Ok(Put::Quota(payer.exceeded(session, data.len()).await)),
-            Err(MultiWriteError::OperationFailed {
-                source: ZkError::NoNode,
-                ..
+            Err(Failed::Refused {
+                error: ZkError::NoNode, ..
             }) => {
                 ensure(client, paths).await?;
                 if let Some(charge) = &envelope.charge {
                     payer.quotas.repair(client, &charge.principal).await?;
                 }
             }
-            Err(MultiWriteError::OperationFailed { source, .. }) => return Err(source.into()),
             // A lost reply: with a key, the key tells whether it happened; without, the put is
             // not retried (it may have happened, and a second copy is worse for most users
             // than a clear error they can retry with a key).
-            Err(MultiWriteError::RequestFailed { source }) if crate::zk::is_loss(&source) && key.is_some() => continue,
-            Err(MultiWriteError::RequestFailed { source }) => return Err(source.into()),
+            Err(failed) if failed.is_loss() && key.is_some() => continue,
+            Err(failed) => return Err(failed.into()),
         }
     }
 }
 
-/// Deletes an item and refunds its charge in one multi-op; an item whose charge is gone
-/// (its usage removed by hand) is deleted alone.
+/// What an operation of a queue's multi-op is for.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Part {
+    /// The item's node.
+    Item,
+    /// A put's idempotency key.
+    Key,
+    /// A claim's node.
+    Claim,
+    /// The item's charge, made or refunded with it.
+    Charge,
+}
+
+/// Deletes an item and refunds its charge in one multi-op, with the claim `also` if given; an
+/// item whose charge is gone (its usage removed by hand) is deleted alone.
 async fn delete_item(
     client: &Client,
     quotas: &Quotas,
@@ -172,23 +181,26 @@ async fn delete_item(
     version: Option<i32>,
     charge: Option<&Charge>,
     also: Option<(&str, i32)>,
-) -> Result<(), MultiWriteError> {
+) -> Result<(), Failed<Part>> {
     let mut with_charge = charge;
     loop {
-        let mut writer = client.new_multi_writer();
-        if let Some((other, version)) = also {
-            writer.add_delete(other, Some(version))?;
-        }
-        writer.add_delete(path, version)?;
-        if let Some(charge) = with_charge {
-            quotas.add_refund(&mut writer, charge)?;
-        }
-        let refund = usize::from(also.is_some()) + 1;
-        match writer.commit().await {
-            Err(MultiWriteError::OperationFailed {
-                index,
-                source: ZkError::NoNode,
-            }) if with_charge.is_some() && index == refund => with_charge = None,
+        let mut multi = Multi::new(client);
+        let added = (|| {
+            if let Some((claim, version)) = also {
+                multi.delete(Part::Claim, claim, Some(version))?;
+            }
+            multi.delete(Part::Item, path, version)?;
+            match with_charge {
+                Some(charge) => quotas.add_refund(&mut multi, Part::Charge, charge),
+                None => Ok(()),
+            }
+        })();
+        added.map_err(Failed::Request)?;
+        match multi.commit().await {
+            Err(Failed::Refused {
+                tag: Part::Charge,
+                error: ZkError::NoNode,
+            }) => with_charge = None,
             done => return done.map(|_| ()),
         }
     }
@@ -230,17 +242,18 @@ pub async fn replay(session: &Session, paths: &QueuePaths, item: &str) -> Result
     };
     let mut envelope = Envelope::parse(&data);
     envelope.deliveries = 0;
-    let mut writer = client.new_multi_writer();
-    writer.add_delete(&dead_path, Some(stat.version))?;
-    writer.add_create(
+    let mut multi = Multi::new(client);
+    multi.delete(Part::Item, &dead_path, Some(stat.version))?;
+    multi.create(
+        Part::Item,
         &format!("{}/{item}", paths.items),
         &envelope.to_bytes(),
         &CreateMode::Persistent.with_acls(crate::zk::acls()),
     )?;
-    match writer.commit().await {
+    match multi.commit().await {
         Ok(_) => Ok(true),
-        Err(MultiWriteError::OperationFailed { .. }) => Ok(false),
-        Err(MultiWriteError::RequestFailed { source }) => Err(source.into()),
+        Err(Failed::Refused { .. }) => Ok(false),
+        Err(Failed::Request(error)) => Err(error.into()),
     }
 }
 

@@ -9,13 +9,13 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use zookeeper_client::Error as ZkError;
 
-use super::mirror::{Mirrors, Tried};
+use super::mirror::{Mirror, Mirrors, Tried};
 use super::{ClaimRecord, HeldClaim, Pick, QueuePaths, Taken};
 use crate::locked::Locked;
 use crate::recipes::usage::{Charge, Quotas};
 use crate::remembered::Remembered;
-use crate::zk::Failure;
 use crate::zk::session::ZkSession;
+use crate::zk::{Failure, Session};
 
 /// A claim as this instance knows it: one it made or adopted (and times), or one another
 /// instance made, read from ZooKeeper to settle it here.
@@ -74,6 +74,14 @@ pub struct TakeOptions {
     pub max_items: usize,
     /// The most an item may hold (how many may be read together).
     pub max_bytes: usize,
+}
+
+/// What a taker picked from a queue, on its way to [Queues::take_picked].
+struct Picking {
+    queue: String,
+    owner: Option<String>,
+    names: Vec<String>,
+    options: TakeOptions,
 }
 
 #[derive(Clone)]
@@ -203,71 +211,93 @@ impl Queues {
             }
             // The ZooKeeper part runs to its end even if the client goes meanwhile, so that
             // every claim made is kept (and given back at its deadline), never orphaned.
-            let queues = self.clone();
-            let (queue, owner) = (queue.to_string(), owner.map(str::to_string));
-            let (mirror, paths) = (mirror.mirror(), paths.clone());
-            let took = tokio::spawn(async move {
-                let claims: Vec<Option<Claim>> = picked
-                    .names
-                    .iter()
-                    .map(|item| {
-                        options
-                            .ack_deadline
-                            .map(|deadline| queues.new_claim(&queue, item, owner.as_deref(), deadline))
-                    })
-                    .collect();
-                let picks: Vec<Pick> = picked
-                    .names
-                    .into_iter()
-                    .zip(&claims)
-                    .map(|(item, claim)| Pick {
-                        item,
-                        claim_data: claim
-                            .as_ref()
-                            .map(|c| c.record(&queues.instance).to_bytes())
-                            .unwrap_or_default(),
-                    })
-                    .collect();
-                let outcome = super::take_items(
-                    session.client(),
-                    &queues.quotas,
-                    &paths,
-                    &picks,
-                    options.ack_deadline.is_none(),
-                    options.max_deliveries,
-                    options.max_bytes,
-                )
-                .await;
-                let outcome = match outcome {
-                    Ok(outcome) => outcome,
-                    Err(err) => {
-                        for pick in &picks {
-                            mirror.tried(&pick.item, Tried::Again);
-                        }
-                        return Err(err);
-                    }
-                };
-                let mut got = Vec::new();
-                for ((pick, claim), (tried, taken)) in picks.iter().zip(claims).zip(outcome) {
-                    mirror.tried(&pick.item, tried);
-                    let Some(taken) = taken else { continue };
-                    let claim = claim.map(|c| Claim {
-                        version: Some(taken.version),
-                        charge: taken.envelope.charge.clone(),
-                        ..c
-                    });
-                    if let Some(claim) = &claim {
-                        queues.keep(claim.clone());
-                    }
-                    got.push((taken, claim));
-                }
-                Ok(got)
-            });
+            let took = tokio::spawn(self.clone().take_picked(
+                Picking {
+                    queue: queue.to_string(),
+                    owner: owner.map(str::to_string),
+                    names: picked.names,
+                    options,
+                },
+                session,
+                mirror.mirror(),
+                paths.clone(),
+            ));
             let got = took.await.map_err(|_| ZkError::ConnectionLoss)??;
             if !got.is_empty() {
                 return Ok(got);
             }
         }
+    }
+
+    /// Takes the items `picking` names (see [take_items](super::take_items)) with a claim each,
+    /// or removes them (at most once), telling the mirror what came of each; keeps the claims
+    /// made. Its own task: it runs to its end even if the taker goes.
+    async fn take_picked(
+        self,
+        picking: Picking,
+        session: Session,
+        mirror: Arc<Mirror>,
+        paths: QueuePaths,
+    ) -> Result<Vec<(Taken, Option<Claim>)>, ZkError> {
+        let Picking {
+            queue,
+            owner,
+            names,
+            options,
+        } = picking;
+        let claims: Vec<Option<Claim>> = names
+            .iter()
+            .map(|item| {
+                options
+                    .ack_deadline
+                    .map(|deadline| self.new_claim(&queue, item, owner.as_deref(), deadline))
+            })
+            .collect();
+        let picks: Vec<Pick> = names
+            .into_iter()
+            .zip(&claims)
+            .map(|(item, claim)| Pick {
+                item,
+                claim_data: claim
+                    .as_ref()
+                    .map(|c| c.record(&self.instance).to_bytes())
+                    .unwrap_or_default(),
+            })
+            .collect();
+        let outcome = super::take_items(
+            session.client(),
+            &self.quotas,
+            &paths,
+            &picks,
+            options.ack_deadline.is_none(),
+            options.max_deliveries,
+            options.max_bytes,
+        )
+        .await;
+        let outcome = match outcome {
+            Ok(outcome) => outcome,
+            Err(err) => {
+                for pick in &picks {
+                    mirror.tried(&pick.item, Tried::Again);
+                }
+                return Err(err);
+            }
+        };
+        let mut got = Vec::new();
+        for ((pick, claim), (tried, taken)) in picks.iter().zip(claims).zip(outcome) {
+            mirror.tried(&pick.item, tried);
+            let Some(taken) = taken else { continue };
+            let claim = claim.map(|c| Claim {
+                version: Some(taken.version),
+                charge: taken.envelope.charge.clone(),
+                ..c
+            });
+            if let Some(claim) = &claim {
+                self.keep(claim.clone());
+            }
+            got.push((taken, claim));
+        }
+        Ok(got)
     }
 
     fn new_claim(&self, queue: &str, item: &str, owner: Option<&str>, deadline: Duration) -> Claim {

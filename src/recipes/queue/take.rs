@@ -2,7 +2,8 @@
 //! an item delivered too often in `dead/`.
 
 use super::mirror::Tried;
-use zookeeper_client::{Client, CreateMode, Error as ZkError, MultiWriteError, Stat};
+use crate::zk::{Failed, Multi};
+use zookeeper_client::{Client, CreateMode, Error as ZkError, Stat};
 
 use super::*;
 use crate::recipes::usage::Quotas;
@@ -39,13 +40,9 @@ struct Candidate {
     refund: bool,
 }
 
-/// What a multi-op's operation was for.
-#[derive(Clone, Copy, PartialEq)]
-enum Op {
-    Item,
-    Claim,
-    Refund,
-}
+/// What an operation of a take's multi-op is for: which pick (its place among the picks) and
+/// which of its nodes.
+type Tag = (usize, Part);
 
 /// Takes the items a taker picked from the queue's mirror: claims each (`claim_data`, its
 /// [ClaimRecord], in its claim node, its delivery count raised) or, `at_most_once`, deletes it and refunds
@@ -62,35 +59,16 @@ pub async fn take_items(
     max_deliveries: u32,
     max_bytes: usize,
 ) -> Result<Vec<(Tried, Option<Taken>)>, ZkError> {
+    let take = Take {
+        client,
+        quotas,
+        paths,
+        picks,
+        item_paths: picks.iter().map(|p| format!("{}/{}", paths.items, p.item)).collect(),
+        at_most_once,
+    };
     let mut outcome: Vec<(Tried, Option<Taken>)> = picks.iter().map(|_| (Tried::Again, None)).collect();
-    let item_paths: Vec<String> = picks.iter().map(|p| format!("{}/{}", paths.items, p.item)).collect();
-    let read = crate::zk::get_each_of_size(client, &item_paths, max_bytes).await?;
-    let mut candidates = Vec::with_capacity(picks.len());
-    for (index, read) in read.into_iter().enumerate() {
-        let Some((data, stat)) = read else {
-            outcome[index].0 = Tried::TakenElsewhere;
-            continue;
-        };
-        let mut envelope = Envelope::parse(&data);
-        if !at_most_once {
-            if envelope.deliveries >= max_deliveries {
-                let buried = bury(client, paths, &picks[index].item, &envelope, &stat).await?;
-                outcome[index].0 = if buried { Tried::TakenElsewhere } else { Tried::Again };
-                continue;
-            }
-            envelope.deliveries += 1;
-        }
-        candidates.push(Candidate {
-            index,
-            refund: at_most_once && envelope.charge.is_some(),
-            data: if at_most_once { Vec::new() } else { envelope.to_bytes() },
-            envelope,
-            version: stat.version,
-        });
-    }
-    // Persistent: a claim outlives the instance (and session) that made it, until acknowledged,
-    // given back or past its deadline (see the module's docs).
-    let persistent = CreateMode::Persistent.with_acls(crate::zk::acls());
+    let mut candidates = take.candidates(&mut outcome, max_deliveries, max_bytes).await?;
     while !candidates.is_empty() {
         // As many as stay within one packet, at least one.
         let mut bytes = 0;
@@ -102,70 +80,33 @@ pub async fn take_items(
             })
             .count()
             .max(1);
-        let mut writer = client.new_multi_writer();
-        let mut ops = Vec::with_capacity(chunk * 2);
-        for (at, c) in candidates[..chunk].iter().enumerate() {
-            let pick = &picks[c.index];
-            let item_path = &item_paths[c.index];
-            if at_most_once {
-                writer.add_delete(item_path, Some(c.version))?;
-                ops.push((at, Op::Item));
-                if c.refund
-                    && let Some(charge) = &c.envelope.charge
-                {
-                    quotas.add_refund(&mut writer, charge)?;
-                    ops.push((at, Op::Refund));
-                }
-            } else {
-                writer.add_set_data(item_path, &c.data, Some(c.version))?;
-                ops.push((at, Op::Item));
-                writer.add_create(
-                    &format!("{}/{}", paths.claims, pick.item),
-                    &pick.claim_data,
-                    &persistent,
-                )?;
-                ops.push((at, Op::Claim));
-            }
-        }
-        let happened = match writer.commit().await {
-            Ok(_) => true,
-            Err(MultiWriteError::OperationFailed { index, source }) => {
-                let Some(&(at, op)) = ops.get(index) else {
-                    return Err(source);
+        let happened = match take.commit(&candidates[..chunk]).await {
+            Ok(()) => true,
+            Err(Failed::Refused {
+                tag: (index, part),
+                error,
+            }) => {
+                let Some(at) = candidates.iter().position(|c| c.index == index) else {
+                    return Err(error);
                 };
-                match (op, source) {
+                outcome[index].0 = match (part, error) {
                     // Its charge is gone (usage removed by hand): deleted alone.
-                    (Op::Refund, ZkError::NoNode) => candidates[at].refund = false,
-                    // Changed since read (claimed and given back meanwhile): try again later.
-                    (_, ZkError::BadVersion) => outcome[candidates.remove(at).index].0 = Tried::Again,
-                    // Gone, or claimed by another.
-                    (_, ZkError::NoNode | ZkError::NodeExists) => {
-                        outcome[candidates.remove(at).index].0 = Tried::TakenElsewhere;
+                    (Part::Charge, ZkError::NoNode) => {
+                        candidates[at].refund = false;
+                        continue;
                     }
-                    (_, source) => return Err(source),
-                }
+                    // Changed since read (claimed and given back meanwhile): try again later.
+                    (_, ZkError::BadVersion) => Tried::Again,
+                    // Gone, or claimed by another.
+                    (_, ZkError::NoNode | ZkError::NodeExists) => Tried::TakenElsewhere,
+                    (_, error) => return Err(error),
+                };
+                candidates.remove(at);
                 continue;
             }
             // A lost reply: the multi-op's first effect tells whether all of it happened.
-            Err(MultiWriteError::RequestFailed { source }) if crate::zk::is_loss(&source) => {
-                let first = &candidates[0];
-                if at_most_once {
-                    // Gone: ours (taken at most once, a reply lost here loses the item if it
-                    // was another's, as the mode says).
-                    retry_on_loss(|| client.check_stat(&item_paths[first.index]))
-                        .await?
-                        .is_none()
-                } else {
-                    let pick = &picks[first.index];
-                    let claim_path = format!("{}/{}", paths.claims, pick.item);
-                    match retry_on_loss(|| client.get_data(&claim_path)).await {
-                        Ok((data, _)) => data == pick.claim_data,
-                        Err(ZkError::NoNode) => false,
-                        Err(err) => return Err(err),
-                    }
-                }
-            }
-            Err(MultiWriteError::RequestFailed { source }) => return Err(source),
+            Err(failed) if failed.is_loss() => take.happened(&candidates[0]).await?,
+            Err(failed) => return Err(failed.error()),
         };
         for c in candidates.drain(..chunk) {
             outcome[c.index] = if happened {
@@ -184,6 +125,102 @@ pub async fn take_items(
     Ok(outcome)
 }
 
+/// One take of picks from a queue: what its steps share.
+struct Take<'a> {
+    client: &'a Client,
+    quotas: &'a Quotas,
+    paths: &'a QueuePaths,
+    picks: &'a [Pick],
+    item_paths: Vec<String>,
+    at_most_once: bool,
+}
+
+impl Take<'_> {
+    /// Reads the picks together: those still there become candidates (their delivery count
+    /// raised); those gone, or buried for too many deliveries, get their outcome here.
+    async fn candidates(
+        &self,
+        outcome: &mut [(Tried, Option<Taken>)],
+        max_deliveries: u32,
+        max_bytes: usize,
+    ) -> Result<Vec<Candidate>, ZkError> {
+        let read = crate::zk::get_each_of_size(self.client, &self.item_paths, max_bytes).await?;
+        let mut candidates = Vec::with_capacity(self.picks.len());
+        for (index, read) in read.into_iter().enumerate() {
+            let Some((data, stat)) = read else {
+                outcome[index].0 = Tried::TakenElsewhere;
+                continue;
+            };
+            let mut envelope = Envelope::parse(&data);
+            if !self.at_most_once {
+                if envelope.deliveries >= max_deliveries {
+                    let buried = bury(self.client, self.paths, &self.picks[index].item, &envelope, &stat).await?;
+                    outcome[index].0 = if buried { Tried::TakenElsewhere } else { Tried::Again };
+                    continue;
+                }
+                envelope.deliveries += 1;
+            }
+            candidates.push(Candidate {
+                index,
+                refund: self.at_most_once && envelope.charge.is_some(),
+                data: if self.at_most_once {
+                    Vec::new()
+                } else {
+                    envelope.to_bytes()
+                },
+                envelope,
+                version: stat.version,
+            });
+        }
+        Ok(candidates)
+    }
+
+    /// Claims (or, at most once, deletes) `chunk` in one multi-op.
+    async fn commit(&self, chunk: &[Candidate]) -> Result<(), Failed<Tag>> {
+        // Persistent: a claim outlives the instance (and session) that made it, until
+        // acknowledged, given back or past its deadline (see the module's docs).
+        let persistent = CreateMode::Persistent.with_acls(crate::zk::acls());
+        let mut multi = Multi::new(self.client);
+        for c in chunk {
+            let pick = &self.picks[c.index];
+            let item_path = &self.item_paths[c.index];
+            let added = if self.at_most_once {
+                multi
+                    .delete((c.index, Part::Item), item_path, Some(c.version))
+                    .and_then(|()| match c.envelope.charge.as_ref().filter(|_| c.refund) {
+                        Some(charge) => self.quotas.add_refund(&mut multi, (c.index, Part::Charge), charge),
+                        None => Ok(()),
+                    })
+            } else {
+                let claim_path = format!("{}/{}", self.paths.claims, pick.item);
+                multi
+                    .set((c.index, Part::Item), item_path, &c.data, Some(c.version))
+                    .and_then(|()| multi.create((c.index, Part::Claim), &claim_path, &pick.claim_data, &persistent))
+            };
+            added.map_err(Failed::Request)?;
+        }
+        multi.commit().await.map(|_| ())
+    }
+
+    /// Whether a multi-op whose reply was lost, `first` its first candidate, applied (it
+    /// applied whole or not at all).
+    async fn happened(&self, first: &Candidate) -> Result<bool, ZkError> {
+        if self.at_most_once {
+            // Gone: ours (taken at most once, a reply lost here loses the item if it was
+            // another's, as the mode says).
+            let gone = retry_on_loss(|| self.client.check_stat(&self.item_paths[first.index])).await?;
+            return Ok(gone.is_none());
+        }
+        let pick = &self.picks[first.index];
+        let claim_path = format!("{}/{}", self.paths.claims, pick.item);
+        match retry_on_loss(|| self.client.get_data(&claim_path)).await {
+            Ok((data, _)) => Ok(data == pick.claim_data),
+            Err(ZkError::NoNode) => Ok(false),
+            Err(err) => Err(err),
+        }
+    }
+}
+
 /// Moves an item that has been delivered too often to `dead/`.
 async fn bury(
     client: &Client,
@@ -192,14 +229,15 @@ async fn bury(
     envelope: &Envelope,
     stat: &Stat,
 ) -> Result<bool, ZkError> {
-    let mut writer = client.new_multi_writer();
-    writer.add_delete(&format!("{}/{item}", paths.items), Some(stat.version))?;
-    writer.add_create(
+    let mut multi = Multi::new(client);
+    multi.delete(Part::Item, &format!("{}/{item}", paths.items), Some(stat.version))?;
+    multi.create(
+        Part::Item,
         &format!("{}/{item}", paths.dead),
         &envelope.to_bytes(),
         &CreateMode::Persistent.with_acls(crate::zk::acls()),
     )?;
-    match writer.commit().await {
+    match multi.commit().await {
         Ok(_) => {
             tracing::info!(queue = %paths.dir, %item, deliveries = envelope.deliveries, "item dead-lettered");
             let queue = paths.dir.rsplit('/').next().unwrap_or_default();
@@ -207,8 +245,8 @@ async fn bury(
             m.queue_dead_lettered.with_label_values(&[m.queue(queue)]).inc();
             Ok(true)
         }
-        Err(MultiWriteError::OperationFailed { .. }) => Ok(false), // changed meanwhile: someone else decides
-        Err(MultiWriteError::RequestFailed { source }) if crate::zk::is_loss(&source) => Ok(false),
-        Err(MultiWriteError::RequestFailed { source }) => Err(source),
+        Err(Failed::Refused { .. }) => Ok(false), // changed meanwhile: someone else decides
+        Err(failed) if failed.is_loss() => Ok(false),
+        Err(failed) => Err(failed.error()),
     }
 }
