@@ -102,14 +102,10 @@ impl Reaper {
             match registry::lead(client, &lock, self.leases.instance().as_bytes()).await {
                 Ok(true) => match registry::members_and_watch(client, &instances).await {
                     Ok((registered, watcher)) => {
-                        match self.pass(client, &registered).await {
-                            Ok(swept) if swept.taken_over + swept.tombstones + swept.keepers + swept.claims > 0 => {
-                                tracing::info!(?swept, "reaper pass");
-                            }
-                            Ok(_) => {}
-                            Err(err) => tracing::warn!(error = %err, "reaper pass failed"),
+                        if !self.pass_reported(client, &registered).await {
+                            let _ = tokio::time::timeout(HEARTBEAT, self.leases.next_heartbeat()).await;
+                            continue;
                         }
-                        self.reaped.send_replace(true);
                         tokio::select! {
                             _ = watcher.changed() => {}
                             _ = tokio::time::sleep(TOMBSTONE / 2) => {}
@@ -129,17 +125,40 @@ impl Reaper {
         }
     }
 
-    /// One pass over every lease record (see the module's docs).
-    async fn pass(&self, client: &Client, registered: &[String]) -> Result<Swept, ZkError> {
+    /// Makes a pass and reports it (the instance is ready once one is done here, so that a lease
+    /// whose time ran out while no instance was up ends before this one serves). `false` if
+    /// none could be made, to be tried again: ZooKeeper failed it, or no heartbeat of this
+    /// instance has been answered yet. A lease's expiry is judged by ZooKeeper's clock, which
+    /// the heartbeats tell; without it a pass could judge nothing (it once counted as done,
+    /// and an instance started right after an outage served a lock held by a lease that had
+    /// expired during it until its next pass, half a minute later).
+    async fn pass_reported(&self, client: &Client, registered: &[String]) -> bool {
+        let Some(now) = self.leases.inner.keeping.server_now() else {
+            return false;
+        };
+        match self.pass(client, registered, now).await {
+            Ok(swept) => {
+                if swept.taken_over + swept.tombstones + swept.keepers + swept.claims > 0 {
+                    tracing::info!(?swept, "reaper pass");
+                }
+                self.reaped.send_replace(true);
+                true
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, "reaper pass failed; trying again");
+                false
+            }
+        }
+    }
+
+    /// One pass over every lease record (see the module's docs), at ZooKeeper's time `now`.
+    async fn pass(&self, client: &Client, registered: &[String], now: i64) -> Result<Swept, ZkError> {
         let mut swept = Swept::default();
         // The keeper's own registration (a lane's is `<id>~<lane>`).
         let live: HashSet<&str> = registered
             .iter()
             .map(|name| name.split('~').next().unwrap_or_default())
             .collect();
-        let Some(now) = self.leases.inner.keeping.server_now() else {
-            return Ok(swept);
-        };
         let seen: HashMap<String, i64> = record::keepers(client, &self.root).await?.into_iter().collect();
         let records = record::read_all(client, &self.root).await?;
         let me = self.leases.instance();
