@@ -5,7 +5,7 @@
 #                                  the browser for the dashboard test (chromium), and what
 #                                  scripts/schemathesis.sh needs (python3-venv, curl), and etcd
 #                                  for the comparison bench's smoke run, and jq for the README
-#                                  walkthroughs (tests/readme.rs)
+#                                  walkthroughs (tests/it/readme.rs)
 set -euo pipefail
 
 want=(zookeeper)

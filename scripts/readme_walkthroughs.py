@@ -2,7 +2,8 @@
 """Runs the README's walkthroughs as a newcomer pastes them, so that they stay true.
 
 Each section (`##` or `###`) with `sh` blocks runs on a zkgate of its own, fresh (embedded
-ZooKeeper, a free port), so that no walkthrough leans on what an earlier one left behind. Its
+ZooKeeper, a free port; or, with `--zookeeper`, a root of its own on that server), so that no
+walkthrough leans on what an earlier one left behind. Its
 blocks run in order in one bash, with `Z` set to that zkgate and `127.0.0.1:7070` in the text
 replaced by its address, under `set -eo pipefail`: a command that fails fails the section.
 A line whose comment starts with a literal (`# "Lock not acquired"`, `# 2`, `# true`,
@@ -13,7 +14,7 @@ A block that cannot run here (it starts the server itself, needs Docker, a secon
 a config file, a program of your own, or streams until interrupted) is preceded in the README
 by `<!-- not run: why -->`, which the reader does not see and this script honours.
 
-  scripts/readme_walkthroughs.py --zkgate target/debug/zkgate [--only 'Semaphores']
+  scripts/readme_walkthroughs.py --zkgate target/debug/zkgate [--only 'Semaphores'] [--zookeeper host:port]
 """
 
 import argparse
@@ -107,10 +108,11 @@ def free_port():
         return s.getsockname()[1]
 
 
-def start(zkgate, log):
+def start(zkgate, log, zookeeper):
     port = free_port()
+    server = ["--zookeeper", zookeeper] if zookeeper else []
     process = subprocess.Popen(
-        [zkgate, "serve", "--listen", f"127.0.0.1:{port}"],
+        [zkgate, "serve", "--listen", f"127.0.0.1:{port}", *server],
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,
@@ -144,6 +146,11 @@ def main():
     parser.add_argument("--zkgate", required=True, help="the zkgate binary")
     parser.add_argument("--readme", default=os.path.join(os.path.dirname(__file__), "..", "README.md"))
     parser.add_argument("--only", help="run only the sections whose title contains this")
+    parser.add_argument(
+        "--zookeeper",
+        help="a ZooKeeper to run every section on (each under a chroot of its own) instead of an "
+        "embedded one per section (`zkgate serve` starting its own is tested on its own)",
+    )
     args = parser.parse_args()
     zkgate = os.path.abspath(args.zkgate)
     for tool in ("curl", "jq"):
@@ -158,7 +165,8 @@ def main():
         if not blocks or (args.only and args.only not in title):
             continue
         with tempfile.TemporaryDirectory() as work, open(os.path.join(work, "zkgate.log"), "w+") as log:
-            process, url = start(zkgate, log)
+            chroot = f"{args.zookeeper}/readme-{ran}" if args.zookeeper else None
+            process, url = start(zkgate, log, chroot)
             try:
                 env = dict(os.environ, Z=url, ZKGATE_URL=url, HOME=work)
                 env["PATH"] = os.path.dirname(zkgate) + os.pathsep + env["PATH"]

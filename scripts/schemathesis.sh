@@ -19,8 +19,8 @@ source scripts/background-zkgate.sh
 start_zkgate target/debug/zkgate target/schemathesis-zkgate.log --max-wait 1s
 url=$ZKGATE_URL
 # Event streams never end by themselves (a generated request would wait out the timeout), and
-# the WebSocket endpoints answer a plain request with 400 whatever it holds: tests/sse.rs,
-# tests/websocket*.rs and tests/fuzz.rs try them instead.
+# the WebSocket endpoints answer a plain request with 400 whatever it holds: tests/it/sse.rs,
+# tests/it/websocket*.rs and tests/it/fuzz.rs try them instead.
 for attempt in 1 2; do
     # Real leases, handles, claims... for the operations that act on them, and the config that
     # binds them (with `warnings.fail-on` for operations that refuse almost everything generated).

@@ -11,7 +11,18 @@ cargo nextest --version >/dev/null 2>&1 || cargo install --locked cargo-nextest
 npm ci --prefix tests/browser --no-audit --no-fund --silent
 cargo fmt --check
 cargo clippy --all-targets --quiet -- -D warnings
+# One ZooKeeper server for the run, shared by every test that can share one (each under a
+# root of its own: tests/it/common); the tests that need a server to themselves start their
+# own. It stops when the tests are done, or with this script.
+cargo build --quiet --example test_zookeeper
+exec 3< <(exec cargo run --quiet --example test_zookeeper)
+shared_zookeeper=$!
+trap 'kill "$shared_zookeeper" 2>/dev/null || true' EXIT
+read -r -u 3 ZKGATE_TEST_ZOOKEEPER || { echo "the shared ZooKeeper did not start" >&2; exit 1; }
+export ZKGATE_TEST_ZOOKEEPER
 cargo nextest run --profile ci "$@"
+kill "$shared_zookeeper"
+unset ZKGATE_TEST_ZOOKEEPER
 # The API against its spec: no 5xx, and every answer as documented (schemathesis, PyPI).
 scripts/schemathesis.sh --seed 20261122
 # The comparison bench, tiny and unoptimised, so that it cannot rot: it checks every answer of

@@ -2,7 +2,7 @@
 //!
 //! Every create in zkgate (the root, the recipe directories, contenders, queue items, values,
 //! ...) takes its ACL from [acls], and nothing else in the crate names an ACL (a test in
-//! `tests/zookeeper_security.rs` fails if something does), so a new call site cannot forget
+//! `tests/it/zookeeper_security.rs` fails if something does), so a new call site cannot forget
 //! the setting.
 //!
 //! How the choice reaches [acls]: it is a process-wide setting. [install] is called by

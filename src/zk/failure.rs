@@ -1,6 +1,6 @@
 //! What a recipe's caller learns when ZooKeeper failed a request. A recipe's entry points (the
 //! functions that take a [Session](super::Session)) return these, and the edges answer them;
-//! zookeeper-client's own errors never leave `zk/` and `recipes/` that way (`tests/layers.rs`
+//! zookeeper-client's own errors never leave `zk/` and `recipes/` that way (`tests/it/layers.rs`
 //! keeps `http/`, `ws/` and `runner/` from naming them). Inside a recipe the client's errors stay
 //! as they are: `NodeExists` or `BadVersion` are steps of its protocol, not failures.
 

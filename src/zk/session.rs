@@ -84,7 +84,7 @@ pub struct Session {
 impl Session {
     /// The session's ZooKeeper client, for the recipes and what sits below them. The edges
     /// (`http/`, `ws/`, `runner/`) hand the whole session to a recipe and never ask for its
-    /// client (`tests/layers.rs`): what they do with ZooKeeper is a recipe's business.
+    /// client (`tests/it/layers.rs`): what they do with ZooKeeper is a recipe's business.
     pub fn client(&self) -> &Client {
         &self.client
     }

@@ -1,7 +1,7 @@
 //! zkgate tried as an attacker would, on real sockets with a real ZooKeeper: every scenario of
 //! the hardening issue, each asserting the bound that holds it (docs/SECURITY.md lists them).
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -557,17 +557,29 @@ async fn churn(http: &reqwest::Client, url: &str, lease: &str, names: std::ops::
         .await;
 }
 
-/// A lock per order: 100,000 unique lock names through a running instance (its own process)
-/// leave `/metrics` under 400 KB and zkgate's memory within a few MB of where it was once warm.
+/// A lock per order: 100,000 unique lock names through a running instance (its own process) leave
+/// `/metrics` under 400 KB, with at most its bound of names in series of their own, and
+/// zkgate's memory flat once warm.
+///
+/// Memory is measured as a slope: from after a warm-up that fills what fills once (the
+/// allocator's arenas, the tables that fill up to their bound over the first ten thousand
+/// names or so, the buffers a `/metrics` scrape leaves) to after the rest of the churn.
+/// Measured from before the warm-up (as it was), those one-time costs, about 6 MiB in a debug
+/// build (4 of them the first scrape's), set the bound at 8 MiB over 95,000 names: a leak of
+/// 88 bytes a name, and failed now and then with no leak at all; measured after it, they are
+/// out of the figure: it grows by nothing, or by a step or two of the allocator (2 MiB each),
+/// so 6 MiB over the 85,000 names that follow the warm-up catches 74 bytes a name.
+/// (`ZKGATE_CHURN_NAMES` sets the total.)
 #[tokio::test]
 async fn unique_name_churn_leaves_metrics_and_memory_flat() {
+    common::yield_the_cpu();
     let names: usize = std::env::var("ZKGATE_CHURN_NAMES")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(100_000);
     let zk = zookeeper().await;
     let gate = common::process::Process::start_with(&zk.connect_string(), &[]).await;
-    let pid = gate.child.id().expect("running");
+    let pid = gate.child.id().expect("running").to_string();
     let http = common::http_client();
     let (status, lease) = gate
         .call(reqwest::Method::POST, "/v1/leases", Some(json!({"ttl": "10m"})))
@@ -584,17 +596,18 @@ async fn unique_name_churn_leaves_metrics_and_memory_flat() {
             .expect("text")
     };
 
-    // Warm: the allocator's arenas, the tables of names, the connection pool.
-    let warm = names / 20;
+    // Warm: past what fills up to a bound, and one scrape.
+    let warm = names * 15 / 100;
     let t0 = std::time::Instant::now();
     churn(&http, &gate.url, &lease, 0..warm).await;
-    let started = common::resident_bytes_of(&pid.to_string());
+    metrics().await;
+    let started = common::resident_bytes_of(&pid);
     churn(&http, &gate.url, &lease, warm..names).await;
     let text = metrics().await;
-    let grown = common::resident_bytes_of(&pid.to_string()).saturating_sub(started);
+    let grown = common::resident_bytes_of(&pid).saturating_sub(started);
     // The figures, for the record.
     eprintln!(
-        "{names} names in {:?}: /metrics {} KB, RSS {} KiB at start, grew {} KiB",
+        "{names} names in {:?}: /metrics {} KB, RSS {} KiB once warm, then grew {} KiB",
         t0.elapsed(),
         text.len() / 1024,
         started / 1024,
@@ -615,8 +628,9 @@ async fn unique_name_churn_leaves_metrics_and_memory_flat() {
         "{per_name_series} names have series of their own"
     );
     assert!(
-        grown < 8 * 1024 * 1024,
-        "{names} unique names grew zkgate by {} KiB",
+        grown < 6 * 1024 * 1024,
+        "{} unique names after the warm-up grew zkgate by {} KiB",
+        names - warm,
         grown / 1024
     );
 }

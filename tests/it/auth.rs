@@ -3,10 +3,10 @@
 //! handles and claims belong to the principal that made them; names cannot climb out of the
 //! root or the granted prefixes.
 
-mod common;
+use crate::common;
 
 use common::ws::Ws;
-use common::{Gate, Reply, raw_request, test_config, tree, zk_client, zookeeper};
+use common::{Gate, Reply, TestZooKeeper, raw_request, test_config, tree, zk_client, zookeeper, zookeeper_own};
 use reqwest::{Method, StatusCode};
 use serde_json::json;
 
@@ -58,7 +58,7 @@ fn config() -> (String, Tokens) {
 }
 
 struct Setup {
-    _zk: zkgate::zk::server::ZooKeeperServer,
+    _zk: common::TestZooKeeper,
     _dir: tempfile::TempDir,
     gate: Gate,
     tokens: Tokens,
@@ -66,7 +66,10 @@ struct Setup {
 }
 
 async fn setup() -> Setup {
-    let zk = zookeeper().await;
+    setup_on(zookeeper().await).await
+}
+
+async fn setup_on(zk: TestZooKeeper) -> Setup {
     let dir = tempfile::tempdir().expect("temp dir");
     let (text, tokens) = config();
     let path = dir.path().join("auth.toml");
@@ -408,7 +411,8 @@ async fn leases_handles_and_claims_belong_to_their_principal_unless_admin() {
 
 #[tokio::test]
 async fn names_cannot_escape_the_root_or_the_granted_prefixes() {
-    let s = setup().await;
+    // ZooKeeper's own tree is compared before and after: a server of its own.
+    let s = setup_on(TestZooKeeper::Own(zookeeper_own().await)).await;
     let (billing, ops) = (Some(s.tokens.billing.as_str()), Some(s.tokens.ops.as_str()));
     let outside = s
         .gate

@@ -1,7 +1,7 @@
 //! Bad input gets the documented 4xx problem document naming what was wrong, and leaves
 //! everything stored in ZooKeeper exactly as it was.
 
-mod common;
+use crate::common;
 
 use common::{Gate, raw_request, tree, zk_client, zookeeper};
 use reqwest::StatusCode;

@@ -2,19 +2,19 @@
 //! after; all the waiters of an instance share one ZooKeeper watch; a lease-bound barrier
 //! falls with its lease.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use common::{Gate, packets_received, sessions_watching, within, zookeeper};
+use common::{Gate, packets_received, sessions_watching, within, zookeeper, zookeeper_own};
 use reqwest::{Method, StatusCode};
 use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nobody_passes_before_the_barrier_falls_and_everybody_after_on_one_watch() {
-    let zk = zookeeper().await;
+    let zk = zookeeper_own().await;
     let gate = Arc::new(Gate::start(&zk.connect_string()).await);
     let raised = gate.call(Method::PUT, "/v1/barriers/start", None).await;
     assert_eq!(raised.status, StatusCode::CREATED, "{raised:?}");

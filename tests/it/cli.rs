@@ -2,7 +2,7 @@
 //! free port, serving locks, stopped on exit), and the one-line errors for what is missing or
 //! wrong on the command line.
 
-mod common;
+use crate::common;
 
 use std::process::Stdio;
 use std::time::Duration;

@@ -1,9 +1,9 @@
 //! `?consistency=` on every read: refused when it names no mode, and the default's ZooKeeper
 //! `sync`s shared by concurrent reads (a fraction of one per read), none in the sequential
 //! mode. (That the default is linearizable across instances and the sequential mode is not is
-//! tests/linearizability.rs, on an ensemble.)
+//! tests/it/linearizability.rs, on an ensemble.)
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

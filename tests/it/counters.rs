@@ -4,7 +4,7 @@
 //! Curator's `DistributedAtomicLong` format; a znode that is not a counter is refused and left
 //! as it is; and a follower sees every change over SSE and a socket.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;

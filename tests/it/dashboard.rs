@@ -3,12 +3,12 @@
 //! lock's holder, its number of waiters and the queue's depth change live as HTTP clients act.
 //! The screenshot lands in the target directory (or at `ZKGATE_SCREENSHOT`).
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 use std::time::Duration;
 
-use common::{Gate, make_contended, test_config, zk_client, zookeeper};
+use common::{Gate, make_contended, test_config, zk_client, zookeeper, zookeeper_own};
 use futures::StreamExt;
 
 fn browser_dir() -> PathBuf {
@@ -76,7 +76,7 @@ async fn the_dashboard_stays_usable_at_ten_thousand_locks_and_a_thousand_queues(
     const LOCKS: usize = 10_000;
     const QUEUES: usize = 1_000;
     let browser_dir = browser_dir();
-    let zk = zookeeper().await;
+    let zk = zookeeper_own().await;
     let gate = Gate::start(&zk.connect_string()).await;
     let peer = zk_client(&zk.connect_string()).await;
     let base = format!("{}/locks", gate.running.state.config.root);

@@ -6,7 +6,7 @@
 //! listens on, runs as a non-root user, and its health check path answers 200 on a running
 //! zkgate.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};

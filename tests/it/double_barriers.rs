@@ -1,7 +1,7 @@
 //! Double barriers over HTTP: nobody passes enter before the last participant arrives, nobody
 //! passes leave before all have left, and a participant whose lease dies inside blocks no one.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

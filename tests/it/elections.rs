@@ -3,7 +3,7 @@
 //! takes nothing from them); candidates take over in order with increasing terms; only the
 //! leader may proclaim; "no leader" is visible.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

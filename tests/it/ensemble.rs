@@ -1,7 +1,7 @@
 //! A 3-server ZooKeeper ensemble on loopback: two zkgate instances keep a lock exclusive
 //! between them, and keep serving when a follower dies.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 
 use zkgate::http::error::{Channel, Problem};
 
-const README: &str = include_str!("../README.md");
+const README: &str = include_str!("../../README.md");
 
 /// The rows of the first table after `heading` whose header starts with `first_column`: each
 /// row's cells.

@@ -7,7 +7,7 @@
 //! length is `ZKGATE_FAULT_SECONDS` (default: a bounded run for CI); the figures are printed
 //! for docs/RELIABILITY.md.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

@@ -2,7 +2,7 @@
 //! `GET /v1/{locks,rwlocks,elections}/{name}/fencing/{token}` follows a real change of holder,
 //! on the instance that granted and on another one, for every holder of a shared read lock.
 
-mod common;
+use crate::common;
 
 use common::{Gate, Reply, zookeeper};
 use reqwest::StatusCode;

@@ -7,7 +7,7 @@
 //!
 //! proptest shrinks a failing case to a small one and prints it.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -1,12 +1,12 @@
 //! Group membership over HTTP: members with data, a member whose lease ends disappears, and a
 //! blocked reader returns with the change.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{Gate, within, zookeeper};
+use common::{Gate, within, zookeeper, zookeeper_own};
 use reqwest::{Method, StatusCode};
 use serde_json::json;
 
@@ -123,7 +123,7 @@ async fn a_blocked_read_with_the_current_index_times_out_with_the_same_members()
 
 #[tokio::test]
 async fn a_blocked_read_without_an_index_returns_at_the_next_change() {
-    let zk = zookeeper().await;
+    let zk = zookeeper_own().await;
     let gate = Arc::new(Gate::start(&zk.connect_string()).await);
     assert_eq!(
         gate.call(Method::PUT, "/v1/groups/g/members/m", None).await.status,

@@ -2,7 +2,7 @@
 //! kept alive, used and released through the other (forwarded to its owner); locks stay
 //! exclusive whichever instance each call lands on; an owner that is gone is reported as such.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

@@ -3,7 +3,7 @@
 //! from Debian's `libcurator-recipes-java` (run by `java` from source), kazoo from Debian's
 //! `python3-kazoo`, both driven through a line protocol (see `tests/interop/`).
 
-mod common;
+use crate::common;
 
 use std::process::Stdio;
 use std::sync::Arc;

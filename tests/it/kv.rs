@@ -2,7 +2,7 @@
 //! writer wins per version, create-only, conditional delete, and a blocking read that wakes on
 //! change.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -267,7 +267,7 @@ fn layer(module: &str) -> u8 {
     LAYERS
         .iter()
         .find(|(name, _)| *name == module)
-        .unwrap_or_else(|| panic!("module `{module}` is missing from LAYERS in tests/layers.rs"))
+        .unwrap_or_else(|| panic!("module `{module}` is missing from LAYERS in tests/it/layers.rs"))
         .1
 }
 

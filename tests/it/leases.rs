@@ -1,9 +1,9 @@
 //! Leases over HTTP: TTLs clamped to the server's bounds (and the answer says so), idempotent
 //! creation, keepalive and deletion with the documented status codes.
 
-mod common;
+use crate::common;
 
-use common::{Gate, zookeeper};
+use common::{Gate, zookeeper, zookeeper_own};
 use reqwest::StatusCode;
 use serde_json::json;
 
@@ -122,7 +122,7 @@ async fn a_lease_reports_its_holdings_and_ends_with_410_after_delete() {
 /// heartbeats (each a `set_data` of its node under `keepers/`, whose version counts them).
 #[tokio::test]
 async fn a_keepalive_writes_nothing_to_zookeeper() {
-    let zk = zookeeper().await;
+    let zk = zookeeper_own().await;
     let keeper = Gate::start(&zk.connect_string()).await;
     let other = Gate::start(&zk.connect_string()).await;
     let client = common::zk_client(&zk.connect_string()).await;

@@ -2,7 +2,7 @@
 //! crash, a hang or a 5xx), exactly the allowed number gets through, and other principals,
 //! locks and addresses are served meanwhile.
 
-mod common;
+use crate::common;
 
 use common::ws::Ws;
 use common::{Gate, Reply, test_config, zookeeper};

@@ -9,7 +9,7 @@
 //! `sequential` mode the same workload is caught reading stale values (a test asserts the
 //! checker finds it), and the checker's own tests show it refuses what it must.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

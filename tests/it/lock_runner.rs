@@ -7,7 +7,7 @@
 //! The commands are `sh` scripts that report on their stdout (which is the runner's) and wait
 //! for a line on their stdin (the runner's too), so the test waits for events, never for time.
 
-mod common;
+use crate::common;
 
 use std::process::Stdio;
 use std::time::{Duration, Instant};

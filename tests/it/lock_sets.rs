@@ -4,7 +4,7 @@
 //! checked per lock, and many clients taking random overlapping sets in random orders with no
 //! deadlock and no two holders of a lock at once (checked by an unfenced register per lock).
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

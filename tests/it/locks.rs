@@ -1,7 +1,7 @@
 //! Exclusive locks over HTTP against a real ZooKeeper: mutual exclusion and fencing under
 //! contention, queue order, try-lock and timed waits, leases that end, session expiry.
 
-mod common;
+use crate::common;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

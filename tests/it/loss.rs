@@ -3,7 +3,7 @@
 //! handle read afterwards as 410 `lock-lost`, the lock's topic over SSE), while a lease its
 //! owner deleted reads as `released`.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

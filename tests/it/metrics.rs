@@ -1,6 +1,6 @@
 //! `/metrics` parses as Prometheus text and its values follow the traffic a client made.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

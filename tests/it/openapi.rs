@@ -2,7 +2,7 @@
 //! serves it with Swagger UI (and the status page); without ZooKeeper the API answers 503
 //! with `Retry-After`.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 
@@ -24,7 +24,7 @@ fn committed_spec_matches_the_code() {
     let committed = std::fs::read_to_string(SPEC_PATH).unwrap_or_default();
     assert!(
         committed == generated(),
-        "openapi/openapi.json differs from the code: run `UPDATE_OPENAPI=1 cargo test --test openapi` and commit it"
+        "openapi/openapi.json differs from the code: run `UPDATE_OPENAPI=1 cargo test --test it openapi::` and commit it"
     );
 }
 

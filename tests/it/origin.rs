@@ -1,7 +1,7 @@
 //! Browsers on other sites: a page elsewhere cannot make a visitor's browser change anything in
 //! zkgate (POST, socket) unless its origin is allowed, and allowed origins get CORS.
 
-mod common;
+use crate::common;
 
 use common::ws::Ws;
 use common::{Gate, test_config, zookeeper};

@@ -8,14 +8,14 @@
 //! refused with 403 and the thing is left as it was (the owner's operation still succeeds
 //! afterwards); the owner and the admin succeed.
 
-mod common;
+use crate::common;
 
 use common::{ADMIN, Gate, Reply, auth_config, grant, test_config, zookeeper};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
 struct Setup {
-    _zk: zkgate::zk::server::ZooKeeperServer,
+    _zk: common::TestZooKeeper,
     _dir: tempfile::TempDir,
     a: Gate,
     b: Gate,

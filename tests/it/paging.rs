@@ -2,7 +2,7 @@
 //! follows the links sees every entry once and in order, even while entries come and go; the
 //! default page is bounded.
 
-mod common;
+use crate::common;
 
 use common::{Gate, zookeeper};
 use reqwest::StatusCode;

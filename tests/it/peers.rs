@@ -2,7 +2,7 @@
 //! only to a registration that verifies, and without the client's token; a request posing as a
 //! peer's is refused; an instance's registration is its own session's, made again when lost.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -2,14 +2,14 @@
 //! exactly once, none lost), idempotent puts, priority order with FIFO within a priority,
 //! dead letters and replay, long-poll takes, bounded depth.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::process::Process;
-use common::{Gate, Reply, within, zookeeper};
+use common::{Gate, Reply, within, zookeeper, zookeeper_own};
 use reqwest::StatusCode;
 use serde_json::json;
 
@@ -603,7 +603,7 @@ fn ms_of(time: &serde_json::Value) -> i64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_delayed_item_is_never_taken_before_its_time_and_a_waiting_taker_wakes_for_it() {
-    let zk = zookeeper().await;
+    let zk = zookeeper_own().await;
     let gate = Arc::new(Gate::start(&zk.connect_string()).await);
     let delayed = put(&gate, "later", "delay=2s", json!({"n": "delayed"})).await;
     assert_eq!(delayed.status, StatusCode::CREATED, "{delayed:?}");
@@ -835,7 +835,7 @@ async fn a_put_item_is_taken_by_the_next_take_without_wait_every_time() {
 /// read only the items they claim, and an acknowledgement needs no read.
 #[tokio::test]
 async fn taking_an_item_reads_only_that_item_however_long_the_queue() {
-    let zk = zookeeper().await;
+    let zk = zookeeper_own().await;
     let gate = Gate::start(&zk.connect_string()).await;
     let port = zk.client_port();
     for n in 0..2000 {

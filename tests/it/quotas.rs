@@ -3,7 +3,7 @@
 //! answers 507 `quota-exceeded` naming the flag, stores nothing, and deleting gives the room
 //! back.
 
-mod common;
+use crate::common;
 
 use common::{Gate, Reply, auth_config, grant, test_config, zookeeper};
 use reqwest::{Method, StatusCode};
@@ -14,7 +14,7 @@ use zkgate::zk::server::{ServerOptions, ZooKeeperServer};
 /// Two instances on one ZooKeeper, with principals `app` and `other` (each may write
 /// everything), the same quotas on both.
 struct Two {
-    _zk: ZooKeeperServer,
+    _zk: common::TestZooKeeper,
     _dir: tempfile::TempDir,
     a: Gate,
     b: Gate,

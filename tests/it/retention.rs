@@ -3,13 +3,13 @@
 //! Lock names go as containers (ZooKeeper removes them); idempotency keys, decided
 //! transactions and empty queues go by the janitor, which one instance of the cluster runs.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{Gate, test_config, tree, zk_client, znode_count, zookeeper};
+use common::{Gate, test_config, tree, zk_client, znode_count, zookeeper, zookeeper_own};
 use reqwest::{Method, StatusCode};
 use serde_json::json;
 
@@ -58,7 +58,8 @@ where
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_churn_zookeeper_holds_its_baseline_plus_what_is_live() {
-    let zk = zookeeper().await;
+    common::yield_the_cpu();
+    let zk = zookeeper_own().await;
     let port = zk.client_port();
     let mut config = test_config(&zk.connect_string());
     config.idempotency_window = Duration::from_secs(1);

@@ -3,7 +3,7 @@
 //! the old holder learns it lost the lock, and the next waiter is granted. Every revocation is
 //! in the audit log.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,7 +1,7 @@
 //! Read/write locks over HTTP: readers share, a writer excludes everyone, readers queued
 //! behind a writer go in together when it leaves, tokens increase, upgrades are refused.
 
-mod common;
+use crate::common;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

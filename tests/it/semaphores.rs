@@ -1,7 +1,7 @@
 //! Semaphores over HTTP: never more holders than permits under contention, a holder's lease
 //! expiry frees its permit for a waiter, and a disagreeing permit count is refused.
 
-mod common;
+use crate::common;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

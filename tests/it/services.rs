@@ -2,7 +2,7 @@
 //! is listed, picked and followed, is gone when its lease ends or it unregisters (through any
 //! instance of zkgate), is written in Curator's JSON, and an id another lease holds is refused.
 
-mod common;
+use crate::common;
 
 use common::sse::Sse;
 use common::{Gate, Reply, zk_client, zookeeper};

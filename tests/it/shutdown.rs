@@ -2,7 +2,7 @@
 //! its registration at once and stops keeping its leases without ending any: the other
 //! instances take them over, and every lock, leadership and membership stays as it was.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -3,7 +3,7 @@
 //! and beyond it, across a ZooKeeper reconnection and a session expiry, heartbeats, and the
 //! refusals (bad topics, bad positions, no grant, a foreign page).
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -2,10 +2,10 @@
 //! every resource and the busiest first, kept current from one recursive watch however many
 //! resources there are, the queue's depth, claims and dead letters, and who may follow it.
 
-mod common;
+use crate::common;
 
 use common::sse::Sse;
-use common::{Gate, auth_config, grant, make_contended, test_config, watch_count, zk_client, zookeeper};
+use common::{Gate, auth_config, grant, make_contended, test_config, watch_count, zk_client, zookeeper, zookeeper_own};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
@@ -26,7 +26,7 @@ fn top(state: &Value) -> Vec<(String, u64)> {
 
 #[tokio::test]
 async fn a_summary_counts_every_lock_and_ranks_the_busiest_with_one_watch() {
-    let zk = zookeeper().await;
+    let zk = zookeeper_own().await;
     let gate = Gate::start(&zk.connect_string()).await;
     let base = format!("{}/locks", gate.running.state.config.root);
     // 2,000 locks, as clients elsewhere hold them: most with one holder, a few contended.

@@ -2,7 +2,7 @@
 //! throwaway self-signed certificate take a lock and open a socket; plain HTTP to the TLS
 //! port gets nowhere; a client that stalls its handshake holds nobody up.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -2,7 +2,7 @@
 //! lost before voting, and at the deadline; every reader sees the same decision, which never
 //! changes.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,7 +1,7 @@
 //! WebSocket push: a hundred sockets observing one election each see the same sequence of
 //! leaders, with increasing terms and sequence numbers, ending with "no leader".
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

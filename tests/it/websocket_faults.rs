@@ -2,7 +2,7 @@
 //! when a client stops reading until its queue overflows, subscribers get a `resync` with
 //! the current state, never a silent gap; a silent client is closed with code 4000.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! and a group membership while the socket lives, and lets them go when it closes; API calls
 //! over the socket answer as over HTTP.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -2,7 +2,7 @@
 //! recursive), read/write locks, double barriers, transactions and leases. Each subscription
 //! starts with the state, then events in order with increasing sequence numbers and zxids.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! on; see `zkgate::zk::nodelay`), on every session and again after a reconnection; and its
 //! multi-ops answer by the tag of each operation (`zkgate::zk::multi`).
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

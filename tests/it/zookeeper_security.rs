@@ -6,7 +6,7 @@
 //! The ACL policy is process-wide (see `src/zk/acl.rs`), so every secured zkgate here runs as a
 //! separate process; in-process instances keep the open default.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

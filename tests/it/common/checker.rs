@@ -22,7 +22,6 @@ pub struct Write {
     /// The value the client read, and wrote plus one.
     pub read: u64,
     pub accepted: bool,
-    pub at: Instant,
 }
 
 #[derive(Default)]
@@ -76,7 +75,6 @@ impl FencedRegister {
             token,
             read,
             accepted,
-            at: Instant::now(),
         });
         accepted
     }
@@ -145,8 +143,6 @@ impl Terms {
 pub enum LockEvent {
     Granted,
     Released,
-    /// The release found the lock already lost (`410`), or the lease ended.
-    Lost,
 }
 
 /// The history of a lock: every grant, release and loss with its client, token and time.
@@ -186,7 +182,7 @@ impl History {
                     last_token = *token;
                     grants += 1;
                 }
-                LockEvent::Released | LockEvent::Lost => {
+                LockEvent::Released => {
                     if holder.is_some_and(|(c, t)| c == client && t == *token) {
                         holder = None;
                     } else if *event == LockEvent::Released {

@@ -2,10 +2,10 @@
 //! in-process on real sockets, an HTTP client, and fault helpers (session expiry).
 //!
 //! Nothing here mocks ZooKeeper. Servers and instances stop when their handles drop.
-#![allow(dead_code)] // each test binary uses a different part of the harness
 
 pub mod checker;
 pub mod linearizability;
+pub mod options;
 pub mod process;
 pub mod proxy;
 pub mod sse;
@@ -15,31 +15,68 @@ pub mod ws;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+pub use options::test_server_options;
 use reqwest::{Method, StatusCode};
 use serde_json::Value;
 use zkgate::config::ServeConfig;
 use zkgate::zk::server::{ServerOptions, ZooKeeperServer};
 use zookeeper_client::{Client, SessionInfo};
 
-/// Options for test servers: short ticks (so short session timeouts are allowed), no fsync,
-/// quick JVM start.
-pub fn test_server_options() -> ServerOptions {
-    ServerOptions {
-        tick_time: Duration::from_millis(200),
-        data_dir: None,
-        force_sync: false,
-        heap_mb: 256,
-        quick_start: true,
-        extra_config: Vec::new(),
-        // Empty containers (locks...) go within a fraction of a second: tests/retention.rs
-        // waits for them.
-        container_check_interval: Duration::from_millis(200),
-        containers_per_minute: 6_000_000,
+/// The environment variable that names the run's shared ZooKeeper server (`host:port`);
+/// `scripts/test.sh` starts one (`examples/test_zookeeper.rs`) and sets it.
+pub const SHARED_ZOOKEEPER: &str = "ZKGATE_TEST_ZOOKEEPER";
+
+/// A ZooKeeper for one test: a root of its own on the run's shared server, or (without one)
+/// a standalone server of its own. Either way the test sees a ZooKeeper that holds nothing
+/// but what it writes. Tests that need the server itself (server-wide figures, its process,
+/// a fault of the server) take [zookeeper_own] instead.
+pub enum TestZooKeeper {
+    Shared { hosts: String, chroot: String },
+    Own(ZooKeeperServer),
+}
+
+impl TestZooKeeper {
+    /// The connect string, with the test's chroot on a shared server.
+    pub fn connect_string(&self) -> String {
+        match self {
+            TestZooKeeper::Shared { hosts, chroot } => format!("{hosts}{chroot}"),
+            TestZooKeeper::Own(server) => server.connect_string(),
+        }
     }
 }
 
-/// A standalone ZooKeeper server, serving when this returns.
-pub async fn zookeeper() -> ZooKeeperServer {
+/// A ZooKeeper for one test (see [TestZooKeeper]), serving when this returns.
+pub async fn zookeeper() -> TestZooKeeper {
+    let Ok(hosts) = std::env::var(SHARED_ZOOKEEPER) else {
+        return TestZooKeeper::Own(zookeeper_own().await);
+    };
+    // Unique on the server: nextest runs each test in a process of its own.
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let chroot = format!("/t/{}-{nanos}-{n}", std::process::id());
+    // Made here, not by zkgate: a peer (a ZooKeeper client, Curator, kazoo) that connects
+    // first needs it to exist.
+    let client = Client::connector()
+        .with_session_timeout(Duration::from_secs(4))
+        .connect(&hosts)
+        .await
+        .unwrap_or_else(|e| panic!("the shared ZooKeeper at {hosts} ({SHARED_ZOOKEEPER}) is not there: {e}"));
+    let persistent = zookeeper_client::CreateMode::Persistent.with_acls(zookeeper_client::Acls::anyone_all());
+    for path in ["/t", chroot.as_str()] {
+        match client.create(path, &[], &persistent).await {
+            Ok(_) | Err(zookeeper_client::Error::NodeExists) => {}
+            Err(e) => panic!("cannot make the test's root {path}: {e}"),
+        }
+    }
+    TestZooKeeper::Shared { hosts, chroot }
+}
+
+/// A standalone ZooKeeper server of the test's own, serving when this returns: for tests
+/// that read server-wide figures (`mntr`, `wchp`), its whole tree, its process, or fault it.
+pub async fn zookeeper_own() -> ZooKeeperServer {
     ZooKeeperServer::start_standalone(&test_server_options())
         .await
         .expect("start ZooKeeper")
@@ -93,9 +130,9 @@ pub fn test_config(connect: &str) -> ServeConfig {
     config.session_timeout = Duration::from_secs(4);
     config.lease_ttl_min = Duration::from_millis(500);
     config.max_wait = Duration::from_secs(30);
-    // Tests drive instances hard from one address; tests/limits.rs turns it on.
+    // Tests drive instances hard from one address; tests/it/limits.rs turns it on.
     config.write_rate = 0;
-    // Instances of one test trust each other (tests/peers.rs tries them without it).
+    // Instances of one test trust each other (tests/it/peers.rs tries them without it).
     config.cluster_secret = Some(zkgate::peer::PeerKey::parse(TEST_CLUSTER_SECRET).expect("secret"));
     config
 }
@@ -657,6 +694,24 @@ pub fn http_builder() -> reqwest::ClientBuilder {
     zkgate::install_crypto_provider();
     // Idle connections go before zkgate closes them (`--header-timeout`, 30 s).
     reqwest::Client::builder().pool_idle_timeout(Duration::from_secs(20))
+}
+
+/// Lowers this test process's CPU priority (nice 5), every thread of it and what it starts
+/// from now on (threads and processes inherit it): for the long churns, whose figures (memory,
+/// znodes) do not depend on how fast they run, so that the tests beside them (which time a
+/// fault, a lease or a session) get the CPU first when they need it. Not the least priority:
+/// the churn's own zkgate has heartbeats to answer in time.
+pub fn yield_the_cpu() {
+    let threads = std::fs::read_dir("/proc/self/task").expect("/proc/self/task");
+    for thread in threads.flatten() {
+        if let Ok(tid) = thread.file_name().to_string_lossy().parse::<libc::id_t>() {
+            // SAFETY: setpriority(2) on a thread of this process; on Linux a nice value is
+            // a thread's, hence each.
+            unsafe {
+                libc::setpriority(libc::PRIO_PROCESS, tid, 5);
+            }
+        }
+    }
 }
 
 /// The resident memory of this test process (zkgate runs in it), in bytes.

@@ -24,6 +24,9 @@ const CREATE_TYPES: [i32; 4] = [1, 15, 19, 21];
 
 pub struct Proxy {
     pub addr: SocketAddr,
+    /// The chroot of the connect string it was given (a test's root on a shared server),
+    /// kept on the one it gives.
+    chroot: String,
     blocked: watch::Sender<bool>,
     drop_next_create_reply: Arc<AtomicBool>,
     create_replies_dropped: Arc<AtomicUsize>,
@@ -33,8 +36,10 @@ pub struct Proxy {
 }
 
 impl Proxy {
-    /// Listens on a free loopback port and forwards every connection to `target`.
+    /// Listens on a free loopback port and forwards every connection to `target` (a connect
+    /// string: `host:port`, with a chroot or without).
     pub async fn start(target: &str) -> Proxy {
+        let (target, chroot) = target.split_at(target.find('/').unwrap_or(target.len()));
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
         let addr = listener.local_addr().expect("proxy address");
         let (blocked, _) = watch::channel(false);
@@ -63,6 +68,7 @@ impl Proxy {
         });
         Proxy {
             addr,
+            chroot: chroot.to_string(),
             blocked,
             drop_next_create_reply,
             create_replies_dropped,
@@ -72,9 +78,9 @@ impl Proxy {
         }
     }
 
-    /// The connect string to give zkgate.
+    /// The connect string to give zkgate (with the chroot of the target's).
     pub fn connect_string(&self) -> String {
-        self.addr.to_string()
+        format!("{}{}", self.addr, self.chroot)
     }
 
     /// Cuts every open connection and refuses new ones until [Proxy::heal].

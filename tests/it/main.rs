@@ -1,0 +1,64 @@
+//! zkgate's integration tests, in one binary: each module was a test binary of its own, and
+//! linking some fifty of them (each with the whole harness in `common/`) cost minutes of every
+//! build. nextest still runs each test in a process of its own; `common::zookeeper` hands each
+//! a root of its own on the ZooKeeper server the test command shares (or a server of its own
+//! when run without one), and the tests that need a server to themselves (a proxy in front,
+//! server-wide figures, faults of the server) start their own with `zookeeper_own`.
+//!
+//! Run one module with `cargo nextest run --test it locks::`, one test by its name.
+
+mod common;
+
+mod abuse;
+mod auth;
+mod bad_input;
+mod barriers;
+mod cli;
+mod consistency;
+mod counters;
+mod dashboard;
+mod deploy;
+mod double_barriers;
+mod elections;
+mod ensemble;
+mod errors;
+mod faults;
+mod fencing;
+mod fuzz;
+mod groups;
+mod instances;
+mod interop;
+mod kv;
+mod layers;
+mod leases;
+mod limits;
+mod linearizability;
+mod lock_runner;
+mod lock_sets;
+mod locks;
+mod loss;
+mod metrics;
+mod openapi;
+mod origin;
+mod ownership;
+mod paging;
+mod peers;
+mod queues;
+mod quotas;
+mod readme;
+mod retention;
+mod revocation;
+mod rwlocks;
+mod semaphores;
+mod services;
+mod shutdown;
+mod sse;
+mod summary;
+mod tls;
+mod txns;
+mod websocket;
+mod websocket_faults;
+mod websocket_leases;
+mod websocket_topics;
+mod zookeeper_connections;
+mod zookeeper_security;
