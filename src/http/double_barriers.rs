@@ -213,7 +213,7 @@ pub async fn enter(
 /// Leaves the barrier: returns 200 once every participant has left, or 202 when the wait ends
 /// first (call again to go on waiting). The guide's exit: the lowest waits for the highest,
 /// the others remove themselves and wait for the lowest.
-#[utoipa::path(post, path = "/v1/double-barriers/{name}/leave", tag = "barriers",
+#[utoipa::path(operation_id = "leave_double_barrier", post, path = "/v1/double-barriers/{name}/leave", tag = "barriers",
     params(("name" = String, Path, description = "Double barrier name"), WaitQuery),
     request_body(content = LeaveBody, example = json!({"participant": "worker-3"})),
     responses(
@@ -274,7 +274,7 @@ state_handler!(
 
 /// Lists the double barriers.
 #[utoipa::path(get, path = "/v1/double-barriers", tag = "barriers", params(super::paging::PageQuery), responses(
-    (status = 200, body = Vec<ListedResource>, headers(("Link" = String, description = "While more entries follow: the next page, `<url>; rel=\"next\"`"))),
+    (status = 200, description = "A page of the names, in order (`Link` gives the next page while more follow)", body = Vec<ListedResource>, headers(("Link" = String, description = "While more entries follow: the next page, `<url>; rel=\"next\"`"))),
     Problems<(p::ZookeeperUnavailable,)>,
 ))]
 pub async fn list_double_barriers(

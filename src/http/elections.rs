@@ -204,7 +204,7 @@ state_handler!(
 /// Lists the elections that exist in ZooKeeper, with their number of candidates (plus the
 /// acknowledgement node when someone leads).
 #[utoipa::path(get, path = "/v1/elections", tag = "elections", params(super::paging::PageQuery), responses(
-    (status = 200, body = Vec<ListedResource>, headers(("Link" = String, description = "While more entries follow: the next page, `<url>; rel=\"next\"`"))),
+    (status = 200, description = "A page of the names, in order (`Link` gives the next page while more follow)", body = Vec<ListedResource>, headers(("Link" = String, description = "While more entries follow: the next page, `<url>; rel=\"next\"`"))),
     Problems<(p::ZookeeperUnavailable,)>,
 ))]
 pub async fn list_elections(
@@ -288,7 +288,7 @@ fn not_leader(name: &str, handle: &str, state: &str) -> ApiError {
 #[utoipa::path(get, path = "/v1/elections/{name}/candidates/{handle}", tag = "elections",
     params(("name" = String, Path, description = "Election name"), ("handle" = String, Path, description = "Handle from the campaign"), HandleQuery),
     responses(
-        (status = 200, body = CandidateView),
+        (status = 200, description = "The candidate", body = CandidateView),
         Problems<(p::InvalidField, p::NotFound, p::LockLost)>,
     ))]
 pub async fn get_candidate(

@@ -186,7 +186,7 @@ fn taken(group: &str, member: &str) -> ApiError {
 }
 
 /// Leaves a group (a member joined through zkgate, through any instance).
-#[utoipa::path(delete, path = "/v1/groups/{group}/members/{member}", tag = "groups",
+#[utoipa::path(operation_id = "leave_group", delete, path = "/v1/groups/{group}/members/{member}", tag = "groups",
     params(("group" = String, Path, description = "Group name"), ("member" = String, Path, description = "Member id")),
     responses(
         (status = 204, description = "Left the group"),
@@ -270,7 +270,7 @@ pub async fn members(
 
 /// Lists the groups that exist in ZooKeeper, with their number of members.
 #[utoipa::path(get, path = "/v1/groups", tag = "groups", params(super::paging::PageQuery), responses(
-    (status = 200, body = Vec<GroupSummary>, headers(("Link" = String, description = "While more entries follow: the next page, `<url>; rel=\"next\"`"))),
+    (status = 200, description = "A page of the groups, in order (`Link` gives the next page while more follow)", body = Vec<GroupSummary>, headers(("Link" = String, description = "While more entries follow: the next page, `<url>; rel=\"next\"`"))),
     Problems<(p::ZookeeperUnavailable,)>,
 ))]
 pub async fn list_groups(

@@ -71,7 +71,7 @@ fn health(state: &AppState, caller: &Caller, status: &'static str) -> Health {
 }
 
 /// Liveness: the process serves HTTP.
-#[utoipa::path(get, path = "/healthz", tag = "health", responses((status = 200, body = Health)))]
+#[utoipa::path(get, path = "/healthz", tag = "health", responses((status = 200, description = "The health of this instance and its ZooKeeper sessions", body = Health)))]
 pub async fn healthz(State(state): State<AppState>, caller: Caller) -> Json<Health> {
     Json(health(&state, &caller, "ok"))
 }
@@ -81,7 +81,7 @@ pub async fn healthz(State(state): State<AppState>, caller: Caller) -> Json<Heal
 /// heartbeat is answered (it can keep leases), and the leases of instances gone before it are
 /// taken over.
 #[utoipa::path(get, path = "/readyz", tag = "health", responses(
-    (status = 200, body = Health),
+    (status = 200, description = "The health of this instance and its ZooKeeper sessions", body = Health),
     Problems<(p::ZookeeperUnavailable,)>,
 ))]
 pub async fn readyz(State(state): State<AppState>, caller: Caller) -> Result<Json<Health>, ApiError> {

@@ -358,7 +358,7 @@ pub async fn delete_value(
 /// Lists the keys directly under `prefix` (the top level without it).
 #[utoipa::path(get, path = "/v1/kv", tag = "kv", params(ListQuery),
     responses(
-        (status = 200, body = KeyList, headers(("Link" = String, description = "While more entries follow: the next page, `<url>; rel=\"next\"`"))),
+        (status = 200, description = "A page of the keys under the path, in order", body = KeyList, headers(("Link" = String, description = "While more entries follow: the next page, `<url>; rel=\"next\"`"))),
         Problems<(p::InvalidField, p::NotFound, p::ZookeeperUnavailable)>,
     ))]
 pub async fn list_keys(

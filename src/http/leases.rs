@@ -210,7 +210,7 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
 
 /// Lists the live leases this instance keeps, oldest first.
 #[utoipa::path(get, path = "/v1/leases", tag = "leases", params(super::paging::PageQuery), responses(
-    (status = 200, body = Vec<LeaseSummary>, headers(("Link" = String, description = "While more entries follow: the next page, `<url>; rel=\"next\"`"))),
+    (status = 200, description = "A page of the leases, in order (`Link` gives the next page while more follow)", body = Vec<LeaseSummary>, headers(("Link" = String, description = "While more entries follow: the next page, `<url>; rel=\"next\"`"))),
     Problems<(p::InvalidField,)>,
 ))]
 pub async fn list_leases(
@@ -240,7 +240,7 @@ pub async fn list_leases(
 #[utoipa::path(get, path = "/v1/leases/{id}", tag = "leases", extensions(("x-zkgate-served-by" = json!({"keeper": {"path": "id"}}))),
     params(("id" = String, Path, description = "Lease id")),
     responses(
-        (status = 200, body = LeaseView),
+        (status = 200, description = "The lease", body = LeaseView),
         Problems<(p::NotFound, p::LeaseEnded)>,
     ))]
 pub async fn get_lease(
@@ -259,7 +259,7 @@ pub async fn get_lease(
 #[utoipa::path(post, path = "/v1/leases/{id}/keepalive", tag = "leases", extensions(("x-zkgate-served-by" = json!({"keeper": {"path": "id"}}))),
     params(("id" = String, Path, description = "Lease id")),
     responses(
-        (status = 200, body = LeaseView),
+        (status = 200, description = "The lease", body = LeaseView),
         Problems<(p::NotFound, p::LeaseEnded)>,
     ))]
 pub async fn keepalive(

@@ -261,7 +261,7 @@ async fn find_set(state: &AppState, session: &Session, caller: &Caller, id: &str
 #[utoipa::path(get, path = "/v1/lock-sets/{set}", tag = "locks",
     params(("set" = String, Path, description = "The set's id, from its acquire")),
     responses(
-        (status = 200, body = LockSetState),
+        (status = 200, description = "The lock set", body = LockSetState),
         Problems<(p::InvalidField, p::NotFound)>,
     ))]
 pub async fn get_set(

@@ -57,7 +57,7 @@ fn source(state: &AppState, name: &str) -> LockTopic {
 /// the same handle is returned (a retried acquire never queues twice), and waiting resumes.
 ///
 /// Waiters are granted in queue order; each watches only the contender right before it.
-#[utoipa::path(post, path = "/v1/locks/{name}/acquire", tag = "locks", extensions(("x-zkgate-served-by" = json!({"keeper": "body"}))),
+#[utoipa::path(operation_id = "acquire_lock", post, path = "/v1/locks/{name}/acquire", tag = "locks", extensions(("x-zkgate-served-by" = json!({"keeper": "body"}))),
     params(("name" = String, Path, description = "Lock name: 1 to 128 bytes, no `/`, no control characters, not `.` or `..`"), AcquireParams),
     request_body(content = Option<AcquireBody>, description = "Optional.", example = json!({"ttl": "30s"})),
     responses(
@@ -95,7 +95,7 @@ state_handler!(
 
 /// Lists the locks that exist in ZooKeeper, with their number of contenders.
 #[utoipa::path(get, path = "/v1/locks", tag = "locks", params(super::paging::PageQuery), responses(
-    (status = 200, body = Vec<ListedResource>, headers(("Link" = String, description = "While more entries follow: the next page, `<url>; rel=\"next\"`"))),
+    (status = 200, description = "A page of the names, in order (`Link` gives the next page while more follow)", body = Vec<ListedResource>, headers(("Link" = String, description = "While more entries follow: the next page, `<url>; rel=\"next\"`"))),
     Problems<(p::ZookeeperUnavailable,)>,
 ))]
 pub async fn list_locks(
@@ -108,10 +108,10 @@ pub async fn list_locks(
 }
 
 /// Reads a handle: waiting (with position), held (with fencing token) or lost (with reason).
-#[utoipa::path(get, path = "/v1/locks/{name}/handles/{handle}", tag = "locks",
+#[utoipa::path(operation_id = "get_handle_lock", get, path = "/v1/locks/{name}/handles/{handle}", tag = "locks",
     params(("name" = String, Path, description = "Lock name"), ("handle" = String, Path, description = "Handle from the acquire"), HandleQuery),
     responses(
-        (status = 200, body = HandleView),
+        (status = 200, description = "The handle", body = HandleView),
         Problems<(p::InvalidField, p::NotFound, p::LockLost)>,
     ))]
 pub async fn get_handle(
@@ -127,7 +127,7 @@ pub async fn get_handle(
 
 /// Releases the lock (or leaves the queue). The znode is deleted before this answers, which
 /// wakes the next waiter.
-#[utoipa::path(delete, path = "/v1/locks/{name}/handles/{handle}", tag = "locks",
+#[utoipa::path(operation_id = "release_lock", delete, path = "/v1/locks/{name}/handles/{handle}", tag = "locks",
     params(("name" = String, Path, description = "Lock name"), ("handle" = String, Path, description = "Handle from the acquire")),
     responses(
         (status = 204, description = "Released"),
@@ -145,7 +145,7 @@ pub async fn release(
 /// (`GET .../handles/{handle}?wait=` returns at once), its lease's keepalive and the lock's
 /// state, and releases when ready; with `grace`, zkgate deletes the holder's node when the
 /// grace runs out and the holder's lease reports the lock lost. Recorded in the audit log.
-#[utoipa::path(post, path = "/v1/locks/{name}/revoke", tag = "locks",
+#[utoipa::path(operation_id = "revoke_lock", post, path = "/v1/locks/{name}/revoke", tag = "locks",
     params(("name" = String, Path, description = "Lock name")),
     request_body(content = RevokeBody, example = json!({"by": "ops@example.com", "reason": "deploy in progress", "grace": "30s"})),
     responses(
@@ -181,7 +181,7 @@ pub struct AuditQuery {
 /// The revocation audit log: who asked for which lock back, why and when, newest first.
 #[utoipa::path(get, path = "/v1/revocations", tag = "locks", params(AuditQuery),
     responses(
-        (status = 200, body = Vec<Revocation>),
+        (status = 200, description = "The revocations asked of holdings this caller may see", body = Vec<Revocation>),
         Problems<(p::InvalidField, p::ZookeeperUnavailable)>,
     ))]
 pub async fn revocations(

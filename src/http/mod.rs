@@ -103,7 +103,7 @@ pub const BODY_LIMIT_BYTES: usize = 512 * 1024;
             Durations are written like `500ms`, `5s`, `1m`.",
         license(name = "MIT")
     ),
-    components(schemas(error::ProblemDocument)),
+    components(schemas(error::ProblemDocument, crate::recipes::service::Strategy)),
     tags(
         (name = "leases", description = "Lease-style handles: TTL, keepalive, and everything held on their behalf."),
         (name = "websocket", description = "Push over WebSockets: subscriptions to every recipe and to znodes, socket-bound leases, API calls."),
@@ -244,7 +244,7 @@ macro_rules! state_handler {
         #[utoipa::path(get, path = $path, tag = $tag,
             params(("name" = String, Path, description = $what)),
             responses(
-                (status = 200, body = $state),
+                (status = 200, description = "The resource's state now", body = $state),
                 $crate::http::error::Problems<($crate::http::error::p::InvalidField, $crate::http::error::p::ZookeeperUnavailable)>,
             ))]
         pub async fn $handler(

@@ -103,7 +103,7 @@ state_handler!(
 
 /// Lists the read/write locks that exist in ZooKeeper, with their number of contenders.
 #[utoipa::path(get, path = "/v1/rwlocks", tag = "rwlocks", params(super::paging::PageQuery), responses(
-    (status = 200, body = Vec<ListedResource>, headers(("Link" = String, description = "While more entries follow: the next page, `<url>; rel=\"next\"`"))),
+    (status = 200, description = "A page of the names, in order (`Link` gives the next page while more follow)", body = Vec<ListedResource>, headers(("Link" = String, description = "While more entries follow: the next page, `<url>; rel=\"next\"`"))),
     Problems<(p::ZookeeperUnavailable,)>,
 ))]
 pub async fn list_rwlocks(
@@ -116,10 +116,10 @@ pub async fn list_rwlocks(
 }
 
 /// Reads a handle: waiting (with position), held (with fencing token) or lost (with reason).
-#[utoipa::path(get, path = "/v1/rwlocks/{name}/handles/{handle}", tag = "rwlocks",
+#[utoipa::path(operation_id = "get_handle_rwlock", get, path = "/v1/rwlocks/{name}/handles/{handle}", tag = "rwlocks",
     params(("name" = String, Path, description = "Lock name"), ("handle" = String, Path, description = "Handle from the acquire"), HandleQuery),
     responses(
-        (status = 200, body = HandleView),
+        (status = 200, description = "The handle", body = HandleView),
         Problems<(p::InvalidField, p::NotFound, p::LockLost)>,
     ))]
 pub async fn get_handle(
@@ -134,7 +134,7 @@ pub async fn get_handle(
 }
 
 /// Releases a read or write lock (or leaves the queue).
-#[utoipa::path(delete, path = "/v1/rwlocks/{name}/handles/{handle}", tag = "rwlocks",
+#[utoipa::path(operation_id = "release_rwlock", delete, path = "/v1/rwlocks/{name}/handles/{handle}", tag = "rwlocks",
     params(("name" = String, Path, description = "Lock name"), ("handle" = String, Path, description = "Handle from the acquire")),
     responses(
         (status = 204, description = "Released"),
@@ -152,7 +152,7 @@ pub async fn release(
 /// (`GET .../handles/{handle}?wait=` returns at once), its lease's keepalive and the lock's
 /// state, and releases when ready; with `grace`, zkgate deletes the holder's node when the
 /// grace runs out and the holder's lease reports the lock lost. Recorded in the audit log.
-#[utoipa::path(post, path = "/v1/rwlocks/{name}/revoke", tag = "rwlocks",
+#[utoipa::path(operation_id = "revoke_rwlock", post, path = "/v1/rwlocks/{name}/revoke", tag = "rwlocks",
     params(("name" = String, Path, description = "Lock name")),
     request_body(content = RevokeBody, example = json!({"by": "ops@example.com", "reason": "deploy in progress", "grace": "30s"})),
     responses(

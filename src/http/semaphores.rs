@@ -133,7 +133,7 @@ fn recorded_view(recorded: &Recorded, permits: u32) -> PermitView {
 
 /// Acquires one permit, waiting up to `wait`. Without a `lease` one is created and returned;
 /// the permit goes back when the lease ends. A lease asking again gets the same handle.
-#[utoipa::path(post, path = "/v1/semaphores/{name}/acquire", tag = "semaphores", extensions(("x-zkgate-served-by" = json!({"keeper": "body"}))),
+#[utoipa::path(operation_id = "acquire_semaphore", post, path = "/v1/semaphores/{name}/acquire", tag = "semaphores", extensions(("x-zkgate-served-by" = json!({"keeper": "body"}))),
     params(("name" = String, Path, description = "Semaphore name"), PermitParams),
     request_body(content = Option<AcquireBody>, description = "Optional.", example = json!({"ttl": "30s"})),
     responses(
@@ -201,7 +201,7 @@ state_handler!(
 
 /// Lists the semaphores that exist in ZooKeeper.
 #[utoipa::path(get, path = "/v1/semaphores", tag = "semaphores", params(super::paging::PageQuery), responses(
-    (status = 200, body = Vec<ListedResource>, headers(("Link" = String, description = "While more entries follow: the next page, `<url>; rel=\"next\"`"))),
+    (status = 200, description = "A page of the names, in order (`Link` gives the next page while more follow)", body = Vec<ListedResource>, headers(("Link" = String, description = "While more entries follow: the next page, `<url>; rel=\"next\"`"))),
     Problems<(p::ZookeeperUnavailable,)>,
 ))]
 pub async fn list_semaphores(
@@ -217,7 +217,7 @@ pub async fn list_semaphores(
 #[utoipa::path(get, path = "/v1/semaphores/{name}/permits/{handle}", tag = "semaphores",
     params(("name" = String, Path, description = "Semaphore name"), ("handle" = String, Path, description = "Handle from the acquire")),
     responses(
-        (status = 200, body = PermitView),
+        (status = 200, description = "The permit", body = PermitView),
         Problems<(p::InvalidField, p::NotFound, p::LockLost)>,
     ))]
 pub async fn get_permit(
@@ -243,7 +243,7 @@ pub async fn get_permit(
 }
 
 /// Gives a permit back (or leaves the queue).
-#[utoipa::path(delete, path = "/v1/semaphores/{name}/permits/{handle}", tag = "semaphores",
+#[utoipa::path(operation_id = "release_semaphore", delete, path = "/v1/semaphores/{name}/permits/{handle}", tag = "semaphores",
     params(("name" = String, Path, description = "Semaphore name"), ("handle" = String, Path, description = "Handle from the acquire")),
     responses(
         (status = 204, description = "Given back"),

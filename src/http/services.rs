@@ -132,7 +132,7 @@ fn registered(node: &BoundNode) -> Registered {
 /// Curator's format: Curator's `ServiceDiscovery` sees it). Registering the same id again
 /// with the same lease answers 200 with the registration; an id another lease or client holds
 /// answers 409.
-#[utoipa::path(put, path = "/v1/services/{name}/instances/{id}", tag = "services", extensions(("x-zkgate-served-by" = json!({"keeper": "body"}))),
+#[utoipa::path(operation_id = "register_service", put, path = "/v1/services/{name}/instances/{id}", tag = "services", extensions(("x-zkgate-served-by" = json!({"keeper": "body"}))),
     params(("name" = String, Path, description = "Service name"), ("id" = String, Path, description = "Instance id, unique in the service")),
     request_body(content = InstanceBody, example = json!({"address": "10.0.0.5", "port": 8080, "payload": {"zone": "eu-1"}, "uri_spec": "{scheme}://{address}:{port}", "ttl": "30s"})),
     responses(
@@ -226,7 +226,7 @@ pub async fn unregister(
 #[utoipa::path(get, path = "/v1/services/{name}/instances/{id}", tag = "services",
     params(("name" = String, Path, description = "Service name"), ("id" = String, Path, description = "Instance id")),
     responses(
-        (status = 200, body = InstanceView),
+        (status = 200, description = "The instance", body = InstanceView),
         Problems<(p::InvalidField, p::NotFound, p::ZookeeperUnavailable)>,
     ))]
 pub async fn get_instance(
@@ -257,7 +257,7 @@ super::state_handler!(
 #[utoipa::path(get, path = "/v1/services/{name}/pick", tag = "services",
     params(("name" = String, Path, description = "Service name"), PickQuery),
     responses(
-        (status = 200, body = InstanceView),
+        (status = 200, description = "The instance", body = InstanceView),
         Problems<(p::InvalidField, p::NotFound, p::ZookeeperUnavailable)>,
     ))]
 pub async fn pick(
@@ -299,7 +299,7 @@ fn next_turn(service: &str) -> usize {
 
 /// Lists the services that have (or had) instances.
 #[utoipa::path(get, path = "/v1/services", tag = "services", params(super::paging::PageQuery), responses(
-    (status = 200, body = Vec<ListedResource>, headers(("Link" = String, description = "While more entries follow: the next page, `<url>; rel=\"next\"`"))),
+    (status = 200, description = "A page of the names, in order (`Link` gives the next page while more follow)", body = Vec<ListedResource>, headers(("Link" = String, description = "While more entries follow: the next page, `<url>; rel=\"next\"`"))),
     Problems<(p::ZookeeperUnavailable,)>,
 ))]
 pub async fn list_services(

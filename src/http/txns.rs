@@ -183,7 +183,7 @@ pub async fn create(
 #[utoipa::path(get, path = "/v1/txns/{id}", tag = "txns",
     params(("id" = String, Path, description = "Transaction id"), TxnQuery),
     responses(
-        (status = 200, body = TxnState),
+        (status = 200, description = "The transaction", body = TxnState),
         Problems<(p::InvalidField, p::NotFound, p::ZookeeperUnavailable)>,
     ))]
 pub async fn get_txn(
@@ -207,7 +207,7 @@ pub async fn get_txn(
 
 /// Registers a participant: its own ephemeral node, bound to its lease, so that its failure
 /// before it votes aborts the transaction.
-#[utoipa::path(put, path = "/v1/txns/{id}/participants/{participant}", tag = "txns", extensions(("x-zkgate-served-by" = json!({"keeper": "body"}))),
+#[utoipa::path(operation_id = "register_txn", put, path = "/v1/txns/{id}/participants/{participant}", tag = "txns", extensions(("x-zkgate-served-by" = json!({"keeper": "body"}))),
     params(("id" = String, Path, description = "Transaction id"), ("participant" = String, Path, description = "A participant named at creation")),
     request_body(content = Option<RegisterBody>, description = "Optional.", example = json!({"ttl": "30s"})),
     responses(
@@ -317,7 +317,7 @@ async fn participant_of(
 
 /// Lists the transactions.
 #[utoipa::path(get, path = "/v1/txns", tag = "txns", params(super::paging::PageQuery), responses(
-    (status = 200, body = Vec<ListedResource>, headers(("Link" = String, description = "While more entries follow: the next page, `<url>; rel=\"next\"`"))),
+    (status = 200, description = "A page of the names, in order (`Link` gives the next page while more follow)", body = Vec<ListedResource>, headers(("Link" = String, description = "While more entries follow: the next page, `<url>; rel=\"next\"`"))),
     Problems<(p::ZookeeperUnavailable,)>,
 ))]
 pub async fn list_txns(

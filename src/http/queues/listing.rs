@@ -72,7 +72,7 @@ pub(super) fn waiting_view(item: String, envelope: Envelope, ctime: i64) -> Wait
 #[utoipa::path(get, path = "/v1/queues/{name}/items", tag = "queues",
     params(("name" = String, Path, description = "Queue name"), ItemsQuery),
     responses(
-        (status = 200, body = Vec<Waiting>, headers(("Link" = String, description = "While more entries follow: the next page, `<url>; rel=\"next\"`"))),
+        (status = 200, description = "A page of the items, in queue order (`Link` gives the next page while more follow)", body = Vec<Waiting>, headers(("Link" = String, description = "While more entries follow: the next page, `<url>; rel=\"next\"`"))),
         Problems<(p::InvalidField, p::ZookeeperUnavailable)>,
     ))]
 pub async fn items(
@@ -110,7 +110,7 @@ pub(super) async fn listed(
 #[utoipa::path(get, path = "/v1/queues/{name}/dead-letters", tag = "queues",
     params(("name" = String, Path, description = "Queue name"), ItemsQuery),
     responses(
-        (status = 200, body = Vec<Waiting>, headers(("Link" = String, description = "While more entries follow: the next page, `<url>; rel=\"next\"`"))),
+        (status = 200, description = "A page of the items, in queue order (`Link` gives the next page while more follow)", body = Vec<Waiting>, headers(("Link" = String, description = "While more entries follow: the next page, `<url>; rel=\"next\"`"))),
         Problems<(p::InvalidField, p::ZookeeperUnavailable)>,
     ))]
 pub async fn dead_letters(
@@ -155,7 +155,7 @@ pub async fn replay(
 #[utoipa::path(get, path = "/v1/queues/{name}/dead", tag = "queues", operation_id = "dead_letters_old_path",
     params(("name" = String, Path, description = "Queue name"), ItemsQuery),
     responses(
-        (status = 200, body = Vec<Waiting>, headers(("Link" = String, description = "While more entries follow: the next page, `<url>; rel=\"next\"`"))),
+        (status = 200, description = "A page of the items, in queue order (`Link` gives the next page while more follow)", body = Vec<Waiting>, headers(("Link" = String, description = "While more entries follow: the next page, `<url>; rel=\"next\"`"))),
         Problems<(p::InvalidField, p::ZookeeperUnavailable)>,
     ))]
 #[deprecated = "the path is /v1/queues/{name}/dead-letters"]

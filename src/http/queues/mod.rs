@@ -91,7 +91,7 @@ state_handler!(
 
 /// Lists the queues.
 #[utoipa::path(get, path = "/v1/queues", tag = "queues", params(super::paging::PageQuery), responses(
-    (status = 200, body = Vec<ListedResource>, headers(("Link" = String, description = "While more entries follow: the next page, `<url>; rel=\"next\"`"))),
+    (status = 200, description = "A page of the names, in order (`Link` gives the next page while more follow)", body = Vec<ListedResource>, headers(("Link" = String, description = "While more entries follow: the next page, `<url>; rel=\"next\"`"))),
     Problems<(p::ZookeeperUnavailable,)>,
 ))]
 pub async fn list_queues(
