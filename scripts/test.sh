@@ -14,7 +14,6 @@ cargo clippy --all-targets --quiet -- -D warnings
 # One ZooKeeper server for the run, shared by every test that can share one (each under a
 # root of its own: tests/it/common); the tests that need a server to themselves start their
 # own. It stops when the tests are done, or with this script.
-cargo build --quiet --example test_zookeeper
 exec 3< <(exec cargo run --quiet --example test_zookeeper)
 shared_zookeeper=$!
 trap 'kill "$shared_zookeeper" 2>/dev/null || true' EXIT

@@ -116,20 +116,6 @@ impl<T> Failed<T> {
             Failed::Refused { error, .. } | Failed::Request(error) => error,
         }
     }
-
-    /// The same failure with its tag mapped.
-    pub fn map<U>(self, f: impl FnOnce(T) -> U) -> Failed<U> {
-        match self {
-            Failed::Refused { tag, error } => Failed::Refused { tag: f(tag), error },
-            Failed::Request(error) => Failed::Request(error),
-        }
-    }
-}
-
-impl<T> From<Failed<T>> for ZkError {
-    fn from(failed: Failed<T>) -> ZkError {
-        failed.error()
-    }
 }
 
 impl<T> From<Failed<T>> for super::Failure {

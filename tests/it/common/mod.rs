@@ -59,11 +59,7 @@ pub async fn zookeeper() -> TestZooKeeper {
     let chroot = format!("/t/{}-{nanos}-{n}", std::process::id());
     // Made here, not by zkgate: a peer (a ZooKeeper client, Curator, kazoo) that connects
     // first needs it to exist.
-    let client = Client::connector()
-        .with_session_timeout(Duration::from_secs(4))
-        .connect(&hosts)
-        .await
-        .unwrap_or_else(|e| panic!("the shared ZooKeeper at {hosts} ({SHARED_ZOOKEEPER}) is not there: {e}"));
+    let client = zk_client(&hosts).await;
     let persistent = zookeeper_client::CreateMode::Persistent.with_acls(zookeeper_client::Acls::anyone_all());
     for path in ["/t", chroot.as_str()] {
         match client.create(path, &[], &persistent).await {
