@@ -91,8 +91,8 @@ pub fn topic(state: &AppState, kind: Kind, name: &str) -> Option<Feed> {
         .map(|topic| topic(state, name))
 }
 
-/// Largest request body accepted: well below ZooKeeper's 1 MB `jute.maxbuffer`.
-pub const BODY_LIMIT_BYTES: usize = 512 * 1024;
+/// Largest request body accepted (the server's bound: [crate::listen::BODY_LIMIT_BYTES]).
+pub const BODY_LIMIT_BYTES: usize = crate::listen::BODY_LIMIT_BYTES;
 
 #[derive(OpenApi)]
 #[openapi(

@@ -28,6 +28,7 @@ mod fuzz;
 mod groups;
 mod instances;
 mod interop;
+mod keepalive;
 mod kv;
 mod layers;
 mod leases;
