@@ -1,17 +1,26 @@
 //! The HTTP server: accepts connections (plain or TLS), bounds them, and serves the app on them
-//! with HTTP/1.1 and its upgrades (WebSockets).
+//! with HTTP/1.1 and its upgrades (WebSockets), and HTTP/2 on the same port: in clear text with
+//! prior knowledge (the connection opens with HTTP/2's preface), over TLS when ALPN picks `h2`.
+//! Many long polls and event streams then share one connection (a browser gets six HTTP/1.1
+//! connections to a host).
 //!
 //! What a client can make the server hold is bounded here, before any request is read:
 //! - **connections**: at most [Limits::max_connections] in all and
 //!   [Limits::max_per_address] from one client address; one past either is closed at once (a
 //!   TLS one before its handshake costs anything). A WebSocket keeps its connection's slot for
 //!   as long as it lives, since the slot travels inside the connection's IO.
-//! - **time**: a connection must send a complete request head within
-//!   [Limits::header_timeout] of being accepted, and of finishing its previous response (hyper's
-//!   header-read timeout also bounds keep-alive idleness); a partial head or a silent
-//!   connection is closed then. A request being served (a long poll) is not cut. A response
-//!   the client stops taking (a write that makes no progress for [Limits::write_timeout]: an
-//!   event stream, a large read, a socket) fails, and the connection with it.
+//! - **time**: a connection must start its first request within [Limits::header_timeout] of
+//!   being accepted (whichever its protocol: a silent connection, or one that stops inside
+//!   HTTP/2's preface, is closed then); an HTTP/1.1 one must also send each later request head
+//!   within it of its previous response (hyper's header-read timeout also bounds keep-alive
+//!   idleness). An HTTP/2 connection is pinged every [Limits::header_timeout] and closed when a
+//!   ping goes unanswered as long, so a peer gone without a word does not hold it. A request
+//!   being served (a long poll) is not cut. A response the client stops taking (a write that
+//!   makes no progress for [Limits::write_timeout]: an event stream, a large read, a socket)
+//!   fails, and the connection with it.
+//! - **streams**: an HTTP/2 connection carries at most [H2_MAX_STREAMS] requests at once, and
+//!   buffers at most HTTP/2's connection window (1 MiB, hyper's default) of unread request
+//!   bodies in all; what each principal may keep waiting is [crate::limits]'s to bound.
 //! - **handshakes**: each TLS handshake runs in its own task, bounded by its own timeout, so a
 //!   client that connects and sends nothing never holds up the accept loop.
 //! - **files**: the process's open-file limit is raised to its hard limit at start, so that
@@ -29,6 +38,7 @@ use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::{Pin, pin};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -37,7 +47,7 @@ use crate::locked::Locked;
 use axum::Router;
 use axum::extract::ConnectInfo;
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
@@ -50,6 +60,10 @@ use tower::ServiceExt;
 
 /// Largest request body the server takes: well below ZooKeeper's 1 MB `jute.maxbuffer`.
 pub const BODY_LIMIT_BYTES: usize = 512 * 1024;
+
+/// Requests one HTTP/2 connection may carry at once: enough for a client's long polls (a
+/// principal may hold 1,000 by default) on one connection.
+pub const H2_MAX_STREAMS: u32 = 1_024;
 
 /// How connections are bounded.
 #[derive(Clone, Copy, Debug)]
@@ -286,31 +300,54 @@ impl Connection {
     async fn serve<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static>(mut self, io: IO) {
         let peer = self.peer;
         let (app, drain_timeout) = (self.app.clone(), self.header_timeout);
-        let app = tower::service_fn(move |mut request: hyper::Request<Incoming>| {
-            // The client's address, as `into_make_service_with_connect_info` would give it.
-            request.extensions_mut().insert(ConnectInfo(peer));
-            answer_keeping_alive(app.clone(), request, drain_timeout)
-        });
-        let mut builder = hyper::server::conn::http1::Builder::new();
+        // Whether a request has started on the connection (see `first_request` below).
+        let started = Arc::new(AtomicBool::new(false));
+        let app = {
+            let started = started.clone();
+            tower::service_fn(move |mut request: hyper::Request<Incoming>| {
+                started.store(true, Ordering::Relaxed);
+                // The client's address, as `into_make_service_with_connect_info` would give it.
+                request.extensions_mut().insert(ConnectInfo(peer));
+                answer_keeping_alive(app.clone(), request, drain_timeout)
+            })
+        };
+        let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
         builder
+            .http1()
             .timer(TokioTimer::new())
             .header_read_timeout(self.header_timeout);
-        let connection = builder
-            .serve_connection(TokioIo::new(io), TowerToHyperService::new(app))
-            .with_upgrades();
+        builder
+            .http2()
+            .timer(TokioTimer::new())
+            .max_concurrent_streams(H2_MAX_STREAMS)
+            .keep_alive_interval(self.header_timeout)
+            .keep_alive_timeout(self.header_timeout);
+        let connection = builder.serve_connection_with_upgrades(TokioIo::new(io), TowerToHyperService::new(app));
         let mut connection = pin!(connection);
+        // The first request must start within the header timeout: hyper's own timeout begins
+        // only once the protocol is known, and telling HTTP/2 from HTTP/1.1 waits for bytes.
+        let first_request = tokio::time::sleep(self.header_timeout);
+        let mut first_request = pin!(first_request);
+        let mut waiting_first = true;
         let mut shutting_down = false;
         loop {
             tokio::select! {
                 result = connection.as_mut() => {
                     if let Err(err) = result {
-                        tracing::debug!(%peer, timeout = err.is_timeout(), error = %err, "connection ended");
+                        tracing::debug!(%peer, error = %err, "connection ended");
                     }
                     break;
                 }
                 _ = self.signalled.changed(), if !shutting_down => {
                     shutting_down = true;
                     connection.as_mut().graceful_shutdown();
+                }
+                _ = first_request.as_mut(), if waiting_first => {
+                    waiting_first = false;
+                    if !started.load(Ordering::Relaxed) {
+                        tracing::debug!(%peer, "no request within the header timeout: closed");
+                        break;
+                    }
                 }
             }
         }

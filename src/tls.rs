@@ -28,7 +28,8 @@ pub fn acceptor(cert: &Path, key: &Path) -> Result<TlsAcceptor, String> {
         .with_no_client_auth()
         .with_single_cert(chain, key)
         .map_err(|e| format!("the certificate and key do not go together: {e}"))?;
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    // HTTP/2 when the client offers it, HTTP/1.1 otherwise (WebSockets, older clients).
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(TlsAcceptor::from(Arc::new(config)))
 }
 

@@ -52,11 +52,14 @@ async fn stalled_silent_and_idle_connections_are_closed_after_the_header_timeout
         .await
         .expect("write");
     let mut silent = TcpStream::connect(addr).await.expect("connect");
+    // Stops inside HTTP/2's preface: neither protocol's own timeout has begun.
+    let mut preface = TcpStream::connect(addr).await.expect("connect");
+    preface.write_all(b"PRI * HTTP/2.0\r\n").await.expect("write");
     let mut idle = TcpStream::connect(addr).await.expect("connect");
     idle.write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         .await
         .expect("write");
-    for stream in [&mut partial, &mut silent, &mut idle] {
+    for stream in [&mut partial, &mut silent, &mut preface, &mut idle] {
         let took = closed_by_server(stream, Duration::from_secs(10)).await;
         assert!(took < Duration::from_secs(5), "closed after {took:?}");
     }

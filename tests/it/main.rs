@@ -26,6 +26,7 @@ mod faults;
 mod fencing;
 mod fuzz;
 mod groups;
+mod http2;
 mod instances;
 mod interop;
 mod keepalive;
