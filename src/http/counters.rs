@@ -79,6 +79,9 @@ pub struct AddResult {
     /// The new version, as in the `ETag` header.
     #[schema(example = "\"4294967311\"")]
     pub etag: String,
+    /// `true` when an earlier add with the same `Idempotency-Key` made it: this is its answer
+    /// (the counter may have moved on since).
+    pub repeated: bool,
 }
 
 /// Body of a set.
@@ -125,9 +128,20 @@ fn counter_error(name: &str, err: CounterError) -> ApiError {
             Problem::OutcomeUnknown,
             format!(
                 "the connection to ZooKeeper was lost after the write to counter `{name}` was sent: \
-                 it may or may not have happened; read the counter before trying again"
+                 it may or may not have happened; read the counter before trying again (an add with \
+                 an `Idempotency-Key` is retried instead)"
             ),
         ),
+        CounterError::KeyReused(delta) => {
+            let before = delta.map_or_else(|| "another add".to_string(), |d| format!("an add of {d}"));
+            ApiError::invalid(
+                Place::Header,
+                "Idempotency-Key",
+                format!("was used by {before} on counter `{name}`; a retry must repeat the request"),
+            )
+        }
+        // Answered inside the recipe.
+        CounterError::KeyUsed => ApiError::new(Problem::Internal, "an idempotency key left unanswered"),
         CounterError::ZooKeeper(err) => err.into(),
     }
 }
@@ -156,9 +170,13 @@ pub async fn counter_state(
 /// Adds `delta` (1 without a body) to a counter atomically, creating it at 0 first if it does
 /// not exist: concurrent adds on every instance, and Curator's, each land exactly once. With
 /// `min` or `max` the add happens only if the result stays within them (409 `out-of-bounds`
-/// otherwise, and the counter does not change): a bounded counter of tickets, say.
+/// otherwise, and the counter does not change): a bounded counter of tickets, say. With an
+/// `Idempotency-Key` the add is safe to retry: it lands once for the key (kept for
+/// `--idempotency-window`), and a retry is answered as the add was (`repeated: true`); without
+/// one, a write whose reply ZooKeeper lost is answered 503 `outcome-unknown`.
 #[utoipa::path(post, path = "/v1/counters/{name}/add", tag = "counters",
-    params(("name" = String, Path, description = "Counter name")),
+    params(("name" = String, Path, description = "Counter name"),
+        ("Idempotency-Key" = Option<String>, Header, description = "Makes the add safe to retry (a name: 1 to 128 bytes, no `/`); a retry must repeat the request")),
     request_body(content = Option<AddBody>, description = "Optional: `+1` without it.", example = json!({"delta": 5, "max": 100})),
     responses(
         (status = 200, description = "Added", body = AddResult),
@@ -167,9 +185,11 @@ pub async fn counter_state(
 pub async fn add(
     State(state): State<AppState>,
     ApiPath(name): ApiPath<String>,
+    headers: HeaderMap,
     ApiJson(body): ApiJson<Option<AddBody>>,
 ) -> Result<Response, ApiError> {
     check_name(&name)?;
+    let key = super::key_name(&headers)?;
     let (delta, bounds) = match body {
         Some(body) => (
             body.delta.unwrap_or(1),
@@ -191,16 +211,19 @@ pub async fn add(
     }
     let session = state.zk().connected().await?;
     let path = Kind::Counter.path(&state.config.root, &name);
-    let added = counter::add(&session, &path, delta, bounds)
+    let key = key.map(|key| counter::key_path(&state.config.root, &name, &key));
+    let added = counter::add(&session, &path, delta, bounds, key.as_deref())
         .await
         .map_err(|e| counter_error(&name, e))?;
-    let m = crate::metrics::get();
-    let label = m.counter(&name);
-    m.counter_writes.with_label_values(&[label, "add"]).inc();
-    m.counter_conflicts
-        .with_label_values(&[label])
-        .inc_by(u64::from(added.conflicts));
-    let etag = counter::etag(added.stat.mzxid);
+    if !added.repeated {
+        let m = crate::metrics::get();
+        let label = m.counter(&name);
+        m.counter_writes.with_label_values(&[label, "add"]).inc();
+        m.counter_conflicts
+            .with_label_values(&[label])
+            .inc_by(u64::from(added.conflicts));
+    }
+    let etag = counter::etag(added.mzxid);
     Ok((
         [(header::ETAG, etag_header(&etag)?)],
         Json(AddResult {
@@ -208,6 +231,7 @@ pub async fn add(
             previous: added.previous,
             value: added.value,
             etag,
+            repeated: added.repeated,
         }),
     )
         .into_response())

@@ -235,6 +235,19 @@ pub fn check_name(name: &str) -> Result<(), ApiError> {
     validate_name(name).map_err(|e| ApiError::invalid(Place::Path, "name", e))
 }
 
+/// The request's `Idempotency-Key`, if any, where it names a znode (a queue put's, a counter
+/// add's): a name as resources' are.
+pub fn key_name(headers: &axum::http::HeaderMap) -> Result<Option<String>, ApiError> {
+    let Some(value) = headers.get(leases::IDEMPOTENCY_KEY) else {
+        return Ok(None);
+    };
+    let key = value
+        .to_str()
+        .map_err(|_| ApiError::invalid(Place::Header, "Idempotency-Key", "must be ASCII"))?;
+    validate_name(key).map_err(|e| ApiError::invalid(Place::Header, "Idempotency-Key", e))?;
+    Ok(Some(key.to_string()))
+}
+
 /// Declares a kind's `GET /v1/<kind>/{name}`: the resource's state, as its topic carries it,
 /// read with the module's `source(state, name)`. One shape for every kind, so it is written
 /// once.

@@ -17,8 +17,19 @@
 //! the same bytes). So a lost reply of a write is answered as [AddError::OutcomeUnknown],
 //! never guessed: reporting success for an add that did not happen would lose an update, and
 //! retrying one that did would count it twice.
+//!
+//! Unless the add carries an idempotency key: then the write and the key's znode
+//! (`<root>/counter-keys/<name>/<key>`, holding what the add did) are one multi-op, so the key
+//! is there exactly when the add landed. After a lost reply the add simply goes again: if the
+//! first landed, the key's create is refused (`NodeExists`, before the write is looked at: it
+//! comes first in the multi-op) and the add is answered from the key as it was the first time;
+//! if it did not, the second one lands. A client that retries a request with its key gets the
+//! same answer the same way. The keys live beside the counters, not under a counter's znode,
+//! which Curator (and a delete here) deletes without looking for children; each counter's
+//! keys are under a container znode (ZooKeeper removes it once empty), and the janitor removes
+//! keys older than `--idempotency-window`.
 
-use crate::zk::{Failure, Session};
+use crate::zk::{Failed, Failure, Multi, Session};
 use serde::Serialize;
 use utoipa::ToSchema;
 use zookeeper_client::{Client, CreateMode, Error as ZkError, Stat};
@@ -68,6 +79,10 @@ pub enum CounterError {
     Missing,
     /// The connection was lost after the write was sent: it may or may not have happened.
     OutcomeUnknown,
+    /// The idempotency key was used by an add of another delta (this one, when known).
+    KeyReused(Option<i64>),
+    /// The idempotency key is there (inside [add] only: the add is answered from it).
+    KeyUsed,
     ZooKeeper(Failure),
 }
 
@@ -117,37 +132,204 @@ pub fn next_value(value: i64, delta: i64, bounds: Bounds) -> Option<i64> {
 pub struct Added {
     pub previous: i64,
     pub value: i64,
-    pub stat: Stat,
+    /// The zxid of the write (the counter's mzxid right after it: its version).
+    pub mzxid: i64,
     /// How many times another writer got there first.
     pub conflicts: u32,
+    /// An add with this idempotency key had landed before: this is its answer.
+    pub repeated: bool,
+}
+
+/// The parent of every counter's idempotency keys.
+pub fn keys_base(root: &str) -> String {
+    format!("{root}/counter-keys")
+}
+
+/// The znode of idempotency key `key` of counter `name`.
+pub fn key_path(root: &str, name: &str, key: &str) -> String {
+    format!("{}/{name}/{key}", keys_base(root))
+}
+
+/// What a key's znode holds: the add it was used for, and what that add did.
+#[derive(Serialize, serde::Deserialize)]
+struct KeyRecord {
+    delta: i64,
+    previous: i64,
+    value: i64,
 }
 
 /// Adds `delta` to the counter at `path` (creating it, and its parents, at `0 + delta`), if the
-/// result stays within `bounds`.
-pub async fn add(session: &Session, path: &str, delta: i64, bounds: Bounds) -> Result<Added, CounterError> {
+/// result stays within `bounds`; with `key` (an idempotency key's znode, [key_path]) at most
+/// once for the key, whatever replies are lost (see the module's notes).
+pub async fn add(
+    session: &Session,
+    path: &str,
+    delta: i64,
+    bounds: Bounds,
+    key: Option<&str>,
+) -> Result<Added, CounterError> {
     let client = session.client();
     let mut conflicts = 0;
     let mut recheck = Recheck::default();
+    // Whether a keyed write of this call lost its reply: a key found then is this call's own
+    // add, not a client's earlier one (`repeated` says the latter).
+    let mut sent = false;
+    let own = |added: Added, sent: bool| Added {
+        repeated: !sent,
+        ..added
+    };
     loop {
         let current = read(client, path).await?;
         let Some(value) = next_value(current.value, delta, bounds) else {
+            // An add that landed before (its reply lost) is answered as it was, not refused
+            // for where the counter is now.
+            if let Some(key) = key
+                && let Some(added) = landed_before(client, key, delta).await?
+            {
+                return Ok(own(added, sent));
+            }
             recheck
                 .confirm(session, CounterError::OutOfBounds(current.value))
                 .await?;
             continue;
         };
-        match write(client, path, value, current.stat.as_ref().map(|s| s.version)).await {
+        let version = current.stat.as_ref().map(|s| s.version);
+        let written = match key {
+            None => write(client, path, value, version).await,
+            Some(key) => {
+                let record = KeyRecord {
+                    delta,
+                    previous: current.value,
+                    value,
+                };
+                match write_keyed(client, path, value, version, key, &record).await {
+                    Err(Conflict::Failed(CounterError::KeyUsed)) => match landed_before(client, key, delta).await? {
+                        Some(added) => return Ok(own(added, sent)),
+                        // Gone meanwhile (the janitor, past the window): a new add.
+                        None => continue,
+                    },
+                    Err(Conflict::Sent) => {
+                        sent = true;
+                        continue;
+                    }
+                    written => written,
+                }
+            }
+        };
+        match written {
             Ok(stat) => {
                 return Ok(Added {
                     previous: current.value,
                     value,
-                    stat,
+                    mzxid: stat.mzxid,
                     conflicts,
+                    repeated: false,
                 });
             }
             Err(Conflict::Lost) => conflicts += 1,
+            Err(Conflict::Sent) => {}
             Err(Conflict::Failed(err)) => return Err(err),
         }
+    }
+}
+
+/// The add that key `key` records, if it is there: `KeyReused` when it was for another delta.
+async fn landed_before(client: &Client, key: &str, delta: i64) -> Result<Option<Added>, CounterError> {
+    let (data, stat) = match retry_on_loss(|| client.get_data(key)).await {
+        Ok(read) => read,
+        Err(ZkError::NoNode) => return Ok(None),
+        Err(err) => return Err(err.into()),
+    };
+    let record: KeyRecord = serde_json::from_slice(&data).map_err(|_| CounterError::KeyReused(None))?;
+    if record.delta != delta {
+        return Err(CounterError::KeyReused(Some(record.delta)));
+    }
+    Ok(Some(Added {
+        previous: record.previous,
+        value: record.value,
+        // Created in the add's own multi-op: its zxid is the add's.
+        mzxid: stat.czxid,
+        conflicts: 0,
+        repeated: true,
+    }))
+}
+
+/// What an operation of a keyed add's multi-op is for.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Part {
+    Key,
+    Counter,
+}
+
+/// [write], with the key's znode created in the same multi-op (first, so that a key already
+/// there is what a refusal names). `Conflict::Failed(KeyUsed)`: the key is there.
+async fn write_keyed(
+    client: &Client,
+    path: &str,
+    value: i64,
+    version: Option<i32>,
+    key: &str,
+    record: &KeyRecord,
+) -> Result<Stat, Conflict> {
+    let failed = |e: ZkError| Conflict::Failed(e.into());
+    // Three integers: serialising cannot fail.
+    let record = serde_json::to_vec(record).unwrap_or_default();
+    let plain = CreateMode::Persistent.with_acls(crate::zk::acls());
+    let data = encode(value);
+    let mut multi = Multi::new(client);
+    multi.create(Part::Key, key, &record, &plain).map_err(failed)?;
+    match version {
+        Some(version) => multi.set(Part::Counter, path, &data, Some(version)).map_err(failed)?,
+        None => multi.create(Part::Counter, path, &data, &plain).map_err(failed)?,
+    }
+    match multi.commit().await {
+        Ok(done) => match done.stat(&Part::Counter) {
+            Some(stat) => Ok(*stat),
+            // Servers before 3.5 leave a created node's stat out of the reply.
+            None => retry_on_loss(|| client.check_stat(path))
+                .await
+                .map_err(failed)?
+                .ok_or(Conflict::Lost),
+        },
+        Err(Failed::Refused {
+            tag: Part::Key,
+            error: ZkError::NodeExists,
+        }) => Err(Conflict::Failed(CounterError::KeyUsed)),
+        // The counter's keys' container (or the counters' parent) is not there yet.
+        Err(Failed::Refused {
+            tag: Part::Key,
+            error: ZkError::NoNode,
+        }) => {
+            let parent = &key[..key.rfind('/').unwrap_or(0)];
+            ensure_container(client, parent).await.map_err(failed)?;
+            Err(Conflict::Lost)
+        }
+        Err(Failed::Refused {
+            tag: Part::Counter,
+            error: ZkError::NoNode,
+        }) if version.is_none() => {
+            let parent = &path[..path.rfind('/').unwrap_or(0)];
+            crate::zk::session::ensure_path(client, parent).await.map_err(failed)?;
+            Err(Conflict::Lost)
+        }
+        Err(Failed::Refused {
+            tag: Part::Counter,
+            error: ZkError::BadVersion | ZkError::NodeExists | ZkError::NoNode,
+        }) => Err(Conflict::Lost),
+        // A lost reply: the add goes again, and the key tells whether this one landed.
+        Err(failed) if failed.is_loss() => Err(Conflict::Sent),
+        Err(failed) => Err(Conflict::Failed(CounterError::ZooKeeper(failed.into()))),
+    }
+}
+
+/// Makes `dir` a container znode (its parents persistent) if it is not there.
+async fn ensure_container(client: &Client, dir: &str) -> Result<(), ZkError> {
+    let parent = &dir[..dir.rfind('/').unwrap_or(0)];
+    crate::zk::session::ensure_path(client, parent).await?;
+    let options = CreateMode::Container.with_acls(crate::zk::acls());
+    match retry_on_loss(|| client.create(dir, &[], &options)).await {
+        Ok(_) | Err(ZkError::NodeExists) => Ok(()),
+        Err(err) => Err(err),
     }
 }
 
@@ -183,8 +365,8 @@ pub async fn set(
         match write(client, path, value, current.as_ref().map(|s| s.version)).await {
             Ok(stat) => return Ok((stat, current.is_none())),
             // Changed meanwhile: an unconditional set goes again, a conditional one decides
-            // again (and fails).
-            Err(Conflict::Lost) => continue,
+            // again (and fails). (`Sent` is a keyed write's.)
+            Err(Conflict::Lost | Conflict::Sent) => continue,
             Err(Conflict::Failed(err)) => return Err(err),
         }
     }
@@ -225,6 +407,8 @@ pub async fn delete(session: &Session, path: &str, condition: Condition) -> Resu
 enum Conflict {
     /// Another writer got there first: read again.
     Lost,
+    /// A keyed write whose reply was lost: read again (the key tells whether it landed).
+    Sent,
     Failed(CounterError),
 }
 

@@ -3,8 +3,10 @@
 //!
 //! What stays without it, and what happens to it:
 //!
-//! - A queue's idempotency keys (`<queue>/keys/<key>`): kept for `--idempotency-window` (24 h)
-//!   after the put, then removed; a retry after that is a new put.
+//! - A queue's idempotency keys (`<queue>/keys/<key>`), and a counter's
+//!   (`<root>/counter-keys/<counter>/<key>`): kept for `--idempotency-window` (24 h) after the
+//!   put or add, then removed; a retry after that is a new put or add. (A counter's keys are
+//!   under a container znode, which ZooKeeper removes once its last key is gone.)
 //! - Finished two-phase-commit transactions (their members, votes and decision): readable for
 //!   `--txn-retention` (24 h) after the decision, then removed.
 //! - Empty resource znodes that ZooKeeper does not remove itself: a queue with no items,
@@ -149,6 +151,7 @@ impl Janitor {
         let mut removed = Removed::default();
         let mut empty_now = HashMap::new();
         self.queues(client, &mut removed, &mut empty_now).await?;
+        self.counter_keys(client, &mut removed).await?;
         self.txns(client, &mut removed).await?;
         for kind in [Kind::DoubleBarrier, Kind::Group, Kind::Service] {
             self.empty_resources(client, kind, &mut removed, &mut empty_now).await?;
@@ -180,22 +183,7 @@ impl Janitor {
                 continue;
             };
             if keys.num_children > 0 {
-                let keys_dir = format!("{dir}/keys");
-                let names = children(client, &keys_dir).await?;
-                let key_paths: Vec<String> = names.iter().map(|k| format!("{keys_dir}/{k}")).collect();
-                let key_stats = crate::zk::stat_each(client, &key_paths).await?;
-                let old: Vec<String> = key_paths
-                    .into_iter()
-                    .zip(key_stats)
-                    .filter(|(_, stat)| stat.is_some_and(|s| s.ctime < oldest_kept))
-                    .map(|(path, _)| path)
-                    .collect();
-                let gone = self.delete_each(client, &old).await?;
-                removed.idempotency_keys += gone;
-                crate::metrics::get()
-                    .janitor_removed
-                    .with_label_values(&["idempotency_key"])
-                    .inc_by(gone);
+                self.old_keys(client, &format!("{dir}/keys"), oldest_kept, removed).await?;
                 continue;
             }
             let empty = own.num_children == PARTS.len() as i32
@@ -232,6 +220,43 @@ impl Janitor {
             for (part, stat) in PARTS.iter().zip([items, claims, dead, keys]) {
                 empty_now.insert(format!("{dir}/{part}"), *stat);
             }
+        }
+        Ok(())
+    }
+
+    /// The idempotency keys under `dir` made before `oldest_kept` (ms).
+    async fn old_keys(
+        &mut self,
+        client: &Client,
+        dir: &str,
+        oldest_kept: i64,
+        removed: &mut Removed,
+    ) -> Result<(), ZkError> {
+        let names = children(client, dir).await?;
+        let key_paths: Vec<String> = names.iter().map(|k| format!("{dir}/{k}")).collect();
+        let key_stats = crate::zk::stat_each(client, &key_paths).await?;
+        let old: Vec<String> = key_paths
+            .into_iter()
+            .zip(key_stats)
+            .filter(|(_, stat)| stat.is_some_and(|s| s.ctime < oldest_kept))
+            .map(|(path, _)| path)
+            .collect();
+        let gone = self.delete_each(client, &old).await?;
+        removed.idempotency_keys += gone;
+        crate::metrics::get()
+            .janitor_removed
+            .with_label_values(&["idempotency_key"])
+            .inc_by(gone);
+        Ok(())
+    }
+
+    /// Old idempotency keys of counters' adds.
+    async fn counter_keys(&mut self, client: &Client, removed: &mut Removed) -> Result<(), ZkError> {
+        let base = super::counter::keys_base(&self.root);
+        let oldest_kept = now_ms() - self.settings.idempotency_window.as_millis() as i64;
+        for counter in children(client, &base).await? {
+            self.old_keys(client, &format!("{base}/{counter}"), oldest_kept, removed)
+                .await?;
         }
         Ok(())
     }

@@ -273,3 +273,53 @@ async fn followers_see_each_change_over_sse_and_a_socket() {
     assert_eq!(deleted["state"]["value"], 0, "{deleted}");
     assert_eq!(ws.next_for("C").await["type"], "deleted");
 }
+
+/// An add with an `Idempotency-Key` whose reply ZooKeeper lost goes again inside zkgate and
+/// counts once (without a key, the same loss is answered 503 `outcome-unknown`); a client's
+/// own retry with the key is answered as the first time, and a key used for another delta is
+/// refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_add_with_an_idempotency_key_counts_once_through_a_lost_reply_and_a_retry() {
+    let zk = zookeeper().await;
+    let proxy = common::proxy::Proxy::start(&zk.connect_string()).await;
+    let gate = Gate::start(&proxy.connect_string()).await;
+    let keyed = |name: &str, key: &str, delta: i64| {
+        gate.http
+            .post(format!("{}/v1/counters/{name}/add", gate.url))
+            .header("idempotency-key", key)
+            .json(&json!({ "delta": delta }))
+            .send()
+    };
+
+    // Without a key: the lost reply of the counter's create is an unknown outcome.
+    proxy.lose_next_create_reply_of("/counters/plain");
+    let unknown = add(&gate, "plain", Some(json!({"delta": 5}))).await;
+    unknown.assert_problem(StatusCode::SERVICE_UNAVAILABLE, None);
+    assert_eq!(unknown.body["type"], "urn:zkgate:problem:outcome-unknown", "{unknown:?}");
+    assert_eq!(proxy.create_replies_lost(), 1);
+
+    // With one: the add lands once and is answered as done.
+    proxy.lose_next_create_reply_of("counter-keys/tickets/order-17");
+    let first = Reply::read(keyed("tickets", "order-17", 5).await.expect("add")).await;
+    assert_eq!(first.status, StatusCode::OK, "{first:?}");
+    assert_eq!(proxy.create_replies_lost(), 2, "the reply of the keyed add was lost");
+    assert_eq!((first.i64("previous"), first.i64("value")), (0, 5), "{first:?}");
+    assert_eq!(first.body["repeated"], false, "{first:?}");
+    assert_eq!(gate.get("/v1/counters/tickets").await.i64("value"), 5);
+
+    // The client's retry: the same answer, nothing added.
+    let again = Reply::read(keyed("tickets", "order-17", 5).await.expect("add")).await;
+    assert_eq!(again.status, StatusCode::OK, "{again:?}");
+    assert_eq!(
+        (again.i64("previous"), again.i64("value"), again.str("etag")),
+        (0, 5, first.str("etag"))
+    );
+    assert_eq!(again.body["repeated"], true, "{again:?}");
+    // A key used for another request is refused, and changes nothing.
+    let other = Reply::read(keyed("tickets", "order-17", 3).await.expect("add")).await;
+    other.assert_problem(StatusCode::BAD_REQUEST, Some("Idempotency-Key"));
+    // A new key is a new add.
+    let next = Reply::read(keyed("tickets", "order-18", 3).await.expect("add")).await;
+    assert_eq!((next.i64("previous"), next.i64("value")), (5, 8), "{next:?}");
+    assert_eq!(gate.get("/v1/counters/tickets").await.i64("value"), 8);
+}

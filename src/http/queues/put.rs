@@ -114,16 +114,7 @@ pub async fn put(
         return Err(ApiError::invalid(Place::Query, "priority", "must be 0 to 99"));
     }
     let due_ms = due_of(&query)?;
-    let key = match headers.get(crate::http::leases::IDEMPOTENCY_KEY) {
-        Some(value) => {
-            let key = value
-                .to_str()
-                .map_err(|_| ApiError::invalid(Place::Header, "Idempotency-Key", "must be ASCII"))?;
-            validate_name(key).map_err(|e| ApiError::invalid(Place::Header, "Idempotency-Key", e))?;
-            Some(key.to_string())
-        }
-        None => None,
-    };
+    let key = crate::http::key_name(&headers)?;
     let bytes = body.map_err(crate::http::extract::body_rejection)?;
     let envelope = body_of(&headers, &bytes)?;
     crate::http::check_stored_size(&state, "item", envelope.to_bytes().len())?;

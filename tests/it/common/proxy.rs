@@ -30,6 +30,8 @@ pub struct Proxy {
     blocked: watch::Sender<bool>,
     drop_next_create_reply: Arc<AtomicBool>,
     create_replies_dropped: Arc<AtomicUsize>,
+    /// What the path of a create whose reply is lost contains.
+    doomed_path: Arc<std::sync::Mutex<&'static str>>,
     reset_on_cut: Arc<AtomicBool>,
     silent: watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
@@ -48,12 +50,14 @@ impl Proxy {
             blocked: blocked.subscribe(),
             drop_next_create_reply: Arc::new(AtomicBool::new(false)),
             create_replies_dropped: Arc::new(AtomicUsize::new(0)),
+            doomed_path: Arc::new(std::sync::Mutex::new(LOCK_CONTENDER)),
             reset_on_cut: Arc::new(AtomicBool::new(false)),
             silent: silent.subscribe(),
         };
-        let (drop_next_create_reply, create_replies_dropped, reset_on_cut) = (
+        let (drop_next_create_reply, create_replies_dropped, doomed_path, reset_on_cut) = (
             faults.drop_next_create_reply.clone(),
             faults.create_replies_dropped.clone(),
+            faults.doomed_path.clone(),
             faults.reset_on_cut.clone(),
         );
         let target = target.to_string();
@@ -72,6 +76,7 @@ impl Proxy {
             blocked,
             drop_next_create_reply,
             create_replies_dropped,
+            doomed_path,
             reset_on_cut,
             silent,
             task,
@@ -94,6 +99,13 @@ impl Proxy {
 
     /// Arms the lost-create-reply fault for the next lock contender create that succeeds.
     pub fn lose_next_create_reply(&self) {
+        self.lose_next_create_reply_of(LOCK_CONTENDER);
+    }
+
+    /// Arms the lost-create-reply fault for the next create (alone or in a multi-op) whose path
+    /// contains `path` and that succeeds.
+    pub fn lose_next_create_reply_of(&self, path: &'static str) {
+        *self.doomed_path.lock().expect("lock") = path;
         self.drop_next_create_reply.store(true, Ordering::SeqCst);
     }
 
@@ -126,6 +138,7 @@ struct Faults {
     blocked: watch::Receiver<bool>,
     drop_next_create_reply: Arc<AtomicBool>,
     create_replies_dropped: Arc<AtomicUsize>,
+    doomed_path: Arc<std::sync::Mutex<&'static str>>,
     reset_on_cut: Arc<AtomicBool>,
     silent: watch::Receiver<bool>,
 }
@@ -142,8 +155,9 @@ async fn forward(inbound: TcpStream, target: String, mut faults: Faults) {
     let (server_read, server_write) = outbound.into_split();
     // The xid of a create whose reply must be swallowed, set by the client-to-server pump.
     let (doomed_tx, doomed_rx) = watch::channel(None::<i32>);
+    let doomed_path = faults.doomed_path.clone();
     let upstream = pump(client_read, server_write, faults.silent.clone(), move |body| {
-        if is_lock_create(body) {
+        if is_create_of(body, &doomed_path.lock().expect("lock")) {
             let xid = i32::from_be_bytes([body[0], body[1], body[2], body[3]]);
             doomed_tx.send_replace(Some(xid));
         }
@@ -175,10 +189,13 @@ async fn forward(inbound: TcpStream, target: String, mut faults: Faults) {
 /// reference to it.
 const MULTI: i32 = 14;
 
-/// Whether a request body creates a lock contender: a create (its type is the second i32)
-/// whose path (a length-prefixed string after the header) has `-lock-` in it, or a multi-op
-/// that creates one.
-fn is_lock_create(body: &[u8]) -> bool {
+/// What a lock contender's path contains.
+const LOCK_CONTENDER: &str = "-lock-";
+
+/// Whether a request body creates a znode whose path contains `pattern`: a create (its type
+/// is the second i32) whose path (a length-prefixed string after the header) has it, or a
+/// multi-op that creates one.
+fn is_create_of(body: &[u8], pattern: &str) -> bool {
     let int = |at: usize| {
         body.get(at..at + 4)
             .map(|b| i32::from_be_bytes([b[0], b[1], b[2], b[3]]))
@@ -188,11 +205,11 @@ fn is_lock_create(body: &[u8]) -> bool {
         return CREATE_TYPES
             .iter()
             .any(|create| body.windows(4).any(|w| w == create.to_be_bytes()))
-            && String::from_utf8_lossy(body).contains("-lock-");
+            && String::from_utf8_lossy(body).contains(pattern);
     }
     let Some(len) = int(8) else { return false };
     let path = body.get(12..12 + len.max(0) as usize).unwrap_or_default();
-    CREATE_TYPES.contains(&kind) && String::from_utf8_lossy(path).contains("-lock-")
+    CREATE_TYPES.contains(&kind) && String::from_utf8_lossy(path).contains(pattern)
 }
 
 /// Whether a reply body reports success (`xid: i32, zxid: i64, err: i32`).
