@@ -8,12 +8,20 @@ call, a well-formed id of another instance in a body's `lease` (or the `handle` 
 proclamation) is swapped for a real one made by the fixture script, and a batch's claims for
 claims of that instance; anything malformed is sent as generated, so that what must be refused
 still is.
+
+The operations whose success uses their thing up (a delete, an ack, a replay, a vote: RENEWED in
+scripts/schemathesis_fixtures.py) get a new one after each call answered 2xx, made as the
+fixture script made the first, and the next requests' paths name it instead of the spent one;
+otherwise every request after the first served one (often a negative case the server serves
+anyway) would meet 404.
 """
 
+import importlib.util
 import itertools
 import json
 import os
 import re
+import sys
 
 import schemathesis
 
@@ -23,6 +31,18 @@ with open(os.environ.get("ZKGATE_SCHEMATHESIS_FIXTURES", "target/schemathesis-fi
     FIXTURES = json.load(f)
 LEASES = itertools.cycle(FIXTURES["leases"])
 
+_spec = importlib.util.spec_from_file_location(
+    "zkgate_schemathesis_fixtures", os.path.join(os.path.dirname(os.path.abspath(__file__)), "schemathesis_fixtures.py")
+)
+fixtures = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(fixtures)
+MAKER = fixtures.Maker(FIXTURES["base"], FIXTURES["run"])
+# Per renewed operation: the path parameters of its live thing, and every value issued for it
+# (a path that names one of ours, spent or not, gets the live one; any other is left alone).
+CURRENT = {operation: dict(parameters) for operation, parameters in FIXTURES["renewed"].items()}
+ISSUED = {operation: {(k, v) for k, v in parameters.items()} for operation, parameters in CURRENT.items()}
+MADE = itertools.count(1)
+
 
 def foreign(value):
     return isinstance(value, str) and ID.fullmatch(value) and not value.startswith(FIXTURES["instance"] + "-")
@@ -30,6 +50,11 @@ def foreign(value):
 
 @schemathesis.hook
 def before_call(context, case, **kwargs):
+    label = case.operation.label
+    if label in CURRENT and case.path_parameters:
+        for name, value in CURRENT[label].items():
+            if (name, case.path_parameters.get(name)) in ISSUED[label]:
+                case.path_parameters[name] = value
     body = case.body
     if not isinstance(body, dict):
         return
@@ -43,3 +68,19 @@ def before_call(context, case, **kwargs):
         body["claims"] = [
             FIXTURES["instance"] + claim[8:] if foreign(claim) else claim for claim in body["claims"]
         ]
+
+
+@schemathesis.hook
+def after_call(context, case, response):
+    label = case.operation.label
+    if label not in CURRENT or not 200 <= response.status_code < 300:
+        return
+    if any(case.path_parameters.get(name) != value for name, value in CURRENT[label].items()):
+        return  # served something else (a link's value in the stateful phase): ours is still live
+    try:
+        made = fixtures.RENEWED[label](MAKER, next(MADE))
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - the spent one stays, and its 404s will say so
+        print(f"schemathesis hooks: no new fixture for {label}: {e}", file=sys.stderr)
+        return
+    CURRENT[label] = made
+    ISSUED[label].update(made.items())
