@@ -4,10 +4,14 @@
 //! - memory per subscription, each on a topic of its own and all on one topic;
 //! - memory per kv long poll in flight;
 //! - memory while sockets subscribed to a large value never read and the value keeps changing;
-//! - `/metrics` and memory after a churn of unique lock names (a lock per order).
+//! - `/metrics` and memory after a churn of unique lock names (a lock per order);
+//! - 1,000 long polls of one client over 1,000 HTTP/1.1 connections against one HTTP/2
+//!   connection: zkgate's memory while they wait, and its CPU to take them and answer them.
 //!
 //! Run: `cargo bench --bench costs` (`ZKGATE_BENCH_SUBSCRIPTIONS`, default 6400;
-//! `ZKGATE_BENCH_LONG_POLLS`, default 3000; `ZKGATE_BENCH_CHURN`, default 100000 names).
+//! `ZKGATE_BENCH_LONG_POLLS`, default 3000; `ZKGATE_BENCH_CHURN`, default 100000 names;
+//! `ZKGATE_BENCH_PROTOCOL_POLLS`, default 1000; `ZKGATE_BENCH_PARTS`, a comma-separated choice
+//! of `subscriptions,long-polls,silent,churn,protocols`, default all).
 
 use std::time::Duration;
 
@@ -47,39 +51,122 @@ async fn run() {
     let long_polls = setting("ZKGATE_BENCH_LONG_POLLS", 3000);
     let churn = setting("ZKGATE_BENCH_CHURN", 100_000);
 
+    let parts = std::env::var("ZKGATE_BENCH_PARTS").unwrap_or_default();
+    let part = |name: &str| parts.is_empty() || parts.split(',').any(|p| p.trim() == name);
     println!("| what | figure |");
     println!("|---|---|");
-    for shared in [false, true] {
+    if part("protocols") {
+        let polls = setting("ZKGATE_BENCH_PROTOCOL_POLLS", 1000);
+        for h2 in [false, true] {
+            let gate = Gate::start(&connect, &["--max-long-polls-per-principal", &polls.to_string()]).await;
+            let cost = long_polls_over(&gate, polls, h2).await;
+            let over = if h2 {
+                "one HTTP/2 connection".to_string()
+            } else {
+                format!("{polls} HTTP/1.1 connections")
+            };
+            println!(
+                "| {polls} kv long polls of one client over {over}, answered by one write | {:.1} KiB a poll while waiting; zkgate CPU {:.0} ms to take and answer them all ({:.0} µs a poll) |",
+                cost.bytes_per_poll / 1024.0,
+                cost.cpu.as_secs_f64() * 1e3,
+                cost.cpu.as_secs_f64() * 1e6 / polls as f64
+            );
+        }
+    }
+    if part("subscriptions") {
+        for shared in [false, true] {
+            let gate = Gate::start(&connect, &[]).await;
+            let bytes = per_subscription(&gate, subscriptions, shared).await;
+            let topics = if shared { "one topic" } else { "a topic each" };
+            println!(
+                "| memory per subscription ({subscriptions}, {topics}) | {:.1} KiB |",
+                bytes / 1024.0
+            );
+        }
+    }
+    if part("long-polls") {
+        let gate = Gate::start(&connect, &["--max-long-polls-per-principal", &long_polls.to_string()]).await;
+        let bytes = per_long_poll(&gate, long_polls).await;
+        println!("| memory per kv long poll ({long_polls}) | {:.1} KiB |", bytes / 1024.0);
+    }
+    if part("silent") {
         let gate = Gate::start(&connect, &[]).await;
-        let bytes = per_subscription(&gate, subscriptions, shared).await;
-        let topics = if shared { "one topic" } else { "a topic each" };
+        let silent = silent_sockets(&gate).await;
         println!(
-            "| memory per subscription ({subscriptions}, {topics}) | {:.1} KiB |",
-            bytes / 1024.0
+            "| RSS: 4 silent sockets on a 240 KB value, 40 writes | {:.0} MiB before, {:.0} MiB after; at most {:.1} MiB queued |",
+            mib(silent.before),
+            mib(silent.after),
+            mib(silent.most_queued)
         );
     }
-    let gate = Gate::start(&connect, &["--max-long-polls-per-principal", &long_polls.to_string()]).await;
-    let bytes = per_long_poll(&gate, long_polls).await;
-    println!("| memory per kv long poll ({long_polls}) | {:.1} KiB |", bytes / 1024.0);
+    if part("churn") {
+        let gate = Gate::start(&connect, &[]).await;
+        let churned = unique_names(&gate, churn).await;
+        println!(
+            "| {churn} unique lock names | RSS {:.0} MiB before, {:.0} MiB after; `/metrics` {:.0} KiB before, {:.0} KiB after |",
+            mib(churned.before),
+            mib(churned.after),
+            churned.metrics_before / 1024.0,
+            churned.metrics_after / 1024.0
+        );
+    }
+}
 
-    let gate = Gate::start(&connect, &[]).await;
-    let silent = silent_sockets(&gate).await;
-    println!(
-        "| RSS: 4 silent sockets on a 240 KB value, 40 writes | {:.0} MiB before, {:.0} MiB after; at most {:.1} MiB queued |",
-        mib(silent.before),
-        mib(silent.after),
-        mib(silent.most_queued)
-    );
+/// What a client's long polls cost zkgate.
+struct PollCost {
+    bytes_per_poll: f64,
+    cpu: Duration,
+}
 
-    let gate = Gate::start(&connect, &[]).await;
-    let churned = unique_names(&gate, churn).await;
-    println!(
-        "| {churn} unique lock names | RSS {:.0} MiB before, {:.0} MiB after; `/metrics` {:.0} KiB before, {:.0} KiB after |",
-        mib(churned.before),
-        mib(churned.after),
-        churned.metrics_before / 1024.0,
-        churned.metrics_after / 1024.0
-    );
+/// `count` kv long polls of one client, over a connection each (HTTP/1.1) or all over one
+/// (`h2`: HTTP/2 with prior knowledge), then one write that answers them all: zkgate's memory
+/// per poll while they wait, and its CPU from the first request to the last answer.
+async fn long_polls_over(gate: &Gate, count: usize, h2: bool) -> PollCost {
+    let builder = reqwest::Client::builder().pool_max_idle_per_host(count);
+    let http = if h2 {
+        builder.http2_prior_knowledge()
+    } else {
+        builder.http1_only()
+    }
+    .build()
+    .expect("client");
+    let base = format!("http://{}", gate.addr);
+    let put = |v: u32| {
+        http.put(format!("{base}/v1/kv/polled"))
+            .json(&serde_json::json!({ "v": v }))
+            .send()
+    };
+    let etag = put(1).await.expect("PUT").headers()["etag"]
+        .to_str()
+        .expect("ETag")
+        .to_string();
+    let before = gate.settled_rss().await;
+    let cpu_before = gate.child.cpu_time();
+    let polls: Vec<_> = (0..count)
+        .map(|_| {
+            let request = http
+                .get(format!("{base}/v1/kv/polled?wait=60s"))
+                .header("if-none-match", &etag)
+                .send();
+            tokio::spawn(request)
+        })
+        .collect();
+    let waiting = gate.settled_rss().await;
+    for poll in &polls {
+        assert!(!poll.is_finished(), "a long poll was answered early");
+    }
+    assert!(put(2).await.expect("PUT").status().is_success());
+    for poll in polls {
+        let answer = poll.await.expect("poll").expect("answer");
+        assert_eq!(answer.status(), reqwest::StatusCode::OK);
+        assert_eq!(answer.version() == reqwest::Version::HTTP_2, h2);
+    }
+    // The CPU of the waits themselves (two settling seconds of an idle server) is nothing.
+    let cpu = gate.child.cpu_time() - cpu_before;
+    PollCost {
+        bytes_per_poll: (waiting - before) / count as f64,
+        cpu,
+    }
 }
 
 fn mib(bytes: f64) -> f64 {
