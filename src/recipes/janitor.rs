@@ -183,7 +183,8 @@ impl Janitor {
                 continue;
             };
             if keys.num_children > 0 {
-                self.old_keys(client, &format!("{dir}/keys"), oldest_kept, removed).await?;
+                self.old_keys(client, &format!("{dir}/keys"), oldest_kept, removed)
+                    .await?;
                 continue;
             }
             let empty = own.num_children == PARTS.len() as i32

@@ -295,7 +295,10 @@ async fn an_add_with_an_idempotency_key_counts_once_through_a_lost_reply_and_a_r
     proxy.lose_next_create_reply_of("/counters/plain");
     let unknown = add(&gate, "plain", Some(json!({"delta": 5}))).await;
     unknown.assert_problem(StatusCode::SERVICE_UNAVAILABLE, None);
-    assert_eq!(unknown.body["type"], "urn:zkgate:problem:outcome-unknown", "{unknown:?}");
+    assert_eq!(
+        unknown.body["type"], "urn:zkgate:problem:outcome-unknown",
+        "{unknown:?}"
+    );
     assert_eq!(proxy.create_replies_lost(), 1);
 
     // With one: the add lands once and is answered as done.
