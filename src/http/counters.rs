@@ -151,7 +151,7 @@ fn counter_error(name: &str, err: CounterError) -> ApiError {
 #[utoipa::path(get, path = "/v1/counters/{name}", tag = "counters",
     params(("name" = String, Path, description = "Counter name")),
     responses(
-        (status = 200, body = CounterState, description = "The counter, with its `ETag` if it exists"),
+        (status = 200, body = CounterState, description = "The counter, with its `ETag` if it exists", headers(("ETag" = String, description = "The counter's version, for `If-Match` (like `\"4294967311\"`)"))),
         Problems<(p::InvalidField, p::ZookeeperUnavailable)>,
     ))]
 pub async fn counter_state(
@@ -179,7 +179,7 @@ pub async fn counter_state(
         ("Idempotency-Key" = Option<String>, Header, description = "Makes the add safe to retry (a name: 1 to 128 bytes, no `/`); a retry must repeat the request")),
     request_body(content = Option<AddBody>, description = "Optional: `+1` without it.", example = json!({"delta": 5, "max": 100})),
     responses(
-        (status = 200, description = "Added", body = AddResult),
+        (status = 200, description = "Added (or, for a repeated `Idempotency-Key`, added before)", body = AddResult, headers(("ETag" = String, description = "The counter's version, for `If-Match` (like `\"4294967311\"`)"))),
         Problems<(p::InvalidField, p::MalformedBody, p::OutOfBounds, p::NotACounter, p::OutcomeUnknown, p::ZookeeperUnavailable)>,
     ))]
 pub async fn add(
@@ -246,8 +246,8 @@ pub async fn add(
         ("If-None-Match" = Option<String>, Header, description = "`*`: create only")),
     request_body(content = SetBody, example = json!({"value": 0})),
     responses(
-        (status = 201, description = "Created", body = CounterState),
-        (status = 200, description = "Set", body = CounterState),
+        (status = 201, description = "Created", body = CounterState, headers(("ETag" = String, description = "The counter's version, for `If-Match` (like `\"4294967311\"`)"))),
+        (status = 200, description = "Set", body = CounterState, headers(("ETag" = String, description = "The counter's version, for `If-Match` (like `\"4294967311\"`)"))),
         Problems<(p::InvalidField, p::MalformedBody, p::PreconditionFailed, p::OutcomeUnknown, p::ZookeeperUnavailable)>,
     ))]
 pub async fn set(

@@ -101,6 +101,7 @@ pub struct Candidacy {
     pub position: usize,
     pub node: Option<String>,
     /// When it started leading.
+    #[schema(format = DateTime)]
     pub since: Option<String>,
     pub lease: LeaseView,
 }
@@ -123,6 +124,7 @@ pub struct CandidateView {
     pub term: Option<i64>,
     pub node: Option<String>,
     /// When it started leading.
+    #[schema(format = DateTime)]
     pub since: Option<String>,
     /// Why it was lost or failed.
     pub reason: Option<String>,

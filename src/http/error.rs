@@ -239,9 +239,26 @@ pub fn responses(problems: &[Problem]) -> BTreeMap<String, RefOr<utoipa::openapi
                 .map(|p| format!("`{}`: {}", p.slug(), p.when()))
                 .collect::<Vec<_>>()
                 .join("; ");
-            (status, problem_response(&description).into())
+            let mut response = problem_response(&description);
+            if status == "429" || status == "503" {
+                response.headers.insert("Retry-After".to_string(), retry_after_header());
+            }
+            (status, response.into())
         })
         .collect()
+}
+
+/// The `Retry-After` of every 429 and 503 ([ApiError::new] sets it on each).
+fn retry_after_header() -> RefOr<utoipa::openapi::header::Header> {
+    let seconds = utoipa::openapi::ObjectBuilder::new()
+        .schema_type(utoipa::openapi::schema::Type::Integer)
+        .minimum(Some(1));
+    RefOr::T(
+        utoipa::openapi::header::HeaderBuilder::new()
+            .schema(Some(seconds))
+            .description(Some("Seconds to wait before trying again"))
+            .build(),
+    )
 }
 
 /// A response whose body is a problem document.
@@ -307,6 +324,73 @@ pub struct ProblemDocument {
     #[serde(rename = "in", skip_serializing_if = "Option::is_none")]
     #[schema(example = "path")]
     pub place: Option<String>,
+    /// For an invalid `topic` of an event stream: the topic at fault.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub topic: Option<String>,
+    /// `not-found`: what was not found (`lease`, `handle`, `key`, `member`...).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(example = "lease")]
+    pub resource: Option<String>,
+    /// `method-not-allowed`: the methods the endpoint takes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(example = json!(["GET", "PUT"]))]
+    pub allowed: Option<Vec<String>>,
+    /// `lock-not-acquired`: the request's place in the queue when the wait ended (0: first).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub position: Option<u64>,
+    /// `lock-not-acquired`: whether the request had joined the queue (it has left it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub queued: Option<bool>,
+    /// `lock-not-acquired` on a lock set: the lock not granted; `lock-lost`: the lock lost.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lock: Option<String>,
+    /// `mode-change-refused`: the handle the lease already has on the read/write lock.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub handle: Option<String>,
+    /// `mode-change-refused`: the mode the lease already has (`read`, `write`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(example = "read")]
+    pub mode: Option<String>,
+    /// `not-leader`: the candidate's state.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub state: Option<String>,
+    /// `stale-fencing-token`: the newest holder's token (or the leader's term).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub current_token: Option<i64>,
+    /// `permits-mismatch`: the semaphore's number of permits.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub permits: Option<u32>,
+    /// `size-mismatch`: the double barrier's size.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub size: Option<u32>,
+    /// `already-voted`: the participant's vote (final).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vote: Option<crate::recipes::txn::Vote>,
+    /// `txn-decided`: the transaction's outcome.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<crate::recipes::txn::Outcome>,
+    /// `out-of-bounds`: the counter's value (unchanged).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub value: Option<i64>,
+    /// `lease-ended` (`deleted`, `expired`), `lock-lost`: why.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(example = "expired")]
+    pub reason: Option<String>,
+    /// `precondition-failed`: the ETag of what is there now.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub current_etag: Option<String>,
+    /// `body-too-large`, `value-too-large`: the limit in bytes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub limit_bytes: Option<u64>,
+    /// `value-too-large`: the size as stored; `not-a-counter`: the size of the znode's data.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub size_bytes: Option<u64>,
+    /// `queue-full`: the queue's depth (its limit).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub depth: Option<u64>,
+    /// `quota-exceeded`: the quota that is full.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub quota: Option<String>,
 }
 
 /// Where in the request a bad field is.

@@ -185,7 +185,7 @@ pub fn document(spec: &mut OpenApi) {
                     items.unique_items = true;
                 }
             }
-            if let Some(either) = lease_or_ttl(object) {
+            if let Some(either) = lease_or_ttl(schema, object) {
                 *body = RefOr::T(either);
             }
         }
@@ -210,19 +210,27 @@ pub fn document(spec: &mut OpenApi) {
 /// A body that names a lease or asks for a new one with a `ttl` (never both: the server refuses
 /// that) as the two shapes it takes: `oneOf` the body with `lease` required and without `ttl`,
 /// and the body without `lease`.
-fn lease_or_ttl(body: &utoipa::openapi::schema::Object) -> Option<Schema> {
+fn lease_or_ttl(name: &str, body: &utoipa::openapi::schema::Object) -> Option<Schema> {
     if !(body.properties.contains_key("lease") && body.properties.contains_key("ttl")) {
         return None;
     }
-    let without = |field: &str, description: &str| {
+    // Titled, so that generated clients name the two shapes (`AcquireBodyWithLease`) rather
+    // than number them (`AcquireBodyType0`); a title is a class name to some generators, so
+    // each body's are its own.
+    let without = |field: &str, title: &str, description: &str| {
         let mut shape = body.clone();
         shape.properties.remove(field);
+        shape.title = Some(format!("{name}{title}"));
         shape.description = Some(description.to_string());
         shape
     };
-    let mut yours = without("ttl", "With a lease of yours.");
+    let mut yours = without("ttl", "WithLease", "With a lease of yours.");
     yours.required.push("lease".to_string());
-    let new = without("lease", "With a new lease (of `ttl`, or the server's default).");
+    let new = without(
+        "lease",
+        "WithNewLease",
+        "With a new lease (of `ttl`, or the server's default).",
+    );
     Some(Schema::OneOf(
         utoipa::openapi::schema::OneOfBuilder::new()
             .item(Schema::Object(yours))
@@ -306,13 +314,165 @@ fn apply(path: &str, method: &str, parameter: &mut Parameter) {
     let Some(format) = format_of(path, method, &parameter.parameter_in, &parameter.name) else {
         return;
     };
-    let schema = RefOr::T(schema_of(format));
+    // A duration of any length is the `HumanDuration` component (the same pattern).
+    let schema = match format {
+        Format::Duration => RefOr::Ref(utoipa::openapi::Ref::from_schema_name("HumanDuration")),
+        format => RefOr::T(schema_of(format)),
+    };
     match parameter.schema.as_mut() {
         Some(RefOr::T(Schema::Array(array))) => {
             array.items = utoipa::openapi::schema::ArrayItems::RefOrSchema(Box::new(schema))
         }
         _ => parameter.schema = Some(schema),
     }
+}
+
+/// A JSON value as a request body that may be any (a queue item's, a kv value's: the server
+/// checks only that it parses), written so that client generators can type it: `anyOf` an
+/// object, a string, an integer, a number, a boolean and `null` (`anyOf`: an integer is a
+/// number too). `{}` (any value) gives a
+/// generator nothing to type (openapi-python-client 0.29 wrote `isinstance(body, Any)` for it,
+/// which raises), and for a body that may also be bytes it dispatches on the value's type with
+/// `isinstance`, which raises on a list type (`list[Any]`) and has no `list` for an array
+/// without `items`. So a top-level array, which the server takes too, is left out of the
+/// schema and said in its description; `integer` is there because that generator checks a
+/// `number` with `float`, which an `int` is not.
+pub struct JsonValue;
+
+impl utoipa::PartialSchema for JsonValue {
+    fn schema() -> RefOr<Schema> {
+        use utoipa::openapi::schema::{AdditionalProperties, AnyOfBuilder, ObjectBuilder};
+        let of = |ty: Type| ObjectBuilder::new().schema_type(SchemaType::Type(ty));
+        AnyOfBuilder::new()
+            .item(
+                of(Type::Object)
+                    .title(Some("JsonObject"))
+                    .additional_properties(Some(AdditionalProperties::FreeForm(true))),
+            )
+            .item(of(Type::String))
+            .item(of(Type::Integer))
+            .item(of(Type::Number))
+            .item(of(Type::Boolean))
+            .item(of(Type::Null))
+            .description(Some(
+                "A JSON value: an object, a string, a number, a boolean or `null` (an array is \
+                 taken too; it is left out here for the sake of client generators).",
+            ))
+            .into()
+    }
+}
+
+impl utoipa::ToSchema for JsonValue {}
+
+/// Bytes as a request body (`application/octet-stream`): a string of `format: binary`, which
+/// client generators turn into a file or bytes type.
+pub struct Binary;
+
+impl utoipa::PartialSchema for Binary {
+    fn schema() -> RefOr<Schema> {
+        Object::builder()
+            .schema_type(SchemaType::Type(Type::String))
+            .format(Some(utoipa::openapi::schema::SchemaFormat::Custom("binary".into())))
+            .into()
+    }
+}
+
+impl utoipa::ToSchema for Binary {}
+
+/// Writes the nullable fields the way OpenAPI 3.1 generators read them. utoipa writes an
+/// `Option<T>` as `oneOf: [T, {type: null}]`, which openapi-generator (7.26) reads as the 3.0
+/// `nullable` it no longer supports (and warns about): an inline schema of one type becomes
+/// that schema with `null` added to its `type` (`type: ["string", "null"]`, its pattern and
+/// description kept), a `$ref` becomes `anyOf: [{$ref}, {type: null}]`. The same values either
+/// way. Applied once, to the whole spec (components, bodies, responses, parameters), after
+/// everything else has written its schemas.
+pub fn nullable_as_types(spec: &mut OpenApi) {
+    if let Some(components) = spec.components.as_mut() {
+        components.schemas.values_mut().for_each(nullable_in);
+    }
+    for item in spec.paths.paths.values_mut() {
+        let operations = [&mut item.get, &mut item.put, &mut item.post, &mut item.delete];
+        for operation in operations.into_iter().flatten() {
+            for parameter in operation.parameters.iter_mut().flatten() {
+                if let RefOr::T(parameter) = parameter {
+                    parameter.schema.iter_mut().for_each(nullable_in);
+                }
+            }
+            if let Some(RefOr::T(body)) = operation.request_body.as_mut() {
+                for content in body.content.values_mut() {
+                    if let RefOr::T(content) = content {
+                        content.schema.iter_mut().for_each(nullable_in);
+                    }
+                }
+            }
+            for response in operation.responses.responses.values_mut() {
+                if let RefOr::T(response) = response {
+                    for content in response.content.values_mut() {
+                        if let RefOr::T(content) = content {
+                            content.schema.iter_mut().for_each(nullable_in);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// [nullable_as_types] on `schema` and every schema inside it.
+fn nullable_in(schema: &mut RefOr<Schema>) {
+    let RefOr::T(inner) = schema else { return };
+    match inner {
+        Schema::Object(object) => {
+            object.properties.values_mut().for_each(nullable_in);
+            if let Some(extra) = object.additional_properties.as_deref_mut()
+                && let utoipa::openapi::schema::AdditionalProperties::RefOr(extra) = extra
+            {
+                nullable_in(extra);
+            }
+        }
+        Schema::Array(array) => {
+            if let utoipa::openapi::schema::ArrayItems::RefOrSchema(items) = &mut array.items {
+                nullable_in(items);
+            }
+        }
+        Schema::OneOf(one_of) => one_of.items.iter_mut().for_each(nullable_in),
+        Schema::AnyOf(any_of) => any_of.items.iter_mut().for_each(nullable_in),
+        Schema::AllOf(all_of) => all_of.items.iter_mut().for_each(nullable_in),
+        _ => {}
+    }
+    let Schema::OneOf(one_of) = inner else { return };
+    let is_null = |item: &RefOr<Schema>| matches!(item, RefOr::T(Schema::Object(o)) if o.schema_type == SchemaType::Type(Type::Null));
+    if one_of.items.len() != 2 || !is_null(&one_of.items[1]) {
+        return;
+    }
+    let description = one_of.description.take();
+    let replacement = match one_of.items.swap_remove(0) {
+        RefOr::Ref(reference) => Schema::AnyOf(
+            utoipa::openapi::schema::AnyOfBuilder::new()
+                .item(RefOr::Ref(reference))
+                .item(Object::builder().schema_type(SchemaType::Type(Type::Null)))
+                .description(description)
+                .build(),
+        ),
+        RefOr::T(Schema::Object(mut object)) if matches!(&object.schema_type, SchemaType::Type(t) if *t != Type::Null) =>
+        {
+            let SchemaType::Type(ty) = object.schema_type.clone() else {
+                return;
+            };
+            object.schema_type = SchemaType::from_iter([ty, Type::Null]);
+            if object.description.is_none() {
+                object.description = description;
+            }
+            Schema::Object(object)
+        }
+        other => {
+            // Not a shape generators stumble on: as it was.
+            one_of.items.insert(0, other);
+            one_of.description = description;
+            return;
+        }
+    };
+    *inner = replacement;
 }
 
 #[cfg(test)]

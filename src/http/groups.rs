@@ -71,6 +71,7 @@ pub struct Joined {
     pub group: String,
     #[schema(example = "worker-7")]
     pub member: String,
+    #[schema(format = DateTime)]
     pub joined_at: String,
     /// The lease the membership lasts with.
     pub lease: LeaseView,

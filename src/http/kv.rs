@@ -170,10 +170,11 @@ fn precondition_failed(key: &str, current: Option<i64>) -> ApiError {
         ("If-None-Match" = Option<String>, Header, description = "An ETag: 304 if the value still has it (after waiting, with `wait`)")),
     responses(
         (status = 200, description = "The value, with its `ETag`, in the `Content-Type` it was written with (a value written by another client comes as bytes)",
+            headers(("ETag" = String, description = "The value's version, for `If-Match` and `If-None-Match` (like `\"4294967311\"`)")),
             content((serde_json::Value = "application/json", example = json!({"dark_mode": true, "max_items": 50})),
                 (String = "text/plain", example = json!("maintenance at 22:00")),
                 (String = "application/octet-stream"))),
-        (status = 304, description = "Not modified (within the wait)"),
+        (status = 304, description = "Not modified (within the wait)", headers(("ETag" = String, description = "The value's version, for `If-Match` and `If-None-Match` (like `\"4294967311\"`)"))),
         Problems<(p::InvalidField, p::NotFound, p::ZookeeperUnavailable)>,
     ))]
 pub async fn get_value(
@@ -236,12 +237,12 @@ pub async fn get_value(
         ("If-Match" = Option<String>, Header, description = "Write only over this ETag (`*`: only if it exists)"),
         ("If-None-Match" = Option<String>, Header, description = "`*`: create only")),
     request_body(description = "The value: JSON, text or bytes, kept with its `Content-Type`",
-        content((serde_json::Value = "application/json", example = json!({"dark_mode": true, "max_items": 50})),
+        content((crate::http::formats::JsonValue = "application/json", example = json!({"dark_mode": true, "max_items": 50})),
             (String = "text/plain", example = json!("maintenance at 22:00")),
-            (String = "application/octet-stream"))),
+            (inline(crate::http::formats::Binary) = "application/octet-stream"))),
     responses(
-        (status = 201, description = "Created", body = Written),
-        (status = 200, description = "Replaced", body = Written),
+        (status = 201, description = "Created", body = Written, headers(("ETag" = String, description = "The value's version, for `If-Match` and `If-None-Match` (like `\"4294967311\"`)"))),
+        (status = 200, description = "Replaced", body = Written, headers(("ETag" = String, description = "The value's version, for `If-Match` and `If-None-Match` (like `\"4294967311\"`)"))),
         Problems<(p::InvalidField, p::MalformedBody, p::PreconditionFailed, p::BodyTooLarge, p::ValueTooLarge, p::QuotaExceeded, p::ZookeeperUnavailable)>,
     ))]
 pub async fn put_value(

@@ -114,7 +114,9 @@ pub struct LeaseView {
     #[schema(example = 29874)]
     pub remaining_ms: u64,
     #[schema(example = "2026-11-22T10:00:00.000Z")]
+    #[schema(format = DateTime)]
     pub created_at: String,
+    #[schema(format = DateTime)]
     pub last_keepalive_at: String,
     /// Locks (and later other resources) held or waited for with this lease.
     pub holdings: Vec<HoldingView>,
@@ -161,7 +163,8 @@ pub struct LeaseSummary {
         example = json!({"ttl": "30s"})),
     params(("Idempotency-Key" = Option<String>, Header, description = "Makes the creation safe to retry.")),
     responses(
-        (status = 201, description = "Created; `Location` names the lease", body = LeaseView),
+        (status = 201, description = "Created; `Location` names the lease", body = LeaseView,
+            headers(("Location" = String, description = "The lease's path: `/v1/leases/{id}`"))),
         Problems<(p::InvalidField, p::MalformedBody, p::ZookeeperUnavailable)>,
     ))]
 pub async fn create_lease(

@@ -78,6 +78,7 @@ pub struct SetLock {
     #[schema(example = 4294967302_i64)]
     pub fencing_token: Option<i64>,
     pub node: Option<String>,
+    #[schema(format = DateTime)]
     pub held_since: Option<String>,
 }
 

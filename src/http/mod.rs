@@ -101,9 +101,9 @@ pub const BODY_LIMIT_BYTES: usize = crate::listen::BODY_LIMIT_BYTES;
         description = "Apache ZooKeeper's coordination recipes over HTTP: leases, exclusive and read/write locks with fencing tokens, lock sets, semaphores, leader election, group membership, service discovery, configuration (kv), counters, barriers and double barriers, two-phase commit, queues (one tag per kind below).\n\n\
             Errors are RFC 9457 problem documents (`application/problem+json`) whose `type` is `urn:zkgate:problem:<slug>`.\n\
             Durations are written like `500ms`, `5s`, `1m`.",
-        license(name = "MIT")
+        license(name = "MIT", identifier = "MIT")
     ),
-    components(schemas(error::ProblemDocument, crate::recipes::service::Strategy)),
+    components(schemas(error::ProblemDocument, crate::recipes::service::Strategy, crate::time::HumanDuration, formats::JsonValue)),
     tags(
         (name = "leases", description = "Lease-style handles: TTL, keepalive, and everything held on their behalf."),
         (name = "websocket", description = "Push over WebSockets: subscriptions to every recipe and to znodes, socket-bound leases, API calls."),
@@ -324,16 +324,19 @@ pub async fn read<S: Source>(
 }
 
 /// What the spec says beyond each operation's own declaration: the guards' problems and
-/// bearer auth ([document_auth]), and `?consistency=` on the reads ([consistency::document]).
+/// bearer auth ([document_auth]), and `?consistency=` on the reads ([consistency::document]),
+/// the values' formats ([formats::document]); last, nullable fields written the OpenAPI 3.1
+/// way ([formats::nullable_as_types]).
 pub fn document(spec: &mut utoipa::openapi::OpenApi) {
     document_auth(spec);
     topics::document(spec);
     consistency::document(spec);
     formats::document(spec);
+    formats::nullable_as_types(spec);
 }
 
 /// Bearer tokens in the spec: the scheme, and on every operation but the probes the
-/// requirement and the problems of the guards every route passes: 401 without a valid token
+/// requirement (optional: `{}` too, since without `--auth-config` none is needed) and the problems of the guards every route passes: 401 without a valid token
 /// and 403 outside the grants (both with `--auth-config`), and on every write and socket the
 /// 429 of the limits.
 pub fn document_auth(spec: &mut utoipa::openapi::OpenApi) {
@@ -368,7 +371,11 @@ pub fn document_auth(spec: &mut utoipa::openapi::OpenApi) {
             .filter_map(|(method, op)| op.as_mut().map(|op| (method, op)))
         {
             let write = method != axum::http::Method::GET;
-            operation.security = Some(vec![SecurityRequirement::new("bearer", Vec::<String>::new())]);
+            // Optional: without `--auth-config` no token is needed (`{}`, no requirement).
+            operation.security = Some(vec![
+                SecurityRequirement::new("bearer", Vec::<String>::new()),
+                SecurityRequirement::default(),
+            ]);
             let mut guards = vec![Problem::Unauthorized, Problem::Forbidden];
             if write {
                 guards.extend([Problem::RateLimited, Problem::TooMany]);

@@ -91,6 +91,7 @@ pub struct PermitView {
     /// Acquirers ahead while waiting (0: next, waiting for a permit to come back).
     pub position: Option<usize>,
     /// When it was granted (known to the instance that keeps its lease).
+    #[schema(format = DateTime)]
     pub held_since: Option<String>,
     /// The lease holding it, when answered by the instance that keeps it; else its id is in
     /// `lease_id`.

@@ -92,6 +92,7 @@ pub struct Registered {
     pub service: String,
     #[schema(example = "billing-1")]
     pub id: String,
+    #[schema(format = DateTime)]
     pub registered_at: String,
     /// The lease the registration lasts with.
     pub lease: LeaseView,

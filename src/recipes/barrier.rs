@@ -68,6 +68,7 @@ pub struct BarrierState {
     pub up: bool,
     /// When it was raised.
     #[schema(example = "2026-11-22T10:00:00.000Z")]
+    #[schema(format = DateTime)]
     pub since: Option<String>,
     /// Whether it falls with its owner's lease (a lease-bound barrier).
     pub bound: bool,

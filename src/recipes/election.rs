@@ -242,6 +242,7 @@ pub struct LeaderView {
     pub lease: Option<String>,
     /// When it took over (its acknowledgement's creation), if acknowledged.
     #[schema(example = "2026-11-22T10:00:00.000Z")]
+    #[schema(format = DateTime)]
     pub since: Option<String>,
     /// Whether the leader has written the acknowledgement node: it knows it leads. (A Curator
     /// `LeaderLatch` leader never does.)

@@ -25,6 +25,7 @@ pub struct MemberView {
     /// created by other clients.
     pub data: serde_json::Value,
     #[schema(example = "2026-11-22T10:00:00.000Z")]
+    #[schema(format = DateTime)]
     pub joined_at: String,
 }
 

@@ -143,6 +143,7 @@ pub struct InstanceView {
     #[schema(example = "http://10.0.0.5:8080")]
     pub uri: Option<String>,
     #[schema(example = "2026-11-22T10:00:00.000Z")]
+    #[schema(format = DateTime)]
     pub registered_at: String,
     /// `DYNAMIC` (ephemeral) as registered here; Curator also knows `STATIC` and `PERMANENT`.
     pub service_type: String,

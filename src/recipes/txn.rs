@@ -210,6 +210,7 @@ pub struct TxnState {
     pub payload: Option<serde_json::Value>,
     /// When it aborts if not decided before.
     #[schema(example = "2026-11-22T10:00:30.000Z")]
+    #[schema(format = DateTime)]
     pub deadline_at: Option<String>,
     /// Participants registered now.
     pub registered: BTreeSet<String>,

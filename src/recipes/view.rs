@@ -130,6 +130,7 @@ pub struct ContenderView {
     pub fencing_token: i64,
     /// When the contender joined the queue.
     #[schema(example = "2026-11-22T10:00:00.000Z")]
+    #[schema(format = DateTime)]
     pub created_at: String,
     /// The zkgate lease of the contender, for zkgate's contenders.
     pub lease: Option<String>,
@@ -137,6 +138,7 @@ pub struct ContenderView {
     #[schema(value_type = String, example = "zkgate")]
     pub client: &'static str,
     /// For a holder, when it was granted, if this instance knows (its own contenders).
+    #[schema(format = DateTime)]
     pub held_since: Option<String>,
     /// Whether someone asked this holder to give the lock up.
     pub revocation_requested: bool,

@@ -94,6 +94,7 @@ pub struct Acquisition {
     #[schema(example = "_c_6c1f1a9e-8d2b-4d43-9b7a-0e1c2d3e4f50-lock-0000000007")]
     pub node: Option<String>,
     /// When the lock was granted.
+    #[schema(format = DateTime)]
     pub held_since: Option<String>,
     /// The lease holding it; keep it alive with `POST /v1/leases/{id}/keepalive`.
     pub lease: LeaseView,
@@ -116,6 +117,7 @@ pub struct HandleView {
     /// Present while held (and after a loss, to tell which grant was lost).
     pub fencing_token: Option<i64>,
     pub node: Option<String>,
+    #[schema(format = DateTime)]
     pub held_since: Option<String>,
     /// Why it was lost or failed.
     pub reason: Option<String>,

@@ -93,9 +93,9 @@ pub(super) fn body_of(headers: &HeaderMap, bytes: &[u8]) -> Result<Envelope, Api
     params(("name" = String, Path, description = "Queue name"), PutQuery,
         ("Idempotency-Key" = Option<String>, Header, description = "Makes the put safe to retry (1 to 128 bytes, no `/`)")),
     request_body(description = "The item: JSON, text or bytes, kept with its `Content-Type`",
-        content((serde_json::Value = "application/json", example = json!({"to": "ada@example.com", "template": "welcome"})),
+        content((crate::http::formats::JsonValue = "application/json", example = json!({"to": "ada@example.com", "template": "welcome"})),
             (String = "text/plain", example = json!("resize photo 42")),
-            (String = "application/octet-stream"))),
+            (inline(crate::http::formats::Binary) = "application/octet-stream"))),
     responses(
         (status = 201, description = "Stored", body = Stored),
         (status = 200, description = "A put with this key was stored before", body = Stored),

@@ -61,9 +61,11 @@ pub struct Delivery {
     /// Acknowledge with `POST /v1/queues/{name}/claims/{claim}/ack` (at least once only).
     pub claim: Option<String>,
     /// When the claim lapses and the item is delivered again.
+    #[schema(format = DateTime)]
     pub ack_deadline_at: Option<String>,
     /// How many times the item has been claimed, this one included.
     pub deliveries: u32,
+    #[schema(format = DateTime)]
     pub put_at: String,
     pub content_type: String,
     /// The body, when JSON (any JSON value).

@@ -27,6 +27,7 @@ pub struct QueueItem {
     #[schema(example = 1)]
     pub deliveries: u32,
     #[schema(example = "2026-11-22T10:00:00.000Z")]
+    #[schema(format = DateTime)]
     pub put_at: String,
     #[schema(example = "application/json")]
     pub content_type: String,
@@ -55,6 +56,7 @@ pub struct QueueState {
     /// Items in the dead-letter queue.
     pub dead_letters: usize,
     /// When the oldest item (waiting or claimed) was put.
+    #[schema(format = DateTime)]
     pub oldest_put_at: Option<String>,
     /// The next items, in the order they will be taken (at most 10).
     pub head: Vec<QueueItem>,
