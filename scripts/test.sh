@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Runs zkgate's whole test suite on a fresh machine: installs what is missing (ZooKeeper,
-# Curator, kazoo, chromium, etcd from Debian; cargo-nextest from crates.io; playwright-core from npm),
+# Curator, kazoo, chromium, etcd from Debian; cargo-nextest from crates.io; playwright-core,
+# openapi-typescript and openapi-fetch from npm; schemathesis and the spec's validators and
+# Python client generator from PyPI),
 # checks formatting and lints, then runs every test against real ZooKeeper servers that the
 # tests start on free loopback ports.
 set -euo pipefail
@@ -24,6 +26,9 @@ kill "$shared_zookeeper"
 unset ZKGATE_TEST_ZOOKEEPER
 # The API against its spec: no 5xx, and every answer as documented (schemathesis, PyPI).
 scripts/schemathesis.sh --seed 20261122
+# The spec as generators take it: two validators, then a Python and a TypeScript client
+# generated from it, each driven through a real flow (PyPI, npm).
+ZKGATE_BIN=target/debug/zkgate scripts/clients.sh
 # The comparison bench, tiny and unoptimised, so that it cannot rot: it checks every answer of
 # zkgate, kazoo and etcd, never a speed (BENCHMARKS.md has the real runs).
 ZKGATE_BENCH_QUICK=1 cargo bench --profile dev --bench compare

@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# The served spec as its users meet it: zkgate with an embedded ZooKeeper on a free port, its
+# GET /openapi.json checked by two independent validators (openapi-spec-validator, and
+# openapi-generator's `validate --recommend`), then two clients generated from it and driven
+# through a real flow, unmodified: a Python client (openapi-python-client, installed into the
+# venv, tests/clients/python_flow.py) and TypeScript types (openapi-typescript) called through
+# openapi-fetch (tests/clients/typescript/flow.ts, type-checked strictly by tsc, then run).
+#   scripts/clients.sh                          builds target/debug/zkgate first
+#   ZKGATE_BIN=path/to/zkgate scripts/clients.sh   uses that binary, builds nothing
+# Everything comes pinned from PyPI (a venv under target/) and npm (tests/clients/typescript's
+# package-lock.json); openapi-generator is a jar that runs on the Java that zkgate's embedded
+# ZooKeeper needs anyway. Generated code goes to target/clients/ and
+# tests/clients/typescript/generated/ (ignored by git); nothing generated is edited.
+#
+# What fails the run: an error from either validator; any warning from openapi-generator's
+# validation; any openapi-python-client warning except "Unsupported content type text/plain"
+# (that generator has no text/plain request bodies at all: the spec is right there); any
+# warning or error from openapi-typescript; a type error in flow.ts; a failed flow step. Every
+# stage runs even when an earlier one failed (except what needs its output), and the run ends
+# with a list of what failed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+venv=target/clients-venv
+out=target/clients
+ts=tests/clients/typescript
+pins=('openapi-spec-validator==0.9.0' 'openapi-generator-cli==7.26.0' 'openapi-python-client==0.29.1')
+if [[ ! -x $venv/bin/python || "$(cat "$venv/pins" 2>/dev/null)" != "${pins[*]}" ]]; then
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check "${pins[@]}"
+    echo "${pins[*]}" >"$venv/pins"
+fi
+command -v node >/dev/null && command -v npm >/dev/null || { echo "clients.sh needs node (20+) and npm" >&2; exit 1; }
+scripts/install-deps.sh test
+binary=${ZKGATE_BIN:-target/debug/zkgate}
+[[ -n ${ZKGATE_BIN:-} ]] || cargo build --quiet
+rm -rf "$out" "$ts/generated" "$ts/dist"
+mkdir -p "$out" "$ts/generated"
+source scripts/background-zkgate.sh
+start_zkgate "$binary" target/clients-zkgate.log
+url=$ZKGATE_URL
+curl -sSf "$url/openapi.json" -o "$out/openapi.json"
+
+failures=()
+fail() {
+    echo "clients.sh: FAILED: $1" >&2
+    failures+=("$1")
+}
+section() { printf '\n=== %s\n' "$1"; }
+
+section "openapi-spec-validator (every validation error)"
+"$venv/bin/openapi-spec-validator" --validation-errors all "$out/openapi.json" || fail "openapi-spec-validator"
+
+section "openapi-generator validate --recommend"
+# The jar prints its findings on stderr and exits 1 on errors; warnings (recommendations) leave
+# it at 0, so they are read from its output.
+set +e
+"$venv/bin/openapi-generator-cli" validate --recommend -i "$out/openapi.json" >"$out/openapi-generator-validate.log" 2>&1
+status=$?
+set -e
+cat "$out/openapi-generator-validate.log"
+[[ $status -eq 0 ]] || fail "openapi-generator validate: errors (exit $status)"
+grep -q '^Warnings:' "$out/openapi-generator-validate.log" && fail "openapi-generator validate: warnings"
+
+section "openapi-python-client generate"
+# ruff (a dependency of the generator, in the venv) formats what it writes: it must be on PATH.
+set +e
+PATH="$PWD/$venv/bin:$PATH" "$venv/bin/openapi-python-client" generate --path "$out/openapi.json" \
+    --output-path "$out/python" --overwrite >"$out/python-generate.log" 2>&1
+status=$?
+set -e
+cat "$out/python-generate.log"
+python_ok=true
+if [[ $status -ne 0 ]]; then
+    fail "openapi-python-client generate (exit $status)"
+    python_ok=false
+fi
+# Its warnings are blocks that start "WARNING parsing METHOD PATH within TAG." and give the reason
+# on the next non-empty line (or "Unable to ..." blocks for schemas).
+"$venv/bin/python" - "$out/python-generate.log" <<'EOF' || fail "openapi-python-client: warnings"
+import re, sys
+text = open(sys.argv[1]).read()
+allowed = {"Unsupported content type text/plain"}
+bad = []
+for block in re.split(r"\n(?=WARNING |Unable to |Cannot )", text)[1:]:
+    lines = [line for line in block.splitlines() if line.strip()]
+    head, reason = lines[0], (lines[1] if len(lines) > 1 else "")
+    if reason.strip() in allowed:
+        print(f"known generator limitation: {head} {reason}")
+    else:
+        bad.append(f"{head} {reason}")
+for b in bad:
+    print(f"warning: {b}")
+sys.exit(1 if bad else 0)
+EOF
+if $python_ok; then
+    "$venv/bin/pip" install --quiet --disable-pip-version-check --force-reinstall --no-deps "$out/python"
+    section "Python flow"
+    "$venv/bin/python" tests/clients/python_flow.py "$url" || fail "Python flow"
+fi
+
+section "openapi-typescript"
+npm ci --prefix "$ts" --no-audit --no-fund --silent
+set +e
+"$ts/node_modules/.bin/openapi-typescript" "$out/openapi.json" -o "$ts/generated/zkgate.d.ts" >"$out/typescript-generate.log" 2>&1
+status=$?
+set -e
+cat "$out/typescript-generate.log"
+typescript_ok=true
+if [[ $status -ne 0 ]]; then
+    fail "openapi-typescript (exit $status)"
+    typescript_ok=false
+fi
+# It lints the spec with Redocly's rules first and prints what it finds before its own lines.
+grep -Eiv '^(✨ openapi-typescript|🚀 )' "$out/typescript-generate.log" | grep -Eqi 'warn|error' &&
+    fail "openapi-typescript: warnings"
+if $typescript_ok; then
+    section "tsc (strict) and the TypeScript flow"
+    if "$ts/node_modules/.bin/tsc" -p "$ts/tsconfig.json"; then
+        node "$ts/dist/flow.js" "$url" || fail "TypeScript flow"
+    else
+        fail "tsc: flow.ts does not type-check against the generated types"
+    fi
+fi
+
+echo
+if [[ ${#failures[@]} -gt 0 ]]; then
+    printf 'clients.sh: %d failed:\n' "${#failures[@]}" >&2
+    printf '  - %s\n' "${failures[@]}" >&2
+    exit 1
+fi
+echo "clients.sh: both validators clean, both generated clients ran the flow"
