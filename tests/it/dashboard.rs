@@ -45,6 +45,25 @@ async fn the_dashboard_follows_contention_and_queue_traffic_live() {
     println!("{report}");
 }
 
+/// Over HTTPS, chromium gets the page by HTTP/2 (ALPN `h2`) and the dashboard's socket by
+/// HTTP/1.1, and the page is live (`tests/browser/http2.mjs`).
+#[tokio::test]
+async fn over_https_the_dashboard_comes_by_http2_and_is_live() {
+    let browser_dir = browser_dir();
+    let zk = zookeeper().await;
+    let certificate = common::certificate();
+    let mut config = test_config(&zk.connect_string());
+    config.tls_cert = Some(certificate.cert.clone());
+    config.tls_key = Some(certificate.key.clone());
+    let gate = Gate::start_with(config).await;
+    let mut command = tokio::process::Command::new("node");
+    command
+        .arg(browser_dir.join("http2.mjs"))
+        .arg(format!("https://127.0.0.1:{}", gate.running.addr.port()))
+        .env("NODE_EXTRA_CA_CERTS", &certificate.cert);
+    println!("{}", run_script(command).await);
+}
+
 #[tokio::test]
 async fn with_auth_the_dashboard_asks_for_a_token_and_is_live_once_signed_in() {
     let browser_dir = browser_dir();
