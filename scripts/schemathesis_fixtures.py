@@ -25,6 +25,20 @@ import uuid
 import urllib.error
 import urllib.request
 
+# The conditional writes, left out of the coverage phase only (the examples, fuzzing and
+# stateful phases still try them, with the current ETag swapped in by the hooks): its cases with
+# an optional header give the header a placeholder (`If-Match: 0`, `If-None-Match: 0`) that
+# breaks the header's pattern yet count as valid data, so every one is refused (400, or 412 for
+# a version nobody has), rightly, and schemathesis 4.32 then warns that the operation refuses
+# all valid data.
+NO_COVERAGE = [
+    "PUT /v1/counters/{name}",
+    "DELETE /v1/counters/{name}",
+    "PUT /v1/kv/{key}",
+    "DELETE /v1/kv/{key}",
+]
+
+
 def call(base, method, path, body=None, expect=(200, 201, 202, 204)):
     data = None if body is None else json.dumps(body).encode()
     request = urllib.request.Request(base + path, data=data, method=method)
@@ -181,6 +195,15 @@ def _renewed():
         return {"id": txn, "participant": "p"}
 
     ops["POST /v1/txns/{id}/participants/{participant}/vote"] = voter
+
+    def registrant(m, n):
+        # A participant registers once (with its lease; another lease is refused, 409): a
+        # transaction of its own each time, whose "p" has not registered yet.
+        txn = f"fx{m.run}-register-{n}"
+        m.call("POST", "/v1/txns", {"id": txn, "participants": ["p"], "deadline": "24h"})
+        return {"id": txn, "participant": "p"}
+
+    ops["PUT /v1/txns/{id}/participants/{participant}"] = registrant
     return ops
 
 
@@ -221,8 +244,6 @@ def main():
     # Bodies get their ids from scripts/schemathesis_hooks.py (in every phase).
     leader = holder("elections", f"fx{run}-lead", "campaign")
     bind("PUT /v1/elections/{name}/leader", path__name=f"fx{run}-lead")
-    call(base, "POST", "/v1/txns", {"id": f"fx{run}-txn", "participants": ["p"], "deadline": "24h"})
-    bind("PUT /v1/txns/{id}/participants/{participant}", path__id=f"fx{run}-txn", path__participant="p")
     service, instance = f"fx{run}-svc", f"fx{run}-get"
     body = {"address": "10.0.0.5", "port": 8080, "lease": lease()}
     call(base, "PUT", f"/v1/services/{service}/instances/{instance}", body)
@@ -252,10 +273,14 @@ def main():
         'fail-on = ["validation_mismatch"]',
         "",
     ]
-    for operation, parameters in bindings:
+    bound = dict(bindings)
+    for operation in list(bound) + [o for o in NO_COVERAGE if o not in bound]:
         lines += ["[[operations]]", f"include-name = {json.dumps(operation)}"]
-        lines.append("[operations.parameters]")
-        lines += [f"{json.dumps(parameter)} = {json.dumps(value)}" for parameter, value in parameters.items()]
+        if operation in NO_COVERAGE:
+            lines += ["[operations.phases.coverage]", "enabled = false"]
+        if bound.get(operation):
+            lines.append("[operations.parameters]")
+            lines += [f"{json.dumps(parameter)} = {json.dumps(value)}" for parameter, value in bound[operation].items()]
         lines.append("")
     with open(out, "w", encoding="utf-8") as f:
         f.write("\n".join(lines))

@@ -14,6 +14,11 @@ scripts/schemathesis_fixtures.py) get a new one after each call answered 2xx, ma
 fixture script made the first, and the next requests' paths name it instead of the spent one;
 otherwise every request after the first served one (often a negative case the server serves
 anyway) would meet 404.
+
+A conditional write (`If-Match` on a counter's or a key's set or delete) can only be served with
+the resource's current version, which schemathesis cannot know: a well-formed ETag it made up
+is swapped for the one the resource has now (read just before), so that the write is tried
+where it succeeds; `*` and malformed values are sent as generated.
 """
 
 import importlib.util
@@ -22,10 +27,21 @@ import json
 import os
 import re
 import sys
+import urllib.error
+import urllib.parse
+import urllib.request
 
 import schemathesis
 
 ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{32}")
+ETAG = re.compile(r'(W/)?"[0-9]{1,18}"')
+# The conditional writes, and where their resource is read.
+CONDITIONAL = {
+    "PUT /v1/counters/{name}": ("/v1/counters/{}", "name"),
+    "DELETE /v1/counters/{name}": ("/v1/counters/{}", "name"),
+    "PUT /v1/kv/{key}": ("/v1/kv/{}", "key"),
+    "DELETE /v1/kv/{key}": ("/v1/kv/{}", "key"),
+}
 
 with open(os.environ.get("ZKGATE_SCHEMATHESIS_FIXTURES", "target/schemathesis-fixtures.json"), encoding="utf-8") as f:
     FIXTURES = json.load(f)
@@ -48,9 +64,27 @@ def foreign(value):
     return isinstance(value, str) and ID.fullmatch(value) and not value.startswith(FIXTURES["instance"] + "-")
 
 
+def current_etag(label, path_parameters):
+    """The ETag the resource of conditional write `label` has now, if it exists."""
+    template, name = CONDITIONAL[label]
+    value = path_parameters.get(name)
+    if not isinstance(value, str):
+        return None
+    url = FIXTURES["base"] + template.format(urllib.parse.quote(value, safe="/" if name == "key" else ""))
+    try:
+        with urllib.request.urlopen(url, timeout=10) as answer:
+            return answer.headers.get("etag")
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+
+
 @schemathesis.hook
 def before_call(context, case, **kwargs):
     label = case.operation.label
+    if label in CONDITIONAL and case.headers and ETAG.fullmatch(case.headers.get("If-Match") or ""):
+        etag = current_etag(label, case.path_parameters or {})
+        if etag:
+            case.headers["If-Match"] = etag
     if label in CURRENT and case.path_parameters:
         for name, value in CURRENT[label].items():
             if (name, case.path_parameters.get(name)) in ISSUED[label]:
