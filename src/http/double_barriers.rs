@@ -71,6 +71,7 @@ pub struct EnterBody {
     pub participant: String,
     /// How many participants make the barrier open (the first enter records it).
     #[schema(example = 5, minimum = 1)]
+    #[serde(deserialize_with = "super::extract::whole_u32")]
     pub size: u32,
     /// The lease the participant lives by. Without it a new lease is created.
     pub lease: Option<String>,

@@ -138,6 +138,8 @@ fn schema_of(format: Format) -> Schema {
 const BODY_NAMES: &[(&str, &str)] = &[
     ("CreateTxn", "id"),
     ("CreateTxn", "participants"),
+    ("EnterBody", "participant"),
+    ("LeaveBody", "participant"),
     ("LockSetBody", "locks"),
     ("RevokeBody", "node"),
 ];
