@@ -140,8 +140,6 @@ fn counter_error(name: &str, err: CounterError) -> ApiError {
                 format!("was used by {before} on counter `{name}`; a retry must repeat the request"),
             )
         }
-        // Answered inside the recipe.
-        CounterError::KeyUsed => ApiError::new(Problem::Internal, "an idempotency key left unanswered"),
         CounterError::ZooKeeper(err) => err.into(),
     }
 }

@@ -9,6 +9,10 @@
 //! README's tables of errors are checked against [Problem::ALL] by a test.
 //!
 //! ZooKeeper being unreachable is a 503 with `Retry-After`, never a 500.
+//!
+//! (Over 600 lines, one concept: the catalogue, the error type that renders it and the problem
+//! document's schema with its typed extension members, which must name the same members the
+//! catalogue's problems carry; split, the three would drift apart.)
 
 use std::collections::BTreeMap;
 

@@ -1,3 +1,7 @@
+//! (One file over 600 lines: read, add, set and delete share one conditional write and its
+//! conflicts, and the keyed add is that write with its key; split, each part would need the
+//! others' internals.)
+//!
 //! Counters, stored as Curator's `DistributedAtomicLong` stores them, so that a JVM service
 //! using Curator and HTTP clients share one counter: the value is the data of the counter's own
 //! znode (`<root>/counters/<name>`, persistent), eight bytes, big-endian, two's complement. A
@@ -81,8 +85,6 @@ pub enum CounterError {
     OutcomeUnknown,
     /// The idempotency key was used by an add of another delta (this one, when known).
     KeyReused(Option<i64>),
-    /// The idempotency key is there (inside [add] only: the add is answered from it).
-    KeyUsed,
     ZooKeeper(Failure),
 }
 
@@ -203,7 +205,7 @@ pub async fn add(
                     value,
                 };
                 match write_keyed(client, path, value, version, key, &record).await {
-                    Err(Conflict::Failed(CounterError::KeyUsed)) => match landed_before(client, key, delta).await? {
+                    Err(Conflict::KeyThere) => match landed_before(client, key, delta).await? {
                         Some(added) => return Ok(own(added, sent)),
                         // Gone meanwhile (the janitor, past the window): a new add.
                         None => continue,
@@ -227,7 +229,7 @@ pub async fn add(
                 });
             }
             Err(Conflict::Lost) => conflicts += 1,
-            Err(Conflict::Sent) => {}
+            Err(Conflict::Sent | Conflict::KeyThere) => {}
             Err(Conflict::Failed(err)) => return Err(err),
         }
     }
@@ -262,7 +264,7 @@ enum Part {
 }
 
 /// [write], with the key's znode created in the same multi-op (first, so that a key already
-/// there is what a refusal names). `Conflict::Failed(KeyUsed)`: the key is there.
+/// there is what a refusal names).
 async fn write_keyed(
     client: &Client,
     path: &str,
@@ -294,7 +296,7 @@ async fn write_keyed(
         Err(Failed::Refused {
             tag: Part::Key,
             error: ZkError::NodeExists,
-        }) => Err(Conflict::Failed(CounterError::KeyUsed)),
+        }) => Err(Conflict::KeyThere),
         // The counter's keys' container (or the counters' parent) is not there yet.
         Err(Failed::Refused {
             tag: Part::Key,
@@ -366,7 +368,7 @@ pub async fn set(
             Ok(stat) => return Ok((stat, current.is_none())),
             // Changed meanwhile: an unconditional set goes again, a conditional one decides
             // again (and fails). (`Sent` is a keyed write's.)
-            Err(Conflict::Lost | Conflict::Sent) => continue,
+            Err(Conflict::Lost | Conflict::Sent | Conflict::KeyThere) => continue,
             Err(Conflict::Failed(err)) => return Err(err),
         }
     }
@@ -409,6 +411,8 @@ enum Conflict {
     Lost,
     /// A keyed write whose reply was lost: read again (the key tells whether it landed).
     Sent,
+    /// A keyed write's key is there: an add with it landed before.
+    KeyThere,
     Failed(CounterError),
 }
 
