@@ -146,18 +146,30 @@ async fn a_digest_closes_zkgates_znodes_to_everyone_else_across_a_session_expiry
     let checked = assert_digest_only(&peer, &outsider, &expected).await;
     assert!(checked >= 9, "only {checked} znodes under {ROOT}");
 
-    // Expire zkgate's session: cut it off for longer than its timeout; ZooKeeper deletes its
-    // ephemeral znodes (the instance's registration) when it expires the session.
+    // Expire zkgate's sessions: cut them off for longer than their timeout; ZooKeeper deletes
+    // a session's ephemeral znodes (each lane's registration) when it expires it. Every lane's
+    // must be gone before the cut heals: ZooKeeper expires sessions in ticks, and a lane whose
+    // session outlived the others' would resume it on healing (no new session to wait for).
     let registrations = peer
         .list_children(&format!("{ROOT}/instances"))
         .await
         .expect("registrations");
-    let primary = registrations.iter().find(|r| !r.contains('~')).expect("a registration");
-    let registration = format!("{ROOT}/instances/{primary}");
-    let (exists, deleted) = peer.check_and_watch_stat(&registration).await.expect("watch");
-    assert!(exists.is_some());
+    assert_eq!(
+        registrations.len(),
+        gate.lanes,
+        "one registration a lane: {registrations:?}"
+    );
+    let mut deletions = Vec::new();
+    for registration in &registrations {
+        let path = format!("{ROOT}/instances/{registration}");
+        let (exists, deleted) = peer.check_and_watch_stat(&path).await.expect("watch");
+        assert!(exists.is_some(), "{path}");
+        deletions.push(deleted);
+    }
     proxy.partition();
-    within(Duration::from_secs(30), "the session to expire", deleted.changed()).await;
+    for deleted in deletions {
+        within(Duration::from_secs(30), "every session to expire", deleted.changed()).await;
+    }
     proxy.heal();
     gate.wait_session(2).await;
     use_every_kind(&gate, 2).await;

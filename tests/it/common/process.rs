@@ -12,7 +12,7 @@ pub struct Process {
     /// The number of log lines so far: changes with every line, for waiting on one.
     logged: tokio::sync::watch::Receiver<usize>,
     /// How many ZooKeeper sessions (lanes) it opens.
-    lanes: usize,
+    pub lanes: usize,
 }
 
 impl Process {
