@@ -219,6 +219,23 @@ pub struct ServeConfig {
     #[arg(long, env = "ZKGATE_MAX_LONG_POLLS", default_value_t = 10_000)]
     pub max_long_polls: usize,
 
+    /// Requests doing their work at once (from their admission to their answer, or to the
+    /// moment a long poll starts waiting by design); the others queue for a turn in arrival
+    /// order. Writes that give something back (deletes, releases, acks, keepalives) take none.
+    #[arg(long, env = "ZKGATE_MAX_IN_SERVICE", default_value_t = 64, value_parser = positive)]
+    pub max_in_service: usize,
+
+    /// How long a request may queue for its turn once the queue stands (has not emptied for
+    /// `--queue-delay-interval`); one that waited longer is refused at once (503 `overloaded`,
+    /// `Retry-After`) instead of being served late. `0s`: never refused, however long the wait.
+    #[arg(long, env = "ZKGATE_QUEUE_DELAY_TARGET", default_value = "5ms", value_parser = duration)]
+    pub queue_delay_target: Duration,
+
+    /// How long a queue may go without emptying before it counts as standing, and how long a
+    /// request may wait in a burst (a queue that emptied within it).
+    #[arg(long, env = "ZKGATE_QUEUE_DELAY_INTERVAL", default_value = "100ms", value_parser = duration)]
+    pub queue_delay_interval: Duration,
+
     /// Origins (`https://app.example.com`) whose pages may call the API from a browser (CORS)
     /// and open its WebSockets; repeat, or separate with commas. Pages elsewhere get 403 on
     /// anything but reads.
@@ -404,6 +421,9 @@ impl ServeConfig {
             max_subscriptions_per_principal: 100_000,
             max_long_polls_per_principal: 1_000,
             max_long_polls: 10_000,
+            max_in_service: 64,
+            queue_delay_target: Duration::from_millis(5),
+            queue_delay_interval: Duration::from_millis(100),
             metrics_names_per_kind: crate::metrics::NAMES_PER_KIND,
             zookeeper_security: Default::default(),
         }
@@ -460,6 +480,14 @@ impl ServeConfig {
             subscriptions_per_principal: self.max_subscriptions_per_principal,
             long_polls_per_principal: self.max_long_polls_per_principal,
             long_polls: self.max_long_polls,
+        }
+    }
+
+    pub fn admission_settings(&self) -> crate::admission::AdmissionSettings {
+        crate::admission::AdmissionSettings {
+            slots: self.max_in_service,
+            target: self.queue_delay_target,
+            interval: self.queue_delay_interval,
         }
     }
 

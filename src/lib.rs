@@ -4,6 +4,7 @@
 //! runs it in the background (tests use it to run zkgate in-process); [runner] is the client
 //! side of `zkgate lock` / `zkgate elect`; `main.rs` is only the command line around them.
 
+pub mod admission;
 pub mod auth;
 pub mod config;
 
@@ -91,6 +92,8 @@ pub struct Shared {
     /// The principals of `--auth-config`; `None` when auth is off.
     pub authority: Option<Arc<auth::Authority>>,
     pub limits: Arc<limits::Limits>,
+    /// The requests in service and their queue (`--max-in-service`, shedding by queueing delay).
+    pub admission: Arc<admission::Admission>,
     /// This instance (its id prefixes the leases, handles and claims it issues) and the
     /// registry of all of them, for forwarding.
     pub instance: instances::Instance,
@@ -151,6 +154,7 @@ impl AppState {
     pub fn new(config: ServeConfig, authority: Option<auth::Authority>) -> AppState {
         let connect = config.zookeeper.clone().unwrap_or_default();
         let config_limits = config.limit_settings();
+        let admission_settings = config.admission_settings();
         metrics::get().set_names_per_kind(config.metrics_names_per_kind);
         let peers = http::handoff::peer_client(&config);
         let (zk, lanes) = start_sessions(&config, &connect);
@@ -221,6 +225,7 @@ impl AppState {
             shutdown,
             authority: authority.map(Arc::new),
             limits: Arc::new(limits::Limits::new(config_limits)),
+            admission: Arc::new(admission::Admission::new(admission_settings)),
             instance,
             instances,
             peers,

@@ -65,6 +65,11 @@ pub const BODY_LIMIT_BYTES: usize = 512 * 1024;
 /// principal may hold 1,000 by default) on one connection.
 pub const H2_MAX_STREAMS: u32 = 1_024;
 
+/// When a request's head had been read and the request was handed to the application: where
+/// its time in zkgate starts (its queueing delay, its stages in `/metrics`).
+#[derive(Clone, Copy, Debug)]
+pub struct Arrived(pub tokio::time::Instant);
+
 /// How connections are bounded.
 #[derive(Clone, Copy, Debug)]
 pub struct Limits {
@@ -308,6 +313,7 @@ impl Connection {
                 started.store(true, Ordering::Relaxed);
                 // The client's address, as `into_make_service_with_connect_info` would give it.
                 request.extensions_mut().insert(ConnectInfo(peer));
+                request.extensions_mut().insert(Arrived(tokio::time::Instant::now()));
                 answer_keeping_alive(app.clone(), request, drain_timeout)
             })
         };

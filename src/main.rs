@@ -164,6 +164,7 @@ async fn serve(mut config: ServeConfig) -> Result<(), String> {
         // it), keeping leases, and the leases of instances gone meanwhile taken over or ended.
         tracing::warn!("not ready yet; /readyz answers 503 until it is");
     }
+    zkgate::metrics::probe_runtime(tokio::runtime::Handle::current(), running.state.shutdown.clone());
     tracing::info!(url = %running.url(), docs = %format!("{}/docs", running.url()), "zkgate serving");
     shutdown_signal().await;
     tracing::info!(

@@ -181,6 +181,7 @@ pub async fn wait(
     let wait = state.config.wait(query.wait.map(|w| w.0));
     let path = state.barriers.dir(&name);
     let down = barrier::wait_down(&state.barrier_watches, &path);
+    crate::admission::park();
     if tokio::time::timeout(wait, down).await.is_err() {
         return Err(ApiError::new(
             Problem::BarrierUp,

@@ -198,6 +198,7 @@ pub async fn enter(
     // our own node, which only the session that created it is sure to see at once.
     let (node, session) = participant(&state, &caller, &name, &body).await?;
     let dir = state.double_barriers.dir(&name);
+    crate::admission::park(); // entered: what is left is waiting for the others
     let passed = double_barrier::enter(&session, &state.barrier_watches, &dir, body.size, deadline).await?;
     let inside = double_barrier::participants(&session, &dir).await?.len();
     let passage = Passage {

@@ -188,6 +188,8 @@ catalogue! {
         "the lease moved to another instance while the request was on its way (or this instance, handed the request, keeps it no more); retry after `Retry-After` seconds";
     ZookeeperUnavailable: Http, 503, "zookeeper-unavailable", "ZooKeeper unavailable", [],
         "ZooKeeper is unreachable; retry after `Retry-After` seconds";
+    Overloaded: Http, 503, "overloaded", "Overloaded", [],
+        "the request waited longer than `--queue-delay-target` for its turn while requests queue here (more arrive than the instance serves): refused at once instead of served late; retry after `Retry-After` seconds";
     MalformedMessage: Socket, 400, "malformed-message", "Malformed message", [],
         "a message that is not one of the socket's operations";
     InvalidTopic: Socket, 400, "invalid-topic", "Invalid topic", [],

@@ -264,6 +264,7 @@ pub async fn members(
         let dir = state.groups.dir(&group);
         // Without `index`, the wait is for the next change after the watch's first look.
         let changed = group::wait_for_change(&session, &dir, query.index);
+        crate::admission::park();
         let _ = tokio::time::timeout(wait, changed).await;
     }
     Ok(Json(source(&state, &group).read(&session).await?))

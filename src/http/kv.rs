@@ -200,6 +200,7 @@ pub async fn get_value(
     let path = format!("{}/kv/{key}", state.config.root);
     if let (Some(version), Some(wait)) = (known, query.wait) {
         let wait = wait.0.min(state.config.max_wait);
+        crate::admission::park();
         let _ = tokio::time::timeout(wait, kv::wait_change(&session, &path, version)).await;
     }
     let Some(entry) = kv::read(&session, &path).await? else {

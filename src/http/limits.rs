@@ -1,6 +1,7 @@
 //! The limits of [crate::limits] as a layer on the API routes, inside authorisation so that
-//! the caller is known: the write rate, and the long polls in flight. Either answers 429 with
-//! `Retry-After`.
+//! the caller is known: the write rate, and the long polls in flight (either answers 429 with
+//! `Retry-After`); then the request's turn ([crate::admission]: 503 `overloaded` with
+//! `Retry-After` when it waited too long for one).
 
 use std::collections::HashSet;
 use std::sync::OnceLock;
@@ -12,10 +13,11 @@ use axum::response::{IntoResponse, Response};
 use utoipa::openapi::RefOr;
 use utoipa::openapi::path::{HttpMethod, Operation, ParameterIn};
 
-use super::error::ApiError;
+use super::error::{ApiError, Problem};
 use crate::AppState;
 use crate::auth::Caller;
 use crate::limits::ClientAddr;
+use crate::listen::Arrived;
 
 /// The layer: [crate::limits::Limits::check_rate] for the request's caller and address, and
 /// for a request to an endpoint that may wait, one of the caller's and the instance's long
@@ -34,7 +36,84 @@ pub async fn limit(State(state): State<AppState>, request: Request, next: Next) 
         },
         None => None,
     };
-    next.run(request).await
+    if !route.is_some_and(|route| takes_a_turn(request.method(), route)) {
+        return next.run(request).await;
+    }
+    let arrived = request
+        .extensions()
+        .get::<Arrived>()
+        .map_or_else(tokio::time::Instant::now, |a| a.0);
+    let metrics = crate::metrics::get();
+    match state.admission.admit(arrived).await {
+        Ok(slot) => {
+            metrics.observe_stage("admitted", arrived.elapsed());
+            let response = crate::admission::holding(slot, next.run(request)).await;
+            metrics.observe_stage("answered", arrived.elapsed());
+            response.map(|body| axum::body::Body::new(Written { body, arrived }))
+        }
+        Err(shed) => {
+            metrics.requests_shed.inc();
+            ApiError::new(
+                Problem::Overloaded,
+                format!(
+                    "waited {} ms for a turn, more than the {} ms allowed while requests queue here; \
+                     refused instead of served late",
+                    shed.waited.as_millis(),
+                    shed.allowed.as_millis()
+                ),
+            )
+            .into_response()
+        }
+    }
+}
+
+/// A response's body, which records when it was written (`written` in
+/// `zkgate_request_stage_seconds`): hyper drops it once its last byte is handed to the
+/// connection.
+struct Written {
+    body: axum::body::Body,
+    arrived: tokio::time::Instant,
+}
+
+impl hyper::body::Body for Written {
+    type Data = bytes::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<bytes::Bytes>, axum::Error>>> {
+        std::pin::Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+impl Drop for Written {
+    fn drop(&mut self) {
+        crate::metrics::get().observe_stage("written", self.arrived.elapsed());
+    }
+}
+
+/// Whether `method` on `route` waits for a turn among the requests in service
+/// ([crate::admission]): every operation but the sockets and event streams (which have limits
+/// of their own and would hold a turn for as long as they are open) and the writes that give
+/// something back (deletes, keepalives, acks, nacks, leaving), which are never refused for
+/// load: refusing them would keep locks and claims held longer, and end leases.
+pub fn takes_a_turn(method: &Method, route: &str) -> bool {
+    let socket = route == "/v1/ws" || route.ends_with("/observe") || super::events::is_stream(route);
+    let gives_back = *method == Method::DELETE
+        || (*method == Method::POST
+            && ["/keepalive", "/ack", "/nack", "/leave"]
+                .iter()
+                .any(|end| route.ends_with(end)));
+    !socket && !gives_back
 }
 
 /// Whether `method` on `route` may wait: the endpoints that take a `wait` query parameter,
@@ -82,6 +161,33 @@ pub fn takes_wait(operation: &Operation) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_operation_but_streams_and_give_backs_takes_a_turn() {
+        for (method, route) in [
+            (Method::POST, "/v1/locks/{name}/acquire"),
+            (Method::POST, "/v1/leases"),
+            (Method::GET, "/v1/kv/{key}"),
+            (Method::PUT, "/v1/kv/{key}"),
+            (Method::POST, "/v1/queues/{name}/take"),
+            (Method::POST, "/v1/queues/{name}/items"),
+        ] {
+            assert!(takes_a_turn(&method, route), "{method} {route}");
+        }
+        for (method, route) in [
+            (Method::DELETE, "/v1/locks/{name}/handles/{handle}"),
+            (Method::DELETE, "/v1/leases/{id}"),
+            (Method::POST, "/v1/leases/{id}/keepalive"),
+            (Method::POST, "/v1/queues/{name}/claims/{claim}/ack"),
+            (Method::POST, "/v1/queues/{name}/claims/{claim}/nack"),
+            (Method::GET, "/v1/ws"),
+            (Method::GET, "/v1/events"),
+            (Method::GET, "/v1/locks/{name}/events"),
+            (Method::GET, "/v1/elections/{name}/observe"),
+        ] {
+            assert!(!takes_a_turn(&method, route), "{method} {route}");
+        }
+    }
 
     #[test]
     fn the_long_polls_are_the_endpoints_that_take_wait() {

@@ -391,6 +391,9 @@ pub fn document_auth(spec: &mut utoipa::openapi::OpenApi) {
             if let Some(handoff::ServedBy::Keeper(_)) = served_by {
                 guards.push(Problem::InstanceUnavailable);
             }
+            if limits::takes_a_turn(&method, path) {
+                guards.push(Problem::Overloaded);
+            }
             declare(operation, guards);
         }
     }

@@ -200,6 +200,7 @@ pub async fn get_txn(
     };
     if let Some(wait) = query.wait.filter(|_| record.decision.is_none()) {
         let until = crate::time::instant_after(wait.0.min(state.config.max_wait));
+        crate::admission::park();
         txn::await_decision(&session, &state.barrier_watches, &dir, record.spec.deadline_ms, until).await?;
     }
     Ok(Json(read(&state, &session, &id).await?))

@@ -83,6 +83,11 @@ pub struct Metrics {
     pub subscriptions: IntGauge,
     pub resyncs: IntCounterVec,
     pub zookeeper_requests: Histogram,
+    /// How far into zkgate a request had come, from its arrival ([Metrics::observe_stage]).
+    pub request_stages: HistogramVec,
+    pub requests_shed: IntCounter,
+    /// How late the runtime ran a task due now ([crate::metrics::probe_runtime]).
+    pub runtime_delay: Histogram,
     pub zookeeper_syncs: IntCounter,
     pub linearizable_reads: IntCounter,
     // Read when scraped.
@@ -283,6 +288,30 @@ impl Metrics {
                 r.register(Box::new(metric.clone())).expect("unique metric");
                 metric
             },
+            request_stages: histogram(
+                &r,
+                "zkgate_request_stage_seconds",
+                "Time from a request's arrival (its head read) to: `admitted` (its turn among the requests in service), \
+                 `answered` (its answer ready), `written` (its answer's last byte handed to the connection).",
+                &["stage"],
+                REQUEST_BUCKETS,
+            ),
+            requests_shed: single_counter(
+                &r,
+                "zkgate_requests_shed_total",
+                "Requests refused (503 `overloaded`) because they waited too long for a turn.",
+            ),
+            runtime_delay: {
+                let opts = HistogramOpts::new(
+                    "zkgate_runtime_delay_seconds",
+                    "How late the runtime started a task that was due: a probe spawned every 10 ms (the time requests wait \
+                     for a worker, as when a task polls long).",
+                )
+                .buckets(REQUEST_BUCKETS.to_vec());
+                let metric = Histogram::with_opts(opts).expect("valid histogram");
+                r.register(Box::new(metric.clone())).expect("unique metric");
+                metric
+            },
             zookeeper_syncs: single_counter(
                 &r,
                 "zkgate_zookeeper_syncs_total",
@@ -461,6 +490,34 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
 /// The process's metrics.
 pub fn get() -> &'static Metrics {
     &METRICS
+}
+
+impl Metrics {
+    /// A request reached `stage` (see `zkgate_request_stage_seconds`) `elapsed` after it arrived.
+    pub fn observe_stage(&self, stage: &str, elapsed: Duration) {
+        self.request_stages
+            .with_label_values(&[stage])
+            .observe(elapsed.as_secs_f64());
+    }
+}
+
+/// Measures, every 10 ms until `stop`, how late the runtime behind `runtime` starts a task
+/// spawned when due (`zkgate_runtime_delay_seconds`): a thread of its own keeps the time, so a
+/// worker kept busy (a long poll of one task, a backlog of many) shows as delay. 100 probes a
+/// second cost the workers about a microsecond each.
+pub fn probe_runtime(runtime: tokio::runtime::Handle, stop: tokio_util::sync::CancellationToken) {
+    std::thread::Builder::new()
+        .name("runtime-probe".into())
+        .spawn(move || {
+            while !stop.is_cancelled() {
+                std::thread::sleep(Duration::from_millis(10));
+                let due = std::time::Instant::now();
+                runtime.spawn(async move {
+                    get().runtime_delay.observe(due.elapsed().as_secs_f64());
+                });
+            }
+        })
+        .expect("spawn the runtime probe");
 }
 
 /// Records one ZooKeeper request's time.

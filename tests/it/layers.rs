@@ -19,8 +19,9 @@ const LAYERS: &[(&str, u8)] = &[
     ("peer", 1),
     // The HTTP server's accept loop and its bounds (knows nothing of zkgate's routes).
     ("listen", 1),
-    // Who may do what (names kinds).
+    // Who may do what (names kinds); the requests in service and their queue.
     ("auth", 2),
+    ("admission", 2),
     // ZooKeeper as such: sessions, watches, names, the embedded server.
     ("zk", 3),
     // The recipes: the only other place that talks to ZooKeeper.
@@ -53,6 +54,7 @@ const NO_ZOOKEEPER: &[&str] = &[
     "peer",
     "listen",
     "auth",
+    "admission",
     "keeper",
     "instances",
     "events",

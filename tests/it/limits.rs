@@ -4,8 +4,12 @@
 
 use crate::common;
 
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::proxy::Proxy;
 use common::ws::Ws;
-use common::{Gate, Reply, test_config, zookeeper};
+use common::{Gate, Reply, test_config, within, zookeeper};
 use futures::future::join_all;
 use reqwest::{Method, StatusCode};
 use serde_json::json;
@@ -269,4 +273,93 @@ async fn sockets_per_address_and_subscriptions_per_principal_are_bounded() {
     )
     .await;
     assert_eq!(accepted["type"], "state");
+}
+
+/// Load: with its one turn (`--max-in-service 1`) held by a request that ZooKeeper does not
+/// answer, the requests queued behind it are refused once they have waited the burst's
+/// allowance (`--queue-delay-interval`), each with `503 overloaded` and `Retry-After`, never
+/// left to time out; once the queue has stood that long, a new one is refused after the target
+/// (5 ms). A lock acquire waiting for its turn behind a holder gave its turn back, and a
+/// keepalive takes none: both are served while the queue stands. The queue empties when
+/// ZooKeeper answers again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standing_queue_is_shed_with_retry_after_and_waiters_and_keepalives_take_no_turn() {
+    let zk = zookeeper().await;
+    let proxy = Proxy::start(&zk.connect_string()).await;
+    let mut config = test_config(&proxy.connect_string());
+    config.max_in_service = 1;
+    config.queue_delay_target = Duration::from_millis(5);
+    config.queue_delay_interval = Duration::from_secs(1);
+    let gate = Arc::new(Gate::start_with(config).await);
+    let admission = gate.running.state.admission.clone();
+    let (holder, waiter) = (gate.lease("30s").await, gate.lease("30s").await);
+    let held = gate.acquire("busy", &holder, "wait=0").await;
+    assert_eq!(held.status, StatusCode::OK, "{held:?}");
+
+    // A long poll: an acquire queued behind the holder. Once queued it waits by design, and
+    // its turn goes back: a write is served meanwhile (were the turn still held, the write
+    // would be refused after the burst's second).
+    let waiting = {
+        let (gate, waiter) = (gate.clone(), waiter.clone());
+        tokio::spawn(async move { gate.acquire("busy", &waiter, "wait=30s").await })
+    };
+    within(Duration::from_secs(10), "the acquire to queue", async {
+        loop {
+            let lock = gate.get("/v1/locks/busy").await;
+            if lock.body["waiters"].as_array().is_some_and(|w| !w.is_empty()) {
+                return;
+            }
+        }
+    })
+    .await;
+    let served = gate.call(Method::PUT, "/v1/kv/served", Some(json!(1))).await;
+    assert_eq!(served.status, StatusCode::CREATED, "{served:?}");
+
+    // ZooKeeper stops answering (shorter than the session timeout, 4 s): a write takes the
+    // only turn and keeps it.
+    proxy.black_hole(true);
+    let stuck = {
+        let gate = gate.clone();
+        tokio::spawn(async move { gate.call(Method::PUT, "/v1/kv/stuck", Some(json!(2))).await })
+    };
+    within(Duration::from_secs(10), "the write to take the turn", async {
+        while admission.in_service() < 1 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    let queued = join_all((0..10).map(|i| {
+        let gate = gate.clone();
+        async move { gate.get(&format!("/v1/kv/queued-{i}?consistency=serializable")).await }
+    }));
+    let queued = within(Duration::from_secs(10), "the queued requests to be refused", queued).await;
+    for reply in &queued {
+        reply.assert_problem(StatusCode::SERVICE_UNAVAILABLE, None);
+        assert_eq!(reply.body["type"], "urn:zkgate:problem:overloaded", "{reply:?}");
+        assert!(reply.retry_after.is_some_and(|s| s >= 1), "{reply:?}");
+        assert!(reply.str("detail").contains("1000 ms allowed"), "{reply:?}");
+    }
+    // The queue has stood for the interval: the target now.
+    let late = gate.get("/v1/kv/late?consistency=serializable").await;
+    assert_eq!(late.body["type"], "urn:zkgate:problem:overloaded", "{late:?}");
+    assert!(late.str("detail").contains("5 ms allowed"), "{late:?}");
+    let kept = gate.post(&format!("/v1/leases/{holder}/keepalive"), None).await;
+    assert_eq!(kept.status, StatusCode::OK, "{kept:?}");
+
+    proxy.black_hole(false);
+    let stuck = within(Duration::from_secs(30), "the stuck write", stuck)
+        .await
+        .expect("task");
+    assert_eq!(stuck.status, StatusCode::CREATED, "{stuck:?}");
+    let after = gate.get("/v1/kv/stuck").await;
+    assert_eq!(after.status, StatusCode::OK, "{after:?}");
+    // The waiter is still queued behind the holder, and granted when it lets go.
+    let released = gate
+        .delete(&format!("/v1/locks/busy/handles/{}", held.str("handle")))
+        .await;
+    assert_eq!(released.status, StatusCode::NO_CONTENT, "{released:?}");
+    let granted = within(Duration::from_secs(30), "the waiter's grant", waiting)
+        .await
+        .expect("task");
+    assert_eq!(granted.status, StatusCode::OK, "{granted:?}");
 }

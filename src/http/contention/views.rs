@@ -253,6 +253,7 @@ pub async fn wait_for_news<P: Protocol>(state: &AppState, handle: &Handle<P>, wa
     let news = updates.wait_for(|s| {
         s.revocation.is_some() || s.phase.is_final() || (!was_held && matches!(s.phase, Phase::Held { .. }))
     });
+    crate::admission::park();
     let _ = tokio::time::timeout(wait.0.min(state.config.max_wait), news).await;
 }
 
@@ -267,6 +268,7 @@ pub async fn await_news_there<P: Protocol>(
     wait: Option<HumanDuration>,
 ) -> Result<Recorded, ApiError> {
     let Some(wait) = wait else { return Ok(recorded) };
+    crate::admission::park();
     let until = tokio::time::Instant::now() + wait.0.min(state.config.max_wait);
     let was_held = recorded.holds();
     let mut current = recorded;

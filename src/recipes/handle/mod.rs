@@ -276,6 +276,8 @@ impl<P: Protocol> Handle<P> {
         let mut updates = self.subscribe();
         let first = deadline.max(Instant::now() + first_limit);
         let _ = tokio::time::timeout_at(first, updates.wait_for(|s| s.phase != Phase::Pending)).await;
+        // Decided: from here on the request waits by design (for its turn), not for zkgate.
+        crate::admission::park();
         let granted_or_done = updates.wait_for(|s| matches!(s.phase, Phase::Held { .. }) || s.phase.is_final());
         let _ = tokio::time::timeout_at(deadline, granted_or_done).await;
         self.state().phase

@@ -199,6 +199,7 @@ impl Queues {
                     .next_due_ms
                     .map(|ms| crate::time::instant_after(crate::time::until_ms(ms)));
                 let wake = due.map_or(until, |due| due.min(until));
+                crate::admission::park(); // nothing to take: waiting by design
                 tokio::select! {
                     () = &mut item => {}
                     () = &mut synced => {}
