@@ -71,6 +71,13 @@ impl Zkgate {
         }
         let response = request.send().await.expect("zkgate answers");
         let status = response.status().as_u16();
+        if status == 429 || status == 503 {
+            // Every refusal says when to come back.
+            assert!(
+                response.headers().contains_key(reqwest::header::RETRY_AFTER),
+                "{status} without Retry-After on {path}"
+            );
+        }
         let bytes = response.bytes().await.expect("body");
         (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
     }
@@ -96,6 +103,20 @@ impl Zkgate {
             .ok()?;
         text.lines()
             .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+    }
+
+    /// The series of `/metrics` that say where a request's time goes.
+    pub async fn scrape(&self) -> super::scrape::Scrape {
+        let text = self
+            .http
+            .get(format!("{}/metrics", self.base))
+            .send()
+            .await
+            .expect("zkgate answers")
+            .text()
+            .await
+            .expect("metrics");
+        super::scrape::Scrape::parse(&text)
     }
 
     pub async fn lease(&self, ttl: &str) -> String {
@@ -141,11 +162,11 @@ impl Zkgate {
     }
 
     /// Acquires and releases `lock` for `lease`: when the grant was answered, or `None` if
-    /// zkgate refused it (`429`, a limit reached).
+    /// zkgate refused it (`429`, a limit reached; `503`, overloaded).
     pub async fn acquired_at(&self, lock: &str, lease: &str) -> Option<Instant> {
         let (status, body) = self.acquire_reply(lock, lease, "30s").await;
         let granted = Instant::now();
-        if status == 429 {
+        if refused(status, &body) {
             return None;
         }
         assert_eq!(status, 200, "{body}");
@@ -172,7 +193,7 @@ impl Zkgate {
         let path = format!("/v1/queues/{queue}/take?wait=30s&ack_deadline=60s");
         let (status, body) = self.call(reqwest::Method::POST, &path, None).await;
         let taken = Instant::now();
-        if status == 429 {
+        if refused(status, &body) {
             return None;
         }
         assert_eq!(status, 200, "{body}");
@@ -526,4 +547,10 @@ pub async fn contended_across(gates: &[Arc<Zkgate>], clients: usize, locks: usiz
         }
     })
     .await
+}
+
+/// Whether zkgate refused a request for load: a limit reached (`429`) or a request shed after
+/// waiting too long for its turn (`503 overloaded`); any other failure fails the bench.
+fn refused(status: u16, body: &Value) -> bool {
+    status == 429 || (status == 503 && body["type"] == "urn:zkgate:problem:overloaded")
 }

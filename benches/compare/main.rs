@@ -26,6 +26,7 @@ mod kazoo;
 mod leases;
 mod process;
 mod runtime;
+mod scrape;
 mod stats;
 
 use std::sync::Arc;
@@ -331,6 +332,7 @@ async fn run() {
     // open loop at half and four fifths of it (`stats::open_loop`: requests start when due,
     // whatever the earlier ones are doing, and wait counts).
     let mut load = Vec::new();
+    let mut overload = Vec::new();
     let mut load_notes = Vec::new();
     if wanted("load") {
         let seconds = sizes.seconds;
@@ -355,6 +357,15 @@ async fn run() {
             max,
             points,
         ));
+        // etcd's maximum first: zkgate runs at etcd's rates too, to compare tails at one rate.
+        let etcd_max = match &etcd {
+            Some(e) => Some(e.contended(32, 32, seconds).await),
+            None => None,
+        };
+        let inside = Inside {
+            gate: gate.clone(),
+            zookeeper: connect.split('/').next().unwrap_or_default().to_string(),
+        };
         let max = gate.contended(32, 32, seconds).await;
         let (g, l) = (gate.clone(), leases.clone());
         let acquire = move |i: usize| {
@@ -365,15 +376,58 @@ async fn run() {
             }
         };
         warm(acquire.clone()).await;
-        let points = at_shares(max, seconds, &watched, acquire).await;
+        let mut points = Vec::new();
+        for share in SHARES {
+            let rate = max * share;
+            let point = LoadPoint::measure_inside(
+                rate,
+                seconds,
+                &watched,
+                stats::IN_FLIGHT,
+                Some(&inside),
+                acquire.clone(),
+            )
+            .await;
+            points.push(point);
+        }
         load.push(LoadRow::new(ACQUIRE, "zkgate", max, points));
+        if let Some(etcd_max) = etcd_max {
+            let mut points = Vec::new();
+            for share in SHARES {
+                let point = LoadPoint::measure_inside(
+                    etcd_max * share,
+                    seconds,
+                    &watched,
+                    stats::IN_FLIGHT,
+                    Some(&inside),
+                    acquire.clone(),
+                )
+                .await;
+                points.push(point);
+            }
+            load.push(LoadRow::new(ACQUIRE, "zkgate at etcd's rates", etcd_max, points));
+        }
+        // Past capacity, with many clients: what zkgate serves, how fast, and what it sheds.
+        let mut points = Vec::new();
+        for share in OVERLOAD_SHARES {
+            let point = LoadPoint::measure_inside(
+                max * share,
+                seconds,
+                &watched,
+                stats::OVERLOAD_IN_FLIGHT,
+                Some(&inside),
+                acquire.clone(),
+            )
+            .await;
+            points.push(point);
+        }
+        overload.push(LoadRow::new(ACQUIRE, "zkgate", max, points));
         if let Some(k) = &kazoo {
             let max = k.contended(32, 32, seconds);
             let points = SHARES.map(|share| LoadPoint::of(max * share, &k.lock_load(32, max * share, seconds)));
             load.push(LoadRow::new(ACQUIRE, "kazoo", max, points.into()));
         }
-        if let Some(e) = &etcd {
-            let max = e.contended(32, 32, seconds).await;
+        if let (Some(e), Some(max)) = (&etcd, etcd_max) {
             let leases = Arc::new(futures::future::join_all((0..32).map(|_| e.lease(3600))).await);
             let shared = e.clone();
             let acquire = move |i: usize| {
@@ -697,6 +751,8 @@ async fn run() {
     for note in load_notes {
         println!("- {note}");
     }
+    report_overload(&overload, &load);
+    report_breakdown(load.iter().chain(&overload));
     println!();
     for budget in budgets {
         println!(
@@ -839,8 +895,12 @@ struct LoadPoint {
     rate: f64,
     /// Of the operations answered.
     latency: Latency,
-    /// Operations refused (`429`).
+    /// Operations answered.
+    served: usize,
+    /// Operations refused (`429`, or zkgate's `503 overloaded`).
     refused: usize,
+    /// Where zkgate's time went ([scrape::Scrape::show], ZooKeeper's latency), if watched.
+    breakdown: Option<String>,
     /// zkgate's CPU time per operation (two requests: the measured one and its release or ack).
     cpu_micros: Option<f64>,
     /// The cores each watched process kept busy meanwhile.
@@ -857,7 +917,8 @@ impl LoadPoint {
             shown += &format!(", zkgate CPU {cpu:.0} µs an operation");
         }
         if self.refused > 0 {
-            shown += &format!(", {} refused (`429`)", self.refused);
+            let share = self.refused as f64 * 100.0 / (self.refused + self.served).max(1) as f64;
+            shown += &format!(", {} refused ({share:.0}%)", self.refused);
         }
         if !self.cores.is_empty() {
             let cores: Vec<String> = self.cores.iter().map(|(who, n)| format!("{who} {n:.2}")).collect();
@@ -871,7 +932,9 @@ impl LoadPoint {
         LoadPoint {
             rate,
             latency: Latency::of(samples),
+            served: samples.len(),
             refused: 0,
+            breakdown: None,
             cpu_micros: None,
             cores: Vec::new(),
         }
@@ -884,10 +947,47 @@ impl LoadPoint {
         F: Fn(usize) -> Fut + Send + 'static,
         Fut: Future<Output = Option<Instant>> + Send + 'static,
     {
+        LoadPoint::measure_inside(rate, duration, watched, stats::IN_FLIGHT, None, op).await
+    }
+
+    /// [LoadPoint::measure] with at most `in_flight` operations at once, and where zkgate's
+    /// time goes meanwhile (its `/metrics` and ZooKeeper's `mntr`) if `inside` is given.
+    async fn measure_inside<F, Fut>(
+        rate: f64,
+        duration: Duration,
+        watched: &[(&'static str, String)],
+        in_flight: usize,
+        inside: Option<&Inside>,
+        op: F,
+    ) -> LoadPoint
+    where
+        F: Fn(usize) -> Fut + Send + 'static,
+        Fut: Future<Output = Option<Instant>> + Send + 'static,
+    {
+        let scraped = match inside {
+            Some(inside) => {
+                scrape::reset_zookeeper(&inside.zookeeper);
+                Some(inside.gate.scrape().await)
+            }
+            None => None,
+        };
         let before: Vec<Duration> = watched.iter().map(|(_, pid)| process::cpu_time_of(pid)).collect();
         let start = Instant::now();
-        let loaded = stats::open_loop(rate, duration, op).await;
+        let loaded = stats::open_loop(rate, duration, in_flight, op).await;
         let elapsed = start.elapsed().as_secs_f64();
+        let (late, waited) = (Latency::of(&loaded.paced_late), Latency::of(&loaded.waited_in_client));
+        let client = format!(
+            "sent late by the bench's pacer p50 {:.0} µs, p99 {:.0} µs; waited in the client for a turn p50 {:.0} µs, p99 {:.0} µs",
+            late.p50, late.p99, waited.p50, waited.p99
+        );
+        let breakdown = match (inside, scraped) {
+            (Some(inside), Some(before)) => Some(format!(
+                "{}; {}; {client}",
+                inside.gate.scrape().await.since(&before).show(),
+                scrape::zookeeper_latency(&inside.zookeeper)
+            )),
+            _ => Some(client),
+        };
         let used: Vec<(&'static str, f64)> = watched
             .iter()
             .zip(before)
@@ -897,7 +997,9 @@ impl LoadPoint {
         LoadPoint {
             rate,
             latency: Latency::of(&loaded.samples),
+            served: loaded.samples.len(),
             refused: loaded.refused,
+            breakdown,
             cpu_micros: used
                 .iter()
                 .find(|(who, _)| *who == "zkgate")
@@ -923,6 +1025,16 @@ impl LoadRow {
         }
     }
 }
+
+/// What [LoadPoint::measure_inside] reads to say where zkgate's time goes.
+struct Inside {
+    gate: Arc<gate::Zkgate>,
+    /// ZooKeeper's `host:port`, for its four-letter words.
+    zookeeper: String,
+}
+
+/// Shares of zkgate's maximum past its capacity: what it serves and how fast, what it sheds.
+const OVERLOAD_SHARES: [f64; 2] = [1.2, 2.0];
 
 /// `op` in an open loop at each of [SHARES] of `max` a second, for `duration` each.
 async fn at_shares<F, Fut>(max: f64, duration: Duration, watched: &[(&'static str, String)], op: F) -> Vec<LoadPoint>
@@ -956,5 +1068,72 @@ fn report_load(rows: &[LoadRow]) {
             row.points[0].show(),
             row.points[1].show()
         );
+    }
+}
+
+/// zkgate's tails against etcd's at etcd's own rates, as ratios (below 1: zkgate's shorter).
+fn compare_at_etcd_rates(rows: &[LoadRow]) {
+    let find = |system: &str| rows.iter().find(|r| r.workload == ACQUIRE && r.system == system);
+    let (Some(zkgate), Some(etcd)) = (find("zkgate at etcd's rates"), find("etcd")) else {
+        return;
+    };
+    for (i, share) in SHARES.iter().enumerate() {
+        let (z, e) = (&zkgate.points[i].latency, &etcd.points[i].latency);
+        println!(
+            "- At {:.0}% of etcd's maximum ({:.0}/s), zkgate against etcd: p50 {:.2}x, p99 {:.2}x",
+            share * 100.0,
+            etcd.max * share,
+            z.p50 / e.p50,
+            z.p99 / e.p99
+        );
+    }
+}
+
+/// Past capacity: the p99 of what zkgate served against its p99 at 80%, and the share shed.
+fn report_overload(rows: &[LoadRow], load: &[LoadRow]) {
+    compare_at_etcd_rates(load);
+    if rows.is_empty() {
+        return;
+    }
+    println!();
+    println!(
+        "| past capacity (open loop, {} in flight) | system | max | at 120% | at 200% |",
+        stats::OVERLOAD_IN_FLIGHT
+    );
+    println!("|---|---|---|---|---|");
+    for row in rows {
+        println!(
+            "| {} | {} | {:.0}/s | {} | {} |",
+            row.workload,
+            row.system,
+            row.max,
+            row.points[0].show(),
+            row.points[1].show()
+        );
+        let at_80 = load
+            .iter()
+            .find(|r| r.workload == row.workload && r.system == row.system)
+            .map(|r| r.points[1].latency.p99);
+        if let Some(at_80) = at_80 {
+            for (point, share) in row.points.iter().zip(OVERLOAD_SHARES) {
+                println!(
+                    "- At {:.0}%: the p99 of what was served is {:.2}x the p99 at 80%",
+                    share * 100.0,
+                    point.latency.p99 / at_80
+                );
+            }
+        }
+    }
+}
+
+/// Where zkgate's time went at each point that watched it.
+fn report_breakdown<'a>(rows: impl Iterator<Item = &'a LoadRow>) {
+    println!();
+    for row in rows {
+        for point in &row.points {
+            if let Some(breakdown) = &point.breakdown {
+                println!("- {}, {} at {:.0}/s: {breakdown}", row.workload, row.system, point.rate);
+            }
+        }
     }
 }

@@ -90,6 +90,11 @@ where
 pub struct Loaded {
     pub samples: Vec<Duration>,
     pub refused: usize,
+    /// Of every operation, how late the pacing thread started it (the bench's own delay: a
+    /// machine too busy to run the pacer on time), and how long it then waited in the client
+    /// for one of the operations in flight to end (the system's slowness, as a pool feels it).
+    pub paced_late: Vec<Duration>,
+    pub waited_in_client: Vec<Duration>,
 }
 
 /// Most operations an open loop has in flight: the 32 clients of the closed loop that measured
@@ -97,21 +102,25 @@ pub struct Loaded {
 /// it a due operation waits in the client, and that wait counts in its latency.
 pub const IN_FLIGHT: usize = 32;
 
+/// Most operations in flight past capacity: many clients, more than zkgate serves at once
+/// (`--max-in-service`, 64), so that the queue is zkgate's to shed from, not the client's.
+pub const OVERLOAD_IN_FLIGHT: usize = 512;
+
 /// Open loop: `op(i)` is due `i / rate` seconds after the start, for `duration`, however many
-/// earlier ones are still running (up to [IN_FLIGHT] at once; later ones wait their turn).
+/// earlier ones are still running (up to `in_flight` at once, [IN_FLIGHT] in most rows; later ones wait their turn).
 /// Each one's latency runs from when it was due to the instant `op` answers (when its measured
 /// step got its reply; `None`: refused), so a system that falls behind is charged for the wait
 /// as its users would be (no coordinated omission, which a closed loop of clients has: a slow
 /// reply there delays the next request instead of counting). The due times are kept by a
 /// thread of its own that sleeps to each: the runtime's timer ticks in milliseconds, coarser
 /// than the latencies.
-pub async fn open_loop<F, Fut>(rate: f64, duration: Duration, op: F) -> Loaded
+pub async fn open_loop<F, Fut>(rate: f64, duration: Duration, in_flight: usize, op: F) -> Loaded
 where
     F: Fn(usize) -> Fut + Send + 'static,
     Fut: Future<Output = Option<Instant>> + Send + 'static,
 {
     let runtime = tokio::runtime::Handle::current();
-    let in_flight = std::sync::Arc::new(tokio::sync::Semaphore::new(IN_FLIGHT));
+    let in_flight = std::sync::Arc::new(tokio::sync::Semaphore::new(in_flight));
     let count = (rate * duration.as_secs_f64()).max(1.0) as usize;
     let start = Instant::now() + Duration::from_millis(10);
     let pacer = std::thread::spawn(move || {
@@ -121,10 +130,17 @@ where
                 if let Some(wait) = due.checked_duration_since(Instant::now()) {
                     std::thread::sleep(wait);
                 }
+                let paced = Instant::now();
                 let (answered, in_flight) = (op(i), in_flight.clone());
                 runtime.spawn(async move {
                     let _turn = in_flight.acquire_owned().await.expect("never closed");
-                    answered.await.map(|at| at.saturating_duration_since(due))
+                    let turn = Instant::now();
+                    let latency = answered.await.map(|at| at.saturating_duration_since(due));
+                    (
+                        latency,
+                        paced.saturating_duration_since(due),
+                        turn.saturating_duration_since(paced),
+                    )
                 })
             })
             .collect::<Vec<_>>()
@@ -135,12 +151,17 @@ where
     let mut loaded = Loaded {
         samples: Vec::with_capacity(tasks.len()),
         refused: 0,
+        paced_late: Vec::with_capacity(tasks.len()),
+        waited_in_client: Vec::with_capacity(tasks.len()),
     };
     for task in tasks {
-        match task.await.expect("operation") {
+        let (latency, paced_late, waited) = task.await.expect("operation");
+        match latency {
             Some(latency) => loaded.samples.push(latency),
             None => loaded.refused += 1,
         }
+        loaded.paced_late.push(paced_late);
+        loaded.waited_in_client.push(waited);
     }
     loaded
 }
