@@ -228,12 +228,13 @@ pub struct ServeConfig {
     /// How long a request may queue for its turn once the queue stands (has not emptied for
     /// `--queue-delay-interval`); one that waited longer is refused at once (503 `overloaded`,
     /// `Retry-After`) instead of being served late. `0s`: never refused, however long the wait.
-    #[arg(long, env = "ZKGATE_QUEUE_DELAY_TARGET", default_value = "5ms", value_parser = duration)]
+    #[arg(long, env = "ZKGATE_QUEUE_DELAY_TARGET", default_value = "20ms", value_parser = duration)]
     pub queue_delay_target: Duration,
 
     /// How long a queue may go without emptying before it counts as standing, and how long a
-    /// request may wait in a burst (a queue that emptied within it).
-    #[arg(long, env = "ZKGATE_QUEUE_DELAY_INTERVAL", default_value = "100ms", value_parser = duration)]
+    /// request may wait in a burst (a queue that emptied within it): long enough for the bursts
+    /// clients make (a thousand workers taking their locks at once) to be served, not refused.
+    #[arg(long, env = "ZKGATE_QUEUE_DELAY_INTERVAL", default_value = "1s", value_parser = duration)]
     pub queue_delay_interval: Duration,
 
     /// Origins (`https://app.example.com`) whose pages may call the API from a browser (CORS)
@@ -422,8 +423,8 @@ impl ServeConfig {
             max_long_polls_per_principal: 1_000,
             max_long_polls: 10_000,
             max_in_service: 64,
-            queue_delay_target: Duration::from_millis(5),
-            queue_delay_interval: Duration::from_millis(100),
+            queue_delay_target: Duration::from_millis(20),
+            queue_delay_interval: Duration::from_secs(1),
             metrics_names_per_kind: crate::metrics::NAMES_PER_KIND,
             zookeeper_security: Default::default(),
         }

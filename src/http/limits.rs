@@ -36,20 +36,29 @@ pub async fn limit(State(state): State<AppState>, request: Request, next: Next) 
         },
         None => None,
     };
-    if !route.is_some_and(|route| takes_a_turn(request.method(), route)) {
-        return next.run(request).await;
-    }
     let arrived = request
         .extensions()
         .get::<Arrived>()
         .map_or_else(tokio::time::Instant::now, |a| a.0);
     let metrics = crate::metrics::get();
+    let timed = |response: Response, turn: bool| {
+        metrics.observe_stage("answered", turn, arrived.elapsed());
+        response.map(|body| axum::body::Body::new(Written { body, arrived, turn }))
+    };
+    if !route.is_some_and(|route| takes_a_turn(request.method(), route)) {
+        let streams = route.is_some_and(streams);
+        let response = next.run(request).await;
+        return match streams {
+            // An event stream's or a socket's "answer" lasts as long as it is open.
+            true => response,
+            false => timed(response, false),
+        };
+    }
     match state.admission.admit(arrived).await {
         Ok(slot) => {
-            metrics.observe_stage("admitted", arrived.elapsed());
+            metrics.observe_stage("admitted", true, arrived.elapsed());
             let response = crate::admission::holding(slot, next.run(request)).await;
-            metrics.observe_stage("answered", arrived.elapsed());
-            response.map(|body| axum::body::Body::new(Written { body, arrived }))
+            timed(response, true)
         }
         Err(shed) => {
             metrics.requests_shed.inc();
@@ -73,6 +82,7 @@ pub async fn limit(State(state): State<AppState>, request: Request, next: Next) 
 struct Written {
     body: axum::body::Body,
     arrived: tokio::time::Instant,
+    turn: bool,
 }
 
 impl hyper::body::Body for Written {
@@ -97,7 +107,7 @@ impl hyper::body::Body for Written {
 
 impl Drop for Written {
     fn drop(&mut self) {
-        crate::metrics::get().observe_stage("written", self.arrived.elapsed());
+        crate::metrics::get().observe_stage("written", self.turn, self.arrived.elapsed());
     }
 }
 
@@ -107,13 +117,17 @@ impl Drop for Written {
 /// something back (deletes, keepalives, acks, nacks, leaving), which are never refused for
 /// load: refusing them would keep locks and claims held longer, and end leases.
 pub fn takes_a_turn(method: &Method, route: &str) -> bool {
-    let socket = route == "/v1/ws" || route.ends_with("/observe") || super::events::is_stream(route);
     let gives_back = *method == Method::DELETE
         || (*method == Method::POST
             && ["/keepalive", "/ack", "/nack", "/leave"]
                 .iter()
                 .any(|end| route.ends_with(end)));
-    !socket && !gives_back
+    !streams(route) && !gives_back
+}
+
+/// Whether `route` opens a socket or an event stream, whose answer lasts as long as it is open.
+fn streams(route: &str) -> bool {
+    route == "/v1/ws" || route.ends_with("/observe") || super::events::is_stream(route)
 }
 
 /// Whether `method` on `route` may wait: the endpoints that take a `wait` query parameter,

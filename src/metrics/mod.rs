@@ -292,8 +292,9 @@ impl Metrics {
                 &r,
                 "zkgate_request_stage_seconds",
                 "Time from a request's arrival (its head read) to: `admitted` (its turn among the requests in service), \
-                 `answered` (its answer ready), `written` (its answer's last byte handed to the connection).",
-                &["stage"],
+                 `answered` (its answer ready), `written` (its answer's last byte handed to the connection); `turn`: \
+                 `taken` for the requests that wait for a turn, `none` for those that take none (deletes, keepalives, acks).",
+                &["stage", "turn"],
                 REQUEST_BUCKETS,
             ),
             requests_shed: single_counter(
@@ -493,10 +494,12 @@ pub fn get() -> &'static Metrics {
 }
 
 impl Metrics {
-    /// A request reached `stage` (see `zkgate_request_stage_seconds`) `elapsed` after it arrived.
-    pub fn observe_stage(&self, stage: &str, elapsed: Duration) {
+    /// A request that took a turn (or not: `turn`) reached `stage` (see
+    /// `zkgate_request_stage_seconds`) `elapsed` after it arrived.
+    pub fn observe_stage(&self, stage: &str, turn: bool, elapsed: Duration) {
+        let turn = if turn { "taken" } else { "none" };
         self.request_stages
-            .with_label_values(&[stage])
+            .with_label_values(&[stage, turn])
             .observe(elapsed.as_secs_f64());
     }
 }
