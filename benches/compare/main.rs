@@ -964,6 +964,8 @@ impl LoadPoint {
         F: Fn(usize) -> Fut + Send + 'static,
         Fut: Future<Output = Option<Instant>> + Send + 'static,
     {
+        // When each point starts, for tracing one point from outside (`perf sched record`).
+        eprintln!("open loop at {rate:.0}/s starts ({in_flight} in flight)");
         let scraped = match inside {
             Some(inside) => {
                 scrape::reset_zookeeper(&inside.zookeeper);
@@ -976,9 +978,11 @@ impl LoadPoint {
         let loaded = stats::open_loop(rate, duration, in_flight, op).await;
         let elapsed = start.elapsed().as_secs_f64();
         let (late, waited) = (Latency::of(&loaded.paced_late), Latency::of(&loaded.waited_in_client));
+        let whole = Latency::of(&loaded.whole);
         let client = format!(
-            "sent late by the bench's pacer p50 {:.0} µs, p99 {:.0} µs; waited in the client for a turn p50 {:.0} µs, p99 {:.0} µs",
-            late.p50, late.p99, waited.p50, waited.p99
+            "sent late by the bench's pacer p50 {:.0} µs, p99 {:.0} µs; waited in the client for a turn p50 {:.0} µs, \
+             p99 {:.0} µs; whole operation (with its release or ack) p50 {:.0} µs, p99 {:.0} µs",
+            late.p50, late.p99, waited.p50, waited.p99, whole.p50, whole.p99
         );
         let breakdown = match (inside, scraped) {
             (Some(inside), Some(before)) => Some(format!(

@@ -84,12 +84,21 @@ impl Scrape {
         let shown = |what: &str, figures: Option<(f64, f64, f64)>| {
             figures.map(|(_, mean, p99)| format!("{what} {} / {}", micros(mean), bound(p99)))
         };
-        let mut parts: Vec<String> = ["admitted", "answered", "written"]
+        let stages = [
+            ("admitted", "taken", "admitted"),
+            ("answered", "taken", "answered"),
+            ("written", "taken", "written"),
+            ("answered", "none", "answered (no turn: releases, acks)"),
+        ];
+        let mut parts: Vec<String> = stages
             .iter()
-            .filter_map(|stage| {
+            .filter_map(|(stage, turn, what)| {
                 shown(
-                    stage,
-                    self.histogram("zkgate_request_stage_seconds", &format!("stage=\"{stage}\"")),
+                    what,
+                    self.histogram(
+                        "zkgate_request_stage_seconds",
+                        &format!("stage=\"{stage}\",turn=\"{turn}\""),
+                    ),
                 )
             })
             .collect();

@@ -95,6 +95,9 @@ pub struct Loaded {
     /// for one of the operations in flight to end (the system's slowness, as a pool feels it).
     pub paced_late: Vec<Duration>,
     pub waited_in_client: Vec<Duration>,
+    /// How long each operation kept its place among those in flight: all its steps (a release
+    /// or an ack after the step measured).
+    pub whole: Vec<Duration>,
 }
 
 /// Most operations an open loop has in flight: the 32 clients of the closed loop that measured
@@ -136,10 +139,12 @@ where
                     let _turn = in_flight.acquire_owned().await.expect("never closed");
                     let turn = Instant::now();
                     let latency = answered.await.map(|at| at.saturating_duration_since(due));
+                    let whole = turn.elapsed();
                     (
                         latency,
                         paced.saturating_duration_since(due),
                         turn.saturating_duration_since(paced),
+                        whole,
                     )
                 })
             })
@@ -153,15 +158,17 @@ where
         refused: 0,
         paced_late: Vec::with_capacity(tasks.len()),
         waited_in_client: Vec::with_capacity(tasks.len()),
+        whole: Vec::with_capacity(tasks.len()),
     };
     for task in tasks {
-        let (latency, paced_late, waited) = task.await.expect("operation");
+        let (latency, paced_late, waited, whole) = task.await.expect("operation");
         match latency {
             Some(latency) => loaded.samples.push(latency),
             None => loaded.refused += 1,
         }
         loaded.paced_late.push(paced_late);
         loaded.waited_in_client.push(waited);
+        loaded.whole.push(whole);
     }
     loaded
 }
