@@ -210,6 +210,12 @@ mod tests {
         })
     }
 
+    /// A request arriving now, waiting for its slot in a task of its own.
+    fn queue_one(admission: &Arc<Admission>) -> tokio::task::JoinHandle<Result<(), Shed>> {
+        let admission = admission.clone();
+        tokio::spawn(async move { admission.admit(Instant::now()).await.map(|_| ()) })
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_free_slot_is_taken_at_once_and_given_back_on_drop() {
         let admission = admission(2);
@@ -225,10 +231,7 @@ mod tests {
         let admission = Arc::new(admission(1));
         let held = admission.admit(Instant::now()).await.expect("a slot");
         // A burst: the queue was empty a moment ago, so a request may wait 100 ms...
-        let waiter = {
-            let admission = admission.clone();
-            tokio::spawn(async move { admission.admit(Instant::now()).await.map(|_| ()) })
-        };
+        let waiter = queue_one(&admission);
         tokio::time::sleep(Duration::from_millis(50)).await;
         drop(held);
         waiter.await.expect("task").expect("admitted within the interval");
@@ -247,10 +250,7 @@ mod tests {
         // Once the queue empties, bursts are absorbed again.
         drop(held);
         let _held = admission.admit(Instant::now()).await.expect("a slot");
-        let waiter = {
-            let admission = admission.clone();
-            tokio::spawn(async move { admission.admit(Instant::now()).await.map(|_| ()) })
-        };
+        let waiter = queue_one(&admission);
         tokio::time::sleep(Duration::from_millis(20)).await;
         assert!(!waiter.is_finished(), "waits in a burst");
     }
@@ -277,10 +277,7 @@ mod tests {
             interval: Duration::from_millis(100),
         }));
         let held = admission.admit(Instant::now()).await.expect("a slot");
-        let waiter = {
-            let admission = admission.clone();
-            tokio::spawn(async move { admission.admit(Instant::now()).await.map(|_| ()) })
-        };
+        let waiter = queue_one(&admission);
         tokio::time::sleep(Duration::from_secs(10)).await;
         drop(held);
         waiter.await.expect("task").expect("admitted however long it waited");

@@ -92,31 +92,19 @@ impl Zkgate {
 
     /// The value of the metric `name` (unlabelled) in `/metrics`, if zkgate has it.
     pub async fn metric(&self, name: &str) -> Option<f64> {
-        let text = self
-            .http
-            .get(format!("{}/metrics", self.base))
-            .send()
-            .await
-            .ok()?
-            .text()
-            .await
-            .ok()?;
+        let text = self.metrics_text().await?;
         text.lines()
             .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
     }
 
     /// The series of `/metrics` that say where a request's time goes.
     pub async fn scrape(&self) -> super::scrape::Scrape {
-        let text = self
-            .http
-            .get(format!("{}/metrics", self.base))
-            .send()
-            .await
-            .expect("zkgate answers")
-            .text()
-            .await
-            .expect("metrics");
-        super::scrape::Scrape::parse(&text)
+        super::scrape::Scrape::parse(&self.metrics_text().await.expect("zkgate's /metrics"))
+    }
+
+    async fn metrics_text(&self) -> Option<String> {
+        let response = self.http.get(format!("{}/metrics", self.base)).send().await.ok()?;
+        response.text().await.ok()
     }
 
     pub async fn lease(&self, ttl: &str) -> String {

@@ -376,51 +376,20 @@ async fn run() {
             }
         };
         warm(acquire.clone()).await;
-        let mut points = Vec::new();
-        for share in SHARES {
-            let rate = max * share;
-            let point = LoadPoint::measure_inside(
-                rate,
-                seconds,
-                &watched,
-                stats::IN_FLIGHT,
-                Some(&inside),
-                acquire.clone(),
-            )
-            .await;
-            points.push(point);
-        }
+        let at =
+            |rates: Vec<f64>, in_flight| points_inside(rates, seconds, &watched, in_flight, &inside, acquire.clone());
+        let points = at(SHARES.map(|share| max * share).into(), stats::IN_FLIGHT).await;
         load.push(LoadRow::new(ACQUIRE, "zkgate", max, points));
         if let Some(etcd_max) = etcd_max {
-            let mut points = Vec::new();
-            for share in SHARES {
-                let point = LoadPoint::measure_inside(
-                    etcd_max * share,
-                    seconds,
-                    &watched,
-                    stats::IN_FLIGHT,
-                    Some(&inside),
-                    acquire.clone(),
-                )
-                .await;
-                points.push(point);
-            }
+            let points = at(SHARES.map(|share| etcd_max * share).into(), stats::IN_FLIGHT).await;
             load.push(LoadRow::new(ACQUIRE, "zkgate at etcd's rates", etcd_max, points));
         }
         // Past capacity, with many clients: what zkgate serves, how fast, and what it sheds.
-        let mut points = Vec::new();
-        for share in OVERLOAD_SHARES {
-            let point = LoadPoint::measure_inside(
-                max * share,
-                seconds,
-                &watched,
-                stats::OVERLOAD_IN_FLIGHT,
-                Some(&inside),
-                acquire.clone(),
-            )
-            .await;
-            points.push(point);
-        }
+        let points = at(
+            OVERLOAD_SHARES.map(|share| max * share).into(),
+            stats::OVERLOAD_IN_FLIGHT,
+        )
+        .await;
         overload.push(LoadRow::new(ACQUIRE, "zkgate", max, points));
         if let Some(k) = &kazoo {
             let max = k.contended(32, 32, seconds);
@@ -1039,6 +1008,27 @@ struct Inside {
 
 /// Shares of zkgate's maximum past its capacity: what it serves and how fast, what it sheds.
 const OVERLOAD_SHARES: [f64; 2] = [1.2, 2.0];
+
+/// `op` in an open loop at each of `rates`, for `duration` each, at most `in_flight` at once,
+/// watching where zkgate's time goes ([LoadPoint::measure_inside]).
+async fn points_inside<F, Fut>(
+    rates: Vec<f64>,
+    duration: Duration,
+    watched: &[(&'static str, String)],
+    in_flight: usize,
+    inside: &Inside,
+    op: F,
+) -> Vec<LoadPoint>
+where
+    F: Fn(usize) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = Option<Instant>> + Send + 'static,
+{
+    let mut points = Vec::new();
+    for rate in rates {
+        points.push(LoadPoint::measure_inside(rate, duration, watched, in_flight, Some(inside), op.clone()).await);
+    }
+    points
+}
 
 /// `op` in an open loop at each of [SHARES] of `max` a second, for `duration` each.
 async fn at_shares<F, Fut>(max: f64, duration: Duration, watched: &[(&'static str, String)], op: F) -> Vec<LoadPoint>

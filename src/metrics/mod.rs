@@ -109,6 +109,14 @@ fn single_counter(registry: &Registry, name: &str, help: &str) -> IntCounter {
     metric
 }
 
+/// A histogram without labels, in [REQUEST_BUCKETS].
+fn single_histogram(registry: &Registry, name: &str, help: &str) -> Histogram {
+    let opts = HistogramOpts::new(name, help).buckets(REQUEST_BUCKETS.to_vec());
+    let metric = Histogram::with_opts(opts).expect("valid histogram");
+    registry.register(Box::new(metric.clone())).expect("unique metric");
+    metric
+}
+
 fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
     let metric = IntCounterVec::new(Opts::new(name, help), labels).expect("valid counter");
     registry.register(Box::new(metric.clone())).expect("unique metric");
@@ -278,16 +286,11 @@ impl Metrics {
                 "Resync events published or sent (reason: reconnected, session_expired, fell_behind, cannot_resume).",
                 &["reason"],
             ),
-            zookeeper_requests: {
-                let opts = HistogramOpts::new(
-                    "zkgate_zookeeper_request_duration_seconds",
-                    "Time of ZooKeeper requests (reads, deletes, contender creates), per attempt.",
-                )
-                .buckets(REQUEST_BUCKETS.to_vec());
-                let metric = Histogram::with_opts(opts).expect("valid histogram");
-                r.register(Box::new(metric.clone())).expect("unique metric");
-                metric
-            },
+            zookeeper_requests: single_histogram(
+                &r,
+                "zkgate_zookeeper_request_duration_seconds",
+                "Time of ZooKeeper requests (reads, deletes, contender creates), per attempt.",
+            ),
             request_stages: histogram(
                 &r,
                 "zkgate_request_stage_seconds",
@@ -302,17 +305,12 @@ impl Metrics {
                 "zkgate_requests_shed_total",
                 "Requests refused (503 `overloaded`) because they waited too long for a turn.",
             ),
-            runtime_delay: {
-                let opts = HistogramOpts::new(
-                    "zkgate_runtime_delay_seconds",
-                    "How late the runtime started a task that was due: a probe spawned every 10 ms (the time requests wait \
-                     for a worker, as when a task polls long).",
-                )
-                .buckets(REQUEST_BUCKETS.to_vec());
-                let metric = Histogram::with_opts(opts).expect("valid histogram");
-                r.register(Box::new(metric.clone())).expect("unique metric");
-                metric
-            },
+            runtime_delay: single_histogram(
+                &r,
+                "zkgate_runtime_delay_seconds",
+                "How late the runtime started a task that was due: a probe spawned every 10 ms (the time requests wait \
+                 for a worker, as when a task polls long).",
+            ),
             zookeeper_syncs: single_counter(
                 &r,
                 "zkgate_zookeeper_syncs_total",
