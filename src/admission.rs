@@ -20,10 +20,12 @@
 //! the last `interval` is a burst, and a request may wait up to `interval` for its slot; a
 //! queue that has not been empty for `interval` is standing, and a request may wait only
 //! `target`. Those that waited longer are refused. A burst is absorbed whole; a standing
-//! queue is drained to where what is served is served promptly. The defaults (1 s and 20 ms)
-//! are longer than that paper's (100 ms and 5 ms, for RPCs served in microseconds): a zkgate
-//! request takes a ZooKeeper round trip or two, and its clients come in bursts (a thousand
-//! workers taking their locks at once) that are to be served, not refused.
+//! queue is drained to where what is served is served promptly. The defaults (250 ms and
+//! 20 ms) are longer than that paper's (100 ms and 5 ms, for RPCs served in microseconds): a
+//! zkgate request takes a ZooKeeper round trip or two, several milliseconds on a busy machine,
+//! and its clients come in bursts (many workers taking their locks at once) that are to be
+//! served. Longer still (1 s) and, under overload, the requests to be refused waited so long
+//! first that the clients ran out of connections (BENCHMARKS.md, issue 33).
 //!
 //! The operations that give something back (a `DELETE`, a keepalive, an ack or nack, leaving
 //! a barrier) are never refused here and take no slot: refusing them under overload would

@@ -233,8 +233,9 @@ pub struct ServeConfig {
 
     /// How long a queue may go without emptying before it counts as standing, and how long a
     /// request may wait in a burst (a queue that emptied within it): long enough for the bursts
-    /// clients make (a thousand workers taking their locks at once) to be served, not refused.
-    #[arg(long, env = "ZKGATE_QUEUE_DELAY_INTERVAL", default_value = "1s", value_parser = duration)]
+    /// clients make (many workers taking their locks at once) to be served, short enough that
+    /// under overload the refused are refused soon (BENCHMARKS.md, issue 33).
+    #[arg(long, env = "ZKGATE_QUEUE_DELAY_INTERVAL", default_value = "250ms", value_parser = duration)]
     pub queue_delay_interval: Duration,
 
     /// Origins (`https://app.example.com`) whose pages may call the API from a browser (CORS)
@@ -424,7 +425,7 @@ impl ServeConfig {
             max_long_polls: 10_000,
             max_in_service: 64,
             queue_delay_target: Duration::from_millis(20),
-            queue_delay_interval: Duration::from_secs(1),
+            queue_delay_interval: Duration::from_millis(250),
             metrics_names_per_kind: crate::metrics::NAMES_PER_KIND,
             zookeeper_security: Default::default(),
         }
