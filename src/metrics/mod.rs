@@ -1,5 +1,9 @@
 //! Prometheus metrics, served at `/metrics` in the text exposition format.
 //!
+//! (Over 600 lines because it declares every metric in one table, `Metrics::new`, with its
+//! name, help and labels: split by subject, a metric's declaration would be harder to find,
+//! and its registration would be repeated per file.)
+//!
 //! Counters and histograms are process-wide (one zkgate instance per process, as deployed),
 //! recorded where things happen: grants and releases in the contender driver, queue
 //! operations in the handlers, leases in their registry, sockets in the socket loop,
