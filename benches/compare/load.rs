@@ -243,15 +243,20 @@ pub fn report_load(rows: &[LoadRow]) {
     );
     println!("|---|---|---|---|---|");
     for row in rows {
-        println!(
-            "| {} | {} | {:.0}/s | {} | {} |",
-            row.workload,
-            row.system,
-            row.max,
-            row.points[0].show(),
-            row.points[1].show()
-        );
+        print_row(row);
     }
+}
+
+/// One row of a load table: the workload, the system, its maximum and its two points.
+fn print_row(row: &LoadRow) {
+    println!(
+        "| {} | {} | {:.0}/s | {} | {} |",
+        row.workload,
+        row.system,
+        row.max,
+        row.points[0].show(),
+        row.points[1].show()
+    );
 }
 
 /// zkgate's tails against etcd's at etcd's own rates, as ratios (below 1: zkgate's shorter).
@@ -285,14 +290,7 @@ pub fn report_overload(rows: &[LoadRow], load: &[LoadRow]) {
     );
     println!("|---|---|---|---|---|");
     for row in rows {
-        println!(
-            "| {} | {} | {:.0}/s | {} | {} |",
-            row.workload,
-            row.system,
-            row.max,
-            row.points[0].show(),
-            row.points[1].show()
-        );
+        print_row(row);
         let at_80 = load
             .iter()
             .find(|r| r.workload == row.workload && r.system == row.system)

@@ -18,6 +18,7 @@ use crate::AppState;
 use crate::auth::Caller;
 use crate::limits::ClientAddr;
 use crate::listen::Arrived;
+use crate::metrics::Stage;
 
 /// The layer: [crate::limits::Limits::check_rate] for the request's caller and address, and
 /// for a request to an endpoint that may wait, one of the caller's and the instance's long
@@ -42,7 +43,7 @@ pub async fn limit(State(state): State<AppState>, request: Request, next: Next) 
         .map_or_else(tokio::time::Instant::now, |a| a.0);
     let metrics = crate::metrics::get();
     let timed = |response: Response, turn: bool| {
-        metrics.observe_stage("answered", turn, arrived.elapsed());
+        metrics.observe_stage(Stage::Answered, turn, arrived.elapsed());
         response.map(|body| axum::body::Body::new(Written { body, arrived, turn }))
     };
     if !route.is_some_and(|route| takes_a_turn(request.method(), route)) {
@@ -56,7 +57,7 @@ pub async fn limit(State(state): State<AppState>, request: Request, next: Next) 
     }
     match state.admission.admit(arrived).await {
         Ok(slot) => {
-            metrics.observe_stage("admitted", true, arrived.elapsed());
+            metrics.observe_stage(Stage::Admitted, true, arrived.elapsed());
             let response = crate::admission::holding(slot, next.run(request)).await;
             timed(response, true)
         }
@@ -107,7 +108,7 @@ impl hyper::body::Body for Written {
 
 impl Drop for Written {
     fn drop(&mut self) {
-        crate::metrics::get().observe_stage("written", self.turn, self.arrived.elapsed());
+        crate::metrics::get().observe_stage(Stage::Written, self.turn, self.arrived.elapsed());
     }
 }
 

@@ -1,9 +1,5 @@
 //! Prometheus metrics, served at `/metrics` in the text exposition format.
 //!
-//! (Over 600 lines because it declares every metric in one table, `Metrics::new`, with its
-//! name, help and labels: split by subject, a metric's declaration would be harder to find,
-//! and its registration would be repeated per file.)
-//!
 //! Counters and histograms are process-wide (one zkgate instance per process, as deployed),
 //! recorded where things happen: grants and releases in the contender driver, queue
 //! operations in the handlers, leases in their registry, sockets in the socket loop,
@@ -18,9 +14,12 @@
 //! end.
 
 pub mod names;
+mod timing;
+
+pub use timing::{Stage, probe_runtime, zookeeper_request};
 
 use std::sync::LazyLock;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use prometheus::{
     Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
@@ -493,41 +492,6 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
 /// The process's metrics.
 pub fn get() -> &'static Metrics {
     &METRICS
-}
-
-impl Metrics {
-    /// A request that took a turn (or not: `turn`) reached `stage` (see
-    /// `zkgate_request_stage_seconds`) `elapsed` after it arrived.
-    pub fn observe_stage(&self, stage: &str, turn: bool, elapsed: Duration) {
-        let turn = if turn { "taken" } else { "none" };
-        self.request_stages
-            .with_label_values(&[stage, turn])
-            .observe(elapsed.as_secs_f64());
-    }
-}
-
-/// Measures, every 10 ms until `stop`, how late the runtime behind `runtime` starts a task
-/// spawned when due (`zkgate_runtime_delay_seconds`): a thread of its own keeps the time, so a
-/// worker kept busy (a long poll of one task, a backlog of many) shows as delay. 100 probes a
-/// second cost the workers about a microsecond each.
-pub fn probe_runtime(runtime: tokio::runtime::Handle, stop: tokio_util::sync::CancellationToken) {
-    std::thread::Builder::new()
-        .name("runtime-probe".into())
-        .spawn(move || {
-            while !stop.is_cancelled() {
-                std::thread::sleep(Duration::from_millis(10));
-                let due = std::time::Instant::now();
-                runtime.spawn(async move {
-                    get().runtime_delay.observe(due.elapsed().as_secs_f64());
-                });
-            }
-        })
-        .expect("spawn the runtime probe");
-}
-
-/// Records one ZooKeeper request's time.
-pub fn zookeeper_request(elapsed: Duration) {
-    get().zookeeper_requests.observe(elapsed.as_secs_f64());
 }
 
 /// What the gauges that are read when scraped say now (the instance's session, leases and

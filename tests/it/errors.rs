@@ -48,7 +48,7 @@ fn the_readme_lists_every_http_problem_with_its_status() {
         .collect();
     assert_eq!(
         listed, catalogue,
-        "README `## Errors` against the catalogue (src/http/error.rs)"
+        "README `## Errors` against the catalogue (src/http/error/mod.rs)"
     );
 }
 

@@ -10,9 +10,7 @@
 //!
 //! ZooKeeper being unreachable is a 503 with `Retry-After`, never a 500.
 //!
-//! (Over 600 lines, one concept: the catalogue, the error type that renders it and the problem
-//! document's schema with its typed extension members, which must name the same members the
-//! catalogue's problems carry; split, the three would drift apart.)
+//! What each lower layer's error answers is in `from.rs`.
 
 use std::collections::BTreeMap;
 
@@ -26,6 +24,7 @@ use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
 use crate::recipes::lease::LeaseError;
 use crate::zk::session::Unavailable;
 
+mod from;
 /// The media type of problem documents.
 pub const PROBLEM_JSON: &str = "application/problem+json";
 
@@ -506,77 +505,6 @@ impl ApiError {
 
     pub fn status(&self) -> StatusCode {
         self.problem.status()
-    }
-}
-
-impl From<Failure> for ApiError {
-    fn from(err: Failure) -> ApiError {
-        match err {
-            Failure::Unanswered(_) => ApiError::unavailable(err.to_string()),
-            // Not the client's doing, and not a bug in zkgate: say exactly that.
-            Failure::Denied => ApiError::new(
-                Problem::ZookeeperRefused,
-                "ZooKeeper refuses zkgate's session access to this znode: its ACL leaves zkgate's identity out (see --zookeeper-auth)",
-            ),
-            // A write past a ZooKeeper quota that the handler did not name more precisely.
-            Failure::QuotaFull => ApiError::new(
-                Problem::QuotaExceeded,
-                "ZooKeeper refused the write: a quota on zkgate's znodes is full; delete something first",
-            )
-            .with("quota", "zookeeper"),
-            // Where a taken name is the client's doing, its handler says so before this.
-            Failure::Taken | Failure::Unexpected(_) => ApiError::new(Problem::Internal, err.to_string()),
-        }
-    }
-}
-
-impl From<crate::limits::Refusal> for ApiError {
-    fn from(refusal: crate::limits::Refusal) -> ApiError {
-        let problem = match refusal.limit {
-            crate::limits::Limit::Rate => Problem::RateLimited,
-            crate::limits::Limit::Held => Problem::TooMany,
-        };
-        let seconds = refusal.retry_after.as_secs_f64().ceil() as u64;
-        ApiError::new(problem, refusal.detail).retry_after(seconds)
-    }
-}
-
-impl From<crate::auth::Forbidden> for ApiError {
-    fn from(err: crate::auth::Forbidden) -> ApiError {
-        ApiError::new(Problem::Forbidden, err.0)
-    }
-}
-
-impl From<crate::recipes::bound::OwnerError> for ApiError {
-    fn from(err: crate::recipes::bound::OwnerError) -> ApiError {
-        match err {
-            crate::recipes::bound::OwnerError::Forbidden(err) => err.into(),
-            crate::recipes::bound::OwnerError::ZooKeeper(err) => err.into(),
-        }
-    }
-}
-
-impl From<Unavailable> for ApiError {
-    fn from(err: Unavailable) -> ApiError {
-        ApiError::unavailable(err.to_string())
-    }
-}
-
-impl From<LeaseError> for ApiError {
-    fn from(err: LeaseError) -> ApiError {
-        match &err {
-            LeaseError::Unknown(_) => ApiError::not_found("lease", err.to_string()),
-            // The hand-off guard serves a request where its lease is kept: this is a race with a
-            // takeover, which a retry settles.
-            LeaseError::Elsewhere { .. } => ApiError::new(Problem::InstanceUnavailable, format!("{err}; try again")),
-            LeaseError::NotFresh => ApiError::unavailable(err.to_string()),
-            LeaseError::Ended { reason, .. } => {
-                ApiError::new(Problem::LeaseEnded, err.to_string()).with("reason", reason)
-            }
-            LeaseError::NotYours(_) | LeaseError::ReadOnly => ApiError::new(Problem::Forbidden, err.to_string()),
-            LeaseError::TooMany(_) => ApiError::new(Problem::TooMany, err.to_string()),
-            LeaseError::Unavailable(u) => ApiError::from(*u),
-        }
     }
 }
 

@@ -1,7 +1,3 @@
-//! (One file over 600 lines: read, add, set and delete share one conditional write and its
-//! conflicts, and the keyed add is that write with its key; split, each part would need the
-//! others' internals.)
-//!
 //! Counters, stored as Curator's `DistributedAtomicLong` stores them, so that a JVM service
 //! using Curator and HTTP clients share one counter: the value is the data of the counter's own
 //! znode (`<root>/counters/<name>`, persistent), eight bytes, big-endian, two's complement. A
@@ -44,6 +40,8 @@ use crate::time::{from_millis, timestamp};
 use crate::zk::retry_on_loss;
 use crate::zk::watch::Mode;
 
+mod topic;
+pub use topic::{CounterEvent, CounterState, CounterTopic, etag};
 /// The size of a counter's value in its znode.
 pub const VALUE_BYTES: usize = 8;
 
@@ -446,88 +444,6 @@ async fn write(client: &Client, path: &str, value: i64, version: Option<i32>) ->
         Err(ZkError::BadVersion | ZkError::NodeExists | ZkError::NoNode) => Err(Conflict::Lost),
         Err(err) if crate::zk::is_loss(&err) => Err(Conflict::Failed(CounterError::OutcomeUnknown)),
         Err(err) => Err(Conflict::Failed(err.into())),
-    }
-}
-
-/// A counter: what `GET /v1/counters/{name}` answers and the `counter` topic carries.
-#[derive(Serialize, ToSchema, Clone, Debug, PartialEq)]
-pub struct CounterState {
-    #[schema(example = "orders-shipped")]
-    pub name: String,
-    /// The value (0 for a counter that does not exist); `null` when the znode holds data that
-    /// is not a counter.
-    #[schema(example = 42)]
-    pub value: Option<i64>,
-    /// Whether its znode exists.
-    pub exists: bool,
-    /// Its version, for `If-Match` (as in the `ETag` header); `null` when it does not exist.
-    #[schema(example = "\"4294967311\"")]
-    pub etag: Option<String>,
-    /// How many times it was written since it was created.
-    pub updates: i32,
-    /// When it was last written.
-    #[schema(example = "2026-11-22T10:00:00.000Z")]
-    pub updated: Option<String>,
-}
-
-/// A counter's version as an ETag: its znode's mzxid, quoted.
-pub fn etag(mzxid: i64) -> String {
-    format!("\"{mzxid}\"")
-}
-
-impl CounterState {
-    pub fn of(name: &str, value: Option<i64>, stat: Option<&Stat>) -> CounterState {
-        CounterState {
-            name: name.to_string(),
-            value,
-            exists: stat.is_some(),
-            etag: stat.map(|s| etag(s.mzxid)),
-            updates: stat.map_or(0, |s| s.version),
-            updated: stat.map(|s| timestamp(from_millis(s.mtime))),
-        }
-    }
-}
-
-event_kinds! {
-    /// The events of a counter topic.
-    CounterEvent {
-        Created => "created",
-        Changed => "changed",
-        Deleted => "deleted",
-    }
-}
-
-/// A counter as a topic (and as `GET` reads it): one exists-watch on its znode, which fires on
-/// every write.
-pub struct CounterTopic {
-    pub name: String,
-    pub path: String,
-}
-
-impl Source for CounterTopic {
-    type State = CounterState;
-    type Event = CounterEvent;
-
-    fn watches(&self, _: Option<&CounterState>) -> Vec<(Mode, String)> {
-        vec![(Mode::Exists, self.path.clone())]
-    }
-
-    async fn read(&self, session: &Session) -> Result<CounterState, Failure> {
-        let client = session.client();
-        match retry_on_loss(|| client.get_data(&self.path)).await {
-            Ok((data, stat)) => Ok(CounterState::of(&self.name, decode(&data), Some(&stat))),
-            Err(ZkError::NoNode) => Ok(CounterState::of(&self.name, Some(0), None)),
-            Err(err) => Err(err.into()),
-        }
-    }
-
-    fn change(&self, before: &CounterState, after: &CounterState) -> Option<CounterEvent> {
-        match (before.exists, after.exists) {
-            (false, true) => Some(CounterEvent::Created),
-            (true, false) => Some(CounterEvent::Deleted),
-            // A write of the same value is a change too: its version moved.
-            _ => (before.etag != after.etag || before.value != after.value).then_some(CounterEvent::Changed),
-        }
     }
 }
 
