@@ -193,8 +193,9 @@ impl Sequential {
                         return Err(Exit::Failed(ZkError::UnexpectedError("no create result".into())));
                     };
                     let name = path.rsplit('/').next().unwrap_or_default().to_string();
-                    // A multi-op's stat may be empty (ZOOKEEPER-4026): the reference's czxid,
-                    // read in the same round trip, is the transaction's; else read the node's.
+                    // A multi-op's create may come without its stat (ZOOKEEPER-4026): the
+                    // transaction's zxid, from the write that stamps the reference, is the
+                    // node's czxid too; else (never, short of a server that drops both) read it.
                     let czxid = match done.stat(&()).map(|stat| stat.czxid) {
                         Some(czxid) if czxid > 0 => czxid,
                         _ if czxid.is_some_and(|czxid| czxid > 0) => czxid.unwrap_or_default(),

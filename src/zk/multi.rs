@@ -125,13 +125,9 @@ impl<T> From<Failed<T>> for super::Failure {
 }
 
 impl<T: PartialEq> Done<T> {
-    fn find(&self, tag: &T) -> Option<&MultiWriteResult> {
-        self.results.iter().find(|(t, _)| t == tag).map(|(_, result)| result)
-    }
-
     /// The path made by the (first) create tagged `tag`: a sequential node's full name.
     pub fn created(&self, tag: &T) -> Option<&str> {
-        match self.find(tag)? {
+        match self.find(|t| t == tag)? {
             MultiWriteResult::Create { path, .. } => Some(path),
             _ => None,
         }
@@ -140,16 +136,25 @@ impl<T: PartialEq> Done<T> {
     /// The stat left by the (first) create or set tagged `tag`; `None` also where the server
     /// left it out of the reply (a create's, ZOOKEEPER-4026: read the node instead).
     pub fn stat(&self, tag: &T) -> Option<&Stat> {
-        match self.find(tag)? {
+        self.stat_where(|t| t == tag)
+    }
+}
+
+impl<T> Done<T> {
+    fn find(&self, is: impl Fn(&T) -> bool) -> Option<&MultiWriteResult> {
+        self.results.iter().find(|(t, _)| is(t)).map(|(_, result)| result)
+    }
+
+    /// [Done::stat] of the first operation whose tag `is` picks.
+    pub fn stat_where(&self, is: impl Fn(&T) -> bool) -> Option<&Stat> {
+        match self.find(is)? {
             MultiWriteResult::Create { stat, .. } | MultiWriteResult::SetData { stat } if !stat.is_invalid() => {
                 Some(stat)
             }
             _ => None,
         }
     }
-}
 
-impl<T> Done<T> {
     /// The same answer with its tags mapped; results whose tag maps to `None` are left out.
     pub fn filter_map<U>(self, mut f: impl FnMut(T) -> Option<U>) -> Done<U> {
         Done {

@@ -12,11 +12,13 @@ use super::{Exit, Handle, Protocol};
 use crate::recipes::lease::GuardError;
 
 /// What an operation of a guarded multi-op is for: the lease's guard, the holding's reference
-/// under the lease's record, or one of the holding's own (tagged by the holding).
+/// under the lease's record (its create, and the write that stamps it: see [Made::czxid]), or
+/// one of the holding's own (tagged by the holding).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Guarded<T> {
     Guard,
     Reference,
+    Stamp,
     Own(T),
 }
 
@@ -52,9 +54,13 @@ pub struct Made<T> {
     pub done: Done<T>,
     /// The listing it was asked to send after them, if it was.
     pub listed: Option<Result<Vec<String>, ZkError>>,
-    /// The zxid of the multi-op's transaction (the `czxid` of every node it created), read
-    /// from the reference in the same round trip: ZooKeeper 3.8's multi-op answers a create
-    /// without its stat (ZOOKEEPER-4026), and a contender's fencing token is its `czxid`.
+    /// The zxid of the multi-op's transaction (the `czxid` of every node it created): a
+    /// contender's fencing token is its `czxid`, and the multi-op of ZooKeeper 3.8.0 (Debian's)
+    /// answers a create without its stat (ZOOKEEPER-4026). So the multi-op ends by writing the
+    /// reference it just created again, unchanged (version 0 to 1), and a write inside a
+    /// multi-op *is* answered with its stat, whose `mzxid` is the transaction's: one more
+    /// operation inside the transaction instead of a request of its own after it (an `exists`
+    /// of the reference, which cost ZooKeeper a quarter of a lock cycle's requests).
     pub czxid: Option<i64>,
 }
 
@@ -74,25 +80,14 @@ pub async fn create_held<P: Protocol, T: Send + 'static>(
     commit_guarded(handle, client, Some(&reference), add, then_list).await
 }
 
-/// The requests [commit_guarded] sends right after its multi-op, on the same session (so
-/// that they see it), in the same round trip.
-async fn read_after(
-    client: &Client,
-    then_list: Option<&str>,
-    then_stat: Option<&str>,
-) -> (Option<Result<Vec<String>, ZkError>>, Option<i64>) {
-    // Each request is sent when its future is made: both leave before either is awaited.
-    let listing = then_list.map(|dir| client.list_children(dir));
-    let stat = then_stat.map(|path| client.check_stat(path));
-    let listed = match listing {
+/// The listing [commit_guarded] sends right after its multi-op, on the same session (so
+/// that it sees the write), in the same round trip: the request is sent when its future is
+/// made, before either is awaited.
+async fn list_after(client: &Client, then_list: Option<&str>) -> Option<Result<Vec<String>, ZkError>> {
+    match then_list.map(|dir| client.list_children(dir)) {
         Some(listing) => Some(listing.await),
         None => None,
-    };
-    let czxid = match stat {
-        Some(stat) => stat.await.ok().flatten().map(|stat| stat.czxid),
-        None => None,
-    };
-    (listed, czxid)
+    }
 }
 
 /// Writes what `add` adds for a holding that exists already (a semaphore's permit node, an
@@ -121,23 +116,27 @@ async fn commit_guarded<P: Protocol, T: Send + 'static>(
             .map_err(NotCreated::Request)?;
         reference
             .map_or(Ok(()), |reference| {
-                multi.create(Guarded::Reference, &handle.reference(), reference, &options)
+                let path = handle.reference();
+                multi.create(Guarded::Reference, &path, reference, &options)?;
+                multi.set(Guarded::Stamp, &path, reference, Some(0))
             })
             .and_then(|()| add(&mut multi))
             .map_err(NotCreated::Request)?;
         let started = std::time::Instant::now();
         // The requests are sent here, in this order; their replies come together.
         let commit = multi.commit();
-        let then_stat = reference.map(|_| handle.reference());
-        let (committed, (listed, czxid)) = tokio::join!(commit, read_after(client, then_list, then_stat.as_deref()));
+        let (committed, listed) = tokio::join!(commit, list_after(client, then_list));
         crate::metrics::zookeeper_request(started.elapsed());
         match committed {
             Ok(done) => {
                 let _ = handle.lease.guarded(guard, None);
                 handle.created();
+                let czxid = done
+                    .stat_where(|tag| matches!(tag, Guarded::Stamp))
+                    .map(|stat| stat.mzxid);
                 let done = done.filter_map(|tag| match tag {
                     Guarded::Own(tag) => Some(tag),
-                    Guarded::Guard | Guarded::Reference => None,
+                    Guarded::Guard | Guarded::Reference | Guarded::Stamp => None,
                 });
                 return Ok(Made { done, listed, czxid });
             }
@@ -157,7 +156,7 @@ async fn commit_guarded<P: Protocol, T: Send + 'static>(
                 error: ZkError::NodeExists,
             }) => return Err(NotCreated::MadeBefore),
             Err(Failed::Refused {
-                tag: Guarded::Reference,
+                tag: Guarded::Reference | Guarded::Stamp,
                 error,
             }) => return Err(NotCreated::Request(error)),
             Err(Failed::Refused {
