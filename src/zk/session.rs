@@ -30,6 +30,7 @@ use tokio_util::sync::CancellationToken;
 use zookeeper_client::{Client, CreateMode, SessionInfo, SessionState};
 
 use super::acl::AclPolicy;
+use super::batch::Writes;
 use super::security::{ConnectError, ZkSecurity};
 use super::sync::Syncs;
 
@@ -52,6 +53,8 @@ pub struct Status {
     pub client: Option<Client>,
     /// The `sync`s of that client's linearizable reads ([super::sync]).
     pub syncs: Arc<Syncs>,
+    /// That client's guarded writes, sent together while one is in flight ([super::batch]).
+    pub writes: Arc<Writes>,
     /// Incremented with every new session; 0 before the first one.
     pub generation: u64,
     pub connection: Connection,
@@ -79,6 +82,7 @@ pub struct Session {
     client: Client,
     pub generation: u64,
     syncs: Arc<Syncs>,
+    writes: Arc<Writes>,
 }
 
 impl Session {
@@ -95,6 +99,11 @@ impl Session {
     /// connection loss: a `sync` is safe to repeat.
     pub async fn sync(&self) -> Result<(), super::Failure> {
         Ok(super::retry_on_loss(|| self.syncs.sync(&self.client)).await?)
+    }
+
+    /// The session's batched writes ([super::batch]).
+    pub fn writes(&self) -> &Arc<Writes> {
+        &self.writes
     }
 
     /// How many `sync`s this session has sent.
@@ -150,6 +159,7 @@ impl ZkSession {
         let (sender, status) = watch::channel(Status {
             client: None,
             syncs: Arc::default(),
+            writes: Arc::default(),
             generation: 0,
             connection: Connection::Connecting,
             connects: 0,
@@ -180,6 +190,14 @@ impl ZkSession {
         self.lane
     }
 
+    /// The batched writes of `client` if it is this supervisor's current session's client
+    /// (a recipe holding a client of an earlier session sends its writes alone).
+    pub fn writes_for(&self, client: &Client) -> Option<Arc<Writes>> {
+        let status = self.status.borrow();
+        let current = status.client.as_ref()?;
+        (current.session_id() == client.session_id()).then(|| status.writes.clone())
+    }
+
     /// The current session if it is connected.
     ///
     /// # Notable errors
@@ -192,6 +210,7 @@ impl ZkSession {
                 client: client.clone(),
                 generation: status.generation,
                 syncs: status.syncs.clone(),
+                writes: status.writes.clone(),
             }),
             (_, Connection::Disconnected) => Err(Unavailable::Disconnected),
             _ => Err(Unavailable::NoSession),
@@ -322,8 +341,9 @@ impl Supervisor {
                 s.connects += 1;
             }
             if client.is_some() {
-                // A new client's reads share only its own `sync`s.
+                // A new client's reads share only its own `sync`s, its writes only its batches.
                 s.syncs = Arc::default();
+                s.writes = Arc::default();
             }
             s.client = client;
             s.generation = generation;

@@ -1,6 +1,7 @@
 //! zkgate's connections to ZooKeeper run without Nagle's algorithm (zookeeper-client leaves it
 //! on; see `zkgate::zk::nodelay`), on every session and again after a reconnection; and its
-//! multi-ops answer by the tag of each operation (`zkgate::zk::multi`).
+//! multi-ops answer by the tag of each operation (`zkgate::zk::multi`), and requests' writes that
+//! meet on a session share one (`zkgate::zk::batch`).
 
 use crate::common;
 
@@ -8,6 +9,7 @@ use std::time::Duration;
 
 use common::proxy::Proxy;
 use common::{Gate, within, zk_client, zookeeper};
+use zkgate::zk::batch::Writes;
 use zkgate::zk::nodelay::nodelay_towards;
 use zkgate::zk::session::Connection;
 use zkgate::zk::{Failed, Multi, ZkError};
@@ -125,4 +127,96 @@ async fn a_multi_op_names_the_refused_operation_by_its_tag_and_answers_by_tag() 
 
     // Nothing added: nothing sent, done.
     assert!(multi.commit().await.is_ok());
+}
+
+/// A write of `path`, through `writes`: what it answered, and the listing of `then_list`.
+async fn batched_create(
+    client: &zookeeper_client::Client,
+    writes: &std::sync::Arc<Writes>,
+    path: &str,
+    then_list: Option<&str>,
+) -> (Result<(), Failed<Op>>, Option<Vec<String>>) {
+    let persistent = CreateMode::Persistent.with_acls(zkgate::zk::acls());
+    let mut multi = Multi::new(client);
+    multi.create(Op::Item, path, b"x", &persistent).unwrap();
+    let (committed, listed) = multi.commit_batched(writes, then_list).await;
+    (committed.map(|_| ()), listed.map(|listed| listed.expect("listed")))
+}
+
+#[tokio::test]
+async fn writes_that_meet_share_one_multi_op_and_a_refusal_stays_with_its_own_write() {
+    let zk = zookeeper().await;
+    let client = zk_client(&zk.connect_string()).await;
+    let writes = std::sync::Arc::new(Writes::default());
+    let persistent = CreateMode::Persistent.with_acls(zkgate::zk::acls());
+    let parents = (0..10).map(|i| format!("/q{i}"));
+    for path in ["/p1", "/p2", "/p2/taken", "/p3"]
+        .map(String::from)
+        .into_iter()
+        .chain(parents)
+    {
+        client.create(&path, b"", &persistent).await.expect("create");
+    }
+
+    // Ten writes at once: the first is sent alone, the nine that meet it in flight go together
+    // when it answers (`join_all` polls each once before any answer can come).
+    let (sent, made) = writes.counts();
+    let paths: Vec<String> = (0..10).map(|i| format!("/q{i}/node")).collect();
+    let answers = futures::future::join_all(paths.iter().map(|p| batched_create(&client, &writes, p, None))).await;
+    assert!(answers.iter().all(|(answer, _)| answer.is_ok()), "{answers:?}");
+    let counts = writes.counts();
+    assert_eq!(
+        (counts.0 - sent, counts.1 - made),
+        (2, 10),
+        "ten writes in two multi-ops"
+    );
+    let mut czxids = Vec::new();
+    for path in &paths {
+        czxids.push(client.check_stat(path).await.unwrap().expect("created").czxid);
+    }
+    assert!(
+        czxids[2..].iter().all(|&z| z == czxids[1]) && czxids[0] < czxids[1],
+        "{czxids:?}"
+    );
+
+    // One of a batch refused: only that write hears it; the writes before and after it in the
+    // batch apply, and one asking for a listing gets it, its own node in it.
+    let (first, before, refused, listing, later) = tokio::join!(
+        batched_create(&client, &writes, "/p1/first", None),
+        batched_create(&client, &writes, "/p1/x", None),
+        batched_create(&client, &writes, "/p2/taken", None),
+        batched_create(&client, &writes, "/p3/x", Some("/p3")),
+        batched_create(&client, &writes, "/p1/y", None),
+    );
+    assert!(first.0.is_ok(), "{first:?}");
+    assert!(before.0.is_ok(), "the write before the refused one applies: {before:?}");
+    assert_eq!(
+        refused.0,
+        Err(Failed::Refused {
+            tag: Op::Item,
+            error: ZkError::NodeExists
+        })
+    );
+    assert!(
+        listing.0.is_ok(),
+        "the write after the refused one applies: {listing:?}"
+    );
+    assert_eq!(listing.1, Some(vec!["x".to_string()]), "listed after its write");
+    assert!(later.0.is_ok(), "{later:?}");
+    let czxid = |path: &'static str| {
+        let client = client.clone();
+        async move { client.check_stat(path).await.unwrap().expect("created").czxid }
+    };
+    assert!(czxid("/p1/y").await > czxid("/p1/x").await);
+
+    // Two writes that create under one parent never share a multi-op (they would share a
+    // czxid, a contender's fencing token): the second goes in the next one.
+    let (first, a, b) = tokio::join!(
+        batched_create(&client, &writes, "/p1/first-again", None),
+        batched_create(&client, &writes, "/p1/a", None),
+        batched_create(&client, &writes, "/p1/b", None),
+    );
+    assert!(first.0.is_ok() && a.0.is_ok() && b.0.is_ok());
+    let (a, b) = (czxid("/p1/a").await, czxid("/p1/b").await);
+    assert!(b > a, "two creates under /p1 in one multi-op: czxid {a} and {b}");
 }
