@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use common::proxy::Proxy;
 use common::{Gate, within, zk_client, zookeeper};
-use zkgate::zk::batch::Writes;
+use zkgate::zk::batch::{ALONE_IN_FLIGHT, Writes};
 use zkgate::zk::nodelay::nodelay_towards;
 use zkgate::zk::session::Connection;
 use zkgate::zk::{Failed, Multi, ZkError};
@@ -133,14 +133,37 @@ async fn a_multi_op_names_the_refused_operation_by_its_tag_and_answers_by_tag() 
 async fn batched_create(
     client: &zookeeper_client::Client,
     writes: &std::sync::Arc<Writes>,
-    path: &str,
+    path: String,
     then_list: Option<&str>,
 ) -> (Result<(), Failed<Op>>, Option<Vec<String>>) {
     let persistent = CreateMode::Persistent.with_acls(zkgate::zk::acls());
     let mut multi = Multi::new(client);
-    multi.create(Op::Item, path, b"x", &persistent).unwrap();
+    multi.create(Op::Item, &path, b"x", &persistent).unwrap();
     let (committed, listed) = multi.commit_batched(writes, then_list).await;
     (committed.map(|_| ()), listed.map(|listed| listed.expect("listed")))
+}
+
+/// `meeting` written at once, behind as many writes as go alone (`join_all` polls each once
+/// before any answer can come), so that they queue and go in batches; their answers.
+async fn meet(
+    client: &zookeeper_client::Client,
+    writes: &std::sync::Arc<Writes>,
+    meeting: &[(&str, Option<&'static str>)],
+) -> Vec<(Result<(), Failed<Op>>, Option<Vec<String>>)> {
+    static FILLERS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let alone = (0..ALONE_IN_FLIGHT).map(|_| {
+        let n = FILLERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        (format!("/alone-{n}"), None)
+    });
+    let all: Vec<(String, Option<&str>)> = alone
+        .chain(meeting.iter().map(|(path, list)| (path.to_string(), *list)))
+        .collect();
+    let answers = futures::future::join_all(
+        all.into_iter()
+            .map(|(path, list)| batched_create(client, writes, path, list)),
+    )
+    .await;
+    answers.into_iter().skip(ALONE_IN_FLIGHT).collect()
 }
 
 #[tokio::test]
@@ -157,66 +180,60 @@ async fn writes_that_meet_share_one_multi_op_and_a_refusal_stays_with_its_own_wr
     {
         client.create(&path, b"", &persistent).await.expect("create");
     }
+    let czxid = |path: &'static str| {
+        let client = client.clone();
+        async move { client.check_stat(path).await.unwrap().expect("created").czxid }
+    };
 
-    // Ten writes at once: the first is sent alone, the nine that meet it in flight go together
-    // when it answers (`join_all` polls each once before any answer can come).
+    // Ten writes that meet the ones in flight: one multi-op for all ten, one czxid.
     let (sent, made) = writes.counts();
-    let paths: Vec<String> = (0..10).map(|i| format!("/q{i}/node")).collect();
-    let answers = futures::future::join_all(paths.iter().map(|p| batched_create(&client, &writes, p, None))).await;
+    let paths = [
+        "/q0/n", "/q1/n", "/q2/n", "/q3/n", "/q4/n", "/q5/n", "/q6/n", "/q7/n", "/q8/n", "/q9/n",
+    ];
+    let meeting: Vec<_> = paths.iter().map(|path| (*path, None)).collect();
+    let answers = meet(&client, &writes, &meeting).await;
     assert!(answers.iter().all(|(answer, _)| answer.is_ok()), "{answers:?}");
     let counts = writes.counts();
     assert_eq!(
         (counts.0 - sent, counts.1 - made),
-        (2, 10),
-        "ten writes in two multi-ops"
+        (ALONE_IN_FLIGHT as u64 + 1, ALONE_IN_FLIGHT as u64 + 10),
+        "the ten in one multi-op"
     );
     let mut czxids = Vec::new();
-    for path in &paths {
-        czxids.push(client.check_stat(path).await.unwrap().expect("created").czxid);
+    for path in paths {
+        czxids.push(czxid(path).await);
     }
-    assert!(
-        czxids[2..].iter().all(|&z| z == czxids[1]) && czxids[0] < czxids[1],
-        "{czxids:?}"
-    );
+    assert!(czxids.iter().all(|&z| z == czxids[0]), "{czxids:?}");
 
     // One of a batch refused: only that write hears it; the writes before and after it in the
     // batch apply, and one asking for a listing gets it, its own node in it.
-    let (first, before, refused, listing, later) = tokio::join!(
-        batched_create(&client, &writes, "/p1/first", None),
-        batched_create(&client, &writes, "/p1/x", None),
-        batched_create(&client, &writes, "/p2/taken", None),
-        batched_create(&client, &writes, "/p3/x", Some("/p3")),
-        batched_create(&client, &writes, "/p1/y", None),
+    let answers = meet(
+        &client,
+        &writes,
+        &[("/p1/x", None), ("/p2/taken", None), ("/p3/x", Some("/p3"))],
+    )
+    .await;
+    assert!(
+        answers[0].0.is_ok(),
+        "the write before the refused one applies: {answers:?}"
     );
-    assert!(first.0.is_ok(), "{first:?}");
-    assert!(before.0.is_ok(), "the write before the refused one applies: {before:?}");
     assert_eq!(
-        refused.0,
+        answers[1].0,
         Err(Failed::Refused {
             tag: Op::Item,
             error: ZkError::NodeExists
         })
     );
     assert!(
-        listing.0.is_ok(),
-        "the write after the refused one applies: {listing:?}"
+        answers[2].0.is_ok(),
+        "the write after the refused one applies: {answers:?}"
     );
-    assert_eq!(listing.1, Some(vec!["x".to_string()]), "listed after its write");
-    assert!(later.0.is_ok(), "{later:?}");
-    let czxid = |path: &'static str| {
-        let client = client.clone();
-        async move { client.check_stat(path).await.unwrap().expect("created").czxid }
-    };
-    assert!(czxid("/p1/y").await > czxid("/p1/x").await);
+    assert_eq!(answers[2].1, Some(vec!["x".to_string()]), "listed after its write");
 
     // Two writes that create under one parent never share a multi-op (they would share a
     // czxid, a contender's fencing token): the second goes in the next one.
-    let (first, a, b) = tokio::join!(
-        batched_create(&client, &writes, "/p1/first-again", None),
-        batched_create(&client, &writes, "/p1/a", None),
-        batched_create(&client, &writes, "/p1/b", None),
-    );
-    assert!(first.0.is_ok() && a.0.is_ok() && b.0.is_ok());
+    let answers = meet(&client, &writes, &[("/p1/a", None), ("/p1/b", None)]).await;
+    assert!(answers.iter().all(|(answer, _)| answer.is_ok()), "{answers:?}");
     let (a, b) = (czxid("/p1/a").await, czxid("/p1/b").await);
     assert!(b > a, "two creates under /p1 in one multi-op: czxid {a} and {b}");
 }
