@@ -92,9 +92,6 @@ pub struct Metrics {
     /// How late the runtime ran a task due now ([crate::metrics::probe_runtime]).
     pub runtime_delay: Histogram,
     pub zookeeper_syncs: IntCounter,
-    /// Guarded writes, and the multi-ops they were sent in ([crate::zk::batch]).
-    pub zookeeper_writes: IntCounter,
-    pub zookeeper_write_requests: IntCounter,
     pub linearizable_reads: IntCounter,
     // Read when scraped.
     queue_depth: IntGaugeVec,
@@ -321,16 +318,6 @@ impl Metrics {
                 &r,
                 "zkgate_zookeeper_syncs_total",
                 "ZooKeeper syncs sent for linearizable reads (shared by the reads that may share them).",
-            ),
-            zookeeper_writes: single_counter(
-                &r,
-                "zkgate_zookeeper_writes_total",
-                "Holdings' guarded writes (acquires, releases) committed in ZooKeeper multi-ops.",
-            ),
-            zookeeper_write_requests: single_counter(
-                &r,
-                "zkgate_zookeeper_write_requests_total",
-                "ZooKeeper multi-ops those writes were sent in: fewer than the writes when requests that meet share one.",
             ),
             linearizable_reads: single_counter(
                 &r,

@@ -126,7 +126,7 @@ impl Protocol for Bound {
         paths.extend(self.charge.iter().map(|c| c.path.clone()));
         paths.extend(self.binding.iter().cloned());
         paths.push(handle.reference());
-        delete_all(client, handle.lease.zk.writes_for(client).as_ref(), &paths).await?;
+        delete_all(client, &paths).await?;
         Ok(true)
     }
 
@@ -425,7 +425,7 @@ pub async fn release_recorded(
         }
         paths.push(reference);
     }
-    Ok(delete_all(client, None, &paths).await?[0])
+    Ok(delete_all(client, &paths).await?[0])
 }
 
 #[cfg(test)]

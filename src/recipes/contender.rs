@@ -421,7 +421,7 @@ impl Protocol for Contention {
         let had_node = node.is_some();
         let mut paths: Vec<String> = node.into_iter().collect();
         paths.push(handle.reference());
-        let there = delete_all(client, handle.lease.zk.writes_for(client).as_ref(), &paths).await?;
+        let there = delete_all(client, &paths).await?;
         let (node_there, reference_there) = (had_node && there[0], there[paths.len() - 1]);
         // Its node and its reference both gone already: released through another instance
         // (which deletes them together), say by the first attempt of this very release, whose

@@ -153,5 +153,5 @@ pub async fn release_recorded(session: &Session, root: &str, recorded: &Recorded
     recorded.role.on_exit(client, dir, &recorded.node.name).await;
     let mut paths = recorded.paths.clone();
     paths.extend(recorded.reference(root));
-    Ok(delete_all(client, None, &paths).await?[0])
+    Ok(delete_all(client, &paths).await?[0])
 }

@@ -168,7 +168,7 @@ impl Protocol for PermitRequest {
         }
         match self.lock.path(client, None).await {
             Ok(Some(lock)) => {
-                if let Err(err) = delete_all(client, None, &[lock]).await {
+                if let Err(err) = delete_all(client, &[lock]).await {
                     return Exit::from_error(err);
                 }
             }
@@ -187,7 +187,7 @@ impl Protocol for PermitRequest {
             paths.extend(node.path(client, None).await?);
         }
         paths.push(handle.reference());
-        delete_all(client, handle.lease.zk.writes_for(client).as_ref(), &paths).await?;
+        delete_all(client, &paths).await?;
         Ok(true)
     }
 

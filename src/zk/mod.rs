@@ -3,7 +3,6 @@
 //! session's security (digest authentication, the ACL of the znodes zkgate creates, TLS).
 
 pub mod acl;
-pub mod batch;
 pub mod failure;
 pub mod multi;
 pub mod names;

@@ -8,19 +8,13 @@
 //! lease's guard, a charge's refund) take the builder and the tag to give them.
 
 use std::future::Future;
-use std::sync::Arc;
-
-use super::batch::{Op, Writes};
 
 use zookeeper_client::{Client, CreateOptions, Error as ZkError, MultiWriteError, MultiWriteResult, MultiWriter, Stat};
 
 /// Operations to apply together, all or none, each tagged with a `T`.
 pub struct Multi<'c, T> {
     writer: MultiWriter<'c>,
-    client: &'c Client,
     tags: Vec<T>,
-    /// The operations again, owned, for [Multi::commit_batched] (a batch builds its own writer).
-    ops: Vec<Op>,
 }
 
 /// Why a multi-op applied nothing.
@@ -43,9 +37,7 @@ impl<'c, T> Multi<'c, T> {
     pub fn new(client: &'c Client) -> Self {
         Multi {
             writer: client.new_multi_writer(),
-            client,
             tags: Vec::new(),
-            ops: Vec::new(),
         }
     }
 
@@ -53,16 +45,12 @@ impl<'c, T> Multi<'c, T> {
     pub fn check(&mut self, tag: T, path: &str, version: i32) -> Result<(), ZkError> {
         self.writer.add_check_version(path, version)?;
         self.tags.push(tag);
-        let path = path.to_string();
-        self.ops.push(Op::Check { path, version });
         Ok(())
     }
 
-    pub fn create(&mut self, tag: T, path: &str, data: &[u8], options: &CreateOptions<'static>) -> Result<(), ZkError> {
+    pub fn create(&mut self, tag: T, path: &str, data: &[u8], options: &CreateOptions<'_>) -> Result<(), ZkError> {
         self.writer.add_create(path, data, options)?;
         self.tags.push(tag);
-        let (path, data, options) = (path.to_string(), data.to_vec(), options.clone());
-        self.ops.push(Op::Create { path, data, options });
         Ok(())
     }
 
@@ -70,8 +58,6 @@ impl<'c, T> Multi<'c, T> {
     pub fn set(&mut self, tag: T, path: &str, data: &[u8], version: Option<i32>) -> Result<(), ZkError> {
         self.writer.add_set_data(path, data, version)?;
         self.tags.push(tag);
-        let (path, data) = (path.to_string(), data.to_vec());
-        self.ops.push(Op::Set { path, data, version });
         Ok(())
     }
 
@@ -79,8 +65,6 @@ impl<'c, T> Multi<'c, T> {
     pub fn delete(&mut self, tag: T, path: &str, version: Option<i32>) -> Result<(), ZkError> {
         self.writer.add_delete(path, version)?;
         self.tags.push(tag);
-        let path = path.to_string();
-        self.ops.push(Op::Delete { path, version });
         Ok(())
     }
 
@@ -101,46 +85,22 @@ impl<'c, T> Multi<'c, T> {
         T: Send + 'c,
     {
         let tags = std::mem::take(&mut self.tags);
-        self.ops.clear();
         let sent = self.writer.commit();
-        async move { answered(tags, sent.await) }
-    }
-
-    /// Commits like [Multi::commit], through the session's batched `writes` (see
-    /// [super::batch]: sent with other requests' writes while one is in flight), and lists
-    /// `then_list` right after it on the same session (the listing sees the write). The
-    /// listing is left out when the write did not apply.
-    pub async fn commit_batched(
-        &mut self,
-        writes: &Arc<Writes>,
-        then_list: Option<&str>,
-    ) -> (Result<Done<T>, Failed<T>>, Option<Result<Vec<String>, ZkError>>) {
-        let tags = std::mem::take(&mut self.tags);
-        let ops = std::mem::take(&mut self.ops);
-        // The writer's copy is not sent; it leaves empty for the next attempt.
-        self.writer = self.client.new_multi_writer();
-        if tags.is_empty() {
-            return (Ok(Done { results: Vec::new() }), None);
+        async move {
+            match sent.await {
+                Ok(results) => Ok(Done {
+                    results: tags.into_iter().zip(results).collect(),
+                }),
+                Err(MultiWriteError::RequestFailed { source }) => Err(Failed::Request(source)),
+                Err(MultiWriteError::OperationFailed { index, source }) => match tags.into_iter().nth(index) {
+                    Some(tag) => Err(Failed::Refused { tag, error: source }),
+                    // A server that names an operation it was not sent.
+                    None => Err(Failed::Request(ZkError::UnexpectedError(format!(
+                        "multi-op refused at operation {index}: {source}"
+                    )))),
+                },
+            }
         }
-        let answer = writes.commit(self.client, ops, then_list).await;
-        (answered(tags, answer.committed), answer.listed)
-    }
-}
-
-/// A multi-op's answer, by the tags of its operations.
-fn answered<T>(tags: Vec<T>, answer: Result<Vec<MultiWriteResult>, MultiWriteError>) -> Result<Done<T>, Failed<T>> {
-    match answer {
-        Ok(results) => Ok(Done {
-            results: tags.into_iter().zip(results).collect(),
-        }),
-        Err(MultiWriteError::RequestFailed { source }) => Err(Failed::Request(source)),
-        Err(MultiWriteError::OperationFailed { index, source }) => match tags.into_iter().nth(index) {
-            Some(tag) => Err(Failed::Refused { tag, error: source }),
-            // A server that names an operation it was not sent.
-            None => Err(Failed::Request(ZkError::UnexpectedError(format!(
-                "multi-op refused at operation {index}: {source}"
-            )))),
-        },
     }
 }
 

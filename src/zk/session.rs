@@ -30,7 +30,6 @@ use tokio_util::sync::CancellationToken;
 use zookeeper_client::{Client, CreateMode, SessionInfo, SessionState};
 
 use super::acl::AclPolicy;
-use super::batch::Writes;
 use super::security::{ConnectError, ZkSecurity};
 use super::sync::Syncs;
 
@@ -53,8 +52,6 @@ pub struct Status {
     pub client: Option<Client>,
     /// The `sync`s of that client's linearizable reads ([super::sync]).
     pub syncs: Arc<Syncs>,
-    /// That client's guarded writes, sent together while one is in flight ([super::batch]).
-    pub writes: Arc<Writes>,
     /// Incremented with every new session; 0 before the first one.
     pub generation: u64,
     pub connection: Connection,
@@ -82,7 +79,6 @@ pub struct Session {
     client: Client,
     pub generation: u64,
     syncs: Arc<Syncs>,
-    writes: Arc<Writes>,
 }
 
 impl Session {
@@ -99,11 +95,6 @@ impl Session {
     /// connection loss: a `sync` is safe to repeat.
     pub async fn sync(&self) -> Result<(), super::Failure> {
         Ok(super::retry_on_loss(|| self.syncs.sync(&self.client)).await?)
-    }
-
-    /// The session's batched writes ([super::batch]).
-    pub fn writes(&self) -> &Arc<Writes> {
-        &self.writes
     }
 
     /// How many `sync`s this session has sent.
@@ -159,7 +150,6 @@ impl ZkSession {
         let (sender, status) = watch::channel(Status {
             client: None,
             syncs: Arc::default(),
-            writes: Arc::default(),
             generation: 0,
             connection: Connection::Connecting,
             connects: 0,
@@ -190,14 +180,6 @@ impl ZkSession {
         self.lane
     }
 
-    /// The batched writes of `client` if it is this supervisor's current session's client
-    /// (a recipe holding a client of an earlier session sends its writes alone).
-    pub fn writes_for(&self, client: &Client) -> Option<Arc<Writes>> {
-        let status = self.status.borrow();
-        let current = status.client.as_ref()?;
-        (current.session_id() == client.session_id()).then(|| status.writes.clone())
-    }
-
     /// The current session if it is connected.
     ///
     /// # Notable errors
@@ -210,7 +192,6 @@ impl ZkSession {
                 client: client.clone(),
                 generation: status.generation,
                 syncs: status.syncs.clone(),
-                writes: status.writes.clone(),
             }),
             (_, Connection::Disconnected) => Err(Unavailable::Disconnected),
             _ => Err(Unavailable::NoSession),
@@ -341,9 +322,8 @@ impl Supervisor {
                 s.connects += 1;
             }
             if client.is_some() {
-                // A new client's reads share only its own `sync`s, its writes only its batches.
+                // A new client's reads share only its own `sync`s.
                 s.syncs = Arc::default();
-                s.writes = Arc::default();
             }
             s.client = client;
             s.generation = generation;

@@ -1,7 +1,6 @@
 //! zkgate's connections to ZooKeeper run without Nagle's algorithm (zookeeper-client leaves it
 //! on; see `zkgate::zk::nodelay`), on every session and again after a reconnection; and its
-//! multi-ops answer by the tag of each operation (`zkgate::zk::multi`), and requests' writes that
-//! meet on a session share one (`zkgate::zk::batch`).
+//! multi-ops answer by the tag of each operation (`zkgate::zk::multi`).
 
 use crate::common;
 
@@ -9,7 +8,6 @@ use std::time::Duration;
 
 use common::proxy::Proxy;
 use common::{Gate, within, zk_client, zookeeper};
-use zkgate::zk::batch::{ALONE_IN_FLIGHT, Writes};
 use zkgate::zk::nodelay::nodelay_towards;
 use zkgate::zk::session::Connection;
 use zkgate::zk::{Failed, Multi, ZkError};
@@ -127,113 +125,4 @@ async fn a_multi_op_names_the_refused_operation_by_its_tag_and_answers_by_tag() 
 
     // Nothing added: nothing sent, done.
     assert!(multi.commit().await.is_ok());
-}
-
-/// A write of `path`, through `writes`: what it answered, and the listing of `then_list`.
-async fn batched_create(
-    client: &zookeeper_client::Client,
-    writes: &std::sync::Arc<Writes>,
-    path: String,
-    then_list: Option<&str>,
-) -> (Result<(), Failed<Op>>, Option<Vec<String>>) {
-    let persistent = CreateMode::Persistent.with_acls(zkgate::zk::acls());
-    let mut multi = Multi::new(client);
-    multi.create(Op::Item, &path, b"x", &persistent).unwrap();
-    let (committed, listed) = multi.commit_batched(writes, then_list).await;
-    (committed.map(|_| ()), listed.map(|listed| listed.expect("listed")))
-}
-
-/// `meeting` written at once, behind as many writes as go alone (`join_all` polls each once
-/// before any answer can come), so that they queue and go in batches; their answers.
-async fn meet(
-    client: &zookeeper_client::Client,
-    writes: &std::sync::Arc<Writes>,
-    meeting: &[(&str, Option<&'static str>)],
-) -> Vec<(Result<(), Failed<Op>>, Option<Vec<String>>)> {
-    static FILLERS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let alone = (0..ALONE_IN_FLIGHT).map(|_| {
-        let n = FILLERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        (format!("/alone-{n}"), None)
-    });
-    let all: Vec<(String, Option<&str>)> = alone
-        .chain(meeting.iter().map(|(path, list)| (path.to_string(), *list)))
-        .collect();
-    let answers = futures::future::join_all(
-        all.into_iter()
-            .map(|(path, list)| batched_create(client, writes, path, list)),
-    )
-    .await;
-    answers.into_iter().skip(ALONE_IN_FLIGHT).collect()
-}
-
-#[tokio::test]
-async fn writes_that_meet_share_one_multi_op_and_a_refusal_stays_with_its_own_write() {
-    let zk = zookeeper().await;
-    let client = zk_client(&zk.connect_string()).await;
-    let writes = std::sync::Arc::new(Writes::default());
-    let persistent = CreateMode::Persistent.with_acls(zkgate::zk::acls());
-    let parents = (0..10).map(|i| format!("/q{i}"));
-    for path in ["/p1", "/p2", "/p2/taken", "/p3"]
-        .map(String::from)
-        .into_iter()
-        .chain(parents)
-    {
-        client.create(&path, b"", &persistent).await.expect("create");
-    }
-    let czxid = |path: &'static str| {
-        let client = client.clone();
-        async move { client.check_stat(path).await.unwrap().expect("created").czxid }
-    };
-
-    // Ten writes that meet the ones in flight: one multi-op for all ten, one czxid.
-    let (sent, made) = writes.counts();
-    let paths = [
-        "/q0/n", "/q1/n", "/q2/n", "/q3/n", "/q4/n", "/q5/n", "/q6/n", "/q7/n", "/q8/n", "/q9/n",
-    ];
-    let meeting: Vec<_> = paths.iter().map(|path| (*path, None)).collect();
-    let answers = meet(&client, &writes, &meeting).await;
-    assert!(answers.iter().all(|(answer, _)| answer.is_ok()), "{answers:?}");
-    let counts = writes.counts();
-    assert_eq!(
-        (counts.0 - sent, counts.1 - made),
-        (ALONE_IN_FLIGHT as u64 + 1, ALONE_IN_FLIGHT as u64 + 10),
-        "the ten in one multi-op"
-    );
-    let mut czxids = Vec::new();
-    for path in paths {
-        czxids.push(czxid(path).await);
-    }
-    assert!(czxids.iter().all(|&z| z == czxids[0]), "{czxids:?}");
-
-    // One of a batch refused: only that write hears it; the writes before and after it in the
-    // batch apply, and one asking for a listing gets it, its own node in it.
-    let answers = meet(
-        &client,
-        &writes,
-        &[("/p1/x", None), ("/p2/taken", None), ("/p3/x", Some("/p3"))],
-    )
-    .await;
-    assert!(
-        answers[0].0.is_ok(),
-        "the write before the refused one applies: {answers:?}"
-    );
-    assert_eq!(
-        answers[1].0,
-        Err(Failed::Refused {
-            tag: Op::Item,
-            error: ZkError::NodeExists
-        })
-    );
-    assert!(
-        answers[2].0.is_ok(),
-        "the write after the refused one applies: {answers:?}"
-    );
-    assert_eq!(answers[2].1, Some(vec!["x".to_string()]), "listed after its write");
-
-    // Two writes that create under one parent never share a multi-op (they would share a
-    // czxid, a contender's fencing token): the second goes in the next one.
-    let answers = meet(&client, &writes, &[("/p1/a", None), ("/p1/b", None)]).await;
-    assert!(answers.iter().all(|(answer, _)| answer.is_ok()), "{answers:?}");
-    let (a, b) = (czxid("/p1/a").await, czxid("/p1/b").await);
-    assert!(b > a, "two creates under /p1 in one multi-op: czxid {a} and {b}");
 }

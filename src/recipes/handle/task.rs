@@ -115,7 +115,7 @@ async fn remove_reference<P: Protocol>(handle: &Arc<Handle<P>>) {
             session = connected_after(zk, None) => session,
             _ = handle.lease.dropped().cancelled() => return,
         };
-        match delete_all(session.client(), Some(session.writes()), &reference).await {
+        match delete_all(session.client(), &reference).await {
             Ok(_) => return,
             Err(err) => after_failure(zk, session.generation, &err).await,
         }

@@ -6,9 +6,6 @@ use std::time::Duration;
 
 use zookeeper_client::{Client, Error as ZkError};
 
-use std::sync::Arc;
-
-use crate::zk::batch::Writes;
 use crate::zk::{Done, Failed, Multi};
 
 use super::{Exit, Handle, Protocol};
@@ -126,12 +123,9 @@ async fn commit_guarded<P: Protocol, T: Send + 'static>(
             .and_then(|()| add(&mut multi))
             .map_err(NotCreated::Request)?;
         let started = std::time::Instant::now();
-        let (committed, listed) = match handle.lease.zk.writes_for(client) {
-            Some(writes) => multi.commit_batched(&writes, then_list).await,
-            // A client of an earlier session: sent alone (the requests leave here, in this
-            // order; their replies come together).
-            None => tokio::join!(multi.commit(), list_after(client, then_list)),
-        };
+        // The requests are sent here, in this order; their replies come together.
+        let commit = multi.commit();
+        let (committed, listed) = tokio::join!(commit, list_after(client, then_list));
         crate::metrics::zookeeper_request(started.elapsed());
         match committed {
             Ok(done) => {
@@ -173,10 +167,9 @@ async fn commit_guarded<P: Protocol, T: Send + 'static>(
     }
 }
 
-/// Deletes `paths` (a holding's znodes, its reference last) in one multi-op (through the
-/// session's batched `writes` if given); a path already gone is left out and the rest deleted
-/// again. Returns, for each path, whether it was there.
-pub async fn delete_all(client: &Client, writes: Option<&Arc<Writes>>, paths: &[String]) -> Result<Vec<bool>, ZkError> {
+/// Deletes `paths` (a holding's znodes, its reference last) in one multi-op; a path already
+/// gone is left out and the rest deleted again. Returns, for each path, whether it was there.
+pub async fn delete_all(client: &Client, paths: &[String]) -> Result<Vec<bool>, ZkError> {
     let mut there = vec![true; paths.len()];
     let mut pending = vec![true; paths.len()];
     // After a lost reply a path found gone may be one this deleted: it counts as there.
@@ -191,10 +184,7 @@ pub async fn delete_all(client: &Client, writes: Option<&Arc<Writes>>, paths: &[
             return Ok(there);
         }
         let started = std::time::Instant::now();
-        let committed = match writes {
-            Some(writes) => multi.commit_batched(writes, None).await.0,
-            None => multi.commit().await,
-        };
+        let committed = multi.commit().await;
         crate::metrics::zookeeper_request(started.elapsed());
         match committed {
             Ok(_) => return Ok(there),
