@@ -194,13 +194,13 @@ pub struct Inside {
 pub const OVERLOAD_SHARES: [f64; 2] = [1.2, 2.0];
 
 /// `op` in an open loop at each of `rates`, for `duration` each, at most `in_flight` at once,
-/// watching where zkgate's time goes ([LoadPoint::measure_inside]).
+/// watching where zkgate's time goes if `inside` is given ([LoadPoint::measure_inside]).
 pub async fn points_inside<F, Fut>(
     rates: Vec<f64>,
     duration: Duration,
     watched: &[(&'static str, String)],
     in_flight: usize,
-    inside: &Inside,
+    inside: Option<&Inside>,
     op: F,
 ) -> Vec<LoadPoint>
 where
@@ -209,7 +209,7 @@ where
 {
     let mut points = Vec::new();
     for rate in rates {
-        points.push(LoadPoint::measure_inside(rate, duration, watched, in_flight, Some(inside), op.clone()).await);
+        points.push(LoadPoint::measure_inside(rate, duration, watched, in_flight, inside, op.clone()).await);
     }
     points
 }
@@ -225,12 +225,8 @@ where
     F: Fn(usize) -> Fut + Clone + Send + 'static,
     Fut: Future<Output = Option<Instant>> + Send + 'static,
 {
-    let mut points = Vec::new();
-    for share in SHARES {
-        let point = LoadPoint::measure(max * share, duration, watched, op.clone()).await;
-        points.push(point);
-    }
-    points
+    let rates = SHARES.iter().map(|share| max * share).collect();
+    points_inside(rates, duration, watched, stats::IN_FLIGHT, None, op).await
 }
 
 pub fn report_load(rows: &[LoadRow]) {

@@ -385,8 +385,9 @@ async fn run() {
             }
         };
         warm(acquire.clone()).await;
-        let at =
-            |rates: Vec<f64>, in_flight| points_inside(rates, seconds, &watched, in_flight, &inside, acquire.clone());
+        let at = |rates: Vec<f64>, in_flight| {
+            points_inside(rates, seconds, &watched, in_flight, Some(&inside), acquire.clone())
+        };
         let points = at(SHARES.map(|share| max * share).into(), stats::IN_FLIGHT).await;
         load.push(LoadRow::new(ACQUIRE, "zkgate", max, points));
         if let Some(etcd_max) = etcd_max {
