@@ -29,7 +29,7 @@ import os
 import sys
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import LockTimeout
+from kazoo.exceptions import LockTimeout, NoNodeError
 from kazoo.recipe.lock import Lock
 from kazoo.security import make_digest_acl
 
@@ -88,12 +88,20 @@ def main():
                     timeout = int(parts[1]) / 1000.0
                     # The lock's znode is a container (zkgate and Curator make it one):
                     # ZooKeeper removes it once its last contender goes, so make sure of it
-                    # again on every acquire, as Curator does, rather than once.
-                    lock.assured_path = False
-                    try:
-                        ok = lock.acquire(timeout=timeout)
-                    except LockTimeout:
-                        ok = False
+                    # again on every acquire, as Curator does, rather than once; and when it
+                    # went between kazoo making sure of it and creating the contender (the
+                    # server's check runs every 200 ms in the tests), make sure again.
+                    for attempt in range(5):
+                        lock.assured_path = False
+                        try:
+                            ok = lock.acquire(timeout=timeout)
+                        except LockTimeout:
+                            ok = False
+                        except NoNodeError:
+                            if attempt == 4:
+                                raise
+                            continue
+                        break
                     say("ACQUIRED" if ok else "TIMEOUT")
                 elif cmd == "release":
                     if not lock.is_acquired:
