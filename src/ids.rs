@@ -2,9 +2,10 @@
 //!
 //! Every id an instance issues is `<8 hex>-<32 hex>`: the id of the instance that issued it,
 //! then 128 random bits. A lease moves between instances, so its prefix says only where it was
-//! made. A handle's random part is also the GUID in the name of its znode ([guid_of]), and a
-//! claim's id ends with its item's name ([claim_id]), so that any instance finds a handle's or
-//! a claim's znode from its id alone.
+//! made; a handle's says which instance served the request that made it. A handle's random
+//! part is also the GUID in the name of its znode ([guid_of]), and a claim's id ends with its
+//! item's name ([claim_id]), so that any instance finds a handle's or a claim's znode from its
+//! id alone.
 
 /// A new instance id: 8 lowercase hex digits, random.
 pub fn new_instance_id() -> String {
@@ -14,14 +15,6 @@ pub fn new_instance_id() -> String {
 /// A new id owned by `instance`: `<instance>-<32 hex>`.
 pub fn owned_id(instance: &str) -> String {
     format!("{instance}-{}", uuid::Uuid::new_v4().simple())
-}
-
-/// A new id owned by the same instance as `of` (a lease's handles are its instance's).
-pub fn sibling_id(of: &str) -> String {
-    match owner_of(of) {
-        Some(instance) => owned_id(instance),
-        None => uuid::Uuid::new_v4().simple().to_string(),
-    }
 }
 
 /// The GUID in the znode names of the handle `id` (Curator's `_c_<guid>-lock-<seq>`): its
@@ -97,7 +90,6 @@ mod tests {
         let instance = new_instance_id();
         let id = owned_id(&instance);
         assert_eq!(owner_of(&id), Some(instance.as_str()));
-        assert_eq!(owner_of(&sibling_id(&id)), Some(instance.as_str()));
         assert_eq!(owner_of("6f1c2a9e0b7d4e3f8a5b6c7d8e9f0a1b"), None);
         assert_eq!(owner_of("zzzzzzzz-6f1c2a9e0b7d4e3f8a5b6c7d8e9f0a1b"), None);
         assert_eq!(owner_of("0123abcd-short"), None);

@@ -70,7 +70,7 @@ pub struct WaitQuery {
 
 /// Raises a barrier: persistent without a body, bound to a lease (it falls when the lease
 /// ends) with `lease` or `ttl`. Raising a raised barrier is a no-op (200).
-#[utoipa::path(put, path = "/v1/barriers/{name}", tag = "barriers", extensions(("x-zkgate-served-by" = json!({"keeper": "body"}))),
+#[utoipa::path(put, path = "/v1/barriers/{name}", tag = "barriers", extensions(("x-zkgate-served-by" = json!({"any": "body"}))),
     params(("name" = String, Path, description = "Barrier name")),
     request_body(content = Option<RaiseBody>, description = "Optional.", example = json!({"ttl": "5m"})),
     responses(

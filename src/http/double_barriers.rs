@@ -173,7 +173,7 @@ async fn participant(
 /// Enters the barrier: returns 200 once `size` participants are in (at once if the barrier is
 /// already open), or 202 when the wait ends first (the participant stays inside; enter again
 /// with the same lease to go on waiting). The participant lives by its lease.
-#[utoipa::path(post, path = "/v1/double-barriers/{name}/enter", tag = "barriers", extensions(("x-zkgate-served-by" = json!({"keeper": "body"}))),
+#[utoipa::path(post, path = "/v1/double-barriers/{name}/enter", tag = "barriers", extensions(("x-zkgate-served-by" = json!({"any": "body"}))),
     params(("name" = String, Path, description = "Double barrier name"), WaitQuery),
     request_body(content = EnterBody, example = json!({"participant": "worker-3", "size": 5})),
     responses(

@@ -146,7 +146,7 @@ pub struct Proclamation {
 /// Candidates lead in the order they joined; each watches only the candidate right before it.
 /// When a candidate becomes leader zkgate writes the election's acknowledgement node, then
 /// answers. The same lease campaigning again gets the same handle and resumes waiting.
-#[utoipa::path(post, path = "/v1/elections/{name}/campaign", tag = "elections", extensions(("x-zkgate-served-by" = json!({"keeper": "body"}))),
+#[utoipa::path(post, path = "/v1/elections/{name}/campaign", tag = "elections", extensions(("x-zkgate-served-by" = json!({"any": "body"}))),
     params(("name" = String, Path, description = "Election name: 1 to 128 bytes, no `/`, no control characters, not `.` or `..`"), CampaignParams),
     request_body(content = Option<CampaignBody>, description = "Optional.", example = json!({"value": {"address": "10.0.0.7:8080"}})),
     responses(

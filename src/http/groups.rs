@@ -110,7 +110,7 @@ fn names(group: &str, member: Option<&str>) -> Result<(), ApiError> {
 ///
 /// Joining again with the same lease answers 200 with the existing membership; a member id
 /// that someone else holds answers 409.
-#[utoipa::path(put, path = "/v1/groups/{group}/members/{member}", tag = "groups", extensions(("x-zkgate-served-by" = json!({"keeper": "body"}))),
+#[utoipa::path(put, path = "/v1/groups/{group}/members/{member}", tag = "groups", extensions(("x-zkgate-served-by" = json!({"any": "body"}))),
     params(("group" = String, Path, description = "Group name"), ("member" = String, Path, description = "Member id, unique in the group")),
     request_body(content = Option<JoinBody>, description = "Optional.", example = json!({"data": {"address": "10.0.0.7:8080"}})),
     responses(

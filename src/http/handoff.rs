@@ -12,6 +12,10 @@
 //!   gone, does not answer, cannot vouch for it, or cannot be trusted (no or another
 //!   `--cluster-secret`): taken over here ([crate::keeper::Leases::take_over]) and served here.
 //!   A body that names no lease makes a new one here.
+//! - `{"any": "body"}`: any instance, for the lease the JSON body names: what makes a holding
+//!   for a lease (an acquire, a campaign, a join) is served where it arrives, its wait
+//!   included, whichever instance keeps the lease ([crate::keeper::Leases::serve]: a lease kept
+//!   elsewhere is *visited*). Nothing is handed over.
 //! - nothing: any instance.
 //!
 //! No route template or body field is matched as a string: the guard reads the declaration of
@@ -66,6 +70,8 @@ pub const NOT_KEEPING: &str = "zkgate-not-keeping";
 pub enum ServedBy {
     /// The keeper of the lease named there.
     Keeper(Named),
+    /// The instance the request arrives at, for the lease named there (kept or visited).
+    Any(Named),
 }
 
 /// Where a request names the lease it acts for.
@@ -137,6 +143,9 @@ pub async fn handoff(State(state): State<AppState>, request: Request, next: Next
     let Some(declared) = route.and_then(|route| declared(request.method(), &route)) else {
         return next.run(request).await;
     };
+    if let ServedBy::Any(_) = declared.served_by {
+        return next.run(request).await;
+    }
     let handed = request.headers().contains_key(FORWARDED_BY);
     let (mut parts, body) = request.into_parts();
     let (named, body) = match named(&declared.served_by, &mut parts, body).await {
@@ -147,15 +156,13 @@ pub async fn handoff(State(state): State<AppState>, request: Request, next: Next
     let Some(id) = named else {
         return next.run(request).await;
     };
-    match declared.served_by {
-        ServedBy::Keeper(_) => to_keeper(&state, &id, handed, declared.waits, request, next).await,
-    }
+    to_keeper(&state, &id, handed, declared.waits, request, next).await
 }
 
 /// The lease id the request names where its declaration says, and its body (read when that is
 /// where the id is).
 async fn named(served_by: &ServedBy, parts: &mut Parts, body: Body) -> Result<(Option<String>, Body), ApiError> {
-    let ServedBy::Keeper(named) = served_by;
+    let (ServedBy::Keeper(named) | ServedBy::Any(named)) = served_by;
     match named {
         Named::Path(param) => {
             let routed = Routed::of(parts).await?;
@@ -463,7 +470,7 @@ mod tests {
         assert!(!declared.is_empty());
         for (method, path, served_by, _) in &declared {
             let served_by = served_by.as_ref().unwrap_or_else(|e| panic!("{method} {path}: {e}"));
-            let ServedBy::Keeper(named) = served_by;
+            let (ServedBy::Keeper(named) | ServedBy::Any(named)) = served_by;
             if let Named::Path(param) = named {
                 assert!(
                     path.contains(&format!("{{{param}}}")),
@@ -482,12 +489,16 @@ mod tests {
                 if !properties.iter().any(|p| p == "lease") {
                     continue;
                 }
-                let wanted = ServedBy::Keeper(Named::Body);
+                // Served where it arrives (it makes a holding) or by the keeper: either way
+                // the lease is found from the body, never assumed kept here.
                 let found = declared
                     .iter()
                     .find(|(m, p, _, _)| *m == method && p == path)
                     .and_then(|(_, _, served_by, _)| served_by.clone().ok());
-                assert_eq!(found, Some(wanted), "{method} {path}");
+                assert!(
+                    matches!(found, Some(ServedBy::Any(Named::Body) | ServedBy::Keeper(Named::Body))),
+                    "{method} {path}: {found:?}"
+                );
             }
         }
     }
@@ -500,6 +511,7 @@ mod tests {
             Ok(ServedBy::Keeper(Named::Path("id".into())))
         );
         assert_eq!(parse(r#"{"keeper": "body"}"#), Ok(ServedBy::Keeper(Named::Body)));
+        assert_eq!(parse(r#"{"any": "body"}"#), Ok(ServedBy::Any(Named::Body)));
         assert!(parse(r#"{"issuer": "body"}"#).is_err(), "claims are served anywhere");
         assert!(parse(r#"{"keeper": "query"}"#).is_err());
         assert!(parse(r#"{"owner": "body"}"#).is_err());

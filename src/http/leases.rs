@@ -19,7 +19,7 @@ use super::extract::{ApiJson, ApiPath};
 use crate::AppState;
 use crate::auth::Caller;
 use crate::keeper::NewLease;
-use crate::recipes::lease::{EndReason, HoldingView, Lease};
+use crate::recipes::lease::{EndReason, HoldingView, Lease, LeaseError};
 use crate::time::{HumanDuration, millis_since, timestamp};
 
 /// The lease routes.
@@ -30,9 +30,10 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(keepalive))
 }
 
-/// The lease a request names (kept here: the hand-off guard saw to that), or a new one (with
-/// `ttl`) when it names none, whose record is written with the first thing it holds; the flag
-/// says whether it was made for this request (and should go if the request comes to nothing).
+/// The lease a request that makes a holding names (kept here, or visited: every instance
+/// serves such a request, see [crate::keeper::Leases::serve]), or a new one (with `ttl`) when
+/// it names none, whose record is written with the first thing it holds; the flag says whether
+/// it was made for this request (and should go if the request comes to nothing).
 pub async fn lease_for(
     state: &AppState,
     caller: &Caller,
@@ -45,7 +46,7 @@ pub async fn lease_for(
             "ttl",
             "only applies when no `lease` is given",
         )),
-        (Some(id), None) => Ok((state.leases.find(caller, &id).await?, false)),
+        (Some(id), None) => Ok((state.leases.serve(caller, &id).await?, false)),
         (None, ttl) => {
             if ttl.is_some_and(|t| t.is_zero()) {
                 return Err(ApiError::invalid(Place::Body, "ttl", "must be above zero"));
@@ -70,8 +71,15 @@ pub fn lease_gone(state: &AppState, lease: &Lease) -> ApiError {
 /// another instance (dropped here: this instance no longer knows it, which is not "unknown"),
 /// or ended.
 pub fn lease_error(state: &AppState, lease: &Lease) -> Option<ApiError> {
+    if let Some(reason) = lease.end_reason().filter(|_| lease.is_visiting()) {
+        let id = lease.id.clone();
+        return Some(LeaseError::Ended { id, reason }.into());
+    }
     if lease.dropped().is_cancelled() {
         return Some(moved(&lease.id));
+    }
+    if lease.is_visiting() {
+        return None;
     }
     state.leases.peek(&lease.id).err().map(ApiError::from)
 }
@@ -110,28 +118,34 @@ pub struct LeaseView {
     /// The TTL asked for, when it was clamped to the server's bounds.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub requested_ttl_ms: Option<u64>,
-    /// Time left before it expires unless kept alive, in milliseconds.
+    /// Time left before it expires unless kept alive, in milliseconds. Absent from an answer
+    /// of an instance that does not keep the lease's TTL clock (an acquire served where it
+    /// arrived): `GET /v1/leases/{id}` or a keepalive says it.
     #[schema(example = 29874)]
-    pub remaining_ms: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub remaining_ms: Option<u64>,
     #[schema(example = "2026-11-22T10:00:00.000Z")]
     #[schema(format = DateTime)]
     pub created_at: String,
+    /// When it was last kept alive; absent where `remaining_ms` is.
     #[schema(format = DateTime)]
-    pub last_keepalive_at: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_keepalive_at: Option<String>,
     /// Locks (and later other resources) held or waited for with this lease.
     pub holdings: Vec<HoldingView>,
 }
 
 impl LeaseView {
     pub fn of(lease: &Lease) -> LeaseView {
+        let kept = !lease.is_visiting();
         let requested = lease.requested_ttl.filter(|r| *r != lease.ttl);
         LeaseView {
             id: lease.id.clone(),
             ttl_ms: lease.ttl.as_millis() as u64,
             requested_ttl_ms: requested.map(|r| r.as_millis() as u64),
-            remaining_ms: lease.remaining().as_millis() as u64,
+            remaining_ms: kept.then(|| lease.remaining().as_millis() as u64),
             created_at: timestamp(lease.created_at),
-            last_keepalive_at: timestamp(lease.last_keepalive()),
+            last_keepalive_at: kept.then(|| timestamp(lease.last_keepalive())),
             holdings: lease.holdings(),
         }
     }
@@ -254,7 +268,13 @@ pub async fn get_lease(
 ) -> Result<Json<LeaseView>, ApiError> {
     let lease = state.leases.find(&caller, &id).await?;
     super::consistency::confirm(&state, &lease, consistency).await?;
-    Ok(Json(LeaseView::of(&lease)))
+    let mut view = LeaseView::of(&lease);
+    // What other instances drive for it (acquires served where they arrived), from ZooKeeper.
+    let session = super::consistency::reader(&state, Consistency::Sequential).await?;
+    let root = &state.config.root;
+    view.holdings
+        .extend(crate::recipes::recorded::driven_elsewhere(&session, root, &lease).await?);
+    Ok(Json(view))
 }
 
 /// Keeps a lease alive for another TTL; answers with its holdings, so a holder learns here if

@@ -124,7 +124,7 @@ fn set_lock(handle: &crate::recipes::contender::Contender) -> SetLock {
 /// is not granted within the wait, every lock taken for the set is released before the answer
 /// (409 `lock-not-acquired` naming the `lock` that was not granted): a refused set holds
 /// nothing. Locks the lease already held join the set (and stay held if the set is refused).
-#[utoipa::path(post, path = "/v1/lock-sets", tag = "locks", extensions(("x-zkgate-served-by" = json!({"keeper": "body"}))),
+#[utoipa::path(post, path = "/v1/lock-sets", tag = "locks", extensions(("x-zkgate-served-by" = json!({"any": "body"}))),
     params(SetParams),
     request_body(content = LockSetBody, example = json!({"locks": ["account-42", "account-17"], "ttl": "30s"})),
     responses(
@@ -222,7 +222,7 @@ fn locks_in_order<'a>(caller: &Caller, locks: &'a [String]) -> Result<Vec<&'a st
 
 /// Records the set of `handles` (granted, in order) under a new id, bound to `lease`.
 async fn record_set(state: &AppState, lease: &Arc<Lease>, handles: &[&Arc<Contender>]) -> Result<String, ApiError> {
-    let id = crate::ids::sibling_id(&lease.id);
+    let id = crate::ids::owned_id(&lease.here);
     let record = SetRecord {
         lease: lease.id.clone(),
         principal: lease.owner.clone(),

@@ -57,7 +57,7 @@ fn source(state: &AppState, name: &str) -> LockTopic {
 /// the same handle is returned (a retried acquire never queues twice), and waiting resumes.
 ///
 /// Waiters are granted in queue order; each watches only the contender right before it.
-#[utoipa::path(operation_id = "acquire_lock", post, path = "/v1/locks/{name}/acquire", tag = "locks", extensions(("x-zkgate-served-by" = json!({"keeper": "body"}))),
+#[utoipa::path(operation_id = "acquire_lock", post, path = "/v1/locks/{name}/acquire", tag = "locks", extensions(("x-zkgate-served-by" = json!({"any": "body"}))),
     params(("name" = String, Path, description = "Lock name: 1 to 128 bytes, no `/`, no control characters, not `.` or `..`"), AcquireParams),
     request_body(content = Option<AcquireBody>, description = "Optional.", example = json!({"ttl": "30s"})),
     responses(

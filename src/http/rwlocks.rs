@@ -53,7 +53,7 @@ fn source(state: &AppState, name: &str) -> RwLockTopic {
 
 /// Acquires a read lock, waiting up to `wait`: granted when no writer is ahead in the queue,
 /// together with every other such reader.
-#[utoipa::path(post, path = "/v1/rwlocks/{name}/read", tag = "rwlocks", extensions(("x-zkgate-served-by" = json!({"keeper": "body"}))),
+#[utoipa::path(post, path = "/v1/rwlocks/{name}/read", tag = "rwlocks", extensions(("x-zkgate-served-by" = json!({"any": "body"}))),
     params(("name" = String, Path, description = "Lock name: 1 to 128 bytes, no `/`, no control characters, not `.` or `..`"), AcquireParams),
     request_body(content = Option<AcquireBody>, description = "Optional.", example = json!({"ttl": "30s"})),
     responses(
@@ -74,7 +74,7 @@ pub async fn read(
 /// Acquires the write lock, waiting up to `wait`: granted when nobody is ahead in the queue.
 /// A lease that holds (or waits for) a read lock here is refused with 409 `mode-change-refused`:
 /// release the read lock first.
-#[utoipa::path(post, path = "/v1/rwlocks/{name}/write", tag = "rwlocks", extensions(("x-zkgate-served-by" = json!({"keeper": "body"}))),
+#[utoipa::path(post, path = "/v1/rwlocks/{name}/write", tag = "rwlocks", extensions(("x-zkgate-served-by" = json!({"any": "body"}))),
     params(("name" = String, Path, description = "Lock name"), AcquireParams),
     request_body(content = Option<AcquireBody>, description = "Optional.", example = json!({"ttl": "30s"})),
     responses(

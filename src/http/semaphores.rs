@@ -134,7 +134,7 @@ fn recorded_view(recorded: &Recorded, permits: u32) -> PermitView {
 
 /// Acquires one permit, waiting up to `wait`. Without a `lease` one is created and returned;
 /// the permit goes back when the lease ends. A lease asking again gets the same handle.
-#[utoipa::path(operation_id = "acquire_semaphore", post, path = "/v1/semaphores/{name}/acquire", tag = "semaphores", extensions(("x-zkgate-served-by" = json!({"keeper": "body"}))),
+#[utoipa::path(operation_id = "acquire_semaphore", post, path = "/v1/semaphores/{name}/acquire", tag = "semaphores", extensions(("x-zkgate-served-by" = json!({"any": "body"}))),
     params(("name" = String, Path, description = "Semaphore name"), PermitParams),
     request_body(content = Option<AcquireBody>, description = "Optional.", example = json!({"ttl": "30s"})),
     responses(

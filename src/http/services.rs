@@ -133,7 +133,7 @@ fn registered(node: &BoundNode) -> Registered {
 /// Curator's format: Curator's `ServiceDiscovery` sees it). Registering the same id again
 /// with the same lease answers 200 with the registration; an id another lease or client holds
 /// answers 409.
-#[utoipa::path(operation_id = "register_service", put, path = "/v1/services/{name}/instances/{id}", tag = "services", extensions(("x-zkgate-served-by" = json!({"keeper": "body"}))),
+#[utoipa::path(operation_id = "register_service", put, path = "/v1/services/{name}/instances/{id}", tag = "services", extensions(("x-zkgate-served-by" = json!({"any": "body"}))),
     params(("name" = String, Path, description = "Service name"), ("id" = String, Path, description = "Instance id, unique in the service")),
     request_body(content = InstanceBody, example = json!({"address": "10.0.0.5", "port": 8080, "payload": {"zone": "eu-1"}, "uri_spec": "{scheme}://{address}:{port}", "ttl": "30s"})),
     responses(

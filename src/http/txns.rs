@@ -208,7 +208,7 @@ pub async fn get_txn(
 
 /// Registers a participant: its own ephemeral node, bound to its lease, so that its failure
 /// before it votes aborts the transaction.
-#[utoipa::path(operation_id = "register_txn", put, path = "/v1/txns/{id}/participants/{participant}", tag = "txns", extensions(("x-zkgate-served-by" = json!({"keeper": "body"}))),
+#[utoipa::path(operation_id = "register_txn", put, path = "/v1/txns/{id}/participants/{participant}", tag = "txns", extensions(("x-zkgate-served-by" = json!({"any": "body"}))),
     params(("id" = String, Path, description = "Transaction id"), ("participant" = String, Path, description = "A participant named at creation")),
     request_body(content = Option<RegisterBody>, description = "Optional.", example = json!({"ttl": "30s"})),
     responses(

@@ -12,7 +12,13 @@ impl Registry {
         if let Some(version) = lease.version() {
             let session = lease.session().await?;
             match record::mark_ended(session.client(), &lease.path, &self.record_of(lease), version, reason).await {
-                Ok(()) => {}
+                // More references than holdings here: some are driven by other instances
+                // (visitors), maybe gone ones. They end with the lease, here: taken up before
+                // it ends, then released with the rest.
+                Ok(references) if usize::try_from(references).unwrap_or(0) > lease.attached() => {
+                    self.take_up_driven_elsewhere(lease, session.client()).await;
+                }
+                Ok(_) => {}
                 Err(crate::zk::ZkError::BadVersion | crate::zk::ZkError::NoNode) => {
                     self.drop_here(&lease.id);
                     return Err(LeaseError::Unknown(lease.id.clone()));
@@ -24,6 +30,30 @@ impl Registry {
         }
         self.finish(lease, reason);
         Ok(())
+    }
+
+    /// Attaches to `lease` (ending) the holdings its record references that are not attached
+    /// here: driven by visitors, whose copies end too when they see the record, and by
+    /// instances gone, which nobody else would end. Both releasing one is harmless: each
+    /// deletes what is still there.
+    async fn take_up_driven_elsewhere(self: &Arc<Self>, lease: &Arc<Lease>, client: &crate::zk::Client) {
+        let Some(adopter) = self.adopter.get() else {
+            return;
+        };
+        let here = lease.attached_references();
+        let Ok(references) = record::holdings(client, &lease.path).await else {
+            // The reaper finishes the end of a tombstone with references left.
+            return;
+        };
+        let elsewhere: Vec<HoldingRecord> = references
+            .into_iter()
+            .filter(|(name, _)| !here.contains(name))
+            .map(|(_, holding)| holding)
+            .collect();
+        if !elsewhere.is_empty() {
+            tracing::debug!(lease = %lease.id, holdings = elsewhere.len(), "ending holdings driven elsewhere");
+            adopter(lease, elsewhere);
+        }
     }
 
     /// Ends a lease whose end is written: its holdings release what they hold, and its

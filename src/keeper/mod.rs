@@ -36,6 +36,7 @@ mod ending;
 pub mod keeping;
 pub mod reaper;
 pub mod takeover;
+mod visiting;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
@@ -93,6 +94,9 @@ struct Registry {
     max_per_owner: usize,
     lanes: Lanes,
     table: Mutex<Table>,
+    /// The leases other instances keep that requests here hold something with (see
+    /// [visiting]): one copy each while something here uses it.
+    visitors: Mutex<HashMap<String, visiting::Visit>>,
     adopter: OnceLock<Adopter>,
     keeping: keeping::Keeping,
     /// Taking a lease over is one at a time per lease here (striped by its id's hash): the
@@ -141,6 +145,7 @@ impl Leases {
             max_per_owner,
             lanes: lanes.clone(),
             table: Mutex::default(),
+            visitors: Mutex::default(),
             adopter: OnceLock::new(),
             keeping: keeping::Keeping::new(registered, lanes.primary().clone()),
             adopting: std::array::from_fn(|_| tokio::sync::Mutex::new(())),
@@ -253,6 +258,7 @@ impl Leases {
                 owner,
                 version,
                 deadline: Instant::now() + ttl,
+                here: self.inner.instance.clone(),
             },
             lane.clone(),
         ));
@@ -365,6 +371,14 @@ impl Leases {
         })
     }
 
+    /// Starts driving here the holdings `holdings` of `lease` (kept or visited here), from
+    /// their references: their tasks find their znodes and go on.
+    pub fn take_up(&self, lease: &Arc<Lease>, holdings: Vec<HoldingRecord>) {
+        if let Some(adopter) = self.inner.adopter.get() {
+            adopter(lease, holdings);
+        }
+    }
+
     /// How many leases this instance keeps.
     pub fn count(&self) -> usize {
         self.inner.table().live.len()
@@ -445,6 +459,7 @@ impl Leases {
         for lease in &leases {
             lease.drop_here();
         }
+        self.inner.leave_visits();
         leases.len()
     }
 }

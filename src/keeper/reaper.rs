@@ -11,7 +11,9 @@
 //!   its keeper was last seen, and ends then unless a client keeps it alive through any
 //!   instance meanwhile. One whose time has passed already (every instance was gone for longer
 //!   than its TTL) ends at once: its waiters are granted;
-//! - finishes the end of a lease whose ender went before its holdings were gone;
+//! - finishes the end of a lease whose ender went before its holdings were gone (or left some
+//!   behind for a tombstone's while);
+//! - drives the holdings an instance gone drove for leases that live instances keep;
 //! - removes tombstones older than [TOMBSTONE], and the keeper nodes of instances gone for
 //!   good;
 //! - when it is its first pass or an instance went since the last, takes over the timing of
@@ -54,7 +56,7 @@ pub fn start(
         queues,
         root: root.to_string(),
         reaped,
-        claims_swept_with: Mutex::new(None),
+        registered_at_last_pass: Mutex::new(None),
     };
     tokio::spawn(async move {
         tokio::select! {
@@ -74,15 +76,18 @@ struct Reaper {
     queues: Queues,
     root: String,
     reaped: watch::Sender<bool>,
-    /// The instances registered when the claims were last swept (`None`: not yet, since this
-    /// instance became the reaper): claims are swept again once one of them goes.
-    claims_swept_with: Mutex<Option<HashSet<String>>>,
+    /// The instances registered at the last pass that completed (`None`: none yet, since this
+    /// instance became the reaper): what they made is swept once one of them goes. (It was
+    /// updated only when claims were swept, so an instance that registered after the reaper's
+    /// first sweep could go unnoticed.)
+    registered_at_last_pass: Mutex<Option<HashSet<String>>>,
 }
 
 /// What a pass did.
 #[derive(Debug, Default)]
 struct Swept {
     taken_over: usize,
+    holdings: usize,
     tombstones: usize,
     keepers: usize,
     claims: usize,
@@ -114,7 +119,7 @@ impl Reaper {
                     Err(_) => tokio::time::sleep(HEARTBEAT).await,
                 },
                 Ok(false) => {
-                    *self.claims_swept_with.locked() = None;
+                    *self.registered_at_last_pass.locked() = None;
                     self.reaped.send_replace(true);
                     if registry::await_leader_gone(client, &lock).await.is_err() {
                         tokio::time::sleep(HEARTBEAT).await;
@@ -138,7 +143,7 @@ impl Reaper {
         };
         match self.pass(client, registered, now).await {
             Ok(swept) => {
-                if swept.taken_over + swept.tombstones + swept.keepers + swept.claims > 0 {
+                if swept.taken_over + swept.holdings + swept.tombstones + swept.keepers + swept.claims > 0 {
                     tracing::info!(?swept, "reaper pass");
                 }
                 self.reaped.send_replace(true);
@@ -162,13 +167,24 @@ impl Reaper {
         let seen: HashMap<String, i64> = record::keepers(client, &self.root).await?.into_iter().collect();
         let records = record::read_all(client, &self.root).await?;
         let me = self.leases.instance();
+        let went = self.an_instance_went(&live);
+        if went {
+            swept.holdings = self.take_up_holdings_of_the_gone(client, &live, &records).await?;
+        }
         let mut orphans = Vec::new();
         let mut keeping = HashSet::new();
         for (id, found) in records {
             let keeper = found.record.keeper.as_str();
             let gone = !live.contains(keeper) && keeper != me;
             match found.record.ended_ms {
-                Some(_) if found.holdings > 0 && gone => orphans.push((id, found, now)),
+                // Its ender went before its holdings were gone; or, a tombstone's while after,
+                // holdings are left that its ender did not find (made through an instance
+                // whose references it could not read then).
+                Some(ended)
+                    if found.holdings > 0 && (gone || now.saturating_sub(ended) >= TOMBSTONE.as_millis() as i64) =>
+                {
+                    orphans.push((id, found, now))
+                }
                 Some(ended) if found.holdings == 0 && now.saturating_sub(ended) >= TOMBSTONE.as_millis() as i64 => {
                     let path = record::path(&self.root, &id);
                     if record::remove_tombstone(client, &path).await? {
@@ -198,22 +214,60 @@ impl Reaper {
                 swept.keepers += 1;
             }
         }
-        swept.claims = self.sweep_claims(client, &live).await?;
+        if went {
+            swept.claims = self.queues.adopt_orphans(client, &live).await?;
+        }
+        *self.registered_at_last_pass.locked() = Some(live.iter().map(|id| id.to_string()).collect());
         Ok(swept)
     }
 
-    /// Adopts the claims of instances gone, on the first pass and after an instance went.
-    async fn sweep_claims(&self, client: &Client, live: &HashSet<&str>) -> Result<usize, ZkError> {
-        let now: HashSet<String> = live.iter().map(|id| id.to_string()).collect();
-        let due = match &*self.claims_swept_with.locked() {
-            Some(before) => !before.is_subset(&now),
+    /// Whether an instance went since the last pass (or this is the first, since this instance
+    /// became the reaper): then the claims it made are timed here, and the holdings it drove
+    /// for leases others keep are driven here.
+    fn an_instance_went(&self, live: &HashSet<&str>) -> bool {
+        match &*self.registered_at_last_pass.locked() {
+            Some(before) => before.iter().any(|id| !live.contains(id.as_str())),
             None => true,
-        };
-        if !due {
-            return Ok(0);
         }
-        let adopted = self.queues.adopt_orphans(client, live).await?;
-        *self.claims_swept_with.locked() = Some(now);
-        Ok(adopted)
+    }
+
+    /// Takes up the holdings that instances gone drove for leases that live instances keep
+    /// (visitors' holdings, see [super::visiting]): this instance drives them from now on, and
+    /// their references say so. A lease whose keeper is gone is not read here: its new keeper
+    /// takes up every holding whose driver is gone. Returns how many it took up.
+    async fn take_up_holdings_of_the_gone(
+        &self,
+        client: &Client,
+        live: &HashSet<&str>,
+        records: &[(String, record::Found)],
+    ) -> Result<usize, ZkError> {
+        let me = self.leases.instance();
+        let alive = |id: &str| live.contains(id) || id == me;
+        let mut taken = 0;
+        for (id, found) in records {
+            if found.holdings == 0 || found.record.ended.is_some() || !alive(&found.record.keeper) {
+                continue;
+            }
+            let path = record::path(&self.root, id);
+            let orphans: Vec<(String, record::HoldingRecord)> = record::holdings(client, &path)
+                .await?
+                .into_iter()
+                .filter(|(_, h)| h.driver.as_deref().is_some_and(|d| !alive(d)))
+                .collect();
+            if orphans.is_empty() {
+                continue;
+            }
+            let Ok(lease) = self.leases.serve(&crate::auth::Caller::Anyone, id).await else {
+                continue;
+            };
+            for (name, holding) in &orphans {
+                record::redrive(client, &path, name, holding, me).await?;
+            }
+            taken += orphans.len();
+            tracing::info!(lease = %id, holdings = orphans.len(), "holdings of an instance gone taken up");
+            self.leases
+                .take_up(&lease, orphans.into_iter().map(|(_, h)| h).collect());
+        }
+        Ok(taken)
     }
 }

@@ -161,6 +161,7 @@ impl Leases {
                 owner: found.record.principal.clone(),
                 version: Ok(version),
                 deadline: Instant::now() + left,
+                here: self.inner.instance.clone(),
             },
             lane.clone(),
         ));
@@ -168,6 +169,9 @@ impl Leases {
         // there (a keepalive answering with the holdings, a release looking for its handle)
         // must find them. Nobody else adopts it meanwhile (the stripe is held).
         let holdings = self.holdings_of(&lease, &client).await;
+        let holdings = self
+            .left_to_their_drivers(&client, id, &found.record.keeper, holdings)
+            .await;
         tracing::info!(lease = %id, from = %found.record.keeper, holdings = holdings.len(), left = ?left, "lease taken over");
         crate::metrics::get().leases_taken_over.inc();
         if let Some(adopter) = self.inner.adopter.get() {
@@ -195,6 +199,38 @@ impl Leases {
             None => self.inner.start_timer(&lease),
         }
         Ok(lease)
+    }
+
+    /// The holdings this new keeper takes up of those recorded: all but those a live instance
+    /// other than the former keeper drives (a visitor, see [super::visiting]), which go on
+    /// there. While the registrations cannot be read, all: a holding driven twice only watches
+    /// twice, where one driven by nobody would never be granted.
+    async fn left_to_their_drivers(
+        &self,
+        client: &crate::zk::Client,
+        lease_id: &str,
+        former: &str,
+        holdings: Vec<(String, record::HoldingRecord)>,
+    ) -> Vec<(String, record::HoldingRecord)> {
+        // Driven here already, by a visited copy of the lease: it goes on driving them.
+        let visited_here = self.inner.visited(lease_id).is_some();
+        let me = &*self.inner.instance;
+        let elsewhere = |h: &record::HoldingRecord| {
+            h.driver
+                .as_deref()
+                .is_some_and(|d| d != former && (d != me || visited_here))
+        };
+        if !holdings.iter().any(|(_, h)| elsewhere(h)) {
+            return holdings;
+        }
+        let Ok(live) = crate::recipes::registry::live_instances(client, &self.inner.root).await else {
+            return holdings;
+        };
+        let alive = |d: &str| d == me || live.contains(d);
+        holdings
+            .into_iter()
+            .filter(|(_, h)| !(elsewhere(h) && h.driver.as_deref().is_some_and(alive)))
+            .collect()
     }
 
     /// The holdings recorded under the record of `lease`, just taken over by a write on

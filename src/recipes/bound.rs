@@ -141,6 +141,7 @@ impl Protocol for Bound {
                 binding: self.binding.is_some(),
                 hidden: self.hidden,
             },
+            driver: Some(handle.lease.here.to_string()),
         }
     }
 }

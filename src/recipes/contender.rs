@@ -437,6 +437,7 @@ impl Protocol for Contention {
             held: Held::Contender {
                 role: self.role.label().to_string(),
             },
+            driver: Some(handle.lease.here.to_string()),
         }
     }
 
@@ -463,7 +464,7 @@ impl Contenders {
         role: Role,
         value: Option<serde_json::Value>,
     ) -> Result<(Arc<Contender>, bool), Refused<Contention>> {
-        let id = crate::ids::sibling_id(&lease.id);
+        let id = crate::ids::owned_id(&lease.here);
         let protocol = Contention {
             role,
             value,

@@ -197,6 +197,7 @@ impl Protocol for PermitRequest {
             name: handle.name.clone(),
             handle: handle.id.clone(),
             held: Held::Permit { permits: self.permits },
+            driver: Some(handle.lease.here.to_string()),
         }
     }
 }
@@ -235,7 +236,7 @@ impl Semaphores {
     /// The lease's permit request for `name` (a semaphore of `permits`): the live one, or a new
     /// one. `None` if the lease ended meanwhile.
     pub fn request(&self, lease: &Arc<Lease>, name: &str, permits: u32) -> Option<Arc<Permit>> {
-        let id = crate::ids::sibling_id(&lease.id);
+        let id = crate::ids::owned_id(&lease.here);
         match self.open(
             lease,
             name,

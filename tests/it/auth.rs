@@ -503,11 +503,12 @@ fn base64url(text: &str) -> String {
     base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(text)
 }
 
-/// A socket's call that names another instance's lease is forwarded there as an HTTP request
-/// would be, with the token of the socket's handshake: the owner grants it to the lease's
-/// principal, and refuses another principal's socket that borrows the lease.
+/// A socket's call that names another instance's lease acts as the principal of the socket's
+/// handshake: an acquire is served where it arrives, a keepalive is forwarded to the lease's
+/// keeper as an HTTP request would be; both are granted to the lease's principal and refused to
+/// another principal's socket that borrows the lease.
 #[tokio::test]
-async fn a_socket_call_for_another_instances_lease_is_forwarded_as_the_sockets_principal() {
+async fn a_socket_call_for_another_instances_lease_acts_as_the_sockets_principal() {
     let s = setup().await;
     let mut config = test_config(&s.connect);
     config.auth_config = Some(s._dir.path().join("auth.toml"));
@@ -533,10 +534,13 @@ async fn a_socket_call_for_another_instances_lease_is_forwarded_as_the_sockets_p
     assert_eq!(reply["status"], 200, "{reply}");
     let handle = reply["body"]["handle"].as_str().expect("handle").to_string();
     assert!(
-        handle.starts_with(&*s.gate.running.state.instance.id),
-        "the owner's handle: {handle}"
+        handle.starts_with(&*other.running.state.instance.id),
+        "served where it arrived: {handle}"
     );
-    // The handle is the owner's too: read through the other instance's socket, it is held.
+    let keepalive = format!("/v1/leases/{lease}/keepalive");
+    let kept = ws.call("k", "POST", &keepalive, None).await;
+    assert_eq!(kept["status"], 200, "forwarded to its keeper as billing: {kept}");
+    // Read through the other instance's socket, it is held.
     let read = ws
         .call("b", "GET", &format!("/v1/locks/billing-fwd/handles/{handle}"), None)
         .await;
@@ -555,9 +559,11 @@ async fn a_socket_call_for_another_instances_lease_is_forwarded_as_the_sockets_p
     .await
     .expect("accepted");
     let reply = stranger.call("c", "POST", acquire, Some(json!({"lease": lease}))).await;
+    assert_eq!(reply["status"], 403, "another principal's lease: {reply}");
+    let reply = stranger.call("d", "POST", &keepalive, None).await;
     assert_eq!(
         reply["status"], 403,
-        "another principal's lease, refused by its owner: {reply}"
+        "another principal's lease, refused by its keeper: {reply}"
     );
 }
 

@@ -5,6 +5,7 @@
 use crate::common;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use common::checker::FencedRegister;
 use common::{Gate, test_config, zookeeper};
@@ -26,11 +27,11 @@ async fn a_lease_made_on_one_instance_is_kept_alive_used_and_released_through_th
     let kept = b.post(&format!("/v1/leases/{lease}/keepalive"), None).await;
     assert_eq!(kept.status, StatusCode::OK, "{kept:?}");
 
-    // Acquire through B with A's lease: the contender is A's, and so is the handle.
+    // Acquire through B with A's lease: served by B (every instance a peer), whose handle it is.
     let granted = b.acquire("shared", &lease, "wait=0").await;
     assert_eq!(granted.status, StatusCode::OK, "{granted:?}");
     let handle = granted.str("handle");
-    assert!(handle.starts_with(&*a.running.state.instance.id), "{handle}");
+    assert!(handle.starts_with(&*b.running.state.instance.id), "{handle}");
     // Reads work on either instance.
     for gate in [&a, &b] {
         let state = gate.get("/v1/locks/shared").await;
@@ -281,4 +282,196 @@ async fn a_member_that_joined_through_one_instance_leaves_through_the_other() {
     b.delete("/v1/groups/workers/members/w9")
         .await
         .assert_problem(StatusCode::NOT_FOUND, None);
+}
+
+/// The value of the counter `name` in a process's `/metrics`.
+async fn counter(process: &common::process::Process, name: &str) -> f64 {
+    let text = common::http_client()
+        .get(format!("{}/metrics", process.url))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("metrics text");
+    text.lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in /metrics"))
+}
+
+/// A lease of a 4 s TTL made through `process`.
+async fn ttl_lease(process: &common::process::Process) -> String {
+    let (status, body) = process
+        .call(Method::POST, "/v1/leases", Some(json!({"ttl": "4s"})))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    body["id"].as_str().expect("lease id").to_string()
+}
+
+/// An acquire of the lock `peer` through the instance at `url` with `lease`.
+async fn acquire(url: String, lease: String, wait: &'static str) -> (StatusCode, serde_json::Value) {
+    let reply = common::http_client()
+        .post(format!("{url}/v1/locks/peer/acquire?wait={wait}"))
+        .json(&json!({ "lease": lease }))
+        .send()
+        .await
+        .expect("acquire");
+    let status = reply.status();
+    (status, reply.json().await.expect("JSON"))
+}
+
+/// Every instance a peer: an acquire through an instance that does not keep the lease is served
+/// there, its wait included (nothing is handed to the keeper, and the handle is that
+/// instance's); its lock outlives that instance's `kill -9` while its client keeps the lease
+/// alive through a third instance, which shows it on the lease; and the lease's end, through the
+/// keeper, releases it although the instance that made it is gone.
+#[tokio::test]
+async fn an_acquire_through_another_instance_is_served_there_and_outlives_its_kill() {
+    use common::process::Process;
+    let zk = zookeeper().await;
+    let connect = zk.connect_string();
+    let keeper = Process::start(&connect).await;
+    let mut visitor = Process::start(&connect).await;
+    let third = Process::start(&connect).await;
+    let (first, second) = (ttl_lease(&keeper).await, ttl_lease(&keeper).await);
+    let handoffs = counter(&visitor, "zkgate_handoffs_total").await;
+
+    let (status, held) = acquire(visitor.url.clone(), first.clone(), "0").await;
+    assert_eq!(status, StatusCode::OK, "{held}");
+    let visitor_id = held["handle"]
+        .as_str()
+        .expect("handle")
+        .split('-')
+        .next()
+        .expect("prefix");
+    assert!(
+        !first.starts_with(visitor_id),
+        "the handle is the visitor's, not the keeper's: {held}"
+    );
+    assert!(
+        held["lease"].get("remaining_ms").is_none(),
+        "the visitor keeps no TTL clock to tell: {held}"
+    );
+    // A waiter through the same instance waits there, and is granted when the holder releases
+    // through the third instance.
+    let waiting = tokio::spawn(acquire(visitor.url.clone(), second.clone(), "20s"));
+    common::wait_children(&connect, "/zkgate/locks/peer", 2).await;
+    let released = third
+        .call(
+            Method::DELETE,
+            &format!("/v1/locks/peer/handles/{}", held["handle"].as_str().unwrap()),
+            None,
+        )
+        .await;
+    assert_eq!(released.0, StatusCode::NO_CONTENT, "{released:?}");
+    let (status, granted) = waiting.await.expect("waiter");
+    assert_eq!(status, StatusCode::OK, "{granted}");
+    let token = granted["fencing_token"].as_i64().expect("token");
+    assert!(token > held["fencing_token"].as_i64().expect("token"));
+    assert_eq!(
+        counter(&visitor, "zkgate_handoffs_total").await,
+        handoffs,
+        "nothing was handed over"
+    );
+
+    visitor.kill().await;
+    // The reaper (whichever of the two is) drives what the dead instance drove, from its
+    // references, once the instance's registration is gone.
+    let taken_up = |line: &str| line.contains("holdings of an instance gone taken up");
+    let either = async {
+        tokio::select! {
+            _ = keeper.wait_log(Duration::from_secs(60), "the reaper taking the lock up", taken_up) => {}
+            _ = third.wait_log(Duration::from_secs(60), "the reaper taking the lock up", taken_up) => {}
+        }
+    };
+    if tokio::time::timeout(Duration::from_secs(30), either).await.is_err() {
+        panic!(
+            "no instance took the lock up; the keeper's log: {:#?}; the third's: {:#?}",
+            keeper.log(),
+            third.log()
+        );
+    }
+    // Kept alive through the third instance for three TTLs: the lock stays held, with its token,
+    // and the lease (read through the keeper) shows it.
+    // (The client's pace: one keepalive a second, as a holder sends them.)
+    let mut pace = tokio::time::interval(Duration::from_secs(1));
+    for _ in 0..12 {
+        pace.tick().await;
+        let kept = third
+            .call(Method::POST, &format!("/v1/leases/{second}/keepalive"), None)
+            .await;
+        assert_eq!(kept.0, StatusCode::OK, "{kept:?}");
+        let lock = third.call(Method::GET, "/v1/locks/peer", None).await;
+        assert_eq!(lock.1["holder"]["fencing_token"], token, "{lock:?}");
+    }
+    let read = third.call(Method::GET, &format!("/v1/leases/{second}"), None).await;
+    let holdings = read.1["holdings"].as_array().cloned().unwrap_or_default();
+    assert!(
+        holdings
+            .iter()
+            .any(|h| h["name"] == "peer" && h["state"] == "held" && h["fencing_token"] == token),
+        "{read:?}"
+    );
+    // Its end releases the lock, though the instance that drove it is gone.
+    let ended = third.call(Method::DELETE, &format!("/v1/leases/{second}"), None).await;
+    assert_eq!(ended.0, StatusCode::NO_CONTENT, "{ended:?}");
+    let client = common::zk_client(&connect).await;
+    common::within(Duration::from_secs(10), "the lock freed by the lease's end", async {
+        loop {
+            match client.list_and_watch_children("/zkgate/locks/peer").await {
+                Ok((children, watcher)) if !children.is_empty() => {
+                    watcher.changed().await;
+                }
+                Ok(_) | Err(zookeeper_client::Error::NoNode) => break,
+                Err(err) => panic!("listing the lock: {err}"),
+            }
+        }
+    })
+    .await;
+    let lock = keeper.call(Method::GET, "/v1/locks/peer", None).await;
+    assert!(lock.1["holder"].is_null(), "{lock:?}");
+}
+
+/// What another instance made for a lease ends with the lease, as its keeper ends it: deleted
+/// by its owner through the keeper, the lock made through the other instance is free at once
+/// and its handle there says `released`; expired (no keepalive), it is free and says `lost`,
+/// because the lease expired. Either way the waiter behind it, also queued through the other
+/// instance, is granted.
+#[tokio::test]
+async fn a_lease_ended_by_its_keeper_ends_what_another_instance_made_for_it() {
+    let zk = zookeeper().await;
+    let keeper = Gate::start(&zk.connect_string()).await;
+    let other = Arc::new(Gate::start(&zk.connect_string()).await);
+    for (ttl, delete, said) in [("30s", true, "released"), ("1s", false, "lost")] {
+        let lock = format!("ends-{said}");
+        let lease = keeper.lease(ttl).await;
+        let held = other.acquire(&lock, &lease, "wait=0").await;
+        assert_eq!(held.status, StatusCode::OK, "{held:?}");
+        let handle = held.str("handle");
+        assert!(handle.starts_with(&*other.running.state.instance.id), "{handle}");
+        let next = keeper.lease("30s").await;
+        let waiter = {
+            let (other, lock, next) = (other.clone(), lock.clone(), next.clone());
+            tokio::spawn(async move { other.acquire(&lock, &next, "wait=20s").await })
+        };
+        common::wait_children(&zk.connect_string(), &format!("/zkgate/locks/{lock}"), 2).await;
+        if delete {
+            let deleted = keeper.delete(&format!("/v1/leases/{lease}")).await;
+            assert_eq!(deleted.status, StatusCode::NO_CONTENT, "{deleted:?}");
+        }
+        // The handle's long poll through the instance that made it tells how it ended.
+        let ended = other.get(&format!("/v1/locks/{lock}/handles/{handle}?wait=15s")).await;
+        let state = ended.body["state"].as_str().map(str::to_string);
+        let reason = ended.body["reason"].as_str().unwrap_or_default().to_string();
+        let told = match said {
+            "released" => state.as_deref() == Some("released") || ended.status == StatusCode::NOT_FOUND,
+            _ => state.as_deref() == Some("lost") && reason.contains("expired"),
+        };
+        assert!(told, "{said}: {ended:?}");
+        let granted = common::within(Duration::from_secs(20), "the next waiter's grant", waiter)
+            .await
+            .expect("waiter");
+        assert_eq!(granted.status, StatusCode::OK, "{said}: {granted:?}");
+        assert!(granted.i64("fencing_token") > held.i64("fencing_token"));
+    }
 }

@@ -130,7 +130,7 @@ async fn a_set_waits_its_turn_and_is_granted_when_the_last_lock_frees() {
 }
 
 #[tokio::test]
-async fn a_set_is_taken_by_its_leases_keeper_and_read_and_released_through_another() {
+async fn a_set_is_taken_where_it_is_asked_and_read_and_released_through_another() {
     let zk = zookeeper().await;
     let a = Gate::start(&zk.connect_string()).await;
     let b = Gate::start(&zk.connect_string()).await;
@@ -138,15 +138,15 @@ async fn a_set_is_taken_by_its_leases_keeper_and_read_and_released_through_anoth
     let set = take_set(&b, &["f1", "f2"], json!({"lease": lease}), "5s").await;
     assert_eq!(set.status, StatusCode::OK, "{set:?}");
     assert!(
-        set.str("set").starts_with(&*a.running.state.instance.id),
-        "issued by the lease's instance"
+        set.str("set").starts_with(&*b.running.state.instance.id),
+        "issued by the instance that served it"
     );
     assert_eq!(
-        b.get(&format!("/v1/lock-sets/{}", set.str("set"))).await.body["state"],
+        a.get(&format!("/v1/lock-sets/{}", set.str("set"))).await.body["state"],
         "held"
     );
     assert_eq!(
-        b.delete(&format!("/v1/lock-sets/{}", set.str("set"))).await.status,
+        a.delete(&format!("/v1/lock-sets/{}", set.str("set"))).await.status,
         StatusCode::NO_CONTENT
     );
     assert_eq!(holder_token(&a, "f1").await, None);

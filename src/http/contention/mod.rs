@@ -236,7 +236,10 @@ where
         }
         Phase::Released => Err(lease_gone(state, &lease)),
         // The lease moved to another instance meanwhile (a takeover): the handle lives on there.
-        Phase::Moved => Err(super::leases::moved(&lease.id)),
+        // (A visited lease that ended meanwhile says so.)
+        Phase::Moved => {
+            Err(super::leases::lease_error(state, &lease).unwrap_or_else(|| super::leases::moved(&lease.id)))
+        }
     }
 }
 

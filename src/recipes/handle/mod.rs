@@ -422,6 +422,10 @@ impl<P: Protocol> Holding for Handle<P> {
     fn finished(&self) -> watch::Receiver<bool> {
         self.finished.subscribe()
     }
+
+    fn reference_name(&self) -> String {
+        super::lease::record::reference_name(self.protocol.kind(), &self.name, &self.id)
+    }
 }
 
 /// An acquire request waiting on a handle (see [Handle::awaited]).

@@ -186,7 +186,7 @@ impl<P: Protocol> Handles<P> {
                 Err(Refused::Taken(existing.clone()))
             };
         }
-        let id = id.unwrap_or_else(|| crate::ids::sibling_id(&lease.id));
+        let id = id.unwrap_or_else(|| crate::ids::owned_id(&lease.here));
         let handle = self.insert(&mut index, lease, name, id, protocol, true)?;
         Ok((handle, true))
     }

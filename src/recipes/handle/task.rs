@@ -8,6 +8,7 @@ use std::time::Duration;
 use zookeeper_client::Error as ZkError;
 
 use super::{Exit, Handle, Phase, Protocol, delete_all};
+use crate::recipes::lease::EndReason;
 use crate::zk::retry_on_loss;
 
 /// How a handle's task stopped running its protocol.
@@ -29,10 +30,13 @@ pub(super) async fn drive<P: Protocol>(handle: &Arc<Handle<P>>) {
     let lease = &handle.lease;
     let mut ended_generation = None;
     let stop = loop {
+        // A handle that may have znodes (adopted, or run before) cleans up on a session even
+        // when it is asked to leave before it has one; one that never ran has nothing to clean.
+        let fresh = handle.may_create() && ended_generation.is_none();
         let session = tokio::select! {
             session = connected_after(&lease.zk, ended_generation) => session,
-            _ = handle.release.cancelled() => break Stop::Leave,
-            _ = lease.ended().cancelled() => break Stop::Leave,
+            _ = handle.release.cancelled(), if fresh => break Stop::Leave,
+            _ = lease.ended().cancelled(), if fresh => break Stop::Leave,
             _ = lease.dropped().cancelled() => break Stop::Drop,
         };
         let client = session.client();
@@ -80,9 +84,12 @@ pub(super) async fn drive<P: Protocol>(handle: &Arc<Handle<P>>) {
         // while a release here was starting: a release sent again after its first attempt's
         // answer was lost (that one, through an instance that died, deleted it), which is
         // answered as the release it is, not as a loss.
-        Stop::Exit(Exit::Lost(reason)) => match released_elsewhere(handle).await {
-            true => Phase::Released,
-            false => Phase::Lost { reason },
+        Stop::Exit(Exit::Lost(reason)) => match (lease_ended(handle).await, released_elsewhere(handle).await) {
+            (Some(EndReason::Deleted), _) | (None, true) => Phase::Released,
+            (Some(ended), _) => Phase::Lost {
+                reason: ended.describe().to_string(),
+            },
+            (None, false) => Phase::Lost { reason },
         },
         Stop::Exit(Exit::Interrupted) | Stop::Leave => Phase::Released,
     };
@@ -129,10 +136,13 @@ fn left<P: Protocol>(handle: &Handle<P>, was_there: bool) -> Stop {
     let taken = handle
         .lease
         .end_reason()
-        .filter(|r| *r != crate::recipes::lease::EndReason::Deleted && !handle.release.is_cancelled());
+        .filter(|r| *r != EndReason::Deleted && !handle.release.is_cancelled());
+    // Its owner deleted the lease: whoever deleted the znodes first (the keeper, for a holding
+    // driven elsewhere), they were released as asked.
+    let deleted = handle.lease.end_reason() == Some(EndReason::Deleted);
     match taken {
         Some(reason) => Stop::Lost(reason.describe().to_string()),
-        None if was_there => Stop::Leave,
+        None if was_there || deleted => Stop::Leave,
         None => Stop::Lost(handle.protocol.loss_reason(handle)),
     }
 }
@@ -151,6 +161,20 @@ async fn clean_up_later<P: Protocol>(handle: &Arc<Handle<P>>) -> Stop {
             Err(err) => after_failure(zk, session.generation, &err).await,
         }
     }
+}
+
+/// Whether the lease of a holding whose znode vanished has ended, and why: a lease visited
+/// here may have ended on its keeper a moment ago (which deleted the znode), before the watch
+/// on its record told this instance; its record says so now.
+async fn lease_ended<P: Protocol>(handle: &Handle<P>) -> Option<EndReason> {
+    let lease = &handle.lease;
+    if lease.is_visiting()
+        && lease.end_reason().is_none()
+        && let Ok(session) = lease.session().await
+    {
+        let _ = lease.refresh(session.client()).await;
+    }
+    lease.end_reason()
 }
 
 /// Whether a holding whose znode vanished was released (through another instance, which

@@ -146,6 +146,13 @@ async fn commit_guarded<P: Protocol, T: Send + 'static>(
                 error,
             }) => match handle.lease.guarded(guard, Some(error)) {
                 Ok(_) => continue,
+                // A visitor guards with the version it read: the lease may only have changed
+                // keeper since, which changes nothing for what is driven here.
+                Err(GuardError::LeaseMoved) if handle.lease.is_visiting() => match handle.lease.refresh(client).await {
+                    Ok(true) => continue,
+                    Ok(false) => return Err(NotCreated::LeaseMoved),
+                    Err(error) => return Err(NotCreated::Request(error)),
+                },
                 Err(GuardError::LeaseMoved) => return Err(NotCreated::LeaseMoved),
                 Err(GuardError::ZooKeeper(error)) => return Err(NotCreated::Request(error)),
             },

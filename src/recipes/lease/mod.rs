@@ -16,6 +16,15 @@
 //! ZooKeeper at once. When another instance takes it over, [Lease::drop_here] stops its
 //! holdings here without touching their znodes, which the new keeper now looks after.
 //!
+//! **Every instance a peer.** What a lease holds is made and driven by the instance the request
+//! arrived at, not only by its keeper: an instance that does not keep the lease *visits* it
+//! ([Lease::visiting]), a copy made from its record with no TTL clock. Its writes are guarded
+//! by the record's version as read, like the keeper's, so a visitor too can write nothing for a
+//! lease that ended or moved meanwhile; a refused guard reads the record again
+//! ([Lease::refresh]) and goes on if the lease only changed keeper. Each reference records the
+//! instance that drives its holding ([record::HoldingRecord::driver]), so that a new keeper
+//! leaves a live driver's holdings to it, and the keeper that ends the lease ends those too.
+//!
 //! How leases are made, kept alive, expired, handed over and looked up is the registry's
 //! business ([crate::keeper], a layer up); this module holds only what a recipe needs of one.
 
@@ -135,6 +144,8 @@ pub trait Holding: Send + Sync + 'static {
     /// Becomes `true` once the holding's task is over: its znode gone (or never created), or
     /// left to another keeper.
     fn finished(&self) -> watch::Receiver<bool>;
+    /// The name of its reference under the lease's record.
+    fn reference_name(&self) -> String;
 }
 
 /// Whether the lease's record is in ZooKeeper yet, and at which version.
@@ -172,6 +183,11 @@ pub struct Lease {
     /// The principal that created it (`None` when auth is off); only it (or an admin) may use
     /// it, or anything held with it.
     pub owner: Option<String>,
+    /// The instance this copy of the lease lives in: the driver its holdings record.
+    pub here: Arc<str>,
+    /// Visited, not kept: another instance keeps its TTL clock; this copy only drives what
+    /// requests here made for it (see the module's docs).
+    visiting: bool,
     ended: CancellationToken,
     dropped: CancellationToken,
     /// Why it ended, once it has.
@@ -199,11 +215,24 @@ pub struct Kept {
     pub version: Result<i32, Vec<u8>>,
     /// When it expires unless kept alive.
     pub deadline: Instant,
+    /// This instance's id.
+    pub here: Arc<str>,
 }
 
 impl Lease {
     /// A lease kept here on `zk`'s session.
     pub fn new(kept: Kept, zk: ZkSession) -> Lease {
+        Lease::made(kept, zk, false)
+    }
+
+    /// A lease kept by another instance, visited here to make and drive holdings for requests
+    /// that arrive here, from its record as read at `kept.version`. Its deadline means nothing:
+    /// the keeper times it. It ends here when its record says it ended ([Lease::refresh]).
+    pub fn visiting(kept: Kept, zk: ZkSession) -> Lease {
+        Lease::made(kept, zk, true)
+    }
+
+    fn made(kept: Kept, zk: ZkSession, visiting: bool) -> Lease {
         Lease {
             id: kept.id,
             ttl: kept.ttl,
@@ -212,6 +241,8 @@ impl Lease {
             zk,
             path: kept.path,
             owner: kept.owner,
+            here: kept.here,
+            visiting,
             ended: CancellationToken::new(),
             dropped: CancellationToken::new(),
             end_reason: std::sync::OnceLock::new(),
@@ -236,6 +267,51 @@ impl Lease {
     /// over, or this one is shutting down): its holdings stop here and leave their znodes.
     pub fn dropped(&self) -> &CancellationToken {
         &self.dropped
+    }
+
+    /// Whether this is a visited copy of a lease another instance keeps.
+    pub fn is_visiting(&self) -> bool {
+        self.visiting
+    }
+
+    /// How many holdings are attached here.
+    pub fn attached(&self) -> usize {
+        self.lock().holdings.len()
+    }
+
+    /// The reference names of the holdings attached here.
+    pub fn attached_references(&self) -> Vec<String> {
+        self.lock().holdings.iter().map(|h| h.reference_name()).collect()
+    }
+
+    /// Reads the record again after a guard of this visited lease was refused, or its watch
+    /// fired: `true` if the lease lives on (it changed keeper: the version read is the one to
+    /// guard with from now on); `false` if it ended (then it ends here too, with the record's
+    /// reason) or its record is gone.
+    ///
+    /// # Notable errors
+    /// * The read's, when ZooKeeper cannot be asked.
+    pub async fn refresh(&self, client: &zookeeper_client::Client) -> Result<bool, ZkError> {
+        let found = record::read(client, &self.path).await?;
+        Ok(self.take_note(found.as_ref()))
+    }
+
+    /// Takes note of the record as read (`None`: gone): see [Lease::refresh].
+    pub fn take_note(&self, found: Option<&record::Found>) -> bool {
+        match found {
+            Some(found) if found.record.ended.is_none() => {
+                self.lock().written = Written::At(found.version);
+                true
+            }
+            Some(found) => {
+                self.end(found.record.ended.unwrap_or(EndReason::Expired));
+                false
+            }
+            None => {
+                self.end(EndReason::Expired);
+                false
+            }
+        }
     }
 
     /// Whether this instance keeps the lease no more, ended or not.

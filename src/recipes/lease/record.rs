@@ -91,7 +91,7 @@ pub struct Found {
 }
 
 impl Found {
-    fn of(data: &[u8], stat: &Stat) -> Option<Found> {
+    pub fn of(data: &[u8], stat: &Stat) -> Option<Found> {
         Some(Found {
             record: LeaseRecord::parse(data)?,
             version: stat.version,
@@ -106,6 +106,27 @@ pub async fn read(client: &Client, path: &str) -> Result<Option<Found>, ZkError>
         Ok((data, stat)) => Ok(Found::of(&data, &stat)),
         Err(ZkError::NoNode) => Ok(None),
         Err(err) => Err(err),
+    }
+}
+
+/// The record at `path` with a watch on it (a visitor's, see [super::Lease::visiting]): `None`
+/// if there is none (no watch then), or the record and the watch that fires when it changes
+/// (the lease taken over or ended) or goes. A record that does not parse counts as none.
+pub async fn read_and_watch(client: &Client, path: &str) -> Result<Option<(Found, RecordWatch)>, ZkError> {
+    match retry_on_loss(|| client.get_and_watch_data(path)).await {
+        Ok((data, stat, watcher)) => Ok(Found::of(&data, &stat).map(|found| (found, RecordWatch(watcher)))),
+        Err(ZkError::NoNode) => Ok(None),
+        Err(err) => Err(err),
+    }
+}
+
+/// A watch on a lease's record ([read_and_watch]).
+pub struct RecordWatch(OneshotWatcher);
+
+impl RecordWatch {
+    /// Returns when the record changed or went, or the session that set the watch ended.
+    pub async fn changed(self) {
+        self.0.changed().await;
     }
 }
 
@@ -250,6 +271,8 @@ pub async fn take_over(client: &Client, root: &str, id: &str, found: &Found, me:
 /// reply lost on the way is retried: a retry that finds the version moved reads whether the end
 /// is the one written.
 ///
+/// Returns how many references the record has (what the lease holds, wherever it is driven).
+///
 /// # Notable errors
 /// * `BadVersion` or `NoNode`: the lease is not kept at that version (it was taken over or
 ///   removed); nothing was written.
@@ -259,7 +282,7 @@ pub async fn mark_ended(
     record: &LeaseRecord,
     version: i32,
     reason: EndReason,
-) -> Result<(), ZkError> {
+) -> Result<i32, ZkError> {
     let ended = LeaseRecord {
         ended: Some(reason),
         ended_ms: Some(crate::time::now_ms()),
@@ -269,13 +292,15 @@ pub async fn mark_ended(
     let mut retried = false;
     loop {
         match client.set_data(path, &data, Some(version)).await {
-            Ok(_) => return Ok(()),
+            Ok(stat) => return Ok(stat.num_children),
             Err(err) if crate::zk::is_loss(&err) => {
                 retried = true;
                 tokio::time::sleep(std::time::Duration::from_millis(20)).await;
             }
             Err(ZkError::BadVersion) if retried => match read(client, path).await? {
-                Some(now) if now.record.ended == Some(reason) && now.record.keeper == record.keeper => return Ok(()),
+                Some(now) if now.record.ended == Some(reason) && now.record.keeper == record.keeper => {
+                    return Ok(now.holdings);
+                }
                 _ => return Err(ZkError::BadVersion),
             },
             Err(err) => return Err(err),
@@ -311,6 +336,12 @@ pub struct HoldingRecord {
     pub handle: String,
     #[serde(flatten)]
     pub held: Held,
+    /// The instance that drives it (runs its task): the one its request arrived at, or the one
+    /// that adopted it since. While that instance lives, a new keeper of the lease leaves the
+    /// holding to it; once it is gone, the lease's keeper (or the reaper) takes it up. `None`
+    /// in references written before zkgate recorded it: the keeper's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub driver: Option<String>,
 }
 
 /// The protocol of a holding, and what it needs to be found again.
@@ -376,6 +407,26 @@ pub async fn holdings(client: &Client, path: &str) -> Result<Vec<(String, Holdin
         .into_iter()
         .filter_map(|(name, data, _)| HoldingRecord::parse(&data).map(|record| (name, record)))
         .collect())
+}
+
+/// Rewrites the reference `name` under the lease record at `lease` to say that instance `me`
+/// drives its holding now (it took it up from an instance gone).
+pub async fn redrive(
+    client: &Client,
+    lease: &str,
+    name: &str,
+    holding: &HoldingRecord,
+    me: &str,
+) -> Result<(), ZkError> {
+    let record = HoldingRecord {
+        driver: Some(me.to_string()),
+        ..holding.clone()
+    };
+    match retry_on_loss(|| client.set_data(&format!("{lease}/{name}"), &record.to_bytes(), None)).await {
+        // Released meanwhile: nothing to drive.
+        Ok(_) | Err(ZkError::NoNode) => Ok(()),
+        Err(err) => Err(err),
+    }
 }
 
 /// Touches `<root>/keepers/<me>` (creating it if missing): the instance's sign of life, whose
@@ -488,6 +539,7 @@ mod tests {
                 binding: true,
                 hidden: false,
             },
+            driver: Some("0123abcd".into()),
         };
         let text = String::from_utf8(bound.to_bytes()).expect("utf-8");
         assert!(text.contains(r#""protocol":"bound""#), "{text}");
@@ -499,6 +551,7 @@ mod tests {
             held: Held::Contender {
                 role: "exclusive".into(),
             },
+            driver: None,
         };
         assert_eq!(HoldingRecord::parse(&contender.to_bytes()), Some(contender.clone()));
         assert_eq!(contender.kind(), Some(Kind::Lock));
