@@ -293,19 +293,22 @@ impl Holders {
 fn adopter(holders: Holders) -> keeper::Adopter {
     use recipes::lease::record::Held;
     Arc::new(move |lease, holdings| {
-        for holding in holdings {
-            let (name, id) = (holding.name.as_str(), holding.handle.as_str());
+        for (reference, holding) in holdings {
+            let (name, id, reference) = (holding.name.as_str(), holding.handle.as_str(), reference.as_str());
             let adopted = match (holding.kind(), &holding.held) {
                 (Some(kind), Held::Contender { role }) => holders
                     .contenders(kind)
                     .zip(recipes::roles::from_label(role))
-                    .is_some_and(|(registry, role)| registry.adopt_contender(lease, name, id, role).is_ok()),
-                (Some(Kind::Semaphore), Held::Permit { permits }) => {
-                    holders.semaphores.adopt_permit(lease, name, id, *permits).is_ok()
-                }
+                    .is_some_and(|(registry, role)| {
+                        registry.adopt_contender(lease, (name, id), reference, role).is_ok()
+                    }),
+                (Some(Kind::Semaphore), Held::Permit { permits }) => holders
+                    .semaphores
+                    .adopt_permit(lease, (name, id), reference, *permits)
+                    .is_ok(),
                 (Some(kind), held @ Held::Bound { .. }) => holders
                     .bound(kind)
-                    .is_some_and(|nodes| nodes.adopt_bound(lease, (name, id), held).is_ok()),
+                    .is_some_and(|nodes| nodes.adopt_bound(lease, (name, id), reference, held).is_ok()),
                 // A kind this version does not know, or a holding its kind never makes.
                 _ => false,
             };

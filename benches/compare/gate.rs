@@ -537,6 +537,54 @@ pub async fn contended_across(gates: &[Arc<Zkgate>], clients: usize, locks: usiz
     .await
 }
 
+/// What [round_robin] measured: cycles a second, and the requests the clients sent.
+pub struct RoundRobin {
+    pub rate: f64,
+    pub requests: usize,
+}
+
+/// Contended cycles (acquire, release) behind a round-robin balancer over `gates`: each
+/// client's requests go to the next instance in turn, whichever keeps its lease, as a plain
+/// load balancer deals them, and every tenth cycle also keeps its lease alive. `clients`
+/// clients on `locks` locks for `duration`.
+pub async fn round_robin(gates: &[Arc<Zkgate>], clients: usize, locks: usize, duration: Duration) -> RoundRobin {
+    let gates = gates.to_vec();
+    let requests = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let sent = requests.clone();
+    let rate = super::stats::rate(clients, duration, move |i, deadline| {
+        let (gates, sent) = (gates.clone(), sent.clone());
+        async move {
+            let mut turn = i;
+            let mut next = || {
+                turn += 1;
+                sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                gates[turn % gates.len()].clone()
+            };
+            let lease = next().lease("1h").await;
+            let lock = format!("rr{locks}-{}", i % locks);
+            let mut granted = 0;
+            while Instant::now() < deadline {
+                let Some(handle) = next().acquire(&lock, &lease, "30s").await else {
+                    continue;
+                };
+                next().release(&lock, &handle).await;
+                if Instant::now() < deadline {
+                    granted += 1;
+                }
+                if granted % 10 == 0 {
+                    assert_eq!(next().keepalive(&lease).await, 200);
+                }
+            }
+            granted
+        }
+    })
+    .await;
+    RoundRobin {
+        rate,
+        requests: requests.load(std::sync::atomic::Ordering::Relaxed),
+    }
+}
+
 /// Whether zkgate refused a request for load: a limit reached (`429`) or a request shed after
 /// waiting too long for its turn (`503 overloaded`); any other failure fails the bench.
 fn refused(status: u16, body: &Value) -> bool {

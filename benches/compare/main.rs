@@ -528,7 +528,36 @@ async fn run() {
             handed.p99,
             handed.p50 - direct.p50
         ));
-        drop((a, b));
+        // Behind a round-robin balancer: three instances against one under the same clients,
+        // and how many of the requests one instance passed to another (a keepalive, or a
+        // lease's read, goes to the lease's keeper; everything else is served where it lands).
+        let c = Arc::new(gate::Zkgate::start_with(&connect, &secret).await);
+        c.cycles(sizes.warmup).await;
+        let three = [a.clone(), b.clone(), c.clone()];
+        let handoffs = async || {
+            let mut total = 0.0;
+            for gate in &three {
+                total += gate.metric("zkgate_handoffs_total").await.unwrap_or(0.0);
+            }
+            total
+        };
+        let (clients, locks) = (64, 64);
+        let one = gate::round_robin(std::slice::from_ref(&a), clients, locks, sizes.seconds).await;
+        let before = handoffs().await;
+        let spread = gate::round_robin(&three, clients, locks, sizes.seconds).await;
+        let passed = handoffs().await - before;
+        ensemble_rows.push(format!(
+            "| round robin, {locks} locks, {clients} clients: cycles per second, one instance vs three | {:.0}/s | {:.0}/s | {:.2}x |",
+            one.rate,
+            spread.rate,
+            spread.rate / one.rate
+        ));
+        ensemble_rows.push(format!(
+            "| round robin over three instances: requests one instance passed to another | {passed:.0} of {} | {:.1}% | |",
+            spread.requests,
+            100.0 * passed / spread.requests.max(1) as f64
+        ));
+        drop((a, b, c, three));
         // Instances that stop and die under load (three of them, on the same ensemble).
         for disruption in [instances::Disruption::RollingRestart, instances::Disruption::Kill9] {
             let row = instances::under(&connect, &secret, disruption, sizes.seconds).await;
@@ -705,7 +734,7 @@ async fn run() {
     }
     if !ensemble_rows.is_empty() {
         println!();
-        println!("| on a 3-server ensemble | one instance | two instances | two vs one |");
+        println!("| on a 3-server ensemble | first | second | second against first |");
         println!("|---|---|---|---|");
         for row in &ensemble_rows {
             println!("{row}");

@@ -45,10 +45,9 @@ impl Registry {
             // The reaper finishes the end of a tombstone with references left.
             return;
         };
-        let elsewhere: Vec<HoldingRecord> = references
+        let elsewhere: Vec<(String, HoldingRecord)> = references
             .into_iter()
             .filter(|(name, _)| !here.contains(name))
-            .map(|(_, holding)| holding)
             .collect();
         if !elsewhere.is_empty() {
             tracing::debug!(lease = %lease.id, holdings = elsewhere.len(), "ending holdings driven elsewhere");

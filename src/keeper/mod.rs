@@ -78,7 +78,7 @@ impl LeasePolicy {
 
 /// Takes over the tasks of what an adopted lease holds (the handles of every kind live a layer
 /// below, in the registries the composition root makes).
-pub type Adopter = Arc<dyn Fn(&Arc<Lease>, Vec<HoldingRecord>) + Send + Sync>;
+pub type Adopter = Arc<dyn Fn(&Arc<Lease>, Vec<(String, HoldingRecord)>) + Send + Sync>;
 
 /// The registry of the leases this instance keeps.
 #[derive(Clone)]
@@ -373,7 +373,7 @@ impl Leases {
 
     /// Starts driving here the holdings `holdings` of `lease` (kept or visited here), from
     /// their references: their tasks find their znodes and go on.
-    pub fn take_up(&self, lease: &Arc<Lease>, holdings: Vec<HoldingRecord>) {
+    pub fn take_up(&self, lease: &Arc<Lease>, holdings: Vec<(String, HoldingRecord)>) {
         if let Some(adopter) = self.inner.adopter.get() {
             adopter(lease, holdings);
         }

@@ -265,8 +265,7 @@ impl Reaper {
             }
             taken += orphans.len();
             tracing::info!(lease = %id, holdings = orphans.len(), "holdings of an instance gone taken up");
-            self.leases
-                .take_up(&lease, orphans.into_iter().map(|(_, h)| h).collect());
+            self.leases.take_up(&lease, orphans);
         }
         Ok(taken)
     }

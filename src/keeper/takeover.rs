@@ -175,7 +175,7 @@ impl Leases {
         tracing::info!(lease = %id, from = %found.record.keeper, holdings = holdings.len(), left = ?left, "lease taken over");
         crate::metrics::get().leases_taken_over.inc();
         if let Some(adopter) = self.inner.adopter.get() {
-            adopter(&lease, holdings.into_iter().map(|(_, holding)| holding).collect());
+            adopter(&lease, holdings);
         }
         {
             let mut table = self.inner.table();

@@ -287,6 +287,7 @@ impl BoundNodes {
         &self,
         lease: &Arc<Lease>,
         (name, id): (&str, &str),
+        reference: &str,
         held: &Held,
     ) -> Result<Arc<BoundNode>, Refused<Bound>> {
         let Held::Bound {
@@ -307,7 +308,7 @@ impl BoundNodes {
             charge: charge.clone().map(|path| ChargeNode { path, data: Vec::new() }),
             hidden: *hidden,
         };
-        self.adopt(lease, name, id, protocol)
+        self.adopt(lease, (name, id), reference, protocol)
     }
 }
 
@@ -411,7 +412,7 @@ pub async fn release_recorded(
         let reference = format!(
             "{}/{}",
             record::path(root, &owner.lease),
-            record::reference_name(kind, name, id)
+            record::reference_name(kind, name, Some(id))
         );
         if let Ok((data, _)) = retry_on_loss(|| client.get_data(&reference)).await
             && let Some(HoldingRecord {

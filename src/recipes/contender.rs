@@ -480,8 +480,8 @@ impl Contenders {
     pub fn adopt_contender(
         &self,
         lease: &Arc<Lease>,
-        name: &str,
-        handle: &str,
+        (name, handle): (&str, &str),
+        reference: &str,
         role: Role,
     ) -> Result<Arc<Contender>, Refused<Contention>> {
         let protocol = Contention {
@@ -489,7 +489,7 @@ impl Contenders {
             value: None,
             node: Sequential::of_handle(self.dir(name), role.infix(), handle),
         };
-        self.adopt(lease, name, handle, protocol)
+        self.adopt(lease, (name, handle), reference, protocol)
     }
 }
 

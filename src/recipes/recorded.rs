@@ -54,14 +54,21 @@ impl Recorded {
         self.position.is_none()
     }
 
-    /// The reference to it under its lease's record (`root` is zkgate's root).
-    pub fn reference(&self, root: &str) -> Option<String> {
-        let owner = self.owner()?;
-        Some(format!(
-            "{}/{}",
-            super::lease::record::path(root, &owner.lease),
-            super::lease::record::reference_name(self.kind, &self.name, &self.handle)
-        ))
+    /// The references to it under its lease's record (`root` is zkgate's root): its name, and
+    /// the name an earlier zkgate gave it (a lease that outlived an upgrade); one is there.
+    pub fn references(&self, root: &str) -> Vec<String> {
+        use super::lease::record;
+        let Some(owner) = self.owner() else {
+            return Vec::new();
+        };
+        let lease = record::path(root, &owner.lease);
+        vec![
+            format!("{lease}/{}", record::reference_name(self.kind, &self.name, None)),
+            format!(
+                "{lease}/{}",
+                record::legacy_reference_name(self.kind, &self.name, &self.handle)
+            ),
+        ]
     }
 }
 
@@ -152,7 +159,7 @@ pub async fn release_recorded(session: &Session, root: &str, recorded: &Recorded
     let dir = &recorded.paths[0][..recorded.paths[0].rfind('/').unwrap_or(0)];
     recorded.role.on_exit(client, dir, &recorded.node.name).await;
     let mut paths = recorded.paths.clone();
-    paths.extend(recorded.reference(root));
+    paths.extend(recorded.references(root));
     Ok(delete_all(client, &paths).await?[0])
 }
 
@@ -206,4 +213,19 @@ fn view(kind: Kind, handle: &str, name: &str, state: Option<Option<i64>>) -> sup
         fencing_token: state.flatten(),
         revocation: None,
     }
+}
+
+/// The holding `lease` has at resource `name` of `kind`, of the kinds a lease holds one of per
+/// resource (a contender, a permit request), from its reference: the reference's name and what
+/// it records. `None` if it holds none there.
+pub async fn held_at(
+    session: &Session,
+    lease: &super::lease::Lease,
+    kind: Kind,
+    name: &str,
+) -> Result<Option<(String, super::lease::record::HoldingRecord)>, Failure> {
+    use super::lease::record;
+    let reference = record::reference_name(kind, name, None);
+    let held = record::holding(session.client(), &lease.path, &reference).await?;
+    Ok(held.map(|held| (reference, held)))
 }

@@ -254,11 +254,11 @@ impl Semaphores {
     pub fn adopt_permit(
         &self,
         lease: &Arc<Lease>,
-        name: &str,
-        handle: &str,
+        (name, handle): (&str, &str),
+        reference: &str,
         permits: u32,
     ) -> Result<Arc<Permit>, Refused<PermitRequest>> {
-        self.adopt(lease, name, handle, self.protocol(name, permits, handle))
+        self.adopt(lease, (name, handle), reference, self.protocol(name, permits, handle))
     }
 
     fn protocol(&self, name: &str, permits: u32, handle: &str) -> PermitRequest {

@@ -475,3 +475,34 @@ async fn a_lease_ended_by_its_keeper_ends_what_another_instance_made_for_it() {
         assert!(granted.i64("fencing_token") > held.i64("fencing_token"));
     }
 }
+
+/// One contender per lease and lock, whichever instances the attempts reach: an acquire left
+/// queued through one instance, then sent again through another (a client retrying through its
+/// balancer), answers with the same handle and queues nothing more; the grant comes to it.
+#[tokio::test]
+async fn an_acquire_retried_through_another_instance_finds_its_first_attempts_handle() {
+    let zk = zookeeper().await;
+    let connect = zk.connect_string();
+    let (a, b, c) = (
+        Gate::start(&connect).await,
+        Gate::start(&connect).await,
+        Gate::start(&connect).await,
+    );
+    let holder = a.lease("30s").await;
+    let held = a.acquire("once", &holder, "wait=0").await;
+    assert_eq!(held.status, StatusCode::OK, "{held:?}");
+    let lease = a.lease("30s").await;
+    let first = b.acquire("once", &lease, "wait=0&keep_queued=true").await;
+    assert_eq!(first.status, StatusCode::ACCEPTED, "{first:?}");
+    for gate in [&c, &a, &b] {
+        let again = gate.acquire("once", &lease, "wait=0&keep_queued=true").await;
+        assert_eq!(again.status, StatusCode::ACCEPTED, "{again:?}");
+        assert_eq!(again.str("handle"), first.str("handle"), "{again:?}");
+    }
+    let queued = common::wait_children(&connect, "/zkgate/locks/once", 2).await;
+    assert_eq!(queued.len(), 2, "one contender per lease: {queued:?}");
+    a.release("once", &held.str("handle")).await;
+    let granted = c.acquire("once", &lease, "wait=10s").await;
+    assert_eq!(granted.status, StatusCode::OK, "{granted:?}");
+    assert_eq!(granted.str("handle"), first.str("handle"));
+}

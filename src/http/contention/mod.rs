@@ -27,7 +27,7 @@ use crate::recipes::recorded::{self, Recorded};
 use crate::recipes::revocation::{self, Revocation, RevokeError};
 use crate::recipes::semaphore;
 use crate::time::{HumanDuration, at_most, timestamp};
-use crate::zk::Session;
+use crate::zk::{Failure, Session};
 
 mod fencing;
 mod release;
@@ -190,6 +190,7 @@ where
         }
     };
     let handle = current(state, handles, handle, || open(lease.clone())).await?;
+    let handle = held_elsewhere(state, handles, &lease, handle, wait).await?;
     let awaiting = handle.awaited();
     let outcome = handle.granted_within(wait, FIRST_DECISION_LIMIT).await;
     if matches!(outcome, Phase::Waiting { .. }) {
@@ -264,6 +265,35 @@ where
     }
     handles.release(&handle).await;
     open().await
+}
+
+/// The lease's holding at the resource if it has one already, made through another instance
+/// (a request retried here after its first attempt reached another instance, which made the
+/// holding and maybe went): one per lease, so `handle`, just opened, made nothing (ZooKeeper
+/// refused its reference) and the other is taken up here and answered for. Else `handle`.
+async fn held_elsewhere<P: Protocol>(
+    state: &AppState,
+    handles: &Handles<P>,
+    lease: &Arc<Lease>,
+    handle: Arc<Handle<P>>,
+    wait: Duration,
+) -> Result<Arc<Handle<P>>, ApiError> {
+    if !handle.protocol.one_per_lease() {
+        return Ok(handle);
+    }
+    let decided = tokio::time::timeout(FIRST_DECISION_LIMIT.max(wait), handle.decided()).await;
+    if !matches!(decided, Ok(Phase::Failed { error: Failure::Taken })) {
+        return Ok(handle);
+    }
+    let session = super::consistency::reader(state, super::consistency::Consistency::Sequential).await?;
+    let Some((reference, held)) = recorded::held_at(&session, lease, handles.kind(), &handle.name).await? else {
+        // Released meanwhile: this handle's refusal stands; the client tries again.
+        return Ok(handle);
+    };
+    tracing::debug!(lease = %lease.id, handle = %held.handle, "an acquire takes up the lease's holding made elsewhere");
+    let id = held.handle.clone();
+    state.leases.take_up(lease, vec![(reference, held)]);
+    Ok(handles.get(&handle.name, &id).unwrap_or(handle))
 }
 
 /// The 409 of an acquire that was not granted within its wait.

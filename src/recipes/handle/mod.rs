@@ -227,6 +227,9 @@ pub struct Handle<P: Protocol> {
     /// Whether its run may create its znodes: until they are first created, for a new handle;
     /// never for one adopted from another keeper (a znode it cannot find was lost).
     may_create: std::sync::atomic::AtomicBool,
+    /// The name of its reference under its lease's record ([super::lease::record::reference_name],
+    /// or the name found, for a handle taken up from its reference).
+    reference: String,
 }
 
 impl<P: Protocol> Drop for Handle<P> {
@@ -343,9 +346,14 @@ impl<P: Protocol> Handle<P> {
         self.may_create.store(false, std::sync::atomic::Ordering::SeqCst);
     }
 
+    /// The name of its reference under its lease's record.
+    pub fn reference_name(&self) -> &str {
+        &self.reference
+    }
+
     /// The znode under its lease's record that names it.
     pub fn reference(&self) -> String {
-        self.lease.reference(self.protocol.kind(), &self.name, &self.id)
+        self.lease.reference(&self.reference)
     }
 
     fn set_phase(&self, phase: Phase) {
@@ -424,7 +432,7 @@ impl<P: Protocol> Holding for Handle<P> {
     }
 
     fn reference_name(&self) -> String {
-        super::lease::record::reference_name(self.protocol.kind(), &self.name, &self.id)
+        self.reference.clone()
     }
 }
 

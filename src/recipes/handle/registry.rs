@@ -13,7 +13,7 @@ use super::task::drive;
 use super::{Handle, HandleState, Phase, Protocol};
 use crate::kind::Kind;
 use crate::locked::Locked;
-use crate::recipes::lease::{Holding, Lease};
+use crate::recipes::lease::{Holding, Lease, record};
 
 /// Why [Handles::open] made no handle.
 pub enum Refused<P: Protocol> {
@@ -187,29 +187,46 @@ impl<P: Protocol> Handles<P> {
             };
         }
         let id = id.unwrap_or_else(|| crate::ids::owned_id(&lease.here));
-        let handle = self.insert(&mut index, lease, name, id, protocol, true)?;
+        let one = protocol.one_per_lease();
+        let reference = record::reference_name(self.kind, name, (!one).then_some(id.as_str()));
+        let handle = self.insert(&mut index, lease, (name, id), reference, protocol, true)?;
         Ok((handle, true))
     }
 
-    /// Takes over the handle `id` at `name` of a lease adopted from another keeper (see
-    /// [crate::keeper]), from its reference: its task finds its znodes and goes on, or finds
-    /// them gone (lost). The handle already here is kept.
-    pub fn adopt(&self, lease: &Arc<Lease>, name: &str, id: &str, protocol: P) -> Result<Arc<Handle<P>>, Refused<P>> {
+    /// Takes up the handle `id` at `name` of a lease from its reference (named `reference`):
+    /// adopted from another keeper (see [crate::keeper]), made by an instance gone, or made by
+    /// another instance for a request retried here. Its task finds its znodes and goes on, or
+    /// finds them gone (lost). The handle already here is kept.
+    pub fn adopt(
+        &self,
+        lease: &Arc<Lease>,
+        (name, id): (&str, &str),
+        reference: &str,
+        protocol: P,
+    ) -> Result<Arc<Handle<P>>, Refused<P>> {
         let mut index = self.lock();
         if let Some(existing) = index.by_id.get(&(name.to_string(), id.to_string()))
             && Arc::ptr_eq(&existing.lease, lease)
+            && !existing.state().phase.is_final()
         {
             return Ok(existing.clone());
         }
-        self.insert(&mut index, lease, name, id.to_string(), protocol, false)
+        self.insert(
+            &mut index,
+            lease,
+            (name, id.to_string()),
+            reference.to_string(),
+            protocol,
+            false,
+        )
     }
 
     fn insert(
         &self,
         index: &mut Index<P>,
         lease: &Arc<Lease>,
-        name: &str,
-        id: String,
+        (name, id): (&str, String),
+        reference: String,
         protocol: P,
         may_create: bool,
     ) -> Result<Arc<Handle<P>>, Refused<P>> {
@@ -234,6 +251,7 @@ impl<P: Protocol> Handles<P> {
             queued: self.queued.clone(),
             counted: std::sync::atomic::AtomicBool::new(false),
             may_create: std::sync::atomic::AtomicBool::new(may_create),
+            reference,
         });
         let holding: Arc<dyn Holding> = handle.clone();
         if !lease.attach(holding.clone()) {

@@ -30,6 +30,10 @@ pub enum NotCreated<T> {
     /// The holding's reference is there already: an earlier create of it applied (its reply
     /// lost), so its znodes are to be found, not made again.
     MadeBefore,
+    /// The lease holds this resource already, with another handle (made through another
+    /// instance, for an earlier attempt of the same request): one per lease, so nothing was
+    /// written; that holding is to be taken up instead.
+    HeldAlready(crate::recipes::lease::record::HoldingRecord),
     /// The holding's own operation tagged `tag` was refused.
     Refused { tag: T, error: ZkError },
     /// The request failed as a whole: a connection loss (it may have been applied: look before
@@ -42,7 +46,7 @@ impl<T> NotCreated<T> {
     pub fn exit(self) -> Exit {
         match self {
             NotCreated::LeaseMoved => Exit::Moved,
-            NotCreated::MadeBefore => Exit::Failed(ZkError::NodeExists),
+            NotCreated::MadeBefore | NotCreated::HeldAlready(_) => Exit::Failed(ZkError::NodeExists),
             NotCreated::Refused { error, .. } | NotCreated::Request(error) => Exit::from_error(error),
         }
     }
@@ -157,11 +161,21 @@ async fn commit_guarded<P: Protocol, T: Send + 'static>(
                 Err(GuardError::ZooKeeper(error)) => return Err(NotCreated::Request(error)),
             },
             // The reference is there already: an earlier create of this holding applied (its
-            // reply lost); its znodes are to be found, not made again.
+            // reply lost), and its znodes are to be found, not made again; or, one per lease,
+            // the lease holds this resource with another handle already.
             Err(Failed::Refused {
                 tag: Guarded::Reference,
                 error: ZkError::NodeExists,
-            }) => return Err(NotCreated::MadeBefore),
+            }) => {
+                let lease = &handle.lease.path;
+                match crate::recipes::lease::record::holding(client, lease, handle.reference_name()).await {
+                    Ok(Some(held)) if held.handle != handle.id => return Err(NotCreated::HeldAlready(held)),
+                    Ok(Some(_)) => return Err(NotCreated::MadeBefore),
+                    // Released meanwhile: try again.
+                    Ok(None) => continue,
+                    Err(error) => return Err(NotCreated::Request(error)),
+                }
+            }
             Err(Failed::Refused {
                 tag: Guarded::Reference | Guarded::Stamp,
                 error,

@@ -40,7 +40,6 @@ use tokio_util::sync::CancellationToken;
 use zookeeper_client::{CreateMode, Error as ZkError};
 
 use crate::auth::Caller;
-use crate::kind::Kind;
 use crate::locked::Locked;
 use crate::recipes::revocation::Revocation;
 use crate::zk::session::{Session, Unavailable, ZkSession};
@@ -407,9 +406,9 @@ impl Lease {
         }
     }
 
-    /// The znode under its record that names the holding `handle` of resource `name` of `kind`.
-    pub fn reference(&self, kind: Kind, name: &str, handle: &str) -> String {
-        format!("{}/{}", self.path, record::reference_name(kind, name, handle))
+    /// The znode under its record named `reference` (see [record::reference_name]).
+    pub fn reference(&self, reference: &str) -> String {
+        format!("{}/{}", self.path, reference)
     }
 
     /// Attaches a holding; refused once the lease has ended or left this instance, so nothing

@@ -386,13 +386,40 @@ impl HoldingRecord {
     }
 }
 
-/// The name of the reference to holding `handle` of resource `name` of `kind` under its lease's
-/// record: the kind and a hash of the resource and the handle, so that any instance that knows
-/// the holding (and its lease) finds it without a listing.
-pub fn reference_name(kind: Kind, name: &str, handle: &str) -> String {
+/// The name of the reference to a holding of resource `name` of `kind` under its lease's
+/// record: the kind and a hash of the resource, and of the handle (`Some`) for what a lease
+/// may hold several of at one resource (members, participants, service instances, found by
+/// their own id), so that any instance that knows the holding (and its lease) finds it without
+/// a listing. What a lease holds at most one of per resource (a contender, a permit request)
+/// is named without its handle: the name *is* the rule, checked by ZooKeeper in the multi-op
+/// that creates the holding, whichever instance makes it (a retried acquire through another
+/// instance finds the first one's holding instead of queueing twice). References written
+/// before this rule name the handle too ([legacy_reference_name]).
+pub fn reference_name(kind: Kind, name: &str, handle: Option<&str>) -> String {
     use sha2::Digest;
-    let digest = sha2::Sha256::digest(format!("{name}\0{handle}").as_bytes());
+    let hashed = match handle {
+        Some(handle) => format!("{name}\0{handle}"),
+        // (A name has no control characters: this never equals a name and a handle.)
+        None => name.to_string(),
+    };
+    let digest = sha2::Sha256::digest(hashed.as_bytes());
     format!("{}-{}", kind.name(), crate::ids::hex(&digest[..16]))
+}
+
+/// The name an earlier zkgate gave the reference to the one-per-lease holding `handle`: found
+/// and removed with the holding, for leases that outlived an upgrade.
+pub fn legacy_reference_name(kind: Kind, name: &str, handle: &str) -> String {
+    reference_name(kind, name, Some(handle))
+}
+
+/// The holding that the reference `name` under the lease record at `lease` records, if there
+/// is one.
+pub async fn holding(client: &Client, lease: &str, name: &str) -> Result<Option<HoldingRecord>, ZkError> {
+    match retry_on_loss(|| client.get_data(&format!("{lease}/{name}"))).await {
+        Ok((data, _)) => Ok(HoldingRecord::parse(&data)),
+        Err(ZkError::NoNode) => Ok(None),
+        Err(err) => Err(err),
+    }
 }
 
 /// The holdings recorded under the lease record at `path`, by reference name.
@@ -559,15 +586,20 @@ mod tests {
 
     #[test]
     fn references_differ_by_kind_resource_and_handle() {
-        let a = reference_name(Kind::Group, "g", "m");
+        let a = reference_name(Kind::Group, "g", Some("m"));
         assert!(a.starts_with("group-") && a.len() == "group-".len() + 32, "{a}");
-        assert_ne!(a, reference_name(Kind::Group, "g", "n"));
-        assert_ne!(a, reference_name(Kind::Group, "h", "m"));
-        assert_ne!(a, reference_name(Kind::Service, "g", "m"));
+        assert_ne!(a, reference_name(Kind::Group, "g", Some("n")));
+        assert_ne!(a, reference_name(Kind::Group, "h", Some("m")));
+        assert_ne!(a, reference_name(Kind::Service, "g", Some("m")));
         // The separator keeps `a`+`bc` and `ab`+`c` apart.
         assert_ne!(
-            reference_name(Kind::Group, "a", "bc"),
-            reference_name(Kind::Group, "ab", "c")
+            reference_name(Kind::Group, "a", Some("bc")),
+            reference_name(Kind::Group, "ab", Some("c"))
         );
+        // One per lease: the resource alone, which no resource and handle hash to.
+        let lock = reference_name(Kind::Lock, "orders", None);
+        assert_eq!(lock, reference_name(Kind::Lock, "orders", None));
+        assert_ne!(lock, reference_name(Kind::Lock, "orders", Some("h")));
+        assert_ne!(lock, reference_name(Kind::Lock, "other", None));
     }
 }
