@@ -260,9 +260,13 @@ impl Reaper {
             let Ok(lease) = self.leases.serve(&crate::auth::Caller::Anyone, id).await else {
                 continue;
             };
-            for (name, holding) in &orphans {
-                record::redrive(client, &path, name, holding, me).await?;
+            let mut still = Vec::with_capacity(orphans.len());
+            for (name, holding) in orphans {
+                if record::redrive(client, &path, &name, &holding, me).await? {
+                    still.push((name, holding));
+                }
             }
+            let orphans = still;
             taken += orphans.len();
             tracing::info!(lease = %id, holdings = orphans.len(), "holdings of an instance gone taken up");
             self.leases.take_up(&lease, orphans);

@@ -25,7 +25,7 @@ use std::time::Duration;
 use zookeeper_client::{Client, CreateMode, Error as ZkError, EventType};
 
 use super::handle::{
-    Exit, Guarded, Handle, Handles, Made, Node, NotCreated, Protocol, Refused, create_held, delete_all,
+    Exit, Guarded, Handle, Handles, Made, Node, NotCreated, Protocol, Refused, create_held, delete_held,
 };
 use super::lease::Lease;
 use super::lease::record::{Held, HoldingRecord};
@@ -419,10 +419,9 @@ impl Protocol for Contention {
             self.role.on_exit(client, &self.node.dir, name).await;
         }
         let had_node = node.is_some();
-        let mut paths: Vec<String> = node.into_iter().collect();
-        paths.push(handle.reference());
-        let there = delete_all(client, &paths).await?;
-        let (node_there, reference_there) = (had_node && there[0], there[paths.len() - 1]);
+        let nodes: Vec<String> = node.into_iter().collect();
+        let (there, reference_there) = delete_held(client, &nodes, &handle.reference(), &handle.id, &[]).await?;
+        let node_there = had_node && there[0];
         // Its node and its reference both gone already: released through another instance
         // (which deletes them together), say by the first attempt of this very release, whose
         // answer was lost. A node gone with its reference still there was lost.

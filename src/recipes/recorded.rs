@@ -6,7 +6,7 @@ use crate::zk::{Failure, Session};
 use zookeeper_client::Error as ZkError;
 
 use super::contender::{Next, Role};
-use super::handle::{Node, delete_all};
+use super::handle::{Node, delete_all, delete_held};
 use super::revocation;
 use crate::kind::Kind;
 use crate::zk::retry_on_loss;
@@ -158,9 +158,19 @@ pub async fn release_recorded(session: &Session, root: &str, recorded: &Recorded
     let client = session.client();
     let dir = &recorded.paths[0][..recorded.paths[0].rfind('/').unwrap_or(0)];
     recorded.role.on_exit(client, dir, &recorded.node.name).await;
-    let mut paths = recorded.paths.clone();
-    paths.extend(recorded.references(root));
-    Ok(delete_all(client, &paths).await?[0])
+    let references = recorded.references(root);
+    let Some((reference, legacy)) = references.split_first() else {
+        // Not zkgate's (no owner recorded): its nodes alone.
+        return Ok(delete_all(client, &recorded.paths).await?[0]);
+    };
+    let (there, _) = delete_held(client, &recorded.paths, reference, &recorded.handle, legacy).await?;
+    Ok(there.first().copied().unwrap_or(false))
+}
+
+/// Whether the reference `name` under the lease record at `lease` names `handle` (see
+/// [super::handle::names_handle]).
+pub async fn names(session: &Session, lease: &str, name: &str, handle: &str) -> Result<bool, Failure> {
+    Ok(super::handle::names_handle(session.client(), lease, name, handle).await?)
 }
 
 /// How the holdings of `lease` that are not attached here show, from ZooKeeper: those that

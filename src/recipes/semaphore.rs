@@ -25,7 +25,9 @@ use utoipa::ToSchema;
 use zookeeper_client::{Client, CreateMode, Error as ZkError, EventType};
 
 use super::contender::{Next, Sequential, queue_until_held};
-use super::handle::{Exit, Guarded, Handle, Handles, Node, NotCreated, Protocol, Refused, delete_all, write_held};
+use super::handle::{
+    Exit, Guarded, Handle, Handles, Node, NotCreated, Protocol, Refused, delete_all, delete_held, write_held,
+};
 use super::in_sequence_order;
 use super::lease::Lease;
 use super::lease::record::{Held, HoldingRecord};
@@ -182,12 +184,11 @@ impl Protocol for PermitRequest {
     /// The lock (if still held: a request cancelled while it waited), the lease node and the
     /// reference go. A permit does not watch its lease node, so a release never reports a loss.
     async fn clean_up(&self, handle: &Permit, client: &Client) -> Result<bool, ZkError> {
-        let mut paths = Vec::new();
+        let mut nodes = Vec::new();
         for node in [&self.lock, &self.lease] {
-            paths.extend(node.path(client, None).await?);
+            nodes.extend(node.path(client, None).await?);
         }
-        paths.push(handle.reference());
-        delete_all(client, &paths).await?;
+        delete_held(client, &nodes, &handle.reference(), &handle.id, &[]).await?;
         Ok(true)
     }
 

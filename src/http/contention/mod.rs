@@ -190,7 +190,7 @@ where
         }
     };
     let handle = current(state, handles, handle, || open(lease.clone())).await?;
-    let handle = held_elsewhere(state, handles, &lease, handle, wait).await?;
+    let handle = held_elsewhere(state, handles, &lease, handle, wait, || open(lease.clone())).await?;
     let awaiting = handle.awaited();
     let outcome = handle.granted_within(wait, FIRST_DECISION_LIMIT).await;
     if matches!(outcome, Phase::Waiting { .. }) {
@@ -256,7 +256,9 @@ where
     P: Protocol,
     Fut: Future<Output = Result<Arc<Handle<P>>, ApiError>>,
 {
-    if matches!(handle.state().phase, Phase::Pending) {
+    // A new one (it makes its znodes now); one taken up from a reference, still finding them,
+    // may be of a holding released meanwhile (read from a listing just before).
+    if matches!(handle.state().phase, Phase::Pending) && handle.may_create() {
         return Ok(handle);
     }
     let session = super::consistency::reader(state, super::consistency::Consistency::Linearizable).await?;
@@ -270,14 +272,22 @@ where
 /// The lease's holding at the resource if it has one already, made through another instance
 /// (a request retried here after its first attempt reached another instance, which made the
 /// holding and maybe went): one per lease, so `handle`, just opened, made nothing (ZooKeeper
-/// refused its reference) and the other is taken up here and answered for. Else `handle`.
-async fn held_elsewhere<P: Protocol>(
+/// refused its reference) and the other is taken up here and answered for. One that turns out
+/// lost (its node gone, its reference kept so that its holder learns of the loss) or released
+/// meanwhile is let go and a new one made, as a new acquire after a loss does on one instance.
+/// Else `handle`.
+async fn held_elsewhere<P, Fut>(
     state: &AppState,
     handles: &Handles<P>,
     lease: &Arc<Lease>,
     handle: Arc<Handle<P>>,
     wait: Duration,
-) -> Result<Arc<Handle<P>>, ApiError> {
+    open: impl FnOnce() -> Fut,
+) -> Result<Arc<Handle<P>>, ApiError>
+where
+    P: Protocol,
+    Fut: Future<Output = Result<Arc<Handle<P>>, ApiError>>,
+{
     if !handle.protocol.one_per_lease() {
         return Ok(handle);
     }
@@ -285,7 +295,9 @@ async fn held_elsewhere<P: Protocol>(
     if !matches!(decided, Ok(Phase::Failed { error: Failure::Taken })) {
         return Ok(handle);
     }
-    let session = super::consistency::reader(state, super::consistency::Consistency::Sequential).await?;
+    // After a `sync`: the refusal was decided on the lease's session; a read on another that
+    // lags would find the holding before it (released meanwhile), not the one that refused.
+    let session = super::consistency::reader(state, super::consistency::Consistency::Linearizable).await?;
     let Some((reference, held)) = recorded::held_at(&session, lease, handles.kind(), &handle.name).await? else {
         // Released meanwhile: this handle's refusal stands; the client tries again.
         return Ok(handle);
@@ -293,7 +305,17 @@ async fn held_elsewhere<P: Protocol>(
     tracing::debug!(lease = %lease.id, handle = %held.handle, "an acquire takes up the lease's holding made elsewhere");
     let id = held.handle.clone();
     state.leases.take_up(lease, vec![(reference, held)]);
-    Ok(handles.get(&handle.name, &id).unwrap_or(handle))
+    let Some(taken) = handles.get(&handle.name, &id) else {
+        return Ok(handle);
+    };
+    let decided = tokio::time::timeout(FIRST_DECISION_LIMIT.max(wait), taken.decided()).await;
+    if !decided.is_ok_and(|phase| phase.is_final()) {
+        return Ok(taken);
+    }
+    // Lost (its reference kept for its holder), or released meanwhile: let it go, and make a
+    // new one as any acquire would.
+    handles.release(&taken).await;
+    open().await
 }
 
 /// The 409 of an acquire that was not granted within its wait.

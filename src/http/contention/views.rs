@@ -62,10 +62,11 @@ pub(super) async fn still_referenced<P: Protocol>(
     session: &Session,
     handle: &Arc<Handle<P>>,
 ) -> Result<bool, ApiError> {
-    if matches!(handle.state().phase, Phase::Pending | Phase::Lost { .. }) {
+    let phase = handle.state().phase;
+    if matches!(phase, Phase::Lost { .. }) || (phase == Phase::Pending && handle.may_create()) {
         return Ok(true);
     }
-    if recorded::exists(session, &handle.reference()).await? {
+    if recorded::names(session, &handle.lease.path, handle.reference_name(), &handle.id).await? {
         return Ok(true);
     }
     tracing::debug!(handle = %handle.id, lease = %handle.lease.id, "handle let go: its reference is gone (released through another instance)");

@@ -47,7 +47,7 @@ mod task;
 mod write;
 
 pub use registry::{Handles, Lost, QueuedCounts, Refused};
-pub use write::{Guarded, Made, NotCreated, create_held, delete_all, write_held};
+pub use write::{Guarded, Made, NotCreated, create_held, delete_all, delete_held, names_handle, write_held};
 
 /// Where a handle stands.
 #[derive(Clone, Debug, PartialEq)]

@@ -205,8 +205,10 @@ impl<P: Protocol> Handles<P> {
         protocol: P,
     ) -> Result<Arc<Handle<P>>, Refused<P>> {
         let mut index = self.lock();
+        // Driven here already (for this lease as kept or as visited here): one task per
+        // holding on an instance, whichever copy of the lease took it up first.
         if let Some(existing) = index.by_id.get(&(name.to_string(), id.to_string()))
-            && Arc::ptr_eq(&existing.lease, lease)
+            && existing.lease.id == lease.id
             && !existing.state().phase.is_final()
         {
             return Ok(existing.clone());

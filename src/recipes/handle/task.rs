@@ -7,9 +7,8 @@ use std::time::Duration;
 
 use zookeeper_client::Error as ZkError;
 
-use super::{Exit, Handle, Phase, Protocol, delete_all};
+use super::{Exit, Handle, Phase, Protocol, delete_held, names_handle};
 use crate::recipes::lease::EndReason;
-use crate::zk::retry_on_loss;
 
 /// How a handle's task stopped running its protocol.
 enum Stop {
@@ -116,13 +115,13 @@ pub(super) async fn drive<P: Protocol>(handle: &Arc<Handle<P>>) {
 /// Deletes the reference of a lost handle (its znode is gone already), on the sessions that
 /// follow until it is done or the lease leaves this instance.
 async fn remove_reference<P: Protocol>(handle: &Arc<Handle<P>>) {
-    let (zk, reference) = (&handle.lease.zk, [handle.reference()]);
+    let (zk, reference) = (&handle.lease.zk, handle.reference());
     loop {
         let session = tokio::select! {
             session = connected_after(zk, None) => session,
             _ = handle.lease.dropped().cancelled() => return,
         };
-        match delete_all(session.client(), &reference).await {
+        match delete_held(session.client(), &[], &reference, &handle.id, &[]).await {
             Ok(_) => return,
             Err(err) => after_failure(zk, session.generation, &err).await,
         }
@@ -189,10 +188,9 @@ async fn released_elsewhere<P: Protocol>(handle: &Handle<P>) -> bool {
     if session.sync().await.is_err() {
         return false;
     }
-    matches!(
-        retry_on_loss(|| session.client().check_stat(&handle.reference())).await,
-        Ok(None)
-    )
+    // A reference of the same name that names another handle is a successor's: this one's went.
+    let (lease, name) = (&handle.lease.path, handle.reference_name());
+    matches!(names_handle(session.client(), lease, name, &handle.id).await, Ok(false))
 }
 
 /// A connected session of `zk` (waiting, without polling, while there is none) other than the

@@ -227,3 +227,96 @@ pub async fn delete_all(client: &Client, paths: &[String]) -> Result<Vec<bool>, 
         }
     }
 }
+
+/// Deletes a holding's znodes `nodes` (what decides its place), its reference `reference` and
+/// `also` (what else is this holding's alone), in one multi-op; a path already gone is left out
+/// and the rest deleted again. The reference of a contender or a permit is named after its
+/// resource ([crate::recipes::lease::record::reference_name]), so once this holding's nodes
+/// are gone the name may be a successor's (the lease acquired the resource again, through
+/// another instance that drives it): the reference goes in the multi-op only while one of
+/// `nodes` is there (then it is this holding's: one per lease), and after that only if it names
+/// `handle`, by a delete conditional on the version read. Returns, for each node, whether it
+/// was there, and whether the reference was.
+pub async fn delete_held(
+    client: &Client,
+    nodes: &[String],
+    reference: &str,
+    handle: &str,
+    also: &[String],
+) -> Result<(Vec<bool>, bool), ZkError> {
+    tracing::debug!(?nodes, reference, handle, "deleting a holding");
+    let n = nodes.len();
+    let paths: Vec<&str> = nodes
+        .iter()
+        .map(String::as_str)
+        .chain([reference])
+        .chain(also.iter().map(String::as_str))
+        .collect();
+    let mut there = vec![true; paths.len()];
+    let mut pending = vec![true; paths.len()];
+    let mut reply_lost = false;
+    loop {
+        if pending[n] && !pending[..n].contains(&true) {
+            pending[n] = false;
+            there[n] = delete_if_naming(client, reference, handle).await? || reply_lost;
+        }
+        let mut multi = Multi::new(client);
+        for i in (0..paths.len()).filter(|&i| pending[i]) {
+            multi.delete(i, paths[i], None)?;
+        }
+        if multi.is_empty() {
+            return Ok((there[..n].to_vec(), there[n]));
+        }
+        let started = std::time::Instant::now();
+        let committed = multi.commit().await;
+        crate::metrics::zookeeper_request(started.elapsed());
+        match committed {
+            Ok(_) => return Ok((there[..n].to_vec(), there[n])),
+            Err(Failed::Refused {
+                tag: i,
+                error: ZkError::NoNode,
+            }) => {
+                pending[i] = false;
+                there[i] &= reply_lost;
+            }
+            Err(failed) => {
+                if !failed.is_loss() {
+                    return Err(failed.error());
+                }
+                reply_lost = true;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+}
+
+/// Deletes the reference at `path` if it names `handle` (conditional on the version read);
+/// whether it did.
+async fn delete_if_naming(client: &Client, path: &str, handle: &str) -> Result<bool, ZkError> {
+    use crate::recipes::lease::record::HoldingRecord;
+    loop {
+        let (data, stat) = match crate::zk::retry_on_loss(|| client.get_data(path)).await {
+            Ok(read) => read,
+            Err(ZkError::NoNode) => return Ok(false),
+            Err(err) => return Err(err),
+        };
+        if !HoldingRecord::parse(&data).is_some_and(|held| held.handle == handle) {
+            return Ok(false);
+        }
+        match client.delete(path, Some(stat.version)).await {
+            Ok(()) => return Ok(true),
+            Err(ZkError::NoNode) => return Ok(false),
+            // Changed meanwhile (its driver rewritten), or the answer lost: read again.
+            Err(ZkError::BadVersion) => {}
+            Err(err) if crate::zk::is_loss(&err) => {}
+            Err(err) => return Err(err),
+        }
+    }
+}
+
+/// Whether the reference `name` under the lease record at `lease` is there and names `handle`
+/// (a successor's, of the same lease and resource, does not count).
+pub async fn names_handle(client: &Client, lease: &str, name: &str, handle: &str) -> Result<bool, ZkError> {
+    let held = crate::recipes::lease::record::holding(client, lease, name).await?;
+    Ok(held.is_some_and(|held| held.handle == handle))
+}

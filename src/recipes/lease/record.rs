@@ -437,22 +437,39 @@ pub async fn holdings(client: &Client, path: &str) -> Result<Vec<(String, Holdin
 }
 
 /// Rewrites the reference `name` under the lease record at `lease` to say that instance `me`
-/// drives its holding now (it took it up from an instance gone).
+/// drives its holding now (it took it up from an instance gone), if it still records
+/// `holding`'s handle: a reference named after its resource alone may be a successor's by
+/// now (the holding released, the resource acquired again), which must not be overwritten.
+/// Whether it still was `holding`'s.
 pub async fn redrive(
     client: &Client,
     lease: &str,
     name: &str,
     holding: &HoldingRecord,
     me: &str,
-) -> Result<(), ZkError> {
+) -> Result<bool, ZkError> {
+    let path = format!("{lease}/{name}");
     let record = HoldingRecord {
         driver: Some(me.to_string()),
         ..holding.clone()
     };
-    match retry_on_loss(|| client.set_data(&format!("{lease}/{name}"), &record.to_bytes(), None)).await {
-        // Released meanwhile: nothing to drive.
-        Ok(_) | Err(ZkError::NoNode) => Ok(()),
-        Err(err) => Err(err),
+    loop {
+        let (data, stat) = match retry_on_loss(|| client.get_data(&path)).await {
+            Ok(read) => read,
+            Err(ZkError::NoNode) => return Ok(false),
+            Err(err) => return Err(err),
+        };
+        if !HoldingRecord::parse(&data).is_some_and(|now| now.handle == holding.handle) {
+            return Ok(false);
+        }
+        match client.set_data(&path, &record.to_bytes(), Some(stat.version)).await {
+            Ok(_) => return Ok(true),
+            Err(ZkError::NoNode) => return Ok(false),
+            // Changed meanwhile, or the answer lost: read again.
+            Err(ZkError::BadVersion) => {}
+            Err(err) if crate::zk::is_loss(&err) => {}
+            Err(err) => return Err(err),
+        }
     }
 }
 
