@@ -300,7 +300,7 @@ async fn delete_if_naming(client: &Client, path: &str, handle: &str) -> Result<b
             Err(ZkError::NoNode) => return Ok(false),
             Err(err) => return Err(err),
         };
-        if !HoldingRecord::parse(&data).is_some_and(|held| held.handle == handle) {
+        if HoldingRecord::parse(&data).is_none_or(|held| held.handle != handle) {
             return Ok(false);
         }
         match client.delete(path, Some(stat.version)).await {

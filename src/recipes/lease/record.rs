@@ -459,7 +459,7 @@ pub async fn redrive(
             Err(ZkError::NoNode) => return Ok(false),
             Err(err) => return Err(err),
         };
-        if !HoldingRecord::parse(&data).is_some_and(|now| now.handle == holding.handle) {
+        if HoldingRecord::parse(&data).is_none_or(|now| now.handle != holding.handle) {
             return Ok(false);
         }
         match client.set_data(&path, &record.to_bytes(), Some(stat.version)).await {
