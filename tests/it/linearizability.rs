@@ -544,9 +544,10 @@ fn report(what: &str, verdict: &Verdict) {
     );
 }
 
-/// Runs the workload until a run has read more than `reads` (at most three runs), checking that
-/// every run's histories are linearizable: a run that read too little says nothing (a loaded
-/// machine can stall an ensemble for seconds), but a violation in any run fails at once.
+/// Runs the workload until its runs have read more than `reads` between them (at most eight
+/// runs), checking that every run's histories are linearizable: a run on a loaded machine may
+/// read little (an ensemble stalls for seconds), which says nothing yet, but a violation in any
+/// run fails at once. The verdict returned is the last run's.
 async fn assert_linearizable(
     what: &str,
     ensemble: &mut Ensemble,
@@ -555,24 +556,22 @@ async fn assert_linearizable(
     length: Duration,
     reads: usize,
 ) -> Verdict {
-    let mut verdict = None;
-    for attempt in 1..=3 {
+    let (mut verdict, mut read) = (None, 0);
+    for attempt in 1..=8 {
         let run = run(ensemble, placement, Mode::Default, fault, length).await;
         report(&format!("{what}, run {attempt}"), &run);
         assert!(run.violations.is_empty(), "{what}: {:#?}", run.violations);
-        let enough = run.reads > reads;
+        read += run.reads;
         verdict = Some(run);
-        if enough {
+        if read > reads {
             break;
         }
     }
-    let verdict = verdict.expect("a run");
     assert!(
-        verdict.reads > reads,
-        "{what}: three runs read too little to say anything: {}",
-        verdict.reads
+        read > reads,
+        "{what}: eight runs read too little to say anything: {read} reads (more than {reads} wanted)"
     );
-    verdict
+    verdict.expect("a run")
 }
 
 /// The writer's instance on the leader (which applies a write before any follower does) and
