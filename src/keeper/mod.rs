@@ -326,15 +326,7 @@ impl Leases {
     /// * [LeaseError::NotYours], [LeaseError::Ended], and [Leases::read_record]'s.
     async fn read_live_record(&self, caller: &Caller, id: &str) -> Result<record::Found, LeaseError> {
         let found = self.read_record(id).await?;
-        if !caller.owns(found.record.principal.as_deref()) {
-            return Err(LeaseError::NotYours(id.to_string()));
-        }
-        if let Some(reason) = found.record.ended {
-            return Err(LeaseError::Ended {
-                id: id.to_string(),
-                reason,
-            });
-        }
+        usable(caller, id, &found)?;
         Ok(found)
     }
 
@@ -461,6 +453,21 @@ impl Leases {
         }
         self.inner.leave_visits();
         leases.len()
+    }
+}
+
+/// `Ok` if `caller` may use the lease `id` whose record was read as `found`, and it has not
+/// ended.
+fn usable(caller: &Caller, id: &str, found: &record::Found) -> Result<(), LeaseError> {
+    if !caller.owns(found.record.principal.as_deref()) {
+        return Err(LeaseError::NotYours(id.to_string()));
+    }
+    match found.record.ended {
+        Some(reason) => Err(LeaseError::Ended {
+            id: id.to_string(),
+            reason,
+        }),
+        None => Ok(()),
     }
 }
 

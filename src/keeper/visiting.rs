@@ -74,15 +74,7 @@ impl Leases {
         let Some((found, watcher)) = read else {
             return Err(LeaseError::Unknown(id.to_string()));
         };
-        if !caller.owns(found.record.principal.as_deref()) {
-            return Err(LeaseError::NotYours(id.to_string()));
-        }
-        if let Some(reason) = found.record.ended {
-            return Err(LeaseError::Ended {
-                id: id.to_string(),
-                reason,
-            });
-        }
+        usable(caller, id, &found)?;
         if found.record.keeper == *self.inner.instance {
             // Its record names this instance, which does not have it in memory: a takeover
             // undone by another, as in [Leases::find].

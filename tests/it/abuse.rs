@@ -284,22 +284,6 @@ async fn frames_over_the_limit_are_refused_from_their_header() {
     assert_eq!(gate.get("/healthz").await.status, StatusCode::OK);
 }
 
-/// A gauge's value from `/metrics`.
-async fn gauge(gate: &Gate, name: &str) -> f64 {
-    let text = gate
-        .http
-        .get(format!("{}/metrics", gate.url))
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text");
-    text.lines()
-        .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
-        .unwrap_or_else(|| panic!("{name} in /metrics"))
-}
-
 /// Writes the `i`th value of `size` bytes to the key `big`.
 fn put_big(
     gate: &Gate,
@@ -350,7 +334,7 @@ async fn clients_that_never_read_cost_their_send_buffer_not_the_writes() {
     for i in 1..=400 {
         assert!(put(i).await.expect("PUT").status().is_success());
         if i % 20 == 0 {
-            most_queued = most_queued.max(gauge(&gate, "zkgate_ws_queued_bytes").await);
+            most_queued = most_queued.max(common::metric(&gate.url, "zkgate_ws_queued_bytes").await);
         }
     }
     let grown = common::resident_bytes().saturating_sub(before);
@@ -653,7 +637,7 @@ async fn values_are_stored_raw_and_limited_by_their_stored_size() {
             .body(body)
             .send()
     };
-    let connections = gauge(&gate, "zkgate_zookeeper_connections").await;
+    let connections = common::metric(&gate.url, "zkgate_zookeeper_connections").await;
     let controls = "\u{1}".repeat(200 * 1024);
     let stored = put_item(controls.clone().into_bytes()).await.expect("put");
     assert_eq!(stored.status(), StatusCode::CREATED);
@@ -696,7 +680,7 @@ async fn values_are_stored_raw_and_limited_by_their_stored_size() {
     let (value, _) = client.get_data("/zkgate/kv/big").await.expect("value");
     assert_eq!(value, vec![7; 1000]);
     assert_eq!(
-        gauge(&gate, "zkgate_zookeeper_connections").await,
+        common::metric(&gate.url, "zkgate_zookeeper_connections").await,
         connections,
         "ZooKeeper never dropped zkgate's connection"
     );

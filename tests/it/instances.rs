@@ -284,21 +284,6 @@ async fn a_member_that_joined_through_one_instance_leaves_through_the_other() {
         .assert_problem(StatusCode::NOT_FOUND, None);
 }
 
-/// The value of the counter `name` in a process's `/metrics`.
-async fn counter(process: &common::process::Process, name: &str) -> f64 {
-    let text = common::http_client()
-        .get(format!("{}/metrics", process.url))
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("metrics text");
-    text.lines()
-        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {name} in /metrics"))
-}
-
 /// A lease of a 4 s TTL made through `process`.
 async fn ttl_lease(process: &common::process::Process) -> String {
     let (status, body) = process
@@ -334,7 +319,7 @@ async fn an_acquire_through_another_instance_is_served_there_and_outlives_its_ki
     let mut visitor = Process::start(&connect).await;
     let third = Process::start(&connect).await;
     let (first, second) = (ttl_lease(&keeper).await, ttl_lease(&keeper).await);
-    let handoffs = counter(&visitor, "zkgate_handoffs_total").await;
+    let handoffs = common::metric(&visitor.url, "zkgate_handoffs_total").await;
 
     let (status, held) = acquire(visitor.url.clone(), first.clone(), "0").await;
     assert_eq!(status, StatusCode::OK, "{held}");
@@ -369,7 +354,7 @@ async fn an_acquire_through_another_instance_is_served_there_and_outlives_its_ki
     let token = granted["fencing_token"].as_i64().expect("token");
     assert!(token > held["fencing_token"].as_i64().expect("token"));
     assert_eq!(
-        counter(&visitor, "zkgate_handoffs_total").await,
+        common::metric(&visitor.url, "zkgate_handoffs_total").await,
         handoffs,
         "nothing was handed over"
     );

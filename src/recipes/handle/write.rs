@@ -191,15 +191,37 @@ async fn commit_guarded<P: Protocol, T: Send + 'static>(
 /// Deletes `paths` (a holding's znodes, its reference last) in one multi-op; a path already
 /// gone is left out and the rest deleted again. Returns, for each path, whether it was there.
 pub async fn delete_all(client: &Client, paths: &[String]) -> Result<Vec<bool>, ZkError> {
+    let paths: Vec<&str> = paths.iter().map(String::as_str).collect();
+    delete_each(client, &paths, None).await
+}
+
+/// A reference that [delete_each] deletes with the first `nodes` of its paths, or alone only
+/// if it names `handle`: its place among the paths.
+struct Shared<'a> {
+    at: usize,
+    nodes: usize,
+    handle: &'a str,
+}
+
+/// Deletes `paths` in one multi-op, leaving out those found gone and trying the rest again
+/// (after a lost reply, one found gone may be one this deleted: it counts as there), and the
+/// `shared` reference as [delete_held] says. Whether each path was there.
+async fn delete_each(client: &Client, paths: &[&str], shared: Option<Shared<'_>>) -> Result<Vec<bool>, ZkError> {
     let mut there = vec![true; paths.len()];
     let mut pending = vec![true; paths.len()];
-    // After a lost reply a path found gone may be one this deleted: it counts as there.
     let mut reply_lost = false;
     loop {
+        if let Some(shared) = &shared
+            && pending[shared.at]
+            && !pending[..shared.nodes].contains(&true)
+        {
+            pending[shared.at] = false;
+            there[shared.at] = delete_if_naming(client, paths[shared.at], shared.handle).await? || reply_lost;
+        }
         // Each delete is tagged with its path's place in `paths`.
         let mut multi = Multi::new(client);
         for i in (0..paths.len()).filter(|&i| pending[i]) {
-            multi.delete(i, &paths[i], None)?;
+            multi.delete(i, paths[i], None)?;
         }
         if multi.is_empty() {
             return Ok(there);
@@ -252,42 +274,13 @@ pub async fn delete_held(
         .chain([reference])
         .chain(also.iter().map(String::as_str))
         .collect();
-    let mut there = vec![true; paths.len()];
-    let mut pending = vec![true; paths.len()];
-    let mut reply_lost = false;
-    loop {
-        if pending[n] && !pending[..n].contains(&true) {
-            pending[n] = false;
-            there[n] = delete_if_naming(client, reference, handle).await? || reply_lost;
-        }
-        let mut multi = Multi::new(client);
-        for i in (0..paths.len()).filter(|&i| pending[i]) {
-            multi.delete(i, paths[i], None)?;
-        }
-        if multi.is_empty() {
-            return Ok((there[..n].to_vec(), there[n]));
-        }
-        let started = std::time::Instant::now();
-        let committed = multi.commit().await;
-        crate::metrics::zookeeper_request(started.elapsed());
-        match committed {
-            Ok(_) => return Ok((there[..n].to_vec(), there[n])),
-            Err(Failed::Refused {
-                tag: i,
-                error: ZkError::NoNode,
-            }) => {
-                pending[i] = false;
-                there[i] &= reply_lost;
-            }
-            Err(failed) => {
-                if !failed.is_loss() {
-                    return Err(failed.error());
-                }
-                reply_lost = true;
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        }
-    }
+    let shared = Shared {
+        at: n,
+        nodes: n,
+        handle,
+    };
+    let there = delete_each(client, &paths, Some(shared)).await?;
+    Ok((there[..n].to_vec(), there[n]))
 }
 
 /// Deletes the reference at `path` if it names `handle` (conditional on the version read);

@@ -685,6 +685,21 @@ pub fn certificate() -> Certificate {
 }
 
 /// An HTTP client (reqwest needs the process's rustls provider installed first).
+/// The value of the unlabelled series `name` in the `/metrics` of the zkgate at `url`.
+pub async fn metric(url: &str, name: &str) -> f64 {
+    let text = http_client()
+        .get(format!("{url}/metrics"))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("metrics text");
+    text.lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in /metrics"))
+}
+
 pub fn http_client() -> reqwest::Client {
     http_builder().build().expect("http client")
 }
