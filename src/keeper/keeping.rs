@@ -2,7 +2,7 @@
 //! and ZooKeeper's clock.
 //!
 //! Every [HEARTBEAT] the instance touches its keeper node `<root>/keepers/<id>` on its primary
-//! session ([record::touch]); the node's `mtime` is then ZooKeeper's clock, and its last value
+//! session ([keepers::touch]); the node's `mtime` is then ZooKeeper's clock, and its last value
 //! is when the instance was last seen alive. Before the heartbeat counts, the instance acts on
 //! the notices of takeovers under that node (it drops those leases), which the same session
 //! watches: ZooKeeper sends a session a watch event before the reply to any later request of
@@ -27,7 +27,7 @@ use tokio::time::Instant;
 
 use super::{FRESH, HEARTBEAT, Registry};
 use crate::locked::Locked;
-use crate::recipes::lease::record;
+use crate::recipes::lease::{keepers, record};
 use crate::zk::session::ZkSession;
 
 /// This instance's standing as a keeper.
@@ -115,7 +115,7 @@ pub(super) async fn run(registry: Weak<Registry>, zk: ZkSession) {
         if let Ok(session) = zk.current() {
             let client = session.client();
             let me = keeper.instance.clone();
-            match record::touch(client, &keeper.root, &me).await {
+            match keepers::touch(client, &keeper.root, &me).await {
                 Ok((mtime, made)) => {
                     set(&keeper.keeping.clock, Some((mtime, Instant::now())));
                     let mut checked = true;
@@ -166,13 +166,13 @@ impl Registry {
         if !fired {
             return true;
         }
-        match record::notices(client, &self.root, &self.instance).await {
+        match keepers::notices(client, &self.root, &self.instance).await {
             Ok((ids, watcher)) => {
                 *notices = Some(Box::pin(watcher.changed()));
                 for id in &ids {
                     self.drop_here(id);
                 }
-                record::clear_notices(client, &self.root, &self.instance, &ids).await;
+                keepers::clear_notices(client, &self.root, &self.instance, &ids).await;
                 true
             }
             Err(err) => {

@@ -33,7 +33,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{HEARTBEAT, Leases, TOMBSTONE};
 use crate::locked::Locked;
-use crate::recipes::lease::record;
+use crate::recipes::lease::{keepers, record};
 use crate::recipes::queue::service::Queues;
 use crate::recipes::registry;
 use crate::zk::session::ZkSession;
@@ -164,7 +164,7 @@ impl Reaper {
             .iter()
             .map(|name| name.split('~').next().unwrap_or_default())
             .collect();
-        let seen: HashMap<String, i64> = record::keepers(client, &self.root).await?.into_iter().collect();
+        let seen: HashMap<String, i64> = keepers::keepers(client, &self.root).await?.into_iter().collect();
         let records = record::read_all(client, &self.root).await?;
         let me = self.leases.instance();
         let went = self.an_instance_went(&live);
@@ -210,7 +210,7 @@ impl Reaper {
         swept.taken_over = adopted;
         for keeper in seen.keys() {
             if !live.contains(keeper.as_str()) && keeper != me && !keeping.contains(keeper) {
-                record::forget_keeper(client, &self.root, keeper).await?;
+                keepers::forget_keeper(client, &self.root, keeper).await?;
                 swept.keepers += 1;
             }
         }

@@ -96,7 +96,7 @@ impl Leases {
     /// conservative guess: it gives the lease its whole TTL).
     async fn last_seen(&self, client: &crate::zk::Client, keeper: &str) -> Result<i64, LeaseError> {
         let now = self.inner.keeping.server_now().ok_or(LeaseError::NotFresh)?;
-        let seen = crate::recipes::lease::record::keepers(client, &self.inner.root)
+        let seen = crate::recipes::lease::keepers::keepers(client, &self.inner.root)
             .await
             .map_err(|_| unavailable())?
             .into_iter()

@@ -28,6 +28,7 @@
 //! How leases are made, kept alive, expired, handed over and looked up is the registry's
 //! business ([crate::keeper], a layer up); this module holds only what a recipe needs of one.
 
+pub mod keepers;
 pub mod record;
 
 use std::sync::{Arc, Mutex};
