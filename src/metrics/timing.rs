@@ -44,16 +44,15 @@ impl Stage {
     }
 }
 
-/// Measures, every 10 ms until `stop`, how late the runtime behind `runtime` starts a task
-/// spawned when due (`zkgate_runtime_delay_seconds`): a thread of its own keeps the time, so a
-/// worker kept busy (a long poll of one task, a backlog of many) shows as delay. 100 probes a
-/// second cost the workers about a microsecond each.
+/// Measures, every [PROBE_INTERVAL] until `stop`, how late the runtime behind `runtime` starts
+/// a task spawned when due (`zkgate_runtime_delay_seconds`): a thread of its own keeps the
+/// time, so a worker kept busy (a long poll of one task, a backlog of many) shows as delay.
 pub fn probe_runtime(runtime: tokio::runtime::Handle, stop: tokio_util::sync::CancellationToken) {
     std::thread::Builder::new()
         .name("runtime-probe".into())
         .spawn(move || {
             while !stop.is_cancelled() {
-                std::thread::sleep(Duration::from_millis(10));
+                std::thread::sleep(PROBE_INTERVAL);
                 let due = std::time::Instant::now();
                 runtime.spawn(async move {
                     get().runtime_delay.observe(due.elapsed().as_secs_f64());
@@ -62,6 +61,12 @@ pub fn probe_runtime(runtime: tokio::runtime::Handle, stop: tokio_util::sync::Ca
         })
         .expect("spawn the runtime probe");
 }
+
+/// How often the runtime is probed. Each probe wakes two threads (the probe's and, when idle, a
+/// worker), and a wake-up is what a request costs most on a small VM (BENCHMARKS.md, issue 40):
+/// at 10 ms the probes were a tenth of the wake-ups of a lone client's requests, and woke an
+/// idle instance 200 times a second. Ten a second still fill the histogram within a scrape.
+const PROBE_INTERVAL: Duration = Duration::from_millis(100);
 
 /// Records one ZooKeeper request's time.
 pub fn zookeeper_request(elapsed: Duration) {
