@@ -1,10 +1,10 @@
 //! The raw floor: what a native ZooKeeper client must do for an uncontended lock cycle with
 //! zookeeper-client: create an ephemeral sequential contender, list the lock's children,
-//! delete the contender.
+//! delete the contender; and the durable floor, zkgate's own cycle shape on the raw client.
 
 use std::time::{Duration, Instant};
 
-use zookeeper_client::{Acls, Client, CreateMode, EventType};
+use zookeeper_client::{Acls, Client, CreateMode, EventType, MultiWriteResult};
 
 pub struct Floor {
     client: Client,
@@ -12,6 +12,9 @@ pub struct Floor {
     sessions: Vec<Client>,
     dir: &'static str,
     prefix: String,
+    /// The load's locks made already (the warm-up makes each), so that a measured cycle sends
+    /// only the recipe's requests.
+    made: std::sync::Mutex<std::collections::HashSet<usize>>,
 }
 
 impl Floor {
@@ -43,6 +46,7 @@ impl Floor {
             sessions,
             dir,
             prefix,
+            made: Default::default(),
         }
     }
 
@@ -116,13 +120,78 @@ impl Floor {
     /// turn: when it was granted (before the release).
     pub async fn acquired_at(&self, i: usize, lock: usize) -> Instant {
         let client = &self.sessions[i % self.sessions.len()];
+        let dir = self.load_lock(client, lock).await;
+        let prefix = format!("{dir}/_c_{}-lock-", uuid::Uuid::new_v4());
+        recipe_cycle(client, &dir, &prefix).await
+    }
+
+    /// The path of the load's lock `lock`, made if this floor has not made it yet.
+    async fn load_lock(&self, client: &Client, lock: usize) -> String {
         let dir = format!("{}/load-{lock}", self.dir);
+        let known = self.made.lock().expect("made locks").contains(&lock);
+        if !known {
+            let persistent = CreateMode::Persistent.with_acls(Acls::anyone_all());
+            let _ = client.create(&dir, &[], &persistent).await;
+            self.made.lock().expect("made locks").insert(lock);
+        }
+        dir
+    }
+}
+
+/// How many lease records the durable floor's cycles take turns on (as the load's 32 leases).
+const DURABLE_LEASES: usize = 32;
+
+impl Floor {
+    /// Makes the lease records [Floor::durable_acquired_at] guards its writes with.
+    pub async fn prepare_durable(&self) {
+        let persistent = CreateMode::Persistent.with_acls(Acls::anyone_all());
+        let leases = format!("{}/leases", self.dir);
+        let _ = self.client.create(&leases, &[], &persistent).await;
+        for lease in 0..DURABLE_LEASES {
+            let _ = self
+                .client
+                .create(&format!("{leases}/lease-{lease}"), &[], &persistent)
+                .await;
+        }
+    }
+
+    /// The *durable floor*: zkgate's cycle shape on the raw client, without HTTP or zkgate.
+    /// The acquire is one multi-op guarded by a lease record's version (check the record,
+    /// create a reference under it, stamp the reference, create a persistent sequential
+    /// contender) with the listing sent behind it; the release one multi-op deleting the
+    /// contender and the reference. Against the plain recipe (ephemeral contender, no
+    /// reference) it is the price of holdings that outlive a session; against zkgate, the
+    /// price of the gateway. Lock `/bench-floor/load-<lock>` (made if missing), session `i` in
+    /// turn, lease record `i % 32` ([Floor::prepare_durable] first): when it was granted.
+    pub async fn durable_acquired_at(&self, i: usize, lock: usize) -> Instant {
+        let client = &self.sessions[i % self.sessions.len()];
+        let dir = self.load_lock(client, lock).await;
+        let record = format!("{}/leases/lease-{}", self.dir, i % DURABLE_LEASES);
+        let reference = format!("{record}/{}", uuid::Uuid::new_v4());
         let prefix = format!("{dir}/_c_{}-lock-", uuid::Uuid::new_v4());
         let persistent = CreateMode::Persistent.with_acls(Acls::anyone_all());
-        if client.check_stat(&dir).await.expect("exists").is_none() {
-            let _ = client.create(&dir, &[], &persistent).await;
-        }
-        recipe_cycle(client, &dir, &prefix).await
+        let mut multi = client.new_multi_writer();
+        multi.add_check_version(&record, 0).expect("check");
+        multi.add_create(&reference, b"reference", &persistent).expect("create");
+        multi.add_set_data(&reference, b"reference", Some(0)).expect("stamp");
+        let sequential = CreateMode::PersistentSequential.with_acls(Acls::anyone_all());
+        multi.add_create(&prefix, b"", &sequential).expect("create");
+        let (committed, listed) = tokio::join!(multi.commit(), client.list_children(&dir));
+        let created = match committed.expect("acquire multi-op").pop() {
+            Some(MultiWriteResult::Create { path, .. }) => path,
+            other => panic!("the contender's create answered {other:?}"),
+        };
+        let sequence = created
+            .rsplit('-')
+            .next()
+            .and_then(|s| s.parse().ok())
+            .expect("sequence");
+        let granted = wait_turn(client, &dir, sequence, listed.expect("list")).await;
+        let mut release = client.new_multi_writer();
+        release.add_delete(&created, None).expect("delete");
+        release.add_delete(&reference, Some(1)).expect("delete");
+        release.commit().await.expect("release multi-op");
+        granted
     }
 }
 
@@ -132,7 +201,17 @@ async fn recipe_cycle(client: &Client, dir: &str, prefix: &str) -> Instant {
     let options = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
     let (created, listed) = tokio::join!(client.create(prefix, b"", &options), client.list_children(dir));
     let sequence = created.expect("create").1.into_i64();
-    let mut children = listed.expect("list");
+    let granted = wait_turn(client, dir, sequence, listed.expect("list")).await;
+    client
+        .delete(&format!("{prefix}{sequence:010}"), None)
+        .await
+        .expect("delete");
+    granted
+}
+
+/// The recipe's wait: while a contender of `dir` with a lower sequence than `sequence` is in
+/// `children`, watch the next lower one and list again once it goes. When the turn came.
+async fn wait_turn(client: &Client, dir: &str, sequence: i64, mut children: Vec<String>) -> Instant {
     loop {
         let mut lower: Vec<(i64, &String)> = children
             .iter()
@@ -149,10 +228,5 @@ async fn recipe_cycle(client: &Client, dir: &str, prefix: &str) -> Instant {
         }
         children = client.list_children(dir).await.expect("list");
     }
-    let granted = Instant::now();
-    client
-        .delete(&format!("{prefix}{sequence:010}"), None)
-        .await
-        .expect("delete");
-    granted
+    Instant::now()
 }

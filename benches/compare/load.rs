@@ -58,6 +58,8 @@ pub struct LoadPoint {
     cpu_micros: Option<f64>,
     /// The cores each watched process kept busy meanwhile.
     cores: Vec<(&'static str, f64)>,
+    /// The CPU time each watched process spent per operation served or refused, in µs.
+    cpu_per_operation: Vec<(&'static str, f64)>,
 }
 
 impl LoadPoint {
@@ -90,7 +92,26 @@ impl LoadPoint {
             breakdown: None,
             cpu_micros: None,
             cores: Vec::new(),
+            cpu_per_operation: Vec::new(),
         }
+    }
+
+    /// The rate it reached: operations answered a second.
+    pub fn served_rate(&self, duration: Duration) -> f64 {
+        self.served as f64 / duration.as_secs_f64()
+    }
+
+    /// The p50 of what was answered, in µs.
+    pub fn p50(&self) -> f64 {
+        self.latency.p50
+    }
+
+    /// CPU time `who` (one of the watched) spent per operation, in µs.
+    pub fn cpu_of(&self, who: &str) -> Option<f64> {
+        self.cpu_per_operation
+            .iter()
+            .find(|(w, _)| *w == who)
+            .map(|(_, micros)| *micros)
     }
 
     /// `op` in an open loop at `rate` for `duration`, and the CPU time of each of `watched`
@@ -161,9 +182,10 @@ impl LoadPoint {
                 .iter()
                 .find(|(who, _)| *who == "zkgate")
                 .map(|(_, seconds)| seconds * 1e6 / operations),
-            cores: used
+            cores: used.iter().map(|(who, seconds)| (*who, seconds / elapsed)).collect(),
+            cpu_per_operation: used
                 .into_iter()
-                .map(|(who, seconds)| (who, seconds / elapsed))
+                .map(|(who, seconds)| (who, seconds * 1e6 / operations))
                 .collect(),
         }
     }
@@ -188,6 +210,51 @@ pub struct Inside {
     pub gate: Arc<gate::Zkgate>,
     /// ZooKeeper's `host:port`, for its four-letter words.
     pub zookeeper: String,
+}
+
+/// The header of the table [equal_rate_row] makes rows of, at `rate` a second.
+pub fn equal_rate_header(rate: f64) -> String {
+    format!(
+        "| at one offered rate, {rate:.0}/s: {ACQUIRE} | reached | p50 | ZooKeeper CPU a cycle | ZooKeeper requests \
+         a cycle | zkgate CPU a cycle | etcd CPU a cycle |\n|---|---|---|---|---|---|---|"
+    )
+}
+
+/// `op` in an open loop at `rate` for `duration`: a row of what the system (`system`) and
+/// ZooKeeper (at `zookeeper`, if it is on ZooKeeper) spent per cycle. At one rate for every
+/// system, since ZooKeeper's CPU per request falls steeply as its rate rises (it batches its
+/// work), so figures at each system's own share of its maximum do not compare.
+pub async fn equal_rate_row<F, Fut>(
+    system: &str,
+    rate: f64,
+    duration: Duration,
+    watched: &[(&'static str, String)],
+    zookeeper: Option<&str>,
+    op: F,
+) -> String
+where
+    F: Fn(usize) -> Fut + Send + 'static,
+    Fut: Future<Output = Option<Instant>> + Send + 'static,
+{
+    let before = zookeeper.and_then(scrape::zookeeper_requests);
+    let point = LoadPoint::measure(rate, duration, watched, op).await;
+    let after = zookeeper.and_then(scrape::zookeeper_requests);
+    let operations = (point.served + point.refused).max(1) as f64;
+    let requests = match (before, after) {
+        (Some(before), Some(after)) => format!("{:.2}", after.saturating_sub(before) as f64 / operations),
+        _ => "–".into(),
+    };
+    let cpu = |who: &str| point.cpu_of(who).map_or("–".into(), |micros| format!("{micros:.0} µs"));
+    let row = format!(
+        "| {system} | {:.0}/s | {:.0} µs | {} | {requests} | {} | {} |",
+        point.served_rate(duration),
+        point.p50(),
+        cpu("ZooKeeper"),
+        cpu("zkgate"),
+        cpu("etcd")
+    );
+    eprintln!("{row}");
+    row
 }
 
 /// Shares of zkgate's maximum past its capacity: what it serves and how fast, what it sheds.

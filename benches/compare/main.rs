@@ -40,8 +40,8 @@ use std::time::Duration;
 use std::time::Instant;
 
 use load::{
-    ACQUIRE, Inside, LOAD_LOCKS, LoadPoint, LoadRow, OVERLOAD_SHARES, SHARES, TAKE, at_shares, points_inside,
-    report_breakdown, report_load, report_overload, warm,
+    ACQUIRE, Inside, LOAD_LOCKS, LoadPoint, LoadRow, OVERLOAD_SHARES, SHARES, TAKE, at_shares, equal_rate_header,
+    equal_rate_row, points_inside, report_breakdown, report_load, report_overload, warm,
 };
 use stats::{Figure, Latency};
 use zkgate::zk::server::{ServerOptions, ZooKeeperServer};
@@ -343,6 +343,7 @@ async fn run() {
     let mut load = Vec::new();
     let mut overload = Vec::new();
     let mut load_notes = Vec::new();
+    let mut equal_rates = Vec::new();
     if wanted("load") {
         let seconds = sizes.seconds;
         // Whose CPU each point watches: the whole machine's budget, to say who ran out.
@@ -353,13 +354,14 @@ async fn run() {
         ];
         let leases = Arc::new(futures::future::join_all((0..32).map(|_| gate.lease("1h"))).await);
         let max = floor.contended(32, 32, seconds).await;
+        let floor_max = max;
         let f = floor.clone();
-        let acquire = move |i: usize| {
+        let floor_acquire = move |i: usize| {
             let floor = f.clone();
             async move { Some(floor.acquired_at(i, i % LOAD_LOCKS).await) }
         };
-        warm(acquire.clone()).await;
-        let points = at_shares(max, seconds, &watched[1..], acquire).await;
+        warm(floor_acquire.clone()).await;
+        let points = at_shares(max, seconds, &watched[1..], floor_acquire.clone()).await;
         load.push(LoadRow::new(
             ACQUIRE,
             "raw floor (the recipe on zkgate's sessions)",
@@ -376,6 +378,23 @@ async fn run() {
             zookeeper: connect.split('/').next().unwrap_or_default().to_string(),
         };
         let max = gate.contended(32, 32, seconds).await;
+        // ZooKeeper's side at one offered rate (half the lower maximum of the floor and
+        // zkgate): the plain recipe, zkgate's cycle shape on the raw client (the durable
+        // floor), zkgate, and etcd below, each with what it and ZooKeeper spent a cycle.
+        let equal_rate = 0.5 * floor_max.min(max);
+        floor.prepare_durable().await;
+        let f = floor.clone();
+        let durable_acquire = move |i: usize| {
+            let floor = f.clone();
+            async move { Some(floor.durable_acquired_at(i, i % LOAD_LOCKS).await) }
+        };
+        warm(durable_acquire.clone()).await;
+        let zk = Some(inside.zookeeper.as_str());
+        equal_rates.push(equal_rate_header(equal_rate));
+        let plain = "raw floor (the recipe: ephemeral contender)";
+        equal_rates.push(equal_rate_row(plain, equal_rate, seconds, &watched[1..], zk, floor_acquire).await);
+        let durable = "durable floor (zkgate's multi-ops on the raw client)";
+        equal_rates.push(equal_rate_row(durable, equal_rate, seconds, &watched[1..], zk, durable_acquire).await);
         let (g, l) = (gate.clone(), leases.clone());
         let acquire = move |i: usize| {
             let (gate, leases) = (g.clone(), l.clone());
@@ -385,6 +404,7 @@ async fn run() {
             }
         };
         warm(acquire.clone()).await;
+        equal_rates.push(equal_rate_row("zkgate", equal_rate, seconds, &watched, zk, acquire.clone()).await);
         let at = |rates: Vec<f64>, in_flight| {
             points_inside(rates, seconds, &watched, in_flight, Some(&inside), acquire.clone())
         };
@@ -417,13 +437,9 @@ async fn run() {
                 }
             };
             warm(acquire.clone()).await;
-            let points = at_shares(
-                max,
-                seconds,
-                &[("etcd", e.pid().to_string()), watched[2].clone()],
-                acquire,
-            )
-            .await;
+            let etcd_watched = [("etcd", e.pid().to_string()), watched[2].clone()];
+            equal_rates.push(equal_rate_row("etcd", equal_rate, seconds, &etcd_watched, None, acquire.clone()).await);
+            let points = at_shares(max, seconds, &etcd_watched, acquire).await;
             load.push(LoadRow::new(ACQUIRE, "etcd", max, points));
             if e.refused() > 0 {
                 load_notes.push(format!(
@@ -758,6 +774,12 @@ async fn run() {
     report_load(&load);
     for note in load_notes {
         println!("- {note}");
+    }
+    if !equal_rates.is_empty() {
+        println!();
+        for row in &equal_rates {
+            println!("{row}");
+        }
     }
     report_overload(&overload, &load);
     report_breakdown(load.iter().chain(&overload));

@@ -147,16 +147,27 @@ pub fn reset_zookeeper(address: &str) {
     four_letters(address, "srst");
 }
 
+/// The value of `key` in `mntr`'s answer `answer`, or `?`.
+fn mntr_value(answer: &str, key: &str) -> String {
+    answer
+        .lines()
+        .find_map(|line| line.strip_prefix(key)?.strip_prefix('\t').map(str::to_string))
+        .unwrap_or_else(|| "?".into())
+}
+
+/// The requests ZooKeeper has received (`zk_packets_received` of `mntr`: every request of
+/// every session, pings included; `srst` resets it).
+pub fn zookeeper_requests(address: &str) -> Option<u64> {
+    mntr_value(&four_letters(address, "mntr"), "zk_packets_received")
+        .parse()
+        .ok()
+}
+
 /// ZooKeeper's own request latency since the last reset (`mntr`): average and maximum, in
 /// milliseconds, as it says them.
 pub fn zookeeper_latency(address: &str) -> String {
     let answer = four_letters(address, "mntr");
-    let value = |key: &str| {
-        answer
-            .lines()
-            .find_map(|line| line.strip_prefix(key)?.strip_prefix('\t').map(str::to_string))
-            .unwrap_or_else(|| "?".into())
-    };
+    let value = |key: &str| mntr_value(&answer, key);
     format!(
         "ZooKeeper's latency avg {} ms, max {} ms",
         value("zk_avg_latency"),
