@@ -56,7 +56,6 @@ mod services;
 mod shutdown;
 mod sse;
 mod summary;
-mod throttled;
 mod tls;
 mod txns;
 mod websocket;
