@@ -684,7 +684,6 @@ pub fn certificate() -> Certificate {
     Certificate { dir, cert, key, pem }
 }
 
-/// An HTTP client (reqwest needs the process's rustls provider installed first).
 /// The value of the unlabelled series `name` in the `/metrics` of the zkgate at `url`.
 pub async fn metric(url: &str, name: &str) -> f64 {
     let text = http_client()
@@ -700,6 +699,7 @@ pub async fn metric(url: &str, name: &str) -> f64 {
         .unwrap_or_else(|| panic!("no {name} in /metrics"))
 }
 
+/// An HTTP client (reqwest needs the process's rustls provider installed first).
 pub fn http_client() -> reqwest::Client {
     http_builder().build().expect("http client")
 }
