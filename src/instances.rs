@@ -6,8 +6,9 @@
 //! - each instance registers itself while its session lives: an ephemeral znode
 //!   `<root>/instances/<id>` holding the URL it is reached at (`--advertise-url`), made by its
 //!   primary session; each further session (lane, see [crate::zk::session]) makes
-//!   `<root>/instances/<id>~<lane>`. A registration present means its instance is alive: the
-//!   reaper takes over the leases of an instance whose registration is gone;
+//!   `<root>/instances/<id>~<lane>`, and the keeper's session apart `<id>~keeper`. Any
+//!   registration present means its instance is alive: the reaper takes over the leases of an
+//!   instance whose registrations are all gone;
 //! - a request for a lease kept by another instance is handed to that instance (see
 //!   `http::handoff`), and one for a claim to the instance that made it (its id starts with
 //!   that instance's).
@@ -68,6 +69,8 @@ pub struct Instances {
     key: Option<PeerKey>,
     /// Whether the primary session's registration is in place now.
     registered: watch::Receiver<bool>,
+    /// Whether the keeper's session's registration is in place now ([Instances::vouching]).
+    vouching: watch::Receiver<bool>,
     /// Cancelled on the way out ([Instances::deregister]): the registrars stop making the
     /// registrations again.
     leaving: CancellationToken,
@@ -88,18 +91,36 @@ pub enum Peer {
 /// Separates an instance's id from a lane number in the names of lane registrations.
 const LANE_SEPARATOR: char = '~';
 
+/// The lane part of the keeper's session's registration (`<id>~keeper`).
+const KEEPER_LANE: &str = "keeper";
+
 impl Instances {
-    /// Registers `me` on every session each lane's supervisor opens, for as long as it runs,
-    /// signed with `key` if there is one.
+    /// Registers `me` on every session each lane's supervisor opens, and on the keeper's
+    /// session (on its own thread), for as long as they run, signed with `key` if there is one.
     pub fn start(lanes: Lanes, root: &str, me: Instance, key: Option<PeerKey>) -> Instances {
         let (primary, registered) = watch::channel(false);
+        let (keeper, vouching) = watch::channel(false);
         let instances = Instances {
             zk: lanes.primary().clone(),
             dir: format!("{root}/instances").into(),
             key,
             registered,
+            vouching,
             leaving: CancellationToken::new(),
         };
+        let apart = lanes.keeper();
+        apart.runtime.spawn(
+            Registrar {
+                dir: instances.dir.clone(),
+                zk: apart.session.clone(),
+                name: format!("{}{LANE_SEPARATOR}{KEEPER_LANE}", me.id),
+                url: me.url.clone(),
+                key: instances.key.clone(),
+                registered: Some(keeper),
+                leaving: instances.leaving.clone(),
+            }
+            .run(),
+        );
         let mut primary = Some(primary);
         for lane in lanes.all() {
             let name = match lane.lane() {
@@ -133,6 +154,14 @@ impl Instances {
     /// A receiver of whether this instance's registration is in place.
     pub fn registration(&self) -> watch::Receiver<bool> {
         self.registered.clone()
+    }
+
+    /// A receiver of whether the keeper's session's registration is in place: while it is,
+    /// the other instances see this one alive and take none of its leases over (any of an
+    /// instance's registrations does), whatever became of its other sessions; so it is what a
+    /// keeper may vouch on ([crate::keeper::keeping]).
+    pub fn vouching(&self) -> watch::Receiver<bool> {
+        self.vouching.clone()
     }
 
     /// Returns once this instance's registration is in place.

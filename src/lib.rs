@@ -166,7 +166,7 @@ impl AppState {
             instance.id.clone(),
             &config.root,
             lanes.clone(),
-            instances.registration(),
+            instances.vouching(),
         );
         let holders = Holders::new(&config.root);
         let barrier_watches = ExistsWatches::new(zk.clone());

@@ -128,8 +128,9 @@ pub struct NewLease<'a> {
 
 impl Leases {
     /// Creates the registry and starts keeping: the heartbeat, the notices of takeovers, and
-    /// the check of every kept lease after a new session. `registered` says whether this
-    /// instance's registration is in place (a keeper vouches for its leases only then).
+    /// the check of every kept lease after a new session, on the keeper's session apart
+    /// ([Lanes::keeper]). `registered` says whether that session's registration is in place
+    /// (a keeper vouches for its leases only then).
     pub fn new(
         policy: LeasePolicy,
         max_per_owner: usize,
@@ -147,10 +148,14 @@ impl Leases {
             table: Mutex::default(),
             visitors: Mutex::default(),
             adopter: OnceLock::new(),
-            keeping: keeping::Keeping::new(registered, lanes.primary().clone()),
+            keeping: keeping::Keeping::new(registered, lanes.keeper().session.clone()),
             adopting: std::array::from_fn(|_| tokio::sync::Mutex::new(())),
         });
-        tokio::spawn(keeping::run(Arc::downgrade(&inner), lanes.primary().clone()));
+        // On the keeper's session and thread, apart from request traffic (see `Apart`).
+        let apart = lanes.keeper();
+        apart
+            .runtime
+            .spawn(keeping::run(Arc::downgrade(&inner), apart.session.clone()));
         Leases { inner }
     }
 

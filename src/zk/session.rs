@@ -383,17 +383,74 @@ impl Supervisor {
     }
 }
 
-/// The sessions of one instance: the primary and the other lanes (see the module's docs).
-/// Cheap to clone.
+/// The sessions of one instance: the primary and the other lanes (see the module's docs), and
+/// the keeper's session apart ([Apart]). Cheap to clone.
 #[derive(Clone)]
 pub struct Lanes {
     sessions: Arc<[ZkSession]>,
     /// Where the next lease's lane is looked for (round robin).
     next: Arc<std::sync::atomic::AtomicUsize>,
+    keeper: Apart,
+}
+
+/// A session with a thread of its own: what lets an instance vouch for the leases it keeps
+/// (its registration as a keeper, its heartbeat, the notices of takeovers; see
+/// [crate::keeper::keeping]) runs here, so that request traffic cannot delay it.
+///
+/// # Why apart
+/// Under load, or in a container throttled at its CPU limit, a heartbeat on the primary session
+/// waited twice: at ZooKeeper, which serves a session's requests in order, behind every read
+/// and write of that session; and in the process, behind every ready task of the request
+/// workers, which at saturation is most of a second per turn. Past [crate::keeper::FRESH]
+/// (3 s) without an answered heartbeat an instance must stop vouching, and it did exactly when
+/// it was busiest (issue 41: 710 answers `cannot vouch` against 217 served, one instance at
+/// nice 19 beside three CPU hogs). Here the heartbeat is the session's only traffic, and the
+/// thread (a current-thread runtime that runs the supervisor, zookeeper-client's session task
+/// and the keeper's tasks) is asleep but for a heartbeat a second: woken by its timer or its
+/// reply, the scheduler runs it before the busy workers of its own process, so what the
+/// instance's CPU share delays is milliseconds, not seconds.
+#[derive(Clone)]
+pub struct Apart {
+    pub session: ZkSession,
+    /// The runtime of the session's thread, to run the tasks that depend on nothing else.
+    pub runtime: tokio::runtime::Handle,
+}
+
+impl Apart {
+    /// Starts the session on a thread named `thread`, which lives as long as the process (a
+    /// stopped session must still be closed on it, and an idle thread costs nothing).
+    fn start(connect: &str, root: &str, session_timeout: Duration, security: ZkSecurity, lane: usize) -> Apart {
+        let (sender, started) = std::sync::mpsc::channel();
+        let (connect, root) = (connect.to_string(), root.to_string());
+        let thread = std::thread::Builder::new().name("zk-keeper".into()).spawn(move || {
+            let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                Ok(runtime) => runtime,
+                Err(err) => {
+                    let _ = sender.send(Err(err));
+                    return;
+                }
+            };
+            runtime.block_on(async move {
+                let session = ZkSession::start_lane(&connect, &root, session_timeout, security, lane);
+                let _ = sender.send(Ok(Apart {
+                    session,
+                    runtime: tokio::runtime::Handle::current(),
+                }));
+                std::future::pending::<()>().await
+            })
+        });
+        let started = thread
+            .map_err(|err| err.to_string())
+            .and_then(|_| started.recv().map_err(|err| err.to_string()))
+            .and_then(|apart| apart.map_err(|err| err.to_string()));
+        // Without a thread there is no heartbeat: nothing could be vouched for.
+        started.unwrap_or_else(|err| panic!("cannot start the keeper's session thread: {err}"))
+    }
 }
 
 impl Lanes {
-    /// `primary` and `count - 1` more sessions like it.
+    /// `primary`, `count - 1` more sessions like it, and the keeper's session apart (lane
+    /// `count` in the log).
     pub fn start(
         primary: ZkSession,
         connect: &str,
@@ -404,10 +461,18 @@ impl Lanes {
     ) -> Lanes {
         let others =
             (1..count.max(1)).map(|lane| ZkSession::start_lane(connect, root, session_timeout, security.clone(), lane));
+        let sessions: Arc<[ZkSession]> = std::iter::once(primary).chain(others).collect();
+        let keeper = Apart::start(connect, root, session_timeout, security.clone(), sessions.len());
         Lanes {
-            sessions: std::iter::once(primary).chain(others).collect(),
+            sessions,
             next: Arc::default(),
+            keeper,
         }
+    }
+
+    /// The keeper's session, apart from the lanes.
+    pub fn keeper(&self) -> &Apart {
+        &self.keeper
     }
 
     pub fn primary(&self) -> &ZkSession {
@@ -430,9 +495,10 @@ impl Lanes {
             .ok_or_else(|| self.primary().current().err().unwrap_or(Unavailable::NoSession))
     }
 
-    /// Stops every lane's supervisor.
+    /// Stops every lane's supervisor, and the keeper's.
     pub fn shutdown(&self) {
         self.sessions.iter().for_each(ZkSession::shutdown);
+        self.keeper.session.shutdown();
     }
 }
 

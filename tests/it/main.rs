@@ -56,6 +56,7 @@ mod services;
 mod shutdown;
 mod sse;
 mod summary;
+mod throttled;
 mod tls;
 mod txns;
 mod websocket;

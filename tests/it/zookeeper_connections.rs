@@ -18,7 +18,16 @@ async fn every_zookeeper_connection_runs_without_nagle_also_after_a_reconnection
     let zk = zookeeper().await;
     let proxy = Proxy::start(&zk.connect_string()).await;
     let gate = Gate::start(&proxy.connect_string()).await;
-    let lanes = gate.running.state.lanes.all().to_vec();
+    // Every lane's session, and the keeper's apart.
+    let lanes: Vec<_> = gate
+        .running
+        .state
+        .lanes
+        .all()
+        .iter()
+        .chain([&gate.running.state.lanes.keeper().session])
+        .cloned()
+        .collect();
     let towards_proxy = [proxy.addr.port()];
 
     let (sockets, all_off) = nodelay_towards(&towards_proxy);

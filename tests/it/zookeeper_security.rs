@@ -147,7 +147,7 @@ async fn a_digest_closes_zkgates_znodes_to_everyone_else_across_a_session_expiry
     assert!(checked >= 9, "only {checked} znodes under {ROOT}");
 
     // Expire zkgate's sessions: cut them off for longer than their timeout; ZooKeeper deletes
-    // a session's ephemeral znodes (each lane's registration) when it expires it. Every lane's
+    // a session's ephemeral znodes (each session's registration) when it expires it. Every lane's
     // must be gone before the cut heals: ZooKeeper expires sessions in ticks, and a lane whose
     // session outlived the others' would resume it on healing (no new session to wait for).
     let registrations = peer
@@ -156,8 +156,8 @@ async fn a_digest_closes_zkgates_znodes_to_everyone_else_across_a_session_expiry
         .expect("registrations");
     assert_eq!(
         registrations.len(),
-        gate.lanes,
-        "one registration a lane: {registrations:?}"
+        gate.lanes + 1,
+        "one registration a session (each lane's and the keeper's): {registrations:?}"
     );
     let mut deletions = Vec::new();
     for registration in &registrations {
