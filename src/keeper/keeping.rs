@@ -133,8 +133,12 @@ pub(super) async fn run(registry: Weak<Registry>, zk: ZkSession) {
                     let mut checked = true;
                     if made || session.generation != checked_generation {
                         notices = None;
-                        checked =
-                            record::prepare(client, &keeper.root).await.is_ok() && keeper.check_kept(client).await;
+                        // The records were written on the lanes' sessions, maybe through
+                        // other servers: a `sync` first, or a lease made a moment ago could
+                        // read as gone and be dropped.
+                        checked = session.sync().await.is_ok()
+                            && record::prepare(client, &keeper.root).await.is_ok()
+                            && keeper.check_kept(client).await;
                         if checked {
                             checked_generation = session.generation;
                             keeper
@@ -196,7 +200,9 @@ impl Registry {
     }
 
     /// Reads the record of every lease kept here and drops those that another instance keeps
-    /// now, or that are gone. `false` if ZooKeeper could not tell.
+    /// now, or that are gone. A record that says this instance ended the lease is left to the
+    /// end under way here ([Registry::finish]): dropped, the lease's last requests would be
+    /// told it moved instead of that it ended. `false` if ZooKeeper could not tell.
     async fn check_kept(&self, client: &Client) -> bool {
         let kept: Vec<(String, String, i32)> = self
             .table()
@@ -210,7 +216,9 @@ impl Registry {
         };
         for ((id, _, version), found) in kept.iter().zip(read) {
             let still = found.is_some_and(|found| {
-                found.version == *version && found.record.keeper == *self.instance && found.record.ended.is_none()
+                let mine = found.record.keeper == *self.instance;
+                let ending_here = mine && found.record.ended.is_some() && found.version == *version + 1;
+                (found.version == *version && mine && found.record.ended.is_none()) || ending_here
             });
             if !still {
                 self.drop_here(id);
