@@ -5,13 +5,18 @@
 //! - memory per kv long poll in flight;
 //! - memory while sockets subscribed to a large value never read and the value keeps changing;
 //! - `/metrics` and memory after a churn of unique lock names (a lock per order);
+//! - ZooKeeper's node count after a churn of unique lock names, transactions and keyed puts
+//!   (half, a quarter and a quarter of `ZKGATE_BENCH_RETENTION`), and how long until it is back
+//!   to what it held before plus what is live;
 //! - 1,000 long polls of one client over 1,000 HTTP/1.1 connections against one HTTP/2
 //!   connection: zkgate's memory while they wait, and its CPU to take them and answer them.
 //!
 //! Run: `cargo bench --bench costs` (`ZKGATE_BENCH_SUBSCRIPTIONS`, default 6400;
 //! `ZKGATE_BENCH_LONG_POLLS`, default 3000; `ZKGATE_BENCH_CHURN`, default 100000 names;
-//! `ZKGATE_BENCH_PROTOCOL_POLLS`, default 1000; `ZKGATE_BENCH_PARTS`, a comma-separated choice
-//! of `subscriptions,long-polls,silent,churn,protocols`, default all).
+//! `ZKGATE_BENCH_PROTOCOL_POLLS`, default 1000; `ZKGATE_BENCH_RETENTION`, default 100000 names;
+//! `ZKGATE_BENCH_PARTS`, a comma-separated choice of
+//! `subscriptions,long-polls,silent,churn,retention,protocols`, default all). The tests check
+//! the same properties at a few thousand names (`tests/it/abuse.rs`, `tests/it/retention.rs`).
 
 use std::time::Duration;
 
@@ -103,12 +108,156 @@ async fn run() {
         let gate = Gate::start(&connect, &[]).await;
         let churned = unique_names(&gate, churn).await;
         println!(
-            "| {churn} unique lock names | RSS {:.0} MiB before, {:.0} MiB after; `/metrics` {:.0} KiB before, {:.0} KiB after |",
+            "| {churn} unique lock names in {:.1} s | RSS {:.0} MiB before, {:.0} MiB after; `/metrics` {:.0} KiB before, {:.0} KiB after |",
+            churned.took.as_secs_f64(),
             mib(churned.before),
             mib(churned.after),
             churned.metrics_before / 1024.0,
             churned.metrics_after / 1024.0
         );
+    }
+    if part("retention") {
+        let names = setting("ZKGATE_BENCH_RETENTION", 100_000);
+        let r = retention(names).await;
+        println!(
+            "| retention: {} lock names, {} transactions, {} keyed puts in {:.1} s | znodes {} before, {} right after, back to {} {:.1} s later |",
+            names / 2,
+            names / 4,
+            names / 4,
+            r.took.as_secs_f64(),
+            r.before,
+            r.peak,
+            r.after,
+            r.settled.as_secs_f64()
+        );
+    }
+}
+
+/// What a churn left in ZooKeeper (see [retention]).
+struct Retention {
+    took: Duration,
+    before: u64,
+    peak: u64,
+    after: u64,
+    settled: Duration,
+}
+
+/// On a ZooKeeper of its own (containers checked every 200 ms), with a janitor every 200 ms
+/// that forgets idempotency keys and decided transactions after a second: `names / 2` unique
+/// lock names taken and released, `names / 4` transactions created and decided (an abort at
+/// their 1 ms deadline), `names / 4` keyed puts taken at most once, 16 at a time, beside what
+/// stays live (a held lock, an open transaction, a queue with a keyed item). ZooKeeper's node
+/// count before, right after, and once it stopped falling (read every 200 ms, until it has
+/// not changed for 10 s).
+async fn retention(names: usize) -> Retention {
+    use futures::StreamExt;
+    let options = ServerOptions {
+        force_sync: false,
+        container_check_interval: Duration::from_millis(200),
+        ..ServerOptions::default()
+    };
+    let server = ZooKeeperServer::start_standalone(&options)
+        .await
+        .expect("start ZooKeeper");
+    let port = server.client_port();
+    let quick = [
+        "--idempotency-window",
+        "1s",
+        "--txn-retention",
+        "1s",
+        "--janitor-interval",
+        "200ms",
+        "--janitor-rate",
+        "1000000",
+        "--quota-znodes",
+        "0",
+        "--quota-znodes-per-principal",
+        "0",
+    ];
+    let gate = Gate::start(&server.connect_string(), &quick).await;
+    let http = reqwest::Client::new();
+    let base = format!("http://{}", gate.addr);
+    // A request that must succeed; `key`: its `Idempotency-Key`.
+    let call = |method: reqwest::Method, path: String, body: serde_json::Value, key: Option<String>| {
+        let (http, base) = (http.clone(), base.clone());
+        async move {
+            let mut request = http.request(method, format!("{base}{path}")).json(&body);
+            if let Some(key) = key {
+                request = request.header("Idempotency-Key", key);
+            }
+            let answer = request.send().await.expect("request");
+            assert!(answer.status().is_success(), "{path}: {}", answer.status());
+            answer.json::<serde_json::Value>().await.unwrap_or_default()
+        }
+    };
+    let post = reqwest::Method::POST;
+    let lease = call(
+        post.clone(),
+        "/v1/leases".into(),
+        serde_json::json!({"ttl": "1h"}),
+        None,
+    )
+    .await;
+    let lease = lease["id"].as_str().expect("lease id").to_string();
+    // What stays live; the kinds' directories are made by it, before the count.
+    let held = serde_json::json!({ "lease": lease });
+    call(post.clone(), "/v1/locks/held/acquire?wait=0".into(), held.clone(), None).await;
+    let open = serde_json::json!({"id": "open", "participants": ["p"], "deadline": "1h"});
+    call(post.clone(), "/v1/txns".into(), open, None).await;
+    let kept = Some("kept".to_string());
+    call(
+        post.clone(),
+        "/v1/queues/keep/items".into(),
+        serde_json::json!("kept"),
+        kept,
+    )
+    .await;
+    let before = process::zookeeper_figure(port, "zk_znode_count");
+
+    let started = std::time::Instant::now();
+    let work = (0..names).map(|i| {
+        let (call, post, held) = (&call, post.clone(), held.clone());
+        async move {
+            match i % 4 {
+                0 | 1 => {
+                    let got = call(post, format!("/v1/locks/order-{i}/acquire?wait=5s"), held, None).await;
+                    let handle = got["handle"].as_str().expect("handle");
+                    let path = format!("/v1/locks/order-{i}/handles/{handle}");
+                    call(reqwest::Method::DELETE, path, serde_json::Value::Null, None).await;
+                }
+                2 => {
+                    let txn = serde_json::json!({"id": format!("t-{i}"), "participants": ["p"], "deadline": "1ms"});
+                    call(post, "/v1/txns".into(), txn, None).await;
+                }
+                _ => {
+                    let queue = format!("/v1/queues/churn-{}/items", i % 64);
+                    call(post.clone(), queue, serde_json::json!(i), Some(format!("k-{i}"))).await;
+                    let take = format!("/v1/queues/churn-{}/take?wait=5s&mode=at-most-once", i % 64);
+                    call(post, take, serde_json::Value::Null, None).await;
+                }
+            }
+        }
+    });
+    futures::stream::iter(work)
+        .buffer_unordered(16)
+        .collect::<Vec<()>>()
+        .await;
+    let took = started.elapsed();
+    let peak = process::zookeeper_figure(port, "zk_znode_count");
+    let (mut after, mut last_change) = (peak, std::time::Instant::now());
+    while last_change.elapsed() < Duration::from_secs(10) && started.elapsed() < took + Duration::from_secs(600) {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let now = process::zookeeper_figure(port, "zk_znode_count");
+        if now != after {
+            (after, last_change) = (now, std::time::Instant::now());
+        }
+    }
+    Retention {
+        took,
+        before,
+        peak,
+        after,
+        settled: last_change.duration_since(started) - took,
     }
 }
 
@@ -283,6 +432,7 @@ async fn silent_sockets(gate: &Gate) -> Silent {
 }
 
 struct Churn {
+    took: Duration,
     before: f64,
     after: f64,
     metrics_before: f64,
@@ -306,6 +456,7 @@ async fn unique_names(gate: &Gate, count: usize) -> Churn {
     let metrics_before = gate.metrics().await.len() as f64;
     let before = gate.settled_rss().await;
     let names: Vec<usize> = (0..count).collect();
+    let started = std::time::Instant::now();
     for batch in names.chunks(64) {
         let cycles: Vec<_> = batch
             .iter()
@@ -335,9 +486,11 @@ async fn unique_names(gate: &Gate, count: usize) -> Churn {
             cycle.await.expect("cycle");
         }
     }
+    let took = started.elapsed();
     let after = gate.settled_rss().await;
     let metrics_after = gate.metrics().await.len() as f64;
     Churn {
+        took,
         before,
         after,
         metrics_before,

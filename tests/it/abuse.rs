@@ -544,28 +544,27 @@ async fn churn(http: &reqwest::Client, url: &str, lease: &str, names: std::ops::
         .await;
 }
 
-/// A lock per order: 100,000 unique lock names through a running instance (its own process) leave
-/// `/metrics` under 400 KB, with at most its bound of names in series of their own, and
-/// zkgate's memory flat once warm.
+/// A lock per order: unique lock names through a running instance (its own process) leave
+/// `/metrics` flat and under 400 KB, with at most its bound of names in series of their own,
+/// and zkgate's memory flat once warm.
 ///
-/// Memory is measured as a slope: from after a warm-up that fills what fills once (the
-/// allocator's arenas, the tables that fill up to their bound over the first ten thousand
-/// names or so, the buffers a `/metrics` scrape leaves) to after the rest of the churn.
-/// Measured from before the warm-up (as it was), those one-time costs, about 6 MiB in a debug
-/// build (4 of them the first scrape's), set the bound at 8 MiB over 95,000 names: a leak of
-/// 88 bytes a name, and failed now and then with no leak at all; measured after it, they are
-/// out of the figure: it grows by nothing, or by a step or two of the allocator (2 MiB each),
-/// so 6 MiB over the 85,000 names that follow the warm-up catches 74 bytes a name.
-/// (`ZKGATE_CHURN_NAMES` sets the total.)
+/// Both are measured as a slope between two sizes, so that a few thousand names tell what a
+/// hundred thousand would (BENCHMARKS.md has those, from `cargo bench --bench costs`). From
+/// [WARM] names (past what fills once: the allocator's pages, the names' places, the buffers
+/// a `/metrics` scrape leaves) to [WARM] + [STEPS] × [STEP], the resident memory is read after
+/// each step of [STEP] names, and the slope is the median of the steps' growth: the allocator
+/// moves the level by a few MiB now and then (a page of threads' heaps taken or given back),
+/// a step that a median of [STEPS] ignores and a difference of two readings does not, while a
+/// leak grows every step. mimalloc is told to give freed pages back at once
+/// (`MIMALLOC_PURGE_DELAY=0`), so that the readings follow what is live. Measured on the 2-CPU
+/// machine: a step grows by 0–8 KiB without a leak (0 B a name), by 28 KiB with a `String` of
+/// each name kept (114 B a name); the bound is [LEAK_PER_NAME].
 #[tokio::test]
 async fn unique_name_churn_leaves_metrics_and_memory_flat() {
     common::yield_the_cpu();
-    let names: usize = std::env::var("ZKGATE_CHURN_NAMES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(100_000);
     let zk = zookeeper().await;
-    let gate = common::process::Process::start_with(&zk.connect_string(), &[]).await;
+    let allocator = [("MIMALLOC_PURGE_DELAY", "0")];
+    let gate = common::process::Process::start_with_env(&zk.connect_string(), &[], &allocator).await;
     let pid = gate.child.id().expect("running").to_string();
     let http = common::http_client();
     let (status, lease) = gate
@@ -574,33 +573,46 @@ async fn unique_name_churn_leaves_metrics_and_memory_flat() {
     assert_eq!(status, StatusCode::CREATED);
     let lease = lease["id"].as_str().expect("lease id").to_string();
     let metrics = || async {
-        http.get(format!("{}/metrics", gate.url))
-            .send()
-            .await
-            .expect("metrics")
-            .text()
-            .await
-            .expect("text")
+        let text = http.get(format!("{}/metrics", gate.url)).send().await.expect("metrics");
+        text.text().await.expect("text")
     };
 
-    // Warm: past what fills up to a bound, and one scrape.
-    let warm = names * 15 / 100;
-    let t0 = std::time::Instant::now();
-    churn(&http, &gate.url, &lease, 0..warm).await;
-    metrics().await;
-    let started = common::resident_bytes_of(&pid);
-    churn(&http, &gate.url, &lease, warm..names).await;
-    let text = metrics().await;
-    let grown = common::resident_bytes_of(&pid).saturating_sub(started);
-    // The figures, for the record.
+    // Steps of STEP names, each followed by a scrape (as Prometheus would) and a reading.
+    churn(&http, &gate.url, &lease, 0..WARM).await;
+    let warm = metrics().await;
+    let mut resident = vec![common::resident_bytes_of(&pid)];
+    let mut text = String::new();
+    for step in 0..STEPS {
+        let first = WARM + step * STEP;
+        churn(&http, &gate.url, &lease, first..first + STEP).await;
+        text = metrics().await;
+        resident.push(common::resident_bytes_of(&pid));
+    }
+    let mut growth: Vec<i64> = resident.windows(2).map(|w| w[1] as i64 - w[0] as i64).collect();
+    growth.sort_unstable();
+    let per_name = growth[growth.len() / 2] / STEP as i64;
     eprintln!(
-        "{names} names in {:?}: /metrics {} KB, RSS {} KiB once warm, then grew {} KiB",
-        t0.elapsed(),
-        text.len() / 1024,
-        started / 1024,
-        grown / 1024
+        "from {WARM} to {} names, RSS {} KiB to {} KiB, {per_name} B a name (median of {STEPS} steps); /metrics {} B, then {} B",
+        WARM + STEPS * STEP,
+        resident[0] / 1024,
+        resident[STEPS] / 1024,
+        warm.len(),
+        text.len()
     );
-
+    assert!(
+        per_name <= LEAK_PER_NAME,
+        "each step of {STEP} unique names grew zkgate by {} KiB ({per_name} bytes a name); the steps' growth in KiB: {:?}",
+        growth[growth.len() / 2] / 1024,
+        growth.iter().map(|g| g / 1024).collect::<Vec<_>>()
+    );
+    // Flat: the counts' digits may grow, no series may come.
+    assert!(
+        text.len().abs_diff(warm.len()) < 2048,
+        "/metrics went from {} to {} bytes over {} new names",
+        warm.len(),
+        text.len(),
+        STEPS * STEP
+    );
     assert!(text.len() < 400 * 1024, "/metrics is {} KB", text.len() / 1024);
     assert!(
         text.contains(r#"zkgate_lock_acquisitions_total{kind="lock",name="_other"}"#),
@@ -611,16 +623,24 @@ async fn unique_name_churn_leaves_metrics_and_memory_flat() {
         .filter(|l| l.starts_with("zkgate_lock_acquisitions_total{") && l.contains("order-"))
         .count();
     assert!(
-        per_name_series <= 100,
+        per_name_series <= zkgate::metrics::NAMES_PER_KIND,
         "{per_name_series} names have series of their own"
     );
-    assert!(
-        grown < 6 * 1024 * 1024,
-        "{} unique names after the warm-up grew zkgate by {} KiB",
-        names - warm,
-        grown / 1024
-    );
 }
+
+/// Names before the first reading of [unique_name_churn_leaves_metrics_and_memory_flat]: the
+/// names' places fill within the first hundred, the allocator within a thousand or two.
+const WARM: usize = 2_000;
+
+/// Names a step, as many as 64 at a time.
+const STEP: usize = 250;
+
+/// Steps read after the warm-up.
+const STEPS: usize = 24;
+
+/// Most bytes of memory a unique name may leave behind (the median step's growth over
+/// [STEP]).
+const LEAK_PER_NAME: i64 = 48;
 
 /// Items and values are stored raw and limited by their stored size: a text item of control
 /// characters (six times larger escaped in JSON) takes its own size in ZooKeeper, and one over

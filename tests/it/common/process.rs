@@ -148,6 +148,15 @@ impl Process {
     /// A process with these `serve` flags, once a line of its log contains `marker` (say, the
     /// warning that it cannot reach ZooKeeper). Its HTTP listener is up by then.
     pub async fn start_until(connect: &str, flags: &[&str], marker: &str) -> Process {
+        Process::start_in(connect, flags, marker, &[]).await
+    }
+
+    /// [Process::start_with], with these variables added to its environment.
+    pub async fn start_with_env(connect: &str, flags: &[&str], env: &[(&str, &str)]) -> Process {
+        Process::start_in(connect, flags, "zkgate serving", env).await
+    }
+
+    async fn start_in(connect: &str, flags: &[&str], marker: &str, env: &[(&str, &str)]) -> Process {
         use tokio::io::AsyncBufReadExt;
         let port = zkgate::zk::server::free_port().expect("port");
         let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_zkgate"))
@@ -172,6 +181,7 @@ impl Process {
                 "ZKGATE_LOG",
                 std::env::var("ZKGATE_TEST_PROCESS_LOG").unwrap_or_else(|_| "info".into()),
             )
+            .envs(env.iter().copied())
             .stdout(std::process::Stdio::piped())
             .stdin(std::process::Stdio::null())
             .kill_on_drop(true)
