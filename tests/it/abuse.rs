@@ -557,8 +557,8 @@ async fn churn(http: &reqwest::Client, url: &str, lease: &str, names: std::ops::
 /// a step that a median of [STEPS] ignores and a difference of two readings does not, while a
 /// leak grows every step. mimalloc is told to give freed pages back at once
 /// (`MIMALLOC_PURGE_DELAY=0`), so that the readings follow what is live. Measured on the 2-CPU
-/// machine: a step grows by 0–8 KiB without a leak (0 B a name), by 28 KiB with a `String` of
-/// each name kept (114 B a name); the bound is [LEAK_PER_NAME].
+/// machine: a step grows by 0–8 KiB without a leak (0 B a name), by 24 KiB with a `String` of
+/// each name kept (98 B a name); the bound is [LEAK_PER_NAME].
 #[tokio::test]
 async fn unique_name_churn_leaves_metrics_and_memory_flat() {
     common::yield_the_cpu();
