@@ -26,7 +26,12 @@ async fn ten_clients_never_hold_more_than_three_permits() {
         let (gate, inside) = (gate.clone(), inside.clone());
         tasks.push(tokio::spawn(async move {
             let lease = gate.lease("60s").await;
-            for _ in 0..10 {
+            // Ten rounds each, and on until holders have been seen together (a count, not a
+            // length: a busy machine may serialise the first rounds).
+            for round in 0..100 {
+                if round >= 10 && inside.lock().unwrap().most >= 2 {
+                    break;
+                }
                 let reply = gate
                     .post(
                         "/v1/semaphores/pool/acquire?permits=3&wait=30s",
@@ -57,7 +62,7 @@ async fn ten_clients_never_hold_more_than_three_permits() {
     }
     let most = inside.lock().unwrap().most;
     assert!(most <= 3, "{most} holders at once");
-    assert!(most >= 2, "permits were never held together");
+    assert!(most >= 2, "permits were never held together in 100 rounds each");
     let state = gate.get("/v1/semaphores/pool").await;
     assert_eq!(
         (state.body["permits"].as_u64(), state.body["holders"].clone()),
