@@ -557,8 +557,9 @@ async fn churn(http: &reqwest::Client, url: &str, lease: &str, names: std::ops::
 /// a step that a median of [STEPS] ignores and a difference of two readings does not, while a
 /// leak grows every step. mimalloc is told to give freed pages back at once
 /// (`MIMALLOC_PURGE_DELAY=0`), so that the readings follow what is live. Measured on the 2-CPU
-/// machine: a step grows by 0–8 KiB without a leak (0 B a name), by 24 KiB with a `String` of
-/// each name kept (98 B a name); the bound is [LEAK_PER_NAME].
+/// machine: a step grows by 0–8 KiB without a leak (0 B a name quiet, 32 B beside two CPU
+/// hogs), by 24 KiB with a `String` of each name kept (98 B a name); the bound is
+/// [LEAK_PER_NAME].
 #[tokio::test]
 async fn unique_name_churn_leaves_metrics_and_memory_flat() {
     common::yield_the_cpu();
@@ -605,9 +606,10 @@ async fn unique_name_churn_leaves_metrics_and_memory_flat() {
         growth[growth.len() / 2] / 1024,
         growth.iter().map(|g| g / 1024).collect::<Vec<_>>()
     );
-    // Flat: the counts' digits may grow, no series may come.
+    // Flat: the counts' digits may grow, no series may come (names whose places went idle
+    // may leave theirs meanwhile: on a slow run the first ones pass their two minutes).
     assert!(
-        text.len().abs_diff(warm.len()) < 2048,
+        text.len() < warm.len() + 2048,
         "/metrics went from {} to {} bytes over {} new names",
         warm.len(),
         text.len(),
@@ -640,7 +642,7 @@ const STEPS: usize = 24;
 
 /// Most bytes of memory a unique name may leave behind (the median step's growth over
 /// [STEP]).
-const LEAK_PER_NAME: i64 = 48;
+const LEAK_PER_NAME: i64 = 64;
 
 /// Items and values are stored raw and limited by their stored size: a text item of control
 /// characters (six times larger escaped in JSON) takes its own size in ZooKeeper, and one over
