@@ -7,7 +7,7 @@
 # openapi-fetch (tests/clients/typescript/flow.ts, type-checked strictly by tsc, then run).
 #   scripts/clients.sh                          builds target/debug/zkgate first
 #   ZKGATE_BIN=path/to/zkgate scripts/clients.sh   uses that binary, builds nothing
-# Everything comes pinned from PyPI (a venv under target/) and npm (tests/clients/typescript's
+# Everything comes pinned from PyPI (a venv under ~/.cache/zkgate) and npm (tests/clients/typescript's
 # package-lock.json); openapi-generator is a jar that runs on the Java that zkgate's embedded
 # ZooKeeper needs anyway. Generated code goes to target/clients/ and
 # tests/clients/typescript/generated/ (ignored by git); nothing generated is edited.
@@ -20,11 +20,13 @@
 # with a list of what failed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-venv=target/clients-venv
+# The venv outlives the clone (like cargo's registry): a clean clone does not install it again.
+venv=${XDG_CACHE_HOME:-$HOME/.cache}/zkgate/clients-venv
 out=target/clients
 ts=tests/clients/typescript
 pins=('openapi-spec-validator==0.9.0' 'openapi-generator-cli==7.26.0' 'openapi-python-client==0.29.1')
 if [[ ! -x $venv/bin/python || "$(cat "$venv/pins" 2>/dev/null)" != "${pins[*]}" ]]; then
+    rm -rf "$venv"
     python3 -m venv "$venv"
     "$venv/bin/pip" install --quiet --disable-pip-version-check "${pins[@]}"
     echo "${pins[*]}" >"$venv/pins"

@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# Fuzzes the running API against its own OpenAPI spec with schemathesis (from PyPI, in a venv
-# under target/): zkgate with an embedded ZooKeeper on a free port, every operation, checks that
+# Fuzzes the running API against its own OpenAPI spec with schemathesis (from PyPI, in a venv under
+# ~/.cache/zkgate): zkgate with an embedded ZooKeeper on a free port, every operation, checks that
 # no answer is a 5xx and that every status, content type and body is the one the spec documents.
 #   scripts/schemathesis.sh [--seed N] [--max-examples N] [other schemathesis options]
 # scripts/test.sh runs it with a fixed seed, so that CI is repeatable; run it without one to
 # explore new inputs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-venv=target/schemathesis-venv
+# The venv outlives the clone (like cargo's registry), one per pinned version.
+venv=${XDG_CACHE_HOME:-$HOME/.cache}/zkgate/schemathesis-4.32.5
 if [[ ! -x $venv/bin/schemathesis ]]; then
+    rm -rf "$venv"
     python3 -m venv "$venv"
     "$venv/bin/pip" install --quiet --disable-pip-version-check 'schemathesis==4.32.5'
 fi
