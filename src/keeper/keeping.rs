@@ -216,9 +216,13 @@ impl Registry {
         };
         for ((id, _, version), found) in kept.iter().zip(read) {
             let still = found.is_some_and(|found| {
-                let mine = found.record.keeper == *self.instance;
-                let ending_here = mine && found.record.ended.is_some() && found.version == *version + 1;
-                (found.version == *version && mine && found.record.ended.is_none()) || ending_here
+                // Live at the version kept here, or ended here (the end one version past it).
+                let expected = if found.record.ended.is_some() {
+                    *version + 1
+                } else {
+                    *version
+                };
+                found.record.keeper == *self.instance && found.version == expected
             });
             if !still {
                 self.drop_here(id);

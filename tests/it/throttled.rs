@@ -28,6 +28,10 @@ struct CpuLimit {
     parent: std::path::PathBuf,
 }
 
+/// The cgroup's accounting period, in µs (a quota is CPU time per period): 100 ms, the
+/// kernel's default and what container runtimes use.
+const PERIOD_US: u64 = std::time::Duration::from_millis(100).as_micros() as u64;
+
 impl CpuLimit {
     /// Moves process `pid` into a new cgroup that lets it use `quota` µs of CPU per 100 ms:
     /// cgroup v1's `cpu` controller or cgroup v2's `cpu.max`, whichever the machine has.
@@ -39,12 +43,12 @@ impl CpuLimit {
             (
                 v1,
                 vec![
-                    ("cpu.cfs_period_us", "100000".into()),
+                    ("cpu.cfs_period_us", PERIOD_US.to_string()),
                     ("cpu.cfs_quota_us", quota.to_string()),
                 ],
             )
         } else if std::fs::read_to_string(v2.join("cgroup.controllers")).is_ok_and(|c| c.contains("cpu")) {
-            (v2, vec![("cpu.max", format!("{quota} 100000"))])
+            (v2, vec![("cpu.max", format!("{quota} {PERIOD_US}"))])
         } else {
             panic!("this test needs a CPU cgroup it may write (cgroup v1's cpu controller or v2's cpu.max), as root");
         };
