@@ -7,7 +7,7 @@
 //!   began. And grants answered through A, each followed at once by a holder read through B.
 //!   In both modes.
 //! - cost: one client's read latency (p50, p99) and 32 clients' reads per second, through one
-//!   instance and through two, in both modes; the `sync`s each instance sent per read.
+//!   instance and through two, in both modes; the barriers each instance sent per read.
 //!
 //! Run: `cargo bench --bench consistency` (`ZKGATE_BENCH_SECONDS`, default 10, per
 //! measurement; `ZKGATE_BENCH_GRANTS`, default 2000).
@@ -68,7 +68,7 @@ async fn run() {
     }
     println!();
     println!(
-        "| mode | one client, one instance | 32 clients, one instance | 32 clients, two instances | syncs per read |"
+        "| mode | one client, one instance | 32 clients, one instance | 32 clients, two instances | barriers per read |"
     );
     println!("|---|---|---|---|---|");
     let put = a

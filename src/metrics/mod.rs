@@ -317,12 +317,13 @@ impl Metrics {
             zookeeper_syncs: single_counter(
                 &r,
                 "zkgate_zookeeper_syncs_total",
-                "ZooKeeper syncs sent for linearizable reads (shared by the reads that may share them).",
+                "Barriers sent to ZooKeeper for linearizable reads (a transaction that changes nothing, shared by the reads \
+                 that may share it).",
             ),
             linearizable_reads: single_counter(
                 &r,
                 "zkgate_linearizable_reads_total",
-                "Reads that waited for a ZooKeeper sync (the default consistency).",
+                "Reads that waited for a barrier (the default consistency).",
             ),
             queue_depth: gauges(
                 &r,

@@ -91,13 +91,14 @@ impl Session {
 
     /// Waits until this session's server has caught up with every write acknowledged before
     /// the call, by anyone on any server, so that a read on [Session::client] after it is
-    /// linearizable (see [super::sync]; concurrent callers share the `sync`s). Retried on a
-    /// connection loss: a `sync` is safe to repeat.
+    /// linearizable (see [super::sync]: a transaction that changes nothing, not ZooKeeper's
+    /// `sync`; concurrent callers share them). Retried on a connection loss: a barrier is safe
+    /// to repeat.
     pub async fn sync(&self) -> Result<(), super::Failure> {
         Ok(super::retry_on_loss(|| self.syncs.sync(&self.client)).await?)
     }
 
-    /// How many `sync`s this session has sent.
+    /// How many barriers this session has sent.
     pub fn syncs_sent(&self) -> u64 {
         self.syncs.sent()
     }

@@ -1,44 +1,59 @@
-//! Linearizable reads: a ZooKeeper `sync` before the read, shared by the reads that may share
-//! it.
+//! Linearizable reads: a barrier before the read, shared by the reads that may share it.
 //!
 //! # Why a read needs one
-//! A session reads from the server it is connected to, and a follower applies a committed write
-//! a little after the leader and the other followers do. So a read on zkgate's session can miss
-//! a write that another session (another instance, behind another server) has already been told
-//! is done: ZooKeeper's reads are sequentially consistent, not linearizable. `sync` asks the
-//! session's server to catch up with the leader: the leader answers it after every write it has
-//! committed so far, the server passes the answer on once it has applied them, and a session's
-//! requests are served in order, so a read sent after the `sync`'s answer sees every write
-//! acknowledged before the `sync` was sent.
+//! A session reads from the server it is connected to, and a server applies a committed write
+//! a little after some others do. So a read on zkgate's session can miss a write that another
+//! session (another instance, behind another server) has already been told is done:
+//! ZooKeeper's reads are sequentially consistent, not linearizable.
+//!
+//! # Why the barrier is a transaction, not ZooKeeper's `sync`
+//! `sync` makes a *follower* catch up with the leader before it answers, but it does nothing on
+//! the leader itself, and the leader is the server most likely to be behind on what is
+//! acknowledged. In ZooKeeper 3.8 (the server Debian ships; the same in 3.9):
+//! - `Leader.tryToCommit` sends a write's COMMIT to the followers first and only then queues
+//!   the write to its own `CommitProcessor`; a follower that applies it answers its client. So
+//!   a write can be acknowledged through a follower while the leader has not applied it.
+//! - the leader's `CommitProcessor` is built with `matchSyncs = false`: a client's `sync` on the
+//!   leader is handled as a read, waiting for nothing, and reads on the leader are handed to its
+//!   workers ahead of commits still queued (`CommitProcessor.run` processes the queued requests
+//!   before the next committed one).
+//!
+//! `tests/it/linearizability.rs` caught exactly that on a busy machine: a client wrote through
+//! the instance behind a follower, got its answer, then read through the instance behind the
+//! leader (after a `sync`) and got the value before its write.
+//!
+//! A transaction closes it on every server. The barrier is a `multi` holding one `check` of the
+//! root at any version: it changes nothing, but it is proposed and committed like any write,
+//! with a zxid after every write acknowledged before it was sent. A server applies commits in
+//! zxid order and serves a session's requests in order (a read waits for that session's pending
+//! write), so a read sent after the barrier's answer sees every write acknowledged, by anyone,
+//! before the barrier was sent. Being a quorum operation, it also closes the gap ZooKeeper
+//! documents for `sync` (zookeeperInternals, "Consistency Guarantees"; ZOOKEEPER-1675): a leader
+//! cut off from its quorum can answer a `sync` from its own state, but cannot commit a
+//! transaction, so a read behind it waits instead of going back in time.
+//!
+//! What it costs: a log write on a quorum of servers per barrier, where `sync` cost a hop to the
+//! leader (BENCHMARKS.md, Consistency); and one zxid per barrier (ZooKeeper starts a new epoch,
+//! with a leader election, when the 32-bit counter of an epoch runs out: at one barrier in
+//! flight per session, thousands of barriers a second for weeks).
 //!
 //! # Why it can be shared, and with whom
-//! A read that began before a `sync` was *sent* can use that `sync`: every write acknowledged
-//! before the read began was acknowledged before the `sync` was sent too. A read that begins
-//! after a `sync` was sent cannot (a write may have been acknowledged in between); it waits for
-//! the next one. So each session has at most one `sync` in flight and one *round* gathering
+//! A read that began before a barrier was *sent* can use that barrier: every write acknowledged
+//! before the read began was acknowledged before the barrier was sent too. A read that begins
+//! after a barrier was sent cannot (a write may have been acknowledged in between); it waits for
+//! the next one. So each session has at most one barrier in flight and one *round* gathering
 //! readers for the next; when the one in flight answers, the gathered round is sent. Under load
-//! a read waits for at most two `sync` round trips and most share theirs: the cost is a
-//! fraction of a round trip per read, and the number of `sync`s is bounded by the round trip,
+//! a read waits for at most two barrier round trips and most share theirs: the cost is a
+//! fraction of a round trip per read, and the number of barriers is bounded by the round trip,
 //! not by the number of reads.
-//!
-//! # What `sync` does not promise
-//! ZooKeeper documents (zookeeperInternals, "Consistency Guarantees") that `sync` then read is
-//! not strictly linearizable across a change of leader: `sync` is not a quorum operation, and a
-//! leader cut off from its quorum answers it from its own state until it notices, within
-//! `syncLimit` ticks, that it is no longer followed (ZOOKEEPER-1675 proposes a quorum `sync`).
-//! A read through a server still following that old leader can then miss a write the new
-//! leader's quorum committed in that window. A leader that *dies* (the fault suite kills it)
-//! answers nothing, and a follower that is paused or partitioned answers neither the `sync` nor
-//! the read until it has caught up; the window needs an isolated leader that is still running.
-//! zkgate does not close it (a quorum write per round would, at the cost of a log write on every
-//! server): it is stated in the README's Consistency section.
 
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::watch;
-use zookeeper_client::{Client, Error as ZkError};
+use zookeeper_client::{Client, Error as ZkError, MultiWriteError};
 
-/// The `sync`s of one session (one client): created with the client, dropped with it.
+/// The barriers of one session (one client): created with the client, dropped with it. (zkgate
+/// calls catching up before a read a sync; ZooKeeper's own `sync` is not what does it, above.)
 pub struct Syncs {
     rounds: Mutex<Rounds>,
     done: watch::Sender<Done>,
@@ -80,7 +95,7 @@ impl Syncs {
     /// must be the client these `Syncs` were made for.
     ///
     /// # Notable errors
-    /// The `sync`'s own: a connection loss ([super::is_loss]) or the session's end.
+    /// The barrier's own: a connection loss ([super::is_loss]) or the session's end.
     pub async fn sync(self: &Arc<Self>, client: &Client) -> Result<(), ZkError> {
         let mut done = self.done.subscribe();
         let round = {
@@ -106,7 +121,7 @@ impl Syncs {
         }
     }
 
-    /// How many `sync`s this session has sent.
+    /// How many barriers this session has sent.
     pub fn sent(&self) -> u64 {
         self.rounds.lock().expect("sync rounds").sent
     }
@@ -117,7 +132,7 @@ impl Syncs {
         crate::metrics::get().zookeeper_syncs.inc();
         let syncs = Arc::clone(self);
         tokio::spawn(async move {
-            let result = client.sync("/").await;
+            let result = barrier(&client).await;
             syncs.answered(client, round, result);
         });
     }
@@ -132,5 +147,17 @@ impl Syncs {
         } else {
             rounds.in_flight = false;
         }
+    }
+}
+
+/// One transaction that changes nothing (see the module's doc): a `multi` holding a `check` of
+/// the root at any version. A refused check is a barrier too: ZooKeeper commits a failed
+/// `multi` as an error transaction, in order like any other.
+async fn barrier(client: &Client) -> Result<(), ZkError> {
+    let mut multi = client.new_multi_writer();
+    multi.add_check_version("/", -1)?;
+    match multi.commit().await {
+        Ok(_) | Err(MultiWriteError::OperationFailed { .. }) => Ok(()),
+        Err(MultiWriteError::RequestFailed { source }) => Err(source),
     }
 }

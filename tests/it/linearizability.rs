@@ -579,8 +579,11 @@ async fn assert_linearizable(
     verdict
 }
 
-/// The writer's instance on the leader (which applies a write before any follower does) and
-/// the reader's on a follower: the placement where a stale read is likeliest.
+/// One instance behind the leader, one behind a follower; each client writes through its own
+/// and reads through the other. Both ways can go stale without a barrier: a follower applies a
+/// write after the leader has acknowledged it, and the leader applies a write after it told
+/// the followers, one of which may acknowledge it first (and ZooKeeper's `sync` does nothing on
+/// the leader: this test caught that, see `src/zk/sync.rs`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn reads_through_another_instance_are_linearizable_by_default() {
     let (mut ensemble, leader, [follower, _]) = ensemble().await;
