@@ -3,6 +3,7 @@
 # ~/.cache/zkgate): zkgate with an embedded ZooKeeper on a free port, every operation, checks that
 # no answer is a 5xx and that every status, content type and body is the one the spec documents.
 #   scripts/schemathesis.sh [--seed N] [--max-examples N] [other schemathesis options]
+#   ZKGATE_BIN=path/to/zkgate scripts/schemathesis.sh ...   uses that binary, builds nothing
 # scripts/test.sh runs it with a fixed seed, so that CI is repeatable; run it without one to
 # explore new inputs.
 set -euo pipefail
@@ -15,10 +16,14 @@ if [[ ! -x $venv/bin/schemathesis ]]; then
     "$venv/bin/pip" install --quiet --disable-pip-version-check 'schemathesis==4.32.5'
 fi
 scripts/install-deps.sh test
-cargo build --quiet
+# A `cargo build` of its own would not reuse scripts/test.sh's build of every target: without
+# the tests' dev-dependencies the features of a few shared crates differ, so about forty crates
+# and zkgate would be compiled again (80 s on 2 CPUs, holding the tests up on cargo's lock).
+binary=${ZKGATE_BIN:-target/debug/zkgate}
+[[ -n ${ZKGATE_BIN:-} ]] || cargo build --quiet
 source scripts/background-zkgate.sh
 # Short waits: generated long polls must not hold the run up.
-start_zkgate target/debug/zkgate target/schemathesis-zkgate.log --max-wait 1s
+start_zkgate "$binary" target/schemathesis-zkgate.log --max-wait 1s
 url=$ZKGATE_URL
 # Event streams never end by themselves (a generated request would wait out the timeout), and
 # the WebSocket endpoints answer a plain request with 400 whatever it holds: tests/it/sse.rs,

@@ -43,7 +43,7 @@ export ZKGATE_TEST_ZOOKEEPER
 # Beside the tests: the API's contract (schemathesis, then the generated clients; see
 # scripts/contract.sh), in a process group of its own so that a failed run stops it whole. It
 # waits on its own zkgate far more than it computes; its output follows the tests'.
-setsid env -u ZKGATE_TEST_ZOOKEEPER scripts/contract.sh >target/contract.log 2>&1 &
+setsid env -u ZKGATE_TEST_ZOOKEEPER ZKGATE_BIN=target/debug/zkgate scripts/contract.sh >target/contract.log 2>&1 &
 contract=$!
 step cargo nextest run --profile ci "$@"
 kill "$shared_zookeeper"
