@@ -50,7 +50,7 @@
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::watch;
-use zookeeper_client::{Client, Error as ZkError, MultiWriteError};
+use zookeeper_client::{Client, Error as ZkError};
 
 /// The barriers of one session (one client): created with the client, dropped with it. (zkgate
 /// calls catching up before a read a sync; ZooKeeper's own `sync` is not what does it, above.)
@@ -154,10 +154,10 @@ impl Syncs {
 /// the root at any version. A refused check is a barrier too: ZooKeeper commits a failed
 /// `multi` as an error transaction, in order like any other.
 async fn barrier(client: &Client) -> Result<(), ZkError> {
-    let mut multi = client.new_multi_writer();
-    multi.add_check_version("/", -1)?;
+    let mut multi = super::multi::Multi::new(client);
+    multi.check((), "/", -1)?;
     match multi.commit().await {
-        Ok(_) | Err(MultiWriteError::OperationFailed { .. }) => Ok(()),
-        Err(MultiWriteError::RequestFailed { source }) => Err(source),
+        Ok(_) | Err(super::multi::Failed::Refused { .. }) => Ok(()),
+        Err(super::multi::Failed::Request(error)) => Err(error),
     }
 }
