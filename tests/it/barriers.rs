@@ -71,11 +71,13 @@ async fn nobody_passes_before_the_barrier_falls_and_everybody_after_on_one_watch
         assert!(after_lowering, "a waiter passed before the barrier was lowered");
     }
     // Released, twenty waiters cost ZooKeeper no request of their own: they share the
-    // instance's one watch. ZooKeeper saw the delete, the shared watch's re-arming and session
-    // pings; a watch per waiter would have been 20 reads more.
+    // instance's one watch. ZooKeeper saw the delete, the shared watch's re-arming and what the
+    // instance sends anyway (its sessions' pings, the keeper's heartbeat every second: more the
+    // longer a busy machine takes to release them; 10 beside two CPU hogs); a read per waiter
+    // would have been 20 more.
     let packets = packets_received(zk.client_port()).await - arrived;
     assert!(
-        packets < 10,
+        packets < 20,
         "{packets} packets reached ZooKeeper while twenty were released"
     );
     gate.delete("/v1/barriers/start")
