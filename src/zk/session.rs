@@ -102,6 +102,12 @@ impl Session {
     pub fn syncs_sent(&self) -> u64 {
         self.syncs.sent()
     }
+
+    /// Whether this session's barriers are transactions (on an ensemble) or `sync`s (on a
+    /// standalone server): `None` before the first.
+    pub fn barriers_are_transactions(&self) -> Option<bool> {
+        self.syncs.transactions()
+    }
 }
 
 /// Errors of [ZkSession::current].

@@ -32,6 +32,11 @@
 //! cut off from its quorum can answer a `sync` from its own state, but cannot commit a
 //! transaction, so a read behind it waits instead of going back in time.
 //!
+//! A standalone server has no leader to lag behind: it applies every request in order, one
+//! pipeline, so there a `sync` is enough and costs no log write. The session reads
+//! `/zookeeper/config` once: an ensemble's lists its servers (`server.N=` lines), a standalone
+//! server's is empty; a config it may not read counts as an ensemble.
+//!
 //! What it costs: a log write on a quorum of servers per barrier, where `sync` cost a hop to the
 //! leader (BENCHMARKS.md, Consistency); and one zxid per barrier (ZooKeeper starts a new epoch,
 //! with a leader election, when the 32-bit counter of an epoch runs out: at one barrier in
@@ -57,6 +62,9 @@ use zookeeper_client::{Client, Error as ZkError};
 pub struct Syncs {
     rounds: Mutex<Rounds>,
     done: watch::Sender<Done>,
+    /// Whether the session's servers are an ensemble (a barrier must be a transaction), read
+    /// from `/zookeeper/config` before the first one.
+    ensemble: tokio::sync::OnceCell<bool>,
 }
 
 #[derive(Default)]
@@ -85,6 +93,7 @@ impl Default for Syncs {
                 result: Ok(()),
             })
             .0,
+            ensemble: tokio::sync::OnceCell::new(),
         }
     }
 }
@@ -121,6 +130,12 @@ impl Syncs {
         }
     }
 
+    /// Whether this session's barriers are transactions (its servers are an ensemble), once the
+    /// first one was sent.
+    pub fn transactions(&self) -> Option<bool> {
+        self.ensemble.get().copied()
+    }
+
     /// How many barriers this session has sent.
     pub fn sent(&self) -> u64 {
         self.rounds.lock().expect("sync rounds").sent
@@ -132,9 +147,25 @@ impl Syncs {
         crate::metrics::get().zookeeper_syncs.inc();
         let syncs = Arc::clone(self);
         tokio::spawn(async move {
-            let result = barrier(&client).await;
+            let result = match syncs.ensemble(&client).await {
+                Ok(true) => barrier(&client).await,
+                Ok(false) => client.sync("/").await,
+                Err(error) => Err(error),
+            };
             syncs.answered(client, round, result);
         });
+    }
+
+    /// Whether `client`'s servers are an ensemble (see the module's doc).
+    async fn ensemble(&self, client: &Client) -> Result<bool, ZkError> {
+        let read = || async {
+            match client.get_config().await {
+                Ok((config, _)) => Ok(lists_an_ensemble(&config)),
+                Err(ZkError::NoAuth) => Ok(true),
+                Err(error) => Err(error),
+            }
+        };
+        self.ensemble.get_or_try_init(read).await.copied()
     }
 
     fn answered(self: &Arc<Self>, client: Client, round: u64, result: Result<(), ZkError>) {
@@ -150,6 +181,15 @@ impl Syncs {
     }
 }
 
+/// Whether a `/zookeeper/config` lists more than one server.
+fn lists_an_ensemble(config: &[u8]) -> bool {
+    String::from_utf8_lossy(config)
+        .lines()
+        .filter(|line| line.starts_with("server."))
+        .count()
+        > 1
+}
+
 /// One transaction that changes nothing (see the module's doc): a `multi` holding a `check` of
 /// the root at any version. A refused check is a barrier too: ZooKeeper commits a failed
 /// `multi` as an error transaction, in order like any other.
@@ -159,5 +199,21 @@ async fn barrier(client: &Client) -> Result<(), ZkError> {
     match multi.commit().await {
         Ok(_) | Err(super::multi::Failed::Refused { .. }) => Ok(()),
         Err(super::multi::Failed::Request(error)) => Err(error),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::lists_an_ensemble;
+
+    #[test]
+    fn an_ensemble_is_told_by_its_servers_in_the_config() {
+        assert!(!lists_an_ensemble(b""), "standalone");
+        let one = b"server.1=127.0.0.1:2888:3888:participant;0.0.0.0:2181\nversion=100000000";
+        assert!(!lists_an_ensemble(one));
+        let three = b"server.1=127.0.0.1:2888:3888:participant;0.0.0.0:2181\n\
+            server.2=127.0.0.1:2889:3889:participant;0.0.0.0:2182\n\
+            server.3=127.0.0.1:2890:3890:participant;0.0.0.0:2183\nversion=100000000";
+        assert!(lists_an_ensemble(three));
     }
 }

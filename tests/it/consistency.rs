@@ -105,3 +105,28 @@ async fn concurrent_reads_share_their_syncs_and_sequential_reads_send_none() {
     assert!(sent >= 1, "linearizable reads sent no sync");
     assert!(sent < 100, "{sent} syncs for 200 concurrent reads: not shared");
 }
+
+/// A linearizable read's barrier is a transaction on an ensemble, whose leader a `sync` does not
+/// hold back (`src/zk/sync.rs`), and a `sync` on a standalone server, which applies everything
+/// in order and where a transaction would cost a log write for nothing.
+#[tokio::test]
+async fn the_barrier_is_a_transaction_on_an_ensemble_and_a_sync_on_one_server() {
+    let transactions = |gate: &Gate| {
+        gate.running
+            .state
+            .zk()
+            .current()
+            .expect("session")
+            .barriers_are_transactions()
+    };
+    let zk = zookeeper().await;
+    let alone = Gate::start(&zk.connect_string()).await;
+    let read = alone.get("/v1/kv/none").await;
+    assert_eq!(read.status, StatusCode::NOT_FOUND, "{read:?}");
+    assert_eq!(transactions(&alone), Some(false), "a standalone server");
+    let ensemble = common::Ensemble::start(3).await;
+    let gate = Gate::start(&ensemble.servers[0].connect_string()).await;
+    let read = gate.get("/v1/kv/none").await;
+    assert_eq!(read.status, StatusCode::NOT_FOUND, "{read:?}");
+    assert_eq!(transactions(&gate), Some(true), "a server of an ensemble");
+}
