@@ -4,9 +4,9 @@
 //! them, [document]) and asks [reader] for the client to read with:
 //!
 //! - `linearizable`: the read reflects every write acknowledged before it began, by any
-//!   instance: a barrier on the primary session first (a transaction that changes nothing, not
-//!   ZooKeeper's `sync`, which the leader does not honour), shared with the reads that may share
-//!   it ([crate::zk::sync]). A read of a lease or of a handle (which the owning instance answers
+//!   instance: a barrier on the primary session first (on an ensemble a transaction that changes
+//!   nothing, since ZooKeeper's `sync` does nothing on the leader; on a standalone server a
+//!   `sync`), shared with the reads that may share it ([crate::zk::sync]). A read of a lease or of a handle (which the owning instance answers
 //!   from what it knows) first confirms with a `sync` on the lease's own session that the
 //!   session, and with it everything the lease holds, was alive after the read began
 //!   ([confirm]).
@@ -40,8 +40,8 @@ pub const PARAMETER: &str = "consistency";
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, serde::Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Consistency {
-    /// Reflects every write acknowledged (by any instance) before the read began. One barrier (a
-    /// ZooKeeper transaction that changes nothing) per read, shared by concurrent reads.
+    /// Reflects every write acknowledged (by any instance) before the read began. One barrier (on an
+    /// ensemble a transaction that changes nothing) per read, shared by concurrent reads.
     #[default]
     Linearizable,
     /// The state of this instance's ZooKeeper server: may miss a write acknowledged elsewhere a
@@ -135,7 +135,7 @@ pub fn document(spec: &mut utoipa::openapi::OpenApi) {
             .required(Required::False)
             .description(Some(
                 "`linearizable` (default): reflects every write acknowledged by any instance before the read \
-                 began (one barrier, a ZooKeeper transaction that changes nothing, shared by concurrent reads). `sequential`: this instance's \
+                 began (one barrier, on an ensemble a transaction that changes nothing, shared by concurrent reads). `sequential`: this instance's \
                  ZooKeeper server as it is, which may lag a write acknowledged elsewhere; no extra round trip.",
             ))
             .schema(Some(schema))

@@ -317,8 +317,8 @@ impl Metrics {
             zookeeper_syncs: single_counter(
                 &r,
                 "zkgate_zookeeper_syncs_total",
-                "Barriers sent to ZooKeeper for linearizable reads (a transaction that changes nothing, shared by the reads \
-                 that may share it).",
+                "Barriers sent to ZooKeeper for linearizable reads (on an ensemble a transaction that changes nothing, \
+                 on a standalone server a sync; shared by the reads that may share it).",
             ),
             linearizable_reads: single_counter(
                 &r,
