@@ -127,6 +127,53 @@ pub fn timestamp(time: SystemTime) -> String {
     humantime::format_rfc3339_millis(UNIX_EPOCH + since_epoch).to_string()
 }
 
+/// A time as requests give it (`not_before`): RFC 3339 in UTC, `2026-11-23T10:00:00Z`, with up
+/// to nine digits of a second's fraction, from 1970 to 9999, on a day the month has (the 29th of
+/// February in leap years only). Exactly what [UTC_PATTERN] matches: humantime's parser takes
+/// more (`+00:00`, a leap second, any number of digits), which the spec could not say.
+pub fn parse_utc(text: &str) -> Result<SystemTime, String> {
+    let bytes = text.as_bytes();
+    let digits = |range: std::ops::Range<usize>| bytes.get(range).is_some_and(|d| d.iter().all(u8::is_ascii_digit));
+    let fraction = match bytes.get(19) {
+        Some(b'Z') if bytes.len() == 20 => 0,
+        Some(b'.') if (22..=30).contains(&bytes.len()) && bytes.last() == Some(&b'Z') => bytes.len() - 21,
+        _ => return Err("not `YYYY-MM-DDTHH:MM:SSZ` (with at most nine digits of fraction)".into()),
+    };
+    let shape = digits(0..4)
+        && bytes[4] == b'-'
+        && digits(5..7)
+        && bytes[7] == b'-'
+        && digits(8..10)
+        && bytes[10] == b'T'
+        && digits(11..13)
+        && bytes[13] == b':'
+        && digits(14..16)
+        && bytes[16] == b':'
+        && digits(17..19)
+        && (fraction == 0 || digits(20..20 + fraction));
+    if !shape {
+        return Err("not `YYYY-MM-DDTHH:MM:SSZ` (with at most nine digits of fraction)".into());
+    }
+    if &text[17..19] > "59" {
+        return Err("a second past 59".into());
+    }
+    humantime::parse_rfc3339(text).map_err(|e| e.to_string())
+}
+
+/// The JSON Schema pattern of [parse_utc]: a month's last day by its length, the 29th of
+/// February in years divisible by 4 and not by 100 unless by 400 (from 1970 to 9999).
+pub const UTC_PATTERN: &str = concat!(
+    "^(",
+    // Any year from 1970, any month, days 01-28.
+    "(19[7-9][0-9]|[2-9][0-9]{3})-(0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])",
+    // The 29th and 30th of every month but February, the 31st of the long ones.
+    "|(19[7-9][0-9]|[2-9][0-9]{3})-(0[13-9]|1[0-2])-(29|30)",
+    "|(19[7-9][0-9]|[2-9][0-9]{3})-(0[13578]|1[02])-31",
+    // The 29th of February in leap years.
+    "|(19(7[26]|8[048]|9[26])|[2-9][0-9](0[48]|[2468][048]|[13579][26])|([2468][048]|[3579][26])00)-02-29",
+    ")T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,9})?Z$"
+);
+
 /// The instant `ms` milliseconds after the epoch (a znode's `ctime`; negative counts as 0).
 pub fn from_millis(ms: i64) -> SystemTime {
     UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64)
@@ -204,6 +251,52 @@ mod tests {
         ] {
             assert_eq!(up_to.is_match(text), taken, "{text}");
         }
+    }
+
+    /// The pattern takes exactly the times the server takes: every day 00-32 of every month of
+    /// years around the leap rules and the range's ends, and the shapes around the edges.
+    #[test]
+    fn the_utc_pattern_takes_exactly_what_the_server_takes() {
+        let pattern = regex::Regex::new(UTC_PATTERN).expect("a valid pattern");
+        let agree = |text: &str| {
+            assert_eq!(
+                pattern.is_match(text),
+                parse_utc(text).is_ok(),
+                "{text}: {:?}",
+                parse_utc(text)
+            );
+        };
+        for year in [
+            1969, 1970, 1972, 1996, 1999, 2000, 2023, 2024, 2100, 2400, 2800, 3600, 9999,
+        ] {
+            for month in 0..=13 {
+                for day in 0..=32 {
+                    agree(&format!("{year:04}-{month:02}-{day:02}T10:00:00Z"));
+                }
+            }
+        }
+        for text in [
+            "2026-11-23T10:00:00Z",
+            "2026-11-23T10:00:00.5Z",
+            "2026-11-23T10:00:00.123456789Z",
+            "2026-11-23T10:00:00.1234567890Z",
+            "2026-11-23T10:00:00.Z",
+            "2026-11-23T10:00:00+00:00",
+            "2026-11-23T10:00:00",
+            "2026-11-23 10:00:00Z",
+            "2026-11-23T23:59:59Z",
+            "2026-11-23T24:00:00Z",
+            "2026-11-23T10:60:00Z",
+            "2026-11-23T10:00:60Z",
+            "2026-11-23t10:00:00z",
+            "+2026-11-23T10:00:00Z",
+            "2026-11-23T10:00:00ZZ",
+            "0000-01-01T00:00:00Z",
+        ] {
+            agree(text);
+        }
+        assert!(parse_utc("2024-02-29T10:00:00Z").is_ok() && parse_utc("2100-02-29T10:00:00Z").is_err());
+        assert!(parse_utc("2026-12-31T23:59:59.999Z").is_ok());
     }
 
     #[test]

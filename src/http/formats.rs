@@ -49,8 +49,8 @@ enum Format {
     Address,
     /// A URI template: text, and names in braces.
     UriTemplate,
-    /// A UTC time in RFC 3339 (`2026-11-23T10:00:00Z`), days of a month up to the 28th in the
-    /// pattern (the server takes every valid date).
+    /// A UTC time in RFC 3339 (`2026-11-23T10:00:00Z`): exactly what the server takes
+    /// ([crate::time::parse_utc]).
     Timestamp,
     /// An ETag zkgate issued (`"4294967311"`), for a read's `If-None-Match`.
     ETag,
@@ -108,10 +108,7 @@ fn schema_of(format: Format) -> Schema {
             .min_length(Some(1))
             .max_length(Some(super::services::MAX_ADDRESS)),
         Format::UriTemplate => string(r"^([^{}]|\{[^{}]+\})*$".into()),
-        Format::Timestamp => string(
-            "^(19[7-9][0-9]|[2-9][0-9]{3})-(0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,9})?Z$"
-                .into(),
-        ),
+        Format::Timestamp => string(crate::time::UTC_PATTERN.into()),
         Format::ETag => string(r#"^(W/)?"[0-9]{1,18}"$"#.into()),
         Format::ETagOrAny => string(r#"^(\*|(W/)?"[0-9]{1,18}")$"#.into()),
         Format::Any => string(r"^\*$".into()),

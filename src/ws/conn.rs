@@ -143,7 +143,19 @@ pub async fn serve(state: AppState, caller: Caller, mut socket: WebSocket, addre
                         super::read_failed(&mut socket, error, conn.state.config.ws_max_message).await;
                         break;
                     }
+                    // Every request is JSON in a text message; a binary one would otherwise go
+                    // unanswered, and its sender wait for a reply that never comes.
+                    Some(Ok(Message::Binary(bytes))) => {
+                        let detail = format!(
+                            "a binary message ({} bytes) is not read: send each request as JSON in a text message",
+                            bytes.len()
+                        );
+                        if !deliver(&mut socket, error_message(None, Problem::MalformedMessage, &detail), idle_timeout).await {
+                            break;
+                        }
+                    }
                     None => break,
+                    // Pings and pongs: the library answers pings.
                     Some(Ok(_)) => {}
                 }
             }

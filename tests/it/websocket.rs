@@ -147,6 +147,18 @@ async fn one_socket_subscribes_to_a_lock_and_an_election_and_bad_messages_get_er
         next_message(&mut socket).await["type"],
         "urn:zkgate:problem:malformed-message"
     );
+    // A binary message too, saying what to send instead.
+    {
+        use futures::SinkExt;
+        let request = json!({"op": "unsubscribe", "id": "x"}).to_string();
+        socket
+            .send(Message::Binary(request.into_bytes().into()))
+            .await
+            .expect("send");
+    }
+    let error = next_message(&mut socket).await;
+    assert_eq!(error["type"], "urn:zkgate:problem:malformed-message", "{error}");
+    assert!(error["detail"].as_str().unwrap().contains("text message"), "{error}");
     send(
         &mut socket,
         json!({"op": "subscribe", "id": "q", "topic": {"nothing": "x"}}),

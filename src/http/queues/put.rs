@@ -41,7 +41,7 @@ pub(super) fn due_of(query: &PutQuery) -> Result<Option<i64>, ApiError> {
     // limit and the quotas, not by how far ahead its time is.
     let at_time = match &query.not_before {
         Some(at) => {
-            let at = humantime::parse_rfc3339(at).map_err(|e| {
+            let at = crate::time::parse_utc(at).map_err(|e| {
                 ApiError::invalid(
                     Place::Query,
                     "not_before",
