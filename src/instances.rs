@@ -27,7 +27,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::peer::PeerKey;
 
-use crate::recipes::registry;
+use crate::recipes::presence;
 use crate::zk::ZkError;
 use crate::zk::session::{Lanes, ZkSession};
 
@@ -102,7 +102,7 @@ impl Instances {
         let (keeper, vouching) = watch::channel(false);
         let instances = Instances {
             zk: lanes.primary().clone(),
-            dir: format!("{root}/instances").into(),
+            dir: presence::instances_dir(root).into(),
             key,
             registered,
             vouching,
@@ -181,8 +181,8 @@ impl Instances {
         let Ok(session) = self.zk.current() else {
             return;
         };
-        let path = format!("{}/{}", self.dir, me.id);
-        if let Err(err) = registry::deregister(session.client(), &path).await {
+        let path = presence::registration(&self.dir, &me.id);
+        if let Err(err) = presence::deregister(session.client(), &path).await {
             tracing::warn!(error = %err, "could not remove this instance's registration");
         }
     }
@@ -199,8 +199,8 @@ impl Instances {
             .map_err(|_| ZkError::ConnectionLoss)?
             .client()
             .clone();
-        let path = format!("{}/{instance}", self.dir);
-        let Some((data, owner)) = registry::read(&client, &path).await? else {
+        let path = presence::registration(&self.dir, instance);
+        let Some((data, owner)) = presence::read(&client, &path).await? else {
             return Ok(Peer::Gone);
         };
         let Some(key) = &self.key else {
@@ -242,7 +242,7 @@ impl Registrar {
     /// ZooKeeper merely cannot be asked for a moment (the node lives as long as the session).
     async fn run(self) {
         let mut status = self.zk.subscribe();
-        let path = format!("{}/{}", self.dir, self.name);
+        let path = presence::registration(&self.dir, &self.name);
         loop {
             if self.leaving.is_cancelled() {
                 self.set_registered(false);
@@ -257,7 +257,7 @@ impl Registrar {
                 continue;
             };
             let data = self.data(client.session_id().0);
-            let error = match registry::register(&client, &self.dir, &self.name, |_| data.clone()).await {
+            let error = match presence::register(&client, &self.dir, &self.name, |_| data.clone()).await {
                 Ok(()) => {
                     self.set_registered(true);
                     tracing::info!(name = %self.name, url = %self.url, "instance registered");
@@ -277,7 +277,7 @@ impl Registrar {
                             self.set_registered(false);
                             return;
                         }
-                        lost = registry::lost(&client, &path, &data) => match lost {
+                        lost = presence::lost(&client, &path, &data) => match lost {
                             Ok(()) => {
                                 self.set_registered(false);
                                 tracing::warn!(name = %self.name, "this instance's registration was removed or replaced; registering again");

@@ -40,8 +40,8 @@ use crate::config::ServeConfig;
 use crate::events::Events;
 use crate::keeper::Leases;
 use crate::kind::Kind;
-use crate::recipes::bound::BoundNodes;
-use crate::recipes::contender::Contenders;
+use crate::recipes::engine::bound::BoundNodes;
+use crate::recipes::engine::contender::Contenders;
 use crate::recipes::queue::service::Queues;
 use crate::recipes::semaphore::Semaphores;
 use crate::zk::session::ZkSession;
@@ -78,6 +78,8 @@ pub struct Shared {
     pub groups: BoundNodes,
     /// Service instances registered through this instance (`/v1/services`).
     pub services: BoundNodes,
+    /// Each service's round-robin turn on this instance.
+    pub service_picker: recipes::service::Picker,
     pub semaphores: Semaphores,
     pub barriers: BoundNodes,
     pub double_barriers: BoundNodes,
@@ -215,6 +217,7 @@ impl AppState {
             elections: holders.elections,
             groups: holders.groups,
             services: holders.services,
+            service_picker: Default::default(),
             semaphores: holders.semaphores,
             barriers: holders.barriers,
             double_barriers: holders.double_barriers,
@@ -272,7 +275,7 @@ struct Holders {
 
 /// What takes over the holdings of a lease this instance adopts: each reference under its
 /// record names a kind and a protocol, whose registry takes the handle over (its task finds
-/// its znodes and goes on, see [recipes::handle]).
+/// its znodes and goes on, see [recipes::engine::handle]).
 impl Holders {
     fn new(root: &str) -> Holders {
         Holders {
@@ -291,7 +294,7 @@ impl Holders {
 }
 
 fn adopter(holders: Holders) -> keeper::Adopter {
-    use recipes::lease::record::Held;
+    use recipes::engine::record::Held;
     Arc::new(move |lease, holdings| {
         for (reference, holding) in holdings {
             let (name, id, reference) = (holding.name.as_str(), holding.handle.as_str(), reference.as_str());
@@ -321,7 +324,7 @@ fn adopter(holders: Holders) -> keeper::Adopter {
 
 impl Holders {
     /// The registry of a kind's contenders, if it has any.
-    fn contenders(&self, kind: Kind) -> Option<&recipes::contender::Contenders> {
+    fn contenders(&self, kind: Kind) -> Option<&recipes::engine::contender::Contenders> {
         match kind {
             Kind::Lock => Some(&self.locks),
             Kind::RwLock => Some(&self.rwlocks),

@@ -33,7 +33,7 @@ use tokio::sync::watch;
 
 use crate::keeper::Leases;
 use crate::locked::Locked;
-use crate::recipes::lease::{EndReason, Lease, LeaseError};
+use crate::recipes::engine::lease::{EndReason, Lease, LeaseError};
 use crate::recipes::topic::{EventKind, Source};
 use crate::zk::recursive::Change;
 use crate::zk::session::{Status, ZkSession};

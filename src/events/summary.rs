@@ -41,15 +41,15 @@ struct Pending {
 pub(super) async fn follow_summary(publisher: Publisher, kind: Kind, base: String) {
     let pending = Arc::new(Mutex::new(Pending::default()));
     let wake = Arc::new(Notify::new());
-    let prefix = format!("{base}/");
     let watch = crate::zk::recursive::follow(publisher.zk(), &base, {
-        let (pending, wake) = (pending.clone(), wake.clone());
+        let (pending, wake, base) = (pending.clone(), wake.clone(), base.clone());
         move |change| {
             let mut pending = pending.locked();
             match change {
                 Change::Start { .. } => pending.rescan = Some(None),
                 Change::Resync { reason, .. } => pending.rescan = Some(Some(reason)),
-                Change::Node { path, .. } => match path.strip_prefix(&prefix) {
+                // The resource a change below the kind's directory is in.
+                Change::Node { path, .. } => match path.strip_prefix(base.as_str()).and_then(|p| p.strip_prefix('/')) {
                     Some(below) => {
                         let name = below.split('/').next().unwrap_or(below);
                         pending.dirty.insert(name.to_string());

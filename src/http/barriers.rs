@@ -18,8 +18,8 @@ use crate::auth::Caller;
 use crate::events::Feed;
 use crate::kind::Kind;
 use crate::recipes::barrier::{self, BarrierState, BarrierTopic};
-use crate::recipes::bound::{self, BindError};
-use crate::recipes::handle::Phase;
+use crate::recipes::engine::bound::{self, BindError};
+use crate::recipes::engine::handle::Phase;
 use crate::recipes::topic::Source;
 use crate::time::HumanDuration;
 

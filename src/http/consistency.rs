@@ -31,7 +31,7 @@ use serde::Deserialize;
 
 use super::error::{ApiError, Place};
 use crate::AppState;
-use crate::recipes::lease::Lease;
+use crate::recipes::engine::lease::Lease;
 
 /// The query parameter's name.
 pub const PARAMETER: &str = "consistency";
@@ -155,5 +155,5 @@ pub fn takes_it(path: &str) -> bool {
     path.starts_with("/v1/")
         && !matches!(path, "/v1/ws" | "/v1/leases")
         && !path.ends_with("/observe")
-        && !super::events::is_stream(path)
+        && !super::routed::is_stream(path)
 }

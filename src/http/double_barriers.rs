@@ -20,8 +20,8 @@ use crate::auth::Caller;
 use crate::events::Feed;
 use crate::kind::Kind;
 use crate::recipes::SettingError;
-use crate::recipes::bound::{self, BindError, BoundNode};
 use crate::recipes::double_barrier::{self, DoubleBarrierState, DoubleBarrierTopic, READY};
+use crate::recipes::engine::bound::{self, BindError, BoundNode};
 use crate::time::HumanDuration;
 use crate::zk::Session;
 use crate::zk::names::validate_name;
@@ -155,7 +155,7 @@ async fn participant(
             let (lease, _) = lease_for(state, caller, body.lease.clone(), body.ttl.map(|t| t.0)).await?;
             let session = lease.session().await?;
             agree_on_size(&session, &dir, name, body.size).await?;
-            let path = format!("{dir}/{}", body.participant);
+            let path = state.double_barriers.node(name, &body.participant);
             match state
                 .double_barriers
                 .bind(&lease, name, &body.participant, path, bound::owner_record(&lease), None)
@@ -237,7 +237,7 @@ pub async fn leave(
     let nodes = &state.double_barriers;
     let any = super::consistency::synced(&state).await?;
     let what = format!("participant `{}`", body.participant);
-    let path = format!("{}/{}", nodes.dir(&name), body.participant);
+    let path = nodes.node(&name, &body.participant);
     bound::check_owner(&any, &state.config.root, Kind::DoubleBarrier, &path, &caller, &what).await?;
     // On the participant's own session if it entered here, which sees its own removal at once.
     let session = match nodes.get(&name, &body.participant) {

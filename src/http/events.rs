@@ -47,22 +47,6 @@ const RETRY: Duration = Duration::from_secs(1);
 /// The header a reconnecting `EventSource` sends.
 const LAST_EVENT_ID: &str = "last-event-id";
 
-/// Whether `path` (as requested, percent-encoded) is an event stream's: its Host and Origin are
-/// checked like a socket's.
-pub fn is_stream(path: &str) -> bool {
-    if path == "/v1/events" {
-        return true;
-    }
-    match path
-        .strip_prefix("/v1/")
-        .map(|rest| rest.split('/').collect::<Vec<_>>())
-        .as_deref()
-    {
-        Some([segment, _, "events"]) => Kind::from_segment(segment).is_some_and(|k| k.topic().is_some()),
-        _ => false,
-    }
-}
-
 /// Follows topics as Server-Sent Events.
 ///
 /// `topic` (repeat it, up to 64) names each topic as events name it: `KIND:NAME` for a
@@ -306,17 +290,6 @@ pub(crate) use events_handler;
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn streams_are_told_apart_from_other_reads() {
-        assert!(is_stream("/v1/events"));
-        assert!(is_stream("/v1/locks/orders/events"));
-        assert!(is_stream("/v1/double-barriers/b%2F1/events"));
-        assert!(!is_stream("/v1/kv/app/events"));
-        assert!(!is_stream("/v1/locks/orders"));
-        assert!(!is_stream("/v1/locks/orders/events/x"));
-        assert!(!is_stream("/v1/nothing/orders/events"));
-    }
 
     #[test]
     fn a_resume_point_has_one_position_per_topic() {

@@ -18,9 +18,9 @@ use crate::AppState;
 use crate::auth::Caller;
 use crate::events::Feed;
 use crate::kind::Kind;
-use crate::recipes::bound::{self, BindError, BoundNode};
+use crate::recipes::engine::bound::{self, BindError, BoundNode};
+use crate::recipes::engine::handle::Phase;
 use crate::recipes::group::{self, GroupState, GroupTopic};
-use crate::recipes::handle::Phase;
 use crate::recipes::topic::Source;
 use crate::recipes::usage::ChargeError;
 use crate::time::{HumanDuration, timestamp};
@@ -146,12 +146,12 @@ pub async fn join(
 pub(super) async fn bind_charged(
     state: &AppState,
     caller: &Caller,
-    nodes: &crate::recipes::bound::BoundNodes,
-    lease: &std::sync::Arc<crate::recipes::lease::Lease>,
+    nodes: &crate::recipes::engine::bound::BoundNodes,
+    lease: &std::sync::Arc<crate::recipes::engine::lease::Lease>,
     (name, id): (&str, &str),
     data: Vec<u8>,
 ) -> Result<std::sync::Arc<BoundNode>, Option<ApiError>> {
-    let path = format!("{}/{id}", nodes.dir(name));
+    let path = nodes.node(name, id);
     let session = state.zk().connected().await.map_err(|e| Some(e.into()))?;
     let bytes = data.len();
     let charge = match state.quotas.charge(&session, caller.name(), bytes).await {
@@ -205,18 +205,18 @@ pub async fn leave(
             format!("no member `{member}` of `{group}` joined through zkgate"),
         )
     };
-    let path = format!("{}/{member}", state.groups.dir(&group));
+    let path = state.groups.node(&group, &member);
     unbind(&state, &caller, &state.groups, (&group, &member), &path, gone).await
 }
 
 /// Releases the lease-bound node `id` of resource `name` at `path` (a member, a service
 /// instance, a lock set's record), if `caller` may: through its task if its lease is kept here,
-/// else through ZooKeeper alone (its node records its lease, see [crate::recipes::bound]).
+/// else through ZooKeeper alone (its node records its lease, see [crate::recipes::engine::bound]).
 /// `gone` is the answer when there is no such node of zkgate's.
 pub(super) async fn unbind(
     state: &AppState,
     caller: &Caller,
-    nodes: &crate::recipes::bound::BoundNodes,
+    nodes: &crate::recipes::engine::bound::BoundNodes,
     (name, id): (&str, &str),
     path: &str,
     gone: impl FnOnce() -> ApiError,

@@ -197,7 +197,7 @@ pub async fn get_value(
         None => None,
     };
     let session = super::consistency::reader(&state, consistency).await?;
-    let path = format!("{}/kv/{key}", state.config.root);
+    let path = Kind::Kv.path(&state.config.root, &key);
     if let (Some(version), Some(wait)) = (known, query.wait) {
         let wait = wait.0.min(state.config.max_wait);
         crate::admission::park();
@@ -265,7 +265,7 @@ pub async fn put_value(
     }
     super::check_stored_size(&state, "value", body.len())?;
     let session = state.zk().connected().await?;
-    let path = format!("{}/kv/{key}", state.config.root);
+    let path = Kind::Kv.path(&state.config.root, &key);
     let payer = Payer {
         quotas: &state.quotas,
         principal: caller.name(),
@@ -350,7 +350,7 @@ pub async fn delete_value(
         Some(Tag::Any) | None => Condition::Any,
     };
     let session = state.zk().connected().await?;
-    let path = format!("{}/kv/{key}", state.config.root);
+    let path = Kind::Kv.path(&state.config.root, &key);
     kv::delete(&session, &path, condition, &state.quotas)
         .await
         .map_err(|e| write_error(&key, e))?;
@@ -372,10 +372,10 @@ pub async fn list_keys(
 ) -> Result<axum::response::Response, ApiError> {
     let prefix = query.prefix.unwrap_or_default();
     let path = if prefix.is_empty() {
-        format!("{}/kv", state.config.root)
+        Kind::Kv.base(&state.config.root)
     } else {
         check_key(&prefix).map_err(|_| ApiError::invalid(Place::Query, "prefix", "must be a valid key (`a/b`)"))?;
-        format!("{}/kv/{prefix}", state.config.root)
+        Kind::Kv.path(&state.config.root, &prefix)
     };
     let session = super::consistency::reader(&state, consistency).await?;
     match kv::children(&session, &path).await? {

@@ -19,7 +19,7 @@ use super::extract::{ApiJson, ApiPath};
 use crate::AppState;
 use crate::auth::Caller;
 use crate::keeper::NewLease;
-use crate::recipes::lease::{EndReason, HoldingView, Lease, LeaseError};
+use crate::recipes::engine::lease::{EndReason, HoldingView, Lease, LeaseError};
 use crate::time::{HumanDuration, millis_since, timestamp};
 
 /// The lease routes.
@@ -237,7 +237,7 @@ pub async fn list_leases(
 ) -> super::paging::Page<LeaseSummary> {
     // Oldest first: by creation time (ns since the epoch, zero-padded so that the text sorts
     // as the number), then id.
-    let created = |l: &std::sync::Arc<crate::recipes::lease::Lease>| {
+    let created = |l: &std::sync::Arc<crate::recipes::engine::lease::Lease>| {
         let nanos = l
             .created_at
             .duration_since(std::time::UNIX_EPOCH)
@@ -273,7 +273,7 @@ pub async fn get_lease(
     let session = super::consistency::reader(&state, Consistency::Sequential).await?;
     let root = &state.config.root;
     view.holdings
-        .extend(crate::recipes::recorded::driven_elsewhere(&session, root, &lease).await?);
+        .extend(crate::recipes::holdings::driven_elsewhere(&session, root, &lease).await?);
     Ok(Json(view))
 }
 
@@ -313,7 +313,7 @@ pub async fn delete_lease(
         // Deleted before: a retry after a lost reply gets the answer the first delete got.
         // (One that expired or was lost still says so, with `410` and the reason.)
         Ok(())
-        | Err(crate::recipes::lease::LeaseError::Ended {
+        | Err(crate::recipes::engine::lease::LeaseError::Ended {
             reason: EndReason::Deleted,
             ..
         }) => Ok(StatusCode::NO_CONTENT),

@@ -47,7 +47,7 @@ pub async fn limit(State(state): State<AppState>, request: Request, next: Next) 
         response.map(|body| axum::body::Body::new(Written { body, arrived, turn }))
     };
     if !route.is_some_and(|route| takes_a_turn(request.method(), route)) {
-        let streams = route.is_some_and(streams);
+        let streams = route.is_some_and(super::routed::is_long_lived);
         let response = next.run(request).await;
         return match streams {
             // An event stream's or a socket's "answer" lasts as long as it is open.
@@ -123,12 +123,7 @@ pub fn takes_a_turn(method: &Method, route: &str) -> bool {
             && ["/keepalive", "/ack", "/nack", "/leave"]
                 .iter()
                 .any(|end| route.ends_with(end)));
-    !streams(route) && !gives_back
-}
-
-/// Whether `route` opens a socket or an event stream, whose answer lasts as long as it is open.
-fn streams(route: &str) -> bool {
-    route == "/v1/ws" || route.ends_with("/observe") || super::events::is_stream(route)
+    !super::routed::is_long_lived(route) && !gives_back
 }
 
 /// Whether `method` on `route` may wait: the endpoints that take a `wait` query parameter,

@@ -26,9 +26,9 @@ use super::leases::{LeaseView, lease_for, lease_gone};
 use crate::AppState;
 use crate::auth::{Access, Caller};
 use crate::kind::Kind;
-use crate::recipes::bound::BindError;
-use crate::recipes::contender::Contender;
-use crate::recipes::lease::{EndReason, Lease};
+use crate::recipes::engine::bound::BindError;
+use crate::recipes::engine::contender::Contender;
+use crate::recipes::engine::lease::{EndReason, Lease};
 use crate::recipes::lock_set::{self, SetRecord, canonical_order};
 use crate::time::HumanDuration;
 use crate::zk::Session;
@@ -106,7 +106,7 @@ pub struct LockSetState {
     pub locks: Vec<HandleView>,
 }
 
-fn set_lock(handle: &crate::recipes::contender::Contender) -> SetLock {
+fn set_lock(handle: &crate::recipes::engine::contender::Contender) -> SetLock {
     let current = handle.state();
     SetLock {
         lock: handle.name.clone(),
@@ -140,60 +140,80 @@ pub async fn acquire_set(
     let order = locks_in_order(&caller, &body.locks)?;
     let deadline = Instant::now() + state.config.wait(params.wait.map(|w| w.0));
     let (lease, own_lease) = lease_for(&state, &caller, body.lease, body.ttl.map(|t| t.0)).await?;
-    let mut taken = Vec::with_capacity(order.len());
-    let refused = |taken: Vec<(Arc<Contender>, bool)>, err: ApiError| {
-        let (state, lease) = (&state, &lease);
-        async move {
-            // All or none: what this request took goes before the answer.
-            if own_lease {
-                let _ = state.leases.end(&Caller::Anyone, &lease.id, EndReason::Deleted).await;
-            } else {
-                for (handle, held_before) in taken.iter().rev() {
-                    if !held_before {
-                        state.locks.release(handle).await;
-                    }
-                }
-            }
-            crate::metrics::get().lock_sets.with_label_values(&["refused"]).inc();
-            err
-        }
+    let mut taker = SetTaker {
+        state: &state,
+        caller: &caller,
+        lease: &lease,
+        own_lease,
+        deadline,
     };
-    for name in order {
-        let held_before = state.locks.holds(&lease, name);
-        let request = Request {
-            caller: &caller,
-            name,
-            wait: Some(deadline.saturating_duration_since(Instant::now())),
-            keep_queued: false,
-            lease: Some(lease.id.clone()),
-            ttl: None,
-        };
-        let open = async |lease: Arc<Lease>| {
-            contention::open_contender(
-                &state,
-                &state.locks,
-                &lease,
-                name,
-                crate::recipes::lock::EXCLUSIVE,
-                None,
-            )
-        };
-        match contention::contend(&state, &state.locks, request, open).await {
-            Ok(granted) => taken.push((granted.handle, held_before)),
-            Err(err) => return Err(refused(taken, err.with("lock", name)).await),
-        }
-    }
-    let handles: Vec<&Arc<Contender>> = taken.iter().map(|(handle, _)| handle).collect();
-    let id = match record_set(&state, &lease, &handles).await {
-        Ok(id) => id,
-        Err(err) => return Err(refused(taken, err).await),
-    };
-    crate::metrics::get().lock_sets.with_label_values(&["granted"]).inc();
+    let (id, taken) = lock_set::acquire(&mut taker, &order)
+        .await
+        .map_err(|refused| match refused.at {
+            Some(lock) => refused.error.with("lock", &lock),
+            None => refused.error,
+        })?;
     Ok(Json(LockSetView {
         set: id,
         locks: taken.iter().map(|(handle, _)| set_lock(handle)).collect(),
         lease: LeaseView::of(&lease),
     }))
+}
+
+/// A set's locks taken as single acquires on `lease`, within one deadline.
+struct SetTaker<'a> {
+    state: &'a AppState,
+    caller: &'a Caller,
+    lease: &'a Arc<Lease>,
+    /// Whether the lease was made for this request (a refused set ends it).
+    own_lease: bool,
+    deadline: Instant,
+}
+
+impl lock_set::Taker for SetTaker<'_> {
+    /// A lock's handle, and whether the lease held it before the set.
+    type Taken = (Arc<Contender>, bool);
+    type Error = ApiError;
+
+    async fn take(&mut self, name: &str) -> Result<Self::Taken, ApiError> {
+        let (state, lease) = (self.state, self.lease);
+        let held_before = state.locks.holds(lease, name);
+        let request = Request {
+            caller: self.caller,
+            name,
+            wait: Some(self.deadline.saturating_duration_since(Instant::now())),
+            keep_queued: false,
+            lease: Some(lease.id.clone()),
+            ttl: None,
+        };
+        let open = async |lease: Arc<Lease>| {
+            contention::open_contender(state, &state.locks, &lease, name, crate::recipes::lock::EXCLUSIVE, None)
+        };
+        let granted = contention::contend(state, &state.locks, request, open).await?;
+        Ok((granted.handle, held_before))
+    }
+
+    async fn record(&mut self, taken: &[Self::Taken]) -> Result<String, ApiError> {
+        let handles: Vec<&Arc<Contender>> = taken.iter().map(|(handle, _)| handle).collect();
+        record_set(self.state, self.lease, &handles).await
+    }
+
+    async fn give_back(&mut self, taken: Vec<Self::Taken>) {
+        if self.own_lease {
+            let _ = self
+                .state
+                .leases
+                .end(&Caller::Anyone, &self.lease.id, EndReason::Deleted)
+                .await;
+            return;
+        }
+        // Locks the lease held before the set stay held.
+        for (handle, held_before) in taken.iter().rev() {
+            if !held_before {
+                self.state.locks.release(handle).await;
+            }
+        }
+    }
 }
 
 /// The locks a set names, each valid, named once and allowed to `caller`, in the order every

@@ -17,8 +17,8 @@ use crate::AppState;
 use crate::auth::Caller;
 use crate::events::Feed;
 use crate::kind::Kind;
+use crate::recipes::engine::revocation::{AUDIT_KEPT, Revocation, audit_dir, read_audit};
 use crate::recipes::lock::{LockState, LockTopic};
-use crate::recipes::revocation::{AUDIT_KEPT, Revocation, read_audit};
 
 /// The lock kind's module.
 pub const RESOURCE: Resource = Resource {
@@ -192,7 +192,7 @@ pub async fn revocations(
 ) -> Result<Json<Vec<Revocation>>, ApiError> {
     let limit = query.limit.unwrap_or(100).min(AUDIT_KEPT);
     let session = super::consistency::reader(&state, consistency).await?;
-    let mut records = read_audit(&session, &format!("{}/revocations", state.config.root), limit).await?;
+    let mut records = read_audit(&session, &audit_dir(&state.config.root), limit).await?;
     records.retain(|r| {
         Kind::from_topic(&r.kind).is_some_and(|kind| caller.may(kind.auth(), &r.lock, crate::auth::Access::Read))
     });

@@ -359,7 +359,7 @@ pub fn document_auth(spec: &mut utoipa::openapi::OpenApi) {
         if path == "/healthz" || path == "/readyz" {
             continue;
         }
-        let socket = path == "/v1/ws" || path.ends_with("/observe") || events::is_stream(path);
+        let socket = routed::is_long_lived(path);
         let operations = [
             (axum::http::Method::GET, &mut item.get),
             (axum::http::Method::PUT, &mut item.put),

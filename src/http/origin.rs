@@ -47,7 +47,7 @@ pub fn cors(allowed: &[String]) -> CorsLayer {
 pub async fn check_origin(State(state): State<AppState>, request: Request, next: Next) -> Response {
     let safe = matches!(*request.method(), Method::GET | Method::HEAD | Method::OPTIONS);
     // An event stream is a socket that happens to be a GET: the same checks.
-    let upgrade = request.headers().contains_key(header::UPGRADE) || super::events::is_stream(request.uri().path());
+    let upgrade = request.headers().contains_key(header::UPGRADE) || super::routed::is_stream(request.uri().path());
     if safe && !upgrade {
         return next.run(request).await;
     }

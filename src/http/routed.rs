@@ -62,3 +62,40 @@ impl Routed {
         self.kind.and(self.params.first().map(|(_, v)| v.as_str()))
     }
 }
+
+/// Whether `path` (as requested, percent-encoded) is an event stream's: its Host and Origin are
+/// checked like a socket's.
+pub fn is_stream(path: &str) -> bool {
+    if path == "/v1/events" {
+        return true;
+    }
+    match path
+        .strip_prefix("/v1/")
+        .map(|rest| rest.split('/').collect::<Vec<_>>())
+        .as_deref()
+    {
+        Some([segment, _, "events"]) => Kind::from_segment(segment).is_some_and(|k| k.topic().is_some()),
+        _ => false,
+    }
+}
+
+/// Whether `route` opens a socket or an event stream, whose answer lasts as long as it is open.
+pub fn is_long_lived(route: &str) -> bool {
+    route == "/v1/ws" || route.ends_with("/observe") || is_stream(route)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn streams_are_told_apart_from_other_reads() {
+        assert!(is_stream("/v1/events"));
+        assert!(is_stream("/v1/locks/orders/events"));
+        assert!(is_stream("/v1/double-barriers/b%2F1/events"));
+        assert!(!is_stream("/v1/kv/app/events"));
+        assert!(!is_stream("/v1/locks/orders"));
+        assert!(!is_stream("/v1/locks/orders/events/x"));
+        assert!(!is_stream("/v1/nothing/orders/events"));
+    }
+}

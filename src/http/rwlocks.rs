@@ -17,7 +17,7 @@ use crate::AppState;
 use crate::auth::Caller;
 use crate::events::Feed;
 use crate::kind::Kind;
-use crate::recipes::contender::Role;
+use crate::recipes::engine::contender::Role;
 use crate::recipes::rwlock::{self, RwLockState, RwLockTopic, is_reader};
 
 /// The read/write lock kind's module.

@@ -3,9 +3,6 @@
 //! one (random or round-robin), follow changes. See [crate::recipes::service] for the
 //! layout.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
-
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -23,10 +20,9 @@ use crate::AppState;
 use crate::auth::Caller;
 use crate::events::Feed;
 use crate::kind::Kind;
-use crate::locked::Locked;
-use crate::recipes::bound::BoundNode;
+use crate::recipes::engine::bound::BoundNode;
 use crate::recipes::service::{
-    self, CuratorInstance, InstanceView, Registrar, ServiceState, ServiceTopic, Strategy, UriSpecJson,
+    CuratorInstance, InstanceView, Registrar, ServiceState, ServiceTopic, Strategy, UriSpecJson,
 };
 use crate::time::{HumanDuration, timestamp};
 use crate::zk::names::validate_name;
@@ -219,7 +215,7 @@ pub async fn unregister(
             format!("no instance `{id}` of `{service}` registered through zkgate"),
         )
     };
-    let path = format!("{}/{id}", state.services.dir(&service));
+    let path = state.services.node(&service, &id);
     super::groups::unbind(&state, &caller, &state.services, (&service, &id), &path, gone).await
 }
 
@@ -270,32 +266,12 @@ pub async fn pick(
     check_name(&service)?;
     let Json(read) = super::read(&state, source(&state, &service), consistency).await?;
     let strategy = query.strategy.unwrap_or_default();
-    let turn = match strategy {
-        Strategy::RoundRobin => next_turn(&service),
-        Strategy::Random => 0,
-    };
-    service::pick(&read.instances, strategy, turn, rand::random::<u32>() as usize)
+    state
+        .service_picker
+        .pick(&service, &read.instances, strategy)
         .cloned()
         .map(Json)
         .ok_or_else(|| ApiError::not_found("instance", format!("service `{service}` has no enabled instance")))
-}
-
-/// Most services whose round-robin turn is remembered; past it the turns start again (a
-/// bound against clients that pick from ever new names).
-const TURNS_KEPT: usize = 10_000;
-
-/// The next round-robin turn of `service` on this instance.
-fn next_turn(service: &str) -> usize {
-    static TURNS: Mutex<Option<HashMap<String, usize>>> = Mutex::new(None);
-    let mut turns = TURNS.locked();
-    let turns = turns.get_or_insert_with(HashMap::new);
-    if turns.len() >= TURNS_KEPT && !turns.contains_key(service) {
-        turns.clear();
-    }
-    let turn = turns.entry(service.to_string()).or_insert(0);
-    let current = *turn;
-    *turn = turn.wrapping_add(1);
-    current
 }
 
 /// Lists the services that have (or had) instances.

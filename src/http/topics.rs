@@ -16,8 +16,8 @@ use crate::events::Feed;
 use crate::http::error::ApiError;
 use crate::kind::Kind;
 use crate::limits::{ClientAddr, Permit};
-use crate::recipes::lease::LeaseError;
-use crate::recipes::znode::{ZnodeChildren, ZnodeData};
+use crate::recipes::engine::lease::LeaseError;
+use crate::recipes::znode::{ZnodeChildren, ZnodeData, under_root};
 use crate::zk::names::validate_name;
 
 /// The kinds' topics as the API documents them, from the registry: `lock`, `rwlock`... (every
@@ -209,11 +209,7 @@ fn znode_feed(
             "no read access to the znode `{relative}`"
         )));
     }
-    let absolute = if relative.is_empty() {
-        root.to_string()
-    } else {
-        format!("{root}/{relative}")
-    };
+    let absolute = under_root(root, relative);
     Ok(match watch {
         ZnodeWatch::Data => (format!("znode:data:{relative}"), Feed::of(ZnodeData { path: absolute })),
         ZnodeWatch::Children => (

@@ -21,7 +21,7 @@ use crate::AppState;
 use crate::auth::Caller;
 use crate::events::Feed;
 use crate::kind::Kind;
-use crate::recipes::bound::{self, BindError};
+use crate::recipes::engine::bound::{self, BindError};
 use crate::recipes::topic::Source;
 use crate::recipes::txn::{self, Record, Spec, TxnState, TxnTopic, Vote, VoteError};
 use crate::time::{HumanDuration, at_most};
@@ -226,7 +226,7 @@ pub async fn register(
     let (lease, _) = lease_for(&state, &caller, body.lease, body.ttl.map(|t| t.0)).await?;
     // The member node lives on the lease's session, and is read back on it (which sees it).
     let session = lease.session().await?;
-    let path = format!("{dir}/members/{participant}");
+    let path = txn::member_path(&dir, &participant);
     match state
         .txn_members
         .bind(&lease, &id, &participant, path, bound::owner_record(&lease), None)
@@ -303,7 +303,7 @@ async fn participant_of(
     let dir = state.txn_members.dir(id);
     // A participant registered with another principal's lease is not the caller's, whichever
     // instance it registered through: its node records the principal.
-    let member = format!("{dir}/members/{participant}");
+    let member = txn::member_path(&dir, participant);
     let what = format!("participant `{participant}`");
     bound::check_owner(&session, &state.config.root, Kind::Txn, &member, caller, &what).await?;
     let record = txn::read(&session, &dir).await?.ok_or_else(|| not_found(id))?;

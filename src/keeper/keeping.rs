@@ -39,7 +39,7 @@ use tokio::time::Instant;
 
 use super::{FRESH, HEARTBEAT, Registry};
 use crate::locked::Locked;
-use crate::recipes::lease::{keepers, record};
+use crate::recipes::engine::{keepers, record};
 use crate::zk::session::ZkSession;
 
 /// This instance's standing as a keeper.

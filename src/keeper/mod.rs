@@ -1,7 +1,7 @@
 //! The leases this instance keeps: zkgate's handle for an HTTP client, the way an etcd lease or
 //! a ZooKeeper session is for a native client.
 //!
-//! A lease is ZooKeeper data ([crate::recipes::lease::record]); this registry is its *keeper's*
+//! A lease is ZooKeeper data ([crate::recipes::engine::record]); this registry is its *keeper's*
 //! side: the instance that times a lease keeps it in memory ([Lease]) with its TTL timer and
 //! the tasks of what it holds. It makes leases (round robin over the instance's sessions, at
 //! most so many per principal, idempotent with a key), keeps them alive in memory (a keepalive
@@ -47,8 +47,8 @@ use tokio::time::Instant;
 
 use crate::auth::Caller;
 use crate::locked::Locked;
-use crate::recipes::lease::record::{self, HoldingRecord, LeaseRecord};
-use crate::recipes::lease::{EndReason, Kept, Lease, LeaseError, WhyEnded};
+use crate::recipes::engine::lease::{EndReason, Kept, Lease, LeaseError, WhyEnded};
+use crate::recipes::engine::record::{self, HoldingRecord, LeaseRecord};
 use crate::zk::session::Lanes;
 
 /// How long an instance goes on acknowledging keepalives after its last heartbeat was sent (and

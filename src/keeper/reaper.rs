@@ -33,13 +33,16 @@ use tokio_util::sync::CancellationToken;
 
 use super::{HEARTBEAT, Leases, TOMBSTONE};
 use crate::locked::Locked;
-use crate::recipes::lease::{keepers, record};
+use crate::recipes::engine::{keepers, record};
+use crate::recipes::presence;
 use crate::recipes::queue::service::Queues;
-use crate::recipes::registry;
 use crate::zk::session::ZkSession;
 
 /// Leases taken over at once in a pass.
 const CONCURRENT: usize = 32;
+
+/// The job whose leadership node elects the reaper.
+const REAPER: &str = "reaper";
 
 /// Starts this instance's reaper task (it reaps when it is elected) until `shutdown`. The
 /// receiver turns `true` once a pass has run here, or another instance is the reaper.
@@ -64,8 +67,8 @@ pub fn start(
             _ = shutdown.cancelled() => {}
         }
         if let Ok(session) = zk.current() {
-            let path = format!("{}/reaper", reaper.root);
-            let _ = tokio::time::timeout(HEARTBEAT, registry::resign(session.client(), &path)).await;
+            let path = presence::leadership(&reaper.root, REAPER);
+            let _ = tokio::time::timeout(HEARTBEAT, presence::resign(session.client(), &path)).await;
         }
     });
     receiver
@@ -95,8 +98,8 @@ struct Swept {
 
 impl Reaper {
     async fn run(&self, zk: ZkSession) {
-        let lock = format!("{}/reaper", self.root);
-        let instances = format!("{}/instances", self.root);
+        let lock = presence::leadership(&self.root, REAPER);
+        let instances = presence::instances_dir(&self.root);
         loop {
             let Ok(session) = zk.connected().await else {
                 let mut status = zk.subscribe();
@@ -104,8 +107,8 @@ impl Reaper {
                 continue;
             };
             let client = session.client();
-            match registry::lead(client, &lock, self.leases.instance().as_bytes()).await {
-                Ok(true) => match registry::members_and_watch(client, &instances).await {
+            match presence::lead(client, &lock, self.leases.instance().as_bytes()).await {
+                Ok(true) => match presence::members_and_watch(client, &instances).await {
                     Ok((registered, watcher)) => {
                         if !self.pass_reported(client, &registered).await {
                             let _ = tokio::time::timeout(HEARTBEAT, self.leases.next_heartbeat()).await;
@@ -121,7 +124,7 @@ impl Reaper {
                 Ok(false) => {
                     *self.registered_at_last_pass.locked() = None;
                     self.reaped.send_replace(true);
-                    if registry::await_leader_gone(client, &lock).await.is_err() {
+                    if presence::await_leader_gone(client, &lock).await.is_err() {
                         tokio::time::sleep(HEARTBEAT).await;
                     }
                 }

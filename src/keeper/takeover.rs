@@ -18,8 +18,8 @@ use tokio::time::Instant;
 
 use super::{FRESH, Leases};
 use crate::auth::Caller;
-use crate::recipes::lease::record::{self, Found, TakeOver};
-use crate::recipes::lease::{EndReason, Kept, Lease, LeaseError};
+use crate::recipes::engine::lease::{EndReason, Kept, Lease, LeaseError};
+use crate::recipes::engine::record::{self, Found, TakeOver};
 use crate::zk::session::Unavailable;
 
 /// The earliest a lease may end (ms, ZooKeeper's clock) when its keeper was last seen at
@@ -96,7 +96,7 @@ impl Leases {
     /// conservative guess: it gives the lease its whole TTL).
     async fn last_seen(&self, client: &crate::zk::Client, keeper: &str) -> Result<i64, LeaseError> {
         let now = self.inner.keeping.server_now().ok_or(LeaseError::NotFresh)?;
-        let seen = crate::recipes::lease::keepers::keepers(client, &self.inner.root)
+        let seen = crate::recipes::engine::keepers::keepers(client, &self.inner.root)
             .await
             .map_err(|_| unavailable())?
             .into_iter()
@@ -223,7 +223,7 @@ impl Leases {
         if !holdings.iter().any(|(_, h)| elsewhere(h)) {
             return holdings;
         }
-        let Ok(live) = crate::recipes::registry::live_instances(client, &self.inner.root).await else {
+        let Ok(live) = crate::recipes::presence::live_instances(client, &self.inner.root).await else {
             return holdings;
         };
         let alive = |d: &str| d == me || live.contains(d);

@@ -20,7 +20,7 @@ use tokio::time::Instant;
 use utoipa::ToSchema;
 use zookeeper_client::{Client, CreateMode, Error as ZkError};
 
-use super::bound::{BoundNodes, release_recorded};
+use super::engine::bound::{BoundNodes, release_recorded};
 use super::topic::{Source, event_kinds};
 use crate::kind::Kind;
 use crate::zk::retry_on_loss;
@@ -29,7 +29,7 @@ use crate::zk::watch::{ExistsWatches, Mode};
 /// The name of the ready node.
 pub const READY: &str = "ready";
 
-/// The key of the size in the double barrier znode's data (see [super::settle]).
+/// The key of the size in the double barrier znode's data (see [super::agree_on_setting]).
 pub const SIZE: &str = "size";
 
 /// What a leaving participant does next.
@@ -173,7 +173,7 @@ pub async fn leave(
 async fn remove_participant(session: &Session, nodes: &BoundNodes, name: &str, me: &str) -> Result<(), Failure> {
     if let Some(node) = nodes
         .get(name, me)
-        .filter(|n| n.state().phase != super::handle::Phase::Moved)
+        .filter(|n| n.state().phase != super::engine::handle::Phase::Moved)
     {
         nodes.release(&node).await;
         return Ok(());

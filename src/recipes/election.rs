@@ -1,7 +1,7 @@
 //! Leader election: the guide's protocol on the node names of Curator's `LeaderLatch`.
 //!
 //! Each candidate creates `<root>/elections/<name>/_c_<guid>-latch-<seq>` (sequential, and
-//! persistent: it lives as long as its lease, see [super::lease]) and watches the next lower candidate, never the lowest (that would wake every
+//! persistent: it lives as long as its lease, see [super::engine::lease]) and watches the next lower candidate, never the lowest (that would wake every
 //! candidate at each change: the herd effect). The lowest candidate leads; the decision is the
 //! exclusive lock's ([super::lock::next_step]).
 //!
@@ -25,11 +25,11 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use zookeeper_client::{Client, CreateMode, Error as ZkError};
 
-use super::contender::{Contender, Contenders, Driver, Next, Role, Step};
-use super::handle::{Exit, Guarded, Node, NotCreated, write_held};
+use super::engine::contender::{Contender, Contenders, Driver, Next, Role, Step};
+use super::engine::handle::{Exit, Guarded, Node, NotCreated, write_held};
+use super::engine::view::{ContenderView, LISTED, read_queue};
 use super::topic::{Source, event_kinds};
 use super::usage::{self, ChargeError, Payer};
-use super::view::{ContenderView, LISTED, read_queue};
 use crate::kind::Kind;
 use crate::time::{from_millis, timestamp};
 use crate::zk::retry_on_loss;

@@ -73,7 +73,7 @@ pub fn start(zk: ZkSession, root: &str, instance: &str, settings: Settings, shut
         seen_empty: HashMap::new(),
         bucket: Bucket::new(settings.rate),
     };
-    let lock = format!("{root}/janitor");
+    let lock = super::presence::leadership(root, "janitor");
     tokio::spawn(async move {
         tokio::select! {
             _ = janitor.run(zk.clone()) => {}
@@ -82,7 +82,7 @@ pub fn start(zk: ZkSession, root: &str, instance: &str, settings: Settings, shut
         crate::metrics::get().janitor_active.set(0);
         // Hand over at once rather than when the session ends: give the node back if ours.
         if let Ok(session) = zk.current() {
-            let hand_over = super::registry::resign(session.client(), &lock);
+            let hand_over = super::presence::resign(session.client(), &lock);
             let _ = tokio::time::timeout(Duration::from_secs(2), hand_over).await;
         }
     });
@@ -99,7 +99,7 @@ struct Janitor {
 
 impl Janitor {
     async fn run(mut self, zk: ZkSession) {
-        let lock = format!("{}/janitor", self.root);
+        let lock = super::presence::leadership(&self.root, "janitor");
         let metrics = crate::metrics::get();
         loop {
             let Ok(session) = zk.connected().await else {
@@ -129,7 +129,7 @@ impl Janitor {
                 Ok(false) => {
                     metrics.janitor_active.set(0);
                     self.seen_empty.clear();
-                    if super::registry::await_leader_gone(client, &lock).await.is_err() {
+                    if super::presence::await_leader_gone(client, &lock).await.is_err() {
                         tokio::time::sleep(self.settings.interval).await;
                     }
                 }
@@ -143,7 +143,7 @@ impl Janitor {
 
     /// Whether this instance is (or now becomes) the janitor: it holds `lock` on this session.
     async fn lead(&self, client: &Client, lock: &str) -> Result<bool, ZkError> {
-        super::registry::lead(client, lock, self.instance.as_bytes()).await
+        super::presence::lead(client, lock, self.instance.as_bytes()).await
     }
 
     /// One pass over everything the janitor looks after.

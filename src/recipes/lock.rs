@@ -12,17 +12,17 @@
 //! lock at once; it also cannot leave a contender queued past a caller's wait. The GUID-based
 //! recovery of a lost create reply is done here the same way it does it.
 //!
-//! The driver is [crate::recipes::contender]; this file holds the decision.
+//! The driver is [crate::recipes::engine::contender]; this file holds the decision.
 
 use crate::zk::{Failure, Session};
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use super::contender::{Contenders, Driver, Next, Role};
+use super::engine::contender::{Contenders, Driver, Next, Role};
+use super::engine::lease::{EndReason, WhyEnded};
+use super::engine::view::{ContenderView, LISTED, read_queue};
 use super::in_sequence_order;
-use super::lease::{EndReason, WhyEnded};
 use super::topic::{Source, event_kinds};
-use super::view::{ContenderView, LISTED, read_queue};
 use crate::kind::Kind;
 use crate::zk::watch::Mode;
 

@@ -31,6 +31,57 @@ pub fn canonical_order<S: AsRef<str>>(names: &[S]) -> Option<Vec<&str>> {
     (order.len() == before).then_some(order)
 }
 
+/// How one request takes a set's locks: acquiring one lock as a single acquire does (waiting
+/// its turn), recording the granted set, and giving back what it took. The all-or-none rule
+/// is [acquire]'s, whoever drives it.
+pub trait Taker {
+    /// One lock as taken.
+    type Taken;
+    type Error;
+    /// Takes the lock `name`, waiting its turn.
+    fn take(&mut self, name: &str) -> impl Future<Output = Result<Self::Taken, Self::Error>> + Send;
+    /// Records the granted set, `taken` in the order taken; answers its id.
+    fn record(&mut self, taken: &[Self::Taken]) -> impl Future<Output = Result<String, Self::Error>> + Send;
+    /// Gives back what this request took for a refused set, the last taken first.
+    fn give_back(&mut self, taken: Vec<Self::Taken>) -> impl Future<Output = ()> + Send;
+}
+
+/// Why a set was refused: the error, and the lock it was refused at (`None`: every lock was
+/// granted but the set could not be recorded).
+pub struct Refused<E> {
+    pub error: E,
+    pub at: Option<String>,
+}
+
+/// Takes the locks of `order` (in [canonical_order]) one after another, all or none: if one
+/// is refused, or the granted set cannot be recorded, what was taken is given back before
+/// the refusal is answered, so a refused set holds nothing. Answers the set's id and its
+/// locks as taken.
+pub async fn acquire<T: Taker>(taker: &mut T, order: &[&str]) -> Result<(String, Vec<T::Taken>), Refused<T::Error>> {
+    let mut taken = Vec::with_capacity(order.len());
+    let refused = async |taker: &mut T, taken: Vec<T::Taken>, error, at: Option<&str>| {
+        taker.give_back(taken).await;
+        crate::metrics::get().lock_sets.with_label_values(&["refused"]).inc();
+        Refused {
+            error,
+            at: at.map(str::to_string),
+        }
+    };
+    for name in order {
+        match taker.take(name).await {
+            Ok(lock) => taken.push(lock),
+            Err(error) => return Err(refused(taker, taken, error, Some(name)).await),
+        }
+    }
+    match taker.record(&taken).await {
+        Ok(id) => {
+            crate::metrics::get().lock_sets.with_label_values(&["granted"]).inc();
+            Ok((id, taken))
+        }
+        Err(error) => Err(refused(taker, taken, error, None).await),
+    }
+}
+
 /// The directory of set records under the root.
 pub const LOCK_SETS: &str = "lock-sets";
 
@@ -40,7 +91,7 @@ pub fn record_path(root: &str, id: &str) -> String {
 }
 
 /// A granted set's record, `<root>/lock-sets/<id>`: a lease-bound node of its lease (see
-/// [super::bound]; not shown among the lease's holdings, whose locks are), so that any
+/// [super::engine::bound]; not shown among the lease's holdings, whose locks are), so that any
 /// instance reads or releases the set, and it goes when the lease ends.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SetRecord {

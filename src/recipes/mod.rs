@@ -2,24 +2,20 @@
 //! free of I/O, and a thin async driver beside it.
 
 pub mod barrier;
-pub mod bound;
 pub mod condition;
-pub mod contender;
 pub mod counter;
 pub mod double_barrier;
 pub mod election;
-
+pub mod engine;
 pub mod group;
-pub mod handle;
+pub mod holdings;
 pub mod janitor;
 pub mod kv;
-pub mod lease;
 pub mod lock;
 pub mod lock_set;
+pub mod presence;
 pub mod queue;
 pub mod recorded;
-pub mod registry;
-pub mod revocation;
 pub mod roles;
 pub mod rwlock;
 pub mod semaphore;
@@ -28,7 +24,6 @@ pub mod summary;
 pub mod topic;
 pub mod txn;
 pub mod usage;
-pub mod view;
 pub mod znode;
 
 use crate::zk::{Failure, Session};

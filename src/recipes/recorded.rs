@@ -5,9 +5,9 @@
 use crate::zk::{Failure, Session};
 use zookeeper_client::Error as ZkError;
 
-use super::contender::{Next, Role};
-use super::handle::{Node, delete_all, delete_held};
-use super::revocation;
+use super::engine::contender::{Next, Role};
+use super::engine::handle::{Node, delete_all, delete_held};
+use super::engine::revocation;
 use crate::kind::Kind;
 use crate::zk::retry_on_loss;
 
@@ -45,8 +45,8 @@ pub enum Watched {
 
 impl Recorded {
     /// Whose it is, as its node records.
-    pub fn owner(&self) -> Option<super::bound::Owner> {
-        super::bound::Owner::in_data(&self.data)
+    pub fn owner(&self) -> Option<super::engine::bound::Owner> {
+        super::engine::bound::Owner::in_data(&self.data)
     }
 
     /// Whether it holds (the lock, the leadership, a permit).
@@ -57,7 +57,7 @@ impl Recorded {
     /// The references to it under its lease's record (`root` is zkgate's root): its name, and
     /// the name an earlier zkgate gave it (a lease that outlived an upgrade); one is there.
     pub fn references(&self, root: &str) -> Vec<String> {
-        use super::lease::record;
+        use super::engine::record;
         let Some(owner) = self.owner() else {
             return Vec::new();
         };
@@ -168,61 +168,9 @@ pub async fn release_recorded(session: &Session, root: &str, recorded: &Recorded
 }
 
 /// Whether the reference `name` under the lease record at `lease` names `handle` (see
-/// [super::handle::names_handle]).
+/// [super::engine::handle::names_handle]).
 pub async fn names(session: &Session, lease: &str, name: &str, handle: &str) -> Result<bool, Failure> {
-    Ok(super::handle::names_handle(session.client(), lease, name, handle).await?)
-}
-
-/// How the holdings of `lease` that are not attached here show, from ZooKeeper: those that
-/// other instances drive (an acquire served where it arrived: see [crate::recipes::lease]).
-/// A contender or a permit holds or waits as its node's place says; a bound node holds while
-/// it is there; one whose node is gone while its reference stays was lost.
-pub async fn driven_elsewhere(
-    session: &Session,
-    root: &str,
-    lease: &super::lease::Lease,
-) -> Result<Vec<super::lease::HoldingView>, Failure> {
-    use super::lease::record::{self, Held};
-    let here = lease.attached_references();
-    let references = record::holdings(session.client(), &lease.path).await?;
-    let mut views = Vec::new();
-    let elsewhere = references.into_iter().filter(|(name, _)| !here.contains(name));
-    for holding in elsewhere.map(|(_, holding)| holding) {
-        let Some(kind) = holding.kind() else { continue };
-        let dir = format!("{}/{}", kind.base(root), holding.name);
-        let found = match &holding.held {
-            Held::Contender { .. } => recorded(session, kind, &dir, &holding.name, &holding.handle).await?,
-            Held::Permit { .. } => super::semaphore::recorded(session, &dir, &holding.name, &holding.handle).await?,
-            Held::Bound { hidden: true, .. } => continue,
-            Held::Bound { path, .. } => {
-                let there = exists(session, path).await?;
-                views.push(view(kind, &holding.handle, &holding.name, there.then_some(None)));
-                continue;
-            }
-        };
-        let state = found.map(|r| r.holds().then_some(r.node.czxid));
-        views.push(view(kind, &holding.handle, &holding.name, state));
-    }
-    Ok(views)
-}
-
-/// A holding's view: `None` lost, `Some(None)` waiting (or a bound node there), `Some(token)`
-/// held with that fencing token.
-fn view(kind: Kind, handle: &str, name: &str, state: Option<Option<i64>>) -> super::lease::HoldingView {
-    let bound = !matches!(kind, Kind::Lock | Kind::RwLock | Kind::Election | Kind::Semaphore);
-    super::lease::HoldingView {
-        kind: kind.name(),
-        name: name.to_string(),
-        handle: handle.to_string(),
-        state: match state {
-            None => "lost",
-            Some(None) if bound => "held",
-            Some(None) => "waiting",
-            Some(Some(_)) => "held",
-        },
-        fencing_token: state.flatten(),
-        revocation: None,
-    }
+    Ok(super::engine::handle::names_handle(session.client(), lease, name, handle).await?)
 }
 
 /// The holding `lease` has at resource `name` of `kind`, of the kinds a lease holds one of per
@@ -230,11 +178,11 @@ fn view(kind: Kind, handle: &str, name: &str, state: Option<Option<i64>>) -> sup
 /// it records. `None` if it holds none there.
 pub async fn held_at(
     session: &Session,
-    lease: &super::lease::Lease,
+    lease: &super::engine::lease::Lease,
     kind: Kind,
     name: &str,
-) -> Result<Option<(String, super::lease::record::HoldingRecord)>, Failure> {
-    use super::lease::record;
+) -> Result<Option<(String, super::engine::record::HoldingRecord)>, Failure> {
+    use super::engine::record;
     let reference = record::reference_name(kind, name, None);
     let held = record::holding(session.client(), &lease.path, &reference).await?;
     Ok(held.map(|held| (reference, held)))

@@ -1,8 +1,8 @@
 //! Every contender role, to read one back from a node's name ([of_node]) or a holding's record
-//! ([from_label]). A new kind of contender implements [super::contender::Driver] in its own
+//! ([from_label]). A new kind of contender implements [super::engine::contender::Driver] in its own
 //! file and is listed here; the engine itself never looks here.
 
-use super::contender::Role;
+use super::engine::contender::Role;
 use super::{election, lock, rwlock};
 
 /// Every role, in the order a node's name is matched against their infixes (a reader's and a

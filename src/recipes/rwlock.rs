@@ -15,10 +15,10 @@ use crate::zk::{Failure, Session};
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use super::contender::{Contenders, Driver, Next, Role};
+use super::engine::contender::{Contenders, Driver, Next, Role};
+use super::engine::view::{ContenderView, HoldersChange, LISTED, holders_change, read_queue};
 use super::in_sequence_order;
 use super::topic::{Source, event_kinds};
-use super::view::{ContenderView, HoldersChange, LISTED, holders_change, read_queue};
 use crate::kind::Kind;
 use crate::zk::watch::Mode;
 
@@ -203,7 +203,7 @@ impl Source for RwLockTopic {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::recipes::contender::Role;
+    use crate::recipes::engine::contender::Role;
     use crate::recipes::sequence_of;
     use proptest::prelude::*;
 

@@ -4,7 +4,7 @@
 //! Under `<root>/semaphores/<name>`: `locks/` holds an exclusive lock (the lock recipe) that
 //! serialises acquirers, and `leases/` holds one sequential node per permit held
 //! (`_c_<guid>-lease-<seq>`; persistent, living as long as the zkgate lease, see
-//! [super::lease]). An acquirer first takes the lock; then, as the only one doing
+//! [super::engine::lease]). An acquirer first takes the lock; then, as the only one doing
 //! so, it creates its lease node and lists `leases/` with a children watch until
 //! [permit_step] lets it hold; then it gives the lock back. So acquirers wait on the lock
 //! queue, each watching only its predecessor, and only the lock holder watches the permits: a
@@ -14,7 +14,7 @@
 //! the contender machinery ([Sequential], [queue_until_held]) rather than copying it.
 //!
 //! The number of permits is every participant's own setting in Curator; zkgate also records
-//! it in the semaphore znode's data (`{"permits": N}`, see [super::settle]) and refuses a
+//! it in the semaphore znode's data (`{"permits": N}`, see [super::agree_on_setting]) and refuses a
 //! request that disagrees, so HTTP clients cannot silently use two different limits.
 
 use crate::zk::{Failure, Session};
@@ -24,17 +24,17 @@ use serde::Serialize;
 use utoipa::ToSchema;
 use zookeeper_client::{Client, CreateMode, Error as ZkError, EventType};
 
-use super::contender::{Next, Sequential, queue_until_held};
-use super::handle::{
+use super::engine::contender::{Next, Sequential, queue_until_held};
+use super::engine::handle::{
     Exit, Guarded, Handle, Handles, Node, NotCreated, Protocol, Refused, delete_all, delete_held, write_held,
 };
+use super::engine::lease::Lease;
+use super::engine::record::{Held, HoldingRecord};
+use super::engine::view::{ContenderView, HoldersChange, LISTED, holders_change, read_queue};
 use super::in_sequence_order;
-use super::lease::Lease;
-use super::lease::record::{Held, HoldingRecord};
 use super::lock;
 use super::recorded::{Recorded, Watched};
 use super::topic::{Source, event_kinds};
-use super::view::{ContenderView, HoldersChange, LISTED, holders_change, read_queue};
 use crate::kind::Kind;
 use crate::zk::retry_on_loss;
 use crate::zk::watch::Mode;
@@ -273,7 +273,7 @@ impl Semaphores {
 }
 
 /// The permit request `handle` of semaphore `name` (at `dir`), from ZooKeeper (see
-/// [super::contender::recorded]): its lease node if it has one (holding, or first in line for a
+/// [super::engine::contender::recorded]): its lease node if it has one (holding, or first in line for a
 /// permit), else its node in the semaphore's lock queue. `None` if it has neither.
 pub async fn recorded(session: &Session, dir: &str, name: &str, handle: &str) -> Result<Option<Recorded>, Failure> {
     let client = session.client();

@@ -6,7 +6,7 @@
 //! `ServiceDiscoveryBuilder.basePath` at `<root>/services`.
 //!
 //! An instance registered through zkgate is bound to a lease like a group member (see
-//! [super::ephemeral]); its JSON carries one field more, `zkgate` (its lease and principal),
+//! [super::engine::bound]); its JSON carries one field more, `zkgate` (its lease and principal),
 //! which Curator's reader ignores. Curator writes an object payload with Jackson's type tag
 //! (`"@class": "java.util.HashMap"`); zkgate writes payloads as given, which a
 //! `ServiceDiscovery<Map>` reads as a map.
@@ -273,17 +273,50 @@ pub enum Strategy {
     RoundRobin,
 }
 
-/// The instance `strategy` picks among the enabled ones; `turn` is the round-robin counter.
-pub fn pick(instances: &[InstanceView], strategy: Strategy, turn: usize, random: usize) -> Option<&InstanceView> {
-    let enabled: Vec<&InstanceView> = instances.iter().filter(|i| i.enabled).collect();
-    if enabled.is_empty() {
-        return None;
+/// Most services whose round-robin turn is remembered; past it the turns start again (a
+/// bound against clients that pick from ever new names).
+const TURNS_KEPT: usize = 10_000;
+
+/// The round-robin turn of each service on this instance of zkgate (Curator's
+/// `RoundRobinStrategy` keeps one per provider), at most [TURNS_KEPT] of them.
+#[derive(Default)]
+pub struct Picker {
+    turns: std::sync::Mutex<std::collections::HashMap<String, usize>>,
+}
+
+impl Picker {
+    /// The instance of `service` that `strategy` picks among the enabled ones in `instances`;
+    /// a round-robin pick takes the service's turn.
+    pub fn pick<'a>(
+        &self,
+        service: &str,
+        instances: &'a [InstanceView],
+        strategy: Strategy,
+    ) -> Option<&'a InstanceView> {
+        let turn = match strategy {
+            Strategy::RoundRobin => self.next_turn(service),
+            Strategy::Random => rand::random::<u32>() as usize,
+        };
+        pick(instances, turn)
     }
-    let index = match strategy {
-        Strategy::Random => random % enabled.len(),
-        Strategy::RoundRobin => turn % enabled.len(),
-    };
-    Some(enabled[index])
+
+    fn next_turn(&self, service: &str) -> usize {
+        use crate::locked::Locked;
+        let mut turns = self.turns.locked();
+        if turns.len() >= TURNS_KEPT && !turns.contains_key(service) {
+            turns.clear();
+        }
+        let turn = turns.entry(service.to_string()).or_insert(0);
+        let current = *turn;
+        *turn = turn.wrapping_add(1);
+        current
+    }
+}
+
+/// The enabled instance at `turn` (modulo their number), if any is enabled.
+fn pick(instances: &[InstanceView], turn: usize) -> Option<&InstanceView> {
+    let enabled: Vec<&InstanceView> = instances.iter().filter(|i| i.enabled).collect();
+    (!enabled.is_empty()).then(|| enabled[turn % enabled.len()])
 }
 
 #[cfg(test)]
@@ -338,11 +371,14 @@ mod tests {
             lease: None,
         };
         let all = [instance("a", true), instance("b", false), instance("c", true)];
+        let picker = Picker::default();
         let turns: Vec<&str> = (0..4)
-            .map(|turn| pick(&all, Strategy::RoundRobin, turn, 0).unwrap().id.as_str())
+            .map(|_| picker.pick("billing", &all, Strategy::RoundRobin).unwrap().id.as_str())
             .collect();
         assert_eq!(turns, ["a", "c", "a", "c"]);
-        assert_eq!(pick(&all, Strategy::Random, 0, 1).unwrap().id, "c");
-        assert_eq!(pick(&[instance("b", false)], Strategy::Random, 0, 0), None);
+        // Each service has its own turn.
+        assert_eq!(picker.pick("orders", &all, Strategy::RoundRobin).unwrap().id, "a");
+        assert_eq!(pick(&all, 1).unwrap().id, "c");
+        assert_eq!(picker.pick("billing", &[instance("b", false)], Strategy::Random), None);
     }
 }

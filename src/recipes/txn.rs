@@ -300,6 +300,11 @@ pub enum VoteError {
     ZooKeeper(Failure),
 }
 
+/// `<dir>/members/<participant>`: a registered participant's node in the transaction at `dir`.
+pub fn member_path(dir: &str, participant: &str) -> String {
+    format!("{dir}/members/{participant}")
+}
+
 pub use io::{await_decision, coordinate, create, decide_now, read, record_vote};
 
 mod io {

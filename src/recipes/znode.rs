@@ -11,6 +11,16 @@ use super::topic::{Source, event_kinds};
 use crate::zk::retry_on_loss;
 use crate::zk::watch::Mode;
 
+/// The znode at `relative` (segments already validated, `""` for the root itself) under
+/// zkgate's `root`.
+pub fn under_root(root: &str, relative: &str) -> String {
+    if relative.is_empty() {
+        root.to_string()
+    } else {
+        format!("{root}/{relative}")
+    }
+}
+
 /// A znode's data as a topic's state: `{"exists": false}`, or its data (`data` for UTF-8,
 /// `data_base64` for other bytes), version and `mzxid`.
 #[derive(Serialize, ToSchema, Clone, Debug, PartialEq)]

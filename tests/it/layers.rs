@@ -398,16 +398,32 @@ fn the_client_check_sees_every_way_of_naming_it() {
     }
 }
 
-/// The contender engine knows its users only through their `Driver` (Curator's
-/// `LockInternals` knows only a `LockInternalsDriver`): `recipes/contender.rs` names none of
-/// the recipes built on it, and `recipes/handle/` (under every lease-bound protocol) none of
-/// the kinds.
+/// The lease-bound engine knows its users only through their `Driver` and `Protocol` (Curator's
+/// `LockInternals` knows only a `LockInternalsDriver`): no file of `recipes/engine/` names a
+/// recipe built on it, and `recipes/engine/handle/` (under every lease-bound protocol) names
+/// no kind.
 #[test]
-fn the_contender_engine_names_none_of_its_users() {
-    let users = ["lock", "rwlock", "election", "semaphore", "lock_set"];
+fn the_engine_names_none_of_its_users() {
+    let users = [
+        "lock",
+        "rwlock",
+        "election",
+        "semaphore",
+        "lock_set",
+        "group",
+        "service",
+        "barrier",
+        "double_barrier",
+        "txn",
+        "roles",
+        "recorded",
+        "holdings",
+        "summary",
+    ];
     let mut wrong = Vec::new();
-    let mut files = vec![src().join("recipes/contender.rs")];
-    rust_files(&src().join("recipes/handle"), &mut files);
+    let mut files = Vec::new();
+    rust_files(&src().join("recipes/engine"), &mut files);
+    assert!(files.len() > 5, "the engine's files: {files:?}");
     for path in files {
         let file = path.strip_prefix(src()).expect("under src").display().to_string();
         let text = std::fs::read_to_string(&path).expect("read");
@@ -421,9 +437,7 @@ fn the_contender_engine_names_none_of_its_users() {
             };
             for path in paths {
                 let segments: Vec<&str> = path.split("::").collect();
-                let names_user = segments
-                    .windows(2)
-                    .any(|w| matches!(w[0], "super" | "recipes") && users.contains(&w[1]));
+                let names_user = segments.windows(2).any(|w| w[0] == "recipes" && users.contains(&w[1]));
                 if names_user || (file.contains("handle") && path.starts_with("Kind::")) {
                     wrong.push(format!("src/{file}:{line_no}: {line}"));
                 }
@@ -479,4 +493,372 @@ fn use_trees_are_read_whole() {
     assert_eq!(statements.len(), 2, "{statements:?}");
     assert_eq!(named_modules(&statements[0].1), ["http", "zk"]);
     assert_eq!(named_modules(&statements[1].1), ["keeper"]);
+}
+
+/// A file's module path under `src/`: `recipes/engine/lease.rs` is `recipes::engine::lease`,
+/// a folder's `mod.rs` is the folder; `None` for the crate root (lib.rs, main.rs).
+fn module_path(path: &Path) -> Option<Vec<String>> {
+    let relative = path.strip_prefix(src()).expect("under src");
+    let mut segments: Vec<String> = relative
+        .components()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .collect();
+    let last = segments.pop()?;
+    match last.strip_suffix(".rs")? {
+        "lib" | "main" if segments.is_empty() => None,
+        "mod" => Some(segments),
+        name => {
+            segments.push(name.to_string());
+            Some(segments)
+        }
+    }
+}
+
+/// The file that defines module `segments` or, for a path that goes on into an item, the
+/// longest prefix of it that is a file's module (`crate::recipes::engine::lease::Lease` is in
+/// `recipes/engine/lease.rs`).
+fn file_of(segments: &[String]) -> Option<PathBuf> {
+    (1..=segments.len()).rev().find_map(|n| {
+        let base = src().join(segments[..n].join("/"));
+        [base.with_extension("rs"), base.join("mod.rs")]
+            .into_iter()
+            .find(|candidate| candidate.is_file())
+    })
+}
+
+/// Each line of a file's code with the module it is in: the file's own, or an inline
+/// `mod name {` inside it (where `super::` means the file itself).
+fn lines_with_depth(text: &str) -> Vec<(usize, String, usize)> {
+    let mut inline_closers: Vec<String> = Vec::new();
+    let mut out = Vec::new();
+    let code: std::collections::HashMap<usize, String> = statements(text).into_iter().collect();
+    for (i, raw) in text.lines().enumerate() {
+        if inline_closers.last().is_some_and(|closer| raw == closer) {
+            inline_closers.pop();
+            continue;
+        }
+        if let Some(statement) = code.get(&(i + 1)) {
+            out.push((i + 1, statement.clone(), inline_closers.len()));
+        }
+        let trimmed = raw.trim_start();
+        let opens_inline_mod = trimmed
+            .strip_prefix("pub ")
+            .unwrap_or(trimmed)
+            .strip_prefix("mod ")
+            .is_some_and(|rest| rest.ends_with(" {"));
+        if opens_inline_mod {
+            let indent = &raw[..raw.len() - trimmed.len()];
+            inline_closers.push(format!("{indent}}}"));
+        }
+    }
+    out
+}
+
+/// The files of `src/` that the file `from` imports, each with the line that names it: every
+/// `crate::`, `super::` and `self::` path of its code resolved to the file that defines it.
+/// A folder's `mod.rs` handing on what its own files define (`pub use registry::Handles`) is
+/// the folder's face, not an import, and the crate root is the composition root: neither is
+/// an edge.
+fn imports_of(from: &Path, text: &str) -> Vec<(PathBuf, usize)> {
+    let Some(own) = module_path(from) else {
+        return Vec::new();
+    };
+    let is_mod_rs = from.ends_with("mod.rs");
+    let mut out = Vec::new();
+    for (line_no, statement, inline_depth) in lines_with_depth(text) {
+        let paths = if is_use(&statement) {
+            use_paths(
+                statement
+                    .split_once("use ")
+                    .map_or("", |(_, t)| t)
+                    .trim_end_matches(';'),
+            )
+        } else {
+            statement
+                .split(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':'))
+                .filter(|w| w.starts_with("crate::") || w.starts_with("super::") || w.starts_with("self::"))
+                .map(str::to_string)
+                .collect()
+        };
+        for path in paths {
+            let mut segments: Vec<&str> = path.split("::").filter(|s| !s.is_empty()).collect();
+            let mut module: Vec<String> = match segments.first() {
+                Some(&"crate") => {
+                    segments.remove(0);
+                    Vec::new()
+                }
+                Some(&"super") | Some(&"self") => {
+                    // `self::` in a file is the file's module; each `super::` goes up one,
+                    // from the inline module a line is in first.
+                    let mut module = own.clone();
+                    let mut depth = inline_depth;
+                    if segments[0] == "self" {
+                        segments.remove(0);
+                    }
+                    while segments.first() == Some(&"super") {
+                        segments.remove(0);
+                        if depth > 0 {
+                            depth -= 1;
+                        } else {
+                            module.pop();
+                        }
+                    }
+                    module
+                }
+                _ => continue,
+            };
+            module.extend(segments.iter().map(|s| s.to_string()));
+            let Some(target) = file_of(&module) else { continue };
+            let within_own_folder = is_mod_rs && target.starts_with(from.parent().expect("a folder"));
+            if target != from && !within_own_folder && module_path(&target).is_some() {
+                out.push((target, line_no));
+            }
+        }
+    }
+    out
+}
+
+/// The circles of a graph of files (Tarjan's strongly connected components of more than one
+/// file), each with the edges that tie it.
+fn circles(edges: &BTreeMap<PathBuf, Vec<(PathBuf, usize)>>) -> Vec<Vec<String>> {
+    struct Walk<'a> {
+        edges: &'a BTreeMap<PathBuf, Vec<(PathBuf, usize)>>,
+        index: BTreeMap<&'a PathBuf, usize>,
+        low: BTreeMap<&'a PathBuf, usize>,
+        stack: Vec<&'a PathBuf>,
+        on_stack: std::collections::BTreeSet<&'a PathBuf>,
+        found: Vec<Vec<&'a PathBuf>>,
+    }
+    impl<'a> Walk<'a> {
+        fn visit(&mut self, node: &'a PathBuf) {
+            let at = self.index.len();
+            self.index.insert(node, at);
+            self.low.insert(node, at);
+            self.stack.push(node);
+            self.on_stack.insert(node);
+            for (next, _) in self.edges.get(node).into_iter().flatten() {
+                if !self.index.contains_key(next) {
+                    self.visit(next);
+                    let low = self.low[node].min(self.low[next]);
+                    self.low.insert(node, low);
+                } else if self.on_stack.contains(next) {
+                    let low = self.low[node].min(self.index[next]);
+                    self.low.insert(node, low);
+                }
+            }
+            if self.low[node] == self.index[node] {
+                let mut component = Vec::new();
+                while let Some(top) = self.stack.pop() {
+                    self.on_stack.remove(top);
+                    component.push(top);
+                    if top == node {
+                        break;
+                    }
+                }
+                if component.len() > 1 {
+                    self.found.push(component);
+                }
+            }
+        }
+    }
+    let mut walk = Walk {
+        edges,
+        index: BTreeMap::new(),
+        low: BTreeMap::new(),
+        stack: Vec::new(),
+        on_stack: Default::default(),
+        found: Vec::new(),
+    };
+    for node in edges.keys() {
+        if !walk.index.contains_key(node) {
+            walk.visit(node);
+        }
+    }
+    let name = |p: &PathBuf| p.strip_prefix(src()).unwrap_or(p).display().to_string();
+    walk.found
+        .iter()
+        .map(|component| {
+            let mut ties = Vec::new();
+            for from in component {
+                for (to, line) in edges.get(*from).into_iter().flatten() {
+                    if component.contains(&to) {
+                        ties.push(format!("src/{}:{line} -> src/{}", name(from), name(to)));
+                    }
+                }
+            }
+            ties.sort();
+            ties.dedup();
+            ties
+        })
+        .collect()
+}
+
+fn import_graph() -> BTreeMap<PathBuf, Vec<(PathBuf, usize)>> {
+    let mut files = Vec::new();
+    rust_files(&src(), &mut files);
+    files
+        .into_iter()
+        .map(|path| {
+            let text = std::fs::read_to_string(&path).expect("read");
+            let imports = imports_of(&path, &text);
+            (path, imports)
+        })
+        .collect()
+}
+
+/// No two files of `src/` import each other, directly or round a longer loop: a circle is a
+/// room that cannot be read, changed or moved without the others (docs/ARCHITECTURE.md).
+#[test]
+fn no_import_circle_in_src() {
+    let circles = circles(&import_graph());
+    assert!(
+        circles.is_empty(),
+        "import circles in src/ (break each by moving what the lower file needs down to it):\n{}",
+        circles
+            .iter()
+            .map(|ties| ties.join("\n  "))
+            .collect::<Vec<_>>()
+            .join("\n\n")
+    );
+}
+
+/// The circle check sees a circle through `super::` and through `crate::` paths in code, and
+/// not a folder's `mod.rs` handing on its own files' items.
+#[test]
+fn the_circle_check_reads_imports_as_rust_does() {
+    let engine = src().join("recipes/engine");
+    let lease = engine.join("lease.rs");
+    let record = engine.join("record.rs");
+    let handle = engine.join("handle/mod.rs");
+    let task = engine.join("handle/task.rs");
+    let imports =
+        |from: &Path, text: &str| -> Vec<PathBuf> { imports_of(from, text).into_iter().map(|(p, _)| p).collect() };
+    assert_eq!(imports(&lease, "use super::record::Found;\n"), vec![record.clone()]);
+    assert_eq!(
+        imports(&record, "fn f() { crate::recipes::engine::lease::x(); }\n"),
+        vec![lease.clone()]
+    );
+    assert_eq!(
+        imports(&task, "use super::{Exit, Handle};\n"),
+        [handle.clone(), handle.clone()]
+    );
+    assert!(imports(&handle, "pub use task::drive;\nuse self::task::x;\n").is_empty());
+    assert!(imports(&record, "mod inner {\n    use super::EndReason;\n}\n").is_empty());
+    let mut graph = BTreeMap::new();
+    graph.insert(lease.clone(), vec![(record.clone(), 1)]);
+    graph.insert(record.clone(), vec![(lease.clone(), 2)]);
+    graph.insert(handle.clone(), vec![(lease.clone(), 3)]);
+    let found = circles(&graph);
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(found[0].len(), 2, "{found:?}");
+    graph.remove(&record);
+    assert!(circles(&graph).is_empty());
+}
+
+/// Modules that may build a znode's path: ZooKeeper's layer, the recipes, and `kind` (every
+/// kind's directory). Elsewhere a path comes from the recipe that owns it, so that the layout
+/// shared with Curator and kazoo is written down in one place.
+const BUILD_ZNODE_PATHS: &[&str] = &["zk", "recipes", "kind"];
+
+/// Whether a statement builds a znode path: a `format!` whose template joins something that
+/// names a znode (a root, a directory, a base, a path) with `/`.
+fn builds_a_znode_path(statement: &str) -> bool {
+    let znode_words = ["root", "dir", "base", "path", "znode"];
+    let mut rest = statement;
+    while let Some(at) = rest.find("format!(\"") {
+        rest = &rest[at + "format!(\"".len()..];
+        let Some(end) = rest.find('"') else { break };
+        let (template, args) = (&rest[..end], &rest[end..]);
+        // A URL's path (`/v1/...`) is no znode's: those are joined onto a root or a directory.
+        if template.starts_with('/') {
+            continue;
+        }
+        let Some(join) = template.find("}/") else { continue };
+        let Some(open) = template[..join].rfind('{') else {
+            continue;
+        };
+        let named = &template[open + 1..join];
+        let first = if named.is_empty() {
+            // The positional argument of this `{}`.
+            let position = template[..open].matches("{}").count();
+            args.trim_start_matches('"')
+                .trim_start_matches(',')
+                .split(',')
+                .nth(position)
+                .unwrap_or_default()
+        } else {
+            named
+        };
+        if znode_words.iter().any(|w| first.to_lowercase().contains(w)) {
+            return true;
+        }
+    }
+    false
+}
+
+#[test]
+fn znode_paths_are_built_by_recipes_and_zk_only() {
+    let mut wrong = Vec::new();
+    for (module, path, text) in each_file() {
+        if BUILD_ZNODE_PATHS.contains(&module.as_str()) {
+            continue;
+        }
+        for (line_no, line) in statements(&text) {
+            if builds_a_znode_path(&line) {
+                wrong.push(format!("{}:{line_no}: {line}", path.display()));
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "a znode path built outside recipes/ and zk/ (ask the recipe that owns it):\n{}",
+        wrong.join("\n")
+    );
+}
+
+#[test]
+fn the_path_check_sees_a_join_and_not_a_url() {
+    for built in [
+        r#"let path = format!("{}/kv/{key}", state.config.root);"#,
+        r#"let path = format!("{dir}/members/{participant}");"#,
+        r#"let p = format!("{}/{id}", nodes.dir(name));"#,
+        r#"let lock = format!("{root}/reaper");"#,
+    ] {
+        assert!(builds_a_znode_path(built), "not caught: {built}");
+    }
+    for fine in [
+        r#"let url = format!("{}/docs", running.url());"#,
+        r#"let key = format!("{prefix}/{key}");"#,
+        r#"let m = format!("no lock `{name}`");"#,
+        r#"let url = format!("/v1/queues/{}/dead-letters/{}/replay", path.0, path.1);"#,
+    ] {
+        assert!(!builds_a_znode_path(fine), "wrongly caught: {fine}");
+    }
+}
+
+/// The edges keep no state of a recipe's between requests (a round-robin turn, a count): a
+/// `static` in `http/`, `ws/` or `runner/` may hold a table computed once, never a lock or an
+/// atomic.
+#[test]
+fn the_edges_keep_no_recipe_state() {
+    let mut wrong = Vec::new();
+    for (module, path, text) in each_file() {
+        if !EDGES.contains(&module.as_str()) {
+            continue;
+        }
+        for (line_no, line) in statements(&text) {
+            let is_static = line.starts_with("static ") || line.starts_with("pub static ");
+            let mutable = ["Mutex", "RwLock", "Atomic", "RefCell"]
+                .iter()
+                .any(|w| line.contains(w));
+            if is_static && mutable {
+                wrong.push(format!("{}:{line_no}: {line}", path.display()));
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "state kept by an edge (it belongs to the recipe, held by AppState):\n{}",
+        wrong.join("\n")
+    );
 }

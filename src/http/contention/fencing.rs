@@ -26,7 +26,7 @@ pub async fn check_fencing(
     consistency: crate::http::consistency::Consistency,
     holding: impl Fn(&[String]) -> usize,
 ) -> Result<Json<FencingCheck>, ApiError> {
-    use crate::recipes::view::Fencing;
+    use crate::recipes::engine::view::Fencing;
     check_name(name)?;
     let token: i64 = token.parse().ok().filter(|t: &i64| *t > 0).ok_or_else(|| {
         ApiError::invalid(
@@ -39,7 +39,7 @@ pub async fn check_fencing(
         )
     })?;
     let session = crate::http::consistency::reader(state, consistency).await?;
-    match crate::recipes::view::check_fencing(&session, &dir, holding, token).await? {
+    match crate::recipes::engine::view::check_fencing(&session, &dir, holding, token).await? {
         Fencing::Holds => Ok(Json(FencingCheck {
             name: name.to_string(),
             token,

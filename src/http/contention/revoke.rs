@@ -1,6 +1,7 @@
 //! Revocation: a holder asked to give up, with a grace period and an audit record.
 
 use super::*;
+use crate::recipes::engine::revoke::{Request, RevokeError, revoke as revoke_holders};
 
 /// Body of a revocation request.
 #[derive(Deserialize, utoipa::ToSchema)]
@@ -56,7 +57,7 @@ pub async fn revoke(
         None => None,
     };
     let session = state.zk().connected().await?;
-    let request = revocation::Request {
+    let request = Request {
         kind: registry.kind(),
         name,
         dir: registry.dir(name),
@@ -66,8 +67,8 @@ pub async fn revoke(
         node: body.node.as_deref(),
         role_of,
     };
-    let audit_base = format!("{}/revocations", state.config.root);
-    let revocations = revocation::revoke(&session, &audit_base, request, caller)
+    let audit_dir = revocation::audit_dir(&state.config.root);
+    let revocations = revoke_holders(&session, &audit_dir, request, caller)
         .await
         .map_err(|err| match err {
             RevokeError::NoSuchNode => ApiError::not_found(

@@ -41,11 +41,11 @@ impl From<crate::auth::Forbidden> for ApiError {
     }
 }
 
-impl From<crate::recipes::bound::OwnerError> for ApiError {
-    fn from(err: crate::recipes::bound::OwnerError) -> ApiError {
+impl From<crate::recipes::engine::bound::OwnerError> for ApiError {
+    fn from(err: crate::recipes::engine::bound::OwnerError) -> ApiError {
         match err {
-            crate::recipes::bound::OwnerError::Forbidden(err) => err.into(),
-            crate::recipes::bound::OwnerError::ZooKeeper(err) => err.into(),
+            crate::recipes::engine::bound::OwnerError::Forbidden(err) => err.into(),
+            crate::recipes::engine::bound::OwnerError::ZooKeeper(err) => err.into(),
         }
     }
 }

@@ -21,7 +21,7 @@ use serde::Serialize;
 use serde_json::{Map, Value, json};
 use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
 
-use crate::recipes::lease::LeaseError;
+use crate::recipes::engine::lease::LeaseError;
 use crate::zk::session::Unavailable;
 
 mod from;

@@ -11,6 +11,7 @@ use zookeeper_client::Error as ZkError;
 
 use super::mirror::{Mirror, Mirrors, Tried};
 use super::{ClaimRecord, HeldClaim, Pick, QueuePaths, Taken};
+use crate::kind::Kind;
 use crate::locked::Locked;
 use crate::recipes::usage::{Charge, Quotas};
 use crate::remembered::Remembered;
@@ -125,7 +126,7 @@ impl Queues {
             mirrors: Mirrors::new(zk.clone(), linger, max_lingering),
             zk,
             instance,
-            base: format!("{root}/queues").into(),
+            base: Kind::Queue.base(root).into(),
             quotas,
             claims: Arc::default(),
             settled: Arc::default(),

@@ -175,7 +175,7 @@ impl Process {
                 super::TEST_CLUSTER_SECRET,
             ])
             .args(flags)
-            // `ZKGATE_TEST_PROCESS_LOG=info,zkgate::recipes::handle=debug`: more of what the
+            // `ZKGATE_TEST_PROCESS_LOG=info,zkgate::recipes::engine::handle=debug`: more of what the
             // processes do, for a failure's message.
             .env(
                 "ZKGATE_LOG",

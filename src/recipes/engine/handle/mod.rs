@@ -35,8 +35,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use zookeeper_client::{Client, Error as ZkError};
 
-use super::lease::record::HoldingRecord;
 use super::lease::{GuardError, Holding, HoldingView, Lease};
+use super::record::HoldingRecord;
 use super::revocation::Revocation;
 use crate::kind::Kind;
 use crate::locked::Locked;
@@ -227,7 +227,7 @@ pub struct Handle<P: Protocol> {
     /// Whether its run may create its znodes: until they are first created, for a new handle;
     /// never for one adopted from another keeper (a znode it cannot find was lost).
     may_create: std::sync::atomic::AtomicBool,
-    /// The name of its reference under its lease's record ([super::lease::record::reference_name],
+    /// The name of its reference under its lease's record ([super::record::reference_name],
     /// or the name found, for a handle taken up from its reference).
     reference: String,
 }

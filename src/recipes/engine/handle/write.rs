@@ -9,7 +9,7 @@ use zookeeper_client::{Client, Error as ZkError};
 use crate::zk::{Done, Failed, Multi};
 
 use super::{Exit, Handle, Protocol};
-use crate::recipes::lease::GuardError;
+use crate::recipes::engine::lease::GuardError;
 
 /// What an operation of a guarded multi-op is for: the lease's guard, the holding's reference
 /// under the lease's record (its create, and the write that stamps it: see [Made::czxid]), or
@@ -33,7 +33,7 @@ pub enum NotCreated<T> {
     /// The lease holds this resource already, with another handle (made through another
     /// instance, for an earlier attempt of the same request): one per lease, so nothing was
     /// written; that holding is to be taken up instead.
-    HeldAlready(crate::recipes::lease::record::HoldingRecord),
+    HeldAlready(crate::recipes::engine::record::HoldingRecord),
     /// The holding's own operation tagged `tag` was refused.
     Refused { tag: T, error: ZkError },
     /// The request failed as a whole: a connection loss (it may have been applied: look before
@@ -168,7 +168,7 @@ async fn commit_guarded<P: Protocol, T: Send + 'static>(
                 error: ZkError::NodeExists,
             }) => {
                 let lease = &handle.lease.path;
-                match crate::recipes::lease::record::holding(client, lease, handle.reference_name()).await {
+                match crate::recipes::engine::record::holding(client, lease, handle.reference_name()).await {
                     Ok(Some(held)) if held.handle != handle.id => return Err(NotCreated::HeldAlready(held)),
                     Ok(Some(_)) => return Err(NotCreated::MadeBefore),
                     // Released meanwhile: try again.
@@ -253,7 +253,7 @@ async fn delete_each(client: &Client, paths: &[&str], shared: Option<Shared<'_>>
 /// Deletes a holding's znodes `nodes` (what decides its place), its reference `reference` and
 /// `also` (what else is this holding's alone), in one multi-op; a path already gone is left out
 /// and the rest deleted again. The reference of a contender or a permit is named after its
-/// resource ([crate::recipes::lease::record::reference_name]), so once this holding's nodes
+/// resource ([crate::recipes::engine::record::reference_name]), so once this holding's nodes
 /// are gone the name may be a successor's (the lease acquired the resource again, through
 /// another instance that drives it): the reference goes in the multi-op only while one of
 /// `nodes` is there (then it is this holding's: one per lease), and after that only if it names
@@ -286,7 +286,7 @@ pub async fn delete_held(
 /// Deletes the reference at `path` if it names `handle` (conditional on the version read);
 /// whether it did.
 async fn delete_if_naming(client: &Client, path: &str, handle: &str) -> Result<bool, ZkError> {
-    use crate::recipes::lease::record::HoldingRecord;
+    use crate::recipes::engine::record::HoldingRecord;
     loop {
         let (data, stat) = match crate::zk::retry_on_loss(|| client.get_data(path)).await {
             Ok(read) => read,
@@ -310,6 +310,6 @@ async fn delete_if_naming(client: &Client, path: &str, handle: &str) -> Result<b
 /// Whether the reference `name` under the lease record at `lease` is there and names `handle`
 /// (a successor's, of the same lease and resource, does not count).
 pub async fn names_handle(client: &Client, lease: &str, name: &str, handle: &str) -> Result<bool, ZkError> {
-    let held = crate::recipes::lease::record::holding(client, lease, name).await?;
+    let held = crate::recipes::engine::record::holding(client, lease, name).await?;
     Ok(held.is_some_and(|held| held.handle == handle))
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use zookeeper_client::Error as ZkError;
 
 use super::{Exit, Handle, Phase, Protocol, delete_held, names_handle};
-use crate::recipes::lease::EndReason;
+use crate::recipes::engine::lease::EndReason;
 
 /// How a handle's task stopped running its protocol.
 enum Stop {

@@ -12,7 +12,8 @@ use zookeeper_client::{Client, Error as ZkError};
 
 use super::contender::Contender;
 use super::handle::Phase;
-use super::{in_sequence_order, revocation};
+use super::revocation;
+use crate::recipes::in_sequence_order;
 use crate::time::{from_millis, timestamp};
 use crate::zk::retry_on_loss;
 
@@ -63,7 +64,7 @@ pub async fn read_queue(
             .into_iter()
             .filter_map(|(name, data, stat)| {
                 Some(ContenderRecord {
-                    sequence: super::sequence_of(&name)?,
+                    sequence: crate::recipes::sequence_of(&name)?,
                     czxid: stat.czxid,
                     ctime: stat.ctime,
                     data,

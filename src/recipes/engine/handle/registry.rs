@@ -13,7 +13,8 @@ use super::task::drive;
 use super::{Handle, HandleState, Phase, Protocol};
 use crate::kind::Kind;
 use crate::locked::Locked;
-use crate::recipes::lease::{Holding, Lease, record};
+use crate::recipes::engine::lease::{Holding, Lease};
+use crate::recipes::engine::record;
 
 /// Why [Handles::open] made no handle.
 pub enum Refused<P: Protocol> {
@@ -158,6 +159,12 @@ impl<P: Protocol> Handles<P> {
     /// The znode of resource `name` (already validated).
     pub fn dir(&self, name: &str) -> String {
         format!("{}/{}", self.base, name)
+    }
+
+    /// The znode `child` of resource `name` (a member's, a participant's or an instance's
+    /// node, by its id; both already validated).
+    pub fn node(&self, name: &str, child: &str) -> String {
+        format!("{}/{}/{child}", self.base, name)
     }
 
     /// A handle for `lease` at `name` running `protocol`, with `id` (or a new id of the lease's

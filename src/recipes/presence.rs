@@ -1,4 +1,4 @@
-//! A registry of live processes: each registers an ephemeral znode (its name, some data) under
+//! Presence: each live process registers an ephemeral znode (its name, some data) under
 //! one directory while its session lives, the guide's group membership used by zkgate's
 //! instances for themselves ([crate::instances] says what they register and why); and the
 //! leadership nodes by which one instance of the cluster does a job (the janitor, the reaper).
@@ -6,6 +6,22 @@
 use zookeeper_client::{Client, CreateMode, Error as ZkError};
 
 use crate::zk::retry_on_loss;
+
+/// `<root>/instances`: where zkgate's instances register.
+pub fn instances_dir(root: &str) -> String {
+    format!("{root}/instances")
+}
+
+/// `<dir>/<name>`: the registration `name` in `dir`.
+pub fn registration(dir: &str, name: &str) -> String {
+    format!("{dir}/{name}")
+}
+
+/// `<root>/<job>`: the leadership node of the one instance that does `job` (`janitor`,
+/// `reaper`).
+pub fn leadership(root: &str, job: &str) -> String {
+    format!("{root}/{job}")
+}
 
 /// Registers `<dir>/<name>` (ephemeral) holding `data`, creating `dir` if needed.
 ///
@@ -17,7 +33,7 @@ use crate::zk::retry_on_loss;
 ///
 /// `data` makes the node's data for the session's id (so that it can name its session).
 pub async fn register(client: &Client, dir: &str, name: &str, data: impl Fn(i64) -> Vec<u8>) -> Result<(), ZkError> {
-    let path = format!("{dir}/{name}");
+    let path = registration(dir, name);
     let options = CreateMode::Ephemeral.with_acls(crate::zk::acls());
     let mine = client.session_id().0;
     let data = &data(mine)[..];
@@ -93,7 +109,7 @@ pub async fn read(client: &Client, path: &str) -> Result<Option<(Vec<u8>, i64)>,
 /// The instances registered under `<root>/instances` now, by id (a lane's registration is
 /// `<id>~<lane>`).
 pub async fn live_instances(client: &Client, root: &str) -> Result<std::collections::HashSet<String>, ZkError> {
-    match retry_on_loss(|| client.list_children(&format!("{root}/instances"))).await {
+    match retry_on_loss(|| client.list_children(&instances_dir(root))).await {
         Ok(names) => Ok(names
             .into_iter()
             .map(|name| name.split('~').next().unwrap_or_default().to_string())

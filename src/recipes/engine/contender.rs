@@ -16,7 +16,7 @@
 //! (where sequence numbers would start again from zero).
 //!
 //! The engine knows its users only through the [Driver] each implements (which node may
-//! proceed, what to do on grant and on exit); [super::roles] lists them.
+//! proceed, what to do on grant and on exit); [crate::recipes::roles] lists them.
 
 use crate::zk::Session;
 use std::sync::Arc;
@@ -28,7 +28,7 @@ use super::handle::{
     Exit, Guarded, Handle, Handles, Made, Node, NotCreated, Protocol, Refused, create_held, delete_held,
 };
 use super::lease::Lease;
-use super::lease::record::{Held, HoldingRecord};
+use super::record::{Held, HoldingRecord};
 use super::revocation;
 use crate::kind::Kind;
 use crate::zk::Multi;
@@ -51,9 +51,9 @@ pub enum Next<'a> {
 
 /// What one kind of contender decides and does around the engine (the shape of Curator's
 /// `LockInternalsDriver`): its znode's name, which node may proceed, and what it does once
-/// granted and before its node goes. An exclusive lock's ([super::lock]), a read/write lock's
-/// reader and writer ([super::rwlock]) and an election's candidate ([super::election]) each
-/// implement it in their own file; the engine knows only this trait, and [super::roles] lists
+/// granted and before its node goes. An exclusive lock's ([crate::recipes::lock]), a read/write lock's
+/// reader and writer ([crate::recipes::rwlock]) and an election's candidate ([crate::recipes::election]) each
+/// implement it in their own file; the engine knows only this trait, and [crate::recipes::roles] lists
 /// the implementations (to read a role back from a node's name or a holding's record).
 pub trait Driver: Send + Sync + 'static {
     /// Its name in a holding's record (`exclusive`, `read`, `write`, `candidate`).

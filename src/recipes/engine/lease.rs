@@ -28,9 +28,6 @@
 //! How leases are made, kept alive, expired, handed over and looked up is the registry's
 //! business ([crate::keeper], a layer up); this module holds only what a recipe needs of one.
 
-pub mod keepers;
-pub mod record;
-
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -40,37 +37,12 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use zookeeper_client::{CreateMode, Error as ZkError};
 
+use super::record;
+pub use super::record::EndReason;
+use super::revocation::Revocation;
 use crate::auth::Caller;
 use crate::locked::Locked;
-use crate::recipes::revocation::Revocation;
 use crate::zk::session::{Session, Unavailable, ZkSession};
-
-/// Why a lease ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum EndReason {
-    /// Its owner deleted it.
-    Deleted,
-    /// No keepalive arrived within its TTL.
-    Expired,
-}
-
-impl EndReason {
-    /// The reason as it is serialised (`deleted`, `expired`).
-    pub fn label(self) -> &'static str {
-        match self {
-            EndReason::Deleted => "deleted",
-            EndReason::Expired => "expired",
-        }
-    }
-
-    pub fn describe(self) -> &'static str {
-        match self {
-            EndReason::Deleted => "the lease was deleted",
-            EndReason::Expired => "the lease expired: no keepalive arrived within its TTL",
-        }
-    }
-}
 
 /// Errors of lease operations.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -136,7 +108,7 @@ pub struct HoldingView {
 }
 
 /// Something that a lease holds: it owns znodes and cleans them up when the lease's `ended`
-/// token is cancelled (see [crate::recipes::handle]).
+/// token is cancelled (see [crate::recipes::engine::handle]).
 pub trait Holding: Send + Sync + 'static {
     /// How it shows on the lease; `None` for what is not shown (a lock set's record: its locks
     /// are).

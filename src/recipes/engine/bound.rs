@@ -26,15 +26,12 @@ use zookeeper_client::{Client, CreateMode, Error as ZkError, EventType};
 
 use super::handle::{Exit, Guarded, Handle, Handles, NotCreated, Phase, Protocol, Refused, create_held, delete_all};
 use super::lease::Lease;
-use super::lease::record::{self, Held, HoldingRecord};
-use super::usage::ChargeNode;
+use super::record::{self, Held, HoldingRecord};
 use crate::auth::{Caller, Forbidden};
 use crate::kind::Kind;
+use crate::recipes::usage::ChargeNode;
 use crate::zk::Multi;
 use crate::zk::retry_on_loss;
-
-/// The directory of bindings under the root.
-pub const BINDINGS: &str = "bindings";
 
 /// A lease-bound node's protocol: where it is and what it holds.
 pub struct Bound {
@@ -78,7 +75,11 @@ fn needs_binding(kind: Kind) -> bool {
 
 /// `<root>/bindings/<hash of path>`: the binding of the node at `path`.
 pub fn binding_path(root: &str, path: &str) -> String {
-    format!("{root}/{BINDINGS}/{}", super::usage::path_id("b", path))
+    format!(
+        "{root}/{}/{}",
+        record::BINDINGS,
+        crate::recipes::usage::path_id("b", path)
+    )
 }
 
 impl Protocol for Bound {

@@ -31,10 +31,37 @@ use zookeeper_client::{Client, CreateMode, Error as ZkError, OneshotWatcher, Sta
 use crate::kind::Kind;
 use crate::zk::retry_on_loss;
 
-use super::EndReason;
+/// Why a lease ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum EndReason {
+    /// Its owner deleted it.
+    Deleted,
+    /// No keepalive arrived within its TTL.
+    Expired,
+}
+
+impl EndReason {
+    /// The reason as it is serialised (`deleted`, `expired`).
+    pub fn label(self) -> &'static str {
+        match self {
+            EndReason::Deleted => "deleted",
+            EndReason::Expired => "expired",
+        }
+    }
+
+    pub fn describe(self) -> &'static str {
+        match self {
+            EndReason::Deleted => "the lease was deleted",
+            EndReason::Expired => "the lease expired: no keepalive arrived within its TTL",
+        }
+    }
+}
 
 /// The directory of the lease records under the root.
 pub const LEASES: &str = "leases";
+/// The directory of bindings under the root (see [super::bound]).
+pub const BINDINGS: &str = "bindings";
 /// The directory of the keeper nodes under the root.
 pub const KEEPERS: &str = "keepers";
 
@@ -158,7 +185,7 @@ pub async fn read_all(client: &Client, root: &str) -> Result<Vec<(String, Found)
 
 /// Makes `<root>/leases`, `<root>/keepers` and `<root>/bindings` if they are missing.
 pub async fn prepare(client: &Client, root: &str) -> Result<(), ZkError> {
-    let bindings = format!("{root}/{}", crate::recipes::bound::BINDINGS);
+    let bindings = format!("{root}/{BINDINGS}");
     for dir in [leases_dir(root), format!("{root}/{KEEPERS}"), bindings] {
         crate::zk::session::ensure_path(client, &dir).await?;
     }
