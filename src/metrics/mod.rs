@@ -8,7 +8,7 @@
 //! session) are read when scraped, so they are never stale.
 //!
 //! Names follow Prometheus conventions: `zkgate_` prefix, base units (`_seconds`), `_total`
-//! for counters. Resource names are labels (`name`, `queue`), but only for the names that are
+//! for counters. Resource names are the label `name` on every metric, but only for the names that are
 //! in use, up to a number per kind ([names]); the others are counted under `_other`, so that
 //! clients that use a new name per order cannot grow `/metrics` (or zkgate's memory) without
 //! end.
@@ -192,32 +192,32 @@ impl Metrics {
                 "Candidates of this instance that became leader.",
                 &["name"],
             ),
-            queue_puts: counter(&r, "zkgate_queue_puts_total", "Items put.", &["queue"]),
+            queue_puts: counter(&r, "zkgate_queue_puts_total", "Items put.", &["name"]),
             queue_delayed_puts: counter(
                 &r,
                 "zkgate_queue_delayed_puts_total",
                 "Items put with a delay (`delay` or `not_before` in the future).",
-                &["queue"],
+                &["name"],
             ),
             queue_takes: counter(
                 &r,
                 "zkgate_queue_takes_total",
                 "Items taken (mode: at_least_once, at_most_once).",
-                &["queue", "mode"],
+                &["name", "mode"],
             ),
-            queue_acks: counter(&r, "zkgate_queue_acks_total", "Claims acknowledged.", &["queue"]),
-            queue_nacks: counter(&r, "zkgate_queue_nacks_total", "Claims given back.", &["queue"]),
+            queue_acks: counter(&r, "zkgate_queue_acks_total", "Claims acknowledged.", &["name"]),
+            queue_nacks: counter(&r, "zkgate_queue_nacks_total", "Claims given back.", &["name"]),
             queue_redeliveries: counter(
                 &r,
                 "zkgate_queue_redeliveries_total",
                 "Items delivered again after an earlier claim was not acknowledged.",
-                &["queue"],
+                &["name"],
             ),
             queue_dead_lettered: counter(
                 &r,
                 "zkgate_queue_dead_lettered_total",
                 "Items moved to the dead letters after too many deliveries.",
-                &["queue"],
+                &["name"],
             ),
             janitor_removed: counter(
                 &r,
@@ -245,19 +245,19 @@ impl Metrics {
                 &r,
                 "zkgate_service_registrations_total",
                 "Service instances registered through this instance.",
-                &["service"],
+                &["name"],
             ),
             counter_writes: counter(
                 &r,
                 "zkgate_counter_writes_total",
                 "Counter writes (op: add, set, delete).",
-                &["counter", "op"],
+                &["name", "op"],
             ),
             counter_conflicts: counter(
                 &r,
                 "zkgate_counter_conflicts_total",
                 "Counter adds that read again because another writer changed the counter first.",
-                &["counter"],
+                &["name"],
             ),
             leases_created: single_counter(&r, "zkgate_leases_created_total", "Leases created."),
             leases_ended: counter(
@@ -329,20 +329,15 @@ impl Metrics {
                 &r,
                 "zkgate_queue_depth",
                 "Items waiting to be taken, claimed ones not counted (read from ZooKeeper when scraped).",
-                &["queue"],
+                &["name"],
             ),
             queue_in_flight: gauges(
                 &r,
                 "zkgate_queue_in_flight",
                 "Items claimed and not yet acknowledged.",
-                &["queue"],
+                &["name"],
             ),
-            queue_dead_letters: gauges(
-                &r,
-                "zkgate_queue_dead_letters",
-                "Items in the dead letters.",
-                &["queue"],
-            ),
+            queue_dead_letters: gauges(&r, "zkgate_queue_dead_letters", "Items in the dead letters.", &["name"]),
             leases: gauge(&r, "zkgate_leases", "Live leases of this instance."),
             topics: gauge(
                 &r,
@@ -382,7 +377,7 @@ impl Metrics {
         if admitted.placed { name } else { names::OTHER }
     }
 
-    /// The `queue` label of a use of queue `name` now (see [Metrics::name]).
+    /// The `name` label of a use of queue `name` now (see [Metrics::name]).
     pub fn queue<'a>(&self, name: &'a str) -> &'a str {
         self.name(QUEUE, name)
     }

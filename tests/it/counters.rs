@@ -112,7 +112,7 @@ async fn concurrent_adds_on_two_instances_each_land_exactly_once() {
         .text()
         .await
         .expect("text");
-    let line = format!("zkgate_counter_writes_total{{counter=\"hits\",op=\"add\"}} {total}");
+    let line = format!("zkgate_counter_writes_total{{name=\"hits\",op=\"add\"}} {total}");
     assert!(metrics.lines().any(|l| l == line), "{line} in {metrics}");
 }
 

@@ -139,10 +139,10 @@ async fn metrics_follow_lock_queue_lease_and_socket_traffic() {
     assert_eq!(value(&after, &format!("zkgate_lock_revocations_total{lock}")), 1.0);
     assert_eq!(value(&after, &format!("zkgate_lock_wait_seconds_count{lock}")), 2.0);
     assert_eq!(value(&after, &format!("zkgate_lock_hold_seconds_count{lock}")), 1.0);
-    let queue = r#"{queue="jobs"}"#;
+    let queue = r#"{name="jobs"}"#;
     assert_eq!(value(&after, &format!("zkgate_queue_puts_total{queue}")), 3.0);
     assert_eq!(
-        value(&after, r#"zkgate_queue_takes_total{mode="at_least_once",queue="jobs"}"#),
+        value(&after, r#"zkgate_queue_takes_total{mode="at_least_once",name="jobs"}"#),
         3.0
     );
     assert_eq!(value(&after, &format!("zkgate_queue_acks_total{queue}")), 1.0);

@@ -82,7 +82,7 @@ async fn instances_are_registered_listed_picked_and_gone_with_their_lease() {
     assert!(
         metrics
             .lines()
-            .any(|l| l == "zkgate_service_registrations_total{service=\"billing\"} 2"),
+            .any(|l| l == "zkgate_service_registrations_total{name=\"billing\"} 2"),
         "{metrics}"
     );
 
