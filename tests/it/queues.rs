@@ -254,9 +254,20 @@ async fn an_item_delivered_too_often_is_dead_lettered_and_can_be_replayed() {
     assert_eq!(dead.body[0]["body"]["to"], "nobody", "{dead:?}");
     // The same count in the queue's state, by the same name.
     assert_eq!(gate.get("/v1/queues/mail").await.body["dead_letters"], 1);
-    // The old path still answers, the same list.
-    let old = gate.get("/v1/queues/mail/dead").await;
-    assert_eq!(old.body[0]["item"], dead.body[0]["item"], "{old:?}");
+    // The old path still answers, the same list, saying it is deprecated and where to go.
+    let old = gate
+        .http
+        .get(format!("{}/v1/queues/mail/dead", gate.url))
+        .send()
+        .await
+        .expect("old path");
+    assert_eq!(old.headers()["deprecation"], "@1795392000");
+    assert_eq!(
+        old.headers()["link"],
+        "</v1/queues/mail/dead-letters>; rel=\"successor-version\""
+    );
+    let old: serde_json::Value = old.json().await.expect("json");
+    assert_eq!(old[0]["item"], dead.body[0]["item"], "{old:?}");
     let item = dead.body[0]["item"].as_str().expect("item").to_string();
     assert_eq!(
         gate.post(&format!("/v1/queues/mail/dead-letters/{item}/replay"), None)

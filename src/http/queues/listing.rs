@@ -155,7 +155,7 @@ pub async fn replay(
 #[utoipa::path(get, path = "/v1/queues/{name}/dead", tag = "queues", operation_id = "dead_letters_old_path",
     params(("name" = String, Path, description = "Queue name"), ItemsQuery),
     responses(
-        (status = 200, description = "A page of the items, in queue order (`Link` gives the next page while more follow)", body = Vec<Waiting>, headers(("Link" = String, description = "While more entries follow: the next page, `<url>; rel=\"next\"`"))),
+        (status = 200, description = "A page of the items, in queue order (`Link` gives the next page while more follow)", body = Vec<Waiting>, headers(("Link" = String, description = "`<the path to use instead>; rel=\"successor-version\"` (and the next page, `<url>; rel=\"next\"`, while more entries follow)"), ("Deprecation" = String, description = "When this path was deprecated (RFC 9745): `@1795392000`"))),
         Problems<(p::InvalidField, p::ZookeeperUnavailable)>,
     ))]
 #[deprecated = "the path is /v1/queues/{name}/dead-letters"]
@@ -166,17 +166,35 @@ pub async fn dead_letters_old_path(
     consistency: Consistency,
     uri: axum::http::Uri,
 ) -> Result<Response, ApiError> {
-    dead_letters(state, name, query, consistency, uri).await
+    let successor = format!("/v1/queues/{}/dead-letters", name.0);
+    let answer = dead_letters(state, name, query, consistency, uri).await;
+    Ok(deprecated(answer.into_response(), &successor))
 }
 
 /// A replay under its old path: use `POST /v1/queues/{name}/dead-letters/{item}/replay`.
 #[utoipa::path(post, path = "/v1/queues/{name}/dead/{item}/replay", tag = "queues", operation_id = "replay_old_path",
     params(("name" = String, Path, description = "Queue name"), ("item" = String, Path, description = "Dead item")),
     responses(
-        (status = 204, description = "Back in the queue"),
+        (status = 204, description = "Back in the queue", headers(("Link" = String, description = "`<the path to use instead>; rel=\"successor-version\"`"), ("Deprecation" = String, description = "When this path was deprecated (RFC 9745): `@1795392000`"))),
         Problems<(p::InvalidField, p::NotFound, p::ZookeeperUnavailable)>,
     ))]
 #[deprecated = "the path is /v1/queues/{name}/dead-letters/{item}/replay"]
-pub async fn replay_old_path(state: State<AppState>, path: ApiPath<(String, String)>) -> Result<StatusCode, ApiError> {
-    replay(state, path).await
+pub async fn replay_old_path(state: State<AppState>, path: ApiPath<(String, String)>) -> Response {
+    let successor = format!("/v1/queues/{}/dead-letters/{}/replay", path.0.0, path.0.1);
+    deprecated(replay(state, path).await.into_response(), &successor)
+}
+
+/// When the `/dead` paths were deprecated (2026-11-23), as RFC 9745's `Deprecation` says it.
+const DEAD_PATHS_DEPRECATED: &str = "@1795392000";
+
+/// `response` from a deprecated path, saying so (RFC 9745): `Deprecation` with the date it was
+/// deprecated, and a `Link` to the path to use instead.
+fn deprecated(mut response: Response, successor: &str) -> Response {
+    use axum::http::HeaderValue;
+    let headers = response.headers_mut();
+    headers.insert("deprecation", HeaderValue::from_static(DEAD_PATHS_DEPRECATED));
+    if let Ok(link) = HeaderValue::from_str(&format!("<{successor}>; rel=\"successor-version\"")) {
+        headers.append(axum::http::header::LINK, link);
+    }
+    response
 }
