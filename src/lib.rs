@@ -391,6 +391,7 @@ pub fn app(state: AppState) -> Router {
             http::origin::check_origin,
         ))
         .layer(http::origin::cors(&state.config.cors_origin))
+        .layer(axum::middleware::from_fn(http::limits::request_head))
         .layer(tower_http::trace::TraceLayer::new_for_http())
         .with_state(state)
 }
@@ -444,7 +445,13 @@ pub async fn start(mut config: ServeConfig) -> std::io::Result<Running> {
         Some(acceptor) => listen::Listener::Tls(listen::TlsListener::new(tcp, acceptor, caps.clone())),
         None => listen::Listener::Plain(tcp),
     };
-    let task = tokio::spawn(listen::serve(listener, caps.clone(), app(state.clone()), stop.clone()));
+    let task = tokio::spawn(listen::serve(
+        listener,
+        caps.clone(),
+        app(state.clone()),
+        http::limits::early_answer,
+        stop.clone(),
+    ));
     Ok(Running {
         addr,
         tls,

@@ -20,6 +20,73 @@ use crate::limits::ClientAddr;
 use crate::listen::Arrived;
 use crate::metrics::Stage;
 
+/// Longest request URI (path and query) the app reads: a name, a key or a query is bounded
+/// far below this, and hyper refuses more than 64 KiB before the app sees it.
+pub const MAX_URI_BYTES: usize = 8 * 1024;
+
+/// Most header fields in a request (hyper reads up to [crate::listen::HYPER_MAX_HEADERS]).
+pub const MAX_HEADERS: usize = 100;
+
+/// Most bytes of header fields (names and values) in a request.
+pub const MAX_HEADER_BYTES: usize = 32 * 1024;
+
+/// The outermost layer: a request whose URI or head is over the bounds above is refused
+/// (414 `uri-too-long`, 431 `headers-too-large`) before anything else reads it.
+pub async fn request_head(request: Request, next: Next) -> Response {
+    let uri = request.uri().path_and_query().map_or(0, |p| p.as_str().len());
+    if uri > MAX_URI_BYTES {
+        let detail = format!("the request's URI is {uri} bytes, over the bound of {MAX_URI_BYTES}");
+        return ApiError::new(Problem::UriTooLong, detail)
+            .with("limit_bytes", MAX_URI_BYTES)
+            .into_response();
+    }
+    let headers = request.headers();
+    if headers.len() > MAX_HEADERS {
+        let detail = format!(
+            "the request has {} header fields, over the bound of {MAX_HEADERS}",
+            headers.len()
+        );
+        return ApiError::new(Problem::HeadersTooLarge, detail)
+            .with("limit", "count")
+            .into_response();
+    }
+    let bytes: usize = headers
+        .iter()
+        .map(|(name, value)| name.as_str().len() + value.len())
+        .sum();
+    if bytes > MAX_HEADER_BYTES {
+        let detail = format!("the request's header fields take {bytes} bytes, over the bound of {MAX_HEADER_BYTES}");
+        return ApiError::new(Problem::HeadersTooLarge, detail)
+            .with("limit", "bytes")
+            .into_response();
+    }
+    next.run(request).await
+}
+
+/// The problem document that answers hyper's own refusal of a request before routing (see
+/// [crate::listen::EarlyAnswer]): a head it could not parse, a URI or a head over its bounds,
+/// which are above the app's own ([request_head]).
+pub fn early_answer(status: u16) -> Option<Vec<u8>> {
+    let error = match status {
+        400 => ApiError::new(
+            Problem::MalformedRequest,
+            "the request's head could not be parsed as HTTP/1.1",
+        ),
+        414 => ApiError::new(
+            Problem::UriTooLong,
+            "the request's URI is over 64 KiB, and the server's bound is lower still",
+        )
+        .with("limit_bytes", MAX_URI_BYTES),
+        431 => ApiError::new(
+            Problem::HeadersTooLarge,
+            "the request's head is over the server's buffer, or has more header fields than it reads",
+        )
+        .with("limit", "head"),
+        _ => return None,
+    };
+    Some(error.body().to_string().into_bytes())
+}
+
 /// The layer: [crate::limits::Limits::check_rate] for the request's caller and address, and
 /// for a request to an endpoint that may wait, one of the caller's and the instance's long
 /// polls, held until the response is ready.

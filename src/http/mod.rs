@@ -23,7 +23,7 @@ pub mod handoff;
 mod health;
 mod kv;
 pub mod leases;
-mod limits;
+pub mod limits;
 mod lock_sets;
 mod locks;
 pub mod origin;

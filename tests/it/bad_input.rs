@@ -287,3 +287,47 @@ async fn bad_names_bodies_and_handles_are_refused_and_change_nothing() {
     assert_eq!(kept.body["state"], "held");
     assert_eq!(gate.get("/v1/counters/c").await.body["value"], 7);
 }
+
+/// A request head over the server's bounds is refused with a problem document naming the
+/// bound, whether the app's bounds refuse it (a URI over 8 KiB, more than 100 header fields,
+/// over 32 KiB of them) or hyper does before routing (a URI over 64 KiB, a head over its
+/// buffer, a header hyper cannot parse): hyper's own answers have empty bodies.
+#[tokio::test]
+async fn oversized_and_malformed_request_heads_get_problem_documents() {
+    let zk = zookeeper().await;
+    let gate = Gate::start(&zk.connect_string()).await;
+    let addr = gate.running.addr;
+    let problem = |reply: &common::Reply, status: StatusCode, slug: &str| {
+        assert_eq!(reply.status, status, "{reply:?}");
+        assert_eq!(reply.content_type, "application/problem+json", "{reply:?}");
+        assert_eq!(reply.body["type"], format!("urn:zkgate:problem:{slug}"), "{reply:?}");
+        assert_eq!(reply.body["status"], status.as_u16(), "{reply:?}");
+    };
+    // The app's bounds.
+    let long_uri = format!("/v1/kv/k?x={}", "a".repeat(9 * 1024));
+    let reply = raw_request(addr, "GET", &long_uri, &[], b"").await;
+    problem(&reply, StatusCode::URI_TOO_LONG, "uri-too-long");
+    assert_eq!(reply.body["limit_bytes"], 8192, "{reply:?}");
+    let names: Vec<String> = (0..120).map(|i| format!("x-field-{i}")).collect();
+    let many: Vec<(&str, &str)> = names.iter().map(|n| (n.as_str(), "1")).collect();
+    let reply = raw_request(addr, "GET", "/v1/kv/k", &many, b"").await;
+    problem(&reply, StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE, "headers-too-large");
+    assert_eq!(reply.body["limit"], "count", "{reply:?}");
+    let big = "b".repeat(40 * 1024);
+    let reply = raw_request(addr, "GET", "/v1/kv/k", &[("x-big", big.as_str())], b"").await;
+    problem(&reply, StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE, "headers-too-large");
+    assert_eq!(reply.body["limit"], "bytes", "{reply:?}");
+    // hyper's: refused before the app sees the request, answered as problems all the same.
+    let longest_uri = format!("/v1/kv/k?x={}", "a".repeat(70 * 1024));
+    let reply = raw_request(addr, "GET", &longest_uri, &[], b"").await;
+    problem(&reply, StatusCode::URI_TOO_LONG, "uri-too-long");
+    let names: Vec<String> = (0..300).map(|i| format!("x-field-{i}")).collect();
+    let too_many: Vec<(&str, &str)> = names.iter().map(|n| (n.as_str(), "1")).collect();
+    let reply = raw_request(addr, "GET", "/v1/kv/k", &too_many, b"").await;
+    problem(&reply, StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE, "headers-too-large");
+    let reply = raw_request(addr, "GET", "/v1/kv/k", &[("bad header", "1")], b"").await;
+    problem(&reply, StatusCode::BAD_REQUEST, "malformed-request");
+    // The server still serves.
+    let fine = gate.get("/v1/kv/k").await;
+    assert_eq!(fine.status, StatusCode::NOT_FOUND, "{fine:?}");
+}

@@ -109,6 +109,8 @@ catalogue! {
         "a bad name, parameter, header or body field; `field` and `in` say which; ZooKeeper is not touched";
     MalformedBody: Http, 400, "malformed-body", "Malformed request body", [],
         "the body is not JSON (or not the JSON object expected)";
+    MalformedRequest: Http, 400, "malformed-request", "Malformed request", [],
+        "a request head that is not HTTP/1.1 as it must be, refused before routing (the connection is closed after the answer)";
     NotAWebsocket: Http, 400, "not-a-websocket", "Not a WebSocket upgrade", [],
         "a plain request to a WebSocket endpoint";
     Unauthorized: Http, 401, "unauthorized", "Authentication required", [],
@@ -171,12 +173,16 @@ catalogue! {
         "a body over the limit (512 KiB)";
     ValueTooLarge: Http, 413, "value-too-large", "Value too large", ["limit_bytes", "size_bytes"],
         "a value, item, member's data, proclaimed value or payload whose stored size is over `--max-value-bytes` (256 KiB)";
+    UriTooLong: Http, 414, "uri-too-long", "URI too long", ["limit_bytes"],
+        "a request URI (path and query) over 8 KiB; `limit_bytes` says the bound";
     QueueFull: Http, 429, "queue-full", "Queue full", ["depth"],
         "a put into a queue at `--queue-max-depth`; retry after `Retry-After` seconds";
     RateLimited: Http, 429, "rate-limited", "Too many writes", [],
         "more writes a second than `--write-rate`; retry after `Retry-After` seconds";
     TooMany: Http, 429, "too-many", "Limit reached", [],
         "a limit on leases, waiting contenders, long polls, sockets or subscriptions (see Limits); retry after `Retry-After` seconds";
+    HeadersTooLarge: Http, 431, "headers-too-large", "Request headers too large", ["limit"],
+        "a request head with more than 100 header fields or over 32 KiB of them; `limit` says which bound";
     Internal: Http, 500, "internal", "Internal error", [],
         "ZooKeeper answered what zkgate did not expect (a bug: please report it)";
     QuotaExceeded: Http, 507, "quota-exceeded", "Quota exceeded", ["quota"],
@@ -495,6 +501,17 @@ impl ApiError {
         ApiError::new(Problem::ZookeeperUnavailable, detail)
     }
 
+    /// The problem document: `type`, `title`, `status`, `detail` and the extension members.
+    pub fn body(&self) -> Value {
+        let mut body = Map::new();
+        body.insert("type".into(), json!(self.problem.type_uri()));
+        body.insert("title".into(), json!(self.problem.title()));
+        body.insert("status".into(), json!(self.problem.status().as_u16()));
+        body.insert("detail".into(), json!(self.detail));
+        body.extend(self.extra.clone());
+        Value::Object(body)
+    }
+
     pub fn problem(&self) -> Problem {
         self.problem
     }
@@ -511,16 +528,11 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.problem.status();
-        let mut body = Map::new();
-        body.insert("type".into(), json!(self.problem.type_uri()));
-        body.insert("title".into(), json!(self.problem.title()));
-        body.insert("status".into(), json!(status.as_u16()));
-        body.insert("detail".into(), json!(self.detail));
-        body.extend(self.extra);
+        let body = self.body();
         if status.is_server_error() {
             tracing::warn!(%status, detail = ?body["detail"], "request failed");
         }
-        let mut response = (status, axum::Json(Value::Object(body))).into_response();
+        let mut response = (status, axum::Json(body)).into_response();
         let headers = response.headers_mut();
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
         if let Some(seconds) = self.retry_after {

@@ -32,6 +32,10 @@
 //! the body when it is small enough, or says `Connection: close`; hyper alone would close the
 //! connection without a word, and a pooled client would send its next request into it.
 //!
+//! A request hyper refuses before the app sees it (a head it cannot parse, a URI over 64 KiB,
+//! a head over its buffer) is answered with a problem too ([early]), on a new connection; the
+//! app bounds URIs and heads well below hyper's, with problems of its own.
+//!
 //! `axum::serve` has none of these knobs (it says so itself), so this is its loop with them.
 
 use std::collections::HashMap;
@@ -58,8 +62,15 @@ use tokio_rustls::server::TlsStream;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
+mod early;
+pub use early::EarlyAnswer;
+
 /// Largest request body the server takes: well below ZooKeeper's 1 MB `jute.maxbuffer`.
 pub const BODY_LIMIT_BYTES: usize = 512 * 1024;
+
+/// Most header fields hyper reads in a request head (its default is 100): above the app's own
+/// bound, so that the app answers a head with too many with a problem of its own.
+pub const HYPER_MAX_HEADERS: usize = 256;
 
 /// Requests one HTTP/2 connection may carry at once: enough for a client's long polls (a
 /// principal may hold 1,000 by default) on one connection.
@@ -241,13 +252,14 @@ pub enum Listener {
 
 /// Serves `app` on `listener` until `shutdown`, then stops accepting, lets each connection
 /// finish its request in flight (keep-alive off), and returns once all have closed.
-pub async fn serve(listener: Listener, caps: Arc<Caps>, app: Router, shutdown: CancellationToken) {
+pub async fn serve(listener: Listener, caps: Arc<Caps>, app: Router, early: EarlyAnswer, shutdown: CancellationToken) {
     let header_timeout = caps.limits.map_or(Duration::from_secs(30), |l| l.header_timeout);
     let write_timeout = caps.limits.map_or(Duration::from_secs(45), |l| l.write_timeout);
     let (signal, signalled) = watch::channel(());
     let (closed, all_closed) = watch::channel(());
     let connection = |peer| Connection {
         app: app.clone(),
+        early,
         peer,
         header_timeout,
         signalled: signalled.clone(),
@@ -294,6 +306,8 @@ pub async fn serve(listener: Listener, caps: Arc<Caps>, app: Router, shutdown: C
 /// One connection being served.
 struct Connection {
     app: Router,
+    /// Renders hyper's own refusals as problems.
+    early: EarlyAnswer,
     peer: SocketAddr,
     header_timeout: Duration,
     signalled: watch::Receiver<()>,
@@ -321,6 +335,7 @@ impl Connection {
         builder
             .http1()
             .timer(TokioTimer::new())
+            .max_headers(HYPER_MAX_HEADERS)
             .header_read_timeout(self.header_timeout);
         builder
             .http2()
@@ -328,7 +343,10 @@ impl Connection {
             .max_concurrent_streams(H2_MAX_STREAMS)
             .keep_alive_interval(self.header_timeout)
             .keep_alive_timeout(self.header_timeout);
-        let connection = builder.serve_connection_with_upgrades(TokioIo::new(io), TowerToHyperService::new(app));
+        let connection = builder.serve_connection_with_upgrades(
+            TokioIo::new(early::Early::new(io, self.early)),
+            TowerToHyperService::new(app),
+        );
         let mut connection = pin!(connection);
         // The first request must start within the header timeout: hyper's own timeout begins
         // only once the protocol is known, and telling HTTP/2 from HTTP/1.1 waits for bytes.
