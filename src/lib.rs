@@ -40,8 +40,8 @@ use crate::config::ServeConfig;
 use crate::events::Events;
 use crate::keeper::Leases;
 use crate::kind::Kind;
-use crate::recipes::engine::bound::BoundNodes;
 use crate::recipes::engine::contender::Contenders;
+use crate::recipes::engine::node::NodeHoldings;
 use crate::recipes::queue::service::Queues;
 use crate::recipes::semaphore::Semaphores;
 use crate::zk::session::ZkSession;
@@ -72,19 +72,19 @@ pub struct Shared {
     pub locks: Contenders,
     /// The records of locks held together (`/v1/lock-sets`, on `locks`' handles): lease-bound
     /// nodes under `<root>/lock-sets`.
-    pub lock_sets: BoundNodes,
+    pub lock_sets: NodeHoldings,
     pub rwlocks: Contenders,
     pub elections: Contenders,
-    pub groups: BoundNodes,
+    pub groups: NodeHoldings,
     /// Service instances registered through this instance (`/v1/services`).
-    pub services: BoundNodes,
+    pub services: NodeHoldings,
     /// Each service's round-robin turn on this instance.
     pub service_picker: recipes::service::Picker,
     pub semaphores: Semaphores,
-    pub barriers: BoundNodes,
-    pub double_barriers: BoundNodes,
+    pub barriers: NodeHoldings,
+    pub double_barriers: NodeHoldings,
     /// Two-phase commit transactions (`<root>/txns/<id>`) and their registered participants.
-    pub txn_members: BoundNodes,
+    pub txn_members: NodeHoldings,
     pub queues: Queues,
     pub events: Events,
     /// The shared exists-watches that barrier, double-barrier and decision waiters wait on.
@@ -170,7 +170,7 @@ impl AppState {
             lanes.clone(),
             instances.vouching(),
         );
-        let holders = Holders::new(&config.root);
+        let registries = Registries::new(&config.root);
         let barrier_watches = ExistsWatches::new(zk.clone());
         let quotas = recipes::usage::Quotas::start(zk.clone(), &config.root, config.quota_settings());
         let queues = Queues::new(
@@ -192,7 +192,7 @@ impl AppState {
         );
         let ws_budget = ws::outbox::Budget::new(config.ws_send_budget);
         let shutdown = CancellationToken::new();
-        leases.set_adopter(adopter(holders.clone()));
+        leases.set_adopter(adopter(registries.clone()));
         let reaped = keeper::reaper::start(
             leases.clone(),
             queues.clone(),
@@ -211,17 +211,17 @@ impl AppState {
             config: Arc::new(config),
             lanes,
             leases,
-            locks: holders.locks,
-            lock_sets: holders.lock_sets,
-            rwlocks: holders.rwlocks,
-            elections: holders.elections,
-            groups: holders.groups,
-            services: holders.services,
+            locks: registries.locks,
+            lock_sets: registries.lock_sets,
+            rwlocks: registries.rwlocks,
+            elections: registries.elections,
+            groups: registries.groups,
+            services: registries.services,
             service_picker: Default::default(),
-            semaphores: holders.semaphores,
-            barriers: holders.barriers,
-            double_barriers: holders.double_barriers,
-            txn_members: holders.txn_members,
+            semaphores: registries.semaphores,
+            barriers: registries.barriers,
+            double_barriers: registries.double_barriers,
+            txn_members: registries.txn_members,
             queues,
             events,
             barrier_watches,
@@ -260,58 +260,58 @@ fn start_sessions(config: &ServeConfig, connect: &str) -> (ZkSession, zk::sessio
 
 /// The registries of what leases hold, for [adopter].
 #[derive(Clone)]
-struct Holders {
+struct Registries {
     locks: Contenders,
-    lock_sets: BoundNodes,
+    lock_sets: NodeHoldings,
     rwlocks: Contenders,
     elections: Contenders,
     semaphores: Semaphores,
-    groups: BoundNodes,
-    services: BoundNodes,
-    barriers: BoundNodes,
-    double_barriers: BoundNodes,
-    txn_members: BoundNodes,
+    groups: NodeHoldings,
+    services: NodeHoldings,
+    barriers: NodeHoldings,
+    double_barriers: NodeHoldings,
+    txn_members: NodeHoldings,
 }
 
-/// What takes over the holdings of a lease this instance adopts: each reference under its
+/// What takes over the holdings of a lease this instance adopts: each holding record under its
 /// record names a kind and a protocol, whose registry takes the handle over (its task finds
 /// its znodes and goes on, see [recipes::engine::handle]).
-impl Holders {
-    fn new(root: &str) -> Holders {
-        Holders {
+impl Registries {
+    fn new(root: &str) -> Registries {
+        Registries {
             locks: Contenders::new(root, Kind::Lock),
-            lock_sets: BoundNodes::new(root, Kind::Lock),
+            lock_sets: NodeHoldings::new(root, Kind::Lock),
             rwlocks: Contenders::new(root, Kind::RwLock),
             elections: Contenders::new(root, Kind::Election),
             semaphores: Semaphores::new(root, Kind::Semaphore),
-            groups: BoundNodes::new(root, Kind::Group),
-            services: BoundNodes::new(root, Kind::Service),
-            barriers: BoundNodes::new(root, Kind::Barrier),
-            double_barriers: BoundNodes::new(root, Kind::DoubleBarrier),
-            txn_members: BoundNodes::new(root, Kind::Txn),
+            groups: NodeHoldings::new(root, Kind::Group),
+            services: NodeHoldings::new(root, Kind::Service),
+            barriers: NodeHoldings::new(root, Kind::Barrier),
+            double_barriers: NodeHoldings::new(root, Kind::DoubleBarrier),
+            txn_members: NodeHoldings::new(root, Kind::Txn),
         }
     }
 }
 
-fn adopter(holders: Holders) -> keeper::Adopter {
-    use recipes::engine::record::Held;
+fn adopter(registries: Registries) -> keeper::Adopter {
+    use recipes::engine::record::Shape;
     Arc::new(move |lease, holdings| {
-        for (reference, holding) in holdings {
-            let (name, id, reference) = (holding.name.as_str(), holding.handle.as_str(), reference.as_str());
-            let adopted = match (holding.kind(), &holding.held) {
-                (Some(kind), Held::Contender { role }) => holders
+        for (record_name, holding) in holdings {
+            let (name, id, record_name) = (holding.name.as_str(), holding.handle.as_str(), record_name.as_str());
+            let adopted = match (holding.kind(), &holding.shape) {
+                (Some(kind), Shape::Contender { role }) => registries
                     .contenders(kind)
                     .zip(recipes::roles::from_label(role))
                     .is_some_and(|(registry, role)| {
-                        registry.adopt_contender(lease, (name, id), reference, role).is_ok()
+                        registry.adopt_contender(lease, (name, id), record_name, role).is_ok()
                     }),
-                (Some(Kind::Semaphore), Held::Permit { permits }) => holders
+                (Some(Kind::Semaphore), Shape::Permit { permits }) => registries
                     .semaphores
-                    .adopt_permit(lease, (name, id), reference, *permits)
+                    .adopt_permit(lease, (name, id), record_name, *permits)
                     .is_ok(),
-                (Some(kind), held @ Held::Bound { .. }) => holders
-                    .bound(kind)
-                    .is_some_and(|nodes| nodes.adopt_bound(lease, (name, id), reference, held).is_ok()),
+                (Some(kind), shape @ Shape::Node { .. }) => registries
+                    .nodes(kind)
+                    .is_some_and(|nodes| nodes.adopt_node(lease, (name, id), record_name, shape).is_ok()),
                 // A kind this version does not know, or a holding its kind never makes.
                 _ => false,
             };
@@ -322,7 +322,7 @@ fn adopter(holders: Holders) -> keeper::Adopter {
     })
 }
 
-impl Holders {
+impl Registries {
     /// The registry of a kind's contenders, if it has any.
     fn contenders(&self, kind: Kind) -> Option<&recipes::engine::contender::Contenders> {
         match kind {
@@ -341,8 +341,8 @@ impl Holders {
         }
     }
 
-    /// The registry of a kind's lease-bound nodes, if it has any (a lock's are lock sets').
-    fn bound(&self, kind: Kind) -> Option<&BoundNodes> {
+    /// The registry of a kind's node holdings, if it has any (a lock's are lock sets').
+    fn nodes(&self, kind: Kind) -> Option<&NodeHoldings> {
         match kind {
             Kind::Group => Some(&self.groups),
             Kind::Service => Some(&self.services),

@@ -18,8 +18,8 @@ use crate::auth::Caller;
 use crate::events::Feed;
 use crate::kind::Kind;
 use crate::recipes::barrier::{self, BarrierState, BarrierTopic};
-use crate::recipes::engine::bound::{self, BindError};
 use crate::recipes::engine::handle::Phase;
+use crate::recipes::engine::node::{self, HoldError};
 use crate::recipes::topic::Source;
 use crate::time::HumanDuration;
 
@@ -94,12 +94,12 @@ pub async fn raise(
     } else {
         let (lease, _) = lease_for(&state, &caller, body.lease, body.ttl.map(|t| t.0)).await?;
         let session = lease.session().await?;
-        let data = bound::owner_record(&lease);
-        let created = match state.barriers.bind(&lease, &name, &name, path, data, None).await {
+        let data = node::owner_record(&lease);
+        let created = match state.barriers.hold(&lease, &name, &name, path, data, None).await {
             Ok(_) => true,
-            Err(BindError::Taken) => false,
-            Err(BindError::LeaseEnded) => return Err(lease_gone(&state, &lease)),
-            Err(BindError::ZooKeeper(err)) => return Err(err.into()),
+            Err(HoldError::Taken) => false,
+            Err(HoldError::LeaseEnded) => return Err(lease_gone(&state, &lease)),
+            Err(HoldError::ZooKeeper(err)) => return Err(err.into()),
         };
         (created, session)
     };
@@ -124,7 +124,7 @@ pub async fn lower(
     let session = super::consistency::synced(&state).await?;
     let path = state.barriers.dir(&name);
     let root = &state.config.root;
-    let owner = bound::check_owner(
+    let owner = node::check_owner(
         &session,
         root,
         Kind::Barrier,
@@ -141,7 +141,7 @@ pub async fn lower(
     }
     // Bound to a lease kept elsewhere (or moved there while released here): released with its
     // reference, through ZooKeeper.
-    if owner.is_some() && bound::release_recorded(&session, root, Kind::Barrier, (&name, &name), &path).await? {
+    if owner.is_some() && node::release_recorded(&session, root, Kind::Barrier, (&name, &name), &path).await? {
         return Ok(StatusCode::NO_CONTENT);
     }
     if barrier::lower(&session, &path).await? {

@@ -21,7 +21,7 @@ use crate::events::Feed;
 use crate::kind::Kind;
 use crate::recipes::SettingError;
 use crate::recipes::double_barrier::{self, DoubleBarrierState, DoubleBarrierTopic, READY};
-use crate::recipes::engine::bound::{self, BindError, BoundNode};
+use crate::recipes::engine::node::{self, HoldError, NodeHolding};
 use crate::time::HumanDuration;
 use crate::zk::Session;
 use crate::zk::names::validate_name;
@@ -141,7 +141,7 @@ async fn participant(
     caller: &Caller,
     name: &str,
     body: &EnterBody,
-) -> Result<(std::sync::Arc<BoundNode>, Session), ApiError> {
+) -> Result<(std::sync::Arc<NodeHolding>, Session), ApiError> {
     let dir = state.double_barriers.dir(name);
     match state.double_barriers.get(name, &body.participant) {
         Some(node) if Some(node.lease.id.as_str()) == body.lease.as_deref() => {
@@ -158,13 +158,13 @@ async fn participant(
             let path = state.double_barriers.node(name, &body.participant);
             match state
                 .double_barriers
-                .bind(&lease, name, &body.participant, path, bound::owner_record(&lease), None)
+                .hold(&lease, name, &body.participant, path, node::owner_record(&lease), None)
                 .await
             {
                 Ok(node) => Ok((node, session)),
-                Err(BindError::Taken) => Err(taken(name, &body.participant)),
-                Err(BindError::LeaseEnded) => Err(lease_gone(state, &lease)),
-                Err(BindError::ZooKeeper(err)) => Err(err.into()),
+                Err(HoldError::Taken) => Err(taken(name, &body.participant)),
+                Err(HoldError::LeaseEnded) => Err(lease_gone(state, &lease)),
+                Err(HoldError::ZooKeeper(err)) => Err(err.into()),
             }
         }
     }
@@ -238,7 +238,7 @@ pub async fn leave(
     let any = super::consistency::synced(&state).await?;
     let what = format!("participant `{}`", body.participant);
     let path = nodes.node(&name, &body.participant);
-    bound::check_owner(&any, &state.config.root, Kind::DoubleBarrier, &path, &caller, &what).await?;
+    node::check_owner(&any, &state.config.root, Kind::DoubleBarrier, &path, &caller, &what).await?;
     // On the participant's own session if it entered here, which sees its own removal at once.
     let session = match nodes.get(&name, &body.participant) {
         Some(node) => node.lease.session().await?,

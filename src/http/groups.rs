@@ -18,8 +18,8 @@ use crate::AppState;
 use crate::auth::Caller;
 use crate::events::Feed;
 use crate::kind::Kind;
-use crate::recipes::engine::bound::{self, BindError, BoundNode};
 use crate::recipes::engine::handle::Phase;
+use crate::recipes::engine::node::{self, HoldError, NodeHolding};
 use crate::recipes::group::{self, GroupState, GroupTopic};
 use crate::recipes::topic::Source;
 use crate::recipes::usage::ChargeError;
@@ -146,11 +146,11 @@ pub async fn join(
 pub(super) async fn bind_charged(
     state: &AppState,
     caller: &Caller,
-    nodes: &crate::recipes::engine::bound::BoundNodes,
+    nodes: &crate::recipes::engine::node::NodeHoldings,
     lease: &std::sync::Arc<crate::recipes::engine::lease::Lease>,
     (name, id): (&str, &str),
     data: Vec<u8>,
-) -> Result<std::sync::Arc<BoundNode>, Option<ApiError>> {
+) -> Result<std::sync::Arc<NodeHolding>, Option<ApiError>> {
     let path = nodes.node(name, id);
     let session = state.zk().connected().await.map_err(|e| Some(e.into()))?;
     let bytes = data.len();
@@ -159,18 +159,18 @@ pub(super) async fn bind_charged(
         Err(ChargeError::Exceeded(exceeded)) => return Err(Some(ApiError::quota(exceeded))),
         Err(ChargeError::ZooKeeper(err)) => return Err(Some(err.into())),
     };
-    match nodes.bind(lease, name, id, path, data, Some(charge)).await {
+    match nodes.hold(lease, name, id, path, data, Some(charge)).await {
         Ok(node) => Ok(node),
-        Err(BindError::Taken) => Err(None),
-        Err(BindError::LeaseEnded) => Err(Some(lease_gone(state, lease))),
-        Err(BindError::ZooKeeper(Failure::QuotaFull)) => Err(Some(ApiError::quota(
+        Err(HoldError::Taken) => Err(None),
+        Err(HoldError::LeaseEnded) => Err(Some(lease_gone(state, lease))),
+        Err(HoldError::ZooKeeper(Failure::QuotaFull)) => Err(Some(ApiError::quota(
             state.quotas.exceeded(&session, caller.name(), bytes).await,
         ))),
-        Err(BindError::ZooKeeper(err)) => Err(Some(err.into())),
+        Err(HoldError::ZooKeeper(err)) => Err(Some(err.into())),
     }
 }
 
-fn joined(member: &BoundNode) -> Joined {
+fn joined(member: &NodeHolding) -> Joined {
     Joined {
         group: member.name.clone(),
         member: member.id.clone(),
@@ -209,14 +209,14 @@ pub async fn leave(
     unbind(&state, &caller, &state.groups, (&group, &member), &path, gone).await
 }
 
-/// Releases the lease-bound node `id` of resource `name` at `path` (a member, a service
+/// Releases the node holding `id` of resource `name` at `path` (a member, a service
 /// instance, a lock set's record), if `caller` may: through its task if its lease is kept here,
-/// else through ZooKeeper alone (its node records its lease, see [crate::recipes::engine::bound]).
+/// else through ZooKeeper alone (its node records its lease, see [crate::recipes::engine::node]).
 /// `gone` is the answer when there is no such node of zkgate's.
 pub(super) async fn unbind(
     state: &AppState,
     caller: &Caller,
-    nodes: &crate::recipes::engine::bound::BoundNodes,
+    nodes: &crate::recipes::engine::node::NodeHoldings,
     (name, id): (&str, &str),
     path: &str,
     gone: impl FnOnce() -> ApiError,
@@ -232,11 +232,11 @@ pub(super) async fn unbind(
     }
     let session = super::consistency::synced(state).await?;
     let (root, kind) = (&state.config.root, nodes.kind());
-    let owner = bound::check_owner(&session, root, kind, path, caller, &format!("`{id}` of `{name}`")).await?;
+    let owner = node::check_owner(&session, root, kind, path, caller, &format!("`{id}` of `{name}`")).await?;
     if owner.is_none() {
         return Err(gone());
     }
-    match bound::release_recorded(&session, root, kind, (name, id), path).await? {
+    match node::release_recorded(&session, root, kind, (name, id), path).await? {
         true => Ok(StatusCode::NO_CONTENT),
         false => Err(gone()),
     }

@@ -26,9 +26,9 @@ use super::leases::{LeaseView, lease_for, lease_gone};
 use crate::AppState;
 use crate::auth::{Access, Caller};
 use crate::kind::Kind;
-use crate::recipes::engine::bound::BindError;
 use crate::recipes::engine::contender::Contender;
 use crate::recipes::engine::lease::{EndReason, Lease};
+use crate::recipes::engine::node::HoldError;
 use crate::recipes::lock_set::{self, SetRecord, canonical_order};
 use crate::time::HumanDuration;
 use crate::zk::Session;
@@ -258,13 +258,13 @@ async fn record_set(state: &AppState, lease: &Arc<Lease>, handles: &[&Arc<Conten
     let path = lock_set::record_path(&state.config.root, &id);
     let bound = state
         .lock_sets
-        .bind_as(lease, (&id, &id), path, record.to_bytes(), None, true)
+        .hold_as(lease, (&id, &id), path, record.to_bytes(), None, true)
         .await;
     match bound {
         Ok(_) => Ok(id),
-        Err(BindError::LeaseEnded) => Err(lease_gone(state, lease)),
-        Err(BindError::Taken) => Err(ApiError::new(Problem::Internal, "a lock set's id was taken")),
-        Err(BindError::ZooKeeper(err)) => Err(err.into()),
+        Err(HoldError::LeaseEnded) => Err(lease_gone(state, lease)),
+        Err(HoldError::Taken) => Err(ApiError::new(Problem::Internal, "a lock set's id was taken")),
+        Err(HoldError::ZooKeeper(err)) => Err(err.into()),
     }
 }
 

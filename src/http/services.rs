@@ -20,7 +20,7 @@ use crate::AppState;
 use crate::auth::Caller;
 use crate::events::Feed;
 use crate::kind::Kind;
-use crate::recipes::engine::bound::BoundNode;
+use crate::recipes::engine::node::NodeHolding;
 use crate::recipes::service::{
     CuratorInstance, InstanceView, Registrar, ServiceState, ServiceTopic, Strategy, UriSpecJson,
 };
@@ -116,7 +116,7 @@ fn taken(service: &str, id: &str) -> ApiError {
     )
 }
 
-fn registered(node: &BoundNode) -> Registered {
+fn registered(node: &NodeHolding) -> Registered {
     Registered {
         service: node.name.clone(),
         id: node.id.clone(),

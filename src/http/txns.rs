@@ -21,7 +21,7 @@ use crate::AppState;
 use crate::auth::Caller;
 use crate::events::Feed;
 use crate::kind::Kind;
-use crate::recipes::engine::bound::{self, BindError};
+use crate::recipes::engine::node::{self, HoldError};
 use crate::recipes::topic::Source;
 use crate::recipes::txn::{self, Record, Spec, TxnState, TxnTopic, Vote, VoteError};
 use crate::time::{HumanDuration, at_most};
@@ -229,18 +229,18 @@ pub async fn register(
     let path = txn::member_path(&dir, &participant);
     match state
         .txn_members
-        .bind(&lease, &id, &participant, path, bound::owner_record(&lease), None)
+        .hold(&lease, &id, &participant, path, node::owner_record(&lease), None)
         .await
     {
         Ok(_) => {}
-        Err(BindError::Taken) => {
+        Err(HoldError::Taken) => {
             return Err(ApiError::new(
                 Problem::MemberTaken,
                 format!("`{participant}` is registered by another"),
             ));
         }
-        Err(BindError::LeaseEnded) => return Err(lease_gone(&state, &lease)),
-        Err(BindError::ZooKeeper(err)) => return Err(err.into()),
+        Err(HoldError::LeaseEnded) => return Err(lease_gone(&state, &lease)),
+        Err(HoldError::ZooKeeper(err)) => return Err(err.into()),
     }
     Ok((StatusCode::CREATED, Json(read(&state, &session, &id).await?)).into_response())
 }
@@ -305,7 +305,7 @@ async fn participant_of(
     // instance it registered through: its node records the principal.
     let member = txn::member_path(&dir, participant);
     let what = format!("participant `{participant}`");
-    bound::check_owner(&session, &state.config.root, Kind::Txn, &member, caller, &what).await?;
+    node::check_owner(&session, &state.config.root, Kind::Txn, &member, caller, &what).await?;
     let record = txn::read(&session, &dir).await?.ok_or_else(|| not_found(id))?;
     if !record.spec.participants.iter().any(|p| p == participant) {
         return Err(ApiError::new(

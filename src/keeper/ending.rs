@@ -12,10 +12,10 @@ impl Registry {
         if let Some(version) = lease.version() {
             let session = lease.session().await?;
             match record::mark_ended(session.client(), &lease.path, &self.record_of(lease), version, reason).await {
-                // More references than holdings here: some are driven by other instances
+                // More holding records than holdings here: some are driven by other instances
                 // (visitors), maybe gone ones. They end with the lease, here: taken up before
                 // it ends, then released with the rest.
-                Ok(references) if usize::try_from(references).unwrap_or(0) > lease.attached() => {
+                Ok(record_names) if usize::try_from(record_names).unwrap_or(0) > lease.attached() => {
                     self.take_up_driven_elsewhere(lease, session.client()).await;
                 }
                 Ok(_) => {}
@@ -32,7 +32,7 @@ impl Registry {
         Ok(())
     }
 
-    /// Attaches to `lease` (ending) the holdings its record references that are not attached
+    /// Attaches to `lease` (ending) the holdings its record holding records that are not attached
     /// here: driven by visitors, whose copies end too when they see the record, and by
     /// instances gone, which nobody else would end. Both releasing one is harmless: each
     /// deletes what is still there.
@@ -40,12 +40,12 @@ impl Registry {
         let Some(adopter) = self.adopter.get() else {
             return;
         };
-        let here = lease.attached_references();
-        let Ok(references) = record::holdings(client, &lease.path).await else {
-            // The reaper finishes the end of a tombstone with references left.
+        let here = lease.attached_records();
+        let Ok(record_names) = record::holdings(client, &lease.path).await else {
+            // The reaper finishes the end of a tombstone with holding records left.
             return;
         };
-        let elsewhere: Vec<(String, HoldingRecord)> = references
+        let elsewhere: Vec<(String, HoldingRecord)> = record_names
             .into_iter()
             .filter(|(name, _)| !here.contains(name))
             .collect();

@@ -369,7 +369,7 @@ impl Leases {
     }
 
     /// Starts driving here the holdings `holdings` of `lease` (kept or visited here), from
-    /// their references: their tasks find their znodes and go on.
+    /// their holding records: their tasks find their znodes and go on.
     pub fn take_up(&self, lease: &Arc<Lease>, holdings: Vec<(String, HoldingRecord)>) {
         if let Some(adopter) = self.inner.adopter.get() {
             adopter(lease, holdings);

@@ -182,7 +182,7 @@ impl Reaper {
             match found.record.ended_ms {
                 // Its ender went before its holdings were gone; or, a tombstone's while after,
                 // holdings are left that its ender did not find (made through an instance
-                // whose references it could not read then).
+                // whose holding records it could not read then).
                 Some(ended)
                     if found.holdings > 0 && (gone || now.saturating_sub(ended) >= TOMBSTONE.as_millis() as i64) =>
                 {
@@ -236,7 +236,7 @@ impl Reaper {
 
     /// Takes up the holdings that instances gone drove for leases that live instances keep
     /// (visitors' holdings, see [super::visiting]): this instance drives them from now on, and
-    /// their references say so. A lease whose keeper is gone is not read here: its new keeper
+    /// their holding records say so. A lease whose keeper is gone is not read here: its new keeper
     /// takes up every holding whose driver is gone. Returns how many it took up.
     async fn take_up_holdings_of_the_gone(
         &self,

@@ -8,7 +8,7 @@
 //! keepalive later than [FRESH] after its last heartbeat (see [super::keeping]), so the lease
 //! may end no earlier than its TTL after that ([earliest_end]). If that has passed already the
 //! lease ends at once (it expired while nobody could time it: after every instance was gone,
-//! say); else the holdings' tasks are taken over from the references under its record and go
+//! say); else the holdings' tasks are taken over from the holding records under its record and go
 //! on from the znodes they find.
 
 use std::sync::Arc;
@@ -235,11 +235,11 @@ impl Leases {
 
     /// The holdings recorded under the record of `lease`, just taken over by a write on
     /// `client`. Read on that session first: having seen its own write, it has seen every
-    /// reference made before it (and the former keeper can make none after: each holding is
+    /// holding record made before it (and the former keeper can make none after: each holding is
     /// written conditionally on the record's version). The keeper is this instance now, so
     /// nobody else will take them up: while that read fails, read again (after a `sync`, on a
     /// session that reconnected maybe to another server) for as long as the lease could live
-    /// (its TTL). Only if that fails too is the lease kept with none; its references then stay
+    /// (its TTL). Only if that fails too is the lease kept with none; its holding records then stay
     /// until this instance is gone and another finishes its end.
     async fn holdings_of(&self, lease: &Lease, client: &crate::zk::Client) -> Vec<(String, record::HoldingRecord)> {
         if let Ok(holdings) = record::holdings(client, &lease.path).await {

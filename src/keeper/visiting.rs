@@ -12,7 +12,7 @@
 //!   the lease only changed keeper reads the record again and goes on;
 //! - it watches the record, so that it learns of the end at once and its holdings here say
 //!   they lost what they held (an expiry) rather than wait for a predecessor to go;
-//! - the keeper, ending the lease, ends the holdings driven elsewhere too (from the references
+//! - the keeper, ending the lease, ends the holdings driven elsewhere too (from the holding records
 //!   under the record: [super::ending]), so a lease's end never waits for a visitor, nor for
 //!   one that is gone;
 //! - a visitor that goes leaves its holdings' znodes (they are persistent); the reaper takes

@@ -109,7 +109,7 @@ impl Source for BarrierTopic {
             name: self.name.clone(),
             up: stat.is_some(),
             since: stat.map(|s| timestamp(from_millis(s.ctime))),
-            bound: stat.is_some() && super::engine::bound::Owner::in_data(&data).is_some(),
+            bound: stat.is_some() && super::engine::node::Owner::in_data(&data).is_some(),
             lease: super::engine::view::lease_of(&data),
         })
     }

@@ -20,7 +20,7 @@ use tokio::time::Instant;
 use utoipa::ToSchema;
 use zookeeper_client::{Client, CreateMode, Error as ZkError};
 
-use super::engine::bound::{BoundNodes, release_recorded};
+use super::engine::node::{NodeHoldings, release_recorded};
 use super::topic::{Source, event_kinds};
 use crate::kind::Kind;
 use crate::zk::retry_on_loss;
@@ -137,11 +137,11 @@ pub async fn enter(
 /// Leaves, the guide's herd-free exit ([next_leave_step]): `true` once every participant has
 /// left, `false` if `deadline` comes first (leaving again goes on waiting). The participant's
 /// node is released through its handle when its lease is kept by this instance (`nodes` of
-/// barrier `name`), else through ZooKeeper with its reference ([release_recorded]).
+/// barrier `name`), else through ZooKeeper with its holding record ([release_recorded]).
 pub async fn leave(
     session: &Session,
     watches: &ExistsWatches,
-    nodes: &BoundNodes,
+    nodes: &NodeHoldings,
     name: &str,
     me: &str,
     deadline: Instant,
@@ -170,7 +170,7 @@ pub async fn leave(
     }
 }
 
-async fn remove_participant(session: &Session, nodes: &BoundNodes, name: &str, me: &str) -> Result<(), Failure> {
+async fn remove_participant(session: &Session, nodes: &NodeHoldings, name: &str, me: &str) -> Result<(), Failure> {
     if let Some(node) = nodes
         .get(name, me)
         .filter(|n| n.state().phase != super::engine::handle::Phase::Moved)

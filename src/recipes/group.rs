@@ -1,6 +1,6 @@
 //! Group membership, the guide's recipe: each member an ephemeral child of the group's znode
 //! (`<root>/groups/<group>/<member>`), holding its data, bound to its lease (see
-//! [super::engine::bound]); the live members are the children.
+//! [super::engine::node]); the live members are the children.
 //!
 //! A reader that wants to know when membership changes passes the `index` it last saw (the
 //! group znode's `pzxid`, which changes whenever a child is created or deleted) and waits on a

@@ -10,22 +10,22 @@ use crate::kind::Kind;
 
 /// How the holdings of `lease` that are not attached here show, from ZooKeeper: those that
 /// other instances drive (an acquire served where it arrived: see [crate::recipes::engine::lease]).
-/// A contender or a permit holds or waits as its node's place says; a bound node holds while
-/// it is there; one whose node is gone while its reference stays was lost.
+/// A contender or a permit holds or waits as its node's place says; a node holding holds while
+/// it is there; one whose node is gone while its holding record stays was lost.
 pub async fn driven_elsewhere(session: &Session, root: &str, lease: &Lease) -> Result<Vec<HoldingView>, Failure> {
-    use crate::recipes::engine::record::{self, Held};
-    let here = lease.attached_references();
-    let references = record::holdings(session.client(), &lease.path).await?;
+    use crate::recipes::engine::record::{self, Shape};
+    let here = lease.attached_records();
+    let record_names = record::holdings(session.client(), &lease.path).await?;
     let mut views = Vec::new();
-    let elsewhere = references.into_iter().filter(|(name, _)| !here.contains(name));
+    let elsewhere = record_names.into_iter().filter(|(name, _)| !here.contains(name));
     for holding in elsewhere.map(|(_, holding)| holding) {
         let Some(kind) = holding.kind() else { continue };
         let dir = kind.path(root, &holding.name);
-        let found = match &holding.held {
-            Held::Contender { .. } => recorded(session, kind, &dir, &holding.name, &holding.handle).await?,
-            Held::Permit { .. } => super::semaphore::recorded(session, &dir, &holding.name, &holding.handle).await?,
-            Held::Bound { hidden: true, .. } => continue,
-            Held::Bound { path, .. } => {
+        let found = match &holding.shape {
+            Shape::Contender { .. } => recorded(session, kind, &dir, &holding.name, &holding.handle).await?,
+            Shape::Permit { .. } => super::semaphore::recorded(session, &dir, &holding.name, &holding.handle).await?,
+            Shape::Node { hidden: true, .. } => continue,
+            Shape::Node { path, .. } => {
                 let there = exists(session, path).await?;
                 views.push(view(kind, &holding.handle, &holding.name, there.then_some(None)));
                 continue;
@@ -37,17 +37,17 @@ pub async fn driven_elsewhere(session: &Session, root: &str, lease: &Lease) -> R
     Ok(views)
 }
 
-/// A holding's view: `None` lost, `Some(None)` waiting (or a bound node there), `Some(token)`
+/// A holding's view: `None` lost, `Some(None)` waiting (or a node holding there), `Some(token)`
 /// held with that fencing token.
 fn view(kind: Kind, handle: &str, name: &str, state: Option<Option<i64>>) -> HoldingView {
-    let bound = !matches!(kind, Kind::Lock | Kind::RwLock | Kind::Election | Kind::Semaphore);
+    let one_node = !matches!(kind, Kind::Lock | Kind::RwLock | Kind::Election | Kind::Semaphore);
     HoldingView {
         kind: kind.name(),
         name: name.to_string(),
         handle: handle.to_string(),
         state: match state {
             None => "lost",
-            Some(None) if bound => "held",
+            Some(None) if one_node => "held",
             Some(None) => "waiting",
             Some(Some(_)) => "held",
         },

@@ -45,8 +45,8 @@ pub enum Watched {
 
 impl Recorded {
     /// Whose it is, as its node records.
-    pub fn owner(&self) -> Option<super::engine::bound::Owner> {
-        super::engine::bound::Owner::in_data(&self.data)
+    pub fn owner(&self) -> Option<super::engine::node::Owner> {
+        super::engine::node::Owner::in_data(&self.data)
     }
 
     /// Whether it holds (the lock, the leadership, a permit).
@@ -54,19 +54,19 @@ impl Recorded {
         self.position.is_none()
     }
 
-    /// The references to it under its lease's record (`root` is zkgate's root): its name, and
+    /// The holding records to it under its lease's record (`root` is zkgate's root): its name, and
     /// the name an earlier zkgate gave it (a lease that outlived an upgrade); one is there.
-    pub fn references(&self, root: &str) -> Vec<String> {
+    pub fn record_names(&self, root: &str) -> Vec<String> {
         use super::engine::record;
         let Some(owner) = self.owner() else {
             return Vec::new();
         };
         let lease = record::path(root, &owner.lease);
         vec![
-            format!("{lease}/{}", record::reference_name(self.kind, &self.name, None)),
+            format!("{lease}/{}", record::record_name(self.kind, &self.name, None)),
             format!(
                 "{lease}/{}",
-                record::legacy_reference_name(self.kind, &self.name, &self.handle)
+                record::legacy_record_name(self.kind, &self.name, &self.handle)
             ),
         ]
     }
@@ -152,29 +152,29 @@ pub async fn await_change(session: &Session, recorded: &Recorded, until: tokio::
 
 /// Releases a recorded holding through ZooKeeper alone, on whichever instance serves the
 /// request: a leader's acknowledgement first (if it names this candidate), then its znodes and
-/// its reference together (the keeper's task sees its node go with its reference: released).
+/// its holding record together (the keeper's task sees its node go with its holding record: released).
 /// `false` if its node was gone already.
 pub async fn release_recorded(session: &Session, root: &str, recorded: &Recorded) -> Result<bool, Failure> {
     let client = session.client();
     let dir = &recorded.paths[0][..recorded.paths[0].rfind('/').unwrap_or(0)];
     recorded.role.on_exit(client, dir, &recorded.node.name).await;
-    let references = recorded.references(root);
-    let Some((reference, legacy)) = references.split_first() else {
+    let record_names = recorded.record_names(root);
+    let Some((record_name, legacy)) = record_names.split_first() else {
         // Not zkgate's (no owner recorded): its nodes alone.
         return Ok(delete_all(client, &recorded.paths).await?[0]);
     };
-    let (there, _) = delete_held(client, &recorded.paths, reference, &recorded.handle, legacy).await?;
+    let (there, _) = delete_held(client, &recorded.paths, record_name, &recorded.handle, legacy).await?;
     Ok(there.first().copied().unwrap_or(false))
 }
 
-/// Whether the reference `name` under the lease record at `lease` names `handle` (see
+/// Whether the holding record `name` under the lease record at `lease` names `handle` (see
 /// [super::engine::handle::names_handle]).
 pub async fn names(session: &Session, lease: &str, name: &str, handle: &str) -> Result<bool, Failure> {
     Ok(super::engine::handle::names_handle(session.client(), lease, name, handle).await?)
 }
 
 /// The holding `lease` has at resource `name` of `kind`, of the kinds a lease holds one of per
-/// resource (a contender, a permit request), from its reference: the reference's name and what
+/// resource (a contender, a permit request), from its holding record: the holding record's name and what
 /// it records. `None` if it holds none there.
 pub async fn held_at(
     session: &Session,
@@ -183,7 +183,7 @@ pub async fn held_at(
     name: &str,
 ) -> Result<Option<(String, super::engine::record::HoldingRecord)>, Failure> {
     use super::engine::record;
-    let reference = record::reference_name(kind, name, None);
-    let held = record::holding(session.client(), &lease.path, &reference).await?;
-    Ok(held.map(|held| (reference, held)))
+    let record_name = record::record_name(kind, name, None);
+    let held = record::holding(session.client(), &lease.path, &record_name).await?;
+    Ok(held.map(|held| (record_name, held)))
 }

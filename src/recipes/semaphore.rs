@@ -29,7 +29,7 @@ use super::engine::handle::{
     Exit, Guarded, Handle, Handles, Node, NotCreated, Protocol, Refused, delete_all, delete_held, write_held,
 };
 use super::engine::lease::Lease;
-use super::engine::record::{Held, HoldingRecord};
+use super::engine::record::{HoldingRecord, Shape};
 use super::engine::view::{ContenderView, HoldersChange, LISTED, holders_change, read_queue};
 use super::in_sequence_order;
 use super::lock;
@@ -182,13 +182,13 @@ impl Protocol for PermitRequest {
     }
 
     /// The lock (if still held: a request cancelled while it waited), the lease node and the
-    /// reference go. A permit does not watch its lease node, so a release never reports a loss.
+    /// holding record go. A permit does not watch its lease node, so a release never reports a loss.
     async fn clean_up(&self, handle: &Permit, client: &Client) -> Result<bool, ZkError> {
         let mut nodes = Vec::new();
         for node in [&self.lock, &self.lease] {
             nodes.extend(node.path(client, None).await?);
         }
-        delete_held(client, &nodes, &handle.reference(), &handle.id, &[]).await?;
+        delete_held(client, &nodes, &handle.record_path(), &handle.id, &[]).await?;
         Ok(true)
     }
 
@@ -197,7 +197,7 @@ impl Protocol for PermitRequest {
             kind: Kind::Semaphore.name().to_string(),
             name: handle.name.clone(),
             handle: handle.id.clone(),
-            held: Held::Permit { permits: self.permits },
+            shape: Shape::Permit { permits: self.permits },
             driver: Some(handle.lease.here.to_string()),
         }
     }
@@ -256,10 +256,10 @@ impl Semaphores {
         &self,
         lease: &Arc<Lease>,
         (name, handle): (&str, &str),
-        reference: &str,
+        record_name: &str,
         permits: u32,
     ) -> Result<Arc<Permit>, Refused<PermitRequest>> {
-        self.adopt(lease, (name, handle), reference, self.protocol(name, permits, handle))
+        self.adopt(lease, (name, handle), record_name, self.protocol(name, permits, handle))
     }
 
     fn protocol(&self, name: &str, permits: u32, handle: &str) -> PermitRequest {

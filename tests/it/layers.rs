@@ -321,7 +321,7 @@ fn only_zk_and_recipes_talk_to_zookeeper() {
         }
         for (line_no, line) in statements(&text) {
             let request = REQUESTS.iter().find(|r| line.contains(*r));
-            // `Leases::create`, `BoundNodes::delete` ... are not ZooKeeper's: only calls on a
+            // `Leases::create`, `NodeHoldings::delete` ... are not ZooKeeper's: only calls on a
             // client count, which these modules never hold.
             let on_client = line.contains("client") || line.contains("retry_on_loss") || line.contains("read_each");
             if let Some(request) = request

@@ -40,7 +40,7 @@ pub use release::{release, release_by_id};
 pub(crate) use revoke::MAX_GRACE;
 pub use revoke::{RevokeBody, Revoked, revoke};
 pub use views::{Found, HandleQuery, Seen, find_handle, get_handle, held_since};
-use views::{lookup, still_referenced};
+use views::{lookup, still_recorded};
 
 /// How long an acquire waits for ZooKeeper to create the contender and answer the first
 /// listing when the caller's own wait is shorter (a try-lock still needs that round trip).
@@ -256,13 +256,13 @@ where
     P: Protocol,
     Fut: Future<Output = Result<Arc<Handle<P>>, ApiError>>,
 {
-    // A new one (it makes its znodes now); one taken up from a reference, still finding them,
+    // A new one (it makes its znodes now); one taken up from a holding record, still finding them,
     // may be of a holding released meanwhile (read from a listing just before).
     if matches!(handle.state().phase, Phase::Pending) && handle.may_create() {
         return Ok(handle);
     }
     let session = super::consistency::reader(state, super::consistency::Consistency::Linearizable).await?;
-    if still_referenced(handles, &session, &handle).await? {
+    if still_recorded(handles, &session, &handle).await? {
         return Ok(handle);
     }
     handles.release(&handle).await;
@@ -272,8 +272,8 @@ where
 /// The lease's holding at the resource if it has one already, made through another instance
 /// (a request retried here after its first attempt reached another instance, which made the
 /// holding and maybe went): one per lease, so `handle`, just opened, made nothing (ZooKeeper
-/// refused its reference) and the other is taken up here and answered for. One that turns out
-/// lost (its node gone, its reference kept so that its holder learns of the loss) or released
+/// refused its holding record) and the other is taken up here and answered for. One that turns out
+/// lost (its node gone, its holding record kept so that its holder learns of the loss) or released
 /// meanwhile is let go and a new one made, as a new acquire after a loss does on one instance.
 /// Else `handle`.
 async fn held_elsewhere<P, Fut>(
@@ -298,13 +298,13 @@ where
     // After a `sync`: the refusal was decided on the lease's session; a read on another that
     // lags would find the holding before it (released meanwhile), not the one that refused.
     let session = super::consistency::reader(state, super::consistency::Consistency::Linearizable).await?;
-    let Some((reference, held)) = recorded::held_at(&session, lease, handles.kind(), &handle.name).await? else {
+    let Some((record_name, held)) = recorded::held_at(&session, lease, handles.kind(), &handle.name).await? else {
         // Released meanwhile: this handle's refusal stands; the client tries again.
         return Ok(handle);
     };
     tracing::debug!(lease = %lease.id, handle = %held.handle, "an acquire takes up the lease's holding made elsewhere");
     let id = held.handle.clone();
-    state.leases.take_up(lease, vec![(reference, held)]);
+    state.leases.take_up(lease, vec![(record_name, held)]);
     let Some(taken) = handles.get(&handle.name, &id) else {
         return Ok(handle);
     };
@@ -312,7 +312,7 @@ where
     if !decided.is_ok_and(|phase| phase.is_final()) {
         return Ok(taken);
     }
-    // Lost (its reference kept for its holder), or released meanwhile: let it go, and make a
+    // Lost (its holding record kept for its holder), or released meanwhile: let it go, and make a
     // new one as any acquire would.
     handles.release(&taken).await;
     open().await

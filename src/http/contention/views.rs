@@ -25,7 +25,7 @@ pub async fn find_handle<P: Protocol>(
     let what = handles.kind().name();
     if let Some(found) = handles.serving(name, handle) {
         found.lease.check_owner(caller)?;
-        if still_referenced(handles, session, &found).await? {
+        if still_recorded(handles, session, &found).await? {
             return Ok(Found::Here(found));
         }
     }
@@ -54,10 +54,10 @@ pub async fn find_handle<P: Protocol>(
 }
 
 /// Whether a handle kept here is still its lease's (read on `client`): a release through
-/// another instance deletes its reference with its znodes, which this instance's task sees
+/// another instance deletes its holding record with its znodes, which this instance's task sees
 /// only when its watch fires. One found released so is let go here, and is gone. A lost
-/// handle keeps its reference (until released), and a pending one may not have it yet.
-pub(super) async fn still_referenced<P: Protocol>(
+/// handle keeps its holding record (until released), and a pending one may not have it yet.
+pub(super) async fn still_recorded<P: Protocol>(
     handles: &Handles<P>,
     session: &Session,
     handle: &Arc<Handle<P>>,
@@ -66,10 +66,10 @@ pub(super) async fn still_referenced<P: Protocol>(
     if matches!(phase, Phase::Lost { .. }) || (phase == Phase::Pending && handle.may_create()) {
         return Ok(true);
     }
-    if recorded::names(session, &handle.lease.path, handle.reference_name(), &handle.id).await? {
+    if recorded::names(session, &handle.lease.path, handle.record_name(), &handle.id).await? {
         return Ok(true);
     }
-    tracing::debug!(handle = %handle.id, lease = %handle.lease.id, "handle let go: its reference is gone (released through another instance)");
+    tracing::debug!(handle = %handle.id, lease = %handle.lease.id, "handle let go: its record_name is gone (released through another instance)");
     let (handles, handle) = (handles.clone(), handle.clone());
     tokio::spawn(async move { handles.release(&handle).await });
     Ok(false)

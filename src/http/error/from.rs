@@ -41,11 +41,11 @@ impl From<crate::auth::Forbidden> for ApiError {
     }
 }
 
-impl From<crate::recipes::engine::bound::OwnerError> for ApiError {
-    fn from(err: crate::recipes::engine::bound::OwnerError) -> ApiError {
+impl From<crate::recipes::engine::node::OwnerError> for ApiError {
+    fn from(err: crate::recipes::engine::node::OwnerError) -> ApiError {
         match err {
-            crate::recipes::engine::bound::OwnerError::Forbidden(err) => err.into(),
-            crate::recipes::engine::bound::OwnerError::ZooKeeper(err) => err.into(),
+            crate::recipes::engine::node::OwnerError::Forbidden(err) => err.into(),
+            crate::recipes::engine::node::OwnerError::ZooKeeper(err) => err.into(),
         }
     }
 }

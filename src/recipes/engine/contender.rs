@@ -3,7 +3,7 @@
 //! composes too.
 //!
 //! A contender is a [Handle] whose protocol is [Contention]: create
-//! `<dir>/_c_<guid><infix><seq>` (persistent, with its reference under the lease's record, in
+//! `<dir>/_c_<guid><infix><seq>` (persistent, with its holding record under the lease's record, in
 //! one multi-op) and list the children in one round trip, ask the role's pure decision function
 //! ([Driver::next_step]) what to do, watch the one node it names, repeat until it holds; then
 //! report a deletion of its node by anyone else as a loss. Releasing (or the lease ending)
@@ -28,7 +28,7 @@ use super::handle::{
     Exit, Guarded, Handle, Handles, Made, Node, NotCreated, Protocol, Refused, create_held, delete_held,
 };
 use super::lease::Lease;
-use super::record::{Held, HoldingRecord};
+use super::record::{HoldingRecord, Shape};
 use super::revocation;
 use crate::kind::Kind;
 use crate::zk::Multi;
@@ -149,7 +149,7 @@ impl Sequential {
     }
 
     /// Finds the handle's node, or creates it holding `data` together with the handle's
-    /// reference (see [create_held]), and lists `dir`'s children in the same round trip (the
+    /// holding record (see [create_held]), and lists `dir`'s children in the same round trip (the
     /// listing is sent right after the create on the one session, which ZooKeeper serves in
     /// order, so it includes the new node). `dir` is created (a container) if missing.
     ///
@@ -194,7 +194,7 @@ impl Sequential {
                     };
                     let name = path.rsplit('/').next().unwrap_or_default().to_string();
                     // A multi-op's create may come without its stat (ZOOKEEPER-4026): the
-                    // transaction's zxid, from the write that stamps the reference, is the
+                    // transaction's zxid, from the write that stamps the holding record, is the
                     // node's czxid too; else (never, short of a server that drops both) read it.
                     let czxid = match done.stat(&()).map(|stat| stat.czxid) {
                         Some(czxid) if czxid > 0 => czxid,
@@ -420,12 +420,12 @@ impl Protocol for Contention {
         }
         let had_node = node.is_some();
         let nodes: Vec<String> = node.into_iter().collect();
-        let (there, reference_there) = delete_held(client, &nodes, &handle.reference(), &handle.id, &[]).await?;
+        let (there, record_there) = delete_held(client, &nodes, &handle.record_path(), &handle.id, &[]).await?;
         let node_there = had_node && there[0];
-        // Its node and its reference both gone already: released through another instance
+        // Its node and its holding record both gone already: released through another instance
         // (which deletes them together), say by the first attempt of this very release, whose
-        // answer was lost. A node gone with its reference still there was lost.
-        Ok(known.is_none() || node_there || !reference_there)
+        // answer was lost. A node gone with its holding record still there was lost.
+        Ok(known.is_none() || node_there || !record_there)
     }
 
     fn record(&self, handle: &Contender) -> HoldingRecord {
@@ -433,7 +433,7 @@ impl Protocol for Contention {
             kind: self.role.kind().name().to_string(),
             name: handle.name.clone(),
             handle: handle.id.clone(),
-            held: Held::Contender {
+            shape: Shape::Contender {
                 role: self.role.label().to_string(),
             },
             driver: Some(handle.lease.here.to_string()),
@@ -480,7 +480,7 @@ impl Contenders {
         &self,
         lease: &Arc<Lease>,
         (name, handle): (&str, &str),
-        reference: &str,
+        record_name: &str,
         role: Role,
     ) -> Result<Arc<Contender>, Refused<Contention>> {
         let protocol = Contention {
@@ -488,7 +488,7 @@ impl Contenders {
             value: None,
             node: Sequential::of_handle(self.dir(name), role.infix(), handle),
         };
-        self.adopt(lease, (name, handle), reference, protocol)
+        self.adopt(lease, (name, handle), record_name, protocol)
     }
 }
 

@@ -21,7 +21,7 @@
 //! ([Lease::visiting]), a copy made from its record with no TTL clock. Its writes are guarded
 //! by the record's version as read, like the keeper's, so a visitor too can write nothing for a
 //! lease that ended or moved meanwhile; a refused guard reads the record again
-//! ([Lease::refresh]) and goes on if the lease only changed keeper. Each reference records the
+//! ([Lease::refresh]) and goes on if the lease only changed keeper. Each holding record records the
 //! instance that drives its holding ([record::HoldingRecord::driver]), so that a new keeper
 //! leaves a live driver's holdings to it, and the keeper that ends the lease ends those too.
 //!
@@ -116,8 +116,8 @@ pub trait Holding: Send + Sync + 'static {
     /// Becomes `true` once the holding's task is over: its znode gone (or never created), or
     /// left to another keeper.
     fn finished(&self) -> watch::Receiver<bool>;
-    /// The name of its reference under the lease's record.
-    fn reference_name(&self) -> String;
+    /// The name of its holding record under the lease's record.
+    fn record_name(&self) -> String;
 }
 
 /// Whether the lease's record is in ZooKeeper yet, and at which version.
@@ -150,7 +150,7 @@ pub struct Lease {
     /// The instance's session (lane) the lease's writes go through while kept here, so that
     /// they keep their order. Not bound to one session of it: the holdings are persistent.
     pub zk: ZkSession,
-    /// Its record, `<root>/leases/<id>`; the references to its holdings are its children.
+    /// Its record, `<root>/leases/<id>`; the holding records are its children.
     pub path: String,
     /// The principal that created it (`None` when auth is off); only it (or an admin) may use
     /// it, or anything held with it.
@@ -251,9 +251,9 @@ impl Lease {
         self.lock().holdings.len()
     }
 
-    /// The reference names of the holdings attached here.
-    pub fn attached_references(&self) -> Vec<String> {
-        self.lock().holdings.iter().map(|h| h.reference_name()).collect()
+    /// The holding record names of the holdings attached here.
+    pub fn attached_records(&self) -> Vec<String> {
+        self.lock().holdings.iter().map(|h| h.record_name()).collect()
     }
 
     /// Reads the record again after a guard of this visited lease was refused, or its watch
@@ -379,9 +379,9 @@ impl Lease {
         }
     }
 
-    /// The znode under its record named `reference` (see [record::reference_name]).
-    pub fn reference(&self, reference: &str) -> String {
-        format!("{}/{}", self.path, reference)
+    /// The znode under its record named `record_name` (see [record::record_name]).
+    pub fn record_path(&self, record_name: &str) -> String {
+        format!("{}/{}", self.path, record_name)
     }
 
     /// Attaches a holding; refused once the lease has ended or left this instance, so nothing

@@ -1,9 +1,9 @@
-//! The znodes of leases: the record of each lease, the references to what it holds, and each
+//! The znodes of leases: the record of each lease, the holding records of what it holds, and each
 //! instance's keeper node.
 //!
 //! ```text
 //! <root>/leases/<id>                 the record: TTL, principal, created, keeper (JSON)
-//! <root>/leases/<id>/<reference>     one per holding: what it is and where (JSON)
+//! <root>/leases/<id>/<holding record>     one per holding: what it is and where (JSON)
 //! <root>/keepers/<instance>          touched by its instance every second: its last sign of life
 //! <root>/keepers/<instance>/<id>     a notice: lease <id> was taken over from it
 //! ```
@@ -21,7 +21,7 @@
 //!
 //! **An end is a write too.** The keeper ends a lease by writing the reason into the record
 //! (conditional on its version, so a keeper that lost the lease cannot end it), then its
-//! holdings delete their znodes and references; the record stays a while as a *tombstone* so
+//! holdings delete their znodes and holding records; the record stays a while as a *tombstone* so
 //! that any instance answers "ended, and why" (HTTP 410) rather than "never heard of it".
 
 use crate::zk::{Failed, Multi};
@@ -60,8 +60,8 @@ impl EndReason {
 
 /// The directory of the lease records under the root.
 pub const LEASES: &str = "leases";
-/// The directory of bindings under the root (see [super::bound]).
-pub const BINDINGS: &str = "bindings";
+/// The directory of owner records under the root (see [super::node]).
+pub const OWNER_RECORDS: &str = "bindings";
 /// The directory of the keeper nodes under the root.
 pub const KEEPERS: &str = "keepers";
 
@@ -183,9 +183,9 @@ pub async fn read_all(client: &Client, root: &str) -> Result<Vec<(String, Found)
         .collect())
 }
 
-/// Makes `<root>/leases`, `<root>/keepers` and `<root>/bindings` if they are missing.
+/// Makes `<root>/leases`, `<root>/keepers` and `<root>/bindings` (owner records) if they are missing.
 pub async fn prepare(client: &Client, root: &str) -> Result<(), ZkError> {
-    let bindings = format!("{root}/{BINDINGS}");
+    let bindings = format!("{root}/{OWNER_RECORDS}");
     for dir in [leases_dir(root), format!("{root}/{KEEPERS}"), bindings] {
         crate::zk::session::ensure_path(client, &dir).await?;
     }
@@ -300,7 +300,7 @@ pub async fn take_over(client: &Client, root: &str, id: &str, found: &Found, me:
 /// reply lost on the way is retried: a retry that finds the version moved reads whether the end
 /// is the one written.
 ///
-/// Returns how many references the record has (what the lease holds, wherever it is driven).
+/// Returns how many holding records the record has (what the lease holds, wherever it is driven).
 ///
 /// # Notable errors
 /// * `BadVersion` or `NoNode`: the lease is not kept at that version (it was taken over or
@@ -337,7 +337,7 @@ pub async fn mark_ended(
     }
 }
 
-/// Removes a tombstone. `false` (and nothing removed) while references remain under it (a
+/// Removes a tombstone. `false` (and nothing removed) while holding records remain under it (a
 /// holding still being cleaned up) or when it is not a tombstone (any more).
 pub async fn remove_tombstone(client: &Client, path: &str) -> Result<bool, ZkError> {
     let Some(found) = read(client, path).await? else {
@@ -353,7 +353,7 @@ pub async fn remove_tombstone(client: &Client, path: &str) -> Result<bool, ZkErr
     }
 }
 
-/// What a lease holds, as the reference under its record says: enough for any instance to find
+/// What a lease holds, as the holding record under its record says: enough for any instance to find
 /// the holding's znodes, and for a new keeper to take its task over.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HoldingRecord {
@@ -361,14 +361,14 @@ pub struct HoldingRecord {
     pub kind: String,
     /// The resource's name.
     pub name: String,
-    /// The handle (a member's or participant's own id for bound nodes).
+    /// The handle (a member's or participant's own id for node holdings).
     pub handle: String,
     #[serde(flatten)]
-    pub held: Held,
+    pub shape: Shape,
     /// The instance that drives it (runs its task): the one its request arrived at, or the one
     /// that adopted it since. While that instance lives, a new keeper of the lease leaves the
     /// holding to it; once it is gone, the lease's keeper (or the reaper) takes it up. `None`
-    /// in references written before zkgate recorded it: the keeper's.
+    /// in holding records written before zkgate recorded it: the keeper's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub driver: Option<String>,
 }
@@ -376,7 +376,7 @@ pub struct HoldingRecord {
 /// The protocol of a holding, and what it needs to be found again.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "protocol", rename_all = "snake_case")]
-pub enum Held {
+pub enum Shape {
     /// An ordered node `_c_<guid><infix><seq>` in the resource's znode (the GUID is the
     /// handle's, see [crate::ids::guid_of]).
     Contender {
@@ -386,14 +386,16 @@ pub enum Held {
     /// A semaphore permit request: a node in its `locks/`, then one in its `leases/`.
     Permit { permits: u32 },
     /// One node at a known path (a member, a participant, a lease-bound barrier, a service
-    /// instance), with the charge of its data and the binding that names its lease when its
-    /// data cannot.
-    Bound {
+    /// instance), with the charge of its data and whether an owner record names its lease
+    /// (when its data cannot). Stored as `bound` with a `binding` flag, the names it had: a
+    /// lease outlives the instance that wrote it, and the version that wrote it.
+    #[serde(rename = "bound")]
+    Node {
         path: String,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         charge: Option<String>,
-        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-        binding: bool,
+        #[serde(default, rename = "binding", skip_serializing_if = "std::ops::Not::not")]
+        owner_record: bool,
         /// Not shown among the lease's holdings (a lock set's record).
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         hidden: bool,
@@ -415,16 +417,16 @@ impl HoldingRecord {
     }
 }
 
-/// The name of the reference to a holding of resource `name` of `kind` under its lease's
+/// The name of the holding record of resource `name` of `kind` under its lease's
 /// record: the kind and a hash of the resource, and of the handle (`Some`) for what a lease
 /// may hold several of at one resource (members, participants, service instances, found by
 /// their own id), so that any instance that knows the holding (and its lease) finds it without
 /// a listing. What a lease holds at most one of per resource (a contender, a permit request)
 /// is named without its handle: the name *is* the rule, checked by ZooKeeper in the multi-op
 /// that creates the holding, whichever instance makes it (a retried acquire through another
-/// instance finds the first one's holding instead of queueing twice). References written
-/// before this rule name the handle too ([legacy_reference_name]).
-pub fn reference_name(kind: Kind, name: &str, handle: Option<&str>) -> String {
+/// instance finds the first one's holding instead of queueing twice). Holding records written
+/// before this rule name the handle too ([legacy_record_name]).
+pub fn record_name(kind: Kind, name: &str, handle: Option<&str>) -> String {
     use sha2::Digest;
     let hashed = match handle {
         Some(handle) => format!("{name}\0{handle}"),
@@ -435,13 +437,13 @@ pub fn reference_name(kind: Kind, name: &str, handle: Option<&str>) -> String {
     format!("{}-{}", kind.name(), crate::ids::hex(&digest[..16]))
 }
 
-/// The name an earlier zkgate gave the reference to the one-per-lease holding `handle`: found
+/// The name an earlier zkgate gave the holding record of the one-per-lease holding `handle`: found
 /// and removed with the holding, for leases that outlived an upgrade.
-pub fn legacy_reference_name(kind: Kind, name: &str, handle: &str) -> String {
-    reference_name(kind, name, Some(handle))
+pub fn legacy_record_name(kind: Kind, name: &str, handle: &str) -> String {
+    record_name(kind, name, Some(handle))
 }
 
-/// The holding that the reference `name` under the lease record at `lease` records, if there
+/// The holding that the holding record `name` under the lease record at `lease` records, if there
 /// is one.
 pub async fn holding(client: &Client, lease: &str, name: &str) -> Result<Option<HoldingRecord>, ZkError> {
     match retry_on_loss(|| client.get_data(&format!("{lease}/{name}"))).await {
@@ -451,7 +453,7 @@ pub async fn holding(client: &Client, lease: &str, name: &str) -> Result<Option<
     }
 }
 
-/// The holdings recorded under the lease record at `path`, by reference name.
+/// The holdings recorded under the lease record at `path`, by holding record name.
 pub async fn holdings(client: &Client, path: &str) -> Result<Vec<(String, HoldingRecord)>, ZkError> {
     let names = match retry_on_loss(|| client.list_children(path)).await {
         Ok(names) => names,
@@ -465,9 +467,9 @@ pub async fn holdings(client: &Client, path: &str) -> Result<Vec<(String, Holdin
         .collect())
 }
 
-/// Rewrites the reference `name` under the lease record at `lease` to say that instance `me`
+/// Rewrites the holding record `name` under the lease record at `lease` to say that instance `me`
 /// drives its holding now (it took it up from an instance gone), if it still records
-/// `holding`'s handle: a reference named after its resource alone may be a successor's by
+/// `holding`'s handle: a holding record named after its resource alone may be a successor's by
 /// now (the holding released, the resource acquired again), which must not be overwritten.
 /// Whether it still was `holding`'s.
 pub async fn redrive(
@@ -531,10 +533,10 @@ mod tests {
             kind: "group".into(),
             name: "workers".into(),
             handle: "w-1".into(),
-            held: Held::Bound {
+            shape: Shape::Node {
                 path: "/zkgate/groups/workers/w-1".into(),
                 charge: Some("/zkgate/usage/anyone/x".into()),
-                binding: true,
+                owner_record: true,
                 hidden: false,
             },
             driver: Some("0123abcd".into()),
@@ -546,7 +548,7 @@ mod tests {
             kind: "lock".into(),
             name: "orders".into(),
             handle: "0123abcd-6f1c2a9e0b7d4e3f8a5b6c7d8e9f0a1b".into(),
-            held: Held::Contender {
+            shape: Shape::Contender {
                 role: "exclusive".into(),
             },
             driver: None,
@@ -556,21 +558,21 @@ mod tests {
     }
 
     #[test]
-    fn references_differ_by_kind_resource_and_handle() {
-        let a = reference_name(Kind::Group, "g", Some("m"));
+    fn records_differ_by_kind_resource_and_handle() {
+        let a = record_name(Kind::Group, "g", Some("m"));
         assert!(a.starts_with("group-") && a.len() == "group-".len() + 32, "{a}");
-        assert_ne!(a, reference_name(Kind::Group, "g", Some("n")));
-        assert_ne!(a, reference_name(Kind::Group, "h", Some("m")));
-        assert_ne!(a, reference_name(Kind::Service, "g", Some("m")));
+        assert_ne!(a, record_name(Kind::Group, "g", Some("n")));
+        assert_ne!(a, record_name(Kind::Group, "h", Some("m")));
+        assert_ne!(a, record_name(Kind::Service, "g", Some("m")));
         // The separator keeps `a`+`bc` and `ab`+`c` apart.
         assert_ne!(
-            reference_name(Kind::Group, "a", Some("bc")),
-            reference_name(Kind::Group, "ab", Some("c"))
+            record_name(Kind::Group, "a", Some("bc")),
+            record_name(Kind::Group, "ab", Some("c"))
         );
         // One per lease: the resource alone, which no resource and handle hash to.
-        let lock = reference_name(Kind::Lock, "orders", None);
-        assert_eq!(lock, reference_name(Kind::Lock, "orders", None));
-        assert_ne!(lock, reference_name(Kind::Lock, "orders", Some("h")));
-        assert_ne!(lock, reference_name(Kind::Lock, "other", None));
+        let lock = record_name(Kind::Lock, "orders", None);
+        assert_eq!(lock, record_name(Kind::Lock, "orders", None));
+        assert_ne!(lock, record_name(Kind::Lock, "orders", Some("h")));
+        assert_ne!(lock, record_name(Kind::Lock, "other", None));
     }
 }

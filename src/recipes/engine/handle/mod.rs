@@ -17,8 +17,8 @@
 //!   they are ([Lease::dropped]); the new keeper [Handles::adopt]s the holding from its record
 //!   and runs the same protocol, which may then find but never create its znodes;
 //! - a release need not come through this task: any instance may delete a holding's znodes
-//!   and their reference together. A task whose znode vanished therefore asks whether the
-//!   reference went too: if so the holding was released, else it was lost.
+//!   and their holding record together. A task whose znode vanished therefore asks whether the
+//!   holding record went too: if so the holding was released, else it was lost.
 //!
 //! A handle is a [Holding] of its lease, so the lease shows it and waits for it when it ends;
 //! [Handles] indexes the handles of one kind on this instance.
@@ -127,7 +127,7 @@ impl HandleState {
 
 /// How a protocol's run ended by itself (a release or the lease's end cancels it instead).
 pub enum Exit {
-    /// Its znode vanished (a release through another instance, if its reference went too).
+    /// Its znode vanished (a release through another instance, if its holding record went too).
     Lost(String),
     Failed(ZkError),
     /// The session ended under it (its watches went with it): run again on the next one.
@@ -182,13 +182,13 @@ pub trait Protocol: Send + Sync + Sized + 'static {
     /// the handle is released, the lease ends or moves.
     fn run(&self, handle: &Handle<Self>, client: &Client) -> impl Future<Output = Exit> + Send;
 
-    /// Removes what the run created and the holding's reference (also when it was cancelled in
+    /// Removes what the run created and its holding record (also when it was cancelled in
     /// the middle of a create: the GUID finds it). `Ok(false)` if a node the handle held was
     /// already gone, which makes a release a loss; `Err` if ZooKeeper could not be told (tried
     /// again on the next session).
     fn clean_up(&self, handle: &Handle<Self>, client: &Client) -> impl Future<Output = Result<bool, ZkError>> + Send;
 
-    /// What the lease's reference to this holding records.
+    /// What this holding's record under its lease says.
     fn record(&self, handle: &Handle<Self>) -> HoldingRecord;
 
     /// Whether it shows among its lease's holdings.
@@ -227,9 +227,9 @@ pub struct Handle<P: Protocol> {
     /// Whether its run may create its znodes: until they are first created, for a new handle;
     /// never for one adopted from another keeper (a znode it cannot find was lost).
     may_create: std::sync::atomic::AtomicBool,
-    /// The name of its reference under its lease's record ([super::record::reference_name],
-    /// or the name found, for a handle taken up from its reference).
-    reference: String,
+    /// The name of its holding record under its lease's record ([super::record::record_name],
+    /// or the name found, for a handle taken up from its holding record).
+    record_name: String,
 }
 
 impl<P: Protocol> Drop for Handle<P> {
@@ -346,14 +346,14 @@ impl<P: Protocol> Handle<P> {
         self.may_create.store(false, std::sync::atomic::Ordering::SeqCst);
     }
 
-    /// The name of its reference under its lease's record.
-    pub fn reference_name(&self) -> &str {
-        &self.reference
+    /// The name of its holding record under its lease's record.
+    pub fn record_name(&self) -> &str {
+        &self.record_name
     }
 
     /// The znode under its lease's record that names it.
-    pub fn reference(&self) -> String {
-        self.lease.reference(&self.reference)
+    pub fn record_path(&self) -> String {
+        self.lease.record_path(&self.record_name)
     }
 
     fn set_phase(&self, phase: Phase) {
@@ -431,8 +431,8 @@ impl<P: Protocol> Holding for Handle<P> {
         self.finished.subscribe()
     }
 
-    fn reference_name(&self) -> String {
-        self.reference.clone()
+    fn record_name(&self) -> String {
+        self.record_name.clone()
     }
 }
 

@@ -195,12 +195,12 @@ impl<P: Protocol> Handles<P> {
         }
         let id = id.unwrap_or_else(|| crate::ids::owned_id(&lease.here));
         let one = protocol.one_per_lease();
-        let reference = record::reference_name(self.kind, name, (!one).then_some(id.as_str()));
-        let handle = self.insert(&mut index, lease, (name, id), reference, protocol, true)?;
+        let record_name = record::record_name(self.kind, name, (!one).then_some(id.as_str()));
+        let handle = self.insert(&mut index, lease, (name, id), record_name, protocol, true)?;
         Ok((handle, true))
     }
 
-    /// Takes up the handle `id` at `name` of a lease from its reference (named `reference`):
+    /// Takes up the handle `id` at `name` of a lease from its holding record (named `record_name`):
     /// adopted from another keeper (see [crate::keeper]), made by an instance gone, or made by
     /// another instance for a request retried here. Its task finds its znodes and goes on, or
     /// finds them gone (lost). The handle already here is kept.
@@ -208,7 +208,7 @@ impl<P: Protocol> Handles<P> {
         &self,
         lease: &Arc<Lease>,
         (name, id): (&str, &str),
-        reference: &str,
+        record_name: &str,
         protocol: P,
     ) -> Result<Arc<Handle<P>>, Refused<P>> {
         let mut index = self.lock();
@@ -224,7 +224,7 @@ impl<P: Protocol> Handles<P> {
             &mut index,
             lease,
             (name, id.to_string()),
-            reference.to_string(),
+            record_name.to_string(),
             protocol,
             false,
         )
@@ -235,7 +235,7 @@ impl<P: Protocol> Handles<P> {
         index: &mut Index<P>,
         lease: &Arc<Lease>,
         (name, id): (&str, String),
-        reference: String,
+        record_name: String,
         protocol: P,
         may_create: bool,
     ) -> Result<Arc<Handle<P>>, Refused<P>> {
@@ -260,7 +260,7 @@ impl<P: Protocol> Handles<P> {
             queued: self.queued.clone(),
             counted: std::sync::atomic::AtomicBool::new(false),
             may_create: std::sync::atomic::AtomicBool::new(may_create),
-            reference,
+            record_name,
         });
         let holding: Arc<dyn Holding> = handle.clone();
         if !lease.attach(holding.clone()) {

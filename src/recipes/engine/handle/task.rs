@@ -18,7 +18,7 @@ enum Stop {
     Leave,
     /// Its lease left this instance: its znodes stay, for the keeper now.
     Drop,
-    /// Its clean-up found it lost (its node gone, which it deleted the reference of, or its
+    /// Its clean-up found it lost (its node gone, which it deleted the holding record of, or its
     /// lease ended otherwise than by its owner): said so, without asking ZooKeeper again.
     Lost(String),
 }
@@ -97,11 +97,11 @@ pub(super) async fn drive<P: Protocol>(handle: &Arc<Handle<P>>) {
     let lost = matches!(end, Phase::Lost { .. });
     handle.set_phase(end);
     if lost && !handle.is_leaving() {
-        // The reference stays, so that the loss shows on the lease (here and on any keeper
+        // The holding record stays, so that the loss shows on the lease (here and on any keeper
         // after this one), until the holder releases the handle or the lease ends.
         tokio::select! {
-            _ = handle.release.cancelled() => remove_reference(handle).await,
-            _ = lease.ended().cancelled() => remove_reference(handle).await,
+            _ = handle.release.cancelled() => remove_record(handle).await,
+            _ = lease.ended().cancelled() => remove_record(handle).await,
             _ = lease.dropped().cancelled() => {}
         }
     }
@@ -112,16 +112,16 @@ pub(super) async fn drive<P: Protocol>(handle: &Arc<Handle<P>>) {
     }
 }
 
-/// Deletes the reference of a lost handle (its znode is gone already), on the sessions that
+/// Deletes the holding record of a lost handle (its znode is gone already), on the sessions that
 /// follow until it is done or the lease leaves this instance.
-async fn remove_reference<P: Protocol>(handle: &Arc<Handle<P>>) {
-    let (zk, reference) = (&handle.lease.zk, handle.reference());
+async fn remove_record<P: Protocol>(handle: &Arc<Handle<P>>) {
+    let (zk, record_name) = (&handle.lease.zk, handle.record_path());
     loop {
         let session = tokio::select! {
             session = connected_after(zk, None) => session,
             _ = handle.lease.dropped().cancelled() => return,
         };
-        match delete_held(session.client(), &[], &reference, &handle.id, &[]).await {
+        match delete_held(session.client(), &[], &record_name, &handle.id, &[]).await {
             Ok(_) => return,
             Err(err) => after_failure(zk, session.generation, &err).await,
         }
@@ -177,19 +177,19 @@ async fn lease_ended<P: Protocol>(handle: &Handle<P>) -> Option<EndReason> {
 }
 
 /// Whether a holding whose znode vanished was released (through another instance, which
-/// deletes the holding's reference with its znodes) rather than lost (its reference stays,
+/// deletes its holding record with its znodes) rather than lost (its holding record stays,
 /// so that its holder learns of the loss until it releases the handle).
 async fn released_elsewhere<P: Protocol>(handle: &Handle<P>) -> bool {
     let Ok(session) = handle.lease.session().await else {
         return false;
     };
-    // After a `sync`: the reference may have been made through another server a moment ago
-    // (a holding adopted in a takeover), and a stale "no reference" would call a loss a release.
+    // After a `sync`: the holding record may have been made through another server a moment ago
+    // (a holding adopted in a takeover), and a stale "no holding record" would call a loss a release.
     if session.sync().await.is_err() {
         return false;
     }
-    // A reference of the same name that names another handle is a successor's: this one's went.
-    let (lease, name) = (&handle.lease.path, handle.reference_name());
+    // A holding record of the same name that names another handle is a successor's: this one's went.
+    let (lease, name) = (&handle.lease.path, handle.record_name());
     matches!(names_handle(session.client(), lease, name, &handle.id).await, Ok(false))
 }
 

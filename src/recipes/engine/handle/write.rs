@@ -1,4 +1,4 @@
-//! A holding's writes, guarded by its lease: its znodes created together with their reference
+//! A holding's writes, guarded by its lease: its znodes created together with their holding record
 //! under the lease's record in one multi-op ([create_held]), later writes made only while the
 //! lease is still kept here ([write_held]), and deletes that tell what was there ([delete_all]).
 
@@ -11,13 +11,13 @@ use crate::zk::{Done, Failed, Multi};
 use super::{Exit, Handle, Protocol};
 use crate::recipes::engine::lease::GuardError;
 
-/// What an operation of a guarded multi-op is for: the lease's guard, the holding's reference
+/// What an operation of a guarded multi-op is for: the lease's guard, the holding's record
 /// under the lease's record (its create, and the write that stamps it: see [Made::czxid]), or
 /// one of the holding's own (tagged by the holding).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Guarded<T> {
     Guard,
-    Reference,
+    Record,
     Stamp,
     Own(T),
 }
@@ -27,7 +27,7 @@ pub enum Guarded<T> {
 pub enum NotCreated<T> {
     /// The lease moved to another instance (or ended): nothing was written.
     LeaseMoved,
-    /// The holding's reference is there already: an earlier create of it applied (its reply
+    /// Its holding record is there already: an earlier create of it applied (its reply
     /// lost), so its znodes are to be found, not made again.
     MadeBefore,
     /// The lease holds this resource already, with another handle (made through another
@@ -61,15 +61,15 @@ pub struct Made<T> {
     /// The zxid of the multi-op's transaction (the `czxid` of every node it created): a
     /// contender's fencing token is its `czxid`, and the multi-op of ZooKeeper 3.8.0 (Debian's)
     /// answers a create without its stat (ZOOKEEPER-4026). So the multi-op ends by writing the
-    /// reference it just created again, unchanged (version 0 to 1), and a write inside a
+    /// holding record it just created again, unchanged (version 0 to 1), and a write inside a
     /// multi-op *is* answered with its stat, whose `mzxid` is the transaction's: one more
     /// operation inside the transaction instead of a request of its own after it (an `exists`
-    /// of the reference, which cost ZooKeeper a quarter of a lock cycle's requests).
+    /// of the holding record, which cost ZooKeeper a quarter of a lock cycle's requests).
     pub czxid: Option<i64>,
 }
 
 /// Creates a holding's znodes (what `add` adds to the multi-op, each tagged
-/// [Guarded::Own]) together with its reference under the lease's record, guarded by the lease
+/// [Guarded::Own]) together with its holding record under the lease's record, guarded by the lease
 /// (the record's version as kept here, or its creation: see [Lease::guard]), in one multi-op:
 /// all or nothing. With `then_list`, that directory's children are asked for right after the
 /// write on the same session (one round trip for both; ZooKeeper serves a session in order, so
@@ -80,8 +80,8 @@ pub async fn create_held<P: Protocol, T: Send + 'static>(
     add: impl Fn(&mut Multi<'_, Guarded<T>>) -> Result<(), ZkError>,
     then_list: Option<&str>,
 ) -> Result<Made<T>, NotCreated<T>> {
-    let reference = handle.protocol.record(handle).to_bytes();
-    commit_guarded(handle, client, Some(&reference), add, then_list).await
+    let record_name = handle.protocol.record(handle).to_bytes();
+    commit_guarded(handle, client, Some(&record_name), add, then_list).await
 }
 
 /// The listing [commit_guarded] sends right after its multi-op, on the same session (so
@@ -107,7 +107,7 @@ pub async fn write_held<P: Protocol, T: Send + 'static>(
 async fn commit_guarded<P: Protocol, T: Send + 'static>(
     handle: &Handle<P>,
     client: &Client,
-    reference: Option<&[u8]>,
+    record_name: Option<&[u8]>,
     add: impl Fn(&mut Multi<'_, Guarded<T>>) -> Result<(), ZkError>,
     then_list: Option<&str>,
 ) -> Result<Made<T>, NotCreated<T>> {
@@ -118,11 +118,11 @@ async fn commit_guarded<P: Protocol, T: Send + 'static>(
             .lease
             .guard(&mut multi, Guarded::Guard)
             .map_err(NotCreated::Request)?;
-        reference
-            .map_or(Ok(()), |reference| {
-                let path = handle.reference();
-                multi.create(Guarded::Reference, &path, reference, &options)?;
-                multi.set(Guarded::Stamp, &path, reference, Some(0))
+        record_name
+            .map_or(Ok(()), |record_name| {
+                let path = handle.record_path();
+                multi.create(Guarded::Record, &path, record_name, &options)?;
+                multi.set(Guarded::Stamp, &path, record_name, Some(0))
             })
             .and_then(|()| add(&mut multi))
             .map_err(NotCreated::Request)?;
@@ -140,7 +140,7 @@ async fn commit_guarded<P: Protocol, T: Send + 'static>(
                     .map(|stat| stat.mzxid);
                 let done = done.filter_map(|tag| match tag {
                     Guarded::Own(tag) => Some(tag),
-                    Guarded::Guard | Guarded::Reference | Guarded::Stamp => None,
+                    Guarded::Guard | Guarded::Record | Guarded::Stamp => None,
                 });
                 return Ok(Made { done, listed, czxid });
             }
@@ -160,15 +160,15 @@ async fn commit_guarded<P: Protocol, T: Send + 'static>(
                 Err(GuardError::LeaseMoved) => return Err(NotCreated::LeaseMoved),
                 Err(GuardError::ZooKeeper(error)) => return Err(NotCreated::Request(error)),
             },
-            // The reference is there already: an earlier create of this holding applied (its
+            // The holding record is there already: an earlier create of this holding applied (its
             // reply lost), and its znodes are to be found, not made again; or, one per lease,
             // the lease holds this resource with another handle already.
             Err(Failed::Refused {
-                tag: Guarded::Reference,
+                tag: Guarded::Record,
                 error: ZkError::NodeExists,
             }) => {
                 let lease = &handle.lease.path;
-                match crate::recipes::engine::record::holding(client, lease, handle.reference_name()).await {
+                match crate::recipes::engine::record::holding(client, lease, handle.record_name()).await {
                     Ok(Some(held)) if held.handle != handle.id => return Err(NotCreated::HeldAlready(held)),
                     Ok(Some(_)) => return Err(NotCreated::MadeBefore),
                     // Released meanwhile: try again.
@@ -177,7 +177,7 @@ async fn commit_guarded<P: Protocol, T: Send + 'static>(
                 }
             }
             Err(Failed::Refused {
-                tag: Guarded::Reference | Guarded::Stamp,
+                tag: Guarded::Record | Guarded::Stamp,
                 error,
             }) => return Err(NotCreated::Request(error)),
             Err(Failed::Refused {
@@ -188,14 +188,14 @@ async fn commit_guarded<P: Protocol, T: Send + 'static>(
     }
 }
 
-/// Deletes `paths` (a holding's znodes, its reference last) in one multi-op; a path already
+/// Deletes `paths` (a holding's znodes, its holding record last) in one multi-op; a path already
 /// gone is left out and the rest deleted again. Returns, for each path, whether it was there.
 pub async fn delete_all(client: &Client, paths: &[String]) -> Result<Vec<bool>, ZkError> {
     let paths: Vec<&str> = paths.iter().map(String::as_str).collect();
     delete_each(client, &paths, None).await
 }
 
-/// A reference that [delete_each] deletes with the first `nodes` of its paths, or alone only
+/// A holding record that [delete_each] deletes with the first `nodes` of its paths, or alone only
 /// if it names `handle`: its place among the paths.
 struct Shared<'a> {
     at: usize,
@@ -205,7 +205,7 @@ struct Shared<'a> {
 
 /// Deletes `paths` in one multi-op, leaving out those found gone and trying the rest again
 /// (after a lost reply, one found gone may be one this deleted: it counts as there), and the
-/// `shared` reference as [delete_held] says. Whether each path was there.
+/// `shared` holding record as [delete_held] says. Whether each path was there.
 async fn delete_each(client: &Client, paths: &[&str], shared: Option<Shared<'_>>) -> Result<Vec<bool>, ZkError> {
     let mut there = vec![true; paths.len()];
     let mut pending = vec![true; paths.len()];
@@ -250,28 +250,28 @@ async fn delete_each(client: &Client, paths: &[&str], shared: Option<Shared<'_>>
     }
 }
 
-/// Deletes a holding's znodes `nodes` (what decides its place), its reference `reference` and
+/// Deletes a holding's znodes `nodes` (what decides its place), its holding record `record_name` and
 /// `also` (what else is this holding's alone), in one multi-op; a path already gone is left out
-/// and the rest deleted again. The reference of a contender or a permit is named after its
-/// resource ([crate::recipes::engine::record::reference_name]), so once this holding's nodes
+/// and the rest deleted again. The holding record of a contender or a permit is named after its
+/// resource ([crate::recipes::engine::record::record_name]), so once this holding's nodes
 /// are gone the name may be a successor's (the lease acquired the resource again, through
-/// another instance that drives it): the reference goes in the multi-op only while one of
+/// another instance that drives it): the holding record goes in the multi-op only while one of
 /// `nodes` is there (then it is this holding's: one per lease), and after that only if it names
 /// `handle`, by a delete conditional on the version read. Returns, for each node, whether it
-/// was there, and whether the reference was.
+/// was there, and whether the holding record was.
 pub async fn delete_held(
     client: &Client,
     nodes: &[String],
-    reference: &str,
+    record_name: &str,
     handle: &str,
     also: &[String],
 ) -> Result<(Vec<bool>, bool), ZkError> {
-    tracing::debug!(?nodes, reference, handle, "deleting a holding");
+    tracing::debug!(?nodes, record_name, handle, "deleting a holding");
     let n = nodes.len();
     let paths: Vec<&str> = nodes
         .iter()
         .map(String::as_str)
-        .chain([reference])
+        .chain([record_name])
         .chain(also.iter().map(String::as_str))
         .collect();
     let shared = Shared {
@@ -283,7 +283,7 @@ pub async fn delete_held(
     Ok((there[..n].to_vec(), there[n]))
 }
 
-/// Deletes the reference at `path` if it names `handle` (conditional on the version read);
+/// Deletes the holding record at `path` if it names `handle` (conditional on the version read);
 /// whether it did.
 async fn delete_if_naming(client: &Client, path: &str, handle: &str) -> Result<bool, ZkError> {
     use crate::recipes::engine::record::HoldingRecord;
@@ -307,7 +307,7 @@ async fn delete_if_naming(client: &Client, path: &str, handle: &str) -> Result<b
     }
 }
 
-/// Whether the reference `name` under the lease record at `lease` is there and names `handle`
+/// Whether the holding record `name` under the lease record at `lease` is there and names `handle`
 /// (a successor's, of the same lease and resource, does not count).
 pub async fn names_handle(client: &Client, lease: &str, name: &str, handle: &str) -> Result<bool, ZkError> {
     let held = crate::recipes::engine::record::holding(client, lease, name).await?;

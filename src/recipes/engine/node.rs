@@ -4,7 +4,7 @@
 //!
 //! The guide makes these ephemeral, so that they go when their owner's session dies. zkgate's
 //! owner is a lease, which outlives any one instance's session ([super::lease]): each node is
-//! persistent, created in one multi-op with its lease's reference to it, and removed when the
+//! persistent, created in one multi-op with its holding record under its lease, and removed when the
 //! lease ends or the holder releases it. Each is a [Handle] whose protocol, [Bound], creates the
 //! node, holds until it is released, and deletes it. Its id is the caller's (the member or
 //! participant id, unique in its resource), not one zkgate issues.
@@ -12,7 +12,7 @@
 //! Who may act on such a node is decided from ZooKeeper's data, not from what one instance
 //! remembers: the node records its lease and the lease's principal ([owner_record]), or, when
 //! its data is the member's own (a group member's, which Curator and kazoo read as it is), a
-//! *binding* `<root>/bindings/<hash of the path>` made with it does ([owner_of]). [check_owner]
+//! *owner record* `<root>/bindings/<hash of the path>` made with it does ([owner_of]). [check_owner]
 //! reads that record on whichever instance serves the request, and [release_recorded] releases
 //! such a node through any instance. A lease's principal is fixed when it is made and the node
 //! lives no longer than the lease, so the record cannot go stale; a node recording no principal
@@ -26,17 +26,17 @@ use zookeeper_client::{Client, CreateMode, Error as ZkError, EventType};
 
 use super::handle::{Exit, Guarded, Handle, Handles, NotCreated, Phase, Protocol, Refused, create_held, delete_all};
 use super::lease::Lease;
-use super::record::{self, Held, HoldingRecord};
+use super::record::{self, HoldingRecord, Shape};
 use crate::auth::{Caller, Forbidden};
 use crate::kind::Kind;
 use crate::recipes::usage::ChargeNode;
 use crate::zk::Multi;
 use crate::zk::retry_on_loss;
 
-/// A lease-bound node's protocol: where it is and what it holds.
-pub struct Bound {
+/// A node holding's protocol: where it is and what it holds.
+pub struct OneNode {
     kind: Kind,
-    /// zkgate's root znode (where bindings are).
+    /// zkgate's root znode (where owner records are).
     root: Arc<str>,
     /// The node's path; its parent is created if needed (a container for groups and services).
     pub path: String,
@@ -45,21 +45,21 @@ pub struct Bound {
     /// Its charge to the principal that made it ([crate::recipes::usage]), created and deleted
     /// with it.
     charge: Option<ChargeNode>,
-    /// The binding that names its lease, for a node whose data is not zkgate's.
-    binding: Option<String>,
+    /// The owner record that names its lease, for a node whose data is not zkgate's.
+    owner_record: Option<String>,
     /// Not shown among the lease's holdings (a lock set's record).
     hidden: bool,
 }
 
-/// One lease-bound node.
-pub type BoundNode = Handle<Bound>;
+/// One node holding.
+pub type NodeHolding = Handle<OneNode>;
 
-/// The lease-bound nodes of one kind kept by this instance, by resource and id.
-pub type BoundNodes = Handles<Bound>;
+/// The node holdings of one kind kept by this instance, by resource and id.
+pub type NodeHoldings = Handles<OneNode>;
 
-/// Why a bound node could not be made.
+/// Why a node holding could not be made.
 #[derive(Debug)]
-pub enum BindError {
+pub enum HoldError {
     /// Another lease, or another client, already has a node there.
     Taken,
     /// The lease ended meanwhile (or left this instance).
@@ -67,22 +67,22 @@ pub enum BindError {
     ZooKeeper(Failure),
 }
 
-/// Whether the nodes of `kind` hold their members' own data, so that a binding names their
+/// Whether the nodes of `kind` hold their members' own data, so that an owner record names their
 /// lease.
-fn needs_binding(kind: Kind) -> bool {
+fn needs_owner_record(kind: Kind) -> bool {
     kind == Kind::Group
 }
 
-/// `<root>/bindings/<hash of path>`: the binding of the node at `path`.
-pub fn binding_path(root: &str, path: &str) -> String {
+/// `<root>/bindings/<hash of path>`: the owner record of the node at `path`.
+pub fn owner_record_path(root: &str, path: &str) -> String {
     format!(
         "{root}/{}/{}",
-        record::BINDINGS,
+        record::OWNER_RECORDS,
         crate::recipes::usage::path_id("b", path)
     )
 }
 
-impl Protocol for Bound {
+impl Protocol for OneNode {
     fn kind(&self) -> Kind {
         self.kind
     }
@@ -99,13 +99,13 @@ impl Protocol for Bound {
         !self.hidden
     }
 
-    async fn run(&self, handle: &BoundNode, client: &Client) -> Exit {
+    async fn run(&self, handle: &NodeHolding, client: &Client) -> Exit {
         if let Some(exit) = self.find_or_create(handle, client).await {
             return exit;
         }
         handle.hold();
         // Watched, so that a release through another instance (which deletes the node and its
-        // reference) ends this task too.
+        // holding record) ends this task too.
         loop {
             match retry_on_loss(|| client.check_and_watch_stat(&self.path)).await {
                 Ok((None, _)) => return Exit::Lost("its znode was deleted".into()),
@@ -119,27 +119,27 @@ impl Protocol for Bound {
         }
     }
 
-    /// Deletes the node, its charge, its binding and its reference. A node already gone
+    /// Deletes the node, its charge, its owner record and its holding record. A node already gone
     /// (another participant removed it, as the double barrier lets anyone do) is not a loss: a
-    /// bound node promises no exclusion.
-    async fn clean_up(&self, handle: &BoundNode, client: &Client) -> Result<bool, ZkError> {
+    /// node holding promises no exclusion.
+    async fn clean_up(&self, handle: &NodeHolding, client: &Client) -> Result<bool, ZkError> {
         let mut paths = vec![self.path.clone()];
         paths.extend(self.charge.iter().map(|c| c.path.clone()));
-        paths.extend(self.binding.iter().cloned());
-        paths.push(handle.reference());
+        paths.extend(self.owner_record.iter().cloned());
+        paths.push(handle.record_path());
         delete_all(client, &paths).await?;
         Ok(true)
     }
 
-    fn record(&self, handle: &BoundNode) -> HoldingRecord {
+    fn record(&self, handle: &NodeHolding) -> HoldingRecord {
         HoldingRecord {
             kind: self.kind.name().to_string(),
             name: handle.name.clone(),
             handle: handle.id.clone(),
-            held: Held::Bound {
+            shape: Shape::Node {
                 path: self.path.clone(),
                 charge: self.charge.as_ref().map(|c| c.path.clone()),
-                binding: self.binding.is_some(),
+                owner_record: self.owner_record.is_some(),
                 hidden: self.hidden,
             },
             driver: Some(handle.lease.here.to_string()),
@@ -147,21 +147,21 @@ impl Protocol for Bound {
     }
 }
 
-/// What an operation of a bound node's create is for.
+/// What an operation of a node holding's create is for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Part {
     /// The node itself.
     Node,
     /// Its charge (a kv value's, a counter's).
     Charge,
-    /// Its binding (a service instance's name, taken by one lease at a time).
-    Binding,
+    /// Its owner record (a service instance's name, taken by one lease at a time).
+    OwnerRecord,
 }
 
-impl Bound {
+impl OneNode {
     /// Finds the node (made before, by this task or a former keeper's) or creates it with its
-    /// charge, binding and reference in one multi-op. `Some` exit if it cannot be had.
-    async fn find_or_create(&self, handle: &BoundNode, client: &Client) -> Option<Exit> {
+    /// charge, owner record and holding record in one multi-op. `Some` exit if it cannot be had.
+    async fn find_or_create(&self, handle: &NodeHolding, client: &Client) -> Option<Exit> {
         let options = CreateMode::Persistent.with_acls(crate::zk::acls());
         let parent = &self.path[..self.path.rfind('/').unwrap_or(0)];
         loop {
@@ -180,10 +180,10 @@ impl Bound {
                 if let Some(charge) = &self.charge {
                     multi.create(Guarded::Own(Part::Charge), &charge.path, &charge.data, &options)?;
                 }
-                if let Some(binding) = &self.binding {
+                if let Some(record_path) = &self.owner_record {
                     multi.create(
-                        Guarded::Own(Part::Binding),
-                        binding,
+                        Guarded::Own(Part::OwnerRecord),
+                        record_path,
                         &owner_record(&handle.lease),
                         &options,
                     )?;
@@ -215,9 +215,9 @@ impl Bound {
                         return Some(Exit::from_error(err));
                     }
                 }
-                // Its reference is there: an earlier create applied (its reply lost).
+                // Its holding record is there: an earlier create applied (its reply lost).
                 Err(NotCreated::MadeBefore) => handle.created(),
-                // The node (made by another lease, or another client) or its binding is taken.
+                // The node (made by another lease, or another client) or its owner record is taken.
                 Err(NotCreated::Refused {
                     error: ZkError::NodeExists,
                     ..
@@ -230,14 +230,14 @@ impl Bound {
     }
 }
 
-impl BoundNodes {
+impl NodeHoldings {
     /// Creates the node `path` holding `data`, as `id` of resource `name`, bound to `lease`, and
     /// waits until it exists. The same id asked again with the same lease is the same node.
     ///
     /// # Notable errors
-    /// * [BindError::Taken] when another lease (or another client) has it.
-    /// * [BindError::LeaseEnded] when the lease ended first.
-    pub async fn bind(
+    /// * [HoldError::Taken] when another lease (or another client) has it.
+    /// * [HoldError::LeaseEnded] when the lease ended first.
+    pub async fn hold(
         &self,
         lease: &Arc<Lease>,
         name: &str,
@@ -245,13 +245,13 @@ impl BoundNodes {
         path: String,
         data: Vec<u8>,
         charge: Option<ChargeNode>,
-    ) -> Result<Arc<BoundNode>, BindError> {
-        self.bind_as(lease, (name, id), path, data, charge, false).await
+    ) -> Result<Arc<NodeHolding>, HoldError> {
+        self.hold_as(lease, (name, id), path, data, charge, false).await
     }
 
-    /// [BoundNodes::bind], for a node that does not show among the lease's holdings (`hidden`:
+    /// [NodeHoldings::bind], for a node that does not show among the lease's holdings (`hidden`:
     /// a lock set's record).
-    pub async fn bind_as(
+    pub async fn hold_as(
         &self,
         lease: &Arc<Lease>,
         (name, id): (&str, &str),
@@ -259,63 +259,63 @@ impl BoundNodes {
         data: Vec<u8>,
         charge: Option<ChargeNode>,
         hidden: bool,
-    ) -> Result<Arc<BoundNode>, BindError> {
-        let protocol = Bound {
+    ) -> Result<Arc<NodeHolding>, HoldError> {
+        let protocol = OneNode {
             kind: self.kind(),
             root: self.root().into(),
-            binding: needs_binding(self.kind()).then(|| binding_path(self.root(), &path)),
+            owner_record: needs_owner_record(self.kind()).then(|| owner_record_path(self.root(), &path)),
             path,
             data: Some(data),
             charge,
             hidden,
         };
-        let same_lease = |existing: &BoundNode, _: &Bound| Arc::ptr_eq(&existing.lease, lease);
+        let same_lease = |existing: &NodeHolding, _: &OneNode| Arc::ptr_eq(&existing.lease, lease);
         let node = match self.open(lease, name, Some(id.to_string()), protocol, same_lease) {
             Ok((node, _)) => node,
-            Err(Refused::Taken(_)) => return Err(BindError::Taken),
-            Err(Refused::LeaseEnded) => return Err(BindError::LeaseEnded),
+            Err(Refused::Taken(_)) => return Err(HoldError::Taken),
+            Err(Refused::LeaseEnded) => return Err(HoldError::LeaseEnded),
         };
         match node.decided().await {
             Phase::Held { .. } => Ok(node),
-            Phase::Failed { error: Failure::Taken } => Err(BindError::Taken),
-            Phase::Failed { error } => Err(BindError::ZooKeeper(error)),
-            _ => Err(BindError::LeaseEnded),
+            Phase::Failed { error: Failure::Taken } => Err(HoldError::Taken),
+            Phase::Failed { error } => Err(HoldError::ZooKeeper(error)),
+            _ => Err(HoldError::LeaseEnded),
         }
     }
 
-    /// Takes over the bound node of a lease adopted from another keeper, from its reference.
-    pub fn adopt_bound(
+    /// Takes over the node holding of a lease adopted from another keeper, from its holding record.
+    pub fn adopt_node(
         &self,
         lease: &Arc<Lease>,
         (name, id): (&str, &str),
-        reference: &str,
-        held: &Held,
-    ) -> Result<Arc<BoundNode>, Refused<Bound>> {
-        let Held::Bound {
+        record_name: &str,
+        shape: &Shape,
+    ) -> Result<Arc<NodeHolding>, Refused<OneNode>> {
+        let Shape::Node {
             path,
             charge,
-            binding,
+            owner_record,
             hidden,
-        } = held
+        } = shape
         else {
             return Err(Refused::LeaseEnded);
         };
-        let protocol = Bound {
+        let protocol = OneNode {
             kind: self.kind(),
             root: self.root().into(),
-            binding: binding.then(|| binding_path(self.root(), path)),
+            owner_record: owner_record.then(|| owner_record_path(self.root(), path)),
             path: path.clone(),
             data: None,
             charge: charge.clone().map(|path| ChargeNode { path, data: Vec::new() }),
             hidden: *hidden,
         };
-        self.adopt(lease, (name, id), reference, protocol)
+        self.adopt(lease, (name, id), record_name, protocol)
     }
 }
 
 /// The data of a node zkgate binds to `lease` for the guide's recipes whose nodes carry no data
 /// of their own (a lease-bound barrier, a double barrier's participant, a transaction's
-/// participant), and of a binding: `{"lease": <id>, "principal": <owner>}`.
+/// participant), and of an owner record: `{"lease": <id>, "principal": <owner>}`.
 pub fn owner_record(lease: &Lease) -> Vec<u8> {
     let mut record = serde_json::json!({ "lease": lease.id });
     if let Some(owner) = &lease.owner {
@@ -324,7 +324,7 @@ pub fn owner_record(lease: &Lease) -> Vec<u8> {
     record.to_string().into_bytes()
 }
 
-/// Whose a lease-bound node is, as recorded in ZooKeeper.
+/// Whose a node holding is, as recorded in ZooKeeper.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Owner {
     pub lease: String,
@@ -347,11 +347,11 @@ impl Owner {
     }
 }
 
-/// The owner of the lease-bound node of `kind` at `path`, from its data or its binding; `None`
+/// The owner of the node holding of `kind` at `path`, from its data or its owner record; `None`
 /// when it is not there or records none (it is not zkgate's).
 pub async fn owner_of(client: &Client, root: &str, kind: Kind, path: &str) -> Result<Option<Owner>, ZkError> {
-    let record = match needs_binding(kind) {
-        true => binding_path(root, path),
+    let record = match needs_owner_record(kind) {
+        true => owner_record_path(root, path),
         false => path.to_string(),
     };
     match retry_on_loss(|| client.get_data(&record)).await {
@@ -396,9 +396,9 @@ pub async fn check_owner(
     }
 }
 
-/// Releases the lease-bound node `id` of resource `name` of `kind` at `path` through ZooKeeper
-/// alone, on whichever instance serves the request: the node, its charge, its binding and its
-/// reference go in one multi-op (the lease's keeper, watching the node, sees it released). A
+/// Releases the node holding `id` of resource `name` of `kind` at `path` through ZooKeeper
+/// alone, on whichever instance serves the request: the node, its charge, its owner record and its
+/// holding record go in one multi-op (the lease's keeper, watching the node, sees it released). A
 /// node that records no lease (not zkgate's) is deleted alone. `false` if nothing was there.
 pub async fn release_recorded(
     session: &Session,
@@ -410,23 +410,23 @@ pub async fn release_recorded(
     let client = session.client();
     let mut paths = vec![path.to_string()];
     if let Some(owner) = owner_of(client, root, kind, path).await? {
-        let reference = format!(
+        let record_name = format!(
             "{}/{}",
             record::path(root, &owner.lease),
-            record::reference_name(kind, name, Some(id))
+            record::record_name(kind, name, Some(id))
         );
-        if let Ok((data, _)) = retry_on_loss(|| client.get_data(&reference)).await
+        if let Ok((data, _)) = retry_on_loss(|| client.get_data(&record_name)).await
             && let Some(HoldingRecord {
-                held: Held::Bound { charge, .. },
+                shape: Shape::Node { charge, .. },
                 ..
             }) = HoldingRecord::parse(&data)
         {
             paths.extend(charge);
         }
-        if needs_binding(kind) {
-            paths.push(binding_path(root, path));
+        if needs_owner_record(kind) {
+            paths.push(owner_record_path(root, path));
         }
-        paths.push(reference);
+        paths.push(record_name);
     }
     Ok(delete_all(client, &paths).await?[0])
 }
@@ -454,9 +454,9 @@ mod tests {
     }
 
     #[test]
-    fn bindings_are_one_per_path() {
-        let a = binding_path("/zkgate", "/zkgate/groups/g/m");
+    fn owner_records_are_one_per_path() {
+        let a = owner_record_path("/zkgate", "/zkgate/groups/g/m");
         assert!(a.starts_with("/zkgate/bindings/b-"), "{a}");
-        assert_ne!(a, binding_path("/zkgate", "/zkgate/groups/g/n"));
+        assert_ne!(a, owner_record_path("/zkgate", "/zkgate/groups/g/n"));
     }
 }
