@@ -13,6 +13,7 @@ mod abuse;
 mod auth;
 mod bad_input;
 mod barriers;
+mod checklist;
 mod cli;
 mod consistency;
 mod counters;
