@@ -12,7 +12,7 @@ use super::consistency::Consistency;
 use super::error::{ApiError, Problem, Problems, p};
 use super::extract::{ApiJson, ApiPath, ApiQuery};
 use super::leases::{lease_for, lease_gone};
-use super::{ListedResource, Resource, check_name, list, state_handler};
+use super::{Resource, check_name, state_handler};
 use crate::AppState;
 use crate::auth::Caller;
 use crate::events::Feed;
@@ -29,12 +29,12 @@ pub const RESOURCE: Resource = Resource {
     about: Some("Barriers (raise, lower, wait until down) and double barriers (enter together, leave together)."),
     routes,
     topic: Some(|state, name| Feed::of(source(state, name))),
+    listed: Some("Lists the barriers that are up."),
 };
 
 fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(barrier_events))
-        .routes(routes!(list_barriers))
         .routes(routes!(barrier_state, raise, lower))
         .routes(routes!(wait))
 }
@@ -198,20 +198,6 @@ pub async fn wait(
         bound: false,
         lease: None,
     }))
-}
-
-/// Lists the barriers that are up.
-#[utoipa::path(get, path = "/v1/barriers", tag = "barriers", params(super::paging::PageQuery), responses(
-    (status = 200, description = "A page of the names, in order (`Link` gives the next page while more follow)", body = Vec<ListedResource>, headers(("Link" = String, description = "While more entries follow: the next page, `<url>; rel=\"next\"`"))),
-    Problems<(p::ZookeeperUnavailable,)>,
-))]
-pub async fn list_barriers(
-    State(state): State<AppState>,
-    caller: Caller,
-    consistency: Consistency,
-    paging: super::paging::Paging,
-) -> Result<super::paging::Page<ListedResource>, ApiError> {
-    list(&state, &caller, Kind::Barrier, consistency, &paging).await
 }
 
 super::events::events_handler!(

@@ -14,9 +14,8 @@ use super::consistency::Consistency;
 use super::error::{ApiError, Place, Problem, Problems, p};
 use super::extract::{ApiJson, ApiPath};
 use super::kv::{Tag, parse_tag, write_condition};
-use super::{ListedResource, Resource, check_name, list};
+use super::{Resource, check_name};
 use crate::AppState;
-use crate::auth::Caller;
 use crate::events::Feed;
 use crate::kind::Kind;
 use crate::recipes::condition::Condition;
@@ -31,12 +30,12 @@ pub const RESOURCE: Resource = Resource {
     ),
     routes,
     topic: Some(|state, name| Feed::of(source(state, name))),
+    listed: Some("Lists the counters that exist."),
 };
 
 fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(counter_events))
-        .routes(routes!(list_counters))
         .routes(routes!(counter_state, set, delete))
         .routes(routes!(add))
 }
@@ -295,20 +294,6 @@ pub async fn delete(
     let m = crate::metrics::get();
     m.counter_writes.with_label_values(&[m.counter(&name), "delete"]).inc();
     Ok(StatusCode::NO_CONTENT)
-}
-
-/// Lists the counters that exist.
-#[utoipa::path(get, path = "/v1/counters", tag = "counters", params(super::paging::PageQuery), responses(
-    (status = 200, description = "A page of the names, in order (`Link` gives the next page while more follow)", body = Vec<ListedResource>, headers(("Link" = String, description = "While more entries follow: the next page, `<url>; rel=\"next\"`"))),
-    Problems<(p::ZookeeperUnavailable,)>,
-))]
-pub async fn list_counters(
-    State(state): State<AppState>,
-    caller: Caller,
-    consistency: Consistency,
-    paging: super::paging::Paging,
-) -> Result<super::paging::Page<ListedResource>, ApiError> {
-    list(&state, &caller, Kind::Counter, consistency, &paging).await
 }
 
 super::events::events_handler!(

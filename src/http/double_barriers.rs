@@ -10,11 +10,10 @@ use tokio::time::Instant;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::consistency::Consistency;
 use super::error::{ApiError, Place, Problem, Problems, p};
 use super::extract::{ApiJson, ApiPath, ApiQuery};
 use super::leases::{LeaseView, lease_for, lease_gone};
-use super::{ListedResource, Resource, check_name, list, state_handler};
+use super::{Resource, check_name, state_handler};
 use crate::AppState;
 use crate::auth::Caller;
 use crate::events::Feed;
@@ -32,12 +31,12 @@ pub const RESOURCE: Resource = Resource {
     about: None,
     routes,
     topic: Some(|state, name| Feed::of(source(state, name))),
+    listed: Some("Lists the double barriers."),
 };
 
 fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(double_barrier_events))
-        .routes(routes!(list_double_barriers))
         .routes(routes!(double_barrier_state))
         .routes(routes!(enter))
         .routes(routes!(leave))
@@ -273,20 +272,6 @@ state_handler!(
     "Double barrier name",
     DoubleBarrierState
 );
-
-/// Lists the double barriers.
-#[utoipa::path(get, path = "/v1/double-barriers", tag = "barriers", params(super::paging::PageQuery), responses(
-    (status = 200, description = "A page of the names, in order (`Link` gives the next page while more follow)", body = Vec<ListedResource>, headers(("Link" = String, description = "While more entries follow: the next page, `<url>; rel=\"next\"`"))),
-    Problems<(p::ZookeeperUnavailable,)>,
-))]
-pub async fn list_double_barriers(
-    State(state): State<AppState>,
-    caller: Caller,
-    consistency: Consistency,
-    paging: super::paging::Paging,
-) -> Result<super::paging::Page<ListedResource>, ApiError> {
-    list(&state, &caller, Kind::DoubleBarrier, consistency, &paging).await
-}
 
 super::events::events_handler!(
     /// Follows a double barrier: who entered, and when it is ready and done, as Server-Sent Events.

@@ -16,7 +16,7 @@ use super::contention::{self, Found, HandleQuery, Request, find_handle, held_sin
 use super::error::{ApiError, Problem, Problems, p};
 use super::extract::{ApiJson, ApiPath, ApiQuery};
 use super::leases::LeaseView;
-use super::{ListedResource, Resource, list, state_handler};
+use super::{Resource, state_handler};
 use crate::AppState;
 use crate::auth::Caller;
 use crate::events::Feed;
@@ -36,13 +36,15 @@ pub const RESOURCE: Resource = Resource {
     ),
     routes,
     topic: Some(|state, name| Feed::of(source(state, name))),
+    listed: Some(
+        "Lists the elections that exist in ZooKeeper, with their number of candidates (plus the acknowledgement node when someone leads).",
+    ),
 };
 
 fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(check_election_fencing))
         .routes(routes!(election_events))
-        .routes(routes!(list_elections))
         .routes(routes!(election_state))
         .routes(routes!(campaign))
         .routes(routes!(proclaim))
@@ -202,21 +204,6 @@ state_handler!(
     "Election name",
     ElectionState
 );
-
-/// Lists the elections that exist in ZooKeeper, with their number of candidates (plus the
-/// acknowledgement node when someone leads).
-#[utoipa::path(get, path = "/v1/elections", tag = "elections", params(super::paging::PageQuery), responses(
-    (status = 200, description = "A page of the names, in order (`Link` gives the next page while more follow)", body = Vec<ListedResource>, headers(("Link" = String, description = "While more entries follow: the next page, `<url>; rel=\"next\"`"))),
-    Problems<(p::ZookeeperUnavailable,)>,
-))]
-pub async fn list_elections(
-    State(state): State<AppState>,
-    caller: Caller,
-    consistency: Consistency,
-    paging: super::paging::Paging,
-) -> Result<super::paging::Page<ListedResource>, ApiError> {
-    list(&state, &caller, Kind::Election, consistency, &paging).await
-}
 
 /// Changes the value the leader proclaims. Only the leader may: anyone else gets 409.
 #[utoipa::path(put, path = "/v1/elections/{name}/leader", tag = "elections",

@@ -33,6 +33,7 @@ pub const RESOURCE: Resource = Resource {
     about: Some("Group membership: lease-bound members with data, and a blocking read of changes."),
     routes,
     topic: Some(|state, name| Feed::of(source(state, name))),
+    listed: None,
 };
 
 fn routes() -> OpenApiRouter<AppState> {

@@ -33,6 +33,7 @@ pub const RESOURCE: Resource = Resource {
     about: Some("Configuration and names: plain znodes, ETag versions, compare-and-set, blocking reads."),
     routes,
     topic: None,
+    listed: None,
 };
 
 /// Keys contain `/`: axum needs a wildcard route, which the spec writes `{key}` (from

@@ -12,7 +12,7 @@ use super::consistency::Consistency;
 use super::contention::{self, AcquireBody, AcquireParams, Acquisition, HandleQuery, HandleView, RevokeBody, Revoked};
 use super::error::{ApiError, Problems, p};
 use super::extract::{ApiJson, ApiPath, ApiQuery};
-use super::{ListedResource, Resource, list, state_handler};
+use super::{Resource, state_handler};
 use crate::AppState;
 use crate::auth::Caller;
 use crate::events::Feed;
@@ -26,13 +26,13 @@ pub const RESOURCE: Resource = Resource {
     about: Some("Exclusive locks (ZooKeeper's lock recipe on Curator's znode names), with fencing tokens."),
     routes,
     topic: Some(|state, name| Feed::of(source(state, name))),
+    listed: Some("Lists the locks that exist in ZooKeeper, with their number of contenders."),
 };
 
 fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(check_lock_fencing))
         .routes(routes!(lock_events))
-        .routes(routes!(list_locks))
         .routes(routes!(lock_state))
         .routes(routes!(acquire))
         .routes(routes!(get_handle, release))
@@ -92,20 +92,6 @@ state_handler!(
     "Lock name",
     LockState
 );
-
-/// Lists the locks that exist in ZooKeeper, with their number of contenders.
-#[utoipa::path(get, path = "/v1/locks", tag = "locks", params(super::paging::PageQuery), responses(
-    (status = 200, description = "A page of the names, in order (`Link` gives the next page while more follow)", body = Vec<ListedResource>, headers(("Link" = String, description = "While more entries follow: the next page, `<url>; rel=\"next\"`"))),
-    Problems<(p::ZookeeperUnavailable,)>,
-))]
-pub async fn list_locks(
-    State(state): State<AppState>,
-    caller: Caller,
-    consistency: Consistency,
-    paging: super::paging::Paging,
-) -> Result<super::paging::Page<ListedResource>, ApiError> {
-    list(&state, &caller, Kind::Lock, consistency, &paging).await
-}
 
 /// Reads a handle: waiting (with position), held (with fencing token) or lost (with reason).
 #[utoipa::path(operation_id = "get_handle_lock", get, path = "/v1/locks/{name}/handles/{handle}", tag = "locks",

@@ -64,6 +64,8 @@ pub struct Resource {
     /// The topic of one of its resources (already validated and authorised), for a socket's
     /// subscription.
     pub topic: Option<fn(&AppState, &str) -> Feed>,
+    /// What `GET /v1/<segment>` lists ([list_route]); `None` for a kind that lists its own way.
+    pub listed: Option<&'static str>,
 }
 
 /// Every resource kind's module.
@@ -103,7 +105,7 @@ pub const BODY_LIMIT_BYTES: usize = crate::listen::BODY_LIMIT_BYTES;
             Durations are written like `500ms`, `5s`, `1m`.",
         license(name = "MIT", identifier = "MIT")
     ),
-    components(schemas(error::ProblemDocument, crate::recipes::service::Strategy, crate::time::HumanDuration, formats::JsonValue)),
+    components(schemas(error::ProblemDocument, ListedResource, crate::recipes::service::Strategy, crate::time::HumanDuration, formats::JsonValue)),
     tags(
         (name = "leases", description = "Lease-style handles: TTL, keepalive, and everything held on their behalf."),
         (name = "websocket", description = "Push over WebSockets: subscriptions to every recipe and to znodes, socket-bound leases, API calls."),
@@ -125,6 +127,9 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .merge(lock_sets::routes());
     for resource in RESOURCES {
         api = api.merge((resource.routes)());
+        if let Some(listed) = resource.listed {
+            api = api.merge(list_route(resource.kind, listed));
+        }
     }
     let tags = api.get_openapi_mut().tags.get_or_insert_with(Vec::new);
     for resource in RESOURCES {
@@ -310,6 +315,54 @@ pub async fn list(
     Ok(paging
         .page(names, |(name, _)| name.clone())
         .map(|(name, contenders)| ListedResource { name, contenders }))
+}
+
+/// `GET /v1/<segment>`: one page of [list], with its operation in the spec (`list_<kind>s`),
+/// one per kind from the registry rather than a handler of the same four lines in each
+/// kind's module.
+fn list_route(kind: Kind, listed: &'static str) -> OpenApiRouter<AppState> {
+    use utoipa::openapi::path::{HttpMethod, OperationBuilder, ParameterIn};
+    use utoipa::openapi::{ArrayBuilder, ContentBuilder, Ref, ResponseBuilder, header::HeaderBuilder};
+    use utoipa::{IntoParams, IntoResponses};
+    let handler =
+        move |axum::extract::State(state): axum::extract::State<AppState>,
+              caller: crate::auth::Caller,
+              consistency: Consistency,
+              paging: paging::Paging| async move { list(&state, &caller, kind, consistency, &paging).await };
+    let path = format!("/v1/{}", kind.segment());
+    let page = ResponseBuilder::new()
+        .description("A page of the names, in order (`Link` gives the next page while more follow)")
+        .header(
+            "Link",
+            HeaderBuilder::new()
+                .schema(Some(
+                    utoipa::openapi::ObjectBuilder::new().schema_type(utoipa::openapi::schema::Type::String),
+                ))
+                .description(Some("While more entries follow: the next page, `<url>; rel=\"next\"`"))
+                .build(),
+        )
+        .content(
+            "application/json",
+            ContentBuilder::new()
+                .schema(Some(ArrayBuilder::new().items(Ref::from_schema_name("ListedResource"))))
+                .build(),
+        )
+        .build();
+    let mut responses = error::Problems::<(error::p::ZookeeperUnavailable,)>::responses();
+    responses.insert("200".to_string(), page.into());
+    let operation = OperationBuilder::new()
+        .tag(kind.tag())
+        .summary(Some(listed))
+        .operation_id(Some(format!("list_{}", kind.segment().replace('-', "_"))))
+        .parameters(Some(paging::PageQuery::into_params(|| Some(ParameterIn::Query))))
+        .responses(utoipa::openapi::ResponsesBuilder::new().responses_from_iter(responses))
+        .build();
+    let mut router = OpenApiRouter::new().route(&path, axum::routing::get(handler));
+    router
+        .get_openapi_mut()
+        .paths
+        .add_path_operation(&path, vec![HttpMethod::Get], operation);
+    router
 }
 
 /// `GET` of a resource: its state, as its topic carries it, read on the primary session at

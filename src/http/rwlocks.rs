@@ -12,7 +12,7 @@ use super::consistency::Consistency;
 use super::contention::{self, AcquireBody, AcquireParams, Acquisition, HandleQuery, HandleView, RevokeBody, Revoked};
 use super::error::{ApiError, Problems, p};
 use super::extract::{ApiJson, ApiPath, ApiQuery};
-use super::{ListedResource, Resource, list, state_handler};
+use super::{Resource, state_handler};
 use crate::AppState;
 use crate::auth::Caller;
 use crate::events::Feed;
@@ -28,13 +28,13 @@ pub const RESOURCE: Resource = Resource {
     ),
     routes,
     topic: Some(|state, name| Feed::of(source(state, name))),
+    listed: Some("Lists the read/write locks that exist in ZooKeeper, with their number of contenders."),
 };
 
 fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(check_rwlock_fencing))
         .routes(routes!(rwlock_events))
-        .routes(routes!(list_rwlocks))
         .routes(routes!(rwlock_state))
         .routes(routes!(read))
         .routes(routes!(write))
@@ -100,20 +100,6 @@ state_handler!(
     "Lock name",
     RwLockState
 );
-
-/// Lists the read/write locks that exist in ZooKeeper, with their number of contenders.
-#[utoipa::path(get, path = "/v1/rwlocks", tag = "rwlocks", params(super::paging::PageQuery), responses(
-    (status = 200, description = "A page of the names, in order (`Link` gives the next page while more follow)", body = Vec<ListedResource>, headers(("Link" = String, description = "While more entries follow: the next page, `<url>; rel=\"next\"`"))),
-    Problems<(p::ZookeeperUnavailable,)>,
-))]
-pub async fn list_rwlocks(
-    State(state): State<AppState>,
-    caller: Caller,
-    consistency: Consistency,
-    paging: super::paging::Paging,
-) -> Result<super::paging::Page<ListedResource>, ApiError> {
-    list(&state, &caller, Kind::RwLock, consistency, &paging).await
-}
 
 /// Reads a handle: waiting (with position), held (with fencing token) or lost (with reason).
 #[utoipa::path(operation_id = "get_handle_rwlock", get, path = "/v1/rwlocks/{name}/handles/{handle}", tag = "rwlocks",

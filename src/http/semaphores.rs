@@ -17,7 +17,7 @@ use super::contention::{self, AcquireBody, Found, Request, held_since};
 use super::error::{ApiError, Place, Problem, Problems, p};
 use super::extract::{ApiJson, ApiPath, ApiQuery};
 use super::leases::{LeaseView, lease_gone};
-use super::{ListedResource, Resource, check_name, list, state_handler};
+use super::{Resource, check_name, state_handler};
 use crate::AppState;
 use crate::auth::Caller;
 use crate::events::Feed;
@@ -35,12 +35,12 @@ pub const RESOURCE: Resource = Resource {
     about: Some("Counting semaphores with N permits (Curator's InterProcessSemaphoreV2 znodes)."),
     routes,
     topic: Some(|state, name| Feed::of(source(state, name))),
+    listed: Some("Lists the semaphores that exist in ZooKeeper."),
 };
 
 fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(semaphore_events))
-        .routes(routes!(list_semaphores))
         .routes(routes!(semaphore_state))
         .routes(routes!(acquire))
         .routes(routes!(get_permit, release))
@@ -199,20 +199,6 @@ state_handler!(
     "Semaphore name",
     SemaphoreState
 );
-
-/// Lists the semaphores that exist in ZooKeeper.
-#[utoipa::path(get, path = "/v1/semaphores", tag = "semaphores", params(super::paging::PageQuery), responses(
-    (status = 200, description = "A page of the names, in order (`Link` gives the next page while more follow)", body = Vec<ListedResource>, headers(("Link" = String, description = "While more entries follow: the next page, `<url>; rel=\"next\"`"))),
-    Problems<(p::ZookeeperUnavailable,)>,
-))]
-pub async fn list_semaphores(
-    State(state): State<AppState>,
-    caller: Caller,
-    consistency: Consistency,
-    paging: super::paging::Paging,
-) -> Result<super::paging::Page<ListedResource>, ApiError> {
-    list(&state, &caller, Kind::Semaphore, consistency, &paging).await
-}
 
 /// Reads a permit request.
 #[utoipa::path(get, path = "/v1/semaphores/{name}/permits/{handle}", tag = "semaphores",

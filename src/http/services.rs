@@ -15,7 +15,7 @@ use super::consistency::Consistency;
 use super::error::{ApiError, Place, Problem, Problems, p};
 use super::extract::{ApiJson, ApiPath, ApiQuery};
 use super::leases::{LeaseView, lease_for};
-use super::{ListedResource, Resource, check_name, list};
+use super::{Resource, check_name};
 use crate::AppState;
 use crate::auth::Caller;
 use crate::events::Feed;
@@ -36,12 +36,12 @@ pub const RESOURCE: Resource = Resource {
     ),
     routes,
     topic: Some(|state, name| Feed::of(source(state, name))),
+    listed: Some("Lists the services that have (or had) instances."),
 };
 
 fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(service_events))
-        .routes(routes!(list_services))
         .routes(routes!(service_state))
         .routes(routes!(pick))
         .routes(routes!(get_instance, register, unregister))
@@ -272,20 +272,6 @@ pub async fn pick(
         .cloned()
         .map(Json)
         .ok_or_else(|| ApiError::not_found("instance", format!("service `{service}` has no enabled instance")))
-}
-
-/// Lists the services that have (or had) instances.
-#[utoipa::path(get, path = "/v1/services", tag = "services", params(super::paging::PageQuery), responses(
-    (status = 200, description = "A page of the names, in order (`Link` gives the next page while more follow)", body = Vec<ListedResource>, headers(("Link" = String, description = "While more entries follow: the next page, `<url>; rel=\"next\"`"))),
-    Problems<(p::ZookeeperUnavailable,)>,
-))]
-pub async fn list_services(
-    State(state): State<AppState>,
-    caller: Caller,
-    consistency: Consistency,
-    paging: super::paging::Paging,
-) -> Result<super::paging::Page<ListedResource>, ApiError> {
-    list(&state, &caller, Kind::Service, consistency, &paging).await
 }
 
 super::events::events_handler!(

@@ -16,7 +16,7 @@ use super::consistency::Consistency;
 use super::error::{ApiError, Place, Problem, Problems, p};
 use super::extract::{ApiJson, ApiPath, ApiQuery};
 use super::leases::{lease_for, lease_gone};
-use super::{ListedResource, Resource, check_name, list};
+use super::{Resource, check_name};
 use crate::AppState;
 use crate::auth::Caller;
 use crate::events::Feed;
@@ -34,12 +34,13 @@ pub const RESOURCE: Resource = Resource {
     about: Some("Two-phase commit: participants register (lease-bound), vote, and read the decision, written once."),
     routes,
     topic: Some(|state, id| Feed::of(source(state, id))),
+    listed: Some("Lists the transactions."),
 };
 
 fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(txn_events))
-        .routes(routes!(list_txns, create))
+        .routes(routes!(create))
         .routes(routes!(get_txn))
         .routes(routes!(register))
         .routes(routes!(vote))
@@ -314,20 +315,6 @@ async fn participant_of(
         ));
     }
     Ok((session, dir, record))
-}
-
-/// Lists the transactions.
-#[utoipa::path(get, path = "/v1/txns", tag = "txns", params(super::paging::PageQuery), responses(
-    (status = 200, description = "A page of the names, in order (`Link` gives the next page while more follow)", body = Vec<ListedResource>, headers(("Link" = String, description = "While more entries follow: the next page, `<url>; rel=\"next\"`"))),
-    Problems<(p::ZookeeperUnavailable,)>,
-))]
-pub async fn list_txns(
-    State(state): State<AppState>,
-    caller: Caller,
-    consistency: Consistency,
-    paging: super::paging::Paging,
-) -> Result<super::paging::Page<ListedResource>, ApiError> {
-    list(&state, &caller, Kind::Txn, consistency, &paging).await
 }
 
 super::events::events_handler!(

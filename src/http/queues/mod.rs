@@ -21,7 +21,7 @@ use super::consistency::Consistency;
 use super::error::{ApiError, Place, Problem, Problems, p};
 use super::extract::{ApiJson, ApiPath, ApiQuery};
 use super::paging::{Paging, with_link};
-use super::{ListedResource, Resource, check_name, list, state_handler};
+use super::{Resource, check_name, state_handler};
 use crate::AppState;
 use crate::auth::Caller;
 use crate::events::Feed;
@@ -51,6 +51,7 @@ pub const RESOURCE: Resource = Resource {
     ),
     routes,
     topic: Some(|state, name| Feed::of(source(state, name))),
+    listed: Some("Lists the queues."),
 };
 
 // The old paths of the dead letters are served, and listed as deprecated, until clients move.
@@ -58,7 +59,6 @@ pub const RESOURCE: Resource = Resource {
 fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(queue_events))
-        .routes(routes!(list_queues))
         .routes(routes!(queue_state))
         .routes(routes!(items, put))
         .routes(routes!(take))
@@ -88,20 +88,6 @@ state_handler!(
     "Queue name",
     QueueState
 );
-
-/// Lists the queues.
-#[utoipa::path(get, path = "/v1/queues", tag = "queues", params(super::paging::PageQuery), responses(
-    (status = 200, description = "A page of the names, in order (`Link` gives the next page while more follow)", body = Vec<ListedResource>, headers(("Link" = String, description = "While more entries follow: the next page, `<url>; rel=\"next\"`"))),
-    Problems<(p::ZookeeperUnavailable,)>,
-))]
-pub async fn list_queues(
-    State(state): State<AppState>,
-    caller: Caller,
-    consistency: Consistency,
-    paging: super::paging::Paging,
-) -> Result<super::paging::Page<ListedResource>, ApiError> {
-    list(&state, &caller, Kind::Queue, consistency, &paging).await
-}
 
 super::events::events_handler!(
     /// Follows a queue: its depth, claims and dead letters, as Server-Sent Events.
