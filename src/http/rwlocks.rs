@@ -1,15 +1,12 @@
 //! `/v1/rwlocks`: shared (read/write) locks: many readers or one writer.
 
-use axum::Json;
 use axum::extract::State;
-use axum::http::StatusCode;
 use axum::response::Response;
 
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::consistency::Consistency;
-use super::contention::{self, AcquireBody, AcquireParams, Acquisition, HandleQuery, HandleView, RevokeBody, Revoked};
+use super::contention::{self, AcquireBody, AcquireParams, Acquisition};
 use super::error::{ApiError, Problems, p};
 use super::extract::{ApiJson, ApiPath, ApiQuery};
 use super::{Resource, state_handler};
@@ -101,58 +98,24 @@ state_handler!(
     RwLockState
 );
 
-/// Reads a handle: waiting (with position), held (with fencing token) or lost (with reason).
-#[utoipa::path(operation_id = "get_handle_rwlock", get, path = "/v1/rwlocks/{name}/handles/{handle}", tag = "rwlocks",
-    params(("name" = String, Path, description = "Lock name"), ("handle" = String, Path, description = "Handle from the acquire"), HandleQuery),
-    responses(
-        (status = 200, description = "The handle", body = HandleView),
-        Problems<(p::InvalidField, p::NotFound, p::LockLost)>,
-    ))]
-pub async fn get_handle(
-    State(state): State<AppState>,
-    caller: Caller,
-    ApiPath((name, handle)): ApiPath<(String, String)>,
-    ApiQuery(query): ApiQuery<HandleQuery>,
-    consistency: Consistency,
-) -> Result<Json<HandleView>, ApiError> {
-    let seen = contention::get_handle(&state, &state.rwlocks, &caller, (&name, &handle), query, consistency).await?;
-    Ok(Json(seen.into()))
-}
-
-/// Releases a read or write lock (or leaves the queue).
-#[utoipa::path(operation_id = "release_rwlock", delete, path = "/v1/rwlocks/{name}/handles/{handle}", tag = "rwlocks",
-    params(("name" = String, Path, description = "Lock name"), ("handle" = String, Path, description = "Handle from the acquire")),
-    responses(
-        (status = 204, description = "Released"),
-        Problems<(p::InvalidField, p::NotFound, p::LockLost)>,
-    ))]
-pub async fn release(
-    State(state): State<AppState>,
-    caller: Caller,
-    ApiPath((name, handle)): ApiPath<(String, String)>,
-) -> Result<StatusCode, ApiError> {
-    contention::release_by_id(&state, &state.rwlocks, &caller, &name, &handle).await
-}
-
-/// Asks the holder(s) of a read/write lock to give it up. Each holder learns it on its handle
-/// (`GET .../handles/{handle}?wait=` returns at once), its lease's keepalive and the lock's
-/// state, and releases when ready; with `grace`, zkgate deletes the holder's node when the
-/// grace runs out and the holder's lease reports the lock lost. Recorded in the audit log.
-#[utoipa::path(operation_id = "revoke_rwlock", post, path = "/v1/rwlocks/{name}/revoke", tag = "rwlocks",
-    params(("name" = String, Path, description = "Lock name")),
-    request_body(content = RevokeBody, example = json!({"by": "ops@example.com", "reason": "deploy in progress", "grace": "30s"})),
-    responses(
-        (status = 202, description = "Asked; the holders decide (or the grace decides)", body = Revoked),
-        Problems<(p::InvalidField, p::MalformedBody, p::NotFound, p::NothingToRevoke, p::ZookeeperUnavailable)>,
-    ))]
-pub async fn revoke(
-    State(state): State<AppState>,
-    caller: Caller,
-    ApiPath(name): ApiPath<String>,
-    ApiJson(body): ApiJson<RevokeBody>,
-) -> Result<Response, ApiError> {
-    contention::revoke(&state, &caller, &state.rwlocks, &name, rw_role, body).await
-}
+super::contention::lock_handle_handlers!(
+    rwlocks,
+    rw_role,
+    tag = "rwlocks",
+    get = ("get_handle_rwlock", "/v1/rwlocks/{name}/handles/{handle}"),
+    release = (
+        "release_rwlock",
+        /// Releases a read or write lock (or leaves the queue).
+    ),
+    revoke = (
+        "revoke_rwlock",
+        "/v1/rwlocks/{name}/revoke",
+        /// Asks the holder(s) of a read/write lock to give it up. Each holder learns it on its handle
+        /// (`GET .../handles/{handle}?wait=` returns at once), its lease's keepalive and the lock's
+        /// state, and releases when ready; with `grace`, zkgate deletes the holder's node when the
+        /// grace runs out and the holder's lease reports the lock lost. Recorded in the audit log.
+    )
+);
 
 fn rw_role(node: &str) -> Role {
     if is_reader(node) { rwlock::READ } else { rwlock::WRITE }

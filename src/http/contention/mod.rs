@@ -457,3 +457,68 @@ fn acquisition(contender: &Contender, lease: &Lease) -> Acquisition {
         lease: LeaseView::of(lease),
     }
 }
+
+/// A lock kind's handle routes, the same for exclusive and read/write locks: `GET` and
+/// `DELETE .../handles/{handle}` (read a handle, release it) and `POST .../revoke` (ask the
+/// holders to give it up), on the kind's registry `state.$registry`, a node's role told by
+/// `$role`.
+macro_rules! lock_handle_handlers {
+    (
+        $registry:ident, $role:expr, tag = $tag:tt,
+        get = ($get_id:tt, $handle_path:tt),
+        release = ($release_id:tt, $(#[doc = $release_doc:tt])*),
+        revoke = ($revoke_id:tt, $revoke_path:tt, $(#[doc = $revoke_doc:tt])*)
+    ) => {
+        /// Reads a handle: waiting (with position), held (with fencing token) or lost (with reason).
+        #[utoipa::path(operation_id = $get_id, get, path = $handle_path, tag = $tag,
+            params(("name" = String, Path, description = "Lock name"), ("handle" = String, Path, description = "Handle from the acquire"), $crate::http::contention::HandleQuery),
+            responses(
+                (status = 200, description = "The handle", body = $crate::http::contention::HandleView),
+                $crate::http::error::Problems<($crate::http::error::p::InvalidField, $crate::http::error::p::NotFound, $crate::http::error::p::LockLost)>,
+            ))]
+        pub async fn get_handle(
+            axum::extract::State(state): axum::extract::State<$crate::AppState>,
+            caller: $crate::auth::Caller,
+            $crate::http::extract::ApiPath((name, handle)): $crate::http::extract::ApiPath<(String, String)>,
+            $crate::http::extract::ApiQuery(query): $crate::http::extract::ApiQuery<$crate::http::contention::HandleQuery>,
+            consistency: $crate::http::consistency::Consistency,
+        ) -> Result<axum::Json<$crate::http::contention::HandleView>, $crate::http::error::ApiError> {
+            let seen = $crate::http::contention::get_handle(&state, &state.$registry, &caller, (&name, &handle), query, consistency).await?;
+            Ok(axum::Json(seen.into()))
+        }
+
+        $(#[doc = $release_doc])*
+        #[utoipa::path(operation_id = $release_id, delete, path = $handle_path, tag = $tag,
+            params(("name" = String, Path, description = "Lock name"), ("handle" = String, Path, description = "Handle from the acquire")),
+            responses(
+                (status = 204, description = "Released"),
+                $crate::http::error::Problems<($crate::http::error::p::InvalidField, $crate::http::error::p::NotFound, $crate::http::error::p::LockLost)>,
+            ))]
+        pub async fn release(
+            axum::extract::State(state): axum::extract::State<$crate::AppState>,
+            caller: $crate::auth::Caller,
+            $crate::http::extract::ApiPath((name, handle)): $crate::http::extract::ApiPath<(String, String)>,
+        ) -> Result<axum::http::StatusCode, $crate::http::error::ApiError> {
+            $crate::http::contention::release_by_id(&state, &state.$registry, &caller, &name, &handle).await
+        }
+
+        $(#[doc = $revoke_doc])*
+        #[utoipa::path(operation_id = $revoke_id, post, path = $revoke_path, tag = $tag,
+            params(("name" = String, Path, description = "Lock name")),
+            request_body(content = $crate::http::contention::RevokeBody, example = json!({"by": "ops@example.com", "reason": "deploy in progress", "grace": "30s"})),
+            responses(
+                (status = 202, description = "Asked; the holders decide (or the grace decides)", body = $crate::http::contention::Revoked),
+                $crate::http::error::Problems<($crate::http::error::p::InvalidField, $crate::http::error::p::MalformedBody, $crate::http::error::p::NotFound, $crate::http::error::p::NothingToRevoke, $crate::http::error::p::ZookeeperUnavailable)>,
+            ))]
+        pub async fn revoke(
+            axum::extract::State(state): axum::extract::State<$crate::AppState>,
+            caller: $crate::auth::Caller,
+            $crate::http::extract::ApiPath(name): $crate::http::extract::ApiPath<String>,
+            $crate::http::extract::ApiJson(body): $crate::http::extract::ApiJson<$crate::http::contention::RevokeBody>,
+        ) -> Result<axum::response::Response, $crate::http::error::ApiError> {
+            $crate::http::contention::revoke(&state, &caller, &state.$registry, &name, $role, body).await
+        }
+    };
+}
+
+pub(crate) use lock_handle_handlers;
