@@ -171,7 +171,7 @@ pub async fn counter_state(
 /// `Idempotency-Key` the add is safe to retry: it lands once for the key (kept for
 /// `--idempotency-window`), and a retry is answered as the add was (`repeated: true`); without
 /// one, a write whose reply ZooKeeper lost is answered 503 `outcome-unknown`.
-#[utoipa::path(post, path = "/v1/counters/{name}/add", tag = "counters",
+#[utoipa::path(operation_id = "add_to_counter", post, path = "/v1/counters/{name}/add", tag = "counters",
     params(("name" = String, Path, description = "Counter name"),
         ("Idempotency-Key" = Option<String>, Header, description = "Makes the add safe to retry (a name: 1 to 128 bytes, no `/`); a retry must repeat the request")),
     request_body(content = Option<AddBody>, description = "Optional: `+1` without it.", example = json!({"delta": 5, "max": 100})),

@@ -26,7 +26,7 @@ from http import HTTPStatus
 from typing import Any, Callable
 
 from zkgate_client import AuthenticatedClient, Client
-from zkgate_client.api.counters import add as counter_add
+from zkgate_client.api.counters import add_to_counter as counter_add
 from zkgate_client.api.elections import campaign, election_state
 from zkgate_client.api.leases import create_lease, delete_lease
 from zkgate_client.api.locks import acquire_lock, release_lock

@@ -80,6 +80,39 @@ fn every_response_is_described_every_reference_resolves_and_every_operation_id_i
     assert!(wrong.is_empty(), "the spec is not valid OpenAPI:\n{}", wrong.join("\n"));
 }
 
+/// Generators name what they make for an operation after its operationId (orval's axios client
+/// `AddResult` for the response of `add`, its `...Params` for the query; openapi-generator's
+/// `...Request` for the parameters): no such name may be a schema's, or the generated code
+/// declares it twice.
+#[test]
+fn no_operation_id_names_a_schema_as_generators_derive_names() {
+    let spec: serde_json::Value = serde_json::from_str(&generated()).expect("json");
+    let schemas = spec["components"]["schemas"].as_object().expect("schemas");
+    let pascal = |id: &str| -> String {
+        id.split(['_', '-'])
+            .map(|w| {
+                let mut c = w.chars();
+                c.next().map(|f| f.to_uppercase().chain(c).collect::<String>()).unwrap_or_default()
+            })
+            .collect()
+    };
+    let mut wrong = Vec::new();
+    for item in spec["paths"].as_object().expect("paths").values() {
+        for op in item.as_object().expect("path item").values() {
+            let Some(id) = op.get("operationId").and_then(|i| i.as_str()) else {
+                continue;
+            };
+            for suffix in ["Result", "Params", "Request", "Response", "Query", "Mutation"] {
+                let derived = format!("{}{suffix}", pascal(id));
+                if schemas.contains_key(&derived) {
+                    wrong.push(format!("operationId `{id}` makes `{derived}`, a schema's name"));
+                }
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
 #[tokio::test]
 async fn serves_the_spec_and_docs_and_answers_503_without_zookeeper() {
     // Nothing listens on this port: ZooKeeper is unreachable for the whole test.
