@@ -417,6 +417,39 @@ pub fn nullable_as_types(spec: &mut OpenApi) {
     }
 }
 
+/// An optional JSON body (`Option<Json<T>>`) comes from utoipa as `anyOf: [T, null]`, which
+/// generators turn into an inline type of their own named after the operation (orval's
+/// `<Operation>Body`, beside the schema it wraps: `RaiseBody` twice), so the generated code
+/// does not compile. Written instead as `T` in a body that is not required, which says what the
+/// server takes: the body, or none.
+pub fn optional_bodies_as_refs(spec: &mut OpenApi) {
+    use utoipa::openapi::Required;
+    for item in spec.paths.paths.values_mut() {
+        let operations = [&mut item.get, &mut item.put, &mut item.post, &mut item.delete];
+        for operation in operations.into_iter().flatten() {
+            let Some(RefOr::T(body)) = operation.request_body.as_mut() else {
+                continue;
+            };
+            let mut unwrapped = false;
+            for content in body.content.values_mut() {
+                let RefOr::T(content) = content else { continue };
+                let Some(RefOr::T(Schema::AnyOf(any))) = &content.schema else {
+                    continue;
+                };
+                if let [RefOr::Ref(reference), RefOr::T(Schema::Object(null))] = any.items.as_slice()
+                    && null.schema_type == SchemaType::Type(Type::Null)
+                {
+                    content.schema = Some(RefOr::Ref(reference.clone()));
+                    unwrapped = true;
+                }
+            }
+            if unwrapped {
+                body.required = Some(Required::False);
+            }
+        }
+    }
+}
+
 /// [nullable_as_types] on `schema` and every schema inside it.
 fn nullable_in(schema: &mut RefOr<Schema>) {
     let RefOr::T(inner) = schema else { return };

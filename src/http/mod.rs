@@ -379,13 +379,15 @@ pub async fn read<S: Source>(
 /// What the spec says beyond each operation's own declaration: the guards' problems and
 /// bearer auth ([document_auth]), and `?consistency=` on the reads ([consistency::document]),
 /// the values' formats ([formats::document]); last, nullable fields written the OpenAPI 3.1
-/// way ([formats::nullable_as_types]).
+/// way ([formats::nullable_as_types]) and optional bodies as their schema in a body that is not
+/// required ([formats::optional_bodies_as_refs]).
 pub fn document(spec: &mut utoipa::openapi::OpenApi) {
     document_auth(spec);
     topics::document(spec);
     consistency::document(spec);
     formats::document(spec);
     formats::nullable_as_types(spec);
+    formats::optional_bodies_as_refs(spec);
 }
 
 /// Bearer tokens in the spec: the scheme, and on every operation but the probes the
