@@ -92,7 +92,9 @@ fn no_operation_id_names_a_schema_as_generators_derive_names() {
         id.split(['_', '-'])
             .map(|w| {
                 let mut c = w.chars();
-                c.next().map(|f| f.to_uppercase().chain(c).collect::<String>()).unwrap_or_default()
+                c.next()
+                    .map(|f| f.to_uppercase().chain(c).collect::<String>())
+                    .unwrap_or_default()
             })
             .collect()
     };
