@@ -327,56 +327,26 @@ fn apply(path: &str, method: &str, parameter: &mut Parameter) {
 }
 
 /// A JSON value as a request body that may be any (a queue item's, a kv value's: the server
-/// checks only that it parses), written so that client generators can type it: `anyOf` an
-/// object, a string, an integer, a number, a boolean and `null` (`anyOf`: an integer is a
-/// number too). `{}` (any value) gives a
-/// generator nothing to type (openapi-python-client 0.29 wrote `isinstance(body, Any)` for it,
-/// which raises), and for a body that may also be bytes it dispatches on the value's type with
-/// `isinstance`, which raises on a list type (`list[Any]`) and has no `list` for an array
-/// without `items`. So a top-level array, which the server takes too, is left out of the
-/// schema and said in its description; `integer` is there because that generator checks a
-/// `number` with `float`, which an `int` is not.
+/// checks only that it parses): the schema that allows every value, `{}`, described. Its
+/// operations list `application/json` alone (text and bytes are taken too, and said in the
+/// description): with several media types, generators could not tell what to send (orval's
+/// fetch client sent JSON with no `Content-Type`; openapi-python-client dispatched on the value's
+/// type with `isinstance`, which raises for `Any`), and an `anyOf` of primitives, written for
+/// that dispatch, made openapi-generator's typescript-fetch emit code that does not compile.
 pub struct JsonValue;
 
 impl utoipa::PartialSchema for JsonValue {
     fn schema() -> RefOr<Schema> {
-        use utoipa::openapi::schema::{AdditionalProperties, AnyOfBuilder, ObjectBuilder};
-        let of = |ty: Type| ObjectBuilder::new().schema_type(SchemaType::Type(ty));
-        AnyOfBuilder::new()
-            .item(
-                of(Type::Object)
-                    .title(Some("JsonObject"))
-                    .additional_properties(Some(AdditionalProperties::FreeForm(true))),
-            )
-            .item(of(Type::String))
-            .item(of(Type::Integer))
-            .item(of(Type::Number))
-            .item(of(Type::Boolean))
-            .item(of(Type::Null))
+        utoipa::openapi::schema::ObjectBuilder::new()
+            .schema_type(SchemaType::AnyValue)
             .description(Some(
-                "A JSON value: an object, a string, a number, a boolean or `null` (an array is \
-                 taken too; it is left out here for the sake of client generators).",
+                "Any JSON value: an object, an array, a string, a number, a boolean or `null`.",
             ))
             .into()
     }
 }
 
 impl utoipa::ToSchema for JsonValue {}
-
-/// Bytes as a request body (`application/octet-stream`): a string of `format: binary`, which
-/// client generators turn into a file or bytes type.
-pub struct Binary;
-
-impl utoipa::PartialSchema for Binary {
-    fn schema() -> RefOr<Schema> {
-        Object::builder()
-            .schema_type(SchemaType::Type(Type::String))
-            .format(Some(utoipa::openapi::schema::SchemaFormat::Custom("binary".into())))
-            .into()
-    }
-}
-
-impl utoipa::ToSchema for Binary {}
 
 /// Writes the nullable fields the way OpenAPI 3.1 generators read them. utoipa writes an
 /// `Option<T>` as `oneOf: [T, {type: null}]`, which openapi-generator (7.26) reads as the 3.0

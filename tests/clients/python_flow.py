@@ -41,7 +41,6 @@ from zkgate_client.models import (
     CreateLease,
     Delivery,
     ElectionState,
-    JsonObject,
     LeaderView,
     LeaseView,
     Problem,
@@ -184,7 +183,7 @@ def main() -> int:
     @step("put an item on a queue")
     def _() -> None:
         stored = expect(
-            put.sync_detailed(queue, client=client, body=JsonObject.from_dict(item_body)),
+            put.sync_detailed(queue, client=client, body=item_body),
             HTTPStatus.CREATED,
             Stored,
             "POST /v1/queues/{name}/items",

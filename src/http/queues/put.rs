@@ -92,10 +92,8 @@ pub(super) fn body_of(headers: &HeaderMap, bytes: &[u8]) -> Result<Envelope, Api
 #[utoipa::path(post, path = "/v1/queues/{name}/items", tag = "queues",
     params(("name" = String, Path, description = "Queue name"), PutQuery,
         ("Idempotency-Key" = Option<String>, Header, description = "Makes the put safe to retry (1 to 128 bytes, no `/`)")),
-    request_body(description = "The item: JSON, text or bytes, kept with its `Content-Type`",
-        content((crate::http::formats::JsonValue = "application/json", example = json!({"to": "ada@example.com", "template": "welcome"})),
-            (String = "text/plain", example = json!("resize photo 42")),
-            (inline(crate::http::formats::Binary) = "application/octet-stream"))),
+    request_body(description = "The item: any JSON value. Text (`text/plain`) and bytes (any other `Content-Type`, read back base64-encoded) are taken too, kept with their `Content-Type`; the spec lists JSON alone, so that a generated client sends it with its media type.",
+        content((crate::http::formats::JsonValue = "application/json", example = json!({"to": "ada@example.com", "template": "welcome"})))),
     responses(
         (status = 201, description = "Stored", body = Stored),
         (status = 200, description = "A put with this key was stored before", body = Stored),
