@@ -6,7 +6,6 @@ use crate::zk::{Failure, Session};
 
 use super::engine::lease::{HoldingView, Lease};
 use super::recorded::{exists, recorded};
-use crate::kind::Kind;
 
 /// How the holdings of `lease` that are not attached here show, from ZooKeeper: those that
 /// other instances drive (an acquire served where it arrived: see [crate::recipes::engine::lease]).
@@ -21,37 +20,38 @@ pub async fn driven_elsewhere(session: &Session, root: &str, lease: &Lease) -> R
     for holding in elsewhere.map(|(_, holding)| holding) {
         let Some(kind) = holding.kind() else { continue };
         let dir = kind.path(root, &holding.name);
-        let found = match &holding.shape {
-            Shape::Contender { .. } => recorded(session, kind, &dir, &holding.name, &holding.handle).await?,
-            Shape::Permit { .. } => super::semaphore::recorded(session, &dir, &holding.name, &holding.handle).await?,
+        // `None`: lost (its node gone while its holding record stays).
+        let standing = match &holding.shape {
             Shape::Node { hidden: true, .. } => continue,
-            Shape::Node { path, .. } => {
-                let there = exists(session, path).await?;
-                views.push(view(kind, &holding.handle, &holding.name, there.then_some(None)));
-                continue;
-            }
+            // A node holds while it is there.
+            Shape::Node { path, .. } => exists(session, path).await?.then_some(("held", None)),
+            // A contender or a permit holds or waits as its node's place says.
+            Shape::Permit { .. } => super::semaphore::recorded(session, &dir, &holding.name, &holding.handle)
+                .await?
+                .as_ref()
+                .map(place),
+            Shape::Contender { .. } => recorded(session, kind, &dir, &holding.name, &holding.handle)
+                .await?
+                .as_ref()
+                .map(place),
         };
-        let state = found.map(|r| r.holds().then_some(r.node.czxid));
-        views.push(view(kind, &holding.handle, &holding.name, state));
+        let (state, fencing_token) = standing.unwrap_or(("lost", None));
+        views.push(HoldingView {
+            kind: kind.name(),
+            name: holding.name,
+            handle: holding.handle,
+            state,
+            fencing_token,
+            revocation: None,
+        });
     }
     Ok(views)
 }
 
-/// A holding's view: `None` lost, `Some(None)` waiting (or a node holding there), `Some(token)`
-/// held with that fencing token.
-fn view(kind: Kind, handle: &str, name: &str, state: Option<Option<i64>>) -> HoldingView {
-    let one_node = !matches!(kind, Kind::Lock | Kind::RwLock | Kind::Election | Kind::Semaphore);
-    HoldingView {
-        kind: kind.name(),
-        name: name.to_string(),
-        handle: handle.to_string(),
-        state: match state {
-            None => "lost",
-            Some(None) if one_node => "held",
-            Some(None) => "waiting",
-            Some(Some(_)) => "held",
-        },
-        fencing_token: state.flatten(),
-        revocation: None,
+/// Where a contender or a permit request stands: held with its fencing token, or waiting.
+fn place(found: &super::recorded::Recorded) -> (&'static str, Option<i64>) {
+    match found.holds() {
+        true => ("held", Some(found.node.czxid)),
+        false => ("waiting", None),
     }
 }

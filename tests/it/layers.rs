@@ -847,7 +847,9 @@ fn the_edges_keep_no_recipe_state() {
             continue;
         }
         for (line_no, line) in statements(&text) {
-            let is_static = line.starts_with("static ") || line.starts_with("pub static ");
+            let is_static = ["static ", "pub static ", "pub(crate) static ", "pub(super) static "]
+                .iter()
+                .any(|start| line.starts_with(start));
             let mutable = ["Mutex", "RwLock", "Atomic", "RefCell"]
                 .iter()
                 .any(|w| line.contains(w));
