@@ -1,23 +1,29 @@
 #!/usr/bin/env bash
 # The served spec as its users meet it: zkgate with an embedded ZooKeeper on a free port, its
 # GET /openapi.json checked by two independent validators (openapi-spec-validator, and
-# openapi-generator's `validate --recommend`), then two clients generated from it and driven
-# through a real flow, unmodified: a Python client (openapi-python-client, installed into the
-# venv, tests/clients/python_flow.py) and TypeScript types (openapi-typescript) called through
-# openapi-fetch (tests/clients/typescript/flow.ts, type-checked strictly by tsc, then run).
+# openapi-generator's `validate --recommend`), then four clients generated from it, unmodified,
+# each driving the same real flow (two leases, a lock and its fencing tokens, a queue item put,
+# taken and acknowledged, a counter, an election):
+#   - Python: openapi-python-client (installed into the venv), tests/clients/python_flow.py;
+#   - TypeScript, each type-checked strictly by tsc against what its generator wrote, then run
+#     through tests/clients/typescript/flow.ts by a small adapter of its own:
+#       openapi-typescript's types called through openapi-fetch (openapi-fetch.ts),
+#       orval's fetch client (orval.ts, orval.config.ts),
+#       openapi-generator's typescript-fetch (typescript-fetch.ts).
 #   scripts/clients.sh                          builds target/debug/zkgate first
 #   ZKGATE_BIN=path/to/zkgate scripts/clients.sh   uses that binary, builds nothing
 # Everything comes pinned from PyPI (a venv under ~/.cache/zkgate) and npm (tests/clients/typescript's
 # package-lock.json); openapi-generator is a jar that runs on the Java that zkgate's embedded
-# ZooKeeper needs anyway. Generated code goes to target/clients/ and
-# tests/clients/typescript/generated/ (ignored by git); nothing generated is edited.
+# ZooKeeper needs anyway. orval is pinned at 7.13.2: its later releases need Node 22.18, the
+# machine has 20. Generated code goes to target/clients/ and tests/clients/typescript/generated/
+# (ignored by git); nothing generated is edited.
 #
 # What fails the run: an error from either validator; any warning from openapi-generator's
 # validation; any openapi-python-client warning except "Unsupported content type text/plain"
 # (that generator has no text/plain request bodies at all: the spec is right there); any
-# warning or error from openapi-typescript; a type error in flow.ts; a failed flow step. Every
-# stage runs even when an earlier one failed (except what needs its output), and the run ends
-# with a list of what failed.
+# warning or error from openapi-typescript or orval; a generator's failure; a type error; a
+# failed flow step. Every stage runs even when an earlier one failed (except what needs its
+# output), and the run ends with a list of what failed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The venv outlives the clone (like cargo's registry): a clean clone does not install it again.
@@ -100,29 +106,65 @@ if $python_ok; then
     "$venv/bin/python" tests/clients/python_flow.py "$url" || fail "Python flow"
 fi
 
-section "openapi-typescript"
 npm ci --prefix "$ts" --no-audit --no-fund --silent
+cp "$out/openapi.json" "$ts/generated/openapi.json"
+# Three TypeScript clients, each generated from the served spec, type-checked (tsconfig.<client>.json)
+# and run through the same flow (flow.ts) by its own adapter (<client>.ts).
+generated=()
+
+section "openapi-typescript (types for openapi-fetch)"
 set +e
-"$ts/node_modules/.bin/openapi-typescript" "$out/openapi.json" -o "$ts/generated/zkgate.d.ts" >"$out/typescript-generate.log" 2>&1
+"$ts/node_modules/.bin/openapi-typescript" "$ts/generated/openapi.json" -o "$ts/generated/zkgate.d.ts" >"$out/typescript-generate.log" 2>&1
 status=$?
 set -e
 cat "$out/typescript-generate.log"
-typescript_ok=true
 if [[ $status -ne 0 ]]; then
     fail "openapi-typescript (exit $status)"
-    typescript_ok=false
+else
+    generated+=(openapi-fetch)
 fi
 # It lints the spec with Redocly's rules first and prints what it finds before its own lines.
 grep -Eiv '^(✨ openapi-typescript|🚀 )' "$out/typescript-generate.log" | grep -Eqi 'warn|error' &&
     fail "openapi-typescript: warnings"
-if $typescript_ok; then
-    section "tsc (strict) and the TypeScript flow"
-    if "$ts/node_modules/.bin/tsc" -p "$ts/tsconfig.json"; then
-        node "$ts/dist/flow.js" "$url" || fail "TypeScript flow"
-    else
-        fail "tsc: flow.ts does not type-check against the generated types"
-    fi
+
+section "orval (fetch client)"
+set +e
+(cd "$ts" && node_modules/.bin/orval --config ./orval.config.ts) >"$out/orval-generate.log" 2>&1
+status=$?
+set -e
+cat "$out/orval-generate.log"
+if [[ $status -ne 0 ]]; then
+    fail "orval (exit $status)"
+else
+    generated+=(orval)
 fi
+grep -Eqi 'warn|error' "$out/orval-generate.log" && fail "orval: warnings"
+
+section "openapi-generator typescript-fetch"
+# Its log is INFO lines and a few WARNs that are not about the spec's correctness (3.1 support
+# "in beta", names it renames in its own output because they are TypeScript words), so only its
+# exit status counts; the type check and the flow judge what it wrote.
+set +e
+"$venv/bin/openapi-generator-cli" generate -g typescript-fetch -i "$ts/generated/openapi.json" \
+    -o "$ts/generated/typescript-fetch" --additional-properties=supportsES6=true,importFileExtension=.js \
+    >"$out/typescript-fetch-generate.log" 2>&1
+status=$?
+set -e
+grep -v '\] INFO ' "$out/typescript-fetch-generate.log" || true
+if [[ $status -ne 0 ]]; then
+    fail "openapi-generator typescript-fetch (exit $status)"
+else
+    generated+=(typescript-fetch)
+fi
+
+for client in "${generated[@]}"; do
+    section "tsc (strict) and the flow: $client"
+    if "$ts/node_modules/.bin/tsc" -p "$ts/tsconfig.$client.json"; then
+        node "$ts/dist/$client.js" "$url" || fail "$client flow"
+    else
+        fail "tsc: $client.ts does not type-check against what its generator wrote"
+    fi
+done
 
 echo
 if [[ ${#failures[@]} -gt 0 ]]; then
@@ -130,4 +172,4 @@ if [[ ${#failures[@]} -gt 0 ]]; then
     printf '  - %s\n' "${failures[@]}" >&2
     exit 1
 fi
-echo "clients.sh: both validators clean, both generated clients ran the flow"
+echo "clients.sh: both validators clean, all four generated clients ran the flow"

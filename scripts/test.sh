@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs zkgate's whole test suite on a fresh machine: installs what is missing (ZooKeeper,
 # Curator, kazoo, chromium, etcd from Debian; cargo-nextest from crates.io; playwright-core,
-# openapi-typescript and openapi-fetch from npm; schemathesis and the spec's validators and
-# Python client generator from PyPI),
+# openapi-typescript, openapi-fetch and orval from npm; schemathesis, the spec's validators and
+# the Python and typescript-fetch client generators from PyPI),
 # checks formatting and lints, then runs every test against real ZooKeeper servers that the
 # tests start on free loopback ports.
 set -euo pipefail
