@@ -11,9 +11,10 @@ fails until then.
 Steps: two leases; a lock taken with the first (handle, fencing token > 0); the second lease is
 refused at once (409, a parsed Problem); release, then the second lease takes it with a greater
 token; a queue item put, taken (claimed) and acknowledged; a counter added to; a campaign that
-leads, read back as the election's leader (the steps of tests/clients/typescript/flow.ts). Names carry a random suffix, so runs never collide.
-Each step says what it checked; a failed step is reported, the steps that do not depend on it
-still run, and the exit status is 1 if any failed.
+leads, read back as the election's leader (the steps of tests/clients/typescript/flow.ts).
+Names carry a random suffix, so runs never collide. Each step says what it checked; a failed
+step is reported, the steps that do not depend on it still run, and the exit status is 1 if any
+failed.
 """
 
 from __future__ import annotations
