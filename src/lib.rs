@@ -181,32 +181,11 @@ impl AppState {
             config.event_linger,
             config.max_lingering_topics,
         );
-        let events = Events::new(
-            zk.clone(),
-            barrier_watches.clone(),
-            events::EventSettings {
-                backlog: config.event_backlog,
-                linger: config.event_linger,
-                max_lingering: config.max_lingering_topics,
-            },
-        );
+        let events = Events::new(zk.clone(), barrier_watches.clone(), config.event_settings());
         let ws_budget = ws::outbox::Budget::new(config.ws_send_budget);
         let shutdown = CancellationToken::new();
         leases.set_adopter(adopter(registries.clone()));
-        let reaped = keeper::reaper::start(
-            leases.clone(),
-            queues.clone(),
-            zk.clone(),
-            &config.root,
-            shutdown.clone(),
-        );
-        recipes::janitor::start(
-            zk.clone(),
-            &config.root,
-            &instance.id,
-            config.janitor_settings(),
-            shutdown.clone(),
-        );
+        let reaped = start_housekeeping(&config, &leases, &queues, &zk, &instance, &shutdown);
         AppState(Arc::new(Shared {
             config: Arc::new(config),
             lanes,
@@ -237,6 +216,28 @@ impl AppState {
             reaped,
         }))
     }
+}
+
+/// Starts what cleans up after the clients: the reaper of leases (whose pass says when the
+/// instance may serve) and the janitor of what recipes leave behind.
+fn start_housekeeping(
+    config: &ServeConfig,
+    leases: &Leases,
+    queues: &Queues,
+    zk: &ZkSession,
+    instance: &instances::Instance,
+    shutdown: &CancellationToken,
+) -> tokio::sync::watch::Receiver<bool> {
+    let reaped = keeper::reaper::start(
+        leases.clone(),
+        queues.clone(),
+        zk.clone(),
+        &config.root,
+        shutdown.clone(),
+    );
+    let janitor = config.janitor_settings();
+    recipes::janitor::start(zk.clone(), &config.root, &instance.id, janitor, shutdown.clone());
+    reaped
 }
 
 /// The primary session and the lanes (the sessions leases' writes go through).

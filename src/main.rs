@@ -100,50 +100,12 @@ fn init_logging() {
 async fn serve(mut config: ServeConfig) -> Result<(), String> {
     config.validate()?;
     config.tls_acceptor()?;
-    match config.load_authority()? {
-        Some(_) => tracing::info!(
-            "authentication on: bearer tokens from {}",
-            config
-                .auth_config
-                .as_deref()
-                .map(|p| p.display().to_string())
-                .unwrap_or_default()
-        ),
-        None if config.listen.ip().is_loopback() => {
-            tracing::info!(
-                "authentication off (no --auth-config): anyone who can reach {} may do anything",
-                config.listen
-            )
-        }
-        None => warn_open_to_the_network(&config),
-    }
-    if config.auth_config.is_some() && config.tls_cert.is_none() && !config.listen.ip().is_loopback() {
-        tracing::warn!(
-            "bearer tokens will cross the network in clear text: serve HTTPS with --tls-cert/--tls-key \
-             or put a TLS-terminating proxy in front"
-        );
-    }
+    log_authentication(&config)?;
     config.zookeeper_security.log_summary();
     // Kept alive until the end of `serve`: dropping it stops the embedded ZooKeeper.
     let _embedded = match &config.zookeeper {
         Some(_) => None,
-        None => {
-            let options = ServerOptions {
-                data_dir: config.zookeeper_data_dir.clone(),
-                ..ServerOptions::default()
-            };
-            let server = ZooKeeperServer::start_standalone(&options)
-                .await
-                .map_err(|e| e.to_string())?;
-            tracing::info!(
-                connect = %server.connect_string(),
-                data_dir = %server.data_dir().display(),
-                log = %server.log_path().display(),
-                "embedded ZooKeeper started"
-            );
-            config.zookeeper = Some(server.connect_string());
-            Some(server)
-        }
+        None => Some(start_embedded(&mut config).await?),
     };
     let running = zkgate::start(config.clone())
         .await
@@ -178,6 +140,54 @@ async fn serve(mut config: ServeConfig) -> Result<(), String> {
             std::process::exit(1);
         }
     }
+}
+
+/// Says whether requests are authenticated, and warns where they are not, or where tokens
+/// cross the network in clear text.
+fn log_authentication(config: &ServeConfig) -> Result<(), String> {
+    match config.load_authority()? {
+        Some(_) => tracing::info!(
+            "authentication on: bearer tokens from {}",
+            config
+                .auth_config
+                .as_deref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default()
+        ),
+        None if config.listen.ip().is_loopback() => {
+            tracing::info!(
+                "authentication off (no --auth-config): anyone who can reach {} may do anything",
+                config.listen
+            )
+        }
+        None => warn_open_to_the_network(config),
+    }
+    if config.auth_config.is_some() && config.tls_cert.is_none() && !config.listen.ip().is_loopback() {
+        tracing::warn!(
+            "bearer tokens will cross the network in clear text: serve HTTPS with --tls-cert/--tls-key \
+             or put a TLS-terminating proxy in front"
+        );
+    }
+    Ok(())
+}
+
+/// Starts the embedded ZooKeeper (no `--zookeeper` given) and points `config` at it.
+async fn start_embedded(config: &mut ServeConfig) -> Result<ZooKeeperServer, String> {
+    let options = ServerOptions {
+        data_dir: config.zookeeper_data_dir.clone(),
+        ..ServerOptions::default()
+    };
+    let server = ZooKeeperServer::start_standalone(&options)
+        .await
+        .map_err(|e| e.to_string())?;
+    tracing::info!(
+        connect = %server.connect_string(),
+        data_dir = %server.data_dir().display(),
+        log = %server.log_path().display(),
+        "embedded ZooKeeper started"
+    );
+    config.zookeeper = Some(server.connect_string());
+    Ok(server)
 }
 
 /// Listening beyond loopback without tokens: say so where nobody can miss it.

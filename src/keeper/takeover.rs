@@ -20,7 +20,7 @@ use super::{FRESH, Leases};
 use crate::auth::Caller;
 use crate::recipes::engine::lease::{EndReason, Kept, Lease, LeaseError};
 use crate::recipes::engine::record::{self, Found, TakeOver};
-use crate::zk::session::Unavailable;
+use crate::zk::session::{Session, Unavailable};
 
 /// The earliest a lease may end (ms, ZooKeeper's clock) when its keeper was last seen at
 /// `last_seen_ms`: [FRESH] (the last keepalive that keeper can have acknowledged) plus its TTL.
@@ -105,17 +105,42 @@ impl Leases {
         Ok(seen.unwrap_or(now).min(now))
     }
 
+    /// The adoption lock of lease `id`: one of a few, so that two requests do not adopt one
+    /// lease twice while adoptions of different leases go on side by side.
+    fn stripe(&self, id: &str) -> usize {
+        use std::hash::{BuildHasher, BuildHasherDefault};
+        let hash = BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default().hash_one(id);
+        hash as usize % self.inner.adopting.len()
+    }
+
+    /// Why a take-over of lease `id` found its record changed: as the record is now (read
+    /// after a sync: this session's server may lag the write that changed it).
+    async fn changed_meanwhile(&self, session: &Session, id: &str) -> LeaseError {
+        if session.sync().await.is_err() {
+            return unavailable();
+        }
+        match record::read(session.client(), &record::path(&self.inner.root, id)).await {
+            Ok(Some(now)) => match now.record.ended {
+                Some(reason) => LeaseError::Ended {
+                    id: id.to_string(),
+                    reason,
+                },
+                None => LeaseError::Elsewhere {
+                    id: id.to_string(),
+                    keeper: now.record.keeper,
+                },
+            },
+            Ok(None) => LeaseError::Unknown(id.to_string()),
+            Err(_) => unavailable(),
+        }
+    }
+
     /// Makes this instance the keeper of the lease found as `found`, whose keeper was last seen
     /// at `last_seen_ms`: times it from then, takes over what it holds, and ends it at once if
     /// it has expired, or if it had ended and its ender did not finish (a tombstone with
     /// holdings).
     pub(super) async fn adopt(&self, id: &str, found: &Found, last_seen_ms: i64) -> Result<Arc<Lease>, LeaseError> {
-        let stripe = {
-            use std::hash::{BuildHasher, BuildHasherDefault};
-            let hash = BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default().hash_one(id);
-            hash as usize % self.inner.adopting.len()
-        };
-        let adopting = self.inner.adopting[stripe].lock().await;
+        let adopting = self.inner.adopting[self.stripe(id)].lock().await;
         // Taken over here meanwhile (the reaper, or another request): `found` is stale.
         if let Some(existing) = self.inner.table().live.get(id).cloned() {
             return Ok(existing);
@@ -125,27 +150,7 @@ impl Leases {
         let client = session.client().clone();
         let version = match record::take_over(&client, &self.inner.root, id, found, &self.inner.instance).await {
             Ok(version) => version,
-            Err(TakeOver::Changed) => {
-                // As it is now (read after a sync: this session's server may lag the write
-                // that changed it).
-                if session.sync().await.is_err() {
-                    return Err(unavailable());
-                }
-                return match record::read(&client, &record::path(&self.inner.root, id)).await {
-                    Ok(Some(now)) => match now.record.ended {
-                        Some(reason) => Err(LeaseError::Ended {
-                            id: id.to_string(),
-                            reason,
-                        }),
-                        None => Err(LeaseError::Elsewhere {
-                            id: id.to_string(),
-                            keeper: now.record.keeper,
-                        }),
-                    },
-                    Ok(None) => Err(LeaseError::Unknown(id.to_string())),
-                    Err(_) => Err(unavailable()),
-                };
-            }
+            Err(TakeOver::Changed) => return Err(self.changed_meanwhile(&session, id).await),
             Err(TakeOver::Gone) => return Err(LeaseError::Unknown(id.to_string())),
             Err(TakeOver::ZooKeeper(_)) => return Err(unavailable()),
         };

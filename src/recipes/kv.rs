@@ -138,38 +138,64 @@ pub async fn write(
             }
             Err(failed) => failed,
         };
-        match failed {
-            Failed::Refused {
-                error: ZkError::QuotaExceeded,
-                ..
-            } => return Err(WriteError::Quota(payer.exceeded(session, data.len()).await)),
-            // A parent was created (or deleted) meanwhile: look again.
-            Failed::Refused { tag: Op::Parent, .. } => missing = missing_parents(client, path).await?,
-            Failed::Refused { tag: Op::Value, error } => match (&expected, error) {
-                (None, ZkError::NoNode) => missing = missing_parents(client, path).await?,
-                // Someone created it meanwhile: decide again against what is there now.
-                (None, ZkError::NodeExists) => {}
-                // Changed (or deleted) since the stat was read: an unconditional write tries
-                // again; a conditional one decides again, and loses.
-                (Some(_), ZkError::BadVersion | ZkError::NoNode) => {}
-                (_, err) => return Err(err.into()),
-            },
-            // A charge changed meanwhile (a write of the same key on another instance):
-            // decide again.
-            Failed::Refused {
-                tag: Op::Charge,
-                error: ZkError::NoNode | ZkError::NodeExists | ZkError::BadVersion,
-            } => {}
-            // The reply was lost: the multi-op happened whole or not at all. Ours if the key
-            // holds our data at the version it would have; otherwise decide again.
-            failed if failed.is_loss() => {
-                let version = expected.as_ref().map_or(0, |stat| stat.version + 1);
-                if let Some(stat) = holds(session, path, data, version).await? {
-                    return Ok((stat, expected.is_none()));
-                }
-            }
-            failed => return Err(failed.error().into()),
+        match after_failed(session, path, data, expected.as_ref(), failed, &payer).await? {
+            Again::Decide => {}
+            Again::Parents => missing = missing_parents(client, path).await?,
+            Again::Written(stat) => return Ok((stat, expected.is_none())),
         }
+    }
+}
+
+/// What a write's failed multi-op leaves to do.
+enum Again {
+    /// Decide again against what is there now.
+    Decide,
+    /// A parent was created or deleted meanwhile: find the missing ones, then decide again.
+    Parents,
+    /// The reply was lost but the write happened: this is the key's stat.
+    Written(Stat),
+}
+
+/// What to do after the multi-op writing `data` at `path` (replacing `expected`, or creating
+/// the key) failed with `failed`.
+async fn after_failed(
+    session: &Session,
+    path: &str,
+    data: &[u8],
+    expected: Option<&Stat>,
+    failed: Failed<Op>,
+    payer: &Payer<'_>,
+) -> Result<Again, WriteError> {
+    match failed {
+        Failed::Refused {
+            error: ZkError::QuotaExceeded,
+            ..
+        } => Err(WriteError::Quota(payer.exceeded(session, data.len()).await)),
+        Failed::Refused { tag: Op::Parent, .. } => Ok(Again::Parents),
+        Failed::Refused { tag: Op::Value, error } => match (expected, error) {
+            (None, ZkError::NoNode) => Ok(Again::Parents),
+            // Someone created it meanwhile: decide again against what is there now.
+            (None, ZkError::NodeExists) => Ok(Again::Decide),
+            // Changed (or deleted) since the stat was read: an unconditional write tries
+            // again; a conditional one decides again, and loses.
+            (Some(_), ZkError::BadVersion | ZkError::NoNode) => Ok(Again::Decide),
+            (_, err) => Err(err.into()),
+        },
+        // A charge changed meanwhile (a write of the same key on another instance): decide
+        // again.
+        Failed::Refused {
+            tag: Op::Charge,
+            error: ZkError::NoNode | ZkError::NodeExists | ZkError::BadVersion,
+        } => Ok(Again::Decide),
+        // The reply was lost: the multi-op happened whole or not at all. Ours if the key holds
+        // our data at the version it would have; otherwise decide again.
+        failed if failed.is_loss() => {
+            let version = expected.map_or(0, |stat| stat.version + 1);
+            Ok(holds(session, path, data, version)
+                .await?
+                .map_or(Again::Decide, Again::Written))
+        }
+        failed => Err(failed.error().into()),
     }
 }
 

@@ -123,41 +123,11 @@ pub async fn serve(state: AppState, caller: Caller, mut socket: WebSocket, addre
             }
             incoming = socket.recv() => {
                 last_heard = Instant::now();
-                match incoming {
-                    Some(Ok(Message::Text(text))) => {
-                        if let Err(message) = conn.handle(&text).await
-                            && !deliver(&mut socket, message, idle_timeout).await
-                        {
-                            break;
-                        }
-                        // A new lease may need keepalives sooner than the next beat.
-                        next_beat = next_beat.min(Instant::now() + conn.beat(ping_interval));
-                    }
-                    Some(Ok(Message::Close(_))) => {
-                        // The library queued the close reply: send it, so that the client
-                        // sees a clean close rather than a dropped connection.
-                        finish(&mut socket).await;
-                        break;
-                    }
-                    Some(Err(error)) => {
-                        super::read_failed(&mut socket, error, conn.state.config.ws_max_message).await;
-                        break;
-                    }
-                    // Every request is JSON in a text message; a binary one would otherwise go
-                    // unanswered, and its sender wait for a reply that never comes.
-                    Some(Ok(Message::Binary(bytes))) => {
-                        let detail = format!(
-                            "a binary message ({} bytes) is not read: send each request as JSON in a text message",
-                            bytes.len()
-                        );
-                        if !deliver(&mut socket, error_message(None, Problem::MalformedMessage, &detail), idle_timeout).await {
-                            break;
-                        }
-                    }
-                    None => break,
-                    // Pings and pongs: the library answers pings.
-                    Some(Ok(_)) => {}
+                if !conn.received(&mut socket, incoming, idle_timeout).await {
+                    break;
                 }
+                // A new lease may need keepalives sooner than the next beat.
+                next_beat = next_beat.min(Instant::now() + conn.beat(ping_interval));
             }
             Some(message) = queued.recv() => {
                 // The message holds its bytes in the budgets until it is written.
@@ -197,6 +167,47 @@ async fn deliver(socket: &mut WebSocket, message: String, limit: Duration) -> bo
 }
 
 impl Conn {
+    /// Answers what the client sent; false when the socket is done.
+    async fn received(
+        &mut self,
+        socket: &mut WebSocket,
+        incoming: Option<Result<Message, axum::Error>>,
+        idle_timeout: Duration,
+    ) -> bool {
+        match incoming {
+            Some(Ok(Message::Text(text))) => match self.handle(&text).await {
+                Err(message) => deliver(socket, message, idle_timeout).await,
+                Ok(()) => true,
+            },
+            Some(Ok(Message::Close(_))) => {
+                // The library queued the close reply: send it, so that the client sees a clean
+                // close rather than a dropped connection.
+                finish(socket).await;
+                false
+            }
+            Some(Err(error)) => {
+                super::read_failed(socket, error, self.state.config.ws_max_message).await;
+                false
+            }
+            // Every request is JSON in a text message; a binary one would otherwise go
+            // unanswered, and its sender wait for a reply that never comes.
+            Some(Ok(Message::Binary(bytes))) => {
+                let detail = format!(
+                    "a binary message ({} bytes) is not read: send each request as JSON in a text message",
+                    bytes.len()
+                );
+                deliver(
+                    socket,
+                    error_message(None, Problem::MalformedMessage, &detail),
+                    idle_timeout,
+                )
+                .await
+            }
+            None => false,
+            // Pings and pongs: the library answers pings.
+            Some(Ok(_)) => true,
+        }
+    }
     /// Time to the next heartbeat: the ping interval, or a third of the shortest bound lease's
     /// TTL if that is sooner.
     fn beat(&self, ping_interval: Duration) -> Duration {

@@ -27,8 +27,41 @@ enum Stop {
 /// cleans up and reports.
 pub(super) async fn drive<P: Protocol>(handle: &Arc<Handle<P>>) {
     let lease = &handle.lease;
+    let stop = run_until_stopped(handle).await;
+    // Why, for the log: which way the task stopped.
+    let why = match &stop {
+        Stop::Exit(_) => "its run ended",
+        Stop::Leave if handle.release.is_cancelled() => "released here",
+        Stop::Leave => "its lease ended",
+        Stop::Drop => "its lease left this instance",
+        Stop::Lost(_) => "its clean-up found it lost",
+    };
+    let end = phase_after(handle, stop).await;
+    tracing::debug!(kind = %handle.protocol.kind(), name = %handle.name, handle = %handle.id, lease = %handle.lease.id, phase = end.name(), why, "handle finished");
+    handle.record_end(&end);
+    let lost = matches!(end, Phase::Lost { .. });
+    handle.set_phase(end);
+    if lost && !handle.is_leaving() {
+        // The holding record stays, so that the loss shows on the lease (here and on any keeper
+        // after this one), until the holder releases the handle or the lease ends.
+        tokio::select! {
+            _ = handle.release.cancelled() => remove_record(handle).await,
+            _ = lease.ended().cancelled() => remove_record(handle).await,
+            _ = lease.dropped().cancelled() => {}
+        }
+    }
+    handle.finished.send_replace(true);
+    // Lost handles stay on the lease so that its holder learns of the loss; the rest leave it.
+    if !lost {
+        handle.detach();
+    }
+}
+
+/// Runs the protocol on each new session until it stops (cleaning up when it leaves).
+async fn run_until_stopped<P: Protocol>(handle: &Arc<Handle<P>>) -> Stop {
+    let lease = &handle.lease;
     let mut ended_generation = None;
-    let stop = loop {
+    loop {
         // A handle that may have znodes (adopted, or run before) cleans up on a session even
         // when it is asked to leave before it has one; one that never ran has nothing to clean.
         let fresh = handle.may_create() && ended_generation.is_none();
@@ -65,16 +98,12 @@ pub(super) async fn drive<P: Protocol>(handle: &Arc<Handle<P>>) {
             }
             stop => break stop,
         }
-    };
-    // Why, for the log: which way the task stopped.
-    let why = match &stop {
-        Stop::Exit(_) => "its run ended",
-        Stop::Leave if handle.release.is_cancelled() => "released here",
-        Stop::Leave => "its lease ended",
-        Stop::Drop => "its lease left this instance",
-        Stop::Lost(_) => "its clean-up found it lost",
-    };
-    let end = match stop {
+    }
+}
+
+/// The phase a handle ends in after `stop`.
+async fn phase_after<P: Protocol>(handle: &Arc<Handle<P>>, stop: Stop) -> Phase {
+    match stop {
         Stop::Drop | Stop::Exit(Exit::Moved) => Phase::Moved,
         Stop::Exit(Exit::Failed(error)) => Phase::Failed { error: error.into() },
         // A loss found by the clean-up itself (its node gone, or its lease expired) is one.
@@ -91,24 +120,6 @@ pub(super) async fn drive<P: Protocol>(handle: &Arc<Handle<P>>) {
             (None, false) => Phase::Lost { reason },
         },
         Stop::Exit(Exit::Interrupted) | Stop::Leave => Phase::Released,
-    };
-    tracing::debug!(kind = %handle.protocol.kind(), name = %handle.name, handle = %handle.id, lease = %handle.lease.id, phase = end.name(), why, "handle finished");
-    handle.record_end(&end);
-    let lost = matches!(end, Phase::Lost { .. });
-    handle.set_phase(end);
-    if lost && !handle.is_leaving() {
-        // The holding record stays, so that the loss shows on the lease (here and on any keeper
-        // after this one), until the holder releases the handle or the lease ends.
-        tokio::select! {
-            _ = handle.release.cancelled() => remove_record(handle).await,
-            _ = lease.ended().cancelled() => remove_record(handle).await,
-            _ = lease.dropped().cancelled() => {}
-        }
-    }
-    handle.finished.send_replace(true);
-    // Lost handles stay on the lease so that its holder learns of the loss; the rest leave it.
-    if !lost {
-        handle.detach();
     }
 }
 

@@ -9,7 +9,7 @@ use zookeeper_client::{Client, Error as ZkError};
 use crate::zk::{Done, Failed, Multi};
 
 use super::{Exit, Handle, Protocol};
-use crate::recipes::engine::lease::GuardError;
+use crate::recipes::engine::lease::{Guard, GuardError};
 
 /// What an operation of a guarded multi-op is for: the lease's guard, the holding's record
 /// under the lease's record (its create, and the write that stamps it: see [Made::czxid]), or
@@ -148,34 +148,11 @@ async fn commit_guarded<P: Protocol, T: Send + 'static>(
             Err(Failed::Refused {
                 tag: Guarded::Guard,
                 error,
-            }) => match handle.lease.guarded(guard, Some(error)) {
-                Ok(_) => continue,
-                // A visitor guards with the version it read: the lease may only have changed
-                // keeper since, which changes nothing for what is driven here.
-                Err(GuardError::LeaseMoved) if handle.lease.is_visiting() => match handle.lease.refresh(client).await {
-                    Ok(true) => continue,
-                    Ok(false) => return Err(NotCreated::LeaseMoved),
-                    Err(error) => return Err(NotCreated::Request(error)),
-                },
-                Err(GuardError::LeaseMoved) => return Err(NotCreated::LeaseMoved),
-                Err(GuardError::ZooKeeper(error)) => return Err(NotCreated::Request(error)),
-            },
-            // The holding record is there already: an earlier create of this holding applied (its
-            // reply lost), and its znodes are to be found, not made again; or, one per lease,
-            // the lease holds this resource with another handle already.
+            }) => guard_refused(handle, client, guard, error).await?,
             Err(Failed::Refused {
                 tag: Guarded::Record,
                 error: ZkError::NodeExists,
-            }) => {
-                let lease = &handle.lease.path;
-                match crate::recipes::engine::record::holding(client, lease, handle.record_name()).await {
-                    Ok(Some(held)) if held.handle != handle.id => return Err(NotCreated::HeldAlready(held)),
-                    Ok(Some(_)) => return Err(NotCreated::MadeBefore),
-                    // Released meanwhile: try again.
-                    Ok(None) => continue,
-                    Err(error) => return Err(NotCreated::Request(error)),
-                }
-            }
+            }) => record_exists(handle, client).await?,
             Err(Failed::Refused {
                 tag: Guarded::Record | Guarded::Stamp,
                 error,
@@ -185,6 +162,41 @@ async fn commit_guarded<P: Protocol, T: Send + 'static>(
                 error,
             }) => return Err(NotCreated::Refused { tag, error }),
         }
+    }
+}
+
+/// After the lease's guard refused a guarded write: `Ok` to try again.
+async fn guard_refused<P: Protocol, T>(
+    handle: &Handle<P>,
+    client: &Client,
+    guard: Guard,
+    error: ZkError,
+) -> Result<(), NotCreated<T>> {
+    match handle.lease.guarded(guard, Some(error)) {
+        Ok(_) => Ok(()),
+        // A visitor guards with the version it read: the lease may only have changed keeper
+        // since, which changes nothing for what is driven here.
+        Err(GuardError::LeaseMoved) if handle.lease.is_visiting() => match handle.lease.refresh(client).await {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(NotCreated::LeaseMoved),
+            Err(error) => Err(NotCreated::Request(error)),
+        },
+        Err(GuardError::LeaseMoved) => Err(NotCreated::LeaseMoved),
+        Err(GuardError::ZooKeeper(error)) => Err(NotCreated::Request(error)),
+    }
+}
+
+/// After a guarded write found the holding record there already: an earlier create of this
+/// holding applied (its reply lost), and its znodes are to be found, not made again; or, one
+/// per lease, the lease holds this resource with another handle already. `Ok` to try again (it
+/// was released meanwhile).
+async fn record_exists<P: Protocol, T>(handle: &Handle<P>, client: &Client) -> Result<(), NotCreated<T>> {
+    let lease = &handle.lease.path;
+    match crate::recipes::engine::record::holding(client, lease, handle.record_name()).await {
+        Ok(Some(held)) if held.handle != handle.id => Err(NotCreated::HeldAlready(held)),
+        Ok(Some(_)) => Err(NotCreated::MadeBefore),
+        Ok(None) => Ok(()),
+        Err(error) => Err(NotCreated::Request(error)),
     }
 }
 
