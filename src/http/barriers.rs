@@ -12,7 +12,7 @@ use super::consistency::Consistency;
 use super::error::{ApiError, Problem, Problems, p};
 use super::extract::{ApiJson, ApiPath, ApiQuery};
 use super::leases::{lease_for, lease_gone};
-use super::{Resource, check_name, state_handler};
+use super::{Followed, Resource, check_name, state_handler};
 use crate::AppState;
 use crate::auth::Caller;
 use crate::events::Feed;
@@ -28,13 +28,15 @@ pub const RESOURCE: Resource = Resource {
     kind: Kind::Barrier,
     about: Some("Barriers (raise, lower, wait until down) and double barriers (enter together, leave together)."),
     routes,
-    topic: Some(|state, name| Feed::of(source(state, name))),
+    topic: Some(Followed {
+        feed: |state, name| Feed::of(source(state, name)),
+        summary: "Follows a barrier: raised or lowered, as Server-Sent Events.",
+    }),
     listed: Some("Lists the barriers that are up."),
 };
 
 fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
-        .routes(routes!(barrier_events))
         .routes(routes!(barrier_state, raise, lower))
         .routes(routes!(wait))
 }
@@ -199,12 +201,3 @@ pub async fn wait(
         lease: None,
     }))
 }
-
-super::events::events_handler!(
-    /// Follows a barrier: raised or lowered, as Server-Sent Events.
-    barrier_events,
-    "/v1/barriers/{name}/events",
-    "barriers",
-    "name",
-    Kind::Barrier
-);

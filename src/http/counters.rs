@@ -14,7 +14,7 @@ use super::consistency::Consistency;
 use super::error::{ApiError, Place, Problem, Problems, p};
 use super::extract::{ApiJson, ApiPath};
 use super::kv::{Tag, parse_tag, write_condition};
-use super::{Resource, check_name};
+use super::{Followed, Resource, check_name};
 use crate::AppState;
 use crate::events::Feed;
 use crate::kind::Kind;
@@ -29,13 +29,15 @@ pub const RESOURCE: Resource = Resource {
          followed live; stored as Curator's `DistributedAtomicLong` stores them.",
     ),
     routes,
-    topic: Some(|state, name| Feed::of(source(state, name))),
+    topic: Some(Followed {
+        feed: |state, name| Feed::of(source(state, name)),
+        summary: "Follows a counter: each change of its value, as Server-Sent Events.",
+    }),
     listed: Some("Lists the counters that exist."),
 };
 
 fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
-        .routes(routes!(counter_events))
         .routes(routes!(counter_state, set, delete))
         .routes(routes!(add))
 }
@@ -295,15 +297,6 @@ pub async fn delete(
     m.counter_writes.with_label_values(&[m.counter(&name), "delete"]).inc();
     Ok(StatusCode::NO_CONTENT)
 }
-
-super::events::events_handler!(
-    /// Follows a counter: each change of its value, as Server-Sent Events.
-    counter_events,
-    "/v1/counters/{name}/events",
-    "counters",
-    "name",
-    Kind::Counter
-);
 
 #[cfg(test)]
 mod tests {

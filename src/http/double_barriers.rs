@@ -13,7 +13,7 @@ use utoipa_axum::routes;
 use super::error::{ApiError, Place, Problem, Problems, p};
 use super::extract::{ApiJson, ApiPath, ApiQuery};
 use super::leases::{LeaseView, lease_for, lease_gone};
-use super::{Resource, check_name, state_handler};
+use super::{Followed, Resource, check_name, state_handler};
 use crate::AppState;
 use crate::auth::Caller;
 use crate::events::Feed;
@@ -30,13 +30,15 @@ pub const RESOURCE: Resource = Resource {
     kind: Kind::DoubleBarrier,
     about: None,
     routes,
-    topic: Some(|state, name| Feed::of(source(state, name))),
+    topic: Some(Followed {
+        feed: |state, name| Feed::of(source(state, name)),
+        summary: "Follows a double barrier: who entered, and when it is ready and done, as Server-Sent Events.",
+    }),
     listed: Some("Lists the double barriers."),
 };
 
 fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
-        .routes(routes!(double_barrier_events))
         .routes(routes!(double_barrier_state))
         .routes(routes!(enter))
         .routes(routes!(leave))
@@ -271,13 +273,4 @@ state_handler!(
     "barriers",
     "Double barrier name",
     DoubleBarrierState
-);
-
-super::events::events_handler!(
-    /// Follows a double barrier: who entered, and when it is ready and done, as Server-Sent Events.
-    double_barrier_events,
-    "/v1/double-barriers/{name}/events",
-    "barriers",
-    "name",
-    Kind::DoubleBarrier
 );

@@ -16,7 +16,7 @@ use super::contention::{self, Found, HandleQuery, Request, find_handle, held_sin
 use super::error::{ApiError, Problem, Problems, p};
 use super::extract::{ApiJson, ApiPath, ApiQuery};
 use super::leases::LeaseView;
-use super::{Resource, state_handler};
+use super::{Followed, Resource, state_handler};
 use crate::AppState;
 use crate::auth::Caller;
 use crate::events::Feed;
@@ -35,7 +35,10 @@ pub const RESOURCE: Resource = Resource {
         "Leader election (the guide's recipe on Curator's LeaderLatch names): campaign, resign, leader with term, proclaim.",
     ),
     routes,
-    topic: Some(|state, name| Feed::of(source(state, name))),
+    topic: Some(Followed {
+        feed: |state, name| Feed::of(source(state, name)),
+        summary: "Follows an election: its leader, term and candidates, as Server-Sent Events.",
+    }),
     listed: Some(
         "Lists the elections that exist in ZooKeeper, with their number of candidates (plus the acknowledgement node when someone leads).",
     ),
@@ -44,7 +47,6 @@ pub const RESOURCE: Resource = Resource {
 fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(check_election_fencing))
-        .routes(routes!(election_events))
         .routes(routes!(election_state))
         .routes(routes!(campaign))
         .routes(routes!(proclaim))
@@ -332,13 +334,4 @@ contention::fencing_handler!(
     "election",
     |state| state.elections,
     |_: &[String]| 1
-);
-
-super::events::events_handler!(
-    /// Follows an election: its leader, term and candidates, as Server-Sent Events.
-    election_events,
-    "/v1/elections/{name}/events",
-    "elections",
-    "name",
-    Kind::Election
 );

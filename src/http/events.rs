@@ -31,6 +31,7 @@ use futures::{Stream, StreamExt};
 use serde_json::Value;
 
 use super::error::{ApiError, Place, Problem};
+use super::extract::ApiPath;
 use super::topics::{self, TopicError};
 use crate::AppState;
 use crate::auth::Caller;
@@ -38,6 +39,7 @@ use crate::events::{Position, Subscription};
 use crate::kind::Kind;
 use crate::limits::ClientAddr;
 use crate::metrics::Counted;
+use utoipa_axum::router::OpenApiRouter;
 
 use topics::MAX_TOPICS;
 
@@ -90,8 +92,8 @@ pub async fn events(
     open(state, caller, address.map(|a| a.0), topics, since, &headers).await
 }
 
-/// Follows one resource's topic as Server-Sent Events (see `GET /v1/events`); the kind's
-/// module declares the route with [events_handler].
+/// Follows one resource's topic as Server-Sent Events (see `GET /v1/events`): the kind's
+/// [events_route].
 pub async fn resource(
     state: AppState,
     caller: Caller,
@@ -255,37 +257,81 @@ fn topic_error(err: TopicError, topic: &str) -> ApiError {
     }
 }
 
-/// Declares a kind's `GET /v1/<kind>/{name}/events`: its resource's topic as Server-Sent Events.
-macro_rules! events_handler {
-    ($(#[doc = $doc:tt])* $handler:ident, $path:tt, $tag:tt, $param:tt, $kind:expr) => {
-        $(#[doc = $doc])*
-        ///
-        /// The stream's first event is the state, then one per change, as on `GET /v1/events`;
-        /// reconnect with the last `id` (`Last-Event-ID` or `?since=`) to resume.
-        #[utoipa::path(get, path = $path, tag = $tag,
-            params(
-                ($param = String, Path, description = "Its name"),
-                ("since" = Option<String>, Query, description = "The `id` of the last event taken on an earlier stream: resume after it. `Last-Event-ID` takes precedence."),
-                ("Last-Event-ID" = Option<String>, Header, description = "Sent by a reconnecting `EventSource`: the `id` of the last event it took."),
-            ),
-            responses(
-                (status = 200, content_type = "text/event-stream", body = String, description = "The events, as they come, until the client leaves"),
-                $crate::http::error::Problems<($crate::http::error::p::InvalidField, $crate::http::error::p::ZookeeperUnavailable)>,
-            ))]
-        pub async fn $handler(
-            axum::extract::State(state): axum::extract::State<$crate::AppState>,
-            caller: $crate::auth::Caller,
-            address: Option<axum::Extension<$crate::limits::ClientAddr>>,
-            $crate::http::extract::ApiPath(name): $crate::http::extract::ApiPath<String>,
-            uri: axum::http::Uri,
-            headers: axum::http::HeaderMap,
-        ) -> Result<axum::response::Response, $crate::http::error::ApiError> {
-            $crate::http::events::resource(state, caller, address.map(|a| a.0), $kind, name, uri, headers).await
-        }
+/// A kind's `GET /v1/<segment>/{name}/events`: one of its resources' topic as Server-Sent
+/// Events ([resource]), with its operation in the spec (`<kind>_events`, summarised by
+/// `summary`); one per kind with topics, from the registry.
+pub fn events_route(kind: Kind, summary: &'static str) -> OpenApiRouter<AppState> {
+    use super::error::{Problems, p};
+    use utoipa::IntoResponses;
+    use utoipa::openapi::path::{HttpMethod, OperationBuilder, ParameterBuilder, ParameterIn};
+    use utoipa::openapi::{ContentBuilder, ObjectBuilder, Required, ResponseBuilder, ResponsesBuilder, schema::Type};
+    let handler = move |State(state): State<AppState>,
+                        caller: Caller,
+                        address: Option<axum::Extension<ClientAddr>>,
+                        ApiPath(name): ApiPath<String>,
+                        uri: Uri,
+                        headers: HeaderMap| async move {
+        resource(state, caller, address.map(|a| a.0), kind, name, uri, headers).await
     };
+    // The name's parameter is named as on the kind's other routes.
+    let param = match kind {
+        Kind::Group => "group",
+        Kind::Txn => "id",
+        _ => "name",
+    };
+    let path = format!("/v1/{}/{{{param}}}/events", kind.segment());
+    let parameter = |name: &str, place: ParameterIn, required: bool, description: &str| {
+        ParameterBuilder::new()
+            .name(name)
+            .parameter_in(place)
+            .required(if required { Required::True } else { Required::False })
+            .description(Some(description))
+            .schema(Some(ObjectBuilder::new().schema_type(Type::String)))
+            .build()
+    };
+    let parameters = vec![
+        parameter(param, ParameterIn::Path, true, "Its name"),
+        parameter(
+            "since",
+            ParameterIn::Query,
+            false,
+            "The `id` of the last event taken on an earlier stream: resume after it. `Last-Event-ID` takes precedence.",
+        ),
+        parameter(
+            "Last-Event-ID",
+            ParameterIn::Header,
+            false,
+            "Sent by a reconnecting `EventSource`: the `id` of the last event it took.",
+        ),
+    ];
+    let stream = ResponseBuilder::new()
+        .description("The events, as they come, until the client leaves")
+        .content(
+            "text/event-stream",
+            ContentBuilder::new()
+                .schema(Some(ObjectBuilder::new().schema_type(Type::String)))
+                .build(),
+        )
+        .build();
+    let mut responses = Problems::<(p::InvalidField, p::ZookeeperUnavailable)>::responses();
+    responses.insert("200".to_string(), stream.into());
+    let operation = OperationBuilder::new()
+        .tag(kind.tag())
+        .summary(Some(summary))
+        .description(Some(
+            "The stream's first event is the state, then one per change, as on `GET /v1/events`;\nreconnect with the last `id` (`Last-Event-ID` or `?since=`) to resume.",
+        ))
+        .operation_id(Some(format!("{}_events", kind.name())))
+        .parameters(Some(parameters))
+        .responses(ResponsesBuilder::new().responses_from_iter(responses))
+        .build();
+    let mut router = OpenApiRouter::new().route(&path, axum::routing::get(handler));
+    router
+        .get_openapi_mut()
+        .paths
+        .add_path_operation(&path, vec![HttpMethod::Get], operation);
+    router
 }
-
-pub(crate) use events_handler;
 
 #[cfg(test)]
 mod tests {

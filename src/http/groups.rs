@@ -13,7 +13,7 @@ use super::consistency::Consistency;
 use super::error::{ApiError, Place, Problem, Problems, p};
 use super::extract::{ApiJson, ApiPath, ApiQuery};
 use super::leases::{LeaseView, lease_for, lease_gone};
-use super::{Resource, check_name, readable};
+use super::{Followed, Resource, check_name, readable};
 use crate::AppState;
 use crate::auth::Caller;
 use crate::events::Feed;
@@ -32,13 +32,15 @@ pub const RESOURCE: Resource = Resource {
     kind: Kind::Group,
     about: Some("Group membership: lease-bound members with data, and a blocking read of changes."),
     routes,
-    topic: Some(|state, name| Feed::of(source(state, name))),
+    topic: Some(Followed {
+        feed: |state, name| Feed::of(source(state, name)),
+        summary: "Follows a group: its members, as Server-Sent Events.",
+    }),
     listed: None,
 };
 
 fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
-        .routes(routes!(group_events))
         .routes(routes!(list_groups))
         .routes(routes!(members))
         .routes(routes!(join, leave))
@@ -287,12 +289,3 @@ pub async fn list_groups(
         .page(names, |(group, _)| group.clone())
         .map(|(group, members)| GroupSummary { group, members }))
 }
-
-super::events::events_handler!(
-    /// Follows a group: its members, as Server-Sent Events.
-    group_events,
-    "/v1/groups/{group}/events",
-    "groups",
-    "group",
-    Kind::Group
-);

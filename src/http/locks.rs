@@ -11,7 +11,7 @@ use super::consistency::Consistency;
 use super::contention::{self, AcquireBody, AcquireParams, Acquisition};
 use super::error::{ApiError, Problems, p};
 use super::extract::{ApiJson, ApiPath, ApiQuery};
-use super::{Resource, state_handler};
+use super::{Followed, Resource, state_handler};
 use crate::AppState;
 use crate::auth::Caller;
 use crate::events::Feed;
@@ -24,14 +24,16 @@ pub const RESOURCE: Resource = Resource {
     kind: Kind::Lock,
     about: Some("Exclusive locks (ZooKeeper's lock recipe on Curator's znode names), with fencing tokens."),
     routes,
-    topic: Some(|state, name| Feed::of(source(state, name))),
+    topic: Some(Followed {
+        feed: |state, name| Feed::of(source(state, name)),
+        summary: "Follows a lock: its holder and waiters, as Server-Sent Events.",
+    }),
     listed: Some("Lists the locks that exist in ZooKeeper, with their number of contenders."),
 };
 
 fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(check_lock_fencing))
-        .routes(routes!(lock_events))
         .routes(routes!(lock_state))
         .routes(routes!(acquire))
         .routes(routes!(get_handle, release))
@@ -156,13 +158,4 @@ contention::fencing_handler!(
     "lock",
     |state| state.locks,
     |_: &[String]| 1
-);
-
-super::events::events_handler!(
-    /// Follows a lock: its holder and waiters, as Server-Sent Events.
-    lock_events,
-    "/v1/locks/{name}/events",
-    "locks",
-    "name",
-    Kind::Lock
 );

@@ -61,11 +61,20 @@ pub struct Resource {
     pub about: Option<&'static str>,
     /// Its routes, each with its spec.
     pub routes: fn() -> OpenApiRouter<AppState>,
-    /// The topic of one of its resources (already validated and authorised), for a socket's
-    /// subscription.
-    pub topic: Option<fn(&AppState, &str) -> Feed>,
+    /// How one of its resources is followed: over a socket, on `GET /v1/events`, and on its own
+    /// `GET /v1/<segment>/{name}/events` ([events::events_route]); `None` for a kind without
+    /// topics.
+    pub topic: Option<Followed>,
     /// What `GET /v1/<segment>` lists ([list_route]); `None` for a kind that lists its own way.
     pub listed: Option<&'static str>,
+}
+
+/// How a kind's resources are followed.
+pub struct Followed {
+    /// The topic of one of its resources (already validated and authorised).
+    pub feed: fn(&AppState, &str) -> Feed,
+    /// The summary of its `GET /v1/<segment>/{name}/events` in the spec.
+    pub summary: &'static str,
 }
 
 /// Every resource kind's module.
@@ -89,8 +98,8 @@ pub fn topic(state: &AppState, kind: Kind, name: &str) -> Option<Feed> {
     RESOURCES
         .iter()
         .find(|r| r.kind == kind)
-        .and_then(|r| r.topic)
-        .map(|topic| topic(state, name))
+        .and_then(|r| r.topic.as_ref())
+        .map(|topic| (topic.feed)(state, name))
 }
 
 /// Largest request body accepted (the server's bound: [crate::listen::BODY_LIMIT_BYTES]).
@@ -129,6 +138,9 @@ pub fn routes() -> OpenApiRouter<AppState> {
         api = api.merge((resource.routes)());
         if let Some(listed) = resource.listed {
             api = api.merge(list_route(resource.kind, listed));
+        }
+        if let Some(followed) = &resource.topic {
+            api = api.merge(events::events_route(resource.kind, followed.summary));
         }
     }
     let tags = api.get_openapi_mut().tags.get_or_insert_with(Vec::new);

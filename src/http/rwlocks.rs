@@ -9,7 +9,7 @@ use utoipa_axum::routes;
 use super::contention::{self, AcquireBody, AcquireParams, Acquisition};
 use super::error::{ApiError, Problems, p};
 use super::extract::{ApiJson, ApiPath, ApiQuery};
-use super::{Resource, state_handler};
+use super::{Followed, Resource, state_handler};
 use crate::AppState;
 use crate::auth::Caller;
 use crate::events::Feed;
@@ -24,14 +24,16 @@ pub const RESOURCE: Resource = Resource {
         "Shared (read/write) locks: readers share, a writer excludes all (Curator's InterProcessReadWriteLock names).",
     ),
     routes,
-    topic: Some(|state, name| Feed::of(source(state, name))),
+    topic: Some(Followed {
+        feed: |state, name| Feed::of(source(state, name)),
+        summary: "Follows a read/write lock: its holders and waiters, as Server-Sent Events.",
+    }),
     listed: Some("Lists the read/write locks that exist in ZooKeeper, with their number of contenders."),
 };
 
 fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(check_rwlock_fencing))
-        .routes(routes!(rwlock_events))
         .routes(routes!(rwlock_state))
         .routes(routes!(read))
         .routes(routes!(write))
@@ -134,13 +136,4 @@ contention::fencing_handler!(
     "read/write lock",
     |state| state.rwlocks,
     crate::recipes::rwlock::holding::<String>
-);
-
-super::events::events_handler!(
-    /// Follows a read/write lock: its holders and waiters, as Server-Sent Events.
-    rwlock_events,
-    "/v1/rwlocks/{name}/events",
-    "rwlocks",
-    "name",
-    Kind::RwLock
 );

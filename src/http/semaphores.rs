@@ -17,7 +17,7 @@ use super::contention::{self, AcquireBody, Found, Request, held_since};
 use super::error::{ApiError, Place, Problem, Problems, p};
 use super::extract::{ApiJson, ApiPath, ApiQuery};
 use super::leases::{LeaseView, lease_gone};
-use super::{Resource, check_name, state_handler};
+use super::{Followed, Resource, check_name, state_handler};
 use crate::AppState;
 use crate::auth::Caller;
 use crate::events::Feed;
@@ -34,13 +34,15 @@ pub const RESOURCE: Resource = Resource {
     kind: Kind::Semaphore,
     about: Some("Counting semaphores with N permits (Curator's InterProcessSemaphoreV2 znodes)."),
     routes,
-    topic: Some(|state, name| Feed::of(source(state, name))),
+    topic: Some(Followed {
+        feed: |state, name| Feed::of(source(state, name)),
+        summary: "Follows a semaphore: its permits held and waiting, as Server-Sent Events.",
+    }),
     listed: Some("Lists the semaphores that exist in ZooKeeper."),
 };
 
 fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
-        .routes(routes!(semaphore_events))
         .routes(routes!(semaphore_state))
         .routes(routes!(acquire))
         .routes(routes!(get_permit, release))
@@ -243,12 +245,3 @@ pub async fn release(
 ) -> Result<StatusCode, ApiError> {
     contention::release_by_id(&state, &state.semaphores, &caller, &name, &handle).await
 }
-
-super::events::events_handler!(
-    /// Follows a semaphore: its permits held and waiting, as Server-Sent Events.
-    semaphore_events,
-    "/v1/semaphores/{name}/events",
-    "semaphores",
-    "name",
-    Kind::Semaphore
-);

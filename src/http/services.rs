@@ -15,7 +15,7 @@ use super::consistency::Consistency;
 use super::error::{ApiError, Place, Problem, Problems, p};
 use super::extract::{ApiJson, ApiPath, ApiQuery};
 use super::leases::{LeaseView, lease_for};
-use super::{Resource, check_name};
+use super::{Followed, Resource, check_name};
 use crate::AppState;
 use crate::auth::Caller;
 use crate::events::Feed;
@@ -35,13 +35,15 @@ pub const RESOURCE: Resource = Resource {
          port and payload; list, pick (random or round-robin), follow.",
     ),
     routes,
-    topic: Some(|state, name| Feed::of(source(state, name))),
+    topic: Some(Followed {
+        feed: |state, name| Feed::of(source(state, name)),
+        summary: "Follows a service: instances registered and unregistered, as Server-Sent Events.",
+    }),
     listed: Some("Lists the services that have (or had) instances."),
 };
 
 fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
-        .routes(routes!(service_events))
         .routes(routes!(service_state))
         .routes(routes!(pick))
         .routes(routes!(get_instance, register, unregister))
@@ -273,12 +275,3 @@ pub async fn pick(
         .map(Json)
         .ok_or_else(|| ApiError::not_found("instance", format!("service `{service}` has no enabled instance")))
 }
-
-super::events::events_handler!(
-    /// Follows a service: instances registered and unregistered, as Server-Sent Events.
-    service_events,
-    "/v1/services/{name}/events",
-    "services",
-    "name",
-    Kind::Service
-);

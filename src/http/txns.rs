@@ -16,7 +16,7 @@ use super::consistency::Consistency;
 use super::error::{ApiError, Place, Problem, Problems, p};
 use super::extract::{ApiJson, ApiPath, ApiQuery};
 use super::leases::{lease_for, lease_gone};
-use super::{Resource, check_name};
+use super::{Followed, Resource, check_name};
 use crate::AppState;
 use crate::auth::Caller;
 use crate::events::Feed;
@@ -33,13 +33,15 @@ pub const RESOURCE: Resource = Resource {
     kind: Kind::Txn,
     about: Some("Two-phase commit: participants register (lease-bound), vote, and read the decision, written once."),
     routes,
-    topic: Some(|state, id| Feed::of(source(state, id))),
+    topic: Some(Followed {
+        feed: |state, id| Feed::of(source(state, id)),
+        summary: "Follows a two-phase commit: its votes and decision, as Server-Sent Events.",
+    }),
     listed: Some("Lists the transactions."),
 };
 
 fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
-        .routes(routes!(txn_events))
         .routes(routes!(create))
         .routes(routes!(get_txn))
         .routes(routes!(register))
@@ -316,12 +318,3 @@ async fn participant_of(
     }
     Ok((session, dir, record))
 }
-
-super::events::events_handler!(
-    /// Follows a two-phase commit: its votes and decision, as Server-Sent Events.
-    txn_events,
-    "/v1/txns/{id}/events",
-    "txns",
-    "id",
-    Kind::Txn
-);

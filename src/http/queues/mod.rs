@@ -21,7 +21,7 @@ use super::consistency::Consistency;
 use super::error::{ApiError, Place, Problem, Problems, p};
 use super::extract::{ApiJson, ApiPath, ApiQuery};
 use super::paging::{Paging, with_link};
-use super::{Resource, check_name, state_handler};
+use super::{Followed, Resource, check_name, state_handler};
 use crate::AppState;
 use crate::auth::Caller;
 use crate::events::Feed;
@@ -50,7 +50,10 @@ pub const RESOURCE: Resource = Resource {
         "Durable queues and priority queues: idempotent puts, at-least-once takes with ack deadlines, dead letters.",
     ),
     routes,
-    topic: Some(|state, name| Feed::of(source(state, name))),
+    topic: Some(Followed {
+        feed: |state, name| Feed::of(source(state, name)),
+        summary: "Follows a queue: its depth, claims and dead letters, as Server-Sent Events.",
+    }),
     listed: Some("Lists the queues."),
 };
 
@@ -58,7 +61,6 @@ pub const RESOURCE: Resource = Resource {
 #[allow(deprecated)]
 fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
-        .routes(routes!(queue_events))
         .routes(routes!(queue_state))
         .routes(routes!(items, put))
         .routes(routes!(take))
@@ -87,13 +89,4 @@ state_handler!(
     "queues",
     "Queue name",
     QueueState
-);
-
-super::events::events_handler!(
-    /// Follows a queue: its depth, claims and dead letters, as Server-Sent Events.
-    queue_events,
-    "/v1/queues/{name}/events",
-    "queues",
-    "name",
-    Kind::Queue
 );
