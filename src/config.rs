@@ -442,14 +442,6 @@ impl ServeConfig {
         }
     }
 
-    pub fn event_settings(&self) -> crate::events::EventSettings {
-        crate::events::EventSettings {
-            backlog: self.event_backlog,
-            linger: self.event_linger,
-            max_lingering: self.max_lingering_topics,
-        }
-    }
-
     /// The runtime's worker threads: `--worker-threads`, or half the CPUs (at least one).
     pub fn worker_threads(&self) -> usize {
         match self.worker_threads {

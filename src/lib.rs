@@ -181,7 +181,7 @@ impl AppState {
             config.event_linger,
             config.max_lingering_topics,
         );
-        let events = Events::new(zk.clone(), barrier_watches.clone(), config.event_settings());
+        let events = Events::new(zk.clone(), barrier_watches.clone(), event_settings(&config));
         let ws_budget = ws::outbox::Budget::new(config.ws_send_budget);
         let shutdown = CancellationToken::new();
         leases.set_adopter(adopter(registries.clone()));
@@ -215,6 +215,16 @@ impl AppState {
             quotas,
             reaped,
         }))
+    }
+}
+
+/// How topics keep their past, from `--event-backlog`, `--event-linger` and
+/// `--max-lingering-topics`.
+fn event_settings(config: &ServeConfig) -> events::EventSettings {
+    events::EventSettings {
+        backlog: config.event_backlog,
+        linger: config.event_linger,
+        max_lingering: config.max_lingering_topics,
     }
 }
 

@@ -114,11 +114,6 @@ impl Leases {
             }
         }
     }
-
-    /// The leases visited here now.
-    pub fn visited_count(&self) -> usize {
-        self.inner.visitors.locked().len()
-    }
 }
 
 impl Registry {

@@ -230,11 +230,7 @@ impl Source for DoubleBarrierTopic {
             Err(ZkError::NoNode) => None,
             Err(err) => return Err(err.into()),
         };
-        let mut children = match retry_on_loss(|| client.list_children(&self.dir)).await {
-            Ok(children) => children,
-            Err(ZkError::NoNode) => Vec::new(),
-            Err(err) => return Err(err.into()),
-        };
+        let mut children = crate::zk::children(client, &self.dir).await?;
         children.sort();
         let ready = children.iter().any(|c| c == READY);
         children.retain(|c| c != READY);

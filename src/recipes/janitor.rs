@@ -36,8 +36,8 @@ use zookeeper_client::{Client, Error as ZkError, Stat};
 
 use crate::kind::Kind;
 use crate::time::now_ms;
+use crate::zk::Multi;
 use crate::zk::session::ZkSession;
-use crate::zk::{Multi, retry_on_loss};
 
 /// What a kind leaves behind once it has served its purpose, and so what the janitor does
 /// about it.
@@ -203,7 +203,7 @@ impl Janitor {
         empty_now: &mut HashMap<String, Stat>,
     ) -> Result<(), ZkError> {
         let base = Kind::Queue.base(&self.root);
-        let queues = children(client, &base).await?;
+        let queues = crate::zk::children(client, &base).await?;
         const PARTS: [&str; 4] = ["items", "claims", "dead", "keys"];
         let mut paths = Vec::with_capacity(queues.len() * (1 + PARTS.len()));
         for queue in &queues {
@@ -268,7 +268,7 @@ impl Janitor {
         oldest_kept: i64,
         removed: &mut Removed,
     ) -> Result<(), ZkError> {
-        let names = children(client, dir).await?;
+        let names = crate::zk::children(client, dir).await?;
         let key_paths: Vec<String> = names.iter().map(|k| format!("{dir}/{k}")).collect();
         let key_stats = crate::zk::stat_each(client, &key_paths).await?;
         let old: Vec<String> = key_paths
@@ -290,7 +290,7 @@ impl Janitor {
     async fn counter_keys(&mut self, client: &Client, removed: &mut Removed) -> Result<(), ZkError> {
         let base = super::counter::keys_base(&self.root);
         let oldest_kept = now_ms() - self.settings.idempotency_window.as_millis() as i64;
-        for counter in children(client, &base).await? {
+        for counter in crate::zk::children(client, &base).await? {
             self.old_keys(client, &format!("{base}/{counter}"), oldest_kept, removed)
                 .await?;
         }
@@ -300,7 +300,7 @@ impl Janitor {
     /// Transactions decided longer ago than the retention, with everything below them.
     async fn txns(&mut self, client: &Client, removed: &mut Removed) -> Result<(), ZkError> {
         let base = Kind::Txn.base(&self.root);
-        let txns = children(client, &base).await?;
+        let txns = crate::zk::children(client, &base).await?;
         let decisions: Vec<String> = txns.iter().map(|t| format!("{base}/{t}/decision")).collect();
         let read = crate::zk::get_each(client, &decisions).await?;
         let oldest_kept = now_ms() - self.settings.txn_retention.as_millis() as i64;
@@ -315,7 +315,7 @@ impl Janitor {
             for part in ["members", "votes"] {
                 let below = format!("{dir}/{part}");
                 doomed.extend(
-                    children(client, &below)
+                    crate::zk::children(client, &below)
                         .await?
                         .into_iter()
                         .map(|c| format!("{below}/{c}")),
@@ -343,7 +343,7 @@ impl Janitor {
         empty_now: &mut HashMap<String, Stat>,
     ) -> Result<(), ZkError> {
         let base = kind.base(&self.root);
-        let names = children(client, &base).await?;
+        let names = crate::zk::children(client, &base).await?;
         let paths: Vec<String> = names.iter().map(|n| format!("{base}/{n}")).collect();
         let stats = crate::zk::stat_each(client, &paths).await?;
         for (path, stat) in paths.into_iter().zip(stats) {
@@ -403,15 +403,6 @@ impl Janitor {
             }
         }
         Ok(deleted)
-    }
-}
-
-/// The children of `path`, none if it does not exist.
-async fn children(client: &Client, path: &str) -> Result<Vec<String>, ZkError> {
-    match retry_on_loss(|| client.list_children(path)).await {
-        Ok(children) => Ok(children),
-        Err(ZkError::NoNode) => Ok(Vec::new()),
-        Err(err) => Err(err),
     }
 }
 

@@ -93,11 +93,7 @@ pub fn recorded(data: &[u8], key: &str) -> Option<u64> {
 /// members, items...), read in two round trips.
 pub async fn read_names(session: &Session, base: &str) -> Result<Vec<(String, i32)>, Failure> {
     let client = session.client();
-    let mut names = match retry_on_loss(|| client.list_children(base)).await {
-        Ok(names) => names,
-        Err(ZkError::NoNode) => return Ok(Vec::new()),
-        Err(err) => return Err(err.into()),
-    };
+    let mut names = crate::zk::children(client, base).await?;
     names.sort();
     let read = crate::zk::read_each(client, base, names).await?;
     Ok(read

@@ -281,13 +281,7 @@ pub async fn recorded(session: &Session, dir: &str, name: &str, handle: &str) ->
         return Ok(None);
     };
     let (leases_dir, locks_dir) = (format!("{dir}/leases"), format!("{dir}/locks"));
-    let list = |dir: String| async move {
-        match retry_on_loss(|| client.list_children(&dir)).await {
-            Ok(children) => Ok(children),
-            Err(ZkError::NoNode) => Ok(Vec::new()),
-            Err(err) => Err(err),
-        }
-    };
+    let list = |dir: String| async move { crate::zk::children(client, &dir).await };
     let (leases, locks) = (list(leases_dir.clone()).await?, list(locks_dir.clone()).await?);
     let find = |children: &[String]| children.iter().find(|c| c.contains(&guid)).cloned();
     let (lease_node, lock_node) = (find(&leases), find(&locks));

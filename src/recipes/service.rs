@@ -14,11 +14,9 @@
 use crate::zk::{Failure, Session};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
-use zookeeper_client::Error as ZkError;
 
 use super::topic::{Source, event_kinds};
 use crate::time::{from_millis, timestamp};
-use crate::zk::retry_on_loss;
 use crate::zk::watch::Mode;
 
 /// One part of a URI template, as Curator's `UriSpec` is serialized.
@@ -235,11 +233,7 @@ impl Source for ServiceTopic {
     /// instances are left out.
     async fn read(&self, session: &Session) -> Result<ServiceState, Failure> {
         let client = session.client();
-        let mut ids = match retry_on_loss(|| client.list_children(&self.dir)).await {
-            Ok(ids) => ids,
-            Err(ZkError::NoNode) => Vec::new(),
-            Err(err) => return Err(err.into()),
-        };
+        let mut ids = crate::zk::children(client, &self.dir).await?;
         ids.sort();
         let instances = crate::zk::read_each(client, &self.dir, ids)
             .await?

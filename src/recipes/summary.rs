@@ -16,7 +16,6 @@ use serde::Serialize;
 use zookeeper_client::{Client, Error as ZkError, Stat};
 
 use crate::kind::Kind;
-use crate::zk::retry_on_loss;
 
 /// How long the history of a summary reaches back.
 pub const HISTORY_MS: i64 = 120_000;
@@ -121,11 +120,7 @@ fn measure_of(kind: Kind, stats: &[Option<Stat>]) -> Option<Measure> {
 
 /// The names of every resource under `base` (none if it does not exist yet).
 pub async fn names(client: &Client, base: &str) -> Result<Vec<String>, ZkError> {
-    match retry_on_loss(|| client.list_children(base)).await {
-        Ok(names) => Ok(names),
-        Err(ZkError::NoNode) => Ok(Vec::new()),
-        Err(err) => Err(err),
-    }
+    crate::zk::children(client, base).await
 }
 
 /// Measures each of `names` under `base` (`None`: it is gone), in a few round trips whatever

@@ -285,11 +285,7 @@ impl Quotas {
     /// key is charged to whoever wrote it last, and a write or delete by anyone refunds the
     /// others. One listing and one multi-read, whatever the number of principals.
     pub async fn charges_of(&self, client: &Client, id: &str) -> Result<Vec<(Charge, i32)>, ZkError> {
-        let principals = match retry_on_loss(|| client.list_children(&self.0.dir)).await {
-            Ok(principals) => principals,
-            Err(ZkError::NoNode) => return Ok(Vec::new()),
-            Err(err) => return Err(err),
-        };
+        let principals = crate::zk::children(client, &self.0.dir).await?;
         if principals.is_empty() {
             return Ok(Vec::new());
         }

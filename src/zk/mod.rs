@@ -65,6 +65,14 @@ where
     }
 }
 
+/// The children of `path` (read again after a connection loss), none if it does not exist.
+pub async fn children(client: &Client, path: &str) -> Result<Vec<String>, ZkError> {
+    match retry_on_loss(|| client.list_children(path)).await {
+        Err(ZkError::NoNode) => Ok(Vec::new()),
+        listed => listed,
+    }
+}
+
 /// Most reads in one multi-read: each answer holds a stat and a small node's data, so a
 /// thousand stay well within ZooKeeper's packet limit (`jute.maxbuffer`, 1 MB).
 const MULTI_READ_CHUNK: usize = 1000;

@@ -126,12 +126,6 @@ impl ExistsWatches {
         self.subscribe_to(Mode::Exists, path)
     }
 
-    /// Subscribes to `path`'s children (its stat), kept current by the path's one children
-    /// watch.
-    pub fn subscribe_children(&self, path: &str) -> Subscription {
-        self.subscribe_to(Mode::Children, path)
-    }
-
     pub fn subscribe_to(&self, mode: Mode, path: &str) -> Subscription {
         let key = (mode, path.to_string());
         let mut paths = self.paths.locked();

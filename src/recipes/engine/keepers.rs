@@ -55,11 +55,7 @@ pub async fn clear_notices(client: &Client, root: &str, me: &str, ids: &[String]
 /// When each instance under `<root>/keepers` was last seen (its node's `mtime`), by id.
 pub async fn keepers(client: &Client, root: &str) -> Result<Vec<(String, i64)>, ZkError> {
     let dir = format!("{root}/{KEEPERS}");
-    let names = match retry_on_loss(|| client.list_children(&dir)).await {
-        Ok(names) => names,
-        Err(ZkError::NoNode) => return Ok(Vec::new()),
-        Err(err) => return Err(err),
-    };
+    let names = crate::zk::children(client, &dir).await?;
     let read = crate::zk::read_each(client, &dir, names).await?;
     Ok(read.into_iter().map(|(name, _, stat)| (name, stat.mtime)).collect())
 }

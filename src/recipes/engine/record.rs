@@ -171,11 +171,7 @@ pub async fn read_several(client: &Client, paths: &[String]) -> Result<Vec<Optio
 /// Every lease record under the root, by id (tombstones included), in multi-reads.
 pub async fn read_all(client: &Client, root: &str) -> Result<Vec<(String, Found)>, ZkError> {
     let dir = leases_dir(root);
-    let ids = match retry_on_loss(|| client.list_children(&dir)).await {
-        Ok(ids) => ids,
-        Err(ZkError::NoNode) => return Ok(Vec::new()),
-        Err(err) => return Err(err),
-    };
+    let ids = crate::zk::children(client, &dir).await?;
     let read = crate::zk::read_each(client, &dir, ids).await?;
     Ok(read
         .into_iter()
@@ -455,11 +451,7 @@ pub async fn holding(client: &Client, lease: &str, name: &str) -> Result<Option<
 
 /// The holdings recorded under the lease record at `path`, by holding record name.
 pub async fn holdings(client: &Client, path: &str) -> Result<Vec<(String, HoldingRecord)>, ZkError> {
-    let names = match retry_on_loss(|| client.list_children(path)).await {
-        Ok(names) => names,
-        Err(ZkError::NoNode) => return Ok(Vec::new()),
-        Err(err) => return Err(err),
-    };
+    let names = crate::zk::children(client, path).await?;
     let read = crate::zk::read_each(client, path, names).await?;
     Ok(read
         .into_iter()

@@ -128,11 +128,7 @@ pub async fn audit(client: &Client, base: &str, record: &Revocation) -> Result<(
 /// The audit log, newest first, at most `limit` records.
 pub async fn read_audit(session: &Session, base: &str, limit: usize) -> Result<Vec<Revocation>, Failure> {
     let client = session.client();
-    let mut names = match retry_on_loss(|| client.list_children(base)).await {
-        Ok(names) => names,
-        Err(ZkError::NoNode) => return Ok(Vec::new()),
-        Err(err) => return Err(err.into()),
-    };
+    let mut names = crate::zk::children(client, base).await?;
     names.sort();
     names.reverse();
     names.truncate(limit);

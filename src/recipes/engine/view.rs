@@ -49,11 +49,7 @@ pub async fn read_queue(
     dir: &str,
     wanted: impl Fn(&[String], usize) -> bool,
 ) -> Result<Queue, ZkError> {
-    let children = match retry_on_loss(|| client.list_children(dir)).await {
-        Ok(children) => children,
-        Err(ZkError::NoNode) => Vec::new(),
-        Err(err) => return Err(err),
-    };
+    let children = crate::zk::children(client, dir).await?;
     let names = in_sequence_order(&children)
         .into_iter()
         .map(|(_, name)| name.to_string())
@@ -308,11 +304,7 @@ pub async fn check_fencing(
     let mut attempts = 0;
     loop {
         attempts += 1;
-        let children = match retry_on_loss(|| client.list_children(dir)).await {
-            Ok(children) => children,
-            Err(ZkError::NoNode) => Vec::new(),
-            Err(err) => return Err(err.into()),
-        };
+        let children = crate::zk::children(client, dir).await?;
         let names: Vec<String> = in_sequence_order(&children)
             .into_iter()
             .map(|(_, name)| name.to_string())

@@ -64,11 +64,7 @@ pub struct StandingClaim {
 /// each queue's claims, one read of each claim (pipelined, 32 at a time).
 pub async fn all_claims(client: &Client, base: &str) -> Result<Vec<StandingClaim>, ZkError> {
     use futures::StreamExt;
-    let queues = match retry_on_loss(|| client.list_children(base)).await {
-        Ok(queues) => queues,
-        Err(ZkError::NoNode) => return Ok(Vec::new()),
-        Err(err) => return Err(err),
-    };
+    let queues = crate::zk::children(client, base).await?;
     let listed: Vec<Result<(String, Vec<String>), ZkError>> = futures::stream::iter(queues)
         .map(|queue| async move {
             let dir = format!("{base}/{queue}/claims");

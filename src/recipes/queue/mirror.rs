@@ -40,7 +40,6 @@ use tokio::sync::{Notify, mpsc, oneshot};
 use super::{ItemName, QueuePaths, parse_name};
 use crate::locked::Locked;
 use crate::zk::recursive::{Change, Follower};
-use crate::zk::retry_on_loss;
 use crate::zk::session::ZkSession;
 
 /// What became of an item a taker tried.
@@ -330,13 +329,7 @@ impl Mirror {
                 };
                 let list = |path: String| {
                     let client = session.client().clone();
-                    async move {
-                        match retry_on_loss(|| client.list_children(&path)).await {
-                            Ok(children) => Ok(children),
-                            Err(zookeeper_client::Error::NoNode) => Ok(Vec::new()),
-                            Err(err) => Err(err),
-                        }
-                    }
+                    async move { crate::zk::children(&client, &path).await }
                 };
                 match tokio::join!(list(paths.items.clone()), list(paths.claims.clone())) {
                     (Ok(items), Ok(claims)) => self.reset(items, claims),

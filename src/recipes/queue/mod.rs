@@ -210,11 +210,7 @@ async fn delete_item(
 /// (priority, then sequence: it sorts as the queue does), for paging.
 pub async fn names(session: &Session, dir: &str) -> Result<Vec<(String, String)>, Failure> {
     let client = session.client();
-    let children = match retry_on_loss(|| client.list_children(dir)).await {
-        Ok(children) => children,
-        Err(ZkError::NoNode) => return Ok(Vec::new()),
-        Err(err) => return Err(err.into()),
-    };
+    let children = crate::zk::children(client, dir).await?;
     Ok(children
         .into_iter()
         .filter_map(|name| order_of(&name).map(|(priority, seq)| (format!("{priority:03}|{seq:020}"), name)))

@@ -5,12 +5,10 @@
 use crate::zk::{Failure, Session};
 use serde::Serialize;
 use utoipa::ToSchema;
-use zookeeper_client::{Client, Error as ZkError};
 
 use super::{DEFAULT_PRIORITY, Envelope, QueuePaths, in_queue_order, order_of};
 use crate::recipes::topic::{Source, event_kinds};
 use crate::time::{from_millis, timestamp};
-use crate::zk::retry_on_loss;
 use crate::zk::watch::Mode;
 
 /// How many of the next items a queue's state names.
@@ -95,9 +93,9 @@ impl Source for QueueTopic {
     /// the lowest sequence number whatever its priority).
     async fn read(&self, session: &Session) -> Result<QueueState, Failure> {
         let client = session.client();
-        let items = children(client, &self.paths.items).await?;
-        let claims = children(client, &self.paths.claims).await?;
-        let dead = children(client, &self.paths.dead).await?;
+        let items = crate::zk::children(client, &self.paths.items).await?;
+        let claims = crate::zk::children(client, &self.paths.claims).await?;
+        let dead = crate::zk::children(client, &self.paths.dead).await?;
         let waiting: Vec<&str> = in_queue_order(&items)
             .into_iter()
             .filter(|i| !claims.iter().any(|c| c == i))
@@ -159,24 +157,12 @@ pub fn item_view(item: String, envelope: &Envelope, ctime: i64) -> QueueItem {
     }
 }
 
-async fn children(client: &Client, dir: &str) -> Result<Vec<String>, ZkError> {
-    match retry_on_loss(|| client.list_children(dir)).await {
-        Ok(children) => Ok(children),
-        Err(ZkError::NoNode) => Ok(Vec::new()),
-        Err(err) => Err(err),
-    }
-}
-
 /// Every queue under `base` (`<root>/queues`) with its counts, read in two round trips (a
 /// listing, then one multi-read of each queue's `items`, `claims` and `dead`): items waiting
 /// (claimed ones not counted), claims in flight, dead letters.
 pub async fn counts(session: &Session, base: &str) -> Result<Vec<crate::metrics::QueueCounts>, Failure> {
     let client = session.client();
-    let queues = match retry_on_loss(|| client.list_children(base)).await {
-        Ok(queues) => queues,
-        Err(ZkError::NoNode) => return Ok(Vec::new()),
-        Err(err) => return Err(err.into()),
-    };
+    let queues = crate::zk::children(client, base).await?;
     let paths: Vec<String> = queues
         .iter()
         .flat_map(|q| ["items", "claims", "dead"].map(|sub| format!("{q}/{sub}")))

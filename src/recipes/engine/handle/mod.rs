@@ -35,7 +35,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use zookeeper_client::{Client, Error as ZkError};
 
-use super::lease::{GuardError, Holding, HoldingView, Lease};
+use super::lease::{Holding, HoldingView, Lease};
 use super::record::HoldingRecord;
 use super::revocation::Revocation;
 use crate::kind::Kind;
@@ -142,14 +142,6 @@ impl Exit {
         match err {
             ZkError::SessionExpired | ZkError::ClientClosed => Exit::Interrupted,
             err => Exit::Failed(err),
-        }
-    }
-
-    /// The exit of a write guarded by the lease that failed.
-    pub fn from_guard(err: GuardError) -> Exit {
-        match err {
-            GuardError::LeaseMoved => Exit::Moved,
-            GuardError::ZooKeeper(err) => Exit::from_error(err),
         }
     }
 }
