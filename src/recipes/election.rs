@@ -178,10 +178,8 @@ pub async fn proclaim(
     let path = format!("{dir}/{ACK_NODE}");
     let id = usage::path_id("el", &path);
     loop {
-        let (data, stat) = match retry_on_loss(|| client.get_data(&path)).await {
-            Ok(read) => read,
-            Err(ZkError::NoNode) => return Ok(None),
-            Err(err) => return Err(err.into()),
+        let Some((data, stat)) = crate::zk::data(client, &path).await? else {
+            return Ok(None);
         };
         let Some(mut ack) = Acknowledgement::parse(&data).filter(|a| a.candidate == candidate) else {
             return Ok(None);

@@ -60,11 +60,9 @@ impl From<ChargeError> for WriteError {
 /// Reads `path`; `None` if it does not exist.
 pub async fn read(session: &Session, path: &str) -> Result<Option<Entry>, Failure> {
     let client = session.client();
-    match retry_on_loss(|| client.get_data(path)).await {
-        Ok((data, stat)) => Ok(Some(Entry { data, stat })),
-        Err(ZkError::NoNode) => Ok(None),
-        Err(err) => Err(err.into()),
-    }
+    Ok(crate::zk::data(client, path)
+        .await?
+        .map(|(data, stat)| Entry { data, stat }))
 }
 
 /// Waits until `path` no longer has version `version` (changed or deleted), with a data watch.

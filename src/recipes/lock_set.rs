@@ -18,9 +18,6 @@
 
 use crate::zk::{Failure, Session};
 use serde::{Deserialize, Serialize};
-use zookeeper_client::Error as ZkError;
-
-use crate::zk::retry_on_loss;
 
 /// The order a set's locks are taken in: sorted bytewise. `None` if a name appears twice.
 pub fn canonical_order<S: AsRef<str>>(names: &[S]) -> Option<Vec<&str>> {
@@ -124,11 +121,9 @@ impl SetRecord {
 /// The record of set `id`, if there is one.
 pub async fn read(session: &Session, root: &str, id: &str) -> Result<Option<SetRecord>, Failure> {
     let client = session.client();
-    match retry_on_loss(|| client.get_data(&record_path(root, id))).await {
-        Ok((data, _)) => Ok(SetRecord::parse(&data)),
-        Err(ZkError::NoNode) => Ok(None),
-        Err(err) => Err(err.into()),
-    }
+    Ok(crate::zk::data(client, &record_path(root, id))
+        .await?
+        .and_then(|(data, _)| SetRecord::parse(&data)))
 }
 
 #[cfg(test)]

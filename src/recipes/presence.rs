@@ -99,11 +99,9 @@ pub async fn deregister(client: &Client, path: &str) -> Result<(), ZkError> {
 /// The data of the registration `path` and the session that owns it; `None` when it is not
 /// registered.
 pub async fn read(client: &Client, path: &str) -> Result<Option<(Vec<u8>, i64)>, ZkError> {
-    match retry_on_loss(|| client.get_data(path)).await {
-        Ok((data, stat)) => Ok(Some((data, stat.ephemeral_owner))),
-        Err(ZkError::NoNode) => Ok(None),
-        Err(err) => Err(err),
-    }
+    Ok(crate::zk::data(client, path)
+        .await?
+        .map(|(data, stat)| (data, stat.ephemeral_owner)))
 }
 
 /// The instances registered under `<root>/instances` now, by id (a lane's registration is

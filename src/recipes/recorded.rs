@@ -97,10 +97,8 @@ pub async fn recorded(
         return Ok(None);
     };
     let path = format!("{dir}/{own}");
-    let (data, stat) = match retry_on_loss(|| client.get_data(&path)).await {
-        Ok(read) => read,
-        Err(ZkError::NoNode) => return Ok(None),
-        Err(err) => return Err(err.into()),
+    let Some((data, stat)) = crate::zk::data(client, &path).await? else {
+        return Ok(None);
     };
     let (position, next) = match role.next_step(&children, &own) {
         Next::Hold | Next::Missing => (None, Watched::Data(path.clone())),

@@ -55,11 +55,9 @@ pub async fn agree_on_permits(session: &Session, dir: &str, permits: u32) -> Res
 /// The number of permits recorded in the semaphore at `dir`, if one is.
 pub async fn permits_of(session: &Session, dir: &str) -> Result<Option<u64>, Failure> {
     let client = session.client();
-    match retry_on_loss(|| client.get_data(dir)).await {
-        Ok((data, _)) => Ok(super::recorded(&data, PERMITS)),
-        Err(ZkError::NoNode) => Ok(None),
-        Err(err) => Err(err.into()),
-    }
+    Ok(crate::zk::data(client, dir)
+        .await?
+        .and_then(|(data, _)| super::recorded(&data, PERMITS)))
 }
 
 /// What the holder of the semaphore's lock does next, decided from `leases/`.
@@ -308,10 +306,8 @@ pub async fn recorded(session: &Session, dir: &str, name: &str, handle: &str) ->
         (None, None) => return Ok(None),
     };
     let path = &paths[0];
-    let (data, stat) = match retry_on_loss(|| client.get_data(path)).await {
-        Ok(read) => read,
-        Err(ZkError::NoNode) => return Ok(None),
-        Err(err) => return Err(err.into()),
+    let Some((data, stat)) = crate::zk::data(client, path).await? else {
+        return Ok(None);
     };
     Ok(Some(Recorded {
         kind: Kind::Semaphore,

@@ -73,6 +73,15 @@ pub async fn children(client: &Client, path: &str) -> Result<Vec<String>, ZkErro
     }
 }
 
+/// The data and stat of `path` (read again after a connection loss), none if it does not exist.
+pub async fn data(client: &Client, path: &str) -> Result<Option<(Vec<u8>, zookeeper_client::Stat)>, ZkError> {
+    match retry_on_loss(|| client.get_data(path)).await {
+        Ok(read) => Ok(Some(read)),
+        Err(ZkError::NoNode) => Ok(None),
+        Err(err) => Err(err),
+    }
+}
+
 /// Most reads in one multi-read: each answer holds a stat and a small node's data, so a
 /// thousand stay well within ZooKeeper's packet limit (`jute.maxbuffer`, 1 MB).
 const MULTI_READ_CHUNK: usize = 1000;

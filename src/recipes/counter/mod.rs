@@ -235,10 +235,8 @@ pub async fn add(
 
 /// The add that key `key` records, if it is there: `KeyReused` when it was for another delta.
 async fn landed_before(client: &Client, key: &str, delta: i64) -> Result<Option<Added>, CounterError> {
-    let (data, stat) = match retry_on_loss(|| client.get_data(key)).await {
-        Ok(read) => read,
-        Err(ZkError::NoNode) => return Ok(None),
-        Err(err) => return Err(err.into()),
+    let Some((data, stat)) = crate::zk::data(client, key).await? else {
+        return Ok(None);
     };
     let record: KeyRecord = serde_json::from_slice(&data).map_err(|_| CounterError::KeyReused(None))?;
     if record.delta != delta {

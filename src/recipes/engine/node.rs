@@ -354,11 +354,9 @@ pub async fn owner_of(client: &Client, root: &str, kind: Kind, path: &str) -> Re
         true => owner_record_path(root, path),
         false => path.to_string(),
     };
-    match retry_on_loss(|| client.get_data(&record)).await {
-        Ok((data, _)) => Ok(Owner::in_data(&data)),
-        Err(ZkError::NoNode) => Ok(None),
-        Err(err) => Err(err),
-    }
+    Ok(crate::zk::data(client, &record)
+        .await?
+        .and_then(|(data, _)| Owner::in_data(&data)))
 }
 
 /// Why [check_owner] refused.

@@ -131,11 +131,9 @@ impl Found {
 
 /// The record at `path`, if there is one (a record that does not parse counts as none).
 pub async fn read(client: &Client, path: &str) -> Result<Option<Found>, ZkError> {
-    match retry_on_loss(|| client.get_data(path)).await {
-        Ok((data, stat)) => Ok(Found::of(&data, &stat)),
-        Err(ZkError::NoNode) => Ok(None),
-        Err(err) => Err(err),
-    }
+    Ok(crate::zk::data(client, path)
+        .await?
+        .and_then(|(data, stat)| Found::of(&data, &stat)))
 }
 
 /// The record at `path` with a watch on it (a visitor's, see [super::Lease::visiting]): `None`
@@ -442,11 +440,9 @@ pub fn legacy_record_name(kind: Kind, name: &str, handle: &str) -> String {
 /// The holding that the holding record `name` under the lease record at `lease` records, if there
 /// is one.
 pub async fn holding(client: &Client, lease: &str, name: &str) -> Result<Option<HoldingRecord>, ZkError> {
-    match retry_on_loss(|| client.get_data(&format!("{lease}/{name}"))).await {
-        Ok((data, _)) => Ok(HoldingRecord::parse(&data)),
-        Err(ZkError::NoNode) => Ok(None),
-        Err(err) => Err(err),
-    }
+    Ok(crate::zk::data(client, &format!("{lease}/{name}"))
+        .await?
+        .and_then(|(data, _)| HoldingRecord::parse(&data)))
 }
 
 /// The holdings recorded under the lease record at `path`, by holding record name.
@@ -477,10 +473,8 @@ pub async fn redrive(
         ..holding.clone()
     };
     loop {
-        let (data, stat) = match retry_on_loss(|| client.get_data(&path)).await {
-            Ok(read) => read,
-            Err(ZkError::NoNode) => return Ok(false),
-            Err(err) => return Err(err),
+        let Some((data, stat)) = crate::zk::data(client, &path).await? else {
+            return Ok(false);
         };
         if HoldingRecord::parse(&data).is_none_or(|now| now.handle != holding.handle) {
             return Ok(false);

@@ -46,11 +46,9 @@ pub async fn read_claim(
     item: &str,
 ) -> Result<Option<(ClaimRecord, Stat)>, ZkError> {
     let path = format!("{}/{item}", paths.claims);
-    match retry_on_loss(|| client.get_data(&path)).await {
-        Ok((data, stat)) => Ok(ClaimRecord::parse(&data).map(|record| (record, stat))),
-        Err(ZkError::NoNode) => Ok(None),
-        Err(err) => Err(err),
-    }
+    Ok(crate::zk::data(client, &path)
+        .await?
+        .and_then(|(data, stat)| ClaimRecord::parse(&data).map(|record| (record, stat))))
 }
 
 /// A claim as [all_claims] finds it.

@@ -231,10 +231,8 @@ pub async fn read(session: &Session, dir: &str, names: Vec<String>) -> Result<Ve
 pub async fn replay(session: &Session, paths: &QueuePaths, item: &str) -> Result<bool, Failure> {
     let client = session.client();
     let dead_path = format!("{}/{item}", paths.dead);
-    let (data, stat) = match retry_on_loss(|| client.get_data(&dead_path)).await {
-        Ok(read) => read,
-        Err(ZkError::NoNode) => return Ok(false),
-        Err(err) => return Err(err.into()),
+    let Some((data, stat)) = crate::zk::data(client, &dead_path).await? else {
+        return Ok(false);
     };
     let mut envelope = Envelope::parse(&data);
     envelope.deliveries = 0;

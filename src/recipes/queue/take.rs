@@ -213,11 +213,9 @@ impl Take<'_> {
         }
         let pick = &self.picks[first.index];
         let claim_path = format!("{}/{}", self.paths.claims, pick.item);
-        match retry_on_loss(|| self.client.get_data(&claim_path)).await {
-            Ok((data, _)) => Ok(data == pick.claim_data),
-            Err(ZkError::NoNode) => Ok(false),
-            Err(err) => Err(err),
-        }
+        Ok(crate::zk::data(self.client, &claim_path)
+            .await?
+            .is_some_and(|(data, _)| data == pick.claim_data))
     }
 }
 

@@ -300,10 +300,8 @@ pub async fn delete_held(
 async fn delete_if_naming(client: &Client, path: &str, handle: &str) -> Result<bool, ZkError> {
     use crate::recipes::engine::record::HoldingRecord;
     loop {
-        let (data, stat) = match crate::zk::retry_on_loss(|| client.get_data(path)).await {
-            Ok(read) => read,
-            Err(ZkError::NoNode) => return Ok(false),
-            Err(err) => return Err(err),
+        let Some((data, stat)) = crate::zk::data(client, path).await? else {
+            return Ok(false);
         };
         if HoldingRecord::parse(&data).is_none_or(|held| held.handle != handle) {
             return Ok(false);
