@@ -52,323 +52,180 @@ const REQUEST_BUCKETS: &[f64] = &[
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0,
 ];
 
-pub struct Metrics {
-    registry: Registry,
-    /// The names with series of their own.
-    names: names::Names,
-    pub lock_wait: HistogramVec,
-    pub lock_hold: HistogramVec,
-    pub lock_acquisitions: IntCounterVec,
-    pub lock_timeouts: IntCounterVec,
-    pub lock_losses: IntCounterVec,
-    pub lock_revocations: IntCounterVec,
-    pub leader_changes: IntCounterVec,
-    pub queue_puts: IntCounterVec,
-    pub queue_delayed_puts: IntCounterVec,
-    pub queue_takes: IntCounterVec,
-    pub queue_acks: IntCounterVec,
-    pub queue_nacks: IntCounterVec,
-    pub queue_redeliveries: IntCounterVec,
-    pub queue_dead_lettered: IntCounterVec,
-    pub lock_sets: IntCounterVec,
-    pub janitor_removed: IntCounterVec,
-    pub janitor_passes: IntCounter,
-    pub janitor_active: IntGauge,
-    pub counter_writes: IntCounterVec,
-    pub service_registrations: IntCounterVec,
-    pub counter_conflicts: IntCounterVec,
-    pub leases_created: IntCounter,
-    pub leases_ended: IntCounterVec,
-    pub leases_taken_over: IntCounter,
-    pub handoffs: IntCounter,
-    pub sockets: IntGauge,
-    pub event_streams: IntGauge,
-    pub subscriptions: IntGauge,
-    pub resyncs: IntCounterVec,
-    pub zookeeper_requests: Histogram,
-    /// How far into zkgate a request had come, from its arrival ([Metrics::observe_stage]).
-    pub request_stages: HistogramVec,
-    pub requests_shed: IntCounter,
-    /// How late the runtime ran a task due now ([crate::metrics::probe_runtime]).
-    pub runtime_delay: Histogram,
-    pub zookeeper_syncs: IntCounter,
-    pub linearizable_reads: IntCounter,
-    // Read when scraped.
-    queue_depth: IntGaugeVec,
-    queue_in_flight: IntGaugeVec,
-    queue_dead_letters: IntGaugeVec,
-    leases: IntGauge,
-    topics: IntGauge,
-    ws_queued_bytes: IntGauge,
-    zookeeper_connected: IntGauge,
-    zookeeper_generation: IntGauge,
-    zookeeper_connections: IntGauge,
+/// Declares [Metrics], one entry per metric: its field, its type and the constructor that
+/// registers it (with its Prometheus name, and its labels or buckets), the field's doc being
+/// the metric's help text. A table: each metric is said once, where it is found.
+macro_rules! metrics {
+    ($($(#[doc = $help:literal])+ $vis:vis $field:ident: $ty:ty = $make:ident($($arg:expr),+);)+) => {
+        pub struct Metrics {
+            registry: Registry,
+            /// The names with series of their own.
+            names: names::Names,
+            $($(#[doc = $help])+ $vis $field: $ty,)+
+        }
+
+        impl Metrics {
+            fn new() -> Metrics {
+                let r = Registry::new();
+                Metrics {
+                    $($field: $make(&r, $($arg),+, &help(concat!($($help),+))),)+
+                    registry: r,
+                    names: names::Names::new(NAMES_PER_KIND),
+                }
+            }
+        }
+    };
+}
+
+/// A doc comment's lines as one help text.
+fn help(doc: &str) -> String {
+    doc.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// The labels of the metrics of contenders: a lock's, read/write lock's, semaphore's,
+/// election's.
+const KN: &[&str] = &["kind", "name"];
+
+metrics! {
+    /// Time from joining the queue to being granted (kind: lock, rwlock, election).
+    pub lock_wait: HistogramVec = histogram("zkgate_lock_wait_seconds", KN, WAIT_BUCKETS);
+    /// Time from grant to release or loss.
+    pub lock_hold: HistogramVec = histogram("zkgate_lock_hold_seconds", KN, WAIT_BUCKETS);
+    /// Grants.
+    pub lock_acquisitions: IntCounterVec = counter("zkgate_lock_acquisitions_total", KN);
+    /// Acquire waits that ended without a grant (409, or 202 when staying queued).
+    pub lock_timeouts: IntCounterVec = counter("zkgate_lock_timeouts_total", KN);
+    /// Contenders lost without a release (lease or session ended, node deleted).
+    pub lock_losses: IntCounterVec = counter("zkgate_lock_losses_total", KN);
+    /// Revocation requests sent to holders.
+    pub lock_revocations: IntCounterVec = counter("zkgate_lock_revocations_total", KN);
+    /// Candidates of this instance that became leader.
+    pub leader_changes: IntCounterVec = counter("zkgate_election_leader_changes_total", &["name"]);
+    /// Items put.
+    pub queue_puts: IntCounterVec = counter("zkgate_queue_puts_total", &["name"]);
+    /// Items put with a delay (`delay` or `not_before` in the future).
+    pub queue_delayed_puts: IntCounterVec = counter("zkgate_queue_delayed_puts_total", &["name"]);
+    /// Items taken (mode: at_least_once, at_most_once).
+    pub queue_takes: IntCounterVec = counter("zkgate_queue_takes_total", &["name", "mode"]);
+    /// Claims acknowledged.
+    pub queue_acks: IntCounterVec = counter("zkgate_queue_acks_total", &["name"]);
+    /// Claims given back.
+    pub queue_nacks: IntCounterVec = counter("zkgate_queue_nacks_total", &["name"]);
+    /// Items delivered again after an earlier claim was not acknowledged.
+    pub queue_redeliveries: IntCounterVec = counter("zkgate_queue_redeliveries_total", &["name"]);
+    /// Items moved to the dead letters after too many deliveries.
+    pub queue_dead_lettered: IntCounterVec = counter("zkgate_queue_dead_lettered_total", &["name"]);
+    /// What the janitor removed (what: idempotency_key, txn, queue, double_barrier, group, service).
+    pub janitor_removed: IntCounterVec = counter("zkgate_janitor_removed_total", &["what"]);
+    /// Janitor passes made by this instance.
+    pub janitor_passes: IntCounter = single_counter("zkgate_janitor_passes_total");
+    /// 1 while this instance is the cluster's janitor, else 0.
+    pub janitor_active: IntGauge = gauge("zkgate_janitor_active");
+    /// Lock set acquires (outcome: granted, refused: one lock was not granted and the set took
+    /// nothing).
+    pub lock_sets: IntCounterVec = counter("zkgate_lock_sets_total", &["outcome"]);
+    /// Service instances registered through this instance.
+    pub service_registrations: IntCounterVec = counter("zkgate_service_registrations_total", &["name"]);
+    /// Counter writes (op: add, set, delete).
+    pub counter_writes: IntCounterVec = counter("zkgate_counter_writes_total", &["name", "op"]);
+    /// Counter adds that read again because another writer changed the counter first.
+    pub counter_conflicts: IntCounterVec = counter("zkgate_counter_conflicts_total", &["name"]);
+    /// Leases created.
+    pub leases_created: IntCounter = single_counter("zkgate_leases_created_total");
+    /// Leases ended (reason: deleted, expired).
+    pub leases_ended: IntCounterVec = counter("zkgate_leases_ended_total", &["reason"]);
+    /// Leases this instance took over from another (gone, or not answering).
+    pub leases_taken_over: IntCounter = single_counter("zkgate_leases_taken_over_total");
+    /// Requests this instance handed to the keeper of their lease (keepalives, WebSocket-bound
+    /// leases).
+    pub handoffs: IntCounter = single_counter("zkgate_handoffs_total");
+    /// Open WebSocket connections.
+    pub sockets: IntGauge = gauge("zkgate_websocket_connections");
+    /// Open Server-Sent Event streams.
+    pub event_streams: IntGauge = gauge("zkgate_event_streams");
+    /// Live subscriptions over all sockets and event streams (one per topic).
+    pub subscriptions: IntGauge = gauge("zkgate_websocket_subscriptions");
+    /// Resync events published or sent (reason: reconnected, session_expired, fell_behind,
+    /// cannot_resume).
+    pub resyncs: IntCounterVec = counter("zkgate_websocket_resyncs_total", &["reason"]);
+    /// Time of ZooKeeper requests (reads, deletes, contender creates), per attempt.
+    pub zookeeper_requests: Histogram = single_histogram("zkgate_zookeeper_request_duration_seconds");
+    /// Time from a request's arrival (its head read) to: `admitted` (its turn among the requests in
+    /// service), `answered` (its answer ready), `written` (its answer's last byte handed to the
+    /// connection); `turn`: `taken` for the requests that wait for a turn, `none` for those that take
+    /// none (deletes, keepalives, acks).
+    pub request_stages: HistogramVec = histogram("zkgate_request_stage_seconds", &["stage", "turn"], REQUEST_BUCKETS);
+    /// Requests refused (503 `overloaded`) because they waited too long for a turn.
+    pub requests_shed: IntCounter = single_counter("zkgate_requests_shed_total");
+    /// How late the runtime started a task that was due: a probe spawned every 10 ms (the time
+    /// requests wait for a worker, as when a task polls long).
+    pub runtime_delay: Histogram = single_histogram("zkgate_runtime_delay_seconds");
+    /// Barriers sent to ZooKeeper for linearizable reads (on an ensemble a transaction that changes
+    /// nothing, on a standalone server a sync; shared by the reads that may share it).
+    pub zookeeper_syncs: IntCounter = single_counter("zkgate_zookeeper_syncs_total");
+    /// Reads that waited for a barrier (the default consistency).
+    pub linearizable_reads: IntCounter = single_counter("zkgate_linearizable_reads_total");
+    /// Items waiting to be taken, claimed ones not counted (read from ZooKeeper when scraped).
+    queue_depth: IntGaugeVec = gauges("zkgate_queue_depth", &["name"]);
+    /// Items claimed and not yet acknowledged.
+    queue_in_flight: IntGaugeVec = gauges("zkgate_queue_in_flight", &["name"]);
+    /// Items in the dead letters.
+    queue_dead_letters: IntGaugeVec = gauges("zkgate_queue_dead_letters", &["name"]);
+    /// Live leases of this instance.
+    leases: IntGauge = gauge("zkgate_leases");
+    /// Live event topics (each holds one ZooKeeper watch per znode it follows).
+    topics: IntGauge = gauge("zkgate_event_topics");
+    /// Bytes queued for WebSocket clients and not yet written (at most --ws-send-budget).
+    ws_queued_bytes: IntGauge = gauge("zkgate_ws_queued_bytes");
+    /// 1 while the ZooKeeper session is connected, else 0.
+    zookeeper_connected: IntGauge = gauge("zkgate_zookeeper_connected");
+    /// The ZooKeeper session's number: it grows by one with each new session (after an expiry).
+    zookeeper_generation: IntGauge = gauge("zkgate_zookeeper_session_generation");
+    /// Connections to ZooKeeper established so far (reconnections included).
+    zookeeper_connections: IntGauge = gauge("zkgate_zookeeper_connections");
+}
+
+/// `metric`, registered (each metric's name is unique: a second registration is a bug).
+fn registered<M: prometheus::core::Collector + Clone + 'static>(registry: &Registry, metric: M) -> M {
+    registry.register(Box::new(metric.clone())).expect("unique metric");
+    metric
 }
 
 /// A counter without labels.
 fn single_counter(registry: &Registry, name: &str, help: &str) -> IntCounter {
-    let metric = IntCounter::new(name, help).expect("valid counter");
-    registry.register(Box::new(metric.clone())).expect("unique metric");
-    metric
+    registered(registry, IntCounter::new(name, help).expect("valid counter"))
 }
 
 /// A histogram without labels, in [REQUEST_BUCKETS].
 fn single_histogram(registry: &Registry, name: &str, help: &str) -> Histogram {
     let opts = HistogramOpts::new(name, help).buckets(REQUEST_BUCKETS.to_vec());
-    let metric = Histogram::with_opts(opts).expect("valid histogram");
-    registry.register(Box::new(metric.clone())).expect("unique metric");
-    metric
+    registered(registry, Histogram::with_opts(opts).expect("valid histogram"))
 }
 
-fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
-    let metric = IntCounterVec::new(Opts::new(name, help), labels).expect("valid counter");
-    registry.register(Box::new(metric.clone())).expect("unique metric");
-    metric
+fn counter(registry: &Registry, name: &str, labels: &[&str], help: &str) -> IntCounterVec {
+    registered(
+        registry,
+        IntCounterVec::new(Opts::new(name, help), labels).expect("valid counter"),
+    )
 }
 
-fn histogram(registry: &Registry, name: &str, help: &str, labels: &[&str], buckets: &[f64]) -> HistogramVec {
+fn histogram(registry: &Registry, name: &str, labels: &[&str], buckets: &[f64], help: &str) -> HistogramVec {
     let opts = HistogramOpts::new(name, help).buckets(buckets.to_vec());
-    let metric = HistogramVec::new(opts, labels).expect("valid histogram");
-    registry.register(Box::new(metric.clone())).expect("unique metric");
-    metric
+    registered(registry, HistogramVec::new(opts, labels).expect("valid histogram"))
 }
 
 fn gauge(registry: &Registry, name: &str, help: &str) -> IntGauge {
-    let metric = IntGauge::new(name, help).expect("valid gauge");
-    registry.register(Box::new(metric.clone())).expect("unique metric");
-    metric
+    registered(registry, IntGauge::new(name, help).expect("valid gauge"))
 }
 
-fn gauges(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
-    let metric = IntGaugeVec::new(Opts::new(name, help), labels).expect("valid gauge");
-    registry.register(Box::new(metric.clone())).expect("unique metric");
-    metric
+fn gauges(registry: &Registry, name: &str, labels: &[&str], help: &str) -> IntGaugeVec {
+    registered(
+        registry,
+        IntGaugeVec::new(Opts::new(name, help), labels).expect("valid gauge"),
+    )
 }
 
 impl Metrics {
-    /// One entry per metric (its name, help and labels, registered once), in the order of the
-    /// struct's fields: a table, long because the metrics are many; split, a metric's
-    /// declaration would only be harder to find.
-    fn new() -> Metrics {
-        let r = Registry::new();
-        let kn = &["kind", "name"][..];
-        Metrics {
-            lock_wait: histogram(
-                &r,
-                "zkgate_lock_wait_seconds",
-                "Time from joining the queue to being granted (kind: lock, rwlock, election).",
-                kn,
-                WAIT_BUCKETS,
-            ),
-            lock_hold: histogram(
-                &r,
-                "zkgate_lock_hold_seconds",
-                "Time from grant to release or loss.",
-                kn,
-                WAIT_BUCKETS,
-            ),
-            lock_acquisitions: counter(&r, "zkgate_lock_acquisitions_total", "Grants.", kn),
-            lock_timeouts: counter(
-                &r,
-                "zkgate_lock_timeouts_total",
-                "Acquire waits that ended without a grant (409, or 202 when staying queued).",
-                kn,
-            ),
-            lock_losses: counter(
-                &r,
-                "zkgate_lock_losses_total",
-                "Contenders lost without a release (lease or session ended, node deleted).",
-                kn,
-            ),
-            lock_revocations: counter(
-                &r,
-                "zkgate_lock_revocations_total",
-                "Revocation requests sent to holders.",
-                kn,
-            ),
-            leader_changes: counter(
-                &r,
-                "zkgate_election_leader_changes_total",
-                "Candidates of this instance that became leader.",
-                &["name"],
-            ),
-            queue_puts: counter(&r, "zkgate_queue_puts_total", "Items put.", &["name"]),
-            queue_delayed_puts: counter(
-                &r,
-                "zkgate_queue_delayed_puts_total",
-                "Items put with a delay (`delay` or `not_before` in the future).",
-                &["name"],
-            ),
-            queue_takes: counter(
-                &r,
-                "zkgate_queue_takes_total",
-                "Items taken (mode: at_least_once, at_most_once).",
-                &["name", "mode"],
-            ),
-            queue_acks: counter(&r, "zkgate_queue_acks_total", "Claims acknowledged.", &["name"]),
-            queue_nacks: counter(&r, "zkgate_queue_nacks_total", "Claims given back.", &["name"]),
-            queue_redeliveries: counter(
-                &r,
-                "zkgate_queue_redeliveries_total",
-                "Items delivered again after an earlier claim was not acknowledged.",
-                &["name"],
-            ),
-            queue_dead_lettered: counter(
-                &r,
-                "zkgate_queue_dead_lettered_total",
-                "Items moved to the dead letters after too many deliveries.",
-                &["name"],
-            ),
-            janitor_removed: counter(
-                &r,
-                "zkgate_janitor_removed_total",
-                "What the janitor removed (what: idempotency_key, txn, queue, double_barrier, group, service).",
-                &["what"],
-            ),
-            janitor_passes: single_counter(
-                &r,
-                "zkgate_janitor_passes_total",
-                "Janitor passes made by this instance.",
-            ),
-            janitor_active: gauge(
-                &r,
-                "zkgate_janitor_active",
-                "1 while this instance is the cluster's janitor, else 0.",
-            ),
-            lock_sets: counter(
-                &r,
-                "zkgate_lock_sets_total",
-                "Lock set acquires (outcome: granted, refused: one lock was not granted and the set took nothing).",
-                &["outcome"],
-            ),
-            service_registrations: counter(
-                &r,
-                "zkgate_service_registrations_total",
-                "Service instances registered through this instance.",
-                &["name"],
-            ),
-            counter_writes: counter(
-                &r,
-                "zkgate_counter_writes_total",
-                "Counter writes (op: add, set, delete).",
-                &["name", "op"],
-            ),
-            counter_conflicts: counter(
-                &r,
-                "zkgate_counter_conflicts_total",
-                "Counter adds that read again because another writer changed the counter first.",
-                &["name"],
-            ),
-            leases_created: single_counter(&r, "zkgate_leases_created_total", "Leases created."),
-            leases_ended: counter(
-                &r,
-                "zkgate_leases_ended_total",
-                "Leases ended (reason: deleted, expired).",
-                &["reason"],
-            ),
-            leases_taken_over: single_counter(
-                &r,
-                "zkgate_leases_taken_over_total",
-                "Leases this instance took over from another (gone, or not answering).",
-            ),
-            handoffs: single_counter(
-                &r,
-                "zkgate_handoffs_total",
-                "Requests this instance handed to the keeper of their lease (keepalives, WebSocket-bound leases).",
-            ),
-            sockets: gauge(&r, "zkgate_websocket_connections", "Open WebSocket connections."),
-            event_streams: gauge(&r, "zkgate_event_streams", "Open Server-Sent Event streams."),
-            subscriptions: gauge(
-                &r,
-                "zkgate_websocket_subscriptions",
-                "Live subscriptions over all sockets and event streams (one per topic).",
-            ),
-            resyncs: counter(
-                &r,
-                "zkgate_websocket_resyncs_total",
-                "Resync events published or sent (reason: reconnected, session_expired, fell_behind, cannot_resume).",
-                &["reason"],
-            ),
-            zookeeper_requests: single_histogram(
-                &r,
-                "zkgate_zookeeper_request_duration_seconds",
-                "Time of ZooKeeper requests (reads, deletes, contender creates), per attempt.",
-            ),
-            request_stages: histogram(
-                &r,
-                "zkgate_request_stage_seconds",
-                "Time from a request's arrival (its head read) to: `admitted` (its turn among the requests in service), \
-                 `answered` (its answer ready), `written` (its answer's last byte handed to the connection); `turn`: \
-                 `taken` for the requests that wait for a turn, `none` for those that take none (deletes, keepalives, acks).",
-                &["stage", "turn"],
-                REQUEST_BUCKETS,
-            ),
-            requests_shed: single_counter(
-                &r,
-                "zkgate_requests_shed_total",
-                "Requests refused (503 `overloaded`) because they waited too long for a turn.",
-            ),
-            runtime_delay: single_histogram(
-                &r,
-                "zkgate_runtime_delay_seconds",
-                "How late the runtime started a task that was due: a probe spawned every 10 ms (the time requests wait \
-                 for a worker, as when a task polls long).",
-            ),
-            zookeeper_syncs: single_counter(
-                &r,
-                "zkgate_zookeeper_syncs_total",
-                "Barriers sent to ZooKeeper for linearizable reads (on an ensemble a transaction that changes nothing, \
-                 on a standalone server a sync; shared by the reads that may share it).",
-            ),
-            linearizable_reads: single_counter(
-                &r,
-                "zkgate_linearizable_reads_total",
-                "Reads that waited for a barrier (the default consistency).",
-            ),
-            queue_depth: gauges(
-                &r,
-                "zkgate_queue_depth",
-                "Items waiting to be taken, claimed ones not counted (read from ZooKeeper when scraped).",
-                &["name"],
-            ),
-            queue_in_flight: gauges(
-                &r,
-                "zkgate_queue_in_flight",
-                "Items claimed and not yet acknowledged.",
-                &["name"],
-            ),
-            queue_dead_letters: gauges(&r, "zkgate_queue_dead_letters", "Items in the dead letters.", &["name"]),
-            leases: gauge(&r, "zkgate_leases", "Live leases of this instance."),
-            topics: gauge(
-                &r,
-                "zkgate_event_topics",
-                "Live event topics (each holds one ZooKeeper watch per znode it follows).",
-            ),
-            ws_queued_bytes: gauge(
-                &r,
-                "zkgate_ws_queued_bytes",
-                "Bytes queued for WebSocket clients and not yet written (at most --ws-send-budget).",
-            ),
-            zookeeper_connected: gauge(
-                &r,
-                "zkgate_zookeeper_connected",
-                "1 while the ZooKeeper session is connected, else 0.",
-            ),
-            zookeeper_generation: gauge(
-                &r,
-                "zkgate_zookeeper_session_generation",
-                "The ZooKeeper session's number: it grows by one with each new session (after an expiry).",
-            ),
-            zookeeper_connections: gauge(
-                &r,
-                "zkgate_zookeeper_connections",
-                "Connections to ZooKeeper established so far (reconnections included).",
-            ),
-            registry: r,
-            names: names::Names::new(NAMES_PER_KIND),
-        }
-    }
-
     /// The `name` label of a use of `name` (of kind `kind`, as [crate::kind::Kind::label] says)
     /// now: the name itself if it has a place for its series, else [names::OTHER].
     pub fn name<'a>(&self, kind: &'static str, name: &'a str) -> &'a str {
