@@ -369,66 +369,26 @@ pub fn bytes(text: &str) -> Result<usize, String> {
 }
 
 impl ServeConfig {
-    /// Defaults with the given ZooKeeper connect string (for tests and embedding).
+    /// Defaults with the given ZooKeeper connect string, listening on a free loopback port (for
+    /// tests and embedding): the flags' own defaults, as `zkgate serve` has them with no flags,
+    /// and no `ZKGATE_*` variable read from the environment.
     pub fn with_zookeeper(connect: &str) -> ServeConfig {
-        ServeConfig {
-            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
-            zookeeper: Some(connect.to_string()),
-            root: "/zkgate".into(),
-            session_timeout: Duration::from_secs(10),
-            zookeeper_sessions: DEFAULT_ZOOKEEPER_SESSIONS,
-            worker_threads: None,
-            lease_ttl: Duration::from_secs(30),
-            lease_ttl_min: Duration::from_secs(1),
-            lease_ttl_max: Duration::from_secs(3600),
-            max_wait: Duration::from_secs(60),
-            queue_max_depth: 10_000,
-            queue_max_deliveries: 5,
-            idempotency_window: Duration::from_secs(24 * 3600),
-            txn_retention: Duration::from_secs(24 * 3600),
-            janitor_interval: Duration::from_secs(60),
-            janitor_rate: 1000,
-            max_value_bytes: 256 * 1024,
-            quota_bytes: 64 * 1024 * 1024,
-            quota_znodes: 500_000,
-            quota_bytes_per_principal: 32 * 1024 * 1024,
-            quota_znodes_per_principal: 50_000,
-            ws_send_buffer: 1024 * 1024,
-            ws_send_budget: 256 * 1024 * 1024,
-            ws_max_message: 64 * 1024,
-            ws_ping_interval: Duration::from_secs(15),
-            ws_idle_timeout: Duration::from_secs(45),
-            event_backlog: 64,
-            event_linger: Duration::from_secs(30),
-            max_lingering_topics: 1024,
-            write_timeout: Duration::from_secs(45),
-            zookeeper_data_dir: None,
-            auth_config: None,
-            cors_origin: Vec::new(),
-            allowed_host: Vec::new(),
-            header_timeout: Duration::from_secs(30),
-            max_connections: None,
-            max_connections_per_address: None,
-            advertise_url: None,
-            cluster_secret: None,
-            cluster_secret_file: None,
-            tls_cert: None,
-            tls_key: None,
-            write_rate: 1000,
-            max_leases_per_principal: 10_000,
-            max_waiters_per_principal: 1_000,
-            max_waiters_per_lock: 1_000,
-            max_sockets_per_principal: 10_000,
-            max_sockets_per_address: 10_000,
-            max_subscriptions_per_principal: 100_000,
-            max_long_polls_per_principal: 1_000,
-            max_long_polls: 10_000,
-            max_in_service: 64,
-            queue_delay_target: Duration::from_millis(20),
-            queue_delay_interval: Duration::from_millis(250),
-            metrics_names_per_kind: crate::metrics::NAMES_PER_KIND,
-            zookeeper_security: Default::default(),
+        use clap::{CommandFactory, FromArgMatches, Parser};
+        #[derive(Parser)]
+        struct Defaults {
+            #[command(flatten)]
+            serve: ServeConfig,
         }
+        let matches = Defaults::command()
+            .mut_args(|arg| arg.env(None))
+            .try_get_matches_from(["zkgate"])
+            .expect("every flag has a default");
+        let mut config = Defaults::from_arg_matches(&matches)
+            .expect("every flag has a default")
+            .serve;
+        config.listen = SocketAddr::from(([127, 0, 0, 1], 0));
+        config.zookeeper = Some(connect.to_string());
+        config
     }
 
     /// How the janitor works (`--janitor-interval`, `--janitor-rate`, `--idempotency-window`,
