@@ -13,7 +13,6 @@ use zookeeper_client::{CreateMode, Error as ZkError};
 
 use super::topic::{Source, event_kinds};
 use crate::time::{from_millis, timestamp};
-use crate::zk::retry_on_loss;
 use crate::zk::watch::{ExistsWatches, Mode};
 
 /// Raises a persistent barrier at `path`; `false` if it was already up.
@@ -100,11 +99,9 @@ impl Source for BarrierTopic {
 
     async fn read(&self, session: &Session) -> Result<BarrierState, Failure> {
         let client = session.client();
-        let (data, stat) = match retry_on_loss(|| client.get_data(&self.path)).await {
-            Ok((data, stat)) => (data, Some(stat)),
-            Err(ZkError::NoNode) => (Vec::new(), None),
-            Err(err) => return Err(err.into()),
-        };
+        let (data, stat) = crate::zk::data(client, &self.path)
+            .await?
+            .map_or((Vec::new(), None), |(data, stat)| (data, Some(stat)));
         Ok(BarrierState {
             name: self.name.clone(),
             up: stat.is_some(),

@@ -301,11 +301,9 @@ impl Source for Leadership {
     async fn read(&self, session: &Session) -> Result<ElectionState, Failure> {
         let client = session.client();
         let queue = read_queue(client, &self.dir, |_, i| i <= LISTED).await?;
-        let ack = match retry_on_loss(|| client.get_data(&format!("{}/{ACK_NODE}", self.dir))).await {
-            Ok((data, stat)) => Acknowledgement::parse(&data).map(|a| (a, stat.ctime)),
-            Err(ZkError::NoNode) => None,
-            Err(err) => return Err(err.into()),
-        };
+        let ack = crate::zk::data(client, &format!("{}/{ACK_NODE}", self.dir))
+            .await?
+            .and_then(|(data, stat)| Acknowledgement::parse(&data).map(|a| (a, stat.ctime)));
         let local = self.local.local(&self.name);
         let candidates: Vec<ContenderView> = queue
             .records

@@ -375,11 +375,9 @@ impl Source for SemaphoreTopic {
 
     async fn read(&self, session: &Session) -> Result<SemaphoreState, Failure> {
         let client = session.client();
-        let permits = match retry_on_loss(|| client.get_data(&self.dir)).await {
-            Ok((data, _)) => super::recorded(&data, PERMITS),
-            Err(ZkError::NoNode) => None,
-            Err(err) => return Err(err.into()),
-        };
+        let permits = crate::zk::data(client, &self.dir)
+            .await?
+            .and_then(|(data, _)| super::recorded(&data, PERMITS));
         // Lease nodes beyond the permits belong to the queue's first acquirer, still waiting.
         let held = |names: &[String]| permits.map_or(names.len(), |p| names.len().min(p as usize));
         let leases = read_queue(client, &format!("{}/leases", self.dir), |names, i| {

@@ -376,11 +376,9 @@ mod io {
             .into_iter()
             .collect();
         let votes = read_votes(client, dir).await?;
-        let decision = match retry_on_loss(|| client.get_data(&format!("{dir}/decision"))).await {
-            Ok((data, _)) => serde_json::from_slice(&data).ok(),
-            Err(ZkError::NoNode) => None,
-            Err(err) => return Err(err.into()),
-        };
+        let decision = crate::zk::data(client, &format!("{dir}/decision"))
+            .await?
+            .and_then(|(data, _)| serde_json::from_slice(&data).ok());
         Ok(Some(Record {
             spec,
             registered,
