@@ -7,6 +7,7 @@
 //! ways than the pattern allows, never fewer); a name's bound is in bytes on the server and in
 //! characters here, so a name of many multi-byte characters may still be refused.
 
+use axum::http::Method;
 use utoipa::openapi::path::{Parameter, ParameterIn};
 use utoipa::openapi::schema::{Object, Schema, SchemaType, Type};
 use utoipa::openapi::{OpenApi, RefOr};
@@ -65,13 +66,13 @@ enum Format {
 }
 
 /// The format of parameter `name` in `place` of the operation `method` at `path`.
-fn format_of(path: &str, method: &str, place: &ParameterIn, name: &str) -> Option<Format> {
+fn format_of(path: &str, method: &Method, place: &ParameterIn, name: &str) -> Option<Format> {
     match (place, name) {
         (ParameterIn::Query, "ack_deadline") => Some(Format::PositiveDuration(Some(MAX_ACK_DEADLINE))),
         (ParameterIn::Query, "delay") => Some(Format::DurationUpTo(super::queues::MAX_DELAY)),
         (ParameterIn::Query, "not_before") => Some(Format::Timestamp),
         (ParameterIn::Header, "If-Match") => Some(Format::ETagOrAny),
-        (ParameterIn::Header, "If-None-Match") if method == "get" => Some(Format::ETag),
+        (ParameterIn::Header, "If-None-Match") if *method == Method::GET => Some(Format::ETag),
         (ParameterIn::Header, "If-None-Match") => Some(Format::Any),
         (ParameterIn::Path, "name" | "group" | "member" | "participant" | "item") => Some(Format::Name),
         (ParameterIn::Path, "id") if path.starts_with("/v1/leases/") => Some(Format::Id),
@@ -189,18 +190,10 @@ pub fn document(spec: &mut OpenApi) {
             }
         }
     }
-    for (path, item) in spec.paths.paths.iter_mut() {
-        let operations = [
-            ("get", &mut item.get),
-            ("put", &mut item.put),
-            ("post", &mut item.post),
-            ("delete", &mut item.delete),
-        ];
-        for (method, operation) in operations {
-            for parameter in operation.iter_mut().flat_map(|o| o.parameters.iter_mut().flatten()) {
-                if let RefOr::T(parameter) = parameter {
-                    apply(path, method, parameter);
-                }
+    for (method, path, operation) in super::operations_mut(spec) {
+        for parameter in operation.parameters.iter_mut().flatten() {
+            if let RefOr::T(parameter) = parameter {
+                apply(path, &method, parameter);
             }
         }
     }
@@ -309,7 +302,7 @@ fn set_format(field: &mut Schema, format: Format) {
     }
 }
 
-fn apply(path: &str, method: &str, parameter: &mut Parameter) {
+fn apply(path: &str, method: &Method, parameter: &mut Parameter) {
     let Some(format) = format_of(path, method, &parameter.parameter_in, &parameter.name) else {
         return;
     };
@@ -359,27 +352,24 @@ pub fn nullable_as_types(spec: &mut OpenApi) {
     if let Some(components) = spec.components.as_mut() {
         components.schemas.values_mut().for_each(nullable_in);
     }
-    for item in spec.paths.paths.values_mut() {
-        let operations = [&mut item.get, &mut item.put, &mut item.post, &mut item.delete];
-        for operation in operations.into_iter().flatten() {
-            for parameter in operation.parameters.iter_mut().flatten() {
-                if let RefOr::T(parameter) = parameter {
-                    parameter.schema.iter_mut().for_each(nullable_in);
+    for (_, _, operation) in super::operations_mut(spec) {
+        for parameter in operation.parameters.iter_mut().flatten() {
+            if let RefOr::T(parameter) = parameter {
+                parameter.schema.iter_mut().for_each(nullable_in);
+            }
+        }
+        if let Some(RefOr::T(body)) = operation.request_body.as_mut() {
+            for content in body.content.values_mut() {
+                if let RefOr::T(content) = content {
+                    content.schema.iter_mut().for_each(nullable_in);
                 }
             }
-            if let Some(RefOr::T(body)) = operation.request_body.as_mut() {
-                for content in body.content.values_mut() {
+        }
+        for response in operation.responses.responses.values_mut() {
+            if let RefOr::T(response) = response {
+                for content in response.content.values_mut() {
                     if let RefOr::T(content) = content {
                         content.schema.iter_mut().for_each(nullable_in);
-                    }
-                }
-            }
-            for response in operation.responses.responses.values_mut() {
-                if let RefOr::T(response) = response {
-                    for content in response.content.values_mut() {
-                        if let RefOr::T(content) = content {
-                            content.schema.iter_mut().for_each(nullable_in);
-                        }
                     }
                 }
             }
@@ -394,28 +384,25 @@ pub fn nullable_as_types(spec: &mut OpenApi) {
 /// server takes: the body, or none.
 pub fn optional_bodies_as_refs(spec: &mut OpenApi) {
     use utoipa::openapi::Required;
-    for item in spec.paths.paths.values_mut() {
-        let operations = [&mut item.get, &mut item.put, &mut item.post, &mut item.delete];
-        for operation in operations.into_iter().flatten() {
-            let Some(RefOr::T(body)) = operation.request_body.as_mut() else {
+    for (_, _, operation) in super::operations_mut(spec) {
+        let Some(RefOr::T(body)) = operation.request_body.as_mut() else {
+            continue;
+        };
+        let mut unwrapped = false;
+        for content in body.content.values_mut() {
+            let RefOr::T(content) = content else { continue };
+            let Some(RefOr::T(Schema::AnyOf(any))) = &content.schema else {
                 continue;
             };
-            let mut unwrapped = false;
-            for content in body.content.values_mut() {
-                let RefOr::T(content) = content else { continue };
-                let Some(RefOr::T(Schema::AnyOf(any))) = &content.schema else {
-                    continue;
-                };
-                if let [RefOr::Ref(reference), RefOr::T(Schema::Object(null))] = any.items.as_slice()
-                    && null.schema_type == SchemaType::Type(Type::Null)
-                {
-                    content.schema = Some(RefOr::Ref(reference.clone()));
-                    unwrapped = true;
-                }
+            if let [RefOr::Ref(reference), RefOr::T(Schema::Object(null))] = any.items.as_slice()
+                && null.schema_type == SchemaType::Type(Type::Null)
+            {
+                content.schema = Some(RefOr::Ref(reference.clone()));
+                unwrapped = true;
             }
-            if unwrapped {
-                body.required = Some(Required::False);
-            }
+        }
+        if unwrapped {
+            body.required = Some(Required::False);
         }
     }
 }
@@ -505,7 +492,8 @@ mod tests {
             ),
         ];
         for (path, method, place, name, format) in cases {
-            assert_eq!(format_of(path, method, &place, name), format, "{method} {path} {name}");
+            let method: Method = method.to_uppercase().parse().expect("a method");
+            assert_eq!(format_of(path, &method, &place, name), format, "{method} {path} {name}");
         }
     }
 

@@ -115,23 +115,13 @@ fn declared(method: &Method, route: &str) -> Option<&'static Declared> {
 /// The declarations of `spec`: method, path, what it says (or why it does not parse), and
 /// whether the operation waits.
 pub fn declarations(spec: &utoipa::openapi::OpenApi) -> Vec<(Method, String, Result<ServedBy, String>, bool)> {
-    let mut found = Vec::new();
-    for (path, item) in &spec.paths.paths {
-        for (method, operation) in [
-            (Method::GET, &item.get),
-            (Method::POST, &item.post),
-            (Method::PUT, &item.put),
-            (Method::DELETE, &item.delete),
-        ] {
-            let Some(operation) = operation else { continue };
-            let Some(value) = operation.extensions.as_ref().and_then(|e| e.get(SERVED_BY)) else {
-                continue;
-            };
+    super::operations(spec)
+        .filter_map(|(method, path, operation)| {
+            let value = operation.extensions.as_ref()?.get(SERVED_BY)?;
             let parsed = serde_json::from_value::<ServedBy>(value.clone()).map_err(|e| e.to_string());
-            found.push((method, path.clone(), parsed, super::limits::takes_wait(operation)));
-        }
-    }
-    found
+            Some((method, path.clone(), parsed, super::limits::takes_wait(operation)))
+        })
+        .collect()
 }
 
 /// The guard; see the module's documentation.
@@ -478,28 +468,21 @@ mod tests {
                 );
             }
         }
-        for (path, item) in &spec.paths.paths {
-            for (method, operation) in [
-                (Method::POST, &item.post),
-                (Method::PUT, &item.put),
-                (Method::DELETE, &item.delete),
-            ] {
-                let Some(operation) = operation else { continue };
-                let properties = body_properties(&spec, operation);
-                if !properties.iter().any(|p| p == "lease") {
-                    continue;
-                }
-                // Served where it arrives (it makes a holding) or by the keeper: either way
-                // the lease is found from the body, never assumed kept here.
-                let found = declared
-                    .iter()
-                    .find(|(m, p, _, _)| *m == method && p == path)
-                    .and_then(|(_, _, served_by, _)| served_by.clone().ok());
-                assert!(
-                    matches!(found, Some(ServedBy::Any(Named::Body) | ServedBy::Keeper(Named::Body))),
-                    "{method} {path}: {found:?}"
-                );
+        for (method, path, operation) in super::super::operations(&spec) {
+            let properties = body_properties(&spec, operation);
+            if method == Method::GET || !properties.iter().any(|p| p == "lease") {
+                continue;
             }
+            // Served where it arrives (it makes a holding) or by the keeper: either way the
+            // lease is found from the body, never assumed kept here.
+            let found = declared
+                .iter()
+                .find(|(m, p, _, _)| *m == method && p == path)
+                .and_then(|(_, _, served_by, _)| served_by.clone().ok());
+            assert!(
+                matches!(found, Some(ServedBy::Any(Named::Body) | ServedBy::Keeper(Named::Body))),
+                "{method} {path}: {found:?}"
+            );
         }
     }
 

@@ -11,7 +11,7 @@ use axum::http::Method;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use utoipa::openapi::RefOr;
-use utoipa::openapi::path::{HttpMethod, Operation, ParameterIn};
+use utoipa::openapi::path::{Operation, ParameterIn};
 
 use super::error::{ApiError, Problem};
 use crate::AppState;
@@ -207,23 +207,10 @@ fn waits(method: &Method, route: &str) -> bool {
 
 /// The (method, path) of every operation of `spec` with a `wait` query parameter.
 fn waiting_routes(spec: &utoipa::openapi::OpenApi) -> HashSet<(Method, String)> {
-    let methods = [
-        (HttpMethod::Get, Method::GET),
-        (HttpMethod::Post, Method::POST),
-        (HttpMethod::Put, Method::PUT),
-        (HttpMethod::Delete, Method::DELETE),
-        (HttpMethod::Patch, Method::PATCH),
-    ];
-    let mut waiting = HashSet::new();
-    for (path, item) in &spec.paths.paths {
-        let operations = [&item.get, &item.post, &item.put, &item.delete, &item.patch];
-        for (operation, (_, method)) in operations.into_iter().zip(&methods) {
-            if operation.as_ref().is_some_and(takes_wait) {
-                waiting.insert((method.clone(), path.clone()));
-            }
-        }
-    }
-    waiting
+    super::operations(spec)
+        .filter(|(_, _, operation)| takes_wait(operation))
+        .map(|(method, path, _)| (method, path.clone()))
+        .collect()
 }
 
 /// Whether `operation` takes a `wait` query parameter (and so counts as a long poll).

@@ -39,10 +39,11 @@ mod txns;
 use axum::Json;
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
-use axum::http::Uri;
+use axum::http::{Method, Uri};
 use axum::response::IntoResponse;
 use consistency::Consistency;
 use utoipa::OpenApi;
+use utoipa::openapi::path::Operation;
 use utoipa::openapi::tag::TagBuilder;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -208,30 +209,48 @@ async fn method_not_allowed(matched: Option<axum::extract::MatchedPath>) -> impl
     ApiError::new(error::Problem::MethodNotAllowed, detail).with("allowed", allowed)
 }
 
+/// Every operation of `spec`, with its method and path.
+pub(crate) fn operations(spec: &utoipa::openapi::OpenApi) -> impl Iterator<Item = (Method, &String, &Operation)> {
+    spec.paths.paths.iter().flat_map(|(path, item)| {
+        let methods = [&item.get, &item.put, &item.post, &item.delete, &item.patch];
+        SPEC_METHODS
+            .into_iter()
+            .zip(methods)
+            .filter_map(move |(method, operation)| Some((method, path, operation.as_ref()?)))
+    })
+}
+
+/// [operations], to change.
+pub(crate) fn operations_mut(
+    spec: &mut utoipa::openapi::OpenApi,
+) -> impl Iterator<Item = (Method, &String, &mut Operation)> {
+    spec.paths.paths.iter_mut().flat_map(|(path, item)| {
+        let methods = [
+            &mut item.get,
+            &mut item.put,
+            &mut item.post,
+            &mut item.delete,
+            &mut item.patch,
+        ];
+        SPEC_METHODS
+            .into_iter()
+            .zip(methods)
+            .filter_map(move |(method, operation)| Some((method, &*path, operation.as_mut()?)))
+    })
+}
+
+/// The methods of a spec's path item, in the order [operations] gives them.
+const SPEC_METHODS: [Method; 5] = [Method::GET, Method::PUT, Method::POST, Method::DELETE, Method::PATCH];
+
 /// The methods the spec lists for the route `template` (`/v1/locks/{name}/acquire`).
-fn allowed_methods(template: &str) -> Vec<&'static str> {
-    static METHODS: std::sync::OnceLock<std::collections::HashMap<String, Vec<&'static str>>> =
-        std::sync::OnceLock::new();
+fn allowed_methods(template: &str) -> Vec<String> {
+    static METHODS: std::sync::OnceLock<std::collections::HashMap<String, Vec<String>>> = std::sync::OnceLock::new();
     let methods = METHODS.get_or_init(|| {
-        let spec = routes().into_openapi();
-        spec.paths
-            .paths
-            .iter()
-            .map(|(path, item)| {
-                let mut methods = Vec::new();
-                for (method, present) in [
-                    ("GET", item.get.is_some()),
-                    ("PUT", item.put.is_some()),
-                    ("POST", item.post.is_some()),
-                    ("DELETE", item.delete.is_some()),
-                ] {
-                    if present {
-                        methods.push(method);
-                    }
-                }
-                (path.clone(), methods)
-            })
-            .collect()
+        let mut methods: std::collections::HashMap<String, Vec<String>> = Default::default();
+        for (method, path, _) in operations(&routes().into_openapi()) {
+            methods.entry(path.clone()).or_default().push(method.to_string());
+        }
+        methods
     });
     // The router writes a catch-all `{*key}`, the spec `{key}`.
     methods.get(&template.replace("{*", "{")).cloned().unwrap_or_default()
@@ -422,48 +441,37 @@ pub fn document_auth(spec: &mut utoipa::openapi::OpenApi) {
                 .build(),
         ),
     );
-    for (path, item) in spec.paths.paths.iter_mut() {
+    for (method, path, operation) in operations_mut(spec) {
         if path == "/healthz" || path == "/readyz" {
             continue;
         }
         let socket = routed::is_long_lived(path);
-        let operations = [
-            (axum::http::Method::GET, &mut item.get),
-            (axum::http::Method::PUT, &mut item.put),
-            (axum::http::Method::POST, &mut item.post),
-            (axum::http::Method::DELETE, &mut item.delete),
-        ];
-        for (method, operation) in operations
-            .into_iter()
-            .filter_map(|(method, op)| op.as_mut().map(|op| (method, op)))
-        {
-            let write = method != axum::http::Method::GET;
-            // Optional: without `--auth-config` no token is needed (`{}`, no requirement).
-            operation.security = Some(vec![
-                SecurityRequirement::new("bearer", Vec::<String>::new()),
-                SecurityRequirement::default(),
-            ]);
-            let mut guards = vec![Problem::Unauthorized, Problem::Forbidden];
-            if write {
-                guards.extend([Problem::RateLimited, Problem::TooMany]);
-            } else if socket || limits::takes_wait(operation) {
-                // A socket or a long poll past its limits.
-                guards.push(Problem::TooMany);
-            }
-            let served_by = operation
-                .extensions
-                .as_ref()
-                .and_then(|e| e.get(handoff::SERVED_BY))
-                .and_then(|value| serde_json::from_value::<handoff::ServedBy>(value.clone()).ok());
-            if served_by.is_some() {
-                // Handed to a keeper that is not reachable, or a lease that moved meanwhile.
-                guards.push(Problem::InstanceUnavailable);
-            }
-            if limits::takes_a_turn(&method, path) {
-                guards.push(Problem::Overloaded);
-            }
-            declare(operation, guards);
+        let write = method != Method::GET;
+        // Optional: without `--auth-config` no token is needed (`{}`, no requirement).
+        operation.security = Some(vec![
+            SecurityRequirement::new("bearer", Vec::<String>::new()),
+            SecurityRequirement::default(),
+        ]);
+        let mut guards = vec![Problem::Unauthorized, Problem::Forbidden];
+        if write {
+            guards.extend([Problem::RateLimited, Problem::TooMany]);
+        } else if socket || limits::takes_wait(operation) {
+            // A socket or a long poll past its limits.
+            guards.push(Problem::TooMany);
         }
+        let served_by = operation
+            .extensions
+            .as_ref()
+            .and_then(|e| e.get(handoff::SERVED_BY))
+            .and_then(|value| serde_json::from_value::<handoff::ServedBy>(value.clone()).ok());
+        if served_by.is_some() {
+            // Handed to a keeper that is not reachable, or a lease that moved meanwhile.
+            guards.push(Problem::InstanceUnavailable);
+        }
+        if limits::takes_a_turn(&method, path) {
+            guards.push(Problem::Overloaded);
+        }
+        declare(operation, guards);
     }
 }
 
