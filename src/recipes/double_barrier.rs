@@ -225,11 +225,9 @@ impl Source for DoubleBarrierTopic {
 
     async fn read(&self, session: &Session) -> Result<DoubleBarrierState, Failure> {
         let client = session.client();
-        let size = match retry_on_loss(|| client.get_data(&self.dir)).await {
-            Ok((data, _)) => super::recorded(&data, SIZE),
-            Err(ZkError::NoNode) => None,
-            Err(err) => return Err(err.into()),
-        };
+        let size = crate::zk::data(client, &self.dir)
+            .await?
+            .and_then(|(data, _)| super::recorded(&data, SIZE));
         let mut children = crate::zk::children(client, &self.dir).await?;
         children.sort();
         let ready = children.iter().any(|c| c == READY);

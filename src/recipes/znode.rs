@@ -23,7 +23,7 @@ pub fn under_root(root: &str, relative: &str) -> String {
 
 /// A znode's data as a topic's state: `{"exists": false}`, or its data (`data` for UTF-8,
 /// `data_base64` for other bytes), version and `mzxid`.
-#[derive(Serialize, ToSchema, Clone, Debug, PartialEq)]
+#[derive(Serialize, ToSchema, Clone, Debug, PartialEq, Default)]
 pub struct ZnodeDataState {
     pub exists: bool,
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
@@ -56,7 +56,7 @@ impl Data {
 }
 
 /// A znode's children as a topic's state.
-#[derive(Serialize, ToSchema, Clone, Debug, PartialEq)]
+#[derive(Serialize, ToSchema, Clone, Debug, PartialEq, Default)]
 pub struct ZnodeChildrenState {
     pub exists: bool,
     /// Sorted.
@@ -90,21 +90,14 @@ impl Source for ZnodeData {
 
     async fn read(&self, session: &Session) -> Result<ZnodeDataState, Failure> {
         let client = session.client();
-        match retry_on_loss(|| client.get_data(&self.path)).await {
-            Ok((data, stat)) => Ok(ZnodeDataState {
+        Ok(crate::zk::data(client, &self.path)
+            .await?
+            .map_or_else(ZnodeDataState::default, |(data, stat)| ZnodeDataState {
                 exists: true,
                 data: Some(Data::of(&data)),
                 version: Some(stat.version),
                 mzxid: Some(stat.mzxid),
-            }),
-            Err(ZkError::NoNode) => Ok(ZnodeDataState {
-                exists: false,
-                data: None,
-                version: None,
-                mzxid: None,
-            }),
-            Err(err) => Err(err.into()),
-        }
+            }))
     }
 
     fn change(&self, before: &ZnodeDataState, after: &ZnodeDataState) -> Option<ZnodeEvent> {
@@ -132,10 +125,7 @@ impl Source for ZnodeChildren {
                 children.sort();
                 Ok(ZnodeChildrenState { exists: true, children })
             }
-            Err(ZkError::NoNode) => Ok(ZnodeChildrenState {
-                exists: false,
-                children: Vec::new(),
-            }),
+            Err(ZkError::NoNode) => Ok(ZnodeChildrenState::default()),
             Err(err) => Err(err.into()),
         }
     }

@@ -68,11 +68,10 @@ impl Source for CounterTopic {
 
     async fn read(&self, session: &Session) -> Result<CounterState, Failure> {
         let client = session.client();
-        match retry_on_loss(|| client.get_data(&self.path)).await {
-            Ok((data, stat)) => Ok(CounterState::of(&self.name, decode(&data), Some(&stat))),
-            Err(ZkError::NoNode) => Ok(CounterState::of(&self.name, Some(0), None)),
-            Err(err) => Err(err.into()),
-        }
+        Ok(match crate::zk::data(client, &self.path).await? {
+            Some((data, stat)) => CounterState::of(&self.name, decode(&data), Some(&stat)),
+            None => CounterState::of(&self.name, Some(0), None),
+        })
     }
 
     fn change(&self, before: &CounterState, after: &CounterState) -> Option<CounterEvent> {
