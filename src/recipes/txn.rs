@@ -198,7 +198,7 @@ pub struct Record {
 
 /// A transaction: what `GET /v1/txns/{id}` answers (when it exists) and the `txn` topic
 /// carries.
-#[derive(Serialize, ToSchema, Clone, Debug, PartialEq)]
+#[derive(Serialize, ToSchema, Clone, Debug, PartialEq, Default)]
 pub struct TxnState {
     #[schema(example = "order-42")]
     pub id: String,
@@ -226,13 +226,7 @@ impl TxnState {
         let Some(record) = record else {
             return TxnState {
                 id: id.to_string(),
-                exists: false,
-                participants: Vec::new(),
-                payload: None,
-                deadline_at: None,
-                registered: BTreeSet::new(),
-                votes: BTreeMap::new(),
-                decision: None,
+                ..TxnState::default()
             };
         };
         TxnState {

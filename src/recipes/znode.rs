@@ -153,12 +153,7 @@ mod tests {
         let topic = ZnodeData {
             path: "/zkgate/kv/a".into(),
         };
-        let gone = ZnodeDataState {
-            exists: false,
-            data: None,
-            version: None,
-            mzxid: None,
-        };
+        let gone = ZnodeDataState::default();
         let at = |mzxid| ZnodeDataState {
             exists: true,
             data: Some(Data::of(b"x")),
