@@ -54,6 +54,18 @@ fail() {
     failures+=("$1")
 }
 section() { printf '\n=== %s\n' "$1"; }
+# Runs a tool with its output in $out/LOG, then shows that output; a failure is recorded as
+# NAME and returns 1 (the caller decides what may still run).
+logged() {
+    local name=$1 log=$out/$2 status
+    shift 2
+    set +e
+    "$@" >"$log" 2>&1
+    status=$?
+    set -e
+    cat "$log"
+    [[ $status -eq 0 ]] || { fail "$name (exit $status)"; return 1; }
+}
 
 section "openapi-spec-validator (every validation error)"
 "$venv/bin/openapi-spec-validator" --validation-errors all "$out/openapi.json" || fail "openapi-spec-validator"
@@ -61,27 +73,16 @@ section "openapi-spec-validator (every validation error)"
 section "openapi-generator validate --recommend"
 # The jar prints its findings on stderr and exits 1 on errors; warnings (recommendations) leave
 # it at 0, so they are read from its output.
-set +e
-"$venv/bin/openapi-generator-cli" validate --recommend -i "$out/openapi.json" >"$out/openapi-generator-validate.log" 2>&1
-status=$?
-set -e
-cat "$out/openapi-generator-validate.log"
-[[ $status -eq 0 ]] || fail "openapi-generator validate: errors (exit $status)"
+logged "openapi-generator validate: errors" openapi-generator-validate.log \
+    "$venv/bin/openapi-generator-cli" validate --recommend -i "$out/openapi.json" || true
 grep -q '^Warnings:' "$out/openapi-generator-validate.log" && fail "openapi-generator validate: warnings"
 
 section "openapi-python-client generate"
 # ruff (a dependency of the generator, in the venv) formats what it writes: it must be on PATH.
-set +e
-PATH="$PWD/$venv/bin:$PATH" "$venv/bin/openapi-python-client" generate --path "$out/openapi.json" \
-    --output-path "$out/python" --overwrite >"$out/python-generate.log" 2>&1
-status=$?
-set -e
-cat "$out/python-generate.log"
 python_ok=true
-if [[ $status -ne 0 ]]; then
-    fail "openapi-python-client generate (exit $status)"
+logged "openapi-python-client generate" python-generate.log env PATH="$PWD/$venv/bin:$PATH" \
+    "$venv/bin/openapi-python-client" generate --path "$out/openapi.json" --output-path "$out/python" --overwrite ||
     python_ok=false
-fi
 # Its warnings are blocks that start "WARNING parsing METHOD PATH within TAG." and give the reason
 # on the next non-empty line (or "Unable to ..." blocks for schemas).
 "$venv/bin/python" - "$out/python-generate.log" <<'EOF' || fail "openapi-python-client: warnings"
@@ -113,49 +114,26 @@ cp "$out/openapi.json" "$ts/generated/openapi.json"
 generated=()
 
 section "openapi-typescript (types for openapi-fetch)"
-set +e
-"$ts/node_modules/.bin/openapi-typescript" "$ts/generated/openapi.json" -o "$ts/generated/zkgate.d.ts" >"$out/typescript-generate.log" 2>&1
-status=$?
-set -e
-cat "$out/typescript-generate.log"
-if [[ $status -ne 0 ]]; then
-    fail "openapi-typescript (exit $status)"
-else
+logged openapi-typescript typescript-generate.log \
+    "$ts/node_modules/.bin/openapi-typescript" "$ts/generated/openapi.json" -o "$ts/generated/zkgate.d.ts" &&
     generated+=(openapi-fetch)
-fi
 # It lints the spec with Redocly's rules first and prints what it finds before its own lines.
 grep -Eiv '^(✨ openapi-typescript|🚀 )' "$out/typescript-generate.log" | grep -Eqi 'warn|error' &&
     fail "openapi-typescript: warnings"
 
 section "orval (fetch client)"
-set +e
-(cd "$ts" && node_modules/.bin/orval --config ./orval.config.ts) >"$out/orval-generate.log" 2>&1
-status=$?
-set -e
-cat "$out/orval-generate.log"
-if [[ $status -ne 0 ]]; then
-    fail "orval (exit $status)"
-else
+logged orval orval-generate.log bash -c "cd '$ts' && node_modules/.bin/orval --config ./orval.config.ts" &&
     generated+=(orval)
-fi
 grep -Eqi 'warn|error' "$out/orval-generate.log" && fail "orval: warnings"
 
 section "openapi-generator typescript-fetch"
 # Its log is INFO lines and a few WARNs that are not about the spec's correctness (3.1 support
 # "in beta", names it renames in its own output because they are TypeScript words), so only its
 # exit status counts; the type check and the flow judge what it wrote.
-set +e
-"$venv/bin/openapi-generator-cli" generate -g typescript-fetch -i "$ts/generated/openapi.json" \
-    -o "$ts/generated/typescript-fetch" --additional-properties=supportsES6=true,importFileExtension=.js \
-    >"$out/typescript-fetch-generate.log" 2>&1
-status=$?
-set -e
-grep -v '\] INFO ' "$out/typescript-fetch-generate.log" || true
-if [[ $status -ne 0 ]]; then
-    fail "openapi-generator typescript-fetch (exit $status)"
-else
+logged "openapi-generator typescript-fetch" typescript-fetch-generate.log env JAVA_OPTS=-Dlog.level=warn \
+    "$venv/bin/openapi-generator-cli" generate -g typescript-fetch -i "$ts/generated/openapi.json" \
+    -o "$ts/generated/typescript-fetch" --additional-properties=supportsES6=true,importFileExtension=.js &&
     generated+=(typescript-fetch)
-fi
 
 for client in "${generated[@]}"; do
     section "tsc (strict) and the flow: $client"

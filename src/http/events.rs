@@ -263,7 +263,7 @@ fn topic_error(err: TopicError, topic: &str) -> ApiError {
 pub fn events_route(kind: Kind, summary: &'static str) -> OpenApiRouter<AppState> {
     use super::error::{Problems, p};
     use utoipa::IntoResponses;
-    use utoipa::openapi::path::{HttpMethod, OperationBuilder, ParameterBuilder, ParameterIn};
+    use utoipa::openapi::path::{OperationBuilder, ParameterBuilder, ParameterIn};
     use utoipa::openapi::{ContentBuilder, ObjectBuilder, Required, ResponseBuilder, ResponsesBuilder, schema::Type};
     let handler = move |State(state): State<AppState>,
                         caller: Caller,
@@ -325,12 +325,7 @@ pub fn events_route(kind: Kind, summary: &'static str) -> OpenApiRouter<AppState
         .parameters(Some(parameters))
         .responses(ResponsesBuilder::new().responses_from_iter(responses))
         .build();
-    let mut router = OpenApiRouter::new().route(&path, axum::routing::get(handler));
-    router
-        .get_openapi_mut()
-        .paths
-        .add_path_operation(&path, vec![HttpMethod::Get], operation);
-    router
+    super::get_route(&path, axum::routing::get(handler), operation)
 }
 
 #[cfg(test)]

@@ -352,7 +352,7 @@ pub async fn list(
 /// one per kind from the registry rather than a handler of the same four lines in each
 /// kind's module.
 fn list_route(kind: Kind, listed: &'static str) -> OpenApiRouter<AppState> {
-    use utoipa::openapi::path::{HttpMethod, OperationBuilder, ParameterIn};
+    use utoipa::openapi::path::{OperationBuilder, ParameterIn};
     use utoipa::openapi::{ArrayBuilder, ContentBuilder, Ref, ResponseBuilder, header::HeaderBuilder};
     use utoipa::{IntoParams, IntoResponses};
     let handler =
@@ -388,11 +388,19 @@ fn list_route(kind: Kind, listed: &'static str) -> OpenApiRouter<AppState> {
         .parameters(Some(paging::PageQuery::into_params(|| Some(ParameterIn::Query))))
         .responses(utoipa::openapi::ResponsesBuilder::new().responses_from_iter(responses))
         .build();
-    let mut router = OpenApiRouter::new().route(&path, axum::routing::get(handler));
-    router
-        .get_openapi_mut()
-        .paths
-        .add_path_operation(&path, vec![HttpMethod::Get], operation);
+    get_route(&path, axum::routing::get(handler), operation)
+}
+
+/// The `GET` route at `path` served by `handler`, with its `operation` in the spec: for the
+/// routes made from the registry rather than declared by a handler's attribute.
+pub(crate) fn get_route(
+    path: &str,
+    handler: axum::routing::MethodRouter<AppState>,
+    operation: Operation,
+) -> OpenApiRouter<AppState> {
+    let mut router = OpenApiRouter::new().route(path, handler);
+    let paths = &mut router.get_openapi_mut().paths;
+    paths.add_path_operation(path, vec![utoipa::openapi::path::HttpMethod::Get], operation);
     router
 }
 

@@ -65,6 +65,17 @@ export type Taken =
     | { batch: true }
     | { batch: false; item: string; body?: unknown; contentType: string; deliveries: number; claim?: string | null | undefined };
 
+/** A take's answer as the generators that keep the wire's names type it: the flow's `Taken`. */
+export function taken(
+    answer:
+        | { items: unknown[] }
+        | { item: string; body?: unknown; content_type: string; deliveries: number; claim?: string | null },
+): Taken {
+    if ("items" in answer) return { batch: true };
+    const { item, body, content_type, deliveries, claim } = answer;
+    return { batch: false, item, body, contentType: content_type, deliveries, claim };
+}
+
 export interface Added {
     previous: number;
     value: number;

@@ -4,7 +4,7 @@
 //
 //     node dist/openapi-fetch.js http://127.0.0.1:PORT
 import createClient from "openapi-fetch";
-import { type Answer, type Client, mapped, runFlow, serverUrl } from "./flow.js";
+import { type Answer, type Client, mapped, runFlow, serverUrl, taken } from "./flow.js";
 import type { components, paths } from "./generated/zkgate.js";
 
 type Spec = components["schemas"];
@@ -49,17 +49,7 @@ const client: Client = {
                     params: { path: { name: queue }, query: ack_deadline === undefined ? { wait } : { wait, ack_deadline } },
                 }),
             ),
-            (t) =>
-                "items" in t
-                    ? { batch: true as const }
-                    : {
-                          batch: false as const,
-                          item: t.item,
-                          body: t.body,
-                          contentType: t.content_type,
-                          deliveries: t.deliveries,
-                          claim: t.claim,
-                      },
+            taken,
         ),
     ack: async (queue, claim) =>
         answer(await api.POST("/v1/queues/{name}/claims/{claim}/ack", { params: { path: { name: queue, claim } } })),

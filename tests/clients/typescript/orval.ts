@@ -3,7 +3,7 @@
 // generated functions and types are used.
 //
 //     node dist/orval.js http://127.0.0.1:PORT
-import { type Answer, type Client, mapped, runFlow, serverUrl } from "./flow.js";
+import { type Answer, type Client, mapped, runFlow, serverUrl, taken } from "./flow.js";
 import * as api from "./generated/orval/zkgate.js";
 import { useServer } from "./orval-fetch.js";
 
@@ -43,18 +43,7 @@ const client: Client = {
     releaseLock: async (lock, handle) => answer(await api.releaseLock(lock, handle)),
     put: async (queue, item) => answer(await api.put(queue, item)),
     take: async (queue, wait, ack_deadline) =>
-        mapped(answer(await api.take(queue, ack_deadline === undefined ? { wait } : { wait, ack_deadline })), (t) =>
-            "items" in t
-                ? { batch: true as const }
-                : {
-                      batch: false as const,
-                      item: t.item,
-                      body: t.body,
-                      contentType: t.content_type,
-                      deliveries: t.deliveries,
-                      claim: t.claim,
-                  },
-        ),
+        mapped(answer(await api.take(queue, ack_deadline === undefined ? { wait } : { wait, ack_deadline })), taken),
     ack: async (queue, claim) => answer(await api.ack(queue, claim)),
     add: async (counter, change) => answer(await api.addToCounter(counter, change)),
     campaign: async (election, lease, value) => answer(await api.campaign(election, { lease, value }, { wait: "5s" })),
