@@ -312,7 +312,7 @@ declare_tuples! {
     (A, B, C, D, E, F, G, H, I, J, K, L)
 }
 
-/// An RFC 9457 problem document, as documented in the OpenAPI description.
+/// An RFC 9457 problem document as the spec describes it (the body itself is [ApiError::body]).
 #[derive(Serialize, utoipa::ToSchema)]
 #[schema(as = Problem)]
 pub struct ProblemDocument {
@@ -329,78 +329,56 @@ pub struct ProblemDocument {
     #[schema(example = "path parameter `name`: must not contain `/`")]
     pub detail: String,
     /// For bad input: the field, parameter or header at fault.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub field: Option<String>,
     /// For bad input: where the field is (`body`, `query`, `path`, `header`).
-    #[serde(rename = "in", skip_serializing_if = "Option::is_none")]
+    #[serde(rename = "in")]
     #[schema(example = "path")]
     pub place: Option<String>,
     /// For an invalid `topic` of an event stream: the topic at fault.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub topic: Option<String>,
     /// `not-found`: what was not found (`lease`, `handle`, `key`, `member`...).
-    #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(example = "lease")]
     pub resource: Option<String>,
     /// `method-not-allowed`: the methods the endpoint takes.
-    #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(example = json!(["GET", "PUT"]))]
     pub allowed: Option<Vec<String>>,
     /// `lock-not-acquired`: the request's place in the queue when the wait ended (0: first).
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub position: Option<u64>,
     /// `lock-not-acquired`: whether the request had joined the queue (it has left it).
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub queued: Option<bool>,
     /// `lock-not-acquired` on a lock set: the lock not granted; `lock-lost`: the lock lost.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub lock: Option<String>,
     /// `mode-change-refused`: the handle the lease already has on the read/write lock.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub handle: Option<String>,
     /// `mode-change-refused`: the mode the lease already has (`read`, `write`).
-    #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(example = "read")]
     pub mode: Option<String>,
     /// `not-leader`: the candidate's state.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub state: Option<String>,
     /// `stale-fencing-token`: the newest holder's token (or the leader's term).
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub current_token: Option<i64>,
     /// `permits-mismatch`: the semaphore's number of permits.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub permits: Option<u32>,
     /// `size-mismatch`: the double barrier's size.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub size: Option<u32>,
     /// `already-voted`: the participant's vote (final).
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub vote: Option<crate::recipes::txn::Vote>,
     /// `txn-decided`: the transaction's outcome.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub outcome: Option<crate::recipes::txn::Outcome>,
     /// `out-of-bounds`: the counter's value (unchanged).
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub value: Option<i64>,
     /// `lease-ended` (`deleted`, `expired`), `lock-lost`: why.
-    #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(example = "expired")]
     pub reason: Option<String>,
     /// `precondition-failed`: the ETag of what is there now.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub current_etag: Option<String>,
     /// `body-too-large`, `value-too-large`: the limit in bytes.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub limit_bytes: Option<u64>,
     /// `value-too-large`: the size as stored; `not-a-counter`: the size of the znode's data.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub size_bytes: Option<u64>,
     /// `queue-full`: the queue's depth (its limit).
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub depth: Option<u64>,
     /// `quota-exceeded`: the quota that is full.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub quota: Option<String>,
 }
 
