@@ -13,10 +13,7 @@
 //! problems themselves.
 
 use std::io;
-use std::pin::Pin;
-use std::task::{Context, Poll};
-
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use std::task::Poll;
 
 /// The problem document (JSON) that answers status `status` given before routing, if it is
 /// one zkgate names.
@@ -25,16 +22,10 @@ pub type EarlyAnswer = fn(status: u16) -> Option<Vec<u8>>;
 /// Longest head of hyper's that is looked at (its own are under 200 bytes).
 const MAX_HEAD: usize = 512;
 
-/// A connection's IO whose first answer, if hyper made it, goes out as a problem.
-pub(super) struct Early<IO> {
-    io: IO,
-    answer: EarlyAnswer,
-    state: State,
-}
-
-enum State {
+/// What becomes of a connection's first answer: rewritten if hyper made it.
+pub(super) enum First {
     /// Nothing written yet.
-    First,
+    Ahead(EarlyAnswer),
     /// Writing `bytes` in place of hyper's head of `replaced` bytes; `written` so far.
     Replacing {
         bytes: Vec<u8>,
@@ -45,13 +36,47 @@ enum State {
     Through,
 }
 
-impl<IO> Early<IO> {
-    pub(super) fn new(io: IO, answer: EarlyAnswer) -> Early<IO> {
-        Early {
-            io,
-            answer,
-            state: State::First,
+impl First {
+    /// Writes `buf` with `write` (the connection's own), in its place a problem if it is
+    /// hyper's own first answer; hyper's head counts as written once the whole replacement is.
+    pub(super) fn poll_write(
+        &mut self,
+        buf: &[u8],
+        mut write: impl FnMut(&[u8]) -> Poll<io::Result<usize>>,
+    ) -> Poll<io::Result<usize>> {
+        if let First::Ahead(answer) = *self {
+            *self = match hypers_own(buf).and_then(answer) {
+                Some(body) => First::Replacing {
+                    bytes: replacement(buf, &body),
+                    written: 0,
+                    replaced: buf.len(),
+                },
+                None => First::Through,
+            };
         }
+        let First::Replacing {
+            bytes,
+            written,
+            replaced,
+        } = self
+        else {
+            return write(buf);
+        };
+        while *written < bytes.len() {
+            match write(&bytes[*written..]) {
+                Poll::Ready(Ok(0)) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
+                Poll::Ready(Ok(n)) => *written += n,
+                other => return other,
+            }
+        }
+        let replaced = *replaced;
+        *self = First::Through;
+        Poll::Ready(Ok(replaced))
+    }
+
+    /// Whether the first answer may still be on its way (a write of several parts is not).
+    pub(super) fn pending(&self) -> bool {
+        !matches!(self, First::Through)
     }
 }
 
@@ -77,76 +102,6 @@ fn replacement(head: &[u8], body: &[u8]) -> Vec<u8> {
     bytes.extend_from_slice(format!("content-length: {}\r\n\r\n", body.len()).as_bytes());
     bytes.extend_from_slice(body);
     bytes
-}
-
-impl<IO: AsyncRead + Unpin> AsyncRead for Early<IO> {
-    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_read(cx, buf)
-    }
-}
-
-impl<IO: AsyncWrite + Unpin> AsyncWrite for Early<IO> {
-    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        let this = &mut *self;
-        if let State::First = this.state {
-            this.state = match hypers_own(buf).and_then(|status| (this.answer)(status)) {
-                Some(body) => State::Replacing {
-                    bytes: replacement(buf, &body),
-                    written: 0,
-                    replaced: buf.len(),
-                },
-                None => State::Through,
-            };
-        }
-        match &mut this.state {
-            State::Replacing {
-                bytes,
-                written,
-                replaced,
-            } => {
-                // hyper's head counts as written once the whole replacement is.
-                while *written < bytes.len() {
-                    match Pin::new(&mut this.io).poll_write(cx, &bytes[*written..]) {
-                        Poll::Ready(Ok(0)) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
-                        Poll::Ready(Ok(n)) => *written += n,
-                        other => return other,
-                    }
-                }
-                let replaced = *replaced;
-                this.state = State::Through;
-                Poll::Ready(Ok(replaced))
-            }
-            _ => Pin::new(&mut this.io).poll_write(cx, buf),
-        }
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_shutdown(cx)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        // A first write of one part may be hyper's head: looked at as a plain write.
-        let first = matches!(self.state, State::First | State::Replacing { .. });
-        if let ([one], true) = (bufs, first) {
-            return self.poll_write(cx, one);
-        }
-        if first {
-            self.state = State::Through;
-        }
-        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.io.is_write_vectored()
-    }
 }
 
 #[cfg(test)]

@@ -169,21 +169,24 @@ impl Drop for Slot {
 /// A connection's IO, carrying its [Slot]: through an upgrade the IO moves to the WebSocket,
 /// and the slot with it. Its writes fail once one has waited [Limits::write_timeout] for the
 /// client to take anything: a client that stops reading (its TCP window full, or gone without
-/// a word) would otherwise hold the connection, and a stream's subscriptions, for ever.
+/// a word) would otherwise hold the connection, and a stream's subscriptions, for ever. Its
+/// first answer goes out as a problem if hyper made it ([early]).
 struct Counted<IO> {
     io: IO,
     _slot: Slot,
     write_timeout: Duration,
+    first: early::First,
     /// Set while writes are blocked: when they give up.
     stalled: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl<IO> Counted<IO> {
-    fn new(io: IO, slot: Slot, write_timeout: Duration) -> Counted<IO> {
+    fn new(io: IO, slot: Slot, write_timeout: Duration, early: EarlyAnswer) -> Counted<IO> {
         Counted {
             io,
             _slot: slot,
             write_timeout,
+            first: early::First::Ahead(early),
             stalled: None,
         }
     }
@@ -217,7 +220,10 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Counted<IO> {
 
 impl<IO: AsyncWrite + Unpin> AsyncWrite for Counted<IO> {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        let poll = Pin::new(&mut self.io).poll_write(cx, buf);
+        let this = &mut *self;
+        let poll = this
+            .first
+            .poll_write(buf, |bytes| Pin::new(&mut this.io).poll_write(cx, bytes));
         self.watch(cx, poll)
     }
 
@@ -235,6 +241,13 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Counted<IO> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
+        if self.first.pending() {
+            // A first write of one part may be hyper's head: looked at as a plain write.
+            if let [one] = bufs {
+                return self.poll_write(cx, one);
+            }
+            self.first = early::First::Through;
+        }
         let poll = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
         self.watch(cx, poll)
     }
@@ -259,7 +272,6 @@ pub async fn serve(listener: Listener, caps: Arc<Caps>, app: Router, early: Earl
     let (closed, all_closed) = watch::channel(());
     let connection = |peer| Connection {
         app: app.clone(),
-        early,
         peer,
         header_timeout,
         signalled: signalled.clone(),
@@ -287,7 +299,7 @@ pub async fn serve(listener: Listener, caps: Arc<Caps>, app: Router, early: Earl
             };
             // Small request/response exchanges: do not let Nagle's algorithm hold a reply back.
             let _ = stream.set_nodelay(true);
-            tokio::spawn(connection(peer).serve(Counted::new(stream, slot, write_timeout)));
+            tokio::spawn(connection(peer).serve(Counted::new(stream, slot, write_timeout, early)));
         },
         Listener::Tls(mut tls) => loop {
             let accepted = tokio::select! {
@@ -295,7 +307,7 @@ pub async fn serve(listener: Listener, caps: Arc<Caps>, app: Router, early: Earl
                 _ = shutdown.cancelled() => break,
             };
             let Some((stream, peer, slot)) = accepted else { break };
-            tokio::spawn(connection(peer).serve(Counted::new(stream, slot, write_timeout)));
+            tokio::spawn(connection(peer).serve(Counted::new(stream, slot, write_timeout, early)));
         },
     }
     drop(all_closed);
@@ -306,8 +318,6 @@ pub async fn serve(listener: Listener, caps: Arc<Caps>, app: Router, early: Earl
 /// One connection being served.
 struct Connection {
     app: Router,
-    /// Renders hyper's own refusals as problems.
-    early: EarlyAnswer,
     peer: SocketAddr,
     header_timeout: Duration,
     signalled: watch::Receiver<()>,
@@ -343,10 +353,7 @@ impl Connection {
             .max_concurrent_streams(H2_MAX_STREAMS)
             .keep_alive_interval(self.header_timeout)
             .keep_alive_timeout(self.header_timeout);
-        let connection = builder.serve_connection_with_upgrades(
-            TokioIo::new(early::Early::new(io, self.early)),
-            TowerToHyperService::new(app),
-        );
+        let connection = builder.serve_connection_with_upgrades(TokioIo::new(io), TowerToHyperService::new(app));
         let mut connection = pin!(connection);
         // The first request must start within the header timeout: hyper's own timeout begins
         // only once the protocol is known, and telling HTTP/2 from HTTP/1.1 waits for bytes.
