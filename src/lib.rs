@@ -39,11 +39,8 @@ use utoipa_swagger_ui::{Config as SwaggerConfig, SwaggerUi};
 use crate::config::ServeConfig;
 use crate::events::Events;
 use crate::keeper::Leases;
-use crate::kind::Kind;
-use crate::recipes::engine::contender::Contenders;
-use crate::recipes::engine::node::NodeHoldings;
+use crate::recipes::holdings::Registries;
 use crate::recipes::queue::service::Queues;
-use crate::recipes::semaphore::Semaphores;
 use crate::zk::session::ZkSession;
 use crate::zk::watch::ExistsWatches;
 
@@ -69,22 +66,10 @@ pub struct Shared {
     /// All of the instance's sessions (the primary first); each lease lives on one.
     pub lanes: zk::session::Lanes,
     pub leases: Leases,
-    pub locks: Contenders,
-    /// The records of locks held together (`/v1/lock-sets`, on `locks`' handles): lease-bound
-    /// nodes under `<root>/lock-sets`.
-    pub lock_sets: NodeHoldings,
-    pub rwlocks: Contenders,
-    pub elections: Contenders,
-    pub groups: NodeHoldings,
-    /// Service instances registered through this instance (`/v1/services`).
-    pub services: NodeHoldings,
+    /// What leases hold, kind by kind (`state.locks` and the like reach them through `Deref`).
+    pub registries: Registries,
     /// Each service's round-robin turn on this instance.
     pub service_picker: recipes::service::Picker,
-    pub semaphores: Semaphores,
-    pub barriers: NodeHoldings,
-    pub double_barriers: NodeHoldings,
-    /// Two-phase commit transactions (`<root>/txns/<id>`) and their registered participants.
-    pub txn_members: NodeHoldings,
     pub queues: Queues,
     pub events: Events,
     /// The shared exists-watches that barrier, double-barrier and decision waiters wait on.
@@ -112,29 +97,15 @@ pub struct Shared {
     pub reaped: tokio::sync::watch::Receiver<bool>,
 }
 
-impl Shared {
-    /// How many handles of `owner` wait their turn on this instance, over every kind that
-    /// queues (a new kind must say whether it does: the match has no wildcard).
-    pub fn waiting_of(&self, owner: &Option<String>) -> usize {
-        Kind::ALL
-            .into_iter()
-            .map(|kind| match kind {
-                Kind::Lock => self.locks.queued_of(owner),
-                Kind::RwLock => self.rwlocks.queued_of(owner),
-                Kind::Election => self.elections.queued_of(owner),
-                Kind::Semaphore => self.semaphores.queued_of(owner),
-                Kind::Barrier
-                | Kind::DoubleBarrier
-                | Kind::Txn
-                | Kind::Queue
-                | Kind::Group
-                | Kind::Kv
-                | Kind::Counter
-                | Kind::Service => 0,
-            })
-            .sum()
-    }
+impl std::ops::Deref for Shared {
+    type Target = Registries;
 
+    fn deref(&self) -> &Registries {
+        &self.registries
+    }
+}
+
+impl Shared {
     /// The primary ZooKeeper session: reads, queues, event topics, the instance's registration.
     pub fn zk(&self) -> &ZkSession {
         self.lanes.primary()
@@ -184,23 +155,15 @@ impl AppState {
         let events = Events::new(zk.clone(), barrier_watches.clone(), event_settings(&config));
         let ws_budget = ws::outbox::Budget::new(config.ws_send_budget);
         let shutdown = CancellationToken::new();
-        leases.set_adopter(adopter(registries.clone()));
+        let adopting = registries.clone();
+        leases.set_adopter(Arc::new(move |lease, holdings| adopting.adopt(lease, holdings)));
         let reaped = start_housekeeping(&config, &leases, &queues, &zk, &instance, &shutdown);
         AppState(Arc::new(Shared {
             config: Arc::new(config),
             lanes,
             leases,
-            locks: registries.locks,
-            lock_sets: registries.lock_sets,
-            rwlocks: registries.rwlocks,
-            elections: registries.elections,
-            groups: registries.groups,
-            services: registries.services,
+            registries,
             service_picker: Default::default(),
-            semaphores: registries.semaphores,
-            barriers: registries.barriers,
-            double_barriers: registries.double_barriers,
-            txn_members: registries.txn_members,
             queues,
             events,
             barrier_watches,
@@ -267,103 +230,6 @@ fn start_sessions(config: &ServeConfig, connect: &str) -> (ZkSession, zk::sessio
         config.zookeeper_sessions.into(),
     );
     (zk, lanes)
-}
-
-/// The registries of what leases hold, for [adopter].
-#[derive(Clone)]
-struct Registries {
-    locks: Contenders,
-    lock_sets: NodeHoldings,
-    rwlocks: Contenders,
-    elections: Contenders,
-    semaphores: Semaphores,
-    groups: NodeHoldings,
-    services: NodeHoldings,
-    barriers: NodeHoldings,
-    double_barriers: NodeHoldings,
-    txn_members: NodeHoldings,
-}
-
-/// What takes over the holdings of a lease this instance adopts: each holding record under its
-/// record names a kind and a protocol, whose registry takes the handle over (its task finds
-/// its znodes and goes on, see [recipes::engine::handle]).
-impl Registries {
-    fn new(root: &str) -> Registries {
-        Registries {
-            locks: Contenders::new(root, Kind::Lock),
-            lock_sets: NodeHoldings::new(root, Kind::Lock),
-            rwlocks: Contenders::new(root, Kind::RwLock),
-            elections: Contenders::new(root, Kind::Election),
-            semaphores: Semaphores::new(root, Kind::Semaphore),
-            groups: NodeHoldings::new(root, Kind::Group),
-            services: NodeHoldings::new(root, Kind::Service),
-            barriers: NodeHoldings::new(root, Kind::Barrier),
-            double_barriers: NodeHoldings::new(root, Kind::DoubleBarrier),
-            txn_members: NodeHoldings::new(root, Kind::Txn),
-        }
-    }
-}
-
-fn adopter(registries: Registries) -> keeper::Adopter {
-    use recipes::engine::record::Shape;
-    Arc::new(move |lease, holdings| {
-        for (record_name, holding) in holdings {
-            let (name, id, record_name) = (holding.name.as_str(), holding.handle.as_str(), record_name.as_str());
-            let adopted = match (holding.kind(), &holding.shape) {
-                (Some(kind), Shape::Contender { role }) => registries
-                    .contenders(kind)
-                    .zip(recipes::roles::from_label(role))
-                    .is_some_and(|(registry, role)| {
-                        registry.adopt_contender(lease, (name, id), record_name, role).is_ok()
-                    }),
-                (Some(Kind::Semaphore), Shape::Permit { permits }) => registries
-                    .semaphores
-                    .adopt_permit(lease, (name, id), record_name, *permits)
-                    .is_ok(),
-                (Some(kind), shape @ Shape::Node { .. }) => registries
-                    .nodes(kind)
-                    .is_some_and(|nodes| nodes.adopt_node(lease, (name, id), record_name, shape).is_ok()),
-                // A kind this version does not know, or a holding its kind never makes.
-                _ => false,
-            };
-            if !adopted {
-                tracing::warn!(lease = %lease.id, ?holding, "a holding of a lease taken over was not understood");
-            }
-        }
-    })
-}
-
-impl Registries {
-    /// The registry of a kind's contenders, if it has any.
-    fn contenders(&self, kind: Kind) -> Option<&recipes::engine::contender::Contenders> {
-        match kind {
-            Kind::Lock => Some(&self.locks),
-            Kind::RwLock => Some(&self.rwlocks),
-            Kind::Election => Some(&self.elections),
-            Kind::Semaphore
-            | Kind::Barrier
-            | Kind::DoubleBarrier
-            | Kind::Txn
-            | Kind::Queue
-            | Kind::Group
-            | Kind::Kv
-            | Kind::Counter
-            | Kind::Service => None,
-        }
-    }
-
-    /// The registry of a kind's node holdings, if it has any (a lock's are lock sets').
-    fn nodes(&self, kind: Kind) -> Option<&NodeHoldings> {
-        match kind {
-            Kind::Group => Some(&self.groups),
-            Kind::Service => Some(&self.services),
-            Kind::Barrier => Some(&self.barriers),
-            Kind::DoubleBarrier => Some(&self.double_barriers),
-            Kind::Txn => Some(&self.txn_members),
-            Kind::Lock => Some(&self.lock_sets),
-            Kind::RwLock | Kind::Semaphore | Kind::Election | Kind::Queue | Kind::Kv | Kind::Counter => None,
-        }
-    }
 }
 
 /// Every route of the API and the sockets, each with its spec.

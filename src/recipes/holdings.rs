@@ -1,18 +1,142 @@
-//! What a lease holds, as ZooKeeper has it, across kinds: the view of the holdings that other
-//! instances drive, for the lease's own view. Above every recipe, since it asks each kind's
-//! module how its holdings stand.
+//! What a lease holds, across kinds: each kind's registry of the holdings this instance drives,
+//! which takes over the holdings of a lease adopted here, and the view of the holdings that
+//! other instances drive, for the lease's own view. Above every recipe, since it asks each
+//! kind's module how its holdings stand.
 
+use std::sync::Arc;
+
+use crate::kind::Kind;
 use crate::zk::{Failure, Session};
 
+use super::engine::contender::Contenders;
 use super::engine::lease::{HoldingView, Lease};
+use super::engine::node::NodeHoldings;
+use super::engine::record::{HoldingRecord, Shape};
 use super::recorded::{exists, recorded};
+use super::semaphore::Semaphores;
+
+/// The registries of what leases hold, one a kind (and the lock sets' records on locks).
+#[derive(Clone)]
+pub struct Registries {
+    pub locks: Contenders,
+    /// The records of locks held together (`/v1/lock-sets`, on `locks`' handles): lease-bound
+    /// nodes under `<root>/lock-sets`.
+    pub lock_sets: NodeHoldings,
+    pub rwlocks: Contenders,
+    pub elections: Contenders,
+    pub semaphores: Semaphores,
+    pub groups: NodeHoldings,
+    /// Service instances registered through this instance (`/v1/services`).
+    pub services: NodeHoldings,
+    pub barriers: NodeHoldings,
+    pub double_barriers: NodeHoldings,
+    /// Two-phase commit transactions (`<root>/txns/<id>`) and their registered participants.
+    pub txn_members: NodeHoldings,
+}
+
+impl Registries {
+    pub fn new(root: &str) -> Registries {
+        Registries {
+            locks: Contenders::new(root, Kind::Lock),
+            lock_sets: NodeHoldings::new(root, Kind::Lock),
+            rwlocks: Contenders::new(root, Kind::RwLock),
+            elections: Contenders::new(root, Kind::Election),
+            semaphores: Semaphores::new(root, Kind::Semaphore),
+            groups: NodeHoldings::new(root, Kind::Group),
+            services: NodeHoldings::new(root, Kind::Service),
+            barriers: NodeHoldings::new(root, Kind::Barrier),
+            double_barriers: NodeHoldings::new(root, Kind::DoubleBarrier),
+            txn_members: NodeHoldings::new(root, Kind::Txn),
+        }
+    }
+
+    /// Takes over the holdings of a lease this instance adopts: each holding record names a
+    /// kind and a shape, whose registry takes the handle over (its task finds its znodes and
+    /// goes on, see [super::engine::handle]).
+    pub fn adopt(&self, lease: &Arc<Lease>, holdings: Vec<(String, HoldingRecord)>) {
+        for (record_name, holding) in holdings {
+            let (name, id, record_name) = (holding.name.as_str(), holding.handle.as_str(), record_name.as_str());
+            let adopted = match (holding.kind(), &holding.shape) {
+                (Some(kind), Shape::Contender { role }) => self
+                    .contenders(kind)
+                    .zip(super::roles::from_label(role))
+                    .is_some_and(|(registry, role)| {
+                        registry.adopt_contender(lease, (name, id), record_name, role).is_ok()
+                    }),
+                (Some(Kind::Semaphore), Shape::Permit { permits }) => self
+                    .semaphores
+                    .adopt_permit(lease, (name, id), record_name, *permits)
+                    .is_ok(),
+                (Some(kind), shape @ Shape::Node { .. }) => self
+                    .nodes(kind)
+                    .is_some_and(|nodes| nodes.adopt_node(lease, (name, id), record_name, shape).is_ok()),
+                // A kind this version does not know, or a holding its kind never makes.
+                _ => false,
+            };
+            if !adopted {
+                tracing::warn!(lease = %lease.id, ?holding, "a holding of a lease taken over was not understood");
+            }
+        }
+    }
+
+    /// How many handles of `owner` wait their turn on this instance, over every kind that
+    /// queues (a new kind must say whether it does: the match has no wildcard).
+    pub fn waiting_of(&self, owner: &Option<String>) -> usize {
+        Kind::ALL
+            .into_iter()
+            .map(|kind| match kind {
+                Kind::Lock | Kind::RwLock | Kind::Election => self.contenders(kind).map_or(0, |c| c.queued_of(owner)),
+                Kind::Semaphore => self.semaphores.queued_of(owner),
+                Kind::Barrier
+                | Kind::DoubleBarrier
+                | Kind::Txn
+                | Kind::Queue
+                | Kind::Group
+                | Kind::Kv
+                | Kind::Counter
+                | Kind::Service => 0,
+            })
+            .sum()
+    }
+
+    /// The registry of a kind's contenders, if it has any.
+    fn contenders(&self, kind: Kind) -> Option<&Contenders> {
+        match kind {
+            Kind::Lock => Some(&self.locks),
+            Kind::RwLock => Some(&self.rwlocks),
+            Kind::Election => Some(&self.elections),
+            Kind::Semaphore
+            | Kind::Barrier
+            | Kind::DoubleBarrier
+            | Kind::Txn
+            | Kind::Queue
+            | Kind::Group
+            | Kind::Kv
+            | Kind::Counter
+            | Kind::Service => None,
+        }
+    }
+
+    /// The registry of a kind's node holdings, if it has any (a lock's are lock sets').
+    fn nodes(&self, kind: Kind) -> Option<&NodeHoldings> {
+        match kind {
+            Kind::Group => Some(&self.groups),
+            Kind::Service => Some(&self.services),
+            Kind::Barrier => Some(&self.barriers),
+            Kind::DoubleBarrier => Some(&self.double_barriers),
+            Kind::Txn => Some(&self.txn_members),
+            Kind::Lock => Some(&self.lock_sets),
+            Kind::RwLock | Kind::Semaphore | Kind::Election | Kind::Queue | Kind::Kv | Kind::Counter => None,
+        }
+    }
+}
 
 /// How the holdings of `lease` that are not attached here show, from ZooKeeper: those that
 /// other instances drive (an acquire served where it arrived: see [crate::recipes::engine::lease]).
 /// A contender or a permit holds or waits as its node's place says; a node holding holds while
 /// it is there; one whose node is gone while its holding record stays was lost.
 pub async fn driven_elsewhere(session: &Session, root: &str, lease: &Lease) -> Result<Vec<HoldingView>, Failure> {
-    use crate::recipes::engine::record::{self, Shape};
+    use crate::recipes::engine::record;
     let here = lease.attached_records();
     let record_names = record::holdings(session.client(), &lease.path).await?;
     let mut views = Vec::new();
