@@ -104,21 +104,15 @@ pub async fn acknowledge(handle: &Contender, client: &Client, dir: &str, ack: &A
 pub struct Candidate;
 
 /// The role of an election's candidates.
-pub const CANDIDATE: Role = Role(&Candidate);
+pub const CANDIDATE: Role = Role {
+    label: "candidate",
+    kind: Kind::Election,
+    infix: INFIX,
+    mode: None,
+    driver: &Candidate,
+};
 
 impl Driver for Candidate {
-    fn label(&self) -> &'static str {
-        "candidate"
-    }
-
-    fn kind(&self) -> Kind {
-        Kind::Election
-    }
-
-    fn infix(&self) -> &'static str {
-        INFIX
-    }
-
     fn next_step<'a>(&self, children: &'a [String], me: &str) -> Next<'a> {
         super::lock::next_step(children, me)
     }

@@ -47,21 +47,15 @@ pub fn next_step<'a, S: AsRef<str>>(children: &'a [S], me: &str) -> Next<'a> {
 pub struct Exclusive;
 
 /// The role of an exclusive lock's contenders.
-pub const EXCLUSIVE: Role = Role(&Exclusive);
+pub const EXCLUSIVE: Role = Role {
+    label: "exclusive",
+    kind: Kind::Lock,
+    infix: INFIX,
+    mode: None,
+    driver: &Exclusive,
+};
 
 impl Driver for Exclusive {
-    fn label(&self) -> &'static str {
-        "exclusive"
-    }
-
-    fn kind(&self) -> Kind {
-        Kind::Lock
-    }
-
-    fn infix(&self) -> &'static str {
-        INFIX
-    }
-
     fn next_step<'a>(&self, children: &'a [String], me: &str) -> Next<'a> {
         next_step(children, me)
     }

@@ -11,10 +11,10 @@ pub const ALL: [Role; 4] = [rwlock::READ, rwlock::WRITE, election::CANDIDATE, lo
 
 /// The role whose [Role::label] is `label`.
 pub fn from_label(label: &str) -> Option<Role> {
-    ALL.into_iter().find(|role| role.label() == label)
+    ALL.into_iter().find(|role| role.label == label)
 }
 
 /// The role of a zkgate or Curator contender, from its node's name.
 pub fn of_node(name: &str) -> Option<Role> {
-    ALL.into_iter().find(|role| name.contains(role.infix()))
+    ALL.into_iter().find(|role| name.contains(role.infix))
 }

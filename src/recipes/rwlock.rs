@@ -55,48 +55,28 @@ pub struct Reader;
 pub struct Writer;
 
 /// The roles of a read/write lock's contenders.
-pub const READ: Role = Role(&Reader);
-pub const WRITE: Role = Role(&Writer);
+pub const READ: Role = Role {
+    label: "read",
+    kind: Kind::RwLock,
+    infix: READ_INFIX,
+    mode: Some("read"),
+    driver: &Reader,
+};
+pub const WRITE: Role = Role {
+    label: "write",
+    kind: Kind::RwLock,
+    infix: WRITE_INFIX,
+    mode: Some("write"),
+    driver: &Writer,
+};
 
 impl Driver for Reader {
-    fn label(&self) -> &'static str {
-        "read"
-    }
-
-    fn kind(&self) -> Kind {
-        Kind::RwLock
-    }
-
-    fn infix(&self) -> &'static str {
-        READ_INFIX
-    }
-
-    fn mode(&self) -> Option<&'static str> {
-        Some("read")
-    }
-
     fn next_step<'a>(&self, children: &'a [String], me: &str) -> Next<'a> {
         next_read_step(children, me)
     }
 }
 
 impl Driver for Writer {
-    fn label(&self) -> &'static str {
-        "write"
-    }
-
-    fn kind(&self) -> Kind {
-        Kind::RwLock
-    }
-
-    fn infix(&self) -> &'static str {
-        WRITE_INFIX
-    }
-
-    fn mode(&self) -> Option<&'static str> {
-        Some("write")
-    }
-
     fn next_step<'a>(&self, children: &'a [String], me: &str) -> Next<'a> {
         super::lock::next_step(children, me)
     }

@@ -8,7 +8,7 @@ pub enum Found<P: Protocol> {
     /// Its lease is kept here: its task's view.
     Here(Arc<Handle<P>>),
     /// Its lease is kept by another instance (or its keeper is gone): as ZooKeeper has it.
-    There(Recorded),
+    There(Box<Recorded>),
 }
 
 /// The handle `handle` of resource `name` of `handles`, if `caller` may use it: this
@@ -50,7 +50,7 @@ pub async fn find_handle<P: Protocol>(
     if let Some(principal) = recorded.owner().and_then(|owner| owner.principal) {
         caller.require_owner(Some(&principal), &format!("handle `{handle}`"))?;
     }
-    Ok(Found::There(recorded))
+    Ok(Found::There(Box::new(recorded)))
 }
 
 /// Whether a handle kept here is still its lease's (read on `client`): a release through
@@ -118,7 +118,7 @@ impl Seen {
             name: contender.name.clone(),
             handle: contender.id.clone(),
             lease: contender.lease.id.clone(),
-            mode: contender.protocol.role.mode(),
+            mode: contender.protocol.role.mode,
             state: current.phase.name(),
             position,
             fencing_token: current.fencing_token(),
@@ -152,7 +152,7 @@ impl Seen {
             name: recorded.name.clone(),
             handle: recorded.handle.clone(),
             lease: recorded.owner().map(|o| o.lease).unwrap_or_default(),
-            mode: recorded.role.mode(),
+            mode: recorded.role.mode,
             state: if recorded.holds() { "held" } else { "waiting" },
             position: recorded.position,
             fencing_token: recorded.holds().then_some(recorded.node.czxid),
@@ -214,7 +214,7 @@ pub async fn get_handle(
             }
         }
         Found::There(recorded) => {
-            let recorded = await_news_there(state, &session, handles, recorded, query.wait).await?;
+            let recorded = await_news_there(state, &session, handles, *recorded, query.wait).await?;
             Ok(Seen::there(&recorded))
         }
     }

@@ -56,21 +56,6 @@ pub enum Next<'a> {
 /// implement it in their own file; the engine knows only this trait, and [crate::recipes::roles] lists
 /// the implementations (to read a role back from a node's name or a holding's record).
 pub trait Driver: Send + Sync + 'static {
-    /// Its name in a holding's record (`exclusive`, `read`, `write`, `candidate`).
-    fn label(&self) -> &'static str;
-
-    /// The kind of resource it contends for.
-    fn kind(&self) -> Kind;
-
-    /// Curator's name infix: nodes are `_c_<guid><infix><seq>` (`InterProcessMutex`,
-    /// `InterProcessReadWriteLock`, `LeaderLatch`).
-    fn infix(&self) -> &'static str;
-
-    /// `read` / `write` for the roles of a read/write lock.
-    fn mode(&self) -> Option<&'static str> {
-        None
-    }
-
     /// The recipe's decision for the contender `me` given the resource's `children`: hold,
     /// wait for the one node it names, or missing.
     fn next_step<'a>(&self, children: &'a [String], me: &str) -> Next<'a>;
@@ -101,14 +86,25 @@ pub trait Driver: Send + Sync + 'static {
 /// A step of a [Driver] that talks to ZooKeeper.
 pub type Step<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
 
-/// A contender's role: its [Driver], as a value to keep, copy and compare (two roles are the
-/// same when their labels are).
+/// A contender's role: what it is and its [Driver], as a value to keep, copy and compare (two
+/// roles are the same when their labels are).
 #[derive(Clone, Copy)]
-pub struct Role(pub &'static dyn Driver);
+pub struct Role {
+    /// Its name in a holding's record (`exclusive`, `read`, `write`, `candidate`).
+    pub label: &'static str,
+    /// The kind of resource it contends for.
+    pub kind: Kind,
+    /// Curator's name infix: nodes are `_c_<guid><infix><seq>` (`InterProcessMutex`,
+    /// `InterProcessReadWriteLock`, `LeaderLatch`).
+    pub infix: &'static str,
+    /// `read` / `write` for the roles of a read/write lock.
+    pub mode: Option<&'static str>,
+    pub driver: &'static dyn Driver,
+}
 
 impl PartialEq for Role {
     fn eq(&self, other: &Role) -> bool {
-        self.0.label() == other.0.label()
+        self.label == other.label
     }
 }
 
@@ -116,16 +112,16 @@ impl Eq for Role {}
 
 impl std::fmt::Debug for Role {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.0.label())
+        f.write_str(self.label)
     }
 }
 
-/// A role is its driver: `role.next_step(...)`, `role.label()`.
+/// A role is its driver: `role.next_step(...)`.
 impl std::ops::Deref for Role {
     type Target = dyn Driver;
 
     fn deref(&self) -> &dyn Driver {
-        self.0
+        self.driver
     }
 }
 
@@ -371,7 +367,7 @@ impl Contention {
 
 impl Protocol for Contention {
     fn kind(&self) -> Kind {
-        self.role.kind()
+        self.role.kind
     }
 
     fn count_grant(&self, labels: [&str; 2]) {
@@ -430,11 +426,11 @@ impl Protocol for Contention {
 
     fn record(&self, handle: &Contender) -> HoldingRecord {
         HoldingRecord {
-            kind: self.role.kind().name().to_string(),
+            kind: self.role.kind.name().to_string(),
             name: handle.name.clone(),
             handle: handle.id.clone(),
             shape: Shape::Contender {
-                role: self.role.label().to_string(),
+                role: self.role.label.to_string(),
             },
             driver: Some(handle.lease.here.to_string()),
         }
@@ -467,7 +463,7 @@ impl Contenders {
         let protocol = Contention {
             role,
             value,
-            node: Sequential::of_handle(self.dir(name), role.infix(), &id),
+            node: Sequential::of_handle(self.dir(name), role.infix, &id),
         };
         self.open(lease, name, Some(id), protocol, |existing, new| {
             existing.protocol.role == new.role
@@ -486,7 +482,7 @@ impl Contenders {
         let protocol = Contention {
             role,
             value: None,
-            node: Sequential::of_handle(self.dir(name), role.infix(), handle),
+            node: Sequential::of_handle(self.dir(name), role.infix, handle),
         };
         self.adopt(lease, (name, handle), record_name, protocol)
     }
