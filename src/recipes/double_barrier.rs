@@ -59,18 +59,12 @@ pub fn next_leave_step<'a, S: AsRef<str>>(participants: &'a [S], me: &str) -> Le
     }
 }
 
-/// The participants under `dir` (its children but `ready`); `None` if `dir` does not exist.
+/// The participants under `dir` (its children but `ready`, sorted); none if `dir` does not exist.
 pub async fn participants(session: &Session, dir: &str) -> Result<Vec<String>, Failure> {
-    let client = session.client();
-    match retry_on_loss(|| client.list_children(dir)).await {
-        Ok(mut children) => {
-            children.retain(|c| c != READY);
-            children.sort();
-            Ok(children)
-        }
-        Err(ZkError::NoNode) => Ok(Vec::new()),
-        Err(err) => Err(err.into()),
-    }
+    let mut children = crate::zk::children(session.client(), dir).await?;
+    children.retain(|c| c != READY);
+    children.sort();
+    Ok(children)
 }
 
 /// Creates `ready` (persistent: it must outlive the instance that happened to create it, since

@@ -107,14 +107,11 @@ pub async fn read(client: &Client, path: &str) -> Result<Option<(Vec<u8>, i64)>,
 /// The instances registered under `<root>/instances` now, by id (a lane's registration is
 /// `<id>~<lane>`).
 pub async fn live_instances(client: &Client, root: &str) -> Result<std::collections::HashSet<String>, ZkError> {
-    match retry_on_loss(|| client.list_children(&instances_dir(root))).await {
-        Ok(names) => Ok(names
-            .into_iter()
-            .map(|name| name.split('~').next().unwrap_or_default().to_string())
-            .collect()),
-        Err(ZkError::NoNode) => Ok(Default::default()),
-        Err(err) => Err(err),
-    }
+    let names = crate::zk::children(client, &instances_dir(root)).await?;
+    Ok(names
+        .into_iter()
+        .map(|name| name.split('~').next().unwrap_or_default().to_string())
+        .collect())
 }
 
 /// The names registered under `dir`, with a watch for the next change.

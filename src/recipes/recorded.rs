@@ -85,11 +85,7 @@ pub async fn recorded(
     let Some(guid) = crate::ids::guid_of(handle) else {
         return Ok(None);
     };
-    let children = match retry_on_loss(|| client.list_children(dir)).await {
-        Ok(children) => children,
-        Err(ZkError::NoNode) => return Ok(None),
-        Err(err) => return Err(err.into()),
-    };
+    let children = crate::zk::children(client, dir).await?;
     let Some(own) = children.iter().find(|c| c.contains(&guid)).cloned() else {
         return Ok(None);
     };

@@ -353,18 +353,11 @@ mod io {
     /// Reads a transaction; `None` if there is none with that id.
     pub async fn read(session: &Session, dir: &str) -> Result<Option<Record>, Failure> {
         let client = session.client();
-        let spec: Spec = match retry_on_loss(|| client.get_data(dir)).await {
-            Ok((data, _)) => match serde_json::from_slice(&data) {
-                Ok(spec) => spec,
-                Err(_) => {
-                    return Err(Failure::Unexpected(ZkError::UnexpectedError(format!(
-                        "{dir} is not a zkgate transaction"
-                    ))));
-                }
-            },
-            Err(ZkError::NoNode) => return Ok(None),
-            Err(err) => return Err(err.into()),
+        let Some((data, _)) = crate::zk::data(client, dir).await? else {
+            return Ok(None);
         };
+        let spec: Spec = serde_json::from_slice(&data)
+            .map_err(|_| Failure::Unexpected(ZkError::UnexpectedError(format!("{dir} is not a zkgate transaction"))))?;
         let registered: BTreeSet<String> = retry_on_loss(|| client.list_children(&format!("{dir}/members")))
             .await?
             .into_iter()

@@ -100,17 +100,14 @@ impl From<ZkError> for CounterError {
 
 /// Reads the counter at `path`.
 pub async fn read(client: &Client, path: &str) -> Result<Read, CounterError> {
-    match retry_on_loss(|| client.get_data(path)).await {
-        Ok((data, stat)) => match decode(&data) {
-            Some(value) => Ok(Read {
-                value,
-                stat: Some(stat),
-            }),
-            None => Err(CounterError::NotACounter(data.len())),
-        },
-        Err(ZkError::NoNode) => Ok(Read { value: 0, stat: None }),
-        Err(err) => Err(err.into()),
-    }
+    let Some((data, stat)) = crate::zk::data(client, path).await? else {
+        return Ok(Read { value: 0, stat: None });
+    };
+    let value = decode(&data).ok_or(CounterError::NotACounter(data.len()))?;
+    Ok(Read {
+        value,
+        stat: Some(stat),
+    })
 }
 
 /// The bounds an add must keep the counter within (both inclusive).

@@ -237,23 +237,17 @@ impl Sequential {
 
     /// Our node (by GUID), if the server has one.
     pub async fn find(&self, client: &Client) -> Result<Option<Node>, ZkError> {
-        let children = match retry_on_loss(|| client.list_children(&self.dir)).await {
-            Ok(children) => children,
-            // The create failed for want of the directory (and its reply was lost).
-            Err(ZkError::NoNode) => return Ok(None),
-            Err(err) => return Err(err),
-        };
+        // No directory: the create failed for want of it (and its reply was lost).
+        let children = crate::zk::children(client, &self.dir).await?;
         let Some(name) = children.into_iter().find(|c| c.contains(&self.guid)) else {
             return Ok(None);
         };
         let path = format!("{}/{name}", self.dir);
-        match retry_on_loss(|| client.check_stat(&path)).await? {
-            Some(stat) => Ok(Some(Node {
-                name,
-                czxid: stat.czxid,
-            })),
-            None => Ok(None),
-        }
+        let stat = retry_on_loss(|| client.check_stat(&path)).await?;
+        Ok(stat.map(|stat| Node {
+            name,
+            czxid: stat.czxid,
+        }))
     }
 
     /// The path of our node, `known` or found by its GUID (a create still in flight when the

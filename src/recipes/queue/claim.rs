@@ -66,11 +66,7 @@ pub async fn all_claims(client: &Client, base: &str) -> Result<Vec<StandingClaim
     let listed: Vec<Result<(String, Vec<String>), ZkError>> = futures::stream::iter(queues)
         .map(|queue| async move {
             let dir = format!("{base}/{queue}/claims");
-            match retry_on_loss(|| client.list_children(&dir)).await {
-                Ok(items) => Ok((queue, items)),
-                Err(ZkError::NoNode) => Ok((queue, Vec::new())),
-                Err(err) => Err(err),
-            }
+            Ok((queue, crate::zk::children(client, &dir).await?))
         })
         .buffer_unordered(32)
         .collect()
