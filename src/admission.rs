@@ -89,18 +89,9 @@ impl Admission {
         }
     }
 
-    pub fn settings(&self) -> AdmissionSettings {
-        self.settings
-    }
-
     /// Requests doing their work now (holding a slot).
     pub fn in_service(&self) -> usize {
         self.settings.slots.max(1) - self.slots.available_permits()
-    }
-
-    /// Requests waiting for a slot now.
-    pub fn queued(&self) -> usize {
-        self.waiting.load(Ordering::Relaxed)
     }
 
     /// A slot for a request that arrived at `arrived`, or [Shed] if it waited (or would wait)
@@ -115,28 +106,24 @@ impl Admission {
         }
         let allowed = self.allowed(now);
         let deadline = arrived + allowed;
-        if self.settings.target.is_zero() {
-            let permit = self.wait(self.slots.clone().acquire_owned()).await;
-            return Ok(Slot {
-                _permit: permit.expect("never closed"),
-            });
-        }
-        if now >= deadline {
+        let acquired = self.wait(self.slots.clone().acquire_owned());
+        let permit = if self.settings.target.is_zero() {
+            acquired.await
+        } else if now >= deadline {
             return Err(Shed {
                 waited: now - arrived,
                 allowed,
             });
-        }
-        let acquired = tokio::time::timeout_at(deadline, self.wait(self.slots.clone().acquire_owned())).await;
-        match acquired {
-            Ok(permit) => Ok(Slot {
-                _permit: permit.expect("never closed"),
-            }),
-            Err(_) => Err(Shed {
+        } else {
+            let shed = |_| Shed {
                 waited: arrived.elapsed(),
                 allowed,
-            }),
-        }
+            };
+            tokio::time::timeout_at(deadline, acquired).await.map_err(shed)?
+        };
+        Ok(Slot {
+            _permit: permit.expect("never closed"),
+        })
     }
 
     /// `acquired`, counted among the waiting meanwhile. The queue is empty again when the last

@@ -181,14 +181,9 @@ fn parse_hash(text: &str) -> Result<[u8; 32], String> {
     let hex = text
         .strip_prefix("sha256:")
         .ok_or_else(|| format!("token `{text}` must be written `sha256:<hex>` (see `zkgate token`)"))?;
-    if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return Err(format!("`{text}`: a SHA-256 is 64 hex digits"));
-    }
-    let mut hash = [0u8; 32];
-    for (i, byte) in hash.iter_mut().enumerate() {
-        *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).map_err(|e| e.to_string())?;
-    }
-    Ok(hash)
+    crate::ids::unhex(&hex.to_ascii_lowercase())
+        .and_then(|bytes| bytes.try_into().ok())
+        .ok_or_else(|| format!("`{text}`: a SHA-256 is 64 hex digits"))
 }
 
 /// A new random token and the line that lists it in the config file (`zkgate token`).

@@ -31,7 +31,7 @@ pub struct ServeConfig {
     pub root: String,
 
     /// ZooKeeper session timeout asked for (the server may adjust it to 2..20 ticks).
-    #[arg(long, env = "ZKGATE_SESSION_TIMEOUT", default_value = "10s", value_parser = duration)]
+    #[arg(long, env = "ZKGATE_SESSION_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
     pub session_timeout: Duration,
 
     /// ZooKeeper sessions this instance opens; each lease lives on one of them. ZooKeeper
@@ -51,20 +51,20 @@ pub struct ServeConfig {
     pub worker_threads: Option<u16>,
 
     /// Lease TTL when a request does not ask for one.
-    #[arg(long, env = "ZKGATE_LEASE_TTL", default_value = "30s", value_parser = duration)]
+    #[arg(long, env = "ZKGATE_LEASE_TTL", default_value = "30s", value_parser = parse_duration)]
     pub lease_ttl: Duration,
 
     /// Shortest lease TTL granted; shorter requests are raised to it.
-    #[arg(long, env = "ZKGATE_LEASE_TTL_MIN", default_value = "1s", value_parser = duration)]
+    #[arg(long, env = "ZKGATE_LEASE_TTL_MIN", default_value = "1s", value_parser = parse_duration)]
     pub lease_ttl_min: Duration,
 
     /// Longest lease TTL granted; longer requests are lowered to it.
-    #[arg(long, env = "ZKGATE_LEASE_TTL_MAX", default_value = "1h", value_parser = duration)]
+    #[arg(long, env = "ZKGATE_LEASE_TTL_MAX", default_value = "1h", value_parser = parse_duration)]
     pub lease_ttl_max: Duration,
 
     /// Longest a blocking call (`?wait=`) may wait; longer waits are cut to it. Also the wait of
     /// a blocking call that does not give one.
-    #[arg(long, env = "ZKGATE_MAX_WAIT", default_value = "60s", value_parser = duration)]
+    #[arg(long, env = "ZKGATE_MAX_WAIT", default_value = "60s", value_parser = parse_duration)]
     pub max_wait: Duration,
 
     /// Most items a queue may hold; a put beyond it answers 429. It keeps a queue's children
@@ -78,16 +78,16 @@ pub struct ServeConfig {
 
     /// How long a queue put's `Idempotency-Key` is remembered: a retry within it is stored once;
     /// the janitor removes the key after it.
-    #[arg(long, env = "ZKGATE_IDEMPOTENCY_WINDOW", default_value = "24h", value_parser = duration)]
+    #[arg(long, env = "ZKGATE_IDEMPOTENCY_WINDOW", default_value = "24h", value_parser = parse_duration)]
     pub idempotency_window: Duration,
 
     /// How long a decided two-phase-commit transaction stays readable before the janitor
     /// removes it (its members, votes and decision with it).
-    #[arg(long, env = "ZKGATE_TXN_RETENTION", default_value = "24h", value_parser = duration)]
+    #[arg(long, env = "ZKGATE_TXN_RETENTION", default_value = "24h", value_parser = parse_duration)]
     pub txn_retention: Duration,
 
     /// Time between the janitor's passes (one instance of the cluster is the janitor).
-    #[arg(long, env = "ZKGATE_JANITOR_INTERVAL", default_value = "1m", value_parser = duration)]
+    #[arg(long, env = "ZKGATE_JANITOR_INTERVAL", default_value = "1m", value_parser = parse_duration)]
     pub janitor_interval: Duration,
 
     /// Most znodes the janitor deletes a second.
@@ -141,12 +141,12 @@ pub struct ServeConfig {
 
     /// How often a WebSocket is pinged (and its socket-bound leases kept alive, at least three
     /// times per lease TTL).
-    #[arg(long, env = "ZKGATE_WS_PING_INTERVAL", default_value = "15s", value_parser = duration)]
+    #[arg(long, env = "ZKGATE_WS_PING_INTERVAL", default_value = "15s", value_parser = parse_duration)]
     pub ws_ping_interval: Duration,
 
     /// A WebSocket from which nothing (not even a pong) came for this long, or whose sends
     /// have been blocked this long, is closed (code 4000).
-    #[arg(long, env = "ZKGATE_WS_IDLE_TIMEOUT", default_value = "45s", value_parser = duration)]
+    #[arg(long, env = "ZKGATE_WS_IDLE_TIMEOUT", default_value = "45s", value_parser = parse_duration)]
     pub ws_idle_timeout: Duration,
 
     /// Events each topic keeps so that a subscriber that reconnects (an SSE client's
@@ -158,7 +158,7 @@ pub struct ServeConfig {
     /// How long a topic stays live (with its ZooKeeper watches and recent events) after its last
     /// subscriber left, so that one that reconnects can resume; so does a queue's view (its
     /// watch) after its last taker. `0s`: not at all.
-    #[arg(long, env = "ZKGATE_EVENT_LINGER", default_value = "30s", value_parser = duration)]
+    #[arg(long, env = "ZKGATE_EVENT_LINGER", default_value = "30s", value_parser = parse_duration)]
     pub event_linger: Duration,
 
     /// Most topics lingering without a subscriber at once, and as many queue views without a
@@ -169,7 +169,7 @@ pub struct ServeConfig {
 
     /// How long a response (an event stream included) may go without the client taking any of
     /// it before the connection is closed: a client that stops reading holds nothing for long.
-    #[arg(long, env = "ZKGATE_WRITE_TIMEOUT", default_value = "45s", value_parser = duration)]
+    #[arg(long, env = "ZKGATE_WRITE_TIMEOUT", default_value = "45s", value_parser = parse_duration)]
     pub write_timeout: Duration,
 
     /// Writes (requests other than GET) per second per principal, or per client address when
@@ -228,14 +228,14 @@ pub struct ServeConfig {
     /// How long a request may queue for its turn once the queue stands (has not emptied for
     /// `--queue-delay-interval`); one that waited longer is refused at once (503 `overloaded`,
     /// `Retry-After`) instead of being served late. `0s`: never refused, however long the wait.
-    #[arg(long, env = "ZKGATE_QUEUE_DELAY_TARGET", default_value = "20ms", value_parser = duration)]
+    #[arg(long, env = "ZKGATE_QUEUE_DELAY_TARGET", default_value = "20ms", value_parser = parse_duration)]
     pub queue_delay_target: Duration,
 
     /// How long a queue may go without emptying before it counts as standing, and how long a
     /// request may wait in a burst (a queue that emptied within it): long enough for the bursts
     /// clients make (many workers taking their locks at once) to be served, short enough that
     /// under overload the refused are refused soon (BENCHMARKS.md, issue 33).
-    #[arg(long, env = "ZKGATE_QUEUE_DELAY_INTERVAL", default_value = "250ms", value_parser = duration)]
+    #[arg(long, env = "ZKGATE_QUEUE_DELAY_INTERVAL", default_value = "250ms", value_parser = parse_duration)]
     pub queue_delay_interval: Duration,
 
     /// Origins (`https://app.example.com`) whose pages may call the API from a browser (CORS)
@@ -247,7 +247,7 @@ pub struct ServeConfig {
     /// How long a connection may take to send a request head, from its accept and from the end
     /// of its previous response (so also how long a kept-alive connection may stay idle). A
     /// request being served (a long poll) is not cut.
-    #[arg(long, env = "ZKGATE_HEADER_TIMEOUT", default_value = "30s", value_parser = duration)]
+    #[arg(long, env = "ZKGATE_HEADER_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
     pub header_timeout: Duration,
 
     /// Connections open at once, in all (WebSockets included). Default: three quarters of the
@@ -324,10 +324,6 @@ fn positive(text: &str) -> Result<usize, String> {
         Ok(n) => Ok(n),
         Err(e) => Err(e.to_string()),
     }
-}
-
-fn duration(text: &str) -> Result<Duration, String> {
-    parse_duration(text)
 }
 
 /// Parses a size: a number of bytes, or with `KiB`, `MiB`, `GiB` (or `KB`, `MB`, `GB`).

@@ -108,35 +108,27 @@ impl Instances {
             vouching,
             leaving: CancellationToken::new(),
         };
+        let registrar = |zk: &ZkSession, name: String, registered| Registrar {
+            dir: instances.dir.clone(),
+            zk: zk.clone(),
+            name,
+            url: me.url.clone(),
+            key: instances.key.clone(),
+            registered,
+            leaving: instances.leaving.clone(),
+        };
         let apart = lanes.keeper();
-        apart.runtime.spawn(
-            Registrar {
-                dir: instances.dir.clone(),
-                zk: apart.session.clone(),
-                name: format!("{}{LANE_SEPARATOR}{KEEPER_LANE}", me.id),
-                url: me.url.clone(),
-                key: instances.key.clone(),
-                registered: Some(keeper),
-                leaving: instances.leaving.clone(),
-            }
-            .run(),
-        );
+        let keeper_name = format!("{}{LANE_SEPARATOR}{KEEPER_LANE}", me.id);
+        apart
+            .runtime
+            .spawn(registrar(&apart.session, keeper_name, Some(keeper)).run());
         let mut primary = Some(primary);
         for lane in lanes.all() {
-            let name = match lane.lane() {
-                0 => me.id.to_string(),
-                n => format!("{}{LANE_SEPARATOR}{n}", me.id),
+            let (name, registered) = match lane.lane() {
+                0 => (me.id.to_string(), primary.take()),
+                n => (format!("{}{LANE_SEPARATOR}{n}", me.id), None),
             };
-            let registrar = Registrar {
-                dir: instances.dir.clone(),
-                zk: lane.clone(),
-                name,
-                url: me.url.clone(),
-                key: instances.key.clone(),
-                registered: if lane.lane() == 0 { primary.take() } else { None },
-                leaving: instances.leaving.clone(),
-            };
-            tokio::spawn(registrar.run());
+            tokio::spawn(registrar(lane, name, registered).run());
         }
         instances
     }
@@ -149,11 +141,6 @@ impl Instances {
     /// Whether this instance's registration is in place (its primary session's own node).
     pub fn registered(&self) -> bool {
         *self.registered.borrow()
-    }
-
-    /// A receiver of whether this instance's registration is in place.
-    pub fn registration(&self) -> watch::Receiver<bool> {
-        self.registered.clone()
     }
 
     /// A receiver of whether the keeper's session's registration is in place: while it is,

@@ -157,7 +157,17 @@ impl AppState {
         let shutdown = CancellationToken::new();
         let adopting = registries.clone();
         leases.set_adopter(Arc::new(move |lease, holdings| adopting.adopt(lease, holdings)));
-        let reaped = start_housekeeping(&config, &leases, &queues, &zk, &instance, &shutdown);
+        // What cleans up after the clients: the reaper of leases (whose pass says when the
+        // instance may serve) and the janitor of what recipes leave behind.
+        let reaped = keeper::reaper::start(
+            leases.clone(),
+            queues.clone(),
+            zk.clone(),
+            &config.root,
+            shutdown.clone(),
+        );
+        let janitor = config.janitor_settings();
+        recipes::janitor::start(zk.clone(), &config.root, &instance.id, janitor, shutdown.clone());
         AppState(Arc::new(Shared {
             config: Arc::new(config),
             lanes,
@@ -189,28 +199,6 @@ fn event_settings(config: &ServeConfig) -> events::EventSettings {
         linger: config.event_linger,
         max_lingering: config.max_lingering_topics,
     }
-}
-
-/// Starts what cleans up after the clients: the reaper of leases (whose pass says when the
-/// instance may serve) and the janitor of what recipes leave behind.
-fn start_housekeeping(
-    config: &ServeConfig,
-    leases: &Leases,
-    queues: &Queues,
-    zk: &ZkSession,
-    instance: &instances::Instance,
-    shutdown: &CancellationToken,
-) -> tokio::sync::watch::Receiver<bool> {
-    let reaped = keeper::reaper::start(
-        leases.clone(),
-        queues.clone(),
-        zk.clone(),
-        &config.root,
-        shutdown.clone(),
-    );
-    let janitor = config.janitor_settings();
-    recipes::janitor::start(zk.clone(), &config.root, &instance.id, janitor, shutdown.clone());
-    reaped
 }
 
 /// The primary session and the lanes (the sessions leases' writes go through).

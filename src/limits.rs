@@ -165,15 +165,18 @@ pub struct Permit {
 
 impl Drop for Permit {
     fn drop(&mut self) {
-        let mut held = self.held.locked();
-        if let Some(count) = held.get_mut(&self.key) {
-            *count -= 1;
-            if *count == 0 {
-                held.remove(&self.key);
-            }
-        }
-        drop(held);
+        count_down(&mut self.held.locked(), &self.key);
         self.changed.send_replace(());
+    }
+}
+
+/// Takes one off the count of `key`, forgetting it at zero: the map holds only live counts.
+pub fn count_down<K: std::hash::Hash + Eq>(counts: &mut HashMap<K, usize>, key: &K) {
+    if let Some(count) = counts.get_mut(key) {
+        *count -= 1;
+        if *count == 0 {
+            counts.remove(key);
+        }
     }
 }
 

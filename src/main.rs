@@ -145,15 +145,9 @@ async fn serve(mut config: ServeConfig) -> Result<(), String> {
 /// Says whether requests are authenticated, and warns where they are not, or where tokens
 /// cross the network in clear text.
 fn log_authentication(config: &ServeConfig) -> Result<(), String> {
-    match config.load_authority()? {
-        Some(_) => tracing::info!(
-            "authentication on: bearer tokens from {}",
-            config
-                .auth_config
-                .as_deref()
-                .map(|p| p.display().to_string())
-                .unwrap_or_default()
-        ),
+    // Checked (read and parsed) first: a bad file stops `serve` here.
+    match config.load_authority()?.and(config.auth_config.as_deref()) {
+        Some(path) => tracing::info!("authentication on: bearer tokens from {}", path.display()),
         None if config.listen.ip().is_loopback() => {
             tracing::info!(
                 "authentication off (no --auth-config): anyone who can reach {} may do anything",

@@ -11,7 +11,8 @@ impl Registry {
     pub(super) async fn end(self: &Arc<Self>, lease: &Arc<Lease>, reason: EndReason) -> Result<(), LeaseError> {
         if let Some(version) = lease.version() {
             let session = lease.session().await?;
-            match record::mark_ended(session.client(), &lease.path, &self.record_of(lease), version, reason).await {
+            let written = self.record(lease.ttl, lease.requested_ttl, lease.owner.clone(), lease.created_at);
+            match record::mark_ended(session.client(), &lease.path, &written, version, reason).await {
                 // More holding records than holdings here: some are driven by other instances
                 // (visitors), maybe gone ones. They end with the lease, here: taken up before
                 // it ends, then released with the rest.
@@ -23,9 +24,7 @@ impl Registry {
                     self.drop_here(&lease.id);
                     return Err(LeaseError::Unknown(lease.id.clone()));
                 }
-                Err(_) => {
-                    return Err(LeaseError::Unavailable(crate::zk::session::Unavailable::Disconnected));
-                }
+                Err(_) => return Err(unavailable()),
             }
         }
         self.finish(lease, reason);

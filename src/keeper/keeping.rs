@@ -217,11 +217,7 @@ impl Registry {
         for ((id, _, version), found) in kept.iter().zip(read) {
             let still = found.is_some_and(|found| {
                 // Live at the version kept here, or ended here (the end one version past it).
-                let expected = if found.record.ended.is_some() {
-                    *version + 1
-                } else {
-                    *version
-                };
+                let expected = *version + i32::from(found.record.ended.is_some());
                 found.record.keeper == *self.instance && found.version == expected
             });
             if !still {

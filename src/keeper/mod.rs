@@ -46,6 +46,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::auth::Caller;
+use crate::limits::count_down;
 use crate::locked::Locked;
 use crate::recipes::engine::lease::{EndReason, Kept, Lease, LeaseError, WhyEnded};
 use crate::recipes::engine::record::{self, HoldingRecord, LeaseRecord};
@@ -164,10 +165,6 @@ impl Leases {
         let _ = self.inner.adopter.set(adopter);
     }
 
-    pub fn policy(&self) -> LeasePolicy {
-        self.inner.policy
-    }
-
     /// This instance's id.
     pub fn instance(&self) -> &str {
         &self.inner.instance
@@ -219,15 +216,7 @@ impl Leases {
         let id = crate::ids::owned_id(&self.inner.instance);
         let path = record::path(&self.inner.root, &id);
         let created_at = SystemTime::now();
-        let written = LeaseRecord {
-            ttl_ms: ttl.as_millis() as u64,
-            requested_ttl_ms: new.ttl.filter(|r| *r != ttl).map(|r| r.as_millis() as u64),
-            principal: owner.clone(),
-            created_ms: crate::time::millis_of(created_at),
-            keeper: self.inner.instance.to_string(),
-            ended: None,
-            ended_ms: None,
-        };
+        let written = self.inner.record(ttl, new.ttl, owner.clone(), created_at);
         {
             let mut table = self.inner.table();
             if let Some(existing) = key
@@ -248,7 +237,7 @@ impl Leases {
             false => match self.inner.write_record(lane, &path, &written).await {
                 Ok(version) => Ok(version),
                 Err(err) => {
-                    self.inner.uncount(&owner);
+                    count_down(&mut self.inner.table().per_owner, &owner);
                     return Err(err);
                 }
             },
@@ -295,10 +284,7 @@ impl Leases {
             return Ok(lease.clone());
         }
         match table.ended.get(id) {
-            Some(&reason) => Err(LeaseError::Ended {
-                id: id.to_string(),
-                reason,
-            }),
+            Some(&reason) => Err(ended(id, reason)),
             None => Err(LeaseError::Unknown(id.to_string())),
         }
     }
@@ -319,10 +305,7 @@ impl Leases {
         if found.record.keeper == *self.inner.instance {
             return self.take_over(caller, id, Some(&found.record.keeper), false).await;
         }
-        Err(LeaseError::Elsewhere {
-            id: id.to_string(),
-            keeper: found.record.keeper,
-        })
+        Err(elsewhere(id, found.record.keeper))
     }
 
     /// The record of lease `id` if `caller` may use it and it has not ended.
@@ -341,7 +324,6 @@ impl Leases {
     /// and its client may already be using it here.
     pub(crate) async fn read_record(&self, id: &str) -> Result<record::Found, LeaseError> {
         let session = self.inner.lanes.primary().connected().await?;
-        let unavailable = || LeaseError::Unavailable(crate::zk::session::Unavailable::Disconnected);
         let path = record::path(&self.inner.root, id);
         if let Some(found) = record::read(session.client(), &path).await.map_err(|_| unavailable())? {
             return Ok(found);
@@ -410,7 +392,6 @@ impl Leases {
             return Ok(());
         };
         let session = self.inner.lanes.primary().connected().await?;
-        let unavailable = || LeaseError::Unavailable(crate::zk::session::Unavailable::Disconnected);
         session.sync().await.map_err(|_| unavailable())?;
         let found = record::read(session.client(), &lease.path)
             .await
@@ -425,15 +406,10 @@ impl Leases {
             }
             found => {
                 self.inner.drop_here(&lease.id);
-                Err(
-                    match found.and_then(|f| f.record.ended.map(|reason| (reason, f.record.keeper))) {
-                        Some((reason, _)) => LeaseError::Ended {
-                            id: lease.id.clone(),
-                            reason,
-                        },
-                        None => LeaseError::Unknown(lease.id.clone()),
-                    },
-                )
+                Err(match found.and_then(|f| f.record.ended) {
+                    Some(reason) => ended(&lease.id, reason),
+                    None => LeaseError::Unknown(lease.id.clone()),
+                })
             }
         }
     }
@@ -468,27 +444,35 @@ fn usable(caller: &Caller, id: &str, found: &record::Found) -> Result<(), LeaseE
         return Err(LeaseError::NotYours(id.to_string()));
     }
     match found.record.ended {
-        Some(reason) => Err(LeaseError::Ended {
-            id: id.to_string(),
-            reason,
-        }),
+        Some(reason) => Err(ended(id, reason)),
         None => Ok(()),
     }
+}
+
+/// [LeaseError::Ended] for lease `id`.
+fn ended(id: &str, reason: EndReason) -> LeaseError {
+    LeaseError::Ended {
+        id: id.to_string(),
+        reason,
+    }
+}
+
+/// [LeaseError::Elsewhere]: lease `id` is kept by `keeper`.
+fn elsewhere(id: &str, keeper: String) -> LeaseError {
+    LeaseError::Elsewhere {
+        id: id.to_string(),
+        keeper,
+    }
+}
+
+/// ZooKeeper could not be asked (or did not answer).
+fn unavailable() -> LeaseError {
+    LeaseError::Unavailable(crate::zk::session::Unavailable::Disconnected)
 }
 
 impl Registry {
     fn table(&self) -> std::sync::MutexGuard<'_, Table> {
         self.table.locked()
-    }
-
-    fn uncount(&self, owner: &Option<String>) {
-        let mut table = self.table();
-        if let Some(count) = table.per_owner.get_mut(owner) {
-            *count -= 1;
-            if *count == 0 {
-                table.per_owner.remove(owner);
-            }
-        }
     }
 
     async fn write_record(
@@ -498,24 +482,36 @@ impl Registry {
         written: &LeaseRecord,
     ) -> Result<i32, LeaseError> {
         let client = lane.connected().await?.client().clone();
-        record::create(&client, path, written)
-            .await
-            .map_err(|_| LeaseError::Unavailable(crate::zk::session::Unavailable::Disconnected))
+        record::create(&client, path, written).await.map_err(|_| unavailable())
     }
 
-    /// The record of a lease kept here, as written (before its end).
-    fn record_of(&self, lease: &Lease) -> LeaseRecord {
+    /// The record of a lease kept here, as written (before its end): `ttl` granted, `asked`
+    /// requested, owned by `owner`, made `at`.
+    fn record(&self, ttl: Duration, asked: Option<Duration>, owner: Option<String>, at: SystemTime) -> LeaseRecord {
         LeaseRecord {
-            ttl_ms: lease.ttl.as_millis() as u64,
-            requested_ttl_ms: lease
-                .requested_ttl
-                .filter(|r| *r != lease.ttl)
-                .map(|r| r.as_millis() as u64),
-            principal: lease.owner.clone(),
-            created_ms: crate::time::millis_of(lease.created_at),
+            ttl_ms: ttl.as_millis() as u64,
+            requested_ttl_ms: asked.filter(|r| *r != ttl).map(|r| r.as_millis() as u64),
+            principal: owner,
+            created_ms: crate::time::millis_of(at),
             keeper: self.instance.to_string(),
             ended: None,
             ended_ms: None,
+        }
+    }
+
+    /// The lease `id` as its record `found` says, at `version`, kept (or visited) here until
+    /// `deadline`.
+    fn kept(&self, id: &str, found: &record::Found, version: i32, deadline: Instant) -> Kept {
+        Kept {
+            id: id.to_string(),
+            ttl: Duration::from_millis(found.record.ttl_ms),
+            requested_ttl: found.record.requested_ttl_ms.map(Duration::from_millis),
+            created_at: crate::time::from_millis(found.record.created_ms),
+            path: record::path(&self.root, id),
+            owner: found.record.principal.clone(),
+            version: Ok(version),
+            deadline,
+            here: self.instance.clone(),
         }
     }
 
@@ -527,8 +523,7 @@ impl Registry {
         if let Some(reason) = ended {
             table.ended.insert(id.to_string(), reason);
         }
-        drop(table);
-        self.uncount(&lease.owner);
+        count_down(&mut table.per_owner, &lease.owner);
         Some(lease)
     }
 

@@ -16,11 +16,11 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{FRESH, Leases};
+use super::{FRESH, Leases, elsewhere, ended, unavailable};
 use crate::auth::Caller;
-use crate::recipes::engine::lease::{EndReason, Kept, Lease, LeaseError};
+use crate::recipes::engine::lease::{EndReason, Lease, LeaseError};
 use crate::recipes::engine::record::{self, Found, TakeOver};
-use crate::zk::session::{Session, Unavailable};
+use crate::zk::session::Session;
 
 /// The earliest a lease may end (ms, ZooKeeper's clock) when its keeper was last seen at
 /// `last_seen_ms`: [FRESH] (the last keepalive that keeper can have acknowledged) plus its TTL.
@@ -33,10 +33,6 @@ pub fn earliest_end(last_seen_ms: i64, ttl: Duration) -> i64 {
 /// How long a lease taken over at `now_ms` has before it may end (zero: it may end now).
 pub fn time_left(last_seen_ms: i64, ttl: Duration, now_ms: i64) -> Duration {
     Duration::from_millis(u64::try_from(earliest_end(last_seen_ms, ttl).saturating_sub(now_ms)).unwrap_or(0))
-}
-
-fn unavailable() -> LeaseError {
-    LeaseError::Unavailable(Unavailable::Disconnected)
 }
 
 impl Leases {
@@ -72,19 +68,13 @@ impl Leases {
         // reaper of a third, or a request there): taking it from that one, alive, would only
         // move the lease again and cut off the requests it serves.
         if from.is_some_and(|from| from != found.record.keeper && found.record.keeper != *self.inner.instance) {
-            return Err(LeaseError::Elsewhere {
-                id: id.to_string(),
-                keeper: found.record.keeper,
-            });
+            return Err(elsewhere(id, found.record.keeper));
         }
         let client = self.inner.lanes.primary().connected().await?.client().clone();
         let last_seen = self.last_seen(&client, &found.record.keeper).await?;
         let lease = self.adopt(id, &found, last_seen).await?;
         if lease.ended().is_cancelled() {
-            return Err(LeaseError::Ended {
-                id: id.to_string(),
-                reason: lease.end_reason().unwrap_or(EndReason::Expired),
-            });
+            return Err(ended(id, lease.end_reason().unwrap_or(EndReason::Expired)));
         }
         if keepalive {
             lease.renew();
@@ -121,14 +111,8 @@ impl Leases {
         }
         match record::read(session.client(), &record::path(&self.inner.root, id)).await {
             Ok(Some(now)) => match now.record.ended {
-                Some(reason) => LeaseError::Ended {
-                    id: id.to_string(),
-                    reason,
-                },
-                None => LeaseError::Elsewhere {
-                    id: id.to_string(),
-                    keeper: now.record.keeper,
-                },
+                Some(reason) => ended(id, reason),
+                None => elsewhere(id, now.record.keeper),
             },
             Ok(None) => LeaseError::Unknown(id.to_string()),
             Err(_) => unavailable(),
@@ -156,20 +140,8 @@ impl Leases {
         };
         let ttl = Duration::from_millis(found.record.ttl_ms);
         let left = time_left(last_seen_ms, ttl, now);
-        let lease = Arc::new(Lease::new(
-            Kept {
-                id: id.to_string(),
-                ttl,
-                requested_ttl: found.record.requested_ttl_ms.map(Duration::from_millis),
-                created_at: crate::time::from_millis(found.record.created_ms),
-                path: record::path(&self.inner.root, id),
-                owner: found.record.principal.clone(),
-                version: Ok(version),
-                deadline: Instant::now() + left,
-                here: self.inner.instance.clone(),
-            },
-            lane.clone(),
-        ));
+        let kept = self.inner.kept(id, found, version, Instant::now() + left);
+        let lease = Arc::new(Lease::new(kept, lane.clone()));
         // Its holdings are attached before the lease is in the table: a request that finds it
         // there (a keepalive answering with the holdings, a release looking for its handle)
         // must find them. Nobody else adopts it meanwhile (the stripe is held).

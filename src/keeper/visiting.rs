@@ -59,7 +59,6 @@ impl Leases {
             return Err(LeaseError::Unknown(id.to_string()));
         }
         let (lane, session) = self.inner.lanes.pick()?;
-        let unavailable = || LeaseError::Unavailable(crate::zk::session::Unavailable::Disconnected);
         let path = record::path(&self.inner.root, id);
         let mut read = record::read_and_watch(session.client(), &path)
             .await
@@ -80,19 +79,9 @@ impl Leases {
             // undone by another, as in [Leases::find].
             return self.take_over(caller, id, Some(&found.record.keeper), false).await;
         }
-        let ttl = Duration::from_millis(found.record.ttl_ms);
+        let deadline = Instant::now() + Duration::from_millis(found.record.ttl_ms);
         let lease = Arc::new(Lease::visiting(
-            Kept {
-                id: id.to_string(),
-                ttl,
-                requested_ttl: found.record.requested_ttl_ms.map(Duration::from_millis),
-                created_at: crate::time::from_millis(found.record.created_ms),
-                path,
-                owner: found.record.principal.clone(),
-                version: Ok(found.version),
-                deadline: Instant::now() + ttl,
-                here: self.inner.instance.clone(),
-            },
+            self.inner.kept(id, &found, found.version, deadline),
             lane.clone(),
         ));
         let mut visitors = self.inner.visitors.locked();

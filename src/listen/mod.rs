@@ -155,12 +155,7 @@ impl Drop for Slot {
         let mut open = self.caps.open.locked();
         let (total, per_address) = &mut *open;
         *total = total.saturating_sub(1);
-        if let Some(mine) = per_address.get_mut(&self.address) {
-            *mine -= 1;
-            if *mine == 0 {
-                per_address.remove(&self.address);
-            }
-        }
+        crate::limits::count_down(per_address, &self.address);
         drop(open);
         self.caps.changed.send_replace(());
     }
@@ -279,26 +274,10 @@ pub async fn serve(listener: Listener, caps: Arc<Caps>, app: Router, early: Earl
     };
     match listener {
         Listener::Plain(tcp) => loop {
-            let accepted = tokio::select! {
-                accepted = tcp.accept() => accepted,
+            let (stream, peer, slot) = tokio::select! {
+                accepted = accept(&tcp, &caps) => accepted,
                 _ = shutdown.cancelled() => break,
             };
-            let (stream, peer) = match accepted {
-                Ok(accepted) => accepted,
-                Err(err) => {
-                    // Out of file descriptors and the like: back off instead of spinning.
-                    tracing::warn!(error = %err, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            };
-            // Past a cap: closed at once (dropping the stream).
-            let Some(slot) = caps.take(peer.ip()) else {
-                tracing::debug!(%peer, "connection refused: too many open");
-                continue;
-            };
-            // Small request/response exchanges: do not let Nagle's algorithm hold a reply back.
-            let _ = stream.set_nodelay(true);
             tokio::spawn(connection(peer).serve(Counted::new(stream, slot, write_timeout, early)));
         },
         Listener::Tls(mut tls) => loop {
@@ -549,23 +528,10 @@ async fn accept_loop(
     deliver: mpsc::Sender<(TlsStream<TcpStream>, SocketAddr, Slot)>,
 ) {
     loop {
-        let (stream, peer) = tokio::select! {
-            accepted = tcp.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(err) => {
-                    // Out of file descriptors and the like: back off instead of spinning.
-                    tracing::warn!(error = %err, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            },
+        let (stream, peer, slot) = tokio::select! {
+            accepted = accept(&tcp, &caps) => accepted,
             _ = deliver.closed() => return,
         };
-        let Some(slot) = caps.take(peer.ip()) else {
-            tracing::debug!(%peer, "connection refused: too many open");
-            continue;
-        };
-        let _ = stream.set_nodelay(true);
         let (acceptor, deliver) = (acceptor.clone(), deliver.clone());
         tokio::spawn(async move {
             match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
@@ -576,6 +542,29 @@ async fn accept_loop(
                 Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
             }
         });
+    }
+}
+
+/// The next connection on `tcp` within the caps, with its slot. One past a cap is closed at once
+/// (dropping the stream); a failed accept (out of file descriptors and the like) backs off
+/// instead of spinning.
+async fn accept(tcp: &TcpListener, caps: &Arc<Caps>) -> (TcpStream, SocketAddr, Slot) {
+    loop {
+        let (stream, peer) = match tcp.accept().await {
+            Ok(accepted) => accepted,
+            Err(err) => {
+                tracing::warn!(error = %err, "accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let Some(slot) = caps.take(peer.ip()) else {
+            tracing::debug!(%peer, "connection refused: too many open");
+            continue;
+        };
+        // Small request/response exchanges: do not let Nagle's algorithm hold a reply back.
+        let _ = stream.set_nodelay(true);
+        return (stream, peer, slot);
     }
 }
 

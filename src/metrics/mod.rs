@@ -203,10 +203,8 @@ fn single_histogram(registry: &Registry, name: &str, help: &str) -> Histogram {
 }
 
 fn counter(registry: &Registry, name: &str, labels: &[&str], help: &str) -> IntCounterVec {
-    registered(
-        registry,
-        IntCounterVec::new(Opts::new(name, help), labels).expect("valid counter"),
-    )
+    let counter = IntCounterVec::new(Opts::new(name, help), labels).expect("valid counter");
+    registered(registry, counter)
 }
 
 fn histogram(registry: &Registry, name: &str, labels: &[&str], buckets: &[f64], help: &str) -> HistogramVec {
@@ -219,10 +217,8 @@ fn gauge(registry: &Registry, name: &str, help: &str) -> IntGauge {
 }
 
 fn gauges(registry: &Registry, name: &str, labels: &[&str], help: &str) -> IntGaugeVec {
-    registered(
-        registry,
-        IntGaugeVec::new(Opts::new(name, help), labels).expect("valid gauge"),
-    )
+    let gauges = IntGaugeVec::new(Opts::new(name, help), labels).expect("valid gauge");
+    registered(registry, gauges)
 }
 
 impl Metrics {

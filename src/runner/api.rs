@@ -254,16 +254,8 @@ impl Api {
     /// wait ends first; the same call again resumes the wait with the same place in the queue.
     pub async fn contend(&self, target: &Target, lease: &str, wait: Duration) -> Result<Standing, CallError> {
         let query = [("wait", wire_duration(wait)), ("keep_queued", "true".to_string())];
-        let body = target.contend_body(lease);
-        let (status, answer) = self
-            .call(
-                Method::POST,
-                &target.contend_path(),
-                &query,
-                Some(body),
-                wait + ANSWER_MARGIN,
-            )
-            .await?;
+        let (path, body, limit) = (target.contend_path(), target.contend_body(lease), wait + ANSWER_MARGIN);
+        let (status, answer) = self.call(Method::POST, &path, &query, Some(body), limit).await?;
         // A lock's grant says `fencing_token`; a leader's says `term`, which plays that part.
         let token = answer["fencing_token"].as_i64().or(answer["term"].as_i64());
         match (status, answer["handle"].as_str(), token) {
@@ -281,15 +273,8 @@ impl Api {
     /// Reads a handle, waiting up to `wait` for news (a revocation request, a loss).
     pub async fn news(&self, target: &Target, handle: &str, wait: Duration) -> Result<HandleNews, CallError> {
         let query = [("wait", wire_duration(wait))];
-        let (_, answer) = self
-            .call(
-                Method::GET,
-                &target.handle_path(handle),
-                &query,
-                None,
-                wait + ANSWER_MARGIN,
-            )
-            .await?;
+        let (path, limit) = (target.handle_path(handle), wait + ANSWER_MARGIN);
+        let (_, answer) = self.call(Method::GET, &path, &query, None, limit).await?;
         self.parse(answer)
     }
 

@@ -79,12 +79,12 @@ pub struct RunnerOptions {
 
     /// How long to wait for the lock (or leadership) in all (`0`: try once); default: as long as
     /// it takes.
-    #[arg(long, value_parser = duration)]
+    #[arg(long, value_parser = parse_duration)]
     pub wait: Option<Duration>,
 
     /// How long the command has to exit after SIGTERM (sent when the lock is revoked or lost,
     /// or leadership lost) before it gets SIGKILL.
-    #[arg(long, default_value = "10s", value_parser = duration)]
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub grace: Duration,
 }
 
@@ -330,10 +330,6 @@ async fn release(api: &Api, lease: &Lease) {
 fn fail(message: &str) -> u8 {
     eprintln!("zkgate: {message}");
     EXIT_RUNNER_FAILED
-}
-
-fn duration(text: &str) -> Result<Duration, String> {
-    parse_duration(text)
 }
 
 fn positive_duration(text: &str) -> Result<Duration, String> {

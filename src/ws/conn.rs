@@ -15,7 +15,7 @@ use tokio::time::Instant;
 use tower::ServiceExt;
 
 use super::outbox::{Outbox, Refused, outbox};
-use super::{close_idle, finish, going_away};
+use super::{GOING_AWAY, close, finish};
 use crate::AppState;
 use crate::auth::Caller;
 use crate::events::Position;
@@ -118,7 +118,7 @@ pub async fn serve(state: AppState, caller: Caller, mut socket: WebSocket, addre
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => {
-                going_away(&mut socket).await;
+                close(&mut socket, GOING_AWAY, "zkgate is shutting down").await;
                 break;
             }
             incoming = socket.recv() => {
@@ -137,7 +137,7 @@ pub async fn serve(state: AppState, caller: Caller, mut socket: WebSocket, addre
             }
             _ = tokio::time::sleep_until(next_beat) => {
                 if last_heard.elapsed() >= idle_timeout {
-                    close_idle(&mut socket).await;
+                    close(&mut socket, IDLE_CLOSE_CODE, "idle timeout").await;
                     break;
                 }
                 conn.keep_leases_alive(last_heard.elapsed());

@@ -36,7 +36,7 @@ use std::time::Duration;
 
 use axum::extract::State;
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
-use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
+use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket, WebSocketUpgrade};
 use axum::response::Response;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -116,7 +116,7 @@ async fn stream(mut socket: WebSocket, mut subscription: Subscription, state: Ap
                     return;
                 }
             }
-            _ = state.shutdown.cancelled() => return going_away(&mut socket).await,
+            _ = state.shutdown.cancelled() => return close(&mut socket, GOING_AWAY, "zkgate is shutting down").await,
             incoming = socket.recv() => {
                 last_heard = tokio::time::Instant::now();
                 match incoming {
@@ -129,7 +129,7 @@ async fn stream(mut socket: WebSocket, mut subscription: Subscription, state: Ap
             }
             _ = ping.tick() => {
                 if last_heard.elapsed() >= idle_timeout {
-                    return close_idle(&mut socket).await;
+                    return close(&mut socket, IDLE_CLOSE_CODE, "idle timeout").await;
                 }
                 let pinged = tokio::time::timeout(idle_timeout, socket.send(Message::Ping(Default::default()))).await;
                 if !matches!(pinged, Ok(Ok(()))) {
@@ -150,20 +150,14 @@ async fn deliver(socket: &mut WebSocket, event: &Event, limit: Duration) -> bool
     )
 }
 
-/// Closes a socket that went silent (code [IDLE_CLOSE_CODE]).
-pub(crate) async fn close_idle(socket: &mut WebSocket) {
-    let close = CloseFrame {
-        code: IDLE_CLOSE_CODE,
-        reason: "idle timeout".into(),
-    };
-    let _ = tokio::time::timeout(Duration::from_secs(1), socket.send(Message::Close(Some(close)))).await;
-}
+/// The close code of a socket closed because the instance shuts down.
+pub(crate) const GOING_AWAY: u16 = 1001;
 
-/// Closes a socket because the instance shuts down (code 1001, "going away").
-pub(crate) async fn going_away(socket: &mut WebSocket) {
+/// Sends a close frame (bounded: a client that does not read gets no longer).
+pub(crate) async fn close(socket: &mut WebSocket, code: u16, reason: impl Into<Utf8Bytes>) {
     let close = CloseFrame {
-        code: 1001,
-        reason: "zkgate is shutting down".into(),
+        code,
+        reason: reason.into(),
     };
     let _ = tokio::time::timeout(Duration::from_secs(1), socket.send(Message::Close(Some(close)))).await;
 }
@@ -177,11 +171,7 @@ pub(crate) async fn read_failed(socket: &mut WebSocket, error: axum::Error, limi
     if !error.to_string().contains("Space limit exceeded") {
         return;
     }
-    let close = CloseFrame {
-        code: 1009,
-        reason: format!("message too big: at most {limit} bytes").into(),
-    };
-    let _ = tokio::time::timeout(Duration::from_secs(1), socket.send(Message::Close(Some(close)))).await;
+    close(socket, 1009, format!("message too big: at most {limit} bytes")).await;
 }
 
 /// Completes the closing handshake the client began (bounded: the client may be gone).

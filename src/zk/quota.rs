@@ -187,15 +187,11 @@ pub async fn read_many(client: &Client, paths: &[&str]) -> Result<Vec<Option<(Us
 /// is deleted again if it was created (the server does not enforce).
 pub async fn enforced(client: &Client, probe: &str) -> Result<bool, ZkError> {
     super::session::ensure_path(client, probe).await?;
-    set(
-        client,
-        probe,
-        Limits {
-            bytes: None,
-            znodes: Some(1),
-        },
-    )
-    .await?;
+    let just_itself = Limits {
+        bytes: None,
+        znodes: Some(1),
+    };
+    set(client, probe, just_itself).await?;
     let child = format!("{probe}/child");
     let mode = CreateMode::Ephemeral.with_acls(super::acls());
     match retry_on_loss(|| client.create(&child, &[], &mode)).await {

@@ -132,8 +132,9 @@ impl ZooKeeperServer {
                     })
                 })
                 .collect::<std::io::Result<Vec<MemberPorts>>>()?;
+            // Not waited for one by one: a member serves only once a quorum is up.
             let mut servers = (1..=size)
-                .map(|id| ZooKeeperServer::spawn_member(options, id, &members))
+                .map(|id| Self::spawn(options, id, members[(id - 1) as usize].client, Some(&members)))
                 .collect::<Result<Vec<_>, _>>()?;
             let mut failed = None;
             for server in &mut servers {
@@ -148,17 +149,6 @@ impl ZooKeeperServer {
                 Some(error) => tracing::warn!(%error, "the ensemble did not start; trying other ports"),
             }
         }
-    }
-
-    /// Spawns member `id` (1-based) of an ensemble whose members are `members` (index id-1).
-    /// It does not wait: an ensemble member serves only once a quorum is up.
-    pub fn spawn_member(
-        options: &ServerOptions,
-        id: u32,
-        members: &[MemberPorts],
-    ) -> Result<ZooKeeperServer, ServerError> {
-        let me = members[(id - 1) as usize];
-        Self::spawn(options, id, me.client, Some(members))
     }
 
     fn spawn(

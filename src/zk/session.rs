@@ -34,10 +34,11 @@ use super::security::{ConnectError, ZkSecurity};
 use super::sync::Syncs;
 
 /// What a caller sees of the connection.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Connection {
     /// No session yet: connecting for the first time or after an expiry.
+    #[default]
     Connecting,
     /// The session is connected to a server.
     Connected,
@@ -46,7 +47,7 @@ pub enum Connection {
 }
 
 /// The supervisor's view, published on a watch channel.
-#[derive(Clone)]
+#[derive(Clone, Default)]
 pub struct Status {
     /// The current client, if a session has been established.
     pub client: Option<Client>,
@@ -154,13 +155,7 @@ impl ZkSession {
     ) -> ZkSession {
         let installed_acl_policy = super::acl::install(security.acl_policy()).err();
         let (hosts, chroot) = split_chroot(connect);
-        let (sender, status) = watch::channel(Status {
-            client: None,
-            syncs: Arc::default(),
-            generation: 0,
-            connection: Connection::Connecting,
-            connects: 0,
-        });
+        let (sender, status) = watch::channel(Status::default());
         let stop = CancellationToken::new();
         let supervisor = Supervisor {
             lane,
