@@ -75,16 +75,14 @@ fn is_public(path: &str) -> bool {
 /// request another instance forwarded from its signed assertion ([forwarded]), and serves the
 /// request as that caller.
 pub async fn authenticate(State(state): State<AppState>, request: Request, next: Next) -> Response {
-    let mut request = if request.headers().contains_key(FORWARDED_BY) {
-        match forwarded(&state, request).await {
-            Ok(request) => request,
-            Err(err) => return err.into_response(),
-        }
+    let found = if request.headers().contains_key(FORWARDED_BY) {
+        forwarded(&state, request).await
     } else {
-        match authenticated(&state, request) {
-            Ok(request) => request,
-            Err(err) => return err.into_response(),
-        }
+        authenticated(&state, request)
+    };
+    let mut request = match found {
+        Ok(request) => request,
+        Err(err) => return err.into_response(),
     };
     let address = request
         .extensions()
@@ -158,10 +156,8 @@ fn authenticated(state: &AppState, mut request: Request) -> Result<Request, ApiE
         Some(authority) => match token_of(request.headers()) {
             Err(detail) => return Err(ApiError::new(Problem::Unauthorized, detail)),
             Ok(None) => {
-                return Err(ApiError::new(
-                    Problem::Unauthorized,
-                    "send `Authorization: Bearer <token>` (on a WebSocket, the `zkgate.bearer.<base64url token>` subprotocol)",
-                ));
+                let detail = "send `Authorization: Bearer <token>` (on a WebSocket, the `zkgate.bearer.<base64url token>` subprotocol)";
+                return Err(ApiError::new(Problem::Unauthorized, detail));
             }
             Ok(Some(token)) => match authority.principal(&token) {
                 Some(principal) => Caller::Principal(principal),
@@ -182,11 +178,8 @@ pub async fn authorize(request: Request, next: Next) -> Response {
     // A request that was never authenticated may do nothing here.
     let caller = request.extensions().get::<Caller>().cloned().unwrap_or(Caller::Nobody);
     let (mut parts, body) = request.into_parts();
-    let routed = match Routed::of(&mut parts).await {
-        Ok(routed) => routed,
-        Err(err) => return err.into_response(),
-    };
-    if let Err(err) = check(&caller, &parts.method, &routed) {
+    let routed = Routed::of(&mut parts).await;
+    if let Err(err) = routed.and_then(|routed| check(&caller, &parts.method, &routed)) {
         return err.into_response();
     }
     next.run(Request::from_parts(parts, body)).await

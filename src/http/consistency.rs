@@ -75,10 +75,7 @@ impl<S: Send + Sync> FromRequestParts<S> for Consistency {
         let given = form_urlencoded::parse(query.as_bytes())
             .filter(|(name, _)| name == PARAMETER)
             .last();
-        match given {
-            Some((_, value)) => Consistency::parse(&value),
-            None => Ok(Consistency::default()),
-        }
+        given.map_or(Ok(Consistency::default()), |(_, value)| Consistency::parse(&value))
     }
 }
 

@@ -13,7 +13,7 @@ use utoipa_axum::routes;
 use super::consistency::Consistency;
 use super::error::{ApiError, Place, Problem, Problems, p};
 use super::extract::{ApiJson, ApiPath};
-use super::kv::{Tag, parse_tag, write_condition};
+use super::kv::{Tag, parse_tag, precondition_failed, write_condition};
 use super::{Followed, Resource, check_name};
 use crate::AppState;
 use crate::events::Feed;
@@ -51,7 +51,7 @@ fn source(state: &AppState, name: &str) -> CounterTopic {
 }
 
 /// Body of an add (optional: without it, the add is `+1`).
-#[derive(Deserialize, utoipa::ToSchema)]
+#[derive(Deserialize, utoipa::ToSchema, Default)]
 #[serde(deny_unknown_fields)]
 pub struct AddBody {
     /// What to add (negative to subtract); 1 when absent.
@@ -110,20 +110,7 @@ fn counter_error(name: &str, err: CounterError) -> ApiError {
             format!("counter `{name}`'s znode holds {size} bytes that are not an 8-byte big-endian number"),
         )
         .with("size_bytes", size),
-        CounterError::Precondition(current) => {
-            let detail = match current {
-                Some(v) => format!(
-                    "counter `{name}` is at version {}, not the one required",
-                    counter::etag(v)
-                ),
-                None => format!("counter `{name}` does not exist"),
-            };
-            let err = ApiError::new(Problem::PreconditionFailed, detail);
-            match current {
-                Some(v) => err.with("current_etag", counter::etag(v)),
-                None => err,
-            }
-        }
+        CounterError::Precondition(current) => precondition_failed(&format!("counter `{name}`"), current),
         CounterError::Missing => ApiError::not_found("counter", format!("no counter `{name}`")),
         CounterError::OutcomeUnknown => ApiError::new(
             Problem::OutcomeUnknown,
@@ -189,24 +176,17 @@ pub async fn add(
 ) -> Result<Response, ApiError> {
     check_name(&name)?;
     let key = super::key_name(&headers)?;
-    let (delta, bounds) = match body {
-        Some(body) => (
-            body.delta.unwrap_or(1),
-            Bounds {
-                min: body.min,
-                max: body.max,
-            },
-        ),
-        None => (1, Bounds::default()),
+    let body = body.unwrap_or_default();
+    let delta = body.delta.unwrap_or(1);
+    let bounds = Bounds {
+        min: body.min,
+        max: body.max,
     };
     if let (Some(min), Some(max)) = (bounds.min, bounds.max)
         && min > max
     {
-        return Err(ApiError::invalid(
-            Place::Body,
-            "min",
-            format!("must not be above `max` ({min} > {max})"),
-        ));
+        let detail = format!("must not be above `max` ({min} > {max})");
+        return Err(ApiError::invalid(Place::Body, "min", detail));
     }
     let session = state.zk().connected().await?;
     let path = Kind::Counter.path(&state.config.root, &name);

@@ -106,11 +106,8 @@ pub struct Passage {
 fn check_participant(participant: &str) -> Result<(), ApiError> {
     validate_name(participant).map_err(|e| ApiError::invalid(Place::Body, "participant", e))?;
     if participant == READY {
-        return Err(ApiError::invalid(
-            Place::Body,
-            "participant",
-            "`ready` is the barrier's own node",
-        ));
+        let detail = "`ready` is the barrier's own node";
+        return Err(ApiError::invalid(Place::Body, "participant", detail));
     }
     Ok(())
 }

@@ -291,7 +291,7 @@ pub async fn get_candidate(
 ) -> Result<Json<CandidateView>, ApiError> {
     let seen = contention::get_handle(&state, &state.elections, &caller, (&name, &handle), query, consistency).await?;
     Ok(Json(CandidateView {
-        election: seen.name,
+        election: seen.lock,
         handle: seen.handle,
         lease: seen.lease,
         state: seen.state,

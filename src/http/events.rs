@@ -79,11 +79,8 @@ pub async fn events(
 ) -> Result<Response, ApiError> {
     let (topics, since) = stream_query(&uri, true)?;
     if topics.is_empty() {
-        return Err(ApiError::invalid(
-            Place::Query,
-            "topic",
-            "name at least one topic, e.g. `?topic=election:scheduler`",
-        ));
+        let detail = "name at least one topic, e.g. `?topic=election:scheduler`";
+        return Err(ApiError::invalid(Place::Query, "topic", detail));
     }
     let topics = topics
         .iter()
@@ -120,11 +117,8 @@ fn stream_query(uri: &Uri, takes_topics: bool) -> Result<(Vec<String>, Option<St
             "since" => since = Some(value.into_owned()),
             other => {
                 let known = if takes_topics { "`topic`, `since`" } else { "`since`" };
-                return Err(ApiError::invalid(
-                    Place::Query,
-                    other,
-                    format!("is not a parameter of an event stream ({known})"),
-                ));
+                let detail = format!("is not a parameter of an event stream ({known})");
+                return Err(ApiError::invalid(Place::Query, other, detail));
             }
         }
     }
@@ -141,11 +135,8 @@ async fn open(
     headers: &HeaderMap,
 ) -> Result<Response, ApiError> {
     if topics.len() > MAX_TOPICS {
-        return Err(ApiError::invalid(
-            Place::Query,
-            "topic",
-            format!("at most {MAX_TOPICS} topics per stream (open another)"),
-        ));
+        let detail = format!("at most {MAX_TOPICS} topics per stream (open another)");
+        return Err(ApiError::invalid(Place::Query, "topic", detail));
     }
     let resolved = topics
         .iter()
@@ -153,11 +144,8 @@ async fn open(
         .collect::<Result<Vec<_>, ApiError>>()?;
     for (i, (name, _)) in resolved.iter().enumerate() {
         if resolved[..i].iter().any(|(other, _)| other == name) {
-            return Err(ApiError::invalid(
-                Place::Query,
-                "topic",
-                format!("`{name}` is named twice"),
-            ));
+            let detail = format!("`{name}` is named twice");
+            return Err(ApiError::invalid(Place::Query, "topic", detail));
         }
     }
     let since = resume_point(headers, since, resolved.len())?;

@@ -89,7 +89,8 @@ fn format_of(path: &str, method: &Method, place: &ParameterIn, name: &str) -> Op
     }
 }
 
-fn schema_of(format: Format) -> Schema {
+/// The schema of `format`, described by `description`.
+fn schema_of(format: Format, description: Option<String>) -> Schema {
     let string = |pattern: String| {
         Object::builder()
             .schema_type(SchemaType::Type(Type::String))
@@ -129,7 +130,7 @@ fn schema_of(format: Format) -> Schema {
             )))
             .minimum(Some(1)),
     };
-    Schema::Object(schema.build())
+    Schema::Object(schema.description(description).build())
 }
 
 /// Body fields that hold names (a list's items for a list): (schema, property).
@@ -274,17 +275,14 @@ fn collect_refs(value: &serde_json::Value, names: &mut std::collections::HashSet
 fn set_format(field: &mut Schema, format: Format) {
     match field {
         Schema::Array(array) => {
-            array.items = utoipa::openapi::schema::ArrayItems::RefOrSchema(Box::new(RefOr::T(schema_of(format))))
+            array.items = utoipa::openapi::schema::ArrayItems::RefOrSchema(Box::new(RefOr::T(schema_of(format, None))))
         }
         // An optional field that may be `null` (`oneOf` a schema and null): the schema's side.
         Schema::OneOf(one_of) => {
             for item in one_of.items.iter_mut() {
                 if let RefOr::Ref(reference) = item {
-                    let mut formatted = schema_of(format);
-                    if let Schema::Object(object) = &mut formatted {
-                        object.description = Some(reference.description.clone()).filter(|d| !d.is_empty());
-                    }
-                    *item = RefOr::T(formatted);
+                    let description = Some(reference.description.clone()).filter(|d| !d.is_empty());
+                    *item = RefOr::T(schema_of(format, description));
                 }
             }
         }
@@ -293,11 +291,7 @@ fn set_format(field: &mut Schema, format: Format) {
                 Schema::Object(object) => object.description.clone(),
                 _ => None,
             };
-            let mut formatted = schema_of(format);
-            if let Schema::Object(object) = &mut formatted {
-                object.description = description;
-            }
-            *field = formatted;
+            *field = schema_of(format, description);
         }
     }
 }
@@ -309,7 +303,7 @@ fn apply(path: &str, method: &Method, parameter: &mut Parameter) {
     // A duration of any length is the `HumanDuration` component (the same pattern).
     let schema = match format {
         Format::Duration => RefOr::Ref(utoipa::openapi::Ref::from_schema_name("HumanDuration")),
-        format => RefOr::T(schema_of(format)),
+        format => RefOr::T(schema_of(format, None)),
     };
     match parameter.schema.as_mut() {
         Some(RefOr::T(Schema::Array(array))) => {

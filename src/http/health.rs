@@ -49,16 +49,9 @@ pub struct ZooKeeperStatus {
 }
 
 fn health(state: &AppState, caller: &Caller, status: &'static str) -> Health {
-    if !caller.is_admin() {
-        return Health {
-            status,
-            zookeeper: None,
-        };
-    }
-    let zk = state.zk().status();
-    Health {
-        status,
-        zookeeper: Some(ZooKeeperStatus {
+    let zookeeper = caller.is_admin().then(|| {
+        let zk = state.zk().status();
+        ZooKeeperStatus {
             connection: zk.connection,
             servers: state.zk().hosts().to_string(),
             session_id: zk.session_id().map(|id| format!("{id:#x}")),
@@ -66,8 +59,9 @@ fn health(state: &AppState, caller: &Caller, status: &'static str) -> Health {
             sessions: state.lanes.all().len(),
             sessions_connected: state.lanes.all().iter().filter(|lane| lane.current().is_ok()).count(),
             quotas: state.quotas.enforcement(),
-        }),
-    }
+        }
+    });
+    Health { status, zookeeper }
 }
 
 /// Liveness: the process serves HTTP.

@@ -104,11 +104,8 @@ pub struct Written {
 fn check_key(key: &str) -> Result<(), ApiError> {
     let segments: Vec<&str> = key.split('/').collect();
     if segments.len() > MAX_DEPTH {
-        return Err(ApiError::invalid(
-            Place::Path,
-            "key",
-            format!("must have at most {MAX_DEPTH} segments"),
-        ));
+        let detail = format!("must have at most {MAX_DEPTH} segments");
+        return Err(ApiError::invalid(Place::Path, "key", detail));
     }
     for segment in segments {
         validate_name(segment)
@@ -149,16 +146,13 @@ pub(super) fn parse_tag(headers: &HeaderMap, name: header::HeaderName) -> Result
     })
 }
 
-fn precondition_failed(key: &str, current: Option<i64>) -> ApiError {
-    let detail = match current {
-        Some(v) => format!("key `{key}` is at version {}, not the one required", etag(v)),
-        None => format!("key `{key}` does not exist"),
+/// 412: `what` (a key, a counter) is not at the version the request requires.
+pub(super) fn precondition_failed(what: &str, current: Option<i64>) -> ApiError {
+    let Some(version) = current else {
+        return ApiError::new(Problem::PreconditionFailed, format!("{what} does not exist"));
     };
-    let err = ApiError::new(Problem::PreconditionFailed, detail);
-    match current {
-        Some(v) => err.with("current_etag", etag(v)),
-        None => err,
-    }
+    let detail = format!("{what} is at version {}, not the one required", etag(version));
+    ApiError::new(Problem::PreconditionFailed, detail).with("current_etag", etag(version))
 }
 
 /// Reads a key. A value that parses as JSON comes back as `application/json`, other UTF-8
@@ -189,11 +183,8 @@ pub async fn get_value(
     let known = match parse_tag(&headers, header::IF_NONE_MATCH)? {
         Some(Tag::Version(v)) => Some(v),
         Some(Tag::Any) => {
-            return Err(ApiError::invalid(
-                Place::Header,
-                "if-none-match",
-                "`*` only applies to writes",
-            ));
+            let detail = "`*` only applies to writes";
+            return Err(ApiError::invalid(Place::Header, "if-none-match", detail));
         }
         None => None,
     };
@@ -296,21 +287,15 @@ pub(super) fn write_condition(headers: &HeaderMap) -> Result<Condition, ApiError
             parse_tag(headers, header::IF_NONE_MATCH)?,
         ) {
             (Some(_), Some(_)) => {
-                return Err(ApiError::invalid(
-                    Place::Header,
-                    "if-match",
-                    "cannot be combined with `If-None-Match`",
-                ));
+                let detail = "cannot be combined with `If-None-Match`";
+                return Err(ApiError::invalid(Place::Header, "if-match", detail));
             }
             (Some(Tag::Version(v)), None) => Condition::Version(v),
             (Some(Tag::Any), None) => Condition::Exists,
             (None, Some(Tag::Any)) => Condition::Absent,
             (None, Some(Tag::Version(_))) => {
-                return Err(ApiError::invalid(
-                    Place::Header,
-                    "if-none-match",
-                    "only `*` applies to writes",
-                ));
+                let detail = "only `*` applies to writes";
+                return Err(ApiError::invalid(Place::Header, "if-none-match", detail));
             }
             (None, None) => Condition::Any,
         },
@@ -319,7 +304,7 @@ pub(super) fn write_condition(headers: &HeaderMap) -> Result<Condition, ApiError
 
 fn write_error(key: &str, err: WriteError) -> ApiError {
     match err {
-        WriteError::Precondition(current) => precondition_failed(key, current),
+        WriteError::Precondition(current) => precondition_failed(&format!("key `{key}`"), current),
         WriteError::Missing => ApiError::not_found("key", format!("no key `{key}`")),
         WriteError::NotEmpty => ApiError::new(
             Problem::KeyNotEmpty,
@@ -377,35 +362,28 @@ pub async fn list_keys(
         Kind::Kv.path(&state.config.root, &prefix)
     };
     let session = super::consistency::reader(&state, consistency).await?;
-    match kv::children(&session, &path).await? {
-        Some(keys) => {
-            // Only the keys the caller may read (a principal limited to `app/` lists with
-            // `?prefix=app`).
-            let keys = keys
-                .into_iter()
-                .filter(|key| {
-                    let full = if prefix.is_empty() {
-                        key.clone()
-                    } else {
-                        format!("{prefix}/{key}")
-                    };
-                    caller.may("kv", &full, crate::auth::Access::Read)
-                })
-                .collect();
-            let page = paging.page(keys, String::clone);
-            Ok(super::paging::with_link(
-                page.next,
-                axum::Json(KeyList {
-                    prefix,
-                    keys: page.entries,
-                }),
-            ))
-        }
-        None if prefix.is_empty() => Ok(axum::Json(KeyList {
+    // Only the keys the caller may read (a principal limited to `app/` lists with `?prefix=app`).
+    let keys = match kv::children(&session, &path).await? {
+        Some(keys) => keys
+            .into_iter()
+            .filter(|key| {
+                let full = if prefix.is_empty() {
+                    key.clone()
+                } else {
+                    format!("{prefix}/{key}")
+                };
+                caller.may("kv", &full, crate::auth::Access::Read)
+            })
+            .collect(),
+        None if prefix.is_empty() => Vec::new(),
+        None => return Err(ApiError::not_found("key", format!("no key `{prefix}`"))),
+    };
+    let page = paging.page(keys, String::clone);
+    Ok(super::paging::with_link(
+        page.next,
+        axum::Json(KeyList {
             prefix,
-            keys: Vec::new(),
-        })
-        .into_response()),
-        None => Err(ApiError::not_found("key", format!("no key `{prefix}`"))),
-    }
+            keys: page.entries,
+        }),
+    ))
 }

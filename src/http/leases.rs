@@ -216,11 +216,8 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
         .to_str()
         .map_err(|_| ApiError::invalid(Place::Header, "Idempotency-Key", "must be visible ASCII"))?;
     if key.is_empty() || key.len() > MAX_IDEMPOTENCY_KEY {
-        return Err(ApiError::invalid(
-            Place::Header,
-            "Idempotency-Key",
-            format!("must be 1 to {MAX_IDEMPOTENCY_KEY} characters"),
-        ));
+        let detail = format!("must be 1 to {MAX_IDEMPOTENCY_KEY} characters");
+        return Err(ApiError::invalid(Place::Header, "Idempotency-Key", detail));
     }
     Ok(Some(key))
 }

@@ -19,7 +19,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::consistency::Consistency;
-use super::contention::{self, HandleView, Request, Seen, find_handle, held_since};
+use super::contention::{self, HandleView, Request, find_handle, held_since};
 use super::error::{ApiError, Place, Problem, Problems, p};
 use super::extract::{ApiJson, ApiPath, ApiQuery};
 use super::leases::{LeaseView, lease_for, lease_gone};
@@ -220,11 +220,8 @@ impl lock_set::Taker for SetTaker<'_> {
 /// set takes them (so that two sets never wait on each other).
 fn locks_in_order<'a>(caller: &Caller, locks: &'a [String]) -> Result<Vec<&'a str>, ApiError> {
     if locks.is_empty() || locks.len() > MAX_LOCKS {
-        return Err(ApiError::invalid(
-            Place::Body,
-            "locks",
-            format!("must name 1 to {MAX_LOCKS} locks"),
-        ));
+        let detail = format!("must name 1 to {MAX_LOCKS} locks");
+        return Err(ApiError::invalid(Place::Body, "locks", detail));
     }
     for name in locks {
         crate::zk::names::validate_name(name)
@@ -295,21 +292,9 @@ pub async fn get_set(
     let set = find_set(&state, &session, &caller, &id).await?;
     let mut locks: Vec<HandleView> = Vec::with_capacity(set.locks.len());
     for member in &set.locks {
-        let query = contention::HandleQuery { wait: None };
-        let seen = match contention::get_handle(
-            &state,
-            &state.locks,
-            &caller,
-            (&member.lock, &member.handle),
-            query,
-            consistency,
-        )
-        .await
-        {
-            Ok(seen) => seen,
-            Err(_) => Seen::gone(&member.lock, &member.handle, &set.lease),
-        };
-        locks.push(seen.into());
+        let (query, lock, handle) = (contention::HandleQuery { wait: None }, &member.lock, &member.handle);
+        let seen = contention::get_handle(&state, &state.locks, &caller, (lock, handle), query, consistency).await;
+        locks.push(seen.unwrap_or_else(|_| HandleView::gone(lock, handle, &set.lease)));
     }
     let all_held = locks.iter().all(|l| l.state == "held");
     Ok(Json(LockSetState {
@@ -337,19 +322,13 @@ pub async fn release_set(
     let set = find_set(&state, &session, &caller, &id).await?;
     let mut lost = None;
     for member in set.locks.iter().rev() {
-        let released = match find_handle(&state.locks, &session, &caller, &member.lock, &member.handle).await {
-            Ok(found) => contention::release(&state, &state.locks, found).await.map(|_| ()),
-            Err(err) => Err(err),
-        };
-        if let Err(err) = released {
+        let found = find_handle(&state.locks, &session, &caller, &member.lock, &member.handle).await;
+        if let Err(err) = async { contention::release(&state, &state.locks, found?).await }.await {
             lost.get_or_insert(err.with("lock", &member.lock));
         }
     }
     let gone = || ApiError::not_found("lock set", format!("no lock set `{id}`"));
     let path = lock_set::record_path(&state.config.root, &id);
     super::groups::unbind(&state, &caller, &state.lock_sets, (&id, &id), &path, gone).await?;
-    match lost {
-        Some(err) => Err(err),
-        None => Ok(StatusCode::NO_CONTENT),
-    }
+    lost.map_or(Ok(StatusCode::NO_CONTENT), Err)
 }

@@ -111,10 +111,7 @@ impl Paging {
         let mut rest = keyed.split_off(start);
         let more = rest.len() > self.limit;
         rest.truncate(self.limit);
-        let next = match (more, rest.last()) {
-            (true, Some((last, _))) => Some(self.link(last)),
-            _ => None,
-        };
+        let next = rest.last().filter(|_| more).map(|(last, _)| self.link(last));
         Page {
             entries: rest.into_iter().map(|(_, e)| e).collect(),
             next,

@@ -154,11 +154,8 @@ pub async fn acquire(
     check_name(&name)?;
     let permits = params.permits;
     if permits == 0 || permits > MAX_PERMITS {
-        return Err(ApiError::invalid(
-            Place::Query,
-            "permits",
-            format!("must be 1 to {MAX_PERMITS}"),
-        ));
+        let detail = format!("must be 1 to {MAX_PERMITS}");
+        return Err(ApiError::invalid(Place::Query, "permits", detail));
     }
     let body = body.unwrap_or_default();
     let request = Request {
@@ -173,17 +170,15 @@ pub async fn acquire(
         // On the lease's session, where the permit's task reads the count back.
         let session = lease.session().await?;
         let dir = state.semaphores.dir(&name);
-        match agree_on_permits(&session, &dir, permits).await {
-            Ok(()) => {}
-            Err(SettingError::Mismatch(recorded)) => {
-                return Err(ApiError::new(
-                    Problem::PermitsMismatch,
-                    format!("semaphore `{name}` has {recorded} permits, not {permits}"),
-                )
-                .with("permits", recorded));
-            }
-            Err(SettingError::ZooKeeper(err)) => return Err(err.into()),
-        }
+        agree_on_permits(&session, &dir, permits)
+            .await
+            .map_err(|err| match err {
+                SettingError::Mismatch(recorded) => {
+                    let detail = format!("semaphore `{name}` has {recorded} permits, not {permits}");
+                    ApiError::new(Problem::PermitsMismatch, detail).with("permits", recorded)
+                }
+                SettingError::ZooKeeper(err) => err.into(),
+            })?;
         state
             .semaphores
             .request(&lease, &name, permits)

@@ -150,11 +150,8 @@ pub async fn register(
         || body.address.chars().count() > MAX_ADDRESS
         || body.address.chars().any(char::is_control)
     {
-        return Err(ApiError::invalid(
-            Place::Body,
-            "address",
-            format!("must be 1 to {MAX_ADDRESS} characters, none of them control characters"),
-        ));
+        let detail = format!("must be 1 to {MAX_ADDRESS} characters, none of them control characters");
+        return Err(ApiError::invalid(Place::Body, "address", detail));
     }
     let uri_spec = match &body.uri_spec {
         Some(template) => Some(UriSpecJson::parse(template).ok_or_else(|| {

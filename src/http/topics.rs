@@ -30,7 +30,6 @@ pub fn kind_topics() -> Vec<&'static str> {
 /// that has them, written from the registry here rather than by hand in their doc comments (a
 /// hand list missed three kinds).
 pub fn document(spec: &mut utoipa::openapi::OpenApi) {
-    let listed = |example: fn(&str) -> String| kind_topics().into_iter().map(example).collect::<Vec<_>>().join(", ");
     let endings = [
         (
             "/v1/ws",
@@ -48,6 +47,11 @@ pub fn document(spec: &mut utoipa::openapi::OpenApi) {
             description.push_str(&ending);
         }
     }
+}
+
+/// The kinds' topics, each as `example` writes it, joined by commas.
+fn listed(example: fn(&str) -> String) -> String {
+    kind_topics().into_iter().map(example).collect::<Vec<_>>().join(", ")
 }
 
 /// Most topics one socket or one event stream may follow.
@@ -99,7 +103,7 @@ pub fn resolve(state: &AppState, caller: &Caller, topic: &Value) -> Result<(Stri
         _ => {
             return Err(TopicError::Unknown(format!(
                 "a topic is an object with one key: {}, `lease`, `summary` or `znode`",
-                topics()
+                listed(|t| format!("`{t}`"))
             )));
         }
     };
@@ -138,7 +142,7 @@ pub fn resolve(state: &AppState, caller: &Caller, topic: &Value) -> Result<(Stri
             let kind = Kind::from_topic(key).ok_or_else(|| {
                 TopicError::Unknown(format!(
                     "unknown topic `{key}`: topics are {}, `lease`, `summary` and `znode`",
-                    topics()
+                    listed(|t| format!("`{t}`"))
                 ))
             })?;
             let name = name_of(key, value)?;
@@ -150,16 +154,6 @@ pub fn resolve(state: &AppState, caller: &Caller, topic: &Value) -> Result<(Stri
             Ok((kind.topic_name(&name), feed))
         }
     }
-}
-
-/// The resource topics, for error messages.
-fn topics() -> String {
-    Kind::ALL
-        .iter()
-        .filter_map(|k| k.topic())
-        .map(|t| format!("`{t}`"))
-        .collect::<Vec<_>>()
-        .join(", ")
 }
 
 /// The kinds with a summary topic (`summary:locks`), for error messages.
@@ -251,7 +245,7 @@ pub fn parse_name(text: &str) -> Result<Value, TopicError> {
         TopicError::Unknown(format!(
             "`{}` is not a topic: write `<topic>:<name>` with a topic among {}, `lease` or `summary`, or `znode:<data|children|recursive>:<path>`",
             text.escape_debug(),
-            topics()
+            listed(|t| format!("`{t}`"))
         ))
     };
     let (key, rest) = text.split_once(':').ok_or_else(unknown)?;

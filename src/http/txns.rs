@@ -132,22 +132,16 @@ pub async fn create(
     validate_name(&id).map_err(|e| ApiError::invalid(Place::Body, "id", e))?;
     caller.require(crate::kind::Kind::Txn.auth(), &id, crate::auth::Access::Write)?;
     if body.participants.is_empty() || body.participants.len() > MAX_PARTICIPANTS {
-        return Err(ApiError::invalid(
-            Place::Body,
-            "participants",
-            format!("must name 1 to {MAX_PARTICIPANTS} participants"),
-        ));
+        let detail = format!("must name 1 to {MAX_PARTICIPANTS} participants");
+        return Err(ApiError::invalid(Place::Body, "participants", detail));
     }
     let mut seen = BTreeSet::new();
     for participant in &body.participants {
         validate_name(participant)
             .map_err(|e| ApiError::invalid(Place::Body, "participants", format!("`{participant}` {e}")))?;
         if !seen.insert(participant) {
-            return Err(ApiError::invalid(
-                Place::Body,
-                "participants",
-                format!("`{participant}` is named twice"),
-            ));
+            let detail = format!("`{participant}` is named twice");
+            return Err(ApiError::invalid(Place::Body, "participants", detail));
         }
     }
     let deadline = body.deadline.map(|d| d.0).unwrap_or(Duration::from_secs(60));
@@ -166,16 +160,10 @@ pub async fn create(
     super::check_stored_size(&state, "transaction (with its payload)", stored)?;
     let session = state.zk().connected().await?;
     let dir = state.txn_members.dir(&id);
-    match txn::create(&session, &dir, &spec).await {
-        Ok(()) => {}
-        Err(Failure::Taken) => {
-            return Err(ApiError::new(
-                Problem::TxnExists,
-                format!("a transaction `{id}` exists"),
-            ));
-        }
-        Err(err) => return Err(err.into()),
-    }
+    txn::create(&session, &dir, &spec).await.map_err(|err| match err {
+        Failure::Taken => ApiError::new(Problem::TxnExists, format!("a transaction `{id}` exists")),
+        err => err.into(),
+    })?;
     tokio::spawn(txn::coordinate(state.zk().clone(), dir.clone(), spec.deadline_ms));
     Ok((StatusCode::CREATED, Json(read(&state, &session, &id).await?)).into_response())
 }
@@ -237,10 +225,8 @@ pub async fn register(
     {
         Ok(_) => {}
         Err(HoldError::Taken) => {
-            return Err(ApiError::new(
-                Problem::MemberTaken,
-                format!("`{participant}` is registered by another"),
-            ));
+            let detail = format!("`{participant}` is registered by another");
+            return Err(ApiError::new(Problem::MemberTaken, detail));
         }
         Err(HoldError::LeaseEnded) => return Err(lease_gone(&state, &lease)),
         Err(HoldError::ZooKeeper(err)) => return Err(err.into()),
@@ -273,22 +259,19 @@ pub async fn vote(
         );
     }
     if !record.registered.contains(&participant) && !record.votes.contains_key(&participant) {
-        return Err(ApiError::new(
-            Problem::NotRegistered,
-            format!("`{participant}` must register (PUT .../participants/{participant}) before it votes"),
-        ));
+        let detail = format!("`{participant}` must register (PUT .../participants/{participant}) before it votes");
+        return Err(ApiError::new(Problem::NotRegistered, detail));
     }
-    match txn::record_vote(&session, &dir, &participant, body.vote).await {
-        Ok(()) => {}
-        Err(VoteError::AlreadyVoted(existing)) => {
-            return Err(ApiError::new(
+    txn::record_vote(&session, &dir, &participant, body.vote)
+        .await
+        .map_err(|err| match err {
+            VoteError::AlreadyVoted(existing) => ApiError::new(
                 Problem::AlreadyVoted,
                 format!("`{participant}` voted {existing:?}; a vote is final"),
             )
-            .with("vote", existing));
-        }
-        Err(VoteError::ZooKeeper(err)) => return Err(err.into()),
-    }
+            .with("vote", existing),
+            VoteError::ZooKeeper(err) => err.into(),
+        })?;
     Ok(Json(read(&state, &session, &id).await?))
 }
 
@@ -311,10 +294,8 @@ async fn participant_of(
     node::check_owner(&session, &state.config.root, Kind::Txn, &member, caller, &what).await?;
     let record = txn::read(&session, &dir).await?.ok_or_else(|| not_found(id))?;
     if !record.spec.participants.iter().any(|p| p == participant) {
-        return Err(ApiError::new(
-            Problem::NotAParticipant,
-            format!("`{participant}` is not a participant of `{id}`"),
-        ));
+        let detail = format!("`{participant}` is not a participant of `{id}`");
+        return Err(ApiError::new(Problem::NotAParticipant, detail));
     }
     Ok((session, dir, record))
 }

@@ -39,7 +39,7 @@ pub use fencing::{FencingCheck, check_fencing};
 pub use release::{release, release_by_id};
 pub(crate) use revoke::MAX_GRACE;
 pub use revoke::{RevokeBody, Revoked, revoke};
-pub use views::{Found, HandleQuery, Seen, find_handle, get_handle, held_since};
+pub use views::{Found, HandleQuery, find_handle, get_handle, held_since};
 use views::{lookup, still_recorded};
 
 /// How long an acquire waits for ZooKeeper to create the contender and answer the first
@@ -402,23 +402,15 @@ fn check_waiter_limits<P: Protocol>(
         return Ok(());
     }
     let settings = state.limits.settings;
-    let retry = Duration::from_secs(1);
-    if handles.queued_at(name) >= settings.waiters_per_lock {
-        let detail = format!(
-            "at most {} contenders may wait for `{name}` on this instance",
-            settings.waiters_per_lock
-        );
-        return Err(crate::limits::refusal(detail, retry).into());
-    }
-    let mine = state.waiting_of(&lease.owner);
-    if mine >= settings.waiters_per_principal {
-        let detail = format!(
-            "at most {} waiting contenders per principal on this instance",
-            settings.waiters_per_principal
-        );
-        return Err(crate::limits::refusal(detail, retry).into());
-    }
-    Ok(())
+    let (per_lock, per_principal) = (settings.waiters_per_lock, settings.waiters_per_principal);
+    let detail = if handles.queued_at(name) >= per_lock {
+        format!("at most {per_lock} contenders may wait for `{name}` on this instance")
+    } else if state.waiting_of(&lease.owner) >= per_principal {
+        format!("at most {per_principal} waiting contenders per principal on this instance")
+    } else {
+        return Ok(());
+    };
+    Err(crate::limits::refusal(detail, Duration::from_secs(1)).into())
 }
 
 /// A lease that reads asks to write (or the other way round): refused, because two readers
@@ -494,8 +486,7 @@ macro_rules! lock_handle_handlers {
             $crate::http::extract::ApiQuery(query): $crate::http::extract::ApiQuery<$crate::http::contention::HandleQuery>,
             consistency: $crate::http::consistency::Consistency,
         ) -> Result<axum::Json<$crate::http::contention::HandleView>, $crate::http::error::ApiError> {
-            let seen = $crate::http::contention::get_handle(&state, &state.$registry, &caller, (&name, &handle), query, consistency).await?;
-            Ok(axum::Json(seen.into()))
+            $crate::http::contention::get_handle(&state, &state.$registry, &caller, (&name, &handle), query, consistency).await.map(axum::Json)
         }
 
         $(#[doc = $release_doc])*

@@ -3,12 +3,10 @@
 
 use super::*;
 
-/// Releases a handle: through its task if its lease is kept here, else through ZooKeeper
-/// ([contender::release_recorded]); 410 if the lock had been lost before.
 /// `DELETE .../{name}/handles/{handle}`: a handle kept here is released at once, its task
 /// deleting its znodes and holding record in one multi-op (nothing read first: if another instance
 /// released it already there is nothing left to delete, and the answer is the same `204`); any
-/// other as ZooKeeper has it, after a `sync` (see [find_handle]).
+/// other as ZooKeeper has it, after a `sync` (see [find_handle]); 410 if the lock had been lost before.
 pub async fn release_by_id<P: Protocol>(
     state: &AppState,
     handles: &Handles<P>,

@@ -45,17 +45,12 @@ pub async fn revoke(
     check_name(name)?;
     for (field, text) in [("by", &body.by), ("reason", &body.reason)] {
         if text.trim().is_empty() || text.len() > MAX_TEXT {
-            return Err(ApiError::invalid(
-                Place::Body,
-                field,
-                format!("must be 1 to {MAX_TEXT} bytes"),
-            ));
+            let detail = format!("must be 1 to {MAX_TEXT} bytes");
+            return Err(ApiError::invalid(Place::Body, field, detail));
         }
     }
-    let grace = match body.grace {
-        Some(grace) => Some(at_most(grace.0, MAX_GRACE).map_err(|e| ApiError::invalid(Place::Body, "grace", e))?),
-        None => None,
-    };
+    let grace = body.grace.map(|grace| at_most(grace.0, MAX_GRACE)).transpose();
+    let grace = grace.map_err(|e| ApiError::invalid(Place::Body, "grace", e))?;
     let session = state.zk().connected().await?;
     let request = Request {
         kind: registry.kind(),

@@ -89,24 +89,10 @@ pub(super) async fn lookup<P: Protocol>(
     }
 }
 
-/// What a view of a handle shows, from this instance's memory or from ZooKeeper.
-pub struct Seen {
-    pub name: String,
-    pub handle: String,
-    pub lease: String,
-    pub mode: Option<&'static str>,
-    pub state: &'static str,
-    pub position: Option<usize>,
-    pub fencing_token: Option<i64>,
-    pub node: Option<String>,
-    pub held_since: Option<String>,
-    pub reason: Option<String>,
-    pub revocation: Option<Revocation>,
-}
-
-impl Seen {
+/// A handle as this instance's memory or ZooKeeper shows it.
+impl HandleView {
     /// A contender kept here. A waiter's position is read afresh (see [position_now]).
-    pub async fn here(state: &AppState, contender: &Contender) -> Seen {
+    pub async fn here(state: &AppState, contender: &Contender) -> HandleView {
         let current = contender.state();
         let (position, reason) = match &current.phase {
             Phase::Waiting { position } => (Some(fresh_position(state, contender).await.unwrap_or(*position)), None),
@@ -114,8 +100,8 @@ impl Seen {
             Phase::Failed { error } => (None, Some(error.to_string())),
             _ => (None, None),
         };
-        Seen {
-            name: contender.name.clone(),
+        HandleView {
+            lock: contender.name.clone(),
             handle: contender.id.clone(),
             lease: contender.lease.id.clone(),
             mode: contender.protocol.role.mode,
@@ -130,9 +116,9 @@ impl Seen {
     }
 
     /// A lock of a set whose handle is gone (released, or lost).
-    pub fn gone(name: &str, handle: &str, lease: &str) -> Seen {
-        Seen {
-            name: name.to_string(),
+    pub fn gone(name: &str, handle: &str, lease: &str) -> HandleView {
+        HandleView {
+            lock: name.to_string(),
             handle: handle.to_string(),
             lease: lease.to_string(),
             mode: None,
@@ -147,9 +133,9 @@ impl Seen {
     }
 
     /// A holding as ZooKeeper has it (when it was granted is known only to its keeper).
-    pub fn there(recorded: &Recorded) -> Seen {
-        Seen {
-            name: recorded.name.clone(),
+    pub fn there(recorded: &Recorded) -> HandleView {
+        HandleView {
+            lock: recorded.name.clone(),
             handle: recorded.handle.clone(),
             lease: recorded.owner().map(|o| o.lease).unwrap_or_default(),
             mode: recorded.role.mode,
@@ -164,24 +150,6 @@ impl Seen {
     }
 }
 
-impl From<Seen> for HandleView {
-    fn from(seen: Seen) -> HandleView {
-        HandleView {
-            lock: seen.name,
-            mode: seen.mode,
-            handle: seen.handle,
-            lease: seen.lease,
-            state: seen.state,
-            position: seen.position,
-            fencing_token: seen.fencing_token,
-            node: seen.node,
-            held_since: seen.held_since,
-            reason: seen.reason,
-            revocation: seen.revocation,
-        }
-    }
-}
-
 /// `GET .../handles/{handle}` of a contender kind: where the handle stands, after waiting (up
 /// to `query.wait`) for news, read at `consistency`.
 pub async fn get_handle(
@@ -191,7 +159,7 @@ pub async fn get_handle(
     (name, handle): (&str, &str),
     query: HandleQuery,
     consistency: crate::http::consistency::Consistency,
-) -> Result<Seen, ApiError> {
+) -> Result<HandleView, ApiError> {
     let session = crate::http::consistency::reader(state, consistency).await?;
     match find_handle(handles, &session, caller, name, handle).await? {
         Found::Here(contender) => {
@@ -203,10 +171,10 @@ pub async fn get_handle(
                     .await
                     .is_ok();
             if confirmed {
-                return Ok(Seen::here(state, &contender).await);
+                return Ok(HandleView::here(state, &contender).await);
             }
             match lookup(&session, handles, name, handle).await? {
-                Some(recorded) => Ok(Seen::there(&recorded)),
+                Some(recorded) => Ok(HandleView::there(&recorded)),
                 None => Err(ApiError::not_found(
                     "handle",
                     format!("no handle `{handle}` for {} `{name}`", handles.kind().name()),
@@ -215,7 +183,7 @@ pub async fn get_handle(
         }
         Found::There(recorded) => {
             let recorded = await_news_there(state, &session, handles, *recorded, query.wait).await?;
-            Ok(Seen::there(&recorded))
+            Ok(HandleView::there(&recorded))
         }
     }
 }

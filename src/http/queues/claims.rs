@@ -12,7 +12,7 @@ pub struct AckBody {
 }
 
 /// What became of each claim of a batch.
-#[derive(Serialize, utoipa::ToSchema)]
+#[derive(Serialize, utoipa::ToSchema, Default)]
 pub struct AckAnswer {
     /// Acknowledged: their items are gone for good (a claim acknowledged before counts too).
     pub acked: Vec<String>,
@@ -128,34 +128,22 @@ pub async fn ack_batch(
 ) -> Result<Json<AckAnswer>, ApiError> {
     check_name(&name)?;
     if body.claims.is_empty() || body.claims.len() > MAX_BATCH {
-        return Err(ApiError::invalid(
-            Place::Body,
-            "claims",
-            format!("must hold 1 to {MAX_BATCH} claims"),
-        ));
+        let detail = format!("must hold 1 to {MAX_BATCH} claims");
+        return Err(ApiError::invalid(Place::Body, "claims", detail));
     }
     let mut seen = std::collections::HashSet::new();
     for claim in &body.claims {
-        if crate::ids::claimed_item(claim).is_none() {
-            return Err(ApiError::invalid(
-                Place::Body,
-                "claims",
-                format!("`{claim}` is not a claim id (`<instance>-<32 hex>.<hex>`, as a take answers)"),
-            ));
-        }
-        if !seen.insert(claim.as_str()) {
-            return Err(ApiError::invalid(
-                Place::Body,
-                "claims",
-                format!("`{claim}` is listed twice"),
-            ));
-        }
+        let detail = if crate::ids::claimed_item(claim).is_none() {
+            format!("`{claim}` is not a claim id (`<instance>-<32 hex>.<hex>`, as a take answers)")
+        } else if !seen.insert(claim.as_str()) {
+            format!("`{claim}` is listed twice")
+        } else {
+            continue;
+        };
+        return Err(ApiError::invalid(Place::Body, "claims", detail));
     }
     // Every claim's owner is checked before anything is acknowledged.
-    let mut answer = AckAnswer {
-        acked: Vec::new(),
-        lost: Vec::new(),
-    };
+    let mut answer = AckAnswer::default();
     let mut held = Vec::new();
     for claim in body.claims {
         match claim_for(&state, &caller, &name, &claim, true).await {

@@ -28,11 +28,8 @@ pub const MAX_DELAY: Duration = Duration::from_secs(30 * 24 * 3600);
 pub(super) fn due_of(query: &PutQuery) -> Result<Option<i64>, ApiError> {
     let after_delay = match &query.delay {
         Some(delay) if delay.0 > MAX_DELAY => {
-            return Err(ApiError::invalid(
-                Place::Query,
-                "delay",
-                "must be at most 30 days (720h)",
-            ));
+            let detail = "must be at most 30 days (720h)";
+            return Err(ApiError::invalid(Place::Query, "delay", detail));
         }
         Some(delay) if !delay.0.is_zero() => Some(crate::time::ms_after_now(delay.0)),
         _ => None,

@@ -100,11 +100,8 @@ pub async fn take(
     let mode = query.mode.unwrap_or(TakeMode::AtLeastOnce);
     let ack_deadline = match (mode, query.ack_deadline) {
         (TakeMode::AtMostOnce, Some(_)) => {
-            return Err(ApiError::invalid(
-                Place::Query,
-                "ack_deadline",
-                "only applies to at-least-once takes",
-            ));
+            let detail = "only applies to at-least-once takes";
+            return Err(ApiError::invalid(Place::Query, "ack_deadline", detail));
         }
         (TakeMode::AtMostOnce, None) => None,
         (TakeMode::AtLeastOnce, deadline) => {
@@ -118,11 +115,8 @@ pub async fn take(
     };
     let max_items = match query.max_items {
         Some(n) if n == 0 || n > MAX_BATCH => {
-            return Err(ApiError::invalid(
-                Place::Query,
-                "max_items",
-                format!("must be from 1 to {MAX_BATCH}"),
-            ));
+            let detail = format!("must be from 1 to {MAX_BATCH}");
+            return Err(ApiError::invalid(Place::Query, "max_items", detail));
         }
         n => n,
     };
