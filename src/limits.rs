@@ -24,7 +24,7 @@ use axum::http::Method;
 use tokio::time::Instant;
 
 use crate::auth::Caller;
-use crate::locked::Locked;
+use crate::locked::{Locked, count_down};
 
 /// The address a request came from (absent for requests built in-process).
 #[derive(Clone, Copy, Debug)]
@@ -167,16 +167,6 @@ impl Drop for Permit {
     fn drop(&mut self) {
         count_down(&mut self.held.locked(), &self.key);
         self.changed.send_replace(());
-    }
-}
-
-/// Takes one off the count of `key`, forgetting it at zero: the map holds only live counts.
-pub fn count_down<K: std::hash::Hash + Eq>(counts: &mut HashMap<K, usize>, key: &K) {
-    if let Some(count) = counts.get_mut(key) {
-        *count -= 1;
-        if *count == 0 {
-            counts.remove(key);
-        }
     }
 }
 

@@ -16,6 +16,17 @@ impl<T: ?Sized> Locked<T> for Mutex<T> {
     }
 }
 
+/// Takes one off the count of `key` in a table of live counts (as such locks guard), forgetting
+/// it at zero: the table holds only live counts.
+pub fn count_down<K: std::hash::Hash + Eq>(counts: &mut std::collections::HashMap<K, usize>, key: &K) {
+    if let Some(count) = counts.get_mut(key) {
+        *count -= 1;
+        if *count == 0 {
+            counts.remove(key);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -46,8 +46,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::auth::Caller;
-use crate::limits::count_down;
-use crate::locked::Locked;
+use crate::locked::{Locked, count_down};
 use crate::recipes::engine::lease::{EndReason, Kept, Lease, LeaseError, WhyEnded};
 use crate::recipes::engine::record::{self, HoldingRecord, LeaseRecord};
 use crate::zk::session::Lanes;

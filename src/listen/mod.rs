@@ -155,7 +155,7 @@ impl Drop for Slot {
         let mut open = self.caps.open.locked();
         let (total, per_address) = &mut *open;
         *total = total.saturating_sub(1);
-        crate::limits::count_down(per_address, &self.address);
+        crate::locked::count_down(per_address, &self.address);
         drop(open);
         self.caps.changed.send_replace(());
     }

@@ -312,7 +312,7 @@ declare_tuples! {
     (A, B, C, D, E, F, G, H, I, J, K, L)
 }
 
-/// An RFC 9457 problem document as the spec describes it (the body itself is [ApiError::body]).
+/// An RFC 9457 problem document, as documented in the OpenAPI description.
 #[derive(Serialize, utoipa::ToSchema)]
 #[schema(as = Problem)]
 pub struct ProblemDocument {
