@@ -16,7 +16,7 @@ use serde::Serialize;
 use utoipa::ToSchema;
 
 use super::engine::contender::{Contenders, Driver, Next, Role};
-use super::engine::view::{ContenderView, HoldersChange, LISTED, holders_change, read_queue};
+use super::engine::view::{ContenderView, LISTED, holders_change, read_queue, split_holders};
 use super::in_sequence_order;
 use super::topic::{Source, event_kinds};
 use crate::kind::Kind;
@@ -149,16 +149,7 @@ impl Source for RwLockTopic {
         .await?;
         let holding = holding(&queue.names);
         let local = self.local.local(&self.name);
-        let (mut holders, mut waiters) = (Vec::new(), Vec::new());
-        for record in &queue.records {
-            let view = ContenderView::of(record, Some(mode_of(&record.name)), &local);
-            let held = queue
-                .names
-                .iter()
-                .position(|n| *n == record.name)
-                .is_some_and(|i| i < holding);
-            if held { holders.push(view) } else { waiters.push(view) }
-        }
+        let (holders, waiters) = split_holders(&queue, holding, |name| Some(mode_of(name)), &local);
         Ok(RwLockState {
             name: self.name.clone(),
             holders,
@@ -169,14 +160,13 @@ impl Source for RwLockTopic {
     }
 
     fn change(&self, before: &RwLockState, after: &RwLockState) -> Option<RwLockEvent> {
-        match holders_change(
+        holders_change(
             (&before.holders, before.holder_count),
             (&after.holders, after.holder_count),
-        ) {
-            Some(HoldersChange::Granted) => Some(RwLockEvent::Granted),
-            Some(HoldersChange::Released) => Some(RwLockEvent::Released),
-            None => (before.waiter_count != after.waiter_count).then_some(RwLockEvent::Waiters),
-        }
+            RwLockEvent::Granted,
+            RwLockEvent::Released,
+        )
+        .or_else(|| (before.waiter_count != after.waiter_count).then_some(RwLockEvent::Waiters))
     }
 }
 

@@ -30,7 +30,7 @@ use super::engine::handle::{
 };
 use super::engine::lease::Lease;
 use super::engine::record::{HoldingRecord, Shape};
-use super::engine::view::{ContenderView, HoldersChange, LISTED, holders_change, read_queue};
+use super::engine::view::{ContenderView, LISTED, holders_change, read_queue, split_holders};
 use super::in_sequence_order;
 use super::lock;
 use super::recorded::{Recorded, Watched};
@@ -375,9 +375,7 @@ impl Source for SemaphoreTopic {
 
     async fn read(&self, session: &Session) -> Result<SemaphoreState, Failure> {
         let client = session.client();
-        let permits = crate::zk::data(client, &self.dir)
-            .await?
-            .and_then(|(data, _)| super::recorded(&data, PERMITS));
+        let permits = permits_of(session, &self.dir).await?;
         // Lease nodes beyond the permits belong to the queue's first acquirer, still waiting.
         let held = |names: &[String]| permits.map_or(names.len(), |p| names.len().min(p as usize));
         let leases = read_queue(client, &format!("{}/leases", self.dir), |names, i| {
@@ -387,16 +385,7 @@ impl Source for SemaphoreTopic {
         let locks = read_queue(client, &format!("{}/locks", self.dir), |_, i| i < LISTED).await?;
         let holding = held(&leases.names);
         let none = std::collections::HashMap::new();
-        let (mut holders, mut waiters) = (Vec::new(), Vec::new());
-        for record in &leases.records {
-            let view = ContenderView::of(record, None, &none);
-            let position = leases.names.iter().position(|n| *n == record.name);
-            if position.is_some_and(|i| i < holding) {
-                holders.push(view)
-            } else {
-                waiters.push(view)
-            }
-        }
+        let (holders, mut waiters) = split_holders(&leases, holding, |_| None, &none);
         waiters.extend(locks.records.iter().map(|r| ContenderView::of(r, None, &none)));
         waiters.truncate(LISTED);
         Ok(SemaphoreState {
@@ -410,14 +399,13 @@ impl Source for SemaphoreTopic {
     }
 
     fn change(&self, before: &SemaphoreState, after: &SemaphoreState) -> Option<SemaphoreEvent> {
-        match holders_change(
+        holders_change(
             (&before.holders, before.holder_count),
             (&after.holders, after.holder_count),
-        ) {
-            Some(HoldersChange::Granted) => Some(SemaphoreEvent::Granted),
-            Some(HoldersChange::Released) => Some(SemaphoreEvent::Released),
-            None => (before.waiter_count != after.waiter_count).then_some(SemaphoreEvent::Waiters),
-        }
+            SemaphoreEvent::Granted,
+            SemaphoreEvent::Released,
+        )
+        .or_else(|| (before.waiter_count != after.waiter_count).then_some(SemaphoreEvent::Waiters))
     }
 }
 

@@ -178,32 +178,37 @@ impl ContenderView {
     }
 }
 
-/// How the holders of a shared resource (a read/write lock's, a semaphore's) changed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum HoldersChange {
-    /// Someone new holds.
-    Granted,
-    /// Holders left and nobody new holds: a reader leaving while others still read is a
-    /// release too.
-    Released,
-}
-
-/// What happened to the holders between two reads: `before` and `after` are the holders
-/// listed, with their full counts.
-pub fn holders_change(
+/// What happened to the holders of a shared resource (a read/write lock's, a semaphore's)
+/// between two reads: `before` and `after` are the holders listed, with their full counts.
+/// `granted` if someone new holds; `released` if holders left and nobody new holds (a reader
+/// leaving while others still read is a release too); `None` if the holders are the same.
+pub fn holders_change<E>(
     (before, before_count): (&[ContenderView], usize),
     (after, after_count): (&[ContenderView], usize),
-) -> Option<HoldersChange> {
+    granted: E,
+    released: E,
+) -> Option<E> {
     let same = before.len() == after.len() && before.iter().zip(after).all(|(b, a)| b.node == a.node);
     if same && before_count == after_count {
         return None;
     }
     let nobody_new = after.iter().all(|a| before.iter().any(|b| b.node == a.node)) && after_count <= before_count;
-    Some(if nobody_new {
-        HoldersChange::Released
-    } else {
-        HoldersChange::Granted
-    })
+    Some(if nobody_new { released } else { granted })
+}
+
+/// The views of `queue`'s records, split into those among its first `holding` names (the
+/// holders) and the others (the waiters), each in queue order.
+pub fn split_holders(
+    queue: &Queue,
+    holding: usize,
+    mode: impl Fn(&str) -> Option<&'static str>,
+    local: &HashMap<String, Arc<Contender>>,
+) -> (Vec<ContenderView>, Vec<ContenderView>) {
+    let held = |r: &&ContenderRecord| queue.names.iter().take(holding).any(|n| *n == r.name);
+    let (holders, waiters): (Vec<_>, Vec<_>) = queue.records.iter().partition(held);
+    let view = |r: &ContenderRecord| ContenderView::of(r, mode(&r.name), local);
+    let views = |records: Vec<&ContenderRecord>| records.into_iter().map(view).collect();
+    (views(holders), views(waiters))
 }
 
 /// The lease a zkgate contender names in its node's data (`None` for other clients' nodes).
