@@ -140,10 +140,7 @@ pub async fn measure(
     Ok(names
         .into_iter()
         .zip(stats.chunks(per_name))
-        .map(|(name, stats)| {
-            let measure = measure_of(kind, stats);
-            (name, measure)
-        })
+        .map(|(name, stats)| (name, measure_of(kind, stats)))
         .collect())
 }
 
@@ -268,10 +265,8 @@ impl Tallies {
         };
         if ranked.len() > self.top && self.top > 0 {
             ranked.select_nth_unstable_by(self.top - 1, order);
-            ranked.truncate(self.top);
-        } else {
-            ranked.truncate(self.top);
         }
+        ranked.truncate(self.top);
         ranked.sort_unstable_by(order);
         let mut histories = HashMap::with_capacity(ranked.len());
         let top = ranked
@@ -309,17 +304,7 @@ impl Tallies {
 }
 
 fn next_row(before: Option<&Row>, measure: Measure, now: i64) -> Row {
-    let busy_since = match (before, measure.value) {
-        (_, 0) => None,
-        (
-            Some(Row {
-                busy_since: Some(since),
-                ..
-            }),
-            _,
-        ) => Some(*since),
-        _ => Some(now),
-    };
+    let busy_since = (measure.value > 0).then(|| before.and_then(|r| r.busy_since).unwrap_or(now));
     Row { measure, busy_since }
 }
 
