@@ -70,12 +70,7 @@ pub async fn participants(session: &Session, dir: &str) -> Result<Vec<String>, F
 /// Creates `ready` (persistent: it must outlive the instance that happened to create it, since
 /// participants on other instances rely on it); already there is fine.
 pub async fn make_ready(client: &Client, dir: &str) -> Result<(), ZkError> {
-    let options = CreateMode::Persistent.with_acls(crate::zk::acls());
-    let path = format!("{dir}/{READY}");
-    match retry_on_loss(|| client.create(&path, &[], &options)).await {
-        Ok(_) | Err(ZkError::NodeExists) => Ok(()),
-        Err(err) => Err(err),
-    }
+    super::create_if_absent(client, &format!("{dir}/{READY}"), CreateMode::Persistent).await
 }
 
 /// Removes `ready` if it is there.

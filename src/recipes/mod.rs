@@ -81,6 +81,16 @@ pub async fn agree_on_setting(
     }
 }
 
+/// Creates the empty znode `path` (with `mode`) unless it is there already (a create whose
+/// reply was lost finds it there when sent again).
+pub async fn create_if_absent(client: &Client, path: &str, mode: CreateMode) -> Result<(), ZkError> {
+    let options = mode.with_acls(crate::zk::acls());
+    match retry_on_loss(|| client.create(path, &[], &options)).await {
+        Ok(_) | Err(ZkError::NodeExists) => Ok(()),
+        Err(err) => Err(err),
+    }
+}
+
 /// The setting `key` that [settle] recorded in a znode's data, if any.
 pub fn recorded(data: &[u8], key: &str) -> Option<u64> {
     serde_json::from_slice::<serde_json::Value>(data)

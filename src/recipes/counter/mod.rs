@@ -321,11 +321,7 @@ async fn write_keyed(
 async fn ensure_container(client: &Client, dir: &str) -> Result<(), ZkError> {
     let parent = &dir[..dir.rfind('/').unwrap_or(0)];
     crate::zk::session::ensure_path(client, parent).await?;
-    let options = CreateMode::Container.with_acls(crate::zk::acls());
-    match retry_on_loss(|| client.create(dir, &[], &options)).await {
-        Ok(_) | Err(ZkError::NodeExists) => Ok(()),
-        Err(err) => Err(err),
-    }
+    crate::recipes::create_if_absent(client, dir, CreateMode::Container).await
 }
 
 /// Sets the counter at `path` to `value` if `condition` holds (a version is the znode's mzxid,
