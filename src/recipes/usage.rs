@@ -335,7 +335,7 @@ impl Quotas {
             }
         }
         if !had {
-            self.add_charge(multi, tag, mine, bytes, false)?;
+            self.add_charge(multi, tag, mine, bytes)?;
         }
         Ok(())
     }
@@ -361,27 +361,16 @@ impl Quotas {
         }
     }
 
-    /// Adds the creation of `charge`'s node, for a value of `bytes`, to `multi`: ephemeral
-    /// for an ephemeral value (it must be created on the value's session).
+    /// Adds the creation of `charge`'s node (persistent), for a value of `bytes`, to `multi`.
     pub fn add_charge<T>(
         &self,
         multi: &mut Multi<'_, T>,
         tag: T,
         charge: &Charge,
         bytes: usize,
-        ephemeral: bool,
     ) -> Result<(), ZkError> {
-        let mode = if ephemeral {
-            CreateMode::Ephemeral
-        } else {
-            CreateMode::Persistent
-        };
-        multi.create(
-            tag,
-            &self.path(charge),
-            &vec![0; units(bytes)],
-            &mode.with_acls(crate::zk::acls()),
-        )?;
+        let options = CreateMode::Persistent.with_acls(crate::zk::acls());
+        multi.create(tag, &self.path(charge), &vec![0; units(bytes)], &options)?;
         Ok(())
     }
 
@@ -398,25 +387,14 @@ impl Quotas {
         let read = quota::read_many(client, &[&dir, &self.0.root]).await?;
         let units = i64::try_from(units(bytes)).unwrap_or(i64::MAX);
         let value = i64::try_from(bytes).unwrap_or(i64::MAX);
+        let one = |bytes| Usage { bytes, znodes: 1 };
         if let Some(Some((usage, limits))) = read.first()
-            && let Some(reached) = limits.reached(
-                *usage,
-                Usage {
-                    bytes: units,
-                    znodes: 1,
-                },
-            )
+            && let Some(reached) = limits.reached(*usage, one(units))
         {
             return Ok(Some(per_principal(principal, reached, *usage, *limits)));
         }
         if let Some(Some((usage, limits))) = read.get(1)
-            && let Some(reached) = limits.reached(
-                *usage,
-                Usage {
-                    bytes: value,
-                    znodes: 1,
-                },
-            )
+            && let Some(reached) = limits.reached(*usage, one(value))
         {
             return Ok(Some(whole_tree(reached, *usage, *limits)));
         }

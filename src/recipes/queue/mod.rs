@@ -125,9 +125,7 @@ pub async fn put(
             multi.create(Part::Key, &format!("{}/{key}", paths.keys), &[], &plain)?;
         }
         if let Some(charge) = &envelope.charge {
-            payer
-                .quotas
-                .add_charge(&mut multi, Part::Charge, charge, data.len(), false)?;
+            payer.quotas.add_charge(&mut multi, Part::Charge, charge, data.len())?;
         }
         match multi.commit().await {
             Ok(done) => {
