@@ -240,21 +240,15 @@ pub async fn take_over(client: &Client, root: &str, id: &str, found: &Found, me:
     let mut with_notice = found.record.keeper != me;
     loop {
         let mut multi = Multi::new(client);
-        let added = multi
+        multi
             .set(Part::Record, &path, &data, Some(found.version))
-            .and_then(|()| {
-                if with_notice {
-                    multi.create(
-                        Part::Notice,
-                        &notice,
-                        &[],
-                        &CreateMode::Persistent.with_acls(crate::zk::acls()),
-                    )
-                } else {
-                    Ok(())
-                }
-            });
-        added.map_err(TakeOver::ZooKeeper)?;
+            .map_err(TakeOver::ZooKeeper)?;
+        if with_notice {
+            let options = CreateMode::Persistent.with_acls(crate::zk::acls());
+            multi
+                .create(Part::Notice, &notice, &[], &options)
+                .map_err(TakeOver::ZooKeeper)?;
+        }
         match multi.commit().await {
             Ok(done) => return Ok(done.stat(&Part::Record).map_or(found.version + 1, |stat| stat.version)),
             Err(Failed::Refused {
