@@ -50,9 +50,10 @@ pub use registry::{Handles, Lost, QueuedCounts, Refused};
 pub use write::{Guarded, Made, NotCreated, create_held, delete_all, delete_held, names_handle, write_held};
 
 /// Where a handle stands.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub enum Phase {
     /// Its znode is being created.
+    #[default]
     Pending,
     /// In the queue, `position` ahead of it.
     Waiting { position: usize },
@@ -107,7 +108,7 @@ pub struct Node {
 }
 
 /// Snapshot of a handle.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct HandleState {
     pub phase: Phase,
     /// The znode that decides its place (a contender's), once created.

@@ -146,11 +146,6 @@ impl<P: Protocol> Handles<P> {
         self.kind
     }
 
-    /// `<root>/<kind's dir>`.
-    pub fn base(&self) -> &str {
-        &self.base
-    }
-
     /// zkgate's root znode.
     pub fn root(&self) -> &str {
         &self.root
@@ -246,12 +241,7 @@ impl<P: Protocol> Handles<P> {
             lease: lease.clone(),
             created_at: SystemTime::now(),
             protocol,
-            state: watch::Sender::new(HandleState {
-                phase: Phase::Pending,
-                node: None,
-                granted: false,
-                revocation: None,
-            }),
+            state: watch::Sender::new(HandleState::default()),
             release: CancellationToken::new(),
             finished: watch::Sender::new(false),
             awaiting: std::sync::atomic::AtomicUsize::new(0),

@@ -207,11 +207,10 @@ pub async fn delete_all(client: &Client, paths: &[String]) -> Result<Vec<bool>, 
     delete_each(client, &paths, None).await
 }
 
-/// A holding record that [delete_each] deletes with the first `nodes` of its paths, or alone only
-/// if it names `handle`: its place among the paths.
+/// A holding record that [delete_each] deletes with the paths before it, or alone only if it
+/// names `handle`: its place among the paths.
 struct Shared<'a> {
     at: usize,
-    nodes: usize,
     handle: &'a str,
 }
 
@@ -225,7 +224,7 @@ async fn delete_each(client: &Client, paths: &[&str], shared: Option<Shared<'_>>
     loop {
         if let Some(shared) = &shared
             && pending[shared.at]
-            && !pending[..shared.nodes].contains(&true)
+            && !pending[..shared.at].contains(&true)
         {
             pending[shared.at] = false;
             there[shared.at] = delete_if_naming(client, paths[shared.at], shared.handle).await? || reply_lost;
@@ -286,12 +285,7 @@ pub async fn delete_held(
         .chain([record_name])
         .chain(also.iter().map(String::as_str))
         .collect();
-    let shared = Shared {
-        at: n,
-        nodes: n,
-        handle,
-    };
-    let there = delete_each(client, &paths, Some(shared)).await?;
+    let there = delete_each(client, &paths, Some(Shared { at: n, handle })).await?;
     Ok((there[..n].to_vec(), there[n]))
 }
 
