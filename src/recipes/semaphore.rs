@@ -113,67 +113,8 @@ impl Protocol for PermitRequest {
     /// previous request still in the queue. A run after an interruption (or on a new keeper)
     /// goes on from the node it finds: its lease node, else its lock node.
     async fn run(&self, handle: &Permit, client: &Client) -> Exit {
-        let mut data = serde_json::json!({ "lease": handle.lease.id, "handle": handle.id });
-        if let Some(owner) = &handle.lease.owner {
-            data["principal"] = owner.as_str().into();
-        }
-        let data = data.to_string();
-        let lease_node = match handle.may_create() {
-            true => None,
-            false => match self.lease.find(client).await {
-                Ok(found) => found,
-                Err(err) => return Exit::from_error(err),
-            },
-        };
-        let lease_node = match lease_node {
-            Some(node) => node,
-            None => {
-                let (lock_node, children) = match self.lock.find_or_create(handle, client, data.as_bytes()).await {
-                    Ok(created) => created,
-                    Err(exit) => return exit,
-                };
-                let queued = queue_until_held(
-                    client,
-                    &self.lock.dir,
-                    &lock_node,
-                    children,
-                    super::lock::EXCLUSIVE,
-                    |p| handle.wait(p),
-                );
-                if let Err(exit) = queued.await {
-                    return exit;
-                }
-                match self.create_lease_node(handle, client, data.as_bytes()).await {
-                    Ok(node) => node,
-                    Err(exit) => return exit,
-                }
-            }
-        };
-        loop {
-            let (children, watcher) = match retry_on_loss(|| client.list_and_watch_children(&self.lease.dir)).await {
-                Ok(listed) => listed,
-                Err(err) => return Exit::from_error(err),
-            };
-            match permit_step(&children, &lease_node.name, self.permits) {
-                PermitStep::Hold => break,
-                PermitStep::Missing => return Exit::Lost("its lease node was deleted while it waited".into()),
-                PermitStep::WaitForRelease => {
-                    // First in the queue (it holds the lock), waiting for a permit to come back.
-                    handle.wait(0);
-                    if watcher.changed().await.event_type == EventType::Session {
-                        return Exit::Interrupted;
-                    }
-                }
-            }
-        }
-        match self.lock.path(client, None).await {
-            Ok(Some(lock)) => {
-                if let Err(err) = delete_all(client, &[lock]).await {
-                    return Exit::from_error(err);
-                }
-            }
-            Ok(None) => {}
-            Err(err) => return Exit::from_error(err),
+        if let Err(exit) = self.acquire(handle, client).await {
+            return exit;
         }
         handle.grant();
         std::future::pending().await
@@ -202,6 +143,47 @@ impl Protocol for PermitRequest {
 }
 
 impl PermitRequest {
+    /// [Protocol::run] up to the grant: the lock, the lease node, a free permit, the lock given back.
+    async fn acquire(&self, handle: &Permit, client: &Client) -> Result<(), Exit> {
+        let mut data = serde_json::json!({ "lease": handle.lease.id, "handle": handle.id });
+        if let Some(owner) = &handle.lease.owner {
+            data["principal"] = owner.as_str().into();
+        }
+        let data = data.to_string();
+        let lease_node = match handle.may_create() {
+            true => None,
+            false => self.lease.find(client).await.map_err(Exit::from_error)?,
+        };
+        let lease_node = match lease_node {
+            Some(node) => node,
+            None => {
+                let (lock_node, children) = self.lock.find_or_create(handle, client, data.as_bytes()).await?;
+                let role = super::lock::EXCLUSIVE;
+                queue_until_held(client, &self.lock.dir, &lock_node, children, role, |p| handle.wait(p)).await?;
+                self.create_lease_node(handle, client, data.as_bytes()).await?
+            }
+        };
+        loop {
+            let listed = retry_on_loss(|| client.list_and_watch_children(&self.lease.dir)).await;
+            let (children, watcher) = listed.map_err(Exit::from_error)?;
+            match permit_step(&children, &lease_node.name, self.permits) {
+                PermitStep::Hold => break,
+                PermitStep::Missing => return Err(Exit::Lost("its lease node was deleted while it waited".into())),
+                PermitStep::WaitForRelease => {
+                    // First in the queue (it holds the lock), waiting for a permit to come back.
+                    handle.wait(0);
+                    if watcher.changed().await.event_type == EventType::Session {
+                        return Err(Exit::Interrupted);
+                    }
+                }
+            }
+        }
+        if let Some(lock) = self.lock.path(client, None).await.map_err(Exit::from_error)? {
+            delete_all(client, &[lock]).await.map_err(Exit::from_error)?;
+        }
+        Ok(())
+    }
+
     /// Creates the lease node (guarded by the zkgate lease), or finds it after a lost reply.
     async fn create_lease_node(&self, handle: &Permit, client: &Client, data: &[u8]) -> Result<Node, Exit> {
         let prefix = format!("{}/{}", self.lease.dir, self.lease.name_prefix());
