@@ -384,58 +384,54 @@ mod io {
             .collect())
     }
 
-    /// Records `vote` for `participant` (create-only): the same vote again is fine.
-    pub async fn record_vote(session: &Session, dir: &str, participant: &str, vote: Vote) -> Result<(), VoteError> {
-        let client = session.client();
-        let path = format!("{dir}/votes/{participant}");
+    /// Creates `path` holding `data`, once: `None` if this call created it, else the data there.
+    /// After `NodeExists` or a lost reply the node is read (what is there may be ours), and
+    /// made again if it is gone.
+    async fn create_once(client: &Client, path: &str, data: &[u8]) -> Result<Option<Vec<u8>>, ZkError> {
         let options = CreateMode::Persistent.with_acls(crate::zk::acls());
         loop {
-            match client.create(&path, vote.as_bytes(), &options).await {
-                Ok(_) => return Ok(()),
+            match client.create(path, data, &options).await {
+                Ok(_) => return Ok(None),
                 Err(err) if err == ZkError::NodeExists || crate::zk::is_loss(&err) => {
-                    match retry_on_loss(|| client.get_data(&path)).await {
-                        Ok((data, _)) => {
-                            return match Vote::parse(&data) {
-                                Some(existing) if existing == vote => Ok(()),
-                                Some(existing) => Err(VoteError::AlreadyVoted(existing)),
-                                None => Err(VoteError::ZooKeeper(Failure::Unexpected(ZkError::UnexpectedError(
-                                    "unreadable vote".into(),
-                                )))),
-                            };
-                        }
+                    match retry_on_loss(|| client.get_data(path)).await {
+                        Ok((existing, _)) => return Ok(Some(existing)),
                         Err(ZkError::NoNode) => continue,
-                        Err(err) => return Err(VoteError::ZooKeeper(err.into())),
+                        Err(err) => return Err(err),
                     }
                 }
-                Err(err) => return Err(VoteError::ZooKeeper(err.into())),
+                Err(err) => return Err(err),
             }
+        }
+    }
+
+    /// Records `vote` for `participant` (create-only): the same vote again is fine.
+    pub async fn record_vote(session: &Session, dir: &str, participant: &str, vote: Vote) -> Result<(), VoteError> {
+        let path = format!("{dir}/votes/{participant}");
+        let created = create_once(session.client(), &path, vote.as_bytes()).await;
+        let Some(data) = created.map_err(|err| VoteError::ZooKeeper(err.into()))? else {
+            return Ok(());
+        };
+        match Vote::parse(&data) {
+            Some(existing) if existing == vote => Ok(()),
+            Some(existing) => Err(VoteError::AlreadyVoted(existing)),
+            None => Err(VoteError::ZooKeeper(Failure::Unexpected(ZkError::UnexpectedError(
+                "unreadable vote".into(),
+            )))),
         }
     }
 
     /// Writes the decision once; returns the decision in force (ours, or one written before).
     async fn write_decision(client: &Client, dir: &str, outcome: Outcome, reason: String) -> Result<Decision, ZkError> {
-        let path = format!("{dir}/decision");
         let decision = Decision {
             outcome,
             reason,
             at_ms: now_ms(),
         };
         let data = serde_json::to_vec(&decision).unwrap_or_default();
-        let options = CreateMode::Persistent.with_acls(crate::zk::acls());
-        loop {
-            match client.create(&path, &data, &options).await {
-                Ok(_) => return Ok(decision),
-                Err(err) if err == ZkError::NodeExists || crate::zk::is_loss(&err) => {
-                    match retry_on_loss(|| client.get_data(&path)).await {
-                        Ok((existing, _)) => {
-                            return serde_json::from_slice(&existing)
-                                .map_err(|_| ZkError::UnexpectedError("unreadable decision".into()));
-                        }
-                        Err(ZkError::NoNode) => continue,
-                        Err(err) => return Err(err),
-                    }
-                }
-                Err(err) => return Err(err),
+        match create_once(client, &format!("{dir}/decision"), &data).await? {
+            None => Ok(decision),
+            Some(existing) => {
+                serde_json::from_slice(&existing).map_err(|_| ZkError::UnexpectedError("unreadable decision".into()))
             }
         }
     }
