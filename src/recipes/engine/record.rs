@@ -466,17 +466,32 @@ pub async fn redrive(
         driver: Some(me.to_string()),
         ..holding.clone()
     };
+    let data = record.to_bytes();
+    write_if_naming(client, &path, &holding.handle, |version| {
+        client.set_data(&path, &data, Some(version))
+    })
+    .await
+}
+
+/// Makes `write` (conditional on the version read, which it is given) on the holding record at
+/// `path` if it names `handle`; whether it did.
+pub async fn write_if_naming<T, Fut: Future<Output = Result<T, ZkError>>>(
+    client: &Client,
+    path: &str,
+    handle: &str,
+    write: impl Fn(i32) -> Fut,
+) -> Result<bool, ZkError> {
     loop {
-        let Some((data, stat)) = crate::zk::data(client, &path).await? else {
+        let Some((data, stat)) = crate::zk::data(client, path).await? else {
             return Ok(false);
         };
-        if HoldingRecord::parse(&data).is_none_or(|now| now.handle != holding.handle) {
+        if HoldingRecord::parse(&data).is_none_or(|held| held.handle != handle) {
             return Ok(false);
         }
-        match client.set_data(&path, &record.to_bytes(), Some(stat.version)).await {
+        match write(stat.version).await {
             Ok(_) => return Ok(true),
             Err(ZkError::NoNode) => return Ok(false),
-            // Changed meanwhile, or the answer lost: read again.
+            // Changed meanwhile (its driver rewritten), or the answer lost: read again.
             Err(ZkError::BadVersion) => {}
             Err(err) if crate::zk::is_loss(&err) => {}
             Err(err) => return Err(err),

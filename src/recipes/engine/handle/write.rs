@@ -10,6 +10,7 @@ use crate::zk::{Done, Failed, Multi};
 
 use super::{Exit, Handle, Protocol};
 use crate::recipes::engine::lease::{Guard, GuardError};
+use crate::recipes::engine::record::write_if_naming;
 
 /// What an operation of a guarded multi-op is for: the lease's guard, the holding's record
 /// under the lease's record (its create, and the write that stamps it: see [Made::czxid]), or
@@ -227,7 +228,10 @@ async fn delete_each(client: &Client, paths: &[&str], shared: Option<Shared<'_>>
             && !pending[..shared.at].contains(&true)
         {
             pending[shared.at] = false;
-            there[shared.at] = delete_if_naming(client, paths[shared.at], shared.handle).await? || reply_lost;
+            // Deleted only if it names `handle` (conditional on the version read).
+            let (path, handle) = (paths[shared.at], shared.handle);
+            let deleted = write_if_naming(client, path, handle, |version| client.delete(path, Some(version))).await?;
+            there[shared.at] = deleted || reply_lost;
         }
         // Each delete is tagged with its path's place in `paths`.
         let mut multi = Multi::new(client);
@@ -287,28 +291,6 @@ pub async fn delete_held(
         .collect();
     let there = delete_each(client, &paths, Some(Shared { at: n, handle })).await?;
     Ok((there[..n].to_vec(), there[n]))
-}
-
-/// Deletes the holding record at `path` if it names `handle` (conditional on the version read);
-/// whether it did.
-async fn delete_if_naming(client: &Client, path: &str, handle: &str) -> Result<bool, ZkError> {
-    use crate::recipes::engine::record::HoldingRecord;
-    loop {
-        let Some((data, stat)) = crate::zk::data(client, path).await? else {
-            return Ok(false);
-        };
-        if HoldingRecord::parse(&data).is_none_or(|held| held.handle != handle) {
-            return Ok(false);
-        }
-        match client.delete(path, Some(stat.version)).await {
-            Ok(()) => return Ok(true),
-            Err(ZkError::NoNode) => return Ok(false),
-            // Changed meanwhile (its driver rewritten), or the answer lost: read again.
-            Err(ZkError::BadVersion) => {}
-            Err(err) if crate::zk::is_loss(&err) => {}
-            Err(err) => return Err(err),
-        }
-    }
 }
 
 /// Whether the holding record `name` under the lease record at `lease` is there and names `handle`
