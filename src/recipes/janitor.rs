@@ -143,7 +143,8 @@ impl Janitor {
                 continue;
             };
             let client = session.client();
-            match self.lead(client, &lock).await {
+            // This instance is (or now becomes) the janitor if it holds `lock` on this session.
+            match super::presence::lead(client, &lock, self.instance.as_bytes()).await {
                 Ok(true) => {
                     metrics.janitor_active.set(1);
                     match self.pass(client).await {
@@ -171,11 +172,6 @@ impl Janitor {
                 }
             }
         }
-    }
-
-    /// Whether this instance is (or now becomes) the janitor: it holds `lock` on this session.
-    async fn lead(&self, client: &Client, lock: &str) -> Result<bool, ZkError> {
-        super::presence::lead(client, lock, self.instance.as_bytes()).await
     }
 
     /// One pass over everything the janitor looks after.
@@ -245,10 +241,7 @@ impl Janitor {
                 multi.delete((), &dir, None)?;
                 if multi.commit().await.is_ok() {
                     removed.empty += 1;
-                    crate::metrics::get()
-                        .janitor_removed
-                        .with_label_values(&["queue"])
-                        .inc();
+                    count_removed("queue", 1);
                 }
                 continue;
             }
@@ -279,10 +272,7 @@ impl Janitor {
             .collect();
         let gone = self.delete_each(client, &old).await?;
         removed.idempotency_keys += gone;
-        crate::metrics::get()
-            .janitor_removed
-            .with_label_values(&["idempotency_key"])
-            .inc_by(gone);
+        count_removed("idempotency_key", gone);
         Ok(())
     }
 
@@ -328,7 +318,7 @@ impl Janitor {
             // (a pass that stops halfway leaves a decided transaction, taken up next time).
             if self.delete_each(client, &doomed).await? > 0 {
                 removed.txns += 1;
-                crate::metrics::get().janitor_removed.with_label_values(&["txn"]).inc();
+                count_removed("txn", 1);
             }
         }
         Ok(())
@@ -363,10 +353,7 @@ impl Janitor {
             match client.delete(&path, Some(stat.version)).await {
                 Ok(()) => {
                     removed.empty += 1;
-                    crate::metrics::get()
-                        .janitor_removed
-                        .with_label_values(&[kind.name()])
-                        .inc();
+                    count_removed(kind.name(), 1);
                 }
                 Err(ZkError::NotEmpty | ZkError::BadVersion | ZkError::NoNode) => {}
                 Err(err) if crate::zk::is_loss(&err) => {}
@@ -404,6 +391,12 @@ impl Janitor {
         }
         Ok(deleted)
     }
+}
+
+/// Counts `n` znodes of `what` removed, in the janitor's metric.
+fn count_removed(what: &str, n: u64) {
+    let removed = &crate::metrics::get().janitor_removed;
+    removed.with_label_values(&[what]).inc_by(n);
 }
 
 /// A token bucket of deletions: `rate` a second, a second's worth at most in hand.
