@@ -173,12 +173,7 @@ impl Sequential {
                     found = self.find(client).await.map_err(Exit::from_error)?;
                 }
                 return match found {
-                    Some(node) => {
-                        let children = retry_on_loss(|| client.list_children(&self.dir))
-                            .await
-                            .map_err(Exit::from_error)?;
-                        Ok((node, children))
-                    }
+                    Some(node) => Ok((node, list(client, &self.dir).await?)),
                     None => Err(Exit::Lost("its znode was deleted".into())),
                 };
             }
@@ -205,9 +200,7 @@ impl Sequential {
                     };
                     let children = match listed {
                         Some(Ok(children)) => children,
-                        _ => retry_on_loss(|| client.list_children(&self.dir))
-                            .await
-                            .map_err(Exit::from_error)?,
+                        _ => list(client, &self.dir).await?,
                     };
                     return Ok((Node { name, czxid }, children));
                 }
@@ -219,10 +212,7 @@ impl Sequential {
                 Err(NotCreated::Request(err)) if crate::zk::is_loss(&err) => {
                     if let Some(node) = self.find(client).await.map_err(Exit::from_error)? {
                         handle.created();
-                        let children = retry_on_loss(|| client.list_children(&self.dir))
-                            .await
-                            .map_err(Exit::from_error)?;
-                        return Ok((node, children));
+                        return Ok((node, list(client, &self.dir).await?));
                     }
                 }
                 Err(not_created) => return Err(not_created.exit()),
@@ -261,6 +251,12 @@ impl Sequential {
     }
 }
 
+/// The children of `dir` (listed again after a connection loss).
+async fn list(client: &Client, dir: &str) -> Result<Vec<String>, Exit> {
+    let listed = retry_on_loss(|| client.list_children(dir)).await;
+    listed.map_err(Exit::from_error)
+}
+
 /// Waits in `dir`'s queue as `role` until `me` holds: at each step [Role::next_step] names
 /// the one node to watch (never the head: that would wake everyone at each change); `waiting`
 /// hears the position. Shared by contenders and the semaphore's lock.
@@ -292,9 +288,7 @@ pub async fn queue_until_held(
             }
             Err(err) => return Err(Exit::from_error(err)),
         }
-        children = retry_on_loss(|| client.list_children(dir))
-            .await
-            .map_err(Exit::from_error)?;
+        children = list(client, dir).await?;
     }
 }
 
