@@ -91,7 +91,7 @@ pub async fn create_if_absent(client: &Client, path: &str, mode: CreateMode) -> 
     }
 }
 
-/// The setting `key` that [settle] recorded in a znode's data, if any.
+/// The setting `key` that [agree_on_setting] recorded in a znode's data, if any.
 pub fn recorded(data: &[u8], key: &str) -> Option<u64> {
     serde_json::from_slice::<serde_json::Value>(data)
         .ok()?

@@ -249,7 +249,7 @@ impl NodeHoldings {
         self.hold_as(lease, (name, id), path, data, charge, false).await
     }
 
-    /// [NodeHoldings::bind], for a node that does not show among the lease's holdings (`hidden`:
+    /// [NodeHoldings::hold], for a node that does not show among the lease's holdings (`hidden`:
     /// a lock set's record).
     pub async fn hold_as(
         &self,

@@ -98,10 +98,8 @@ pub async fn put(
     payer: Payer<'_>,
 ) -> Result<Put, Failure> {
     let client = session.client();
-    let depth = match retry_on_loss(|| client.check_stat(&paths.items)).await? {
-        Some(stat) => stat.num_children as usize,
-        None => 0,
-    };
+    let items = retry_on_loss(|| client.check_stat(&paths.items)).await?;
+    let depth = items.map_or(0, |stat| stat.num_children as usize);
     if depth >= max_depth {
         return Ok(Put::Full(depth));
     }

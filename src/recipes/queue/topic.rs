@@ -143,16 +143,13 @@ impl Source for QueueTopic {
 
 /// An item as a state names it.
 pub fn item_view(item: String, envelope: &Envelope, ctime: i64) -> QueueItem {
+    let put_at = Some(envelope.put_at_ms).filter(|&ms| ms > 0).unwrap_or(ctime);
     QueueItem {
         priority: order_of(&item).map(|o| o.0).unwrap_or(DEFAULT_PRIORITY),
         not_before: not_before(&item),
         item,
         deliveries: envelope.deliveries,
-        put_at: timestamp(from_millis(if envelope.put_at_ms > 0 {
-            envelope.put_at_ms
-        } else {
-            ctime
-        })),
+        put_at: timestamp(from_millis(put_at)),
         content_type: envelope.content_type.clone(),
     }
 }

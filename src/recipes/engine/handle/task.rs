@@ -204,11 +204,9 @@ async fn released_elsewhere<P: Protocol>(handle: &Handle<P>) -> bool {
     matches!(names_handle(session.client(), lease, name, &handle.id).await, Ok(false))
 }
 
-/// A connected session of `zk` (waiting, without polling, while there is none) other than the
-/// one of generation `not` (one that was found
-/// ended: its client fails every request at once, and asking it again would spin until the
-/// supervisor, maybe waiting for this very thread, publishes the next one), waiting for it
-/// without polling.
+/// A connected session of `zk` other than the one of generation `not` (one found ended: its
+/// client fails every request at once, and asking it again would spin until the supervisor,
+/// maybe waiting for this very thread, publishes the next one), waited for without polling.
 async fn connected_after(zk: &crate::zk::session::ZkSession, not: Option<u64>) -> crate::zk::session::Session {
     let mut status = zk.subscribe();
     loop {
