@@ -183,17 +183,10 @@ mod tests {
     use std::sync::Arc;
 
     fn view(node: &str, lease: Option<&str>) -> ContenderView {
+        let lease = lease.map(str::to_string);
         ContenderView {
-            node: node.into(),
-            sequence: crate::recipes::sequence_of(node).unwrap_or(0),
-            mode: None,
-            fencing_token: 1,
-            created_at: "2026-11-22T10:00:00.000Z".into(),
-            lease: lease.map(str::to_string),
-            client: "zkgate",
-            held_since: None,
-            revocation_requested: false,
-            revocation: None,
+            lease,
+            ..ContenderView::for_node(node)
         }
     }
 

@@ -235,16 +235,8 @@ mod tests {
 
     fn held(nodes: &[&str]) -> RwLockState {
         let view = |node: &str| ContenderView {
-            node: node.into(),
-            sequence: 0,
             mode: Some(mode_of(node)),
-            fencing_token: 1,
-            created_at: String::new(),
-            lease: None,
-            client: "zkgate",
-            held_since: None,
-            revocation_requested: false,
-            revocation: None,
+            ..ContenderView::for_node(node)
         };
         RwLockState {
             name: "catalog".into(),

@@ -417,16 +417,8 @@ mod tests {
             local: Semaphores::new("/zkgate", Kind::Semaphore),
         };
         let view = |seq: u64| ContenderView {
-            node: lease_node(seq),
-            sequence: seq,
-            mode: None,
             fencing_token: seq as i64,
-            created_at: String::new(),
-            lease: None,
-            client: "zkgate",
-            held_since: None,
-            revocation_requested: false,
-            revocation: None,
+            ..ContenderView::for_node(&lease_node(seq))
         };
         let state = |holders: &[u64], waiting: usize| SemaphoreState {
             name: "exports".into(),

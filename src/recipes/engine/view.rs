@@ -178,6 +178,25 @@ impl ContenderView {
     }
 }
 
+#[cfg(test)]
+impl ContenderView {
+    /// A zkgate contender `node` (its sequence from its name), for tests: token 1, nothing else known.
+    pub fn for_node(node: &str) -> ContenderView {
+        ContenderView {
+            node: node.into(),
+            sequence: crate::recipes::sequence_of(node).unwrap_or(0),
+            mode: None,
+            fencing_token: 1,
+            created_at: String::new(),
+            lease: None,
+            client: "zkgate",
+            held_since: None,
+            revocation_requested: false,
+            revocation: None,
+        }
+    }
+}
+
 /// What happened to the holders of a shared resource (a read/write lock's, a semaphore's)
 /// between two reads: `before` and `after` are the holders listed, with their full counts.
 /// `granted` if someone new holds; `released` if holders left and nobody new holds (a reader
