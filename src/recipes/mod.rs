@@ -136,6 +136,25 @@ pub fn in_sequence_order<S: AsRef<str>>(children: &[S]) -> Vec<(u64, &str)> {
     contenders
 }
 
+/// A znode's stat, for tests: made at zxid 1, last changed at `mzxid`, holding `data_length`
+/// bytes and `num_children` children.
+#[cfg(test)]
+pub(crate) fn test_stat(mzxid: i64, data_length: i32, num_children: i32) -> zookeeper_client::Stat {
+    zookeeper_client::Stat {
+        czxid: 1,
+        mzxid,
+        pzxid: 1,
+        ctime: 0,
+        mtime: 0,
+        version: 0,
+        cversion: 0,
+        aversion: 0,
+        ephemeral_owner: 0,
+        data_length,
+        num_children,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -324,19 +324,7 @@ mod tests {
     use super::*;
 
     fn stat(num_children: i32) -> Option<Stat> {
-        Some(Stat {
-            czxid: 1,
-            mzxid: 1,
-            pzxid: 1,
-            ctime: 0,
-            mtime: 0,
-            version: 0,
-            cversion: 0,
-            aversion: 0,
-            ephemeral_owner: 0,
-            data_length: 0,
-            num_children,
-        })
+        Some(crate::recipes::test_stat(1, 0, num_children))
     }
 
     fn waiting(value: u64) -> Option<Measure> {

@@ -490,19 +490,7 @@ mod tests {
             name: "c".into(),
             path: "/zkgate/counters/c".into(),
         };
-        let stat = |mzxid| Stat {
-            czxid: 1,
-            mzxid,
-            pzxid: 1,
-            ctime: 0,
-            mtime: 0,
-            version: 0,
-            cversion: 0,
-            aversion: 0,
-            ephemeral_owner: 0,
-            data_length: 8,
-            num_children: 0,
-        };
+        let stat = |mzxid| crate::recipes::test_stat(mzxid, 8, 0);
         let missing = CounterState::of("c", Some(0), None);
         let one = CounterState::of("c", Some(1), Some(&stat(5)));
         let again = CounterState::of("c", Some(1), Some(&stat(6)));
