@@ -11,7 +11,7 @@ use utoipa_axum::routes;
 use super::consistency::Consistency;
 use super::error::{ApiError, Problem, Problems, p};
 use super::extract::{ApiJson, ApiPath, ApiQuery};
-use super::leases::{lease_for, lease_gone};
+use super::leases::{held, lease_for};
 use super::{Followed, Resource, check_name, state_handler};
 use crate::AppState;
 use crate::auth::Caller;
@@ -19,7 +19,7 @@ use crate::events::Feed;
 use crate::kind::Kind;
 use crate::recipes::barrier::{self, BarrierState, BarrierTopic};
 use crate::recipes::engine::handle::Phase;
-use crate::recipes::engine::node::{self, HoldError};
+use crate::recipes::engine::node;
 use crate::recipes::topic::Source;
 use crate::time::HumanDuration;
 
@@ -97,13 +97,8 @@ pub async fn raise(
         let (lease, _) = lease_for(&state, &caller, body.lease, body.ttl.map(|t| t.0)).await?;
         let session = lease.session().await?;
         let data = node::owner_record(&lease);
-        let created = match state.barriers.hold(&lease, &name, &name, path, data, None).await {
-            Ok(_) => true,
-            Err(HoldError::Taken) => false,
-            Err(HoldError::LeaseEnded) => return Err(lease_gone(&state, &lease)),
-            Err(HoldError::ZooKeeper(err)) => return Err(err.into()),
-        };
-        (created, session)
+        let hold = state.barriers.hold(&lease, &name, &name, path, data, None).await;
+        (held(&state, &lease, hold)?.is_some(), session)
     };
     let status = if created { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, Json(source(&state, &name).read(&session).await?)).into_response())

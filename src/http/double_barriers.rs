@@ -12,7 +12,7 @@ use utoipa_axum::routes;
 
 use super::error::{ApiError, Place, Problem, Problems, p};
 use super::extract::{ApiJson, ApiPath, ApiQuery};
-use super::leases::{LeaseView, lease_for, lease_gone};
+use super::leases::{LeaseView, held, lease_for};
 use super::{Followed, Resource, check_name, state_handler};
 use crate::AppState;
 use crate::auth::Caller;
@@ -20,7 +20,7 @@ use crate::events::Feed;
 use crate::kind::Kind;
 use crate::recipes::SettingError;
 use crate::recipes::double_barrier::{self, DoubleBarrierState, DoubleBarrierTopic, READY};
-use crate::recipes::engine::node::{self, HoldError, NodeHolding};
+use crate::recipes::engine::node::{self, NodeHolding};
 use crate::time::HumanDuration;
 use crate::zk::Session;
 use crate::zk::names::validate_name;
@@ -154,16 +154,13 @@ async fn participant(
             let session = lease.session().await?;
             agree_on_size(&session, &dir, name, body.size).await?;
             let path = state.double_barriers.node(name, &body.participant);
-            match state
+            let data = node::owner_record(&lease);
+            let hold = state
                 .double_barriers
-                .hold(&lease, name, &body.participant, path, node::owner_record(&lease), None)
-                .await
-            {
-                Ok(node) => Ok((node, session)),
-                Err(HoldError::Taken) => Err(taken(name, &body.participant)),
-                Err(HoldError::LeaseEnded) => Err(lease_gone(state, &lease)),
-                Err(HoldError::ZooKeeper(err)) => Err(err.into()),
-            }
+                .hold(&lease, name, &body.participant, path, data, None)
+                .await;
+            let node = held(state, &lease, hold)?.ok_or_else(|| taken(name, &body.participant))?;
+            Ok((node, session))
         }
     }
 }

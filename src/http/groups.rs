@@ -12,7 +12,7 @@ use utoipa_axum::routes;
 use super::consistency::Consistency;
 use super::error::{ApiError, Place, Problem, Problems, p};
 use super::extract::{ApiJson, ApiPath, ApiQuery};
-use super::leases::{LeaseView, lease_for, lease_gone};
+use super::leases::{LeaseView, held, lease_for};
 use super::{Followed, Resource, check_name, readable};
 use crate::AppState;
 use crate::auth::Caller;
@@ -139,13 +139,13 @@ pub async fn join(
     }
     let (lease, _) = lease_for(&state, &caller, body.lease, body.ttl.map(|t| t.0)).await?;
     // The member's data is charged to the caller, on the member's session.
-    let bound = bind_charged(&state, &caller, &state.groups, &lease, (&group, &member), data).await;
-    let joined_member = bound.map_err(|err| err.unwrap_or_else(|| taken(&group, &member)))?;
-    Ok((StatusCode::CREATED, Json(joined(&joined_member))).into_response())
+    let (nodes, member_taken) = (&state.groups, || taken(&group, &member));
+    let node = bind_charged(&state, &caller, nodes, &lease, (&group, &member), data, member_taken).await?;
+    Ok((StatusCode::CREATED, Json(joined(&node))).into_response())
 }
 
 /// Binds `id` of resource `name` (a group's member, a service's instance) to `lease`, holding
-/// `data` charged to the caller on the node's session. `Err(None)`: the id is taken.
+/// `data` charged to the caller on the node's session; `taken` is the answer when the id is.
 pub(super) async fn bind_charged(
     state: &AppState,
     caller: &Caller,
@@ -153,23 +153,21 @@ pub(super) async fn bind_charged(
     lease: &std::sync::Arc<crate::recipes::engine::lease::Lease>,
     (name, id): (&str, &str),
     data: Vec<u8>,
-) -> Result<std::sync::Arc<NodeHolding>, Option<ApiError>> {
+    taken: impl FnOnce() -> ApiError,
+) -> Result<std::sync::Arc<NodeHolding>, ApiError> {
     let path = nodes.node(name, id);
-    let session = state.zk().connected().await.map_err(|e| Some(e.into()))?;
+    let session = state.zk().connected().await?;
     let bytes = data.len();
     let charge = match state.quotas.charge(&session, caller.name(), bytes).await {
         Ok(charge) => state.quotas.node(&charge, bytes),
-        Err(ChargeError::Exceeded(exceeded)) => return Err(Some(ApiError::quota(exceeded))),
-        Err(ChargeError::ZooKeeper(err)) => return Err(Some(err.into())),
+        Err(ChargeError::Exceeded(exceeded)) => return Err(ApiError::quota(exceeded)),
+        Err(ChargeError::ZooKeeper(err)) => return Err(err.into()),
     };
     match nodes.hold(lease, name, id, path, data, Some(charge)).await {
-        Ok(node) => Ok(node),
-        Err(HoldError::Taken) => Err(None),
-        Err(HoldError::LeaseEnded) => Err(Some(lease_gone(state, lease))),
-        Err(HoldError::ZooKeeper(Failure::QuotaFull)) => Err(Some(ApiError::quota(
+        Err(HoldError::ZooKeeper(Failure::QuotaFull)) => Err(ApiError::quota(
             state.quotas.exceeded(&session, caller.name(), bytes).await,
-        ))),
-        Err(HoldError::ZooKeeper(err)) => Err(Some(err.into())),
+        )),
+        hold => held(state, lease, hold)?.ok_or_else(taken),
     }
 }
 

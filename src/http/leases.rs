@@ -20,6 +20,7 @@ use crate::AppState;
 use crate::auth::Caller;
 use crate::keeper::NewLease;
 use crate::recipes::engine::lease::{EndReason, HoldingView, Lease, LeaseError};
+use crate::recipes::engine::node::HoldError;
 use crate::time::{HumanDuration, millis_since, timestamp};
 
 /// The lease routes.
@@ -65,6 +66,17 @@ pub async fn lease_for(
 pub fn lease_gone(state: &AppState, lease: &Lease) -> ApiError {
     lease_error(state, lease)
         .unwrap_or_else(|| ApiError::new(Problem::LockNotAcquired, "the request was released while it waited"))
+}
+
+/// What a node's `hold` for `lease` came to: the node, or `None` if another lease or client has
+/// one there; 410 if the lease ended meanwhile.
+pub fn held<T>(state: &AppState, lease: &Lease, hold: Result<T, HoldError>) -> Result<Option<T>, ApiError> {
+    match hold {
+        Ok(node) => Ok(Some(node)),
+        Err(HoldError::Taken) => Ok(None),
+        Err(HoldError::LeaseEnded) => Err(lease_gone(state, lease)),
+        Err(HoldError::ZooKeeper(err)) => Err(err.into()),
+    }
 }
 
 /// Why `lease`, used by a request here, is no longer usable here, if it is not: moved to

@@ -22,13 +22,12 @@ use super::consistency::Consistency;
 use super::contention::{self, HandleView, Request, find_handle, held_since};
 use super::error::{ApiError, Place, Problem, Problems, p};
 use super::extract::{ApiJson, ApiPath, ApiQuery};
-use super::leases::{LeaseView, lease_for, lease_gone};
+use super::leases::{LeaseView, held, lease_for};
 use crate::AppState;
 use crate::auth::{Access, Caller};
 use crate::kind::Kind;
 use crate::recipes::engine::contender::Contender;
 use crate::recipes::engine::lease::{EndReason, Lease};
-use crate::recipes::engine::node::HoldError;
 use crate::recipes::lock_set::{self, SetRecord, canonical_order};
 use crate::time::HumanDuration;
 use crate::zk::Session;
@@ -253,15 +252,12 @@ async fn record_set(state: &AppState, lease: &Arc<Lease>, handles: &[&Arc<Conten
         created_ms: crate::time::now_ms(),
     };
     let path = lock_set::record_path(&state.config.root, &id);
-    let bound = state
+    let hold = state
         .lock_sets
-        .hold_as(lease, (&id, &id), path, record.to_bytes(), None, true)
-        .await;
-    match bound {
-        Ok(_) => Ok(id),
-        Err(HoldError::LeaseEnded) => Err(lease_gone(state, lease)),
-        Err(HoldError::Taken) => Err(ApiError::new(Problem::Internal, "a lock set's id was taken")),
-        Err(HoldError::ZooKeeper(err)) => Err(err.into()),
+        .hold_as(lease, (&id, &id), path, record.to_bytes(), None, true);
+    match held(state, lease, hold.await)? {
+        Some(_) => Ok(id),
+        None => Err(ApiError::new(Problem::Internal, "a lock set's id was taken")),
     }
 }
 

@@ -185,8 +185,8 @@ pub async fn register(
     let data = serde_json::to_vec(&instance).map_err(|e| ApiError::new(Problem::Internal, e.to_string()))?;
     super::check_stored_size(&state, "instance", data.len())?;
     // Its data is charged to the caller, on the instance's session (as a group member's).
-    let bound = super::groups::bind_charged(&state, &caller, &state.services, &lease, (&service, &id), data).await;
-    let node = bound.map_err(|err| err.unwrap_or_else(|| taken(&service, &id)))?;
+    let (nodes, id_taken) = (&state.services, || taken(&service, &id));
+    let node = super::groups::bind_charged(&state, &caller, nodes, &lease, (&service, &id), data, id_taken).await?;
     let m = crate::metrics::get();
     m.service_registrations
         .with_label_values(&[m.name(crate::metrics::SERVICE, &service)])

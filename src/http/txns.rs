@@ -15,13 +15,13 @@ use utoipa_axum::routes;
 use super::consistency::Consistency;
 use super::error::{ApiError, Place, Problem, Problems, p};
 use super::extract::{ApiJson, ApiPath, ApiQuery};
-use super::leases::{lease_for, lease_gone};
+use super::leases::{held, lease_for};
 use super::{Followed, Resource, check_name};
 use crate::AppState;
 use crate::auth::Caller;
 use crate::events::Feed;
 use crate::kind::Kind;
-use crate::recipes::engine::node::{self, HoldError};
+use crate::recipes::engine::node;
 use crate::recipes::topic::Source;
 use crate::recipes::txn::{self, Record, Spec, TxnState, TxnTopic, Vote, VoteError};
 use crate::time::{HumanDuration, at_most};
@@ -218,18 +218,12 @@ pub async fn register(
     // The member node lives on the lease's session, and is read back on it (which sees it).
     let session = lease.session().await?;
     let path = txn::member_path(&dir, &participant);
-    match state
+    let hold = state
         .txn_members
-        .hold(&lease, &id, &participant, path, node::owner_record(&lease), None)
-        .await
-    {
-        Ok(_) => {}
-        Err(HoldError::Taken) => {
-            let detail = format!("`{participant}` is registered by another");
-            return Err(ApiError::new(Problem::MemberTaken, detail));
-        }
-        Err(HoldError::LeaseEnded) => return Err(lease_gone(&state, &lease)),
-        Err(HoldError::ZooKeeper(err)) => return Err(err.into()),
+        .hold(&lease, &id, &participant, path, node::owner_record(&lease), None);
+    if held(&state, &lease, hold.await)?.is_none() {
+        let detail = format!("`{participant}` is registered by another");
+        return Err(ApiError::new(Problem::MemberTaken, detail));
     }
     Ok((StatusCode::CREATED, Json(read(&state, &session, &id).await?)).into_response())
 }
