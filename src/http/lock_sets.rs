@@ -192,9 +192,30 @@ impl lock_set::Taker for SetTaker<'_> {
         Ok((granted.handle, held_before))
     }
 
+    /// Records the set of `taken` (granted, in order) under a new id, bound to the lease.
     async fn record(&mut self, taken: &[Self::Taken]) -> Result<String, ApiError> {
-        let handles: Vec<&Arc<Contender>> = taken.iter().map(|(handle, _)| handle).collect();
-        record_set(self.state, self.lease, &handles).await
+        let (state, lease) = (self.state, self.lease);
+        let id = crate::ids::owned_id(&lease.here);
+        let record = SetRecord {
+            lease: lease.id.clone(),
+            principal: lease.owner.clone(),
+            locks: taken
+                .iter()
+                .map(|(handle, _)| lock_set::SetLock {
+                    lock: handle.name.clone(),
+                    handle: handle.id.clone(),
+                })
+                .collect(),
+            created_ms: crate::time::now_ms(),
+        };
+        let path = lock_set::record_path(&state.config.root, &id);
+        let hold = state
+            .lock_sets
+            .hold_as(lease, (&id, &id), path, record.to_bytes(), None, true);
+        match held(state, lease, hold.await)? {
+            Some(_) => Ok(id),
+            None => Err(ApiError::new(Problem::Internal, "a lock set's id was taken")),
+        }
     }
 
     async fn give_back(&mut self, taken: Vec<Self::Taken>) {
@@ -234,31 +255,6 @@ fn locks_in_order<'a>(caller: &Caller, locks: &'a [String]) -> Result<Vec<&'a st
         caller.require(Kind::Lock.auth(), name, Access::Write)?;
     }
     Ok(order)
-}
-
-/// Records the set of `handles` (granted, in order) under a new id, bound to `lease`.
-async fn record_set(state: &AppState, lease: &Arc<Lease>, handles: &[&Arc<Contender>]) -> Result<String, ApiError> {
-    let id = crate::ids::owned_id(&lease.here);
-    let record = SetRecord {
-        lease: lease.id.clone(),
-        principal: lease.owner.clone(),
-        locks: handles
-            .iter()
-            .map(|handle| lock_set::SetLock {
-                lock: handle.name.clone(),
-                handle: handle.id.clone(),
-            })
-            .collect(),
-        created_ms: crate::time::now_ms(),
-    };
-    let path = lock_set::record_path(&state.config.root, &id);
-    let hold = state
-        .lock_sets
-        .hold_as(lease, (&id, &id), path, record.to_bytes(), None, true);
-    match held(state, lease, hold.await)? {
-        Some(_) => Ok(id),
-        None => Err(ApiError::new(Problem::Internal, "a lock set's id was taken")),
-    }
 }
 
 /// The set `id` as ZooKeeper records it, if `caller` may use it; 404 otherwise.
