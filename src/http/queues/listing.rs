@@ -53,21 +53,6 @@ pub(super) fn shown(envelope: &Envelope) -> (Option<serde_json::Value>, Option<S
     }
 }
 
-pub(super) fn waiting_view(item: String, envelope: Envelope, ctime: i64) -> Waiting {
-    let (body, text, body_base64) = shown(&envelope);
-    Waiting {
-        priority: queue::order_of(&item).map(|o| o.0).unwrap_or(queue::DEFAULT_PRIORITY),
-        not_before: queue::topic::not_before(&item),
-        item,
-        deliveries: envelope.deliveries,
-        age_ms: millis_since(from_millis(ctime)),
-        content_type: envelope.content_type,
-        body,
-        text,
-        body_base64,
-    }
-}
-
 /// The items waiting (and claimed) in a queue, first to take first, with their bodies.
 #[utoipa::path(get, path = "/v1/queues/{name}/items", tag = "queues",
     params(("name" = String, Path, description = "Queue name"), ItemsQuery),
@@ -82,27 +67,40 @@ pub async fn items(
     consistency: Consistency,
     uri: axum::http::Uri,
 ) -> Result<Response, ApiError> {
-    check_name(&name)?;
-    let paging = Paging::parse(uri.path(), uri.query().unwrap_or_default(), 100, MAX_LISTED)?;
-    let dir = state.queues.paths(&name).items;
-    listed(&state, &dir, &paging, consistency).await
+    listed(&state, &name, &uri, consistency, false).await
 }
 
-/// One page of the items under `dir` (`items/` or `dead/`), in queue order, with their bodies.
-pub(super) async fn listed(
+/// One page of queue `name`'s items (or, `dead`, its dead letters), in queue order, with their
+/// bodies.
+async fn listed(
     state: &AppState,
-    dir: &str,
-    paging: &Paging,
+    name: &str,
+    uri: &axum::http::Uri,
     consistency: Consistency,
+    dead: bool,
 ) -> Result<Response, ApiError> {
+    check_name(name)?;
+    let paging = Paging::parse(uri.path(), uri.query().unwrap_or_default(), 100, MAX_LISTED)?;
+    let paths = state.queues.paths(name);
+    let dir = if dead { paths.dead } else { paths.items };
     let session = crate::http::consistency::reader(state, consistency).await?;
-    let page = paging.page(queue::names(&session, dir).await?, |(place, _)| place.clone());
+    let page = paging.page(queue::names(&session, &dir).await?, |(place, _)| place.clone());
     let names = page.entries.into_iter().map(|(_, name)| name).collect();
-    let items: Vec<Waiting> = queue::read(&session, dir, names)
-        .await?
-        .into_iter()
-        .map(|(item, envelope, stat)| waiting_view(item, envelope, stat.ctime))
-        .collect();
+    let mut items: Vec<Waiting> = Vec::new();
+    for (item, envelope, stat) in queue::read(&session, &dir, names).await? {
+        let (body, text, body_base64) = shown(&envelope);
+        items.push(Waiting {
+            priority: queue::order_of(&item).map(|o| o.0).unwrap_or(queue::DEFAULT_PRIORITY),
+            not_before: queue::topic::not_before(&item),
+            item,
+            deliveries: envelope.deliveries,
+            age_ms: millis_since(from_millis(stat.ctime)),
+            content_type: envelope.content_type,
+            body,
+            text,
+            body_base64,
+        });
+    }
     Ok(with_link(page.next, Json(items)))
 }
 
@@ -120,10 +118,7 @@ pub async fn dead_letters(
     consistency: Consistency,
     uri: axum::http::Uri,
 ) -> Result<Response, ApiError> {
-    check_name(&name)?;
-    let paging = Paging::parse(uri.path(), uri.query().unwrap_or_default(), 100, MAX_LISTED)?;
-    let dir = state.queues.paths(&name).dead;
-    listed(&state, &dir, &paging, consistency).await
+    listed(&state, &name, &uri, consistency, true).await
 }
 
 /// Puts a dead item back into the queue, in its old place, its delivery count reset.
