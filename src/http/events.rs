@@ -89,24 +89,6 @@ pub async fn events(
     open(state, caller, address.map(|a| a.0), topics, since, &headers).await
 }
 
-/// Follows one resource's topic as Server-Sent Events (see `GET /v1/events`): the kind's
-/// [events_route].
-pub async fn resource(
-    state: AppState,
-    caller: Caller,
-    address: Option<ClientAddr>,
-    kind: Kind,
-    name: String,
-    uri: Uri,
-    headers: HeaderMap,
-) -> Result<Response, ApiError> {
-    super::check_name(&name)?;
-    let (_, since) = stream_query(&uri, false)?;
-    let topic = kind.topic().expect("routes only for kinds with topics");
-    let topics = vec![serde_json::json!({ topic: name })];
-    open(state, caller, address, topics, since, &headers).await
-}
-
 /// A stream's query: its `topic`s (where it takes them) and `since`; any other parameter is a
 /// 400 naming it.
 fn stream_query(uri: &Uri, takes_topics: bool) -> Result<(Vec<String>, Option<String>), ApiError> {
@@ -246,7 +228,7 @@ fn topic_error(err: TopicError, topic: &str) -> ApiError {
 }
 
 /// A kind's `GET /v1/<segment>/{name}/events`: one of its resources' topic as Server-Sent
-/// Events ([resource]), with its operation in the spec (`<kind>_events`, summarised by
+/// Events (as `GET /v1/events` follows it), with its operation in the spec (`<kind>_events`, summarised by
 /// `summary`); one per kind with topics, from the registry.
 pub fn events_route(kind: Kind, summary: &'static str) -> OpenApiRouter<AppState> {
     use super::error::{Problems, p};
@@ -259,7 +241,11 @@ pub fn events_route(kind: Kind, summary: &'static str) -> OpenApiRouter<AppState
                         ApiPath(name): ApiPath<String>,
                         uri: Uri,
                         headers: HeaderMap| async move {
-        resource(state, caller, address.map(|a| a.0), kind, name, uri, headers).await
+        super::check_name(&name)?;
+        let (_, since) = stream_query(&uri, false)?;
+        let topic = kind.topic().expect("routes only for kinds with topics");
+        let topics = vec![serde_json::json!({ topic: name })];
+        open(state, caller, address.map(|a| a.0), topics, since, &headers).await
     };
     // The name's parameter is named as on the kind's other routes.
     let param = match kind {
