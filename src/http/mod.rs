@@ -334,32 +334,24 @@ pub async fn readable(
         .collect())
 }
 
-/// `GET /v1/<kind>`: [readable] as a list, one page of it.
-pub async fn list(
-    state: &AppState,
-    caller: &crate::auth::Caller,
-    kind: Kind,
-    consistency: Consistency,
-    paging: &paging::Paging,
-) -> Result<paging::Page<ListedResource>, ApiError> {
-    let names = readable(state, caller, kind, consistency).await?;
-    Ok(paging
-        .page(names, |(name, _)| name.clone())
-        .map(|(name, contenders)| ListedResource { name, contenders }))
-}
-
-/// `GET /v1/<segment>`: one page of [list], with its operation in the spec (`list_<kind>s`),
+/// `GET /v1/<segment>`: one page of [readable], with its operation in the spec (`list_<kind>s`),
 /// one per kind from the registry rather than a handler of the same four lines in each
 /// kind's module.
 fn list_route(kind: Kind, listed: &'static str) -> OpenApiRouter<AppState> {
     use utoipa::openapi::path::{OperationBuilder, ParameterIn};
     use utoipa::openapi::{ArrayBuilder, ContentBuilder, Ref, ResponseBuilder, header::HeaderBuilder};
     use utoipa::{IntoParams, IntoResponses};
-    let handler =
-        move |axum::extract::State(state): axum::extract::State<AppState>,
-              caller: crate::auth::Caller,
-              consistency: Consistency,
-              paging: paging::Paging| async move { list(&state, &caller, kind, consistency, &paging).await };
+    let handler = move |axum::extract::State(state): axum::extract::State<AppState>,
+                        caller: crate::auth::Caller,
+                        consistency: Consistency,
+                        paging: paging::Paging| async move {
+        let names = readable(&state, &caller, kind, consistency).await?;
+        Ok::<_, ApiError>(
+            paging
+                .page(names, |(name, _)| name.clone())
+                .map(|(name, contenders)| ListedResource { name, contenders }),
+        )
+    };
     let path = format!("/v1/{}", kind.segment());
     let page = ResponseBuilder::new()
         .description("A page of the names, in order (`Link` gives the next page while more follow)")
