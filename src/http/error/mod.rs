@@ -250,7 +250,11 @@ pub fn responses(problems: &[Problem]) -> BTreeMap<String, RefOr<utoipa::openapi
                 .map(|p| format!("`{}`: {}", p.slug(), p.when()))
                 .collect::<Vec<_>>()
                 .join("; ");
-            let mut response = problem_response(&description);
+            let problem = ContentBuilder::new().schema(Some(Ref::from_schema_name("Problem")));
+            let mut response = ResponseBuilder::new()
+                .description(description)
+                .content(PROBLEM_JSON, problem.build())
+                .build();
             if status == "429" || status == "503" {
                 response.headers.insert("Retry-After".to_string(), retry_after_header());
             }
@@ -270,19 +274,6 @@ fn retry_after_header() -> RefOr<utoipa::openapi::header::Header> {
             .description(Some("Seconds to wait before trying again"))
             .build(),
     )
-}
-
-/// A response whose body is a problem document.
-pub fn problem_response(description: &str) -> utoipa::openapi::Response {
-    ResponseBuilder::new()
-        .description(description)
-        .content(
-            PROBLEM_JSON,
-            ContentBuilder::new()
-                .schema(Some(Ref::from_schema_name("Problem")))
-                .build(),
-        )
-        .build()
 }
 
 macro_rules! declare_tuples {
