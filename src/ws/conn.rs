@@ -262,28 +262,27 @@ impl Conn {
             .map(|since| since.parse::<Position>())
             .transpose()
             .map_err(|detail| error_message(Some(&id), Problem::MalformedMessage, &format!("since: {detail}")))?;
+        let fail = |problem, detail: &str| error_message(Some(&id), problem, detail);
         self.subscriptions.retain(|_, task| !task.is_finished());
         if self.subscriptions.contains_key(&id) {
-            return Err(error_message(
-                Some(&id),
+            return Err(fail(
                 Problem::DuplicateSubscription,
                 "a subscription with this id exists",
             ));
         }
         if self.subscriptions.len() >= MAX_SUBSCRIPTIONS {
-            return Err(error_message(
-                Some(&id),
+            return Err(fail(
                 Problem::TooManySubscriptions,
                 &format!("at most {MAX_SUBSCRIPTIONS} per socket"),
             ));
         }
         let (name, feed) = topic::resolve(&self.state, &self.caller, &topic).map_err(|err| match err {
-            TopicError::Unknown(detail) => error_message(Some(&id), Problem::MalformedMessage, &detail),
-            TopicError::Invalid(detail) => error_message(Some(&id), Problem::InvalidTopic, &detail),
-            TopicError::Forbidden(detail) => error_message(Some(&id), Problem::Forbidden, &detail),
+            TopicError::Unknown(detail) => fail(Problem::MalformedMessage, &detail),
+            TopicError::Invalid(detail) => fail(Problem::InvalidTopic, &detail),
+            TopicError::Forbidden(detail) => fail(Problem::Forbidden, &detail),
         })?;
         let permit = topic::subscription_permit(&self.state, &self.caller)
-            .map_err(|err| error_message(Some(&id), Problem::TooMany, err.detail()))?;
+            .map_err(|err| fail(Problem::TooMany, err.detail()))?;
         let subscription = self.state.events.subscribe(&name, feed, since).await;
         tracing::debug!(id = ?id, topic = ?name, "socket subscribed");
         let task = tokio::spawn(forward(id.clone(), subscription, self.outbox.clone(), permit));
@@ -294,20 +293,16 @@ impl Conn {
     /// Binds a lease to the socket: a new one, or one attached by id, which this instance then
     /// keeps (a socket-bound lease is timed by the socket's instance: another's is taken over).
     async fn lease(&mut self, id: String, ttl: Option<Duration>, attach: Option<String>) -> Result<(), String> {
+        let fail = |problem, detail: &str| error_message(Some(&id), problem, detail);
         self.leases.retain(|lease| !lease.ended().is_cancelled());
         if self.leases.len() >= MAX_LEASES {
-            return Err(error_message(
-                Some(&id),
+            return Err(fail(
                 Problem::TooManyLeases,
                 &format!("at most {MAX_LEASES} per socket"),
             ));
         }
         if ttl.is_some_and(|t| t.is_zero()) {
-            return Err(error_message(
-                Some(&id),
-                Problem::InvalidLease,
-                "ttl must be above zero",
-            ));
+            return Err(fail(Problem::InvalidLease, "ttl must be above zero"));
         }
         let lease = match attach {
             Some(existing) => self.state.leases.take_over(&self.caller, &existing, None, true).await,
@@ -328,7 +323,7 @@ impl Conn {
                 LeaseError::Ended { .. } => Problem::LeaseEnded,
                 LeaseError::Unavailable(_) | LeaseError::NotFresh => Problem::ZookeeperUnavailable,
             };
-            error_message(Some(&id), problem, &err.to_string())
+            fail(problem, &err.to_string())
         })?;
         if !self.leases.iter().any(|l| l.id == lease.id) {
             self.leases.push(lease.clone());
@@ -351,15 +346,15 @@ impl Conn {
         body: Option<Value>,
         headers: HashMap<String, String>,
     ) -> Result<(), String> {
+        let fail = |problem, detail: &str| error_message(Some(&id), problem, detail);
         while self.calls.try_join_next().is_some() {}
         if self.calls.len() >= MAX_CALLS {
-            return Err(error_message(
-                Some(&id),
+            return Err(fail(
                 Problem::TooManyCalls,
                 &format!("at most {MAX_CALLS} calls in flight per socket"),
             ));
         }
-        let invalid = |detail: String| error_message(Some(&id), Problem::InvalidCall, &detail);
+        let invalid = |detail: String| fail(Problem::InvalidCall, &detail);
         if !path.starts_with("/v1/") {
             return Err(invalid(format!("path `{path}` must start with `/v1/`")));
         }
@@ -390,10 +385,7 @@ impl Conn {
         let api = self.api.get_or_insert_with(|| crate::http::api(&self.state)).clone();
         let outbox = self.outbox.clone();
         self.calls.spawn(async move {
-            let response = match api.oneshot(request).await {
-                Ok(response) => response,
-                Err(never) => match never {},
-            };
+            let Ok(response) = api.oneshot(request).await;
             let status = response.status().as_u16();
             let bytes = axum::body::to_bytes(response.into_body(), MAX_REPLY_BYTES)
                 .await
