@@ -13,16 +13,10 @@ use std::sync::Arc;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, TryAcquireError, mpsc};
 
-/// The budgets a message holds until it is written.
-struct Held {
-    _socket: OwnedSemaphorePermit,
-    _instance: OwnedSemaphorePermit,
-}
-
-/// A message and its hold on the budgets.
+/// A message and its hold on the budgets (the socket's and the instance's) until it is written.
 pub struct Queued {
     pub text: String,
-    _held: Held,
+    _held: (OwnedSemaphorePermit, OwnedSemaphorePermit),
 }
 
 /// The sending side (cloned by the socket's subscriptions and calls).
@@ -79,14 +73,14 @@ pub enum Refused {
 }
 
 impl Outbox {
-    /// What `text` holds of the budgets: its size, at most the socket's whole budget.
-    fn cost(&self, text: &str) -> u32 {
-        u32::try_from(text.len().clamp(1, self.socket_bytes)).unwrap_or(u32::MAX)
+    /// What a message of `bytes` holds of the budgets: its size, at most the socket's whole budget.
+    fn cost(&self, bytes: usize) -> u32 {
+        u32::try_from(bytes.clamp(1, self.socket_bytes)).unwrap_or(u32::MAX)
     }
 
     /// Queues `text` if there is room now.
     pub fn try_send(&self, text: String) -> Result<(), Refused> {
-        let cost = self.cost(&text);
+        let cost = self.cost(text.len());
         let socket = self.socket.clone().try_acquire_many_owned(cost).map_err(refused)?;
         let instance = self.instance.clone().try_acquire_many_owned(cost).map_err(refused)?;
         self.push(text, socket, instance)
@@ -94,38 +88,30 @@ impl Outbox {
 
     /// Queues `text`, waiting for room.
     pub async fn send(&self, text: String) -> Result<(), Refused> {
-        let cost = self.cost(&text);
-        let socket = self
-            .socket
-            .clone()
-            .acquire_many_owned(cost)
-            .await
-            .map_err(|_| Refused::Closed)?;
-        let instance = self
-            .instance
-            .clone()
-            .acquire_many_owned(cost)
-            .await
-            .map_err(|_| Refused::Closed)?;
+        let cost = self.cost(text.len());
+        let acquire = |budget: &Arc<Semaphore>| budget.clone().acquire_many_owned(cost);
+        let socket = acquire(&self.socket).await.map_err(|_| Refused::Closed)?;
+        let instance = acquire(&self.instance).await.map_err(|_| Refused::Closed)?;
         self.push(text, socket, instance)
     }
 
     /// Waits until a message of `bytes` would fit (for a subscription to resync when there is
     /// room again).
     pub async fn room_for(&self, bytes: usize) -> Result<(), Refused> {
-        let cost = u32::try_from(bytes.clamp(1, self.socket_bytes)).unwrap_or(u32::MAX);
-        let _socket = self.socket.acquire_many(cost).await.map_err(|_| Refused::Closed)?;
+        let _socket = self
+            .socket
+            .acquire_many(self.cost(bytes))
+            .await
+            .map_err(|_| Refused::Closed)?;
         Ok(())
     }
 
     fn push(&self, text: String, socket: OwnedSemaphorePermit, instance: OwnedSemaphorePermit) -> Result<(), Refused> {
-        let held = Held {
-            _socket: socket,
-            _instance: instance,
+        let queued = Queued {
+            text,
+            _held: (socket, instance),
         };
-        self.queue
-            .send(Queued { text, _held: held })
-            .map_err(|_| Refused::Closed)
+        self.queue.send(queued).map_err(|_| Refused::Closed)
     }
 
     /// Bytes queued on this socket now.
