@@ -136,17 +136,16 @@ impl ZooKeeperServer {
             let mut servers = (1..=size)
                 .map(|id| Self::spawn(options, id, members[(id - 1) as usize].client, Some(&members)))
                 .collect::<Result<Vec<_>, _>>()?;
-            let mut failed = None;
-            for server in &mut servers {
-                if let Err(error) = server.wait_serving(Duration::from_secs(60)).await {
-                    failed = Some(error);
-                    break;
+            let serving = async {
+                for server in &mut servers {
+                    server.wait_serving(Duration::from_secs(60)).await?;
                 }
-            }
-            match failed {
-                None => return Ok(servers),
-                Some(error) if attempt >= 3 => return Err(error),
-                Some(error) => tracing::warn!(%error, "the ensemble did not start; trying other ports"),
+                Ok(())
+            };
+            match serving.await {
+                Ok(()) => return Ok(servers),
+                Err(error) if attempt >= 3 => return Err(error),
+                Err(error) => tracing::warn!(%error, "the ensemble did not start; trying other ports"),
             }
         }
     }
@@ -245,24 +244,19 @@ impl ZooKeeperServer {
     pub async fn wait_serving(&mut self, limit: Duration) -> Result<(), ServerError> {
         let deadline = Instant::now() + limit;
         let connect = self.connect_string();
-        loop {
+        let failure = loop {
             if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
-                return Err(ServerError::Start(format!(
-                    "exited with {status}; log:\n{}",
-                    self.log_tail()
-                )));
+                break format!("exited with {status}");
             }
             if answers(&connect).await {
                 return Ok(());
             }
             if Instant::now() > deadline {
-                return Err(ServerError::Start(format!(
-                    "not serving after {limit:?}; log:\n{}",
-                    self.log_tail()
-                )));
+                break format!("not serving after {limit:?}");
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        };
+        Err(ServerError::Start(format!("{failure}; log:\n{}", self.log_tail())))
     }
 
     /// `127.0.0.1:<port>`.
