@@ -176,16 +176,7 @@ where
     let wait = state.config.wait(request.wait);
     let caller = request.caller;
     let (lease, own_lease) = lease_for(state, caller, request.lease, request.ttl).await?;
-    // Made (or found again) if the waiter limits allow; a lease made for the request ends when
-    // that fails.
-    let opened = match check_waiter_limits(state, handles, &lease, name) {
-        Ok(()) => open(lease.clone()).await,
-        Err(refused) => Err(refused),
-    };
-    if opened.is_err() && own_lease {
-        let _ = state.leases.end(caller, &lease.id, EndReason::Deleted).await;
-    }
-    let handle = opened?;
+    let handle = open_within_limits(state, handles, caller, &lease, own_lease, name, &open).await?;
     let handle = current(state, handles, handle, || open(lease.clone())).await?;
     let handle = held_elsewhere(state, handles, &lease, handle, wait, || open(lease.clone())).await?;
     let awaiting = handle.awaited();
@@ -239,6 +230,32 @@ where
             Err(super::leases::lease_error(state, &lease).unwrap_or_else(|| super::leases::moved(&lease.id)))
         }
     }
+}
+
+/// Lets `open` make (or find again) the lease's handle at `name` if the waiter limits allow;
+/// a lease made for the request ends when that fails.
+async fn open_within_limits<P, F, Fut>(
+    state: &AppState,
+    handles: &Handles<P>,
+    caller: &Caller,
+    lease: &Arc<Lease>,
+    own_lease: bool,
+    name: &str,
+    open: &F,
+) -> Result<Arc<Handle<P>>, ApiError>
+where
+    P: Protocol,
+    F: Fn(Arc<Lease>) -> Fut,
+    Fut: Future<Output = Result<Arc<Handle<P>>, ApiError>>,
+{
+    let opened = match check_waiter_limits(state, handles, lease, name) {
+        Ok(()) => open(lease.clone()).await,
+        Err(refused) => Err(refused),
+    };
+    if opened.is_err() && own_lease {
+        let _ = state.leases.end(caller, &lease.id, EndReason::Deleted).await;
+    }
+    opened
 }
 
 /// The lease's handle here from before (a retried acquire), unless it was released through
