@@ -31,6 +31,7 @@ pub const RESOURCE: Resource = Resource {
     topic: Some(Followed {
         feed: |state, name| Feed::of(source(state, name)),
         summary: "Follows a barrier: raised or lowered, as Server-Sent Events.",
+        param: "name",
     }),
     listed: Some("Lists the barriers that are up."),
 };

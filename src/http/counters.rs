@@ -32,6 +32,7 @@ pub const RESOURCE: Resource = Resource {
     topic: Some(Followed {
         feed: |state, name| Feed::of(source(state, name)),
         summary: "Follows a counter: each change of its value, as Server-Sent Events.",
+        param: "name",
     }),
     listed: Some("Lists the counters that exist."),
 };

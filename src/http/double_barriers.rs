@@ -33,6 +33,7 @@ pub const RESOURCE: Resource = Resource {
     topic: Some(Followed {
         feed: |state, name| Feed::of(source(state, name)),
         summary: "Follows a double barrier: who entered, and when it is ready and done, as Server-Sent Events.",
+        param: "name",
     }),
     listed: Some("Lists the double barriers."),
 };

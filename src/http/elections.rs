@@ -38,6 +38,7 @@ pub const RESOURCE: Resource = Resource {
     topic: Some(Followed {
         feed: |state, name| Feed::of(source(state, name)),
         summary: "Follows an election: its leader, term and candidates, as Server-Sent Events.",
+        param: "name",
     }),
     listed: Some(
         "Lists the elections that exist in ZooKeeper, with their number of candidates (plus the acknowledgement node when someone leads).",

@@ -230,11 +230,13 @@ fn topic_error(err: TopicError, topic: &str) -> ApiError {
 /// A kind's `GET /v1/<segment>/{name}/events`: one of its resources' topic as Server-Sent
 /// Events (as `GET /v1/events` follows it), with its operation in the spec (`<kind>_events`, summarised by
 /// `summary`); one per kind with topics, from the registry.
-pub fn events_route(kind: Kind, summary: &'static str) -> OpenApiRouter<AppState> {
+pub fn events_route(kind: Kind, followed: &super::Followed) -> OpenApiRouter<AppState> {
     use super::error::{Problems, p};
     use utoipa::IntoResponses;
     use utoipa::openapi::path::{OperationBuilder, ParameterBuilder, ParameterIn};
     use utoipa::openapi::{ContentBuilder, ObjectBuilder, Required, ResponseBuilder, ResponsesBuilder, schema::Type};
+    let (summary, param) = (followed.summary, followed.param);
+    let topic = kind.topic().expect("an events route only for kinds with topics");
     let handler = move |State(state): State<AppState>,
                         caller: Caller,
                         address: Option<axum::Extension<ClientAddr>>,
@@ -243,15 +245,8 @@ pub fn events_route(kind: Kind, summary: &'static str) -> OpenApiRouter<AppState
                         headers: HeaderMap| async move {
         super::check_name(&name)?;
         let (_, since) = stream_query(&uri, false)?;
-        let topic = kind.topic().expect("routes only for kinds with topics");
         let topics = vec![serde_json::json!({ topic: name })];
         open(state, caller, address.map(|a| a.0), topics, since, &headers).await
-    };
-    // The name's parameter is named as on the kind's other routes.
-    let param = match kind {
-        Kind::Group => "group",
-        Kind::Txn => "id",
-        _ => "name",
     };
     let path = format!("/v1/{}/{{{param}}}/events", kind.segment());
     let parameter = |name: &str, place: ParameterIn, required: bool, description: &str| {

@@ -35,6 +35,7 @@ pub const RESOURCE: Resource = Resource {
     topic: Some(Followed {
         feed: |state, name| Feed::of(source(state, name)),
         summary: "Follows a group: its members, as Server-Sent Events.",
+        param: "group",
     }),
     listed: None,
 };
@@ -139,8 +140,17 @@ pub async fn join(
     }
     let (lease, _) = lease_for(&state, &caller, body.lease, body.ttl.map(|t| t.0)).await?;
     // The member's data is charged to the caller, on the member's session.
-    let (nodes, member_taken) = (&state.groups, || taken(&group, &member));
-    let node = bind_charged(&state, &caller, nodes, &lease, (&group, &member), data, member_taken).await?;
+    let member_taken = || taken(&group, &member);
+    let node = bind_charged(
+        &state,
+        &caller,
+        &state.groups,
+        &lease,
+        (&group, &member),
+        data,
+        member_taken,
+    )
+    .await?;
     Ok((StatusCode::CREATED, Json(joined(&node))).into_response())
 }
 

@@ -315,7 +315,11 @@ pub async fn release_set(
     let mut lost = None;
     for member in set.locks.iter().rev() {
         let found = find_handle(&state.locks, &session, &caller, &member.lock, &member.handle).await;
-        if let Err(err) = async { contention::release(&state, &state.locks, found?).await }.await {
+        let released = match found {
+            Ok(found) => contention::release(&state, &state.locks, found).await,
+            Err(err) => Err(err),
+        };
+        if let Err(err) = released {
             lost.get_or_insert(err.with("lock", &member.lock));
         }
     }

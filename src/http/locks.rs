@@ -27,6 +27,7 @@ pub const RESOURCE: Resource = Resource {
     topic: Some(Followed {
         feed: |state, name| Feed::of(source(state, name)),
         summary: "Follows a lock: its holder and waiters, as Server-Sent Events.",
+        param: "name",
     }),
     listed: Some("Lists the locks that exist in ZooKeeper, with their number of contenders."),
 };

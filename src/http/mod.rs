@@ -76,6 +76,9 @@ pub struct Followed {
     pub feed: fn(&AppState, &str) -> Feed,
     /// The summary of its `GET /v1/<segment>/{name}/events` in the spec.
     pub summary: &'static str,
+    /// The name of the path parameter that names one of its resources, as on its other routes
+    /// (`name`, `group`, `id`).
+    pub param: &'static str,
 }
 
 /// Every resource kind's module.
@@ -141,7 +144,7 @@ pub fn routes() -> OpenApiRouter<AppState> {
             api = api.merge(list_route(resource.kind, listed));
         }
         if let Some(followed) = &resource.topic {
-            api = api.merge(events::events_route(resource.kind, followed.summary));
+            api = api.merge(events::events_route(resource.kind, followed));
         }
     }
     let tags = api.get_openapi_mut().tags.get_or_insert_with(Vec::new);

@@ -27,6 +27,7 @@ pub const RESOURCE: Resource = Resource {
     topic: Some(Followed {
         feed: |state, name| Feed::of(source(state, name)),
         summary: "Follows a read/write lock: its holders and waiters, as Server-Sent Events.",
+        param: "name",
     }),
     listed: Some("Lists the read/write locks that exist in ZooKeeper, with their number of contenders."),
 };

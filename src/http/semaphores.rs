@@ -37,6 +37,7 @@ pub const RESOURCE: Resource = Resource {
     topic: Some(Followed {
         feed: |state, name| Feed::of(source(state, name)),
         summary: "Follows a semaphore: its permits held and waiting, as Server-Sent Events.",
+        param: "name",
     }),
     listed: Some("Lists the semaphores that exist in ZooKeeper."),
 };

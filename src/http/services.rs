@@ -38,6 +38,7 @@ pub const RESOURCE: Resource = Resource {
     topic: Some(Followed {
         feed: |state, name| Feed::of(source(state, name)),
         summary: "Follows a service: instances registered and unregistered, as Server-Sent Events.",
+        param: "name",
     }),
     listed: Some("Lists the services that have (or had) instances."),
 };
@@ -185,8 +186,9 @@ pub async fn register(
     let data = serde_json::to_vec(&instance).map_err(|e| ApiError::new(Problem::Internal, e.to_string()))?;
     super::check_stored_size(&state, "instance", data.len())?;
     // Its data is charged to the caller, on the instance's session (as a group member's).
-    let (nodes, id_taken) = (&state.services, || taken(&service, &id));
-    let node = super::groups::bind_charged(&state, &caller, nodes, &lease, (&service, &id), data, id_taken).await?;
+    let id_taken = || taken(&service, &id);
+    let services = &state.services;
+    let node = super::groups::bind_charged(&state, &caller, services, &lease, (&service, &id), data, id_taken).await?;
     let m = crate::metrics::get();
     m.service_registrations
         .with_label_values(&[m.name(crate::metrics::SERVICE, &service)])

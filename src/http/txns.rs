@@ -36,6 +36,7 @@ pub const RESOURCE: Resource = Resource {
     topic: Some(Followed {
         feed: |state, id| Feed::of(source(state, id)),
         summary: "Follows a two-phase commit: its votes and decision, as Server-Sent Events.",
+        param: "id",
     }),
     listed: Some("Lists the transactions."),
 };

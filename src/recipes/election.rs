@@ -108,7 +108,6 @@ pub const CANDIDATE: Role = Role {
     label: "candidate",
     kind: Kind::Election,
     infix: INFIX,
-    mode: None,
     driver: &Candidate,
 };
 

@@ -85,7 +85,9 @@ impl Registries {
         Kind::ALL
             .into_iter()
             .map(|kind| match kind {
-                Kind::Lock | Kind::RwLock | Kind::Election => self.contenders(kind).map_or(0, |c| c.queued_of(owner)),
+                Kind::Lock => self.locks.queued_of(owner),
+                Kind::RwLock => self.rwlocks.queued_of(owner),
+                Kind::Election => self.elections.queued_of(owner),
                 Kind::Semaphore => self.semaphores.queued_of(owner),
                 Kind::Barrier
                 | Kind::DoubleBarrier

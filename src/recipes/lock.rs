@@ -51,7 +51,6 @@ pub const EXCLUSIVE: Role = Role {
     label: "exclusive",
     kind: Kind::Lock,
     infix: INFIX,
-    mode: None,
     driver: &Exclusive,
 };
 

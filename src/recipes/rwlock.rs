@@ -59,14 +59,12 @@ pub const READ: Role = Role {
     label: "read",
     kind: Kind::RwLock,
     infix: READ_INFIX,
-    mode: Some("read"),
     driver: &Reader,
 };
 pub const WRITE: Role = Role {
     label: "write",
     kind: Kind::RwLock,
     infix: WRITE_INFIX,
-    mode: Some("write"),
     driver: &Writer,
 };
 

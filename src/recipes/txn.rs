@@ -393,10 +393,8 @@ mod io {
             match client.create(path, data, &options).await {
                 Ok(_) => return Ok(None),
                 Err(err) if err == ZkError::NodeExists || crate::zk::is_loss(&err) => {
-                    match retry_on_loss(|| client.get_data(path)).await {
-                        Ok((existing, _)) => return Ok(Some(existing)),
-                        Err(ZkError::NoNode) => continue,
-                        Err(err) => return Err(err),
+                    if let Some((existing, _)) = crate::zk::data(client, path).await? {
+                        return Ok(Some(existing));
                     }
                 }
                 Err(err) => return Err(err),

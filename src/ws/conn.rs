@@ -15,7 +15,7 @@ use tokio::time::Instant;
 use tower::ServiceExt;
 
 use super::outbox::{Outbox, Refused, outbox};
-use super::{GOING_AWAY, close, finish};
+use super::{close_idle, finish, going_away};
 use crate::AppState;
 use crate::auth::Caller;
 use crate::events::Position;
@@ -118,16 +118,19 @@ pub async fn serve(state: AppState, caller: Caller, mut socket: WebSocket, addre
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => {
-                close(&mut socket, GOING_AWAY, "zkgate is shutting down").await;
+                going_away(&mut socket).await;
                 break;
             }
             incoming = socket.recv() => {
                 last_heard = Instant::now();
+                let request = matches!(incoming, Some(Ok(Message::Text(_))));
                 if !conn.received(&mut socket, incoming, idle_timeout).await {
                     break;
                 }
-                // A new lease may need keepalives sooner than the next beat.
-                next_beat = next_beat.min(Instant::now() + conn.beat(ping_interval));
+                // A request may have bound a lease that needs keepalives sooner than the next beat.
+                if request {
+                    next_beat = next_beat.min(Instant::now() + conn.beat(ping_interval));
+                }
             }
             Some(message) = queued.recv() => {
                 // The message holds its bytes in the budgets until it is written.
@@ -137,7 +140,7 @@ pub async fn serve(state: AppState, caller: Caller, mut socket: WebSocket, addre
             }
             _ = tokio::time::sleep_until(next_beat) => {
                 if last_heard.elapsed() >= idle_timeout {
-                    close(&mut socket, IDLE_CLOSE_CODE, "idle timeout").await;
+                    close_idle(&mut socket).await;
                     break;
                 }
                 conn.keep_leases_alive(last_heard.elapsed());

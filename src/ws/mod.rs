@@ -116,7 +116,7 @@ async fn stream(mut socket: WebSocket, mut subscription: Subscription, state: Ap
                     return;
                 }
             }
-            _ = state.shutdown.cancelled() => return close(&mut socket, GOING_AWAY, "zkgate is shutting down").await,
+            _ = state.shutdown.cancelled() => return going_away(&mut socket).await,
             incoming = socket.recv() => {
                 last_heard = tokio::time::Instant::now();
                 match incoming {
@@ -129,7 +129,7 @@ async fn stream(mut socket: WebSocket, mut subscription: Subscription, state: Ap
             }
             _ = ping.tick() => {
                 if last_heard.elapsed() >= idle_timeout {
-                    return close(&mut socket, IDLE_CLOSE_CODE, "idle timeout").await;
+                    return close_idle(&mut socket).await;
                 }
                 let pinged = tokio::time::timeout(idle_timeout, socket.send(Message::Ping(Default::default()))).await;
                 if !matches!(pinged, Ok(Ok(()))) {
@@ -150,9 +150,6 @@ async fn deliver(socket: &mut WebSocket, event: &Event, limit: Duration) -> bool
     )
 }
 
-/// The close code of a socket closed because the instance shuts down.
-pub(crate) const GOING_AWAY: u16 = 1001;
-
 /// Sends a close frame (bounded: a client that does not read gets no longer).
 pub(crate) async fn close(socket: &mut WebSocket, code: u16, reason: impl Into<Utf8Bytes>) {
     let close = CloseFrame {
@@ -160,6 +157,16 @@ pub(crate) async fn close(socket: &mut WebSocket, code: u16, reason: impl Into<U
         reason: reason.into(),
     };
     let _ = tokio::time::timeout(Duration::from_secs(1), socket.send(Message::Close(Some(close)))).await;
+}
+
+/// Closes a socket because the instance shuts down (1001, going away).
+pub(crate) async fn going_away(socket: &mut WebSocket) {
+    close(socket, 1001, "zkgate is shutting down").await
+}
+
+/// Closes a socket nothing came from for `--ws-idle-timeout`.
+pub(crate) async fn close_idle(socket: &mut WebSocket) {
+    close(socket, IDLE_CLOSE_CODE, "idle timeout").await
 }
 
 /// Ends a socket whose read failed. A message over `--ws-max-message` is answered with close

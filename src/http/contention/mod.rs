@@ -416,7 +416,10 @@ fn check_waiter_limits<P: Protocol>(
 /// A lease that reads asks to write (or the other way round): refused, because two readers
 /// upgrading at once would wait for each other forever.
 fn other_role(name: &str, existing: &Contender, asked: Role) -> ApiError {
-    let (has, wants) = (existing.protocol.role.mode.unwrap_or("?"), asked.mode.unwrap_or("?"));
+    let (has, wants) = (
+        existing.protocol.role.mode().unwrap_or("?"),
+        asked.mode().unwrap_or("?"),
+    );
     ApiError::new(
         Problem::ModeChangeRefused,
         format!(
@@ -450,7 +453,7 @@ fn acquisition(contender: &Contender, lease: &Lease) -> Acquisition {
     };
     Acquisition {
         lock: contender.name.clone(),
-        mode: contender.protocol.role.mode,
+        mode: contender.protocol.role.mode(),
         acquired,
         handle: contender.id.clone(),
         fencing_token: current.fencing_token(),

@@ -303,6 +303,8 @@ declare_tuples! {
     (A, B, C, D, E, F, G, H, I, J, K, L)
 }
 
+// Only the spec's schema (so its optional members carry no `skip_serializing_if`): the
+// document itself is written by `ApiError::body`, with only the members a problem has.
 /// An RFC 9457 problem document, as documented in the OpenAPI description.
 #[derive(Serialize, utoipa::ToSchema)]
 #[schema(as = Problem)]

@@ -53,6 +53,7 @@ pub const RESOURCE: Resource = Resource {
     topic: Some(Followed {
         feed: |state, name| Feed::of(source(state, name)),
         summary: "Follows a queue: its depth, claims and dead letters, as Server-Sent Events.",
+        param: "name",
     }),
     listed: Some("Lists the queues."),
 };

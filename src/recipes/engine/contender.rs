@@ -97,9 +97,14 @@ pub struct Role {
     /// Curator's name infix: nodes are `_c_<guid><infix><seq>` (`InterProcessMutex`,
     /// `InterProcessReadWriteLock`, `LeaderLatch`).
     pub infix: &'static str,
-    /// `read` / `write` for the roles of a read/write lock.
-    pub mode: Option<&'static str>,
     pub driver: &'static dyn Driver,
+}
+
+impl Role {
+    /// `read` / `write` for the roles of a read/write lock (their labels), none for the others.
+    pub fn mode(&self) -> Option<&'static str> {
+        (self.kind == Kind::RwLock).then_some(self.label)
+    }
 }
 
 impl PartialEq for Role {
@@ -251,7 +256,9 @@ impl Sequential {
     }
 }
 
-/// The children of `dir` (listed again after a connection loss).
+/// The children of `dir` (listed again after a connection loss). Unlike [crate::zk::children],
+/// a missing `dir` is not an empty list: it ends the run as [Exit::from_error] says (the
+/// contender's own node was in it).
 async fn list(client: &Client, dir: &str) -> Result<Vec<String>, Exit> {
     let listed = retry_on_loss(|| client.list_children(dir)).await;
     listed.map_err(Exit::from_error)

@@ -105,11 +105,10 @@ pub async fn ack(
         _ => return Ok(false),
     };
     // Nobody changes the item while the claim stands: its charge is the one read here.
-    let charge = match retry_on_loss(|| client.get_data(&item_path)).await {
-        Ok((data, _)) => Envelope::parse(&data).charge,
-        Err(ZkError::NoNode) => return Ok(false),
-        Err(err) => return Err(err),
+    let Some((data, _)) = crate::zk::data(client, &item_path).await? else {
+        return Ok(false);
     };
+    let charge = Envelope::parse(&data).charge;
     match delete_item(
         client,
         quotas,

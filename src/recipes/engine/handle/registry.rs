@@ -51,11 +51,8 @@ impl QueuedCounts {
             let mut map = map.locked();
             if up {
                 *map.entry(key).or_default() += 1;
-            } else if let std::collections::hash_map::Entry::Occupied(mut entry) = map.entry(key) {
-                *entry.get_mut() -= 1;
-                if *entry.get() == 0 {
-                    entry.remove();
-                }
+            } else {
+                crate::locked::count_down(&mut map, &key);
             }
         }
         step(&self.by_name, name.to_string(), queued);
