@@ -127,6 +127,11 @@ impl Kind {
         Kind::ALL.into_iter().find(|k| k.topic() == Some(topic))
     }
 
+    /// The kind named `name` (as holding records and metrics name it).
+    pub fn from_name(name: &str) -> Option<Kind> {
+        Kind::ALL.into_iter().find(|k| k.name() == name)
+    }
+
     /// The kind whose znode directory (and URL segment) is `dir`.
     pub fn from_dir(dir: &str) -> Option<Kind> {
         Kind::ALL.into_iter().find(|k| k.dir() == dir)

@@ -141,9 +141,9 @@ impl AppState {
             lanes.clone(),
             instances.vouching(),
         );
-        let registries = Registries::new(&config.root);
-        let barrier_watches = ExistsWatches::new(zk.clone());
         let quotas = recipes::usage::Quotas::start(zk.clone(), &config.root, config.quota_settings());
+        let registries = Registries::new(&config.root, &quotas);
+        let barrier_watches = ExistsWatches::new(zk.clone());
         let queues = Queues::new(
             zk.clone(),
             &config.root,

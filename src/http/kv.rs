@@ -22,7 +22,7 @@ use crate::AppState;
 use crate::auth::Caller;
 use crate::kind::Kind;
 use crate::recipes::condition::Condition;
-use crate::recipes::kv::{self, WriteError};
+use crate::recipes::kv::{self, Binds, Key, WriteError};
 use crate::recipes::usage::Payer;
 use crate::time::HumanDuration;
 use crate::zk::names::validate_name;
@@ -62,6 +62,22 @@ pub struct ReadQuery {
     pub wait: Option<HumanDuration>,
 }
 
+/// Query of a write.
+#[derive(Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct WriteQuery {
+    /// Bind the key to this lease (yours): it is deleted when the lease ends, by expiry or
+    /// `DELETE` (ZooKeeper's ephemeral data, on a lease that outlives any one instance).
+    #[param(example = "0a1b2c3d-6f1c2a9e0b7d4e3f8a5b6c7d8e9f0a1b")]
+    pub lease: Option<String>,
+    /// Allow this write to change the key's binding: a bound key written with no lease (made
+    /// plain) or with another lease, a plain key written with a lease. Without it those writes
+    /// answer 409 (`key-bound`, `key-not-bound`).
+    #[serde(default)]
+    pub rebind: bool,
+}
+
 /// Query of a listing.
 #[derive(Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
@@ -98,7 +114,12 @@ pub struct Written {
     pub etag: String,
     /// Whether the key was created by this write.
     pub created: bool,
+    /// The lease the key is bound to (it ends with it); `null` for a plain key.
+    pub lease: Option<String>,
 }
+
+/// The header that names the lease a key is bound to.
+pub const LEASE_HEADER: &str = "zkgate-lease";
 
 /// Checks a key (`a/b/c`) and returns it.
 fn check_key(key: &str) -> Result<(), ApiError> {
@@ -165,7 +186,8 @@ pub(super) fn precondition_failed(what: &str, current: Option<i64>) -> ApiError 
         ("If-None-Match" = Option<String>, Header, description = "An ETag: 304 if the value still has it (after waiting, with `wait`)")),
     responses(
         (status = 200, description = "The value, with its `ETag`, in the `Content-Type` it was written with (a value written by another client comes as bytes)",
-            headers(("ETag" = String, description = "The value's version, for `If-Match` and `If-None-Match` (like `\"4294967311\"`)")),
+            headers(("ETag" = String, description = "The value's version, for `If-Match` and `If-None-Match` (like `\"4294967311\"`)"),
+                ("ZKGATE-Lease" = String, description = "The lease the key is bound to, if it is (it ends with it)")),
             content((serde_json::Value = "application/json", example = json!({"dark_mode": true, "max_items": 50})),
                 (String = "text/plain", example = json!("maintenance at 22:00")),
                 (String = "application/octet-stream"))),
@@ -189,13 +211,13 @@ pub async fn get_value(
         None => None,
     };
     let session = super::consistency::reader(&state, consistency).await?;
-    let path = Kind::Kv.path(&state.config.root, &key);
+    let key_at = Key::new(&state.kv_keys, &key);
     if let (Some(version), Some(wait)) = (known, query.wait) {
         let wait = wait.0.min(state.config.max_wait);
         crate::admission::park();
-        let _ = tokio::time::timeout(wait, kv::wait_change(&session, &path, version)).await;
+        let _ = tokio::time::timeout(wait, kv::wait_change(&session, &key_at.path, version)).await;
     }
-    let Some(entry) = kv::read(&session, &path).await? else {
+    let Some(entry) = kv::read(&session, &key_at).await? else {
         return Err(ApiError::not_found("key", format!("no key `{key}`")));
     };
     let tag =
@@ -210,7 +232,7 @@ pub async fn get_value(
     } else {
         "application/octet-stream"
     };
-    Ok((
+    let mut response = (
         StatusCode::OK,
         [
             (header::ETAG, tag),
@@ -218,15 +240,26 @@ pub async fn get_value(
         ],
         entry.data,
     )
-        .into_response())
+        .into_response();
+    if let Some(lease) = entry.lease.and_then(|lease| HeaderValue::from_str(&lease).ok()) {
+        response.headers_mut().insert(LEASE_HEADER, lease);
+    }
+    Ok(response)
 }
 
 /// Writes a key (creating it and its parents). A JSON `Content-Type` must carry valid JSON;
 /// anything else is stored as bytes. `If-Match: "<etag>"` writes only over that version
 /// (compare-and-set; `*`: only if it exists), `If-None-Match: *` only if the key is new; a
 /// failed condition answers 412 with the current ETag.
+///
+/// With `lease`, the key is bound to that lease and deleted when it ends. A key bound to a
+/// lease is only rewritten with the same lease: a write with no lease or another one answers
+/// 409 `key-bound`, and a write with a lease over a plain key 409 `key-not-bound`, unless it
+/// says `rebind=true` (then the key is made plain, or bound to the new lease). Other ZooKeeper
+/// clients see a plain znode with the value.
 #[utoipa::path(put, path = "/v1/kv/{key}", tag = "kv",
     params(("key" = String, Path, description = "Key: segments separated by `/`"),
+        WriteQuery,
         ("If-Match" = Option<String>, Header, description = "Write only over this ETag (`*`: only if it exists)"),
         ("If-None-Match" = Option<String>, Header, description = "`*`: create only")),
     request_body(description = "The value: any JSON value. Text (`text/plain`) and bytes (any other `Content-Type`) are taken too, kept with their `Content-Type`; the spec lists JSON alone, so that a generated client sends it with its media type.",
@@ -234,12 +267,13 @@ pub async fn get_value(
     responses(
         (status = 201, description = "Created", body = Written, headers(("ETag" = String, description = "The value's version, for `If-Match` and `If-None-Match` (like `\"4294967311\"`)"))),
         (status = 200, description = "Replaced", body = Written, headers(("ETag" = String, description = "The value's version, for `If-Match` and `If-None-Match` (like `\"4294967311\"`)"))),
-        Problems<(p::InvalidField, p::MalformedBody, p::PreconditionFailed, p::BodyTooLarge, p::ValueTooLarge, p::QuotaExceeded, p::ZookeeperUnavailable)>,
+        Problems<(p::InvalidField, p::MalformedBody, p::Forbidden, p::NotFound, p::KeyBound, p::KeyNotBound, p::LeaseEnded, p::PreconditionFailed, p::BodyTooLarge, p::ValueTooLarge, p::QuotaExceeded, p::InstanceUnavailable, p::ZookeeperUnavailable)>,
     ))]
 pub async fn put_value(
     State(state): State<AppState>,
     caller: Caller,
     ApiPath(key): ApiPath<String>,
+    ApiQuery(query): ApiQuery<WriteQuery>,
     headers: HeaderMap,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<Response, ApiError> {
@@ -254,16 +288,36 @@ pub async fn put_value(
         return Err(ApiError::malformed_body(format!("the body is not valid JSON: {err}")));
     }
     super::check_stored_size(&state, "value", body.len())?;
+    let lease = match &query.lease {
+        Some(id) => Some(state.leases.serve(&caller, id).await?),
+        None => None,
+    };
     let session = state.zk().connected().await?;
-    let path = Kind::Kv.path(&state.config.root, &key);
     let payer = Payer {
         quotas: &state.quotas,
         principal: caller.name(),
     };
-    let (stat, created) = kv::write(&session, &path, &body, condition, payer)
-        .await
-        .map_err(|e| write_error(&key, e))?;
-    let tag = etag(stat.mzxid);
+    let binds = match &lease {
+        Some(lease) => Binds::Lease {
+            lease,
+            rebind: query.rebind,
+        },
+        None => Binds::Plain { rebind: query.rebind },
+    };
+    let written = kv::write(
+        &session,
+        &Key::new(&state.kv_keys, &key),
+        &body,
+        condition,
+        payer,
+        binds,
+    )
+    .await;
+    let (mzxid, created) = match (written, &lease) {
+        (Err(WriteError::LeaseEnded), Some(lease)) => return Err(super::leases::lease_gone(&state, lease)),
+        (written, _) => written.map_err(|e| write_error(&key, e))?,
+    };
+    let tag = etag(mzxid);
     let status = if created { StatusCode::CREATED } else { StatusCode::OK };
     let header_tag = HeaderValue::from_str(&tag).map_err(|e| ApiError::new(Problem::Internal, e.to_string()))?;
     Ok((
@@ -273,6 +327,7 @@ pub async fn put_value(
             key,
             etag: tag,
             created,
+            lease: lease.map(|lease| lease.id.clone()),
         }),
     )
         .into_response())
@@ -311,11 +366,24 @@ fn write_error(key: &str, err: WriteError) -> ApiError {
             format!("key `{key}` has keys below it; delete those first"),
         ),
         WriteError::Quota(exceeded) => ApiError::quota(exceeded),
+        WriteError::Bound(binding) => {
+            let detail = format!(
+                "key `{key}` is bound to lease `{}`; write it with that lease, or say `rebind=true`",
+                binding.lease
+            );
+            ApiError::new(Problem::KeyBound, detail).with("lease", binding.lease)
+        }
+        WriteError::NotBound => ApiError::new(
+            Problem::KeyNotBound,
+            format!("key `{key}` exists bound to no lease; say `rebind=true` to bind it"),
+        ),
+        WriteError::LeaseEnded => ApiError::new(Problem::LeaseEnded, "the lease ended while the key was written"),
         WriteError::ZooKeeper(err) => err.into(),
     }
 }
 
-/// Deletes a key (which must have no keys below it); `If-Match` makes it conditional.
+/// Deletes a key (which must have no keys below it); `If-Match` makes it conditional. A key
+/// bound to a lease is deleted too, and leaves the lease's holdings.
 #[utoipa::path(delete, path = "/v1/kv/{key}", tag = "kv",
     params(("key" = String, Path, description = "Key"),
         ("If-Match" = Option<String>, Header, description = "Delete only this ETag")),
@@ -334,8 +402,7 @@ pub async fn delete_value(
         Some(Tag::Any) | None => Condition::Any,
     };
     let session = state.zk().connected().await?;
-    let path = Kind::Kv.path(&state.config.root, &key);
-    kv::delete(&session, &path, condition, &state.quotas)
+    kv::delete(&session, &Key::new(&state.kv_keys, &key), condition, &state.quotas)
         .await
         .map_err(|e| write_error(&key, e))?;
     Ok(StatusCode::NO_CONTENT)

@@ -39,7 +39,12 @@ pub fn cors(allowed: &[String]) -> CorsLayer {
             header::IF_NONE_MATCH,
             header::HeaderName::from_static("idempotency-key"),
         ])
-        .expose_headers([header::ETAG, header::LOCATION, header::RETRY_AFTER])
+        .expose_headers([
+            header::ETAG,
+            header::LOCATION,
+            header::RETRY_AFTER,
+            header::HeaderName::from_static(super::kv::LEASE_HEADER),
+        ])
         .max_age(std::time::Duration::from_secs(600))
 }
 

@@ -17,7 +17,7 @@ use crate::http::error::ApiError;
 use crate::kind::Kind;
 use crate::limits::{ClientAddr, Permit};
 use crate::recipes::engine::lease::LeaseError;
-use crate::recipes::znode::{ZnodeChildren, ZnodeData, under_root};
+use crate::recipes::znode::{KeyBinding, ZnodeChildren, ZnodeData, under_root};
 use crate::zk::names::validate_name;
 
 /// The kinds' topics as the API documents them, from the registry: `lock`, `rwlock`... (every
@@ -205,7 +205,13 @@ fn znode_feed(
     }
     let absolute = under_root(root, relative);
     Ok(match watch {
-        ZnodeWatch::Data => (format!("znode:data:{relative}"), Feed::of(ZnodeData { path: absolute })),
+        ZnodeWatch::Data => {
+            // A kv key's topic also follows its binding to a lease (and says `lease-ended`).
+            let is_key = segments.len() > 1 && Kind::from_dir(segments[0]) == Some(Kind::Kv);
+            let key = is_key.then(|| KeyBinding::new(root));
+            let source = ZnodeData { path: absolute, key };
+            (format!("znode:data:{relative}"), Feed::of(source))
+        }
         ZnodeWatch::Children => (
             format!("znode:children:{relative}"),
             Feed::of(ZnodeChildren { path: absolute }),

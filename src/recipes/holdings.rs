@@ -12,8 +12,10 @@ use super::engine::contender::Contenders;
 use super::engine::lease::{HoldingView, Lease};
 use super::engine::node::NodeHoldings;
 use super::engine::record::{HoldingRecord, Shape};
+use super::kv::bound::BoundKeys;
 use super::recorded::{exists, recorded};
 use super::semaphore::Semaphores;
+use super::usage::Quotas;
 
 /// The registries of what leases hold, one a kind (and the lock sets' records on locks).
 #[derive(Clone)]
@@ -32,10 +34,14 @@ pub struct Registries {
     pub double_barriers: NodeHoldings,
     /// Two-phase commit transactions (`<root>/txns/<id>`) and their registered participants.
     pub txn_members: NodeHoldings,
+    /// Keys bound to leases (`/v1/kv/{key}?lease=`).
+    pub kv_keys: BoundKeys,
+    /// What a binding's end refunds.
+    quotas: Quotas,
 }
 
 impl Registries {
-    pub fn new(root: &str) -> Registries {
+    pub fn new(root: &str, quotas: &Quotas) -> Registries {
         Registries {
             locks: Contenders::new(root, Kind::Lock),
             lock_sets: NodeHoldings::new(root, Kind::Lock),
@@ -47,6 +53,8 @@ impl Registries {
             barriers: NodeHoldings::new(root, Kind::Barrier),
             double_barriers: NodeHoldings::new(root, Kind::DoubleBarrier),
             txn_members: NodeHoldings::new(root, Kind::Txn),
+            kv_keys: BoundKeys::new(root, Kind::Kv),
+            quotas: quotas.clone(),
         }
     }
 
@@ -66,6 +74,10 @@ impl Registries {
                 (Some(Kind::Semaphore), Shape::Permit { permits }) => self
                     .semaphores
                     .adopt_permit(lease, (name, id), record_name, *permits)
+                    .is_ok(),
+                (Some(Kind::Kv), shape @ Shape::Node { .. }) => self
+                    .kv_keys
+                    .adopt_binding(lease, &self.quotas, (name, id), record_name, shape)
                     .is_ok(),
                 (Some(kind), shape @ Shape::Node { .. }) => self
                     .nodes(kind)

@@ -7,9 +7,11 @@ use serde::Serialize;
 use utoipa::ToSchema;
 use zookeeper_client::Error as ZkError;
 
+use super::engine::lease::EndReason;
 use super::topic::{Source, event_kinds};
 use crate::zk::retry_on_loss;
 use crate::zk::watch::Mode;
+use zookeeper_client::Client;
 
 /// The znode at `relative` (segments already validated, `""` for the root itself) under
 /// zkgate's `root`.
@@ -32,6 +34,19 @@ pub struct ZnodeDataState {
     pub version: Option<i32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mzxid: Option<i64>,
+    /// A kv key's lease, while it is bound to one (it ends with the lease).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lease: Option<String>,
+    /// A kv key deleted by the end of the lease it was bound to: that lease, and why it ended.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lease_ended: Option<LeaseEnded>,
+}
+
+/// The end of the lease a deleted kv key was bound to.
+#[derive(Serialize, ToSchema, Clone, Debug, PartialEq)]
+pub struct LeaseEnded {
+    pub lease: String,
+    pub reason: EndReason,
 }
 
 /// A znode's data: text when it is UTF-8, base64 otherwise.
@@ -72,12 +87,57 @@ event_kinds! {
         Changed => "changed",
         /// Its children changed.
         Children => "children",
+        /// A kv key bound to a lease, deleted by the lease's end (expiry or `DELETE`).
+        LeaseEnded => "lease-ended",
     }
 }
 
 /// A znode's existence and data.
 pub struct ZnodeData {
     pub path: String,
+    /// For a kv key: what its binding to a lease is read with.
+    pub key: Option<KeyBinding>,
+}
+
+/// What a kv key's topic knows of its binding: zkgate's root (where its owner record is), and
+/// the lease it was last seen bound to, whose record (kept as a tombstone for a while after its
+/// end, [crate::recipes::engine::record]) says, once the key is gone, whether the lease's end
+/// took it.
+pub struct KeyBinding {
+    root: String,
+    last: std::sync::Mutex<Option<String>>,
+}
+
+impl KeyBinding {
+    pub fn new(root: &str) -> KeyBinding {
+        KeyBinding {
+            root: root.to_string(),
+            last: Default::default(),
+        }
+    }
+
+    /// The lease the key at `path` is bound to (it `exists`), or the ended lease that took it.
+    async fn read(
+        &self,
+        client: &Client,
+        path: &str,
+        exists: bool,
+    ) -> Result<(Option<String>, Option<LeaseEnded>), ZkError> {
+        use crate::locked::Locked;
+        if exists {
+            let lease = super::kv::bound::binding(client, &self.root, path)
+                .await?
+                .map(|(binding, _)| binding.lease);
+            *self.last.locked() = lease.clone();
+            return Ok((lease, None));
+        }
+        let Some(lease) = self.last.locked().clone() else {
+            return Ok((None, None));
+        };
+        let found = super::engine::record::read(client, &super::engine::record::path(&self.root, &lease)).await?;
+        let ended = found.and_then(|found| found.record.ended);
+        Ok((None, ended.map(|reason| LeaseEnded { lease, reason })))
+    }
 }
 
 impl Source for ZnodeData {
@@ -90,18 +150,28 @@ impl Source for ZnodeData {
 
     async fn read(&self, session: &Session) -> Result<ZnodeDataState, Failure> {
         let client = session.client();
-        Ok(crate::zk::data(client, &self.path)
-            .await?
-            .map_or_else(ZnodeDataState::default, |(data, stat)| ZnodeDataState {
-                exists: true,
-                data: Some(Data::of(&data)),
-                version: Some(stat.version),
-                mzxid: Some(stat.mzxid),
-            }))
+        let mut state =
+            crate::zk::data(client, &self.path)
+                .await?
+                .map_or_else(ZnodeDataState::default, |(data, stat)| ZnodeDataState {
+                    exists: true,
+                    data: Some(Data::of(&data)),
+                    version: Some(stat.version),
+                    mzxid: Some(stat.mzxid),
+                    ..Default::default()
+                });
+        if let Some(key) = &self.key {
+            (state.lease, state.lease_ended) = key.read(client, &self.path, state.exists).await?;
+        }
+        Ok(state)
     }
 
     fn change(&self, before: &ZnodeDataState, after: &ZnodeDataState) -> Option<ZnodeEvent> {
-        existence(before.exists, after.exists).or_else(|| (before.mzxid != after.mzxid).then_some(ZnodeEvent::Changed))
+        match existence(before.exists, after.exists) {
+            Some(ZnodeEvent::Deleted) if after.lease_ended.is_some() => Some(ZnodeEvent::LeaseEnded),
+            Some(event) => Some(event),
+            None => (before.mzxid != after.mzxid || before.lease != after.lease).then_some(ZnodeEvent::Changed),
+        }
     }
 }
 
@@ -152,6 +222,7 @@ mod tests {
     fn data_events() {
         let topic = ZnodeData {
             path: "/zkgate/kv/a".into(),
+            key: None,
         };
         let gone = ZnodeDataState::default();
         let at = |mzxid| ZnodeDataState {
@@ -159,11 +230,30 @@ mod tests {
             data: Some(Data::of(b"x")),
             version: Some(0),
             mzxid: Some(mzxid),
+            ..Default::default()
         };
         assert_eq!(topic.change(&gone, &at(5)), Some(ZnodeEvent::Created));
         assert_eq!(topic.change(&at(5), &at(6)), Some(ZnodeEvent::Changed));
         assert_eq!(topic.change(&at(6), &gone), Some(ZnodeEvent::Deleted));
         assert_eq!(topic.change(&at(6), &at(6)), None);
+        // A bound key: its binding changing is a change; its lease's end taking it, `lease-ended`.
+        let bound = ZnodeDataState {
+            lease: Some("L".into()),
+            ..at(6)
+        };
+        assert_eq!(topic.change(&at(6), &bound), Some(ZnodeEvent::Changed));
+        let taken = ZnodeDataState {
+            lease_ended: Some(LeaseEnded {
+                lease: "L".into(),
+                reason: EndReason::Expired,
+            }),
+            ..ZnodeDataState::default()
+        };
+        assert_eq!(topic.change(&bound, &taken), Some(ZnodeEvent::LeaseEnded));
+        assert_eq!(
+            serde_json::to_value(&taken).expect("json"),
+            serde_json::json!({"exists": false, "lease_ended": {"lease": "L", "reason": "expired"}})
+        );
         assert_eq!(
             serde_json::to_value(at(6)).expect("json"),
             serde_json::json!({"exists": true, "data": "x", "version": 0, "mzxid": 6})

@@ -32,6 +32,7 @@ mod instances;
 mod interop;
 mod keepalive;
 mod kv;
+mod kv_leases;
 mod layers;
 mod leases;
 mod limits;

@@ -137,6 +137,10 @@ catalogue! {
         "a member or participant id that another lease holds";
     KeyNotEmpty: Http, 409, "key-not-empty", "Key has keys below it", [],
         "deleting a key with keys below it";
+    KeyBound: Http, 409, "key-bound", "Key bound to a lease", ["lease"],
+        "a write over a key bound to a lease (`lease` names it) that is bound to no lease or to another one, without `rebind=true`";
+    KeyNotBound: Http, 409, "key-not-bound", "Key not bound to a lease", [],
+        "a write bound to a lease over a key that exists bound to none, without `rebind=true`";
     StaleFencingToken: Http, 409, "stale-fencing-token", "Fencing token not current", ["current_token"],
         "a fencing check of a token that is not a current holder's (or the leader's term): `current_token` is the newest holder's";
     NothingToRevoke: Http, 409, "nothing-to-revoke", "Nothing to revoke", [],
@@ -301,6 +305,7 @@ declare_tuples! {
     (A, B, C, D, E, F, G, H, I, J)
     (A, B, C, D, E, F, G, H, I, J, K)
     (A, B, C, D, E, F, G, H, I, J, K, L)
+    (A, B, C, D, E, F, G, H, I, J, K, L, M)
 }
 
 // Only the spec's schema (so its optional members carry no `skip_serializing_if`): the

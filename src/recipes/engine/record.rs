@@ -401,7 +401,8 @@ impl HoldingRecord {
 
     /// The kind it is of, if zkgate knows it.
     pub fn kind(&self) -> Option<Kind> {
-        Kind::from_topic(&self.kind)
+        // By name: a kind without a topic of its own (kv) holds too.
+        Kind::from_name(&self.kind)
     }
 }
 

@@ -283,6 +283,12 @@ impl<P: Protocol> Handle<P> {
     /// are gone (bounded by the session: an unreachable ZooKeeper removes them on expiry).
     pub async fn release(&self) {
         self.release.cancel();
+        self.finished().await;
+    }
+
+    /// Waits until its task has finished: its znodes cleaned up (or left to the instance that
+    /// keeps its lease now), and, unless it was lost, off its lease.
+    pub async fn finished(&self) {
         let _ = self.finished.subscribe().wait_for(|f| *f).await;
     }
 

@@ -50,11 +50,12 @@ pub(super) async fn drive<P: Protocol>(handle: &Arc<Handle<P>>) {
             _ = lease.dropped().cancelled() => {}
         }
     }
-    handle.finished.send_replace(true);
-    // Lost handles stay on the lease so that its holder learns of the loss; the rest leave it.
+    // Lost handles stay on the lease so that its holder learns of the loss; the rest leave it,
+    // before they say they finished (a request waiting for that reads the lease without it).
     if !lost {
         handle.detach();
     }
+    handle.finished.send_replace(true);
 }
 
 /// Runs the protocol on each new session until it stops (cleaning up when it leaves).

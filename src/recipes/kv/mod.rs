@@ -1,25 +1,89 @@
 //! Configuration and name service, the guide's "out of the box" recipe: plain persistent
-//! znodes under `<root>/kv/`, read and written whole, with compare-and-set on their version.
+//! znodes under `<root>/kv/`, read and written whole, with compare-and-set on their version;
+//! a key may be bound to a lease ([bound]: it ends with the lease).
 //!
 //! The version a client sees is the znode's `mzxid` (the zxid of its last change), not its
 //! data version: data versions start again at 0 when a key is deleted and created again, so a
 //! compare-and-set on them could succeed against a value the client never saw (ABA). A write
 //! conditional on an mzxid reads the stat, compares the mzxid, and writes with the data
 //! version it read, so a change in between still fails the write.
+//!
+//! A plain write must not land on a key bound to a lease (docs/PRIMITIVES.md, the rule for
+//! rewrites), and must not pay a read of the key's owner record to know: its multi-op creates
+//! and deletes the owner record's path, which ZooKeeper refuses (`NodeExists`) exactly when the
+//! key is bound. Two operations in the same request, no round trip.
+
+pub mod bound;
+
+use std::sync::Arc;
 
 use super::condition::{Condition, Recheck};
 use crate::zk::{Failed, Multi};
 use crate::zk::{Failure, Session};
 use zookeeper_client::{Client, CreateMode, Error as ZkError, Stat};
 
+use super::engine::lease::Lease;
+use super::engine::node::owner_record_path;
 use super::usage::{self, ChargeError, Exceeded, Payer, Quotas};
+use crate::kind::Kind;
 use crate::zk::retry_on_loss;
+use bound::{Binding, BoundKeys};
 
-/// A value and its version.
+/// A key: its name (`a/b`), its znode under zkgate's root, and the bindings of keys to leases
+/// this instance drives.
+pub struct Key<'a> {
+    pub keys: &'a BoundKeys,
+    pub root: &'a str,
+    pub name: &'a str,
+    pub path: String,
+}
+
+impl<'a> Key<'a> {
+    /// The key `name` (already validated), bound through `keys`.
+    pub fn new(keys: &'a BoundKeys, name: &'a str) -> Key<'a> {
+        Key {
+            keys,
+            root: keys.root(),
+            name,
+            path: Kind::Kv.path(keys.root(), name),
+        }
+    }
+
+    /// The path of its owner record, there while it is bound to a lease.
+    fn owner_record(&self) -> String {
+        owner_record_path(self.root, &self.path)
+    }
+
+    /// Waits (a moment at most) until this instance's task for `binding`, removed or replaced
+    /// by a write, has seen it and left its lease: the request answers after this instance's
+    /// view of the lease stopped listing the key. (Another instance's task sees it as soon as
+    /// its watch on the owner record fires.)
+    async fn settled(&self, binding: &Binding) {
+        if let Some(task) = self.keys.get(self.name, &binding.handle) {
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(2), task.finished()).await;
+        }
+    }
+}
+
+/// How a write binds the key (docs/PRIMITIVES.md: the rule for rewrites).
+#[derive(Clone, Copy)]
+pub enum Binds<'a> {
+    /// A plain key. Over a key bound to a lease, refused ([WriteError::Bound]) unless
+    /// `rebind`, which unbinds it.
+    Plain { rebind: bool },
+    /// Bound to `lease`. Over a plain key ([WriteError::NotBound]) or one bound to another
+    /// lease ([WriteError::Bound]), refused unless `rebind`; over one bound to `lease`, the
+    /// value is rewritten and the binding kept.
+    Lease { lease: &'a Arc<Lease>, rebind: bool },
+}
+
+/// A value, its version, and the lease it is bound to.
 #[derive(Debug, Clone)]
 pub struct Entry {
     pub data: Vec<u8>,
     pub stat: Stat,
+    /// The lease it is bound to, if it is.
+    pub lease: Option<String>,
 }
 
 /// Why a write or delete did not happen.
@@ -33,6 +97,12 @@ pub enum WriteError {
     Missing,
     /// The write would pass this quota.
     Quota(Exceeded),
+    /// The key is bound to a lease (this one), and the write does not say `rebind`.
+    Bound(Binding),
+    /// The key is plain, and a write bound to a lease does not say `rebind`.
+    NotBound,
+    /// The write's lease ended (or left this instance) first.
+    LeaseEnded,
     ZooKeeper(Failure),
 }
 
@@ -57,12 +127,17 @@ impl From<ChargeError> for WriteError {
     }
 }
 
-/// Reads `path`; `None` if it does not exist.
-pub async fn read(session: &Session, path: &str) -> Result<Option<Entry>, Failure> {
-    let client = session.client();
-    Ok(crate::zk::data(client, path)
-        .await?
-        .map(|(data, stat)| Entry { data, stat }))
+/// Reads `key` and its binding (both requests sent before either answer is awaited: one round
+/// trip); `None` if it does not exist.
+pub async fn read(session: &Session, key: &Key<'_>) -> Result<Option<Entry>, Failure> {
+    let (client, owner) = (session.client(), key.owner_record());
+    let (value, binding) = tokio::join!(crate::zk::data(client, &key.path), crate::zk::data(client, &owner));
+    let lease = binding?.and_then(|(data, _)| serde_json::from_slice::<Binding>(&data).ok());
+    Ok(value?.map(|(data, stat)| Entry {
+        data,
+        stat,
+        lease: lease.map(|binding| binding.lease),
+    }))
 }
 
 /// Waits until `path` no longer has version `version` (changed or deleted), with a data watch.
@@ -79,19 +154,36 @@ pub async fn wait_change(session: &Session, path: &str, version: i64) -> Result<
     }
 }
 
-/// Writes `data` at `path` if `condition` holds, creating the key (and its parents) if it is
-/// absent. Returns the new stat and whether the key was created.
+/// Writes `data` at `key` if `condition` holds, creating the key (and its parents) if it is
+/// absent, bound as `binds` says. Returns the key's new `mzxid` and whether it was created.
 ///
 /// The key's charge ([usage]) moves to `payer` in the same multi-op: a write past the payer's
 /// quota fails whole, and a key is charged once, to whoever wrote it last.
 pub async fn write(
     session: &Session,
-    path: &str,
+    key: &Key<'_>,
     data: &[u8],
     condition: Condition,
     payer: Payer<'_>,
-) -> Result<(Stat, bool), WriteError> {
-    let client = session.client();
+    binds: Binds<'_>,
+) -> Result<(i64, bool), WriteError> {
+    match binds {
+        Binds::Plain { rebind } => write_plain(session, key, data, condition, payer, rebind).await,
+        Binds::Lease { lease, rebind } => bound::write(session, key, data, condition, payer, (lease, rebind)).await,
+    }
+}
+
+/// [write] of a plain key: over a bound key, refused, or with `rebind` unbound in the same
+/// multi-op (its owner record and its lease's holding record deleted at the versions read).
+async fn write_plain(
+    session: &Session,
+    key: &Key<'_>,
+    data: &[u8],
+    condition: Condition,
+    payer: Payer<'_>,
+    rebind: bool,
+) -> Result<(i64, bool), WriteError> {
+    let (client, path) = (session.client(), key.path.as_str());
     let mine = payer
         .quotas
         .charge_as(client, payer.principal, data.len(), usage::path_id("kv", path))
@@ -99,6 +191,8 @@ pub async fn write(
     let options = CreateMode::Persistent.with_acls(crate::zk::acls());
     let mut missing: Vec<String> = Vec::new();
     let mut recheck = Recheck::default();
+    // The binding to remove, once a write with `rebind` found one.
+    let mut unbind: Option<Unbind> = None;
     loop {
         let current = retry_on_loss(|| client.check_stat(path)).await?;
         let expected = match admits(condition, current) {
@@ -123,6 +217,7 @@ pub async fn write(
         payer
             .quotas
             .add_recharge(&mut multi, Op::Charge, &mine, data.len(), &charges)?;
+        add_unbound(&mut multi, key, unbind.as_ref())?;
         let failed = match multi.commit().await {
             Ok(done) => {
                 let stat = match done.stat(&Op::Value) {
@@ -132,14 +227,84 @@ pub async fn write(
                         .await?
                         .ok_or(ZkError::NoNode)?,
                 };
-                return Ok((stat, expected.is_none()));
+                if let Some(unbound) = &unbind {
+                    key.settled(&unbound.binding).await;
+                }
+                return Ok((stat.mzxid, expected.is_none()));
             }
             Err(failed) => failed,
         };
         match after_failed(session, path, data, expected.as_ref(), failed, &payer).await? {
             Again::Decide => {}
             Again::Parents => missing = missing_parents(client, path).await?,
-            Again::Written(stat) => return Ok((stat, expected.is_none())),
+            Again::Written(stat) => return Ok((stat.mzxid, expected.is_none())),
+            Again::Bound => match Unbind::read(client, key).await? {
+                Some(found) if !rebind => return Err(WriteError::Bound(found.binding)),
+                found => unbind = found,
+            },
+            Again::Unbound => unbind = None,
+            Again::UnboundRecord => {
+                if let Some(was) = unbind.take() {
+                    unbind = was.again(client, key).await?;
+                }
+            }
+        }
+    }
+}
+
+/// A binding a write or a delete removes: its owner record at the version read, and its
+/// lease's holding record while it is there.
+struct Unbind {
+    binding: Binding,
+    version: i32,
+    record: bool,
+}
+
+impl Unbind {
+    /// The binding of `key` now, to remove; `None` if it is plain.
+    async fn read(client: &Client, key: &Key<'_>) -> Result<Option<Unbind>, ZkError> {
+        Ok(bound::binding(client, key.root, &key.path)
+            .await?
+            .map(|(binding, version)| Unbind {
+                binding,
+                version,
+                record: true,
+            }))
+    }
+
+    /// After its multi-op was refused at the holding record (`NoNode`): what to remove now. The
+    /// same binding without its holding record (gone before it, as an interrupted clean-up
+    /// leaves it), or the binding read again.
+    async fn again(self, client: &Client, key: &Key<'_>) -> Result<Option<Unbind>, ZkError> {
+        let now = Unbind::read(client, key).await?;
+        Ok(match now {
+            Some(now) if now.version == self.version && now.binding == self.binding => {
+                Some(Unbind { record: false, ..now })
+            }
+            now => now,
+        })
+    }
+}
+
+/// Adds to a kv write's multi-op what keeps it off a bound key: with nothing to `unbind`, the
+/// create and delete of the key's owner record (refused while it is bound); with a binding, the
+/// delete of its owner record at the version read and of its lease's holding record (the
+/// lease's task for it, watching the owner record, ends without deleting anything).
+fn add_unbound(multi: &mut Multi<'_, Op>, key: &Key<'_>, unbind: Option<&Unbind>) -> Result<(), ZkError> {
+    let owner = key.owner_record();
+    match unbind {
+        None => {
+            let options = CreateMode::Persistent.with_acls(crate::zk::acls());
+            multi.create(Op::Unbound, &owner, &[], &options)?;
+            multi.delete(Op::Unbound, &owner, None)
+        }
+        Some(unbind) => {
+            multi.delete(Op::Binding, &owner, Some(unbind.version))?;
+            if unbind.record {
+                let record = unbind.binding.holding_record(key.root, key.name);
+                multi.delete(Op::BindingRecord, &record, None)?;
+            }
+            Ok(())
         }
     }
 }
@@ -152,6 +317,12 @@ enum Again {
     Parents,
     /// The reply was lost but the write happened: this is the key's stat.
     Written(Stat),
+    /// The key is bound to a lease.
+    Bound,
+    /// The binding it was to remove changed meanwhile: decide again.
+    Unbound,
+    /// The holding record of the binding it was to remove is gone.
+    UnboundRecord,
 }
 
 /// What to do after the multi-op writing `data` at `path` (replacing `expected`, or creating
@@ -170,6 +341,18 @@ async fn after_failed(
             ..
         } => Err(WriteError::Quota(payer.exceeded(session, data.len()).await)),
         Failed::Refused { tag: Op::Parent, .. } => Ok(Again::Parents),
+        Failed::Refused {
+            tag: Op::Unbound,
+            error: ZkError::NodeExists,
+        } => Ok(Again::Bound),
+        Failed::Refused {
+            tag: Op::Binding,
+            error: ZkError::NoNode | ZkError::BadVersion,
+        } => Ok(Again::Unbound),
+        Failed::Refused {
+            tag: Op::BindingRecord,
+            error: ZkError::NoNode,
+        } => Ok(Again::UnboundRecord),
         Failed::Refused { tag: Op::Value, error } => match (expected, error) {
             (None, ZkError::NoNode) => Ok(Again::Parents),
             // Someone created it meanwhile: decide again against what is there now.
@@ -210,10 +393,10 @@ fn admits(condition: Condition, current: Option<Stat>) -> Result<Option<Stat>, W
 
 /// The key's stat if it holds `data` at `version` (a write whose reply was lost applied).
 async fn holds(session: &Session, path: &str, data: &[u8], version: i32) -> Result<Option<Stat>, Failure> {
-    Ok(read(session, path)
+    Ok(crate::zk::data(session.client(), path)
         .await?
-        .filter(|entry| entry.data == data && entry.stat.version == version)
-        .map(|entry| entry.stat))
+        .filter(|(found, stat)| found == data && stat.version == version)
+        .map(|(_, stat)| stat))
 }
 
 /// What an operation of a kv write's multi-op is for.
@@ -225,6 +408,12 @@ enum Op {
     Value,
     /// A charge created, resized or refunded.
     Charge,
+    /// The create and delete of the key's owner record: refused while the key is bound.
+    Unbound,
+    /// The delete of a bound key's owner record.
+    Binding,
+    /// The delete of its lease's holding record.
+    BindingRecord,
 }
 
 /// The ancestors of `path` that do not exist, the highest first.
@@ -242,12 +431,15 @@ async fn missing_parents(client: &Client, path: &str) -> Result<Vec<String>, ZkE
     Ok(missing)
 }
 
-/// Deletes `path` if `condition` holds, refunding its charge in the same multi-op.
-pub async fn delete(session: &Session, path: &str, condition: Condition, quotas: &Quotas) -> Result<(), WriteError> {
-    let client = session.client();
+/// Deletes `key` if `condition` holds, refunding its charge in the same multi-op. A key bound
+/// to a lease is deleted with its binding (its owner record and its lease's holding record):
+/// any caller the grants allow may delete a key, bound or not.
+pub async fn delete(session: &Session, key: &Key<'_>, condition: Condition, quotas: &Quotas) -> Result<(), WriteError> {
+    let (client, path) = (session.client(), key.path.as_str());
     let id = usage::path_id("kv", path);
     let mut retried = false;
     let mut recheck = Recheck::default();
+    let mut unbind: Option<Unbind> = None;
     loop {
         let Some(stat) = retry_on_loss(|| client.check_stat(path)).await? else {
             // After a lost reply, a missing node is our own deletion.
@@ -269,19 +461,38 @@ pub async fn delete(session: &Session, path: &str, condition: Condition, quotas:
         let mut multi = Multi::new(client);
         multi.delete(Op::Value, path, Some(stat.version))?;
         quotas.add_refunds(&mut multi, Op::Charge, &charges)?;
+        add_unbound(&mut multi, key, unbind.as_ref())?;
         match multi.commit().await {
-            Ok(_) => return Ok(()),
+            Ok(_) => {
+                if let Some(unbound) = &unbind {
+                    key.settled(&unbound.binding).await;
+                }
+                return Ok(());
+            }
             Err(Failed::Refused { tag: Op::Value, error }) => match error {
                 ZkError::NotEmpty => return Err(WriteError::NotEmpty),
                 // Changed or deleted since the stat: decide again (a conditional delete loses).
                 ZkError::NoNode | ZkError::BadVersion => {}
                 err => return Err(err.into()),
             },
-            // A charge changed meanwhile: decide again.
+            // Bound: deleted with its binding.
             Err(Failed::Refused {
+                tag: Op::Unbound,
+                error: ZkError::NodeExists,
+            }) => unbind = Unbind::read(client, key).await?,
+            Err(Failed::Refused {
+                tag: Op::BindingRecord,
+                error: ZkError::NoNode,
+            }) => {
+                if let Some(was) = unbind.take() {
+                    unbind = was.again(client, key).await?;
+                }
+            }
+            // The binding, or a charge, changed meanwhile: decide again.
+            Err(Failed::Refused {
+                tag: Op::Binding | Op::Charge,
                 error: ZkError::NoNode | ZkError::BadVersion,
-                ..
-            }) => {}
+            }) => unbind = None,
             Err(failed) if failed.is_loss() => retried = true,
             Err(failed) => return Err(failed.error().into()),
         }
