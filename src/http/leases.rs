@@ -19,6 +19,7 @@ use super::extract::{ApiJson, ApiPath};
 use crate::AppState;
 use crate::auth::Caller;
 use crate::keeper::NewLease;
+use crate::kind::Kind;
 use crate::recipes::engine::lease::{EndReason, HoldingView, Lease, LeaseError};
 use crate::recipes::engine::node::HoldError;
 use crate::time::{HumanDuration, millis_since, timestamp};
@@ -178,7 +179,14 @@ pub struct LeaseSummary {
     /// Number of holdings.
     #[schema(example = 2)]
     pub holdings: usize,
+    /// The keys bound to it (`PUT /v1/kv/{key}?lease=`) through this instance, in order, at
+    /// most 16 (its view lists them all).
+    #[schema(example = json!(["workers/w1"]))]
+    pub keys: Vec<String>,
 }
+
+/// Most bound keys a lease's summary names.
+const SUMMARY_KEYS: usize = 16;
 
 /// Creates a lease.
 ///
@@ -259,6 +267,17 @@ pub async fn list_leases(
         remaining_ms: l.remaining().as_millis() as u64,
         age_ms: millis_since(l.created_at),
         holdings: l.holdings().len(),
+        keys: {
+            let mut keys: Vec<String> = l
+                .holdings()
+                .into_iter()
+                .filter(|h| h.kind == Kind::Kv.name())
+                .map(|h| h.name)
+                .collect();
+            keys.sort();
+            keys.truncate(SUMMARY_KEYS);
+            keys
+        },
     })
 }
 

@@ -130,6 +130,10 @@ metrics! {
     pub counter_writes: IntCounterVec = counter("zkgate_counter_writes_total", &["name", "op"]);
     /// Counter adds that read again because another writer changed the counter first.
     pub counter_conflicts: IntCounterVec = counter("zkgate_counter_conflicts_total", &["name"]);
+    /// Keys bound to a lease that its end deleted (`PUT /v1/kv/{key}?lease=`).
+    pub kv_keys_ended: IntCounter = single_counter("zkgate_kv_keys_ended_total");
+    /// Keys bound to leases whose bindings this instance drives now.
+    pub kv_bound_keys: IntGauge = gauge("zkgate_kv_bound_keys");
     /// Leases created.
     pub leases_created: IntCounter = single_counter("zkgate_leases_created_total");
     /// Leases ended (reason: deleted, expired).

@@ -111,6 +111,10 @@ try {
   expect(registered.status === 201, "register: " + registered.status);
   await until('#services tr[data-name="billing"] td.instances', "1");
   await until('#services tr[data-name="billing"] td:nth-child(3)', "10.0.0.5:8080");
+  // A key bound to a lease, shown under the lease.
+  const bound = await fetch(`${base}/v1/kv/workers/w1?lease=${leases[1]}`, { method: "PUT", body: "10.0.0.9", headers: { "content-type": "text/plain" } });
+  expect(bound.status === 201, "bind a key: " + bound.status);
+  await until(`#leases tr[data-name="${leases[1]}"] td:nth-child(5)`, "workers/w1");
 
   // One filter for every section: "ord" keeps the lock and hides the queue, the semaphore,
   // the double barrier, the counter, the service and every lease.

@@ -110,6 +110,8 @@ async fn a_bound_key_is_a_plain_znode_that_ends_with_its_lease() {
         [("kv".to_string(), "presence/worker-1".to_string(), "held".to_string())]
     );
 
+    assert_eq!(common::metric(&gate.url, "zkgate_kv_bound_keys").await, 1.0);
+
     // Kept alive, it stays; a rewrite with the same lease keeps the binding.
     let kept = gate.post(&format!("/v1/leases/{lease}/keepalive"), None).await;
     assert_eq!(kept.status, StatusCode::OK, "{kept:?}");
@@ -143,6 +145,8 @@ async fn a_bound_key_is_a_plain_znode_that_ends_with_its_lease() {
     let bindings = client.list_children("/zkgate/bindings").await.expect("bindings");
     assert!(bindings.is_empty(), "{bindings:?}");
     assert_eq!(read(&gate.url, "presence/worker-1").await, None);
+    assert_eq!(common::metric(&gate.url, "zkgate_kv_keys_ended_total").await, 1.0);
+    assert_eq!(common::metric(&gate.url, "zkgate_kv_bound_keys").await, 0.0);
 }
 
 #[tokio::test]

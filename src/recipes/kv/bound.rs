@@ -133,6 +133,7 @@ impl Protocol for BoundKey {
             return exit;
         }
         handle.hold();
+        let _counted = crate::metrics::Counted::new(&crate::metrics::get().kv_bound_keys);
         // Held while the owner record names this binding: a `DELETE` of the key (through any
         // instance) deletes it, a rebind rewrites it; either ends this task, without a clean-up.
         let owner = owner_record_path(&self.root, &self.path);
@@ -171,7 +172,10 @@ impl Protocol for BoundKey {
             self.quotas.add_refunds(&mut multi, Part::Charge, &charges)?;
             multi.delete(Part::Record, &handle.record_path(), None)?;
             match multi.commit().await {
-                Ok(_) => return Ok(true),
+                Ok(_) => {
+                    crate::metrics::get().kv_keys_ended.inc();
+                    return Ok(true);
+                }
                 // Changed meanwhile (or gone, or a lost reply): the next read tells.
                 Err(Failed::Refused {
                     error: ZkError::NoNode | ZkError::BadVersion,
