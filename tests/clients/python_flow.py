@@ -11,7 +11,8 @@ fails until then.
 Steps: two leases; a lock taken with the first (handle, fencing token > 0); the second lease is
 refused at once (409, a parsed Problem); release, then the second lease takes it with a greater
 token; a queue item put, taken (claimed) and acknowledged; a counter added to; a campaign that
-leads, read back as the election's leader (the steps of tests/clients/typescript/flow.ts).
+leads, read back as the election's leader; a key bound to the lease, refused to a plain write,
+gone with the lease (the steps of tests/clients/typescript/flow.ts).
 Names carry a random suffix, so runs never collide. Each step says what it checked; a failed
 step is reported, the steps that do not depend on it still run, and the exit status is 1 if any
 failed.
@@ -29,6 +30,7 @@ from typing import Any, Callable
 from zkgate_client import AuthenticatedClient, Client
 from zkgate_client.api.counters import add_to_counter as counter_add
 from zkgate_client.api.elections import campaign, election_state
+from zkgate_client.api.kv import put_value
 from zkgate_client.api.leases import create_lease, delete_lease
 from zkgate_client.api.locks import acquire_lock, release_lock
 from zkgate_client.api.queues import ack, put, take
@@ -46,6 +48,7 @@ from zkgate_client.models import (
     LeaseView,
     Problem,
     Stored,
+    Written,
 )
 
 
@@ -279,6 +282,25 @@ def main() -> int:
         check(leader.value == value, f"leader value {leader.value!r}")
         check(read.candidate_count == 1, f"{read.candidate_count} candidates")
 
+    key = f"flow/worker-{run}"
+
+    @step("bind a key to the lease", needs=("create two leases",))
+    def _() -> None:
+        bound = expect(
+            put_value.sync_detailed(key, client=client, body={"addr": "10.0.0.7:8080"}, lease=state["lease"]),
+            HTTPStatus.CREATED,
+            Written,
+            "PUT /v1/kv/{key}?lease=",
+        )
+        check(bound.created is True and bound.lease == state["lease"], f"written {bound!r}")
+        refused = expect(
+            put_value.sync_detailed(key, client=client, body={"addr": "other"}),
+            HTTPStatus.CONFLICT,
+            Problem,
+            "PUT /v1/kv/{key} over the bound key",
+        )
+        check(refused.type_ == "urn:zkgate:problem:key-bound", f"problem type {refused.type_}")
+
     @step("delete the leases", needs=("create two leases",))
     def _() -> None:
         for key in ("lease", "other"):
@@ -288,6 +310,16 @@ def main() -> int:
                 None,
                 "DELETE /v1/leases/{id}",
             )
+
+    @step("the bound key ended with its lease", needs=("bind a key to the lease", "delete the leases"))
+    def _() -> None:
+        again = expect(
+            put_value.sync_detailed(key, client=client, body={"addr": "plain"}),
+            HTTPStatus.CREATED,
+            Written,
+            "PUT /v1/kv/{key} after the lease's end",
+        )
+        check(again.created is True and again.lease is None, f"written {again!r}")
 
     print(f"python-client: {len(passed)} passed, {len(failed)} failed")
     return 1 if failed else 0

@@ -3,7 +3,8 @@
 // > 0); the second lease is refused at once (409, a problem document); release, then the second
 // lease takes it with a greater token; a queue item put, taken (claimed) and acknowledged; a
 // counter added to, and refused past its bound; a campaign that leads, read back as the
-// election's leader; the leases deleted.
+// election's leader; a key bound to the lease, refused to a plain write; the leases deleted,
+// and the key gone with them.
 //
 // Each client is a `Client`: one small adapter per generator (openapi-fetch.ts, orval.ts,
 // typescript-fetch.ts) that calls only what its generator wrote from the served spec and hands
@@ -92,6 +93,13 @@ export interface Election {
     candidateCount: number;
 }
 
+/** A kv write's answer. */
+export interface Written {
+    key: string;
+    created: boolean;
+    lease?: string | null | undefined;
+}
+
 export interface Change {
     delta: number;
     min?: number;
@@ -112,6 +120,8 @@ export interface Client {
     campaign(election: string, lease: string, value: Record<string, unknown>): Promise<Answer<Candidacy>>;
     election(election: string): Promise<Answer<Election>>;
     deleteLease(id: string): Promise<Answer<void>>;
+    /** `PUT /v1/kv/{key}` with a JSON value, bound to `lease` when one is given. */
+    putKey(key: string, value: Record<string, unknown>, lease?: string): Promise<Answer<Written>>;
 }
 
 class StepFailed extends Error {}
@@ -276,10 +286,24 @@ export async function runFlow(name: string, client: Client): Promise<never> {
         check(read.candidateCount === 1, `${read.candidateCount} candidates`);
     });
 
+    const key = `flow/worker-${run}`;
+
+    await step("bind a key to the lease", ["create two leases"], async () => {
+        const bound = ok("PUT /v1/kv/{key}?lease=", 201, await client.putKey(key, { addr: "10.0.0.7:8080" }, lease));
+        check(bound.created && bound.lease === lease, `written ${JSON.stringify(bound)}`);
+        const refused = problem("PUT /v1/kv/{key} over the bound key", 409, await client.putKey(key, { addr: "other" }));
+        check(refused.type === "urn:zkgate:problem:key-bound", `problem type ${refused.type}`);
+    });
+
     await step("delete the leases", ["create two leases"], async () => {
         for (const id of [lease, other]) {
             noContent("DELETE /v1/leases/{id}", 204, await client.deleteLease(id));
         }
+    });
+
+    await step("the bound key ended with its lease", ["bind a key to the lease", "delete the leases"], async () => {
+        const again = ok("PUT /v1/kv/{key} after the lease's end", 201, await client.putKey(key, { addr: "plain" }));
+        check(again.created && (again.lease ?? null) === null, `written ${JSON.stringify(again)}`);
     });
 
     console.log(`${name}: ${passed.length} passed, ${failed.length} failed`);

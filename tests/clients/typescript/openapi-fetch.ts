@@ -68,6 +68,8 @@ const client: Client = {
             candidateCount: e.candidate_count,
         })),
     deleteLease: async (id) => answer(await api.DELETE("/v1/leases/{id}", { params: { path: { id } } })),
+    putKey: async (key, value, lease) =>
+        answer(await api.PUT("/v1/kv/{key}", { params: { path: { key }, query: lease === undefined ? {} : { lease } }, body: value })),
 };
 
 await runFlow("openapi-fetch", client);

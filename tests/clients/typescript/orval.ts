@@ -50,6 +50,7 @@ const client: Client = {
     election: async (election) =>
         mapped(answer(await api.electionState(election)), (e) => ({ leader: e.leader, candidateCount: e.candidate_count })),
     deleteLease: async (id) => answer(await api.deleteLease(id)),
+    putKey: async (key, value, lease) => answer(await api.putValue(key, value, lease === undefined ? {} : { lease })),
 };
 
 await runFlow("orval", client);

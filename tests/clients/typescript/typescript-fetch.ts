@@ -9,6 +9,7 @@ import {
     Configuration,
     CountersApi,
     ElectionsApi,
+    KvApi,
     LeasesApi,
     LocksApi,
     ProblemFromJSON,
@@ -23,6 +24,7 @@ const locks = new LocksApi(configuration);
 const queues = new QueuesApi(configuration);
 const counters = new CountersApi(configuration);
 const elections = new ElectionsApi(configuration);
+const kv = new KvApi(configuration);
 
 async function answer<T>(call: Promise<ApiResponse<T>>): Promise<Answer<T>> {
     try {
@@ -61,6 +63,7 @@ const client: Client = {
         answer(elections.campaignRaw({ name: election, wait: "5s", campaignBody: { lease, value } })),
     election: async (election) => answer(elections.electionStateRaw({ name: election })),
     deleteLease: async (id) => answer(leases.deleteLeaseRaw({ id })),
+    putKey: async (key, value, lease) => answer(kv.putValueRaw({ key, lease, body: value })),
 };
 
 await runFlow("typescript-fetch", client);
