@@ -11,6 +11,7 @@ pub mod group;
 pub mod holdings;
 pub mod janitor;
 pub mod kv;
+pub mod kv_txn;
 pub mod lock;
 pub mod lock_set;
 pub mod presence;
