@@ -9,12 +9,15 @@
 //! and the commit: read again and decide again. So whichever branch commits, the compares held
 //! (or failed) at its commit's zxid, and every value answered was current then.
 //!
-//! This module is the pure part: what the compares say of what was read, and the multi-op a
-//! branch becomes ([plan]). The reads and the commit are the caller's.
+//! What the compares say of what was read, and the multi-op a branch becomes, are pure
+//! ([Txn::first_failed], [plan]); [run] reads, commits and reads again.
 
 use std::collections::{HashMap, HashSet};
 
+use zookeeper_client::{CreateMode, Error as ZkError, Stat};
+
 use super::kv::Entry;
+use crate::zk::{Done, Failed, Failure, Multi, Session};
 
 /// What a compare asks of a key.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -131,9 +134,11 @@ pub enum Planned {
         path: String,
         version: i32,
     },
-    /// The key did not exist when read, and must not (a create and a delete of it).
+    /// The key did not exist when read, and must not: a create and a delete of it, and of its
+    /// missing `parents` around them (highest first), so that nothing stays.
     PinnedAbsent {
         path: String,
+        parents: Vec<String>,
     },
     /// A missing parent of a new key.
     Parent {
@@ -155,8 +160,9 @@ pub enum Planned {
 }
 
 /// The multi-op of `branch`, given what was `read` of every key ([Txn::keys]) and the `missing`
-/// parents of keys the branch creates (highest first; found after a commit failed for want of
-/// one). Every key read is pinned first, so that the compares and the gets stand at the commit.
+/// parents of keys that were absent (highest first; found after a commit failed for want of
+/// one). Every key read is pinned first, so that the compares and the gets stand at the commit;
+/// a pin of an absent key removes the parents it made, and a put makes them again.
 pub fn plan(
     branch: &[Step],
     reads: &HashMap<String, Option<Entry>>,
@@ -169,7 +175,10 @@ pub fn plan(
                 path: path.clone(),
                 version: entry.stat.version,
             },
-            None => Planned::PinnedAbsent { path: path.clone() },
+            None => Planned::PinnedAbsent {
+                path: path.clone(),
+                parents: missing.get(path).cloned().unwrap_or_default(),
+            },
         })
         .collect();
     // Pins in key order: the same transaction always sends the same multi-op.
@@ -206,9 +215,189 @@ pub fn plan(
 
 fn pinned_path(planned: &Planned) -> &str {
     match planned {
-        Planned::Pinned { path, .. } | Planned::PinnedAbsent { path } => path,
+        Planned::Pinned { path, .. } | Planned::PinnedAbsent { path, .. } => path,
         _ => "",
     }
+}
+
+/// What a step of the branch that ran answered.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StepResult {
+    /// The key's stat after the put (`None` in the rare case where the server's reply left it
+    /// out and the key changed again before it was read), and whether the put created it.
+    Put { stat: Option<Stat>, created: bool },
+    /// Whether there was a key to delete.
+    Delete { deleted: bool },
+    /// The key as it was at the commit (after this branch's earlier writes), `None`: absent.
+    Get(Option<Entry>),
+}
+
+/// What a transaction did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Outcome {
+    /// The index of the first compare that failed (`None`: all held, `then` ran).
+    pub failed_compare: Option<usize>,
+    /// Each step's result, in the order of the branch that ran.
+    pub results: Vec<StepResult>,
+}
+
+/// Why a transaction applied nothing.
+#[derive(Debug)]
+pub enum TxnError {
+    /// The keys it reads kept changing between its read and its commit, [ATTEMPTS] times.
+    Contended,
+    /// A delete of this key, which has keys below it.
+    NotEmpty(String),
+    /// The connection was lost after the commit was sent: it may or may not have applied.
+    OutcomeUnknown,
+    ZooKeeper(Failure),
+}
+
+impl From<ZkError> for TxnError {
+    fn from(err: ZkError) -> TxnError {
+        TxnError::ZooKeeper(err.into())
+    }
+}
+
+/// How many times a transaction reads and commits again when a key it read changed before its
+/// commit. Each such failure means another write landed, so contention, not a livelock.
+pub const ATTEMPTS: usize = 16;
+
+/// Runs `txn`: reads its keys (values of at most `max_value_bytes`), evaluates its compares,
+/// and commits the branch they pick pinned to what was read; again if a pin fails.
+pub async fn run(session: &Session, txn: &Txn, max_value_bytes: usize) -> Result<Outcome, TxnError> {
+    let client = session.client();
+    let keys: Vec<String> = txn.keys().into_iter().map(String::from).collect();
+    let options = CreateMode::Persistent.with_acls(crate::zk::acls());
+    let mut missing: HashMap<String, Vec<String>> = HashMap::new();
+    for _ in 0..ATTEMPTS {
+        let read = crate::zk::get_each_of_size(client, &keys, max_value_bytes).await?;
+        let entries = read
+            .into_iter()
+            .map(|read| read.map(|(data, stat)| Entry { data, stat }));
+        let reads: HashMap<String, Option<Entry>> = keys.iter().cloned().zip(entries).collect();
+        let failed_compare = txn.first_failed(&reads);
+        let branch = if failed_compare.is_none() {
+            &txn.then
+        } else {
+            &txn.otherwise
+        };
+        let mut multi = Multi::new(client);
+        for planned in plan(branch, &reads, &missing) {
+            add(&mut multi, planned, &options)?;
+        }
+        match multi.commit().await {
+            Ok(done) => {
+                // Servers may leave a created node's stat out of a multi-op's reply: read those.
+                let unstated: Vec<String> = (branch.iter())
+                    .filter(|step| matches!(step, Step::Put { .. }) && put_stat(&done, step.path()).is_none())
+                    .map(|step| step.path().to_string())
+                    .collect();
+                let stats = crate::zk::stat_each(client, &unstated).await?;
+                let fresh = unstated
+                    .into_iter()
+                    .zip(stats)
+                    .filter_map(|(path, stat)| Some((path, stat?)));
+                let results = results(branch, &reads, &done, &fresh.collect());
+                return Ok(Outcome {
+                    failed_compare,
+                    results,
+                });
+            }
+            // An absent key's parent is missing (or went): find the missing ones, then again.
+            Err(Failed::Refused {
+                tag: Planned::PinnedAbsent { .. } | Planned::Parent { .. } | Planned::Create { .. },
+                error: ZkError::NoNode,
+            }) => {
+                for path in keys.iter().filter(|path| matches!(reads.get(*path), Some(None))) {
+                    missing.insert(path.clone(), super::kv::missing_parents(client, path).await?);
+                }
+            }
+            Err(Failed::Refused {
+                tag: Planned::Delete { path, .. },
+                error: ZkError::NotEmpty,
+            }) => return Err(TxnError::NotEmpty(path)),
+            // A key changed since it was read (its pin, or a write on its version, refused).
+            Err(Failed::Refused {
+                error: ZkError::BadVersion | ZkError::NodeExists | ZkError::NoNode,
+                ..
+            }) => {}
+            Err(failed) if failed.is_loss() => return Err(TxnError::OutcomeUnknown),
+            Err(failed) => return Err(TxnError::ZooKeeper(failed.into())),
+        }
+    }
+    Err(TxnError::Contended)
+}
+
+/// Adds `planned` to `multi`, tagged with itself.
+fn add(
+    multi: &mut Multi<'_, Planned>,
+    planned: Planned,
+    options: &zookeeper_client::CreateOptions<'_>,
+) -> Result<(), ZkError> {
+    match &planned {
+        Planned::Pinned { path, version } => multi.check(planned.clone(), path, *version),
+        Planned::PinnedAbsent { path, parents } => {
+            for made in parents.iter().chain([path]) {
+                multi.create(planned.clone(), made, &[], options)?;
+            }
+            for made in [path].into_iter().chain(parents.iter().rev()) {
+                multi.delete(planned.clone(), made, None)?;
+            }
+            Ok(())
+        }
+        Planned::Parent { path } => multi.create(planned.clone(), path, &[], options),
+        Planned::Create { path, data } => multi.create(planned.clone(), path, data, options),
+        Planned::Set { path, data, version } => multi.set(planned.clone(), path, data, Some(*version)),
+        Planned::Delete { path, version } => multi.delete(planned.clone(), path, Some(*version)),
+    }
+}
+
+/// The stat the commit `done` answered for the put of `path`.
+fn put_stat(done: &Done<Planned>, path: &str) -> Option<Stat> {
+    let wrote =
+        |tag: &Planned| matches!(tag, Planned::Set { path: p, .. } | Planned::Create { path: p, .. } if p == path);
+    done.stat_where(wrote).copied()
+}
+
+/// Each step's result, from what was `read`, what the commit `done` answered and the stats of
+/// puts it did not answer, read `fresh` after it.
+fn results(
+    branch: &[Step],
+    reads: &HashMap<String, Option<Entry>>,
+    done: &Done<Planned>,
+    fresh: &HashMap<String, Stat>,
+) -> Vec<StepResult> {
+    let read = |path: &str| reads.get(path).cloned().flatten();
+    let mut written: HashMap<&str, Option<Entry>> = HashMap::new();
+    let mut results = Vec::with_capacity(branch.len());
+    for step in branch {
+        let result = match step {
+            Step::Put { path, data } => {
+                let stat = put_stat(done, path).or_else(|| fresh.get(path).copied());
+                written.insert(
+                    path,
+                    stat.map(|stat| Entry {
+                        data: data.clone(),
+                        stat,
+                    }),
+                );
+                StepResult::Put {
+                    stat,
+                    created: read(path).is_none(),
+                }
+            }
+            Step::Delete { path } => {
+                written.insert(path, None);
+                StepResult::Delete {
+                    deleted: read(path).is_some(),
+                }
+            }
+            Step::Get { path } => StepResult::Get(written.get(path.as_str()).cloned().unwrap_or_else(|| read(path))),
+        };
+        results.push(result);
+    }
+    results
 }
 
 #[cfg(test)]
@@ -328,7 +517,10 @@ mod tests {
                     path: "/k/a".into(),
                     version: 2
                 },
-                Planned::PinnedAbsent { path: "/k/b".into() },
+                Planned::PinnedAbsent {
+                    path: "/k/b".into(),
+                    parents: vec!["/k".into()]
+                },
                 Planned::Pinned {
                     path: "/k/d".into(),
                     version: 0
@@ -355,6 +547,12 @@ mod tests {
     fn deleting_an_absent_key_writes_nothing_but_its_pin() {
         let read = reads(&[("/k/gone", None)]);
         let planned = plan(&[Step::Delete { path: "/k/gone".into() }], &read, &HashMap::new());
-        assert_eq!(planned, vec![Planned::PinnedAbsent { path: "/k/gone".into() }]);
+        assert_eq!(
+            planned,
+            vec![Planned::PinnedAbsent {
+                path: "/k/gone".into(),
+                parents: vec![]
+            }]
+        );
     }
 }

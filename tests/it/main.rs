@@ -33,6 +33,7 @@ mod interop;
 mod keepalive;
 mod kv;
 mod kv_leases;
+mod kv_txn;
 mod layers;
 mod leases;
 mod limits;

@@ -78,7 +78,7 @@ pub enum Binds<'a> {
 }
 
 /// A value, its version, and the lease it is bound to.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Entry {
     pub data: Vec<u8>,
     pub stat: Stat,
@@ -417,7 +417,7 @@ enum Op {
 }
 
 /// The ancestors of `path` that do not exist, the highest first.
-async fn missing_parents(client: &Client, path: &str) -> Result<Vec<String>, ZkError> {
+pub(super) async fn missing_parents(client: &Client, path: &str) -> Result<Vec<String>, ZkError> {
     let mut missing = Vec::new();
     let mut at = path;
     while let Some(end) = at.rfind('/').filter(|&end| end > 0) {

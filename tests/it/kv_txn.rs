@@ -1,0 +1,133 @@
+//! Transactions over keys, at the recipe (issue 43, docs/PRIMITIVES.md part 2): a branch
+//! applies whole or not at all, on a real ZooKeeper.
+
+use crate::common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use common::{Gate, zookeeper};
+use zkgate::kind::Kind;
+use zkgate::recipes::kv;
+use zkgate::recipes::kv_txn::{self, Check, Compare, Step, StepResult, Txn};
+
+const MAX_VALUE: usize = 256 * 1024;
+
+fn put(path: &str, value: &str) -> Step {
+    Step::Put {
+        path: path.to_string(),
+        data: value.as_bytes().to_vec(),
+    }
+}
+
+#[tokio::test]
+async fn the_compares_pick_one_branch_and_it_applies_whole() {
+    let zk = zookeeper().await;
+    let gate = Gate::start(&zk.connect_string()).await;
+    let state = &gate.running.state;
+    let session = state.zk().connected().await.expect("connected");
+    let key = |name: &str| Kind::Kv.path(&state.config.root, name);
+    let (a, b, c) = (key("app/a"), key("app/b"), key("app/c"));
+    let create = Txn {
+        compare: vec![Check {
+            path: a.clone(),
+            compare: Compare::Absent,
+        }],
+        then: vec![put(&a, "1"), put(&b, "1"), Step::Get { path: a.clone() }],
+        otherwise: vec![Step::Get { path: a.clone() }],
+    };
+    let first = kv_txn::run(&session, &create, MAX_VALUE).await.expect("commits");
+    assert_eq!(first.failed_compare, None);
+    let [
+        StepResult::Put { created: true, .. },
+        StepResult::Put { created: true, .. },
+        StepResult::Get(Some(got)),
+    ] = &first.results[..]
+    else {
+        panic!("then's results: {:?}", first.results)
+    };
+    assert_eq!(got.data, b"1", "a get after a put answers the put");
+    // Again: `a` exists now, so the other branch runs, and `then`'s writes do not.
+    let second = kv_txn::run(&session, &create, MAX_VALUE).await.expect("commits");
+    assert_eq!(second.failed_compare, Some(0));
+    let [StepResult::Get(Some(read))] = &second.results[..] else {
+        panic!("else's results: {:?}", second.results)
+    };
+    assert_eq!(read.data, b"1");
+    // A delete of a key that is not there is no failure, and a branch whose delete is refused
+    // (a key with keys below it) applies none of its writes.
+    let refused = Txn {
+        then: vec![put(&c, "x"), Step::Delete { path: key("app") }],
+        ..Txn::default()
+    };
+    assert!(matches!(
+        kv_txn::run(&session, &refused, MAX_VALUE).await,
+        Err(kv_txn::TxnError::NotEmpty(path)) if path == key("app")
+    ));
+    assert!(
+        kv::read(&session, &c).await.expect("read").is_none(),
+        "nothing of a refused branch applies"
+    );
+}
+
+/// Sixteen writers race to move a pair of keys on together, each by a transaction that compares
+/// the first key's value and writes both: if any branch applied in part, the two would part.
+#[tokio::test]
+async fn racing_transactions_never_apply_in_part() {
+    let zk = zookeeper().await;
+    let gate = Arc::new(Gate::start(&zk.connect_string()).await);
+    let state = &gate.running.state;
+    let key = |name: &str| Kind::Kv.path(&state.config.root, name);
+    let (a, b) = (key("pair/a"), key("pair/b"));
+    let won = Arc::new(AtomicUsize::new(0));
+    let mut racers = Vec::new();
+    for _ in 0..16 {
+        let (gate, won, a, b) = (gate.clone(), won.clone(), a.clone(), b.clone());
+        racers.push(tokio::spawn(async move {
+            let session = gate.running.state.zk().connected().await.expect("connected");
+            for _ in 0..10 {
+                let now = kv::read(&session, &a).await.expect("read");
+                let seen = now
+                    .as_ref()
+                    .map_or(0, |e| String::from_utf8_lossy(&e.data).parse::<u64>().unwrap());
+                let compare = match &now {
+                    Some(entry) => Compare::Value(entry.data.clone()),
+                    None => Compare::Absent,
+                };
+                let next = (seen + 1).to_string();
+                let txn = Txn {
+                    compare: vec![Check {
+                        path: a.clone(),
+                        compare,
+                    }],
+                    then: vec![put(&a, &next), put(&b, &next)],
+                    otherwise: vec![],
+                };
+                match kv_txn::run(&session, &txn, MAX_VALUE).await {
+                    Ok(outcome) if outcome.failed_compare.is_none() => {
+                        won.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Ok(_) | Err(kv_txn::TxnError::Contended) => {}
+                    Err(err) => panic!("transaction failed: {err:?}"),
+                }
+            }
+        }));
+    }
+    for racer in racers {
+        racer.await.expect("racer");
+    }
+    let session = state.zk().connected().await.expect("connected");
+    let value = |entry: Option<kv::Entry>| String::from_utf8(entry.expect("there").data).unwrap();
+    let (a, b) = (
+        value(kv::read(&session, &a).await.unwrap()),
+        value(kv::read(&session, &b).await.unwrap()),
+    );
+    let won = won.load(Ordering::Relaxed);
+    assert!(won > 0, "some transaction won");
+    assert_eq!(a, b, "both keys moved together");
+    assert_eq!(
+        a,
+        won.to_string(),
+        "each win moved them once: no win was lost or applied twice"
+    );
+}
