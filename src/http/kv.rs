@@ -25,7 +25,6 @@ use crate::recipes::condition::Condition;
 use crate::recipes::kv::{self, Binds, Key, WriteError};
 use crate::recipes::usage::Payer;
 use crate::time::HumanDuration;
-use crate::zk::names::validate_name;
 
 /// The kv kind's module (followed as znodes on a socket, not as a topic of its own).
 pub const RESOURCE: Resource = Resource {
@@ -45,11 +44,9 @@ struct KeyDoc;
 fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::with_openapi(KeyDoc::openapi())
         .routes(routes!(list_keys))
+        .routes(routes!(super::kv_txn::transaction))
         .route("/v1/kv/{*key}", get(get_value).put(put_value).delete(delete_value))
 }
-
-/// Most segments a key may have.
-const MAX_DEPTH: usize = 16;
 
 /// Query of a read.
 #[derive(Deserialize, utoipa::IntoParams)]
@@ -121,20 +118,6 @@ pub struct Written {
 /// The header that names the lease a key is bound to.
 pub const LEASE_HEADER: &str = "zkgate-lease";
 
-/// Checks a key (`a/b/c`) and returns it.
-fn check_key(key: &str) -> Result<(), ApiError> {
-    let segments: Vec<&str> = key.split('/').collect();
-    if segments.len() > MAX_DEPTH {
-        let detail = format!("must have at most {MAX_DEPTH} segments");
-        return Err(ApiError::invalid(Place::Path, "key", detail));
-    }
-    for segment in segments {
-        validate_name(segment)
-            .map_err(|e| ApiError::invalid(Place::Path, "key", format!("segment `{segment}` {e}")))?;
-    }
-    Ok(())
-}
-
 fn etag(mzxid: i64) -> String {
     format!("\"{mzxid}\"")
 }
@@ -201,7 +184,7 @@ pub async fn get_value(
     consistency: Consistency,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    check_key(&key)?;
+    super::check_key(&key)?;
     let known = match parse_tag(&headers, header::IF_NONE_MATCH)? {
         Some(Tag::Version(v)) => Some(v),
         Some(Tag::Any) => {
@@ -277,7 +260,7 @@ pub async fn put_value(
     headers: HeaderMap,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<Response, ApiError> {
-    check_key(&key)?;
+    super::check_key(&key)?;
     let body = body.map_err(super::extract::body_rejection)?;
     let condition = write_condition(&headers)?;
     let is_json = headers
@@ -396,7 +379,7 @@ pub async fn delete_value(
     ApiPath(key): ApiPath<String>,
     headers: HeaderMap,
 ) -> Result<StatusCode, ApiError> {
-    check_key(&key)?;
+    super::check_key(&key)?;
     let condition = match parse_tag(&headers, header::IF_MATCH)? {
         Some(Tag::Version(v)) => Condition::Version(v),
         Some(Tag::Any) | None => Condition::Any,
@@ -425,7 +408,8 @@ pub async fn list_keys(
     let path = if prefix.is_empty() {
         Kind::Kv.base(&state.config.root)
     } else {
-        check_key(&prefix).map_err(|_| ApiError::invalid(Place::Query, "prefix", "must be a valid key (`a/b`)"))?;
+        super::check_key(&prefix)
+            .map_err(|_| ApiError::invalid(Place::Query, "prefix", "must be a valid key (`a/b`)"))?;
         Kind::Kv.path(&state.config.root, &prefix)
     };
     let session = super::consistency::reader(&state, consistency).await?;

@@ -22,6 +22,7 @@ mod groups;
 pub mod handoff;
 mod health;
 mod kv;
+mod kv_txn;
 pub mod leases;
 pub mod limits;
 mod lock_sets;
@@ -265,6 +266,23 @@ pub fn check_stored_size(state: &AppState, what: &str, size: usize) -> Result<()
     let limit = state.config.max_value_bytes;
     if size > limit {
         return Err(ApiError::value_too_large(what, size, limit));
+    }
+    Ok(())
+}
+
+/// Most segments a kv key may have.
+const MAX_KEY_DEPTH: usize = 16;
+
+/// Checks a kv key (`a/b/c`): at most 16 segments, each a valid name.
+pub(super) fn check_key(key: &str) -> Result<(), ApiError> {
+    let segments: Vec<&str> = key.split('/').collect();
+    if segments.len() > MAX_KEY_DEPTH {
+        let detail = format!("must have at most {MAX_KEY_DEPTH} segments");
+        return Err(ApiError::invalid(Place::Path, "key", detail));
+    }
+    for segment in segments {
+        validate_name(segment)
+            .map_err(|e| ApiError::invalid(Place::Path, "key", format!("segment `{segment}` {e}")))?;
     }
     Ok(())
 }

@@ -131,3 +131,51 @@ async fn racing_transactions_never_apply_in_part() {
         "each win moved them once: no win was lost or applied twice"
     );
 }
+
+#[tokio::test]
+async fn over_http_a_transaction_answers_its_branch_and_refuses_what_it_cannot_apply() {
+    use reqwest::StatusCode;
+    use serde_json::json;
+    let zk = zookeeper().await;
+    let gate = Gate::start(&zk.connect_string()).await;
+    let create = json!({
+        "compare": [{"key": "cfg/version", "absent": true}],
+        "then": [{"put": "cfg/app", "value": {"dark": true}}, {"put": "cfg/version", "text": "1"},
+                 {"get": "cfg/app"}],
+        "else": [{"get": "cfg/version"}],
+    });
+    let first = gate.post("/v1/kv-txn", Some(create.clone())).await;
+    assert_eq!(first.status, StatusCode::OK, "{:?}", first.body);
+    assert_eq!(first.body["succeeded"], true);
+    assert_eq!(first.body["results"][0]["put"], "cfg/app");
+    assert_eq!(first.body["results"][0]["created"], true);
+    assert_eq!(first.body["results"][2]["value"], json!({"dark": true}));
+    // The key reads over the kv routes as the put stored it, at the ETag the answer gave.
+    let read = gate.get("/v1/kv/cfg/version").await;
+    assert_eq!(read.body, json!(1), "text `1` reads back as the JSON number it is");
+    let again = gate.post("/v1/kv-txn", Some(create)).await;
+    assert_eq!(again.body["succeeded"], false);
+    assert_eq!(again.body["failed_compare"], json!({"index": 0, "key": "cfg/version"}));
+    assert_eq!(again.body["results"][0]["get"], "cfg/version");
+    // Refused before ZooKeeper is asked: too many operations, a key written twice, a put
+    // without a value, a compare of two tests at once.
+    let many: Vec<_> = (0..65).map(|i| json!({"get": format!("k{i}")})).collect();
+    let refused = [
+        json!({"then": many}),
+        json!({"then": [{"put": "a", "text": "1"}, {"delete": "a"}]}),
+        json!({"then": [{"put": "a"}]}),
+        json!({"compare": [{"key": "a", "exists": true, "absent": true}]}),
+        json!({"then": [{"get": "../etc"}]}),
+    ];
+    for body in refused {
+        let reply = gate.post("/v1/kv-txn", Some(body.clone())).await;
+        assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{body}: {:?}", reply.body);
+        reply.assert_problem(StatusCode::BAD_REQUEST, None);
+    }
+    let untouched = gate.get("/v1/kv/a").await;
+    assert_eq!(
+        untouched.status,
+        StatusCode::NOT_FOUND,
+        "a refused transaction wrote nothing"
+    );
+}

@@ -1,0 +1,352 @@
+//! `POST /v1/kv-txn`: compares, then one branch of puts, deletes and gets over keys, applied
+//! whole or not at all ([crate::recipes::kv_txn]; docs/PRIMITIVES.md, part 2). A path no key
+//! can have: keys are under `/v1/kv/`.
+
+use axum::Json;
+use axum::extract::State;
+use base64::Engine;
+use serde::{Deserialize, Serialize};
+
+use super::error::{ApiError, Place, Problem, Problems, p};
+use super::extract::ApiJson;
+use crate::AppState;
+use crate::auth::{Access, Caller};
+use crate::kind::Kind;
+use crate::recipes::kv::Entry;
+use crate::recipes::kv_txn::{self, Check, Compare, Step, StepResult, Txn, TxnError};
+
+/// Most compares, and most operations in each branch, of one transaction.
+pub const MAX_OPERATIONS: usize = 64;
+
+/// A transaction's request.
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TxnRequest {
+    /// Checks of keys; all must hold for `then` to run, else `else` runs.
+    #[serde(default)]
+    pub compare: Vec<CompareBody>,
+    #[serde(default)]
+    pub then: Vec<StepBody>,
+    #[serde(default, rename = "else")]
+    pub otherwise: Vec<StepBody>,
+}
+
+/// One compare: `key` and exactly one of the others.
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CompareBody {
+    #[schema(example = "app/config")]
+    pub key: String,
+    /// `true`: the key exists.
+    pub exists: Option<bool>,
+    /// `true`: the key does not exist.
+    pub absent: Option<bool>,
+    /// The key holds this JSON value (as a put of it stores it).
+    pub value: Option<serde_json::Value>,
+    /// The key holds this text.
+    pub text: Option<String>,
+    /// The key holds these bytes (base64).
+    pub base64: Option<String>,
+    /// The key is at this ETag (as `If-Match` takes it).
+    #[schema(example = "\"4294967311\"")]
+    pub etag: Option<String>,
+    /// The key's data version is in this range.
+    pub version: Option<VersionRange>,
+}
+
+/// A range of a key's data version (each write adds one; a new key is at 0).
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct VersionRange {
+    pub at_least: Option<i32>,
+    pub at_most: Option<i32>,
+}
+
+/// One operation: exactly one of `put`, `delete`, `get` (each names a key); a put has exactly
+/// one of `value`, `text`, `base64`.
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StepBody {
+    #[schema(example = "app/config")]
+    pub put: Option<String>,
+    pub delete: Option<String>,
+    pub get: Option<String>,
+    /// The value a put stores, as JSON.
+    pub value: Option<serde_json::Value>,
+    pub text: Option<String>,
+    pub base64: Option<String>,
+}
+
+/// What a transaction did.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct TxnAnswer {
+    /// Whether every compare held (`then` ran); `false`: `else` ran.
+    pub succeeded: bool,
+    /// The first compare that failed, when one did.
+    pub failed_compare: Option<FailedCompare>,
+    /// Each operation's result, in the order of the branch that ran.
+    pub results: Vec<StepAnswer>,
+}
+
+/// The compare that failed.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct FailedCompare {
+    pub index: usize,
+    pub key: String,
+}
+
+/// One operation's result: its kind names its key.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct StepAnswer {
+    pub put: Option<String>,
+    pub delete: Option<String>,
+    pub get: Option<String>,
+    /// A put's new ETag, or a get's (absent: the key does not exist).
+    pub etag: Option<String>,
+    /// A put: whether it created the key. A delete: whether there was a key.
+    pub created: Option<bool>,
+    pub deleted: Option<bool>,
+    /// A get's value, when JSON; else `text` when UTF-8; else `base64`.
+    pub value: Option<serde_json::Value>,
+    pub text: Option<String>,
+    pub base64: Option<String>,
+}
+
+/// Applies compares, then `then` if all hold or `else` otherwise, as one step: nothing of the
+/// branch applies unless all of it does, and the compares (and every value read) held at the
+/// moment it applied.
+#[utoipa::path(post, path = "/v1/kv-txn", tag = "kv",
+    request_body(content = TxnRequest, example = json!({"compare": [{"key": "app/config", "etag": "\"4294967311\""}],
+        "then": [{"put": "app/config", "value": {"v": 2}}, {"put": "app/version", "text": "2"}], "else": [{"get": "app/config"}]})),
+    responses(
+        (status = 200, description = "The branch that ran, and its results", body = TxnAnswer),
+        Problems<(p::InvalidField, p::MalformedBody, p::Forbidden, p::KeyNotEmpty, p::BodyTooLarge, p::ValueTooLarge, p::TooMany, p::OutcomeUnknown, p::ZookeeperUnavailable)>,
+    ))]
+pub async fn transaction(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiJson(body): ApiJson<TxnRequest>,
+) -> Result<Json<TxnAnswer>, ApiError> {
+    let txn = parse(&state, &caller, body)?;
+    let session = state.zk().connected().await?;
+    let outcome = kv_txn::run(&session, &txn, state.config.max_value_bytes)
+        .await
+        .map_err(|err| txn_error(&state, err))?;
+    let branch = if outcome.failed_compare.is_none() {
+        &txn.then
+    } else {
+        &txn.otherwise
+    };
+    let key = |path: &str| key_of(&state, path);
+    Ok(Json(TxnAnswer {
+        succeeded: outcome.failed_compare.is_none(),
+        failed_compare: outcome.failed_compare.map(|index| FailedCompare {
+            index,
+            key: key(&txn.compare[index].path),
+        }),
+        results: branch
+            .iter()
+            .zip(outcome.results)
+            .map(|(step, result)| answer(key(step.path()), result))
+            .collect(),
+    }))
+}
+
+/// The transaction `body` asks for, every key checked and granted.
+fn parse(state: &AppState, caller: &Caller, body: TxnRequest) -> Result<Txn, ApiError> {
+    for (field, count) in [
+        ("compare", body.compare.len()),
+        ("then", body.then.len()),
+        ("else", body.otherwise.len()),
+    ] {
+        if count > MAX_OPERATIONS {
+            let detail = format!("at most {MAX_OPERATIONS} entries ({count} given)");
+            return Err(ApiError::invalid(Place::Body, field, detail));
+        }
+    }
+    let path = |key: &str, field: &str, access: Access| -> Result<String, ApiError> {
+        super::check_key(key)
+            .map_err(|_| ApiError::invalid(Place::Body, field, format!("`{key}` is not a valid key")))?;
+        caller.require(Kind::Kv.auth(), key, access)?;
+        Ok(Kind::Kv.path(&state.config.root, key))
+    };
+    let mut compare = Vec::with_capacity(body.compare.len());
+    for check in body.compare {
+        let path = path(&check.key, "compare", Access::Read)?;
+        compare.push(Check {
+            path,
+            compare: compare_of(check)?,
+        });
+    }
+    let mut branches = [Vec::new(), Vec::new()];
+    for (steps, field, branch) in [(body.then, "then", 0), (body.otherwise, "else", 1)] {
+        for step in steps {
+            branches[branch].push(step_of(state, step, field, &path)?);
+        }
+    }
+    let [then, otherwise] = branches;
+    let txn = Txn {
+        compare,
+        then,
+        otherwise,
+    };
+    if let Some(twice) = txn.written_twice() {
+        let detail = format!("`{}` is written twice in one branch", key_of(state, twice));
+        return Err(ApiError::invalid(Place::Body, "then", detail));
+    }
+    Ok(txn)
+}
+
+/// The compare `check` asks for: exactly one test.
+fn compare_of(check: CompareBody) -> Result<Compare, ApiError> {
+    let invalid = |detail: &str| ApiError::invalid(Place::Body, "compare", format!("`{}`: {detail}", check.key));
+    let mut tests = Vec::new();
+    if check.exists == Some(true) {
+        tests.push(Compare::Exists);
+    }
+    if check.absent == Some(true) {
+        tests.push(Compare::Absent);
+    }
+    if let Some(bytes) =
+        value_bytes(check.value.as_ref(), check.text.as_deref(), check.base64.as_deref()).map_err(|e| invalid(&e))?
+    {
+        tests.push(Compare::Value(bytes));
+    }
+    if let Some(etag) = &check.etag {
+        let mzxid = etag
+            .trim_matches('"')
+            .parse()
+            .map_err(|_| invalid("`etag` is not an ETag zkgate issued"))?;
+        tests.push(Compare::Etag(mzxid));
+    }
+    if let Some(range) = &check.version {
+        tests.push(Compare::Version {
+            at_least: range.at_least,
+            at_most: range.at_most,
+        });
+    }
+    match <[Compare; 1]>::try_from(tests) {
+        Ok([test]) => Ok(test),
+        Err(_) => Err(invalid(
+            "give exactly one of `exists`, `absent`, `value`, `text`, `base64`, `etag`, `version`",
+        )),
+    }
+}
+
+/// The bytes a `value` (stored as its JSON text), `text` or `base64` stands for: `None` if none
+/// is given, an error if more than one is.
+fn value_bytes(
+    value: Option<&serde_json::Value>,
+    text: Option<&str>,
+    base64: Option<&str>,
+) -> Result<Option<Vec<u8>>, String> {
+    match (value, text, base64) {
+        (None, None, None) => Ok(None),
+        (Some(value), None, None) => Ok(Some(serde_json::to_vec(value).unwrap_or_default())),
+        (None, Some(text), None) => Ok(Some(text.as_bytes().to_vec())),
+        (None, None, Some(encoded)) => base64::engine::general_purpose::STANDARD
+            .decode(encoded)
+            .map(Some)
+            .map_err(|e| format!("`base64` is not base64: {e}")),
+        _ => Err("give one of `value`, `text`, `base64`".into()),
+    }
+}
+
+/// The operation `step` of branch `field` asks for, its key checked by `path`.
+fn step_of(
+    state: &AppState,
+    step: StepBody,
+    field: &str,
+    path: &impl Fn(&str, &str, Access) -> Result<String, ApiError>,
+) -> Result<Step, ApiError> {
+    let invalid = |detail: String| ApiError::invalid(Place::Body, field, detail);
+    let data = value_bytes(step.value.as_ref(), step.text.as_deref(), step.base64.as_deref()).map_err(invalid)?;
+    match (step.put, step.delete, step.get, data) {
+        (Some(key), None, None, Some(data)) => {
+            super::check_stored_size(state, "value", data.len())?;
+            Ok(Step::Put {
+                path: path(&key, field, Access::Write)?,
+                data,
+            })
+        }
+        (None, Some(key), None, None) => Ok(Step::Delete {
+            path: path(&key, field, Access::Write)?,
+        }),
+        (None, None, Some(key), None) => Ok(Step::Get {
+            path: path(&key, field, Access::Read)?,
+        }),
+        _ => Err(invalid(
+            "each operation is one of `put` (with one of `value`, `text`, `base64`), `delete`, `get`".into(),
+        )),
+    }
+}
+
+/// The key of the znode at `path`.
+fn key_of(state: &AppState, path: &str) -> String {
+    let base = Kind::Kv.base(&state.config.root);
+    path.strip_prefix(&base)
+        .unwrap_or(path)
+        .trim_start_matches('/')
+        .to_string()
+}
+
+/// A step's answer.
+fn answer(key: String, result: StepResult) -> StepAnswer {
+    let mut answer = StepAnswer {
+        put: None,
+        delete: None,
+        get: None,
+        etag: None,
+        created: None,
+        deleted: None,
+        value: None,
+        text: None,
+        base64: None,
+    };
+    match result {
+        StepResult::Put { stat, created } => {
+            answer.put = Some(key);
+            answer.etag = stat.map(|stat| format!("\"{}\"", stat.mzxid));
+            answer.created = Some(created);
+        }
+        StepResult::Delete { deleted } => {
+            answer.delete = Some(key);
+            answer.deleted = Some(deleted);
+        }
+        StepResult::Get(entry) => {
+            answer.get = Some(key);
+            if let Some(Entry { data, stat }) = entry {
+                answer.etag = Some(format!("\"{}\"", stat.mzxid));
+                match serde_json::from_slice(&data) {
+                    Ok(value) => answer.value = Some(value),
+                    Err(_) => match String::from_utf8(data) {
+                        Ok(text) => answer.text = Some(text),
+                        Err(bytes) => {
+                            answer.base64 = Some(base64::engine::general_purpose::STANDARD.encode(bytes.into_bytes()))
+                        }
+                    },
+                }
+            }
+        }
+    }
+    answer
+}
+
+fn txn_error(state: &AppState, err: TxnError) -> ApiError {
+    match err {
+        TxnError::Contended => crate::limits::refusal(
+            format!("the keys kept changing: tried {} times", kv_txn::ATTEMPTS),
+            std::time::Duration::from_secs(1),
+        )
+        .into(),
+        TxnError::NotEmpty(path) => ApiError::new(
+            Problem::KeyNotEmpty,
+            format!("`{}` has keys below it", key_of(state, &path)),
+        ),
+        TxnError::OutcomeUnknown => ApiError::new(
+            Problem::OutcomeUnknown,
+            "ZooKeeper's connection was lost after the transaction was sent: read its keys before trying again",
+        ),
+        TxnError::ZooKeeper(err) => err.into(),
+    }
+}
