@@ -14,6 +14,7 @@ use crate::auth::{Access, Caller};
 use crate::kind::Kind;
 use crate::recipes::kv::Entry;
 use crate::recipes::kv_txn::{self, Check, Compare, Step, StepResult, Txn, TxnError};
+use crate::recipes::usage::Payer;
 
 /// Most compares, and most operations in each branch, of one transaction.
 pub const MAX_OPERATIONS: usize = 64;
@@ -120,7 +121,7 @@ pub struct StepAnswer {
         "then": [{"put": "app/config", "value": {"v": 2}}, {"put": "app/version", "text": "2"}], "else": [{"get": "app/config"}]})),
     responses(
         (status = 200, description = "The branch that ran, and its results", body = TxnAnswer),
-        Problems<(p::InvalidField, p::MalformedBody, p::Forbidden, p::KeyNotEmpty, p::BodyTooLarge, p::ValueTooLarge, p::TooMany, p::OutcomeUnknown, p::ZookeeperUnavailable)>,
+        Problems<(p::InvalidField, p::MalformedBody, p::Forbidden, p::KeyNotEmpty, p::BodyTooLarge, p::ValueTooLarge, p::TooMany, p::QuotaExceeded, p::OutcomeUnknown, p::ZookeeperUnavailable)>,
     ))]
 pub async fn transaction(
     State(state): State<AppState>,
@@ -129,7 +130,11 @@ pub async fn transaction(
 ) -> Result<Json<TxnAnswer>, ApiError> {
     let txn = parse(&state, &caller, body)?;
     let session = state.zk().connected().await?;
-    let outcome = kv_txn::run(&session, &txn, state.config.max_value_bytes)
+    let payer = Payer {
+        quotas: &state.quotas,
+        principal: caller.name(),
+    };
+    let outcome = kv_txn::run(&session, &txn, state.config.max_value_bytes, payer)
         .await
         .map_err(|err| txn_error(&state, err))?;
     let branch = if outcome.failed_compare.is_none() {
@@ -347,6 +352,7 @@ fn txn_error(state: &AppState, err: TxnError) -> ApiError {
             Problem::OutcomeUnknown,
             "ZooKeeper's connection was lost after the transaction was sent: read its keys before trying again",
         ),
+        TxnError::Quota(exceeded) => ApiError::quota(exceeded),
         TxnError::ZooKeeper(err) => err.into(),
     }
 }

@@ -17,6 +17,7 @@ use std::collections::{HashMap, HashSet};
 use zookeeper_client::{CreateMode, Error as ZkError, Stat};
 
 use super::kv::Entry;
+use super::usage::{self, ChargeError, Exceeded, Payer};
 use crate::zk::{Done, Failed, Failure, Multi, Session};
 
 /// What a compare asks of a key.
@@ -79,6 +80,14 @@ impl Step {
     pub fn path(&self) -> &str {
         match self {
             Step::Put { path, .. } | Step::Delete { path } | Step::Get { path } => path,
+        }
+    }
+
+    /// The bytes it stores.
+    fn bytes(&self) -> usize {
+        match self {
+            Step::Put { data, .. } => data.len(),
+            Step::Delete { .. } | Step::Get { .. } => 0,
         }
     }
 
@@ -156,6 +165,10 @@ pub enum Planned {
     Delete {
         path: String,
         version: i32,
+    },
+    /// The charges of the key at `path` moved to its writer, or refunded (added by [run]).
+    Charge {
+        path: String,
     },
 }
 
@@ -250,6 +263,8 @@ pub enum TxnError {
     NotEmpty(String),
     /// The connection was lost after the commit was sent: it may or may not have applied.
     OutcomeUnknown,
+    /// The puts would pass this quota.
+    Quota(Exceeded),
     ZooKeeper(Failure),
 }
 
@@ -263,9 +278,19 @@ impl From<ZkError> for TxnError {
 /// commit. Each such failure means another write landed, so contention, not a livelock.
 pub const ATTEMPTS: usize = 16;
 
+impl From<ChargeError> for TxnError {
+    fn from(err: ChargeError) -> TxnError {
+        match err {
+            ChargeError::Exceeded(exceeded) => TxnError::Quota(exceeded),
+            ChargeError::ZooKeeper(err) => TxnError::ZooKeeper(err),
+        }
+    }
+}
+
 /// Runs `txn`: reads its keys (values of at most `max_value_bytes`), evaluates its compares,
-/// and commits the branch they pick pinned to what was read; again if a pin fails.
-pub async fn run(session: &Session, txn: &Txn, max_value_bytes: usize) -> Result<Outcome, TxnError> {
+/// and commits the branch they pick pinned to what was read; again if a pin fails. Each put's
+/// value is charged to `payer` and each delete refunds, in the same multi-op, as a kv write's.
+pub async fn run(session: &Session, txn: &Txn, max_value_bytes: usize, payer: Payer<'_>) -> Result<Outcome, TxnError> {
     let client = session.client();
     let keys: Vec<String> = txn.keys().into_iter().map(String::from).collect();
     let options = CreateMode::Persistent.with_acls(crate::zk::acls());
@@ -286,6 +311,7 @@ pub async fn run(session: &Session, txn: &Txn, max_value_bytes: usize) -> Result
         for planned in plan(branch, &reads, &missing) {
             add(&mut multi, planned, &options)?;
         }
+        charge(&mut multi, branch, &payer, client).await?;
         match multi.commit().await {
             Ok(done) => {
                 // Servers may leave a created node's stat out of a multi-op's reply: read those.
@@ -322,11 +348,48 @@ pub async fn run(session: &Session, txn: &Txn, max_value_bytes: usize) -> Result
                 error: ZkError::BadVersion | ZkError::NodeExists | ZkError::NoNode,
                 ..
             }) => {}
+            Err(Failed::Refused {
+                error: ZkError::QuotaExceeded,
+                ..
+            }) => {
+                let bytes = branch.iter().map(Step::bytes).sum();
+                return Err(TxnError::Quota(payer.exceeded(session, bytes).await));
+            }
             Err(failed) if failed.is_loss() => return Err(TxnError::OutcomeUnknown),
             Err(failed) => return Err(TxnError::ZooKeeper(failed.into())),
         }
     }
     Err(TxnError::Contended)
+}
+
+/// Adds to `multi` what moves each put key's charges to `payer` and refunds each deleted key's
+/// (conditional on the versions read: a write racing on the key fails the multi-op, and the
+/// transaction goes again).
+async fn charge(
+    multi: &mut Multi<'_, Planned>,
+    branch: &[Step],
+    payer: &Payer<'_>,
+    client: &zookeeper_client::Client,
+) -> Result<(), TxnError> {
+    for step in branch {
+        let tag = Planned::Charge {
+            path: step.path().to_string(),
+        };
+        let id = usage::path_id("kv", step.path());
+        match step {
+            Step::Put { data, .. } => {
+                let mine = payer.quotas.charge_as(client, payer.principal, data.len(), id).await?;
+                let charges = payer.quotas.charges_of(client, &mine.id).await?;
+                payer.quotas.add_recharge(multi, tag, &mine, data.len(), &charges)?;
+            }
+            Step::Delete { .. } => {
+                let charges = payer.quotas.charges_of(client, &id).await?;
+                payer.quotas.add_refunds(multi, tag, &charges)?;
+            }
+            Step::Get { .. } => {}
+        }
+    }
+    Ok(())
 }
 
 /// Adds `planned` to `multi`, tagged with itself.
@@ -350,6 +413,7 @@ fn add(
         Planned::Create { path, data } => multi.create(planned.clone(), path, data, options),
         Planned::Set { path, data, version } => multi.set(planned.clone(), path, data, Some(*version)),
         Planned::Delete { path, version } => multi.delete(planned.clone(), path, Some(*version)),
+        Planned::Charge { .. } => Ok(()),
     }
 }
 

@@ -13,6 +13,13 @@ use zkgate::recipes::kv_txn::{self, Check, Compare, Step, StepResult, Txn};
 
 const MAX_VALUE: usize = 256 * 1024;
 
+fn payer(state: &zkgate::AppState) -> zkgate::recipes::usage::Payer<'_> {
+    zkgate::recipes::usage::Payer {
+        quotas: &state.quotas,
+        principal: None,
+    }
+}
+
 fn put(path: &str, value: &str) -> Step {
     Step::Put {
         path: path.to_string(),
@@ -36,7 +43,9 @@ async fn the_compares_pick_one_branch_and_it_applies_whole() {
         then: vec![put(&a, "1"), put(&b, "1"), Step::Get { path: a.clone() }],
         otherwise: vec![Step::Get { path: a.clone() }],
     };
-    let first = kv_txn::run(&session, &create, MAX_VALUE).await.expect("commits");
+    let first = kv_txn::run(&session, &create, MAX_VALUE, payer(state))
+        .await
+        .expect("commits");
     assert_eq!(first.failed_compare, None);
     let [
         StepResult::Put { created: true, .. },
@@ -48,7 +57,9 @@ async fn the_compares_pick_one_branch_and_it_applies_whole() {
     };
     assert_eq!(got.data, b"1", "a get after a put answers the put");
     // Again: `a` exists now, so the other branch runs, and `then`'s writes do not.
-    let second = kv_txn::run(&session, &create, MAX_VALUE).await.expect("commits");
+    let second = kv_txn::run(&session, &create, MAX_VALUE, payer(state))
+        .await
+        .expect("commits");
     assert_eq!(second.failed_compare, Some(0));
     let [StepResult::Get(Some(read))] = &second.results[..] else {
         panic!("else's results: {:?}", second.results)
@@ -61,7 +72,7 @@ async fn the_compares_pick_one_branch_and_it_applies_whole() {
         ..Txn::default()
     };
     assert!(matches!(
-        kv_txn::run(&session, &refused, MAX_VALUE).await,
+        kv_txn::run(&session, &refused, MAX_VALUE, payer(state)).await,
         Err(kv_txn::TxnError::NotEmpty(path)) if path == key("app")
     ));
     assert!(
@@ -103,7 +114,7 @@ async fn racing_transactions_never_apply_in_part() {
                     then: vec![put(&a, &next), put(&b, &next)],
                     otherwise: vec![],
                 };
-                match kv_txn::run(&session, &txn, MAX_VALUE).await {
+                match kv_txn::run(&session, &txn, MAX_VALUE, payer(&gate.running.state)).await {
                     Ok(outcome) if outcome.failed_compare.is_none() => {
                         won.fetch_add(1, Ordering::Relaxed);
                     }

@@ -332,3 +332,33 @@ async fn without_enforcement_zkgate_says_so_and_checks_the_quota_itself() {
     gate.running.state.quotas.probed().await;
     assert_eq!(gate.get("/readyz").await.body["zookeeper"]["quotas"], "enforced");
 }
+
+/// A transaction's puts are charged as single puts are, and its deletes give the room back: it
+/// is no way around the quota.
+#[tokio::test]
+async fn a_transactions_puts_count_against_their_principal() {
+    let two = two_instances(|c| {
+        c.quota_bytes_per_principal = 100 * 1024;
+        c.quota_znodes_per_principal = 0;
+    })
+    .await;
+    let big = "x".repeat(60 * 1024);
+    let txn = |keys: &[&str]| json!({"then": keys.iter().map(|k| json!({"put": k, "text": big})).collect::<Vec<_>>()});
+    let first = post_txn(&two.a, &two.app, txn(&["t/one"])).await;
+    assert_eq!(first.status, StatusCode::OK, "{:?}", first.body);
+    // Two more values of 60 KiB pass 100 KiB: refused whole, through the other instance too.
+    let over = post_txn(&two.b, &two.app, txn(&["t/two", "t/three"])).await;
+    assert_quota(&over, "--quota-bytes-per-principal");
+    let stored = two.a.call_as(Some(&two.app), Method::GET, "/v1/kv/t/two", None).await;
+    assert_eq!(stored.status, StatusCode::NOT_FOUND, "nothing of it stored");
+    // Deleting the first in a transaction gives its room back to the next request (not to a put
+    // of the same transaction: ZooKeeper checks a multi-op's quotas against the tree before it).
+    let deleted = post_txn(&two.a, &two.app, json!({"then": [{"delete": "t/one"}]})).await;
+    assert_eq!(deleted.body["results"][0]["deleted"], true, "{:?}", deleted.body);
+    let freed = post_txn(&two.b, &two.app, txn(&["t/two"])).await;
+    assert_eq!(freed.status, StatusCode::OK, "{:?}", freed.body);
+}
+
+async fn post_txn(gate: &Gate, token: &str, body: Value) -> Reply {
+    gate.call_as(Some(token), Method::POST, "/v1/kv-txn", Some(body)).await
+}
