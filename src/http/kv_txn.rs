@@ -12,9 +12,12 @@ use super::extract::ApiJson;
 use crate::AppState;
 use crate::auth::{Access, Caller};
 use crate::kind::Kind;
+use crate::recipes::engine::lease::Lease;
 use crate::recipes::kv::Entry;
-use crate::recipes::kv_txn::{self, Check, Compare, Step, StepResult, Txn, TxnError};
+use crate::recipes::kv_txn::{self, BindingRefusal, Bindings, Check, Compare, Step, StepResult, Txn, TxnError};
 use crate::recipes::usage::Payer;
+use std::collections::HashMap;
+use std::sync::Arc;
 
 /// Most compares, and most operations in each branch, of one transaction.
 pub const MAX_OPERATIONS: usize = 64;
@@ -76,6 +79,10 @@ pub struct StepBody {
     pub value: Option<serde_json::Value>,
     pub text: Option<String>,
     pub base64: Option<String>,
+    /// A put's lease (yours): the key is bound to it, as `PUT /v1/kv/{key}?lease=` binds it,
+    /// without `rebind` (a put over a key bound to another lease, or over a plain key, refuses
+    /// the transaction).
+    pub lease: Option<String>,
 }
 
 /// What a transaction did.
@@ -87,6 +94,9 @@ pub struct TxnAnswer {
     pub failed_compare: Option<FailedCompare>,
     /// Each operation's result, in the order of the branch that ran.
     pub results: Vec<StepAnswer>,
+    /// A transaction with this `Idempotency-Key` had applied before: this is its answer (its
+    /// gets as they read then).
+    pub repeated: bool,
 }
 
 /// The compare that failed.
@@ -106,6 +116,8 @@ pub struct StepAnswer {
     pub etag: Option<String>,
     /// A put: whether it created the key. A delete: whether there was a key.
     pub created: Option<bool>,
+    /// A put's lease, when it is bound to one.
+    pub lease: Option<String>,
     pub deleted: Option<bool>,
     /// A get's value, when JSON; else `text` when UTF-8; else `base64`.
     pub value: Option<serde_json::Value>,
@@ -115,28 +127,54 @@ pub struct StepAnswer {
 
 /// Applies compares, then `then` if all hold or `else` otherwise, as one step: nothing of the
 /// branch applies unless all of it does, and the compares (and every value read) held at the
-/// moment it applied.
+/// moment it applied. With an `Idempotency-Key` it is safe to retry: it applies once for the
+/// key (kept for `--idempotency-window`), and a retry is answered as it was (`repeated: true`);
+/// without one, a commit whose reply ZooKeeper lost is answered 503 `outcome-unknown`.
 #[utoipa::path(post, path = "/v1/kv-txn", tag = "kv",
+    params(("Idempotency-Key" = Option<String>, Header, description = "Makes the transaction safe to retry (a name: 1 to 128 bytes, no `/`); a retry must repeat the request")),
     request_body(content = TxnRequest, example = json!({"compare": [{"key": "app/config", "etag": "\"4294967311\""}],
         "then": [{"put": "app/config", "value": {"v": 2}}, {"put": "app/version", "text": "2"}], "else": [{"get": "app/config"}]})),
     responses(
         (status = 200, description = "The branch that ran, and its results", body = TxnAnswer),
-        Problems<(p::InvalidField, p::MalformedBody, p::Forbidden, p::KeyNotEmpty, p::BodyTooLarge, p::ValueTooLarge, p::TooMany, p::QuotaExceeded, p::OutcomeUnknown, p::ZookeeperUnavailable)>,
+        Problems<(p::InvalidField, p::MalformedBody, p::Forbidden, p::NotFound, p::KeyNotEmpty, p::KeyBound, p::KeyNotBound, p::LeaseEnded, p::BodyTooLarge, p::ValueTooLarge, p::TooMany, p::QuotaExceeded, p::OutcomeUnknown, p::InstanceUnavailable, p::ZookeeperUnavailable)>,
     ))]
 pub async fn transaction(
     State(state): State<AppState>,
     caller: Caller,
+    headers: axum::http::HeaderMap,
     ApiJson(body): ApiJson<TxnRequest>,
 ) -> Result<Json<TxnAnswer>, ApiError> {
+    let idempotency_key = super::key_name(&headers)?;
     let txn = parse(&state, &caller, body)?;
+    let mut leases = HashMap::new();
+    for step in txn.then.iter().chain(&txn.otherwise) {
+        if let Step::Put { lease: Some(id), .. } = step
+            && !leases.contains_key(id)
+        {
+            leases.insert(id.clone(), state.leases.serve(&caller, id).await?);
+        }
+    }
     let session = state.zk().connected().await?;
     let payer = Payer {
         quotas: &state.quotas,
         principal: caller.name(),
     };
-    let outcome = kv_txn::run(&session, &txn, state.config.max_value_bytes, payer)
-        .await
-        .map_err(|err| txn_error(&state, err))?;
+    let bound = Bindings {
+        keys: &state.kv_keys,
+        leases: &leases,
+        quotas: &state.quotas,
+    };
+    let key = idempotency_key.map(|key| format!("{}/{key}", kv_txn::keys_base(&state.config.root)));
+    let outcome = kv_txn::run(
+        &session,
+        &txn,
+        state.config.max_value_bytes,
+        payer,
+        bound,
+        key.as_deref(),
+    )
+    .await
+    .map_err(|err| txn_error(&state, &leases, err))?;
     let branch = if outcome.failed_compare.is_none() {
         &txn.then
     } else {
@@ -145,6 +183,7 @@ pub async fn transaction(
     let key = |path: &str| key_of(&state, path);
     Ok(Json(TxnAnswer {
         succeeded: outcome.failed_compare.is_none(),
+        repeated: outcome.repeated,
         failed_compare: outcome.failed_compare.map(|index| FailedCompare {
             index,
             key: key(&txn.compare[index].path),
@@ -272,16 +311,17 @@ fn step_of(
             Ok(Step::Put {
                 path: path(&key, field, Access::Write)?,
                 data,
+                lease: step.lease,
             })
         }
-        (None, Some(key), None, None) => Ok(Step::Delete {
+        (None, Some(key), None, None) if step.lease.is_none() => Ok(Step::Delete {
             path: path(&key, field, Access::Write)?,
         }),
-        (None, None, Some(key), None) => Ok(Step::Get {
+        (None, None, Some(key), None) if step.lease.is_none() => Ok(Step::Get {
             path: path(&key, field, Access::Read)?,
         }),
         _ => Err(invalid(
-            "each operation is one of `put` (with one of `value`, `text`, `base64`), `delete`, `get`".into(),
+            "each operation is one of `put` (with one of `value`, `text`, `base64`, and maybe `lease`), `delete`, `get`".into(),
         )),
     }
 }
@@ -303,14 +343,16 @@ fn answer(key: String, result: StepResult) -> StepAnswer {
         get: None,
         etag: None,
         created: None,
+        lease: None,
         deleted: None,
         value: None,
         text: None,
         base64: None,
     };
     match result {
-        StepResult::Put { stat, created } => {
+        StepResult::Put { stat, created, lease } => {
             answer.put = Some(key);
+            answer.lease = lease;
             answer.etag = stat.map(|stat| format!("\"{}\"", stat.mzxid));
             answer.created = Some(created);
         }
@@ -320,7 +362,7 @@ fn answer(key: String, result: StepResult) -> StepAnswer {
         }
         StepResult::Get(entry) => {
             answer.get = Some(key);
-            if let Some(Entry { data, stat }) = entry {
+            if let Some(Entry { data, stat, .. }) = entry {
                 answer.etag = Some(format!("\"{}\"", stat.mzxid));
                 match serde_json::from_slice(&data) {
                     Ok(value) => answer.value = Some(value),
@@ -337,8 +379,38 @@ fn answer(key: String, result: StepResult) -> StepAnswer {
     answer
 }
 
-fn txn_error(state: &AppState, err: TxnError) -> ApiError {
+fn txn_error(state: &AppState, leases: &HashMap<String, Arc<Lease>>, err: TxnError) -> ApiError {
     match err {
+        TxnError::Binding(BindingRefusal::Bound { path, lease }) => {
+            let key = key_of(state, &path);
+            let detail = format!("`{key}` is bound to lease `{lease}`: a transaction's put must name that lease");
+            ApiError::new(Problem::KeyBound, detail).with("lease", lease)
+        }
+        TxnError::Binding(BindingRefusal::NotBound { path }) => ApiError::new(
+            Problem::KeyNotBound,
+            format!(
+                "`{}` exists bound to no lease: a transaction does not bind it",
+                key_of(state, &path)
+            ),
+        ),
+        TxnError::KeyReused => ApiError::invalid(
+            Place::Header,
+            "Idempotency-Key",
+            "was used by another transaction; a retry must repeat the request",
+        ),
+        TxnError::AnswerTooLarge(bytes) => ApiError::new(
+            Problem::ValueTooLarge,
+            format!(
+                "with an `Idempotency-Key`, what the transaction answers is kept for its retries, and this one's is {bytes} bytes (at most {}): get fewer keys",
+                kv_txn::MAX_RECORD_BYTES
+            ),
+        )
+        .with("limit_bytes", kv_txn::MAX_RECORD_BYTES)
+        .with("size_bytes", bytes),
+        TxnError::LeaseEnded(id) => match leases.get(&id) {
+            Some(lease) => super::leases::lease_gone(state, lease),
+            None => ApiError::new(Problem::LeaseEnded, format!("lease `{id}` ended")),
+        },
         TxnError::Contended => crate::limits::refusal(
             format!("the keys kept changing: tried {} times", kv_txn::ATTEMPTS),
             std::time::Duration::from_secs(1),

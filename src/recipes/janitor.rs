@@ -65,9 +65,10 @@ pub fn leftovers(kind: Kind) -> Leftovers {
         // Groups and services are containers now; those made before are swept when empty.
         Kind::DoubleBarrier | Kind::Group | Kind::Service => Leftovers::EmptyResources,
         Kind::Queue => Leftovers::Queues,
-        Kind::Counter => Leftovers::IdempotencyKeys,
+        // A counter's adds' keys; kv transactions' keys.
+        Kind::Counter | Kind::Kv => Leftovers::IdempotencyKeys,
         Kind::Txn => Leftovers::Decided,
-        Kind::Barrier | Kind::Kv => Leftovers::Nothing,
+        Kind::Barrier => Leftovers::Nothing,
     }
 }
 
@@ -181,6 +182,7 @@ impl Janitor {
         for kind in Kind::ALL {
             match leftovers(kind) {
                 Leftovers::Queues => self.queues(client, &mut removed, &mut empty_now).await?,
+                Leftovers::IdempotencyKeys if kind == Kind::Kv => self.kv_txn_keys(client, &mut removed).await?,
                 Leftovers::IdempotencyKeys => self.counter_keys(client, &mut removed).await?,
                 Leftovers::Decided => self.txns(client, &mut removed).await?,
                 Leftovers::EmptyResources => self.empty_resources(client, kind, &mut removed, &mut empty_now).await?,
@@ -285,6 +287,13 @@ impl Janitor {
                 .await?;
         }
         Ok(())
+    }
+
+    /// Old idempotency keys of kv transactions (all under one znode).
+    async fn kv_txn_keys(&mut self, client: &Client, removed: &mut Removed) -> Result<(), ZkError> {
+        let oldest_kept = now_ms() - self.settings.idempotency_window.as_millis() as i64;
+        let base = super::kv_txn::keys_base(&self.root);
+        self.old_keys(client, &base, oldest_kept, removed).await
     }
 
     /// Transactions decided longer ago than the retention, with everything below them.

@@ -11,14 +11,32 @@
 //!
 //! What the compares say of what was read, and the multi-op a branch becomes, are pure
 //! ([Txn::first_failed], [plan]); [run] reads, commits and reads again.
+//!
+//! Keys bound to a lease ([super::kv::bound]) keep their rule inside a transaction: the owner
+//! record of every key a branch writes is read with the keys, a plain put over a bound key (or
+//! a put bound to a lease over a plain key, or another lease's) refuses the whole transaction,
+//! and the multi-op pins each of those owner records as read (the create and delete of an
+//! absent one's path, a `check` of a present one's version), so a binding made or changed
+//! between the read and the commit sends the transaction round again. A put bound to a lease
+//! writes the binding's owner record and holding record in the multi-op, guarded by the lease,
+//! and this instance takes the binding up after the commit; a delete of a bound key deletes its
+//! binding with it.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
+use serde::{Deserialize, Serialize};
 use zookeeper_client::{CreateMode, Error as ZkError, Stat};
 
+use super::condition::Recheck;
+use super::engine::lease::{GuardError, Lease};
+use super::engine::node::owner_record_path;
+use super::engine::record::{self, HoldingRecord, Shape};
 use super::kv::Entry;
-use super::usage::{self, ChargeError, Exceeded, Payer};
-use crate::zk::{Done, Failed, Failure, Multi, Session};
+use super::kv::bound::{Binding, BoundKeys};
+use super::usage::{self, ChargeError, Exceeded, Payer, Quotas};
+use crate::kind::Kind;
+use crate::zk::{Done, Failed, Failure, Multi, Session, retry_on_loss};
 
 /// What a compare asks of a key.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -63,9 +81,12 @@ pub struct Check {
 /// One operation of a branch.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Step {
+    /// Writes the key; with `lease` (an id the caller may use), binds it to that lease, by the
+    /// rule of single writes ([super::kv::Binds]) but without `rebind`.
     Put {
         path: String,
         data: Vec<u8>,
+        lease: Option<String>,
     },
     /// Deletes the key if it exists (a key that does not is no failure, as in etcd).
     Delete {
@@ -170,6 +191,81 @@ pub enum Planned {
     Charge {
         path: String,
     },
+    /// The key at `path` was read bound to no lease, and must still be: the create and delete
+    /// of its owner record's path.
+    Unbound {
+        path: String,
+    },
+    /// The key at `path` was read bound to the put's own lease, its owner record at `version`,
+    /// and must still be.
+    BoundTo {
+        path: String,
+        version: i32,
+    },
+    /// The put of the key at `path` binds it to lease `lease` (its owner record and holding
+    /// record, written by [run], which knows the lease).
+    Bind {
+        path: String,
+        lease: String,
+    },
+    /// The delete of the key at `path` deletes its binding: the owner record at `version`, and
+    /// the holding record `record` of its lease if it was there when read.
+    Unbind {
+        path: String,
+        version: i32,
+        record: Option<String>,
+    },
+    /// The guard of lease `lease`, for the bindings the branch makes (added by [run]).
+    Guard {
+        lease: String,
+    },
+    /// The idempotency key's znode, created first (added by [run]).
+    Key,
+}
+
+/// The binding of a key a branch writes, as read: its owner record's content and version, and
+/// whether its lease's holding record was there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadBinding {
+    pub binding: Binding,
+    pub version: i32,
+    pub record: Option<String>,
+}
+
+/// Why a transaction was refused by the rule for bound keys ([super::kv::Binds]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BindingRefusal {
+    /// A put bound to no lease, or to another one, of the key at `path`, bound to `lease`.
+    Bound { path: String, lease: String },
+    /// A put bound to a lease of the key at `path`, which exists bound to none.
+    NotBound { path: String },
+}
+
+/// The first put of `branch` that the rule for bound keys refuses, given what was read.
+pub fn refused(
+    branch: &[Step],
+    reads: &HashMap<String, Option<Entry>>,
+    bindings: &HashMap<String, Option<ReadBinding>>,
+) -> Option<BindingRefusal> {
+    branch.iter().find_map(|step| {
+        let Step::Put { path, lease, .. } = step else {
+            return None;
+        };
+        let bound = bindings.get(path).cloned().flatten();
+        let exists = matches!(reads.get(path), Some(Some(_)));
+        match (lease, bound) {
+            (None, Some(read)) => Some(BindingRefusal::Bound {
+                path: path.clone(),
+                lease: read.binding.lease,
+            }),
+            (Some(lease), Some(read)) if read.binding.lease != *lease => Some(BindingRefusal::Bound {
+                path: path.clone(),
+                lease: read.binding.lease,
+            }),
+            (Some(_), None) if exists => Some(BindingRefusal::NotBound { path: path.clone() }),
+            _ => None,
+        }
+    })
 }
 
 /// The multi-op of `branch`, given what was `read` of every key ([Txn::keys]) and the `missing`
@@ -180,6 +276,7 @@ pub fn plan(
     branch: &[Step],
     reads: &HashMap<String, Option<Entry>>,
     missing: &HashMap<String, Vec<String>>,
+    bindings: &HashMap<String, Option<ReadBinding>>,
 ) -> Vec<Planned> {
     let mut planned: Vec<Planned> = reads
         .iter()
@@ -199,13 +296,16 @@ pub fn plan(
     let mut parents_made = HashSet::new();
     for step in branch {
         let read = reads.get(step.path()).and_then(Option::as_ref);
+        if step.writes() {
+            planned.extend(binding_of(step, read.is_some(), bindings));
+        }
         match (step, read) {
-            (Step::Put { path, data }, Some(entry)) => planned.push(Planned::Set {
+            (Step::Put { path, data, .. }, Some(entry)) => planned.push(Planned::Set {
                 path: path.clone(),
                 data: data.clone(),
                 version: entry.stat.version,
             }),
-            (Step::Put { path, data }, None) => {
+            (Step::Put { path, data, .. }, None) => {
                 let parents = missing.get(path).into_iter().flatten();
                 for parent in parents.filter(|parent| parents_made.insert(parent.as_str())) {
                     planned.push(Planned::Parent { path: parent.clone() });
@@ -226,6 +326,31 @@ pub fn plan(
     planned
 }
 
+/// What a write `step` (of a key that `exists`) does to the key's binding, as read: keeps it as
+/// read (a put of the same lease; a plain write of an unbound key), makes it (a put bound to a
+/// lease of a new key), or removes it (a delete). [refused] has refused the rest.
+fn binding_of(step: &Step, exists: bool, bindings: &HashMap<String, Option<ReadBinding>>) -> Option<Planned> {
+    let path = step.path().to_string();
+    let bound = bindings.get(&path).cloned().flatten();
+    Some(match (step, bound) {
+        (Step::Delete { .. }, None) | (Step::Put { lease: None, .. }, None) => Planned::Unbound { path },
+        (Step::Delete { .. }, Some(read)) if exists => Planned::Unbind {
+            path,
+            version: read.version,
+            record: read.record,
+        },
+        (Step::Put { lease: Some(lease), .. }, None) => Planned::Bind {
+            path,
+            lease: lease.clone(),
+        },
+        (Step::Put { .. } | Step::Delete { .. }, Some(read)) => Planned::BoundTo {
+            path,
+            version: read.version,
+        },
+        (Step::Get { .. }, _) => return None,
+    })
+}
+
 fn pinned_path(planned: &Planned) -> &str {
     match planned {
         Planned::Pinned { path, .. } | Planned::PinnedAbsent { path, .. } => path,
@@ -238,7 +363,11 @@ fn pinned_path(planned: &Planned) -> &str {
 pub enum StepResult {
     /// The key's stat after the put (`None` in the rare case where the server's reply left it
     /// out and the key changed again before it was read), and whether the put created it.
-    Put { stat: Option<Stat>, created: bool },
+    Put {
+        stat: Option<Stat>,
+        created: bool,
+        lease: Option<String>,
+    },
     /// Whether there was a key to delete.
     Delete { deleted: bool },
     /// The key as it was at the commit (after this branch's earlier writes), `None`: absent.
@@ -252,11 +381,22 @@ pub struct Outcome {
     pub failed_compare: Option<usize>,
     /// Each step's result, in the order of the branch that ran.
     pub results: Vec<StepResult>,
+    /// A transaction with this idempotency key had applied before: this is its answer.
+    pub repeated: bool,
 }
 
 /// Why a transaction applied nothing.
 #[derive(Debug)]
 pub enum TxnError {
+    /// A put the rule for bound keys refuses.
+    Binding(BindingRefusal),
+    /// A lease its puts name ended (or left this instance) first.
+    LeaseEnded(String),
+    /// Its idempotency key was used by another transaction.
+    KeyReused,
+    /// What an idempotent transaction answers (its gets' values) passes this many bytes, the
+    /// most its key's record holds.
+    AnswerTooLarge(usize),
     /// The keys it reads kept changing between its read and its commit, [ATTEMPTS] times.
     Contended,
     /// A delete of this key, which has keys below it.
@@ -266,6 +406,12 @@ pub enum TxnError {
     /// The puts would pass this quota.
     Quota(Exceeded),
     ZooKeeper(Failure),
+}
+
+impl From<Failure> for TxnError {
+    fn from(err: Failure) -> TxnError {
+        TxnError::ZooKeeper(err)
+    }
 }
 
 impl From<ZkError> for TxnError {
@@ -287,33 +433,255 @@ impl From<ChargeError> for TxnError {
     }
 }
 
-/// Runs `txn`: reads its keys (values of at most `max_value_bytes`), evaluates its compares,
-/// and commits the branch they pick pinned to what was read; again if a pin fails. Each put's
-/// value is charged to `payer` and each delete refunds, in the same multi-op, as a kv write's.
-pub async fn run(session: &Session, txn: &Txn, max_value_bytes: usize, payer: Payer<'_>) -> Result<Outcome, TxnError> {
+/// The most an idempotency key's record holds: what the transaction answers, its gets' values
+/// included (a znode holds at most 1 MiB).
+pub const MAX_RECORD_BYTES: usize = 512 * 1024;
+
+/// The parent of the transactions' idempotency keys, `<root>/kv-txn-keys`.
+pub fn keys_base(root: &str) -> String {
+    format!("{root}/kv-txn-keys")
+}
+
+/// What an idempotency key's znode holds: which transaction used it, and what it answered, but
+/// for the zxid of its commit, which is the znode's own `czxid` (every operation of a multi-op
+/// has the same zxid: each put's new `mzxid`).
+#[derive(Serialize, Deserialize)]
+struct KeyRecord {
+    /// A digest of the transaction (a retry must repeat the request).
+    request: String,
+    failed_compare: Option<usize>,
+    results: Vec<RecordedResult>,
+}
+
+/// A step's result as its key's record keeps it.
+#[derive(Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum RecordedResult {
+    /// A put: the key's data version after it.
+    Put {
+        version: i32,
+        created: bool,
+        lease: Option<String>,
+    },
+    Delete {
+        deleted: bool,
+    },
+    /// A get: the key's bytes and version, and its `mzxid` unless this transaction wrote it
+    /// (`None`: the commit's zxid); `None` if it was absent.
+    Get(Option<(Vec<u8>, i32, Option<i64>)>),
+}
+
+/// The digest of `txn`, to tell a retry from another transaction that reuses its key.
+fn digest(txn: &Txn) -> String {
+    use sha2::Digest;
+    crate::ids::hex(&sha2::Sha256::digest(format!("{txn:?}").as_bytes()))
+}
+
+/// The record of what `branch` will answer once committed, from what was `read` (the versions
+/// its puts will have are known before the commit; their `mzxid` is the commit's).
+fn record_of(
+    txn: &Txn,
+    branch: &[Step],
+    reads: &HashMap<String, Option<Entry>>,
+    failed_compare: Option<usize>,
+) -> Result<Vec<u8>, TxnError> {
+    let read = |path: &str| reads.get(path).cloned().flatten();
+    let mut written: HashMap<&str, Option<(Vec<u8>, i32)>> = HashMap::new();
+    let mut results = Vec::with_capacity(branch.len());
+    for step in branch {
+        results.push(match step {
+            Step::Put { path, data, lease } => {
+                let version = read(path).map_or(0, |entry| entry.stat.version + 1);
+                written.insert(path, Some((data.clone(), version)));
+                RecordedResult::Put {
+                    version,
+                    created: read(path).is_none(),
+                    lease: lease.clone(),
+                }
+            }
+            Step::Delete { path } => {
+                written.insert(path, None);
+                RecordedResult::Delete {
+                    deleted: read(path).is_some(),
+                }
+            }
+            Step::Get { path } => RecordedResult::Get(match written.get(path.as_str()) {
+                Some(own) => own.clone().map(|(data, version)| (data, version, None)),
+                None => read(path).map(|entry| (entry.data, entry.stat.version, Some(entry.stat.mzxid))),
+            }),
+        });
+    }
+    let record = KeyRecord {
+        request: digest(txn),
+        failed_compare,
+        results,
+    };
+    let bytes = serde_json::to_vec(&record).unwrap_or_default();
+    if bytes.len() > MAX_RECORD_BYTES {
+        return Err(TxnError::AnswerTooLarge(bytes.len()));
+    }
+    Ok(bytes)
+}
+
+/// The answer of the transaction recorded at `key`, if it is there; [TxnError::KeyReused] if
+/// another transaction used the key.
+async fn answered_before(client: &zookeeper_client::Client, key: &str, txn: &Txn) -> Result<Option<Outcome>, TxnError> {
+    let Some((data, stat)) = crate::zk::data(client, key).await? else {
+        return Ok(None);
+    };
+    let record: KeyRecord = serde_json::from_slice(&data).map_err(|_| TxnError::KeyReused)?;
+    if record.request != digest(txn) {
+        return Err(TxnError::KeyReused);
+    }
+    let at = |version: i32, mzxid: Option<i64>| Stat {
+        mzxid: mzxid.unwrap_or(stat.czxid),
+        version,
+        ..stat
+    };
+    let results = (record.results.into_iter())
+        .map(|result| match result {
+            RecordedResult::Put {
+                version,
+                created,
+                lease,
+            } => StepResult::Put {
+                stat: Some(at(version, None)),
+                created,
+                lease,
+            },
+            RecordedResult::Delete { deleted } => StepResult::Delete { deleted },
+            RecordedResult::Get(got) => StepResult::Get(got.map(|(data, version, mzxid)| Entry {
+                data,
+                stat: at(version, mzxid),
+                lease: None,
+            })),
+        })
+        .collect();
+    Ok(Some(Outcome {
+        failed_compare: record.failed_compare,
+        results,
+        repeated: true,
+    }))
+}
+
+/// What the bindings of a transaction's keys need: the bindings this instance drives (and
+/// zkgate's root, theirs), the leases its puts name (resolved by the caller, each one it may
+/// use), and the quotas a binding's end refunds.
+pub struct Bindings<'a> {
+    pub keys: &'a BoundKeys,
+    pub leases: &'a HashMap<String, Arc<Lease>>,
+    pub quotas: &'a Quotas,
+}
+
+/// A binding a branch makes: its lease, its handle and the records written for it.
+struct NewBinding {
+    lease: Arc<Lease>,
+    name: String,
+    handle: String,
+    record_name: String,
+    owner: Vec<u8>,
+    holding: Vec<u8>,
+}
+
+/// Runs `txn`: reads its keys (values of at most `max_value_bytes`) and the bindings of those it
+/// writes, evaluates its compares, and commits the branch they pick pinned to what was read;
+/// again if a pin fails. Each put's value is charged to `payer` and each delete refunds, in the
+/// same multi-op, as a kv write's.
+pub async fn run(
+    session: &Session,
+    txn: &Txn,
+    max_value_bytes: usize,
+    payer: Payer<'_>,
+    bound: Bindings<'_>,
+    key: Option<&str>,
+) -> Result<Outcome, TxnError> {
     let client = session.client();
+    if let Some(key) = key
+        && let Some(before) = answered_before(client, key, txn).await?
+    {
+        return Ok(before);
+    }
     let keys: Vec<String> = txn.keys().into_iter().map(String::from).collect();
     let options = CreateMode::Persistent.with_acls(crate::zk::acls());
     let mut missing: HashMap<String, Vec<String>> = HashMap::new();
+    let mut recheck = Recheck::default();
+    // Whether a commit of this call lost its reply: its key found then is this call's own.
+    let mut lost_here = false;
     for _ in 0..ATTEMPTS {
         let read = crate::zk::get_each_of_size(client, &keys, max_value_bytes).await?;
-        let entries = read
-            .into_iter()
-            .map(|read| read.map(|(data, stat)| Entry { data, stat }));
+        let entries = read.into_iter().map(|read| {
+            read.map(|(data, stat)| Entry {
+                data,
+                stat,
+                lease: None,
+            })
+        });
         let reads: HashMap<String, Option<Entry>> = keys.iter().cloned().zip(entries).collect();
+        let bindings = read_bindings(client, txn, bound.keys.root()).await?;
         let failed_compare = txn.first_failed(&reads);
         let branch = if failed_compare.is_none() {
             &txn.then
         } else {
             &txn.otherwise
         };
+        if let Some(refusal) = refused(branch, &reads, &bindings) {
+            recheck.confirm(session, TxnError::Binding(refusal)).await?;
+            continue;
+        }
+        let planned = plan(branch, &reads, &missing, &bindings);
+        let made = new_bindings(&planned, &bound)?;
+        // The bindings a delete removes, whose tasks here end after the commit.
+        let unbound: Vec<(String, Binding)> = (planned.iter())
+            .filter_map(|step| match step {
+                Planned::Unbind { path, .. } => {
+                    let read = bindings.get(path).cloned().flatten()?;
+                    Some((key_name(bound.keys.root(), path).to_string(), read.binding))
+                }
+                _ => None,
+            })
+            .collect();
         let mut multi = Multi::new(client);
-        for planned in plan(branch, &reads, &missing) {
-            add(&mut multi, planned, &options)?;
+        if let Some(key) = key {
+            // First: a retry whose first attempt applied is refused here, before any pin.
+            let record = record_of(txn, branch, &reads, failed_compare)?;
+            multi.create(Planned::Key, key, &record, &options)?;
+        }
+        let mut guards = Vec::new();
+        for (lease, new) in made.values().map(|new| (&new.lease.id, new)) {
+            if !guards.iter().any(|(id, _, _)| id == lease) {
+                let guard = new.lease.guard(&mut multi, Planned::Guard { lease: lease.clone() })?;
+                guards.push((lease.clone(), new.lease.clone(), guard));
+            }
+        }
+        for planned in planned {
+            add(&mut multi, planned, &options, (bound.keys.root(), &made))?;
         }
         charge(&mut multi, branch, &payer, client).await?;
-        match multi.commit().await {
+        let committed = multi.commit().await;
+        let refused_guard = match &committed {
+            Err(Failed::Refused {
+                tag: Planned::Guard { lease },
+                error,
+            }) => Some((lease.clone(), error.clone())),
+            _ => None,
+        };
+        for (id, lease, guard) in guards {
+            let error = refused_guard.as_ref().filter(|(refused, _)| *refused == id);
+            match lease.guarded(guard, error.map(|(_, error)| error.clone())) {
+                Ok(_) => {}
+                // A visitor guards with the version it read: the lease may only have changed
+                // keeper since.
+                Err(GuardError::LeaseMoved) if lease.is_visiting() && lease.refresh(client).await? => {}
+                Err(GuardError::LeaseMoved) => return Err(TxnError::LeaseEnded(id)),
+                Err(GuardError::ZooKeeper(err)) => return Err(err.into()),
+            }
+        }
+        match committed {
             Ok(done) => {
+                take_up(&made, &bound);
+                for (name, binding) in &unbound {
+                    super::kv::settled(bound.keys, name, binding).await;
+                }
                 // Servers may leave a created node's stat out of a multi-op's reply: read those.
                 let unstated: Vec<String> = (branch.iter())
                     .filter(|step| matches!(step, Step::Put { .. }) && put_stat(&done, step.path()).is_none())
@@ -328,8 +696,35 @@ pub async fn run(session: &Session, txn: &Txn, max_value_bytes: usize, payer: Pa
                 return Ok(Outcome {
                     failed_compare,
                     results,
+                    repeated: false,
                 });
             }
+            // A lease's guard refused, said above: again.
+            Err(Failed::Refused {
+                tag: Planned::Guard { .. },
+                ..
+            }) => {}
+            // The key is there: this transaction applied before (its reply lost), or another
+            // used the key.
+            Err(Failed::Refused {
+                tag: Planned::Key,
+                error: ZkError::NodeExists,
+            }) => {
+                if let Some(before) = answered_before(client, key.unwrap_or_default(), txn).await? {
+                    let repeated = !lost_here;
+                    return Ok(Outcome { repeated, ..before });
+                }
+            }
+            // Its parent is missing: made, then again.
+            Err(Failed::Refused {
+                tag: Planned::Key,
+                error: ZkError::NoNode,
+            }) => {
+                let base = &key.unwrap_or_default()[..key.unwrap_or_default().rfind('/').unwrap_or(0)];
+                crate::zk::session::ensure_path(client, base).await?;
+            }
+            // Applied or not: with a key, the next attempt tells.
+            Err(failed) if failed.is_loss() && key.is_some() => lost_here = true,
             // An absent key's parent is missing (or went): find the missing ones, then again.
             Err(Failed::Refused {
                 tag: Planned::PinnedAbsent { .. } | Planned::Parent { .. } | Planned::Create { .. },
@@ -343,7 +738,8 @@ pub async fn run(session: &Session, txn: &Txn, max_value_bytes: usize, payer: Pa
                 tag: Planned::Delete { path, .. },
                 error: ZkError::NotEmpty,
             }) => return Err(TxnError::NotEmpty(path)),
-            // A key changed since it was read (its pin, or a write on its version, refused).
+            // A key or a binding changed since it was read (its pin, or a write on its
+            // version, refused).
             Err(Failed::Refused {
                 error: ZkError::BadVersion | ZkError::NodeExists | ZkError::NoNode,
                 ..
@@ -360,6 +756,122 @@ pub async fn run(session: &Session, txn: &Txn, max_value_bytes: usize, payer: Pa
         }
     }
     Err(TxnError::Contended)
+}
+
+/// The bindings of the keys `txn` writes, as they are now: each owner record (one multi-read),
+/// and for a bound key whether its lease's holding record is there.
+async fn read_bindings(
+    client: &zookeeper_client::Client,
+    txn: &Txn,
+    root: &str,
+) -> Result<HashMap<String, Option<ReadBinding>>, ZkError> {
+    let mut seen = HashSet::new();
+    let written: Vec<String> = (txn.then.iter().chain(&txn.otherwise))
+        .filter(|step| step.writes() && seen.insert(step.path()))
+        .map(|step| step.path().to_string())
+        .collect();
+    let owners: Vec<String> = written.iter().map(|path| owner_record_path(root, path)).collect();
+    let found = crate::zk::get_each_of_size(client, &owners, OWNER_RECORD_BYTES).await?;
+    let mut bindings = HashMap::new();
+    for (path, found) in written.into_iter().zip(found) {
+        let parsed =
+            found.and_then(|(data, stat)| Some((serde_json::from_slice::<Binding>(&data).ok()?, stat.version)));
+        let read = match parsed {
+            Some((binding, version)) => {
+                let record = binding.holding_record(root, key_name(root, &path));
+                let there = retry_on_loss(|| client.check_stat(&record)).await?.is_some();
+                Some(ReadBinding {
+                    binding,
+                    version,
+                    record: there.then_some(record),
+                })
+            }
+            None => None,
+        };
+        bindings.insert(path, read);
+    }
+    Ok(bindings)
+}
+
+/// The most an owner record's data takes (a lease id, a principal, a handle).
+const OWNER_RECORD_BYTES: usize = 1024;
+
+/// The key name (`a/b`) of the kv znode at `path`.
+fn key_name<'p>(root: &str, path: &'p str) -> &'p str {
+    let base = Kind::Kv.base(root);
+    path.strip_prefix(base.as_str())
+        .and_then(|rest| rest.strip_prefix('/'))
+        .unwrap_or(path)
+}
+
+/// The bindings `planned` makes, by key path: a new handle for each, its records' content.
+fn new_bindings(planned: &[Planned], bound: &Bindings<'_>) -> Result<HashMap<String, NewBinding>, TxnError> {
+    let root = bound.keys.root();
+    let mut made = HashMap::new();
+    for step in planned {
+        let Planned::Bind { path, lease } = step else {
+            continue;
+        };
+        let lease = bound
+            .leases
+            .get(lease)
+            .ok_or_else(|| TxnError::LeaseEnded(lease.clone()))?
+            .clone();
+        let name = key_name(root, path).to_string();
+        let handle = crate::ids::owned_id(&lease.here);
+        let record_name = record::record_name(Kind::Kv, &name, Some(&handle));
+        let holding = HoldingRecord {
+            kind: Kind::Kv.name().to_string(),
+            name: name.clone(),
+            handle: handle.clone(),
+            shape: Shape::Node {
+                path: path.clone(),
+                charge: None,
+                owner_record: true,
+                hidden: false,
+            },
+            driver: Some(lease.here.to_string()),
+        };
+        let owner = Binding {
+            lease: lease.id.clone(),
+            principal: lease.owner.clone(),
+            handle: handle.clone(),
+        };
+        let new = NewBinding {
+            owner: serde_json::to_vec(&owner).unwrap_or_default(),
+            holding: holding.to_bytes(),
+            lease,
+            name,
+            handle,
+            record_name,
+        };
+        made.insert(path.clone(), new);
+    }
+    Ok(made)
+}
+
+/// Takes up on this instance the bindings a committed branch made (their tasks find them
+/// through their owner records and hold until their lease ends).
+fn take_up(made: &HashMap<String, NewBinding>, bound: &Bindings<'_>) {
+    for (path, new) in made {
+        let shape = Shape::Node {
+            path: path.clone(),
+            charge: None,
+            owner_record: true,
+            hidden: false,
+        };
+        let taken = bound.keys.adopt_binding(
+            &new.lease,
+            bound.quotas,
+            (&new.name, &new.handle),
+            &new.record_name,
+            &shape,
+        );
+        if taken.is_err() {
+            // Its lease ended meanwhile: its end (or the reaper's) finds the holding record.
+            tracing::debug!(key = %new.name, lease = %new.lease.id, "a transaction's binding was not taken up");
+        }
+    }
 }
 
 /// Adds to `multi` what moves each put key's charges to `payer` and refunds each deleted key's
@@ -392,13 +904,36 @@ async fn charge(
     Ok(())
 }
 
-/// Adds `planned` to `multi`, tagged with itself.
+/// Adds `planned` to `multi`, tagged with itself (`root` and `made`: the bindings it makes).
 fn add(
     multi: &mut Multi<'_, Planned>,
     planned: Planned,
     options: &zookeeper_client::CreateOptions<'_>,
+    (root, made): (&str, &HashMap<String, NewBinding>),
 ) -> Result<(), ZkError> {
     match &planned {
+        Planned::Unbound { path } => {
+            let owner = owner_record_path(root, path);
+            multi.create(planned.clone(), &owner, &[], options)?;
+            multi.delete(planned.clone(), &owner, None)
+        }
+        Planned::BoundTo { path, version } => multi.check(planned.clone(), &owner_record_path(root, path), *version),
+        Planned::Bind { path, .. } => {
+            let Some(new) = made.get(path) else {
+                return Ok(());
+            };
+            multi.create(planned.clone(), &owner_record_path(root, path), &new.owner, options)?;
+            let record = new.lease.record_path(&new.record_name);
+            multi.create(planned.clone(), &record, &new.holding, options)
+        }
+        Planned::Unbind { path, version, record } => {
+            multi.delete(planned.clone(), &owner_record_path(root, path), Some(*version))?;
+            match record {
+                Some(record) => multi.delete(planned.clone(), record, None),
+                None => Ok(()),
+            }
+        }
+        Planned::Guard { .. } | Planned::Key => Ok(()),
         Planned::Pinned { path, version } => multi.check(planned.clone(), path, *version),
         Planned::PinnedAbsent { path, parents } => {
             for made in parents.iter().chain([path]) {
@@ -437,18 +972,20 @@ fn results(
     let mut results = Vec::with_capacity(branch.len());
     for step in branch {
         let result = match step {
-            Step::Put { path, data } => {
+            Step::Put { path, data, lease } => {
                 let stat = put_stat(done, path).or_else(|| fresh.get(path).copied());
                 written.insert(
                     path,
                     stat.map(|stat| Entry {
                         data: data.clone(),
                         stat,
+                        lease: lease.clone(),
                     }),
                 );
                 StepResult::Put {
                     stat,
                     created: read(path).is_none(),
+                    lease: lease.clone(),
                 }
             }
             Step::Delete { path } => {
@@ -474,6 +1011,7 @@ mod tests {
         Entry {
             data: data.as_bytes().to_vec(),
             stat: Stat { version, ..stat },
+            lease: None,
         }
     }
 
@@ -540,6 +1078,7 @@ mod tests {
                 Step::Put {
                     path: "/k/b".into(),
                     data: b"x".to_vec(),
+                    lease: None,
                 },
                 Step::Delete { path: "/k/b".into() },
             ],
@@ -554,28 +1093,48 @@ mod tests {
         assert_eq!(once.written_twice(), None);
     }
 
+    fn bound_to(lease: &str, version: i32) -> Option<ReadBinding> {
+        Some(ReadBinding {
+            binding: Binding {
+                lease: lease.into(),
+                principal: None,
+                handle: "h".into(),
+            },
+            version,
+            record: Some(format!("/zkgate/leases/{lease}/kv-1")),
+        })
+    }
+
     #[test]
-    fn a_branch_pins_every_key_read_then_writes() {
+    fn a_branch_pins_every_key_read_and_every_binding_then_writes() {
         let read = reads(&[
             ("/k/a", Some(entry("1", 5, 2))),
             ("/k/b", None),
             ("/k/d", Some(entry("4", 8, 0))),
         ]);
         let missing = HashMap::from([("/k/b".to_string(), vec!["/k".to_string()])]);
+        let bindings = HashMap::from([
+            ("/k/a".to_string(), None),
+            ("/k/b".to_string(), None),
+            ("/k/d".to_string(), bound_to("L", 3)),
+        ]);
         let branch = [
             Step::Put {
                 path: "/k/a".into(),
                 data: b"2".to_vec(),
+                lease: None,
             },
             Step::Put {
                 path: "/k/b".into(),
                 data: b"new".to_vec(),
+                lease: Some("L".into()),
             },
             Step::Delete { path: "/k/d".into() },
             Step::Get { path: "/k/a".into() },
         ];
+        assert_eq!(refused(&branch, &read, &bindings), None);
         assert_eq!(
-            plan(&branch, &read, &missing),
+            plan(&branch, &read, &missing, &bindings),
             vec![
                 Planned::Pinned {
                     path: "/k/a".into(),
@@ -589,15 +1148,27 @@ mod tests {
                     path: "/k/d".into(),
                     version: 0
                 },
+                // A plain put: the key must still be bound to no lease.
+                Planned::Unbound { path: "/k/a".into() },
                 Planned::Set {
                     path: "/k/a".into(),
                     data: b"2".to_vec(),
                     version: 2
                 },
+                Planned::Bind {
+                    path: "/k/b".into(),
+                    lease: "L".into()
+                },
                 Planned::Parent { path: "/k".into() },
                 Planned::Create {
                     path: "/k/b".into(),
                     data: b"new".to_vec()
+                },
+                // A delete of a bound key deletes its binding.
+                Planned::Unbind {
+                    path: "/k/d".into(),
+                    version: 3,
+                    record: Some("/zkgate/leases/L/kv-1".into())
                 },
                 Planned::Delete {
                     path: "/k/d".into(),
@@ -608,15 +1179,71 @@ mod tests {
     }
 
     #[test]
+    fn the_rule_for_bound_keys_refuses_a_put_that_would_change_a_binding() {
+        let read = reads(&[
+            ("/k/bound", Some(entry("x", 5, 0))),
+            ("/k/plain", Some(entry("y", 6, 0))),
+        ]);
+        let bindings = HashMap::from([
+            ("/k/bound".to_string(), bound_to("L", 0)),
+            ("/k/plain".to_string(), None),
+        ]);
+        let put = |path: &str, lease: Option<&str>| Step::Put {
+            path: path.into(),
+            data: b"z".to_vec(),
+            lease: lease.map(String::from),
+        };
+        let bound = |path: &str| {
+            Some(BindingRefusal::Bound {
+                path: path.into(),
+                lease: "L".into(),
+            })
+        };
+        assert_eq!(refused(&[put("/k/bound", None)], &read, &bindings), bound("/k/bound"));
+        assert_eq!(
+            refused(&[put("/k/bound", Some("M"))], &read, &bindings),
+            bound("/k/bound")
+        );
+        assert_eq!(refused(&[put("/k/bound", Some("L"))], &read, &bindings), None);
+        assert_eq!(
+            refused(&[put("/k/plain", Some("L"))], &read, &bindings),
+            Some(BindingRefusal::NotBound {
+                path: "/k/plain".into()
+            })
+        );
+        assert_eq!(refused(&[put("/k/plain", None)], &read, &bindings), None);
+        // A delete of a bound key is no refusal: it deletes the binding too.
+        assert_eq!(
+            refused(
+                &[Step::Delete {
+                    path: "/k/bound".into()
+                }],
+                &read,
+                &bindings
+            ),
+            None
+        );
+    }
+
+    #[test]
     fn deleting_an_absent_key_writes_nothing_but_its_pin() {
         let read = reads(&[("/k/gone", None)]);
-        let planned = plan(&[Step::Delete { path: "/k/gone".into() }], &read, &HashMap::new());
+        let bindings = HashMap::from([("/k/gone".to_string(), None)]);
+        let planned = plan(
+            &[Step::Delete { path: "/k/gone".into() }],
+            &read,
+            &HashMap::new(),
+            &bindings,
+        );
         assert_eq!(
             planned,
-            vec![Planned::PinnedAbsent {
-                path: "/k/gone".into(),
-                parents: vec![]
-            }]
+            vec![
+                Planned::PinnedAbsent {
+                    path: "/k/gone".into(),
+                    parents: vec![]
+                },
+                Planned::Unbound { path: "/k/gone".into() }
+            ]
         );
     }
 }

@@ -306,6 +306,8 @@ declare_tuples! {
     (A, B, C, D, E, F, G, H, I, J, K)
     (A, B, C, D, E, F, G, H, I, J, K, L)
     (A, B, C, D, E, F, G, H, I, J, K, L, M)
+    (A, B, C, D, E, F, G, H, I, J, K, L, M, N)
+    (A, B, C, D, E, F, G, H, I, J, K, L, M, N, O)
 }
 
 // Only the spec's schema (so its optional members carry no `skip_serializing_if`): the

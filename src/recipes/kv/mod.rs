@@ -59,9 +59,15 @@ impl<'a> Key<'a> {
     /// view of the lease stopped listing the key. (Another instance's task sees it as soon as
     /// its watch on the owner record fires.)
     async fn settled(&self, binding: &Binding) {
-        if let Some(task) = self.keys.get(self.name, &binding.handle) {
-            let _ = tokio::time::timeout(std::time::Duration::from_secs(2), task.finished()).await;
-        }
+        settled(self.keys, self.name, binding).await;
+    }
+}
+
+/// Waits (a moment at most) until this instance's task for `binding` of key `name`, removed or
+/// replaced by a write, has seen it and left its lease (see [Key]'s).
+pub async fn settled(keys: &BoundKeys, name: &str, binding: &Binding) {
+    if let Some(task) = keys.get(name, &binding.handle) {
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(2), task.finished()).await;
     }
 }
 
