@@ -12,7 +12,8 @@ Steps: two leases; a lock taken with the first (handle, fencing token > 0); the 
 refused at once (409, a parsed Problem); release, then the second lease takes it with a greater
 token; a queue item put, taken (claimed) and acknowledged; a counter added to; a campaign that
 leads, read back as the election's leader; a key bound to the lease, refused to a plain write,
-gone with the lease (the steps of tests/clients/typescript/flow.ts).
+gone with the lease; a transaction that writes two keys at once, then finds its compare fails
+(the steps of tests/clients/typescript/flow.ts).
 Names carry a random suffix, so runs never collide. Each step says what it checked; a failed
 step is reported, the steps that do not depend on it still run, and the exit status is 1 if any
 failed.
@@ -30,7 +31,7 @@ from typing import Any, Callable
 from zkgate_client import AuthenticatedClient, Client
 from zkgate_client.api.counters import add_to_counter as counter_add
 from zkgate_client.api.elections import campaign, election_state
-from zkgate_client.api.kv import put_value
+from zkgate_client.api.kv import put_value, transaction
 from zkgate_client.api.leases import create_lease, delete_lease
 from zkgate_client.api.locks import acquire_lock, release_lock
 from zkgate_client.api.queues import ack, put, take
@@ -46,8 +47,12 @@ from zkgate_client.models import (
     ElectionState,
     LeaderView,
     LeaseView,
+    CompareBody,
     Problem,
+    StepBody,
     Stored,
+    TxnAnswer,
+    TxnRequest,
     Written,
 )
 
@@ -300,6 +305,26 @@ def main() -> int:
             "PUT /v1/kv/{key} over the bound key",
         )
         check(refused.type_ == "urn:zkgate:problem:key-bound", f"problem type {refused.type_}")
+
+    @step("a transaction writes two keys at once, then only once")
+    def _() -> None:
+        def create(text: str) -> TxnAnswer:
+            body = TxnRequest(
+                compare=[CompareBody(key=f"{key}-txn", absent=True)],
+                then=[
+                    StepBody(put=f"{key}-txn", text=text),
+                    StepBody(put=f"{key}-marker", text=text),
+                    StepBody(get=f"{key}-txn"),
+                ],
+                else_=[StepBody(get=f"{key}-txn")],
+            )
+            return expect(transaction.sync_detailed(client=client, body=body), HTTPStatus.OK, TxnAnswer, "POST /v1/kv-txn")
+
+        first = create("first")
+        check(first.succeeded is True and first.repeated is False, f"answer {first!r}")
+        check(len(first.results) == 3 and first.results[2].text == "first", f"results {first.results!r}")
+        again = create("second")
+        check(again.succeeded is False and again.results[0].get == f"{key}-txn", f"answer {again!r}")
 
     @step("delete the leases", needs=("create two leases",))
     def _() -> None:

@@ -3,8 +3,9 @@
 // > 0); the second lease is refused at once (409, a problem document); release, then the second
 // lease takes it with a greater token; a queue item put, taken (claimed) and acknowledged; a
 // counter added to, and refused past its bound; a campaign that leads, read back as the
-// election's leader; a key bound to the lease, refused to a plain write; the leases deleted,
-// and the key gone with them.
+// election's leader; a key bound to the lease, refused to a plain write; a transaction that
+// writes two keys at once, then finds its compare fails; the leases deleted, and the key gone
+// with them.
 //
 // Each client is a `Client`: one small adapter per generator (openapi-fetch.ts, orval.ts,
 // typescript-fetch.ts) that calls only what its generator wrote from the served spec and hands
@@ -93,6 +94,13 @@ export interface Election {
     candidateCount: number;
 }
 
+/** A transaction's answer. */
+export interface TxnAnswer {
+    succeeded: boolean;
+    repeated: boolean;
+    results: { put?: string | null | undefined; get?: string | null | undefined; text?: string | null | undefined }[];
+}
+
 /** A kv write's answer. */
 export interface Written {
     key: string;
@@ -122,6 +130,8 @@ export interface Client {
     deleteLease(id: string): Promise<Answer<void>>;
     /** `PUT /v1/kv/{key}` with a JSON value, bound to `lease` when one is given. */
     putKey(key: string, value: Record<string, unknown>, lease?: string): Promise<Answer<Written>>;
+    /** `POST /v1/kv-txn`: if `key` is absent, put `key` and `marker` (text), and get `key`. */
+    txnCreate(key: string, marker: string, text: string): Promise<Answer<TxnAnswer>>;
 }
 
 class StepFailed extends Error {}
@@ -293,6 +303,14 @@ export async function runFlow(name: string, client: Client): Promise<never> {
         check(bound.created && bound.lease === lease, `written ${JSON.stringify(bound)}`);
         const refused = problem("PUT /v1/kv/{key} over the bound key", 409, await client.putKey(key, { addr: "other" }));
         check(refused.type === "urn:zkgate:problem:key-bound", `problem type ${refused.type}`);
+    });
+
+    await step("a transaction writes two keys at once, then only once", [], async () => {
+        const first = ok("POST /v1/kv-txn", 200, await client.txnCreate(`${key}-txn`, `${key}-marker`, "first"));
+        check(first.succeeded && !first.repeated, `answer ${JSON.stringify(first)}`);
+        check(first.results.length === 3 && first.results[2]?.text === "first", `results ${JSON.stringify(first.results)}`);
+        const again = ok("POST /v1/kv-txn again", 200, await client.txnCreate(`${key}-txn`, `${key}-marker`, "second"));
+        check(!again.succeeded && again.results[0]?.get === `${key}-txn`, `answer ${JSON.stringify(again)}`);
     });
 
     await step("delete the leases", ["create two leases"], async () => {

@@ -70,6 +70,16 @@ const client: Client = {
     deleteLease: async (id) => answer(await api.DELETE("/v1/leases/{id}", { params: { path: { id } } })),
     putKey: async (key, value, lease) =>
         answer(await api.PUT("/v1/kv/{key}", { params: { path: { key }, query: lease === undefined ? {} : { lease } }, body: value })),
+    txnCreate: async (key, marker, text) =>
+        answer(
+            await api.POST("/v1/kv-txn", {
+                body: {
+                    compare: [{ key, absent: true }],
+                    then: [{ put: key, text }, { put: marker, text }, { get: key }],
+                    else: [{ get: key }],
+                },
+            }),
+        ),
 };
 
 await runFlow("openapi-fetch", client);

@@ -51,6 +51,14 @@ const client: Client = {
         mapped(answer(await api.electionState(election)), (e) => ({ leader: e.leader, candidateCount: e.candidate_count })),
     deleteLease: async (id) => answer(await api.deleteLease(id)),
     putKey: async (key, value, lease) => answer(await api.putValue(key, value, lease === undefined ? {} : { lease })),
+    txnCreate: async (key, marker, text) =>
+        answer(
+            await api.transaction({
+                compare: [{ key, absent: true }],
+                then: [{ put: key, text }, { put: marker, text }, { get: key }],
+                else: [{ get: key }],
+            }),
+        ),
 };
 
 await runFlow("orval", client);

@@ -64,6 +64,16 @@ const client: Client = {
     election: async (election) => answer(elections.electionStateRaw({ name: election })),
     deleteLease: async (id) => answer(leases.deleteLeaseRaw({ id })),
     putKey: async (key, value, lease) => answer(kv.putValueRaw({ key, lease, body: value })),
+    txnCreate: async (key, marker, text) =>
+        answer(
+            kv.transactionRaw({
+                txnRequest: {
+                    compare: [{ key, absent: true }],
+                    then: [{ put: key, text }, { put: marker, text }, { get: key }],
+                    _else: [{ get: key }],
+                },
+            }),
+        ),
 };
 
 await runFlow("typescript-fetch", client);
