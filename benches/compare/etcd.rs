@@ -137,6 +137,28 @@ impl Etcd {
         granted
     }
 
+    /// `count` transactions (`POST /v3/kv/txn`) of `ops` puts each (`0`: single puts through
+    /// `/v3/kv/put` instead), one after the other, of the keys `bench/kv/k<i>`.
+    pub async fn kv_writes(&self, ops: usize, count: usize) -> Vec<Duration> {
+        let put = |i: usize| json!({ "key": b64(&format!("bench/kv/k{i}")), "value": b64("v") });
+        let mut samples = Vec::with_capacity(count);
+        for _ in 0..count {
+            let start = Instant::now();
+            match ops {
+                0 => {
+                    self.post("/v3/kv/put", put(0)).await;
+                }
+                ops => {
+                    let success: Vec<Value> = (0..ops).map(|i| json!({ "requestPut": put(i) })).collect();
+                    let answer = self.post("/v3/kv/txn", json!({ "success": success })).await;
+                    assert_eq!(answer["succeeded"], true, "{answer}");
+                }
+            }
+            samples.push(start.elapsed());
+        }
+        samples
+    }
+
     pub async fn cycles(&self, count: usize) -> Vec<Duration> {
         let lease = self.lease(3600).await;
         let mut samples = Vec::with_capacity(count);

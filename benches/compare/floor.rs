@@ -50,6 +50,43 @@ impl Floor {
         }
     }
 
+    /// `count` multi-ops of `ops` `setData`s each (`0`: single `setData`s instead), one after
+    /// the other, of the nodes `/bench-floor-kv/k<i>` (made first): what a transaction of puts
+    /// of existing keys costs ZooKeeper, with nothing read or pinned.
+    pub async fn kv_writes(&self, ops: usize, count: usize) -> Vec<Duration> {
+        let options = CreateMode::Persistent.with_acls(Acls::anyone_all());
+        let _ = self.client.create("/bench-floor-kv", &[], &options).await;
+        for i in 0..ops.max(1) {
+            let _ = self
+                .client
+                .create(&format!("/bench-floor-kv/k{i}"), b"v", &options)
+                .await;
+        }
+        let mut samples = Vec::with_capacity(count);
+        for _ in 0..count {
+            let start = Instant::now();
+            match ops {
+                0 => {
+                    self.client
+                        .set_data("/bench-floor-kv/k0", b"v", None)
+                        .await
+                        .expect("set");
+                }
+                ops => {
+                    let mut multi = self.client.new_multi_writer();
+                    for i in 0..ops {
+                        multi
+                            .add_set_data(&format!("/bench-floor-kv/k{i}"), b"v", None)
+                            .expect("op");
+                    }
+                    multi.commit().await.expect("multi");
+                }
+            }
+            samples.push(start.elapsed());
+        }
+        samples
+    }
+
     /// Create, then list, then delete: three round trips one after the other.
     pub async fn serial(&self, count: usize) -> Vec<Duration> {
         self.cycles(count, false).await

@@ -398,6 +398,32 @@ impl Zkgate {
         .await;
     }
 
+    /// `count` transactions (`POST /v1/kv-txn`) of `ops` puts each (`0`: single `PUT
+    /// /v1/kv/{key}` instead), one after the other, of the keys `bench/kv/k<i>`.
+    pub async fn kv_writes(&self, ops: usize, count: usize) -> Vec<Duration> {
+        let mut samples = Vec::with_capacity(count);
+        for _ in 0..count {
+            let start = Instant::now();
+            let response = match ops {
+                0 => self.http.put(format!("{}/v1/kv/bench/kv/k0", self.base)).body("v"),
+                ops => {
+                    let then: Vec<serde_json::Value> = (0..ops)
+                        .map(|i| serde_json::json!({ "put": format!("bench/kv/k{i}"), "text": "v" }))
+                        .collect();
+                    let body = serde_json::json!({ "then": then });
+                    self.http.post(format!("{}/v1/kv-txn", self.base)).json(&body)
+                }
+            }
+            .send()
+            .await
+            .expect("write");
+            assert!(response.status().is_success(), "{}", response.status());
+            response.bytes().await.expect("body");
+            samples.push(start.elapsed());
+        }
+        samples
+    }
+
     /// `count` reads of `path` (which must answer 200), one after the other.
     pub async fn reads(&self, path: &str, count: usize) -> Vec<Duration> {
         let mut samples = Vec::with_capacity(count);

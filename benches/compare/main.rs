@@ -5,7 +5,7 @@
 //! Run: `cargo bench --bench compare` (prints a Markdown table for BENCHMARKS.md).
 //! `ZKGATE_BENCH_ONLY=zkgate` leaves kazoo and etcd out (to profile zkgate).
 //! `ZKGATE_BENCH_WORKLOADS=uncontended,queue` runs only those groups of rows (`memory`,
-//! `uncontended`, `contended`, `queue`, `failover`, `leases`, `curves`, `load`, `ensemble`;
+//! `uncontended`, `txn`, `contended`, `queue`, `failover`, `leases`, `curves`, `load`, `ensemble`;
 //! all by default), e.g. under `perf`.
 //! `ZKGATE_BENCH_BINARY=<path>` runs another build of zkgate (an earlier commit's) in its place,
 //! to measure a change before and after with the same bench.
@@ -246,6 +246,63 @@ async fn run() {
                 etcd: Figure::Absent("n/a"),
             },
         );
+    }
+
+    // Writes of keys: single puts, and transactions of 1, 8 and 64 puts (every key of a
+    // transaction read and pinned by zkgate; etcd's `Txn` takes its revision lock instead; the
+    // floor is a bare multi-op of `setData`s, nothing read). Serial, one client.
+    if wanted("txn") {
+        for (ops, what) in [
+            (0, "one key written (PUT /v1/kv/{key}; etcd /v3/kv/put; floor setData)"),
+            (
+                1,
+                "transaction of 1 put (POST /v1/kv-txn; etcd /v3/kv/txn; floor multi)",
+            ),
+            (8, "transaction of 8 puts"),
+            (64, "transaction of 64 puts"),
+        ] {
+            floor.kv_writes(ops, sizes.warmup).await;
+            gate.kv_writes(ops, sizes.warmup).await;
+            let count = sizes.cycles / if ops >= 64 { 4 } else { 1 };
+            let floor_figure = Latency::of(&floor.kv_writes(ops, count).await);
+            let cpu_before = gate.child.cpu_time();
+            let zkgate_figure = Latency::of(&gate.kv_writes(ops, count).await);
+            let cpu = gate.child.cpu_time().saturating_sub(cpu_before);
+            let etcd_figure = match &etcd {
+                Some(e) => {
+                    e.kv_writes(ops, sizes.warmup).await;
+                    Figure::Latency(Latency::of(&e.kv_writes(ops, count).await))
+                }
+                None => no_etcd(),
+            };
+            push(
+                &mut rows,
+                Row {
+                    workload: what.into(),
+                    floor: Figure::Latency(floor_figure),
+                    zkgate: Figure::Latency(zkgate_figure),
+                    kazoo: Figure::Absent("not measured"),
+                    etcd: etcd_figure,
+                },
+            );
+            push(
+                &mut rows,
+                Row {
+                    workload: format!(
+                        "zkgate CPU per request, {}",
+                        if ops == 0 {
+                            "one key written".to_string()
+                        } else {
+                            format!("transaction of {ops}")
+                        }
+                    ),
+                    floor: Figure::Absent("n/a"),
+                    zkgate: Figure::CpuMicros(cpu.as_secs_f64() * 1e6 / count as f64),
+                    kazoo: Figure::Absent("n/a"),
+                    etcd: Figure::Absent("n/a"),
+                },
+            );
+        }
     }
 
     // Contention: one lock, 32 clients; then many locks, one client each. The floor runs the
