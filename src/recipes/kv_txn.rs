@@ -36,7 +36,7 @@ use super::kv::Entry;
 use super::kv::bound::{Binding, BoundKeys};
 use super::usage::{self, ChargeError, Exceeded, Payer, Quotas};
 use crate::kind::Kind;
-use crate::zk::{Done, Failed, Failure, Multi, Session, retry_on_loss};
+use crate::zk::{Done, Failed, Failure, Multi, Session};
 
 /// What a compare asks of a key.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -602,13 +602,24 @@ pub async fn run(
         return Ok(before);
     }
     let keys: Vec<String> = txn.keys().into_iter().map(String::from).collect();
+    let charge_ids: Vec<String> = written_keys(txn)
+        .iter()
+        .map(|path| usage::path_id("kv", path))
+        .collect();
     let options = CreateMode::Persistent.with_acls(crate::zk::acls());
     let mut missing: HashMap<String, Vec<String>> = HashMap::new();
     let mut recheck = Recheck::default();
     // Whether a commit of this call lost its reply: its key found then is this call's own.
     let mut lost_here = false;
     for _ in 0..ATTEMPTS {
-        let read = crate::zk::get_each_of_size(client, &keys, max_value_bytes).await?;
+        // The keys, the bindings of those written and their charges: requests sent together.
+        let (read, bindings, charges) = tokio::join!(
+            crate::zk::get_each_of_size(client, &keys, max_value_bytes),
+            read_bindings(client, txn, bound.keys.root()),
+            payer.quotas.charges_of_each(client, &charge_ids),
+        );
+        let (read, bindings) = (read?, bindings?);
+        let charges: HashMap<String, Vec<(usage::Charge, i32)>> = charge_ids.iter().cloned().zip(charges?).collect();
         let entries = read.into_iter().map(|read| {
             read.map(|(data, stat)| Entry {
                 data,
@@ -617,7 +628,6 @@ pub async fn run(
             })
         });
         let reads: HashMap<String, Option<Entry>> = keys.iter().cloned().zip(entries).collect();
-        let bindings = read_bindings(client, txn, bound.keys.root()).await?;
         let failed_compare = txn.first_failed(&reads);
         let branch = if failed_compare.is_none() {
             &txn.then
@@ -656,7 +666,7 @@ pub async fn run(
         for planned in planned {
             add(&mut multi, planned, &options, (bound.keys.root(), &made))?;
         }
-        charge(&mut multi, branch, &payer, client).await?;
+        charge(&mut multi, branch, &payer, client, &charges).await?;
         let committed = multi.commit().await;
         let refused_guard = match &committed {
             Err(Failed::Refused {
@@ -765,32 +775,39 @@ async fn read_bindings(
     txn: &Txn,
     root: &str,
 ) -> Result<HashMap<String, Option<ReadBinding>>, ZkError> {
-    let mut seen = HashSet::new();
-    let written: Vec<String> = (txn.then.iter().chain(&txn.otherwise))
-        .filter(|step| step.writes() && seen.insert(step.path()))
-        .map(|step| step.path().to_string())
-        .collect();
+    let written = written_keys(txn);
     let owners: Vec<String> = written.iter().map(|path| owner_record_path(root, path)).collect();
     let found = crate::zk::get_each_of_size(client, &owners, OWNER_RECORD_BYTES).await?;
+    let parsed: Vec<Option<(Binding, i32)>> = (found.into_iter())
+        .map(|found| found.and_then(|(data, stat)| Some((serde_json::from_slice(&data).ok()?, stat.version))))
+        .collect();
+    // Whether each bound key's holding record is there: one multi-read for them all.
+    let records: Vec<String> = (written.iter().zip(&parsed))
+        .filter_map(|(path, parsed)| Some(parsed.as_ref()?.0.holding_record(root, key_name(root, path))))
+        .collect();
+    let mut there = crate::zk::stat_each(client, &records).await?.into_iter().zip(records);
     let mut bindings = HashMap::new();
-    for (path, found) in written.into_iter().zip(found) {
-        let parsed =
-            found.and_then(|(data, stat)| Some((serde_json::from_slice::<Binding>(&data).ok()?, stat.version)));
-        let read = match parsed {
-            Some((binding, version)) => {
-                let record = binding.holding_record(root, key_name(root, &path));
-                let there = retry_on_loss(|| client.check_stat(&record)).await?.is_some();
-                Some(ReadBinding {
-                    binding,
-                    version,
-                    record: there.then_some(record),
-                })
+    for (path, parsed) in written.into_iter().zip(parsed) {
+        let read = parsed.map(|(binding, version)| {
+            let record = there.next().and_then(|(stat, record)| stat.map(|_| record));
+            ReadBinding {
+                binding,
+                version,
+                record,
             }
-            None => None,
-        };
+        });
         bindings.insert(path, read);
     }
     Ok(bindings)
+}
+
+/// The keys a branch of `txn` writes, each once.
+fn written_keys(txn: &Txn) -> Vec<String> {
+    let mut seen = HashSet::new();
+    (txn.then.iter().chain(&txn.otherwise))
+        .filter(|step| step.writes() && seen.insert(step.path()))
+        .map(|step| step.path().to_string())
+        .collect()
 }
 
 /// The most an owner record's data takes (a lease id, a principal, a handle).
@@ -876,29 +893,36 @@ fn take_up(made: &HashMap<String, NewBinding>, bound: &Bindings<'_>) {
 
 /// Adds to `multi` what moves each put key's charges to `payer` and refunds each deleted key's
 /// (conditional on the versions read: a write racing on the key fails the multi-op, and the
-/// transaction goes again).
+/// transaction goes again). The charges of every key are read at once, and the quota checked
+/// once for all the branch's bytes.
 async fn charge(
     multi: &mut Multi<'_, Planned>,
     branch: &[Step],
     payer: &Payer<'_>,
     client: &zookeeper_client::Client,
+    existing: &HashMap<String, Vec<(usage::Charge, i32)>>,
 ) -> Result<(), TxnError> {
-    for step in branch {
+    let written: Vec<&Step> = branch.iter().filter(|step| step.writes()).collect();
+    let ids: Vec<String> = written.iter().map(|step| usage::path_id("kv", step.path())).collect();
+    let Some(first) = ids.first() else {
+        return Ok(());
+    };
+    let bytes = written.iter().map(|step| step.bytes()).sum();
+    let mine = payer
+        .quotas
+        .charge_as(client, payer.principal, bytes, first.clone())
+        .await?;
+    for (step, id) in written.into_iter().zip(ids) {
+        let charges = existing.get(&id).map_or(&[][..], Vec::as_slice);
         let tag = Planned::Charge {
             path: step.path().to_string(),
         };
-        let id = usage::path_id("kv", step.path());
         match step {
             Step::Put { data, .. } => {
-                let mine = payer.quotas.charge_as(client, payer.principal, data.len(), id).await?;
-                let charges = payer.quotas.charges_of(client, &mine.id).await?;
-                payer.quotas.add_recharge(multi, tag, &mine, data.len(), &charges)?;
+                let mine = usage::Charge { id, ..mine.clone() };
+                payer.quotas.add_recharge(multi, tag, &mine, data.len(), charges)?;
             }
-            Step::Delete { .. } => {
-                let charges = payer.quotas.charges_of(client, &id).await?;
-                payer.quotas.add_refunds(multi, tag, &charges)?;
-            }
-            Step::Get { .. } => {}
+            Step::Delete { .. } | Step::Get { .. } => payer.quotas.add_refunds(multi, tag, charges)?,
         }
     }
     Ok(())

@@ -313,6 +313,36 @@ impl Quotas {
             .collect())
     }
 
+    /// [Quotas::charges_of] for each of `ids` at once: one listing and one multi-read (in
+    /// chunks) for all of them, whatever their number (a transaction's keys).
+    pub async fn charges_of_each(&self, client: &Client, ids: &[String]) -> Result<Vec<Vec<(Charge, i32)>>, ZkError> {
+        let principals = crate::zk::children(client, &self.0.dir).await?;
+        let mut each = vec![Vec::new(); ids.len()];
+        if principals.is_empty() || ids.is_empty() {
+            return Ok(each);
+        }
+        let paths: Vec<String> = (ids.iter())
+            .flat_map(|id| {
+                principals
+                    .iter()
+                    .map(move |principal| format!("{}/{principal}/{id}", self.0.dir))
+            })
+            .collect();
+        // A charge's data is a byte per KiB of its value.
+        let found = crate::zk::get_each_of_size(client, &paths, 1024).await?;
+        for (at, found) in found.into_iter().enumerate() {
+            let (key, principal) = (at / principals.len(), &principals[at % principals.len()]);
+            if let Some((_, stat)) = found {
+                let charge = Charge {
+                    principal: principal.clone(),
+                    id: ids[key].clone(),
+                };
+                each[key].push((charge, stat.version));
+            }
+        }
+        Ok(each)
+    }
+
     /// Adds to `multi` what moves the charges `existing` (from [Quotas::charges_of]) to
     /// `mine` for a value of `bytes`: the others' refunded, `mine` created or resized, each
     /// conditional on the version read, so that a write racing on the same key fails the

@@ -214,6 +214,26 @@ async fn over_http_a_transaction_answers_its_branch_and_refuses_what_it_cannot_a
         assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{body}: {:?}", reply.body);
         reply.assert_problem(StatusCode::BAD_REQUEST, None);
     }
+    // Bytes per transaction: the body is bounded (512 KiB), a value by `--max-value-bytes`.
+    let big = "x".repeat(200 * 1024);
+    let too_much: Vec<_> = (0..3).map(|i| json!({"put": format!("a{i}"), "text": big})).collect();
+    let reply = gate.post("/v1/kv-txn", Some(json!({"then": too_much}))).await;
+    reply.assert_problem(StatusCode::PAYLOAD_TOO_LARGE, None);
+    assert_eq!(
+        reply.body["type"], "urn:zkgate:problem:body-too-large",
+        "{:?}",
+        reply.body
+    );
+    let over = "x".repeat(300 * 1024);
+    let reply = gate
+        .post("/v1/kv-txn", Some(json!({"then": [{"put": "a", "text": over}]})))
+        .await;
+    reply.assert_problem(StatusCode::PAYLOAD_TOO_LARGE, None);
+    assert_eq!(
+        reply.body["type"], "urn:zkgate:problem:value-too-large",
+        "{:?}",
+        reply.body
+    );
     let untouched = gate.get("/v1/kv/a").await;
     assert_eq!(
         untouched.status,
