@@ -200,15 +200,19 @@ async fn write_plain(
     // The binding to remove, once a write with `rebind` found one.
     let mut unbind: Option<Unbind> = None;
     loop {
-        let current = retry_on_loss(|| client.check_stat(path)).await?;
-        let expected = match admits(condition, current) {
+        // The key's stat and its charges: requests sent together, one round trip.
+        let (current, charges) = tokio::join!(
+            retry_on_loss(|| client.check_stat(path)),
+            payer.quotas.charges_of(client, &mine.id)
+        );
+        let expected = match admits(condition, current?) {
             Ok(expected) => expected,
             Err(refusal) => {
                 recheck.confirm(session, refusal).await?;
                 continue;
             }
         };
-        let charges = payer.quotas.charges_of(client, &mine.id).await?;
+        let charges = charges?;
         let mut multi = Multi::new(client);
         // A new key's missing parents are created in the same multi-op: a watcher sees the
         // key appear with them, never an empty parent first.
