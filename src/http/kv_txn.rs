@@ -164,7 +164,7 @@ pub async fn transaction(
         leases: &leases,
         quotas: &state.quotas,
     };
-    let key = idempotency_key.map(|key| format!("{}/{key}", kv_txn::keys_base(&state.config.root)));
+    let key = idempotency_key.map(|key| kv_txn::key_path(&state.config.root, &key));
     let outcome = kv_txn::run(
         &session,
         &txn,

@@ -442,6 +442,11 @@ pub fn keys_base(root: &str) -> String {
     format!("{root}/kv-txn-keys")
 }
 
+/// The znode of idempotency key `key` (a validated name).
+pub fn key_path(root: &str, key: &str) -> String {
+    format!("{}/{key}", keys_base(root))
+}
+
 /// What an idempotency key's znode holds: which transaction used it, and what it answered, but
 /// for the zxid of its commit, which is the znode's own `czxid` (every operation of a multi-op
 /// has the same zxid: each put's new `mzxid`).
