@@ -175,11 +175,7 @@ pub async fn transaction(
     )
     .await
     .map_err(|err| txn_error(&state, &leases, err))?;
-    let branch = if outcome.failed_compare.is_none() {
-        &txn.then
-    } else {
-        &txn.otherwise
-    };
+    let branch = txn.branch(outcome.failed_compare);
     let key = |path: &str| key_of(&state, path);
     Ok(Json(TxnAnswer {
         succeeded: outcome.failed_compare.is_none(),

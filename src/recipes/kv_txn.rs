@@ -29,7 +29,7 @@ use serde::{Deserialize, Serialize};
 use zookeeper_client::{CreateMode, Error as ZkError, Stat};
 
 use super::condition::Recheck;
-use super::engine::lease::{GuardError, Lease};
+use super::engine::lease::{Guard, GuardError, Lease};
 use super::engine::node::owner_record_path;
 use super::engine::record::{self, HoldingRecord, Shape};
 use super::kv::Entry;
@@ -591,7 +591,8 @@ struct NewBinding {
 /// Runs `txn`: reads its keys (values of at most `max_value_bytes`) and the bindings of those it
 /// writes, evaluates its compares, and commits the branch they pick pinned to what was read;
 /// again if a pin fails. Each put's value is charged to `payer` and each delete refunds, in the
-/// same multi-op, as a kv write's.
+/// same multi-op, as a kv write's. With `key` (an idempotency key's znode, [key_path]) at most
+/// once for the key, whatever replies are lost.
 pub async fn run(
     session: &Session,
     txn: &Txn,
@@ -600,177 +601,287 @@ pub async fn run(
     bound: Bindings<'_>,
     key: Option<&str>,
 ) -> Result<Outcome, TxnError> {
-    let client = session.client();
     if let Some(key) = key
-        && let Some(before) = answered_before(client, key, txn).await?
+        && let Some(before) = answered_before(session.client(), key, txn).await?
     {
         return Ok(before);
     }
-    let keys: Vec<String> = txn.keys().into_iter().map(String::from).collect();
-    let charge_ids: Vec<String> = written_keys(txn)
-        .iter()
-        .map(|path| usage::path_id("kv", path))
-        .collect();
-    let options = CreateMode::Persistent.with_acls(crate::zk::acls());
-    let mut missing: HashMap<String, Vec<String>> = HashMap::new();
+    let mut running = Running {
+        session,
+        txn,
+        max_value_bytes,
+        payer,
+        bound,
+        key,
+        keys: txn.keys().into_iter().map(String::from).collect(),
+        charge_ids: (written_keys(txn).iter())
+            .map(|path| usage::path_id("kv", path))
+            .collect(),
+        missing: HashMap::new(),
+        lost_here: false,
+    };
     let mut recheck = Recheck::default();
-    // Whether a commit of this call lost its reply: its key found then is this call's own.
-    let mut lost_here = false;
     for _ in 0..ATTEMPTS {
-        // The keys, the bindings of those written and their charges: requests sent together.
+        let read = running.read().await?;
+        let failed_compare = txn.first_failed(&read.reads);
+        if let Some(refusal) = refused(txn.branch(failed_compare), &read.reads, &read.bindings) {
+            recheck.confirm(session, TxnError::Binding(refusal)).await?;
+            continue;
+        }
+        if let Some(outcome) = running.attempt(&read, failed_compare).await? {
+            return Ok(outcome);
+        }
+    }
+    Err(TxnError::Contended)
+}
+
+/// A transaction being run: what its attempts share.
+struct Running<'a> {
+    session: &'a Session,
+    txn: &'a Txn,
+    max_value_bytes: usize,
+    payer: Payer<'a>,
+    bound: Bindings<'a>,
+    key: Option<&'a str>,
+    /// Every key it reads ([Txn::keys]).
+    keys: Vec<String>,
+    /// The charge ids of the keys it writes.
+    charge_ids: Vec<String>,
+    /// The missing parents of absent keys, once a commit failed for want of one.
+    missing: HashMap<String, Vec<String>>,
+    /// Whether a commit of this call lost its reply: its key found then is this call's own.
+    lost_here: bool,
+}
+
+/// What an attempt read: the keys, the bindings of those written, and their charges.
+struct Read {
+    reads: HashMap<String, Option<Entry>>,
+    bindings: HashMap<String, Option<ReadBinding>>,
+    charges: HashMap<String, Vec<(usage::Charge, i32)>>,
+}
+
+impl Txn {
+    /// The branch that runs when the compare `failed_compare` failed (`None`: all held).
+    pub fn branch(&self, failed_compare: Option<usize>) -> &[Step] {
+        match failed_compare {
+            None => &self.then,
+            Some(_) => &self.otherwise,
+        }
+    }
+}
+
+impl Running<'_> {
+    /// Reads the keys, the bindings of those written and their charges: requests sent
+    /// together, one round trip.
+    async fn read(&self) -> Result<Read, TxnError> {
+        let client = self.session.client();
         let (read, bindings, charges) = tokio::join!(
-            crate::zk::get_each_of_size(client, &keys, max_value_bytes),
-            read_bindings(client, txn, bound.keys.root()),
-            payer.quotas.charges_of_each(client, &charge_ids),
+            crate::zk::get_each_of_size(client, &self.keys, self.max_value_bytes),
+            read_bindings(client, self.txn, self.bound.keys.root()),
+            self.payer.quotas.charges_of_each(client, &self.charge_ids),
         );
-        let (read, bindings) = (read?, bindings?);
-        let charges: HashMap<String, Vec<(usage::Charge, i32)>> = charge_ids.iter().cloned().zip(charges?).collect();
-        let entries = read.into_iter().map(|read| {
+        let entries = read?.into_iter().map(|read| {
             read.map(|(data, stat)| Entry {
                 data,
                 stat,
                 lease: None,
             })
         });
-        let reads: HashMap<String, Option<Entry>> = keys.iter().cloned().zip(entries).collect();
-        let failed_compare = txn.first_failed(&reads);
-        let branch = if failed_compare.is_none() {
-            &txn.then
-        } else {
-            &txn.otherwise
-        };
-        if let Some(refusal) = refused(branch, &reads, &bindings) {
-            recheck.confirm(session, TxnError::Binding(refusal)).await?;
-            continue;
-        }
-        let planned = plan(branch, &reads, &missing, &bindings);
-        let made = new_bindings(&planned, &bound)?;
+        Ok(Read {
+            reads: self.keys.iter().cloned().zip(entries).collect(),
+            bindings: bindings?,
+            charges: self.charge_ids.iter().cloned().zip(charges?).collect(),
+        })
+    }
+
+    /// Commits the branch that `read` picks, pinned to it: its outcome, or `None` to go again.
+    async fn attempt(&mut self, read: &Read, failed_compare: Option<usize>) -> Result<Option<Outcome>, TxnError> {
+        let (client, root) = (self.session.client(), self.bound.keys.root());
+        let branch = self.txn.branch(failed_compare);
+        let planned = plan(branch, &read.reads, &self.missing, &read.bindings);
+        let made = new_bindings(&planned, &self.bound)?;
         // The bindings a delete removes, whose tasks here end after the commit.
         let unbound: Vec<(String, Binding)> = (planned.iter())
             .filter_map(|step| match step {
                 Planned::Unbind { path, .. } => {
-                    let read = bindings.get(path).cloned().flatten()?;
-                    Some((key_name(bound.keys.root(), path).to_string(), read.binding))
+                    let read = read.bindings.get(path).cloned().flatten()?;
+                    Some((key_name(root, path).to_string(), read.binding))
                 }
                 _ => None,
             })
             .collect();
+        let options = CreateMode::Persistent.with_acls(crate::zk::acls());
         let mut multi = Multi::new(client);
-        if let Some(key) = key {
+        if let Some(key) = self.key {
             // First: a retry whose first attempt applied is refused here, before any pin.
-            let record = record_of(txn, branch, &reads, failed_compare)?;
+            let record = record_of(self.txn, branch, &read.reads, failed_compare)?;
             multi.create(Planned::Key, key, &record, &options)?;
         }
-        let mut guards = Vec::new();
-        for (lease, new) in made.values().map(|new| (&new.lease.id, new)) {
-            if !guards.iter().any(|(id, _, _)| id == lease) {
-                let guard = new.lease.guard(&mut multi, Planned::Guard { lease: lease.clone() })?;
-                guards.push((lease.clone(), new.lease.clone(), guard));
-            }
-        }
+        let guards = guard_leases(&mut multi, &made)?;
         for planned in planned {
-            add(&mut multi, planned, &options, (bound.keys.root(), &made))?;
+            add(&mut multi, planned, &options, (root, &made))?;
         }
-        charge(&mut multi, branch, &payer, client, &charges).await?;
+        charge(&mut multi, branch, &self.payer, client, &read.charges).await?;
         let committed = multi.commit().await;
-        let refused_guard = match &committed {
-            Err(Failed::Refused {
-                tag: Planned::Guard { lease },
-                error,
-            }) => Some((lease.clone(), error.clone())),
-            _ => None,
-        };
-        for (id, lease, guard) in guards {
-            let error = refused_guard.as_ref().filter(|(refused, _)| *refused == id);
-            match lease.guarded(guard, error.map(|(_, error)| error.clone())) {
-                Ok(_) => {}
-                // A visitor guards with the version it read: the lease may only have changed
-                // keeper since.
-                Err(GuardError::LeaseMoved) if lease.is_visiting() && lease.refresh(client).await? => {}
-                Err(GuardError::LeaseMoved) => return Err(TxnError::LeaseEnded(id)),
-                Err(GuardError::ZooKeeper(err)) => return Err(err.into()),
-            }
-        }
-        match committed {
+        settle_guards(client, guards, &committed).await?;
+        let failed = match committed {
             Ok(done) => {
-                take_up(&made, &bound);
+                take_up(&made, &self.bound);
                 for (name, binding) in &unbound {
-                    super::kv::settled(bound.keys, name, binding).await;
+                    super::kv::settled(self.bound.keys, name, binding).await;
                 }
-                // Servers may leave a created node's stat out of a multi-op's reply: read those.
-                let unstated: Vec<String> = (branch.iter())
-                    .filter(|step| matches!(step, Step::Put { .. }) && put_stat(&done, step.path()).is_none())
-                    .map(|step| step.path().to_string())
-                    .collect();
-                let stats = crate::zk::stat_each(client, &unstated).await?;
-                let fresh = unstated
-                    .into_iter()
-                    .zip(stats)
-                    .filter_map(|(path, stat)| Some((path, stat?)));
-                let results = results(branch, &reads, &done, &fresh.collect());
-                return Ok(Outcome {
-                    failed_compare,
-                    results,
-                    repeated: false,
-                });
+                return Ok(Some(self.answer(read, failed_compare, &done).await?));
             }
-            // A lease's guard refused, said above: again.
-            Err(Failed::Refused {
-                tag: Planned::Guard { .. },
-                ..
-            }) => {}
+            Err(failed) => failed,
+        };
+        self.after_refused(read, branch, failed).await
+    }
+
+    /// The outcome of the branch committed as `done`.
+    async fn answer(
+        &self,
+        read: &Read,
+        failed_compare: Option<usize>,
+        done: &Done<Planned>,
+    ) -> Result<Outcome, TxnError> {
+        let branch = self.txn.branch(failed_compare);
+        // Servers may leave a created node's stat out of a multi-op's reply: read those.
+        let unstated: Vec<String> = (branch.iter())
+            .filter(|step| matches!(step, Step::Put { .. }) && put_stat(done, step.path()).is_none())
+            .map(|step| step.path().to_string())
+            .collect();
+        let stats = crate::zk::stat_each(self.session.client(), &unstated).await?;
+        let fresh = unstated
+            .into_iter()
+            .zip(stats)
+            .filter_map(|(path, stat)| Some((path, stat?)));
+        Ok(Outcome {
+            failed_compare,
+            results: results(branch, &read.reads, done, &fresh.collect()),
+            repeated: false,
+        })
+    }
+
+    /// After the commit of `branch`, as read, `failed`: the outcome (a key that says it applied
+    /// before), `None` to go again, or why it applies nothing.
+    async fn after_refused(
+        &mut self,
+        read: &Read,
+        branch: &[Step],
+        failed: Failed<Planned>,
+    ) -> Result<Option<Outcome>, TxnError> {
+        let client = self.session.client();
+        match failed {
             // The key is there: this transaction applied before (its reply lost), or another
             // used the key.
-            Err(Failed::Refused {
+            Failed::Refused {
                 tag: Planned::Key,
                 error: ZkError::NodeExists,
-            }) => {
-                if let Some(before) = answered_before(client, key.unwrap_or_default(), txn).await? {
-                    let repeated = !lost_here;
-                    return Ok(Outcome { repeated, ..before });
-                }
+            } => {
+                let key = self.key.unwrap_or_default();
+                let before = answered_before(client, key, self.txn).await?;
+                let repeated = !self.lost_here;
+                Ok(before.map(|before| Outcome { repeated, ..before }))
             }
             // Its parent is missing: made, then again.
-            Err(Failed::Refused {
+            Failed::Refused {
                 tag: Planned::Key,
                 error: ZkError::NoNode,
-            }) => {
-                let base = &key.unwrap_or_default()[..key.unwrap_or_default().rfind('/').unwrap_or(0)];
-                crate::zk::session::ensure_path(client, base).await?;
+            } => {
+                let base = keys_base(self.bound.keys.root());
+                crate::zk::session::ensure_path(client, &base).await?;
+                Ok(None)
             }
             // Applied or not: with a key, the next attempt tells.
-            Err(failed) if failed.is_loss() && key.is_some() => lost_here = true,
+            failed if failed.is_loss() && self.key.is_some() => {
+                self.lost_here = true;
+                Ok(None)
+            }
             // An absent key's parent is missing (or went): find the missing ones, then again.
-            Err(Failed::Refused {
+            Failed::Refused {
                 tag: Planned::PinnedAbsent { .. } | Planned::Parent { .. } | Planned::Create { .. },
                 error: ZkError::NoNode,
-            }) => {
-                for path in keys.iter().filter(|path| matches!(reads.get(*path), Some(None))) {
-                    missing.insert(path.clone(), super::kv::missing_parents(client, path).await?);
+            } => {
+                let absent = self
+                    .keys
+                    .iter()
+                    .filter(|path| matches!(read.reads.get(*path), Some(None)));
+                for path in absent {
+                    let missing = super::kv::missing_parents(client, path).await?;
+                    self.missing.insert(path.clone(), missing);
                 }
+                Ok(None)
             }
-            Err(Failed::Refused {
+            Failed::Refused {
                 tag: Planned::Delete { path, .. },
                 error: ZkError::NotEmpty,
-            }) => return Err(TxnError::NotEmpty(path)),
-            // A key or a binding changed since it was read (its pin, or a write on its
-            // version, refused).
-            Err(Failed::Refused {
+            } => Err(TxnError::NotEmpty(path)),
+            // A lease's guard (said by [settle_guards]), a key or a binding changed since it
+            // was read (its pin, or a write on its version, refused): again.
+            Failed::Refused {
+                tag: Planned::Guard { .. },
+                ..
+            }
+            | Failed::Refused {
                 error: ZkError::BadVersion | ZkError::NodeExists | ZkError::NoNode,
                 ..
-            }) => {}
-            Err(Failed::Refused {
+            } => Ok(None),
+            Failed::Refused {
                 error: ZkError::QuotaExceeded,
                 ..
-            }) => {
+            } => {
                 let bytes = branch.iter().map(Step::bytes).sum();
-                return Err(TxnError::Quota(payer.exceeded(session, bytes).await));
+                Err(TxnError::Quota(self.payer.exceeded(self.session, bytes).await))
             }
-            Err(failed) if failed.is_loss() => return Err(TxnError::OutcomeUnknown),
-            Err(failed) => return Err(TxnError::ZooKeeper(failed.into())),
+            failed if failed.is_loss() => Err(TxnError::OutcomeUnknown),
+            failed => Err(TxnError::ZooKeeper(failed.into())),
         }
     }
-    Err(TxnError::Contended)
+}
+
+/// The guards of the leases `made` binds keys to, one a lease, added to `multi`.
+fn guard_leases(
+    multi: &mut Multi<'_, Planned>,
+    made: &HashMap<String, NewBinding>,
+) -> Result<Vec<(String, Arc<Lease>, Guard)>, ZkError> {
+    let mut guards: Vec<(String, Arc<Lease>, Guard)> = Vec::new();
+    for new in made.values() {
+        let id = &new.lease.id;
+        if !guards.iter().any(|(guarded, _, _)| guarded == id) {
+            let guard = new.lease.guard(multi, Planned::Guard { lease: id.clone() })?;
+            guards.push((id.clone(), new.lease.clone(), guard));
+        }
+    }
+    Ok(guards)
+}
+
+/// Tells each lease whose guard was in the multi-op how it went (`committed`): a guard refused
+/// because a visited lease changed keeper is fine (again); one whose lease ended ends the
+/// transaction.
+async fn settle_guards(
+    client: &zookeeper_client::Client,
+    guards: Vec<(String, Arc<Lease>, Guard)>,
+    committed: &Result<Done<Planned>, Failed<Planned>>,
+) -> Result<(), TxnError> {
+    let refused = match committed {
+        Err(Failed::Refused {
+            tag: Planned::Guard { lease },
+            error,
+        }) => Some((lease.clone(), error.clone())),
+        _ => None,
+    };
+    for (id, lease, guard) in guards {
+        let error = refused.as_ref().filter(|(refused, _)| *refused == id);
+        match lease.guarded(guard, error.map(|(_, error)| error.clone())) {
+            Ok(_) => {}
+            // A visitor guards with the version it read: the lease may only have changed
+            // keeper since.
+            Err(GuardError::LeaseMoved) if lease.is_visiting() && lease.refresh(client).await? => {}
+            Err(GuardError::LeaseMoved) => return Err(TxnError::LeaseEnded(id)),
+            Err(GuardError::ZooKeeper(err)) => return Err(err.into()),
+        }
+    }
+    Ok(())
 }
 
 /// The bindings of the keys `txn` writes, as they are now: each owner record (one multi-read),

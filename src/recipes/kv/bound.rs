@@ -322,10 +322,7 @@ pub(super) async fn write(
     (lease, rebind): (&Arc<Lease>, bool),
 ) -> Result<(i64, bool), WriteError> {
     let (client, path) = (session.client(), key.path.as_str());
-    let mine = payer
-        .quotas
-        .charge_as(client, payer.principal, data.len(), usage::path_id("kv", path))
-        .await?;
+    let mine = super::charge_of(client, &payer, key, data.len()).await?;
     let mut recheck = Recheck::default();
     loop {
         let (current, found) = tokio::join!(

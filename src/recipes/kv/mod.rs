@@ -190,10 +190,7 @@ async fn write_plain(
     rebind: bool,
 ) -> Result<(i64, bool), WriteError> {
     let (client, path) = (session.client(), key.path.as_str());
-    let mine = payer
-        .quotas
-        .charge_as(client, payer.principal, data.len(), usage::path_id("kv", path))
-        .await?;
+    let mine = charge_of(client, &payer, key, data.len()).await?;
     let options = CreateMode::Persistent.with_acls(crate::zk::acls());
     let mut missing: Vec<String> = Vec::new();
     let mut recheck = Recheck::default();
@@ -294,6 +291,18 @@ impl Unbind {
             now => now,
         })
     }
+}
+
+/// The charge of a value of `bytes` at `key` to `payer` (checked against the quota here when the
+/// servers do not enforce it).
+async fn charge_of(
+    client: &Client,
+    payer: &Payer<'_>,
+    key: &Key<'_>,
+    bytes: usize,
+) -> Result<usage::Charge, WriteError> {
+    let id = usage::path_id("kv", &key.path);
+    Ok(payer.quotas.charge_as(client, payer.principal, bytes, id).await?)
 }
 
 /// Adds to a kv write's multi-op what keeps it off a bound key: with nothing to `unbind`, the
