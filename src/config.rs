@@ -62,6 +62,11 @@ pub struct ServeConfig {
     #[arg(long, env = "ZKGATE_LEASE_TTL_MAX", default_value = "1h", value_parser = parse_duration)]
     pub lease_ttl_max: Duration,
 
+    /// Longest lock-delay a lease may ask for (`lock_delay`): how long the locks, read/write
+    /// locks and permits of a lease that expired stay held by it before they are released.
+    #[arg(long, env = "ZKGATE_MAX_LOCK_DELAY", default_value = "60s", value_parser = parse_duration)]
+    pub max_lock_delay: Duration,
+
     /// Longest a blocking call (`?wait=`) may wait; longer waits are cut to it. Also the wait of
     /// a blocking call that does not give one.
     #[arg(long, env = "ZKGATE_MAX_WAIT", default_value = "60s", value_parser = parse_duration)]

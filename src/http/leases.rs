@@ -55,6 +55,7 @@ pub async fn lease_for(
             }
             let new = NewLease {
                 ttl,
+                lock_delay: Duration::ZERO,
                 idempotency_key: None,
                 with_first_holding: true,
             };
@@ -117,6 +118,12 @@ const MAX_IDEMPOTENCY_KEY: usize = 200;
 pub struct CreateLease {
     /// Time to live without a keepalive; clamped to the server's bounds. Default: the server's.
     pub ttl: Option<HumanDuration>,
+    /// How long the locks, read/write locks and semaphore permits it holds stay held after it
+    /// *expires* (its holder was cut off, and its last writes may still be in flight), before
+    /// they are released: Chubby's and Consul's lock-delay. A release, or the lease's `DELETE`,
+    /// releases at once. At most the server's `--max-lock-delay` (60s by default). Default 0.
+    #[schema(value_type = Option<String>, example = "15s")]
+    pub lock_delay: Option<HumanDuration>,
 }
 
 /// A lease and everything held on its behalf.
@@ -144,6 +151,9 @@ pub struct LeaseView {
     #[schema(format = DateTime)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_keepalive_at: Option<String>,
+    /// Its lock-delay, when it asked for one (see `CreateLease`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lock_delay_ms: Option<u64>,
     /// Locks (and later other resources) held or waited for with this lease.
     pub holdings: Vec<HoldingView>,
 }
@@ -159,6 +169,7 @@ impl LeaseView {
             remaining_ms: kept.then(|| lease.remaining().as_millis() as u64),
             created_at: timestamp(lease.created_at),
             last_keepalive_at: kept.then(|| timestamp(lease.last_keepalive())),
+            lock_delay_ms: (!lease.lock_delay.is_zero()).then_some(lease.lock_delay.as_millis() as u64),
             holdings: lease.holdings(),
         }
     }
@@ -208,12 +219,20 @@ pub async fn create_lease(
     ApiJson(body): ApiJson<Option<CreateLease>>,
 ) -> Result<Response, ApiError> {
     let key = idempotency_key(&headers)?;
-    let ttl = body.unwrap_or_default().ttl.map(|t| t.0);
+    let body = body.unwrap_or_default();
+    let ttl = body.ttl.map(|t| t.0);
     if ttl.is_some_and(|t| t.is_zero()) {
         return Err(ApiError::invalid(Place::Body, "ttl", "must be above zero"));
     }
+    let lock_delay = body.lock_delay.map_or(Duration::ZERO, |d| d.0);
+    let most = state.config.max_lock_delay;
+    if lock_delay > most {
+        let detail = format!("must be at most {} ms (`--max-lock-delay`)", most.as_millis());
+        return Err(ApiError::invalid(Place::Body, "lock_delay", detail));
+    }
     let new = NewLease {
         ttl,
+        lock_delay,
         idempotency_key: key,
         with_first_holding: false,
     };

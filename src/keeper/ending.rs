@@ -11,7 +11,14 @@ impl Registry {
     pub(super) async fn end(self: &Arc<Self>, lease: &Arc<Lease>, reason: EndReason) -> Result<(), LeaseError> {
         if let Some(version) = lease.version() {
             let session = lease.session().await?;
-            let written = self.record(lease.ttl, lease.requested_ttl, lease.owner.clone(), lease.created_at);
+            let at = lease.created_at;
+            let written = self.record(
+                lease.ttl,
+                lease.requested_ttl,
+                lease.owner.clone(),
+                at,
+                lease.lock_delay,
+            );
             match record::mark_ended(session.client(), &lease.path, &written, version, reason).await {
                 // More holding records than holdings here: some are driven by other instances
                 // (visitors), maybe gone ones. They end with the lease, here: taken up before

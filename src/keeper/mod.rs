@@ -120,6 +120,9 @@ struct Table {
 /// What to make of a new lease.
 pub struct NewLease<'a> {
     pub ttl: Option<Duration>,
+    /// How long the locks it holds stay held after it expires (zero: none; bounded by
+    /// `--max-lock-delay` before it gets here).
+    pub lock_delay: Duration,
     pub idempotency_key: Option<&'a str>,
     /// Its record is written with the first thing it holds (see [Lease::guard]): a lease made
     /// for one request that holds something at once costs no write of its own.
@@ -215,7 +218,9 @@ impl Leases {
         let id = crate::ids::owned_id(&self.inner.instance);
         let path = record::path(&self.inner.root, &id);
         let created_at = SystemTime::now();
-        let written = self.inner.record(ttl, new.ttl, owner.clone(), created_at);
+        let written = self
+            .inner
+            .record(ttl, new.ttl, owner.clone(), created_at, new.lock_delay);
         {
             let mut table = self.inner.table();
             if let Some(existing) = key
@@ -249,6 +254,8 @@ impl Leases {
                 created_at,
                 path,
                 owner,
+                lock_delay: new.lock_delay,
+                ended_ms: None,
                 version,
                 deadline: Instant::now() + ttl,
                 here: self.inner.instance.clone(),
@@ -486,7 +493,14 @@ impl Registry {
 
     /// The record of a lease kept here, as written (before its end): `ttl` granted, `asked`
     /// requested, owned by `owner`, made `at`.
-    fn record(&self, ttl: Duration, asked: Option<Duration>, owner: Option<String>, at: SystemTime) -> LeaseRecord {
+    fn record(
+        &self,
+        ttl: Duration,
+        asked: Option<Duration>,
+        owner: Option<String>,
+        at: SystemTime,
+        lock_delay: Duration,
+    ) -> LeaseRecord {
         LeaseRecord {
             ttl_ms: ttl.as_millis() as u64,
             requested_ttl_ms: asked.filter(|r| *r != ttl).map(|r| r.as_millis() as u64),
@@ -495,6 +509,7 @@ impl Registry {
             keeper: self.instance.to_string(),
             ended: None,
             ended_ms: None,
+            lock_delay_ms: (!lock_delay.is_zero()).then_some(lock_delay.as_millis() as u64),
         }
     }
 
@@ -508,6 +523,8 @@ impl Registry {
             created_at: crate::time::from_millis(found.record.created_ms),
             path: record::path(&self.root, id),
             owner: found.record.principal.clone(),
+            lock_delay: Duration::from_millis(found.record.lock_delay_ms.unwrap_or(0)),
+            ended_ms: found.record.ended_ms,
             version: Ok(version),
             deadline,
             here: self.instance.clone(),

@@ -85,6 +85,9 @@ event_kinds! {
         Lost => "lost",
         /// Someone asked the holder to give it up.
         Revocation => "revocation",
+        /// Its holder's lease expired, and it stays held by it until `held_by_ended_lease_until`
+        /// (the lease's lock-delay).
+        HeldByEndedLease => "held-by-ended-lease",
         /// Only the queue changed.
         Waiters => "waiters",
     }
@@ -148,6 +151,10 @@ impl Source for LockTopic {
         };
         if asked(before) != asked(after) {
             return Some(LockEvent::Revocation);
+        }
+        let delayed = |s: &LockState| s.holder.as_ref().and_then(|h| h.held_by_ended_lease_until.clone());
+        if delayed(before) != delayed(after) {
+            return Some(LockEvent::HeldByEndedLease);
         }
         (before.waiter_count != after.waiter_count).then_some(LockEvent::Waiters)
     }

@@ -24,7 +24,7 @@ use serde::Serialize;
 use utoipa::ToSchema;
 use zookeeper_client::{Client, CreateMode, Error as ZkError, EventType};
 
-use super::engine::contender::{Next, Sequential, queue_until_held};
+use super::engine::contender::{DELAYED_UNTIL, Next, Sequential, mark, queue_until_held};
 use super::engine::handle::{
     Exit, Guarded, Handle, Handles, Node, NotCreated, Protocol, Refused, delete_all, delete_held, write_held,
 };
@@ -129,6 +129,23 @@ impl Protocol for PermitRequest {
         }
         delete_held(client, &nodes, &handle.record_path(), &handle.id, &[]).await?;
         Ok(true)
+    }
+
+    /// A permit held (its lease node among the first `permits`) is marked with `delayed_until`.
+    async fn hold_delayed(&self, handle: &Permit, client: &Client, until_ms: i64) -> Result<bool, ZkError> {
+        let Some(node) = self.lease.find(client).await? else {
+            return Ok(false);
+        };
+        let children = crate::zk::children(client, &self.lease.dir).await?;
+        if permit_step(&children, &node.name, self.permits) != PermitStep::Hold {
+            return Ok(false);
+        }
+        let path = format!("{}/{}", self.lease.dir, node.name);
+        let marked = mark(client, &path, DELAYED_UNTIL, serde_json::json!(until_ms)).await?;
+        if marked {
+            handle.set_delayed(until_ms);
+        }
+        Ok(marked)
     }
 
     fn record(&self, handle: &Permit) -> HoldingRecord {

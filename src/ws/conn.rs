@@ -311,6 +311,7 @@ impl Conn {
             Some(existing) => self.state.leases.take_over(&self.caller, &existing, None, true).await,
             None => {
                 let new = crate::keeper::NewLease {
+                    lock_delay: std::time::Duration::ZERO,
                     ttl: Some(ttl.unwrap_or(SOCKET_LEASE_TTL)),
                     idempotency_key: None,
                     with_first_holding: false,

@@ -582,3 +582,37 @@ async fn items_a_curator_delay_queue_schedules_are_taken_over_http_no_earlier_th
     }
     curator.quit().await;
 }
+
+/// Lock-delay, seen by Curator: a lock whose HTTP holder's lease expired stays held for the
+/// lease's `lock_delay` (its contender node stays), so an `InterProcessMutex` waiter is not
+/// granted before the TTL and the delay have passed, and is within a bound after them.
+#[tokio::test]
+async fn a_curator_waiter_waits_out_the_lock_delay_of_an_expired_http_holder() {
+    let zk = zookeeper().await;
+    let connect = zk.connect_string();
+    let gate = Gate::start(&connect).await;
+    let mut peer = Peer::curator(&connect, "/zkgate/locks/delayed").await;
+    let started = std::time::Instant::now();
+    let made = gate
+        .post(
+            "/v1/leases",
+            Some(serde_json::json!({ "ttl": "1s", "lock_delay": "3s" })),
+        )
+        .await;
+    assert_eq!(made.status, StatusCode::CREATED, "{made:?}");
+    let held = gate.acquire("delayed", &made.str("id"), "wait=0").await;
+    assert_eq!(held.status, StatusCode::OK, "{held:?}");
+    // The holder says nothing more: its lease expires after 1 s, the lock is held 3 s more.
+    assert_eq!(peer.send("acquire 30000").await, "ACQUIRED");
+    let at = started.elapsed();
+    assert!(
+        at >= Duration::from_secs(4),
+        "Curator was granted {at:?} after: within the delay"
+    );
+    assert!(
+        at <= Duration::from_secs(9),
+        "Curator was granted {at:?} after: past the bound"
+    );
+    assert_eq!(peer.send("release").await, "RELEASED");
+    peer.quit().await;
+}

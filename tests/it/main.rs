@@ -38,6 +38,7 @@ mod layers;
 mod leases;
 mod limits;
 mod linearizability;
+mod lock_delay;
 mod lock_runner;
 mod lock_sets;
 mod locks;

@@ -256,6 +256,30 @@ impl Sequential {
     }
 }
 
+/// The member of a zkgate contender's JSON that says until when (ms since the Unix epoch) its
+/// lease, ended, still holds it ([Protocol::hold_delayed]).
+pub const DELAYED_UNTIL: &str = "delayed_until";
+
+/// Adds `field: value` to the JSON data of the zkgate node at `path`, whatever else it holds
+/// (a revocation); `false` if the node is not a zkgate one (not JSON naming a lease).
+pub async fn mark(client: &Client, path: &str, field: &str, value: serde_json::Value) -> Result<bool, ZkError> {
+    loop {
+        let (data, stat) = retry_on_loss(|| client.get_data(path)).await?;
+        let mut json = match serde_json::from_slice::<serde_json::Value>(&data) {
+            Ok(json) if json.get("lease").is_some() => json,
+            _ => return Ok(false),
+        };
+        json[field] = value.clone();
+        let bytes = serde_json::to_vec(&json).unwrap_or_default();
+        match retry_on_loss(|| client.set_data(path, &bytes, Some(stat.version))).await {
+            Ok(_) => return Ok(true),
+            // Changed meanwhile (a revocation): read again and write over it.
+            Err(ZkError::BadVersion) => continue,
+            Err(err) => return Err(err),
+        }
+    }
+}
+
 /// The children of `dir` (listed again after a connection loss). Unlike [crate::zk::children],
 /// a missing `dir` is not an empty list: it ends the run as [Exit::from_error] says (the
 /// contender's own node was in it).
@@ -429,6 +453,27 @@ impl Protocol for Contention {
             },
             driver: Some(handle.lease.here.to_string()),
         }
+    }
+
+    /// A lock's or a read/write lock's holder (not an election's leader) marks its node with
+    /// `delayed_until` in its JSON, where [super::view] reads it.
+    async fn hold_delayed(&self, handle: &Contender, client: &Client, until_ms: i64) -> Result<bool, ZkError> {
+        if !matches!(self.role.kind, Kind::Lock | Kind::RwLock) {
+            return Ok(false);
+        }
+        let Some(node) = self.node.find(client).await? else {
+            return Ok(false);
+        };
+        let children = crate::zk::children(client, &self.node.dir).await?;
+        if self.role.next_step(&children, &node.name) != Next::Hold {
+            return Ok(false);
+        }
+        let path = format!("{}/{}", self.node.dir, node.name);
+        let marked = mark(client, &path, DELAYED_UNTIL, serde_json::json!(until_ms)).await?;
+        if marked {
+            handle.set_delayed(until_ms);
+        }
+        Ok(marked)
     }
 
     /// A forced revocation if one was asked with a grace, else unknown.

@@ -147,6 +147,9 @@ pub struct Lease {
     /// The TTL asked for, if one was (it may differ from `ttl` by the policy's clamping).
     pub requested_ttl: Option<Duration>,
     pub created_at: SystemTime,
+    /// How long the locks it holds stay held after it expired (zero: none). See
+    /// [Lease::delayed_until].
+    pub lock_delay: Duration,
     /// The instance's session (lane) the lease's writes go through while kept here, so that
     /// they keep their order. Not bound to one session of it: the holdings are persistent.
     pub zk: ZkSession,
@@ -164,6 +167,8 @@ pub struct Lease {
     dropped: CancellationToken,
     /// Why it ended, once it has.
     end_reason: std::sync::OnceLock<EndReason>,
+    /// When it ended, once it has (as its record says, when it ended elsewhere).
+    ended_at: std::sync::OnceLock<SystemTime>,
     inner: Mutex<LeaseInner>,
 }
 
@@ -182,6 +187,9 @@ pub struct Kept {
     pub created_at: SystemTime,
     pub path: String,
     pub owner: Option<String>,
+    pub lock_delay: Duration,
+    /// When it ended, for a lease taken up from a tombstone (ms since the Unix epoch).
+    pub ended_ms: Option<i64>,
     /// The record's version, or `None` for a new lease whose record is written with its first
     /// holding (its data given here).
     pub version: Result<i32, Vec<u8>>,
@@ -205,7 +213,13 @@ impl Lease {
     }
 
     fn made(kept: Kept, zk: ZkSession, visiting: bool) -> Lease {
+        let ended_at = std::sync::OnceLock::new();
+        if let Some(ms) = kept.ended_ms {
+            let _ = ended_at.set(crate::time::from_millis(ms));
+        }
         Lease {
+            lock_delay: kept.lock_delay,
+            ended_at,
             id: kept.id,
             ttl: kept.ttl,
             requested_ttl: kept.requested_ttl,
@@ -276,6 +290,9 @@ impl Lease {
                 true
             }
             Some(found) => {
+                if let Some(ms) = found.record.ended_ms {
+                    let _ = self.ended_at.set(crate::time::from_millis(ms));
+                }
                 self.end(found.record.ended.unwrap_or(EndReason::Expired));
                 false
             }
@@ -428,7 +445,21 @@ impl Lease {
     pub fn end(&self, reason: EndReason) {
         let _inner = self.lock();
         let _ = self.end_reason.set(reason);
+        let _ = self.ended_at.set(SystemTime::now());
         self.ended.cancel();
+    }
+
+    /// Until when what it held as a lock stays held by it, ended: its end plus its lock-delay,
+    /// if it ended by expiry (its holder was cut off, and may still be writing) and asked for
+    /// one. `None` for a lease that lives, was deleted (its holder let go), or has no delay.
+    pub fn delayed_until(&self) -> Option<SystemTime> {
+        let expired = self.end_reason() == Some(EndReason::Expired);
+        let ended = self
+            .ended_at
+            .get()
+            .copied()
+            .filter(|_| expired && !self.lock_delay.is_zero())?;
+        Some(ended + self.lock_delay)
     }
 
     /// Stops keeping the lease here without ending it: its holdings stop and leave their znodes

@@ -99,6 +99,10 @@ pub struct LeaseRecord {
     /// When it ended, ms since the Unix epoch.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ended_ms: Option<i64>,
+    /// Its lock-delay, if it asked for one: how long what it held as a lock stays held after it
+    /// expired (docs/PRIMITIVES.md, part 3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lock_delay_ms: Option<u64>,
 }
 
 impl LeaseRecord {
@@ -514,6 +518,7 @@ mod tests {
             keeper: "0123abcd".into(),
             ended: None,
             ended_ms: None,
+            lock_delay_ms: Some(15_000),
         };
         assert_eq!(LeaseRecord::parse(&record.to_bytes()), Some(record.clone()));
         let newer = br#"{"ttl_ms":5,"created_ms":2,"keeper":"x","ended":"expired","ended_ms":3,"later":1}"#;

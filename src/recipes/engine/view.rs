@@ -142,6 +142,11 @@ pub struct ContenderView {
     /// Who asked, why and when (for zkgate's holders; Curator's signal carries no record).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub revocation: Option<revocation::Revocation>,
+    /// Its lease expired, and it stays held by it until then (the lease's lock-delay): nobody
+    /// else is granted before.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(format = DateTime, example = "2026-11-22T10:00:15.000Z")]
+    pub held_by_ended_lease_until: Option<String>,
 }
 
 impl ContenderView {
@@ -164,6 +169,7 @@ impl ContenderView {
         };
         let revocation = revocation::record_in(&record.data);
         ContenderView {
+            held_by_ended_lease_until: delayed_until(&record.data).map(|ms| timestamp(from_millis(ms))),
             revocation_requested: revocation.is_some() || record.data == revocation::CURATOR_REVOKE,
             revocation,
             node: record.name.clone(),
@@ -193,8 +199,15 @@ impl ContenderView {
             held_since: None,
             revocation_requested: false,
             revocation: None,
+            held_by_ended_lease_until: None,
         }
     }
+}
+
+/// Until when a zkgate contender's node says its ended lease holds it (its lock-delay).
+pub fn delayed_until(data: &[u8]) -> Option<i64> {
+    let value: serde_json::Value = serde_json::from_slice(data).ok()?;
+    value.get(super::contender::DELAYED_UNTIL)?.as_i64()
 }
 
 /// What happened to the holders of a shared resource (a read/write lock's, a semaphore's)

@@ -115,6 +115,8 @@ pub struct HandleState {
     pub node: Option<Node>,
     /// Whether it was ever granted: its fencing token is meaningful (held, or lost after).
     pub granted: bool,
+    /// Until when (ms since the Unix epoch) it stays held by its lease, expired: its lock-delay.
+    pub delayed_until: Option<i64>,
     /// A request to give the lock up, once its holder has seen one.
     pub revocation: Option<Revocation>,
 }
@@ -187,6 +189,19 @@ pub trait Protocol: Send + Sync + Sized + 'static {
     /// Whether it shows among its lease's holdings.
     fn shown(&self) -> bool {
         true
+    }
+
+    /// For a lock-delay ([crate::recipes::engine::lease::Lease::delayed_until]): if this
+    /// holding holds a lock (not a membership, nor leadership), marks its node as held by an
+    /// ended lease until `until` (ms since the Unix epoch), where views read it, and says
+    /// whether it does. The node then stays until `until`. By default: it does not.
+    fn hold_delayed(
+        &self,
+        _handle: &Handle<Self>,
+        _client: &Client,
+        _until_ms: i64,
+    ) -> impl Future<Output = Result<bool, ZkError>> + Send {
+        async { Ok(false) }
     }
 
     /// Why a held node vanished, for a release that found it gone.
@@ -290,6 +305,11 @@ impl<P: Protocol> Handle<P> {
     /// keeps its lease now), and, unless it was lost, off its lease.
     pub async fn finished(&self) {
         let _ = self.finished.subscribe().wait_for(|f| *f).await;
+    }
+
+    /// Held by its lease, expired, until `until_ms` (its lock-delay).
+    pub fn set_delayed(&self, until_ms: i64) {
+        self.state.send_modify(|s| s.delayed_until = Some(until_ms));
     }
 
     /// Records the handle's znode (what decides its place, and its fencing token).

@@ -85,6 +85,9 @@ async fn run_until_stopped<P: Protocol>(handle: &Arc<Handle<P>>) -> Stop {
             // Its watches went with the session: on the next one.
             Stop::Exit(Exit::Interrupted) => ended_generation = Some(session.generation),
             Stop::Leave => {
+                if let Some(stop) = hold_for_lock_delay(handle, client).await {
+                    break stop;
+                }
                 // Clean up while the run (pinned in this block) and its watches are still alive:
                 // a deletion fires a watch and the server forgets it, where dropping it first
                 // would cost a removeWatches request on every release.
@@ -99,6 +102,38 @@ async fn run_until_stopped<P: Protocol>(handle: &Arc<Handle<P>>) -> Stop {
             }
             stop => break stop,
         }
+    }
+}
+
+/// A lock held by a lease that *expired* stays held for the lease's lock-delay (Chubby's and
+/// Consul's): its holder was cut off, not letting go, and its last writes may still be on their
+/// way to what the lock guards. So its node stays, and every waiter, zkgate's, Curator's or
+/// kazoo's alike, keeps waiting on it with nothing to know; it is marked with the time it goes
+/// (for views), and deleted then, or at once if its holder releases it meanwhile. Whichever
+/// instance ends the lease holds the delay, counted from the end its record says: the keeper
+/// that expired it, a visitor that drives the lock, or the one that takes the tombstone up
+/// after they are gone (the reaper's take-up: then the delay is late by the reaper's period
+/// at most). `Some(Stop::Drop)` if the lease left this instance meanwhile.
+async fn hold_for_lock_delay<P: Protocol>(handle: &Arc<Handle<P>>, client: &zookeeper_client::Client) -> Option<Stop> {
+    let until = handle.lease.delayed_until()?;
+    let left = until.duration_since(std::time::SystemTime::now()).ok()?;
+    if handle.release.is_cancelled() {
+        return None;
+    }
+    let until_ms = crate::time::millis_of(until);
+    match handle.protocol.hold_delayed(handle, client, until_ms).await {
+        Ok(true) => {}
+        Ok(false) => return None,
+        Err(err) => {
+            // Unmarked, the lock is still held (its node stays): the delay goes on.
+            tracing::debug!(handle = %handle.id, error = %err, "could not mark a delayed lock");
+        }
+    }
+    tracing::info!(kind = %handle.protocol.kind(), name = %handle.name, lease = %handle.lease.id, delay = ?left, "lock held by an expired lease for its lock-delay");
+    tokio::select! {
+        _ = tokio::time::sleep(left) => None,
+        _ = handle.release.cancelled() => None,
+        _ = handle.lease.dropped().cancelled() => Some(Stop::Drop),
     }
 }
 
