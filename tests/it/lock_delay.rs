@@ -145,3 +145,56 @@ async fn a_write_lock_and_a_permit_of_an_expired_lease_stay_held_for_its_lock_de
         );
     }
 }
+
+/// The instance that ended the lease dies in the middle of the delay: the instance that takes
+/// the lease's remains up holds the rest of the delay, counted from the end the lease's record
+/// says, so the waiter is still not granted before it.
+#[tokio::test]
+async fn the_delay_outlives_the_instance_that_ended_the_lease() {
+    use common::process::Process;
+    use reqwest::Method;
+    let zk = zookeeper().await;
+    let connect = zk.connect_string();
+    let mut keeper = Process::start(&connect).await;
+    let other = Process::start(&connect).await;
+    let started = Instant::now();
+    let made = keeper
+        .call(
+            Method::POST,
+            "/v1/leases",
+            Some(json!({ "ttl": "1s", "lock_delay": "8s" })),
+        )
+        .await;
+    assert_eq!(made.0, StatusCode::CREATED, "{made:?}");
+    let holder = made.1["id"].as_str().expect("id").to_string();
+    let path = "/v1/locks/ledger/acquire?wait=0";
+    let held = keeper.call(Method::POST, path, Some(json!({ "lease": holder }))).await;
+    assert_eq!(held.0, StatusCode::OK, "{held:?}");
+    let http = common::http_client();
+    let mut events = Sse::open(&http, &format!("{}/v1/locks/ledger/events", other.url), None).await;
+    let mut seen = vec![events.next().await];
+    let waiter = {
+        let url = other.url.clone();
+        tokio::spawn(async move {
+            let reply = common::http_client()
+                .post(format!("{url}/v1/locks/ledger/acquire?wait=40s"))
+                .send()
+                .await
+                .expect("acquire");
+            (reply.status(), started.elapsed())
+        })
+    };
+    events
+        .until("lock:ledger", &mut seen, |e| e["type"] == "held-by-ended-lease")
+        .await;
+    keeper.kill().await;
+    let (status, at) = common::within(Duration::from_secs(60), "the waiter's grant", waiter)
+        .await
+        .expect("waiter");
+    assert_eq!(status, StatusCode::OK);
+    assert!(at >= Duration::from_secs(9), "granted {at:?} after: within the delay");
+    assert!(
+        at <= Duration::from_secs(9) + BOUND * 3,
+        "granted {at:?} after: the reaper's bound passed"
+    );
+}
