@@ -133,6 +133,15 @@ try {
   expect(await page.evaluate(() => window.__noReload === true), "the page was reloaded");
   expect(foreign.length === 0, "the page loaded from elsewhere: " + foreign.join(", "));
   await page.screenshot({ path: screenshot, fullPage: true });
+  // A lock whose holder's lease expired, held for the lease's lock-delay: the holder shows it.
+  const short = await api("POST", "/v1/leases", { ttl: "1s", lock_delay: "20s" });
+  expect(short.status === 201, "a lease with a lock-delay: " + short.status);
+  const ledger = await api("POST", "/v1/locks/ledger/acquire?wait=0", { lease: short.json.id });
+  expect(ledger.status === 200, "ledger: " + ledger.status);
+  await page.waitForFunction(() => {
+    const cell = document.querySelector('#locks tr[data-name="ledger"] td.holder');
+    return cell && cell.textContent.includes("ended, held until");
+  }, null, { timeout: 15000 }).catch(() => { throw new Error("the delayed lock's holder never said it is held by an ended lease"); });
 
   // The icon browsers ask for is there.
   const icon = await fetch(base + "/favicon.ico");

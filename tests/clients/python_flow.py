@@ -123,13 +123,17 @@ def main() -> int:
     @step("create two leases")
     def _() -> None:
         for key in ("lease", "other"):
+            # The second asks for a lock-delay, which its view says.
+            body = CreateLease(ttl="20s", lock_delay="5s") if key == "other" else CreateLease(ttl="20s")
             lease = expect(
-                create_lease.sync_detailed(client=client, body=CreateLease(ttl="20s")),
+                create_lease.sync_detailed(client=client, body=body),
                 HTTPStatus.CREATED,
                 LeaseView,
                 "POST /v1/leases",
             )
             check(lease.ttl_ms == 20_000, f"ttl_ms is {lease.ttl_ms}, not 20000")
+            delay = lease.lock_delay_ms if isinstance(lease.lock_delay_ms, int) else None
+            check(delay == (5_000 if key == "other" else None), f"lock_delay_ms is {lease.lock_delay_ms!r}")
             check(lease.holdings == [], f"a new lease holds {lease.holdings}")
             state[key] = lease.id
 

@@ -46,6 +46,7 @@ export interface Problem {
 export interface Lease {
     id: string;
     ttlMs: number;
+    lockDelayMs?: number | null | undefined;
     holdings: unknown[];
 }
 
@@ -116,7 +117,8 @@ export interface Change {
 
 /** The operations the flow needs, each one call of the generated client. */
 export interface Client {
-    createLease(ttl: string): Promise<Answer<Lease>>;
+    /** With a lock-delay when `lockDelay` is given. */
+    createLease(ttl: string, lockDelay?: string): Promise<Answer<Lease>>;
     /** Acquire without waiting (`wait=0`). */
     acquireLock(lock: string, lease: string): Promise<Answer<Acquisition>>;
     releaseLock(lock: string, handle: string): Promise<Answer<void>>;
@@ -201,8 +203,12 @@ export async function runFlow(name: string, client: Client): Promise<never> {
     await step("create two leases", [], async () => {
         const ids: string[] = [];
         for (let i = 0; i < 2; i++) {
-            const created = ok("POST /v1/leases", 201, await client.createLease("20s"));
+            // The second asks for a lock-delay, which its view says.
+            const delay = i === 1 ? "5s" : undefined;
+            const created = ok("POST /v1/leases", 201, await client.createLease("20s", delay));
             check(created.ttlMs === 20_000, `ttl_ms ${created.ttlMs}`);
+            const delayMs = created.lockDelayMs ?? null;
+            check(delayMs === (i === 1 ? 5_000 : null), `lock_delay_ms ${delayMs}`);
             check(created.holdings.length === 0, `a new lease holds ${JSON.stringify(created.holdings)}`);
             ids.push(created.id);
         }

@@ -22,12 +22,16 @@ function answer<T>(got: { data?: T; error?: Spec["Problem"]; response: Response 
 }
 
 const client: Client = {
-    createLease: async (ttl) =>
-        mapped(answer(await api.POST("/v1/leases", { body: { ttl } })), (l) => ({
-            id: l.id,
-            ttlMs: l.ttl_ms,
-            holdings: l.holdings,
-        })),
+    createLease: async (ttl, lockDelay) =>
+        mapped(
+            answer(await api.POST("/v1/leases", { body: lockDelay === undefined ? { ttl } : { ttl, lock_delay: lockDelay } })),
+            (l) => ({
+                id: l.id,
+                ttlMs: l.ttl_ms,
+                lockDelayMs: l.lock_delay_ms,
+                holdings: l.holdings,
+            }),
+        ),
     acquireLock: async (lock, lease) =>
         mapped(
             answer(

@@ -32,8 +32,13 @@ function answer<T>(r: Orval<T>): Answer<T> {
 }
 
 const client: Client = {
-    createLease: async (ttl) =>
-        mapped(answer(await api.createLease({ ttl })), (l) => ({ id: l.id, ttlMs: l.ttl_ms, holdings: l.holdings })),
+    createLease: async (ttl, lockDelay) =>
+        mapped(answer(await api.createLease(lockDelay === undefined ? { ttl } : { ttl, lock_delay: lockDelay })), (l) => ({
+            id: l.id,
+            ttlMs: l.ttl_ms,
+            lockDelayMs: l.lock_delay_ms,
+            holdings: l.holdings,
+        })),
     acquireLock: async (lock, lease) =>
         mapped(answer(await api.acquireLock(lock, { lease }, { wait: "0" })), (a) => ({
             ...a,

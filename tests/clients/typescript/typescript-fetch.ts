@@ -44,7 +44,8 @@ async function answer<T>(call: Promise<ApiResponse<T>>): Promise<Answer<T>> {
 }
 
 const client: Client = {
-    createLease: async (ttl) => answer(leases.createLeaseRaw({ createLease: { ttl } })),
+    createLease: async (ttl, lockDelay) =>
+        answer(leases.createLeaseRaw({ createLease: lockDelay === undefined ? { ttl } : { ttl, lockDelay } })),
     acquireLock: async (lock, lease) =>
         mapped(await answer(locks.acquireLockRaw({ name: lock, wait: "0", acquireBody: { lease } })), (a) => ({
             ...a,
