@@ -176,6 +176,14 @@ pub async fn transaction(
     .await
     .map_err(|err| txn_error(&state, &leases, err))?;
     let branch = txn.branch(outcome.failed_compare);
+    if !outcome.repeated {
+        let label = if outcome.failed_compare.is_none() {
+            "then"
+        } else {
+            "else"
+        };
+        crate::metrics::get().kv_transactions.with_label_values(&[label]).inc();
+    }
     let key = |path: &str| key_of(&state, path);
     Ok(Json(TxnAnswer {
         succeeded: outcome.failed_compare.is_none(),

@@ -130,6 +130,11 @@ metrics! {
     pub counter_writes: IntCounterVec = counter("zkgate_counter_writes_total", &["name", "op"]);
     /// Counter adds that read again because another writer changed the counter first.
     pub counter_conflicts: IntCounterVec = counter("zkgate_counter_conflicts_total", &["name"]);
+    /// Transactions over keys applied (branch: then, else; a repeated idempotency key's answer
+    /// not counted).
+    pub kv_transactions: IntCounterVec = counter("zkgate_kv_transactions_total", &["branch"]);
+    /// Locks, read/write locks and permits held for an expired lease's lock-delay (kind).
+    pub lock_delays: IntCounterVec = counter("zkgate_lock_delays_total", &["kind"]);
     /// Keys bound to a lease that its end deleted (`PUT /v1/kv/{key}?lease=`).
     pub kv_keys_ended: IntCounter = single_counter("zkgate_kv_keys_ended_total");
     /// Keys bound to leases whose bindings this instance drives now.

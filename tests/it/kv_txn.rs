@@ -199,6 +199,10 @@ async fn over_http_a_transaction_answers_its_branch_and_refuses_what_it_cannot_a
     assert_eq!(again.body["succeeded"], false);
     assert_eq!(again.body["failed_compare"], json!({"index": 0, "key": "cfg/version"}));
     assert_eq!(again.body["results"][0]["get"], "cfg/version");
+    for (branch, count) in [("then", 1.0), ("else", 1.0)] {
+        let name = format!("zkgate_kv_transactions_total{{branch=\"{branch}\"}}");
+        assert_eq!(common::metric(&gate.url, &name).await, count, "{name}");
+    }
     // Refused before ZooKeeper is asked: too many operations, a key written twice, a put
     // without a value, a compare of two tests at once.
     let many: Vec<_> = (0..65).map(|i| json!({"get": format!("k{i}")})).collect();

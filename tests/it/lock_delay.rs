@@ -74,6 +74,8 @@ async fn a_lock_of_an_expired_lease_stays_held_for_its_lock_delay() {
         granted.i64("fencing_token") > held.i64("fencing_token"),
         "the delayed holder's token is not current"
     );
+    let delays = common::metric(&gate.url, "zkgate_lock_delays_total{kind=\"lock\"}").await;
+    assert_eq!(delays, 1.0);
 }
 
 #[tokio::test]

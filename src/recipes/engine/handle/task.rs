@@ -130,6 +130,8 @@ async fn hold_for_lock_delay<P: Protocol>(handle: &Arc<Handle<P>>, client: &zook
         }
     }
     tracing::info!(kind = %handle.protocol.kind(), name = %handle.name, lease = %handle.lease.id, delay = ?left, "lock held by an expired lease for its lock-delay");
+    let kind = handle.protocol.kind().label();
+    crate::metrics::get().lock_delays.with_label_values(&[kind]).inc();
     tokio::select! {
         _ = tokio::time::sleep(left) => None,
         _ = handle.release.cancelled() => None,
