@@ -24,7 +24,7 @@ use serde::Serialize;
 use utoipa::ToSchema;
 use zookeeper_client::{Client, CreateMode, Error as ZkError, EventType};
 
-use super::engine::contender::{DELAYED_UNTIL, Next, Sequential, mark, queue_until_held};
+use super::engine::contender::{Next, Sequential, mark_delayed, queue_until_held};
 use super::engine::handle::{
     Exit, Guarded, Handle, Handles, Node, NotCreated, Protocol, Refused, delete_all, delete_held, write_held,
 };
@@ -140,12 +140,7 @@ impl Protocol for PermitRequest {
         if permit_step(&children, &node.name, self.permits) != PermitStep::Hold {
             return Ok(false);
         }
-        let path = format!("{}/{}", self.lease.dir, node.name);
-        let marked = mark(client, &path, DELAYED_UNTIL, serde_json::json!(until_ms)).await?;
-        if marked {
-            handle.set_delayed(until_ms);
-        }
-        Ok(marked)
+        mark_delayed(handle, client, &format!("{}/{}", self.lease.dir, node.name), until_ms).await
     }
 
     fn record(&self, handle: &Permit) -> HoldingRecord {

@@ -260,9 +260,24 @@ impl Sequential {
 /// lease, ended, still holds it ([Protocol::hold_delayed]).
 pub const DELAYED_UNTIL: &str = "delayed_until";
 
+/// Marks the zkgate node at `path`, `handle`'s, as held by its ended lease until `until_ms`
+/// ([Protocol::hold_delayed]); whether it is a zkgate node.
+pub async fn mark_delayed<P: Protocol>(
+    handle: &Handle<P>,
+    client: &Client,
+    path: &str,
+    until_ms: i64,
+) -> Result<bool, ZkError> {
+    let marked = mark(client, path, DELAYED_UNTIL, serde_json::json!(until_ms)).await?;
+    if marked {
+        handle.set_delayed(until_ms);
+    }
+    Ok(marked)
+}
+
 /// Adds `field: value` to the JSON data of the zkgate node at `path`, whatever else it holds
 /// (a revocation); `false` if the node is not a zkgate one (not JSON naming a lease).
-pub async fn mark(client: &Client, path: &str, field: &str, value: serde_json::Value) -> Result<bool, ZkError> {
+async fn mark(client: &Client, path: &str, field: &str, value: serde_json::Value) -> Result<bool, ZkError> {
     loop {
         let (data, stat) = retry_on_loss(|| client.get_data(path)).await?;
         let mut json = match serde_json::from_slice::<serde_json::Value>(&data) {
@@ -468,12 +483,7 @@ impl Protocol for Contention {
         if self.role.next_step(&children, &node.name) != Next::Hold {
             return Ok(false);
         }
-        let path = format!("{}/{}", self.node.dir, node.name);
-        let marked = mark(client, &path, DELAYED_UNTIL, serde_json::json!(until_ms)).await?;
-        if marked {
-            handle.set_delayed(until_ms);
-        }
-        Ok(marked)
+        mark_delayed(handle, client, &format!("{}/{}", self.node.dir, node.name), until_ms).await
     }
 
     /// A forced revocation if one was asked with a grace, else unknown.
