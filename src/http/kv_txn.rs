@@ -332,11 +332,7 @@ fn step_of(
 
 /// The key of the znode at `path`.
 fn key_of(state: &AppState, path: &str) -> String {
-    let base = Kind::Kv.base(&state.config.root);
-    path.strip_prefix(&base)
-        .unwrap_or(path)
-        .trim_start_matches('/')
-        .to_string()
+    kv_txn::key_name(&state.config.root, path).to_string()
 }
 
 /// A step's answer.

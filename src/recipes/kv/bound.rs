@@ -52,7 +52,8 @@ pub struct Binding {
 }
 
 impl Binding {
-    fn of(lease: &Lease, handle: &str) -> Binding {
+    /// The binding of `handle` to `lease`.
+    pub fn of(lease: &Lease, handle: &str) -> Binding {
         Binding {
             lease: lease.id.clone(),
             principal: lease.owner.clone(),
@@ -64,6 +65,28 @@ impl Binding {
     pub fn holding_record(&self, root: &str, key: &str) -> String {
         let name = record::record_name(Kind::Kv, key, Some(&self.handle));
         format!("{}/{name}", record::path(root, &self.lease))
+    }
+}
+
+/// The holding record of `handle`, the binding of the key `name` at `path` to `lease` (driven
+/// by this instance).
+pub fn holding_record(lease: &Lease, (name, handle): (&str, &str), path: &str) -> HoldingRecord {
+    HoldingRecord {
+        kind: Kind::Kv.name().to_string(),
+        name: name.to_string(),
+        handle: handle.to_string(),
+        shape: shape(path),
+        driver: Some(lease.here.to_string()),
+    }
+}
+
+/// A binding's shape in its holding record: the key's node, whose owner record names it.
+pub fn shape(path: &str) -> Shape {
+    Shape::Node {
+        path: path.to_string(),
+        charge: None,
+        owner_record: true,
+        hidden: false,
     }
 }
 
@@ -201,18 +224,7 @@ impl Protocol for BoundKey {
     }
 
     fn record(&self, handle: &Handle<Self>) -> HoldingRecord {
-        HoldingRecord {
-            kind: Kind::Kv.name().to_string(),
-            name: handle.name.clone(),
-            handle: handle.id.clone(),
-            shape: Shape::Node {
-                path: self.path.clone(),
-                charge: None,
-                owner_record: true,
-                hidden: false,
-            },
-            driver: Some(handle.lease.here.to_string()),
-        }
+        holding_record(&handle.lease, (&handle.name, &handle.id), &self.path)
     }
 
     fn loss_reason(&self, _handle: &Handle<Self>) -> String {
