@@ -81,10 +81,18 @@ pub struct ServeConfig {
     #[arg(long, env = "ZKGATE_QUEUE_MAX_DELIVERIES", default_value_t = 5)]
     pub queue_max_deliveries: u32,
 
-    /// How long a queue put's `Idempotency-Key` is remembered: a retry within it is stored once;
-    /// the janitor removes the key after it.
+    /// How long an `Idempotency-Key` is remembered at most (a lease's creation, a queue put, a
+    /// counter add, a kv transaction): a retry within it lands once; the janitor forgets the
+    /// key after it.
     #[arg(long, env = "ZKGATE_IDEMPOTENCY_WINDOW", default_value = "24h", value_parser = parse_duration)]
     pub idempotency_window: Duration,
+
+    /// How many `Idempotency-Key`s each principal's store holds (over all instances): past it
+    /// the oldest are forgotten first, so that a principal's keys stay bounded at any rate
+    /// (each is also charged to its quota). At most 20,000.
+    #[arg(long, env = "ZKGATE_IDEMPOTENCY_KEYS", default_value_t = 10_000,
+        value_parser = clap::value_parser!(u32).range(1..=crate::recipes::idempotency::MAX_KEYS_PER_PRINCIPAL as i64))]
+    pub idempotency_keys: u32,
 
     /// How long a decided two-phase-commit transaction stays readable before the janitor
     /// removes it (its members, votes and decision with it).
@@ -390,6 +398,14 @@ impl ServeConfig {
         config.listen = SocketAddr::from(([127, 0, 0, 1], 0));
         config.zookeeper = Some(connect.to_string());
         config
+    }
+
+    /// How the idempotency keys are bounded (`--idempotency-window`, `--idempotency-keys`).
+    pub fn idempotency_settings(&self) -> crate::recipes::idempotency::Settings {
+        crate::recipes::idempotency::Settings {
+            window: self.idempotency_window,
+            per_principal: self.idempotency_keys as usize,
+        }
     }
 
     /// How the janitor works (`--janitor-interval`, `--janitor-rate`, `--idempotency-window`,

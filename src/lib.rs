@@ -89,6 +89,8 @@ pub struct Shared {
     pub peers: reqwest::Client,
     /// The quotas on what zkgate stores in ZooKeeper, in all and per principal.
     pub quotas: recipes::usage::Quotas,
+    /// Every principal's idempotency keys (one store for every operation that takes one).
+    pub idempotency: recipes::idempotency::Keys,
     /// The bytes all sockets of the instance may have queued for their clients
     /// (`--ws-send-budget`, see [ws::outbox]).
     pub ws_budget: ws::outbox::Budget,
@@ -143,6 +145,7 @@ impl AppState {
         );
         let quotas = recipes::usage::Quotas::start(zk.clone(), &config.root, config.quota_settings());
         let registries = Registries::new(&config.root, &quotas);
+        let idempotency = recipes::idempotency::Keys::new(&config.root, quotas.clone(), config.idempotency_settings());
         let barrier_watches = ExistsWatches::new(zk.clone());
         let queues = Queues::new(
             zk.clone(),
@@ -167,7 +170,8 @@ impl AppState {
             shutdown.clone(),
         );
         let janitor = config.janitor_settings();
-        recipes::janitor::start(zk.clone(), &config.root, &instance.id, janitor, shutdown.clone());
+        let keys = idempotency.clone();
+        recipes::janitor::start(zk.clone(), &config.root, &instance.id, janitor, keys, shutdown.clone());
         AppState(Arc::new(Shared {
             config: Arc::new(config),
             lanes,
@@ -186,6 +190,7 @@ impl AppState {
             peers,
             ws_budget,
             quotas,
+            idempotency,
             reaped,
         }))
     }

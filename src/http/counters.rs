@@ -13,6 +13,7 @@ use utoipa_axum::routes;
 use super::consistency::Consistency;
 use super::error::{ApiError, Place, Problem, Problems, p};
 use super::extract::{ApiJson, ApiPath};
+use super::idempotency::Idempotent;
 use super::kv::{Tag, parse_tag, precondition_failed, write_condition};
 use super::{Followed, Resource, check_name};
 use crate::AppState;
@@ -20,6 +21,7 @@ use crate::events::Feed;
 use crate::kind::Kind;
 use crate::recipes::condition::Condition;
 use crate::recipes::counter::{self, Bounds, CounterError, CounterState, CounterTopic};
+use crate::recipes::idempotency::Keyed;
 
 /// The counter kind's module.
 pub const RESOURCE: Resource = Resource {
@@ -121,14 +123,7 @@ fn counter_error(name: &str, err: CounterError) -> ApiError {
                  an `Idempotency-Key` is retried instead)"
             ),
         ),
-        CounterError::KeyReused(delta) => {
-            let before = delta.map_or_else(|| "another add".to_string(), |d| format!("an add of {d}"));
-            ApiError::invalid(
-                Place::Header,
-                "Idempotency-Key",
-                format!("was used by {before} on counter `{name}`; a retry must repeat the request"),
-            )
-        }
+        CounterError::Key(err) => err.into(),
         CounterError::ZooKeeper(err) => err.into(),
     }
 }
@@ -158,25 +153,26 @@ pub async fn counter_state(
 /// not exist: concurrent adds on every instance, and Curator's, each land exactly once. With
 /// `min` or `max` the add happens only if the result stays within them (409 `out-of-bounds`
 /// otherwise, and the counter does not change): a bounded counter of tickets, say. With an
-/// `Idempotency-Key` the add is safe to retry: it lands once for the key (kept for
-/// `--idempotency-window`), and a retry is answered as the add was (`repeated: true`); without
-/// one, a write whose reply ZooKeeper lost is answered 503 `outcome-unknown`.
+/// `Idempotency-Key` the add is safe to retry: it lands once for the key, and a retry is
+/// answered as the add was (`repeated: true`); without one, a write whose reply ZooKeeper lost
+/// is answered 503 `outcome-unknown`.
 #[utoipa::path(operation_id = "add_to_counter", post, path = "/v1/counters/{name}/add", tag = "counters",
     params(("name" = String, Path, description = "Counter name"),
-        ("Idempotency-Key" = Option<String>, Header, description = "Makes the add safe to retry (a name: 1 to 128 bytes, no `/`); a retry must repeat the request")),
+        ("Idempotency-Key" = Option<String>, Header, description = super::idempotency::ABOUT)),
     request_body(content = Option<AddBody>, description = "Optional: `+1` without it.", example = json!({"delta": 5, "max": 100})),
     responses(
         (status = 200, description = "Added (or, for a repeated `Idempotency-Key`, added before)", body = AddResult, headers(("ETag" = String, description = "The counter's version, for `If-Match` (like `\"4294967311\"`)"))),
-        Problems<(p::InvalidField, p::MalformedBody, p::OutOfBounds, p::NotACounter, p::OutcomeUnknown, p::ZookeeperUnavailable)>,
+        Problems<(p::InvalidField, p::MalformedBody, p::OutOfBounds, p::NotACounter, p::QuotaExceeded, p::OutcomeUnknown, p::ZookeeperUnavailable)>,
     ))]
 pub async fn add(
     State(state): State<AppState>,
     ApiPath(name): ApiPath<String>,
-    headers: HeaderMap,
-    ApiJson(body): ApiJson<Option<AddBody>>,
+    Idempotent {
+        key,
+        inner: ApiJson(body),
+    }: Idempotent<ApiJson<Option<AddBody>>>,
 ) -> Result<Response, ApiError> {
     check_name(&name)?;
-    let key = super::key_name(&headers)?;
     let body = body.unwrap_or_default();
     let delta = body.delta.unwrap_or(1);
     let bounds = Bounds {
@@ -191,8 +187,11 @@ pub async fn add(
     }
     let session = state.zk().connected().await?;
     let path = Kind::Counter.path(&state.config.root, &name);
-    let key = key.map(|key| counter::key_path(&state.config.root, &name, &key));
-    let added = counter::add(&session, &path, delta, bounds, key.as_deref())
+    let keyed = key.as_ref().map(|key| Keyed {
+        keys: &state.idempotency,
+        key,
+    });
+    let added = counter::add(&session, &path, delta, bounds, keyed)
         .await
         .map_err(|e| counter_error(&name, e))?;
     if !added.repeated {
@@ -204,7 +203,7 @@ pub async fn add(
             .inc_by(u64::from(added.conflicts));
     }
     let etag = counter::etag(added.mzxid);
-    Ok((
+    let answer = (
         [(header::ETAG, etag_header(&etag)?)],
         Json(AddResult {
             name,
@@ -213,8 +212,8 @@ pub async fn add(
             etag,
             repeated: added.repeated,
         }),
-    )
-        .into_response())
+    );
+    Ok(super::idempotency::replayed(answer.into_response(), added.repeated))
 }
 
 /// Sets a counter to a value, creating it if needed. `If-Match: "<etag>"` sets it only over

@@ -289,7 +289,7 @@ pub async fn put_value(
     };
     let written = kv::write(
         &session,
-        &Key::new(&state.kv_keys, &key),
+        &Key::written_by(&state.kv_keys, &key, &caller),
         &body,
         condition,
         payer,
@@ -361,21 +361,24 @@ fn write_error(key: &str, err: WriteError) -> ApiError {
             format!("key `{key}` exists bound to no lease; say `rebind=true` to bind it"),
         ),
         WriteError::LeaseEnded => ApiError::new(Problem::LeaseEnded, "the lease ended while the key was written"),
+        WriteError::Forbidden(forbidden) => ApiError::new(Problem::Forbidden, forbidden.0),
         WriteError::ZooKeeper(err) => err.into(),
     }
 }
 
 /// Deletes a key (which must have no keys below it); `If-Match` makes it conditional. A key
-/// bound to a lease is deleted too, and leaves the lease's holdings.
+/// bound to a lease is deleted too, and leaves the lease's holdings: only by the lease's
+/// principal (or an admin; 403 otherwise).
 #[utoipa::path(delete, path = "/v1/kv/{key}", tag = "kv",
     params(("key" = String, Path, description = "Key"),
         ("If-Match" = Option<String>, Header, description = "Delete only this ETag")),
     responses(
         (status = 204, description = "Deleted"),
-        Problems<(p::InvalidField, p::NotFound, p::KeyNotEmpty, p::PreconditionFailed, p::ZookeeperUnavailable)>,
+        Problems<(p::InvalidField, p::Forbidden, p::NotFound, p::KeyNotEmpty, p::PreconditionFailed, p::ZookeeperUnavailable)>,
     ))]
 pub async fn delete_value(
     State(state): State<AppState>,
+    caller: Caller,
     ApiPath(key): ApiPath<String>,
     headers: HeaderMap,
 ) -> Result<StatusCode, ApiError> {
@@ -385,7 +388,8 @@ pub async fn delete_value(
         Some(Tag::Any) | None => Condition::Any,
     };
     let session = state.zk().connected().await?;
-    kv::delete(&session, &Key::new(&state.kv_keys, &key), condition, &state.quotas)
+    let written = Key::written_by(&state.kv_keys, &key, &caller);
+    kv::delete(&session, &written, condition, &state.quotas)
         .await
         .map_err(|e| write_error(&key, e))?;
     Ok(StatusCode::NO_CONTENT)

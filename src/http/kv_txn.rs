@@ -9,13 +9,16 @@ use serde::{Deserialize, Serialize};
 
 use super::error::{ApiError, Place, Problem, Problems, p};
 use super::extract::ApiJson;
+use super::idempotency::Idempotent;
 use crate::AppState;
 use crate::auth::{Access, Caller};
 use crate::kind::Kind;
 use crate::recipes::engine::lease::Lease;
+use crate::recipes::idempotency::Keyed;
 use crate::recipes::kv::Entry;
 use crate::recipes::kv_txn::{self, BindingRefusal, Bindings, Check, Compare, Step, StepResult, Txn, TxnError};
 use crate::recipes::usage::Payer;
+use axum::response::IntoResponse;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -58,7 +61,8 @@ pub struct CompareBody {
     pub version: Option<VersionRange>,
 }
 
-/// A range of a key's data version (each write adds one; a new key is at 0).
+/// A range of a key's data version (each write adds one; a new key is at 0): at least one of
+/// its bounds (both inclusive), the lower not above the upper.
 #[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct VersionRange {
@@ -128,11 +132,12 @@ pub struct StepAnswer {
 /// Applies compares, then `then` if all hold or `else` otherwise, as one step: nothing of the
 /// branch applies unless all of it does, and the compares (and every value read) held at the
 /// moment it applied. With an `Idempotency-Key` it is safe to retry: it applies once for the
-/// key (kept for `--idempotency-window`), and a retry is answered as it was (`repeated: true`);
-/// without one, a commit whose reply ZooKeeper lost is answered 503 `outcome-unknown`.
+/// key, and a retry is answered as it was (`repeated: true`); without one, a commit whose reply
+/// ZooKeeper lost is answered 503 `outcome-unknown`. A branch that only reads stores nothing
+/// for the key (its retry reads again).
 #[utoipa::path(post, path = "/v1/kv-txn", tag = "kv",
-    params(("Idempotency-Key" = Option<String>, Header, description = "Makes the transaction safe to retry (a name: 1 to 128 bytes, no `/`); a retry must repeat the request")),
-    request_body(content = TxnRequest, example = json!({"compare": [{"key": "app/config", "etag": "\"4294967311\""}],
+    params(("Idempotency-Key" = Option<String>, Header, description = super::idempotency::ABOUT)),
+    request_body(content = TxnRequest, example = json!({"compare": [{"key": "app/config", "absent": true}],
         "then": [{"put": "app/config", "value": {"v": 2}}, {"put": "app/version", "text": "2"}], "else": [{"get": "app/config"}]})),
     responses(
         (status = 200, description = "The branch that ran, and its results", body = TxnAnswer),
@@ -141,10 +146,11 @@ pub struct StepAnswer {
 pub async fn transaction(
     State(state): State<AppState>,
     caller: Caller,
-    headers: axum::http::HeaderMap,
-    ApiJson(body): ApiJson<TxnRequest>,
-) -> Result<Json<TxnAnswer>, ApiError> {
-    let idempotency_key = super::key_name(&headers)?;
+    Idempotent {
+        key,
+        inner: ApiJson(body),
+    }: Idempotent<ApiJson<TxnRequest>>,
+) -> Result<axum::response::Response, ApiError> {
     let txn = parse(&state, &caller, body)?;
     let mut leases = HashMap::new();
     for step in txn.then.iter().chain(&txn.otherwise) {
@@ -163,18 +169,15 @@ pub async fn transaction(
         keys: &state.kv_keys,
         leases: &leases,
         quotas: &state.quotas,
+        caller: &caller,
     };
-    let key = idempotency_key.map(|key| kv_txn::key_path(&state.config.root, &key));
-    let outcome = kv_txn::run(
-        &session,
-        &txn,
-        state.config.max_value_bytes,
-        payer,
-        bound,
-        key.as_deref(),
-    )
-    .await
-    .map_err(|err| txn_error(&state, &leases, err))?;
+    let keyed = key.as_ref().map(|key| Keyed {
+        keys: &state.idempotency,
+        key,
+    });
+    let outcome = kv_txn::run(&session, &txn, state.config.max_value_bytes, payer, bound, keyed)
+        .await
+        .map_err(|err| txn_error(&state, &leases, err))?;
     let branch = txn.branch(outcome.failed_compare);
     if !outcome.repeated {
         let label = if outcome.failed_compare.is_none() {
@@ -185,7 +188,7 @@ pub async fn transaction(
         crate::metrics::get().kv_transactions.with_label_values(&[label]).inc();
     }
     let key = |path: &str| key_of(&state, path);
-    Ok(Json(TxnAnswer {
+    let answer = Json(TxnAnswer {
         succeeded: outcome.failed_compare.is_none(),
         repeated: outcome.repeated,
         failed_compare: outcome.failed_compare.map(|index| FailedCompare {
@@ -197,7 +200,8 @@ pub async fn transaction(
             .zip(outcome.results)
             .map(|(step, result)| answer(key(step.path()), result))
             .collect(),
-    }))
+    });
+    Ok(super::idempotency::replayed(answer.into_response(), outcome.repeated))
 }
 
 /// The transaction `body` asks for, every key checked and granted.
@@ -213,8 +217,7 @@ fn parse(state: &AppState, caller: &Caller, body: TxnRequest) -> Result<Txn, Api
         }
     }
     let path = |key: &str, field: &str, access: Access| -> Result<String, ApiError> {
-        super::check_key(key)
-            .map_err(|_| ApiError::invalid(Place::Body, field, format!("`{key}` is not a valid key")))?;
+        super::key_problem(key).map_err(|e| ApiError::invalid(Place::Body, field, format!("key `{key}`: {e}")))?;
         caller.require(Kind::Kv.auth(), key, access)?;
         Ok(Kind::Kv.path(&state.config.root, key))
     };
@@ -268,6 +271,15 @@ fn compare_of(check: CompareBody) -> Result<Compare, ApiError> {
         tests.push(Compare::Etag(mzxid));
     }
     if let Some(range) = &check.version {
+        match (range.at_least, range.at_most) {
+            // A range without bounds would hold for every key (present or not): a mistake.
+            (None, None) => return Err(invalid("`version` needs `at_least`, `at_most` or both")),
+            (Some(low), Some(high)) if low > high => {
+                let detail = format!("`version`: `at_least` ({low}) is above `at_most` ({high})");
+                return Err(invalid(&detail));
+            }
+            _ => {}
+        }
         tests.push(Compare::Version {
             at_least: range.at_least,
             at_most: range.at_most,
@@ -386,6 +398,13 @@ fn txn_error(state: &AppState, leases: &HashMap<String, Arc<Lease>>, err: TxnErr
             let detail = format!("`{key}` is bound to lease `{lease}`: a transaction's put must name that lease");
             ApiError::new(Problem::KeyBound, detail).with("lease", lease)
         }
+        TxnError::Binding(BindingRefusal::NotYours { path, lease, principal }) => ApiError::new(
+            Problem::Forbidden,
+            format!(
+                "`{}` is bound to lease `{lease}` of principal `{principal}`: only that principal (or an admin) deletes it",
+                key_of(state, &path)
+            ),
+        ),
         TxnError::Binding(BindingRefusal::NotBound { path }) => ApiError::new(
             Problem::KeyNotBound,
             format!(
@@ -393,20 +412,7 @@ fn txn_error(state: &AppState, leases: &HashMap<String, Arc<Lease>>, err: TxnErr
                 key_of(state, &path)
             ),
         ),
-        TxnError::KeyReused => ApiError::invalid(
-            Place::Header,
-            "Idempotency-Key",
-            "was used by another transaction; a retry must repeat the request",
-        ),
-        TxnError::AnswerTooLarge(bytes) => ApiError::new(
-            Problem::ValueTooLarge,
-            format!(
-                "with an `Idempotency-Key`, what the transaction answers is kept for its retries, and this one's is {bytes} bytes (at most {}): get fewer keys",
-                kv_txn::MAX_RECORD_BYTES
-            ),
-        )
-        .with("limit_bytes", kv_txn::MAX_RECORD_BYTES)
-        .with("size_bytes", bytes),
+        TxnError::Key(err) => err.into(),
         TxnError::LeaseEnded(id) => match leases.get(&id) {
             Some(lease) => super::leases::lease_gone(state, lease),
             None => ApiError::new(Problem::LeaseEnded, format!("lease `{id}` ended")),

@@ -3,7 +3,7 @@
 
 use axum::Json;
 use axum::extract::State;
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 
@@ -16,12 +16,14 @@ use utoipa_axum::routes;
 use super::consistency::Consistency;
 use super::error::{ApiError, Place, Problem, Problems, p};
 use super::extract::{ApiJson, ApiPath};
+use super::idempotency::Idempotent;
 use crate::AppState;
 use crate::auth::Caller;
-use crate::keeper::NewLease;
+use crate::keeper::{Created, NewLease};
 use crate::kind::Kind;
 use crate::recipes::engine::lease::{EndReason, HoldingView, Lease, LeaseError};
 use crate::recipes::engine::node::HoldError;
+use crate::recipes::idempotency::Keyed;
 use crate::time::{HumanDuration, millis_since, timestamp};
 
 /// The lease routes.
@@ -56,7 +58,7 @@ pub async fn lease_for(
             let new = NewLease {
                 ttl,
                 lock_delay: Duration::ZERO,
-                idempotency_key: None,
+                key: None,
                 with_first_holding: true,
             };
             Ok((state.leases.create(caller, new).await?, true))
@@ -105,12 +107,6 @@ pub fn moved(id: &str) -> ApiError {
         format!("lease `{id}` moved to another instance while this request was served; try again"),
     )
 }
-
-/// The header that makes a lease creation safe to retry.
-pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
-
-/// Longest idempotency key accepted.
-const MAX_IDEMPOTENCY_KEY: usize = 200;
 
 /// Body of `POST /v1/leases` (optional).
 #[derive(Deserialize, utoipa::ToSchema, Default)]
@@ -201,24 +197,25 @@ const SUMMARY_KEYS: usize = 16;
 
 /// Creates a lease.
 ///
-/// With an `Idempotency-Key` header, retrying the same request returns the lease the first
-/// attempt created (while it lives) instead of a second one.
+/// With an `Idempotency-Key` header, retrying the same request (through any instance) returns
+/// the lease the first attempt created instead of a second one (410 if it has ended since).
 #[utoipa::path(post, path = "/v1/leases", tag = "leases",
     request_body(content = Option<CreateLease>, description = "Optional; `{}` or no body takes the default TTL.",
         example = json!({"ttl": "30s"})),
-    params(("Idempotency-Key" = Option<String>, Header, description = "Makes the creation safe to retry.")),
+    params(("Idempotency-Key" = Option<String>, Header, description = super::idempotency::ABOUT)),
     responses(
         (status = 201, description = "Created; `Location` names the lease", body = LeaseView,
             headers(("Location" = String, description = "The lease's path: `/v1/leases/{id}`"))),
-        Problems<(p::InvalidField, p::MalformedBody, p::ZookeeperUnavailable)>,
+        Problems<(p::InvalidField, p::MalformedBody, p::LeaseEnded, p::QuotaExceeded, p::ZookeeperUnavailable)>,
     ))]
 pub async fn create_lease(
     State(state): State<AppState>,
     caller: Caller,
-    headers: HeaderMap,
-    ApiJson(body): ApiJson<Option<CreateLease>>,
+    Idempotent {
+        key,
+        inner: ApiJson(body),
+    }: Idempotent<ApiJson<Option<CreateLease>>>,
 ) -> Result<Response, ApiError> {
-    let key = idempotency_key(&headers)?;
     let body = body.unwrap_or_default();
     let ttl = body.ttl.map(|t| t.0);
     if ttl.is_some_and(|t| t.is_zero()) {
@@ -230,35 +227,29 @@ pub async fn create_lease(
         let detail = format!("must be at most {} ms (`--max-lock-delay`)", most.as_millis());
         return Err(ApiError::invalid(Place::Body, "lock_delay", detail));
     }
+    let keyed = key.as_ref().map(|key| Keyed {
+        keys: &state.idempotency,
+        key,
+    });
     let new = NewLease {
         ttl,
         lock_delay,
-        idempotency_key: key,
+        key: keyed,
         with_first_holding: false,
     };
-    let lease = state.leases.create(&caller, new).await?;
+    let (lease, replayed) = match state.leases.create_keyed(&caller, new).await? {
+        Created::New(lease) => (lease, false),
+        // Made by an earlier request with the key: the lease as it is now, wherever it is kept.
+        Created::Before(id) => (state.leases.serve(&caller, &id).await?, true),
+    };
     let location = HeaderValue::from_str(&format!("/v1/leases/{}", lease.id))
         .map_err(|e| ApiError::new(Problem::Internal, e.to_string()))?;
-    Ok((
+    let created = (
         StatusCode::CREATED,
         [(header::LOCATION, location)],
         Json(LeaseView::of(&lease)),
-    )
-        .into_response())
-}
-
-fn idempotency_key(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
-    let Some(value) = headers.get(IDEMPOTENCY_KEY) else {
-        return Ok(None);
-    };
-    let key = value
-        .to_str()
-        .map_err(|_| ApiError::invalid(Place::Header, "Idempotency-Key", "must be visible ASCII"))?;
-    if key.is_empty() || key.len() > MAX_IDEMPOTENCY_KEY {
-        let detail = format!("must be 1 to {MAX_IDEMPOTENCY_KEY} characters");
-        return Err(ApiError::invalid(Place::Header, "Idempotency-Key", detail));
-    }
-    Ok(Some(key))
+    );
+    Ok(super::idempotency::replayed(created.into_response(), replayed))
 }
 
 /// Lists the live leases this instance keeps, oldest first.

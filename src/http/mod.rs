@@ -21,6 +21,7 @@ mod formats;
 mod groups;
 pub mod handoff;
 mod health;
+pub mod idempotency;
 mod kv;
 mod kv_txn;
 pub mod leases;
@@ -275,14 +276,20 @@ const MAX_KEY_DEPTH: usize = 16;
 
 /// Checks a kv key (`a/b/c`): at most 16 segments, each a valid name.
 pub(super) fn check_key(key: &str) -> Result<(), ApiError> {
+    key_problem(key).map_err(|detail| ApiError::invalid(Place::Path, "key", detail))
+}
+
+/// What is wrong with a kv key, if anything (the text of [check_key]'s refusal).
+pub(super) fn key_problem(key: &str) -> Result<(), String> {
     let segments: Vec<&str> = key.split('/').collect();
     if segments.len() > MAX_KEY_DEPTH {
-        let detail = format!("must have at most {MAX_KEY_DEPTH} segments");
-        return Err(ApiError::invalid(Place::Path, "key", detail));
+        return Err(format!(
+            "must have at most {MAX_KEY_DEPTH} segments ({} given)",
+            segments.len()
+        ));
     }
     for segment in segments {
-        validate_name(segment)
-            .map_err(|e| ApiError::invalid(Place::Path, "key", format!("segment `{segment}` {e}")))?;
+        validate_name(segment).map_err(|e| format!("segment `{segment}` {e}"))?;
     }
     Ok(())
 }
@@ -290,19 +297,6 @@ pub(super) fn check_key(key: &str) -> Result<(), ApiError> {
 /// A resource name from the path: 400 `invalid-field` naming `name` if it is not a valid one.
 pub fn check_name(name: &str) -> Result<(), ApiError> {
     validate_name(name).map_err(|e| ApiError::invalid(Place::Path, "name", e))
-}
-
-/// The request's `Idempotency-Key`, if any, where it names a znode (a queue put's, a counter
-/// add's): a name as resources' are.
-pub fn key_name(headers: &axum::http::HeaderMap) -> Result<Option<String>, ApiError> {
-    let Some(value) = headers.get(leases::IDEMPOTENCY_KEY) else {
-        return Ok(None);
-    };
-    let key = value
-        .to_str()
-        .map_err(|_| ApiError::invalid(Place::Header, "Idempotency-Key", "must be ASCII"))?;
-    validate_name(key).map_err(|e| ApiError::invalid(Place::Header, "Idempotency-Key", e))?;
-    Ok(Some(key.to_string()))
 }
 
 /// Declares a kind's `GET /v1/<kind>/{name}`: the resource's state, as its topic carries it,
@@ -438,6 +432,7 @@ pub fn document(spec: &mut utoipa::openapi::OpenApi) {
     topics::document(spec);
     consistency::document(spec);
     formats::document(spec);
+    idempotency::document(spec);
     formats::nullable_as_types(spec);
     formats::optional_bodies_as_refs(spec);
 }

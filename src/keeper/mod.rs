@@ -4,7 +4,7 @@
 //! A lease is ZooKeeper data ([crate::recipes::engine::record]); this registry is its *keeper's*
 //! side: the instance that times a lease keeps it in memory ([Lease]) with its TTL timer and
 //! the tasks of what it holds. It makes leases (round robin over the instance's sessions, at
-//! most so many per principal, idempotent with a key), keeps them alive in memory (a keepalive
+//! most so many per principal, idempotent with a key: [Leases::create_keyed]), keeps them alive in memory (a keepalive
 //! writes nothing to ZooKeeper), ends them (`DELETE`, or a TTL with no keepalive) with one write
 //! conditional on the record's version, and takes over leases whose keeper is gone or does not
 //! answer ([takeover]).
@@ -49,6 +49,7 @@ use crate::auth::Caller;
 use crate::locked::{Locked, count_down};
 use crate::recipes::engine::lease::{EndReason, Kept, Lease, LeaseError, WhyEnded};
 use crate::recipes::engine::record::{self, HoldingRecord, LeaseRecord};
+use crate::recipes::idempotency::{KeyError, Keyed};
 use crate::zk::session::Lanes;
 
 /// How long an instance goes on acknowledging keepalives after its last heartbeat was sent (and
@@ -112,7 +113,6 @@ const ADOPTING_STRIPES: usize = 64;
 struct Table {
     live: HashMap<String, Arc<Lease>>,
     ended: crate::remembered::Remembered<String, EndReason>,
-    by_idempotency_key: HashMap<String, String>,
     /// Live leases per owner (`None`: auth off), for the per-principal limit.
     per_owner: HashMap<Option<String>, usize>,
 }
@@ -123,10 +123,20 @@ pub struct NewLease<'a> {
     /// How long the locks it holds stay held after it expires (zero: none; bounded by
     /// `--max-lock-delay` before it gets here).
     pub lock_delay: Duration,
-    pub idempotency_key: Option<&'a str>,
+    /// With an idempotency key: its record and the key's are written together, so that a
+    /// retry (through any instance) finds the lease the first request made.
+    pub key: Option<Keyed<'a>>,
     /// Its record is written with the first thing it holds (see [Lease::guard]): a lease made
-    /// for one request that holds something at once costs no write of its own.
+    /// for one request that holds something at once costs no write of its own. (Not with a key.)
     pub with_first_holding: bool,
+}
+
+/// What a creation came to.
+pub enum Created {
+    New(Arc<Lease>),
+    /// A request with the same idempotency key made this lease before (it may have ended since,
+    /// or be kept elsewhere).
+    Before(String),
 }
 
 impl Leases {
@@ -189,15 +199,16 @@ impl Leases {
     }
 
     /// Creates a lease kept here, on the next connected lane (round robin), owned by `caller`.
-    /// With an idempotency key, a retry of the same request (by the same principal) returns the
-    /// lease the first one created (while it lives).
+    /// With an idempotency key, a retry of the same request (by the same principal, through any
+    /// instance) finds the lease the first one created ([Created::Before]).
     ///
     /// # Notable errors
     /// * [LeaseError::ReadOnly] for a principal that may write nothing (and so hold nothing).
     /// * [LeaseError::TooMany] past the per-principal limit.
     /// * [LeaseError::NotFresh] while this instance cannot vouch for its leases.
     /// * [LeaseError::Unavailable] while ZooKeeper cannot be reached.
-    pub async fn create(&self, caller: &Caller, new: NewLease<'_>) -> Result<Arc<Lease>, LeaseError> {
+    /// * [LeaseError::Key] for a key another request used, or a record past a quota.
+    pub async fn create_keyed(&self, caller: &Caller, new: NewLease<'_>) -> Result<Created, LeaseError> {
         // A lease costs a record in ZooKeeper: only for a principal that may hold something.
         let writes = crate::kind::Kind::ALL
             .iter()
@@ -210,10 +221,6 @@ impl Leases {
         }
         let (lane, _) = self.inner.lanes.pick()?;
         let owner = caller.name().map(str::to_string);
-        // Keys are per principal: another principal's key must not reach this one's lease.
-        let key = new
-            .idempotency_key
-            .map(|key| format!("{}\0{key}", owner.as_deref().unwrap_or_default()));
         let ttl = self.inner.policy.grant(new.ttl);
         let id = crate::ids::owned_id(&self.inner.instance);
         let path = record::path(&self.inner.root, &id);
@@ -223,22 +230,26 @@ impl Leases {
             .record(ttl, new.ttl, owner.clone(), created_at, new.lock_delay);
         {
             let mut table = self.inner.table();
-            if let Some(existing) = key
-                .as_deref()
-                .and_then(|key| table.by_idempotency_key.get(key))
-                .and_then(|id| table.live.get(id))
-            {
-                return Ok(existing.clone());
-            }
             let held = table.per_owner.get(&owner).copied().unwrap_or(0);
             if held >= self.inner.max_per_owner {
                 return Err(LeaseError::TooMany(self.inner.max_per_owner));
             }
             *table.per_owner.entry(owner.clone()).or_default() += 1;
         }
-        let version = match new.with_first_holding {
-            true => Err(written.to_bytes()),
-            false => match self.inner.write_record(lane, &path, &written).await {
+        let version = match (new.key, new.with_first_holding) {
+            (Some(keyed), _) => match self.inner.write_keyed(lane, &path, &written, &id, keyed).await {
+                Ok(None) => Ok(0),
+                Ok(Some(before)) => {
+                    count_down(&mut self.inner.table().per_owner, &owner);
+                    return Ok(Created::Before(before));
+                }
+                Err(err) => {
+                    count_down(&mut self.inner.table().per_owner, &owner);
+                    return Err(err);
+                }
+            },
+            (None, true) => Err(written.to_bytes()),
+            (None, false) => match self.inner.write_record(lane, &path, &written).await {
                 Ok(version) => Ok(version),
                 Err(err) => {
                     count_down(&mut self.inner.table().per_owner, &owner);
@@ -262,15 +273,19 @@ impl Leases {
             },
             lane.clone(),
         ));
-        let mut table = self.inner.table();
-        table.live.insert(lease.id.clone(), lease.clone());
-        if let Some(key) = key {
-            table.by_idempotency_key.insert(key, lease.id.clone());
-        }
-        drop(table);
+        self.inner.table().live.insert(lease.id.clone(), lease.clone());
         self.inner.start_timer(&lease);
         crate::metrics::get().leases_created.inc();
-        Ok(lease)
+        Ok(Created::New(lease))
+    }
+
+    /// [Leases::create_keyed] of a lease without a key: always a new one.
+    pub async fn create(&self, caller: &Caller, new: NewLease<'_>) -> Result<Arc<Lease>, LeaseError> {
+        match self.create_keyed(caller, NewLease { key: None, ..new }).await? {
+            Created::New(lease) => Ok(lease),
+            // Only a key finds an earlier lease.
+            Created::Before(id) => Err(LeaseError::Unknown(id)),
+        }
     }
 
     /// The live lease with this id kept here, if `caller` owns it.
@@ -481,6 +496,26 @@ impl Registry {
         self.table.locked()
     }
 
+    /// Writes a lease's record with idempotency key `keyed`'s (whose answer is the lease's id
+    /// `id`) in one multi-op: `None` when written, or the lease an earlier request with the key
+    /// made.
+    async fn write_keyed(
+        &self,
+        lane: &crate::zk::session::ZkSession,
+        path: &str,
+        written: &LeaseRecord,
+        id: &str,
+        keyed: Keyed<'_>,
+    ) -> Result<Option<String>, LeaseError> {
+        let client = lane.connected().await?.client().clone();
+        let made = record::create_keyed(&client, path, written, id, keyed).await;
+        match made {
+            Ok(before) => Ok(before.filter(|before| before != id)),
+            Err(KeyError::ZooKeeper(_)) => Err(unavailable()),
+            Err(err) => Err(LeaseError::Key(err)),
+        }
+    }
+
     async fn write_record(
         &self,
         lane: &crate::zk::session::ZkSession,
@@ -535,7 +570,6 @@ impl Registry {
     fn forget(&self, id: &str, ended: Option<EndReason>) -> Option<Arc<Lease>> {
         let mut table = self.table();
         let lease = table.live.remove(id)?;
-        table.by_idempotency_key.retain(|_, lease_id| lease_id != id);
         if let Some(reason) = ended {
             table.ended.insert(id.to_string(), reason);
         }

@@ -117,6 +117,9 @@ metrics! {
     pub queue_dead_lettered: IntCounterVec = counter("zkgate_queue_dead_lettered_total", &["name"]);
     /// What the janitor removed (what: idempotency_key, txn, queue, double_barrier, group, service).
     pub janitor_removed: IntCounterVec = counter("zkgate_janitor_removed_total", &["what"]);
+    /// Idempotency keys forgotten because their principal had more than `--idempotency-keys`
+    /// (the oldest first), by this instance.
+    pub idempotency_keys_evicted: IntCounter = single_counter("zkgate_idempotency_keys_evicted_total");
     /// Janitor passes made by this instance.
     pub janitor_passes: IntCounter = single_counter("zkgate_janitor_passes_total");
     /// 1 while this instance is the cluster's janitor, else 0.

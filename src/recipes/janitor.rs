@@ -3,10 +3,10 @@
 //!
 //! What stays without it, and what happens to it:
 //!
-//! - A queue's idempotency keys (`<queue>/keys/<key>`), and a counter's
-//!   (`<root>/counter-keys/<counter>/<key>`): kept for `--idempotency-window` (24 h) after the
-//!   put or add, then removed; a retry after that is a new put or add. (A counter's keys are
-//!   under a container znode, which ZooKeeper removes once its last key is gone.)
+//! - Idempotency keys (`<root>/idempotency/<principal>/<id>`, [super::idempotency]): kept for
+//!   `--idempotency-window` (24 h) after the write, then forgotten with their charges; a retry
+//!   after that is a new write. (Keys of earlier versions, under each queue's `keys/`,
+//!   `<root>/counter-keys` and `<root>/kv-txn-keys`, go the same way, until none is left.)
 //! - Finished two-phase-commit transactions (their members, votes and decision): readable for
 //!   `--txn-retention` (24 h) after the decision, then removed.
 //! - Empty resource znodes that ZooKeeper does not remove itself: a queue with no items,
@@ -47,10 +47,8 @@ pub enum Leftovers {
     Containers,
     /// Empty resource znodes, removed once seen empty and unchanged on two passes.
     EmptyResources,
-    /// Queues: their old idempotency keys, and the queues that are empty.
+    /// Queues that are empty (and the idempotency keys earlier versions kept in them).
     Queues,
-    /// Old idempotency keys (a counter's adds).
-    IdempotencyKeys,
     /// Decided transactions past their retention.
     Decided,
     /// Nothing: what is left is the client's own (a key's value, a barrier its owner holds).
@@ -65,10 +63,9 @@ pub fn leftovers(kind: Kind) -> Leftovers {
         // Groups and services are containers now; those made before are swept when empty.
         Kind::DoubleBarrier | Kind::Group | Kind::Service => Leftovers::EmptyResources,
         Kind::Queue => Leftovers::Queues,
-        // A counter's adds' keys; kv transactions' keys.
-        Kind::Counter | Kind::Kv => Leftovers::IdempotencyKeys,
         Kind::Txn => Leftovers::Decided,
-        Kind::Barrier => Leftovers::Nothing,
+        // Their idempotency keys are the store's (forgotten by the pass whatever the kind).
+        Kind::Barrier | Kind::Counter | Kind::Kv => Leftovers::Nothing,
     }
 }
 
@@ -80,7 +77,7 @@ pub const BATCH: usize = 200;
 pub struct Settings {
     /// Time between passes.
     pub interval: Duration,
-    /// How long a queue's idempotency key is kept.
+    /// How long an idempotency key is kept.
     pub idempotency_window: Duration,
     /// How long a decided transaction is kept.
     pub txn_retention: Duration,
@@ -98,9 +95,17 @@ pub struct Removed {
 
 /// Starts the janitor task of this instance: it becomes the cluster's janitor when it can, and
 /// stops at `shutdown`.
-pub fn start(zk: ZkSession, root: &str, instance: &str, settings: Settings, shutdown: CancellationToken) {
+pub fn start(
+    zk: ZkSession,
+    root: &str,
+    instance: &str,
+    settings: Settings,
+    keys: super::idempotency::Keys,
+    shutdown: CancellationToken,
+) {
     let janitor = Janitor {
         root: root.to_string(),
+        keys,
         instance: instance.to_string(),
         settings,
         seen_empty: HashMap::new(),
@@ -123,6 +128,8 @@ pub fn start(zk: ZkSession, root: &str, instance: &str, settings: Settings, shut
 
 struct Janitor {
     root: String,
+    /// The idempotency keys' store.
+    keys: super::idempotency::Keys,
     instance: String,
     settings: Settings,
     /// Empty resources seen on the last pass, with the stat that showed them empty.
@@ -179,11 +186,10 @@ impl Janitor {
     async fn pass(&mut self, client: &Client) -> Result<Removed, ZkError> {
         let mut removed = Removed::default();
         let mut empty_now = HashMap::new();
+        self.idempotency_keys(client, &mut removed).await?;
         for kind in Kind::ALL {
             match leftovers(kind) {
                 Leftovers::Queues => self.queues(client, &mut removed, &mut empty_now).await?,
-                Leftovers::IdempotencyKeys if kind == Kind::Kv => self.kv_txn_keys(client, &mut removed).await?,
-                Leftovers::IdempotencyKeys => self.counter_keys(client, &mut removed).await?,
                 Leftovers::Decided => self.txns(client, &mut removed).await?,
                 Leftovers::EmptyResources => self.empty_resources(client, kind, &mut removed, &mut empty_now).await?,
                 Leftovers::Containers | Leftovers::Nothing => {}
@@ -193,7 +199,7 @@ impl Janitor {
         Ok(removed)
     }
 
-    /// Old idempotency keys, and empty queues.
+    /// Empty queues (and the idempotency keys earlier versions kept in a queue's `keys/`).
     async fn queues(
         &mut self,
         client: &Client,
@@ -202,6 +208,7 @@ impl Janitor {
     ) -> Result<(), ZkError> {
         let base = Kind::Queue.base(&self.root);
         let queues = crate::zk::children(client, &base).await?;
+        // `keys` last: a queue made by an earlier version has it, one made now does not.
         const PARTS: [&str; 4] = ["items", "claims", "dead", "keys"];
         let mut paths = Vec::with_capacity(queues.len() * (1 + PARTS.len()));
         for queue in &queues {
@@ -209,19 +216,24 @@ impl Janitor {
             paths.extend(PARTS.iter().map(|part| format!("{base}/{queue}/{part}")));
         }
         let stats = crate::zk::stat_each(client, &paths).await?;
-        let oldest_kept = now_ms() - self.settings.idempotency_window.as_millis() as i64;
+        let oldest_kept = self.oldest_key_kept();
         for (queue, stats) in queues.iter().zip(stats.chunks(1 + PARTS.len())) {
             let dir = format!("{base}/{queue}");
-            let [Some(own), Some(items), Some(claims), Some(dead), Some(keys)] = stats else {
+            let [Some(own), Some(items), Some(claims), Some(dead), keys] = stats else {
                 continue;
             };
-            if keys.num_children > 0 {
+            if keys.is_some_and(|keys| keys.num_children > 0) {
                 self.old_keys(client, &format!("{dir}/keys"), oldest_kept, removed)
                     .await?;
                 continue;
             }
-            let empty = own.num_children == PARTS.len() as i32
-                && [items, claims, dead, keys].iter().all(|s| s.num_children == 0);
+            let parts: Vec<(&str, &Stat)> = PARTS
+                .iter()
+                .copied()
+                .zip([Some(items), Some(claims), Some(dead), keys.as_ref()])
+                .filter_map(|(part, stat)| Some((part, stat?)))
+                .collect();
+            let empty = own.num_children == parts.len() as i32 && parts.iter().all(|(_, s)| s.num_children == 0);
             if !empty {
                 continue;
             }
@@ -229,15 +241,11 @@ impl Janitor {
             // pass too: one multi-op, which fails if anything arrived since (a delete of a
             // node with children fails).
             let seen = |path: &str, now: &Stat| self.seen_empty.get(path).is_some_and(|b| b.cversion == now.cversion);
-            let unchanged = seen(&dir, own)
-                && PARTS
-                    .iter()
-                    .zip([items, claims, dead, keys])
-                    .all(|(part, stat)| seen(&format!("{dir}/{part}"), stat));
+            let unchanged = seen(&dir, own) && parts.iter().all(|(part, stat)| seen(&format!("{dir}/{part}"), stat));
             if unchanged {
-                self.bucket.take(PARTS.len() + 1).await;
+                self.bucket.take(parts.len() + 1).await;
                 let mut multi = Multi::new(client);
-                for part in PARTS {
+                for (part, _) in &parts {
                     multi.delete((), &format!("{dir}/{part}"), None)?;
                 }
                 multi.delete((), &dir, None)?;
@@ -248,11 +256,39 @@ impl Janitor {
                 continue;
             }
             empty_now.insert(dir.clone(), *own);
-            for (part, stat) in PARTS.iter().zip([items, claims, dead, keys]) {
+            for (part, stat) in parts {
                 empty_now.insert(format!("{dir}/{part}"), *stat);
             }
         }
         Ok(())
+    }
+
+    /// When the oldest idempotency key still kept was made (ms since the epoch).
+    fn oldest_key_kept(&self) -> i64 {
+        now_ms() - self.settings.idempotency_window.as_millis() as i64
+    }
+
+    /// Idempotency keys past the window, with their charges; and those earlier versions kept
+    /// beside counters and kv transactions.
+    async fn idempotency_keys(&mut self, client: &Client, removed: &mut Removed) -> Result<(), ZkError> {
+        let oldest_kept = self.oldest_key_kept();
+        for (principal, ids) in self.keys.expired(client, oldest_kept).await? {
+            for batch in ids.chunks(super::idempotency::FORGET_BATCH) {
+                // A key and its charge.
+                self.bucket.take(2 * batch.len()).await;
+                let gone = self.keys.forget(client, &principal, batch).await?;
+                removed.idempotency_keys += gone;
+                count_removed("idempotency_key", gone);
+            }
+        }
+        // Earlier versions' (`<counter-keys>/<counter>/<key>`, `<kv-txn-keys>/<key>`).
+        let counters = format!("{}/counter-keys", self.root);
+        for counter in crate::zk::children(client, &counters).await? {
+            let dir = format!("{counters}/{counter}");
+            self.old_keys(client, &dir, oldest_kept, removed).await?;
+        }
+        let transactions = format!("{}/kv-txn-keys", self.root);
+        self.old_keys(client, &transactions, oldest_kept, removed).await
     }
 
     /// The idempotency keys under `dir` made before `oldest_kept` (ms).
@@ -276,24 +312,6 @@ impl Janitor {
         removed.idempotency_keys += gone;
         count_removed("idempotency_key", gone);
         Ok(())
-    }
-
-    /// Old idempotency keys of counters' adds.
-    async fn counter_keys(&mut self, client: &Client, removed: &mut Removed) -> Result<(), ZkError> {
-        let base = super::counter::keys_base(&self.root);
-        let oldest_kept = now_ms() - self.settings.idempotency_window.as_millis() as i64;
-        for counter in crate::zk::children(client, &base).await? {
-            self.old_keys(client, &format!("{base}/{counter}"), oldest_kept, removed)
-                .await?;
-        }
-        Ok(())
-    }
-
-    /// Old idempotency keys of kv transactions (all under one znode).
-    async fn kv_txn_keys(&mut self, client: &Client, removed: &mut Removed) -> Result<(), ZkError> {
-        let oldest_kept = now_ms() - self.settings.idempotency_window.as_millis() as i64;
-        let base = super::kv_txn::keys_base(&self.root);
-        self.old_keys(client, &base, oldest_kept, removed).await
     }
 
     /// Transactions decided longer ago than the retention, with everything below them.

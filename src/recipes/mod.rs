@@ -9,6 +9,7 @@ pub mod election;
 pub mod engine;
 pub mod group;
 pub mod holdings;
+pub mod idempotency;
 pub mod janitor;
 pub mod kv;
 pub mod kv_txn;

@@ -313,7 +313,7 @@ impl Conn {
                 let new = crate::keeper::NewLease {
                     lock_delay: std::time::Duration::ZERO,
                     ttl: Some(ttl.unwrap_or(SOCKET_LEASE_TTL)),
-                    idempotency_key: None,
+                    key: None,
                     with_first_holding: false,
                 };
                 self.state.leases.create(&self.caller, new).await
@@ -323,6 +323,8 @@ impl Conn {
             let problem = match err {
                 LeaseError::Unknown(_) | LeaseError::Elsewhere { .. } => Problem::UnknownLease,
                 LeaseError::NotYours(_) | LeaseError::ReadOnly => Problem::Forbidden,
+                // A socket's lease takes no key.
+                LeaseError::Key(_) => Problem::InvalidLease,
                 LeaseError::TooMany(_) => Problem::TooMany,
                 LeaseError::Ended { .. } => Problem::LeaseEnded,
                 LeaseError::Unavailable(_) | LeaseError::NotFresh => Problem::ZookeeperUnavailable,

@@ -302,7 +302,7 @@ async fn an_add_with_an_idempotency_key_counts_once_through_a_lost_reply_and_a_r
     assert_eq!(proxy.create_replies_lost(), 1);
 
     // With one: the add lands once and is answered as done.
-    proxy.lose_next_create_reply_of("counter-keys/tickets/order-17");
+    proxy.lose_next_create_reply_of(common::idempotency_record("anyone", "order-17"));
     let first = Reply::read(keyed("tickets", "order-17", 5).await.expect("add")).await;
     assert_eq!(first.status, StatusCode::OK, "{first:?}");
     assert_eq!(proxy.create_replies_lost(), 2, "the reply of the keyed add was lost");
@@ -320,7 +320,11 @@ async fn an_add_with_an_idempotency_key_counts_once_through_a_lost_reply_and_a_r
     assert_eq!(again.body["repeated"], true, "{again:?}");
     // A key used for another request is refused, and changes nothing.
     let other = Reply::read(keyed("tickets", "order-17", 3).await.expect("add")).await;
-    other.assert_problem(StatusCode::BAD_REQUEST, Some("Idempotency-Key"));
+    other.assert_problem(StatusCode::UNPROCESSABLE_ENTITY, None);
+    assert_eq!(
+        other.body["type"], "urn:zkgate:problem:idempotency-key-reused",
+        "{other:?}"
+    );
     // A new key is a new add.
     let next = Reply::read(keyed("tickets", "order-18", 3).await.expect("add")).await;
     assert_eq!((next.i64("previous"), next.i64("value")), (5, 8), "{next:?}");

@@ -36,6 +36,7 @@ fn unbound(state: &zkgate::AppState) -> kv_txn::Bindings<'_> {
         keys: &state.kv_keys,
         leases: &NO_LEASES,
         quotas: &state.quotas,
+        caller: &zkgate::auth::Caller::Anyone,
     }
 }
 
@@ -350,7 +351,7 @@ async fn a_transaction_with_an_idempotency_key_applies_once_through_a_lost_reply
     assert_eq!(proxy.create_replies_lost(), 1);
 
     // With one: applied once, answered as applied.
-    proxy.lose_next_create_reply_of("kv-txn-keys/sale-1");
+    proxy.lose_next_create_reply_of(common::idempotency_record("anyone", "sale-1"));
     let first = send(sell.clone(), Some("sale-1")).await;
     assert_eq!(first.status, StatusCode::OK, "{first:?}");
     assert_eq!(proxy.create_replies_lost(), 2, "the reply of the keyed commit was lost");
@@ -382,6 +383,10 @@ async fn a_transaction_with_an_idempotency_key_applies_once_through_a_lost_reply
 
     // The key of another transaction is refused, and changes nothing.
     let other = send(json!({"then": [{"put": "shop/sold", "text": "5"}]}), Some("sale-1")).await;
-    other.assert_problem(StatusCode::BAD_REQUEST, Some("Idempotency-Key"));
+    other.assert_problem(StatusCode::UNPROCESSABLE_ENTITY, None);
+    assert_eq!(
+        other.body["type"], "urn:zkgate:problem:idempotency-key-reused",
+        "{other:?}"
+    );
     assert_eq!(gate.get("/v1/kv/shop/sold").await.body, json!(1));
 }

@@ -54,13 +54,19 @@ async fn an_idempotency_key_makes_creation_safe_to_retry() {
     assert_ne!(other.str("id"), first.str("id"));
     assert_eq!(gate.get("/v1/leases").await.body.as_array().map(Vec::len), Some(2));
 
-    // Once the lease is gone, the key makes a new one.
+    assert!(
+        retry.replayed && !first.replayed && !other.replayed,
+        "{retry:?} {first:?}"
+    );
+
+    // Once the lease is gone, a retry learns that its lease ended (it does not make another).
     assert_eq!(
         gate.delete(&format!("/v1/leases/{}", first.str("id"))).await.status,
         StatusCode::NO_CONTENT
     );
     let after = create("job-42").await;
-    assert_ne!(after.str("id"), first.str("id"));
+    after.assert_problem(StatusCode::GONE, None);
+    assert_eq!(after.body["type"], "urn:zkgate:problem:lease-ended", "{after:?}");
 }
 
 #[tokio::test]

@@ -28,6 +28,7 @@ mod fencing;
 mod fuzz;
 mod groups;
 mod http2;
+mod idempotency;
 mod instances;
 mod interop;
 mod keepalive;

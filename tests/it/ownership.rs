@@ -1,6 +1,7 @@
 //! Ownership on every instance: whatever a lease owns (the lease itself, handles, permits,
 //! candidates and their proclamations, queue claims, group members, transaction participants,
-//! double barrier participants, lease-bound barriers, lock holders to revoke) is acted on only
+//! double barrier participants, lease-bound barriers, lock holders to revoke, keys bound to a
+//! lease: made plain, rebound or deleted, alone or in a transaction) is acted on only
 //! by the lease's principal or an admin, through the instance that made it or any other.
 //!
 //! Two instances share one ZooKeeper; `app` makes each thing through instance A, then `app`,
@@ -73,9 +74,12 @@ enum Op {
     LowerBarrier,
     RaiseWithLease,
     Revoke,
+    UnbindKey,
+    DeleteBoundKey,
+    DeleteBoundKeyInTxn,
 }
 
-const OPS: [Op; 20] = [
+const OPS: [Op; 23] = [
     Op::KeepAlive,
     Op::EndLease,
     Op::ReadHandle,
@@ -96,6 +100,9 @@ const OPS: [Op; 20] = [
     Op::LowerBarrier,
     Op::RaiseWithLease,
     Op::Revoke,
+    Op::UnbindKey,
+    Op::DeleteBoundKey,
+    Op::DeleteBoundKeyInTxn,
 ];
 
 /// A request: method, path, body, and the status that means it was done.
@@ -260,6 +267,24 @@ impl Setup {
                 let path = format!("/v1/barriers/b-{n}");
                 (Method::PUT, path, Some(json!({"lease": lease})), StatusCode::CREATED)
             }
+            Op::UnbindKey | Op::DeleteBoundKey | Op::DeleteBoundKeyInTxn => {
+                let lease = self.lease().await;
+                let key = format!("bk-{n}");
+                let bind = format!("/v1/kv/{key}?lease={lease}");
+                self.as_app(Method::PUT, &bind, Some(json!("bound")), StatusCode::CREATED)
+                    .await;
+                match op {
+                    Op::UnbindKey => {
+                        let path = format!("/v1/kv/{key}?rebind=true");
+                        (Method::PUT, path, Some(json!("plain")), StatusCode::OK)
+                    }
+                    Op::DeleteBoundKey => (Method::DELETE, format!("/v1/kv/{key}"), None, StatusCode::NO_CONTENT),
+                    _ => {
+                        let body = json!({"then": [{"delete": key}]});
+                        (Method::POST, "/v1/kv-txn".into(), Some(body), StatusCode::OK)
+                    }
+                }
+            }
             Op::Revoke => {
                 let path = format!("/v1/locks/lk-{n}/acquire?wait=0");
                 self.as_app(Method::POST, &path, ttl(), StatusCode::OK).await;
@@ -306,6 +331,39 @@ async fn every_owned_operation_is_the_owners_or_an_admins_on_either_instance() {
         wrong.len(),
         wrong.join("\n")
     );
+}
+
+/// A key bound to app's lease is rebound onto another lease only by app or an admin: `other`,
+/// with a lease of its own and `rebind=true`, is refused and the key stays bound (on a82bd35 it
+/// left app's lease).
+#[tokio::test]
+async fn a_bound_key_is_rebound_only_by_its_leases_principal_or_an_admin() {
+    let s = setup().await;
+    let apps = s.lease().await;
+    let bind = format!("/v1/kv/shared?lease={apps}");
+    s.as_app(Method::PUT, &bind, Some(json!("app's")), StatusCode::CREATED)
+        .await;
+    for (gate, token, allowed) in [(&s.b, &s.other, false), (&s.a, &s.other, false), (&s.b, &s.admin, true)] {
+        let own = gate
+            .call_as(Some(token), Method::POST, "/v1/leases", Some(json!({"ttl": "60s"})))
+            .await
+            .str("id");
+        let path = format!("/v1/kv/shared?lease={own}&rebind=true");
+        let rebound = gate.call_as(Some(token), Method::PUT, &path, Some(json!("mine"))).await;
+        let read = s.a.call_as(Some(&s.app), Method::GET, "/v1/kv/shared", None).await;
+        if allowed {
+            assert_eq!(rebound.status, StatusCode::OK, "{rebound:?}");
+            assert_eq!(read.body, json!("mine"));
+        } else {
+            rebound.assert_problem(StatusCode::FORBIDDEN, None);
+            assert_eq!(read.body, json!("app's"), "the key is as it was");
+            let view =
+                s.a.call_as(Some(&s.app), Method::GET, &format!("/v1/leases/{apps}"), None)
+                    .await;
+            let holds = view.body["holdings"].as_array().expect("holdings");
+            assert!(holds.iter().any(|h| h["name"] == "shared"), "{view:?}");
+        }
+    }
 }
 
 #[tokio::test]

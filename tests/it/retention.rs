@@ -15,8 +15,9 @@ use serde_json::json;
 
 /// The subtrees of what stays live (the item's charge is under the usage).
 /// ZooKeeper's own nodes count too: a principal's quota has its node under `/zookeeper/quota`.
-const LIVE: [&str; 5] = [
+const LIVE: [&str; 6] = [
     "/zkgate/locks/held",
+    "/zkgate/idempotency",
     "/zkgate/txns/open",
     "/zkgate/queues/keep",
     "/zkgate/usage",
@@ -294,7 +295,7 @@ async fn a_key_dedups_within_its_window_and_a_decided_transaction_is_readable_un
     assert_eq!(decided.body["decision"]["outcome"], "abort", "{decided:?}");
 
     // Past the window: the key is gone (a put with it is new), and so is the transaction.
-    until_gone(&client, "/zkgate/queues/mail/keys/welcome-7").await;
+    until_gone(&client, &common::idempotency_record("anyone", "welcome-7")).await;
     assert_eq!(
         put_keyed(&gate, "mail", "welcome-7").await,
         StatusCode::CREATED,

@@ -2,6 +2,7 @@
 //! refusals, authorisation, ownership, sessions and leases, each as its [Problem].
 
 use super::*;
+use crate::recipes::idempotency::KeyError;
 
 impl From<Failure> for ApiError {
     fn from(err: Failure) -> ApiError {
@@ -56,20 +57,35 @@ impl From<Unavailable> for ApiError {
     }
 }
 
+impl From<KeyError> for ApiError {
+    fn from(err: KeyError) -> ApiError {
+        match err {
+            KeyError::Reused => ApiError::new(Problem::IdempotencyKeyReused, err.to_string()),
+            KeyError::TooLarge(bytes) => ApiError::new(Problem::ValueTooLarge, err.to_string())
+                .with("limit_bytes", crate::recipes::idempotency::MAX_RECORD_BYTES)
+                .with("size_bytes", bytes),
+            KeyError::Quota(exceeded) => ApiError::quota(exceeded),
+            KeyError::ZooKeeper(failure) => failure.into(),
+        }
+    }
+}
+
 impl From<LeaseError> for ApiError {
     fn from(err: LeaseError) -> ApiError {
-        match &err {
-            LeaseError::Unknown(_) => ApiError::not_found("lease", err.to_string()),
+        let message = err.to_string();
+        match err {
+            LeaseError::Unknown(_) => ApiError::not_found("lease", message),
             // The hand-off guard serves a request where its lease is kept: this is a race with a
             // takeover, which a retry settles.
-            LeaseError::Elsewhere { .. } => ApiError::new(Problem::InstanceUnavailable, format!("{err}; try again")),
-            LeaseError::NotFresh => ApiError::unavailable(err.to_string()),
-            LeaseError::Ended { reason, .. } => {
-                ApiError::new(Problem::LeaseEnded, err.to_string()).with("reason", reason)
+            LeaseError::Elsewhere { .. } => {
+                ApiError::new(Problem::InstanceUnavailable, format!("{message}; try again"))
             }
-            LeaseError::NotYours(_) | LeaseError::ReadOnly => ApiError::new(Problem::Forbidden, err.to_string()),
-            LeaseError::TooMany(_) => ApiError::new(Problem::TooMany, err.to_string()),
-            LeaseError::Unavailable(u) => ApiError::from(*u),
+            LeaseError::NotFresh => ApiError::unavailable(message),
+            LeaseError::Ended { reason, .. } => ApiError::new(Problem::LeaseEnded, message).with("reason", reason),
+            LeaseError::NotYours(_) | LeaseError::ReadOnly => ApiError::new(Problem::Forbidden, message),
+            LeaseError::TooMany(_) => ApiError::new(Problem::TooMany, message),
+            LeaseError::Unavailable(u) => ApiError::from(u),
+            LeaseError::Key(err) => err.into(),
         }
     }
 }

@@ -179,6 +179,8 @@ catalogue! {
         "a value, item, member's data, proclaimed value or payload whose stored size is over `--max-value-bytes` (256 KiB)";
     UriTooLong: Http, 414, "uri-too-long", "URI too long", ["limit_bytes"],
         "a request URI (path and query) over 8 KiB; `limit_bytes` says the bound";
+    IdempotencyKeyReused: Http, 422, "idempotency-key-reused", "Idempotency key reused", [],
+        "an `Idempotency-Key` the principal used for another request (another operation, resource, query or body): a retry must repeat its request byte for byte";
     QueueFull: Http, 429, "queue-full", "Queue full", ["depth"],
         "a put into a queue at `--queue-max-depth`; retry after `Retry-After` seconds";
     RateLimited: Http, 429, "rate-limited", "Too many writes", [],
@@ -219,6 +221,45 @@ catalogue! {
         "more than 32 calls in flight on one socket";
     TooManyLeases: Socket, 429, "too-many-leases", "Too many leases", [],
         "more than 16 leases kept alive by one socket";
+}
+
+/// The most characters of a client's input an error quotes: a name or key refused for its
+/// length (or anything else) is cut to this, so that a 4 KB key is not sent back whole.
+pub const MAX_QUOTED: usize = 64;
+
+/// `text` with every span quoted in backticks longer than [MAX_QUOTED] characters cut, and
+/// its length said (`` `aaaa…` (4096 bytes) ``); what follows an unpaired backtick is cut the
+/// same way.
+pub fn cut_quotes(text: &str) -> String {
+    let mut out = String::with_capacity(text.len().min(1024));
+    let mut parts = text.split('`').peekable();
+    let mut quoted = false;
+    while let Some(part) = parts.next() {
+        if !quoted {
+            out.push_str(part);
+        } else {
+            let (kept, was_cut) = cut(part, MAX_QUOTED);
+            out.push('`');
+            out.push_str(&kept);
+            // Closed only if a backtick follows it in `text`.
+            if parts.peek().is_some() {
+                out.push('`');
+            }
+            if was_cut {
+                out.push_str(&format!(" ({} bytes)", part.len()));
+            }
+        }
+        quoted = !quoted;
+    }
+    out
+}
+
+/// `text` cut to `most` characters (with `…`), and whether it was.
+fn cut(text: &str, most: usize) -> (String, bool) {
+    match text.char_indices().nth(most) {
+        Some((at, _)) => (format!("{}…", &text[..at]), true),
+        None => (text.to_string(), false),
+    }
 }
 
 impl Problem {
@@ -435,8 +476,9 @@ impl ApiError {
             Place::Path => "path parameter",
             Place::Header => "header",
         };
-        ApiError::new(Problem::InvalidField, format!("{description} `{field}`: {detail}"))
-            .with("field", field)
+        let detail = cut_quotes(&format!("{description} `{field}`: {detail}"));
+        ApiError::new(Problem::InvalidField, detail)
+            .with("field", cut(field, MAX_QUOTED).0)
             .with("in", place)
     }
 
@@ -552,5 +594,25 @@ mod tests {
         };
         assert!(conflict.description.contains("`lock-not-acquired`"));
         assert!(conflict.description.contains("`mode-change-refused`"));
+    }
+
+    #[test]
+    fn quoted_input_is_cut_and_its_length_said() {
+        let long = "k".repeat(4096);
+        let cut = cut_quotes(&format!("body field `compare`: `{long}` is not a valid key"));
+        assert_eq!(
+            cut,
+            format!(
+                "body field `compare`: `{}…` (4096 bytes) is not a valid key",
+                "k".repeat(MAX_QUOTED)
+            )
+        );
+        assert_eq!(cut_quotes("no quotes"), "no quotes");
+        assert_eq!(cut_quotes("`short` and `x`"), "`short` and `x`");
+        let unpaired = cut_quotes(&format!("a `{long}"));
+        assert_eq!(unpaired, format!("a `{}… (4096 bytes)", "k".repeat(MAX_QUOTED)));
+        // Characters, not bytes: never cut inside one.
+        let wide = cut_quotes(&format!("`{}`", "é".repeat(100)));
+        assert!(wide.starts_with(&format!("`{}…`", "é".repeat(MAX_QUOTED))), "{wide}");
     }
 }

@@ -84,11 +84,11 @@ pub(super) fn body_of(headers: &HeaderMap, bytes: &[u8]) -> Result<Envelope, Api
 }
 
 /// Puts an item: JSON (`Content-Type: application/json`), text, or any bytes (returned
-/// base64-encoded). With an
-/// `Idempotency-Key`, a retried put is stored once. A full queue answers 429 (with `Retry-After`).
+/// base64-encoded). With an `Idempotency-Key`, a retried put is stored once (answered `200`,
+/// `duplicate: true`). A full queue answers 429 (with `Retry-After`).
 #[utoipa::path(post, path = "/v1/queues/{name}/items", tag = "queues",
     params(("name" = String, Path, description = "Queue name"), PutQuery,
-        ("Idempotency-Key" = Option<String>, Header, description = "Makes the put safe to retry (1 to 128 bytes, no `/`)")),
+        ("Idempotency-Key" = Option<String>, Header, description = crate::http::idempotency::ABOUT)),
     request_body(description = "The item: any JSON value. Text (`text/plain`) and bytes (any other `Content-Type`, read back base64-encoded) are taken too, kept with their `Content-Type`; the spec lists JSON alone, so that a generated client sends it with its media type.",
         content((crate::http::formats::JsonValue = "application/json", example = json!({"to": "ada@example.com", "template": "welcome"})))),
     responses(
@@ -102,14 +102,13 @@ pub async fn put(
     ApiPath(name): ApiPath<String>,
     ApiQuery(query): ApiQuery<PutQuery>,
     headers: HeaderMap,
-    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+    Idempotent { key, inner: body }: Idempotent<Result<Bytes, axum::extract::rejection::BytesRejection>>,
 ) -> Result<Response, ApiError> {
     check_name(&name)?;
     if query.priority.is_some_and(|p| p > 99) {
         return Err(ApiError::invalid(Place::Query, "priority", "must be 0 to 99"));
     }
     let due_ms = due_of(&query)?;
-    let key = crate::http::key_name(&headers)?;
     let bytes = body.map_err(crate::http::extract::body_rejection)?;
     let envelope = body_of(&headers, &bytes)?;
     crate::http::check_stored_size(&state, "item", envelope.to_bytes().len())?;
@@ -128,7 +127,10 @@ pub async fn put(
             due_ms,
         },
         &envelope,
-        key.as_deref(),
+        key.as_ref().map(|key| Keyed {
+            keys: &state.idempotency,
+            key,
+        }),
         max_depth,
         payer,
     )
@@ -153,10 +155,14 @@ pub async fn put(
         }
         Put::Quota(exceeded) => return Err(ApiError::quota(exceeded)),
     };
+    let duplicate = item.is_none();
     let stored = Stored {
         queue: name,
-        duplicate: item.is_none(),
+        duplicate,
         item,
     };
-    Ok((status, Json(stored)).into_response())
+    Ok(crate::http::idempotency::replayed(
+        (status, Json(stored)).into_response(),
+        duplicate,
+    ))
 }

@@ -18,17 +18,15 @@
 //! never guessed: reporting success for an add that did not happen would lose an update, and
 //! retrying one that did would count it twice.
 //!
-//! Unless the add carries an idempotency key: then the write and the key's znode
-//! (`<root>/counter-keys/<name>/<key>`, holding what the add did) are one multi-op, so the key
-//! is there exactly when the add landed. After a lost reply the add simply goes again: if the
-//! first landed, the key's create is refused (`NodeExists`, before the write is looked at: it
-//! comes first in the multi-op) and the add is answered from the key as it was the first time;
-//! if it did not, the second one lands. A client that retries a request with its key gets the
-//! same answer the same way. The keys live beside the counters, not under a counter's znode,
-//! which Curator (and a delete here) deletes without looking for children; each counter's
-//! keys are under a container znode (ZooKeeper removes it once empty), and the janitor removes
-//! keys older than `--idempotency-window`.
+//! Unless the add carries an idempotency key: then the write and the key's record (holding what
+//! the add did, [super::idempotency]) are one multi-op, so the record is there exactly when the
+//! add landed. After a lost reply the add simply goes again: if the first landed, the record's
+//! create is refused (`NodeExists`, before the write is looked at: it comes first in the
+//! multi-op) and the add is answered from the record as it was the first time; if it did not,
+//! the second one lands. A client that retries a request with its key gets the same answer the
+//! same way, through any instance.
 
+use super::idempotency::{KeyError, Keyed, Record};
 use crate::zk::{Failed, Failure, Multi, Session};
 use serde::Serialize;
 use utoipa::ToSchema;
@@ -81,14 +79,24 @@ pub enum CounterError {
     Missing,
     /// The connection was lost after the write was sent: it may or may not have happened.
     OutcomeUnknown,
-    /// The idempotency key was used by an add of another delta (this one, when known).
-    KeyReused(Option<i64>),
+    /// The idempotency key's record: another request used the key, or the record passes a
+    /// quota.
+    Key(KeyError),
     ZooKeeper(Failure),
 }
 
 impl From<Failure> for CounterError {
     fn from(err: Failure) -> CounterError {
         CounterError::ZooKeeper(err)
+    }
+}
+
+impl From<KeyError> for CounterError {
+    fn from(err: KeyError) -> CounterError {
+        match err {
+            KeyError::ZooKeeper(err) => CounterError::ZooKeeper(err),
+            err => CounterError::Key(err),
+        }
     }
 }
 
@@ -137,33 +145,23 @@ pub struct Added {
     pub repeated: bool,
 }
 
-/// The parent of every counter's idempotency keys.
-pub fn keys_base(root: &str) -> String {
-    format!("{root}/counter-keys")
-}
-
-/// The znode of idempotency key `key` of counter `name`.
-pub fn key_path(root: &str, name: &str, key: &str) -> String {
-    format!("{}/{name}/{key}", keys_base(root))
-}
-
-/// What a key's znode holds: the add it was used for, and what that add did.
+/// What a key's record holds of an add (its delta and bounds are the request's, which the
+/// record's fingerprint covers).
 #[derive(Serialize, serde::Deserialize)]
-struct KeyRecord {
-    delta: i64,
+struct AddAnswer {
     previous: i64,
     value: i64,
 }
 
 /// Adds `delta` to the counter at `path` (creating it, and its parents, at `0 + delta`), if the
-/// result stays within `bounds`; with `key` (an idempotency key's znode, [key_path]) at most
-/// once for the key, whatever replies are lost (see the module's notes).
+/// result stays within `bounds`; with `key` at most once for the key, whatever replies are
+/// lost (see the module's notes).
 pub async fn add(
     session: &Session,
     path: &str,
     delta: i64,
     bounds: Bounds,
-    key: Option<&str>,
+    key: Option<Keyed<'_>>,
 ) -> Result<Added, CounterError> {
     let client = session.client();
     let mut conflicts = 0;
@@ -180,8 +178,8 @@ pub async fn add(
         let Some(value) = next_value(current.value, delta, bounds) else {
             // An add that landed before (its reply lost) is answered as it was, not refused
             // for where the counter is now.
-            if let Some(key) = key
-                && let Some(added) = landed_before(client, key, delta).await?
+            if let Some(keyed) = key
+                && let Some(added) = landed_before(client, keyed).await?
             {
                 return Ok(own(added, sent));
             }
@@ -193,14 +191,14 @@ pub async fn add(
         let version = current.stat.as_ref().map(|s| s.version);
         let written = match key {
             None => write(client, path, value, version).await,
-            Some(key) => {
-                let record = KeyRecord {
-                    delta,
+            Some(keyed) => {
+                let answer = AddAnswer {
                     previous: current.value,
                     value,
                 };
-                match write_keyed(client, path, value, version, key, &record).await {
-                    Err(Conflict::KeyThere) => match landed_before(client, key, delta).await? {
+                let record = keyed.record(client, &answer).await?;
+                match write_keyed(client, path, value, version, keyed, &record).await {
+                    Err(Conflict::KeyThere) => match landed_before(client, keyed).await? {
                         Some(added) => return Ok(own(added, sent)),
                         // Gone meanwhile (the janitor, past the window): a new add.
                         None => continue,
@@ -230,20 +228,16 @@ pub async fn add(
     }
 }
 
-/// The add that key `key` records, if it is there: `KeyReused` when it was for another delta.
-async fn landed_before(client: &Client, key: &str, delta: i64) -> Result<Option<Added>, CounterError> {
-    let Some((data, stat)) = crate::zk::data(client, key).await? else {
+/// The add that `keyed`'s record holds, if it is there.
+async fn landed_before(client: &Client, keyed: Keyed<'_>) -> Result<Option<Added>, CounterError> {
+    let Some(replay) = keyed.recorded::<AddAnswer>(client).await? else {
         return Ok(None);
     };
-    let record: KeyRecord = serde_json::from_slice(&data).map_err(|_| CounterError::KeyReused(None))?;
-    if record.delta != delta {
-        return Err(CounterError::KeyReused(Some(record.delta)));
-    }
     Ok(Some(Added {
-        previous: record.previous,
-        value: record.value,
+        previous: replay.answer.previous,
+        value: replay.answer.value,
         // Created in the add's own multi-op: its zxid is the add's.
-        mzxid: stat.czxid,
+        mzxid: replay.stat.czxid,
         conflicts: 0,
         repeated: true,
     }))
@@ -256,47 +250,47 @@ enum Part {
     Counter,
 }
 
-/// [write], with the key's znode created in the same multi-op (first, so that a key already
-/// there is what a refusal names).
+/// [write], with the key's record in the same multi-op (first, so that a record already there
+/// is what a refusal names).
 async fn write_keyed(
     client: &Client,
     path: &str,
     value: i64,
     version: Option<i32>,
-    key: &str,
-    record: &KeyRecord,
+    keyed: Keyed<'_>,
+    record: &Record<'_>,
 ) -> Result<Stat, Conflict> {
     let failed = |e: ZkError| Conflict::Failed(e.into());
-    // Three integers: serialising cannot fail.
-    let record = serde_json::to_vec(record).unwrap_or_default();
     let plain = CreateMode::Persistent.with_acls(crate::zk::acls());
     let data = encode(value);
     let mut multi = Multi::new(client);
-    multi.create(Part::Key, key, &record, &plain).map_err(failed)?;
+    record.add_to(&mut multi, Part::Key).map_err(failed)?;
     match version {
         Some(version) => multi.set(Part::Counter, path, &data, Some(version)).map_err(failed)?,
         None => multi.create(Part::Counter, path, &data, &plain).map_err(failed)?,
     }
     match multi.commit().await {
-        Ok(done) => match done.stat(&Part::Counter) {
-            Some(stat) => Ok(*stat),
-            // Servers before 3.5 leave a created node's stat out of the reply.
-            None => retry_on_loss(|| client.check_stat(path))
-                .await
-                .map_err(failed)?
-                .ok_or(Conflict::Lost),
-        },
+        Ok(done) => {
+            keyed.committed(client, &done, &Part::Key);
+            match done.stat(&Part::Counter) {
+                Some(stat) => Ok(*stat),
+                // Servers before 3.5 leave a created node's stat out of the reply.
+                None => retry_on_loss(|| client.check_stat(path))
+                    .await
+                    .map_err(failed)?
+                    .ok_or(Conflict::Lost),
+            }
+        }
         Err(Failed::Refused {
             tag: Part::Key,
             error: ZkError::NodeExists,
         }) => Err(Conflict::KeyThere),
-        // The counter's keys' container (or the counters' parent) is not there yet.
+        // The principal's directories are not there (any more).
         Err(Failed::Refused {
             tag: Part::Key,
             error: ZkError::NoNode,
         }) => {
-            let parent = &key[..key.rfind('/').unwrap_or(0)];
-            ensure_container(client, parent).await.map_err(failed)?;
+            keyed.repair(client).await.map_err(failed)?;
             Err(Conflict::Lost)
         }
         Err(Failed::Refused {
@@ -315,13 +309,6 @@ async fn write_keyed(
         Err(failed) if failed.is_loss() => Err(Conflict::Sent),
         Err(failed) => Err(Conflict::Failed(CounterError::ZooKeeper(failed.into()))),
     }
-}
-
-/// Makes `dir` a container znode (its parents persistent) if it is not there.
-async fn ensure_container(client: &Client, dir: &str) -> Result<(), ZkError> {
-    let parent = &dir[..dir.rfind('/').unwrap_or(0)];
-    crate::zk::session::ensure_path(client, parent).await?;
-    crate::recipes::create_if_absent(client, dir, CreateMode::Container).await
 }
 
 /// Sets the counter at `path` to `value` if `condition` holds (a version is the znode's mzxid,

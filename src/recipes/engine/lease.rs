@@ -65,6 +65,10 @@ pub enum LeaseError {
     NotFresh,
     #[error(transparent)]
     Unavailable(#[from] Unavailable),
+    /// Its creation's idempotency key was used by another request, or its record passes a
+    /// quota.
+    #[error(transparent)]
+    Key(crate::recipes::idempotency::KeyError),
 }
 
 /// What became of a lease, as this instance knows (the instance that ended a lease does):

@@ -24,6 +24,7 @@
 //! holdings delete their znodes and holding records; the record stays a while as a *tombstone* so
 //! that any instance answers "ended, and why" (HTTP 410) rather than "never heard of it".
 
+use crate::recipes::idempotency::{KeyError, Keyed};
 use crate::zk::{Failed, Multi};
 use serde::{Deserialize, Serialize};
 use zookeeper_client::{Client, CreateMode, Error as ZkError, OneshotWatcher, Stat};
@@ -206,6 +207,81 @@ pub async fn create(client: &Client, path: &str, record: &LeaseRecord) -> Result
                 tokio::time::sleep(std::time::Duration::from_millis(20)).await;
             }
             Err(err) => return Err(err),
+        }
+    }
+}
+
+/// What a keyed lease creation's idempotency record holds: the lease it made.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Made {
+    lease: String,
+}
+
+/// What an operation of a keyed creation's multi-op is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Creating {
+    Key,
+    Lease,
+}
+
+/// [create] of lease `id` with an idempotency key's record, in one multi-op: `None` when
+/// created, or the id of the lease that a request with the key made before (`id` itself when
+/// an earlier attempt of this call landed but lost its reply).
+///
+/// # Notable errors
+/// * [KeyError::Reused] when another request used the key.
+/// * [KeyError::Quota] when the key's record passes its principal's quota.
+pub async fn create_keyed(
+    client: &Client,
+    path: &str,
+    record: &LeaseRecord,
+    id: &str,
+    keyed: Keyed<'_>,
+) -> Result<Option<String>, KeyError> {
+    let options = CreateMode::Persistent.with_acls(crate::zk::acls());
+    let data = record.to_bytes();
+    let key = keyed.record(client, &Made { lease: id.to_string() }).await?;
+    // Lost replies: a few tries (the key makes them safe), then the client's own retry.
+    let mut lost = 0;
+    loop {
+        let mut multi = Multi::new(client);
+        key.add_to(&mut multi, Creating::Key)?;
+        multi.create(Creating::Lease, path, &data, &options)?;
+        match multi.commit().await {
+            Ok(done) => {
+                keyed.committed(client, &done, &Creating::Key);
+                return Ok(None);
+            }
+            Err(Failed::Refused {
+                tag: Creating::Key,
+                error: ZkError::NodeExists,
+            }) => {
+                if let Some(before) = keyed.recorded::<Made>(client).await? {
+                    return Ok(Some(before.answer.lease));
+                }
+                // Forgotten meanwhile: made anew.
+            }
+            Err(Failed::Refused {
+                tag: Creating::Key,
+                error: ZkError::NoNode,
+            }) => keyed.repair(client).await?,
+            Err(Failed::Refused {
+                tag: Creating::Lease,
+                error: ZkError::NoNode,
+            }) => {
+                let parent = &path[..path.rfind('/').unwrap_or(0)];
+                crate::zk::session::ensure_path(client, parent).await?;
+            }
+            Err(Failed::Refused {
+                error: ZkError::QuotaExceeded,
+                ..
+            }) => return Err(keyed.exceeded(client, data.len()).await),
+            // Made or not: the key's record tells, on the next attempt.
+            Err(failed) if failed.is_loss() && lost < 10 => {
+                lost += 1;
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+            Err(failed) => return Err(KeyError::ZooKeeper(failed.into())),
         }
     }
 }

@@ -348,15 +348,21 @@ pub(super) async fn write(
                 continue;
             }
         };
-        let refusal = match (&found, &expected) {
-            (Some((bound, version)), Some(stat)) if bound.lease == lease.id => {
+        // A binding of another principal's lease is refused as such (403), before the rule for
+        // rewrites (409, which that principal may act on) is looked at.
+        let foreign = (found.as_ref())
+            .filter(|(bound, _)| bound.lease != lease.id)
+            .and_then(|(bound, _)| key.may_unbind(bound).err());
+        let refusal = match (foreign, &found, &expected) {
+            (Some(forbidden), _, _) => forbidden,
+            (None, Some((bound, version)), Some(stat)) if bound.lease == lease.id => {
                 match rewrite(session, key, data, (stat, *version), &mine, payer).await? {
                     Some(mzxid) => return Ok((mzxid, false)),
                     None => continue,
                 }
             }
-            (Some((bound, _)), _) if bound.lease != lease.id && !rebind => WriteError::Bound(bound.clone()),
-            (None, Some(_)) if !rebind => WriteError::NotBound,
+            (None, Some((bound, _)), _) if bound.lease != lease.id && !rebind => WriteError::Bound(bound.clone()),
+            (None, None, Some(_)) if !rebind => WriteError::NotBound,
             _ => {
                 let parents = match expected {
                     None => super::missing_parents(client, path).await?,

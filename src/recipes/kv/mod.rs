@@ -25,28 +25,56 @@ use zookeeper_client::{Client, CreateMode, Error as ZkError, Stat};
 use super::engine::lease::Lease;
 use super::engine::node::owner_record_path;
 use super::usage::{self, ChargeError, Exceeded, Payer, Quotas};
+use crate::auth::{Caller, Forbidden};
 use crate::kind::Kind;
 use crate::zk::retry_on_loss;
 use bound::{Binding, BoundKeys};
 
-/// A key: its name (`a/b`), its znode under zkgate's root, and the bindings of keys to leases
-/// this instance drives.
+/// A key: its name (`a/b`), its znode under zkgate's root, the bindings of keys to leases
+/// this instance drives, and who writes it.
 pub struct Key<'a> {
     pub keys: &'a BoundKeys,
     pub root: &'a str,
     pub name: &'a str,
     pub path: String,
+    /// The writer, whose ownership a write or delete that removes a binding checks (`None`: a
+    /// read, which removes none).
+    by: Option<&'a Caller>,
 }
 
 impl<'a> Key<'a> {
-    /// The key `name` (already validated), bound through `keys`.
+    /// The key `name` (already validated), bound through `keys`, to be read.
     pub fn new(keys: &'a BoundKeys, name: &'a str) -> Key<'a> {
         Key {
             keys,
             root: keys.root(),
             name,
             path: Kind::Kv.path(keys.root(), name),
+            by: None,
         }
+    }
+
+    /// The key `name`, to be written or deleted by `caller`.
+    pub fn written_by(keys: &'a BoundKeys, name: &'a str, caller: &'a Caller) -> Key<'a> {
+        Key {
+            by: Some(caller),
+            ..Key::new(keys, name)
+        }
+    }
+
+    /// `Ok` if the writer may remove `binding` (rebind the key, make it plain, or delete it):
+    /// what a lease holds is acted on by its principal, or an admin (as every node a lease
+    /// holds: [crate::recipes::engine::node::check_owner]); a binding that records no principal
+    /// (made with auth off) by anyone.
+    fn may_unbind(&self, binding: &Binding) -> Result<(), WriteError> {
+        let Some(principal) = binding.principal.as_deref() else {
+            return Ok(());
+        };
+        let what = format!("key `{}` (bound to lease `{}`)", self.name, binding.lease);
+        let caller = self.by.unwrap_or(&Caller::Nobody);
+        caller
+            .require_owner(Some(principal), &what)
+            .map_err(WriteError::Forbidden)
     }
 
     /// The path of its owner record, there while it is bound to a lease.
@@ -109,6 +137,9 @@ pub enum WriteError {
     NotBound,
     /// The write's lease ended (or left this instance) first.
     LeaseEnded,
+    /// The key is bound to a lease of another principal's, and the write or delete would unbind
+    /// it.
+    Forbidden(Forbidden),
     ZooKeeper(Failure),
 }
 
@@ -245,9 +276,20 @@ async fn write_plain(
             Again::Decide => {}
             Again::Parents => missing = missing_parents(client, path).await?,
             Again::Written(stat) => return Ok((stat.mzxid, expected.is_none())),
+            // Another principal's binding is refused as such (403) before the rule for
+            // rewrites is looked at (409, which its own principal may act on).
             Again::Bound => match Unbind::read(client, key).await? {
-                Some(found) if !rebind => return Err(WriteError::Bound(found.binding)),
-                found => unbind = found,
+                Some(found) => {
+                    if let Err(forbidden) = key.may_unbind(&found.binding) {
+                        recheck.confirm(session, forbidden).await?;
+                        continue;
+                    }
+                    if !rebind {
+                        return Err(WriteError::Bound(found.binding));
+                    }
+                    unbind = Some(found);
+                }
+                None => unbind = None,
             },
             Again::Unbound => unbind = None,
             Again::UnboundRecord => {
@@ -494,11 +536,17 @@ pub async fn delete(session: &Session, key: &Key<'_>, condition: Condition, quot
                 ZkError::NoNode | ZkError::BadVersion => {}
                 err => return Err(err.into()),
             },
-            // Bound: deleted with its binding.
+            // Bound: deleted with its binding, by its principal.
             Err(Failed::Refused {
                 tag: Op::Unbound,
                 error: ZkError::NodeExists,
-            }) => unbind = Unbind::read(client, key).await?,
+            }) => {
+                unbind = Unbind::read(client, key).await?;
+                if let Some(forbidden) = unbind.as_ref().and_then(|found| key.may_unbind(&found.binding).err()) {
+                    recheck.confirm(session, forbidden).await?;
+                    unbind = None;
+                }
+            }
             Err(Failed::Refused {
                 tag: Op::BindingRecord,
                 error: ZkError::NoNode,

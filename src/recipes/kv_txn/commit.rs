@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use zookeeper_client::{CreateMode, Error as ZkError};
 
-use super::key::{answered_before, keys_base, record_of};
+use super::key::{Answered, answer_of, replayed};
 use super::{
     ATTEMPTS, Binding, Entry, Outcome, Planned, ReadBinding, Step, Txn, TxnError, plan, put_stat, refused, results,
 };
@@ -17,17 +17,20 @@ use crate::recipes::condition::Recheck;
 use crate::recipes::engine::lease::{Guard, GuardError, Lease};
 use crate::recipes::engine::node::owner_record_path;
 use crate::recipes::engine::record;
+use crate::recipes::idempotency::Keyed;
 use crate::recipes::kv::bound::{self, BoundKeys};
 use crate::recipes::usage::{self, Payer, Quotas};
 use crate::zk::{Done, Failed, Multi, Session};
 
 /// What the bindings of a transaction's keys need: the bindings this instance drives (and
 /// zkgate's root, theirs), the leases its puts name (resolved by the caller, each one it may
-/// use), and the quotas a binding's end refunds.
+/// use), the quotas a binding's end refunds, and the caller (whose ownership a delete of a
+/// bound key checks).
 pub struct Bindings<'a> {
     pub keys: &'a BoundKeys,
     pub leases: &'a HashMap<String, Arc<Lease>>,
     pub quotas: &'a Quotas,
+    pub caller: &'a crate::auth::Caller,
 }
 
 /// A binding a branch makes: its lease, its handle and the records written for it.
@@ -43,21 +46,19 @@ struct NewBinding {
 /// Runs `txn`: reads its keys (values of at most `max_value_bytes`) and the bindings of those it
 /// writes, evaluates its compares, and commits the branch they pick pinned to what was read;
 /// again if a pin fails. Each put's value is charged to `payer` and each delete refunds, in the
-/// same multi-op, as a kv write's. With `key` (an idempotency key's znode, [key_path]) at most
-/// once for the key, whatever replies are lost.
+/// same multi-op, as a kv write's. With `key` at most once for the key, whatever replies are
+/// lost; a branch that only reads stores no record (but is answered from one an earlier
+/// attempt of the request left).
 pub async fn run(
     session: &Session,
     txn: &Txn,
     max_value_bytes: usize,
     payer: Payer<'_>,
     bound: Bindings<'_>,
-    key: Option<&str>,
+    key: Option<Keyed<'_>>,
 ) -> Result<Outcome, TxnError> {
-    if let Some(key) = key
-        && let Some(before) = answered_before(session.client(), key, txn).await?
-    {
-        return Ok(before);
-    }
+    let caller = bound.caller;
+    let owns = |principal: &str| caller.owns(Some(principal));
     let mut running = Running {
         session,
         txn,
@@ -76,7 +77,7 @@ pub async fn run(
     for _ in 0..ATTEMPTS {
         let read = running.read().await?;
         let failed_compare = txn.first_failed(&read.reads);
-        if let Some(refusal) = refused(txn.branch(failed_compare), &read.reads, &read.bindings) {
+        if let Some(refusal) = refused(txn.branch(failed_compare), &read.reads, &read.bindings, &owns) {
             recheck.confirm(session, TxnError::Binding(refusal)).await?;
             continue;
         }
@@ -94,7 +95,7 @@ struct Running<'a> {
     max_value_bytes: usize,
     payer: Payer<'a>,
     bound: Bindings<'a>,
-    key: Option<&'a str>,
+    key: Option<Keyed<'a>>,
     /// Every key it reads ([Txn::keys]).
     keys: Vec<String>,
     /// The charge ids of the keys it writes.
@@ -153,11 +154,25 @@ impl Running<'_> {
             })
             .collect();
         let options = CreateMode::Persistent.with_acls(crate::zk::acls());
+        let writes = branch.iter().any(|step| !matches!(step, Step::Get { .. }));
+        let record = match self.key {
+            Some(keyed) if writes => {
+                let answer = answer_of(branch, &read.reads, failed_compare);
+                Some(keyed.record(client, &answer).await?)
+            }
+            // A branch that only reads stores nothing; but an earlier attempt of this request
+            // that wrote (its reply lost) has a record, read after the keys were: that is the
+            // answer.
+            Some(keyed) => match keyed.recorded::<Answered>(client).await? {
+                Some(replay) => return Ok(Some(self.replay(replay))),
+                None => None,
+            },
+            None => None,
+        };
         let mut multi = Multi::new(client);
-        if let Some(key) = self.key {
+        if let Some(record) = &record {
             // First: a retry whose first attempt applied is refused here, before any pin.
-            let record = record_of(self.txn, branch, &read.reads, failed_compare)?;
-            multi.create(Planned::Key, key, &record, &options)?;
+            record.add_to(&mut multi, Planned::Key)?;
         }
         let guards = guard_leases(&mut multi, &made)?;
         for planned in planned {
@@ -168,6 +183,9 @@ impl Running<'_> {
         settle_guards(client, guards, &committed).await?;
         let failed = match committed {
             Ok(done) => {
+                if let Some(keyed) = self.key.filter(|_| record.is_some()) {
+                    keyed.committed(client, &done, &Planned::Key);
+                }
                 take_up(&made, &self.bound);
                 for (name, binding) in &unbound {
                     crate::recipes::kv::settled(self.bound.keys, name, binding).await;
@@ -177,6 +195,15 @@ impl Running<'_> {
             Err(failed) => failed,
         };
         self.after_refused(read, branch, failed).await
+    }
+
+    /// The outcome an earlier attempt recorded: this call's own if one of its commits lost its
+    /// reply, else a client's earlier request's (`repeated`).
+    fn replay(&self, replay: crate::recipes::idempotency::Replay<Answered>) -> Outcome {
+        Outcome {
+            repeated: !self.lost_here,
+            ..replayed(replay)
+        }
     }
 
     /// The outcome of the branch committed as `done`.
@@ -220,18 +247,21 @@ impl Running<'_> {
                 tag: Planned::Key,
                 error: ZkError::NodeExists,
             } => {
-                let key = self.key.unwrap_or_default();
-                let before = answered_before(client, key, self.txn).await?;
-                let repeated = !self.lost_here;
-                Ok(before.map(|before| Outcome { repeated, ..before }))
+                let recorded = match self.key {
+                    Some(keyed) => keyed.recorded::<Answered>(client).await?,
+                    None => None,
+                };
+                // None: forgotten meanwhile; again, as a new transaction.
+                Ok(recorded.map(|replay| self.replay(replay)))
             }
-            // Its parent is missing: made, then again.
+            // The principal's directories are missing: made, then again.
             Failed::Refused {
                 tag: Planned::Key,
                 error: ZkError::NoNode,
             } => {
-                let base = keys_base(self.bound.keys.root());
-                crate::zk::session::ensure_path(client, &base).await?;
+                if let Some(keyed) = self.key {
+                    keyed.repair(client).await?;
+                }
                 Ok(None)
             }
             // Applied or not: with a key, the next attempt tells.

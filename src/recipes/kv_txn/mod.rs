@@ -26,6 +26,7 @@ use std::collections::{HashMap, HashSet};
 
 use zookeeper_client::{Error as ZkError, Stat};
 
+use super::idempotency::KeyError;
 use super::kv::Entry;
 use super::kv::bound::Binding;
 use super::usage::{ChargeError, Exceeded};
@@ -35,7 +36,6 @@ mod commit;
 mod key;
 
 pub use commit::{Bindings, key_name, run};
-pub use key::{MAX_RECORD_BYTES, key_path, keys_base};
 
 /// What a compare asks of a key.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -218,7 +218,7 @@ pub enum Planned {
     Guard {
         lease: String,
     },
-    /// The idempotency key's znode, created first (added by [run]).
+    /// The idempotency key's record, created first (added by [run]).
     Key,
 }
 
@@ -238,17 +238,38 @@ pub enum BindingRefusal {
     Bound { path: String, lease: String },
     /// A put bound to a lease of the key at `path`, which exists bound to none.
     NotBound { path: String },
+    /// A delete of the key at `path`, bound to `lease` of principal `principal`, which the
+    /// writer does not own.
+    NotYours {
+        path: String,
+        lease: String,
+        principal: String,
+    },
 }
 
-/// The first put of `branch` that the rule for bound keys refuses, given what was read.
+/// The first step of `branch` that the rule for bound keys refuses, given what was read: a put
+/// over a key bound otherwise, or a delete of a key bound to a lease of a principal whose
+/// leases' holdings the writer may not touch (`owns` says whose it may: its own, or all for an
+/// admin).
 pub fn refused(
     branch: &[Step],
     reads: &HashMap<String, Option<Entry>>,
     bindings: &HashMap<String, Option<ReadBinding>>,
+    owns: &dyn Fn(&str) -> bool,
 ) -> Option<BindingRefusal> {
     branch.iter().find_map(|step| {
-        let Step::Put { path, lease, .. } = step else {
-            return None;
+        let (path, lease) = match step {
+            Step::Put { path, lease, .. } => (path, lease),
+            Step::Delete { path } => {
+                let read = bindings.get(path).cloned().flatten()?;
+                let principal = read.binding.principal.filter(|p| !owns(p))?;
+                return Some(BindingRefusal::NotYours {
+                    path: path.clone(),
+                    lease: read.binding.lease,
+                    principal,
+                });
+            }
+            Step::Get { .. } => return None,
         };
         let bound = bindings.get(path).cloned().flatten();
         let exists = matches!(reads.get(path), Some(Some(_)));
@@ -391,11 +412,10 @@ pub enum TxnError {
     Binding(BindingRefusal),
     /// A lease its puts name ended (or left this instance) first.
     LeaseEnded(String),
-    /// Its idempotency key was used by another transaction.
-    KeyReused,
-    /// What an idempotent transaction answers (its gets' values) passes this many bytes, the
-    /// most its key's record holds.
-    AnswerTooLarge(usize),
+    /// Its idempotency key's record: the key was used by another request, what the
+    /// transaction answers (its gets' values) is more than a record holds, or the record
+    /// passes a quota.
+    Key(KeyError),
     /// The keys it reads kept changing between its read and its commit, [ATTEMPTS] times.
     Contended,
     /// A delete of this key, which has keys below it.
@@ -410,6 +430,15 @@ pub enum TxnError {
 impl From<Failure> for TxnError {
     fn from(err: Failure) -> TxnError {
         TxnError::ZooKeeper(err)
+    }
+}
+
+impl From<KeyError> for TxnError {
+    fn from(err: KeyError) -> TxnError {
+        match err {
+            KeyError::ZooKeeper(err) => TxnError::ZooKeeper(err),
+            err => TxnError::Key(err),
+        }
     }
 }
 
@@ -432,8 +461,6 @@ impl From<ChargeError> for TxnError {
     }
 }
 
-/// The most an idempotency key's record holds: what the transaction answers, its gets' values
-/// included (a znode holds at most 1 MiB).
 impl Txn {
     /// The branch that runs when the compare `failed_compare` failed (`None`: all held).
     pub fn branch(&self, failed_compare: Option<usize>) -> &[Step] {

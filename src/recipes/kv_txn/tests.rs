@@ -93,7 +93,7 @@ fn bound_to(lease: &str, version: i32) -> Option<ReadBinding> {
     Some(ReadBinding {
         binding: Binding {
             lease: lease.into(),
-            principal: None,
+            principal: Some("alice".into()),
             handle: "h".into(),
         },
         version,
@@ -128,7 +128,7 @@ fn a_branch_pins_every_key_read_and_every_binding_then_writes() {
         Step::Delete { path: "/k/d".into() },
         Step::Get { path: "/k/a".into() },
     ];
-    assert_eq!(refused(&branch, &read, &bindings), None);
+    assert_eq!(refused(&branch, &read, &bindings, &|_| true), None);
     assert_eq!(
         plan(&branch, &read, &missing, &bindings),
         vec![
@@ -195,29 +195,38 @@ fn the_rule_for_bound_keys_refuses_a_put_that_would_change_a_binding() {
             lease: "L".into(),
         })
     };
-    assert_eq!(refused(&[put("/k/bound", None)], &read, &bindings), bound("/k/bound"));
     assert_eq!(
-        refused(&[put("/k/bound", Some("M"))], &read, &bindings),
+        refused(&[put("/k/bound", None)], &read, &bindings, &|_| true),
         bound("/k/bound")
     );
-    assert_eq!(refused(&[put("/k/bound", Some("L"))], &read, &bindings), None);
     assert_eq!(
-        refused(&[put("/k/plain", Some("L"))], &read, &bindings),
+        refused(&[put("/k/bound", Some("M"))], &read, &bindings, &|_| true),
+        bound("/k/bound")
+    );
+    assert_eq!(
+        refused(&[put("/k/bound", Some("L"))], &read, &bindings, &|_| true),
+        None
+    );
+    assert_eq!(
+        refused(&[put("/k/plain", Some("L"))], &read, &bindings, &|_| true),
         Some(BindingRefusal::NotBound {
             path: "/k/plain".into()
         })
     );
-    assert_eq!(refused(&[put("/k/plain", None)], &read, &bindings), None);
-    // A delete of a bound key is no refusal: it deletes the binding too.
+    assert_eq!(refused(&[put("/k/plain", None)], &read, &bindings, &|_| true), None);
+    // A delete of a bound key is no refusal, by its lease's principal (or an admin): it
+    // deletes the binding too. By another principal it is.
+    let delete = [Step::Delete {
+        path: "/k/bound".into(),
+    }];
+    assert_eq!(refused(&delete, &read, &bindings, &|p| p == "alice"), None);
     assert_eq!(
-        refused(
-            &[Step::Delete {
-                path: "/k/bound".into()
-            }],
-            &read,
-            &bindings
-        ),
-        None
+        refused(&delete, &read, &bindings, &|p| p == "bob"),
+        Some(BindingRefusal::NotYours {
+            path: "/k/bound".into(),
+            lease: "L".into(),
+            principal: "alice".into(),
+        })
     );
 }
 

@@ -17,8 +17,8 @@
 //! claim goes (and the item is delivered again) when it is given back (nack) or its ack
 //! deadline passes. An item claimed more than the allowed number of times moves
 //! to `dead/` instead, to be listed and replayed. Taking at most once deletes the item before
-//! returning it. A put with an `Idempotency-Key` creates the item and `keys/<key>` in one
-//! multi-op, so a retried put lands once.
+//! returning it. A put with an `Idempotency-Key` creates the item and the key's record
+//! ([super::idempotency]) in one multi-op, so a retried put lands once.
 //!
 //! Here a queue's paths, the put and the reads; an item's name and envelope in [item], a take
 //! in [take], a claim in [claim].
@@ -27,6 +27,7 @@ use crate::zk::{Failed, Multi};
 use crate::zk::{Failure, Session};
 use zookeeper_client::{Client, CreateMode, Error as ZkError, Stat};
 
+use super::idempotency::{KeyError, Keyed};
 use super::usage::{Charge, ChargeError, Exceeded, Payer, Quotas};
 use crate::zk::retry_on_loss;
 
@@ -48,7 +49,6 @@ pub struct QueuePaths {
     pub items: String,
     pub claims: String,
     pub dead: String,
-    pub keys: String,
 }
 
 impl QueuePaths {
@@ -57,7 +57,6 @@ impl QueuePaths {
             items: format!("{dir}/items"),
             claims: format!("{dir}/claims"),
             dead: format!("{dir}/dead"),
-            keys: format!("{dir}/keys"),
             dir,
         }
     }
@@ -65,7 +64,7 @@ impl QueuePaths {
 
 /// Creates the queue's znodes if missing.
 pub async fn ensure(client: &Client, paths: &QueuePaths) -> Result<(), ZkError> {
-    for path in [&paths.items, &paths.claims, &paths.dead, &paths.keys] {
+    for path in [&paths.items, &paths.claims, &paths.dead] {
         crate::zk::session::ensure_path(client, path).await?;
     }
     Ok(())
@@ -85,18 +84,21 @@ pub enum Put {
 
 /// Puts an item, unless the queue already holds `max_depth` items (a bound so that a producer
 /// backs off until consumers catch up, and a queue's listing stays well within what ZooKeeper
-/// carries in one reply). With a key, the item and `keys/<key>` are created together or not at
-/// all; so is the item's charge to `payer`, so that an item past the payer's quota is not
-/// stored.
+/// carries in one reply). With a key, the item and the key's record are created together or
+/// not at all; so is the item's charge to `payer`, so that an item past the payer's quota is
+/// not stored.
+///
+/// # Notable errors
+/// * [KeyError::Reused] for a key another request used.
 pub async fn put(
     session: &Session,
     paths: &QueuePaths,
     placement: Placement,
     envelope: &Envelope,
-    key: Option<&str>,
+    key: Option<Keyed<'_>>,
     max_depth: usize,
     payer: Payer<'_>,
-) -> Result<Put, Failure> {
+) -> Result<Put, KeyError> {
     let client = session.client();
     let items = retry_on_loss(|| client.check_stat(&paths.items)).await?;
     let depth = items.map_or(0, |stat| stat.num_children as usize);
@@ -111,29 +113,50 @@ pub async fn put(
     envelope.charge = match payer.quotas.charge(session, payer.principal, size).await {
         Ok(charge) => Some(charge),
         Err(ChargeError::Exceeded(exceeded)) => return Ok(Put::Quota(exceeded)),
-        Err(ChargeError::ZooKeeper(err)) => return Err(err),
+        Err(ChargeError::ZooKeeper(err)) => return Err(err.into()),
     };
     let data = envelope.to_bytes();
+    let record = match key {
+        // A put answers nothing a retry needs but that it was stored.
+        Some(keyed) => match keyed.record(client, &()).await {
+            Ok(record) => Some(record),
+            Err(KeyError::Quota(exceeded)) => return Ok(Put::Quota(exceeded)),
+            Err(err) => return Err(err),
+        },
+        None => None,
+    };
     let options = CreateMode::PersistentSequential.with_acls(crate::zk::acls());
-    let plain = CreateMode::Persistent.with_acls(crate::zk::acls());
     loop {
         let mut multi = Multi::new(client);
-        multi.create(Part::Item, &prefix, &data, &options)?;
-        if let Some(key) = key {
-            multi.create(Part::Key, &format!("{}/{key}", paths.keys), &[], &plain)?;
+        if let Some(record) = &record {
+            record.add_to(&mut multi, Part::Key)?;
         }
+        multi.create(Part::Item, &prefix, &data, &options)?;
         if let Some(charge) = &envelope.charge {
             payer.quotas.add_charge(&mut multi, Part::Charge, charge, data.len())?;
         }
         match multi.commit().await {
             Ok(done) => {
+                if let Some(keyed) = key {
+                    keyed.committed(client, &done, &Part::Key);
+                }
                 let created = done.created(&Part::Item).unwrap_or_default();
                 return Ok(Put::Stored(created.rsplit('/').next().unwrap_or_default().to_string()));
             }
             Err(Failed::Refused {
                 tag: Part::Key,
                 error: ZkError::NodeExists,
-            }) => return Ok(Put::Duplicate),
+            }) => {
+                // (Only a keyed put has a record to be refused.)
+                let recorded = match key {
+                    Some(keyed) => keyed.recorded::<()>(client).await?,
+                    None => None,
+                };
+                if recorded.is_some() {
+                    return Ok(Put::Duplicate);
+                }
+                // Forgotten meanwhile: a new put.
+            }
             Err(Failed::Refused {
                 error: ZkError::QuotaExceeded,
                 ..
@@ -145,12 +168,15 @@ pub async fn put(
                 if let Some(charge) = &envelope.charge {
                     payer.quotas.repair(client, &charge.principal).await?;
                 }
+                if let Some(keyed) = key {
+                    keyed.repair(client).await?;
+                }
             }
             // A lost reply: with a key, the key tells whether it happened; without, the put is
             // not retried (it may have happened, and a second copy is worse for most users
             // than a clear error they can retry with a key).
             Err(failed) if failed.is_loss() && key.is_some() => continue,
-            Err(failed) => return Err(failed.into()),
+            Err(failed) => return Err(Failure::from(failed).into()),
         }
     }
 }
@@ -160,7 +186,7 @@ pub async fn put(
 enum Part {
     /// The item's node.
     Item,
-    /// A put's idempotency key.
+    /// A put's idempotency key's record.
     Key,
     /// A claim's node.
     Claim,

@@ -297,6 +297,8 @@ pub struct Reply {
     pub body: Value,
     /// `Retry-After`, in seconds, when present.
     pub retry_after: Option<u64>,
+    /// `Idempotent-Replayed: true`: an answer given before to a request with the same key.
+    pub replayed: bool,
 }
 
 impl Reply {
@@ -313,6 +315,10 @@ impl Reply {
             .get(reqwest::header::RETRY_AFTER)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse().ok());
+        let replayed = response
+            .headers()
+            .get("idempotent-replayed")
+            .is_some_and(|v| v.as_bytes() == b"true");
         let bytes = response.bytes().await.expect("body");
         let body = serde_json::from_slice(&bytes).unwrap_or(Value::String(String::from_utf8_lossy(&bytes).into()));
         Reply {
@@ -320,6 +326,7 @@ impl Reply {
             content_type,
             body,
             retry_after,
+            replayed,
         }
     }
 
@@ -352,6 +359,12 @@ impl Reply {
             assert_eq!(self.body["field"].as_str(), Some(field), "{self:?}");
         }
     }
+}
+
+/// The path (under the test's root) of `principal`'s record of idempotency key `key`.
+pub fn idempotency_record(principal: &str, key: &str) -> String {
+    let id = zkgate::recipes::idempotency::record_id(key);
+    format!("/zkgate/idempotency/{principal}/{id}")
 }
 
 /// A plain ZooKeeper client, to look at znodes from outside zkgate.
@@ -552,6 +565,7 @@ pub async fn raw_request(
         content_type,
         body,
         retry_after,
+        replayed: head.to_ascii_lowercase().contains("\r\nidempotent-replayed: true"),
     }
 }
 

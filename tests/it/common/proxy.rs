@@ -31,7 +31,7 @@ pub struct Proxy {
     drop_next_create_reply: Arc<AtomicBool>,
     create_replies_dropped: Arc<AtomicUsize>,
     /// What the path of a create whose reply is lost contains.
-    doomed_path: Arc<std::sync::Mutex<&'static str>>,
+    doomed_path: Arc<std::sync::Mutex<String>>,
     reset_on_cut: Arc<AtomicBool>,
     silent: watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
@@ -50,7 +50,7 @@ impl Proxy {
             blocked: blocked.subscribe(),
             drop_next_create_reply: Arc::new(AtomicBool::new(false)),
             create_replies_dropped: Arc::new(AtomicUsize::new(0)),
-            doomed_path: Arc::new(std::sync::Mutex::new(LOCK_CONTENDER)),
+            doomed_path: Arc::new(std::sync::Mutex::new(LOCK_CONTENDER.to_string())),
             reset_on_cut: Arc::new(AtomicBool::new(false)),
             silent: silent.subscribe(),
         };
@@ -104,8 +104,8 @@ impl Proxy {
 
     /// Arms the lost-create-reply fault for the next create (alone or in a multi-op) whose path
     /// contains `path` and that succeeds.
-    pub fn lose_next_create_reply_of(&self, path: &'static str) {
-        *self.doomed_path.lock().expect("lock") = path;
+    pub fn lose_next_create_reply_of(&self, path: impl Into<String>) {
+        *self.doomed_path.lock().expect("lock") = path.into();
         self.drop_next_create_reply.store(true, Ordering::SeqCst);
     }
 
@@ -138,7 +138,7 @@ struct Faults {
     blocked: watch::Receiver<bool>,
     drop_next_create_reply: Arc<AtomicBool>,
     create_replies_dropped: Arc<AtomicUsize>,
-    doomed_path: Arc<std::sync::Mutex<&'static str>>,
+    doomed_path: Arc<std::sync::Mutex<String>>,
     reset_on_cut: Arc<AtomicBool>,
     silent: watch::Receiver<bool>,
 }
