@@ -169,16 +169,20 @@ pub(crate) async fn close_idle(socket: &mut WebSocket) {
     close(socket, IDLE_CLOSE_CODE, "idle timeout").await
 }
 
-/// Ends a socket whose read failed. A message over `--ws-max-message` is answered with close
-/// code 1009 (message too big), so that the client knows why; any other failure (the
-/// connection broke, a protocol error) just ends it.
+/// Ends a socket whose read failed, saying why where the client is to blame (RFC 6455, 7.4.1):
+/// a message over `--ws-max-message` is closed with 1009 (message too big), a text message that
+/// is not UTF-8 with 1007 (invalid frame payload data); any other failure (the connection
+/// broke, a protocol error) just ends it.
 pub(crate) async fn read_failed(socket: &mut WebSocket, error: axum::Error, limit: usize) {
     // axum wraps tungstenite's error without exposing its type (axum pins its own tungstenite
-    // version); its text is the public contract left: "Space limit exceeded: Message too long".
-    if !error.to_string().contains("Space limit exceeded") {
-        return;
+    // version); its text is the public contract left: "Space limit exceeded: Message too long",
+    // "UTF-8 encoding error: ...".
+    let error = error.to_string();
+    if error.contains("Space limit exceeded") {
+        close(socket, 1009, format!("message too big: at most {limit} bytes")).await;
+    } else if error.contains("UTF-8") {
+        close(socket, 1007, "a text message that is not UTF-8").await;
     }
-    close(socket, 1009, format!("message too big: at most {limit} bytes")).await;
 }
 
 /// Completes the closing handshake the client began (bounded: the client may be gone).

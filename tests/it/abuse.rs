@@ -284,6 +284,35 @@ async fn frames_over_the_limit_are_refused_from_their_header() {
     assert_eq!(gate.get("/healthz").await.status, StatusCode::OK);
 }
 
+/// A text message that is not UTF-8 closes the socket with 1007 (invalid frame payload data,
+/// RFC 6455 7.4.1), not a dropped connection (on a82bd35 it was dropped without a close frame).
+#[tokio::test]
+async fn a_text_message_that_is_not_utf8_is_closed_with_1007() {
+    let zk = zookeeper().await;
+    let gate = Gate::start(&zk.connect_string()).await;
+    let mut stream = raw_socket(gate.running.addr, "/v1/ws").await;
+    // A masked (with a zero mask) text frame of two bytes that are not UTF-8.
+    let frame = [0x81, 0x80 | 2, 0, 0, 0, 0, 0xff, 0xfe];
+    stream.write_all(&frame).await.expect("frame");
+    let mut seen = Vec::new();
+    within(Duration::from_secs(10), "the socket to be closed", async {
+        let mut buffer = [0u8; 256];
+        loop {
+            match stream.read(&mut buffer).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => seen.extend_from_slice(&buffer[..n]),
+            }
+        }
+    })
+    .await;
+    // The close frame's status: 1007 (0x03EF), after the opcode 0x88 and the length.
+    assert!(
+        seen.windows(4).any(|w| w[0] == 0x88 && w[2..] == [0x03, 0xef]),
+        "close code 1007, got {seen:?}"
+    );
+    assert_eq!(gate.get("/healthz").await.status, StatusCode::OK);
+}
+
 /// Writes the `i`th value of `size` bytes to the key `big`.
 fn put_big(
     gate: &Gate,
