@@ -56,3 +56,5 @@ cat target/contract.log
 # The comparison bench, tiny and unoptimised, so that it cannot rot: it checks every answer of
 # zkgate, kazoo and etcd, never a speed (BENCHMARKS.md has the real runs).
 ZKGATE_BENCH_QUICK=1 step cargo bench --profile dev --bench compare
+# The idempotency store's bench, 20 s with a small bound: it fails if the store passes it.
+ZKGATE_BENCH_QUICK=1 step cargo bench --profile dev --bench idempotency

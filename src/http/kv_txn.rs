@@ -137,8 +137,11 @@ pub struct StepAnswer {
 /// for the key (its retry reads again).
 #[utoipa::path(post, path = "/v1/kv-txn", tag = "kv",
     params(("Idempotency-Key" = Option<String>, Header, description = super::idempotency::ABOUT)),
-    request_body(content = TxnRequest, example = json!({"compare": [{"key": "app/config", "absent": true}],
-        "then": [{"put": "app/config", "value": {"v": 2}}, {"put": "app/version", "text": "2"}], "else": [{"get": "app/config"}]})),
+    request_body(content = TxnRequest, examples(
+        ("writes" = (summary = "Two keys written together, if the config is absent (else it is read)",
+            value = json!({"compare": [{"key": "app/config", "absent": true}],
+                "then": [{"put": "app/config", "value": {"v": 2}}, {"put": "app/version", "text": "2"}], "else": [{"get": "app/config"}]}))),
+        ("reads" = (summary = "Two keys read at one moment", value = json!({"then": [{"get": "app/config"}, {"get": "app/version"}]}))))),
     responses(
         (status = 200, description = "The branch that ran, and its results", body = TxnAnswer),
         Problems<(p::InvalidField, p::MalformedBody, p::Forbidden, p::NotFound, p::KeyNotEmpty, p::KeyBound, p::KeyNotBound, p::LeaseEnded, p::BodyTooLarge, p::ValueTooLarge, p::TooMany, p::QuotaExceeded, p::OutcomeUnknown, p::InstanceUnavailable, p::ZookeeperUnavailable)>,

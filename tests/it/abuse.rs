@@ -250,6 +250,11 @@ async fn announce_frame(addr: SocketAddr, length: u64) -> Vec<u8> {
     frame.extend(std::iter::repeat_n(b'a', 64 * 1024));
     // The server may close while the sliver is still being written.
     let _ = stream.write_all(&frame).await;
+    until_closed(&mut stream).await
+}
+
+/// What the server sends on `stream` until it closes it (bounded).
+async fn until_closed(stream: &mut TcpStream) -> Vec<u8> {
     let mut seen = Vec::new();
     within(Duration::from_secs(10), "the socket to be closed", async {
         let mut buffer = [0u8; 1024];
@@ -294,17 +299,7 @@ async fn a_text_message_that_is_not_utf8_is_closed_with_1007() {
     // A masked (with a zero mask) text frame of two bytes that are not UTF-8.
     let frame = [0x81, 0x80 | 2, 0, 0, 0, 0, 0xff, 0xfe];
     stream.write_all(&frame).await.expect("frame");
-    let mut seen = Vec::new();
-    within(Duration::from_secs(10), "the socket to be closed", async {
-        let mut buffer = [0u8; 256];
-        loop {
-            match stream.read(&mut buffer).await {
-                Ok(0) | Err(_) => return,
-                Ok(n) => seen.extend_from_slice(&buffer[..n]),
-            }
-        }
-    })
-    .await;
+    let seen = until_closed(&mut stream).await;
     // The close frame's status: 1007 (0x03EF), after the opcode 0x88 and the length.
     assert!(
         seen.windows(4).any(|w| w[0] == 0x88 && w[2..] == [0x03, 0xef]),

@@ -37,9 +37,7 @@ fn operations() -> Vec<(String, String, Option<Value>)> {
     let mut operations = Vec::new();
     for (path, item) in spec["paths"].as_object().expect("paths") {
         for (method, operation) in item.as_object().expect("operations") {
-            let example = operation["requestBody"]["content"]
-                .as_object()
-                .and_then(|content| content.values().find_map(|c| c.get("example").cloned()));
+            let example = common::examples(&operation["requestBody"]).into_iter().next();
             operations.push((method.to_uppercase(), path.clone(), example));
         }
     }

@@ -10,7 +10,7 @@ use crate::common;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::{Gate, Reply, auth_config, grant, idempotency_record, test_config, tree, within, zk_client, zookeeper};
+use common::{Gate, Reply, grant, idempotency_record, tree, within, zk_client, zookeeper};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use zkgate::config::ServeConfig;
@@ -18,36 +18,30 @@ use zkgate::config::ServeConfig;
 /// Two instances on one ZooKeeper with principals alice and bob (each may write everything)
 /// and a reader (who may read everything).
 struct Two {
-    zk: common::TestZooKeeper,
-    _dir: tempfile::TempDir,
-    a: Gate,
-    b: Gate,
+    both: common::TwoInstances<3>,
     alice: String,
     bob: String,
     reader: String,
 }
 
+impl std::ops::Deref for Two {
+    type Target = common::TwoInstances<3>;
+
+    fn deref(&self) -> &Self::Target {
+        &self.both
+    }
+}
+
 async fn two_instances(tune: impl Fn(&mut ServeConfig)) -> Two {
-    let zk = zookeeper().await;
-    let dir = tempfile::tempdir().expect("temp dir");
-    let (path, [alice, bob, reader]) = auth_config(
-        &dir,
-        [
-            ("alice", grant("", "write")),
-            ("bob", grant("", "write")),
-            ("reader", grant("", "read")),
-        ],
-    );
-    let mut config = test_config(&zk.connect_string());
-    config.auth_config = Some(path);
-    tune(&mut config);
-    let a = Gate::start_with(config.clone()).await;
-    let b = Gate::start_with(config).await;
+    let principals = [
+        ("alice", grant("", "write")),
+        ("bob", grant("", "write")),
+        ("reader", grant("", "read")),
+    ];
+    let both = common::two_instances(principals, tune).await;
+    let [alice, bob, reader] = both.tokens.clone();
     Two {
-        zk,
-        _dir: dir,
-        a,
-        b,
+        both,
         alice,
         bob,
         reader,
@@ -63,8 +57,9 @@ struct Operation {
     body: Option<Vec<u8>>,
 }
 
-/// Every operation of the served spec that takes an `Idempotency-Key`, with its example body
-/// and its path parameters named after `tag` (so that each test has resources of its own).
+/// Every operation of the served spec that takes an `Idempotency-Key`, once with each of its
+/// example bodies, its path parameters named after `tag` (so that each test has resources of
+/// its own).
 fn keyed_operations(tag: &str) -> Vec<Operation> {
     let spec = serde_json::to_value(zkgate::openapi()).expect("spec");
     let mut keyed = Vec::new();
@@ -75,18 +70,22 @@ fn keyed_operations(tag: &str) -> Vec<Operation> {
             if !takes_key {
                 continue;
             }
-            let example = operation["requestBody"]["content"]
-                .as_object()
-                .and_then(|content| content.values().find_map(|c| c.get("example").cloned()));
-            let mut path = template.clone();
-            while let (Some(open), Some(close)) = (path.find('{'), path.find('}')) {
-                path.replace_range(open..=close, &format!("{tag}-{}", keyed.len()));
+            let examples = common::examples(&operation["requestBody"]);
+            let bodies: Vec<Option<Value>> = match examples.is_empty() {
+                true => vec![None],
+                false => examples.into_iter().map(Some).collect(),
+            };
+            for body in bodies {
+                let mut path = template.clone();
+                while let (Some(open), Some(close)) = (path.find('{'), path.find('}')) {
+                    path.replace_range(open..=close, &format!("{tag}-{}", keyed.len()));
+                }
+                keyed.push(Operation {
+                    method: method.to_uppercase().parse().expect("method"),
+                    path,
+                    body: body.map(|e| e.to_string().into_bytes()),
+                });
             }
-            keyed.push(Operation {
-                method: method.to_uppercase().parse().expect("method"),
-                path,
-                body: example.map(|e| e.to_string().into_bytes()),
-            });
         }
     }
     keyed
@@ -139,41 +138,57 @@ async fn every_operation_that_takes_a_key_applies_once_per_principal_through_eit
     let two = two_instances(|_| {}).await;
     let client = zk_client(&two.zk.connect_string()).await;
     let operations = keyed_operations("once");
-    println!(
-        "idempotency: {} operations of the served spec take an Idempotency-Key: {:?}",
-        operations.len(),
-        operations
-            .iter()
-            .map(|o| format!("{} {}", o.method, o.path))
-            .collect::<Vec<_>>()
-    );
     assert!(operations.len() >= 4, "{operations:?}");
 
-    // Each applied through instance a, its key's record (and the record's charge) alice's.
+    // Each applied through instance a: its key's record (and the record's charge) are
+    // alice's, or (a request that changes nothing stores nothing) the tree is as it was.
     let mut firsts = Vec::new();
     for (i, operation) in operations.iter().enumerate() {
         let key = format!("retry-{i}");
+        let before = stored(&client).await;
         let first = send(&two.a, &two.alice, operation, &key, None).await;
         assert!(first.status.is_success(), "{operation:?}: {first:?}");
         assert!(!first.replayed, "{operation:?}: {first:?}");
         let record = idempotency_record("alice", &key);
         let id = record.rsplit('/').next().expect("id");
-        for path in [record.clone(), format!("/zkgate/usage/alice/ik-{id}")] {
-            let found = client.check_stat(&path).await.expect("stat");
-            assert!(found.is_some(), "{operation:?}: no {path}");
+        let recorded = client.check_stat(&record).await.expect("stat").is_some();
+        if recorded {
+            let charge = format!("/zkgate/usage/alice/ik-{id}");
+            assert!(
+                client.check_stat(&charge).await.expect("stat").is_some(),
+                "{operation:?}: no {charge}"
+            );
+        } else {
+            let differ = stored(&client).await != before;
+            assert!(!differ, "{operation:?} kept no key but changed what ZooKeeper holds");
         }
-        firsts.push(first);
+        firsts.push((first, recorded));
     }
+    let recorded = firsts.iter().filter(|(_, recorded)| *recorded).count();
+    println!(
+        "idempotency: {} requests (each example body of each operation of the served spec that takes an \
+         Idempotency-Key): {recorded} kept their key, the other {} changed nothing and kept none: {:?}",
+        operations.len(),
+        operations.len() - recorded,
+        operations
+            .iter()
+            .map(|o| format!("{} {}", o.method, o.path))
+            .collect::<Vec<_>>()
+    );
+    assert!(recorded >= 4, "{recorded}");
 
     // The retries, through each instance: answered again, the same way, and nothing changes.
     let before = stored(&client).await;
-    for (i, (operation, first)) in operations.iter().zip(&firsts).enumerate() {
+    for (i, (operation, (first, recorded))) in operations.iter().zip(&firsts).enumerate() {
         let key = format!("retry-{i}");
         let via_a = send(&two.a, &two.alice, operation, &key, None).await;
         let via_b = send(&two.b, &two.alice, operation, &key, None).await;
         for retry in [&via_a, &via_b] {
             assert!(retry.status.is_success(), "{operation:?}: {retry:?}");
-            assert!(retry.replayed, "{operation:?}: {retry:?}");
+            assert_eq!(retry.replayed, *recorded, "{operation:?}: {retry:?}");
+        }
+        if !recorded {
+            continue;
         }
         assert_eq!(via_a.status, via_b.status, "{operation:?}");
         assert_eq!(settled(&via_a), settled(&via_b), "{operation:?}");
@@ -193,7 +208,10 @@ async fn every_operation_that_takes_a_key_applies_once_per_principal_through_eit
     }
     assert_eq!(stored(&client).await, before, "a retry changed what ZooKeeper holds");
 
-    for (i, operation) in operations.iter().enumerate() {
+    for (i, (operation, (_, recorded))) in operations.iter().zip(&firsts).enumerate() {
+        if !recorded {
+            continue;
+        }
         let key = format!("retry-{i}");
         // Bob's key of the same name is his own: applied, not alice's answer.
         let bobs = send(&two.b, &two.bob, operation, &key, None).await;

@@ -31,6 +31,7 @@ mod http2;
 mod idempotency;
 mod instances;
 mod interop;
+mod invariants;
 mod keepalive;
 mod kv;
 mod kv_leases;

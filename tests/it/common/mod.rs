@@ -361,6 +361,53 @@ impl Reply {
     }
 }
 
+/// Two instances on one ZooKeeper (each a root of its own, as [zookeeper] gives), with an
+/// `--auth-config` of `principals` (name, then its `admin` line and grants).
+pub struct TwoInstances<const N: usize> {
+    pub zk: TestZooKeeper,
+    pub a: Gate,
+    pub b: Gate,
+    /// The principals' tokens, in the order given.
+    pub tokens: [String; N],
+    _dir: tempfile::TempDir,
+}
+
+/// [TwoInstances] whose configuration `tune` changes first.
+pub async fn two_instances<const N: usize>(
+    principals: [(&str, String); N],
+    tune: impl Fn(&mut ServeConfig),
+) -> TwoInstances<N> {
+    let zk = zookeeper().await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (path, tokens) = auth_config(&dir, principals);
+    let mut config = test_config(&zk.connect_string());
+    config.auth_config = Some(path);
+    tune(&mut config);
+    let a = Gate::start_with(config.clone()).await;
+    let b = Gate::start_with(config).await;
+    TwoInstances {
+        zk,
+        a,
+        b,
+        tokens,
+        _dir: dir,
+    }
+}
+
+/// The examples a spec's request body (`requestBody`) gives: its `example`, or each of its
+/// `examples`, in the order written.
+pub fn examples(body: &Value) -> Vec<Value> {
+    let contents = body["content"].as_object().into_iter().flat_map(|c| c.values());
+    contents
+        .flat_map(|content| {
+            let single = content.get("example").cloned();
+            let named =
+                (content["examples"].as_object().into_iter().flatten()).filter_map(|(_, e)| e.get("value").cloned());
+            single.into_iter().chain(named).collect::<Vec<_>>()
+        })
+        .collect()
+}
+
 /// The path (under the test's root) of `principal`'s record of idempotency key `key`.
 pub fn idempotency_record(principal: &str, key: &str) -> String {
     let id = zkgate::recipes::idempotency::record_id(key);
