@@ -5,7 +5,8 @@ only be served with one zkgate issued; an id schemathesis makes up has the right
 an instance that does not exist (410). schemathesis hands the config's values to bodies only
 while fuzzing, so its example and coverage phases would send made-up ids alone. Before each
 call, a well-formed id of another instance in a body's `lease` (or the `handle` of a leader's
-proclamation) is swapped for a real one made by the fixture script, and a batch's claims for
+proclamation, or a kv write's `lease` query parameter) is swapped for a real one made by the
+fixture script, and a batch's claims for
 claims of that instance; anything malformed is sent as generated, so that what must be refused
 still is.
 
@@ -19,6 +20,11 @@ A conditional write (`If-Match` on a counter's or a key's set or delete) can onl
 the resource's current version, which schemathesis cannot know: a well-formed ETag it made up
 is swapped for the one the resource has now (read just before), so that the write is tried
 where it succeeds; `*` and malformed values are sent as generated.
+
+An `Idempotency-Key` belongs to the one request first sent with it: schemathesis draws few
+distinct keys and sends them with ever other bodies, which the server rightly refuses (422).
+A well-formed key gets the call's number appended, so that each request has a key of its own;
+a malformed one is sent as generated.
 """
 
 import importlib.util
@@ -35,6 +41,8 @@ import schemathesis
 
 ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{32}")
 ETAG = re.compile(r'(W/)?"[0-9]{1,18}"')
+KEY = re.compile(r"[!-~]{1,240}")
+CALLS = itertools.count(1)
 # The conditional writes, and where their resource is read.
 CONDITIONAL = {
     "PUT /v1/counters/{name}": ("/v1/counters/{}", "name"),
@@ -81,6 +89,9 @@ def current_etag(label, path_parameters):
 @schemathesis.hook
 def before_call(context, case, **kwargs):
     label = case.operation.label
+    key = (case.headers or {}).get("Idempotency-Key")
+    if isinstance(key, str) and KEY.fullmatch(key):
+        case.headers["Idempotency-Key"] = f"{key}-{next(CALLS)}"
     if label in CONDITIONAL and case.headers and ETAG.fullmatch(case.headers.get("If-Match") or ""):
         etag = current_etag(label, case.path_parameters or {})
         if etag:
@@ -89,6 +100,9 @@ def before_call(context, case, **kwargs):
         for name, value in CURRENT[label].items():
             if (name, case.path_parameters.get(name)) in ISSUED[label]:
                 case.path_parameters[name] = value
+    # A kv write's `?lease=` likewise.
+    if case.query and foreign(case.query.get("lease")):
+        case.query["lease"] = next(LEASES)
     body = case.body
     if not isinstance(body, dict):
         return

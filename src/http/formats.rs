@@ -63,7 +63,12 @@ enum Format {
     Topic,
     /// An event stream's position(s), as its ids carry them.
     Positions,
+    /// An `Idempotency-Key`: 1 to 255 visible ASCII characters.
+    IdempotencyKey,
 }
+
+/// `--max-lock-delay`'s default.
+const DEFAULT_MAX_LOCK_DELAY: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// The format of parameter `name` in `place` of the operation `method` at `path`.
 fn format_of(path: &str, method: &Method, place: &ParameterIn, name: &str) -> Option<Format> {
@@ -85,6 +90,7 @@ fn format_of(path: &str, method: &Method, place: &ParameterIn, name: &str) -> Op
         (ParameterIn::Query, "prefix") => Some(Format::Key),
         (ParameterIn::Query, "topic") => Some(Format::Topic),
         (ParameterIn::Query, "since") | (ParameterIn::Header, "Last-Event-ID") => Some(Format::Positions),
+        (ParameterIn::Header, "Idempotency-Key") => Some(Format::IdempotencyKey),
         _ => None,
     }
 }
@@ -102,6 +108,9 @@ fn schema_of(format: Format, description: Option<String>) -> Schema {
             .max_length(Some(MAX_NAME_BYTES)),
         Format::Key => string(format!("^{SEGMENT}(/{SEGMENT})*$")).min_length(Some(1)),
         Format::Id => string("^[0-9a-f]{8}-[0-9a-f]{32}$".into()),
+        Format::IdempotencyKey => string("^[!-~]+$".into())
+            .min_length(Some(1))
+            .max_length(Some(crate::recipes::idempotency::MAX_KEY_BYTES)),
         Format::ClaimId => string(format!("^{CLAIM_ID}$")),
         Format::Duration => string(crate::time::DURATION_PATTERN.into()),
         Format::PositiveDuration(max) => string(crate::time::positive_duration_pattern(max)),
@@ -156,6 +165,8 @@ fn body_format(schema: &str, property: &str) -> Option<Format> {
         (_, "ttl") => Some(Format::PositiveDuration(None)),
         ("CreateTxn", "deadline") => Some(Format::PositiveDuration(Some(MAX_TXN_DEADLINE))),
         ("RevokeBody", "grace") => Some(Format::DurationUpTo(MAX_GRACE)),
+        // At most `--max-lock-delay`: the spec says its default's bound.
+        ("CreateLease", "lock_delay") => Some(Format::DurationUpTo(DEFAULT_MAX_LOCK_DELAY)),
         ("InstanceBody", "address") => Some(Format::Address),
         ("InstanceBody", "uri_spec") => Some(Format::UriTemplate),
         _ => None,

@@ -15,7 +15,7 @@ useServer(serverUrl());
 type Orval<T> =
     | { status: 200 | 201 | 202; data: T; headers: Headers }
     | { status: 204; data: void; headers: Headers }
-    | { status: 400 | 401 | 403 | 404 | 409 | 410 | 412 | 413 | 429 | 503 | 507; data: api.Problem; headers: Headers };
+    | { status: 400 | 401 | 403 | 404 | 409 | 410 | 412 | 413 | 422 | 429 | 503 | 507; data: api.Problem; headers: Headers };
 
 function answer<T>(r: Orval<T>): Answer<T> {
     const contentType = r.headers.get("content-type") ?? "";
