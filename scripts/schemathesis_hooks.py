@@ -5,8 +5,7 @@ only be served with one zkgate issued; an id schemathesis makes up has the right
 an instance that does not exist (410). schemathesis hands the config's values to bodies only
 while fuzzing, so its example and coverage phases would send made-up ids alone. Before each
 call, a well-formed id of another instance in a body's `lease` (or the `handle` of a leader's
-proclamation, or a kv write's `lease` query parameter) is swapped for a real one made by the
-fixture script, and a batch's claims for
+proclamation) is swapped for a real one made by the fixture script, and a batch's claims for
 claims of that instance; anything malformed is sent as generated, so that what must be refused
 still is.
 
@@ -100,9 +99,6 @@ def before_call(context, case, **kwargs):
         for name, value in CURRENT[label].items():
             if (name, case.path_parameters.get(name)) in ISSUED[label]:
                 case.path_parameters[name] = value
-    # A kv write's `?lease=` likewise.
-    if case.query and foreign(case.query.get("lease")):
-        case.query["lease"] = next(LEASES)
     body = case.body
     if not isinstance(body, dict):
         return
