@@ -36,7 +36,7 @@
 //! whose earlier attempt wrote is answered from that attempt's record). So a caller that may
 //! only read leaves the tree as it was.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -81,8 +81,9 @@ struct Inner {
     settings: Settings,
     /// Principals whose directory this process has made.
     prepared: Mutex<HashSet<String>>,
-    /// Principals whose oldest keys a task of this process is forgetting now.
-    evicting: Mutex<HashSet<String>>,
+    /// Principals whose oldest keys a task of this process is forgetting now, and whether a
+    /// write found the store past its bound meanwhile (the task then looks again before it ends).
+    evicting: Mutex<HashMap<String, bool>>,
 }
 
 /// A request's idempotency key, as sent: whose, the key, and the request's fingerprint (a
@@ -291,30 +292,55 @@ impl Keys {
     /// Forgets `principal`'s oldest records (by zxid) down to nine tenths of the limit, unless a
     /// task of this process is at it already.
     fn evict(&self, client: &Client, principal: &str) {
-        if !self.0.evicting.locked().insert(principal.to_string()) {
-            return;
+        {
+            let mut evicting = self.0.evicting.locked();
+            if let Some(again) = evicting.get_mut(principal) {
+                *again = true;
+                return;
+            }
+            evicting.insert(principal.to_string(), false);
         }
         let (keys, client, principal) = (self.clone(), client.clone(), principal.to_string());
         tokio::spawn(async move {
-            if let Err(err) = keys.evict_oldest(&client, &principal).await {
-                tracing::warn!(error = %err, principal, "could not forget the oldest idempotency keys");
+            loop {
+                if let Err(err) = keys.evict_oldest(&client, &principal).await {
+                    tracing::warn!(error = %err, principal, "could not forget the oldest idempotency keys");
+                }
+                // A write that found the store past its bound while this ran left it to this
+                // task: once more, or done (under the lock, so that no such write is missed).
+                let mut evicting = keys.0.evicting.locked();
+                match evicting.get_mut(&principal) {
+                    Some(again) if *again => *again = false,
+                    _ => {
+                        evicting.remove(&principal);
+                        return;
+                    }
+                }
             }
-            keys.0.evicting.locked().remove(&principal);
         });
     }
 
+    /// Forgets `principal`'s oldest records down to nine tenths of the limit, and again while
+    /// the writes that land meanwhile keep the store past the limit.
     async fn evict_oldest(&self, client: &Client, principal: &str) -> Result<(), ZkError> {
-        let mut records = self.records(client, principal).await?;
-        let keep = self.0.settings.per_principal * 9 / 10;
-        if records.len() <= self.0.settings.per_principal {
-            return Ok(());
+        let limit = self.0.settings.per_principal;
+        let keep = limit * 9 / 10;
+        loop {
+            let mut records = self.records(client, principal).await?;
+            if records.len() <= limit {
+                return Ok(());
+            }
+            records.sort_by_key(|(_, stat)| stat.czxid);
+            let over = records.len() - keep;
+            let oldest: Vec<String> = records.into_iter().take(over).map(|(id, _)| id).collect();
+            let forgotten = self.forget(client, principal, &oldest).await?;
+            crate::metrics::get().idempotency_keys_evicted.inc_by(forgotten);
+            if forgotten == 0 {
+                // Nothing went (ZooKeeper not answering): the next keyed write tries again,
+                // rather than this task in a loop.
+                return Ok(());
+            }
         }
-        records.sort_by_key(|(_, stat)| stat.czxid);
-        let over = records.len() - keep;
-        let oldest: Vec<String> = records.into_iter().take(over).map(|(id, _)| id).collect();
-        let forgotten = self.forget(client, principal, &oldest).await?;
-        crate::metrics::get().idempotency_keys_evicted.inc_by(forgotten);
-        Ok(())
     }
 }
 
