@@ -423,7 +423,7 @@ impl<'a> Keyed<'a> {
     /// After the multi-op with this key's record (tagged `tag`) committed as `done`: keeps the
     /// principal's store within its count (see the module's notes).
     pub fn committed<T: PartialEq>(&self, client: &Client, done: &Done<T>, tag: &T) {
-        let count = done.stat(tag).map_or(0, |dir| dir.num_children as usize);
+        let count = done.set_stat(tag).map_or(0, |dir| dir.num_children as usize);
         if count > self.keys.0.settings.per_principal {
             self.keys.evict(client, &self.key.principal);
         }
@@ -433,14 +433,15 @@ impl<'a> Keyed<'a> {
 impl Record<'_> {
     /// Adds the record to `multi`, all its operations tagged `tag`, before the write's own (so
     /// that a retry is refused by the record's create before anything else is looked at): the
-    /// principal's directory's data set (its stat, with the child count, comes back for
-    /// [Keyed::committed]), the record created, its charge created.
+    /// record created, the principal's directory's data set (its stat, with the child count the
+    /// record is in, comes back for [Keyed::committed]), the record's charge created.
     pub fn add_to<T: Clone>(&self, multi: &mut Multi<'_, T>, tag: T) -> Result<(), ZkError> {
         let (keys, key) = (self.keyed.keys, self.keyed.key);
-        multi.set(tag.clone(), &keys.principal_dir(&key.principal), &[], None)?;
         let options = CreateMode::Persistent.with_acls(crate::zk::acls());
         let path = keys.record_path(&key.principal, &key.id);
         multi.create(tag.clone(), &path, &self.data, &options)?;
+        // After the create: its stat counts the new record.
+        multi.set(tag.clone(), &keys.principal_dir(&key.principal), &[], None)?;
         keys.0.quotas.add_charge(multi, tag, &self.charge, self.data.len())
     }
 }

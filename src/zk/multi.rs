@@ -145,6 +145,17 @@ impl<T> Done<T> {
         self.results.iter().find(|(t, _)| is(t)).map(|(_, result)| result)
     }
 
+    /// The stat left by the (first) set tagged `tag` (not a create's with the same tag).
+    pub fn set_stat(&self, tag: &T) -> Option<&Stat>
+    where
+        T: PartialEq,
+    {
+        self.results.iter().find_map(|(t, result)| match result {
+            MultiWriteResult::SetData { stat } if t == tag => Some(stat),
+            _ => None,
+        })
+    }
+
     /// [Done::stat] of the first operation whose tag `is` picks.
     pub fn stat_where(&self, is: impl Fn(&T) -> bool) -> Option<&Stat> {
         match self.find(is)? {
