@@ -101,10 +101,8 @@ impl Reaper {
         let lock = presence::leadership(&self.root, REAPER);
         let instances = presence::instances_dir(&self.root);
         loop {
-            let Ok(session) = zk.connected().await else {
-                let mut status = zk.subscribe();
-                let _ = tokio::time::timeout(HEARTBEAT, status.changed()).await;
-                continue;
+            let Some(session) = zk.next_session(None).await else {
+                return; // the instance is shutting down
             };
             let client = session.client();
             match presence::lead(client, &lock, self.leases.instance().as_bytes()).await {

@@ -160,9 +160,8 @@ async fn follow(registry: Weak<Registry>, lease: Arc<Lease>, watcher: record::Re
                 }
             }
         }
-        let Ok(session) = lease.session().await else {
-            tokio::time::sleep(HEARTBEAT).await;
-            continue;
+        let Some(session) = lease.zk.next_session(None).await else {
+            return forget(&registry, &lease); // the instance is shutting down
         };
         match record::read_and_watch(session.client(), &lease.path).await {
             Ok(Some((found, next))) => {
@@ -176,8 +175,7 @@ async fn follow(registry: Weak<Registry>, lease: Arc<Lease>, watcher: record::Re
                 return forget(&registry, &lease);
             }
             Err(ZkError::SessionExpired | ZkError::ClientClosed) => {
-                let mut status = lease.zk.subscribe();
-                let _ = tokio::time::timeout(HEARTBEAT, status.changed()).await;
+                let _ = tokio::time::timeout(HEARTBEAT, lease.zk.next_session(Some(session.generation))).await;
             }
             Err(_) => tokio::time::sleep(HEARTBEAT).await,
         }

@@ -142,13 +142,8 @@ impl Janitor {
         let lock = super::presence::leadership(&self.root, "janitor");
         let metrics = crate::metrics::get();
         loop {
-            let Ok(session) = zk.connected().await else {
-                // No session yet (or not for a while): wait for the next change of the
-                // session's status, not in a loop (a task that never yields starves its
-                // runtime).
-                let mut status = zk.subscribe();
-                let _ = tokio::time::timeout(self.settings.interval, status.changed()).await;
-                continue;
+            let Some(session) = zk.next_session(None).await else {
+                return; // the instance is shutting down
             };
             let client = session.client();
             // This instance is (or now becomes) the janitor if it holds `lock` on this session.

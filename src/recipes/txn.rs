@@ -303,7 +303,6 @@ pub use io::{await_decision, coordinate, create, decide_now, read, record_vote};
 
 mod io {
     use std::collections::BTreeSet;
-    use std::time::Duration;
 
     use zookeeper_client::{Client, CreateMode, Error as ZkError};
 
@@ -494,9 +493,8 @@ mod io {
     pub async fn coordinate(zk: ZkSession, dir: String, deadline_ms: i64) {
         let mut ever_registered = BTreeSet::new();
         loop {
-            let Ok(session) = zk.connected().await else {
-                tokio::time::sleep(Duration::from_millis(200)).await;
-                continue;
+            let Some(session) = zk.next_session(None).await else {
+                return; // the instance is shutting down
             };
             let client = session.client();
             let members = retry_on_loss(|| client.get_and_watch_children(&format!("{dir}/members"))).await;

@@ -160,8 +160,7 @@ impl Follower {
             // No session: wait for the supervisor's next one. Whatever happens meanwhile is
             // lost to this watch, so the next state is a resync.
             self.resync_reason.get_or_insert("session_expired");
-            let mut status = self.zk.subscribe();
-            if status.changed().await.is_err() {
+            if self.zk.next_session(None).await.is_none() {
                 return std::future::pending().await;
             }
             return None;

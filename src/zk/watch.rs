@@ -178,9 +178,8 @@ async fn keep_watching(zk: ZkSession, key: (Mode, String), entry: Arc<Entry>, pa
         };
         let Ok(session) = session else {
             // No session for now: wait for the supervisor's next one (or for nobody to care).
-            let mut status = zk.subscribe();
             tokio::select! {
-                _ = status.changed() => continue,
+                _ = zk.next_session(None) => continue,
                 _ = listeners.wait_for(|n| *n == 0) => {
                     if leave_if_idle(&key, &entry, &paths) { return }
                     continue;

@@ -48,6 +48,7 @@ mod loss;
 mod metrics;
 mod openapi;
 mod origin;
+mod outage;
 mod ownership;
 mod paging;
 mod peers;

@@ -242,21 +242,15 @@ async fn released_elsewhere<P: Protocol>(handle: &Handle<P>) -> bool {
     matches!(names_handle(session.client(), lease, name, &handle.id).await, Ok(false))
 }
 
-/// A connected session of `zk` other than the one of generation `not` (one found ended: its
-/// client fails every request at once, and asking it again would spin until the supervisor,
-/// maybe waiting for this very thread, publishes the next one), waited for without polling.
+/// A connected session of `zk` other than the one of generation `not` (one found ended),
+/// waited for without polling ([ZkSession::next_session]); once the supervisor has stopped (the
+/// instance is shutting down), nothing more to run on: never.
+///
+/// [ZkSession::next_session]: crate::zk::session::ZkSession::next_session
 async fn connected_after(zk: &crate::zk::session::ZkSession, not: Option<u64>) -> crate::zk::session::Session {
-    let mut status = zk.subscribe();
-    loop {
-        if let Ok(session) = zk.current()
-            && Some(session.generation) != not
-        {
-            return session;
-        }
-        if status.changed().await.is_err() {
-            // The supervisor stopped (the instance is shutting down): nothing more to run on.
-            std::future::pending::<()>().await;
-        }
+    match zk.next_session(not).await {
+        Some(session) => session,
+        None => std::future::pending().await,
     }
 }
 

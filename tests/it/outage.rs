@@ -1,0 +1,146 @@
+//! Through a ZooKeeper outage (issue 53): an instance whose ZooKeeper is away waits for it
+//! without spending a CPU, and comes back.
+//!
+//! The instance runs as a process of its own, so that its CPU time can be read from `/proc`.
+
+use std::time::Duration;
+
+use reqwest::{Method, StatusCode};
+use serde_json::json;
+
+use crate::common::process::Process;
+use crate::common::sse::Sse;
+use crate::common::{self, Ensemble, within};
+
+/// How long ZooKeeper stays away while the CPU is measured (the issue's figure).
+const OUTAGE: Duration = Duration::from_secs(30);
+
+/// At most 1% of one CPU while idle (the issue's bound).
+const IDLE_SHARE: f64 = 0.01;
+
+/// The CPU time (user and system) a process has used so far, from `/proc/<pid>/stat`.
+fn cpu_time(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("/proc/<pid>/stat");
+    // The command name (field 2) is in parentheses and may hold spaces: count after it.
+    let after_name = &stat[stat.rfind(')').expect("a stat line") + 2..];
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    // Fields 14 and 15 of the line (utime, stime), in clock ticks; the third field is the 3rd
+    // after the name.
+    let ticks: u64 = fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime");
+    // SAFETY: sysconf reads a constant of the system.
+    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
+    Duration::from_millis(ticks * 1000 / per_second)
+}
+
+/// Gives the instance what waits on ZooKeeper when it is away: a lease holding a lock (its
+/// keeper, its handle), a kv key, and event streams of the lock, the key's prefix and a queue
+/// (watches, a queue's mirror). The streams are returned to stay open.
+async fn busy_with_everything(gate: &Process) -> (String, Vec<Sse>) {
+    let lease = gate.lease("120s").await;
+    let (status, held) = gate
+        .call(
+            Method::POST,
+            "/v1/locks/orders/acquire",
+            Some(json!({ "lease": lease })),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{held}");
+    let (status, put) = gate
+        .call(Method::PUT, "/v1/kv/config/mode", Some(json!("active")))
+        .await;
+    assert!(status.is_success(), "{status} {put}");
+    let http = common::http_client();
+    let mut streams = Vec::new();
+    for path in [
+        "/v1/locks/orders/events",
+        "/v1/queues/jobs/events",
+        "/v1/events?topic=znode:recursive:kv/config&topic=lease:LEASE",
+    ] {
+        let path = path.replace("LEASE", &lease);
+        let mut stream = Sse::open(&http, &format!("{}{path}", gate.url), None).await;
+        stream.next().await; // its first state: the watch is set
+        streams.push(stream);
+    }
+    (lease, streams)
+}
+
+/// Measures the instance's CPU over [OUTAGE] from the moment it has seen ZooKeeper go.
+async fn idle_share_while_away(gate: &Process) -> f64 {
+    gate.wait_log(Duration::from_secs(30), "ZooKeeper gone", |line| {
+        line.contains("ZooKeeper connection lost")
+    })
+    .await;
+    let pid = gate.child.id().expect("the instance runs");
+    let before = cpu_time(pid);
+    // Not a synchronisation: the window over which the CPU is measured.
+    tokio::time::sleep(OUTAGE).await;
+    let used = cpu_time(pid) - before;
+    let share = used.as_secs_f64() / OUTAGE.as_secs_f64();
+    println!(
+        "CPU while ZooKeeper was away: {} ms in {} s ({:.2}% of a CPU)",
+        used.as_millis(),
+        OUTAGE.as_secs(),
+        share * 100.0
+    );
+    share
+}
+
+/// Waits until the instance is ready again and its lease still holds the lock.
+async fn back_with_the_lock(gate: &Process, lease: &str) {
+    within(Duration::from_secs(60), "the instance to be ready again", async {
+        while gate.call(Method::GET, "/readyz", None).await.0 != StatusCode::OK {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    let (status, lock) = gate.call(Method::GET, "/v1/locks/orders", None).await;
+    assert_eq!(status, StatusCode::OK, "{lock}");
+    assert_eq!(lock["holder"]["lease"], json!(lease), "the lease kept its lock: {lock}");
+}
+
+/// A standalone ZooKeeper stopped for 30 s: the instance, holding a lock and followed by event
+/// streams, uses at most 1% of a CPU meanwhile, and serves again once ZooKeeper is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_whose_zookeeper_is_stopped_sits_idle() {
+    let mut zookeeper = common::zookeeper_own().await;
+    let gate = Process::start(&zookeeper.connect_string()).await;
+    let (lease, _streams) = busy_with_everything(&gate).await;
+
+    zookeeper.kill();
+    let share = idle_share_while_away(&gate).await;
+    assert!(
+        share <= IDLE_SHARE,
+        "the instance used {:.2}% of a CPU while its ZooKeeper was stopped (at most {:.0}%)",
+        share * 100.0,
+        IDLE_SHARE * 100.0
+    );
+
+    zookeeper.restart(&common::test_server_options()).expect("restart");
+    back_with_the_lock(&gate, &lease).await;
+}
+
+/// An ensemble that lost its quorum (two of three servers stopped) for 30 s: the one left
+/// takes connections and closes them, and the instance's clients go round its servers; it
+/// still uses at most 1% of a CPU, and serves again once the quorum is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_whose_ensemble_lost_its_quorum_sits_idle() {
+    let mut ensemble = Ensemble::start(3).await;
+    let gate = Process::start(&ensemble.connect_string()).await;
+    let (lease, _streams) = busy_with_everything(&gate).await;
+
+    for server in ensemble.servers.iter_mut().take(2) {
+        server.kill();
+    }
+    let share = idle_share_while_away(&gate).await;
+    assert!(
+        share <= IDLE_SHARE,
+        "the instance used {:.2}% of a CPU while its ensemble had no quorum (at most {:.0}%)",
+        share * 100.0,
+        IDLE_SHARE * 100.0
+    );
+
+    for server in ensemble.servers.iter_mut().take(2) {
+        server.restart(&ensemble.options).expect("restart");
+    }
+    back_with_the_lock(&gate, &lease).await;
+}
