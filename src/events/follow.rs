@@ -56,9 +56,13 @@ pub(super) async fn follow<S: Source>(publisher: Publisher, source: S) {
     }
 }
 
-/// Reads the source's state on the instance's primary session, trying again (briefly spaced)
-/// while it fails: waiting for the next change instead could leave the subscribers with a
-/// stale state for good. `None` once nobody listens any more.
+/// Reads the source's state on the instance's primary session, trying again while it fails:
+/// waiting for the next change instead could leave the subscribers with a stale state for
+/// good. Without a session it waits for the next one ([ZkSession::next_session]); a read that
+/// failed on a connected session is tried again a moment later. `None` once nobody listens any
+/// more.
+///
+/// [ZkSession::next_session]: crate::zk::session::ZkSession::next_session
 ///
 /// A topic's first state, and its state after a reconnection or a new session (a `resync`),
 /// is read after a `sync` (`synced`), like a linearizable `GET`: a subscriber starts from
@@ -66,12 +70,25 @@ pub(super) async fn follow<S: Source>(publisher: Publisher, source: S) {
 /// and the session's server sends the event before any read that could see the change, so
 /// the states that follow need no `sync` of their own.
 pub(super) async fn read_until_done<S: Source>(publisher: &Publisher, source: &S, synced: bool) -> Option<S::State> {
+    let zk = &publisher.events.zk;
     loop {
-        if let Ok(session) = publisher.events.zk.connected().await
-            && (!synced || session.sync().await.is_ok())
-            && let Ok(state) = source.read(&session).await
-        {
-            return Some(state);
+        match zk.connected().await {
+            Ok(session) => {
+                if (!synced || session.sync().await.is_ok())
+                    && let Ok(state) = source.read(&session).await
+                {
+                    return Some(state);
+                }
+            }
+            Err(_) => {
+                let mut listeners = publisher.topic.listeners.subscribe();
+                // `None` from either: the instance stops, or nobody listens.
+                tokio::select! {
+                    session = zk.next_session(None) => session?,
+                    _ = listeners.wait_for(|n| *n == 0) => return None,
+                };
+                continue;
+            }
         }
         if *publisher.topic.listeners.borrow() == 0 {
             return None;

@@ -86,8 +86,12 @@ impl Registry {
 }
 
 /// Sleeps until the lease's deadline, re-reading it after each keepalive; ends it if it passed.
-/// An end that cannot be written (ZooKeeper away) is tried again: the lease lives on meanwhile,
-/// which its contract allows (a TTL is a lower bound).
+/// An end that cannot be written (ZooKeeper away) is written once a session is back: the lease
+/// lives on meanwhile, which its contract allows (a TTL is a lower bound): what it holds stays
+/// in ZooKeeper until the end is written, so nobody else is granted it before (docs/
+/// RELIABILITY.md, "Through a ZooKeeper outage"). Waiting
+/// for the session, not retrying each second: a thousand leases whose TTL ran out during an
+/// outage would otherwise wake a thousand times a second for nothing.
 async fn expire_when_silent(registry: Weak<Registry>, lease: Arc<Lease>) {
     loop {
         tokio::select! {
@@ -104,7 +108,13 @@ async fn expire_when_silent(registry: Weak<Registry>, lease: Arc<Lease>) {
         match registry.end(&lease, EndReason::Expired).await {
             Err(LeaseError::Unavailable(_)) => {
                 drop(registry);
-                tokio::time::sleep(HEARTBEAT).await;
+                match lease.zk.current() {
+                    // ZooKeeper answered with an error on a connected session: a moment.
+                    Ok(_) => tokio::time::sleep(HEARTBEAT).await,
+                    Err(_) => {
+                        lease.zk.next_session(None).await;
+                    }
+                }
             }
             _ => return,
         }
