@@ -33,7 +33,7 @@ fn cpu_time(pid: u32) -> Duration {
 }
 
 /// How many leases run out while ZooKeeper is away: each one's end waits for ZooKeeper.
-const RUNNING_OUT: usize = 1000;
+const RUNNING_OUT: usize = 500;
 
 /// Event streams of 64 topics each (the most one stream takes), followed through the outage.
 const TOPIC_STREAMS: usize = 4;
@@ -229,6 +229,30 @@ async fn an_instance_whose_ensemble_lost_its_quorum_sits_idle() {
     let mut ensemble = Ensemble::start(3).await;
     let gate = Process::start(&ensemble.connect_string()).await;
     let (lease, _streams) = busy_with_everything(&gate).await;
+    // A lock to release during the outage, and a waiter whose wait ends during it.
+    let releasing = gate.lease("120s").await;
+    let (status, held) = gate
+        .call(
+            Method::POST,
+            "/v1/locks/released/acquire",
+            Some(json!({ "lease": releasing })),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{held}");
+    let waiting = gate.lease("120s").await;
+    let waiter = {
+        let url = gate.url.clone();
+        tokio::spawn(async move {
+            let reply = common::http_client()
+                .post(format!("{url}/v1/locks/orders/acquire?wait=20s"))
+                .json(&json!({ "lease": waiting }))
+                .send()
+                .await
+                .expect("an answer");
+            let status = reply.status();
+            (status, reply.text().await.unwrap_or_default())
+        })
+    };
 
     for server in ensemble.servers.iter_mut().take(2) {
         server.kill();
@@ -241,8 +265,49 @@ async fn an_instance_whose_ensemble_lost_its_quorum_sits_idle() {
         IDLE_SHARE * 100.0
     );
 
+    // Requests that need ZooKeeper to finish answer 503 during the outage rather than hang
+    // for it: a long poll whose wait ended (its contender cannot leave the queue yet), and a
+    // release (done once ZooKeeper is back).
+    let (status, body) = within(Duration::from_secs(20), "the waiter's answer during the outage", waiter)
+        .await
+        .expect("the waiter's task");
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    let handle = held["handle"].as_str().expect("a handle");
+    let (status, body) = within(
+        Duration::from_secs(20),
+        "a release's answer during the outage",
+        gate.call(Method::DELETE, &format!("/v1/locks/released/handles/{handle}"), None),
+    )
+    .await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+
     for server in ensemble.servers.iter_mut().take(2) {
         server.restart(&ensemble.options).expect("restart");
     }
     back_with_the_lock(&gate, &lease).await;
+    // The release asked for during the outage is done, and the waiter left the queue.
+    within(Duration::from_secs(30), "the release to be done", async {
+        loop {
+            let (_, lock) = gate.call(Method::GET, "/v1/locks/released", None).await;
+            if lock["holder"].is_null() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    within(
+        Duration::from_secs(30),
+        "the waiter that gave up to leave the queue",
+        async {
+            loop {
+                let (_, orders) = gate.call(Method::GET, "/v1/locks/orders", None).await;
+                if orders["waiter_count"] == json!(0) {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        },
+    )
+    .await;
 }

@@ -200,14 +200,14 @@ where
             // stays queued for that one.
             let queued = handle.awaited_by_others();
             if !queued {
-                give_up(state, handles, &handle, own_lease).await;
+                give_up(state, handles, &handle, own_lease).await?;
             }
             drop(awaiting);
             Err(not_granted(name, wait, position, queued))
         }
         Phase::Pending => {
             if !handle.awaited_by_others() {
-                give_up(state, handles, &handle, own_lease).await;
+                give_up(state, handles, &handle, own_lease).await?;
             }
             Err(ApiError::unavailable(
                 "ZooKeeper did not answer in time; the request left the queue",
@@ -220,7 +220,7 @@ where
             )
         })),
         Phase::Failed { error } => {
-            give_up(state, handles, &handle, own_lease).await;
+            give_up(state, handles, &handle, own_lease).await?;
             Err(ApiError::from(error))
         }
         Phase::Released => Err(lease_gone(state, &lease)),
@@ -432,16 +432,31 @@ fn other_role(name: &str, existing: &Contender, asked: Role) -> ApiError {
     .with("mode", has)
 }
 
-/// Leaves the queue; a lease made just for this request goes too.
-async fn give_up<P: Protocol>(state: &AppState, handles: &Handles<P>, handle: &Arc<Handle<P>>, own_lease: bool) {
+/// Leaves the queue; a lease made just for this request goes too. Waited for at most
+/// [FIRST_DECISION_LIMIT]: `Err` (503) when ZooKeeper does not answer by then, the contender
+/// then leaving the queue once it is back (an acquire whose wait ended during an outage once
+/// hung until the outage did).
+async fn give_up<P: Protocol>(
+    state: &AppState,
+    handles: &Handles<P>,
+    handle: &Arc<Handle<P>>,
+    own_lease: bool,
+) -> Result<(), ApiError> {
     tracing::debug!(handle = %handle.id, lease = %handle.lease.id, "handle given up by its acquire");
-    handles.release(handle).await;
+    if !handles.release_within(handle, FIRST_DECISION_LIMIT).await {
+        return Err(ApiError::unavailable(format!(
+            "`{}` was not granted, and ZooKeeper did not answer while the request left the queue: the contender \
+             leaves it once ZooKeeper is back",
+            handle.name
+        )));
+    }
     if own_lease {
         let _ = state
             .leases
             .end(&Caller::Anyone, &handle.lease.id, EndReason::Deleted)
             .await;
     }
+    Ok(())
 }
 
 fn acquisition(contender: &Contender, lease: &Lease) -> Acquisition {

@@ -40,6 +40,9 @@ pub async fn release_by_id<P: Protocol>(
     }
 }
 
+/// How long a release waits for ZooKeeper before it answers 503 (it goes on after).
+const RELEASE_LIMIT: Duration = Duration::from_secs(10);
+
 /// Releases a handle as [find_handle] or [release_by_id] found it.
 pub async fn release<P: Protocol>(
     state: &AppState,
@@ -54,7 +57,15 @@ pub async fn release<P: Protocol>(
             return Ok(StatusCode::NO_CONTENT);
         }
     };
-    handles.release(&handle).await;
+    // Bounded: during an outage the release is done once ZooKeeper is back, and the request
+    // says so rather than hang for the outage (its retry finds the handle and answers then).
+    if !handles.release_within(&handle, RELEASE_LIMIT).await {
+        return Err(ApiError::unavailable(format!(
+            "the release of {} `{}` waits for ZooKeeper, which does not answer: it is done once ZooKeeper is back",
+            handles.kind().name(),
+            handle.name
+        )));
+    }
     match handle.state().phase {
         // Its lease moved to another instance while this one released it: the task stopped
         // without deleting (it no longer acts for the lease). Released through ZooKeeper, as

@@ -326,6 +326,15 @@ impl<P: Protocol> Handles<P> {
         handle.detach();
     }
 
+    /// [Handles::release], waited for at most `limit`: `false` if it is not done by then
+    /// (ZooKeeper is away). The release goes on regardless and is done once ZooKeeper is back;
+    /// the request that asked for it answers meanwhile instead of hanging for the outage.
+    pub async fn release_within(&self, handle: &Arc<Handle<P>>, limit: std::time::Duration) -> bool {
+        let (handles, handle) = (self.clone(), handle.clone());
+        let releasing = tokio::spawn(async move { handles.release(&handle).await });
+        tokio::time::timeout(limit, releasing).await.is_ok()
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Index<P>> {
         self.index.locked()
     }
