@@ -87,11 +87,11 @@ impl Registry {
 
 /// Sleeps until the lease's deadline, re-reading it after each keepalive; ends it if it passed.
 /// An end that cannot be written (ZooKeeper away) is written once a session is back: the lease
-/// lives on meanwhile, which its contract allows (a TTL is a lower bound): what it holds stays
-/// in ZooKeeper until the end is written, so nobody else is granted it before (docs/
-/// RELIABILITY.md, "Through a ZooKeeper outage"). Waiting
-/// for the session, not retrying each second: a thousand leases whose TTL ran out during an
-/// outage would otherwise wake a thousand times a second for nothing.
+/// lives on meanwhile, which its contract allows (a TTL is a lower bound), and what it holds
+/// stays in ZooKeeper until the end is written, so nobody else is granted it before
+/// (docs/RELIABILITY.md, "Through a ZooKeeper outage"). It waits for the session rather than
+/// retry each second: a thousand leases whose TTL ran out during an outage would otherwise
+/// wake a thousand times a second for nothing.
 async fn expire_when_silent(registry: Weak<Registry>, lease: Arc<Lease>) {
     loop {
         tokio::select! {

@@ -28,6 +28,10 @@
 //! ZooKeeper as tombstones, so that their next use answers "gone, and why" (HTTP 410) rather
 //! than "never heard of it" (404), on any instance.
 //!
+//! Why this file is long (about 600 lines with its tests): it is the table of kept leases and
+//! the operations that change it, under one lock; what is not the table is split by concept
+//! into the modules below.
+//!
 //! Here the table of kept leases and its operations; how a lease ends (its TTL timer, the end
 //! written, the tombstone) in [ending], vouching in [keeping], takeovers in [takeover], the
 //! leases of instances gone in [reaper].

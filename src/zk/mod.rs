@@ -8,6 +8,7 @@ pub mod multi;
 pub mod names;
 pub mod nodelay;
 pub mod quota;
+mod reconnect;
 pub mod recursive;
 pub mod security;
 pub mod server;

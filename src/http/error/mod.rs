@@ -11,6 +11,10 @@
 //! ZooKeeper being unreachable is a 503 with `Retry-After`, never a 500.
 //!
 //! What each lower layer's error answers is in `from.rs`.
+//!
+//! Why this file is long (600 lines): most of it is the catalogue, one table of every problem,
+//! kept whole on purpose: one place is what keeps the slugs unique, the statuses grouped for the
+//! spec and the README's tables checked against it.
 
 use std::collections::BTreeMap;
 

@@ -106,6 +106,16 @@ impl Process {
         lease["id"].as_str().expect("lease id").to_string()
     }
 
+    /// `POST /v1/locks/{lock}/acquire?{query}` with `lease`: the status and the answer.
+    pub async fn acquire(&self, lock: &str, lease: &str, query: &str) -> (reqwest::StatusCode, serde_json::Value) {
+        self.call(
+            reqwest::Method::POST,
+            &format!("/v1/locks/{lock}/acquire?{query}"),
+            Some(serde_json::json!({ "lease": lease })),
+        )
+        .await
+    }
+
     /// `kill -9`, and waits until it is gone.
     pub async fn kill(&mut self) {
         self.child.start_kill().expect("kill -9");

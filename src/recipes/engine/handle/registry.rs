@@ -322,17 +322,27 @@ impl<P: Protocol> Handles<P> {
     /// Releases a handle (held or queued), forgets it and takes it off its lease.
     pub async fn release(&self, handle: &Arc<Handle<P>>) {
         handle.release().await;
-        self.lock().forget(handle);
-        handle.detach();
+        self.forget_released(handle);
     }
 
     /// [Handles::release], waited for at most `limit`: `false` if it is not done by then
     /// (ZooKeeper is away). The release goes on regardless and is done once ZooKeeper is back;
     /// the request that asked for it answers meanwhile instead of hanging for the outage.
     pub async fn release_within(&self, handle: &Arc<Handle<P>>, limit: std::time::Duration) -> bool {
+        handle.release.cancel();
+        if tokio::time::timeout(limit, handle.finished()).await.is_ok() {
+            self.forget_released(handle);
+            return true;
+        }
         let (handles, handle) = (self.clone(), handle.clone());
-        let releasing = tokio::spawn(async move { handles.release(&handle).await });
-        tokio::time::timeout(limit, releasing).await.is_ok()
+        tokio::spawn(async move { handles.release(&handle).await });
+        false
+    }
+
+    /// Forgets a handle whose task has finished, and takes it off its lease.
+    fn forget_released(&self, handle: &Arc<Handle<P>>) {
+        self.lock().forget(handle);
+        handle.detach();
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Index<P>> {
