@@ -445,9 +445,10 @@ async fn give_up<P: Protocol>(
     tracing::debug!(handle = %handle.id, lease = %handle.lease.id, "handle given up by its acquire");
     if !handles.release_within(handle, FIRST_DECISION_LIMIT).await {
         return Err(ApiError::unavailable(format!(
-            "`{}` was not granted, and ZooKeeper did not answer while the request left the queue: the contender \
-             leaves it once ZooKeeper is back",
-            handle.name
+            "`{}` was not granted, and leaving the queue is not done within {} (ZooKeeper does not answer, or this \
+             instance is starved of CPU): the contender leaves it once ZooKeeper answers",
+            handle.name,
+            humantime::format_duration(FIRST_DECISION_LIMIT)
         )));
     }
     if own_lease {

@@ -61,9 +61,11 @@ pub async fn release<P: Protocol>(
     // says so rather than hang for the outage (its retry finds the handle and answers then).
     if !handles.release_within(&handle, RELEASE_LIMIT).await {
         return Err(ApiError::unavailable(format!(
-            "the release of {} `{}` waits for ZooKeeper, which does not answer: it is done once ZooKeeper is back",
+            "the release of {} `{}` is not done within {} (ZooKeeper does not answer, or this instance is starved of \
+             CPU); it goes on and is done once ZooKeeper answers: retry to learn the outcome",
             handles.kind().name(),
-            handle.name
+            handle.name,
+            humantime::format_duration(RELEASE_LIMIT)
         )));
     }
     match handle.state().phase {
