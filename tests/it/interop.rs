@@ -15,7 +15,7 @@ use reqwest::{Method, StatusCode};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 
-const INTEROP: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/interop");
+use common::java::INTEROP;
 
 /// A peer process speaking the line protocol.
 struct Peer {
@@ -81,15 +81,7 @@ impl Peer {
     }
 
     fn java_command(class: &str, args: &[&str]) -> Command {
-        let classpath = std::process::Command::new(format!("{INTEROP}/classpath.sh"))
-            .output()
-            .expect("classpath.sh");
-        let classpath = String::from_utf8(classpath.stdout).expect("utf-8").trim().to_string();
-        let mut command = Command::new("java");
-        command
-            .args(["-cp", &classpath, &format!("{INTEROP}/{class}.java")])
-            .args(args);
-        command
+        common::java::command(class, args)
     }
 
     async fn kazoo(connect: &str, lock_path: &str) -> Peer {

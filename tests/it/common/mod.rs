@@ -4,6 +4,7 @@
 //! Nothing here mocks ZooKeeper. Servers and instances stop when their handles drop.
 
 pub mod checker;
+pub mod java;
 pub mod linearizability;
 pub mod options;
 pub mod process;
