@@ -28,7 +28,7 @@ const PROBER_GONE: Duration = Duration::from_secs(6);
 /// the *prober*, tries every backoff, and the others wait until a session connects ([Probe::
 /// back]), which is when ZooKeeper is back and they try at once. While ZooKeeper is away an
 /// instance then tries about once every [MAX_BACKOFF], not once per session (each try is most
-/// of what an idle instance spends then: `tests/it/outage.rs` measured 0.6 to 0.8% of a CPU
+/// of what an idle instance spends then: `tests/it/outage/` measured 0.6 to 0.8% of a CPU
 /// with every session trying, 0.5 to 0.7% with one, in a debug build), and it comes back soon
 /// after the prober's
 /// first try that works, not up to a whole backoff later for some of its sessions.

@@ -282,6 +282,12 @@ impl Queues {
                 for pick in &picks {
                     mirror.tried(&pick.item, Tried::Again);
                 }
+                // Whether the claims were made is unknown (the reply was lost and the session
+                // went before the check): those that were are timed all the same.
+                let made: Vec<Claim> = claims.into_iter().flatten().collect();
+                if !made.is_empty() {
+                    tokio::spawn(self.clone().keep_those_made(made));
+                }
                 return Err(err);
             }
         };
@@ -360,13 +366,59 @@ impl Queues {
                 _ = tokio::time::sleep(crate::time::until_ms(claim.deadline_ms)) => {}
                 _ = claim.expire.cancelled() => return,
             }
-            if queues.forget(&id).is_some() {
-                // Given back here, or already settled through another instance.
-                if let Ok(true) = queues.release(&claim).await {
-                    tracing::info!(queue = %claim.queue, item = %claim.item, "ack deadline passed: item given back");
-                }
+            if queues.forget(&id).is_some() && queues.give_back(&claim).await {
+                tracing::info!(queue = %claim.queue, item = %claim.item, "ack deadline passed: item given back");
             }
         });
+    }
+
+    /// Gives back a claim whose deadline passed, however long ZooKeeper is away: tried again
+    /// with each session until ZooKeeper says whether it was still held (`false`: acknowledged
+    /// or given back meanwhile). Once the deadline's timer has fired nobody else times the
+    /// claim, so a give-back that failed once (in an outage) and was not tried again left its
+    /// node for good: the item in flight forever, never delivered again (issue 53's outage
+    /// test found one). `false` too if the instance stops first; the claim's node then waits
+    /// for the reaper's instance, which adopts the claims of an instance gone.
+    async fn give_back(&self, claim: &Claim) -> bool {
+        let paths = self.paths(&claim.queue);
+        let mut failed = None;
+        loop {
+            // Waits without polling; `release_claim` itself waits out a dropped connection, so
+            // it fails only when its session is gone, and the next one is waited for.
+            let Some(session) = self.zk.next_session(failed).await else {
+                return false;
+            };
+            match super::release_claim(session.client(), &paths, &claim.item, &claim.id).await {
+                Ok(released) => return released,
+                Err(err) => {
+                    tracing::debug!(queue = %claim.queue, item = %claim.item, error = %err, "giving a claim back: again with the next session");
+                    failed = Some(session.generation);
+                }
+            }
+        }
+    }
+
+    /// Times those of `claims` that their take made although it could not tell (its reply
+    /// lost, its session gone before the check): looked for with the next session, each one
+    /// found is kept as any claim is, and given back at its deadline (at once if past).
+    async fn keep_those_made(self, claims: Vec<Claim>) {
+        let mut failed = None;
+        for claim in claims {
+            let paths = self.paths(&claim.queue);
+            let found = loop {
+                let Some(session) = self.zk.next_session(failed).await else {
+                    return; // stopping: the reaper's instance adopts what this one made
+                };
+                match super::read_claim(session.client(), &paths, &claim.item).await {
+                    Ok(found) => break found,
+                    Err(_) => failed = Some(session.generation),
+                }
+            };
+            if found.is_some_and(|(record, _)| record.claim == claim.id) {
+                tracing::info!(queue = %claim.queue, item = %claim.item, "a take that could not tell made its claim: timing it");
+                self.keep(claim);
+            }
+        }
     }
 
     /// The claim `id` of `queue` as an ack or a nack finds it: timed here, or else as recorded in

@@ -12,6 +12,8 @@ use crate::common::process::Process;
 use crate::common::sse::Sse;
 use crate::common::{self, Ensemble, within};
 
+mod work;
+
 /// How long ZooKeeper stays away while the CPU is measured (the figure).
 const OUTAGE: Duration = Duration::from_secs(30);
 
