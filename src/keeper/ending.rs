@@ -3,12 +3,22 @@
 //! removed a while later.
 
 use super::*;
+use crate::zk::session::Session;
 
 impl Registry {
     /// Ends a lease kept here: the end is written into its record, conditional on the version
     /// kept (so a keeper that lost it cannot end it), then its holdings release what they hold
     /// and the tombstone goes a while later. A lease whose record was never written just ends.
+    ///
+    /// Ends of one lease here are one at a time ([Lease::ending]): a second finds it ended and
+    /// answers so (`410` with the first's reason, or a delete's `204` after a delete). Before,
+    /// a delete that met the lease's own expiry lost the conditional write to the timer and
+    /// answered `404 unknown lease` (issue 53, seen under a CPU quota).
     pub(super) async fn end(self: &Arc<Self>, lease: &Arc<Lease>, reason: EndReason) -> Result<(), LeaseError> {
+        let _ending = lease.ending().await;
+        if let Some(ended_as) = lease.end_reason() {
+            return Err(ended(&lease.id, ended_as));
+        }
         if let Some(version) = lease.version() {
             let session = lease.session().await?;
             let at = lease.created_at;
@@ -27,15 +37,34 @@ impl Registry {
                     self.take_up_driven_elsewhere(lease, session.client()).await;
                 }
                 Ok(_) => {}
+                // Changed by another instance (taken over, and maybe ended there): no longer
+                // kept here, and answered as its record says now.
                 Err(crate::zk::ZkError::BadVersion | crate::zk::ZkError::NoNode) => {
                     self.drop_here(&lease.id);
-                    return Err(LeaseError::Unknown(lease.id.clone()));
+                    return Err(self.changed_meanwhile(&session, &lease.id).await);
                 }
                 Err(_) => return Err(unavailable()),
             }
         }
         self.finish(lease, reason);
         Ok(())
+    }
+
+    /// Why a conditional write to lease `id`'s record (a take-over, an end) found it changed:
+    /// as the record is now (read after a sync: this session's server may lag the write that
+    /// changed it).
+    pub(super) async fn changed_meanwhile(&self, session: &Session, id: &str) -> LeaseError {
+        if session.sync().await.is_err() {
+            return unavailable();
+        }
+        match record::read(session.client(), &record::path(&self.root, id)).await {
+            Ok(Some(now)) => match now.record.ended {
+                Some(reason) => ended(id, reason),
+                None => elsewhere(id, now.record.keeper),
+            },
+            Ok(None) => LeaseError::Unknown(id.to_string()),
+            Err(_) => unavailable(),
+        }
     }
 
     /// Attaches to `lease` (ending) the holdings its record holding records that are not attached

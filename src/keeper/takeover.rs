@@ -20,7 +20,6 @@ use super::{FRESH, Leases, elsewhere, ended, unavailable};
 use crate::auth::Caller;
 use crate::recipes::engine::lease::{EndReason, Lease, LeaseError};
 use crate::recipes::engine::record::{self, Found, TakeOver};
-use crate::zk::session::Session;
 
 /// The earliest a lease may end (ms, ZooKeeper's clock) when its keeper was last seen at
 /// `last_seen_ms`: [FRESH] (the last keepalive that keeper can have acknowledged) plus its TTL.
@@ -103,22 +102,6 @@ impl Leases {
         hash as usize % self.inner.adopting.len()
     }
 
-    /// Why a take-over of lease `id` found its record changed: as the record is now (read
-    /// after a sync: this session's server may lag the write that changed it).
-    async fn changed_meanwhile(&self, session: &Session, id: &str) -> LeaseError {
-        if session.sync().await.is_err() {
-            return unavailable();
-        }
-        match record::read(session.client(), &record::path(&self.inner.root, id)).await {
-            Ok(Some(now)) => match now.record.ended {
-                Some(reason) => ended(id, reason),
-                None => elsewhere(id, now.record.keeper),
-            },
-            Ok(None) => LeaseError::Unknown(id.to_string()),
-            Err(_) => unavailable(),
-        }
-    }
-
     /// Makes this instance the keeper of the lease found as `found`, whose keeper was last seen
     /// at `last_seen_ms`: times it from then, takes over what it holds, and ends it at once if
     /// it has expired, or if it had ended and its ender did not finish (a tombstone with
@@ -134,7 +117,7 @@ impl Leases {
         let client = session.client().clone();
         let version = match record::take_over(&client, &self.inner.root, id, found, &self.inner.instance).await {
             Ok(version) => version,
-            Err(TakeOver::Changed) => return Err(self.changed_meanwhile(&session, id).await),
+            Err(TakeOver::Changed) => return Err(self.inner.changed_meanwhile(&session, id).await),
             Err(TakeOver::Gone) => return Err(LeaseError::Unknown(id.to_string())),
             Err(TakeOver::ZooKeeper(_)) => return Err(unavailable()),
         };

@@ -186,3 +186,50 @@ async fn a_keepalive_writes_nothing_to_zookeeper() {
         .unwrap_or_else(|| panic!("no hand-over count: {metrics}"));
     assert_eq!(handed.trim(), "100", "keepalives handed to the keeper");
 }
+
+/// A delete that meets the lease's own expiry (both write its end at once, from the same
+/// version of its record) answers as an end does: `204`, or `410` with the reason. Before, the
+/// one whose conditional write lost answered `404 unknown lease`, for a lease that had been
+/// there all along (issue 53: DELETEs of leases whose acquire was shed under a CPU quota, and so
+/// came about a TTL after the lease's create).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delete_that_meets_the_lease_s_expiry_answers_204_or_410() {
+    use futures::StreamExt;
+    use std::time::{Duration, Instant};
+    const LEASES: usize = 300;
+    const TTL: Duration = Duration::from_millis(500);
+    let zk = zookeeper().await;
+    let mut config = common::test_config(&zk.connect_string());
+    config.lease_ttl_min = Duration::from_millis(100);
+    let gate = std::sync::Arc::new(Gate::start_with(config).await);
+    // Each delete aimed at its lease's expiry, from 15 ms before to 15 ms after it (the time
+    // of the create's answer plus the TTL), so that some meet the timer's write.
+    let answers: Vec<(StatusCode, serde_json::Value)> = futures::stream::iter(0..LEASES)
+        .map(|n| {
+            let gate = gate.clone();
+            async move {
+                let id = gate.lease(&format!("{}ms", TTL.as_millis())).await;
+                let aim = Instant::now() + TTL + Duration::from_micros(n as u64 * 100) - Duration::from_millis(15);
+                tokio::time::sleep_until(aim.into()).await; // the request's timing under test
+                let deleted = gate.delete(&format!("/v1/leases/{id}")).await;
+                (deleted.status, deleted.body)
+            }
+        })
+        .buffer_unordered(32)
+        .collect()
+        .await;
+    let mut seen = std::collections::BTreeMap::<String, usize>::new();
+    for (status, body) in &answers {
+        let what = match *status {
+            StatusCode::NO_CONTENT => "204".to_string(),
+            StatusCode::GONE => format!("410 {}", body["reason"].as_str().unwrap_or("(no reason)")),
+            other => panic!("a delete at the lease's expiry answered {other}: {body}"),
+        };
+        *seen.entry(what).or_default() += 1;
+    }
+    println!("{LEASES} deletes at their lease's expiry: {seen:?}");
+    assert!(
+        seen.get("410 expired").is_some() && seen.get("204").is_some(),
+        "the deletes did not straddle the expiry: {seen:?}"
+    );
+}

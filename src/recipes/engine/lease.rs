@@ -173,6 +173,8 @@ pub struct Lease {
     end_reason: std::sync::OnceLock<EndReason>,
     /// When it ended, once it has (as its record says, when it ended elsewhere).
     ended_at: std::sync::OnceLock<SystemTime>,
+    /// Held while its end is written: see [Lease::ending].
+    ending: tokio::sync::Mutex<()>,
     inner: Mutex<LeaseInner>,
 }
 
@@ -236,6 +238,7 @@ impl Lease {
             ended: CancellationToken::new(),
             dropped: CancellationToken::new(),
             end_reason: std::sync::OnceLock::new(),
+            ending: tokio::sync::Mutex::new(()),
             inner: Mutex::new(LeaseInner {
                 written: match kept.version {
                     Ok(version) => Written::At(version),
@@ -476,6 +479,14 @@ impl Lease {
     /// Why the lease ended (`None` while it lives).
     pub fn end_reason(&self) -> Option<EndReason> {
         self.end_reason.get().copied()
+    }
+
+    /// One end of this lease at a time: its TTL's timer and a delete may come at once, and
+    /// each would write the end from the version of the record it kept; whichever came second
+    /// found the record changed. Holding this while writing and finishing, the second finds
+    /// the lease ended ([Lease::end_reason]) and answers as it ended.
+    pub async fn ending(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.ending.lock().await
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, LeaseInner> {
