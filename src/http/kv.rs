@@ -250,7 +250,7 @@ pub async fn get_value(
     responses(
         (status = 201, description = "Created", body = Written, headers(("ETag" = String, description = "The value's version, for `If-Match` and `If-None-Match` (like `\"4294967311\"`)"))),
         (status = 200, description = "Replaced", body = Written, headers(("ETag" = String, description = "The value's version, for `If-Match` and `If-None-Match` (like `\"4294967311\"`)"))),
-        Problems<(p::InvalidField, p::MalformedBody, p::Forbidden, p::NotFound, p::KeyBound, p::KeyNotBound, p::LeaseEnded, p::PreconditionFailed, p::BodyTooLarge, p::ValueTooLarge, p::QuotaExceeded, p::InstanceUnavailable, p::ZookeeperUnavailable)>,
+        Problems<(p::InvalidField, p::MalformedBody, p::Forbidden, p::NotFound, p::KeyBound, p::KeyNotBound, p::LeaseEnded, p::PreconditionFailed, p::BodyTooLarge, p::ValueTooLarge, p::QuotaExceeded, p::OutcomeUnknown, p::InstanceUnavailable, p::ZookeeperUnavailable)>,
     ))]
 pub async fn put_value(
     State(state): State<AppState>,
@@ -362,6 +362,13 @@ fn write_error(key: &str, err: WriteError) -> ApiError {
         ),
         WriteError::LeaseEnded => ApiError::new(Problem::LeaseEnded, "the lease ended while the key was written"),
         WriteError::Forbidden(forbidden) => ApiError::new(Problem::Forbidden, forbidden.0),
+        WriteError::OutcomeUnknown => ApiError::new(
+            Problem::OutcomeUnknown,
+            format!(
+                "the connection to ZooKeeper was lost after the write to key `{key}` was sent, and the key \
+                 changed since: the write may or may not have happened; read the key before trying again"
+            ),
+        ),
         WriteError::ZooKeeper(err) => err.into(),
     }
 }
@@ -374,7 +381,7 @@ fn write_error(key: &str, err: WriteError) -> ApiError {
         ("If-Match" = Option<String>, Header, description = "Delete only this ETag")),
     responses(
         (status = 204, description = "Deleted"),
-        Problems<(p::InvalidField, p::Forbidden, p::NotFound, p::KeyNotEmpty, p::PreconditionFailed, p::ZookeeperUnavailable)>,
+        Problems<(p::InvalidField, p::Forbidden, p::NotFound, p::KeyNotEmpty, p::PreconditionFailed, p::OutcomeUnknown, p::ZookeeperUnavailable)>,
     ))]
 pub async fn delete_value(
     State(state): State<AppState>,

@@ -210,3 +210,66 @@ async fn a_blocking_read_wakes_on_change_and_times_out_unchanged() {
         (StatusCode::OK, new_etag, "10.0.0.2")
     );
 }
+
+/// A compare-and-set whose reply ZooKeeper lost, and whose key another client wrote before
+/// zkgate could look: only the key could tell whether the write applied, and it no longer can,
+/// so the answer is `503 outcome-unknown`. Before, the write was decided again against the new
+/// value and answered `412`, a refusal of a write that had happened (here it did: the proxy
+/// drops the reply of a commit the server applied). The linearizability checker found this
+/// across ZooKeeper leader kills (issue 53; docs/RELIABILITY.md).
+#[tokio::test]
+async fn a_compare_and_set_whose_lost_reply_the_key_cannot_tell_answers_outcome_unknown() {
+    let zk = zookeeper().await;
+    let proxy = common::proxy::Proxy::start(&zk.connect_string()).await;
+    let behind_proxy = Arc::new(Gate::start(&proxy.connect_string()).await);
+    let direct = Gate::start(&zk.connect_string()).await;
+    let (status, etag, _) = put(&direct, "lost/cas", "1", &[]).await;
+    assert!(status.is_success(), "{status}");
+    let etag = etag.expect("an ETag");
+
+    // The commit applies, its reply is lost, and zkgate cannot reconnect until another client
+    // has written the key.
+    proxy.lose_next_create_reply_and_partition("lost/cas");
+    let cas = {
+        let (gate, etag) = (behind_proxy.clone(), etag.clone());
+        tokio::spawn(async move { put(&gate, "lost/cas", "2", &[("If-Match", &etag)]).await })
+    };
+    proxy.create_replies_lost_reach(1).await;
+    let (status, _, _) = put(&direct, "lost/cas", "3", &[]).await;
+    assert!(status.is_success(), "{status}");
+    proxy.heal();
+
+    let (status, _, problem) = within(Duration::from_secs(30), "the compare-and-set's answer", cas)
+        .await
+        .expect("the request");
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{problem}");
+    assert_eq!(problem["type"], "urn:zkgate:problem:outcome-unknown", "{problem}");
+    assert!(
+        problem["detail"].as_str().unwrap_or_default().contains("lost/cas"),
+        "{problem}"
+    );
+    let (_, _, _, value) = get(&direct, "lost/cas", &[]).await;
+    assert_eq!(value, "3");
+}
+
+/// The same lost reply with nobody writing the key meanwhile: the key tells that the write
+/// applied, and it answers as applied.
+#[tokio::test]
+async fn a_compare_and_set_whose_lost_reply_the_key_tells_answers_as_applied() {
+    let zk = zookeeper().await;
+    let proxy = common::proxy::Proxy::start(&zk.connect_string()).await;
+    let behind_proxy = Gate::start(&proxy.connect_string()).await;
+    let (_, etag, _) = put(&behind_proxy, "lost/told", "1", &[]).await;
+    proxy.lose_next_create_reply_of("lost/told");
+    let (status, _, body) = put(
+        &behind_proxy,
+        "lost/told",
+        "2",
+        &[("If-Match", &etag.expect("an ETag"))],
+    )
+    .await;
+    assert!(status.is_success(), "{status} {body}");
+    assert_eq!(proxy.create_replies_lost(), 1, "the reply was lost");
+    let (_, _, _, value) = get(&behind_proxy, "lost/told", &[]).await;
+    assert_eq!(value, "2");
+}

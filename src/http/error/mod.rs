@@ -198,7 +198,7 @@ catalogue! {
     QuotaExceeded: Http, 507, "quota-exceeded", "Quota exceeded", ["quota"],
         "a write past a ZooKeeper quota: the principal's (`--quota-bytes-per-principal`, `--quota-znodes-per-principal`) or zkgate's whole tree's (`--quota-bytes`, `--quota-znodes`); `quota` names it. Delete something first";
     OutcomeUnknown: Http, 503, "outcome-unknown", "Outcome unknown", [],
-        "ZooKeeper's connection was lost after a counter's write was sent: it may or may not have happened. Read the counter before trying again";
+        "ZooKeeper's connection was lost after a write was sent (a kv put or delete, a counter's write, a transaction without an `Idempotency-Key`) and nothing tells whether it happened. Read before trying again";
     InstanceUnavailable: Http, 503, "instance-unavailable", "Instance unavailable", [],
         "the lease moved to another instance while the request was on its way (or this instance, handed the request, keeps it no more); retry after `Retry-After` seconds";
     ZookeeperUnavailable: Http, 503, "zookeeper-unavailable", "ZooKeeper unavailable", [],

@@ -437,10 +437,12 @@ async fn rewrite(
             error: ZkError::NoNode | ZkError::NodeExists | ZkError::BadVersion,
             ..
         }) => Ok(None),
-        // Applied or not: ours if the key holds our data at the version it would have.
-        Err(failed) if failed.is_loss() => Ok(super::holds(session, &key.path, data, stat.version + 1)
-            .await?
-            .map(|stat| stat.mzxid)),
+        // Applied or not, as the key tells (see `after_loss`).
+        Err(failed) if failed.is_loss() => match super::after_loss(session, &key.path, data, Some(stat)).await? {
+            super::LostReply::Applied(stat) => Ok(Some(stat.mzxid)),
+            super::LostReply::NotApplied => Ok(None),
+            super::LostReply::Unknown => Err(WriteError::OutcomeUnknown),
+        },
         Err(failed) => Err(failed.error().into()),
     }
 }

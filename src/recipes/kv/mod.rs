@@ -140,6 +140,9 @@ pub enum WriteError {
     /// The key is bound to a lease of another principal's, and the write or delete would unbind
     /// it.
     Forbidden(Forbidden),
+    /// ZooKeeper's reply was lost and the key no longer tells whether the write applied (see
+    /// [after_loss]).
+    OutcomeUnknown,
     ZooKeeper(Failure),
 }
 
@@ -429,14 +432,12 @@ async fn after_failed(
             tag: Op::Charge,
             error: ZkError::NoNode | ZkError::NodeExists | ZkError::BadVersion,
         } => Ok(Again::Decide),
-        // The reply was lost: the multi-op happened whole or not at all. Ours if the key holds
-        // our data at the version it would have; otherwise decide again.
-        failed if failed.is_loss() => {
-            let version = expected.map_or(0, |stat| stat.version + 1);
-            Ok(holds(session, path, data, version)
-                .await?
-                .map_or(Again::Decide, Again::Written))
-        }
+        // The reply was lost: the multi-op happened whole or not at all.
+        failed if failed.is_loss() => match after_loss(session, path, data, expected).await? {
+            LostReply::Applied(stat) => Ok(Again::Written(stat)),
+            LostReply::NotApplied => Ok(Again::Decide),
+            LostReply::Unknown => Err(WriteError::OutcomeUnknown),
+        },
         failed => Err(failed.error().into()),
     }
 }
@@ -452,12 +453,40 @@ fn admits(condition: Condition, current: Option<Stat>) -> Result<Option<Stat>, W
     }
 }
 
-/// The key's stat if it holds `data` at `version` (a write whose reply was lost applied).
-async fn holds(session: &Session, path: &str, data: &[u8], version: i32) -> Result<Option<Stat>, Failure> {
-    Ok(crate::zk::data(session.client(), path)
-        .await?
-        .filter(|(found, stat)| found == data && stat.version == version)
-        .map(|(_, stat)| stat))
+/// What became of a write of `data` at `path` whose reply was lost, as the key tells now.
+pub(super) enum LostReply {
+    /// The key holds `data` at the version the write gave it: it applied.
+    Applied(Stat),
+    /// The key is as the write found it (the same `mzxid`): it did not apply, and may be
+    /// decided again.
+    NotApplied,
+    /// The key changed since, and not to what the write left (or is gone): the write may have
+    /// applied and been overwritten (or deleted) by another, or not have applied at all.
+    Unknown,
+}
+
+/// Tells what became of a write of `data` at `path` that expected `expected` (`None`: it
+/// created the key) and whose reply was lost.
+///
+/// Only the key can tell, and only while nobody else wrote it: before, a write the key no
+/// longer showed was taken as not applied and decided again, so a compare-and-set that had
+/// applied, and been overwritten by another client before the check, answered `412` (or an
+/// unconditional write applied twice). The linearizability checker found the first across
+/// ZooKeeper leader kills (issue 53, docs/RELIABILITY.md). Such a write now answers
+/// `503 outcome-unknown`, as a counter's and a transaction's do: the client reads the key
+/// before it tries again.
+pub(super) async fn after_loss(
+    session: &Session,
+    path: &str,
+    data: &[u8],
+    expected: Option<&Stat>,
+) -> Result<LostReply, Failure> {
+    let version = expected.map_or(0, |stat| stat.version + 1);
+    Ok(match crate::zk::data(session.client(), path).await? {
+        Some((found, stat)) if found == data && stat.version == version => LostReply::Applied(stat),
+        Some((_, stat)) if expected.is_some_and(|before| before.mzxid == stat.mzxid) => LostReply::NotApplied,
+        _ => LostReply::Unknown,
+    })
 }
 
 /// What an operation of a kv write's multi-op is for.
@@ -503,9 +532,10 @@ pub async fn delete(session: &Session, key: &Key<'_>, condition: Condition, quot
     let mut unbind: Option<Unbind> = None;
     loop {
         let Some(stat) = retry_on_loss(|| client.check_stat(path)).await? else {
-            // After a lost reply, a missing node is our own deletion.
+            // After a lost reply, a missing key may be this delete's doing or another's (see
+            // [after_loss]).
             if retried {
-                return Ok(());
+                return Err(WriteError::OutcomeUnknown);
             }
             recheck.confirm(session, WriteError::Missing).await?;
             continue;

@@ -13,7 +13,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -27,11 +27,15 @@ pub struct Proxy {
     /// The chroot of the connect string it was given (a test's root on a shared server),
     /// kept on the one it gives.
     chroot: String,
-    blocked: watch::Sender<bool>,
+    blocked: Arc<watch::Sender<bool>>,
     drop_next_create_reply: Arc<AtomicBool>,
-    create_replies_dropped: Arc<AtomicUsize>,
+    /// How many create replies were dropped (to wait on).
+    create_replies_dropped: Arc<watch::Sender<usize>>,
     /// What the path of a create whose reply is lost contains.
     doomed_path: Arc<std::sync::Mutex<String>>,
+    /// Whether dropping the armed reply partitions the proxy too (see
+    /// [Proxy::lose_next_create_reply_and_partition]).
+    partition_on_loss: Arc<AtomicBool>,
     reset_on_cut: Arc<AtomicBool>,
     silent: watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
@@ -44,20 +48,22 @@ impl Proxy {
         let (target, chroot) = target.split_at(target.find('/').unwrap_or(target.len()));
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
         let addr = listener.local_addr().expect("proxy address");
-        let (blocked, _) = watch::channel(false);
+        let blocked = Arc::new(watch::channel(false).0);
         let (silent, _) = watch::channel(false);
         let faults = Faults {
-            blocked: blocked.subscribe(),
+            blocked: blocked.clone(),
             drop_next_create_reply: Arc::new(AtomicBool::new(false)),
-            create_replies_dropped: Arc::new(AtomicUsize::new(0)),
+            create_replies_dropped: Arc::new(watch::channel(0).0),
             doomed_path: Arc::new(std::sync::Mutex::new(LOCK_CONTENDER.to_string())),
+            partition_on_loss: Arc::new(AtomicBool::new(false)),
             reset_on_cut: Arc::new(AtomicBool::new(false)),
             silent: silent.subscribe(),
         };
-        let (drop_next_create_reply, create_replies_dropped, doomed_path, reset_on_cut) = (
+        let (drop_next_create_reply, create_replies_dropped, doomed_path, partition_on_loss, reset_on_cut) = (
             faults.drop_next_create_reply.clone(),
             faults.create_replies_dropped.clone(),
             faults.doomed_path.clone(),
+            faults.partition_on_loss.clone(),
             faults.reset_on_cut.clone(),
         );
         let target = target.to_string();
@@ -77,6 +83,7 @@ impl Proxy {
             drop_next_create_reply,
             create_replies_dropped,
             doomed_path,
+            partition_on_loss,
             reset_on_cut,
             silent,
             task,
@@ -109,6 +116,27 @@ impl Proxy {
         self.drop_next_create_reply.store(true, Ordering::SeqCst);
     }
 
+    /// [Proxy::lose_next_create_reply_of], and the proxy is partitioned in the same moment
+    /// (until [Proxy::heal]): the client cannot look at what became of its request until the
+    /// test lets it, and the test can change things meanwhile.
+    pub fn lose_next_create_reply_and_partition(&self, path: impl Into<String>) {
+        self.partition_on_loss.store(true, Ordering::SeqCst);
+        self.lose_next_create_reply_of(path);
+    }
+
+    /// Waits (bounded) until `count` create replies have been dropped in all.
+    pub async fn create_replies_lost_reach(&self, count: usize) {
+        let mut dropped = self.create_replies_dropped.subscribe();
+        super::within(
+            std::time::Duration::from_secs(30),
+            "a create's reply to be lost",
+            async {
+                dropped.wait_for(|n| *n >= count).await.expect("the proxy runs");
+            },
+        )
+        .await;
+    }
+
     /// Stops forwarding anything, either way, on every connection (open ones stay open, new
     /// ones are accepted), until called with `false`.
     pub fn black_hole(&self, silent: bool) {
@@ -123,7 +151,7 @@ impl Proxy {
 
     /// How many creates were applied by the server with their replies dropped.
     pub fn create_replies_lost(&self) -> usize {
-        self.create_replies_dropped.load(Ordering::SeqCst)
+        *self.create_replies_dropped.borrow()
     }
 }
 
@@ -135,15 +163,16 @@ impl Drop for Proxy {
 
 #[derive(Clone)]
 struct Faults {
-    blocked: watch::Receiver<bool>,
+    blocked: Arc<watch::Sender<bool>>,
     drop_next_create_reply: Arc<AtomicBool>,
-    create_replies_dropped: Arc<AtomicUsize>,
+    create_replies_dropped: Arc<watch::Sender<usize>>,
     doomed_path: Arc<std::sync::Mutex<String>>,
+    partition_on_loss: Arc<AtomicBool>,
     reset_on_cut: Arc<AtomicBool>,
     silent: watch::Receiver<bool>,
 }
 
-async fn forward(inbound: TcpStream, target: String, mut faults: Faults) {
+async fn forward(inbound: TcpStream, target: String, faults: Faults) {
     let Ok(outbound) = TcpStream::connect(&target).await else {
         return;
     };
@@ -165,18 +194,23 @@ async fn forward(inbound: TcpStream, target: String, mut faults: Faults) {
     });
     let armed = faults.drop_next_create_reply.clone();
     let dropped = faults.create_replies_dropped.clone();
+    let (partition_on_loss, blocked) = (faults.partition_on_loss.clone(), faults.blocked.clone());
     let downstream = pump(server_read, &mut client_write, faults.silent.clone(), move |body| {
         let xid = (body.len() >= 4).then(|| i32::from_be_bytes([body[0], body[1], body[2], body[3]]));
         if xid.is_some() && xid == *doomed_rx.borrow() && is_success(body) && armed.swap(false, Ordering::SeqCst) {
-            dropped.fetch_add(1, Ordering::SeqCst);
+            if partition_on_loss.swap(false, Ordering::SeqCst) {
+                blocked.send_replace(true);
+            }
+            dropped.send_modify(|n| *n += 1);
             return Verdict::Cut;
         }
         Verdict::Forward
     });
+    let mut blocked = faults.blocked.subscribe();
     tokio::select! {
         _ = upstream => {}
         _ = downstream => {}
-        _ = faults.blocked.wait_for(|b| *b) => {}
+        _ = blocked.wait_for(|b| *b) => {}
     }
     if faults.reset_on_cut.load(Ordering::SeqCst) {
         // Dropping the write half would send FIN first (it shuts down writing), and the
