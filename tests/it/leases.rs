@@ -229,7 +229,7 @@ async fn a_delete_that_meets_the_lease_s_expiry_answers_204_or_410() {
     }
     println!("{LEASES} deletes at their lease's expiry: {seen:?}");
     assert!(
-        seen.get("410 expired").is_some() && seen.get("204").is_some(),
+        seen.contains_key("410 expired") && seen.contains_key("204"),
         "the deletes did not straddle the expiry: {seen:?}"
     );
 }
