@@ -10,6 +10,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::consistency::Consistency;
+use super::contention::{RELEASE_LIMIT, release_not_done};
 use super::error::{ApiError, Place, Problem, Problems, p};
 use super::extract::{ApiJson, ApiPath, ApiQuery};
 use super::leases::{LeaseView, held, lease_for};
@@ -234,7 +235,11 @@ pub(super) async fn unbind(
 ) -> Result<StatusCode, ApiError> {
     if let Some(node) = nodes.serving(name, id) {
         node.lease.check_owner(caller)?;
-        nodes.release(&node).await;
+        // Bounded, as a lock's release is: during an outage the release is done once
+        // ZooKeeper is back, and the request says so rather than hang for the outage.
+        if !nodes.release_within(&node, RELEASE_LIMIT).await {
+            return Err(release_not_done(&format!("`{id}` of `{name}`")));
+        }
         if node.state().phase != Phase::Moved {
             return Ok(StatusCode::NO_CONTENT);
         }

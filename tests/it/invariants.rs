@@ -63,12 +63,17 @@ struct World {
 }
 
 async fn setup() -> Setup {
+    setup_on(common::zookeeper().await).await
+}
+
+/// [setup] on `zk`.
+async fn setup_on(zk: common::TestZooKeeper) -> Setup {
     let principals = [
         ("alice", grant("", "write")),
         ("bob", grant("", "write")),
         ("reader", grant("", "read")),
     ];
-    let both = common::two_instances(principals, |config| {
+    let both = common::two_instances_on(zk, principals, |config| {
         // One delivery: an item taken and given back once is dead-lettered at its next take.
         config.queue_max_deliveries = 1;
         // A long poll sent without `wait` waits this long: the requests that leave it out.
@@ -461,6 +466,11 @@ impl World {
 
 /// Sends `request` as `token` to `gate`: its status (a stream's, once its head came).
 async fn send(gate: &Gate, token: &str, request: &Request, streams: bool) -> Reply {
+    try_send(gate, token, request, streams).await.expect("request")
+}
+
+/// [send], or why no answer came (a stream's head within 2 s, any other within 30 s).
+async fn try_send(gate: &Gate, token: &str, request: &Request, streams: bool) -> Result<Reply, reqwest::Error> {
     let mut builder = gate
         .http
         .request(request.method.clone(), format!("{}{}", gate.url, request.path))
@@ -472,17 +482,17 @@ async fn send(gate: &Gate, token: &str, request: &Request, streams: bool) -> Rep
     if let Some(body) = &request.body {
         builder = builder.header("content-type", "application/json").body(body.clone());
     }
-    let response = builder.send().await.expect("request");
+    let response = builder.send().await?;
     if streams {
-        return Reply {
+        return Ok(Reply {
             status: response.status(),
             content_type: String::new(),
             body: Value::Null,
             retry_after: None,
             replayed: false,
-        };
+        });
     }
-    Reply::read(response).await
+    Ok(Reply::read(response).await)
 }
 
 /// What changes under the root, seen by a recursive watch: after each step, the changes since
@@ -1054,4 +1064,87 @@ async fn unaccounted(client: &Client) -> Vec<String> {
         }
     }
     wrong
+}
+
+/// Invariant 4: while ZooKeeper is away, every operation of the served spec answers, none waits
+/// for ZooKeeper to come back, and none answers a server error other than `503` (README, How it
+/// behaves: Through a ZooKeeper outage); once ZooKeeper is back, both instances serve. Each
+/// valid request of each operation is sent through one instance, 16 at a time; a request
+/// answers within 2 s (a stream's head) or 30 s (any other: the session's timeout, for which a
+/// request in flight waits for a reconnection, plus the 10 s bound of a release or a long poll
+/// that gave up).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_operation_answers_while_zookeeper_is_away() {
+    use futures::StreamExt;
+    let mut s = setup_on(common::TestZooKeeper::Own(common::zookeeper_own().await)).await;
+    let operations = callable(&s.world);
+    let Setup {
+        both: common::TwoInstances { zk, a, b, .. },
+        alice,
+        ..
+    } = &mut s;
+    let (a, b, alice) = (&*a, &*b, &*alice);
+    let common::TestZooKeeper::Own(server) = zk else {
+        unreachable!("a server of the test's own")
+    };
+    server.kill();
+    let readiness = |gate: &Gate| {
+        let url = format!("{}/readyz", gate.url);
+        let http = gate.http.clone();
+        async move { http.get(url).send().await.map(|r| r.status()).ok() }
+    };
+    within(Duration::from_secs(30), "the instance to see ZooKeeper gone", async {
+        while readiness(a).await != Some(StatusCode::SERVICE_UNAVAILABLE) {
+            tokio::time::sleep(Duration::from_millis(20)).await; // asking again, as a prober does
+        }
+    })
+    .await;
+    let requests: Vec<(String, &Request, bool)> = operations
+        .iter()
+        .flat_map(|(operation, valid)| valid.iter().map(move |r| (operation.name(), r, operation.streams())))
+        .collect();
+    let sent = requests.len();
+    let started = std::time::Instant::now();
+    let answers: Vec<(String, String, Result<Reply, reqwest::Error>)> = futures::stream::iter(requests)
+        .map(|(name, request, streams)| async move {
+            let answer = try_send(a, alice, request, streams).await;
+            (name, format!("{} {}", request.method, request.path), answer)
+        })
+        .buffer_unordered(16)
+        .collect()
+        .await;
+    let mut wrong = Vec::new();
+    let mut statuses = BTreeMap::<u16, usize>::new();
+    for (name, request, answer) in &answers {
+        match answer {
+            Ok(reply)
+                if reply.status == StatusCode::INTERNAL_SERVER_ERROR
+                    || (reply.status.is_server_error() && reply.status != StatusCode::SERVICE_UNAVAILABLE) =>
+            {
+                wrong.push(format!("{name}: {request}: {reply:?}"))
+            }
+            Ok(reply) => *statuses.entry(reply.status.as_u16()).or_default() += 1,
+            Err(error) => wrong.push(format!("{name}: {request}: no answer: {error}")),
+        }
+    }
+    println!(
+        "invariant 4 (every operation answers while ZooKeeper is away): {} operations, {sent} requests in {} ms; answers by status: {statuses:?}",
+        operations.len(),
+        started.elapsed().as_millis()
+    );
+    assert!(wrong.is_empty(), "{} wrong:\n{}", wrong.len(), wrong.join("\n"));
+
+    server.restart(&common::test_server_options()).expect("restart");
+    server
+        .wait_serving(Duration::from_secs(60))
+        .await
+        .expect("serves again");
+    for gate in [a, b] {
+        within(Duration::from_secs(30), "the instance to serve again", async {
+            while readiness(gate).await != Some(StatusCode::OK) {
+                tokio::time::sleep(Duration::from_millis(20)).await; // asking again, as a prober does
+            }
+        })
+        .await;
+    }
 }

@@ -41,7 +41,17 @@ pub async fn release_by_id<P: Protocol>(
 }
 
 /// How long a release waits for ZooKeeper before it answers 503 (it goes on after).
-const RELEASE_LIMIT: Duration = Duration::from_secs(10);
+pub(crate) const RELEASE_LIMIT: Duration = Duration::from_secs(10);
+
+/// The answer to a release of `what` (a handle, a member, a service instance) not done within
+/// [RELEASE_LIMIT]: it goes on, and a retry learns the outcome.
+pub(crate) fn release_not_done(what: &str) -> ApiError {
+    ApiError::unavailable(format!(
+        "the release of {what} is not done within {} (ZooKeeper does not answer, or this instance is starved of \
+         CPU); it goes on and is done once ZooKeeper answers: retry to learn the outcome",
+        humantime::format_duration(RELEASE_LIMIT)
+    ))
+}
 
 /// Releases a handle as [find_handle] or [release_by_id] found it.
 pub async fn release<P: Protocol>(
@@ -60,13 +70,7 @@ pub async fn release<P: Protocol>(
     // Bounded: during an outage the release is done once ZooKeeper is back, and the request
     // says so rather than hang for the outage (its retry finds the handle and answers then).
     if !handles.release_within(&handle, RELEASE_LIMIT).await {
-        return Err(ApiError::unavailable(format!(
-            "the release of {} `{}` is not done within {} (ZooKeeper does not answer, or this instance is starved of \
-             CPU); it goes on and is done once ZooKeeper answers: retry to learn the outcome",
-            handles.kind().name(),
-            handle.name,
-            humantime::format_duration(RELEASE_LIMIT)
-        )));
+        return Err(release_not_done(&format!("{} `{}`", handles.kind().name(), handle.name)));
     }
     match handle.state().phase {
         // Its lease moved to another instance while this one released it: the task stopped

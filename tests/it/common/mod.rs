@@ -378,7 +378,15 @@ pub async fn two_instances<const N: usize>(
     principals: [(&str, String); N],
     tune: impl Fn(&mut ServeConfig),
 ) -> TwoInstances<N> {
-    let zk = zookeeper().await;
+    two_instances_on(zookeeper().await, principals, tune).await
+}
+
+/// [two_instances] on `zk` (say, a server of the test's own, to stop).
+pub async fn two_instances_on<const N: usize>(
+    zk: TestZooKeeper,
+    principals: [(&str, String); N],
+    tune: impl Fn(&mut ServeConfig),
+) -> TwoInstances<N> {
     let dir = tempfile::tempdir().expect("temp dir");
     let (path, tokens) = auth_config(&dir, principals);
     let mut config = test_config(&zk.connect_string());
