@@ -36,8 +36,8 @@ mod views;
 
 pub(crate) use fencing::fencing_handler;
 pub use fencing::{FencingCheck, check_fencing};
-pub use release::{release, release_by_id};
 pub(crate) use release::{RELEASE_LIMIT, release_not_done};
+pub use release::{release, release_by_id};
 pub(crate) use revoke::MAX_GRACE;
 pub use revoke::{RevokeBody, Revoked, revoke};
 pub use views::{Found, HandleQuery, find_handle, get_handle, held_since};

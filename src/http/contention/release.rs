@@ -70,7 +70,11 @@ pub async fn release<P: Protocol>(
     // Bounded: during an outage the release is done once ZooKeeper is back, and the request
     // says so rather than hang for the outage (its retry finds the handle and answers then).
     if !handles.release_within(&handle, RELEASE_LIMIT).await {
-        return Err(release_not_done(&format!("{} `{}`", handles.kind().name(), handle.name)));
+        return Err(release_not_done(&format!(
+            "{} `{}`",
+            handles.kind().name(),
+            handle.name
+        )));
     }
     match handle.state().phase {
         // Its lease moved to another instance while this one released it: the task stopped

@@ -808,8 +808,13 @@ impl Work {
             let (added, leases) = (ledger.added, ledger.leases.clone());
             let suspended = ledger.holds.iter().filter(|h| h.how == "suspended").count();
             let cut = ledger.holds.iter().filter(|h| h.how == "ttl").count();
+            let losses = ledger
+                .states
+                .iter()
+                .filter(|s| s.ends_with("SUSPENDED") || s.ends_with("LOST"))
+                .count();
             let report = format!(
-                "{what}: {holds} holds, one holder at a time ({} by Curator, {suspended} ended by SUSPENDED, {cut} by the TTL); {} puts acknowledged, {} acked, {} acks in doubt, {} deliveries; {added} adds; {} answers 503; {} leases; serving and the patient holder told {} ms after ZooKeeper answered",
+                "{what}: {holds} holds, one holder at a time ({} by Curator, whose clients saw {losses} connection losses; {suspended} holds ended by SUSPENDED, {cut} by the TTL); {} puts acknowledged, {} acked, {} acks in doubt, {} deliveries; {added} adds; {} answers 503; {} leases; serving and the patient holder told {} ms after ZooKeeper answered",
                 ledger.holds.iter().filter(|h| h.holder.starts_with("curator")).count(),
                 ledger.put.len(),
                 ledger.acked.len(),
