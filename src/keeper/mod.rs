@@ -1,6 +1,10 @@
 //! The leases this instance keeps: zkgate's handle for an HTTP client, the way an etcd lease or
 //! a ZooKeeper session is for a native client.
 //!
+//! Why this file is long (about 600 lines with its tests): it is the table of kept leases and
+//! the operations that change it, under one lock; what is not the table is split by concept
+//! into the modules below.
+//!
 //! A lease is ZooKeeper data ([crate::recipes::engine::record]); this registry is its *keeper's*
 //! side: the instance that times a lease keeps it in memory ([Lease]) with its TTL timer and
 //! the tasks of what it holds. It makes leases (round robin over the instance's sessions, at
@@ -27,10 +31,6 @@
 //! Ended leases are remembered here (a bounded number), and their records stay a while in
 //! ZooKeeper as tombstones, so that their next use answers "gone, and why" (HTTP 410) rather
 //! than "never heard of it" (404), on any instance.
-//!
-//! Why this file is long (about 600 lines with its tests): it is the table of kept leases and
-//! the operations that change it, under one lock; what is not the table is split by concept
-//! into the modules below.
 //!
 //! Here the table of kept leases and its operations; how a lease ends (its TTL timer, the end
 //! written, the tombstone) in [ending], vouching in [keeping], takeovers in [takeover], the

@@ -1093,11 +1093,11 @@ async fn every_operation_answers_while_zookeeper_is_away() {
         let http = gate.http.clone();
         async move { http.get(url).send().await.map(|r| r.status()).ok() }
     };
-    within(Duration::from_secs(30), "the instance to see ZooKeeper gone", async {
-        while readiness(a).await != Some(StatusCode::SERVICE_UNAVAILABLE) {
-            tokio::time::sleep(Duration::from_millis(20)).await; // asking again, as a prober does
-        }
-    })
+    common::until_answered(
+        Duration::from_secs(30),
+        "the instance to see ZooKeeper gone",
+        async || readiness(a).await == Some(StatusCode::SERVICE_UNAVAILABLE),
+    )
     .await;
     let requests: Vec<(String, &Request, bool)> = operations
         .iter()
@@ -1140,10 +1140,8 @@ async fn every_operation_answers_while_zookeeper_is_away() {
         .await
         .expect("serves again");
     for gate in [a, b] {
-        within(Duration::from_secs(30), "the instance to serve again", async {
-            while readiness(gate).await != Some(StatusCode::OK) {
-                tokio::time::sleep(Duration::from_millis(20)).await; // asking again, as a prober does
-            }
+        common::until_answered(Duration::from_secs(30), "the instance to serve again", async || {
+            readiness(gate).await == Some(StatusCode::OK)
         })
         .await;
     }

@@ -438,10 +438,10 @@ async fn rewrite(
             ..
         }) => Ok(None),
         // Applied or not, as the key tells (see `after_loss`).
-        Err(failed) if failed.is_loss() => match super::after_loss(session, &key.path, data, Some(stat)).await? {
-            super::LostReply::Applied(stat) => Ok(Some(stat.mzxid)),
-            super::LostReply::NotApplied => Ok(None),
-            super::LostReply::Unknown => Err(WriteError::OutcomeUnknown),
+        Err(failed) if failed.is_loss() => match super::lost::after_loss(session, &key.path, data, Some(stat)).await? {
+            super::lost::LostReply::Applied(stat) => Ok(Some(stat.mzxid)),
+            super::lost::LostReply::NotApplied => Ok(None),
+            super::lost::LostReply::Unknown => Err(WriteError::OutcomeUnknown),
         },
         Err(failed) => Err(failed.error().into()),
     }

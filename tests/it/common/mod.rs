@@ -526,6 +526,18 @@ pub async fn run_to_success(mut command: tokio::process::Command, limit: Duratio
 }
 
 /// Awaits `future`, failing the test (naming `what`) if it takes longer than `limit`.
+/// Asks `probe` again every 20 ms until it holds, for at most `limit`. For what no event
+/// announces (that the instance is ready, that it vouches for a lease again): a client finds
+/// out the same way, by asking again.
+pub async fn until_answered(limit: Duration, what: &str, probe: impl AsyncFn() -> bool) {
+    within(limit, what, async {
+        while !probe().await {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+}
+
 pub async fn within<T>(limit: Duration, what: &str, future: impl std::future::Future<Output = T>) -> T {
     tokio::time::timeout(limit, future)
         .await

@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 
 use crate::common::process::Process;
 use crate::common::sse::Sse;
-use crate::common::{self, Ensemble, within};
+use crate::common::{self, Ensemble, until_answered, within};
 
 mod work;
 
@@ -112,18 +112,6 @@ async fn event_until(stream: &mut Sse, what: &str, mut test: impl FnMut(&Value) 
             if test(&event) {
                 return event;
             }
-        }
-    })
-    .await
-}
-
-/// Asks `probe` again every 20 ms until it holds, for at most `limit`. For what no event
-/// announces (that the instance is ready, that it vouches for a lease again): a client finds
-/// out the same way, by asking again.
-async fn until_answered(limit: Duration, what: &str, probe: impl AsyncFn() -> bool) {
-    within(limit, what, async {
-        while !probe().await {
-            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     })
     .await

@@ -36,9 +36,9 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::task::JoinHandle;
 
-use super::{BACK_WITHIN, until_answered};
+use super::BACK_WITHIN;
 use crate::common::process::Process;
-use crate::common::{self, Ensemble, within};
+use crate::common::{self, Ensemble, until_answered, within};
 
 /// How long ZooKeeper stays away: longer than every session timeout involved (the
 /// instances' 2 s, the Curator holders' 10 s) and than the cycling clients' TTL.
@@ -424,29 +424,32 @@ impl Curator {
     }
 }
 
-/// Puts items `from..` on queue `drained` until `stop`, each with its idempotency key, sent
-/// again until acknowledged.
+/// Sends a keyed write (`POST path` with `body` and `Idempotency-Key: key`) again until it is
+/// acknowledged, as a client that must not lose it does: with the key it lands once however
+/// many times it is sent.
+async fn until_acknowledged(at: &Instance, path: &str, body: Value, key: &str) {
+    loop {
+        match at.call(Method::POST, path, Some(body.clone()), Some(key)).await {
+            Some((status, _)) if status.is_success() => return,
+            Some((status, answer)) => panic!("POST {path} answered {status}: {answer}"),
+            None => back_off().await,
+        }
+    }
+}
+
+/// Puts items `from..` on queue `drained` until `stop`, each acknowledged.
 async fn produce(at: Instance, from: u64, stop: Arc<AtomicBool>) {
     for id in from.. {
         if stop.load(Ordering::SeqCst) {
             return;
         }
-        let key = format!("item-{id}");
-        loop {
-            match at
-                .call(
-                    Method::POST,
-                    "/v1/queues/drained/items",
-                    Some(json!({ "id": id })),
-                    Some(&key),
-                )
-                .await
-            {
-                Some((StatusCode::CREATED | StatusCode::OK, _)) => break,
-                Some((status, body)) => panic!("a put answered {status}: {body}"),
-                None => back_off().await,
-            }
-        }
+        until_acknowledged(
+            &at,
+            "/v1/queues/drained/items",
+            json!({ "id": id }),
+            &format!("item-{id}"),
+        )
+        .await;
         at.shared.record(|l| {
             l.put.insert(id);
         });
@@ -516,29 +519,19 @@ async fn consume(at: Instance, stop: Arc<AtomicBool>) {
     }
 }
 
-/// Adds 1 to counter `added` until `stop`, each add with its idempotency key, sent again
-/// until acknowledged.
+/// Adds 1 to counter `added` until `stop`, each add acknowledged.
 async fn add(at: Instance, client: usize, stop: Arc<AtomicBool>) {
     for n in 0.. {
         if stop.load(Ordering::SeqCst) {
             return;
         }
-        let key = format!("add-{client}-{n}");
-        loop {
-            match at
-                .call(
-                    Method::POST,
-                    "/v1/counters/added/add",
-                    Some(json!({ "delta": 1 })),
-                    Some(&key),
-                )
-                .await
-            {
-                Some((StatusCode::OK, _)) => break,
-                Some((status, body)) => panic!("an add answered {status}: {body}"),
-                None => back_off().await,
-            }
-        }
+        until_acknowledged(
+            &at,
+            "/v1/counters/added/add",
+            json!({ "delta": 1 }),
+            &format!("add-{client}-{n}"),
+        )
+        .await;
         at.shared.record(|l| l.added += 1);
     }
 }
