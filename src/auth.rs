@@ -308,6 +308,12 @@ pub(crate) const EXAMPLE_CONFIG: &str = r#"
         access = "read"
     "#;
 
+impl From<Forbidden> for crate::problem::ApiError {
+    fn from(err: Forbidden) -> crate::problem::ApiError {
+        crate::problem::ApiError::new(crate::problem::Problem::Forbidden, err.0)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

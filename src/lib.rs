@@ -19,6 +19,7 @@ pub mod listen;
 pub mod locked;
 pub mod metrics;
 pub mod peer;
+pub mod problem;
 pub mod recipes;
 pub mod remembered;
 pub mod runner;

@@ -229,6 +229,18 @@ impl Limits {
     }
 }
 
+impl From<Refusal> for crate::problem::ApiError {
+    fn from(refusal: Refusal) -> crate::problem::ApiError {
+        use crate::problem::{ApiError, Problem};
+        let problem = match refusal.limit {
+            Limit::Rate => Problem::RateLimited,
+            Limit::Held => Problem::TooMany,
+        };
+        let seconds = refusal.retry_after.as_secs_f64().ceil() as u64;
+        ApiError::new(problem, refusal.detail).retry_after(seconds)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -243,7 +243,7 @@ pub async fn proclaim(
     };
     let size = json_len(&body.value);
     let proclaimed = match election::proclaim(&session, &dir, &candidate, body.value, payer).await {
-        Err(Failure::QuotaFull) => return Err(ApiError::quota(payer.exceeded(&session, size).await)),
+        Err(Failure::QuotaFull) => return Err(ApiError::from(payer.exceeded(&session, size).await)),
         proclaimed => proclaimed?,
     };
     let Some(ack) = proclaimed else {

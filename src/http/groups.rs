@@ -171,11 +171,11 @@ pub(super) async fn bind_charged(
     let bytes = data.len();
     let charge = match state.quotas.charge(&session, caller.name(), bytes).await {
         Ok(charge) => state.quotas.node(&charge, bytes),
-        Err(ChargeError::Exceeded(exceeded)) => return Err(ApiError::quota(exceeded)),
+        Err(ChargeError::Exceeded(exceeded)) => return Err(ApiError::from(exceeded)),
         Err(ChargeError::ZooKeeper(err)) => return Err(err.into()),
     };
     match nodes.hold(lease, name, id, path, data, Some(charge)).await {
-        Err(HoldError::ZooKeeper(Failure::QuotaFull)) => Err(ApiError::quota(
+        Err(HoldError::ZooKeeper(Failure::QuotaFull)) => Err(ApiError::from(
             state.quotas.exceeded(&session, caller.name(), bytes).await,
         )),
         hold => held(state, lease, hold)?.ok_or_else(taken),

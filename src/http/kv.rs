@@ -348,7 +348,7 @@ fn write_error(key: &str, err: WriteError) -> ApiError {
             Problem::KeyNotEmpty,
             format!("key `{key}` has keys below it; delete those first"),
         ),
-        WriteError::Quota(exceeded) => ApiError::quota(exceeded),
+        WriteError::Quota(exceeded) => ApiError::from(exceeded),
         WriteError::Bound(binding) => {
             let detail = format!(
                 "key `{key}` is bound to lease `{}`; write it with that lease, or say `rebind=true`",

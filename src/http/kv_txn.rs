@@ -433,7 +433,7 @@ fn txn_error(state: &AppState, leases: &HashMap<String, Arc<Lease>>, err: TxnErr
             Problem::OutcomeUnknown,
             "ZooKeeper's connection was lost after the transaction was sent: read its keys before trying again",
         ),
-        TxnError::Quota(exceeded) => ApiError::quota(exceeded),
+        TxnError::Quota(exceeded) => ApiError::from(exceeded),
         TxnError::ZooKeeper(err) => err.into(),
     }
 }

@@ -445,3 +445,17 @@ impl Record<'_> {
         keys.0.quotas.add_charge(multi, tag, &self.charge, self.data.len())
     }
 }
+
+impl From<KeyError> for crate::problem::ApiError {
+    fn from(err: KeyError) -> crate::problem::ApiError {
+        use crate::problem::{ApiError, Problem};
+        match err {
+            KeyError::Reused => ApiError::new(Problem::IdempotencyKeyReused, err.to_string()),
+            KeyError::TooLarge(bytes) => ApiError::new(Problem::ValueTooLarge, err.to_string())
+                .with("limit_bytes", MAX_RECORD_BYTES)
+                .with("size_bytes", bytes),
+            KeyError::Quota(exceeded) => exceeded.into(),
+            KeyError::ZooKeeper(failure) => failure.into(),
+        }
+    }
+}

@@ -488,6 +488,13 @@ fn whole_tree(reached: Reached, usage: Usage, limits: Limits) -> Exceeded {
     }
 }
 
+/// 507 naming the quota a write would pass.
+impl From<Exceeded> for crate::problem::ApiError {
+    fn from(exceeded: Exceeded) -> crate::problem::ApiError {
+        crate::problem::ApiError::quota(exceeded.quota, exceeded.detail)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -47,6 +47,29 @@ impl From<ZkError> for Failure {
     }
 }
 
+/// What each failure answers: unreachable is a 503 with `Retry-After`, never a 500.
+impl From<Failure> for crate::problem::ApiError {
+    fn from(err: Failure) -> crate::problem::ApiError {
+        use crate::problem::{ApiError, Problem};
+        match err {
+            Failure::Unanswered(_) => ApiError::unavailable(err.to_string()),
+            // Not the client's doing, and not a bug in zkgate: say exactly that.
+            Failure::Denied => ApiError::new(
+                Problem::ZookeeperRefused,
+                "ZooKeeper refuses zkgate's session access to this znode: its ACL leaves zkgate's identity out (see --zookeeper-auth)",
+            ),
+            // A write past a ZooKeeper quota that the operation did not name more precisely.
+            Failure::QuotaFull => ApiError::new(
+                Problem::QuotaExceeded,
+                "ZooKeeper refused the write: a quota on zkgate's znodes is full; delete something first",
+            )
+            .with("quota", "zookeeper"),
+            // Where a taken name is the client's doing, its operation says so before this.
+            Failure::Taken | Failure::Unexpected(_) => ApiError::new(Problem::Internal, err.to_string()),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -541,6 +541,12 @@ pub fn split_chroot(connect: &str) -> (&str, Option<&str>) {
     }
 }
 
+impl From<Unavailable> for crate::problem::ApiError {
+    fn from(err: Unavailable) -> crate::problem::ApiError {
+        crate::problem::ApiError::unavailable(err.to_string())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::split_chroot;

@@ -17,6 +17,8 @@ const LAYERS: &[(&str, u8)] = &[
     ("metrics", 1),
     ("tls", 1),
     ("peer", 1),
+    // What an operation can answer: the problem catalogue and the one error type (transport-neutral).
+    ("problem", 1),
     // The HTTP server's accept loop and its bounds (knows nothing of zkgate's routes).
     ("listen", 1),
     // Who may do what (names kinds); the requests in service and their queue.
@@ -45,6 +47,7 @@ const SEE_THE_ROOT: &[&str] = &["http", "ws"];
 /// Modules that may not make ZooKeeper requests themselves.
 const NO_ZOOKEEPER: &[&str] = &[
     "locked",
+    "problem",
     "time",
     "ids",
     "remembered",

@@ -153,7 +153,7 @@ pub async fn put(
             )
             .with("depth", depth));
         }
-        Put::Quota(exceeded) => return Err(ApiError::quota(exceeded)),
+        Put::Quota(exceeded) => return Err(ApiError::from(exceeded)),
     };
     let duplicate = item.is_none();
     let stored = Stored {

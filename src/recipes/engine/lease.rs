@@ -502,3 +502,24 @@ pub enum GuardError {
     LeaseMoved,
     ZooKeeper(ZkError),
 }
+
+impl From<LeaseError> for crate::problem::ApiError {
+    fn from(err: LeaseError) -> crate::problem::ApiError {
+        use crate::problem::{ApiError, Problem};
+        let message = err.to_string();
+        match err {
+            LeaseError::Unknown(_) => ApiError::not_found("lease", message),
+            // The hand-off guard serves a request where its lease is kept: this is a race with a
+            // takeover, which a retry settles.
+            LeaseError::Elsewhere { .. } => {
+                ApiError::new(Problem::InstanceUnavailable, format!("{message}; try again"))
+            }
+            LeaseError::NotFresh => ApiError::unavailable(message),
+            LeaseError::Ended { reason, .. } => ApiError::new(Problem::LeaseEnded, message).with("reason", reason),
+            LeaseError::NotYours(_) | LeaseError::ReadOnly => ApiError::new(Problem::Forbidden, message),
+            LeaseError::TooMany(_) => ApiError::new(Problem::TooMany, message),
+            LeaseError::Unavailable(u) => ApiError::from(u),
+            LeaseError::Key(err) => err.into(),
+        }
+    }
+}

@@ -429,6 +429,15 @@ pub async fn release_recorded(
     Ok(delete_all(client, &paths).await?[0])
 }
 
+impl From<OwnerError> for crate::problem::ApiError {
+    fn from(err: OwnerError) -> crate::problem::ApiError {
+        match err {
+            OwnerError::Forbidden(err) => err.into(),
+            OwnerError::ZooKeeper(err) => err.into(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
