@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::Args;
 
-use crate::keeper::LeasePolicy;
+use crate::recipes::leases::LeasePolicy;
 use crate::time::parse_duration;
 
 /// ZooKeeper sessions per instance unless `--zookeeper-sessions` says otherwise: a session's

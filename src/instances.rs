@@ -2,7 +2,7 @@
 //!
 //! All recipe state lives in ZooKeeper, so any instance reads any lock, leader or queue, and
 //! serves any lease's holdings from their znodes. A lease's TTL, though, is timed by one
-//! instance, its keeper ([crate::keeper]); and a queue's claim by the instance that made it. So:
+//! instance, its keeper ([crate::recipes::leases]); and a queue's claim by the instance that made it. So:
 //! - each instance registers itself while its session lives: an ephemeral znode
 //!   `<root>/instances/<id>` holding the URL it is reached at (`--advertise-url`), made by its
 //!   primary session; each further session (lane, see [crate::zk::session]) makes
@@ -146,7 +146,7 @@ impl Instances {
     /// A receiver of whether the keeper's session's registration is in place: while it is,
     /// the other instances see this one alive and take none of its leases over (any of an
     /// instance's registrations does), whatever became of its other sessions; so it is what a
-    /// keeper may vouch on ([crate::keeper::keeping]).
+    /// keeper may vouch on ([crate::recipes::leases::keeping]).
     pub fn vouching(&self) -> watch::Receiver<bool> {
         self.vouching.clone()
     }

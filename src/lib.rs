@@ -12,7 +12,6 @@ pub mod events;
 pub mod http;
 pub mod ids;
 pub mod instances;
-pub mod keeper;
 pub mod kind;
 pub mod limits;
 pub mod listen;
@@ -39,8 +38,8 @@ use utoipa_swagger_ui::{Config as SwaggerConfig, SwaggerUi};
 
 use crate::config::ServeConfig;
 use crate::events::Events;
-use crate::keeper::Leases;
 use crate::recipes::holdings::Registries;
+use crate::recipes::leases::Leases;
 use crate::recipes::queue::service::Queues;
 use crate::zk::session::ZkSession;
 use crate::zk::watch::ExistsWatches;
@@ -163,7 +162,7 @@ impl AppState {
         leases.set_adopter(Arc::new(move |lease, holdings| adopting.adopt(lease, holdings)));
         // What cleans up after the clients: the reaper of leases (whose pass says when the
         // instance may serve) and the janitor of what recipes leave behind.
-        let reaped = keeper::reaper::start(
+        let reaped = recipes::leases::reaper::start(
             leases.clone(),
             queues.clone(),
             zk.clone(),

@@ -7,7 +7,7 @@
 //! - open WebSockets per principal and per client address, subscriptions per principal;
 //! - long polls in flight per principal and on the whole instance (each holds a connection
 //!   and a task for up to `--max-wait`);
-//! - live leases per principal, queued contenders per principal and per lock ([crate::keeper]
+//! - live leases per principal, queued contenders per principal and per lock ([crate::recipes::leases]
 //!   and the acquire handlers ask here);
 //! - request bodies (413) and waits (capped) are bounded where they are read; queue depth
 //!   where items are put.

@@ -31,9 +31,9 @@ use std::collections::VecDeque;
 
 use tokio::sync::watch;
 
-use crate::keeper::Leases;
 use crate::locked::Locked;
 use crate::recipes::engine::lease::{EndReason, Lease, LeaseError};
+use crate::recipes::leases::Leases;
 use crate::recipes::topic::{EventKind, Source};
 use crate::zk::recursive::Change;
 use crate::zk::session::{Status, ZkSession};

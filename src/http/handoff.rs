@@ -2,7 +2,7 @@
 //!
 //! Any instance serves almost everything from ZooKeeper: reads, handles, releases, members,
 //! votes, a queue claim's ack and nack. What is inherently in one instance's memory is a
-//! lease's TTL timer (and the tasks of what it holds), kept by its *keeper* ([crate::keeper]).
+//! lease's TTL timer (and the tasks of what it holds), kept by its *keeper* ([crate::recipes::leases]).
 //! So each operation declares, in its spec, whose memory it needs ([SERVED_BY], an OpenAPI
 //! extension the guard reads once from the spec):
 //!
@@ -10,11 +10,11 @@
 //!   path parameter or by the JSON body's `lease`. Kept here: served here. Kept by another
 //!   instance that answers: handed to it and its answer relayed. Kept by an instance that is
 //!   gone, does not answer, cannot vouch for it, or cannot be trusted (no or another
-//!   `--cluster-secret`): taken over here ([crate::keeper::Leases::take_over]) and served here.
+//!   `--cluster-secret`): taken over here ([crate::recipes::leases::Leases::take_over]) and served here.
 //!   A body that names no lease makes a new one here.
 //! - `{"any": "body"}`: any instance, for the lease the JSON body names: what makes a holding
 //!   for a lease (an acquire, a campaign, a join) is served where it arrives, its wait
-//!   included, whichever instance keeps the lease ([crate::keeper::Leases::serve]: a lease kept
+//!   included, whichever instance keeps the lease ([crate::recipes::leases::Leases::serve]: a lease kept
 //!   elsewhere is *visited*). Nothing is handed over.
 //! - nothing: any instance.
 //!

@@ -19,11 +19,11 @@ use super::extract::{ApiJson, ApiPath};
 use super::idempotency::Idempotent;
 use crate::AppState;
 use crate::auth::Caller;
-use crate::keeper::{Created, NewLease};
 use crate::kind::Kind;
 use crate::recipes::engine::lease::{EndReason, HoldingView, Lease, LeaseError};
 use crate::recipes::engine::node::HoldError;
 use crate::recipes::idempotency::Keyed;
+use crate::recipes::leases::{Created, NewLease};
 use crate::time::{HumanDuration, millis_since, timestamp};
 
 /// The lease routes.
@@ -35,7 +35,7 @@ pub fn routes() -> OpenApiRouter<AppState> {
 }
 
 /// The lease a request that makes a holding names (kept here, or visited: every instance
-/// serves such a request, see [crate::keeper::Leases::serve]), or a new one (with `ttl`) when
+/// serves such a request, see [crate::recipes::leases::Leases::serve]), or a new one (with `ttl`) when
 /// it names none, whose record is written with the first thing it holds; the flag says whether
 /// it was made for this request (and should go if the request comes to nothing).
 pub async fn lease_for(

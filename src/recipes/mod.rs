@@ -13,6 +13,7 @@ pub mod idempotency;
 pub mod janitor;
 pub mod kv;
 pub mod kv_txn;
+pub mod leases;
 pub mod lock;
 pub mod lock_set;
 pub mod presence;

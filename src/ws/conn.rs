@@ -310,7 +310,7 @@ impl Conn {
         let lease = match attach {
             Some(existing) => self.state.leases.take_over(&self.caller, &existing, None, true).await,
             None => {
-                let new = crate::keeper::NewLease {
+                let new = crate::recipes::leases::NewLease {
                     lock_delay: std::time::Duration::ZERO,
                     ttl: Some(ttl.unwrap_or(SOCKET_LEASE_TTL)),
                     key: None,

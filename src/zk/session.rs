@@ -414,13 +414,13 @@ pub struct Lanes {
 
 /// A session with a thread of its own: what lets an instance vouch for the leases it keeps
 /// (its registration as a keeper, its heartbeat, the notices of takeovers; see
-/// [crate::keeper::keeping]) runs here, so that request traffic cannot delay it.
+/// [crate::recipes::leases::keeping]) runs here, so that request traffic cannot delay it.
 ///
 /// # Why apart
 /// Under load, or in a container throttled at its CPU limit, a heartbeat on the primary session
 /// waited twice: at ZooKeeper, which serves a session's requests in order, behind every read
 /// and write of that session; and in the process, behind every ready task of the request
-/// workers, which at saturation is most of a second per turn. Past [crate::keeper::FRESH]
+/// workers, which at saturation is most of a second per turn. Past [crate::recipes::leases::FRESH]
 /// (3 s) without an answered heartbeat an instance must stop vouching, and it did exactly when
 /// it was busiest (issue 41: 710 answers `cannot vouch` against 217 served, one instance at
 /// nice 19 beside three CPU hogs). Here the heartbeat is the session's only traffic, and the

@@ -388,7 +388,7 @@ async fn a_leader_that_dies_with_its_instance_is_followed_within_the_lease_bound
         .await
         .expect("a leader");
     let mut failovers = Vec::new();
-    let bound = CANDIDATE_TTL + zkgate::keeper::FRESH + Duration::from_secs(5);
+    let bound = CANDIDATE_TTL + zkgate::recipes::leases::FRESH + Duration::from_secs(5);
     for _ in 0..2 {
         processes[leader].kill().await;
         let last_ack = acked.lock().unwrap()[leader].expect("a keepalive was answered");

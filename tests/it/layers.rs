@@ -26,12 +26,13 @@ const LAYERS: &[(&str, u8)] = &[
     ("admission", 2),
     // ZooKeeper as such: sessions, watches, names, the embedded server.
     ("zk", 3),
+    // The limits on what a client holds and how fast it writes (the recipes refuse by them).
+    ("limits", 3),
     // The recipes: the only other place that talks to ZooKeeper.
     ("recipes", 4),
-    // What an instance keeps on top of the recipes.
-    ("keeper", 5),
+    // The instance registry, on top of the recipes (the leases this instance keeps are
+    // `recipes::leases`, beside the engine they keep).
     ("instances", 5),
-    ("limits", 5),
     // The event bus (it also follows leases), and the settings of `serve`.
     ("events", 6),
     ("config", 6),
@@ -58,7 +59,6 @@ const NO_ZOOKEEPER: &[&str] = &[
     "listen",
     "auth",
     "admission",
-    "keeper",
     "instances",
     "events",
     "limits",
@@ -491,11 +491,11 @@ fn use_trees_are_read_whole() {
         ["crate::a::b", "crate::a::c", "crate::d::e"]
     );
     let text =
-        "use crate::{\n    http::thing,\n    zk::{\n        Client,\n    },\n};\nfn f() { crate::keeper::x(); }\n";
+        "use crate::{\n    http::thing,\n    zk::{\n        Client,\n    },\n};\nfn f() { crate::instances::x(); }\n";
     let statements = statements(text);
     assert_eq!(statements.len(), 2, "{statements:?}");
     assert_eq!(named_modules(&statements[0].1), ["http", "zk"]);
-    assert_eq!(named_modules(&statements[1].1), ["keeper"]);
+    assert_eq!(named_modules(&statements[1].1), ["instances"]);
 }
 
 /// A file's module path under `src/`: `recipes/engine/lease.rs` is `recipes::engine::lease`,

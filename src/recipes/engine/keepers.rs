@@ -1,6 +1,6 @@
 //! The keeper nodes `<root>/keepers/<instance>`: each instance's sign of life (touched every
 //! second, its `mtime` ZooKeeper's clock) and the notices of leases taken over from it (see
-//! [super::record] for the layout, and [crate::keeper] for what they are for).
+//! [super::record] for the layout, and [crate::recipes::leases] for what they are for).
 
 use crate::zk::{Multi, retry_on_loss};
 use zookeeper_client::{Client, CreateMode, Error as ZkError, OneshotWatcher};

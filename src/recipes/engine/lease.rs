@@ -26,7 +26,7 @@
 //! leaves a live driver's holdings to it, and the keeper that ends the lease ends those too.
 //!
 //! How leases are made, kept alive, expired, handed over and looked up is the registry's
-//! business ([crate::keeper], a layer up); this module holds only what a recipe needs of one.
+//! business ([crate::recipes::leases], a layer up); this module holds only what a recipe needs of one.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};

@@ -17,7 +17,7 @@
 //! the same multi-op, which that instance watches; it learns of the takeover before the reply
 //! to any later write of its own (ZooKeeper sends a session its watch events in order with its
 //! replies), which is what lets it stop acknowledging keepalives for a lease the moment it
-//! cannot know it still keeps it (see [crate::keeper]).
+//! cannot know it still keeps it (see [crate::recipes::leases]).
 //!
 //! **An end is a write too.** The keeper ends a lease by writing the reason into the record
 //! (conditional on its version, so a keeper that lost the lease cannot end it), then its

@@ -193,7 +193,7 @@ impl<P: Protocol> Handles<P> {
     }
 
     /// Takes up the handle `id` at `name` of a lease from its holding record (named `record_name`):
-    /// adopted from another keeper (see [crate::keeper]), made by an instance gone, or made by
+    /// adopted from another keeper (see [crate::recipes::leases]), made by an instance gone, or made by
     /// another instance for a request retried here. Its task finds its znodes and goes on, or
     /// finds them gone (lost). The handle already here is kept.
     pub fn adopt(

@@ -196,7 +196,7 @@ fn left<P: Protocol>(handle: &Handle<P>, was_there: bool) -> Stop {
 }
 
 /// Cleans up on the sessions that follow, until it is done or the lease leaves this instance
-/// (the reaper finishes what an ended lease leaves behind, see [crate::keeper]).
+/// (the reaper finishes what an ended lease leaves behind, see [crate::recipes::leases]).
 async fn clean_up_later<P: Protocol>(handle: &Arc<Handle<P>>) -> Stop {
     let zk = &handle.lease.zk;
     loop {
