@@ -38,6 +38,7 @@ use utoipa_swagger_ui::{Config as SwaggerConfig, SwaggerUi};
 
 use crate::config::ServeConfig;
 use crate::events::Events;
+use crate::recipes::Recipes;
 use crate::recipes::holdings::Registries;
 use crate::recipes::leases::Leases;
 use crate::recipes::queue::service::Queues;
@@ -60,25 +61,16 @@ impl std::ops::Deref for AppState {
     }
 }
 
-/// What [AppState] holds.
+/// What [AppState] holds: the recipes and what they act with (reached through `Deref`:
+/// `state.leases`, `state.locks`), and what only the edges use.
 pub struct Shared {
     pub config: Arc<ServeConfig>,
-    /// All of the instance's sessions (the primary first); each lease lives on one.
-    pub lanes: zk::session::Lanes,
-    pub leases: Leases,
-    /// What leases hold, kind by kind (`state.locks` and the like reach them through `Deref`).
-    pub registries: Registries,
-    /// Each service's round-robin turn on this instance.
-    pub service_picker: recipes::service::Picker,
-    pub queues: Queues,
+    pub recipes: Recipes,
     pub events: Events,
-    /// The shared exists-watches that barrier, double-barrier and decision waiters wait on.
-    pub barrier_watches: ExistsWatches,
     /// Cancelled when the instance shuts down: sockets close with a close frame.
     pub shutdown: CancellationToken,
     /// The principals of `--auth-config`; `None` when auth is off.
     pub authority: Option<Arc<auth::Authority>>,
-    pub limits: Arc<limits::Limits>,
     /// The requests in service and their queue (`--max-in-service`, shedding by queueing delay).
     pub admission: Arc<admission::Admission>,
     /// This instance (its id prefixes the leases, handles and claims it issues) and the
@@ -87,10 +79,6 @@ pub struct Shared {
     pub instances: instances::Instances,
     /// The HTTP client that forwards requests to other instances.
     pub peers: reqwest::Client,
-    /// The quotas on what zkgate stores in ZooKeeper, in all and per principal.
-    pub quotas: recipes::usage::Quotas,
-    /// Every principal's idempotency keys (one store for every operation that takes one).
-    pub idempotency: recipes::idempotency::Keys,
     /// The bytes all sockets of the instance may have queued for their clients
     /// (`--ws-send-budget`, see [ws::outbox]).
     pub ws_budget: ws::outbox::Budget,
@@ -100,19 +88,14 @@ pub struct Shared {
 }
 
 impl std::ops::Deref for Shared {
-    type Target = Registries;
+    type Target = Recipes;
 
-    fn deref(&self) -> &Registries {
-        &self.registries
+    fn deref(&self) -> &Recipes {
+        &self.recipes
     }
 }
 
 impl Shared {
-    /// The primary ZooKeeper session: reads, queues, event topics, the instance's registration.
-    pub fn zk(&self) -> &ZkSession {
-        self.lanes.primary()
-    }
-
     /// Returns once the instance is ready (what `/readyz` says): registered, its heartbeat
     /// answered, and the leases of instances that are gone taken over or ended.
     pub async fn wait_ready(&self) {
@@ -173,24 +156,28 @@ impl AppState {
         let keys = idempotency.clone();
         recipes::janitor::start(zk.clone(), &config.root, &instance.id, janitor, keys, shutdown.clone());
         AppState(Arc::new(Shared {
+            recipes: Recipes {
+                root: config.root.clone(),
+                max_wait: config.max_wait,
+                lanes,
+                leases,
+                registries,
+                service_picker: Default::default(),
+                queues,
+                barrier_watches,
+                limits: Arc::new(limits::Limits::new(config_limits)),
+                quotas,
+                idempotency,
+            },
             config: Arc::new(config),
-            lanes,
-            leases,
-            registries,
-            service_picker: Default::default(),
-            queues,
             events,
-            barrier_watches,
             shutdown,
             authority: authority.map(Arc::new),
-            limits: Arc::new(limits::Limits::new(config_limits)),
             admission: Arc::new(admission::Admission::new(admission_settings)),
             instance,
             instances,
             peers,
             ws_budget,
-            quotas,
-            idempotency,
             reaped,
         }))
     }

@@ -119,7 +119,7 @@ pub async fn lower(
     ApiPath(name): ApiPath<String>,
 ) -> Result<StatusCode, ApiError> {
     check_name(&name)?;
-    let session = super::consistency::synced(&state).await?;
+    let session = state.synced().await?;
     let path = state.barriers.dir(&name);
     let root = &state.config.root;
     let owner = node::check_owner(
@@ -175,8 +175,8 @@ pub async fn wait(
 ) -> Result<Json<BarrierState>, ApiError> {
     check_name(&name)?;
     // The shared watch reads on the primary session, which the `sync` brings up to date.
-    super::consistency::reader(&state, consistency).await?;
-    let wait = state.config.wait(query.wait.map(|w| w.0));
+    state.reader(consistency).await?;
+    let wait = state.wait(query.wait.map(|w| w.0));
     let path = state.barriers.dir(&name);
     let down = barrier::wait_down(&state.barrier_watches, &path);
     crate::admission::park();

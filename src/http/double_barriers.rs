@@ -189,7 +189,7 @@ pub async fn enter(
     if body.size == 0 {
         return Err(ApiError::invalid(Place::Body, "size", "must be at least 1"));
     }
-    let deadline = Instant::now() + state.config.wait(query.wait.map(|w| w.0));
+    let deadline = Instant::now() + state.wait(query.wait.map(|w| w.0));
     // Everything from here on the lease's own session: the count of who is inside must include
     // our own node, which only the session that created it is sure to see at once.
     let (node, session) = participant(&state, &caller, &name, &body).await?;
@@ -228,10 +228,10 @@ pub async fn leave(
 ) -> Result<Response, ApiError> {
     check_name(&name)?;
     check_participant(&body.participant)?;
-    let deadline = Instant::now() + state.config.wait(query.wait.map(|w| w.0));
+    let deadline = Instant::now() + state.wait(query.wait.map(|w| w.0));
     // Whoever serves it, a participant leaves only by its lease's principal (or an admin).
     let nodes = &state.double_barriers;
-    let any = super::consistency::synced(&state).await?;
+    let any = state.synced().await?;
     let what = format!("participant `{}`", body.participant);
     let path = nodes.node(&name, &body.participant);
     node::check_owner(&any, &state.config.root, Kind::DoubleBarrier, &path, &caller, &what).await?;

@@ -223,7 +223,7 @@ pub async fn proclaim(
     ApiJson(body): ApiJson<Proclamation>,
 ) -> Result<Json<LeaderView>, ApiError> {
     super::check_stored_size(&state, "proclaimed value", json_len(&body.value))?;
-    let session = super::consistency::synced(&state).await?;
+    let session = state.synced().await?;
     // The leader's candidate node and when it began leading (known only to its keeper).
     let (candidate, since) = match find_handle(&state.elections, &session, &caller, &name, &body.handle).await? {
         Found::Here(contender) => {
@@ -318,7 +318,7 @@ pub async fn resign(
     caller: Caller,
     ApiPath((name, handle)): ApiPath<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
-    let session = super::consistency::synced(&state).await?;
+    let session = state.synced().await?;
     let found = find_handle(&state.elections, &session, &caller, &name, &handle).await?;
     contention::release(&state, &state.elections, found).await
 }

@@ -246,7 +246,7 @@ pub(super) async fn unbind(
         // Its lease moved to another instance meanwhile: the task stopped without deleting;
         // released through ZooKeeper below.
     }
-    let session = super::consistency::synced(state).await?;
+    let session = state.synced().await?;
     let (root, kind) = (&state.config.root, nodes.kind());
     let owner = node::check_owner(&session, root, kind, path, caller, &format!("`{id}` of `{name}`")).await?;
     if owner.is_none() {
@@ -274,9 +274,9 @@ pub async fn members(
     consistency: Consistency,
 ) -> Result<Json<GroupState>, ApiError> {
     names(&group, None)?;
-    let session = super::consistency::reader(&state, consistency).await?;
+    let session = state.reader(consistency).await?;
     if let Some(wait) = query.wait {
-        let wait = wait.0.min(state.config.max_wait);
+        let wait = wait.0.min(state.max_wait);
         let dir = state.groups.dir(&group);
         // Without `index`, the wait is for the next change after the watch's first look.
         let changed = group::wait_for_change(&session, &dir, query.index);

@@ -245,7 +245,7 @@ async fn hand_over(state: &AppState, keeper: &str, waits: bool, request: Request
     };
     // A long poll waits up to --max-wait there; anything else answers at once, or is taken over.
     let timeout = match waits {
-        true => state.config.max_wait + Duration::from_secs(10),
+        true => state.max_wait + Duration::from_secs(10),
         false => HANDOFF_TIMEOUT,
     };
     match relay(state, key, keeper, &url, &parts, body.clone(), timeout).await {

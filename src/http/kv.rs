@@ -193,10 +193,10 @@ pub async fn get_value(
         }
         None => None,
     };
-    let session = super::consistency::reader(&state, consistency).await?;
+    let session = state.reader(consistency).await?;
     let key_at = Key::new(&state.kv_keys, &key);
     if let (Some(version), Some(wait)) = (known, query.wait) {
-        let wait = wait.0.min(state.config.max_wait);
+        let wait = wait.0.min(state.max_wait);
         crate::admission::park();
         let _ = tokio::time::timeout(wait, kv::wait_change(&session, &key_at.path, version)).await;
     }
@@ -423,7 +423,7 @@ pub async fn list_keys(
             .map_err(|_| ApiError::invalid(Place::Query, "prefix", "must be a valid key (`a/b`)"))?;
         Kind::Kv.path(&state.config.root, &prefix)
     };
-    let session = super::consistency::reader(&state, consistency).await?;
+    let session = state.reader(consistency).await?;
     // Only the keys the caller may read (a principal limited to `app/` lists with `?prefix=app`).
     let keys = match kv::children(&session, &path).await? {
         Some(keys) => keys

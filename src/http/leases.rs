@@ -305,10 +305,10 @@ pub async fn get_lease(
     consistency: Consistency,
 ) -> Result<Json<LeaseView>, ApiError> {
     let lease = state.leases.find(&caller, &id).await?;
-    super::consistency::confirm(&state, &lease, consistency).await?;
+    state.confirm(&lease, consistency).await?;
     let mut view = LeaseView::of(&lease);
     // What other instances drive for it (acquires served where they arrived), from ZooKeeper.
-    let session = super::consistency::reader(&state, Consistency::Sequential).await?;
+    let session = state.reader(Consistency::Sequential).await?;
     let root = &state.config.root;
     view.holdings
         .extend(crate::recipes::holdings::driven_elsewhere(&session, root, &lease).await?);

@@ -137,7 +137,7 @@ pub async fn acquire_set(
     ApiJson(body): ApiJson<LockSetBody>,
 ) -> Result<Json<LockSetView>, ApiError> {
     let order = locks_in_order(&caller, &body.locks)?;
-    let deadline = Instant::now() + state.config.wait(params.wait.map(|w| w.0));
+    let deadline = Instant::now() + state.wait(params.wait.map(|w| w.0));
     let (lease, own_lease) = lease_for(&state, &caller, body.lease, body.ttl.map(|t| t.0)).await?;
     let mut taker = SetTaker {
         state: &state,
@@ -280,7 +280,7 @@ pub async fn get_set(
     ApiPath(id): ApiPath<String>,
     consistency: Consistency,
 ) -> Result<Json<LockSetState>, ApiError> {
-    let session = super::consistency::reader(&state, consistency).await?;
+    let session = state.reader(consistency).await?;
     let set = find_set(&state, &session, &caller, &id).await?;
     let mut locks: Vec<HandleView> = Vec::with_capacity(set.locks.len());
     for member in &set.locks {
@@ -310,7 +310,7 @@ pub async fn release_set(
     caller: Caller,
     ApiPath(id): ApiPath<String>,
 ) -> Result<StatusCode, ApiError> {
-    let session = super::consistency::synced(&state).await?;
+    let session = state.synced().await?;
     let set = find_set(&state, &session, &caller, &id).await?;
     let mut lost = None;
     for member in set.locks.iter().rev() {

@@ -137,7 +137,7 @@ pub async fn revocations(
     consistency: Consistency,
 ) -> Result<Json<Vec<Revocation>>, ApiError> {
     let limit = query.limit.unwrap_or(100).min(AUDIT_KEPT);
-    let session = super::consistency::reader(&state, consistency).await?;
+    let session = state.reader(consistency).await?;
     let mut records = read_audit(&session, &audit_dir(&state.config.root), limit).await?;
     records.retain(|r| {
         Kind::from_topic(&r.kind).is_some_and(|kind| caller.may(kind.auth(), &r.lock, crate::auth::Access::Read))

@@ -341,7 +341,7 @@ pub async fn readable(
     kind: Kind,
     consistency: Consistency,
 ) -> Result<Vec<(String, i32)>, ApiError> {
-    let session = consistency::reader(state, consistency).await?;
+    let session = state.reader(consistency).await?;
     let names = crate::recipes::read_names(&session, &kind.base(&state.config.root)).await?;
     Ok(names
         .into_iter()
@@ -418,7 +418,7 @@ pub async fn read<S: Source>(
     source: S,
     consistency: Consistency,
 ) -> Result<Json<S::State>, ApiError> {
-    let session = consistency::reader(state, consistency).await?;
+    let session = state.reader(consistency).await?;
     Ok(Json(source.read(&session).await?))
 }
 

@@ -211,10 +211,10 @@ pub async fn get_permit(
     ApiPath((name, handle)): ApiPath<(String, String)>,
     consistency: Consistency,
 ) -> Result<Json<PermitView>, ApiError> {
-    let session = super::consistency::reader(&state, consistency).await?;
+    let session = state.reader(consistency).await?;
     match contention::find_handle(&state.semaphores, &session, &caller, &name, &handle).await? {
         Found::Here(permit) => {
-            super::consistency::confirm(&state, &permit.lease, consistency).await?;
+            state.confirm(&permit.lease, consistency).await?;
             Ok(Json(permit_view(&permit)))
         }
         Found::There(recorded) => {

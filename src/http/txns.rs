@@ -185,13 +185,13 @@ pub async fn get_txn(
     consistency: Consistency,
 ) -> Result<Json<TxnState>, ApiError> {
     check_name(&id)?;
-    let session = super::consistency::reader(&state, consistency).await?;
+    let session = state.reader(consistency).await?;
     let dir = state.txn_members.dir(&id);
     let Some(record) = txn::read(&session, &dir).await? else {
         return Err(not_found(&id));
     };
     if let Some(wait) = query.wait.filter(|_| record.decision.is_none()) {
-        let until = crate::time::instant_after(wait.0.min(state.config.max_wait));
+        let until = crate::time::instant_after(wait.0.min(state.max_wait));
         crate::admission::park();
         txn::await_decision(&session, &state.barrier_watches, &dir, record.spec.deadline_ms, until).await?;
     }
@@ -280,7 +280,7 @@ async fn participant_of(
 ) -> Result<(Session, String, Record), ApiError> {
     check_name(id)?;
     validate_name(participant).map_err(|e| ApiError::invalid(Place::Path, "participant", e))?;
-    let session = super::consistency::synced(state).await?;
+    let session = state.synced().await?;
     let dir = state.txn_members.dir(id);
     // A participant registered with another principal's lease is not the caller's, whichever
     // instance it registered through: its node records the principal.

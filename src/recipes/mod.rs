@@ -3,6 +3,7 @@
 
 pub mod barrier;
 pub mod condition;
+pub mod consistency;
 pub mod counter;
 pub mod double_barrier;
 pub mod election;
@@ -33,6 +34,53 @@ use crate::zk::{Failure, Session};
 use zookeeper_client::{Client, CreateMode, Error as ZkError};
 
 use crate::zk::retry_on_loss;
+
+/// What every recipe's operation acts with: the instance's sessions, the leases it keeps, each
+/// kind's registry of what leases hold, and the bounds it serves under. Built once by the
+/// composition root (`AppState` holds it and derefs to it, as this derefs to the registries:
+/// `state.leases`, `state.locks`); an edge hands it to an operation whole.
+pub struct Recipes {
+    /// zkgate's root znode (`--root`).
+    pub root: String,
+    /// The longest a blocking operation waits (`--max-wait`).
+    pub max_wait: std::time::Duration,
+    /// All of the instance's sessions (the primary first); each lease lives on one.
+    pub lanes: crate::zk::session::Lanes,
+    pub leases: leases::Leases,
+    /// What leases hold, kind by kind.
+    pub registries: holdings::Registries,
+    /// Each service's round-robin turn on this instance.
+    pub service_picker: service::Picker,
+    pub queues: queue::service::Queues,
+    /// The shared exists-watches that barrier, double-barrier and decision waiters wait on.
+    pub barrier_watches: crate::zk::watch::ExistsWatches,
+    pub limits: std::sync::Arc<crate::limits::Limits>,
+    /// The quotas on what zkgate stores in ZooKeeper, in all and per principal.
+    pub quotas: usage::Quotas,
+    /// Every principal's idempotency keys (one store for every operation that takes one).
+    pub idempotency: idempotency::Keys,
+}
+
+impl std::ops::Deref for Recipes {
+    type Target = holdings::Registries;
+
+    fn deref(&self) -> &holdings::Registries {
+        &self.registries
+    }
+}
+
+impl Recipes {
+    /// The primary ZooKeeper session: reads, queues, event topics, the instance's registration.
+    pub fn zk(&self) -> &crate::zk::session::ZkSession {
+        self.lanes.primary()
+    }
+
+    /// How long a blocking operation waits: what it asked for, capped at [Recipes::max_wait];
+    /// that when it did not ask.
+    pub fn wait(&self, asked: Option<std::time::Duration>) -> std::time::Duration {
+        asked.unwrap_or(self.max_wait).min(self.max_wait)
+    }
+}
 
 /// Why the setting recorded in a resource's znode could not be agreed on.
 #[derive(Debug)]

@@ -38,7 +38,7 @@ pub async fn check_fencing(
             ),
         )
     })?;
-    let session = crate::http::consistency::reader(state, consistency).await?;
+    let session = state.reader(consistency).await?;
     match crate::recipes::engine::view::check_fencing(&session, &dir, holding, token).await? {
         Fencing::Holds => Ok(Json(FencingCheck {
             name: name.to_string(),

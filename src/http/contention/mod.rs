@@ -174,7 +174,7 @@ where
 {
     let name = request.name;
     check_name(name)?;
-    let wait = state.config.wait(request.wait);
+    let wait = state.wait(request.wait);
     let caller = request.caller;
     let (lease, own_lease) = lease_for(state, caller, request.lease, request.ttl).await?;
     let handle = open_within_limits(state, handles, caller, &lease, own_lease, name, &open).await?;
@@ -276,7 +276,9 @@ where
     if matches!(handle.state().phase, Phase::Pending) && handle.may_create() {
         return Ok(handle);
     }
-    let session = super::consistency::reader(state, super::consistency::Consistency::Linearizable).await?;
+    let session = state
+        .reader(crate::recipes::consistency::Consistency::Linearizable)
+        .await?;
     if still_recorded(handles, &session, &handle).await? {
         return Ok(handle);
     }
@@ -312,7 +314,9 @@ where
     }
     // After a `sync`: the refusal was decided on the lease's session; a read on another that
     // lags would find the holding before it (released meanwhile), not the one that refused.
-    let session = super::consistency::reader(state, super::consistency::Consistency::Linearizable).await?;
+    let session = state
+        .reader(crate::recipes::consistency::Consistency::Linearizable)
+        .await?;
     let Some((record_name, held)) = recorded::held_at(&session, lease, handles.kind(), &handle.name).await? else {
         // Released meanwhile: this handle's refusal stands; the client tries again.
         return Ok(handle);

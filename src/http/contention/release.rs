@@ -23,10 +23,12 @@ pub async fn release_by_id<P: Protocol>(
     // a handle acquired through another instance a moment ago may not have reached this
     // server yet. One found is deleted by a multi-op, which ZooKeeper orders after whatever
     // came before it, so it needs no sync.
-    let unsynced = crate::http::consistency::reader(state, crate::http::consistency::Consistency::Sequential).await?;
+    let unsynced = state
+        .reader(crate::recipes::consistency::Consistency::Sequential)
+        .await?;
     let found = match find_handle(handles, &unsynced, caller, name, handle).await {
         Err(error) if error.status() == StatusCode::NOT_FOUND => {
-            let session = crate::http::consistency::synced(state).await?;
+            let session = state.synced().await?;
             find_handle(handles, &session, caller, name, handle).await?
         }
         found => found?,
@@ -62,7 +64,7 @@ pub async fn release<P: Protocol>(
     let handle = match found {
         Found::Here(handle) => handle,
         Found::There(recorded) => {
-            let session = crate::http::consistency::synced(state).await?;
+            let session = state.synced().await?;
             recorded::release_recorded(&session, &state.config.root, &recorded).await?;
             return Ok(StatusCode::NO_CONTENT);
         }
@@ -81,7 +83,7 @@ pub async fn release<P: Protocol>(
         // without deleting (it no longer acts for the lease). Released through ZooKeeper, as
         // any instance that does not keep the lease does.
         Phase::Moved => {
-            let session = crate::http::consistency::synced(state).await?;
+            let session = state.synced().await?;
             if let Some(recorded) = lookup(&session, handles, &handle.name, &handle.id).await? {
                 recorded::release_recorded(&session, &state.config.root, &recorded).await?;
             }

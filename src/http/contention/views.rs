@@ -160,16 +160,14 @@ pub async fn get_handle(
     query: HandleQuery,
     consistency: crate::http::consistency::Consistency,
 ) -> Result<HandleView, ApiError> {
-    let session = crate::http::consistency::reader(state, consistency).await?;
+    let session = state.reader(consistency).await?;
     match find_handle(handles, &session, caller, name, handle).await? {
         Found::Here(contender) => {
             wait_for_news(state, &contender, query.wait).await;
             // A handle whose lease ended here says so itself; one whose lease is still kept
             // here is confirmed kept (not taken over meanwhile), else read from ZooKeeper.
-            let confirmed = contender.lease.ended().is_cancelled()
-                || crate::http::consistency::confirm(state, &contender.lease, consistency)
-                    .await
-                    .is_ok();
+            let confirmed =
+                contender.lease.ended().is_cancelled() || state.confirm(&contender.lease, consistency).await.is_ok();
             if confirmed {
                 return Ok(HandleView::here(state, &contender).await);
             }
@@ -223,7 +221,7 @@ pub async fn wait_for_news<P: Protocol>(state: &AppState, handle: &Handle<P>, wa
         s.revocation.is_some() || s.phase.is_final() || (!was_held && matches!(s.phase, Phase::Held { .. }))
     });
     crate::admission::park();
-    let _ = tokio::time::timeout(wait.0.min(state.config.max_wait), news).await;
+    let _ = tokio::time::timeout(wait.0.min(state.max_wait), news).await;
 }
 
 /// Waits for what [HandleQuery::wait] describes, on a handle as ZooKeeper has it: watching the
@@ -238,7 +236,7 @@ pub async fn await_news_there<P: Protocol>(
 ) -> Result<Recorded, ApiError> {
     let Some(wait) = wait else { return Ok(recorded) };
     crate::admission::park();
-    let until = tokio::time::Instant::now() + wait.0.min(state.config.max_wait);
+    let until = tokio::time::Instant::now() + wait.0.min(state.max_wait);
     let was_held = recorded.holds();
     let mut current = recorded;
     loop {

@@ -83,7 +83,7 @@ async fn listed(
     let paging = Paging::parse(uri.path(), uri.query().unwrap_or_default(), 100, MAX_LISTED)?;
     let paths = state.queues.paths(name);
     let dir = if dead { paths.dead } else { paths.items };
-    let session = crate::http::consistency::reader(state, consistency).await?;
+    let session = state.reader(consistency).await?;
     let page = paging.page(queue::names(&session, &dir).await?, |(place, _)| place.clone());
     let names = page.entries.into_iter().map(|(_, name)| name).collect();
     let mut items: Vec<Waiting> = Vec::new();

@@ -121,7 +121,7 @@ pub async fn take(
         n => n,
     };
     state.zk().current()?;
-    let wait = state.config.wait(query.wait.map(|w| w.0));
+    let wait = state.wait(query.wait.map(|w| w.0));
     let options = TakeOptions {
         ack_deadline,
         max_deliveries: state.config.queue_max_deliveries,
