@@ -11,7 +11,6 @@ use utoipa_axum::routes;
 use super::consistency::Consistency;
 use super::error::{ApiError, Problem, Problems, p};
 use super::extract::{ApiJson, ApiPath, ApiQuery};
-use super::leases::{held, lease_for};
 use super::{Followed, Resource, check_name, state_handler};
 use crate::AppState;
 use crate::auth::Caller;
@@ -95,11 +94,14 @@ pub async fn raise(
         let session = state.zk().connected().await?;
         (barrier::raise(&session, &path).await?, session)
     } else {
-        let (lease, _) = lease_for(&state, &caller, body.lease, body.ttl.map(|t| t.0)).await?;
+        let (lease, _) = state
+            .leases
+            .for_request(&caller, body.lease, body.ttl.map(|t| t.0))
+            .await?;
         let session = lease.session().await?;
         let data = node::owner_record(&lease);
         let hold = state.barriers.hold(&lease, &name, &name, path, data, None).await;
-        (held(&state, &lease, hold)?.is_some(), session)
+        (state.leases.held(&lease, hold)?.is_some(), session)
     };
     let status = if created { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, Json(source(&state, &name).read(&session).await?)).into_response())

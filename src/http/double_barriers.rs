@@ -12,7 +12,7 @@ use utoipa_axum::routes;
 
 use super::error::{ApiError, Place, Problem, Problems, p};
 use super::extract::{ApiJson, ApiPath, ApiQuery};
-use super::leases::{LeaseView, held, lease_for};
+use super::leases::LeaseView;
 use super::{Followed, Resource, check_name, state_handler};
 use crate::AppState;
 use crate::auth::Caller;
@@ -151,7 +151,10 @@ async fn participant(
         }
         Some(_) => Err(taken(name, &body.participant)),
         None => {
-            let (lease, _) = lease_for(state, caller, body.lease.clone(), body.ttl.map(|t| t.0)).await?;
+            let (lease, _) = state
+                .leases
+                .for_request(caller, body.lease.clone(), body.ttl.map(|t| t.0))
+                .await?;
             let session = lease.session().await?;
             agree_on_size(&session, &dir, name, body.size).await?;
             let path = state.double_barriers.node(name, &body.participant);
@@ -160,7 +163,10 @@ async fn participant(
                 .double_barriers
                 .hold(&lease, name, &body.participant, path, data, None)
                 .await;
-            let node = held(state, &lease, hold)?.ok_or_else(|| taken(name, &body.participant))?;
+            let node = state
+                .leases
+                .held(&lease, hold)?
+                .ok_or_else(|| taken(name, &body.participant))?;
             Ok((node, session))
         }
     }

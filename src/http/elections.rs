@@ -12,7 +12,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::consistency::Consistency;
-use super::contention::{self, Found, HandleQuery, Request, find_handle, held_since, open_contender};
+use super::contention::{self, HandleQuery, held_since};
 use super::error::{ApiError, Problem, Problems, p};
 use super::extract::{ApiJson, ApiPath, ApiQuery};
 use super::leases::LeaseView;
@@ -21,9 +21,8 @@ use crate::AppState;
 use crate::auth::Caller;
 use crate::events::Feed;
 use crate::kind::Kind;
+use crate::recipes::contention::{self as recipe, Found, Lease, Phase};
 use crate::recipes::election::{self, ElectionState, LeaderView, Leadership};
-use crate::recipes::engine::handle::Phase;
-use crate::recipes::engine::lease::Lease;
 use crate::recipes::usage::Payer;
 use crate::time::{HumanDuration, timestamp};
 use crate::zk::Failure;
@@ -170,7 +169,7 @@ pub async fn campaign(
     if let Some(value) = &body.value {
         super::check_stored_size(&state, "candidate's value", json_len(value))?;
     }
-    let request = Request {
+    let request = recipe::Request {
         caller: &caller,
         name: &name,
         wait: params.wait.map(|w| w.0),
@@ -179,9 +178,10 @@ pub async fn campaign(
         ttl: body.ttl.map(|t| t.0),
     };
     let (registry, value) = (&state.elections, body.value);
-    let open =
-        async |lease: Arc<Lease>| open_contender(&state, registry, &lease, &name, election::CANDIDATE, value.clone());
-    let outcome = contention::contend(&state, registry, request, open).await?;
+    let open = async |lease: Arc<Lease>| {
+        recipe::open_contender(&state, registry, &lease, &name, election::CANDIDATE, value.clone())
+    };
+    let outcome = recipe::contend(&state, registry, request, open).await?;
     let current = outcome.handle.state();
     let candidacy = Candidacy {
         election: name,
@@ -196,7 +196,7 @@ pub async fn campaign(
         since: held_since(&current.phase),
         lease: LeaseView::of(&outcome.lease),
     };
-    Ok((outcome.status(), Json(candidacy)).into_response())
+    Ok((contention::status(&outcome), Json(candidacy)).into_response())
 }
 
 state_handler!(
@@ -225,7 +225,8 @@ pub async fn proclaim(
     super::check_stored_size(&state, "proclaimed value", json_len(&body.value))?;
     let session = state.synced().await?;
     // The leader's candidate node and when it began leading (known only to its keeper).
-    let (candidate, since) = match find_handle(&state.elections, &session, &caller, &name, &body.handle).await? {
+    let (candidate, since) = match recipe::find_handle(&state.elections, &session, &caller, &name, &body.handle).await?
+    {
         Found::Here(contender) => {
             let current = contender.state();
             let (Phase::Held { since }, Some(node)) = (&current.phase, &current.node) else {
@@ -319,8 +320,9 @@ pub async fn resign(
     ApiPath((name, handle)): ApiPath<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
     let session = state.synced().await?;
-    let found = find_handle(&state.elections, &session, &caller, &name, &handle).await?;
-    contention::release(&state, &state.elections, found).await
+    let found = recipe::find_handle(&state.elections, &session, &caller, &name, &handle).await?;
+    recipe::release(&state, &state.elections, found).await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 contention::fencing_handler!(

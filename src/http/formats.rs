@@ -12,9 +12,9 @@ use utoipa::openapi::path::{Parameter, ParameterIn};
 use utoipa::openapi::schema::{Object, Schema, SchemaType, Type};
 use utoipa::openapi::{OpenApi, RefOr};
 
-use super::contention::MAX_GRACE;
 use super::queues::MAX_ACK_DEADLINE;
 use super::txns::MAX_DEADLINE as MAX_TXN_DEADLINE;
+use crate::recipes::contention::MAX_GRACE;
 use crate::zk::names::MAX_NAME_BYTES;
 
 /// One segment: the characters a name may have (ZooKeeper's path rules, `zk::names`): no `/`,

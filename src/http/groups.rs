@@ -10,15 +10,15 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::consistency::Consistency;
-use super::contention::{RELEASE_LIMIT, release_not_done};
 use super::error::{ApiError, Place, Problem, Problems, p};
 use super::extract::{ApiJson, ApiPath, ApiQuery};
-use super::leases::{LeaseView, held, lease_for};
+use super::leases::LeaseView;
 use super::{Followed, Resource, check_name, readable};
 use crate::AppState;
 use crate::auth::Caller;
 use crate::events::Feed;
 use crate::kind::Kind;
+use crate::recipes::contention::{RELEASE_LIMIT, release_not_done};
 use crate::recipes::engine::handle::Phase;
 use crate::recipes::engine::node::{self, HoldError, NodeHolding};
 use crate::recipes::group::{self, GroupState, GroupTopic};
@@ -139,7 +139,10 @@ pub async fn join(
         }
         return Err(taken(&group, &member));
     }
-    let (lease, _) = lease_for(&state, &caller, body.lease, body.ttl.map(|t| t.0)).await?;
+    let (lease, _) = state
+        .leases
+        .for_request(&caller, body.lease, body.ttl.map(|t| t.0))
+        .await?;
     // The member's data is charged to the caller, on the member's session.
     let member_taken = || taken(&group, &member);
     let node = bind_charged(
@@ -178,7 +181,7 @@ pub(super) async fn bind_charged(
         Err(HoldError::ZooKeeper(Failure::QuotaFull)) => Err(ApiError::from(
             state.quotas.exceeded(&session, caller.name(), bytes).await,
         )),
-        hold => held(state, lease, hold)?.ok_or_else(taken),
+        hold => state.leases.held(lease, hold)?.ok_or_else(taken),
     }
 }
 

@@ -297,7 +297,7 @@ pub async fn put_value(
     )
     .await;
     let (mzxid, created) = match (written, &lease) {
-        (Err(WriteError::LeaseEnded), Some(lease)) => return Err(super::leases::lease_gone(&state, lease)),
+        (Err(WriteError::LeaseEnded), Some(lease)) => return Err(state.leases.gone(lease)),
         (written, _) => written.map_err(|e| write_error(&key, e))?,
     };
     let tag = etag(mzxid);

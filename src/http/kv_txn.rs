@@ -417,7 +417,7 @@ fn txn_error(state: &AppState, leases: &HashMap<String, Arc<Lease>>, err: TxnErr
         ),
         TxnError::Key(err) => err.into(),
         TxnError::LeaseEnded(id) => match leases.get(&id) {
-            Some(lease) => super::leases::lease_gone(state, lease),
+            Some(lease) => state.leases.gone(lease),
             None => ApiError::new(Problem::LeaseEnded, format!("lease `{id}` ended")),
         },
         TxnError::Contended => crate::limits::refusal(

@@ -7,7 +7,6 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use utoipa_axum::router::OpenApiRouter;
@@ -20,8 +19,7 @@ use super::idempotency::Idempotent;
 use crate::AppState;
 use crate::auth::Caller;
 use crate::kind::Kind;
-use crate::recipes::engine::lease::{EndReason, HoldingView, Lease, LeaseError};
-use crate::recipes::engine::node::HoldError;
+use crate::recipes::engine::lease::{EndReason, HoldingView, Lease};
 use crate::recipes::idempotency::Keyed;
 use crate::recipes::leases::{Created, NewLease};
 use crate::time::{HumanDuration, millis_since, timestamp};
@@ -32,80 +30,6 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(create_lease, list_leases))
         .routes(routes!(get_lease, delete_lease))
         .routes(routes!(keepalive))
-}
-
-/// The lease a request that makes a holding names (kept here, or visited: every instance
-/// serves such a request, see [crate::recipes::leases::Leases::serve]), or a new one (with `ttl`) when
-/// it names none, whose record is written with the first thing it holds; the flag says whether
-/// it was made for this request (and should go if the request comes to nothing).
-pub async fn lease_for(
-    state: &AppState,
-    caller: &Caller,
-    lease: Option<String>,
-    ttl: Option<Duration>,
-) -> Result<(Arc<Lease>, bool), ApiError> {
-    match (lease, ttl) {
-        (Some(_), Some(_)) => Err(ApiError::invalid(
-            Place::Body,
-            "ttl",
-            "only applies when no `lease` is given",
-        )),
-        (Some(id), None) => Ok((state.leases.serve(caller, &id).await?, false)),
-        (None, ttl) => {
-            if ttl.is_some_and(|t| t.is_zero()) {
-                return Err(ApiError::invalid(Place::Body, "ttl", "must be above zero"));
-            }
-            let new = NewLease {
-                ttl,
-                lock_delay: Duration::ZERO,
-                key: None,
-                with_first_holding: true,
-            };
-            Ok((state.leases.create(caller, new).await?, true))
-        }
-    }
-}
-
-/// The error for a request whose lease ended (or left this instance) while it was served.
-pub fn lease_gone(state: &AppState, lease: &Lease) -> ApiError {
-    lease_error(state, lease)
-        .unwrap_or_else(|| ApiError::new(Problem::LockNotAcquired, "the request was released while it waited"))
-}
-
-/// What a node's `hold` for `lease` came to: the node, or `None` if another lease or client has
-/// one there; 410 if the lease ended meanwhile.
-pub fn held<T>(state: &AppState, lease: &Lease, hold: Result<T, HoldError>) -> Result<Option<T>, ApiError> {
-    match hold {
-        Ok(node) => Ok(Some(node)),
-        Err(HoldError::Taken) => Ok(None),
-        Err(HoldError::LeaseEnded) => Err(lease_gone(state, lease)),
-        Err(HoldError::ZooKeeper(err)) => Err(err.into()),
-    }
-}
-
-/// Why `lease`, used by a request here, is no longer usable here, if it is not: moved to
-/// another instance (dropped here: this instance no longer knows it, which is not "unknown"),
-/// or ended.
-pub fn lease_error(state: &AppState, lease: &Lease) -> Option<ApiError> {
-    if let Some(reason) = lease.end_reason().filter(|_| lease.is_visiting()) {
-        let id = lease.id.clone();
-        return Some(LeaseError::Ended { id, reason }.into());
-    }
-    if lease.dropped().is_cancelled() {
-        return Some(moved(&lease.id));
-    }
-    if lease.is_visiting() {
-        return None;
-    }
-    state.leases.peek(&lease.id).err().map(ApiError::from)
-}
-
-/// The error for a request whose lease another instance took over while it was served.
-pub fn moved(id: &str) -> ApiError {
-    ApiError::new(
-        Problem::InstanceUnavailable,
-        format!("lease `{id}` moved to another instance while this request was served; try again"),
-    )
 }
 
 /// Body of `POST /v1/leases` (optional).

@@ -19,15 +19,15 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::consistency::Consistency;
-use super::contention::{self, HandleView, Request, find_handle, held_since};
+use super::contention::{self, HandleView, held_since};
 use super::error::{ApiError, Place, Problem, Problems, p};
 use super::extract::{ApiJson, ApiPath, ApiQuery};
-use super::leases::{LeaseView, held, lease_for};
+use super::leases::LeaseView;
 use crate::AppState;
 use crate::auth::{Access, Caller};
 use crate::kind::Kind;
-use crate::recipes::engine::contender::Contender;
-use crate::recipes::engine::lease::{EndReason, Lease};
+use crate::recipes::contention::{self as recipe, Contender, Lease};
+use crate::recipes::engine::lease::EndReason;
 use crate::recipes::lock_set::{self, SetRecord, canonical_order};
 use crate::time::HumanDuration;
 use crate::zk::Session;
@@ -105,7 +105,7 @@ pub struct LockSetState {
     pub locks: Vec<HandleView>,
 }
 
-fn set_lock(handle: &crate::recipes::engine::contender::Contender) -> SetLock {
+fn set_lock(handle: &Contender) -> SetLock {
     let current = handle.state();
     SetLock {
         lock: handle.name.clone(),
@@ -138,7 +138,10 @@ pub async fn acquire_set(
 ) -> Result<Json<LockSetView>, ApiError> {
     let order = locks_in_order(&caller, &body.locks)?;
     let deadline = Instant::now() + state.wait(params.wait.map(|w| w.0));
-    let (lease, own_lease) = lease_for(&state, &caller, body.lease, body.ttl.map(|t| t.0)).await?;
+    let (lease, own_lease) = state
+        .leases
+        .for_request(&caller, body.lease, body.ttl.map(|t| t.0))
+        .await?;
     let mut taker = SetTaker {
         state: &state,
         caller: &caller,
@@ -177,7 +180,7 @@ impl lock_set::Taker for SetTaker<'_> {
     async fn take(&mut self, name: &str) -> Result<Self::Taken, ApiError> {
         let (state, lease) = (self.state, self.lease);
         let held_before = state.locks.holds(lease, name);
-        let request = Request {
+        let request = recipe::Request {
             caller: self.caller,
             name,
             wait: Some(self.deadline.saturating_duration_since(Instant::now())),
@@ -186,9 +189,9 @@ impl lock_set::Taker for SetTaker<'_> {
             ttl: None,
         };
         let open = async |lease: Arc<Lease>| {
-            contention::open_contender(state, &state.locks, &lease, name, crate::recipes::lock::EXCLUSIVE, None)
+            recipe::open_contender(state, &state.locks, &lease, name, crate::recipes::lock::EXCLUSIVE, None)
         };
-        let granted = contention::contend(state, &state.locks, request, open).await?;
+        let granted = recipe::contend(state, &state.locks, request, open).await?;
         Ok((granted.handle, held_before))
     }
 
@@ -212,7 +215,7 @@ impl lock_set::Taker for SetTaker<'_> {
         let hold = state
             .lock_sets
             .hold_as(lease, (&id, &id), path, record.to_bytes(), None, true);
-        match held(state, lease, hold.await)? {
+        match state.leases.held(lease, hold.await)? {
             Some(_) => Ok(id),
             None => Err(ApiError::new(Problem::Internal, "a lock set's id was taken")),
         }
@@ -314,9 +317,9 @@ pub async fn release_set(
     let set = find_set(&state, &session, &caller, &id).await?;
     let mut lost = None;
     for member in set.locks.iter().rev() {
-        let found = find_handle(&state.locks, &session, &caller, &member.lock, &member.handle).await;
+        let found = recipe::find_handle(&state.locks, &session, &caller, &member.lock, &member.handle).await;
         let released = match found {
-            Ok(found) => contention::release(&state, &state.locks, found).await,
+            Ok(found) => recipe::release(&state, &state.locks, found).await,
             Err(err) => Err(err),
         };
         if let Err(err) = released {

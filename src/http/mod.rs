@@ -294,10 +294,7 @@ pub(super) fn key_problem(key: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// A resource name from the path: 400 `invalid-field` naming `name` if it is not a valid one.
-pub fn check_name(name: &str) -> Result<(), ApiError> {
-    validate_name(name).map_err(|e| ApiError::invalid(Place::Path, "name", e))
-}
+pub use crate::recipes::check_name;
 
 /// Declares a kind's `GET /v1/<kind>/{name}`: the resource's state, as its topic carries it,
 /// read with the module's `source(state, name)`. One shape for every kind, so it is written

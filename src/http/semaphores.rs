@@ -13,19 +13,17 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::consistency::Consistency;
-use super::contention::{self, AcquireBody, Found, Request, held_since};
+use super::contention::{self, AcquireBody, held_since};
 use super::error::{ApiError, Place, Problem, Problems, p};
 use super::extract::{ApiJson, ApiPath, ApiQuery};
-use super::leases::{LeaseView, lease_gone};
+use super::leases::LeaseView;
 use super::{Followed, Resource, check_name, state_handler};
 use crate::AppState;
 use crate::auth::Caller;
 use crate::events::Feed;
 use crate::kind::Kind;
 use crate::recipes::SettingError;
-use crate::recipes::engine::handle::Phase;
-use crate::recipes::engine::lease::Lease;
-use crate::recipes::recorded::Recorded;
+use crate::recipes::contention::{self as recipe, Found, Lease, Phase, Recorded};
 use crate::recipes::semaphore::{Permit, SemaphoreState, SemaphoreTopic, agree_on_permits};
 use crate::time::HumanDuration;
 
@@ -159,7 +157,7 @@ pub async fn acquire(
         return Err(ApiError::invalid(Place::Query, "permits", detail));
     }
     let body = body.unwrap_or_default();
-    let request = Request {
+    let request = recipe::Request {
         caller: &caller,
         name: &name,
         wait: params.wait.map(|w| w.0),
@@ -183,10 +181,10 @@ pub async fn acquire(
         state
             .semaphores
             .request(&lease, &name, permits)
-            .ok_or_else(|| lease_gone(&state, &lease))
+            .ok_or_else(|| state.leases.gone(&lease))
     };
-    let outcome = contention::contend(&state, &state.semaphores, request, open).await?;
-    Ok((outcome.status(), Json(permit_view(&outcome.handle))).into_response())
+    let outcome = recipe::contend(&state, &state.semaphores, request, open).await?;
+    Ok((contention::status(&outcome), Json(permit_view(&outcome.handle))).into_response())
 }
 
 state_handler!(
@@ -212,7 +210,7 @@ pub async fn get_permit(
     consistency: Consistency,
 ) -> Result<Json<PermitView>, ApiError> {
     let session = state.reader(consistency).await?;
-    match contention::find_handle(&state.semaphores, &session, &caller, &name, &handle).await? {
+    match recipe::find_handle(&state.semaphores, &session, &caller, &name, &handle).await? {
         Found::Here(permit) => {
             state.confirm(&permit.lease, consistency).await?;
             Ok(Json(permit_view(&permit)))

@@ -14,7 +14,7 @@ use utoipa_axum::routes;
 use super::consistency::Consistency;
 use super::error::{ApiError, Place, Problem, Problems, p};
 use super::extract::{ApiJson, ApiPath, ApiQuery};
-use super::leases::{LeaseView, lease_for};
+use super::leases::LeaseView;
 use super::{Followed, Resource, check_name};
 use crate::AppState;
 use crate::auth::Caller;
@@ -166,7 +166,10 @@ pub async fn register(
         }
         return Err(taken(&service, &id));
     }
-    let (lease, _) = lease_for(&state, &caller, body.lease, body.ttl.map(|t| t.0)).await?;
+    let (lease, _) = state
+        .leases
+        .for_request(&caller, body.lease, body.ttl.map(|t| t.0))
+        .await?;
     let instance = CuratorInstance {
         name: service.clone(),
         id: id.clone(),

@@ -15,7 +15,6 @@ use utoipa_axum::routes;
 use super::consistency::Consistency;
 use super::error::{ApiError, Place, Problem, Problems, p};
 use super::extract::{ApiJson, ApiPath, ApiQuery};
-use super::leases::{held, lease_for};
 use super::{Followed, Resource, check_name};
 use crate::AppState;
 use crate::auth::Caller;
@@ -215,14 +214,17 @@ pub async fn register(
 ) -> Result<Response, ApiError> {
     let (_, dir, _) = participant_of(&state, &caller, &id, &participant).await?;
     let body = body.unwrap_or_default();
-    let (lease, _) = lease_for(&state, &caller, body.lease, body.ttl.map(|t| t.0)).await?;
+    let (lease, _) = state
+        .leases
+        .for_request(&caller, body.lease, body.ttl.map(|t| t.0))
+        .await?;
     // The member node lives on the lease's session, and is read back on it (which sees it).
     let session = lease.session().await?;
     let path = txn::member_path(&dir, &participant);
     let hold = state
         .txn_members
         .hold(&lease, &id, &participant, path, node::owner_record(&lease), None);
-    if held(&state, &lease, hold.await)?.is_none() {
+    if state.leases.held(&lease, hold.await)?.is_none() {
         let detail = format!("`{participant}` is registered by another");
         return Err(ApiError::new(Problem::MemberTaken, detail));
     }

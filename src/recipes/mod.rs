@@ -4,6 +4,7 @@
 pub mod barrier;
 pub mod condition;
 pub mod consistency;
+pub mod contention;
 pub mod counter;
 pub mod double_barrier;
 pub mod election;
@@ -80,6 +81,13 @@ impl Recipes {
     pub fn wait(&self, asked: Option<std::time::Duration>) -> std::time::Duration {
         asked.unwrap_or(self.max_wait).min(self.max_wait)
     }
+}
+
+/// A resource name from a request's path: 400 `invalid-field` naming `name` if it is not a
+/// valid one (ZooKeeper's path rules, [crate::zk::names]); ZooKeeper is not touched.
+pub fn check_name(name: &str) -> Result<(), crate::problem::ApiError> {
+    crate::zk::names::validate_name(name)
+        .map_err(|e| crate::problem::ApiError::invalid(crate::problem::Place::Path, "name", e))
 }
 
 /// Why the setting recorded in a resource's znode could not be agreed on.

@@ -44,6 +44,11 @@ pub enum Watched {
 }
 
 impl Recorded {
+    /// The revocation asked of it, as its node records.
+    pub fn revocation(&self) -> Option<super::engine::revocation::Revocation> {
+        super::engine::revocation::record_in(&self.data)
+    }
+
     /// Whose it is, as its node records.
     pub fn owner(&self) -> Option<super::engine::node::Owner> {
         super::engine::node::Owner::in_data(&self.data)

@@ -36,10 +36,12 @@
 //! written, the tombstone) in [ending], vouching in [keeping], takeovers in [takeover], the
 //! leases of instances gone in [reaper].
 
+mod answers;
 mod ending;
 pub mod keeping;
 pub mod reaper;
 pub mod takeover;
+pub use answers::moved;
 mod visiting;
 
 use std::collections::HashMap;

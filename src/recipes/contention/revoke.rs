@@ -1,33 +1,26 @@
-//! Revocation: a holder asked to give up, with a grace period and an audit record.
+//! Revocation: the holders of a lock asked to give it up, with a grace period and an audit
+//! record (Curator's revocable locks).
 
 use super::*;
+use crate::problem::Place;
+use crate::recipes::engine::revocation;
 use crate::recipes::engine::revoke::{Request, RevokeError, revoke as revoke_holders};
+use crate::time::at_most;
 
-/// Body of a revocation request.
-#[derive(Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct RevokeBody {
+/// What a revocation asks, as its request says it.
+pub struct Ask {
     /// Who asks (recorded).
-    #[schema(example = "ops@example.com", max_length = 500)]
     pub by: String,
     /// Why (recorded, shown to the holder).
-    #[schema(example = "deploy in progress", max_length = 500)]
     pub reason: String,
-    /// After this long (at most 24h) zkgate deletes the holder's node itself (the holder
-    /// loses the lock). Without it, the holder releases when it is ready.
-    pub grace: Option<HumanDuration>,
-    /// Revoke only this contender node (default: every current holder).
+    /// After this long (at most [MAX_GRACE]) zkgate deletes the holder's node itself.
+    pub grace: Option<Duration>,
+    /// Only this contender node (default: every current holder).
     pub node: Option<String>,
 }
 
-/// The revocations made.
-#[derive(Serialize, utoipa::ToSchema)]
-pub struct Revoked {
-    pub revocations: Vec<Revocation>,
-}
-
 /// Longest grace a revocation may give a holder.
-pub(crate) const MAX_GRACE: Duration = Duration::from_secs(24 * 3600);
+pub const MAX_GRACE: Duration = Duration::from_secs(24 * 3600);
 
 /// Longest `by` or `reason` accepted.
 const MAX_TEXT: usize = 500;
@@ -35,13 +28,13 @@ const MAX_TEXT: usize = 500;
 /// Asks the holders of `name` (or the one `node`) to give the lock up; `role_of` tells a
 /// node's role from its name (reader or writer), which decides who holds.
 pub async fn revoke(
-    state: &AppState,
+    recipes: &Recipes,
     caller: &Caller,
     registry: &Contenders,
     name: &str,
     role_of: fn(&str) -> Role,
-    body: RevokeBody,
-) -> Result<Response, ApiError> {
+    body: Ask,
+) -> Result<Vec<Revocation>, ApiError> {
     check_name(name)?;
     for (field, text) in [("by", &body.by), ("reason", &body.reason)] {
         if text.trim().is_empty() || text.len() > MAX_TEXT {
@@ -49,9 +42,9 @@ pub async fn revoke(
             return Err(ApiError::invalid(Place::Body, field, detail));
         }
     }
-    let grace = body.grace.map(|grace| at_most(grace.0, MAX_GRACE)).transpose();
+    let grace = body.grace.map(|grace| at_most(grace, MAX_GRACE)).transpose();
     let grace = grace.map_err(|e| ApiError::invalid(Place::Body, "grace", e))?;
-    let session = state.zk().connected().await?;
+    let session = recipes.zk().connected().await?;
     let request = Request {
         kind: registry.kind(),
         name,
@@ -62,8 +55,8 @@ pub async fn revoke(
         node: body.node.as_deref(),
         role_of,
     };
-    let audit_dir = revocation::audit_dir(&state.config.root);
-    let revocations = revoke_holders(&session, &audit_dir, request, caller)
+    let audit_dir = revocation::audit_dir(&recipes.root);
+    revoke_holders(&session, &audit_dir, request, caller)
         .await
         .map_err(|err| match err {
             RevokeError::NoSuchNode => ApiError::not_found(
@@ -76,6 +69,5 @@ pub async fn revoke(
             RevokeError::NobodyHolds => ApiError::new(Problem::NothingToRevoke, format!("`{name}` has no holder")),
             RevokeError::Forbidden(err) => err.into(),
             RevokeError::ZooKeeper(err) => err.into(),
-        })?;
-    Ok((StatusCode::ACCEPTED, Json(Revoked { revocations })).into_response())
+        })
 }
