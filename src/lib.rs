@@ -41,7 +41,7 @@ use crate::events::Events;
 use crate::recipes::Recipes;
 use crate::recipes::holdings::Registries;
 use crate::recipes::leases::Leases;
-use crate::recipes::queue::service::Queues;
+use crate::recipes::queues::service::Queues;
 use crate::zk::session::ZkSession;
 use crate::zk::watch::ExistsWatches;
 

@@ -16,7 +16,7 @@ use crate::AppState;
 use crate::auth::Caller;
 use crate::events::Feed;
 use crate::kind::Kind;
-use crate::recipes::barrier::{self, BarrierState, BarrierTopic};
+use crate::recipes::barriers::barrier::{self, BarrierState, BarrierTopic};
 use crate::recipes::engine::handle::Phase;
 use crate::recipes::engine::node;
 use crate::recipes::topic::Source;

@@ -1,7 +1,7 @@
 //! What the contended kinds (exclusive and read/write locks, semaphores, elections) share over
 //! HTTP: the acquire's parameters and answer (200 granted, 202 still queued), a handle's view,
 //! revocation's body, and the handle and fencing routes each lock kind declares with a macro.
-//! The protocol (the acquire, a handle's reads and release) is [crate::recipes::contention]'s.
+//! The protocol (the acquire, a handle's reads and release) is [crate::recipes::locks::contention]'s.
 
 use std::sync::Arc;
 
@@ -15,7 +15,7 @@ use super::leases::LeaseView;
 use crate::AppState;
 use crate::auth::Caller;
 use crate::recipes::consistency::Consistency;
-use crate::recipes::contention::{
+use crate::recipes::locks::contention::{
     self as recipe, Contender, Contenders, Granted, Lease, Phase, Recorded, Revocation, Role, Seen,
 };
 use crate::time::{HumanDuration, timestamp};
@@ -101,7 +101,7 @@ pub struct HandleView {
 }
 
 /// 200 when granted, 202 when still queued.
-pub fn status<P: crate::recipes::contention::Protocol>(granted: &Granted<P>) -> StatusCode {
+pub fn status<P: crate::recipes::locks::contention::Protocol>(granted: &Granted<P>) -> StatusCode {
     if granted.granted {
         StatusCode::OK
     } else {
@@ -333,9 +333,9 @@ pub async fn revoke(
 }
 
 /// A handle's `DELETE` (204), by its id ([recipe::release_by_id]).
-pub async fn release_by_id<P: crate::recipes::contention::Protocol>(
+pub async fn release_by_id<P: crate::recipes::locks::contention::Protocol>(
     state: &AppState,
-    handles: &crate::recipes::contention::Handles<P>,
+    handles: &crate::recipes::locks::contention::Handles<P>,
     caller: &Caller,
     name: &str,
     handle: &str,

@@ -20,7 +20,7 @@ use crate::AppState;
 use crate::events::Feed;
 use crate::kind::Kind;
 use crate::recipes::condition::Condition;
-use crate::recipes::counter::{self, Bounds, CounterError, CounterState, CounterTopic};
+use crate::recipes::counters::{self, Bounds, CounterError, CounterState, CounterTopic};
 use crate::recipes::idempotency::Keyed;
 
 /// The counter kind's module.
@@ -191,7 +191,7 @@ pub async fn add(
         keys: &state.idempotency,
         key,
     });
-    let added = counter::add(&session, &path, delta, bounds, keyed)
+    let added = counters::add(&session, &path, delta, bounds, keyed)
         .await
         .map_err(|e| counter_error(&name, e))?;
     if !added.repeated {
@@ -202,7 +202,7 @@ pub async fn add(
             .with_label_values(&[label])
             .inc_by(u64::from(added.conflicts));
     }
-    let etag = counter::etag(added.mzxid);
+    let etag = counters::etag(added.mzxid);
     let answer = (
         [(header::ETAG, etag_header(&etag)?)],
         Json(AddResult {
@@ -239,14 +239,14 @@ pub async fn set(
     let condition = write_condition(&headers)?;
     let session = state.zk().connected().await?;
     let path = Kind::Counter.path(&state.config.root, &name);
-    let (stat, created) = counter::set(&session, &path, body.value, condition)
+    let (stat, created) = counters::set(&session, &path, body.value, condition)
         .await
         .map_err(|e| counter_error(&name, e))?;
     let m = crate::metrics::get();
     m.counter_writes.with_label_values(&[m.counter(&name), "set"]).inc();
     let written = CounterState::of(&name, Some(body.value), Some(&stat));
     let status = if created { StatusCode::CREATED } else { StatusCode::OK };
-    let etag = etag_header(&counter::etag(stat.mzxid))?;
+    let etag = etag_header(&counters::etag(stat.mzxid))?;
     Ok((status, [(header::ETAG, etag)], Json(written)).into_response())
 }
 
@@ -270,7 +270,7 @@ pub async fn delete(
     };
     let session = state.zk().connected().await?;
     let path = Kind::Counter.path(&state.config.root, &name);
-    counter::delete(&session, &path, condition)
+    counters::delete(&session, &path, condition)
         .await
         .map_err(|e| counter_error(&name, e))?;
     let m = crate::metrics::get();

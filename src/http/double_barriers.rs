@@ -19,11 +19,11 @@ use crate::auth::Caller;
 use crate::events::Feed;
 use crate::kind::Kind;
 use crate::recipes::SettingError;
-use crate::recipes::double_barrier::{self, DoubleBarrierState, DoubleBarrierTopic, READY};
+use crate::recipes::barriers::double::{self, DoubleBarrierState, DoubleBarrierTopic, READY};
 use crate::recipes::engine::node::{self, NodeHolding};
+use crate::recipes::validate_name;
 use crate::time::HumanDuration;
 use crate::zk::Session;
-use crate::zk::names::validate_name;
 
 /// The double barrier kind's module.
 pub const RESOURCE: Resource = Resource {
@@ -122,7 +122,7 @@ fn taken(name: &str, participant: &str) -> ApiError {
 
 /// Records `size` in the barrier's znode (creating it); 409 if it records another size.
 async fn agree_on_size(session: &Session, dir: &str, name: &str, size: u32) -> Result<(), ApiError> {
-    match double_barrier::agree_on_size(session, dir, size).await {
+    match double::agree_on_size(session, dir, size).await {
         Ok(()) => Ok(()),
         Err(SettingError::Mismatch(n)) => Err(ApiError::new(
             Problem::SizeMismatch,
@@ -201,8 +201,8 @@ pub async fn enter(
     let (node, session) = participant(&state, &caller, &name, &body).await?;
     let dir = state.double_barriers.dir(&name);
     crate::admission::park(); // entered: what is left is waiting for the others
-    let passed = double_barrier::enter(&session, &state.barrier_watches, &dir, body.size, deadline).await?;
-    let inside = double_barrier::participants(&session, &dir).await?.len();
+    let passed = double::enter(&session, &state.barrier_watches, &dir, body.size, deadline).await?;
+    let inside = double::participants(&session, &dir).await?.len();
     let passage = Passage {
         barrier: name,
         participant: body.participant,
@@ -246,7 +246,7 @@ pub async fn leave(
         Some(node) => node.lease.session().await?,
         None => any,
     };
-    let passed = double_barrier::leave(
+    let passed = double::leave(
         &session,
         &state.barrier_watches,
         nodes,
@@ -255,7 +255,7 @@ pub async fn leave(
         deadline,
     )
     .await?;
-    let inside = double_barrier::participants(&session, &nodes.dir(&name)).await?.len();
+    let inside = double::participants(&session, &nodes.dir(&name)).await?.len();
     let passage = Passage {
         barrier: name,
         participant: body.participant,

@@ -21,8 +21,8 @@ use crate::AppState;
 use crate::auth::Caller;
 use crate::events::Feed;
 use crate::kind::Kind;
-use crate::recipes::contention::{self as recipe, Found, Lease, Phase};
-use crate::recipes::election::{self, ElectionState, LeaderView, Leadership};
+use crate::recipes::elections::{self, ElectionState, LeaderView, Leadership};
+use crate::recipes::locks::contention::{self as recipe, Found, Lease, Phase};
 use crate::recipes::usage::Payer;
 use crate::time::{HumanDuration, timestamp};
 use crate::zk::Failure;
@@ -179,7 +179,7 @@ pub async fn campaign(
     };
     let (registry, value) = (&state.elections, body.value);
     let open = async |lease: Arc<Lease>| {
-        recipe::open_contender(&state, registry, &lease, &name, election::CANDIDATE, value.clone())
+        recipe::open_contender(&state, registry, &lease, &name, elections::CANDIDATE, value.clone())
     };
     let outcome = recipe::contend(&state, registry, request, open).await?;
     let current = outcome.handle.state();
@@ -243,7 +243,7 @@ pub async fn proclaim(
         principal: caller.name(),
     };
     let size = json_len(&body.value);
-    let proclaimed = match election::proclaim(&session, &dir, &candidate, body.value, payer).await {
+    let proclaimed = match elections::proclaim(&session, &dir, &candidate, body.value, payer).await {
         Err(Failure::QuotaFull) => return Err(ApiError::from(payer.exceeded(&session, size).await)),
         proclaimed => proclaimed?,
     };

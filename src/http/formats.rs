@@ -14,8 +14,8 @@ use utoipa::openapi::{OpenApi, RefOr};
 
 use super::queues::MAX_ACK_DEADLINE;
 use super::txns::MAX_DEADLINE as MAX_TXN_DEADLINE;
-use crate::recipes::contention::MAX_GRACE;
-use crate::zk::names::MAX_NAME_BYTES;
+use crate::recipes::MAX_NAME_BYTES;
+use crate::recipes::locks::contention::MAX_GRACE;
 
 /// One segment: the characters a name may have (ZooKeeper's path rules, `zk::names`): no `/`,
 /// no control character, nothing from the private-use area, the specials or beyond U+FFFF

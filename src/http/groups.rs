@@ -18,15 +18,11 @@ use crate::AppState;
 use crate::auth::Caller;
 use crate::events::Feed;
 use crate::kind::Kind;
-use crate::recipes::contention::{RELEASE_LIMIT, release_not_done};
-use crate::recipes::engine::handle::Phase;
-use crate::recipes::engine::node::{self, HoldError, NodeHolding};
-use crate::recipes::group::{self, GroupState, GroupTopic};
+use crate::recipes::groups::group::{self, GroupState, GroupTopic};
+use crate::recipes::nodes::{self, NodeHolding};
 use crate::recipes::topic::Source;
-use crate::recipes::usage::ChargeError;
+use crate::recipes::validate_name;
 use crate::time::{HumanDuration, timestamp};
-use crate::zk::Failure;
-use crate::zk::names::validate_name;
 
 /// The group kind's module.
 pub const RESOURCE: Resource = Resource {
@@ -145,7 +141,7 @@ pub async fn join(
         .await?;
     // The member's data is charged to the caller, on the member's session.
     let member_taken = || taken(&group, &member);
-    let node = bind_charged(
+    let node = nodes::bind_charged(
         &state,
         &caller,
         &state.groups,
@@ -156,33 +152,6 @@ pub async fn join(
     )
     .await?;
     Ok((StatusCode::CREATED, Json(joined(&node))).into_response())
-}
-
-/// Binds `id` of resource `name` (a group's member, a service's instance) to `lease`, holding
-/// `data` charged to the caller on the node's session; `taken` is the answer when the id is.
-pub(super) async fn bind_charged(
-    state: &AppState,
-    caller: &Caller,
-    nodes: &crate::recipes::engine::node::NodeHoldings,
-    lease: &std::sync::Arc<crate::recipes::engine::lease::Lease>,
-    (name, id): (&str, &str),
-    data: Vec<u8>,
-    taken: impl FnOnce() -> ApiError,
-) -> Result<std::sync::Arc<NodeHolding>, ApiError> {
-    let path = nodes.node(name, id);
-    let session = state.zk().connected().await?;
-    let bytes = data.len();
-    let charge = match state.quotas.charge(&session, caller.name(), bytes).await {
-        Ok(charge) => state.quotas.node(&charge, bytes),
-        Err(ChargeError::Exceeded(exceeded)) => return Err(ApiError::from(exceeded)),
-        Err(ChargeError::ZooKeeper(err)) => return Err(err.into()),
-    };
-    match nodes.hold(lease, name, id, path, data, Some(charge)).await {
-        Err(HoldError::ZooKeeper(Failure::QuotaFull)) => Err(ApiError::from(
-            state.quotas.exceeded(&session, caller.name(), bytes).await,
-        )),
-        hold => state.leases.held(lease, hold)?.ok_or_else(taken),
-    }
 }
 
 fn joined(member: &NodeHolding) -> Joined {
@@ -221,44 +190,8 @@ pub async fn leave(
         )
     };
     let path = state.groups.node(&group, &member);
-    unbind(&state, &caller, &state.groups, (&group, &member), &path, gone).await
-}
-
-/// Releases the node holding `id` of resource `name` at `path` (a member, a service
-/// instance, a lock set's record), if `caller` may: through its task if its lease is kept here,
-/// else through ZooKeeper alone (its node records its lease, see [crate::recipes::engine::node]).
-/// `gone` is the answer when there is no such node of zkgate's.
-pub(super) async fn unbind(
-    state: &AppState,
-    caller: &Caller,
-    nodes: &crate::recipes::engine::node::NodeHoldings,
-    (name, id): (&str, &str),
-    path: &str,
-    gone: impl FnOnce() -> ApiError,
-) -> Result<StatusCode, ApiError> {
-    if let Some(node) = nodes.serving(name, id) {
-        node.lease.check_owner(caller)?;
-        // Bounded, as a lock's release is: during an outage the release is done once
-        // ZooKeeper is back, and the request says so rather than hang for the outage.
-        if !nodes.release_within(&node, RELEASE_LIMIT).await {
-            return Err(release_not_done(&format!("`{id}` of `{name}`")));
-        }
-        if node.state().phase != Phase::Moved {
-            return Ok(StatusCode::NO_CONTENT);
-        }
-        // Its lease moved to another instance meanwhile: the task stopped without deleting;
-        // released through ZooKeeper below.
-    }
-    let session = state.synced().await?;
-    let (root, kind) = (&state.config.root, nodes.kind());
-    let owner = node::check_owner(&session, root, kind, path, caller, &format!("`{id}` of `{name}`")).await?;
-    if owner.is_none() {
-        return Err(gone());
-    }
-    match node::release_recorded(&session, root, kind, (name, id), path).await? {
-        true => Ok(StatusCode::NO_CONTENT),
-        false => Err(gone()),
-    }
+    nodes::unbind(&state, &caller, &state.groups, (&group, &member), &path, gone).await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 /// Lists a group's live members. With `wait`, blocks until membership differs from `index`

@@ -47,7 +47,7 @@ use super::routed::Routed;
 use crate::AppState;
 use crate::auth::Caller;
 use crate::instances::Peer;
-use crate::recipes::engine::lease::LeaseError;
+use crate::recipes::leases::LeaseError;
 
 /// The OpenAPI extension by which an operation declares which instance serves it.
 pub const SERVED_BY: &str = "x-zkgate-served-by";

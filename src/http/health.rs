@@ -119,7 +119,7 @@ pub async fn metrics(State(state): State<AppState>) -> impl axum::response::Into
 async fn readings(state: &AppState) -> crate::metrics::Readings {
     let status = state.zk().status();
     let queues = match state.zk().current() {
-        Ok(session) => crate::recipes::queue::topic::counts(&session, state.queues.base())
+        Ok(session) => crate::recipes::queues::topic::counts(&session, state.queues.base())
             .await
             .ok(),
         Err(_) => None,

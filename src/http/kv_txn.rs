@@ -1,5 +1,5 @@
 //! `POST /v1/kv-txn`: compares, then one branch of puts, deletes and gets over keys, applied
-//! whole or not at all ([crate::recipes::kv_txn]; docs/PRIMITIVES.md, part 2). A path no key
+//! whole or not at all ([crate::recipes::kv::txn]; docs/PRIMITIVES.md, part 2). A path no key
 //! can have: keys are under `/v1/kv/`.
 
 use axum::Json;
@@ -13,10 +13,10 @@ use super::idempotency::Idempotent;
 use crate::AppState;
 use crate::auth::{Access, Caller};
 use crate::kind::Kind;
-use crate::recipes::engine::lease::Lease;
 use crate::recipes::idempotency::Keyed;
 use crate::recipes::kv::Entry;
-use crate::recipes::kv_txn::{self, BindingRefusal, Bindings, Check, Compare, Step, StepResult, Txn, TxnError};
+use crate::recipes::kv::txn::{self, BindingRefusal, Bindings, Check, Compare, Step, StepResult, Txn, TxnError};
+use crate::recipes::leases::Lease;
 use crate::recipes::usage::Payer;
 use axum::response::IntoResponse;
 use std::collections::HashMap;
@@ -178,7 +178,7 @@ pub async fn transaction(
         keys: &state.idempotency,
         key,
     });
-    let outcome = kv_txn::run(&session, &txn, state.config.max_value_bytes, payer, bound, keyed)
+    let outcome = txn::run(&session, &txn, state.config.max_value_bytes, payer, bound, keyed)
         .await
         .map_err(|err| txn_error(&state, &leases, err))?;
     let branch = txn.branch(outcome.failed_compare);
@@ -347,7 +347,7 @@ fn step_of(
 
 /// The key of the znode at `path`.
 fn key_of(state: &AppState, path: &str) -> String {
-    kv_txn::key_name(&state.config.root, path).to_string()
+    txn::key_name(&state.config.root, path).to_string()
 }
 
 /// A step's answer.
@@ -421,7 +421,7 @@ fn txn_error(state: &AppState, leases: &HashMap<String, Arc<Lease>>, err: TxnErr
             None => ApiError::new(Problem::LeaseEnded, format!("lease `{id}` ended")),
         },
         TxnError::Contended => crate::limits::refusal(
-            format!("the keys kept changing: tried {} times", kv_txn::ATTEMPTS),
+            format!("the keys kept changing: tried {} times", txn::ATTEMPTS),
             std::time::Duration::from_secs(1),
         )
         .into(),

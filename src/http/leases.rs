@@ -19,9 +19,9 @@ use super::idempotency::Idempotent;
 use crate::AppState;
 use crate::auth::Caller;
 use crate::kind::Kind;
-use crate::recipes::engine::lease::{EndReason, HoldingView, Lease};
 use crate::recipes::idempotency::Keyed;
 use crate::recipes::leases::{Created, NewLease};
+use crate::recipes::leases::{EndReason, HoldingView, Lease};
 use crate::time::{HumanDuration, millis_since, timestamp};
 
 /// The lease routes.
@@ -188,7 +188,7 @@ pub async fn list_leases(
 ) -> super::paging::Page<LeaseSummary> {
     // Oldest first: by creation time (ns since the epoch, zero-padded so that the text sorts
     // as the number), then id.
-    let created = |l: &std::sync::Arc<crate::recipes::engine::lease::Lease>| {
+    let created = |l: &std::sync::Arc<crate::recipes::leases::Lease>| {
         let nanos = l
             .created_at
             .duration_since(std::time::UNIX_EPOCH)
@@ -275,7 +275,7 @@ pub async fn delete_lease(
         // Deleted before: a retry after a lost reply gets the answer the first delete got.
         // (One that expired or was lost still says so, with `410` and the reason.)
         Ok(())
-        | Err(crate::recipes::engine::lease::LeaseError::Ended {
+        | Err(crate::recipes::leases::LeaseError::Ended {
             reason: EndReason::Deleted,
             ..
         }) => Ok(StatusCode::NO_CONTENT),

@@ -1,5 +1,5 @@
 //! `/v1/lock-sets`: several exclusive locks acquired as one, all or none, in one request (a long
-//! poll, as for one lock), read, and released together. See [crate::recipes::lock_set] for
+//! poll, as for one lock), read, and released together. See [crate::recipes::locks::lock_set] for
 //! the order they are taken in and why sets cannot deadlock.
 //!
 //! A set's locks are ordinary locks (the same znodes and handles as `POST
@@ -26,9 +26,9 @@ use super::leases::LeaseView;
 use crate::AppState;
 use crate::auth::{Access, Caller};
 use crate::kind::Kind;
-use crate::recipes::contention::{self as recipe, Contender, Lease};
-use crate::recipes::engine::lease::EndReason;
-use crate::recipes::lock_set::{self, SetRecord, canonical_order};
+use crate::recipes::leases::EndReason;
+use crate::recipes::locks::contention::{self as recipe, Contender, Lease};
+use crate::recipes::locks::lock_set::{self, SetRecord, canonical_order};
 use crate::time::HumanDuration;
 use crate::zk::Session;
 
@@ -189,7 +189,14 @@ impl lock_set::Taker for SetTaker<'_> {
             ttl: None,
         };
         let open = async |lease: Arc<Lease>| {
-            recipe::open_contender(state, &state.locks, &lease, name, crate::recipes::lock::EXCLUSIVE, None)
+            recipe::open_contender(
+                state,
+                &state.locks,
+                &lease,
+                name,
+                crate::recipes::locks::exclusive::EXCLUSIVE,
+                None,
+            )
         };
         let granted = recipe::contend(state, &state.locks, request, open).await?;
         Ok((granted.handle, held_before))
@@ -247,7 +254,7 @@ fn locks_in_order<'a>(caller: &Caller, locks: &'a [String]) -> Result<Vec<&'a st
         return Err(ApiError::invalid(Place::Body, "locks", detail));
     }
     for name in locks {
-        crate::zk::names::validate_name(name)
+        crate::recipes::validate_name(name)
             .map_err(|e| ApiError::invalid(Place::Body, "locks", format!("`{name}` {e}")))?;
     }
     let Some(order) = canonical_order(locks) else {
@@ -262,7 +269,7 @@ fn locks_in_order<'a>(caller: &Caller, locks: &'a [String]) -> Result<Vec<&'a st
 
 /// The set `id` as ZooKeeper records it, if `caller` may use it; 404 otherwise.
 async fn find_set(state: &AppState, session: &Session, caller: &Caller, id: &str) -> Result<SetRecord, ApiError> {
-    crate::zk::names::validate_name(id).map_err(|e| ApiError::invalid(Place::Path, "set", e))?;
+    crate::recipes::validate_name(id).map_err(|e| ApiError::invalid(Place::Path, "set", e))?;
     let set = lock_set::read(session, &state.config.root, id)
         .await?
         .ok_or_else(|| ApiError::not_found("lock set", format!("no lock set `{id}` (released, or its lease ended)")))?;
@@ -328,6 +335,6 @@ pub async fn release_set(
     }
     let gone = || ApiError::not_found("lock set", format!("no lock set `{id}`"));
     let path = lock_set::record_path(&state.config.root, &id);
-    super::groups::unbind(&state, &caller, &state.lock_sets, (&id, &id), &path, gone).await?;
+    crate::recipes::nodes::unbind(&state, &caller, &state.lock_sets, (&id, &id), &path, gone).await?;
     lost.map_or(Ok(StatusCode::NO_CONTENT), Err)
 }

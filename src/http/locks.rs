@@ -17,7 +17,7 @@ use crate::auth::Caller;
 use crate::events::Feed;
 use crate::kind::Kind;
 use crate::recipes::engine::revocation::{AUDIT_KEPT, Revocation, audit_dir, read_audit};
-use crate::recipes::lock::{LockState, LockTopic};
+use crate::recipes::locks::exclusive::{LockState, LockTopic};
 
 /// The lock kind's module.
 pub const RESOURCE: Resource = Resource {
@@ -79,7 +79,7 @@ pub async fn acquire(
         &caller,
         &state.locks,
         &name,
-        crate::recipes::lock::EXCLUSIVE,
+        crate::recipes::locks::exclusive::EXCLUSIVE,
         params,
         body,
     )
@@ -97,7 +97,7 @@ state_handler!(
 
 super::contention::lock_handle_handlers!(
     locks,
-    |_| crate::recipes::lock::EXCLUSIVE,
+    |_| crate::recipes::locks::exclusive::EXCLUSIVE,
     tag = "locks",
     get = ("get_handle_lock", "/v1/locks/{name}/handles/{handle}"),
     release = (

@@ -54,7 +54,7 @@ use crate::AppState;
 use crate::events::Feed;
 use crate::kind::Kind;
 use crate::recipes::topic::Source;
-use crate::zk::names::validate_name;
+use crate::recipes::validate_name;
 use error::{ApiError, Place};
 
 /// What a resource kind's module contributes to the API.
@@ -120,7 +120,7 @@ pub const BODY_LIMIT_BYTES: usize = crate::listen::BODY_LIMIT_BYTES;
             Durations are written like `500ms`, `5s`, `1m`.",
         license(name = "MIT", identifier = "MIT")
     ),
-    components(schemas(error::ProblemDocument, ListedResource, crate::recipes::service::Strategy, crate::time::HumanDuration, formats::JsonValue)),
+    components(schemas(error::ProblemDocument, ListedResource, crate::recipes::groups::service::Strategy, crate::time::HumanDuration, formats::JsonValue)),
     tags(
         (name = "leases", description = "Lease-style handles: TTL, keepalive, and everything held on their behalf."),
         (name = "websocket", description = "Push over WebSockets: subscriptions to every recipe and to znodes, socket-bound leases, API calls."),

@@ -15,7 +15,7 @@ use crate::auth::Caller;
 use crate::events::Feed;
 use crate::kind::Kind;
 use crate::recipes::engine::contender::Role;
-use crate::recipes::rwlock::{self, RwLockState, RwLockTopic, is_reader};
+use crate::recipes::locks::rwlock::{self, RwLockState, RwLockTopic, is_reader};
 
 /// The read/write lock kind's module.
 pub const RESOURCE: Resource = Resource {
@@ -136,5 +136,5 @@ contention::fencing_handler!(
     "rwlocks",
     "read/write lock",
     |state| state.rwlocks,
-    crate::recipes::rwlock::holding::<String>
+    crate::recipes::locks::rwlock::holding::<String>
 );

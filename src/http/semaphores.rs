@@ -23,8 +23,8 @@ use crate::auth::Caller;
 use crate::events::Feed;
 use crate::kind::Kind;
 use crate::recipes::SettingError;
-use crate::recipes::contention::{self as recipe, Found, Lease, Phase, Recorded};
-use crate::recipes::semaphore::{Permit, SemaphoreState, SemaphoreTopic, agree_on_permits};
+use crate::recipes::locks::contention::{self as recipe, Found, Lease, Phase, Recorded};
+use crate::recipes::locks::semaphore::{Permit, SemaphoreState, SemaphoreTopic, agree_on_permits};
 use crate::time::HumanDuration;
 
 /// The semaphore kind's module.
@@ -217,7 +217,7 @@ pub async fn get_permit(
         }
         Found::There(recorded) => {
             let dir = state.semaphores.dir(&name);
-            let permits = crate::recipes::semaphore::permits_of(&session, &dir)
+            let permits = crate::recipes::locks::semaphore::permits_of(&session, &dir)
                 .await?
                 .unwrap_or(0) as u32;
             Ok(Json(recorded_view(&recorded, permits)))

@@ -1,6 +1,6 @@
 //! `/v1/services`: service discovery shared with Curator's `curator-x-discovery`: register an
 //! instance (address, port, payload) bound to a lease, list a service's live instances, pick
-//! one (random or round-robin), follow changes. See [crate::recipes::service] for the
+//! one (random or round-robin), follow changes. See [crate::recipes::groups::service] for the
 //! layout.
 
 use axum::Json;
@@ -20,12 +20,12 @@ use crate::AppState;
 use crate::auth::Caller;
 use crate::events::Feed;
 use crate::kind::Kind;
-use crate::recipes::engine::node::NodeHolding;
-use crate::recipes::service::{
+use crate::recipes::groups::service::{
     CuratorInstance, InstanceView, Registrar, ServiceState, ServiceTopic, Strategy, UriSpecJson,
 };
+use crate::recipes::nodes::NodeHolding;
+use crate::recipes::validate_name;
 use crate::time::{HumanDuration, timestamp};
-use crate::zk::names::validate_name;
 
 /// The service kind's module.
 pub const RESOURCE: Resource = Resource {
@@ -191,7 +191,8 @@ pub async fn register(
     // Its data is charged to the caller, on the instance's session (as a group member's).
     let id_taken = || taken(&service, &id);
     let services = &state.services;
-    let node = super::groups::bind_charged(&state, &caller, services, &lease, (&service, &id), data, id_taken).await?;
+    let node =
+        crate::recipes::nodes::bind_charged(&state, &caller, services, &lease, (&service, &id), data, id_taken).await?;
     let m = crate::metrics::get();
     m.service_registrations
         .with_label_values(&[m.name(crate::metrics::SERVICE, &service)])
@@ -220,7 +221,8 @@ pub async fn unregister(
         )
     };
     let path = state.services.node(&service, &id);
-    super::groups::unbind(&state, &caller, &state.services, (&service, &id), &path, gone).await
+    crate::recipes::nodes::unbind(&state, &caller, &state.services, (&service, &id), &path, gone).await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 /// Reads one instance of a service (registered by anyone).

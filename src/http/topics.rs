@@ -16,9 +16,9 @@ use crate::events::Feed;
 use crate::http::error::ApiError;
 use crate::kind::Kind;
 use crate::limits::{ClientAddr, Permit};
-use crate::recipes::engine::lease::LeaseError;
+use crate::recipes::leases::LeaseError;
+use crate::recipes::validate_name;
 use crate::recipes::znode::{KeyBinding, ZnodeChildren, ZnodeData, under_root};
-use crate::zk::names::validate_name;
 
 /// The kinds' topics as the API documents them, from the registry: `lock`, `rwlock`... (every
 /// [Kind] with a topic, in [Kind::ALL]'s order).

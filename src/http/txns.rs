@@ -22,9 +22,9 @@ use crate::events::Feed;
 use crate::kind::Kind;
 use crate::recipes::engine::node;
 use crate::recipes::topic::Source;
-use crate::recipes::txn::{self, Record, Spec, TxnState, TxnTopic, Vote, VoteError};
+use crate::recipes::txns::{self, Record, Spec, TxnState, TxnTopic, Vote, VoteError};
+use crate::recipes::validate_name;
 use crate::time::{HumanDuration, at_most};
-use crate::zk::names::validate_name;
 use crate::zk::{Failure, Session};
 
 /// The transaction kind's module.
@@ -160,11 +160,11 @@ pub async fn create(
     super::check_stored_size(&state, "transaction (with its payload)", stored)?;
     let session = state.zk().connected().await?;
     let dir = state.txn_members.dir(&id);
-    txn::create(&session, &dir, &spec).await.map_err(|err| match err {
+    txns::create(&session, &dir, &spec).await.map_err(|err| match err {
         Failure::Taken => ApiError::new(Problem::TxnExists, format!("a transaction `{id}` exists")),
         err => err.into(),
     })?;
-    tokio::spawn(txn::coordinate(state.zk().clone(), dir.clone(), spec.deadline_ms));
+    tokio::spawn(txns::coordinate(state.zk().clone(), dir.clone(), spec.deadline_ms));
     Ok((StatusCode::CREATED, Json(read(&state, &session, &id).await?)).into_response())
 }
 
@@ -186,13 +186,13 @@ pub async fn get_txn(
     check_name(&id)?;
     let session = state.reader(consistency).await?;
     let dir = state.txn_members.dir(&id);
-    let Some(record) = txn::read(&session, &dir).await? else {
+    let Some(record) = txns::read(&session, &dir).await? else {
         return Err(not_found(&id));
     };
     if let Some(wait) = query.wait.filter(|_| record.decision.is_none()) {
         let until = crate::time::instant_after(wait.0.min(state.max_wait));
         crate::admission::park();
-        txn::await_decision(&session, &state.barrier_watches, &dir, record.spec.deadline_ms, until).await?;
+        txns::await_decision(&session, &state.barrier_watches, &dir, record.spec.deadline_ms, until).await?;
     }
     Ok(Json(read(&state, &session, &id).await?))
 }
@@ -220,7 +220,7 @@ pub async fn register(
         .await?;
     // The member node lives on the lease's session, and is read back on it (which sees it).
     let session = lease.session().await?;
-    let path = txn::member_path(&dir, &participant);
+    let path = txns::member_path(&dir, &participant);
     let hold = state
         .txn_members
         .hold(&lease, &id, &participant, path, node::owner_record(&lease), None);
@@ -259,7 +259,7 @@ pub async fn vote(
         let detail = format!("`{participant}` must register (PUT .../participants/{participant}) before it votes");
         return Err(ApiError::new(Problem::NotRegistered, detail));
     }
-    txn::record_vote(&session, &dir, &participant, body.vote)
+    txns::record_vote(&session, &dir, &participant, body.vote)
         .await
         .map_err(|err| match err {
             VoteError::AlreadyVoted(existing) => ApiError::new(
@@ -286,10 +286,10 @@ async fn participant_of(
     let dir = state.txn_members.dir(id);
     // A participant registered with another principal's lease is not the caller's, whichever
     // instance it registered through: its node records the principal.
-    let member = txn::member_path(&dir, participant);
+    let member = txns::member_path(&dir, participant);
     let what = format!("participant `{participant}`");
     node::check_owner(&session, &state.config.root, Kind::Txn, &member, caller, &what).await?;
-    let record = txn::read(&session, &dir).await?.ok_or_else(|| not_found(id))?;
+    let record = txns::read(&session, &dir).await?.ok_or_else(|| not_found(id))?;
     if !record.spec.participants.iter().any(|p| p == participant) {
         let detail = format!("`{participant}` is not a participant of `{id}`");
         return Err(ApiError::new(Problem::NotAParticipant, detail));

@@ -26,8 +26,8 @@
 use crate::problem::ApiError;
 use crate::zk::Session;
 
-use super::Recipes;
-use super::engine::lease::Lease;
+use crate::recipes::Recipes;
+use crate::recipes::engine::lease::Lease;
 
 /// What a read promises.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize, utoipa::ToSchema)]

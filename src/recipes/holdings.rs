@@ -8,14 +8,14 @@ use std::sync::Arc;
 use crate::kind::Kind;
 use crate::zk::{Failure, Session};
 
-use super::engine::contender::Contenders;
-use super::engine::lease::{HoldingView, Lease};
-use super::engine::node::NodeHoldings;
-use super::engine::record::{HoldingRecord, Shape};
-use super::kv::bound::BoundKeys;
-use super::recorded::{exists, recorded};
-use super::semaphore::Semaphores;
-use super::usage::Quotas;
+use crate::recipes::engine::contender::Contenders;
+use crate::recipes::engine::lease::{HoldingView, Lease};
+use crate::recipes::engine::node::NodeHoldings;
+use crate::recipes::engine::record::{HoldingRecord, Shape};
+use crate::recipes::kv::bound::BoundKeys;
+use crate::recipes::locks::semaphore::Semaphores;
+use crate::recipes::recorded::{exists, recorded};
+use crate::recipes::usage::Quotas;
 
 /// The registries of what leases hold, one a kind (and the lock sets' records on locks).
 #[derive(Clone)]
@@ -60,14 +60,14 @@ impl Registries {
 
     /// Takes over the holdings of a lease this instance adopts: each holding record names a
     /// kind and a shape, whose registry takes the handle over (its task finds its znodes and
-    /// goes on, see [super::engine::handle]).
+    /// goes on, see [crate::recipes::engine::handle]).
     pub fn adopt(&self, lease: &Arc<Lease>, holdings: Vec<(String, HoldingRecord)>) {
         for (record_name, holding) in holdings {
             let (name, id, record_name) = (holding.name.as_str(), holding.handle.as_str(), record_name.as_str());
             let adopted = match (holding.kind(), &holding.shape) {
                 (Some(kind), Shape::Contender { role }) => self
                     .contenders(kind)
-                    .zip(super::roles::from_label(role))
+                    .zip(crate::recipes::roles::from_label(role))
                     .is_some_and(|(registry, role)| {
                         registry.adopt_contender(lease, (name, id), record_name, role).is_ok()
                     }),
@@ -164,10 +164,12 @@ pub async fn driven_elsewhere(session: &Session, root: &str, lease: &Lease) -> R
             // A node holds while it is there.
             Shape::Node { path, .. } => exists(session, path).await?.then_some(("held", None)),
             // A contender or a permit holds or waits as its node's place says.
-            Shape::Permit { .. } => super::semaphore::recorded(session, &dir, &holding.name, &holding.handle)
-                .await?
-                .as_ref()
-                .map(place),
+            Shape::Permit { .. } => {
+                crate::recipes::locks::semaphore::recorded(session, &dir, &holding.name, &holding.handle)
+                    .await?
+                    .as_ref()
+                    .map(place)
+            }
             Shape::Contender { .. } => recorded(session, kind, &dir, &holding.name, &holding.handle)
                 .await?
                 .as_ref()
@@ -187,7 +189,7 @@ pub async fn driven_elsewhere(session: &Session, root: &str, lease: &Lease) -> R
 }
 
 /// Where a contender or a permit request stands: held with its fencing token, or waiting.
-fn place(found: &super::recorded::Recorded) -> (&'static str, Option<i64>) {
+fn place(found: &crate::recipes::recorded::Recorded) -> (&'static str, Option<i64>) {
     match found.holds() {
         true => ("held", Some(found.node.czxid)),
         false => ("waiting", None),

@@ -44,8 +44,8 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use zookeeper_client::{Client, CreateMode, Error as ZkError, Stat};
 
-use super::usage::{ANYONE, Charge, ChargeError, Exceeded, Quotas};
 use crate::locked::Locked;
+use crate::recipes::usage::{ANYONE, Charge, ChargeError, Exceeded, Quotas};
 use crate::zk::{Done, Failure, Multi};
 
 /// The largest record: what an operation answers, kept for its retries (a transaction's gets'

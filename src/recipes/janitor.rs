@@ -3,7 +3,7 @@
 //!
 //! What stays without it, and what happens to it:
 //!
-//! - Idempotency keys (`<root>/idempotency/<principal>/<id>`, [super::idempotency]): kept for
+//! - Idempotency keys (`<root>/idempotency/<principal>/<id>`, [crate::recipes::idempotency]): kept for
 //!   `--idempotency-window` (24 h) after the write, then forgotten with their charges; a retry
 //!   after that is a new write. (Keys of earlier versions, under each queue's `keys/`,
 //!   `<root>/counter-keys` and `<root>/kv-txn-keys`, go the same way, until none is left.)
@@ -100,7 +100,7 @@ pub fn start(
     root: &str,
     instance: &str,
     settings: Settings,
-    keys: super::idempotency::Keys,
+    keys: crate::recipes::idempotency::Keys,
     shutdown: CancellationToken,
 ) {
     let janitor = Janitor {
@@ -111,7 +111,7 @@ pub fn start(
         seen_empty: HashMap::new(),
         bucket: Bucket::new(settings.rate),
     };
-    let lock = super::presence::leadership(root, "janitor");
+    let lock = crate::recipes::presence::leadership(root, "janitor");
     tokio::spawn(async move {
         tokio::select! {
             _ = janitor.run(zk.clone()) => {}
@@ -120,7 +120,7 @@ pub fn start(
         crate::metrics::get().janitor_active.set(0);
         // Hand over at once rather than when the session ends: give the node back if ours.
         if let Ok(session) = zk.current() {
-            let hand_over = super::presence::resign(session.client(), &lock);
+            let hand_over = crate::recipes::presence::resign(session.client(), &lock);
             let _ = tokio::time::timeout(Duration::from_secs(2), hand_over).await;
         }
     });
@@ -129,7 +129,7 @@ pub fn start(
 struct Janitor {
     root: String,
     /// The idempotency keys' store.
-    keys: super::idempotency::Keys,
+    keys: crate::recipes::idempotency::Keys,
     instance: String,
     settings: Settings,
     /// Empty resources seen on the last pass, with the stat that showed them empty.
@@ -139,7 +139,7 @@ struct Janitor {
 
 impl Janitor {
     async fn run(mut self, zk: ZkSession) {
-        let lock = super::presence::leadership(&self.root, "janitor");
+        let lock = crate::recipes::presence::leadership(&self.root, "janitor");
         let metrics = crate::metrics::get();
         loop {
             let Some(session) = zk.next_session(None).await else {
@@ -147,7 +147,7 @@ impl Janitor {
             };
             let client = session.client();
             // This instance is (or now becomes) the janitor if it holds `lock` on this session.
-            match super::presence::lead(client, &lock, self.instance.as_bytes()).await {
+            match crate::recipes::presence::lead(client, &lock, self.instance.as_bytes()).await {
                 Ok(true) => {
                     metrics.janitor_active.set(1);
                     match self.pass(client).await {
@@ -165,7 +165,10 @@ impl Janitor {
                 Ok(false) => {
                     metrics.janitor_active.set(0);
                     self.seen_empty.clear();
-                    if super::presence::await_leader_gone(client, &lock).await.is_err() {
+                    if crate::recipes::presence::await_leader_gone(client, &lock)
+                        .await
+                        .is_err()
+                    {
                         tokio::time::sleep(self.settings.interval).await;
                     }
                 }
@@ -268,7 +271,7 @@ impl Janitor {
     async fn idempotency_keys(&mut self, client: &Client, removed: &mut Removed) -> Result<(), ZkError> {
         let oldest_kept = self.oldest_key_kept();
         for (principal, ids) in self.keys.expired(client, oldest_kept).await? {
-            for batch in ids.chunks(super::idempotency::FORGET_BATCH) {
+            for batch in ids.chunks(crate::recipes::idempotency::FORGET_BATCH) {
                 // A key and its charge.
                 self.bucket.take(2 * batch.len()).await;
                 let gone = self.keys.forget(client, &principal, batch).await?;
@@ -318,7 +321,8 @@ impl Janitor {
         let oldest_kept = now_ms() - self.settings.txn_retention.as_millis() as i64;
         for (txn, decision) in txns.iter().zip(read) {
             let Some((data, _)) = decision else { continue };
-            let decided_at = serde_json::from_slice::<super::txn::Decision>(&data).map_or(i64::MAX, |d| d.at_ms);
+            let decided_at =
+                serde_json::from_slice::<crate::recipes::txns::Decision>(&data).map_or(i64::MAX, |d| d.at_ms);
             if decided_at >= oldest_kept {
                 continue;
             }

@@ -1,33 +1,27 @@
 //! The ZooKeeper recipes, one file each: pure decision logic (children in, next step out) kept
 //! free of I/O, and a thin async driver beside it.
 
-pub mod barrier;
+pub mod barriers;
 pub mod condition;
 pub mod consistency;
-pub mod contention;
-pub mod counter;
-pub mod double_barrier;
-pub mod election;
+pub mod counters;
+pub mod elections;
 pub mod engine;
-pub mod group;
+pub mod groups;
 pub mod holdings;
 pub mod idempotency;
 pub mod janitor;
 pub mod kv;
-pub mod kv_txn;
 pub mod leases;
-pub mod lock;
-pub mod lock_set;
+pub mod locks;
+pub mod nodes;
 pub mod presence;
-pub mod queue;
+pub mod queues;
 pub mod recorded;
 pub mod roles;
-pub mod rwlock;
-pub mod semaphore;
-pub mod service;
 pub mod summary;
 pub mod topic;
-pub mod txn;
+pub mod txns;
 pub mod usage;
 pub mod znode;
 
@@ -51,8 +45,8 @@ pub struct Recipes {
     /// What leases hold, kind by kind.
     pub registries: holdings::Registries,
     /// Each service's round-robin turn on this instance.
-    pub service_picker: service::Picker,
-    pub queues: queue::service::Queues,
+    pub service_picker: groups::service::Picker,
+    pub queues: queues::service::Queues,
     /// The shared exists-watches that barrier, double-barrier and decision waiters wait on.
     pub barrier_watches: crate::zk::watch::ExistsWatches,
     pub limits: std::sync::Arc<crate::limits::Limits>,
@@ -82,6 +76,8 @@ impl Recipes {
         asked.unwrap_or(self.max_wait).min(self.max_wait)
     }
 }
+
+pub use crate::zk::names::{MAX_NAME_BYTES, validate_name};
 
 /// A resource name from a request's path: 400 `invalid-field` naming `name` if it is not a
 /// valid one (ZooKeeper's path rules, [crate::zk::names]); ZooKeeper is not touched.

@@ -40,7 +40,7 @@ pub async fn register(client: &Client, dir: &str, name: &str, data: impl Fn(i64)
     loop {
         match retry_on_loss(|| client.create(&path, data, &options)).await {
             Ok(_) => return Ok(()),
-            Err(ZkError::NoNode) => super::create_if_absent(client, dir, CreateMode::Persistent).await?,
+            Err(ZkError::NoNode) => crate::recipes::create_if_absent(client, dir, CreateMode::Persistent).await?,
             Err(ZkError::NodeExists) => match retry_on_loss(|| client.check_stat(&path)).await? {
                 Some(stat) if stat.ephemeral_owner == mine => {
                     match retry_on_loss(|| client.set_data(&path, data, Some(stat.version))).await {
@@ -116,7 +116,7 @@ pub async fn members_and_watch(
     loop {
         match retry_on_loss(|| client.list_and_watch_children(dir)).await {
             Ok(listed) => return Ok(listed),
-            Err(ZkError::NoNode) => super::create_if_absent(client, dir, CreateMode::Persistent).await?,
+            Err(ZkError::NoNode) => crate::recipes::create_if_absent(client, dir, CreateMode::Persistent).await?,
             Err(err) => return Err(err),
         }
     }

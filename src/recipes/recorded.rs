@@ -5,10 +5,10 @@
 use crate::zk::{Failure, Session};
 use zookeeper_client::Error as ZkError;
 
-use super::engine::contender::{Next, Role};
-use super::engine::handle::{Node, delete_all, delete_held};
-use super::engine::revocation;
 use crate::kind::Kind;
+use crate::recipes::engine::contender::{Next, Role};
+use crate::recipes::engine::handle::{Node, delete_all, delete_held};
+use crate::recipes::engine::revocation;
 use crate::zk::retry_on_loss;
 
 /// A holding of another instance's lease (or of a lease whose keeper is elsewhere), as
@@ -45,13 +45,13 @@ pub enum Watched {
 
 impl Recorded {
     /// The revocation asked of it, as its node records.
-    pub fn revocation(&self) -> Option<super::engine::revocation::Revocation> {
-        super::engine::revocation::record_in(&self.data)
+    pub fn revocation(&self) -> Option<crate::recipes::engine::revocation::Revocation> {
+        crate::recipes::engine::revocation::record_in(&self.data)
     }
 
     /// Whose it is, as its node records.
-    pub fn owner(&self) -> Option<super::engine::node::Owner> {
-        super::engine::node::Owner::in_data(&self.data)
+    pub fn owner(&self) -> Option<crate::recipes::engine::node::Owner> {
+        crate::recipes::engine::node::Owner::in_data(&self.data)
     }
 
     /// Whether it holds (the lock, the leadership, a permit).
@@ -62,7 +62,7 @@ impl Recorded {
     /// The holding records to it under its lease's record (`root` is zkgate's root): its name, and
     /// the name an earlier zkgate gave it (a lease that outlived an upgrade); one is there.
     pub fn record_names(&self, root: &str) -> Vec<String> {
-        use super::engine::record;
+        use crate::recipes::engine::record;
         let Some(owner) = self.owner() else {
             return Vec::new();
         };
@@ -94,7 +94,7 @@ pub async fn recorded(
     let Some(own) = children.iter().find(|c| c.contains(&guid)).cloned() else {
         return Ok(None);
     };
-    let Some(role) = super::roles::of_node(&own) else {
+    let Some(role) = crate::recipes::roles::of_node(&own) else {
         return Ok(None);
     };
     let path = format!("{dir}/{own}");
@@ -167,9 +167,9 @@ pub async fn release_recorded(session: &Session, root: &str, recorded: &Recorded
 }
 
 /// Whether the holding record `name` under the lease record at `lease` names `handle` (see
-/// [super::engine::handle::names_handle]).
+/// [crate::recipes::engine::handle::names_handle]).
 pub async fn names(session: &Session, lease: &str, name: &str, handle: &str) -> Result<bool, Failure> {
-    Ok(super::engine::handle::names_handle(session.client(), lease, name, handle).await?)
+    Ok(crate::recipes::engine::handle::names_handle(session.client(), lease, name, handle).await?)
 }
 
 /// The holding `lease` has at resource `name` of `kind`, of the kinds a lease holds one of per
@@ -177,11 +177,11 @@ pub async fn names(session: &Session, lease: &str, name: &str, handle: &str) -> 
 /// it records. `None` if it holds none there.
 pub async fn held_at(
     session: &Session,
-    lease: &super::engine::lease::Lease,
+    lease: &crate::recipes::engine::lease::Lease,
     kind: Kind,
     name: &str,
-) -> Result<Option<(String, super::engine::record::HoldingRecord)>, Failure> {
-    use super::engine::record;
+) -> Result<Option<(String, crate::recipes::engine::record::HoldingRecord)>, Failure> {
+    use crate::recipes::engine::record;
     let record_name = record::record_name(kind, name, None);
     let held = record::holding(session.client(), &lease.path, &record_name).await?;
     Ok(held.map(|held| (record_name, held)))

@@ -61,8 +61,8 @@ fn probes(kind: Kind, dir: &str) -> Vec<String> {
     };
     match kind {
         Kind::Semaphore => below(&["locks", "leases"]),
-        Kind::Election => below(&[super::election::ACK_NODE]),
-        Kind::DoubleBarrier => below(&[super::double_barrier::READY]),
+        Kind::Election => below(&[crate::recipes::elections::ACK_NODE]),
+        Kind::DoubleBarrier => below(&[crate::recipes::barriers::double::READY]),
         Kind::Queue => below(&["items", "claims", "dead"]),
         Kind::Txn => below(&["votes"]),
         // Measured by their own znode's children (or data) alone.

@@ -7,8 +7,8 @@ use serde::Serialize;
 use utoipa::ToSchema;
 use zookeeper_client::Error as ZkError;
 
-use super::engine::lease::EndReason;
-use super::topic::{Source, event_kinds};
+use crate::recipes::engine::lease::EndReason;
+use crate::recipes::topic::{Source, event_kinds};
 use crate::zk::retry_on_loss;
 use crate::zk::watch::Mode;
 use zookeeper_client::Client;
@@ -125,7 +125,7 @@ impl KeyBinding {
     ) -> Result<(Option<String>, Option<LeaseEnded>), ZkError> {
         use crate::locked::Locked;
         if exists {
-            let lease = super::kv::bound::binding(client, &self.root, path)
+            let lease = crate::recipes::kv::bound::binding(client, &self.root, path)
                 .await?
                 .map(|(binding, _)| binding.lease);
             *self.last.locked() = lease.clone();
@@ -134,7 +134,9 @@ impl KeyBinding {
         let Some(lease) = self.last.locked().clone() else {
             return Ok((None, None));
         };
-        let found = super::engine::record::read(client, &super::engine::record::path(&self.root, &lease)).await?;
+        let found =
+            crate::recipes::engine::record::read(client, &crate::recipes::engine::record::path(&self.root, &lease))
+                .await?;
         let ended = found.and_then(|found| found.record.ended);
         Ok((None, ended.map(|reason| LeaseEnded { lease, reason })))
     }

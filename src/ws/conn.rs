@@ -24,7 +24,7 @@ use crate::http::error::Problem;
 use crate::http::topics::{self as topic, TopicError};
 use crate::limits::{ClientAddr, Permit};
 use crate::metrics::Counted;
-use crate::recipes::engine::lease::{Lease, LeaseError};
+use crate::recipes::leases::{Lease, LeaseError};
 use crate::time::HumanDuration;
 
 /// Most subscriptions one socket may hold.

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use common::{Gate, zookeeper};
 use zkgate::kind::Kind;
 use zkgate::recipes::kv;
-use zkgate::recipes::kv_txn::{self, Check, Compare, Step, StepResult, Txn};
+use zkgate::recipes::kv::txn::{self, Check, Compare, Step, StepResult, Txn};
 
 const MAX_VALUE: usize = 256 * 1024;
 
@@ -28,11 +28,11 @@ fn put(path: &str, value: &str) -> Step {
 }
 
 /// The bindings of a transaction that binds nothing: this instance's, and no lease.
-fn unbound(state: &zkgate::AppState) -> kv_txn::Bindings<'_> {
+fn unbound(state: &zkgate::AppState) -> txn::Bindings<'_> {
     static NO_LEASES: std::sync::LazyLock<
         std::collections::HashMap<String, Arc<zkgate::recipes::engine::lease::Lease>>,
     > = std::sync::LazyLock::new(Default::default);
-    kv_txn::Bindings {
+    txn::Bindings {
         keys: &state.kv_keys,
         leases: &NO_LEASES,
         quotas: &state.quotas,
@@ -66,7 +66,7 @@ async fn the_compares_pick_one_branch_and_it_applies_whole() {
         then: vec![put(&a, "1"), put(&b, "1"), Step::Get { path: a.clone() }],
         otherwise: vec![Step::Get { path: a.clone() }],
     };
-    let first = kv_txn::run(&session, &create, MAX_VALUE, payer(state), unbound(state), None)
+    let first = txn::run(&session, &create, MAX_VALUE, payer(state), unbound(state), None)
         .await
         .expect("commits");
     assert_eq!(first.failed_compare, None);
@@ -80,7 +80,7 @@ async fn the_compares_pick_one_branch_and_it_applies_whole() {
     };
     assert_eq!(got.data, b"1", "a get after a put answers the put");
     // Again: `a` exists now, so the other branch runs, and `then`'s writes do not.
-    let second = kv_txn::run(&session, &create, MAX_VALUE, payer(state), unbound(state), None)
+    let second = txn::run(&session, &create, MAX_VALUE, payer(state), unbound(state), None)
         .await
         .expect("commits");
     assert_eq!(second.failed_compare, Some(0));
@@ -95,8 +95,8 @@ async fn the_compares_pick_one_branch_and_it_applies_whole() {
         ..Txn::default()
     };
     assert!(matches!(
-        kv_txn::run(&session, &refused, MAX_VALUE, payer(state), unbound(state), None).await,
-        Err(kv_txn::TxnError::NotEmpty(path)) if path == key("app")
+        txn::run(&session, &refused, MAX_VALUE, payer(state), unbound(state), None).await,
+        Err(txn::TxnError::NotEmpty(path)) if path == key("app")
     ));
     assert!(
         read_key(state, &session, &c).await.is_none(),
@@ -141,9 +141,9 @@ async fn racing_transactions_never_apply_in_part() {
                     then: vec![put(&a, &next), put(&b, &next), put(&c, &next)],
                     otherwise: vec![],
                 };
-                match kv_txn::run(&session, &txn, MAX_VALUE, payer(state), unbound(state), None).await {
+                match txn::run(&session, &txn, MAX_VALUE, payer(state), unbound(state), None).await {
                     Ok(outcome) if outcome.failed_compare.is_none() => winners.lock().unwrap().push(seen),
-                    Ok(_) | Err(kv_txn::TxnError::Contended) => {}
+                    Ok(_) | Err(txn::TxnError::Contended) => {}
                     Err(err) => panic!("transaction failed: {err:?}"),
                 }
             }

@@ -145,9 +145,9 @@ pub struct ProblemDocument {
     /// `size-mismatch`: the double barrier's size.
     pub size: Option<u32>,
     /// `already-voted`: the participant's vote (final).
-    pub vote: Option<crate::recipes::txn::Vote>,
+    pub vote: Option<crate::recipes::txns::Vote>,
     /// `txn-decided`: the transaction's outcome.
-    pub outcome: Option<crate::recipes::txn::Outcome>,
+    pub outcome: Option<crate::recipes::txns::Outcome>,
     /// `out-of-bounds`: the counter's value (unchanged).
     pub value: Option<i64>,
     /// `lease-ended` (`deleted`, `expired`), `lock-lost`: why.

@@ -35,7 +35,7 @@ pub(super) fn claim_lost(claim: &str) -> ApiError {
 }
 
 /// The claim `claim` of `name` for `caller` (made through any instance, see
-/// [Queues::find](crate::recipes::queue::service::Queues::find)), or how an ack (`acking`) or a
+/// [Queues::find](crate::recipes::queues::service::Queues::find)), or how an ack (`acking`) or a
 /// nack of it that is not held is answered: the same as the first when it is a repeat to this
 /// instance (a retry after a lost reply: `Ok(None)`), `410 claim-lost` saying why otherwise.
 pub(super) async fn claim_for(

@@ -84,14 +84,14 @@ async fn listed(
     let paths = state.queues.paths(name);
     let dir = if dead { paths.dead } else { paths.items };
     let session = state.reader(consistency).await?;
-    let page = paging.page(queue::names(&session, &dir).await?, |(place, _)| place.clone());
+    let page = paging.page(queues::names(&session, &dir).await?, |(place, _)| place.clone());
     let names = page.entries.into_iter().map(|(_, name)| name).collect();
     let mut items: Vec<Waiting> = Vec::new();
-    for (item, envelope, stat) in queue::read(&session, &dir, names).await? {
+    for (item, envelope, stat) in queues::read(&session, &dir, names).await? {
         let (body, text, body_base64) = shown(&envelope);
         items.push(Waiting {
-            priority: queue::order_of(&item).map(|o| o.0).unwrap_or(queue::DEFAULT_PRIORITY),
-            not_before: queue::topic::not_before(&item),
+            priority: queues::order_of(&item).map(|o| o.0).unwrap_or(queues::DEFAULT_PRIORITY),
+            not_before: queues::topic::not_before(&item),
             item,
             deliveries: envelope.deliveries,
             age_ms: millis_since(from_millis(stat.ctime)),
@@ -135,7 +135,7 @@ pub async fn replay(
     check_name(&name)?;
     validate_name(&item).map_err(|e| ApiError::invalid(Place::Path, "item", e))?;
     let session = state.zk().connected().await?;
-    if queue::replay(&session, &state.queues.paths(&name), &item).await? {
+    if queues::replay(&session, &state.queues.paths(&name), &item).await? {
         Ok(StatusCode::NO_CONTENT)
     } else {
         Err(ApiError::not_found(

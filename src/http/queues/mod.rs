@@ -28,12 +28,12 @@ use crate::events::Feed;
 use crate::http::idempotency::Idempotent;
 use crate::kind::Kind;
 use crate::recipes::idempotency::Keyed;
-use crate::recipes::queue::service::{Claim, TakeOptions};
-use crate::recipes::queue::topic::{QueueState, QueueTopic};
-use crate::recipes::queue::{self, Envelope, Put, Shown, Taken};
+use crate::recipes::queues::service::{Claim, TakeOptions};
+use crate::recipes::queues::topic::{QueueState, QueueTopic};
+use crate::recipes::queues::{self, Envelope, Put, Shown, Taken};
 use crate::recipes::usage::Payer;
+use crate::recipes::validate_name;
 use crate::time::{HumanDuration, at_most, from_millis, millis_since, timestamp};
-use crate::zk::names::validate_name;
 
 /// The queue kind's module.
 mod claims;

@@ -119,10 +119,10 @@ pub async fn put(
         quotas: &state.quotas,
         principal: caller.name(),
     };
-    let put = queue::put(
+    let put = queues::put(
         &session,
         &paths,
-        queue::Placement {
+        queues::Placement {
             priority: query.priority,
             due_ms,
         },

@@ -158,9 +158,9 @@ pub(super) fn delivery(queue: &str, taken: Taken, claim: Option<&Claim>) -> Deli
     let (body, text, body_base64) = shown(&taken.envelope);
     Delivery {
         queue: queue.to_string(),
-        priority: queue::order_of(&taken.item)
+        priority: queues::order_of(&taken.item)
             .map(|o| o.0)
-            .unwrap_or(queue::DEFAULT_PRIORITY),
+            .unwrap_or(queues::DEFAULT_PRIORITY),
         item: taken.item,
         claim: claim.map(|c| c.id.clone()),
         ack_deadline_at: claim.map(|c| timestamp(from_millis(c.deadline_ms))),

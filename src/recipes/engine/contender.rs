@@ -51,8 +51,8 @@ pub enum Next<'a> {
 
 /// What one kind of contender decides and does around the engine (the shape of Curator's
 /// `LockInternalsDriver`): its znode's name, which node may proceed, and what it does once
-/// granted and before its node goes. An exclusive lock's ([crate::recipes::lock]), a read/write lock's
-/// reader and writer ([crate::recipes::rwlock]) and an election's candidate ([crate::recipes::election]) each
+/// granted and before its node goes. An exclusive lock's ([crate::recipes::locks::exclusive]), a read/write lock's
+/// reader and writer ([crate::recipes::locks::rwlock]) and an election's candidate ([crate::recipes::elections]) each
 /// implement it in their own file; the engine knows only this trait, and [crate::recipes::roles] lists
 /// the implementations (to read a role back from a node's name or a holding's record).
 pub trait Driver: Send + Sync + 'static {

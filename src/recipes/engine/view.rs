@@ -290,7 +290,7 @@ mod tests {
         // The holders (readers ahead of the first writer, or the writer at the head) and one
         // waiter.
         let wanted = |names: &[String], i: usize| {
-            let holding = crate::recipes::rwlock::holding(names);
+            let holding = crate::recipes::locks::rwlock::holding(names);
             i <= holding
         };
         let mut reads = Vec::new();
@@ -304,7 +304,11 @@ mod tests {
         assert_eq!(queue.names, ["_c_b-__WRIT__0000000002", "_c_c-__READ__0000000003"]);
         let read: Vec<&str> = queue.records.iter().map(|r| r.name.as_str()).collect();
         assert_eq!(read, queue.names, "every name picked is read");
-        assert_eq!(crate::recipes::rwlock::holding(&queue.names), 1, "the writer holds");
+        assert_eq!(
+            crate::recipes::locks::rwlock::holding(&queue.names),
+            1,
+            "the writer holds"
+        );
         assert_eq!(reads.len(), 2, "the second read takes what the moved window picks");
     }
 }

@@ -15,21 +15,22 @@
 
 pub mod bound;
 mod lost;
+pub mod txn;
 
 use lost::{LostReply, after_loss};
 
 use std::sync::Arc;
 
-use super::condition::{Condition, Recheck};
+use crate::recipes::condition::{Condition, Recheck};
 use crate::zk::{Failed, Multi};
 use crate::zk::{Failure, Session};
 use zookeeper_client::{Client, CreateMode, Error as ZkError, Stat};
 
-use super::engine::lease::Lease;
-use super::engine::node::owner_record_path;
-use super::usage::{self, ChargeError, Exceeded, Payer, Quotas};
 use crate::auth::{Caller, Forbidden};
 use crate::kind::Kind;
+use crate::recipes::engine::lease::Lease;
+use crate::recipes::engine::node::owner_record_path;
+use crate::recipes::usage::{self, ChargeError, Exceeded, Payer, Quotas};
 use crate::zk::retry_on_loss;
 use bound::{Binding, BoundKeys};
 

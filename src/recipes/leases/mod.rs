@@ -53,7 +53,8 @@ use tokio::time::Instant;
 
 use crate::auth::Caller;
 use crate::locked::{Locked, count_down};
-use crate::recipes::engine::lease::{EndReason, Kept, Lease, LeaseError, WhyEnded};
+pub use crate::recipes::engine::lease::{EndReason, HoldingView, Lease, LeaseError};
+use crate::recipes::engine::lease::{Kept, WhyEnded};
 use crate::recipes::engine::record::{self, HoldingRecord, LeaseRecord};
 use crate::recipes::idempotency::{KeyError, Keyed};
 use crate::zk::session::Lanes;

@@ -35,7 +35,7 @@ use super::{HEARTBEAT, Leases, TOMBSTONE};
 use crate::locked::Locked;
 use crate::recipes::engine::{keepers, record};
 use crate::recipes::presence;
-use crate::recipes::queue::service::Queues;
+use crate::recipes::queues::service::Queues;
 use crate::zk::session::ZkSession;
 
 /// Leases taken over at once in a pass.

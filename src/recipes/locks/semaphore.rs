@@ -4,7 +4,7 @@
 //! Under `<root>/semaphores/<name>`: `locks/` holds an exclusive lock (the lock recipe) that
 //! serialises acquirers, and `leases/` holds one sequential node per permit held
 //! (`_c_<guid>-lease-<seq>`; persistent, living as long as the zkgate lease, see
-//! [super::engine::lease]). An acquirer first takes the lock; then, as the only one doing
+//! [crate::recipes::engine::lease]). An acquirer first takes the lock; then, as the only one doing
 //! so, it creates its lease node and lists `leases/` with a children watch until
 //! [permit_step] lets it hold; then it gives the lock back. So acquirers wait on the lock
 //! queue, each watching only its predecessor, and only the lock holder watches the permits: a
@@ -14,7 +14,7 @@
 //! the contender machinery ([Sequential], [queue_until_held]) rather than copying it.
 //!
 //! The number of permits is every participant's own setting in Curator; zkgate also records
-//! it in the semaphore znode's data (`{"permits": N}`, see [super::agree_on_setting]) and refuses a
+//! it in the semaphore znode's data (`{"permits": N}`, see [crate::recipes::agree_on_setting]) and refuses a
 //! request that disagrees, so HTTP clients cannot silently use two different limits.
 
 use crate::zk::{Failure, Session};
@@ -24,18 +24,18 @@ use serde::Serialize;
 use utoipa::ToSchema;
 use zookeeper_client::{Client, CreateMode, Error as ZkError, EventType};
 
-use super::engine::contender::{Next, Sequential, mark_delayed, queue_until_held};
-use super::engine::handle::{
+use crate::kind::Kind;
+use crate::recipes::engine::contender::{Next, Sequential, mark_delayed, queue_until_held};
+use crate::recipes::engine::handle::{
     Exit, Guarded, Handle, Handles, Node, NotCreated, Protocol, Refused, delete_all, delete_held, write_held,
 };
-use super::engine::lease::Lease;
-use super::engine::record::{HoldingRecord, Shape};
-use super::engine::view::{ContenderView, LISTED, holders_change, read_queue, split_holders};
-use super::in_sequence_order;
-use super::lock;
-use super::recorded::{Recorded, Watched};
-use super::topic::{Source, event_kinds};
-use crate::kind::Kind;
+use crate::recipes::engine::lease::Lease;
+use crate::recipes::engine::record::{HoldingRecord, Shape};
+use crate::recipes::engine::view::{ContenderView, LISTED, holders_change, read_queue, split_holders};
+use crate::recipes::in_sequence_order;
+use crate::recipes::locks::exclusive;
+use crate::recipes::recorded::{Recorded, Watched};
+use crate::recipes::topic::{Source, event_kinds};
 use crate::zk::retry_on_loss;
 use crate::zk::watch::Mode;
 
@@ -47,9 +47,9 @@ pub const PERMITS: &str = "permits";
 
 /// Makes sure the semaphore znode exists (a container, as Curator's) and records `permits`,
 /// or says what it records instead.
-pub async fn agree_on_permits(session: &Session, dir: &str, permits: u32) -> Result<(), super::SettingError> {
+pub async fn agree_on_permits(session: &Session, dir: &str, permits: u32) -> Result<(), crate::recipes::SettingError> {
     let client = session.client();
-    super::agree_on_setting(client, dir, PERMITS, u64::from(permits), CreateMode::Container).await
+    crate::recipes::agree_on_setting(client, dir, PERMITS, u64::from(permits), CreateMode::Container).await
 }
 
 /// The number of permits recorded in the semaphore at `dir`, if one is.
@@ -57,7 +57,7 @@ pub async fn permits_of(session: &Session, dir: &str) -> Result<Option<u64>, Fai
     let client = session.client();
     Ok(crate::zk::data(client, dir)
         .await?
-        .and_then(|(data, _)| super::recorded(&data, PERMITS)))
+        .and_then(|(data, _)| crate::recipes::recorded(&data, PERMITS)))
 }
 
 /// What the holder of the semaphore's lock does next, decided from `leases/`.
@@ -170,7 +170,7 @@ impl PermitRequest {
             Some(node) => node,
             None => {
                 let (lock_node, children) = self.lock.find_or_create(handle, client, data.as_bytes()).await?;
-                let role = super::lock::EXCLUSIVE;
+                let role = crate::recipes::locks::exclusive::EXCLUSIVE;
                 queue_until_held(client, &self.lock.dir, &lock_node, children, role, |p| handle.wait(p)).await?;
                 self.create_lease_node(handle, client, data.as_bytes()).await?
             }
@@ -258,14 +258,14 @@ impl Semaphores {
         let dir = self.dir(name);
         PermitRequest {
             permits,
-            lock: Sequential::of_handle(format!("{dir}/locks"), lock::INFIX, handle),
+            lock: Sequential::of_handle(format!("{dir}/locks"), exclusive::INFIX, handle),
             lease: Sequential::of_handle(format!("{dir}/leases"), LEASE_INFIX, handle),
         }
     }
 }
 
 /// The permit request `handle` of semaphore `name` (at `dir`), from ZooKeeper (see
-/// [super::engine::contender::recorded]): its lease node if it has one (holding, or first in line for a
+/// [crate::recipes::engine::contender::recorded]): its lease node if it has one (holding, or first in line for a
 /// permit), else its node in the semaphore's lock queue. `None` if it has neither.
 pub async fn recorded(session: &Session, dir: &str, name: &str, handle: &str) -> Result<Option<Recorded>, Failure> {
     let client = session.client();
@@ -288,7 +288,7 @@ pub async fn recorded(session: &Session, dir: &str, name: &str, handle: &str) ->
                 _ => (own.clone(), None, Watched::Data(path)),
             }
         }
-        (None, Some(own)) => match lock::next_step(&locks, own) {
+        (None, Some(own)) => match exclusive::next_step(&locks, own) {
             Next::Wait { predecessor, position } => (
                 own.clone(),
                 Some(position),
@@ -312,7 +312,7 @@ pub async fn recorded(session: &Session, dir: &str, name: &str, handle: &str) ->
             czxid: stat.czxid,
         },
         paths,
-        role: super::lock::EXCLUSIVE,
+        role: crate::recipes::locks::exclusive::EXCLUSIVE,
         data,
         position,
         next,

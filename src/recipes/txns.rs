@@ -17,7 +17,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use super::topic::{Source, event_kinds};
+use crate::recipes::topic::{Source, event_kinds};
 use crate::time::{from_millis, timestamp};
 use crate::zk::watch::Mode;
 

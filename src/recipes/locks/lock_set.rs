@@ -88,7 +88,7 @@ pub fn record_path(root: &str, id: &str) -> String {
 }
 
 /// A granted set's record, `<root>/lock-sets/<id>`: a node holding of its lease (see
-/// [super::engine::node]; not shown among the lease's holdings, whose locks are), so that any
+/// [crate::recipes::engine::node]; not shown among the lease's holdings, whose locks are), so that any
 /// instance reads or releases the set, and it goes when the lease ends.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SetRecord {

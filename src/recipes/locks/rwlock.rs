@@ -2,7 +2,7 @@
 //! `InterProcessReadWriteLock` (`_c_<guid>-__READ__<seq>`, `_c_<guid>-__WRIT__<seq>`).
 //!
 //! A writer holds when no contender of any kind has a lower sequence number and otherwise
-//! watches the next lower one, exactly as an exclusive lock ([super::lock::next_step]). A
+//! watches the next lower one, exactly as an exclusive lock ([crate::recipes::locks::exclusive::next_step]). A
 //! reader holds when no *writer* has a lower sequence number, and otherwise watches the
 //! highest writer below it, the one whose departure may let it through. So readers share,
 //! a writer excludes everyone, and the readers queued behind a writer are all released when
@@ -15,11 +15,11 @@ use crate::zk::{Failure, Session};
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use super::engine::contender::{Contenders, Driver, Next, Role};
-use super::engine::view::{ContenderView, LISTED, holders_change, read_queue, split_holders};
-use super::in_sequence_order;
-use super::topic::{Source, event_kinds};
 use crate::kind::Kind;
+use crate::recipes::engine::contender::{Contenders, Driver, Next, Role};
+use crate::recipes::engine::view::{ContenderView, LISTED, holders_change, read_queue, split_holders};
+use crate::recipes::in_sequence_order;
+use crate::recipes::topic::{Source, event_kinds};
 use crate::zk::watch::Mode;
 
 /// The infix of Curator's read contender names.
@@ -76,7 +76,7 @@ impl Driver for Reader {
 
 impl Driver for Writer {
     fn next_step<'a>(&self, children: &'a [String], me: &str) -> Next<'a> {
-        super::lock::next_step(children, me)
+        crate::recipes::locks::exclusive::next_step(children, me)
     }
 }
 

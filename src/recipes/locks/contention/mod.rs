@@ -11,13 +11,13 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::Recipes;
-use super::check_name;
-use super::engine::handle::{Handle, Refused};
-use super::engine::lease::EndReason;
-use super::recorded;
 use crate::auth::Caller;
 use crate::problem::{ApiError, Problem};
+use crate::recipes::Recipes;
+use crate::recipes::check_name;
+use crate::recipes::engine::handle::{Handle, Refused};
+use crate::recipes::engine::lease::EndReason;
+use crate::recipes::recorded;
 use crate::zk::Failure;
 use handles::still_recorded;
 
@@ -25,11 +25,11 @@ mod fencing;
 mod handles;
 mod revoke;
 
-pub use super::engine::contender::{Contender, Contenders, Role};
-pub use super::engine::handle::{Handles, Phase, Protocol};
-pub use super::engine::lease::Lease;
-pub use super::engine::revocation::Revocation;
-pub use super::recorded::Recorded;
+pub use crate::recipes::engine::contender::{Contender, Contenders, Role};
+pub use crate::recipes::engine::handle::{Handles, Phase, Protocol};
+pub use crate::recipes::engine::lease::Lease;
+pub use crate::recipes::engine::revocation::Revocation;
+pub use crate::recipes::recorded::Recorded;
 pub use fencing::check_fencing;
 pub use handles::{
     Found, RELEASE_LIMIT, Seen, find_handle, fresh_position, read_handle, release, release_by_id, release_not_done,
@@ -132,7 +132,7 @@ where
         Phase::Moved => Err(recipes
             .leases
             .unusable(&lease)
-            .unwrap_or_else(|| super::leases::moved(&lease.id))),
+            .unwrap_or_else(|| crate::recipes::leases::moved(&lease.id))),
     }
 }
 

@@ -19,21 +19,21 @@
 //! retrying one that did would count it twice.
 //!
 //! Unless the add carries an idempotency key: then the write and the key's record (holding what
-//! the add did, [super::idempotency]) are one multi-op, so the record is there exactly when the
+//! the add did, [crate::recipes::idempotency]) are one multi-op, so the record is there exactly when the
 //! add landed. After a lost reply the add simply goes again: if the first landed, the record's
 //! create is refused (`NodeExists`, before the write is looked at: it comes first in the
 //! multi-op) and the add is answered from the record as it was the first time; if it did not,
 //! the second one lands. A client that retries a request with its key gets the same answer the
 //! same way, through any instance.
 
-use super::idempotency::{KeyError, Keyed, Record};
+use crate::recipes::idempotency::{KeyError, Keyed, Record};
 use crate::zk::{Failed, Failure, Multi, Session};
 use serde::Serialize;
 use utoipa::ToSchema;
 use zookeeper_client::{Client, CreateMode, Error as ZkError, Stat};
 
-use super::condition::{Condition, Recheck};
-use super::topic::{Source, event_kinds};
+use crate::recipes::condition::{Condition, Recheck};
+use crate::recipes::topic::{Source, event_kinds};
 use crate::time::{from_millis, timestamp};
 use crate::zk::retry_on_loss;
 use crate::zk::watch::Mode;

@@ -6,7 +6,7 @@
 //! `ServiceDiscoveryBuilder.basePath` at `<root>/services`.
 //!
 //! An instance registered through zkgate is bound to a lease like a group member (see
-//! [super::engine::node]); its JSON carries one field more, `zkgate` (its lease and principal),
+//! [crate::recipes::engine::node]); its JSON carries one field more, `zkgate` (its lease and principal),
 //! which Curator's reader ignores. Curator writes an object payload with Jackson's type tag
 //! (`"@class": "java.util.HashMap"`); zkgate writes payloads as given, which a
 //! `ServiceDiscovery<Map>` reads as a map.
@@ -15,7 +15,7 @@ use crate::zk::{Failure, Session};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use super::topic::{Source, event_kinds};
+use crate::recipes::topic::{Source, event_kinds};
 use crate::time::{from_millis, timestamp};
 use crate::zk::watch::Mode;
 

@@ -18,12 +18,12 @@ use crate::zk::{Failure, Session};
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use super::engine::contender::{Contenders, Driver, Next, Role};
-use super::engine::lease::{EndReason, WhyEnded};
-use super::engine::view::{ContenderView, LISTED, read_queue};
-use super::in_sequence_order;
-use super::topic::{Source, event_kinds};
 use crate::kind::Kind;
+use crate::recipes::engine::contender::{Contenders, Driver, Next, Role};
+use crate::recipes::engine::lease::{EndReason, WhyEnded};
+use crate::recipes::engine::view::{ContenderView, LISTED, read_queue};
+use crate::recipes::in_sequence_order;
+use crate::recipes::topic::{Source, event_kinds};
 use crate::zk::watch::Mode;
 
 /// The infix of Curator's lock contender names (`_c_<uuid>-lock-<seq>`).

@@ -4,7 +4,7 @@
 use super::*;
 use crate::kind::Kind;
 use crate::recipes::consistency::Consistency;
-use crate::recipes::semaphore;
+use crate::recipes::locks::semaphore;
 use crate::zk::Session;
 
 /// A handle as a request finds it.
@@ -142,7 +142,7 @@ pub async fn read_handle(
 /// [crate::recipes::engine::contender::position_now]).
 pub async fn fresh_position(recipes: &Recipes, contender: &Contender) -> Option<usize> {
     let session = recipes.zk().current().ok()?;
-    super::super::engine::contender::position_now(&session, contender).await
+    crate::recipes::engine::contender::position_now(&session, contender).await
 }
 
 /// Waits (up to `wait`) for news on a handle kept here: a revocation asked, a loss, or (for a

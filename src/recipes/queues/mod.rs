@@ -18,7 +18,7 @@
 //! deadline passes. An item claimed more than the allowed number of times moves
 //! to `dead/` instead, to be listed and replayed. Taking at most once deletes the item before
 //! returning it. A put with an `Idempotency-Key` creates the item and the key's record
-//! ([super::idempotency]) in one multi-op, so a retried put lands once.
+//! ([crate::recipes::idempotency]) in one multi-op, so a retried put lands once.
 //!
 //! Here a queue's paths, the put and the reads; an item's name and envelope in [item], a take
 //! in [take], a claim in [claim].
@@ -27,8 +27,8 @@ use crate::zk::{Failed, Multi};
 use crate::zk::{Failure, Session};
 use zookeeper_client::{Client, CreateMode, Error as ZkError, Stat};
 
-use super::idempotency::{KeyError, Keyed};
-use super::usage::{Charge, ChargeError, Exceeded, Payer, Quotas};
+use crate::recipes::idempotency::{KeyError, Keyed};
+use crate::recipes::usage::{Charge, ChargeError, Exceeded, Payer, Quotas};
 use crate::zk::retry_on_loss;
 
 mod claim;

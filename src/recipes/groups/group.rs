@@ -1,6 +1,6 @@
 //! Group membership, the guide's recipe: each member an ephemeral child of the group's znode
 //! (`<root>/groups/<group>/<member>`), holding its data, bound to its lease (see
-//! [super::engine::node]); the live members are the children.
+//! [crate::recipes::engine::node]); the live members are the children.
 //!
 //! A reader that wants to know when membership changes passes the `index` it last saw (the
 //! group znode's `pzxid`, which changes whenever a child is created or deleted) and waits on a
@@ -11,7 +11,7 @@ use serde::Serialize;
 use utoipa::ToSchema;
 use zookeeper_client::Error as ZkError;
 
-use super::topic::{Source, event_kinds};
+use crate::recipes::topic::{Source, event_kinds};
 use crate::time::{from_millis, timestamp};
 use crate::zk::retry_on_loss;
 use crate::zk::watch::Mode;

@@ -11,7 +11,7 @@ use serde::Serialize;
 use utoipa::ToSchema;
 use zookeeper_client::{CreateMode, Error as ZkError};
 
-use super::topic::{Source, event_kinds};
+use crate::recipes::topic::{Source, event_kinds};
 use crate::time::{from_millis, timestamp};
 use crate::zk::watch::{ExistsWatches, Mode};
 
@@ -106,8 +106,8 @@ impl Source for BarrierTopic {
             name: self.name.clone(),
             up: stat.is_some(),
             since: stat.map(|s| timestamp(from_millis(s.ctime))),
-            bound: stat.is_some() && super::engine::node::Owner::in_data(&data).is_some(),
-            lease: super::engine::view::lease_of(&data),
+            bound: stat.is_some() && crate::recipes::engine::node::Owner::in_data(&data).is_some(),
+            lease: crate::recipes::engine::view::lease_of(&data),
         })
     }
 

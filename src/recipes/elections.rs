@@ -1,9 +1,9 @@
 //! Leader election: the guide's protocol on the node names of Curator's `LeaderLatch`.
 //!
 //! Each candidate creates `<root>/elections/<name>/_c_<guid>-latch-<seq>` (sequential, and
-//! persistent: it lives as long as its lease, see [super::engine::lease]) and watches the next lower candidate, never the lowest (that would wake every
+//! persistent: it lives as long as its lease, see [crate::recipes::engine::lease]) and watches the next lower candidate, never the lowest (that would wake every
 //! candidate at each change: the herd effect). The lowest candidate leads; the decision is the
-//! exclusive lock's ([super::lock::next_step]).
+//! exclusive lock's ([crate::recipes::locks::exclusive::next_step]).
 //!
 //! Being the lowest does not tell anyone that the leader knows it leads, so the new leader
 //! writes the guide's acknowledgement node, `<root>/elections/<name>/leader` (persistent like
@@ -25,12 +25,12 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use zookeeper_client::{Client, CreateMode, Error as ZkError};
 
-use super::engine::contender::{Contender, Contenders, Driver, Next, Role, Step};
-use super::engine::handle::{Exit, Guarded, Node, NotCreated, write_held};
-use super::engine::view::{ContenderView, LISTED, read_queue};
-use super::topic::{Source, event_kinds};
-use super::usage::{self, ChargeError, Payer};
 use crate::kind::Kind;
+use crate::recipes::engine::contender::{Contender, Contenders, Driver, Next, Role, Step};
+use crate::recipes::engine::handle::{Exit, Guarded, Node, NotCreated, write_held};
+use crate::recipes::engine::view::{ContenderView, LISTED, read_queue};
+use crate::recipes::topic::{Source, event_kinds};
+use crate::recipes::usage::{self, ChargeError, Payer};
 use crate::time::{from_millis, timestamp};
 use crate::zk::retry_on_loss;
 use crate::zk::watch::Mode;
@@ -113,7 +113,7 @@ pub const CANDIDATE: Role = Role {
 
 impl Driver for Candidate {
     fn next_step<'a>(&self, children: &'a [String], me: &str) -> Next<'a> {
-        super::lock::next_step(children, me)
+        crate::recipes::locks::exclusive::next_step(children, me)
     }
 
     fn on_grant<'a>(&'a self, handle: &'a Contender, client: &'a Client, node: &'a Node) -> Step<'a, Result<(), Exit>> {

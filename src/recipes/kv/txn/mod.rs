@@ -12,7 +12,7 @@
 //! What the compares say of what was read, and the multi-op a branch becomes, are pure
 //! ([Txn::first_failed], [plan]); [run] reads, commits and reads again.
 //!
-//! Keys bound to a lease ([super::kv::bound]) keep their rule inside a transaction: the owner
+//! Keys bound to a lease ([crate::recipes::kv::bound]) keep their rule inside a transaction: the owner
 //! record of every key a branch writes is read with the keys, a plain put over a bound key (or
 //! a put bound to a lease over a plain key, or another lease's) refuses the whole transaction,
 //! and the multi-op pins each of those owner records as read (the create and delete of an
@@ -26,10 +26,10 @@ use std::collections::{HashMap, HashSet};
 
 use zookeeper_client::{Error as ZkError, Stat};
 
-use super::idempotency::KeyError;
-use super::kv::Entry;
-use super::kv::bound::Binding;
-use super::usage::{ChargeError, Exceeded};
+use crate::recipes::idempotency::KeyError;
+use crate::recipes::kv::Entry;
+use crate::recipes::kv::bound::Binding;
+use crate::recipes::usage::{ChargeError, Exceeded};
 use crate::zk::{Done, Failure};
 
 mod commit;
@@ -81,7 +81,7 @@ pub struct Check {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Step {
     /// Writes the key; with `lease` (an id the caller may use), binds it to that lease, by the
-    /// rule of single writes ([super::kv::Binds]) but without `rebind`.
+    /// rule of single writes ([crate::recipes::kv::Binds]) but without `rebind`.
     Put {
         path: String,
         data: Vec<u8>,
@@ -231,7 +231,7 @@ pub struct ReadBinding {
     pub record: Option<String>,
 }
 
-/// Why a transaction was refused by the rule for bound keys ([super::kv::Binds]).
+/// Why a transaction was refused by the rule for bound keys ([crate::recipes::kv::Binds]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BindingRefusal {
     /// A put bound to no lease, or to another one, of the key at `path`, bound to `lease`.

@@ -20,16 +20,16 @@ use tokio::time::Instant;
 use utoipa::ToSchema;
 use zookeeper_client::{Client, CreateMode, Error as ZkError};
 
-use super::engine::node::{NodeHoldings, release_recorded};
-use super::topic::{Source, event_kinds};
 use crate::kind::Kind;
+use crate::recipes::engine::node::{NodeHoldings, release_recorded};
+use crate::recipes::topic::{Source, event_kinds};
 use crate::zk::retry_on_loss;
 use crate::zk::watch::{ExistsWatches, Mode};
 
 /// The name of the ready node.
 pub const READY: &str = "ready";
 
-/// The key of the size in the double barrier znode's data (see [super::agree_on_setting]).
+/// The key of the size in the double barrier znode's data (see [crate::recipes::agree_on_setting]).
 pub const SIZE: &str = "size";
 
 /// What a leaving participant does next.
@@ -70,7 +70,7 @@ pub async fn participants(session: &Session, dir: &str) -> Result<Vec<String>, F
 /// Creates `ready` (persistent: it must outlive the instance that happened to create it, since
 /// participants on other instances rely on it); already there is fine.
 pub async fn make_ready(client: &Client, dir: &str) -> Result<(), ZkError> {
-    super::create_if_absent(client, &format!("{dir}/{READY}"), CreateMode::Persistent).await
+    crate::recipes::create_if_absent(client, &format!("{dir}/{READY}"), CreateMode::Persistent).await
 }
 
 /// Removes `ready` if it is there.
@@ -83,9 +83,9 @@ pub async fn clear_ready(client: &Client, dir: &str) -> Result<(), ZkError> {
 }
 
 /// Records `size` in the barrier's znode (creating it), or says what it records instead.
-pub async fn agree_on_size(session: &Session, dir: &str, size: u32) -> Result<(), super::SettingError> {
+pub async fn agree_on_size(session: &Session, dir: &str, size: u32) -> Result<(), crate::recipes::SettingError> {
     let client = session.client();
-    super::agree_on_setting(client, dir, SIZE, u64::from(size), CreateMode::Persistent).await
+    crate::recipes::agree_on_setting(client, dir, SIZE, u64::from(size), CreateMode::Persistent).await
 }
 
 /// Enters (after the participant's own node was created on `client`'s session, which sees it
@@ -162,7 +162,7 @@ pub async fn leave(
 async fn remove_participant(session: &Session, nodes: &NodeHoldings, name: &str, me: &str) -> Result<(), Failure> {
     if let Some(node) = nodes
         .get(name, me)
-        .filter(|n| n.state().phase != super::engine::handle::Phase::Moved)
+        .filter(|n| n.state().phase != crate::recipes::engine::handle::Phase::Moved)
     {
         nodes.release(&node).await;
         return Ok(());
@@ -216,7 +216,7 @@ impl Source for DoubleBarrierTopic {
         let client = session.client();
         let size = crate::zk::data(client, &self.dir)
             .await?
-            .and_then(|(data, _)| super::recorded(&data, SIZE));
+            .and_then(|(data, _)| crate::recipes::recorded(&data, SIZE));
         let mut children = crate::zk::children(client, &self.dir).await?;
         children.sort();
         let ready = children.iter().any(|c| c == READY);

@@ -1,0 +1,80 @@
+//! A lease-bound node's operations, for every kind whose holding is one node (a group's member,
+//! a service's instance, a lock set's record): bound with its data charged to the caller, and
+//! unbound by whichever instance a request reaches.
+
+use std::sync::Arc;
+
+use crate::auth::Caller;
+use crate::problem::ApiError;
+use crate::recipes::Recipes;
+use crate::recipes::engine::node::{self, HoldError};
+use crate::recipes::usage::ChargeError;
+use crate::zk::Failure;
+
+pub use crate::recipes::engine::handle::Phase;
+pub use crate::recipes::engine::node::{NodeHolding, NodeHoldings};
+pub use crate::recipes::locks::contention::{RELEASE_LIMIT, release_not_done};
+
+/// Binds `id` of resource `name` (a group's member, a service's instance) to `lease`, holding
+/// `data` charged to the caller on the node's session; `taken` is the answer when the id is.
+pub async fn bind_charged(
+    recipes: &Recipes,
+    caller: &Caller,
+    nodes: &NodeHoldings,
+    lease: &Arc<crate::recipes::engine::lease::Lease>,
+    (name, id): (&str, &str),
+    data: Vec<u8>,
+    taken: impl FnOnce() -> ApiError,
+) -> Result<Arc<NodeHolding>, ApiError> {
+    let path = nodes.node(name, id);
+    let session = recipes.zk().connected().await?;
+    let bytes = data.len();
+    let charge = match recipes.quotas.charge(&session, caller.name(), bytes).await {
+        Ok(charge) => recipes.quotas.node(&charge, bytes),
+        Err(ChargeError::Exceeded(exceeded)) => return Err(ApiError::from(exceeded)),
+        Err(ChargeError::ZooKeeper(err)) => return Err(err.into()),
+    };
+    match nodes.hold(lease, name, id, path, data, Some(charge)).await {
+        Err(HoldError::ZooKeeper(Failure::QuotaFull)) => Err(ApiError::from(
+            recipes.quotas.exceeded(&session, caller.name(), bytes).await,
+        )),
+        hold => recipes.leases.held(lease, hold)?.ok_or_else(taken),
+    }
+}
+
+/// Releases the node holding `id` of resource `name` at `path` (a member, a service instance,
+/// a lock set's record), if `caller` may: through its task if its lease is kept here, else
+/// through ZooKeeper alone (its node records its lease, see [node]). `gone` is the answer when
+/// there is no such node of zkgate's.
+pub async fn unbind(
+    recipes: &Recipes,
+    caller: &Caller,
+    nodes: &NodeHoldings,
+    (name, id): (&str, &str),
+    path: &str,
+    gone: impl FnOnce() -> ApiError,
+) -> Result<(), ApiError> {
+    if let Some(node) = nodes.serving(name, id) {
+        node.lease.check_owner(caller)?;
+        // Bounded, as a lock's release is: during an outage the release is done once
+        // ZooKeeper is back, and the request says so rather than hang for the outage.
+        if !nodes.release_within(&node, RELEASE_LIMIT).await {
+            return Err(release_not_done(&format!("`{id}` of `{name}`")));
+        }
+        if node.state().phase != Phase::Moved {
+            return Ok(());
+        }
+        // Its lease moved to another instance meanwhile: the task stopped without deleting;
+        // released through ZooKeeper below.
+    }
+    let session = recipes.synced().await?;
+    let (root, kind) = (&recipes.root, nodes.kind());
+    let owner = node::check_owner(&session, root, kind, path, caller, &format!("`{id}` of `{name}`")).await?;
+    if owner.is_none() {
+        return Err(gone());
+    }
+    match node::release_recorded(&session, root, kind, (name, id), path).await? {
+        true => Ok(()),
+        false => Err(gone()),
+    }
+}
