@@ -81,6 +81,43 @@ impl Kind {
         }
     }
 
+    /// Whether a node holding of this kind keeps its member's own data (a group's member), so
+    /// that who owns it is recorded apart, in an owner record, rather than in the node.
+    pub const fn owner_recorded_apart(self) -> bool {
+        match self {
+            Kind::Group => true,
+            Kind::Lock
+            | Kind::RwLock
+            | Kind::Semaphore
+            | Kind::Election
+            | Kind::Barrier
+            | Kind::DoubleBarrier
+            | Kind::Txn
+            | Kind::Queue
+            | Kind::Kv
+            | Kind::Counter
+            | Kind::Service => false,
+        }
+    }
+
+    /// Whether a resource's znode is a container, which ZooKeeper removes with its last child
+    /// (as Curator makes a group's or a service's).
+    pub const fn in_container(self) -> bool {
+        match self {
+            Kind::Group | Kind::Service => true,
+            Kind::Lock
+            | Kind::RwLock
+            | Kind::Semaphore
+            | Kind::Election
+            | Kind::Barrier
+            | Kind::DoubleBarrier
+            | Kind::Txn
+            | Kind::Queue
+            | Kind::Kv
+            | Kind::Counter => false,
+        }
+    }
+
     /// The URL segment after `/v1/` (`double-barriers`).
     pub const fn segment(self) -> &'static str {
         self.entry().segment

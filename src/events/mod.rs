@@ -32,8 +32,8 @@ use std::collections::VecDeque;
 use tokio::sync::watch;
 
 use crate::locked::Locked;
-use crate::recipes::engine::lease::{EndReason, Lease, LeaseError};
 use crate::recipes::leases::Leases;
+use crate::recipes::leases::{EndReason, Lease, LeaseError};
 use crate::recipes::topic::{EventKind, Source};
 use crate::zk::recursive::Change;
 use crate::zk::session::{Status, ZkSession};

@@ -110,9 +110,9 @@ async fn forwarded(state: &AppState, request: Request) -> Result<Request, ApiErr
     else {
         return Err(refuse("it lacks the peer headers"));
     };
-    let body = axum::body::to_bytes(body, super::BODY_LIMIT_BYTES)
+    let body = axum::body::to_bytes(body, crate::listen::BODY_LIMIT_BYTES)
         .await
-        .map_err(|_| ApiError::too_large(super::BODY_LIMIT_BYTES))?;
+        .map_err(|_| ApiError::too_large(crate::listen::BODY_LIMIT_BYTES))?;
     let forward = crate::peer::Forward {
         method: parts.method.as_str(),
         path: parts.uri.path_and_query().map_or("/", |p| p.as_str()),

@@ -9,17 +9,14 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::consistency::Consistency;
-use super::error::{ApiError, Problem, Problems, p};
+use super::error::{ApiError, Problems, p};
 use super::extract::{ApiJson, ApiPath, ApiQuery};
-use super::{Followed, Resource, check_name, state_handler};
+use super::{Followed, Resource, state_handler};
 use crate::AppState;
 use crate::auth::Caller;
 use crate::events::Feed;
 use crate::kind::Kind;
-use crate::recipes::barriers::barrier::{self, BarrierState, BarrierTopic};
-use crate::recipes::engine::handle::Phase;
-use crate::recipes::engine::node;
-use crate::recipes::topic::Source;
+use crate::recipes::barriers::{self, barrier::BarrierState, barrier::BarrierTopic};
 use crate::time::HumanDuration;
 
 /// The barrier kind's module.
@@ -43,10 +40,7 @@ fn routes() -> OpenApiRouter<AppState> {
 
 /// Barrier `name` as its topic and `GET` read it.
 fn source(state: &AppState, name: &str) -> BarrierTopic {
-    BarrierTopic {
-        name: name.to_string(),
-        path: state.barriers.dir(name),
-    }
+    barriers::barrier_topic(state, name)
 }
 
 /// Body of a raise (optional): without it the barrier is persistent.
@@ -86,25 +80,11 @@ pub async fn raise(
     ApiPath(name): ApiPath<String>,
     ApiJson(body): ApiJson<Option<RaiseBody>>,
 ) -> Result<Response, ApiError> {
-    check_name(&name)?;
     let body = body.unwrap_or_default();
-    let path = state.barriers.dir(&name);
-    // The answer is the barrier as the session that raised it sees it, which is sure to see it.
-    let (created, session) = if body.lease.is_none() && body.ttl.is_none() {
-        let session = state.zk().connected().await?;
-        (barrier::raise(&session, &path).await?, session)
-    } else {
-        let (lease, _) = state
-            .leases
-            .for_request(&caller, body.lease, body.ttl.map(|t| t.0))
-            .await?;
-        let session = lease.session().await?;
-        let data = node::owner_record(&lease);
-        let hold = state.barriers.hold(&lease, &name, &name, path, data, None).await;
-        (state.leases.held(&lease, hold)?.is_some(), session)
-    };
+    let ttl = body.ttl.map(|t| t.0);
+    let (created, barrier) = barriers::raise(&state, &caller, &name, body.lease, ttl).await?;
     let status = if created { StatusCode::CREATED } else { StatusCode::OK };
-    Ok((status, Json(source(&state, &name).read(&session).await?)).into_response())
+    Ok((status, Json(barrier)).into_response())
 }
 
 /// Lowers a barrier, releasing every waiter. A barrier bound to a lease is lowered only by the
@@ -120,35 +100,8 @@ pub async fn lower(
     caller: Caller,
     ApiPath(name): ApiPath<String>,
 ) -> Result<StatusCode, ApiError> {
-    check_name(&name)?;
-    let session = state.synced().await?;
-    let path = state.barriers.dir(&name);
-    let root = &state.config.root;
-    let owner = node::check_owner(
-        &session,
-        root,
-        Kind::Barrier,
-        &path,
-        &caller,
-        &format!("barrier `{name}`"),
-    )
-    .await?;
-    if let Some(bound) = state.barriers.serving(&name, &name) {
-        state.barriers.release(&bound).await;
-        if bound.state().phase != Phase::Moved {
-            return Ok(StatusCode::NO_CONTENT);
-        }
-    }
-    // Bound to a lease kept elsewhere (or moved there while released here): released with its
-    // reference, through ZooKeeper.
-    if owner.is_some() && node::release_recorded(&session, root, Kind::Barrier, (&name, &name), &path).await? {
-        return Ok(StatusCode::NO_CONTENT);
-    }
-    if barrier::lower(&session, &path).await? {
-        Ok(StatusCode::NO_CONTENT)
-    } else {
-        Err(ApiError::not_found("barrier", format!("barrier `{name}` is not up")))
-    }
+    barriers::lower(&state, &caller, &name).await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 state_handler!(
@@ -175,22 +128,7 @@ pub async fn wait(
     ApiQuery(query): ApiQuery<WaitQuery>,
     consistency: Consistency,
 ) -> Result<Json<BarrierState>, ApiError> {
-    check_name(&name)?;
-    // The shared watch reads on the primary session, which the `sync` brings up to date.
-    state.reader(consistency).await?;
-    let wait = state.wait(query.wait.map(|w| w.0));
-    let path = state.barriers.dir(&name);
-    let down = barrier::wait_down(&state.barrier_watches, &path);
-    crate::admission::park();
-    if tokio::time::timeout(wait, down).await.is_err() {
-        return Err(ApiError::new(
-            Problem::BarrierUp,
-            format!(
-                "barrier `{name}` was still up after {}",
-                humantime::format_duration(wait)
-            ),
-        ));
-    }
+    barriers::wait_down(&state, &name, query.wait.map(|w| w.0), consistency).await?;
     Ok(Json(BarrierState {
         name,
         up: false,

@@ -72,7 +72,7 @@ pub fn document(spec: &mut utoipa::openapi::OpenApi) {
             .get_or_insert_with(Vec::new)
             .push(RefOr::T(parameter));
         // A mode it does not know is a 400 naming the parameter.
-        super::declare(operation, vec![super::error::Problem::InvalidField]);
+        super::error::declare(operation, vec![super::error::Problem::InvalidField]);
     }
 }
 

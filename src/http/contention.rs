@@ -215,6 +215,14 @@ impl HandleView {
             revocation: recorded.revocation(),
         }
     }
+
+    /// A handle as [recipe::read_handle] saw it.
+    pub async fn of(state: &AppState, seen: Seen) -> HandleView {
+        match seen {
+            Seen::Here(contender) => HandleView::here(state, &contender).await,
+            Seen::There(recorded) => HandleView::there(&recorded),
+        }
+    }
 }
 
 /// `GET .../handles/{handle}` of a contender kind: where the handle stands, after waiting (up

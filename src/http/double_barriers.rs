@@ -10,20 +10,16 @@ use tokio::time::Instant;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::error::{ApiError, Place, Problem, Problems, p};
+use super::error::{ApiError, Problems, p};
 use super::extract::{ApiJson, ApiPath, ApiQuery};
 use super::leases::LeaseView;
-use super::{Followed, Resource, check_name, state_handler};
+use super::{Followed, Resource, state_handler};
 use crate::AppState;
 use crate::auth::Caller;
 use crate::events::Feed;
 use crate::kind::Kind;
-use crate::recipes::SettingError;
-use crate::recipes::barriers::double::{self, DoubleBarrierState, DoubleBarrierTopic, READY};
-use crate::recipes::engine::node::{self, NodeHolding};
-use crate::recipes::validate_name;
+use crate::recipes::barriers::{self, double::DoubleBarrierState, double::DoubleBarrierTopic};
 use crate::time::HumanDuration;
-use crate::zk::Session;
 
 /// The double barrier kind's module.
 pub const RESOURCE: Resource = Resource {
@@ -104,74 +100,6 @@ pub struct Passage {
     pub lease: Option<LeaseView>,
 }
 
-fn check_participant(participant: &str) -> Result<(), ApiError> {
-    validate_name(participant).map_err(|e| ApiError::invalid(Place::Body, "participant", e))?;
-    if participant == READY {
-        let detail = "`ready` is the barrier's own node";
-        return Err(ApiError::invalid(Place::Body, "participant", detail));
-    }
-    Ok(())
-}
-
-fn taken(name: &str, participant: &str) -> ApiError {
-    ApiError::new(
-        Problem::MemberTaken,
-        format!("`{participant}` is already inside `{name}`"),
-    )
-}
-
-/// Records `size` in the barrier's znode (creating it); 409 if it records another size.
-async fn agree_on_size(session: &Session, dir: &str, name: &str, size: u32) -> Result<(), ApiError> {
-    match double::agree_on_size(session, dir, size).await {
-        Ok(()) => Ok(()),
-        Err(SettingError::Mismatch(n)) => Err(ApiError::new(
-            Problem::SizeMismatch,
-            format!("double barrier `{name}` has size {n}, not {size}"),
-        )
-        .with("size", n)),
-        Err(SettingError::ZooKeeper(err)) => Err(err.into()),
-    }
-}
-
-/// The participant's node for an enter: the one it has here already (entering again with its
-/// lease goes on waiting), or a new one bound to the lease the request names or makes.
-async fn participant(
-    state: &AppState,
-    caller: &Caller,
-    name: &str,
-    body: &EnterBody,
-) -> Result<(std::sync::Arc<NodeHolding>, Session), ApiError> {
-    let dir = state.double_barriers.dir(name);
-    match state.double_barriers.get(name, &body.participant) {
-        Some(node) if Some(node.lease.id.as_str()) == body.lease.as_deref() => {
-            node.lease.check_owner(caller)?;
-            let session = node.lease.session().await?;
-            agree_on_size(&session, &dir, name, body.size).await?;
-            Ok((node, session))
-        }
-        Some(_) => Err(taken(name, &body.participant)),
-        None => {
-            let (lease, _) = state
-                .leases
-                .for_request(caller, body.lease.clone(), body.ttl.map(|t| t.0))
-                .await?;
-            let session = lease.session().await?;
-            agree_on_size(&session, &dir, name, body.size).await?;
-            let path = state.double_barriers.node(name, &body.participant);
-            let data = node::owner_record(&lease);
-            let hold = state
-                .double_barriers
-                .hold(&lease, name, &body.participant, path, data, None)
-                .await;
-            let node = state
-                .leases
-                .held(&lease, hold)?
-                .ok_or_else(|| taken(name, &body.participant))?;
-            Ok((node, session))
-        }
-    }
-}
-
 /// Enters the barrier: returns 200 once `size` participants are in (at once if the barrier is
 /// already open), or 202 when the wait ends first (the participant stays inside; enter again
 /// with the same lease to go on waiting). The participant lives by its lease.
@@ -190,25 +118,20 @@ pub async fn enter(
     ApiQuery(query): ApiQuery<WaitQuery>,
     ApiJson(body): ApiJson<EnterBody>,
 ) -> Result<Response, ApiError> {
-    check_name(&name)?;
-    check_participant(&body.participant)?;
-    if body.size == 0 {
-        return Err(ApiError::invalid(Place::Body, "size", "must be at least 1"));
-    }
     let deadline = Instant::now() + state.wait(query.wait.map(|w| w.0));
-    // Everything from here on the lease's own session: the count of who is inside must include
-    // our own node, which only the session that created it is sure to see at once.
-    let (node, session) = participant(&state, &caller, &name, &body).await?;
-    let dir = state.double_barriers.dir(&name);
-    crate::admission::park(); // entered: what is left is waiting for the others
-    let passed = double::enter(&session, &state.barrier_watches, &dir, body.size, deadline).await?;
-    let inside = double::participants(&session, &dir).await?.len();
+    let entry = barriers::Entry {
+        participant: body.participant.clone(),
+        size: body.size,
+        lease: body.lease,
+        ttl: body.ttl.map(|t| t.0),
+    };
+    let (passed, inside, lease) = barriers::enter(&state, &caller, &name, entry, deadline).await?;
     let passage = Passage {
         barrier: name,
         participant: body.participant,
         passed,
         inside,
-        lease: Some(LeaseView::of(&node.lease)),
+        lease: Some(LeaseView::of(&lease)),
     };
     let status = if passed { StatusCode::OK } else { StatusCode::ACCEPTED };
     Ok((status, Json(passage)).into_response())
@@ -232,30 +155,8 @@ pub async fn leave(
     ApiQuery(query): ApiQuery<WaitQuery>,
     ApiJson(body): ApiJson<LeaveBody>,
 ) -> Result<Response, ApiError> {
-    check_name(&name)?;
-    check_participant(&body.participant)?;
     let deadline = Instant::now() + state.wait(query.wait.map(|w| w.0));
-    // Whoever serves it, a participant leaves only by its lease's principal (or an admin).
-    let nodes = &state.double_barriers;
-    let any = state.synced().await?;
-    let what = format!("participant `{}`", body.participant);
-    let path = nodes.node(&name, &body.participant);
-    node::check_owner(&any, &state.config.root, Kind::DoubleBarrier, &path, &caller, &what).await?;
-    // On the participant's own session if it entered here, which sees its own removal at once.
-    let session = match nodes.get(&name, &body.participant) {
-        Some(node) => node.lease.session().await?,
-        None => any,
-    };
-    let passed = double::leave(
-        &session,
-        &state.barrier_watches,
-        nodes,
-        &name,
-        &body.participant,
-        deadline,
-    )
-    .await?;
-    let inside = double::participants(&session, &nodes.dir(&name)).await?.len();
+    let (passed, inside) = barriers::leave(&state, &caller, &name, &body.participant, deadline).await?;
     let passage = Passage {
         barrier: name,
         participant: body.participant,

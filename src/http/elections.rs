@@ -1,8 +1,6 @@
 //! `/v1/elections`: campaign (long poll), resign, read the leader and the candidates, and
 //! proclaim a new value as the leader.
 
-use std::sync::Arc;
-
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -13,7 +11,7 @@ use utoipa_axum::routes;
 
 use super::consistency::Consistency;
 use super::contention::{self, HandleQuery, held_since};
-use super::error::{ApiError, Problem, Problems, p};
+use super::error::{ApiError, Problems, p};
 use super::extract::{ApiJson, ApiPath, ApiQuery};
 use super::leases::LeaseView;
 use super::{Followed, Resource, state_handler};
@@ -22,10 +20,8 @@ use crate::auth::Caller;
 use crate::events::Feed;
 use crate::kind::Kind;
 use crate::recipes::elections::{self, ElectionState, LeaderView, Leadership};
-use crate::recipes::locks::contention::{self as recipe, Found, Lease, Phase};
-use crate::recipes::usage::Payer;
-use crate::time::{HumanDuration, timestamp};
-use crate::zk::Failure;
+use crate::recipes::locks::contention::{self as recipe, Phase};
+use crate::time::HumanDuration;
 
 /// The election kind's module.
 pub const RESOURCE: Resource = Resource {
@@ -177,11 +173,7 @@ pub async fn campaign(
         lease: body.lease,
         ttl: body.ttl.map(|t| t.0),
     };
-    let (registry, value) = (&state.elections, body.value);
-    let open = async |lease: Arc<Lease>| {
-        recipe::open_contender(&state, registry, &lease, &name, elections::CANDIDATE, value.clone())
-    };
-    let outcome = recipe::contend(&state, registry, request, open).await?;
+    let outcome = elections::campaign(&state, request, body.value).await?;
     let current = outcome.handle.state();
     let candidacy = Candidacy {
         election: name,
@@ -223,33 +215,7 @@ pub async fn proclaim(
     ApiJson(body): ApiJson<Proclamation>,
 ) -> Result<Json<LeaderView>, ApiError> {
     super::check_stored_size(&state, "proclaimed value", json_len(&body.value))?;
-    let session = state.synced().await?;
-    // The leader's candidate node and when it began leading (known only to its keeper).
-    let (candidate, since) = match recipe::find_handle(&state.elections, &session, &caller, &name, &body.handle).await?
-    {
-        Found::Here(contender) => {
-            let current = contender.state();
-            let (Phase::Held { since }, Some(node)) = (&current.phase, &current.node) else {
-                return Err(not_leader(&name, &body.handle, current.phase.name()));
-            };
-            (node.name.clone(), Some(timestamp(*since)))
-        }
-        Found::There(recorded) if recorded.holds() => (recorded.node.name.clone(), None),
-        Found::There(_) => return Err(not_leader(&name, &body.handle, "waiting")),
-    };
-    let dir = state.elections.dir(&name);
-    let payer = Payer {
-        quotas: &state.quotas,
-        principal: caller.name(),
-    };
-    let size = json_len(&body.value);
-    let proclaimed = match elections::proclaim(&session, &dir, &candidate, body.value, payer).await {
-        Err(Failure::QuotaFull) => return Err(ApiError::from(payer.exceeded(&session, size).await)),
-        proclaimed => proclaimed?,
-    };
-    let Some(ack) = proclaimed else {
-        return Err(not_leader(&name, &body.handle, "held"));
-    };
+    let (ack, since) = elections::proclaim(&state, &caller, &name, &body.handle, body.value).await?;
     Ok(Json(LeaderView {
         node: ack.candidate,
         term: ack.term,
@@ -264,14 +230,6 @@ pub async fn proclaim(
 /// The size of `value` as JSON.
 fn json_len(value: &serde_json::Value) -> usize {
     serde_json::to_vec(value).map_or(0, |v| v.len())
-}
-
-fn not_leader(name: &str, handle: &str, state: &str) -> ApiError {
-    ApiError::new(
-        Problem::NotLeader,
-        format!("handle `{handle}` is not the leader of `{name}`: only the leader may proclaim"),
-    )
-    .with("state", state)
 }
 
 /// Reads a candidate: waiting (with position), leading (`held`, with term) or lost.
@@ -319,9 +277,7 @@ pub async fn resign(
     caller: Caller,
     ApiPath((name, handle)): ApiPath<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
-    let session = state.synced().await?;
-    let found = recipe::find_handle(&state.elections, &session, &caller, &name, &handle).await?;
-    recipe::release(&state, &state.elections, found).await?;
+    elections::resign(&state, &caller, &name, &handle).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -49,7 +49,7 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
 /// A body that could not be read: 413 when over the limit.
 pub fn body_rejection(rejection: BytesRejection) -> ApiError {
     if rejection.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
-        ApiError::too_large(super::BODY_LIMIT_BYTES)
+        ApiError::too_large(crate::listen::BODY_LIMIT_BYTES)
     } else {
         ApiError::malformed_body(rejection.body_text())
     }

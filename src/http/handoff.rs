@@ -159,9 +159,9 @@ async fn named(served_by: &ServedBy, parts: &mut Parts, body: Body) -> Result<(O
             Ok((routed.param(param).map(str::to_string), body))
         }
         Named::Body if carries_json(parts) => {
-            let bytes = axum::body::to_bytes(body, super::BODY_LIMIT_BYTES)
+            let bytes = axum::body::to_bytes(body, crate::listen::BODY_LIMIT_BYTES)
                 .await
-                .map_err(|_| ApiError::too_large(super::BODY_LIMIT_BYTES))?;
+                .map_err(|_| ApiError::too_large(crate::listen::BODY_LIMIT_BYTES))?;
             // Read through a typed struct; a body it does not fit is the handler's to refuse.
             let id = serde_json::from_slice::<NamedInBody>(&bytes)
                 .ok()
@@ -239,9 +239,9 @@ async fn hand_over(state: &AppState, keeper: &str, waits: bool, request: Request
         return Err(request);
     };
     let (parts, body) = request.into_parts();
-    let body = match axum::body::to_bytes(body, super::BODY_LIMIT_BYTES).await {
+    let body = match axum::body::to_bytes(body, crate::listen::BODY_LIMIT_BYTES).await {
         Ok(bytes) => bytes,
-        Err(_) => return Ok(ApiError::too_large(super::BODY_LIMIT_BYTES).into_response()),
+        Err(_) => return Ok(ApiError::too_large(crate::listen::BODY_LIMIT_BYTES).into_response()),
     };
     // A long poll waits up to --max-wait there; anything else answers at once, or is taken over.
     let timeout = match waits {

@@ -10,7 +10,7 @@ use serde::Serialize;
 use super::error::{ApiError, Problems, p};
 use crate::AppState;
 use crate::auth::Caller;
-use crate::zk::session::Connection;
+use crate::recipes::Connection;
 
 /// Health of this instance.
 #[derive(Serialize, utoipa::ToSchema)]

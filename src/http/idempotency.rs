@@ -130,7 +130,7 @@ pub fn document(spec: &mut utoipa::openapi::OpenApi) {
         if !takes_key(operation) {
             continue;
         }
-        super::declare(operation, vec![Problem::IdempotencyKeyReused]);
+        super::error::declare(operation, vec![Problem::IdempotencyKeyReused]);
         for (status, response) in operation.responses.responses.iter_mut() {
             if let (true, RefOr::T(response)) = (status.starts_with('2'), response) {
                 let marked = HeaderBuilder::new()

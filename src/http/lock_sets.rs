@@ -8,9 +8,6 @@
 //! acquire is served by the keeper of the lease it names, like a lock's; a granted set is
 //! recorded in ZooKeeper, so that any instance reads or releases it.
 
-use std::sync::Arc;
-use std::time::Instant;
-
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -19,18 +16,16 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::consistency::Consistency;
-use super::contention::{self, HandleView, held_since};
-use super::error::{ApiError, Place, Problem, Problems, p};
+use super::contention::{HandleView, held_since};
+use super::error::{ApiError, Place, Problems, p};
 use super::extract::{ApiJson, ApiPath, ApiQuery};
 use super::leases::LeaseView;
 use crate::AppState;
 use crate::auth::{Access, Caller};
 use crate::kind::Kind;
-use crate::recipes::leases::EndReason;
-use crate::recipes::locks::contention::{self as recipe, Contender, Lease};
-use crate::recipes::locks::lock_set::{self, SetRecord, canonical_order};
+use crate::recipes::locks::lock_set::canonical_order;
+use crate::recipes::locks::{self, contention::Contender};
 use crate::time::HumanDuration;
-use crate::zk::Session;
 
 /// Most locks in one set.
 pub const MAX_LOCKS: usize = 64;
@@ -137,113 +132,14 @@ pub async fn acquire_set(
     ApiJson(body): ApiJson<LockSetBody>,
 ) -> Result<Json<LockSetView>, ApiError> {
     let order = locks_in_order(&caller, &body.locks)?;
-    let deadline = Instant::now() + state.wait(params.wait.map(|w| w.0));
-    let (lease, own_lease) = state
-        .leases
-        .for_request(&caller, body.lease, body.ttl.map(|t| t.0))
-        .await?;
-    let mut taker = SetTaker {
-        state: &state,
-        caller: &caller,
-        lease: &lease,
-        own_lease,
-        deadline,
-    };
-    let (id, taken) = lock_set::acquire(&mut taker, &order)
-        .await
-        .map_err(|refused| match refused.at {
-            Some(lock) => refused.error.with("lock", &lock),
-            None => refused.error,
-        })?;
+    let wait = state.wait(params.wait.map(|w| w.0));
+    let ttl = body.ttl.map(|t| t.0);
+    let (id, taken, lease) = locks::acquire_set(&state, &caller, &order, wait, body.lease, ttl).await?;
     Ok(Json(LockSetView {
         set: id,
-        locks: taken.iter().map(|(handle, _)| set_lock(handle)).collect(),
+        locks: taken.iter().map(|handle| set_lock(handle)).collect(),
         lease: LeaseView::of(&lease),
     }))
-}
-
-/// A set's locks taken as single acquires on `lease`, within one deadline.
-struct SetTaker<'a> {
-    state: &'a AppState,
-    caller: &'a Caller,
-    lease: &'a Arc<Lease>,
-    /// Whether the lease was made for this request (a refused set ends it).
-    own_lease: bool,
-    deadline: Instant,
-}
-
-impl lock_set::Taker for SetTaker<'_> {
-    /// A lock's handle, and whether the lease held it before the set.
-    type Taken = (Arc<Contender>, bool);
-    type Error = ApiError;
-
-    async fn take(&mut self, name: &str) -> Result<Self::Taken, ApiError> {
-        let (state, lease) = (self.state, self.lease);
-        let held_before = state.locks.holds(lease, name);
-        let request = recipe::Request {
-            caller: self.caller,
-            name,
-            wait: Some(self.deadline.saturating_duration_since(Instant::now())),
-            keep_queued: false,
-            lease: Some(lease.id.clone()),
-            ttl: None,
-        };
-        let open = async |lease: Arc<Lease>| {
-            recipe::open_contender(
-                state,
-                &state.locks,
-                &lease,
-                name,
-                crate::recipes::locks::exclusive::EXCLUSIVE,
-                None,
-            )
-        };
-        let granted = recipe::contend(state, &state.locks, request, open).await?;
-        Ok((granted.handle, held_before))
-    }
-
-    /// Records the set of `taken` (granted, in order) under a new id, bound to the lease.
-    async fn record(&mut self, taken: &[Self::Taken]) -> Result<String, ApiError> {
-        let (state, lease) = (self.state, self.lease);
-        let id = crate::ids::owned_id(&lease.here);
-        let record = SetRecord {
-            lease: lease.id.clone(),
-            principal: lease.owner.clone(),
-            locks: taken
-                .iter()
-                .map(|(handle, _)| lock_set::SetLock {
-                    lock: handle.name.clone(),
-                    handle: handle.id.clone(),
-                })
-                .collect(),
-            created_ms: crate::time::now_ms(),
-        };
-        let path = lock_set::record_path(&state.config.root, &id);
-        let hold = state
-            .lock_sets
-            .hold_as(lease, (&id, &id), path, record.to_bytes(), None, true);
-        match state.leases.held(lease, hold.await)? {
-            Some(_) => Ok(id),
-            None => Err(ApiError::new(Problem::Internal, "a lock set's id was taken")),
-        }
-    }
-
-    async fn give_back(&mut self, taken: Vec<Self::Taken>) {
-        if self.own_lease {
-            let _ = self
-                .state
-                .leases
-                .end(&Caller::Anyone, &self.lease.id, EndReason::Deleted)
-                .await;
-            return;
-        }
-        // Locks the lease held before the set stay held.
-        for (handle, held_before) in taken.iter().rev() {
-            if !held_before {
-                self.state.locks.release(handle).await;
-            }
-        }
-    }
 }
 
 /// The locks a set names, each valid, named once and allowed to `caller`, in the order every
@@ -267,16 +163,6 @@ fn locks_in_order<'a>(caller: &Caller, locks: &'a [String]) -> Result<Vec<&'a st
     Ok(order)
 }
 
-/// The set `id` as ZooKeeper records it, if `caller` may use it; 404 otherwise.
-async fn find_set(state: &AppState, session: &Session, caller: &Caller, id: &str) -> Result<SetRecord, ApiError> {
-    crate::recipes::validate_name(id).map_err(|e| ApiError::invalid(Place::Path, "set", e))?;
-    let set = lock_set::read(session, &state.config.root, id)
-        .await?
-        .ok_or_else(|| ApiError::not_found("lock set", format!("no lock set `{id}` (released, or its lease ended)")))?;
-    caller.require_owner(set.principal.as_deref(), &format!("lock set `{id}`"))?;
-    Ok(set)
-}
-
 /// Reads a set: each lock's handle, and whether all are still held.
 #[utoipa::path(get, path = "/v1/lock-sets/{set}", tag = "locks",
     params(("set" = String, Path, description = "The set's id, from its acquire")),
@@ -290,13 +176,13 @@ pub async fn get_set(
     ApiPath(id): ApiPath<String>,
     consistency: Consistency,
 ) -> Result<Json<LockSetState>, ApiError> {
-    let session = state.reader(consistency).await?;
-    let set = find_set(&state, &session, &caller, &id).await?;
+    let (set, seen) = locks::read_set(&state, &caller, &id, consistency).await?;
     let mut locks: Vec<HandleView> = Vec::with_capacity(set.locks.len());
-    for member in &set.locks {
-        let (query, lock, handle) = (contention::HandleQuery { wait: None }, &member.lock, &member.handle);
-        let seen = contention::get_handle(&state, &state.locks, &caller, (lock, handle), query, consistency).await;
-        locks.push(seen.unwrap_or_else(|_| HandleView::gone(lock, handle, &set.lease)));
+    for (member, seen) in set.locks.iter().zip(seen) {
+        locks.push(match seen {
+            Some(seen) => HandleView::of(&state, seen).await,
+            None => HandleView::gone(&member.lock, &member.handle, &set.lease),
+        });
     }
     let all_held = locks.iter().all(|l| l.state == "held");
     Ok(Json(LockSetState {
@@ -320,21 +206,6 @@ pub async fn release_set(
     caller: Caller,
     ApiPath(id): ApiPath<String>,
 ) -> Result<StatusCode, ApiError> {
-    let session = state.synced().await?;
-    let set = find_set(&state, &session, &caller, &id).await?;
-    let mut lost = None;
-    for member in set.locks.iter().rev() {
-        let found = recipe::find_handle(&state.locks, &session, &caller, &member.lock, &member.handle).await;
-        let released = match found {
-            Ok(found) => recipe::release(&state, &state.locks, found).await,
-            Err(err) => Err(err),
-        };
-        if let Err(err) = released {
-            lost.get_or_insert(err.with("lock", &member.lock));
-        }
-    }
-    let gone = || ApiError::not_found("lock set", format!("no lock set `{id}`"));
-    let path = lock_set::record_path(&state.config.root, &id);
-    crate::recipes::nodes::unbind(&state, &caller, &state.lock_sets, (&id, &id), &path, gone).await?;
-    lost.map_or(Ok(StatusCode::NO_CONTENT), Err)
+    locks::release_set(&state, &caller, &id).await?;
+    Ok(StatusCode::NO_CONTENT)
 }

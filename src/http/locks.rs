@@ -16,7 +16,7 @@ use crate::AppState;
 use crate::auth::Caller;
 use crate::events::Feed;
 use crate::kind::Kind;
-use crate::recipes::engine::revocation::{AUDIT_KEPT, Revocation, audit_dir, read_audit};
+use crate::recipes::locks::contention::{self as recipe, Revocation};
 use crate::recipes::locks::exclusive::{LockState, LockTopic};
 
 /// The lock kind's module.
@@ -136,13 +136,8 @@ pub async fn revocations(
     ApiQuery(query): ApiQuery<AuditQuery>,
     consistency: Consistency,
 ) -> Result<Json<Vec<Revocation>>, ApiError> {
-    let limit = query.limit.unwrap_or(100).min(AUDIT_KEPT);
-    let session = state.reader(consistency).await?;
-    let mut records = read_audit(&session, &audit_dir(&state.config.root), limit).await?;
-    records.retain(|r| {
-        Kind::from_topic(&r.kind).is_some_and(|kind| caller.may(kind.auth(), &r.lock, crate::auth::Access::Read))
-    });
-    Ok(Json(records))
+    let limit = query.limit.unwrap_or(100);
+    Ok(Json(recipe::revocations(&state, &caller, limit, consistency).await?))
 }
 
 contention::fencing_handler!(

@@ -108,9 +108,6 @@ pub fn topic(state: &AppState, kind: Kind, name: &str) -> Option<Feed> {
         .map(|topic| (topic.feed)(state, name))
 }
 
-/// Largest request body accepted (the server's bound: [crate::listen::BODY_LIMIT_BYTES]).
-pub const BODY_LIMIT_BYTES: usize = crate::listen::BODY_LIMIT_BYTES;
-
 #[derive(OpenApi)]
 #[openapi(
     info(
@@ -182,7 +179,7 @@ pub fn finish(router: Router<AppState>) -> Router<AppState> {
     router
         .fallback(no_route)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(DefaultBodyLimit::max(BODY_LIMIT_BYTES))
+        .layer(DefaultBodyLimit::max(crate::listen::BODY_LIMIT_BYTES))
 }
 
 /// The API alone (no sockets, docs or status page), for requests that arrive over a
@@ -484,28 +481,6 @@ pub fn document_auth(spec: &mut utoipa::openapi::OpenApi) {
         if limits::takes_a_turn(&method, path) {
             guards.push(Problem::Overloaded);
         }
-        declare(operation, guards);
-    }
-}
-
-/// Adds `problems` to the responses `operation` documents, but for those it declares itself
-/// (which are not described twice).
-pub fn declare(operation: &mut utoipa::openapi::path::Operation, mut problems: Vec<error::Problem>) {
-    let responses = &mut operation.responses.responses;
-    problems.retain(|problem| {
-        !responses.values().any(|r| match r {
-            utoipa::openapi::RefOr::T(r) => r.description.contains(&format!("`{}`", problem.slug())),
-            utoipa::openapi::RefOr::Ref(_) => false,
-        })
-    });
-    for (status, response) in error::responses(&problems) {
-        match (responses.get_mut(&status), response) {
-            (Some(utoipa::openapi::RefOr::T(existing)), utoipa::openapi::RefOr::T(more)) => {
-                existing.description = format!("{}; {}", existing.description, more.description);
-            }
-            (_, response) => {
-                responses.insert(status, response);
-            }
-        }
+        error::declare(operation, guards);
     }
 }

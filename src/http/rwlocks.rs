@@ -14,7 +14,7 @@ use crate::AppState;
 use crate::auth::Caller;
 use crate::events::Feed;
 use crate::kind::Kind;
-use crate::recipes::engine::contender::Role;
+use crate::recipes::locks::contention::Role;
 use crate::recipes::locks::rwlock::{self, RwLockState, RwLockTopic, is_reader};
 
 /// The read/write lock kind's module.

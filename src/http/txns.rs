@@ -13,19 +13,16 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::consistency::Consistency;
-use super::error::{ApiError, Place, Problem, Problems, p};
+use super::error::{ApiError, Place, Problems, p};
 use super::extract::{ApiJson, ApiPath, ApiQuery};
-use super::{Followed, Resource, check_name};
+use super::{Followed, Resource};
 use crate::AppState;
 use crate::auth::Caller;
 use crate::events::Feed;
 use crate::kind::Kind;
-use crate::recipes::engine::node;
-use crate::recipes::topic::Source;
-use crate::recipes::txns::{self, Record, Spec, TxnState, TxnTopic, Vote, VoteError};
+use crate::recipes::txns::{self, Spec, TxnState, TxnTopic, Vote};
 use crate::recipes::validate_name;
 use crate::time::{HumanDuration, at_most};
-use crate::zk::{Failure, Session};
 
 /// The transaction kind's module.
 pub const RESOURCE: Resource = Resource {
@@ -50,10 +47,7 @@ fn routes() -> OpenApiRouter<AppState> {
 
 /// Transaction `id` as its topic and `GET` read it.
 fn source(state: &AppState, id: &str) -> TxnTopic {
-    TxnTopic {
-        id: id.to_string(),
-        dir: state.txn_members.dir(id),
-    }
+    txns::txn_topic(state, id)
 }
 
 /// Longest a transaction may wait for its votes.
@@ -106,16 +100,6 @@ pub struct VoteBody {
     pub vote: Vote,
 }
 
-fn not_found(id: &str) -> ApiError {
-    ApiError::not_found("transaction", format!("no transaction `{id}`"))
-}
-
-/// Transaction `id` read on `client`, 404 if there is none.
-async fn read(state: &AppState, session: &Session, id: &str) -> Result<TxnState, ApiError> {
-    let read = source(state, id).read(session).await?;
-    if read.exists { Ok(read) } else { Err(not_found(id)) }
-}
-
 /// Creates a transaction; this instance coordinates it (it alone watches the votes).
 #[utoipa::path(post, path = "/v1/txns", tag = "txns",
     request_body(content = CreateTxn, example = json!({"id": "order-42", "participants": ["billing", "inventory"], "payload": {"order": 42}, "deadline": "30s"})),
@@ -158,14 +142,8 @@ pub async fn create(
     };
     let stored = serde_json::to_vec(&spec).map_or(0, |s| s.len());
     super::check_stored_size(&state, "transaction (with its payload)", stored)?;
-    let session = state.zk().connected().await?;
-    let dir = state.txn_members.dir(&id);
-    txns::create(&session, &dir, &spec).await.map_err(|err| match err {
-        Failure::Taken => ApiError::new(Problem::TxnExists, format!("a transaction `{id}` exists")),
-        err => err.into(),
-    })?;
-    tokio::spawn(txns::coordinate(state.zk().clone(), dir.clone(), spec.deadline_ms));
-    Ok((StatusCode::CREATED, Json(read(&state, &session, &id).await?)).into_response())
+    let created = txns::create(&state, &id, spec).await?;
+    Ok((StatusCode::CREATED, Json(created)).into_response())
 }
 
 /// Reads a transaction; with `wait`, blocks until it is decided (or the wait ends). Past the
@@ -183,18 +161,9 @@ pub async fn get_txn(
     ApiQuery(query): ApiQuery<TxnQuery>,
     consistency: Consistency,
 ) -> Result<Json<TxnState>, ApiError> {
-    check_name(&id)?;
-    let session = state.reader(consistency).await?;
-    let dir = state.txn_members.dir(&id);
-    let Some(record) = txns::read(&session, &dir).await? else {
-        return Err(not_found(&id));
-    };
-    if let Some(wait) = query.wait.filter(|_| record.decision.is_none()) {
-        let until = crate::time::instant_after(wait.0.min(state.max_wait));
-        crate::admission::park();
-        txns::await_decision(&session, &state.barrier_watches, &dir, record.spec.deadline_ms, until).await?;
-    }
-    Ok(Json(read(&state, &session, &id).await?))
+    Ok(Json(
+        txns::read(&state, &id, query.wait.map(|w| w.0), consistency).await?,
+    ))
 }
 
 /// Registers a participant: its own ephemeral node, bound to its lease, so that its failure
@@ -212,23 +181,10 @@ pub async fn register(
     ApiPath((id, participant)): ApiPath<(String, String)>,
     ApiJson(body): ApiJson<Option<RegisterBody>>,
 ) -> Result<Response, ApiError> {
-    let (_, dir, _) = participant_of(&state, &caller, &id, &participant).await?;
     let body = body.unwrap_or_default();
-    let (lease, _) = state
-        .leases
-        .for_request(&caller, body.lease, body.ttl.map(|t| t.0))
-        .await?;
-    // The member node lives on the lease's session, and is read back on it (which sees it).
-    let session = lease.session().await?;
-    let path = txns::member_path(&dir, &participant);
-    let hold = state
-        .txn_members
-        .hold(&lease, &id, &participant, path, node::owner_record(&lease), None);
-    if state.leases.held(&lease, hold.await)?.is_none() {
-        let detail = format!("`{participant}` is registered by another");
-        return Err(ApiError::new(Problem::MemberTaken, detail));
-    }
-    Ok((StatusCode::CREATED, Json(read(&state, &session, &id).await?)).into_response())
+    let ttl = body.ttl.map(|t| t.0);
+    let registered = txns::register(&state, &caller, (&id, &participant), body.lease, ttl).await?;
+    Ok((StatusCode::CREATED, Json(registered)).into_response())
 }
 
 /// Votes `commit` or `abort`. A vote is final: the same vote again is accepted, another is
@@ -246,53 +202,5 @@ pub async fn vote(
     ApiPath((id, participant)): ApiPath<(String, String)>,
     ApiJson(body): ApiJson<VoteBody>,
 ) -> Result<Json<TxnState>, ApiError> {
-    let (session, dir, record) = participant_of(&state, &caller, &id, &participant).await?;
-    if let Some(decision) = &record.decision
-        && record.votes.get(&participant) != Some(&body.vote)
-    {
-        return Err(
-            ApiError::new(Problem::TxnDecided, format!("`{id}` was decided: {}", decision.reason))
-                .with("outcome", decision.outcome),
-        );
-    }
-    if !record.registered.contains(&participant) && !record.votes.contains_key(&participant) {
-        let detail = format!("`{participant}` must register (PUT .../participants/{participant}) before it votes");
-        return Err(ApiError::new(Problem::NotRegistered, detail));
-    }
-    txns::record_vote(&session, &dir, &participant, body.vote)
-        .await
-        .map_err(|err| match err {
-            VoteError::AlreadyVoted(existing) => ApiError::new(
-                Problem::AlreadyVoted,
-                format!("`{participant}` voted {existing:?}; a vote is final"),
-            )
-            .with("vote", existing),
-            VoteError::ZooKeeper(err) => err.into(),
-        })?;
-    Ok(Json(read(&state, &session, &id).await?))
-}
-
-/// The transaction, checking that `participant` is one of it (and, registered here, the
-/// caller's).
-async fn participant_of(
-    state: &AppState,
-    caller: &Caller,
-    id: &str,
-    participant: &str,
-) -> Result<(Session, String, Record), ApiError> {
-    check_name(id)?;
-    validate_name(participant).map_err(|e| ApiError::invalid(Place::Path, "participant", e))?;
-    let session = state.synced().await?;
-    let dir = state.txn_members.dir(id);
-    // A participant registered with another principal's lease is not the caller's, whichever
-    // instance it registered through: its node records the principal.
-    let member = txns::member_path(&dir, participant);
-    let what = format!("participant `{participant}`");
-    node::check_owner(&session, &state.config.root, Kind::Txn, &member, caller, &what).await?;
-    let record = txns::read(&session, &dir).await?.ok_or_else(|| not_found(id))?;
-    if !record.spec.participants.iter().any(|p| p == participant) {
-        let detail = format!("`{participant}` is not a participant of `{id}`");
-        return Err(ApiError::new(Problem::NotAParticipant, detail));
-    }
-    Ok((session, dir, record))
+    Ok(Json(txns::vote(&state, &caller, (&id, &participant), body.vote).await?))
 }

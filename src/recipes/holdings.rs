@@ -64,30 +64,57 @@ impl Registries {
     pub fn adopt(&self, lease: &Arc<Lease>, holdings: Vec<(String, HoldingRecord)>) {
         for (record_name, holding) in holdings {
             let (name, id, record_name) = (holding.name.as_str(), holding.handle.as_str(), record_name.as_str());
-            let adopted = match (holding.kind(), &holding.shape) {
-                (Some(kind), Shape::Contender { role }) => self
-                    .contenders(kind)
-                    .zip(crate::recipes::roles::from_label(role))
-                    .is_some_and(|(registry, role)| {
-                        registry.adopt_contender(lease, (name, id), record_name, role).is_ok()
-                    }),
-                (Some(Kind::Semaphore), Shape::Permit { permits }) => self
-                    .semaphores
-                    .adopt_permit(lease, (name, id), record_name, *permits)
-                    .is_ok(),
-                (Some(Kind::Kv), shape @ Shape::Node { .. }) => self
-                    .kv_keys
-                    .adopt_binding(lease, &self.quotas, (name, id), record_name, shape)
-                    .is_ok(),
-                (Some(kind), shape @ Shape::Node { .. }) => self
-                    .nodes(kind)
-                    .is_some_and(|nodes| nodes.adopt_node(lease, (name, id), record_name, shape).is_ok()),
-                // A kind this version does not know, or a holding its kind never makes.
-                _ => false,
-            };
+            // A kind this version does not know is not taken over.
+            let adopted = holding
+                .kind()
+                .is_some_and(|kind| self.adopt_one(kind, lease, (name, id), record_name, &holding.shape));
             if !adopted {
                 tracing::warn!(lease = %lease.id, ?holding, "a holding of a lease taken over was not understood");
             }
+        }
+    }
+
+    /// Takes over one holding of `kind` and `shape`: whether its kind's registry did. Both
+    /// matches are exhaustive, so that a new kind (or shape) must say how it is taken over.
+    fn adopt_one(&self, kind: Kind, lease: &Arc<Lease>, at: (&str, &str), record_name: &str, shape: &Shape) -> bool {
+        match shape {
+            Shape::Contender { role } => self
+                .contenders(kind)
+                .zip(crate::recipes::roles::from_label(role))
+                .is_some_and(|(registry, role)| registry.adopt_contender(lease, at, record_name, role).is_ok()),
+            Shape::Permit { permits } => match kind {
+                Kind::Semaphore => self.semaphores.adopt_permit(lease, at, record_name, *permits).is_ok(),
+                Kind::Lock
+                | Kind::RwLock
+                | Kind::Election
+                | Kind::Barrier
+                | Kind::DoubleBarrier
+                | Kind::Txn
+                | Kind::Queue
+                | Kind::Group
+                | Kind::Kv
+                | Kind::Counter
+                | Kind::Service => false,
+            },
+            Shape::Node { .. } => match kind {
+                Kind::Kv => self
+                    .kv_keys
+                    .adopt_binding(lease, &self.quotas, at, record_name, shape)
+                    .is_ok(),
+                Kind::Lock
+                | Kind::RwLock
+                | Kind::Election
+                | Kind::Semaphore
+                | Kind::Barrier
+                | Kind::DoubleBarrier
+                | Kind::Txn
+                | Kind::Queue
+                | Kind::Group
+                | Kind::Counter
+                | Kind::Service => self
+                    .nodes(kind)
+                    .is_some_and(|nodes| nodes.adopt_node(lease, at, record_name, shape).is_ok()),
+            },
         }
     }
 

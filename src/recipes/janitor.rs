@@ -26,8 +26,9 @@
 //! handover, would only try the same deletions, each conditional: no harm.)
 //!
 //! **Bounded.** Deletions go at most `--janitor-rate` a second (a token bucket), in multi-ops
-//! of at most [BATCH]; listings and stats are multi-reads ([crate::zk::stat_each]).
+//! of at most [crate::zk::multi::DELETE_BATCH]; listings and stats are multi-reads ([crate::zk::stat_each]).
 
+use crate::zk::multi::DELETE_BATCH;
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -68,9 +69,6 @@ pub fn leftovers(kind: Kind) -> Leftovers {
         Kind::Barrier | Kind::Counter | Kind::Kv => Leftovers::Nothing,
     }
 }
-
-/// Most deletions in one multi-op.
-pub const BATCH: usize = 200;
 
 /// How the janitor works.
 #[derive(Clone, Copy, Debug)]
@@ -390,11 +388,11 @@ impl Janitor {
     }
 
     /// Deletes `paths` in order (children before their parents), in multi-ops of at most
-    /// [BATCH], at the bucket's rate; paths already gone are skipped. Answers how many it
+    /// [crate::zk::multi::DELETE_BATCH], at the bucket's rate; paths already gone are skipped. Answers how many it
     /// deleted.
     async fn delete_each(&mut self, client: &Client, paths: &[String]) -> Result<u64, ZkError> {
         let mut deleted = 0;
-        for batch in paths.chunks(BATCH) {
+        for batch in paths.chunks(DELETE_BATCH) {
             self.bucket.take(batch.len()).await;
             let mut multi = Multi::new(client);
             for path in batch {

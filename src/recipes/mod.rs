@@ -6,7 +6,9 @@ pub mod condition;
 pub mod consistency;
 pub mod counters;
 pub mod elections;
-pub mod engine;
+/// The lease-bound engine every lease-bound recipe shares; only the recipes see it (an edge
+/// asks a family for an operation, or for the word it hands on).
+pub(in crate::recipes) mod engine;
 pub mod groups;
 pub mod holdings;
 pub mod idempotency;
@@ -78,6 +80,8 @@ impl Recipes {
 }
 
 pub use crate::zk::names::{MAX_NAME_BYTES, validate_name};
+/// How the sessions the recipes act on stand with ZooKeeper (what `/healthz` shows an admin).
+pub use crate::zk::session::Connection;
 
 /// A resource name from a request's path: 400 `invalid-field` naming `name` if it is not a
 /// valid one (ZooKeeper's path rules, [crate::zk::names]); ZooKeeper is not touched.

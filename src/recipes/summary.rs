@@ -61,7 +61,7 @@ fn probes(kind: Kind, dir: &str) -> Vec<String> {
     };
     match kind {
         Kind::Semaphore => below(&["locks", "leases"]),
-        Kind::Election => below(&[crate::recipes::elections::ACK_NODE]),
+        Kind::Election => below(&[crate::recipes::elections::election::ACK_NODE]),
         Kind::DoubleBarrier => below(&[crate::recipes::barriers::double::READY]),
         Kind::Queue => below(&["items", "claims", "dead"]),
         Kind::Txn => below(&["votes"]),

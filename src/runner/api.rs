@@ -18,7 +18,7 @@ use reqwest::{Client, Method, StatusCode, Url};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::recipes::engine::revocation::Revocation;
+use crate::recipes::locks::contention::Revocation;
 
 /// How long to wait for a TCP connection to zkgate.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);

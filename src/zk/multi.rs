@@ -11,6 +11,11 @@ use std::future::Future;
 
 use zookeeper_client::{Client, CreateOptions, Error as ZkError, MultiWriteError, MultiWriteResult, MultiWriter, Stat};
 
+/// The most deletes of one multi-op that cleans up (the janitor's, the keeper nodes'): small
+/// enough that one request stays far below ZooKeeper's `jute.maxbuffer`, and others are not
+/// held up behind it.
+pub const DELETE_BATCH: usize = 200;
+
 /// Operations to apply together, all or none, each tagged with a `T`.
 pub struct Multi<'c, T> {
     writer: MultiWriter<'c>,

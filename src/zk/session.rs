@@ -6,7 +6,7 @@
 //! client. Each client gets a new *generation* number; a session's end takes its watches and
 //! its ephemeral znodes (the instance's registration, the janitor's and the reaper's nodes,
 //! queue claims) with it, and whoever relied on them starts again on the next generation. What
-//! leases hold is persistent ([crate::recipes::engine::lease]): a session's end ends no lease.
+//! leases hold is persistent (`recipes::engine::lease`): a session's end ends no lease.
 //! ZooKeeper, not zkgate, decides when a session is gone.
 //!
 //! Every session is built with the settings of [ZkSecurity] (digest authentication, TLS), so a

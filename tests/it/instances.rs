@@ -197,7 +197,7 @@ async fn a_takeover_leaves_the_lease_with_a_live_instance_that_took_it_first() {
         .take_over(&zkgate::auth::Caller::Anyone, &lease, Some(&gone), false)
         .await;
     match taken {
-        Err(zkgate::recipes::engine::lease::LeaseError::Elsewhere { keeper: named, .. }) => {
+        Err(zkgate::recipes::leases::LeaseError::Elsewhere { keeper: named, .. }) => {
             assert_eq!(named, *keeper.running.state.instance.id)
         }
         other => panic!(

@@ -292,7 +292,7 @@ async fn a_kept_alive_connection_survives_every_early_refusal() {
     // An open instance: refusals of the request itself.
     let open = Gate::start(&connect).await;
     let acquire = json!({ "lease": open.lease("1m").await });
-    let limit = zkgate::http::BODY_LIMIT_BYTES;
+    let limit = zkgate::listen::BODY_LIMIT_BYTES;
     for refusal in [
         Refusal::json(
             "a bad query parameter (400)",

@@ -29,9 +29,8 @@ fn put(path: &str, value: &str) -> Step {
 
 /// The bindings of a transaction that binds nothing: this instance's, and no lease.
 fn unbound(state: &zkgate::AppState) -> txn::Bindings<'_> {
-    static NO_LEASES: std::sync::LazyLock<
-        std::collections::HashMap<String, Arc<zkgate::recipes::engine::lease::Lease>>,
-    > = std::sync::LazyLock::new(Default::default);
+    static NO_LEASES: std::sync::LazyLock<std::collections::HashMap<String, Arc<zkgate::recipes::leases::Lease>>> =
+        std::sync::LazyLock::new(Default::default);
     txn::Bindings {
         keys: &state.kv_keys,
         leases: &NO_LEASES,

@@ -407,21 +407,23 @@ fn the_client_check_sees_every_way_of_naming_it() {
 /// no kind.
 #[test]
 fn the_engine_names_none_of_its_users() {
+    // Every module of `recipes/` above the engine: the families and what spans them.
     let users = [
-        "lock",
-        "rwlock",
-        "election",
-        "semaphore",
-        "lock_set",
-        "group",
-        "service",
-        "barrier",
-        "double_barrier",
-        "txn",
+        "locks",
+        "elections",
+        "barriers",
+        "groups",
+        "queues",
+        "kv",
+        "counters",
+        "txns",
+        "nodes",
+        "leases",
         "roles",
         "recorded",
         "holdings",
         "summary",
+        "janitor",
     ];
     let mut wrong = Vec::new();
     let mut files = Vec::new();
@@ -441,7 +443,12 @@ fn the_engine_names_none_of_its_users() {
             for path in paths {
                 let segments: Vec<&str> = path.split("::").collect();
                 let names_user = segments.windows(2).any(|w| w[0] == "recipes" && users.contains(&w[1]));
-                if names_user || (file.contains("handle") && path.starts_with("Kind::")) {
+                // A kind by name (`Kind::Group`): what differs by kind is said by `Kind` itself
+                // (`kind.rs`) or by the user's `Driver`, never decided here.
+                let names_kind = path
+                    .strip_prefix("Kind::")
+                    .is_some_and(|rest| rest.starts_with(|c: char| c.is_ascii_uppercase()) && rest != "ALL");
+                if names_user || names_kind {
                     wrong.push(format!("src/{file}:{line_no}: {line}"));
                 }
             }
@@ -561,7 +568,8 @@ fn lines_with_depth(text: &str) -> Vec<(usize, String, usize)> {
 /// `crate::`, `super::` and `self::` path of its code resolved to the file that defines it.
 /// A folder's `mod.rs` handing on what its own files define (`pub use registry::Handles`) is
 /// the folder's face, not an import, and the crate root is the composition root: neither is
-/// an edge.
+/// an edge. Anything else a `mod.rs` names of its own folder is (a `mod.rs` that both defines
+/// what its files use and calls into them is a circle like any other).
 fn imports_of(from: &Path, text: &str) -> Vec<(PathBuf, usize)> {
     let Some(own) = module_path(from) else {
         return Vec::new();
@@ -612,13 +620,18 @@ fn imports_of(from: &Path, text: &str) -> Vec<(PathBuf, usize)> {
             };
             module.extend(segments.iter().map(|s| s.to_string()));
             let Some(target) = file_of(&module) else { continue };
-            let within_own_folder = is_mod_rs && target.starts_with(from.parent().expect("a folder"));
-            if target != from && !within_own_folder && module_path(&target).is_some() {
+            let hands_on = is_mod_rs && is_reexport(&statement) && target.starts_with(from.parent().expect("a folder"));
+            if target != from && !hands_on && module_path(&target).is_some() {
                 out.push((target, line_no));
             }
         }
     }
     out
+}
+
+/// Whether a statement hands an item on (`pub use`, `pub(crate) use`, `pub(super) use`...).
+fn is_reexport(statement: &str) -> bool {
+    statement.starts_with("pub ") || statement.starts_with("pub(")
 }
 
 /// The circles of a graph of files (Tarjan's strongly connected components of more than one
@@ -745,7 +758,11 @@ fn the_circle_check_reads_imports_as_rust_does() {
         imports(&task, "use super::{Exit, Handle};\n"),
         [handle.clone(), handle.clone()]
     );
-    assert!(imports(&handle, "pub use task::drive;\nuse self::task::x;\n").is_empty());
+    assert!(imports(&handle, "pub use task::drive;\n").is_empty());
+    // A `mod.rs` that uses one of its own files' items (not handing it on) depends on that
+    // file, as any file would: the edge that makes a `mod.rs` defining what its files use, and
+    // calling into them, a circle.
+    assert_eq!(imports(&handle, "use self::task::x;\n"), vec![task.clone()]);
     assert!(imports(&record, "mod inner {\n    use super::EndReason;\n}\n").is_empty());
     let mut graph = BTreeMap::new();
     graph.insert(lease.clone(), vec![(record.clone(), 1)]);
@@ -866,4 +883,84 @@ fn the_edges_keep_no_recipe_state() {
         "state kept by an edge (it belongs to the recipe, held by AppState):\n{}",
         wrong.join("\n")
     );
+}
+
+/// The paths of a statement that name the engine or ZooKeeper's layer: `crate::zk::…`,
+/// `zk::…`, `crate::recipes::engine::…`, `recipes::engine::…` (and the same in a use tree).
+fn names_engine_or_zk(statement: &str) -> Vec<String> {
+    let paths: Vec<String> = if is_use(statement) {
+        use_paths(
+            statement
+                .split_once("use ")
+                .map_or("", |(_, t)| t)
+                .trim_end_matches(';'),
+        )
+    } else {
+        statement
+            .split(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':'))
+            .map(str::to_string)
+            .collect()
+    };
+    paths
+        .into_iter()
+        .filter(|p| {
+            let bare = p.strip_prefix("crate::").unwrap_or(p);
+            p == "crate::zk" || bare.starts_with("zk::") || bare.starts_with("recipes::engine")
+        })
+        .collect()
+}
+
+/// The edges (`http/`, `ws/`) name neither the lease-bound engine nor `zk/`, in any file (a
+/// `mod.rs` too): a handler parses, calls a recipe's operation and maps what it returns; what
+/// it needs of the recipes' vocabulary (a lease, a handle's phase) each family hands on.
+#[test]
+fn the_edges_name_neither_the_engine_nor_zk() {
+    let mut wrong = Vec::new();
+    for edge in ["http", "ws"] {
+        let mut files = Vec::new();
+        rust_files(&src().join(edge), &mut files);
+        assert!(
+            files.iter().any(|f| f.ends_with("mod.rs")),
+            "{edge}/ has a mod.rs: {files:?}"
+        );
+        for path in files {
+            let text = std::fs::read_to_string(&path).expect("read");
+            for (line_no, statement) in statements(&text) {
+                if !names_engine_or_zk(&statement).is_empty() {
+                    let file = path.strip_prefix(src()).expect("under src").display();
+                    wrong.push(format!("src/{file}:{line_no}: {statement}"));
+                }
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "an edge names the engine or zk/ (ask the family's module for an operation, or for the word it hands on):\n{}",
+        wrong.join("\n")
+    );
+}
+
+/// The edge check sees the engine and `zk/` however a statement names them, and nothing else.
+#[test]
+fn the_edge_check_sees_the_engine_and_zk_however_named() {
+    for named in [
+        "use crate::recipes::engine::lease::Lease;",
+        "use crate::recipes::{engine::node::NodeHolding, leases::Leases};",
+        "use crate::zk::Failure;",
+        "use crate::zk;",
+        "use crate::{zk::Session, auth::Caller};",
+        "let s: crate::zk::Session = x;",
+        "fn f(n: &crate::recipes::engine::node::NodeHoldings) {}",
+    ] {
+        assert!(!names_engine_or_zk(named).is_empty(), "not seen: {named}");
+    }
+    for fine in [
+        "use crate::recipes::leases::Lease;",
+        "use crate::recipes::locks::contention::Phase;",
+        "let zookeeper = state.zk().status();",
+        "connection: zk.connection,",
+        "use base64::engine::general_purpose;",
+    ] {
+        assert!(names_engine_or_zk(fine).is_empty(), "wrongly seen: {fine}");
+    }
 }

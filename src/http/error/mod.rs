@@ -188,6 +188,28 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// Adds `problems` to the responses `operation` documents, but for those it declares itself
+/// (which are not described twice).
+pub fn declare(operation: &mut utoipa::openapi::path::Operation, mut problems: Vec<Problem>) {
+    let responses = &mut operation.responses.responses;
+    problems.retain(|problem| {
+        !responses.values().any(|r| match r {
+            utoipa::openapi::RefOr::T(r) => r.description.contains(&format!("`{}`", problem.slug())),
+            utoipa::openapi::RefOr::Ref(_) => false,
+        })
+    });
+    for (status, response) in self::responses(&problems) {
+        match (responses.get_mut(&status), response) {
+            (Some(utoipa::openapi::RefOr::T(existing)), utoipa::openapi::RefOr::T(more)) => {
+                existing.description = format!("{}; {}", existing.description, more.description);
+            }
+            (_, response) => {
+                responses.insert(status, response);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

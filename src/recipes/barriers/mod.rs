@@ -1,5 +1,238 @@
 //! The barrier family: a barrier (raised, lowered, waited on until down) and a double barrier
-//! (entered together, left together).
+//! (entered together, left together). Here the barrier's operations, on its protocol in
+//! [barrier].
 
 pub mod barrier;
 pub mod double;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::auth::Caller;
+use crate::kind::Kind;
+use crate::problem::{ApiError, Place, Problem};
+use crate::recipes::Recipes;
+use crate::recipes::consistency::Consistency;
+use crate::recipes::engine::handle::Phase;
+use crate::recipes::engine::lease::Lease;
+use crate::recipes::engine::node::{self, NodeHolding};
+use crate::recipes::topic::Source;
+use crate::recipes::{SettingError, validate_name};
+use crate::zk::Session;
+use barrier::{BarrierState, BarrierTopic};
+use double::READY;
+
+/// Barrier `name` as its topic and `GET` read it.
+pub fn barrier_topic(recipes: &Recipes, name: &str) -> BarrierTopic {
+    BarrierTopic {
+        name: name.to_string(),
+        path: recipes.barriers.dir(name),
+    }
+}
+
+/// Raises barrier `name`: persistent with neither `lease` nor `ttl`, else bound to that lease
+/// (or a new one with `ttl`): it falls when the lease ends. Whether this raised it, and the
+/// barrier as the session that raised it sees it (which is sure to see it).
+pub async fn raise(
+    recipes: &Recipes,
+    caller: &Caller,
+    name: &str,
+    lease: Option<String>,
+    ttl: Option<Duration>,
+) -> Result<(bool, BarrierState), ApiError> {
+    crate::recipes::check_name(name)?;
+    let path = recipes.barriers.dir(name);
+    let (created, session) = if lease.is_none() && ttl.is_none() {
+        let session = recipes.zk().connected().await?;
+        (barrier::raise(&session, &path).await?, session)
+    } else {
+        let (lease, _) = recipes.leases.for_request(caller, lease, ttl).await?;
+        let session = lease.session().await?;
+        let data = node::owner_record(&lease);
+        let hold = recipes.barriers.hold(&lease, name, name, path, data, None).await;
+        (recipes.leases.held(&lease, hold)?.is_some(), session)
+    };
+    Ok((created, barrier_topic(recipes, name).read(&session).await?))
+}
+
+/// Lowers barrier `name`, releasing every waiter. One bound to a lease is lowered only by the
+/// lease's principal (or an admin), through any instance; 404 if it is not up.
+pub async fn lower(recipes: &Recipes, caller: &Caller, name: &str) -> Result<(), ApiError> {
+    crate::recipes::check_name(name)?;
+    let session = recipes.synced().await?;
+    let path = recipes.barriers.dir(name);
+    let root = &recipes.root;
+    let what = format!("barrier `{name}`");
+    let owner = node::check_owner(&session, root, Kind::Barrier, &path, caller, &what).await?;
+    if let Some(bound) = recipes.barriers.serving(name, name) {
+        recipes.barriers.release(&bound).await;
+        if bound.state().phase != Phase::Moved {
+            return Ok(());
+        }
+    }
+    // Bound to a lease kept elsewhere (or moved there while released here): released with its
+    // reference, through ZooKeeper.
+    if owner.is_some() && node::release_recorded(&session, root, Kind::Barrier, (name, name), &path).await? {
+        return Ok(());
+    }
+    match barrier::lower(&session, &path).await? {
+        true => Ok(()),
+        false => Err(ApiError::not_found("barrier", format!("barrier `{name}` is not up"))),
+    }
+}
+
+/// Waits (up to `wait`, capped) until barrier `name` is down: at once if it is not up; 409
+/// `barrier-up` if the wait ends first. All waiters on this instance share one watch.
+pub async fn wait_down(
+    recipes: &Recipes,
+    name: &str,
+    wait: Option<Duration>,
+    consistency: Consistency,
+) -> Result<(), ApiError> {
+    crate::recipes::check_name(name)?;
+    // The shared watch reads on the primary session, which the `sync` brings up to date.
+    recipes.reader(consistency).await?;
+    let wait = recipes.wait(wait);
+    let path = recipes.barriers.dir(name);
+    let down = barrier::wait_down(&recipes.barrier_watches, &path);
+    crate::admission::park();
+    if tokio::time::timeout(wait, down).await.is_err() {
+        let detail = format!(
+            "barrier `{name}` was still up after {}",
+            humantime::format_duration(wait)
+        );
+        return Err(ApiError::new(Problem::BarrierUp, detail));
+    }
+    Ok(())
+}
+
+/// A participant enters double barrier `name` of `size` (`POST .../enter`), bound to `lease` (or
+/// a new one with `ttl`; entering again with its lease goes on waiting), and waits until `size`
+/// participants are in or `deadline` passes (it stays inside then). Whether it passed, how many
+/// are inside, and its lease.
+pub async fn enter(
+    recipes: &Recipes,
+    caller: &Caller,
+    name: &str,
+    entry: Entry,
+    deadline: Instant,
+) -> Result<(bool, usize, Arc<Lease>), ApiError> {
+    crate::recipes::check_name(name)?;
+    check_participant(&entry.participant)?;
+    if entry.size == 0 {
+        return Err(ApiError::invalid(Place::Body, "size", "must be at least 1"));
+    }
+    // Everything from here on the lease's own session: the count of who is inside must include
+    // our own node, which only the session that created it is sure to see at once.
+    let (node, session) = participant(recipes, caller, name, &entry).await?;
+    let dir = recipes.double_barriers.dir(name);
+    crate::admission::park(); // entered: what is left is waiting for the others
+    let passed = double::enter(&session, &recipes.barrier_watches, &dir, entry.size, deadline).await?;
+    let inside = double::participants(&session, &dir).await?.len();
+    Ok((passed, inside, node.lease.clone()))
+}
+
+/// `participant` leaves double barrier `name` (`POST .../leave`), and waits until every
+/// participant has left or `deadline` passes. The guide's exit: the lowest waits for the
+/// highest, the others remove themselves and wait for the lowest. Whether it passed, and how
+/// many are inside.
+pub async fn leave(
+    recipes: &Recipes,
+    caller: &Caller,
+    name: &str,
+    participant: &str,
+    deadline: Instant,
+) -> Result<(bool, usize), ApiError> {
+    crate::recipes::check_name(name)?;
+    check_participant(participant)?;
+    // Whoever serves it, a participant leaves only by its lease's principal (or an admin).
+    let nodes = &recipes.double_barriers;
+    let any = recipes.synced().await?;
+    let what = format!("participant `{participant}`");
+    let path = nodes.node(name, participant);
+    node::check_owner(&any, &recipes.root, Kind::DoubleBarrier, &path, caller, &what).await?;
+    // On the participant's own session if it entered here, which sees its own removal at once.
+    let session = match nodes.get(name, participant) {
+        Some(node) => node.lease.session().await?,
+        None => any,
+    };
+    let passed = double::leave(&session, &recipes.barrier_watches, nodes, name, participant, deadline).await?;
+    let inside = double::participants(&session, &nodes.dir(name)).await?.len();
+    Ok((passed, inside))
+}
+
+/// Who enters, and the barrier's size as it expects it.
+pub struct Entry {
+    pub participant: String,
+    pub size: u32,
+    /// The lease to bind the participant to, or none (a new one, with `ttl`).
+    pub lease: Option<String>,
+    pub ttl: Option<Duration>,
+}
+
+fn check_participant(participant: &str) -> Result<(), ApiError> {
+    validate_name(participant).map_err(|e| ApiError::invalid(Place::Body, "participant", e))?;
+    if participant == READY {
+        let detail = "`ready` is the barrier's own node";
+        return Err(ApiError::invalid(Place::Body, "participant", detail));
+    }
+    Ok(())
+}
+
+fn taken(name: &str, participant: &str) -> ApiError {
+    ApiError::new(
+        Problem::MemberTaken,
+        format!("`{participant}` is already inside `{name}`"),
+    )
+}
+
+/// Records `size` in the barrier's znode (creating it); 409 if it records another size.
+async fn agree_on_size(session: &Session, dir: &str, name: &str, size: u32) -> Result<(), ApiError> {
+    match double::agree_on_size(session, dir, size).await {
+        Ok(()) => Ok(()),
+        Err(SettingError::Mismatch(n)) => Err(ApiError::new(
+            Problem::SizeMismatch,
+            format!("double barrier `{name}` has size {n}, not {size}"),
+        )
+        .with("size", n)),
+        Err(SettingError::ZooKeeper(err)) => Err(err.into()),
+    }
+}
+
+/// The participant's node for an enter: the one it has here already (entering again with its
+/// lease goes on waiting), or a new one bound to the lease the request names or makes.
+async fn participant(
+    recipes: &Recipes,
+    caller: &Caller,
+    name: &str,
+    body: &Entry,
+) -> Result<(Arc<NodeHolding>, Session), ApiError> {
+    let dir = recipes.double_barriers.dir(name);
+    match recipes.double_barriers.get(name, &body.participant) {
+        Some(node) if Some(node.lease.id.as_str()) == body.lease.as_deref() => {
+            node.lease.check_owner(caller)?;
+            let session = node.lease.session().await?;
+            agree_on_size(&session, &dir, name, body.size).await?;
+            Ok((node, session))
+        }
+        Some(_) => Err(taken(name, &body.participant)),
+        None => {
+            let (lease, _) = recipes.leases.for_request(caller, body.lease.clone(), body.ttl).await?;
+            let session = lease.session().await?;
+            agree_on_size(&session, &dir, name, body.size).await?;
+            let path = recipes.double_barriers.node(name, &body.participant);
+            let data = node::owner_record(&lease);
+            let hold = recipes
+                .double_barriers
+                .hold(&lease, name, &body.participant, path, data, None)
+                .await;
+            let node = recipes
+                .leases
+                .held(&lease, hold)?
+                .ok_or_else(|| taken(name, &body.participant))?;
+            Ok((node, session))
+        }
+    }
+}

@@ -81,6 +81,12 @@ pub trait Driver: Send + Sync + 'static {
     /// Counts a grant in the metrics beyond the acquisition every contender counts (a new
     /// leader, for a candidate). `labels` are the handle's kind and name labels.
     fn count_grant(&self, _labels: [&str; 2]) {}
+
+    /// Whether a holder's node is kept through its expired lease's lock-delay (a lock's, a
+    /// read/write lock's; not a leader's, whose successor must not wait).
+    fn kept_through_lock_delay(&self) -> bool {
+        false
+    }
 }
 
 /// A step of a [Driver] that talks to ZooKeeper.
@@ -98,12 +104,14 @@ pub struct Role {
     /// `InterProcessReadWriteLock`, `LeaderLatch`).
     pub infix: &'static str,
     pub driver: &'static dyn Driver,
+    /// `read` / `write` for the roles of a read/write lock, none for the others.
+    pub mode: Option<&'static str>,
 }
 
 impl Role {
     /// `read` / `write` for the roles of a read/write lock (their labels), none for the others.
     pub fn mode(&self) -> Option<&'static str> {
-        (self.kind == Kind::RwLock).then_some(self.label)
+        self.mode
     }
 }
 
@@ -470,10 +478,10 @@ impl Protocol for Contention {
         }
     }
 
-    /// A lock's or a read/write lock's holder (not an election's leader) marks its node with
-    /// `delayed_until` in its JSON, where [super::view] reads it.
+    /// A holder whose driver keeps it through a lock-delay (a lock's, a read/write lock's; not an
+    /// election's leader) marks its node with `delayed_until` in its JSON, where [super::view] reads it.
     async fn hold_delayed(&self, handle: &Contender, client: &Client, until_ms: i64) -> Result<bool, ZkError> {
-        if !matches!(self.role.kind, Kind::Lock | Kind::RwLock) {
+        if !self.role.driver.kept_through_lock_delay() {
             return Ok(false);
         }
         let Some(node) = self.node.find(client).await? else {

@@ -38,7 +38,7 @@ pub async fn notices(client: &Client, root: &str, me: &str) -> Result<(Vec<Strin
 /// Removes notices once acted on.
 pub async fn clear_notices(client: &Client, root: &str, me: &str, ids: &[String]) {
     let dir = keeper_path(root, me);
-    for chunk in ids.chunks(crate::recipes::janitor::BATCH) {
+    for chunk in ids.chunks(crate::zk::multi::DELETE_BATCH) {
         let mut multi = Multi::new(client);
         for id in chunk {
             let _ = multi.delete((), &format!("{dir}/{id}"), None);

@@ -67,12 +67,6 @@ pub enum HoldError {
     ZooKeeper(Failure),
 }
 
-/// Whether the nodes of `kind` hold their members' own data, so that an owner record names their
-/// lease.
-fn needs_owner_record(kind: Kind) -> bool {
-    kind == Kind::Group
-}
-
 /// `<root>/bindings/<hash of path>`: the owner record of the node at `path`.
 pub fn owner_record_path(root: &str, path: &str) -> String {
     format!(
@@ -198,18 +192,9 @@ impl OneNode {
                 }) => {
                     // A group's or a service's znode is a container: ZooKeeper removes it with
                     // its last member (as Curator makes them).
-                    let made = match self.kind {
-                        Kind::Group | Kind::Service => super::contender::ensure_dir(client, parent).await,
-                        Kind::Lock
-                        | Kind::RwLock
-                        | Kind::Semaphore
-                        | Kind::Election
-                        | Kind::Barrier
-                        | Kind::DoubleBarrier
-                        | Kind::Txn
-                        | Kind::Queue
-                        | Kind::Kv
-                        | Kind::Counter => crate::zk::session::ensure_path(client, parent).await,
+                    let made = match self.kind.in_container() {
+                        true => super::contender::ensure_dir(client, parent).await,
+                        false => crate::zk::session::ensure_path(client, parent).await,
                     };
                     if let Err(err) = made {
                         return Some(Exit::from_error(err));
@@ -263,7 +248,10 @@ impl NodeHoldings {
         let protocol = OneNode {
             kind: self.kind(),
             root: self.root().into(),
-            owner_record: needs_owner_record(self.kind()).then(|| owner_record_path(self.root(), &path)),
+            owner_record: self
+                .kind()
+                .owner_recorded_apart()
+                .then(|| owner_record_path(self.root(), &path)),
             path,
             data: Some(data),
             charge,
@@ -350,7 +338,7 @@ impl Owner {
 /// The owner of the node holding of `kind` at `path`, from its data or its owner record; `None`
 /// when it is not there or records none (it is not zkgate's).
 pub async fn owner_of(client: &Client, root: &str, kind: Kind, path: &str) -> Result<Option<Owner>, ZkError> {
-    let record = match needs_owner_record(kind) {
+    let record = match kind.owner_recorded_apart() {
         true => owner_record_path(root, path),
         false => path.to_string(),
     };
@@ -421,7 +409,7 @@ pub async fn release_recorded(
         {
             paths.extend(charge);
         }
-        if needs_owner_record(kind) {
+        if kind.owner_recorded_apart() {
             paths.push(owner_record_path(root, path));
         }
         paths.push(record_name);

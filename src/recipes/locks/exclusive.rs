@@ -52,9 +52,14 @@ pub const EXCLUSIVE: Role = Role {
     kind: Kind::Lock,
     infix: INFIX,
     driver: &Exclusive,
+    mode: None,
 };
 
 impl Driver for Exclusive {
+    fn kept_through_lock_delay(&self) -> bool {
+        true
+    }
+
     fn next_step<'a>(&self, children: &'a [String], me: &str) -> Next<'a> {
         next_step(children, me)
     }

@@ -60,21 +60,31 @@ pub const READ: Role = Role {
     kind: Kind::RwLock,
     infix: READ_INFIX,
     driver: &Reader,
+    mode: Some("read"),
 };
 pub const WRITE: Role = Role {
     label: "write",
     kind: Kind::RwLock,
     infix: WRITE_INFIX,
     driver: &Writer,
+    mode: Some("write"),
 };
 
 impl Driver for Reader {
+    fn kept_through_lock_delay(&self) -> bool {
+        true
+    }
+
     fn next_step<'a>(&self, children: &'a [String], me: &str) -> Next<'a> {
         next_read_step(children, me)
     }
 }
 
 impl Driver for Writer {
+    fn kept_through_lock_delay(&self) -> bool {
+        true
+    }
+
     fn next_step<'a>(&self, children: &'a [String], me: &str) -> Next<'a> {
         crate::recipes::locks::exclusive::next_step(children, me)
     }

@@ -46,7 +46,7 @@ mod registry;
 mod task;
 mod write;
 
-pub use registry::{Handles, Lost, QueuedCounts, Refused};
+pub use registry::{Handles, QueuedCounts, Refused};
 pub use write::{Guarded, Made, NotCreated, create_held, delete_all, delete_held, names_handle, write_held};
 
 /// Where a handle stands.

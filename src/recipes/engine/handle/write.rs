@@ -33,8 +33,9 @@ pub enum NotCreated<T> {
     MadeBefore,
     /// The lease holds this resource already, with another handle (made through another
     /// instance, for an earlier attempt of the same request): one per lease, so nothing was
-    /// written; that holding is to be taken up instead.
-    HeldAlready(crate::recipes::engine::record::HoldingRecord),
+    /// written; that holding is to be taken up instead (read afresh by the acquire, after a
+    /// `sync`: see `locks::contention`).
+    HeldAlready,
     /// The holding's own operation tagged `tag` was refused.
     Refused { tag: T, error: ZkError },
     /// The request failed as a whole: a connection loss (it may have been applied: look before
@@ -47,7 +48,7 @@ impl<T> NotCreated<T> {
     pub fn exit(self) -> Exit {
         match self {
             NotCreated::LeaseMoved => Exit::Moved,
-            NotCreated::MadeBefore | NotCreated::HeldAlready(_) => Exit::Failed(ZkError::NodeExists),
+            NotCreated::MadeBefore | NotCreated::HeldAlready => Exit::Failed(ZkError::NodeExists),
             NotCreated::Refused { error, .. } | NotCreated::Request(error) => Exit::from_error(error),
         }
     }
@@ -194,7 +195,7 @@ async fn guard_refused<P: Protocol, T>(
 async fn record_exists<P: Protocol, T>(handle: &Handle<P>, client: &Client) -> Result<(), NotCreated<T>> {
     let lease = &handle.lease.path;
     match crate::recipes::engine::record::holding(client, lease, handle.record_name()).await {
-        Ok(Some(held)) if held.handle != handle.id => Err(NotCreated::HeldAlready(held)),
+        Ok(Some(held)) if held.handle != handle.id => Err(NotCreated::HeldAlready),
         Ok(Some(_)) => Err(NotCreated::MadeBefore),
         Ok(None) => Ok(()),
         Err(error) => Err(NotCreated::Request(error)),

@@ -25,7 +25,7 @@ mod fencing;
 mod handles;
 mod revoke;
 
-pub use crate::recipes::engine::contender::{Contender, Contenders, Role};
+pub use crate::recipes::engine::contender::{Contender, Contenders, Contention, Role};
 pub use crate::recipes::engine::handle::{Handles, Phase, Protocol};
 pub use crate::recipes::engine::lease::Lease;
 pub use crate::recipes::engine::revocation::Revocation;
@@ -34,7 +34,7 @@ pub use fencing::check_fencing;
 pub use handles::{
     Found, RELEASE_LIMIT, Seen, find_handle, fresh_position, read_handle, release, release_by_id, release_not_done,
 };
-pub use revoke::{Ask, MAX_GRACE, revoke};
+pub use revoke::{Ask, MAX_GRACE, revocations, revoke};
 
 /// How long an acquire waits for ZooKeeper to create the contender and answer the first
 /// listing when the caller's own wait is shorter (a try-lock still needs that round trip).

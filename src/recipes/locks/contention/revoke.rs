@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::problem::Place;
+use crate::recipes::consistency::Consistency;
 use crate::recipes::engine::revocation;
 use crate::recipes::engine::revoke::{Request, RevokeError, revoke as revoke_holders};
 use crate::time::at_most;
@@ -70,4 +71,22 @@ pub async fn revoke(
             RevokeError::Forbidden(err) => err.into(),
             RevokeError::ZooKeeper(err) => err.into(),
         })
+}
+
+/// The revocation audit log: who asked for which lock back, why and when, newest first, at
+/// most `limit` records (and [revocation::AUDIT_KEPT]), those of holdings `caller` may read.
+pub async fn revocations(
+    recipes: &Recipes,
+    caller: &Caller,
+    limit: usize,
+    consistency: Consistency,
+) -> Result<Vec<Revocation>, ApiError> {
+    let limit = limit.min(revocation::AUDIT_KEPT);
+    let session = recipes.reader(consistency).await?;
+    let mut records = revocation::read_audit(&session, &revocation::audit_dir(&recipes.root), limit).await?;
+    records.retain(|r| {
+        crate::kind::Kind::from_topic(&r.kind)
+            .is_some_and(|kind| caller.may(kind.auth(), &r.lock, crate::auth::Access::Read))
+    });
+    Ok(records)
 }

@@ -109,6 +109,7 @@ pub const CANDIDATE: Role = Role {
     kind: Kind::Election,
     infix: INFIX,
     driver: &Candidate,
+    mode: None,
 };
 
 impl Driver for Candidate {
