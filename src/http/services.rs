@@ -183,7 +183,7 @@ pub async fn register(
         enabled: None,
         zkgate: Some(Registrar {
             lease: lease.id.clone(),
-            principal: lease.owner.clone(),
+            principal: lease.principal.clone(),
         }),
     };
     let data = serde_json::to_vec(&instance).map_err(|e| ApiError::new(Problem::Internal, e.to_string()))?;

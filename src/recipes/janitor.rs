@@ -339,7 +339,7 @@ impl Janitor {
             doomed.push(format!("{dir}/decision"));
             doomed.push(dir);
             // Children first, the transaction last: one multi-op if it fits, else in order
-            // (a pass that stops halfway leaves a decided transaction, taken up next time).
+            // (a pass that stops halfway leaves a decided transaction, adopted next time).
             if self.delete_each(client, &doomed).await? > 0 {
                 removed.txns += 1;
                 count_removed("txn", 1);

@@ -51,12 +51,12 @@ pub(super) async fn claim_for(
         None => state.queues.find(name, claim).await?,
     };
     if let Some(held) = held {
-        caller.require_owner(held.owner.as_deref(), &format!("claim `{claim}`"))?;
+        caller.require_owner(held.principal.as_deref(), &format!("claim `{claim}`"))?;
         return Ok(Some(held));
     }
     match settled {
         Some(settled) if settled.acked == acking => {
-            caller.require_owner(settled.owner.as_deref(), &format!("claim `{claim}`"))?;
+            caller.require_owner(settled.principal.as_deref(), &format!("claim `{claim}`"))?;
             Ok(None)
         }
         Some(settled) => Err(ApiError::new(

@@ -373,7 +373,7 @@ impl Contention {
         if let Some(value) = &handle.protocol.value {
             data["value"] = value.clone();
         }
-        if let Some(owner) = &handle.lease.owner {
+        if let Some(owner) = &handle.lease.principal {
             data["principal"] = owner.as_str().into();
         }
         data.to_string().into_bytes()

@@ -161,7 +161,7 @@ pub struct Lease {
     pub path: String,
     /// The principal that created it (`None` when auth is off); only it (or an admin) may use
     /// it, or anything held with it.
-    pub owner: Option<String>,
+    pub principal: Option<String>,
     /// The instance this copy of the lease lives in: the driver its holdings record.
     pub here: Arc<str>,
     /// Visited, not kept: another instance keeps its TTL clock; this copy only drives what
@@ -192,9 +192,9 @@ pub struct Kept {
     pub requested_ttl: Option<Duration>,
     pub created_at: SystemTime,
     pub path: String,
-    pub owner: Option<String>,
+    pub principal: Option<String>,
     pub lock_delay: Duration,
-    /// When it ended, for a lease taken up from a tombstone (ms since the Unix epoch).
+    /// When it ended, for a lease adopted from a tombstone (ms since the Unix epoch).
     pub ended_ms: Option<i64>,
     /// The record's version, or `None` for a new lease whose record is written with its first
     /// holding (its data given here).
@@ -232,7 +232,7 @@ impl Lease {
             created_at: kept.created_at,
             zk,
             path: kept.path,
-            owner: kept.owner,
+            principal: kept.principal,
             here: kept.here,
             visiting,
             ended: CancellationToken::new(),
@@ -329,7 +329,7 @@ impl Lease {
 
     /// `Ok` if `caller` may use this lease and what it holds (its owner, or an admin).
     pub fn check_owner(&self, caller: &Caller) -> Result<(), LeaseError> {
-        if caller.owns(self.owner.as_deref()) {
+        if caller.owns(self.principal.as_deref()) {
             Ok(())
         } else {
             Err(LeaseError::NotYours(self.id.clone()))

@@ -306,7 +306,7 @@ impl NodeHoldings {
 /// participant), and of an owner record: `{"lease": <id>, "principal": <owner>}`.
 pub fn owner_record(lease: &Lease) -> Vec<u8> {
     let mut record = serde_json::json!({ "lease": lease.id });
-    if let Some(owner) = &lease.owner {
+    if let Some(owner) = &lease.principal {
         record["principal"] = owner.as_str().into();
     }
     record.to_string().into_bytes()

@@ -56,7 +56,7 @@ impl Binding {
     pub fn of(lease: &Lease, handle: &str) -> Binding {
         Binding {
             lease: lease.id.clone(),
-            principal: lease.owner.clone(),
+            principal: lease.principal.clone(),
             handle: handle.to_string(),
         }
     }

@@ -25,16 +25,16 @@ impl Registry {
             let written = self.record(
                 lease.ttl,
                 lease.requested_ttl,
-                lease.owner.clone(),
+                lease.principal.clone(),
                 at,
                 lease.lock_delay,
             );
             match record::mark_ended(session.client(), &lease.path, &written, version, reason).await {
                 // More holding records than holdings here: some are driven by other instances
-                // (visitors), maybe gone ones. They end with the lease, here: taken up before
+                // (visitors), maybe gone ones. They end with the lease, here: adopted before
                 // it ends, then released with the rest.
                 Ok(record_names) if usize::try_from(record_names).unwrap_or(0) > lease.attached() => {
-                    self.take_up_driven_elsewhere(lease, session.client()).await;
+                    self.adopt_driven_elsewhere(lease, session.client()).await;
                 }
                 Ok(_) => {}
                 // Changed by another instance (taken over, and maybe ended there): no longer
@@ -71,7 +71,7 @@ impl Registry {
     /// here: driven by visitors, whose copies end too when they see the record, and by
     /// instances gone, which nobody else would end. Both releasing one is harmless: each
     /// deletes what is still there.
-    async fn take_up_driven_elsewhere(self: &Arc<Self>, lease: &Arc<Lease>, client: &crate::zk::Client) {
+    async fn adopt_driven_elsewhere(self: &Arc<Self>, lease: &Arc<Lease>, client: &crate::zk::Client) {
         let Some(adopter) = self.adopter.get() else {
             return;
         };

@@ -109,7 +109,7 @@ struct Registry {
     keeping: keeping::Keeping,
     /// Taking a lease over is one at a time per lease here (striped by its id's hash): the
     /// reaper and a client's request racing for the same lease would otherwise see each other's
-    /// write as another instance's ([Leases::adopt]).
+    /// write as another instance's ([Leases::keep_taken_over]).
     adopting: [tokio::sync::Mutex<()>; ADOPTING_STRIPES],
 }
 
@@ -271,7 +271,7 @@ impl Leases {
                 requested_ttl: new.ttl,
                 created_at,
                 path,
-                owner,
+                principal: owner,
                 lock_delay: new.lock_delay,
                 ended_ms: None,
                 version,
@@ -380,7 +380,7 @@ impl Leases {
 
     /// Starts driving here the holdings `holdings` of `lease` (kept or visited here), from
     /// their holding records: their tasks find their znodes and go on.
-    pub fn take_up(&self, lease: &Arc<Lease>, holdings: Vec<(String, HoldingRecord)>) {
+    pub fn adopt_holdings(&self, lease: &Arc<Lease>, holdings: Vec<(String, HoldingRecord)>) {
         if let Some(adopter) = self.inner.adopter.get() {
             adopter(lease, holdings);
         }
@@ -398,7 +398,7 @@ impl Leases {
             .table()
             .live
             .values()
-            .filter(|l| caller.owns(l.owner.as_deref()))
+            .filter(|l| caller.owns(l.principal.as_deref()))
             .cloned()
             .collect();
         leases.sort_by_key(|l| l.created_at);
@@ -539,14 +539,14 @@ impl Registry {
         &self,
         ttl: Duration,
         asked: Option<Duration>,
-        owner: Option<String>,
+        principal: Option<String>,
         at: SystemTime,
         lock_delay: Duration,
     ) -> LeaseRecord {
         LeaseRecord {
             ttl_ms: ttl.as_millis() as u64,
             requested_ttl_ms: asked.filter(|r| *r != ttl).map(|r| r.as_millis() as u64),
-            principal: owner,
+            principal,
             created_ms: crate::time::millis_of(at),
             keeper: self.instance.to_string(),
             ended: None,
@@ -564,7 +564,7 @@ impl Registry {
             requested_ttl: found.record.requested_ttl_ms.map(Duration::from_millis),
             created_at: crate::time::from_millis(found.record.created_ms),
             path: record::path(&self.root, id),
-            owner: found.record.principal.clone(),
+            principal: found.record.principal.clone(),
             lock_delay: Duration::from_millis(found.record.lock_delay_ms.unwrap_or(0)),
             ended_ms: found.record.ended_ms,
             version: Ok(version),
@@ -580,7 +580,7 @@ impl Registry {
         if let Some(reason) = ended {
             table.ended.insert(id.to_string(), reason);
         }
-        count_down(&mut table.per_owner, &lease.owner);
+        count_down(&mut table.per_owner, &lease.principal);
         Some(lease)
     }
 

@@ -6,7 +6,7 @@
 //! makes a pass when it becomes the reaper, whenever the registrations under
 //! `<root>/instances` change (a child watch), and every half [TOMBSTONE]. A pass reads every
 //! lease record and:
-//! - takes over each live lease whose keeper is not registered ([Leases::adopt]): it lives on
+//! - takes over each live lease whose keeper is not registered ([Leases::keep_taken_over]): it lives on
 //!   from what its keeper can last have acknowledged, [FRESH](super::FRESH) plus its TTL after
 //!   its keeper was last seen, and ends then unless a client keeps it alive through any
 //!   instance meanwhile. One whose time has passed already (every instance was gone for longer
@@ -170,7 +170,7 @@ impl Reaper {
         let me = self.leases.instance();
         let went = self.an_instance_went(&live);
         if went {
-            swept.holdings = self.take_up_holdings_of_the_gone(client, &live, &records).await?;
+            swept.holdings = self.adopt_holdings_of_the_gone(client, &live, &records).await?;
         }
         let mut orphans = Vec::new();
         let mut keeping = HashSet::new();
@@ -202,12 +202,15 @@ impl Reaper {
                 }
             }
         }
-        let adopted = futures::stream::iter(orphans)
-            .map(|(id, found, last_seen)| async move { self.leases.adopt(&id, &found, last_seen).await.is_ok() })
-            .buffer_unordered(CONCURRENT)
-            .filter(|adopted| std::future::ready(*adopted))
-            .count()
-            .await;
+        let adopted =
+            futures::stream::iter(orphans)
+                .map(|(id, found, last_seen)| async move {
+                    self.leases.keep_taken_over(&id, &found, last_seen).await.is_ok()
+                })
+                .buffer_unordered(CONCURRENT)
+                .filter(|adopted| std::future::ready(*adopted))
+                .count()
+                .await;
         swept.taken_over = adopted;
         for keeper in seen.keys() {
             if !live.contains(keeper.as_str()) && keeper != me && !keeping.contains(keeper) {
@@ -235,8 +238,8 @@ impl Reaper {
     /// Takes up the holdings that instances gone drove for leases that live instances keep
     /// (visitors' holdings, see [super::visiting]): this instance drives them from now on, and
     /// their holding records say so. A lease whose keeper is gone is not read here: its new keeper
-    /// takes up every holding whose driver is gone. Returns how many it took up.
-    async fn take_up_holdings_of_the_gone(
+    /// adopts every holding whose driver is gone. Returns how many it adopted.
+    async fn adopt_holdings_of_the_gone(
         &self,
         client: &Client,
         live: &HashSet<&str>,
@@ -269,8 +272,8 @@ impl Reaper {
             }
             let orphans = still;
             taken += orphans.len();
-            tracing::info!(lease = %id, holdings = orphans.len(), "holdings of an instance gone taken up");
-            self.leases.take_up(&lease, orphans);
+            tracing::info!(lease = %id, holdings = orphans.len(), "holdings of an instance gone adopted");
+            self.leases.adopt_holdings(&lease, orphans);
         }
         Ok(taken)
     }

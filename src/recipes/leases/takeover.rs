@@ -71,7 +71,7 @@ impl Leases {
         }
         let client = self.inner.lanes.primary().connected().await?.client().clone();
         let last_seen = self.last_seen(&client, &found.record.keeper).await?;
-        let lease = self.adopt(id, &found, last_seen).await?;
+        let lease = self.keep_taken_over(id, &found, last_seen).await?;
         if lease.ended().is_cancelled() {
             return Err(ended(id, lease.end_reason().unwrap_or(EndReason::Expired)));
         }
@@ -106,7 +106,12 @@ impl Leases {
     /// at `last_seen_ms`: times it from then, takes over what it holds, and ends it at once if
     /// it has expired, or if it had ended and its ender did not finish (a tombstone with
     /// holdings).
-    pub(super) async fn adopt(&self, id: &str, found: &Found, last_seen_ms: i64) -> Result<Arc<Lease>, LeaseError> {
+    pub(super) async fn keep_taken_over(
+        &self,
+        id: &str,
+        found: &Found,
+        last_seen_ms: i64,
+    ) -> Result<Arc<Lease>, LeaseError> {
         let adopting = self.inner.adopting[self.stripe(id)].lock().await;
         // Taken over here meanwhile (the reaper, or another request): `found` is stale.
         if let Some(existing) = self.inner.table().live.get(id).cloned() {
@@ -140,7 +145,7 @@ impl Leases {
         {
             let mut table = self.inner.table();
             table.live.insert(id.to_string(), lease.clone());
-            *table.per_owner.entry(lease.owner.clone()).or_default() += 1;
+            *table.per_owner.entry(lease.principal.clone()).or_default() += 1;
         }
         drop(adopting);
         match found.record.ended {
@@ -161,7 +166,7 @@ impl Leases {
         Ok(lease)
     }
 
-    /// The holdings this new keeper takes up of those recorded: all but those a live instance
+    /// The holdings this new keeper adopts of those recorded: all but those a live instance
     /// other than the former keeper drives (a visitor, see [super::visiting]), which go on
     /// there. While the registrations cannot be read, all: a holding driven twice only watches
     /// twice, where one driven by nobody would never be granted.

@@ -126,7 +126,7 @@ impl Registry {
     }
 
     /// Stops driving what every visited lease holds here (on the way out): their holdings'
-    /// znodes stay, for the reaper to take up once this instance is gone.
+    /// znodes stay, for the reaper to adopt once this instance is gone.
     pub(super) fn leave_visits(&self) {
         let visits: Vec<Visit> = self.visitors.locked().drain().map(|(_, visit)| visit).collect();
         for visit in visits {

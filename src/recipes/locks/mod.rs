@@ -141,7 +141,7 @@ impl lock_set::Taker for SetTaker<'_> {
         let id = crate::ids::owned_id(&lease.here);
         let record = SetRecord {
             lease: lease.id.clone(),
-            principal: lease.owner.clone(),
+            principal: lease.principal.clone(),
             locks: taken
                 .iter()
                 .map(|(handle, _)| lock_set::SetLock {

@@ -158,7 +158,7 @@ impl PermitRequest {
     /// [Protocol::run] up to the grant: the lock, the lease node, a free permit, the lock given back.
     async fn acquire(&self, handle: &Permit, client: &Client) -> Result<(), Exit> {
         let mut data = serde_json::json!({ "lease": handle.lease.id, "handle": handle.id });
-        if let Some(owner) = &handle.lease.owner {
+        if let Some(owner) = &handle.lease.principal {
             data["principal"] = owner.as_str().into();
         }
         let data = data.to_string();

@@ -29,7 +29,7 @@ pub struct Claim {
     pub item: String,
     pub deadline_ms: i64,
     /// The principal that took it (`None` with auth off): only it (or an admin) acks.
-    pub owner: Option<String>,
+    pub principal: Option<String>,
     /// The item's version once claimed and the item's charge, when this instance made the
     /// claim: what acknowledging it without reading first needs.
     version: Option<i32>,
@@ -45,7 +45,7 @@ impl Claim {
             queue,
             item,
             deadline_ms: record.deadline_ms,
-            owner: record.principal,
+            principal: record.principal,
             version: None,
             charge: None,
             expire: CancellationToken::new(),
@@ -56,7 +56,7 @@ impl Claim {
         ClaimRecord {
             claim: self.id.clone(),
             deadline_ms: self.deadline_ms,
-            principal: self.owner.clone(),
+            principal: self.principal.clone(),
             instance: instance.to_string(),
         }
     }
@@ -80,7 +80,7 @@ pub struct TakeOptions {
 /// What a taker picked from a queue, on its way to [Queues::take_picked].
 struct Picking {
     queue: String,
-    owner: Option<String>,
+    principal: Option<String>,
     names: Vec<String>,
     options: TakeOptions,
 }
@@ -109,7 +109,7 @@ pub struct Settled {
     /// Whether it was acknowledged (the item removed) or given back (delivered again).
     pub acked: bool,
     /// The principal that held it.
-    pub owner: Option<String>,
+    pub principal: Option<String>,
 }
 
 impl Queues {
@@ -216,7 +216,7 @@ impl Queues {
             let took = tokio::spawn(self.clone().take_picked(
                 Picking {
                     queue: queue.to_string(),
-                    owner: owner.map(str::to_string),
+                    principal: owner.map(str::to_string),
                     names: picked.names,
                     options,
                 },
@@ -243,7 +243,7 @@ impl Queues {
     ) -> Result<Vec<(Taken, Option<Claim>)>, ZkError> {
         let Picking {
             queue,
-            owner,
+            principal: owner,
             names,
             options,
         } = picking;
@@ -314,7 +314,7 @@ impl Queues {
             queue: queue.to_string(),
             item: item.to_string(),
             deadline_ms: crate::time::ms_after_now(deadline),
-            owner: owner.map(str::to_string),
+            principal: owner.map(str::to_string),
             version: None,
             charge: None,
             expire: CancellationToken::new(),
@@ -485,7 +485,7 @@ impl Queues {
         let settled = Settled {
             queue: claim.queue.clone(),
             acked,
-            owner: claim.owner.clone(),
+            principal: claim.principal.clone(),
         };
         self.settled.locked().insert(id.to_string(), settled);
     }

@@ -236,14 +236,14 @@ pub struct Handle<P: Protocol> {
     /// never for one adopted from another keeper (a znode it cannot find was lost).
     may_create: std::sync::atomic::AtomicBool,
     /// The name of its holding record under its lease's record ([super::record::record_name],
-    /// or the name found, for a handle taken up from its holding record).
+    /// or the name found, for a handle adopted from its holding record).
     record_name: String,
 }
 
 impl<P: Protocol> Drop for Handle<P> {
     fn drop(&mut self) {
         if *self.counted.get_mut() {
-            self.queued.change(&self.name, &self.lease.owner, false);
+            self.queued.change(&self.name, &self.lease.principal, false);
         }
     }
 }
@@ -384,7 +384,7 @@ impl<P: Protocol> Handle<P> {
     fn recount(&self) {
         let queued = self.state.borrow().phase.is_queued();
         if self.counted.swap(queued, std::sync::atomic::Ordering::SeqCst) != queued {
-            self.queued.change(&self.name, &self.lease.owner, queued);
+            self.queued.change(&self.name, &self.lease.principal, queued);
         }
     }
 

@@ -95,15 +95,15 @@ struct Index<P: Protocol> {
 pub struct Lost {
     /// Why it was lost.
     pub reason: String,
-    /// Its lease's owner (only they, and admins, may learn of it).
-    pub owner: Option<String>,
+    /// Its lease's principal (only they, and admins, may learn of it).
+    pub principal: Option<String>,
 }
 
 impl<P: Protocol> Index<P> {
     fn remember_lost(&mut self, handle: &Handle<P>, reason: String) {
         let lost = Lost {
             reason,
-            owner: handle.lease.owner.clone(),
+            principal: handle.lease.principal.clone(),
         };
         self.lost.insert((handle.name.clone(), handle.id.clone()), lost);
     }

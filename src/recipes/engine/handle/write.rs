@@ -33,7 +33,7 @@ pub enum NotCreated<T> {
     MadeBefore,
     /// The lease holds this resource already, with another handle (made through another
     /// instance, for an earlier attempt of the same request): one per lease, so nothing was
-    /// written; that holding is to be taken up instead (read afresh by the acquire, after a
+    /// written; that holding is to be adopted instead (read afresh by the acquire, after a
     /// `sync`: see `locks::contention`).
     HeldAlready,
     /// The holding's own operation tagged `tag` was refused.

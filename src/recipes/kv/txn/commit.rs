@@ -186,7 +186,7 @@ impl Running<'_> {
                 if let Some(keyed) = self.key.filter(|_| record.is_some()) {
                     keyed.committed(client, &done, &Planned::Key);
                 }
-                take_up(&made, &self.bound);
+                adopt_bindings(&made, &self.bound);
                 for (name, binding) in &unbound {
                     crate::recipes::kv::settled(self.bound.keys, name, binding).await;
                 }
@@ -442,7 +442,7 @@ fn new_bindings(planned: &[Planned], bound: &Bindings<'_>) -> Result<HashMap<Str
 
 /// Takes up on this instance the bindings a committed branch made (their tasks find them
 /// through their owner records and hold until their lease ends).
-fn take_up(made: &HashMap<String, NewBinding>, bound: &Bindings<'_>) {
+fn adopt_bindings(made: &HashMap<String, NewBinding>, bound: &Bindings<'_>) {
     for (path, new) in made {
         let taken = bound.keys.adopt_binding(
             &new.lease,
@@ -453,7 +453,7 @@ fn take_up(made: &HashMap<String, NewBinding>, bound: &Bindings<'_>) {
         );
         if taken.is_err() {
             // Its lease ended meanwhile: its end (or the reaper's) finds the holding record.
-            tracing::debug!(key = %new.name, lease = %new.lease.id, "a transaction's binding was not taken up");
+            tracing::debug!(key = %new.name, lease = %new.lease.id, "a transaction's binding was not adopted");
         }
     }
 }

@@ -36,7 +36,7 @@ pub async fn find_handle<P: Protocol>(
     // A handle lost (its lease expired, its node deleted...) and since forgotten: its holder
     // learns that it lost the lock, not that it never had it.
     if let Some(lost) = handles.lost(name, handle)
-        && caller.owns(lost.owner.as_deref())
+        && caller.owns(lost.principal.as_deref())
     {
         return Err(ApiError::new(
             Problem::LockLost,

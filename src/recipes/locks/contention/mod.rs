@@ -174,7 +174,7 @@ where
     P: Protocol,
     Fut: Future<Output = Result<Arc<Handle<P>>, ApiError>>,
 {
-    // A new one (it makes its znodes now); one taken up from a holding record, still finding them,
+    // A new one (it makes its znodes now); one adopted from a holding record, still finding them,
     // may be of a holding released meanwhile (read from a listing just before).
     if matches!(handle.state().phase, Phase::Pending) && handle.may_create() {
         return Ok(handle);
@@ -190,7 +190,7 @@ where
 /// The lease's holding at the resource if it has one already, made through another instance
 /// (a request retried here after its first attempt reached another instance, which made the
 /// holding and maybe went): one per lease, so `handle`, just opened, made nothing (ZooKeeper
-/// refused its holding record) and the other is taken up here and answered for. One that turns out
+/// refused its holding record) and the other is adopted here and answered for. One that turns out
 /// lost (its node gone, its holding record kept so that its holder learns of the loss) or released
 /// meanwhile is let go and a new one made, as a new acquire after a loss does on one instance.
 /// Else `handle`.
@@ -220,9 +220,9 @@ where
         // Released meanwhile: this handle's refusal stands; the client tries again.
         return Ok(handle);
     };
-    tracing::debug!(lease = %lease.id, handle = %held.handle, "an acquire takes up the lease's holding made elsewhere");
+    tracing::debug!(lease = %lease.id, handle = %held.handle, "an acquire adopts the lease's holding made elsewhere");
     let id = held.handle.clone();
-    recipes.leases.take_up(lease, vec![(record_name, held)]);
+    recipes.leases.adopt_holdings(lease, vec![(record_name, held)]);
     let Some(taken) = handles.get(&handle.name, &id) else {
         return Ok(handle);
     };
@@ -285,7 +285,7 @@ fn check_waiter_limits<P: Protocol>(
     let (per_lock, per_principal) = (settings.waiters_per_lock, settings.waiters_per_principal);
     let detail = if handles.queued_at(name) >= per_lock {
         format!("at most {per_lock} contenders may wait for `{name}` on this instance")
-    } else if recipes.waiting_of(&lease.owner) >= per_principal {
+    } else if recipes.waiting_of(&lease.principal) >= per_principal {
         format!("at most {per_principal} waiting contenders per principal on this instance")
     } else {
         return Ok(());
