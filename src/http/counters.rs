@@ -14,7 +14,7 @@ use super::consistency::Consistency;
 use super::error::{ApiError, Place, Problem, Problems, p};
 use super::extract::{ApiJson, ApiPath};
 use super::idempotency::Idempotent;
-use super::kv::{Tag, parse_tag, precondition_failed, write_condition};
+use super::kv::keys::{Tag, parse_tag, precondition_failed, write_condition};
 use super::{Followed, Resource, check_name};
 use crate::AppState;
 use crate::events::Feed;

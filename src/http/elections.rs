@@ -10,10 +10,10 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::consistency::Consistency;
-use super::contention::{self, HandleQuery, held_since};
 use super::error::{ApiError, Problems, p};
 use super::extract::{ApiJson, ApiPath, ApiQuery};
 use super::leases::LeaseView;
+use super::locks::{self as contention, HandleQuery, held_since};
 use super::{Followed, Resource, state_handler};
 use crate::AppState;
 use crate::auth::Caller;

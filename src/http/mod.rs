@@ -10,9 +10,7 @@
 pub mod auth;
 mod barriers;
 pub mod consistency;
-mod contention;
 mod counters;
-mod double_barriers;
 mod elections;
 pub mod error;
 pub mod events;
@@ -23,18 +21,13 @@ pub mod handoff;
 mod health;
 pub mod idempotency;
 mod kv;
-mod kv_txn;
 pub mod leases;
 pub mod limits;
-mod lock_sets;
 mod locks;
 pub mod origin;
 pub mod paging;
 mod queues;
 mod routed;
-mod rwlocks;
-mod semaphores;
-mod services;
 pub mod topics;
 mod txns;
 
@@ -85,18 +78,18 @@ pub struct Followed {
 
 /// Every resource kind's module.
 pub const RESOURCES: &[Resource] = &[
-    locks::RESOURCE,
-    rwlocks::RESOURCE,
-    semaphores::RESOURCE,
+    locks::exclusive::RESOURCE,
+    locks::rwlocks::RESOURCE,
+    locks::semaphores::RESOURCE,
     elections::RESOURCE,
-    barriers::RESOURCE,
-    double_barriers::RESOURCE,
+    barriers::barrier::RESOURCE,
+    barriers::double::RESOURCE,
     txns::RESOURCE,
     queues::RESOURCE,
-    groups::RESOURCE,
-    kv::RESOURCE,
+    groups::group::RESOURCE,
+    kv::keys::RESOURCE,
     counters::RESOURCE,
-    services::RESOURCE,
+    groups::service::RESOURCE,
 ];
 
 /// The topic of resource `name` of `kind`, if the kind has topics.
@@ -136,7 +129,7 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(health::metrics))
         .routes(routes!(events::events))
         .merge(leases::routes())
-        .merge(lock_sets::routes());
+        .merge(locks::lock_sets::routes());
     for resource in RESOURCES {
         api = api.merge((resource.routes)());
         if let Some(listed) = resource.listed {

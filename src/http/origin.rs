@@ -43,7 +43,7 @@ pub fn cors(allowed: &[String]) -> CorsLayer {
             header::ETAG,
             header::LOCATION,
             header::RETRY_AFTER,
-            header::HeaderName::from_static(super::kv::LEASE_HEADER),
+            header::HeaderName::from_static(super::kv::keys::LEASE_HEADER),
         ])
         .max_age(std::time::Duration::from_secs(600))
 }

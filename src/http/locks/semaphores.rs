@@ -12,15 +12,15 @@ use serde::{Deserialize, Serialize};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::consistency::Consistency;
-use super::contention::{self, AcquireBody, held_since};
-use super::error::{ApiError, Place, Problem, Problems, p};
-use super::extract::{ApiJson, ApiPath, ApiQuery};
-use super::leases::LeaseView;
-use super::{Followed, Resource, check_name, state_handler};
+use super::{AcquireBody, held_since};
 use crate::AppState;
 use crate::auth::Caller;
 use crate::events::Feed;
+use crate::http::consistency::Consistency;
+use crate::http::error::{ApiError, Place, Problem, Problems, p};
+use crate::http::extract::{ApiJson, ApiPath, ApiQuery};
+use crate::http::leases::LeaseView;
+use crate::http::{Followed, Resource, check_name, state_handler};
 use crate::kind::Kind;
 use crate::recipes::SettingError;
 use crate::recipes::locks::contention::{self as recipe, Found, Lease, Phase, Recorded};
@@ -184,7 +184,7 @@ pub async fn acquire(
             .ok_or_else(|| state.leases.gone(&lease))
     };
     let outcome = recipe::contend(&state, &state.semaphores, request, open).await?;
-    Ok((contention::status(&outcome), Json(permit_view(&outcome.handle))).into_response())
+    Ok((super::status(&outcome), Json(permit_view(&outcome.handle))).into_response())
 }
 
 state_handler!(
@@ -237,5 +237,5 @@ pub async fn release(
     caller: Caller,
     ApiPath((name, handle)): ApiPath<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
-    contention::release_by_id(&state, &state.semaphores, &caller, &name, &handle).await
+    super::release_by_id(&state, &state.semaphores, &caller, &name, &handle).await
 }

@@ -7,11 +7,11 @@ use axum::extract::State;
 use base64::Engine;
 use serde::{Deserialize, Serialize};
 
-use super::error::{ApiError, Place, Problem, Problems, p};
-use super::extract::ApiJson;
-use super::idempotency::Idempotent;
 use crate::AppState;
 use crate::auth::{Access, Caller};
+use crate::http::error::{ApiError, Place, Problem, Problems, p};
+use crate::http::extract::ApiJson;
+use crate::http::idempotency::Idempotent;
 use crate::kind::Kind;
 use crate::recipes::idempotency::Keyed;
 use crate::recipes::kv::Entry;
@@ -136,7 +136,7 @@ pub struct StepAnswer {
 /// ZooKeeper lost is answered 503 `outcome-unknown`. A branch that only reads stores nothing
 /// for the key (its retry reads again).
 #[utoipa::path(post, path = "/v1/kv-txn", tag = "kv",
-    params(("Idempotency-Key" = Option<String>, Header, description = super::idempotency::ABOUT)),
+    params(("Idempotency-Key" = Option<String>, Header, description = crate::http::idempotency::ABOUT)),
     request_body(content = TxnRequest, examples(
         ("writes" = (summary = "Two keys written together, if the config is absent (else it is read)",
             value = json!({"compare": [{"key": "app/config", "absent": true}],
@@ -204,7 +204,10 @@ pub async fn transaction(
             .map(|(step, result)| answer(key(step.path()), result))
             .collect(),
     });
-    Ok(super::idempotency::replayed(answer.into_response(), outcome.repeated))
+    Ok(crate::http::idempotency::replayed(
+        answer.into_response(),
+        outcome.repeated,
+    ))
 }
 
 /// The transaction `body` asks for, every key checked and granted.
@@ -220,7 +223,8 @@ fn parse(state: &AppState, caller: &Caller, body: TxnRequest) -> Result<Txn, Api
         }
     }
     let path = |key: &str, field: &str, access: Access| -> Result<String, ApiError> {
-        super::key_problem(key).map_err(|e| ApiError::invalid(Place::Body, field, format!("key `{key}`: {e}")))?;
+        crate::http::key_problem(key)
+            .map_err(|e| ApiError::invalid(Place::Body, field, format!("key `{key}`: {e}")))?;
         caller.require(Kind::Kv.auth(), key, access)?;
         Ok(Kind::Kv.path(&state.config.root, key))
     };
@@ -326,7 +330,7 @@ fn step_of(
     let data = value_bytes(step.value.as_ref(), step.text.as_deref(), step.base64.as_deref()).map_err(invalid)?;
     match (step.put, step.delete, step.get, data) {
         (Some(key), None, None, Some(data)) => {
-            super::check_stored_size(state, "value", data.len())?;
+            crate::http::check_stored_size(state, "value", data.len())?;
             Ok(Step::Put {
                 path: path(&key, field, Access::Write)?,
                 data,

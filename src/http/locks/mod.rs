@@ -1,7 +1,12 @@
-//! What the contended kinds (exclusive and read/write locks, semaphores, elections) share over
-//! HTTP: the acquire's parameters and answer (200 granted, 202 still queued), a handle's view,
+//! The lock family over HTTP: exclusive locks, read/write locks, semaphores and lock sets, one
+//! file each. Here what the contended kinds (these, and elections) share: the acquire's parameters and answer (200 granted, 202 still queued), a handle's view,
 //! revocation's body, and the handle and fencing routes each lock kind declares with a macro.
 //! The protocol (the acquire, a handle's reads and release) is [crate::recipes::locks::contention]'s.
+
+pub mod exclusive;
+pub mod lock_sets;
+pub mod rwlocks;
+pub mod semaphores;
 
 use std::sync::Arc;
 
@@ -10,10 +15,10 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 
-use super::error::{ApiError, Place};
-use super::leases::LeaseView;
 use crate::AppState;
 use crate::auth::Caller;
+use crate::http::error::{ApiError, Place};
+use crate::http::leases::LeaseView;
 use crate::recipes::consistency::Consistency;
 use crate::recipes::locks::contention::{
     self as recipe, Contender, Contenders, Granted, Lease, Phase, Recorded, Revocation, Role, Seen,
@@ -365,19 +370,19 @@ macro_rules! lock_handle_handlers {
     ) => {
         /// Reads a handle: waiting (with position), held (with fencing token) or lost (with reason).
         #[utoipa::path(operation_id = $get_id, get, path = $handle_path, tag = $tag,
-            params(("name" = String, Path, description = "Lock name"), ("handle" = String, Path, description = "Handle from the acquire"), $crate::http::contention::HandleQuery),
+            params(("name" = String, Path, description = "Lock name"), ("handle" = String, Path, description = "Handle from the acquire"), $crate::http::locks::HandleQuery),
             responses(
-                (status = 200, description = "The handle", body = $crate::http::contention::HandleView),
+                (status = 200, description = "The handle", body = $crate::http::locks::HandleView),
                 $crate::http::error::Problems<($crate::http::error::p::InvalidField, $crate::http::error::p::NotFound, $crate::http::error::p::LockLost)>,
             ))]
         pub async fn get_handle(
             axum::extract::State(state): axum::extract::State<$crate::AppState>,
             caller: $crate::auth::Caller,
             $crate::http::extract::ApiPath((name, handle)): $crate::http::extract::ApiPath<(String, String)>,
-            $crate::http::extract::ApiQuery(query): $crate::http::extract::ApiQuery<$crate::http::contention::HandleQuery>,
+            $crate::http::extract::ApiQuery(query): $crate::http::extract::ApiQuery<$crate::http::locks::HandleQuery>,
             consistency: $crate::http::consistency::Consistency,
-        ) -> Result<axum::Json<$crate::http::contention::HandleView>, $crate::http::error::ApiError> {
-            $crate::http::contention::get_handle(&state, &state.$registry, &caller, (&name, &handle), query, consistency).await.map(axum::Json)
+        ) -> Result<axum::Json<$crate::http::locks::HandleView>, $crate::http::error::ApiError> {
+            $crate::http::locks::get_handle(&state, &state.$registry, &caller, (&name, &handle), query, consistency).await.map(axum::Json)
         }
 
         $(#[doc = $release_doc])*
@@ -392,24 +397,24 @@ macro_rules! lock_handle_handlers {
             caller: $crate::auth::Caller,
             $crate::http::extract::ApiPath((name, handle)): $crate::http::extract::ApiPath<(String, String)>,
         ) -> Result<axum::http::StatusCode, $crate::http::error::ApiError> {
-            $crate::http::contention::release_by_id(&state, &state.$registry, &caller, &name, &handle).await
+            $crate::http::locks::release_by_id(&state, &state.$registry, &caller, &name, &handle).await
         }
 
         $(#[doc = $revoke_doc])*
         #[utoipa::path(operation_id = $revoke_id, post, path = $revoke_path, tag = $tag,
             params(("name" = String, Path, description = "Lock name")),
-            request_body(content = $crate::http::contention::RevokeBody, example = json!({"by": "ops@example.com", "reason": "deploy in progress", "grace": "30s"})),
+            request_body(content = $crate::http::locks::RevokeBody, example = json!({"by": "ops@example.com", "reason": "deploy in progress", "grace": "30s"})),
             responses(
-                (status = 202, description = "Asked; the holders decide (or the grace decides)", body = $crate::http::contention::Revoked),
+                (status = 202, description = "Asked; the holders decide (or the grace decides)", body = $crate::http::locks::Revoked),
                 $crate::http::error::Problems<($crate::http::error::p::InvalidField, $crate::http::error::p::MalformedBody, $crate::http::error::p::NotFound, $crate::http::error::p::NothingToRevoke, $crate::http::error::p::ZookeeperUnavailable)>,
             ))]
         pub async fn revoke(
             axum::extract::State(state): axum::extract::State<$crate::AppState>,
             caller: $crate::auth::Caller,
             $crate::http::extract::ApiPath(name): $crate::http::extract::ApiPath<String>,
-            $crate::http::extract::ApiJson(body): $crate::http::extract::ApiJson<$crate::http::contention::RevokeBody>,
+            $crate::http::extract::ApiJson(body): $crate::http::extract::ApiJson<$crate::http::locks::RevokeBody>,
         ) -> Result<axum::response::Response, $crate::http::error::ApiError> {
-            $crate::http::contention::revoke(&state, &caller, &state.$registry, &name, $role, body).await
+            $crate::http::locks::revoke(&state, &caller, &state.$registry, &name, $role, body).await
         }
     };
 }
@@ -425,16 +430,16 @@ macro_rules! fencing_handler {
         #[utoipa::path(get, path = $path, tag = $tag,
             params(("name" = String, Path, description = "Its name"), ("token" = i64, Path, description = "The fencing token to check, as the acquire (or campaign) answered it")),
             responses(
-                (status = 200, description = "The token is current", body = $crate::http::contention::FencingCheck),
+                (status = 200, description = "The token is current", body = $crate::http::locks::FencingCheck),
                 $crate::http::error::Problems<($crate::http::error::p::InvalidField, $crate::http::error::p::NotHeld, $crate::http::error::p::StaleFencingToken, $crate::http::error::p::ZookeeperUnavailable)>,
             ))]
         pub async fn $handler(
             axum::extract::State($state): axum::extract::State<$crate::AppState>,
             $crate::http::extract::ApiPath((name, token)): $crate::http::extract::ApiPath<(String, String)>,
             consistency: $crate::http::consistency::Consistency,
-        ) -> Result<axum::Json<$crate::http::contention::FencingCheck>, $crate::http::error::ApiError> {
+        ) -> Result<axum::Json<$crate::http::locks::FencingCheck>, $crate::http::error::ApiError> {
             let dir = $handles.dir(&name);
-            $crate::http::contention::check_fencing(&$state, $what, dir, (&name, &token), consistency, $holding).await
+            $crate::http::locks::check_fencing(&$state, $what, dir, (&name, &token), consistency, $holding).await
         }
     };
 }

@@ -6,13 +6,13 @@ use axum::response::Response;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::contention::{self, AcquireBody, AcquireParams, Acquisition};
-use super::error::{ApiError, Problems, p};
-use super::extract::{ApiJson, ApiPath, ApiQuery};
-use super::{Followed, Resource, state_handler};
+use super::{AcquireBody, AcquireParams, Acquisition};
 use crate::AppState;
 use crate::auth::Caller;
 use crate::events::Feed;
+use crate::http::error::{ApiError, Problems, p};
+use crate::http::extract::{ApiJson, ApiPath, ApiQuery};
+use crate::http::{Followed, Resource, state_handler};
 use crate::kind::Kind;
 use crate::recipes::locks::contention::Role;
 use crate::recipes::locks::rwlock::{self, RwLockState, RwLockTopic, is_reader};
@@ -68,7 +68,7 @@ pub async fn read(
     ApiQuery(params): ApiQuery<AcquireParams>,
     ApiJson(body): ApiJson<Option<AcquireBody>>,
 ) -> Result<Response, ApiError> {
-    contention::acquire(&state, &caller, &state.rwlocks, &name, rwlock::READ, params, body).await
+    super::acquire(&state, &caller, &state.rwlocks, &name, rwlock::READ, params, body).await
 }
 
 /// Acquires the write lock, waiting up to `wait`: granted when nobody is ahead in the queue.
@@ -89,7 +89,7 @@ pub async fn write(
     ApiQuery(params): ApiQuery<AcquireParams>,
     ApiJson(body): ApiJson<Option<AcquireBody>>,
 ) -> Result<Response, ApiError> {
-    contention::acquire(&state, &caller, &state.rwlocks, &name, rwlock::WRITE, params, body).await
+    super::acquire(&state, &caller, &state.rwlocks, &name, rwlock::WRITE, params, body).await
 }
 
 state_handler!(
@@ -101,7 +101,7 @@ state_handler!(
     RwLockState
 );
 
-super::contention::lock_handle_handlers!(
+super::lock_handle_handlers!(
     rwlocks,
     rw_role,
     tag = "rwlocks",
@@ -124,7 +124,7 @@ fn rw_role(node: &str) -> Role {
     if is_reader(node) { rwlock::READ } else { rwlock::WRITE }
 }
 
-contention::fencing_handler!(
+super::fencing_handler!(
     /// Checks a fencing token against the read/write lock's holders: the writer's, or any
     /// current reader's.
     ///

@@ -7,14 +7,14 @@ use axum::response::Response;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::consistency::Consistency;
-use super::contention::{self, AcquireBody, AcquireParams, Acquisition};
-use super::error::{ApiError, Problems, p};
-use super::extract::{ApiJson, ApiPath, ApiQuery};
-use super::{Followed, Resource, state_handler};
+use super::{AcquireBody, AcquireParams, Acquisition};
 use crate::AppState;
 use crate::auth::Caller;
 use crate::events::Feed;
+use crate::http::consistency::Consistency;
+use crate::http::error::{ApiError, Problems, p};
+use crate::http::extract::{ApiJson, ApiPath, ApiQuery};
+use crate::http::{Followed, Resource, state_handler};
 use crate::kind::Kind;
 use crate::recipes::locks::contention::{self as recipe, Revocation};
 use crate::recipes::locks::exclusive::{LockState, LockTopic};
@@ -74,7 +74,7 @@ pub async fn acquire(
     ApiQuery(params): ApiQuery<AcquireParams>,
     ApiJson(body): ApiJson<Option<AcquireBody>>,
 ) -> Result<Response, ApiError> {
-    contention::acquire(
+    super::acquire(
         &state,
         &caller,
         &state.locks,
@@ -95,7 +95,7 @@ state_handler!(
     LockState
 );
 
-super::contention::lock_handle_handlers!(
+super::lock_handle_handlers!(
     locks,
     |_| crate::recipes::locks::exclusive::EXCLUSIVE,
     tag = "locks",
@@ -140,7 +140,7 @@ pub async fn revocations(
     Ok(Json(recipe::revocations(&state, &caller, limit, consistency).await?))
 }
 
-contention::fencing_handler!(
+super::fencing_handler!(
     /// Checks a fencing token against the lock's holder: for a resource server, before it accepts
     /// a write that carries the token (Chubby's sequencer check).
     ///

@@ -11,14 +11,14 @@ use serde::{Deserialize, Serialize};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::consistency::Consistency;
-use super::error::{ApiError, Place, Problem, Problems, p};
-use super::extract::{ApiJson, ApiPath, ApiQuery};
-use super::leases::LeaseView;
-use super::{Followed, Resource, check_name};
 use crate::AppState;
 use crate::auth::Caller;
 use crate::events::Feed;
+use crate::http::consistency::Consistency;
+use crate::http::error::{ApiError, Place, Problem, Problems, p};
+use crate::http::extract::{ApiJson, ApiPath, ApiQuery};
+use crate::http::leases::LeaseView;
+use crate::http::{Followed, Resource, check_name};
 use crate::kind::Kind;
 use crate::recipes::groups::service::{
     CuratorInstance, InstanceView, Registrar, ServiceState, ServiceTopic, Strategy, UriSpecJson,
@@ -187,7 +187,7 @@ pub async fn register(
         }),
     };
     let data = serde_json::to_vec(&instance).map_err(|e| ApiError::new(Problem::Internal, e.to_string()))?;
-    super::check_stored_size(&state, "instance", data.len())?;
+    crate::http::check_stored_size(&state, "instance", data.len())?;
     // Its data is charged to the caller, on the instance's session (as a group member's).
     let id_taken = || taken(&service, &id);
     let services = &state.services;
@@ -238,7 +238,7 @@ pub async fn get_instance(
     consistency: Consistency,
 ) -> Result<Json<InstanceView>, ApiError> {
     names(&service, &id)?;
-    let Json(read) = super::read(&state, source(&state, &service), consistency).await?;
+    let Json(read) = crate::http::read(&state, source(&state, &service), consistency).await?;
     read.instances
         .into_iter()
         .find(|i| i.id == id)
@@ -246,7 +246,7 @@ pub async fn get_instance(
         .ok_or_else(|| ApiError::not_found("instance", format!("no instance `{id}` of `{service}`")))
 }
 
-super::state_handler!(
+crate::http::state_handler!(
     /// Lists a service's live instances (registered over HTTP or by Curator).
     service_state,
     "/v1/services/{name}",
@@ -270,7 +270,7 @@ pub async fn pick(
     consistency: Consistency,
 ) -> Result<Json<InstanceView>, ApiError> {
     check_name(&service)?;
-    let Json(read) = super::read(&state, source(&state, &service), consistency).await?;
+    let Json(read) = crate::http::read(&state, source(&state, &service), consistency).await?;
     let strategy = query.strategy.unwrap_or_default();
     state
         .service_picker

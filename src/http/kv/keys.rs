@@ -14,12 +14,12 @@ use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::Resource;
-use super::consistency::Consistency;
-use super::error::{ApiError, Place, Problem, Problems, p};
-use super::extract::{ApiPath, ApiQuery};
 use crate::AppState;
 use crate::auth::Caller;
+use crate::http::Resource;
+use crate::http::consistency::Consistency;
+use crate::http::error::{ApiError, Place, Problem, Problems, p};
+use crate::http::extract::{ApiPath, ApiQuery};
 use crate::kind::Kind;
 use crate::recipes::condition::Condition;
 use crate::recipes::kv::{self, Binds, Key, WriteError};
@@ -44,7 +44,7 @@ struct KeyDoc;
 fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::with_openapi(KeyDoc::openapi())
         .routes(routes!(list_keys))
-        .routes(routes!(super::kv_txn::transaction))
+        .routes(routes!(super::txn::transaction))
         .route("/v1/kv/{*key}", get(get_value).put(put_value).delete(delete_value))
 }
 
@@ -123,12 +123,12 @@ fn etag(mzxid: i64) -> String {
 }
 
 /// The version named by an `If-Match` / `If-None-Match` header: `*`, or an ETag we issued.
-pub(super) enum Tag {
+pub(in crate::http) enum Tag {
     Any,
     Version(i64),
 }
 
-pub(super) fn parse_tag(headers: &HeaderMap, name: header::HeaderName) -> Result<Option<Tag>, ApiError> {
+pub(in crate::http) fn parse_tag(headers: &HeaderMap, name: header::HeaderName) -> Result<Option<Tag>, ApiError> {
     let Some(value) = headers.get(&name) else {
         return Ok(None);
     };
@@ -151,7 +151,7 @@ pub(super) fn parse_tag(headers: &HeaderMap, name: header::HeaderName) -> Result
 }
 
 /// 412: `what` (a key, a counter) is not at the version the request requires.
-pub(super) fn precondition_failed(what: &str, current: Option<i64>) -> ApiError {
+pub(in crate::http) fn precondition_failed(what: &str, current: Option<i64>) -> ApiError {
     let Some(version) = current else {
         return ApiError::new(Problem::PreconditionFailed, format!("{what} does not exist"));
     };
@@ -184,7 +184,7 @@ pub async fn get_value(
     consistency: Consistency,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    super::check_key(&key)?;
+    crate::http::check_key(&key)?;
     let known = match parse_tag(&headers, header::IF_NONE_MATCH)? {
         Some(Tag::Version(v)) => Some(v),
         Some(Tag::Any) => {
@@ -260,8 +260,8 @@ pub async fn put_value(
     headers: HeaderMap,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<Response, ApiError> {
-    super::check_key(&key)?;
-    let body = body.map_err(super::extract::body_rejection)?;
+    crate::http::check_key(&key)?;
+    let body = body.map_err(crate::http::extract::body_rejection)?;
     let condition = write_condition(&headers)?;
     let is_json = headers
         .get(header::CONTENT_TYPE)
@@ -270,7 +270,7 @@ pub async fn put_value(
     if is_json && let Err(err) = serde_json::from_slice::<serde::de::IgnoredAny>(&body) {
         return Err(ApiError::malformed_body(format!("the body is not valid JSON: {err}")));
     }
-    super::check_stored_size(&state, "value", body.len())?;
+    crate::http::check_stored_size(&state, "value", body.len())?;
     let lease = match &query.lease {
         Some(id) => Some(state.leases.serve(&caller, id).await?),
         None => None,
@@ -318,7 +318,7 @@ pub async fn put_value(
 
 /// What a write's `If-Match` (an ETag: that version; `*`: it exists) and `If-None-Match`
 /// (`*`: it does not) require; a kv value's and a counter's alike.
-pub(super) fn write_condition(headers: &HeaderMap) -> Result<Condition, ApiError> {
+pub(in crate::http) fn write_condition(headers: &HeaderMap) -> Result<Condition, ApiError> {
     Ok(
         match (
             parse_tag(headers, header::IF_MATCH)?,
@@ -389,7 +389,7 @@ pub async fn delete_value(
     ApiPath(key): ApiPath<String>,
     headers: HeaderMap,
 ) -> Result<StatusCode, ApiError> {
-    super::check_key(&key)?;
+    crate::http::check_key(&key)?;
     let condition = match parse_tag(&headers, header::IF_MATCH)? {
         Some(Tag::Version(v)) => Condition::Version(v),
         Some(Tag::Any) | None => Condition::Any,
@@ -413,13 +413,13 @@ pub async fn list_keys(
     caller: Caller,
     ApiQuery(query): ApiQuery<ListQuery>,
     consistency: Consistency,
-    paging: super::paging::Paging,
+    paging: crate::http::paging::Paging,
 ) -> Result<axum::response::Response, ApiError> {
     let prefix = query.prefix.unwrap_or_default();
     let path = if prefix.is_empty() {
         Kind::Kv.base(&state.config.root)
     } else {
-        super::check_key(&prefix)
+        crate::http::check_key(&prefix)
             .map_err(|_| ApiError::invalid(Place::Query, "prefix", "must be a valid key (`a/b`)"))?;
         Kind::Kv.path(&state.config.root, &prefix)
     };
@@ -441,7 +441,7 @@ pub async fn list_keys(
         None => return Err(ApiError::not_found("key", format!("no key `{prefix}`"))),
     };
     let page = paging.page(keys, String::clone);
-    Ok(super::paging::with_link(
+    Ok(crate::http::paging::with_link(
         page.next,
         axum::Json(KeyList {
             prefix,

@@ -10,13 +10,13 @@ use tokio::time::Instant;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::error::{ApiError, Problems, p};
-use super::extract::{ApiJson, ApiPath, ApiQuery};
-use super::leases::LeaseView;
-use super::{Followed, Resource, state_handler};
 use crate::AppState;
 use crate::auth::Caller;
 use crate::events::Feed;
+use crate::http::error::{ApiError, Problems, p};
+use crate::http::extract::{ApiJson, ApiPath, ApiQuery};
+use crate::http::leases::LeaseView;
+use crate::http::{Followed, Resource, state_handler};
 use crate::kind::Kind;
 use crate::recipes::barriers::{self, double::DoubleBarrierState, double::DoubleBarrierTopic};
 use crate::time::HumanDuration;
@@ -69,7 +69,7 @@ pub struct EnterBody {
     pub participant: String,
     /// How many participants make the barrier open (the first enter records it).
     #[schema(example = 5, minimum = 1)]
-    #[serde(deserialize_with = "super::extract::whole_u32")]
+    #[serde(deserialize_with = "crate::http::extract::whole_u32")]
     pub size: u32,
     /// The lease the participant lives by. Without it a new lease is created.
     pub lease: Option<String>,

@@ -8,13 +8,13 @@ use serde::Deserialize;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::consistency::Consistency;
-use super::error::{ApiError, Problems, p};
-use super::extract::{ApiJson, ApiPath, ApiQuery};
-use super::{Followed, Resource, state_handler};
 use crate::AppState;
 use crate::auth::Caller;
 use crate::events::Feed;
+use crate::http::consistency::Consistency;
+use crate::http::error::{ApiError, Problems, p};
+use crate::http::extract::{ApiJson, ApiPath, ApiQuery};
+use crate::http::{Followed, Resource, state_handler};
 use crate::kind::Kind;
 use crate::recipes::barriers::{self, barrier::BarrierState, barrier::BarrierTopic};
 use crate::time::HumanDuration;

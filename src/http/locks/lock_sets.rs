@@ -15,13 +15,13 @@ use serde::{Deserialize, Serialize};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::consistency::Consistency;
-use super::contention::{HandleView, held_since};
-use super::error::{ApiError, Place, Problems, p};
-use super::extract::{ApiJson, ApiPath, ApiQuery};
-use super::leases::LeaseView;
+use super::{HandleView, held_since};
 use crate::AppState;
 use crate::auth::{Access, Caller};
+use crate::http::consistency::Consistency;
+use crate::http::error::{ApiError, Place, Problems, p};
+use crate::http::extract::{ApiJson, ApiPath, ApiQuery};
+use crate::http::leases::LeaseView;
 use crate::kind::Kind;
 use crate::recipes::locks::lock_set::canonical_order;
 use crate::recipes::locks::{self, contention::Contender};

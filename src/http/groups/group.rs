@@ -9,14 +9,14 @@ use serde::{Deserialize, Serialize};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::consistency::Consistency;
-use super::error::{ApiError, Place, Problem, Problems, p};
-use super::extract::{ApiJson, ApiPath, ApiQuery};
-use super::leases::LeaseView;
-use super::{Followed, Resource, check_name, readable};
 use crate::AppState;
 use crate::auth::Caller;
 use crate::events::Feed;
+use crate::http::consistency::Consistency;
+use crate::http::error::{ApiError, Place, Problem, Problems, p};
+use crate::http::extract::{ApiJson, ApiPath, ApiQuery};
+use crate::http::leases::LeaseView;
+use crate::http::{Followed, Resource, check_name, readable};
 use crate::kind::Kind;
 use crate::recipes::groups::group::{self, GroupState, GroupTopic};
 use crate::recipes::nodes::{self, NodeHolding};
@@ -128,7 +128,7 @@ pub async fn join(
     names(&group, Some(&member))?;
     let body = body.unwrap_or_default();
     let data = serde_json::to_vec(&body.data.unwrap_or(serde_json::Value::Null)).unwrap_or_default();
-    super::check_stored_size(&state, "member's data", data.len())?;
+    crate::http::check_stored_size(&state, "member's data", data.len())?;
     if let Some(existing) = state.groups.get(&group, &member) {
         if body.lease.as_deref() == Some(existing.lease.id.as_str()) {
             return Ok((StatusCode::OK, Json(joined(&existing))).into_response());
@@ -223,7 +223,7 @@ pub async fn members(
 }
 
 /// Lists the groups that exist in ZooKeeper, with their number of members.
-#[utoipa::path(get, path = "/v1/groups", tag = "groups", params(super::paging::PageQuery), responses(
+#[utoipa::path(get, path = "/v1/groups", tag = "groups", params(crate::http::paging::PageQuery), responses(
     (status = 200, description = "A page of the groups, in order (`Link` gives the next page while more follow)", body = Vec<GroupSummary>, headers(("Link" = String, description = "While more entries follow: the next page, `<url>; rel=\"next\"`"))),
     Problems<(p::ZookeeperUnavailable,)>,
 ))]
@@ -231,8 +231,8 @@ pub async fn list_groups(
     State(state): State<AppState>,
     caller: Caller,
     consistency: Consistency,
-    paging: super::paging::Paging,
-) -> Result<super::paging::Page<GroupSummary>, ApiError> {
+    paging: crate::http::paging::Paging,
+) -> Result<crate::http::paging::Page<GroupSummary>, ApiError> {
     let names = readable(&state, &caller, Kind::Group, consistency).await?;
     Ok(paging
         .page(names, |(group, _)| group.clone())
