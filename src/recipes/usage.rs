@@ -12,8 +12,8 @@
 //!   node `<root>/usage/<principal>/<id>` created in the same multi-op as the value and deleted
 //!   in the same multi-op as it, whose data is one byte per KiB of the value. The quota on
 //!   `<root>/usage/<principal>` then bounds the principal's values in number and in KiB, and a
-//!   write past it fails as a whole, value included. An ephemeral value (a member's data) has
-//!   an ephemeral charge on the same session, which goes with it.
+//!   write past it fails as a whole, value included. A value bound to a lease (a member's
+//!   data) goes with its charge when the lease ends, in the same multi-op.
 //!
 //! The servers enforce quotas only when started with `zookeeper.enforceQuota=true` (zkgate's
 //! embedded and test servers are). Each session probes for it; where it is off, zkgate warns,

@@ -1,8 +1,8 @@
 //! Double barrier, the guide's recipe: processes enter together once `size` of them are in,
 //! and leave together once all have left.
 //!
-//! Under `<root>/double-barriers/<name>` each participant is an ephemeral child named by its
-//! id (bound to its lease, so a participant that dies never blocks the others) and `ready`
+//! Under `<root>/double-barriers/<name>` each participant is a child named by its id
+//! (persistent, bound to its lease where the guide makes it ephemeral, so a participant that dies never blocks the others) and `ready`
 //! marks that enough have entered.
 //!
 //! - Enter: after creating its node, a participant lists the participants; with `size` or

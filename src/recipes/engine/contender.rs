@@ -1,4 +1,5 @@
-//! Contenders: the recipes built on ordered ephemeral sequential znodes (exclusive locks,
+//! Contenders: the recipes built on ordered sequential znodes (persistent, bound to a lease where
+//! the guide makes them ephemeral: exclusive locks,
 //! read/write locks, leader election), and the ordered-node machinery that the semaphore
 //! composes too.
 //!

@@ -1,5 +1,6 @@
-//! Group membership, the guide's recipe: each member an ephemeral child of the group's znode
-//! (`<root>/groups/<group>/<member>`), holding its data, bound to its lease (see
+//! Group membership, the guide's recipe: each member a child of the group's znode
+//! (`<root>/groups/<group>/<member>`), holding its data, persistent and bound to its lease
+//! where the guide makes it ephemeral (see
 //! [crate::recipes::engine::node]); the live members are the children.
 //!
 //! A reader that wants to know when membership changes passes the `index` it last saw (the

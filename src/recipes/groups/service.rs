@@ -1,6 +1,7 @@
 //! Service discovery as Apache Curator's `curator-x-discovery` lays it out, so that a JVM
 //! service using Curator's `ServiceDiscovery` and HTTP clients see each other's instances:
-//! `<root>/services/<service>/<instance id>`, an ephemeral znode per live instance holding the
+//! `<root>/services/<service>/<instance id>`, a znode per live instance (persistent, bound to a
+//! lease where Curator makes it ephemeral) holding the
 //! instance as Curator's `JsonInstanceSerializer` writes it (`name`, `id`, `address`, `port`,
 //! `sslPort`, `payload`, `registrationTimeUTC`, `serviceType`, `uriSpec`). Point Curator's
 //! `ServiceDiscoveryBuilder.basePath` at `<root>/services`.

@@ -1,6 +1,7 @@
 //! Exclusive locks: the recipe of the ZooKeeper guide, on Apache Curator's znode names.
 //!
-//! A contender creates `<root>/locks/<name>/_c_<guid>-lock-<seq>` (ephemeral, sequential),
+//! A contender creates `<root>/locks/<name>/_c_<guid>-lock-<seq>` (sequential; persistent and
+//! bound to its lease, where Curator's is ephemeral),
 //! lists the lock's children *without* a watch, holds the lock if its sequence number is the
 //! lowest, and otherwise sets an exists-watch on the next lower contender only, so that a
 //! release wakes exactly one waiter (no herd). Children are ordered by the sequence suffix

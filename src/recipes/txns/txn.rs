@@ -1,7 +1,7 @@
 //! Two-phase commit, the guide's recipe with both of its fixes.
 //!
 //! A transaction is `<root>/txns/<id>` holding the participants, the payload and a deadline.
-//! Each participant registers with its own ephemeral node `members/<p>` (bound to its lease),
+//! Each participant registers with its own node `members/<p>` (persistent, bound to its lease),
 //! so its failure is seen (the guide's second fix), and votes by creating `votes/<p>` holding
 //! `commit` or `abort` (create-only: a vote never changes). The outcome is written once, as
 //! `decision` (create-only, so it never changes either): commit only if every participant
