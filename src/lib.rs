@@ -159,6 +159,7 @@ impl AppState {
             recipes: Recipes {
                 root: config.root.clone(),
                 max_wait: config.max_wait,
+                max_value_bytes: config.max_value_bytes,
                 lanes,
                 leases,
                 registries,

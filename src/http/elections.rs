@@ -163,7 +163,7 @@ pub async fn campaign(
 ) -> Result<Response, ApiError> {
     let body = body.unwrap_or_default();
     if let Some(value) = &body.value {
-        super::check_stored_size(&state, "candidate's value", json_len(value))?;
+        state.check_stored_size("candidate's value", json_len(value))?;
     }
     let request = recipe::Request {
         caller: &caller,
@@ -214,7 +214,7 @@ pub async fn proclaim(
     ApiPath(name): ApiPath<String>,
     ApiJson(body): ApiJson<Proclamation>,
 ) -> Result<Json<LeaderView>, ApiError> {
-    super::check_stored_size(&state, "proclaimed value", json_len(&body.value))?;
+    state.check_stored_size("proclaimed value", json_len(&body.value))?;
     let (ack, since) = elections::proclaim(&state, &caller, &name, &body.handle, body.value).await?;
     Ok(Json(LeaderView {
         node: ack.candidate,

@@ -251,16 +251,6 @@ fn allowed_methods(template: &str) -> Vec<String> {
     methods.get(&template.replace("{*", "{")).cloned().unwrap_or_default()
 }
 
-/// 413 `value-too-large` if `what` (a "value", an "item"...) takes more than `--max-value-bytes`
-/// as stored (`size` bytes).
-pub fn check_stored_size(state: &AppState, what: &str, size: usize) -> Result<(), ApiError> {
-    let limit = state.config.max_value_bytes;
-    if size > limit {
-        return Err(ApiError::value_too_large(what, size, limit));
-    }
-    Ok(())
-}
-
 /// Most segments a kv key may have.
 const MAX_KEY_DEPTH: usize = 16;
 

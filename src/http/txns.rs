@@ -141,7 +141,7 @@ pub async fn create(
         created_at_ms: now,
     };
     let stored = serde_json::to_vec(&spec).map_or(0, |s| s.len());
-    super::check_stored_size(&state, "transaction (with its payload)", stored)?;
+    state.check_stored_size("transaction (with its payload)", stored)?;
     let created = txns::create(&state, &id, spec).await?;
     Ok((StatusCode::CREATED, Json(created)).into_response())
 }

@@ -41,6 +41,8 @@ pub struct Recipes {
     pub root: String,
     /// The longest a blocking operation waits (`--max-wait`).
     pub max_wait: std::time::Duration,
+    /// The most bytes a stored value may take (`--max-value-bytes`).
+    pub max_value_bytes: usize,
     /// All of the instance's sessions (the primary first); each lease lives on one.
     pub lanes: crate::zk::session::Lanes,
     pub leases: leases::Leases,
@@ -70,6 +72,19 @@ impl Recipes {
     /// The primary ZooKeeper session: reads, queues, event topics, the instance's registration.
     pub fn zk(&self) -> &crate::zk::session::ZkSession {
         self.lanes.primary()
+    }
+
+    /// 413 `value-too-large` if `what` (a "value", an "item"...) takes more than
+    /// [Recipes::max_value_bytes] as stored (`size` bytes).
+    pub fn check_stored_size(&self, what: &str, size: usize) -> Result<(), crate::problem::ApiError> {
+        match size > self.max_value_bytes {
+            true => Err(crate::problem::ApiError::value_too_large(
+                what,
+                size,
+                self.max_value_bytes,
+            )),
+            false => Ok(()),
+        }
     }
 
     /// How long a blocking operation waits: what it asked for, capped at [Recipes::max_wait];

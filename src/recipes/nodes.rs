@@ -15,6 +15,31 @@ pub use crate::recipes::engine::handle::Phase;
 pub use crate::recipes::engine::node::{NodeHolding, NodeHoldings};
 pub use crate::recipes::locks::contention::{RELEASE_LIMIT, release_not_done};
 
+/// Joins `id` to resource `name` of `nodes` (a group's member, a service's instance) with
+/// `lease` (or a new one with `ttl`), holding what `data` makes for that lease, charged to the
+/// caller; `taken` is the answer when another lease has the id. The node, and whether this
+/// made it: the same id joined again with its lease is answered as it is.
+pub async fn join(
+    recipes: &Recipes,
+    caller: &Caller,
+    nodes: &NodeHoldings,
+    (name, id): (&str, &str),
+    (lease, ttl): (Option<String>, Option<std::time::Duration>),
+    data: impl FnOnce(&super::engine::lease::Lease) -> Result<Vec<u8>, ApiError>,
+    taken: impl Fn() -> ApiError,
+) -> Result<(Arc<NodeHolding>, bool), ApiError> {
+    if let Some(existing) = nodes.get(name, id) {
+        return match lease.as_deref() == Some(existing.lease.id.as_str()) {
+            true => Ok((existing, false)),
+            false => Err(taken()),
+        };
+    }
+    let (lease, _) = recipes.leases.for_request(caller, lease, ttl).await?;
+    let data = data(&lease)?;
+    let node = bind_charged(recipes, caller, nodes, &lease, (name, id), data, taken).await?;
+    Ok((node, true))
+}
+
 /// Binds `id` of resource `name` (a group's member, a service's instance) to `lease`, holding
 /// `data` charged to the caller on the node's session; `taken` is the answer when the id is.
 pub async fn bind_charged(

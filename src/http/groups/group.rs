@@ -128,30 +128,23 @@ pub async fn join(
     names(&group, Some(&member))?;
     let body = body.unwrap_or_default();
     let data = serde_json::to_vec(&body.data.unwrap_or(serde_json::Value::Null)).unwrap_or_default();
-    crate::http::check_stored_size(&state, "member's data", data.len())?;
-    if let Some(existing) = state.groups.get(&group, &member) {
-        if body.lease.as_deref() == Some(existing.lease.id.as_str()) {
-            return Ok((StatusCode::OK, Json(joined(&existing))).into_response());
-        }
-        return Err(taken(&group, &member));
-    }
-    let (lease, _) = state
-        .leases
-        .for_request(&caller, body.lease, body.ttl.map(|t| t.0))
-        .await?;
+    state.check_stored_size("member's data", data.len())?;
     // The member's data is charged to the caller, on the member's session.
+    let (lease, ttl) = (body.lease, body.ttl.map(|t| t.0));
+    let at = (group.as_str(), member.as_str());
     let member_taken = || taken(&group, &member);
-    let node = nodes::bind_charged(
+    let (node, made) = nodes::join(
         &state,
         &caller,
         &state.groups,
-        &lease,
-        (&group, &member),
-        data,
+        at,
+        (lease, ttl),
+        |_| Ok(data),
         member_taken,
     )
     .await?;
-    Ok((StatusCode::CREATED, Json(joined(&node))).into_response())
+    let status = if made { StatusCode::CREATED } else { StatusCode::OK };
+    Ok((status, Json(joined(&node))).into_response())
 }
 
 fn joined(member: &NodeHolding) -> Joined {

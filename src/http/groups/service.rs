@@ -23,7 +23,8 @@ use crate::kind::Kind;
 use crate::recipes::groups::service::{
     CuratorInstance, InstanceView, Registrar, ServiceState, ServiceTopic, Strategy, UriSpecJson,
 };
-use crate::recipes::nodes::NodeHolding;
+use crate::recipes::leases::Lease;
+use crate::recipes::nodes::{self, NodeHolding};
 use crate::recipes::validate_name;
 use crate::time::{HumanDuration, timestamp};
 
@@ -160,39 +161,35 @@ pub async fn register(
         })?),
         None => None,
     };
-    if let Some(existing) = state.services.get(&service, &id) {
-        if body.lease.as_deref() == Some(existing.lease.id.as_str()) {
-            return Ok((StatusCode::OK, Json(registered(&existing))).into_response());
-        }
-        return Err(taken(&service, &id));
-    }
-    let (lease, _) = state
-        .leases
-        .for_request(&caller, body.lease, body.ttl.map(|t| t.0))
-        .await?;
-    let instance = CuratorInstance {
-        name: service.clone(),
-        id: id.clone(),
-        address: Some(body.address),
-        port: body.port,
-        ssl_port: body.ssl_port,
-        payload: body.payload.unwrap_or(serde_json::Value::Null),
-        registration_time_utc: crate::time::now_ms(),
-        service_type: "DYNAMIC".into(),
-        uri_spec,
-        enabled: None,
-        zkgate: Some(Registrar {
-            lease: lease.id.clone(),
-            principal: lease.principal.clone(),
-        }),
+    let make = |lease: &Lease| {
+        let instance = CuratorInstance {
+            name: service.clone(),
+            id: id.clone(),
+            address: Some(body.address),
+            port: body.port,
+            ssl_port: body.ssl_port,
+            payload: body.payload.unwrap_or(serde_json::Value::Null),
+            registration_time_utc: crate::time::now_ms(),
+            service_type: "DYNAMIC".into(),
+            uri_spec,
+            enabled: None,
+            zkgate: Some(Registrar {
+                lease: lease.id.clone(),
+                principal: lease.principal.clone(),
+            }),
+        };
+        let data = serde_json::to_vec(&instance).map_err(|e| ApiError::new(Problem::Internal, e.to_string()))?;
+        state.check_stored_size("instance", data.len())?;
+        Ok(data)
     };
-    let data = serde_json::to_vec(&instance).map_err(|e| ApiError::new(Problem::Internal, e.to_string()))?;
-    crate::http::check_stored_size(&state, "instance", data.len())?;
     // Its data is charged to the caller, on the instance's session (as a group member's).
+    let (lease, ttl) = (body.lease, body.ttl.map(|t| t.0));
+    let at = (service.as_str(), id.as_str());
     let id_taken = || taken(&service, &id);
-    let services = &state.services;
-    let node =
-        crate::recipes::nodes::bind_charged(&state, &caller, services, &lease, (&service, &id), data, id_taken).await?;
+    let (node, made) = nodes::join(&state, &caller, &state.services, at, (lease, ttl), make, id_taken).await?;
+    if !made {
+        return Ok((StatusCode::OK, Json(registered(&node))).into_response());
+    }
     let m = crate::metrics::get();
     m.service_registrations
         .with_label_values(&[m.name(crate::metrics::SERVICE, &service)])

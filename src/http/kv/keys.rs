@@ -270,7 +270,7 @@ pub async fn put_value(
     if is_json && let Err(err) = serde_json::from_slice::<serde::de::IgnoredAny>(&body) {
         return Err(ApiError::malformed_body(format!("the body is not valid JSON: {err}")));
     }
-    crate::http::check_stored_size(&state, "value", body.len())?;
+    state.check_stored_size("value", body.len())?;
     let lease = match &query.lease {
         Some(id) => Some(state.leases.serve(&caller, id).await?),
         None => None,

@@ -330,7 +330,7 @@ fn step_of(
     let data = value_bytes(step.value.as_ref(), step.text.as_deref(), step.base64.as_deref()).map_err(invalid)?;
     match (step.put, step.delete, step.get, data) {
         (Some(key), None, None, Some(data)) => {
-            crate::http::check_stored_size(state, "value", data.len())?;
+            state.check_stored_size("value", data.len())?;
             Ok(Step::Put {
                 path: path(&key, field, Access::Write)?,
                 data,

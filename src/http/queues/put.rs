@@ -111,7 +111,7 @@ pub async fn put(
     let due_ms = due_of(&query)?;
     let bytes = body.map_err(crate::http::extract::body_rejection)?;
     let envelope = body_of(&headers, &bytes)?;
-    crate::http::check_stored_size(&state, "item", envelope.to_bytes().len())?;
+    state.check_stored_size("item", envelope.to_bytes().len())?;
     let session = state.zk().connected().await?;
     let paths = state.queues.paths(&name);
     let max_depth = state.config.queue_max_depth;
