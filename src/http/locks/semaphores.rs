@@ -2,8 +2,6 @@
 //! `InterProcessSemaphoreV2` znodes. A permit request is a long poll like a lock's, with the
 //! same outcomes, limits and timeouts.
 
-use std::sync::Arc;
-
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -17,14 +15,14 @@ use crate::AppState;
 use crate::auth::Caller;
 use crate::events::Feed;
 use crate::http::consistency::Consistency;
-use crate::http::error::{ApiError, Place, Problem, Problems, p};
+use crate::http::error::{ApiError, Place, Problems, p};
 use crate::http::extract::{ApiJson, ApiPath, ApiQuery};
 use crate::http::leases::LeaseView;
 use crate::http::{Followed, Resource, check_name, state_handler};
 use crate::kind::Kind;
-use crate::recipes::SettingError;
-use crate::recipes::locks::contention::{self as recipe, Found, Lease, Phase, Recorded};
-use crate::recipes::locks::semaphore::{Permit, SemaphoreState, SemaphoreTopic, agree_on_permits};
+use crate::recipes::locks::contention::{self as recipe, Phase, Recorded};
+use crate::recipes::locks::semaphore::{SemaphoreState, SemaphoreTopic};
+use crate::recipes::locks::{self, semaphore::Permit};
 use crate::time::HumanDuration;
 
 /// The semaphore kind's module.
@@ -165,25 +163,7 @@ pub async fn acquire(
         lease: body.lease,
         ttl: body.ttl.map(|t| t.0),
     };
-    let open = async |lease: Arc<Lease>| {
-        // On the lease's session, where the permit's task reads the count back.
-        let session = lease.session().await?;
-        let dir = state.semaphores.dir(&name);
-        agree_on_permits(&session, &dir, permits)
-            .await
-            .map_err(|err| match err {
-                SettingError::Mismatch(recorded) => {
-                    let detail = format!("semaphore `{name}` has {recorded} permits, not {permits}");
-                    ApiError::new(Problem::PermitsMismatch, detail).with("permits", recorded)
-                }
-                SettingError::ZooKeeper(err) => err.into(),
-            })?;
-        state
-            .semaphores
-            .request(&lease, &name, permits)
-            .ok_or_else(|| state.leases.gone(&lease))
-    };
-    let outcome = recipe::contend(&state, &state.semaphores, request, open).await?;
+    let outcome = locks::acquire_permit(&state, request, permits).await?;
     Ok((super::status(&outcome), Json(permit_view(&outcome.handle))).into_response())
 }
 
@@ -209,20 +189,12 @@ pub async fn get_permit(
     ApiPath((name, handle)): ApiPath<(String, String)>,
     consistency: Consistency,
 ) -> Result<Json<PermitView>, ApiError> {
-    let session = state.reader(consistency).await?;
-    match recipe::find_handle(&state.semaphores, &session, &caller, &name, &handle).await? {
-        Found::Here(permit) => {
-            state.confirm(&permit.lease, consistency).await?;
-            Ok(Json(permit_view(&permit)))
-        }
-        Found::There(recorded) => {
-            let dir = state.semaphores.dir(&name);
-            let permits = crate::recipes::locks::semaphore::permits_of(&session, &dir)
-                .await?
-                .unwrap_or(0) as u32;
-            Ok(Json(recorded_view(&recorded, permits)))
-        }
-    }
+    Ok(Json(
+        match locks::read_permit(&state, &caller, (&name, &handle), consistency).await? {
+            locks::PermitSeen::Here(permit) => permit_view(&permit),
+            locks::PermitSeen::There(recorded, permits) => recorded_view(&recorded, permits),
+        },
+    ))
 }
 
 /// Gives a permit back (or leaves the queue).

@@ -20,6 +20,64 @@ use crate::zk::Session;
 use contention::{Contender, Seen};
 use lock_set::SetRecord;
 
+/// A permit of semaphore `request.name` of `permits` (a long poll, as a lock's acquire): the
+/// semaphore records its number of permits first (409 `permits-mismatch` if it has another).
+pub async fn acquire_permit(
+    recipes: &Recipes,
+    request: contention::Request<'_>,
+    permits: u32,
+) -> Result<contention::Granted<semaphore::PermitRequest>, ApiError> {
+    let name = request.name;
+    let open = async |lease: Arc<Lease>| {
+        // On the lease's session, where the permit's task reads the count back.
+        let session = lease.session().await?;
+        let dir = recipes.semaphores.dir(name);
+        semaphore::agree_on_permits(&session, &dir, permits)
+            .await
+            .map_err(|err| match err {
+                crate::recipes::SettingError::Mismatch(recorded) => {
+                    let detail = format!("semaphore `{name}` has {recorded} permits, not {permits}");
+                    ApiError::new(Problem::PermitsMismatch, detail).with("permits", recorded)
+                }
+                crate::recipes::SettingError::ZooKeeper(err) => err.into(),
+            })?;
+        recipes
+            .semaphores
+            .request(&lease, name, permits)
+            .ok_or_else(|| recipes.leases.gone(&lease))
+    };
+    contention::contend(recipes, &recipes.semaphores, request, open).await
+}
+
+/// A permit as [read_permit] saw it.
+pub enum PermitSeen {
+    /// Kept here, its lease confirmed kept: its task's view.
+    Here(Arc<semaphore::Permit>),
+    /// As ZooKeeper has it, with the semaphore's number of permits.
+    There(Box<contention::Recorded>, u32),
+}
+
+/// Permit `handle` of semaphore `name`, read at `consistency`, if `caller` may see it.
+pub async fn read_permit(
+    recipes: &Recipes,
+    caller: &Caller,
+    (name, handle): (&str, &str),
+    consistency: Consistency,
+) -> Result<PermitSeen, ApiError> {
+    let session = recipes.reader(consistency).await?;
+    match contention::find_handle(&recipes.semaphores, &session, caller, name, handle).await? {
+        contention::Found::Here(permit) => {
+            recipes.confirm(&permit.lease, consistency).await?;
+            Ok(PermitSeen::Here(permit))
+        }
+        contention::Found::There(recorded) => {
+            let dir = recipes.semaphores.dir(name);
+            let permits = semaphore::permits_of(&session, &dir).await?.unwrap_or(0) as u32;
+            Ok(PermitSeen::There(recorded, permits))
+        }
+    }
+}
+
 /// Acquires the locks `order` names (in that order: [lock_set::canonical_order]) as one set on
 /// `lease` (or a new one with `ttl`), all within `wait`: the set's id, its locks' handles in
 /// order, and the lease. A set refused gives back what it took (409 naming the `lock` not
