@@ -14,7 +14,7 @@ use super::consistency::Consistency;
 use super::error::{ApiError, Place, Problem, Problems, p};
 use super::extract::{ApiJson, ApiPath};
 use super::idempotency::Idempotent;
-use super::kv::keys::{Tag, parse_tag, precondition_failed, write_condition};
+use super::kv::keys::{Tag, parse_tag, write_condition};
 use super::{Followed, Resource, check_name};
 use crate::AppState;
 use crate::events::Feed;
@@ -22,6 +22,7 @@ use crate::kind::Kind;
 use crate::recipes::condition::Condition;
 use crate::recipes::counters::{self, Bounds, CounterError, CounterState, CounterTopic};
 use crate::recipes::idempotency::Keyed;
+use crate::recipes::kv::precondition_failed;
 
 /// The counter kind's module.
 pub const RESOURCE: Resource = Resource {

@@ -22,8 +22,7 @@ use crate::http::error::{ApiError, Place, Problem, Problems, p};
 use crate::http::extract::{ApiPath, ApiQuery};
 use crate::kind::Kind;
 use crate::recipes::condition::Condition;
-use crate::recipes::kv::{self, Binds, Key, WriteError};
-use crate::recipes::usage::Payer;
+use crate::recipes::kv::{self, etag};
 use crate::time::HumanDuration;
 
 /// The kv kind's module (followed as znodes on a socket, not as a topic of its own).
@@ -118,10 +117,6 @@ pub struct Written {
 /// The header that names the lease a key is bound to.
 pub const LEASE_HEADER: &str = "zkgate-lease";
 
-fn etag(mzxid: i64) -> String {
-    format!("\"{mzxid}\"")
-}
-
 /// The version named by an `If-Match` / `If-None-Match` header: `*`, or an ETag we issued.
 pub(in crate::http) enum Tag {
     Any,
@@ -148,15 +143,6 @@ pub(in crate::http) fn parse_tag(headers: &HeaderMap, name: header::HeaderName) 
             format!("`{text}` is not an ETag issued by zkgate (like `\"4294967311\"`) or `*`"),
         )
     })
-}
-
-/// 412: `what` (a key, a counter) is not at the version the request requires.
-pub(in crate::http) fn precondition_failed(what: &str, current: Option<i64>) -> ApiError {
-    let Some(version) = current else {
-        return ApiError::new(Problem::PreconditionFailed, format!("{what} does not exist"));
-    };
-    let detail = format!("{what} is at version {}, not the one required", etag(version));
-    ApiError::new(Problem::PreconditionFailed, detail).with("current_etag", etag(version))
 }
 
 /// Reads a key. A value that parses as JSON comes back as `application/json`, other UTF-8
@@ -193,14 +179,8 @@ pub async fn get_value(
         }
         None => None,
     };
-    let session = state.reader(consistency).await?;
-    let key_at = Key::new(&state.kv_keys, &key);
-    if let (Some(version), Some(wait)) = (known, query.wait) {
-        let wait = wait.0.min(state.max_wait);
-        crate::admission::park();
-        let _ = tokio::time::timeout(wait, kv::wait_change(&session, &key_at.path, version)).await;
-    }
-    let Some(entry) = kv::read(&session, &key_at).await? else {
+    let wait = known.and(query.wait.map(|w| w.0));
+    let Some(entry) = kv::get(&state, &key, known.zip(wait), consistency).await? else {
         return Err(ApiError::not_found("key", format!("no key `{key}`")));
     };
     let tag =
@@ -271,35 +251,8 @@ pub async fn put_value(
         return Err(ApiError::malformed_body(format!("the body is not valid JSON: {err}")));
     }
     state.check_stored_size("value", body.len())?;
-    let lease = match &query.lease {
-        Some(id) => Some(state.leases.serve(&caller, id).await?),
-        None => None,
-    };
-    let session = state.zk().connected().await?;
-    let payer = Payer {
-        quotas: &state.quotas,
-        principal: caller.name(),
-    };
-    let binds = match &lease {
-        Some(lease) => Binds::Lease {
-            lease,
-            rebind: query.rebind,
-        },
-        None => Binds::Plain { rebind: query.rebind },
-    };
-    let written = kv::write(
-        &session,
-        &Key::written_by(&state.kv_keys, &key, &caller),
-        &body,
-        condition,
-        payer,
-        binds,
-    )
-    .await;
-    let (mzxid, created) = match (written, &lease) {
-        (Err(WriteError::LeaseEnded), Some(lease)) => return Err(state.leases.gone(lease)),
-        (written, _) => written.map_err(|e| write_error(&key, e))?,
-    };
+    let lease = query.lease.as_deref();
+    let (mzxid, created, lease) = kv::put(&state, &caller, &key, &body, condition, (lease, query.rebind)).await?;
     let tag = etag(mzxid);
     let status = if created { StatusCode::CREATED } else { StatusCode::OK };
     let header_tag = HeaderValue::from_str(&tag).map_err(|e| ApiError::new(Problem::Internal, e.to_string()))?;
@@ -340,39 +293,6 @@ pub(in crate::http) fn write_condition(headers: &HeaderMap) -> Result<Condition,
     )
 }
 
-fn write_error(key: &str, err: WriteError) -> ApiError {
-    match err {
-        WriteError::Precondition(current) => precondition_failed(&format!("key `{key}`"), current),
-        WriteError::Missing => ApiError::not_found("key", format!("no key `{key}`")),
-        WriteError::NotEmpty => ApiError::new(
-            Problem::KeyNotEmpty,
-            format!("key `{key}` has keys below it; delete those first"),
-        ),
-        WriteError::Quota(exceeded) => ApiError::from(exceeded),
-        WriteError::Bound(binding) => {
-            let detail = format!(
-                "key `{key}` is bound to lease `{}`; write it with that lease, or say `rebind=true`",
-                binding.lease
-            );
-            ApiError::new(Problem::KeyBound, detail).with("lease", binding.lease)
-        }
-        WriteError::NotBound => ApiError::new(
-            Problem::KeyNotBound,
-            format!("key `{key}` exists bound to no lease; say `rebind=true` to bind it"),
-        ),
-        WriteError::LeaseEnded => ApiError::new(Problem::LeaseEnded, "the lease ended while the key was written"),
-        WriteError::Forbidden(forbidden) => ApiError::new(Problem::Forbidden, forbidden.0),
-        WriteError::OutcomeUnknown => ApiError::new(
-            Problem::OutcomeUnknown,
-            format!(
-                "the connection to ZooKeeper was lost after the write to key `{key}` was sent, and the key \
-                 changed since: the write may or may not have happened; read the key before trying again"
-            ),
-        ),
-        WriteError::ZooKeeper(err) => err.into(),
-    }
-}
-
 /// Deletes a key (which must have no keys below it); `If-Match` makes it conditional. A key
 /// bound to a lease is deleted too, and leaves the lease's holdings: only by the lease's
 /// principal (or an admin; 403 otherwise).
@@ -394,11 +314,7 @@ pub async fn delete_value(
         Some(Tag::Version(v)) => Condition::Version(v),
         Some(Tag::Any) | None => Condition::Any,
     };
-    let session = state.zk().connected().await?;
-    let written = Key::written_by(&state.kv_keys, &key, &caller);
-    kv::delete(&session, &written, condition, &state.quotas)
-        .await
-        .map_err(|e| write_error(&key, e))?;
+    kv::remove(&state, &caller, &key, condition).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -423,22 +339,8 @@ pub async fn list_keys(
             .map_err(|_| ApiError::invalid(Place::Query, "prefix", "must be a valid key (`a/b`)"))?;
         Kind::Kv.path(&state.config.root, &prefix)
     };
-    let session = state.reader(consistency).await?;
-    // Only the keys the caller may read (a principal limited to `app/` lists with `?prefix=app`).
-    let keys = match kv::children(&session, &path).await? {
-        Some(keys) => keys
-            .into_iter()
-            .filter(|key| {
-                let full = if prefix.is_empty() {
-                    key.clone()
-                } else {
-                    format!("{prefix}/{key}")
-                };
-                caller.may("kv", &full, crate::auth::Access::Read)
-            })
-            .collect(),
-        None if prefix.is_empty() => Vec::new(),
-        None => return Err(ApiError::not_found("key", format!("no key `{prefix}`"))),
+    let Some(keys) = kv::list(&state, &caller, (&prefix, &path), consistency).await? else {
+        return Err(ApiError::not_found("key", format!("no key `{prefix}`")));
     };
     let page = paging.page(keys, String::clone);
     Ok(crate::http::paging::with_link(

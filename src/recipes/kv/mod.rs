@@ -1,6 +1,9 @@
 //! Configuration and name service, the guide's "out of the box" recipe: plain persistent
 //! znodes under `<root>/kv/`, read and written whole, with compare-and-set on their version;
-//! a key may be bound to a lease ([bound]: it ends with the lease).
+//! a key may be bound to a lease ([bound]: it ends with the lease). Why this file is long (700
+//! lines): it is the keys' protocol and, at its end, the operations the API asks of them
+//! (`get`, `put`, `remove`, `list`), which map its refusals to problems; bound keys, a lost
+//! reply and transactions are in the modules below.
 //!
 //! The version a client sees is the znode's `mzxid` (the zxid of its last change), not its
 //! data version: data versions start again at 0 when a key is deleted and created again, so a
@@ -28,6 +31,7 @@ use zookeeper_client::{Client, CreateMode, Error as ZkError, Stat};
 
 use crate::auth::{Caller, Forbidden};
 use crate::kind::Kind;
+use crate::problem::{ApiError, Problem};
 use crate::recipes::engine::lease::Lease;
 use crate::recipes::engine::node::owner_record_path;
 use crate::recipes::usage::{self, ChargeError, Exceeded, Payer, Quotas};
@@ -574,5 +578,142 @@ pub async fn children(session: &Session, path: &str) -> Result<Option<Vec<String
         }
         Err(ZkError::NoNode) => Ok(None),
         Err(err) => Err(err.into()),
+    }
+}
+
+/// Key `name` read at `consistency`, after waiting (up to the wait, capped) for it to change
+/// from the version `known` names; `None` if there is no such key.
+pub async fn get(
+    recipes: &crate::recipes::Recipes,
+    name: &str,
+    known: Option<(i64, std::time::Duration)>,
+    consistency: crate::recipes::consistency::Consistency,
+) -> Result<Option<Entry>, ApiError> {
+    let session = recipes.reader(consistency).await?;
+    let key = Key::new(&recipes.kv_keys, name);
+    if let Some((version, wait)) = known {
+        crate::admission::park();
+        let _ = tokio::time::timeout(recipes.wait(Some(wait)), wait_change(&session, &key.path, version)).await;
+    }
+    Ok(read(&session, &key).await?)
+}
+
+/// Writes `value` to key `name` if `condition` holds, plain or bound to the lease `bind`
+/// names (`rebind` allows changing which): its version (mzxid), whether it was created, and the
+/// lease it is bound to.
+pub async fn put(
+    recipes: &crate::recipes::Recipes,
+    caller: &Caller,
+    name: &str,
+    value: &[u8],
+    condition: Condition,
+    (bind, rebind): (Option<&str>, bool),
+) -> Result<(i64, bool, Option<Arc<Lease>>), ApiError> {
+    let lease = match bind {
+        Some(id) => Some(recipes.leases.serve(caller, id).await?),
+        None => None,
+    };
+    let session = recipes.zk().connected().await?;
+    let payer = Payer {
+        quotas: &recipes.quotas,
+        principal: caller.name(),
+    };
+    let binds = match &lease {
+        Some(lease) => Binds::Lease { lease, rebind },
+        None => Binds::Plain { rebind },
+    };
+    let key = Key::written_by(&recipes.kv_keys, name, caller);
+    match (write(&session, &key, value, condition, payer, binds).await, &lease) {
+        (Err(WriteError::LeaseEnded), Some(lease)) => Err(recipes.leases.gone(lease)),
+        (written, _) => {
+            let (mzxid, created) = written.map_err(|e| write_error(name, e))?;
+            Ok((mzxid, created, lease))
+        }
+    }
+}
+
+/// Deletes key `name` if `condition` holds (and it has no keys below it).
+pub async fn remove(
+    recipes: &crate::recipes::Recipes,
+    caller: &Caller,
+    name: &str,
+    condition: Condition,
+) -> Result<(), ApiError> {
+    let session = recipes.zk().connected().await?;
+    let key = Key::written_by(&recipes.kv_keys, name, caller);
+    delete(&session, &key, condition, &recipes.quotas)
+        .await
+        .map_err(|e| write_error(name, e))
+}
+
+/// The keys directly under `prefix` (its znode `path`; the top level when empty) that `caller`
+/// may read, read at `consistency`; `None` if there is no such prefix.
+pub async fn list(
+    recipes: &crate::recipes::Recipes,
+    caller: &Caller,
+    (prefix, path): (&str, &str),
+    consistency: crate::recipes::consistency::Consistency,
+) -> Result<Option<Vec<String>>, ApiError> {
+    let session = recipes.reader(consistency).await?;
+    let readable = |key: &String| {
+        let full = if prefix.is_empty() {
+            key.clone()
+        } else {
+            format!("{prefix}/{key}")
+        };
+        caller.may("kv", &full, crate::auth::Access::Read)
+    };
+    Ok(match children(&session, path).await? {
+        Some(keys) => Some(keys.into_iter().filter(readable).collect()),
+        None if prefix.is_empty() => Some(Vec::new()),
+        None => None,
+    })
+}
+
+/// A key's version as the API shows it: an ETag (`"<mzxid>"`).
+pub fn etag(mzxid: i64) -> String {
+    format!("\"{mzxid}\"")
+}
+
+/// 412 `precondition-failed`: `what` (a key, a counter) is not at the version the request
+/// requires: it is at `current`, or does not exist.
+pub fn precondition_failed(what: &str, current: Option<i64>) -> ApiError {
+    let Some(version) = current else {
+        return ApiError::new(Problem::PreconditionFailed, format!("{what} does not exist"));
+    };
+    let detail = format!("{what} is at version {}, not the one required", etag(version));
+    ApiError::new(Problem::PreconditionFailed, detail).with("current_etag", etag(version))
+}
+
+fn write_error(key: &str, err: WriteError) -> ApiError {
+    match err {
+        WriteError::Precondition(current) => precondition_failed(&format!("key `{key}`"), current),
+        WriteError::Missing => ApiError::not_found("key", format!("no key `{key}`")),
+        WriteError::NotEmpty => ApiError::new(
+            Problem::KeyNotEmpty,
+            format!("key `{key}` has keys below it; delete those first"),
+        ),
+        WriteError::Quota(exceeded) => ApiError::from(exceeded),
+        WriteError::Bound(binding) => {
+            let detail = format!(
+                "key `{key}` is bound to lease `{}`; write it with that lease, or say `rebind=true`",
+                binding.lease
+            );
+            ApiError::new(Problem::KeyBound, detail).with("lease", binding.lease)
+        }
+        WriteError::NotBound => ApiError::new(
+            Problem::KeyNotBound,
+            format!("key `{key}` exists bound to no lease; say `rebind=true` to bind it"),
+        ),
+        WriteError::LeaseEnded => ApiError::new(Problem::LeaseEnded, "the lease ended while the key was written"),
+        WriteError::Forbidden(forbidden) => ApiError::new(Problem::Forbidden, forbidden.0),
+        WriteError::OutcomeUnknown => ApiError::new(
+            Problem::OutcomeUnknown,
+            format!(
+                "the connection to ZooKeeper was lost after the write to key `{key}` was sent, and the key \
+                 changed since: the write may or may not have happened; read the key before trying again"
+            ),
+        ),
+        WriteError::ZooKeeper(err) => err.into(),
     }
 }
