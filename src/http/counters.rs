@@ -20,9 +20,7 @@ use crate::AppState;
 use crate::events::Feed;
 use crate::kind::Kind;
 use crate::recipes::condition::Condition;
-use crate::recipes::counters::{self, Bounds, CounterError, CounterState, CounterTopic};
-use crate::recipes::idempotency::Keyed;
-use crate::recipes::kv::precondition_failed;
+use crate::recipes::counters::{self, Bounds, CounterState, CounterTopic};
 
 /// The counter kind's module.
 pub const RESOURCE: Resource = Resource {
@@ -102,33 +100,6 @@ fn etag_header(etag: &str) -> Result<HeaderValue, ApiError> {
     HeaderValue::from_str(etag).map_err(|e| ApiError::new(Problem::Internal, e.to_string()))
 }
 
-fn counter_error(name: &str, err: CounterError) -> ApiError {
-    match err {
-        CounterError::OutOfBounds(value) => ApiError::new(
-            Problem::OutOfBounds,
-            format!("counter `{name}` is at {value}: the add would take it past its bounds"),
-        )
-        .with("value", value),
-        CounterError::NotACounter(size) => ApiError::new(
-            Problem::NotACounter,
-            format!("counter `{name}`'s znode holds {size} bytes that are not an 8-byte big-endian number"),
-        )
-        .with("size_bytes", size),
-        CounterError::Precondition(current) => precondition_failed(&format!("counter `{name}`"), current),
-        CounterError::Missing => ApiError::not_found("counter", format!("no counter `{name}`")),
-        CounterError::OutcomeUnknown => ApiError::new(
-            Problem::OutcomeUnknown,
-            format!(
-                "the connection to ZooKeeper was lost after the write to counter `{name}` was sent: \
-                 it may or may not have happened; read the counter before trying again (an add with \
-                 an `Idempotency-Key` is retried instead)"
-            ),
-        ),
-        CounterError::Key(err) => err.into(),
-        CounterError::ZooKeeper(err) => err.into(),
-    }
-}
-
 /// Reads a counter: its value (0 if it does not exist, as Curator reads it) and its version
 /// (`ETag`, for `If-Match` on a set or delete).
 #[utoipa::path(get, path = "/v1/counters/{name}", tag = "counters",
@@ -186,23 +157,7 @@ pub async fn add(
         let detail = format!("must not be above `max` ({min} > {max})");
         return Err(ApiError::invalid(Place::Body, "min", detail));
     }
-    let session = state.zk().connected().await?;
-    let path = Kind::Counter.path(&state.config.root, &name);
-    let keyed = key.as_ref().map(|key| Keyed {
-        keys: &state.idempotency,
-        key,
-    });
-    let added = counters::add(&session, &path, delta, bounds, keyed)
-        .await
-        .map_err(|e| counter_error(&name, e))?;
-    if !added.repeated {
-        let m = crate::metrics::get();
-        let label = m.counter(&name);
-        m.counter_writes.with_label_values(&[label, "add"]).inc();
-        m.counter_conflicts
-            .with_label_values(&[label])
-            .inc_by(u64::from(added.conflicts));
-    }
+    let added = counters::add_to(&state, &name, delta, bounds, key.as_ref()).await?;
     let etag = counters::etag(added.mzxid);
     let answer = (
         [(header::ETAG, etag_header(&etag)?)],
@@ -238,13 +193,7 @@ pub async fn set(
 ) -> Result<Response, ApiError> {
     check_name(&name)?;
     let condition = write_condition(&headers)?;
-    let session = state.zk().connected().await?;
-    let path = Kind::Counter.path(&state.config.root, &name);
-    let (stat, created) = counters::set(&session, &path, body.value, condition)
-        .await
-        .map_err(|e| counter_error(&name, e))?;
-    let m = crate::metrics::get();
-    m.counter_writes.with_label_values(&[m.counter(&name), "set"]).inc();
+    let (stat, created) = counters::set_to(&state, &name, body.value, condition).await?;
     let written = CounterState::of(&name, Some(body.value), Some(&stat));
     let status = if created { StatusCode::CREATED } else { StatusCode::OK };
     let etag = etag_header(&counters::etag(stat.mzxid))?;
@@ -269,33 +218,6 @@ pub async fn delete(
         Some(Tag::Version(v)) => Condition::Version(v),
         Some(Tag::Any) | None => Condition::Any,
     };
-    let session = state.zk().connected().await?;
-    let path = Kind::Counter.path(&state.config.root, &name);
-    counters::delete(&session, &path, condition)
-        .await
-        .map_err(|e| counter_error(&name, e))?;
-    let m = crate::metrics::get();
-    m.counter_writes.with_label_values(&[m.counter(&name), "delete"]).inc();
+    counters::remove(&state, &name, condition).await?;
     Ok(StatusCode::NO_CONTENT)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn problems_name_the_counter_and_what_is_there() {
-        let rendered = |err| {
-            let response = counter_error("tickets", err).into_response();
-            response.status()
-        };
-        assert_eq!(rendered(CounterError::OutOfBounds(3)), StatusCode::CONFLICT);
-        assert_eq!(rendered(CounterError::NotACounter(4)), StatusCode::CONFLICT);
-        assert_eq!(rendered(CounterError::Missing), StatusCode::NOT_FOUND);
-        assert_eq!(
-            rendered(CounterError::Precondition(None)),
-            StatusCode::PRECONDITION_FAILED
-        );
-        assert_eq!(rendered(CounterError::OutcomeUnknown), StatusCode::SERVICE_UNAVAILABLE);
-    }
 }

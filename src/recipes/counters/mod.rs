@@ -26,6 +26,8 @@
 //! the second one lands. A client that retries a request with its key gets the same answer the
 //! same way, through any instance.
 
+use crate::kind::Kind;
+use crate::problem::{ApiError, Problem};
 use crate::recipes::idempotency::{KeyError, Keyed, Record};
 use crate::zk::{Failed, Failure, Multi, Session};
 use serde::Serialize;
@@ -425,6 +427,94 @@ async fn write(client: &Client, path: &str, value: i64, version: Option<i32>) ->
     }
 }
 
+/// Adds `delta` to counter `name` within `bounds` (`Idempotency-Key` `key`: at most once for
+/// it, whatever replies are lost), counting the write and its conflicts.
+pub async fn add_to(
+    recipes: &crate::recipes::Recipes,
+    name: &str,
+    delta: i64,
+    bounds: Bounds,
+    key: Option<&crate::recipes::idempotency::Key>,
+) -> Result<Added, ApiError> {
+    let session = recipes.zk().connected().await?;
+    let path = Kind::Counter.path(&recipes.root, name);
+    let keyed = key.map(|key| Keyed {
+        keys: &recipes.idempotency,
+        key,
+    });
+    let added = add(&session, &path, delta, bounds, keyed)
+        .await
+        .map_err(|e| counter_error(name, e))?;
+    if !added.repeated {
+        let m = crate::metrics::get();
+        let label = m.counter(name);
+        m.counter_writes.with_label_values(&[label, "add"]).inc();
+        m.counter_conflicts
+            .with_label_values(&[label])
+            .inc_by(u64::from(added.conflicts));
+    }
+    Ok(added)
+}
+
+/// Sets counter `name` to `value` if `condition` holds: its stat, and whether it was created.
+pub async fn set_to(
+    recipes: &crate::recipes::Recipes,
+    name: &str,
+    value: i64,
+    condition: Condition,
+) -> Result<(Stat, bool), ApiError> {
+    let session = recipes.zk().connected().await?;
+    let path = Kind::Counter.path(&recipes.root, name);
+    let set = set(&session, &path, value, condition)
+        .await
+        .map_err(|e| counter_error(name, e))?;
+    let m = crate::metrics::get();
+    m.counter_writes.with_label_values(&[m.counter(name), "set"]).inc();
+    Ok(set)
+}
+
+/// Deletes counter `name` if `condition` holds (it reads as 0 afterwards).
+pub async fn remove(recipes: &crate::recipes::Recipes, name: &str, condition: Condition) -> Result<(), ApiError> {
+    let session = recipes.zk().connected().await?;
+    let path = Kind::Counter.path(&recipes.root, name);
+    delete(&session, &path, condition)
+        .await
+        .map_err(|e| counter_error(name, e))?;
+    let m = crate::metrics::get();
+    m.counter_writes.with_label_values(&[m.counter(name), "delete"]).inc();
+    Ok(())
+}
+
+/// What a counter's refusal answers.
+fn counter_error(name: &str, err: CounterError) -> ApiError {
+    match err {
+        CounterError::OutOfBounds(value) => ApiError::new(
+            Problem::OutOfBounds,
+            format!("counter `{name}` is at {value}: the add would take it past its bounds"),
+        )
+        .with("value", value),
+        CounterError::NotACounter(size) => ApiError::new(
+            Problem::NotACounter,
+            format!("counter `{name}`'s znode holds {size} bytes that are not an 8-byte big-endian number"),
+        )
+        .with("size_bytes", size),
+        CounterError::Precondition(current) => {
+            crate::recipes::kv::precondition_failed(&format!("counter `{name}`"), current)
+        }
+        CounterError::Missing => ApiError::not_found("counter", format!("no counter `{name}`")),
+        CounterError::OutcomeUnknown => ApiError::new(
+            Problem::OutcomeUnknown,
+            format!(
+                "the connection to ZooKeeper was lost after the write to counter `{name}` was sent: \
+                 it may or may not have happened; read the counter before trying again (an add with \
+                 an `Idempotency-Key` is retried instead)"
+            ),
+        ),
+        CounterError::Key(err) => err.into(),
+        CounterError::ZooKeeper(err) => err.into(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -489,5 +579,21 @@ mod tests {
         );
         assert_eq!(topic.change(&one, &one), None);
         assert_eq!(topic.change(&again, &missing), Some(CounterEvent::Deleted));
+    }
+
+    #[test]
+    fn problems_name_the_counter_and_what_is_there() {
+        let rendered = |err| counter_error("tickets", err).status();
+        assert_eq!(rendered(CounterError::OutOfBounds(3)), axum::http::StatusCode::CONFLICT);
+        assert_eq!(rendered(CounterError::NotACounter(4)), axum::http::StatusCode::CONFLICT);
+        assert_eq!(rendered(CounterError::Missing), axum::http::StatusCode::NOT_FOUND);
+        assert_eq!(
+            rendered(CounterError::Precondition(None)),
+            axum::http::StatusCode::PRECONDITION_FAILED
+        );
+        assert_eq!(
+            rendered(CounterError::OutcomeUnknown),
+            axum::http::StatusCode::SERVICE_UNAVAILABLE
+        );
     }
 }
