@@ -9,18 +9,13 @@ use serde::{Deserialize, Serialize};
 
 use crate::AppState;
 use crate::auth::{Access, Caller};
-use crate::http::error::{ApiError, Place, Problem, Problems, p};
+use crate::http::error::{ApiError, Place, Problems, p};
 use crate::http::extract::ApiJson;
 use crate::http::idempotency::Idempotent;
 use crate::kind::Kind;
-use crate::recipes::idempotency::Keyed;
 use crate::recipes::kv::Entry;
-use crate::recipes::kv::txn::{self, BindingRefusal, Bindings, Check, Compare, Step, StepResult, Txn, TxnError};
-use crate::recipes::leases::Lease;
-use crate::recipes::usage::Payer;
+use crate::recipes::kv::txn::{self, Check, Compare, Step, StepResult, Txn};
 use axum::response::IntoResponse;
-use std::collections::HashMap;
-use std::sync::Arc;
 
 /// Most compares, and most operations in each branch, of one transaction.
 pub const MAX_OPERATIONS: usize = 64;
@@ -155,41 +150,8 @@ pub async fn transaction(
     }: Idempotent<ApiJson<TxnRequest>>,
 ) -> Result<axum::response::Response, ApiError> {
     let txn = parse(&state, &caller, body)?;
-    let mut leases = HashMap::new();
-    for step in txn.then.iter().chain(&txn.otherwise) {
-        if let Step::Put { lease: Some(id), .. } = step
-            && !leases.contains_key(id)
-        {
-            leases.insert(id.clone(), state.leases.serve(&caller, id).await?);
-        }
-    }
-    let session = state.zk().connected().await?;
-    let payer = Payer {
-        quotas: &state.quotas,
-        principal: caller.name(),
-    };
-    let bound = Bindings {
-        keys: &state.kv_keys,
-        leases: &leases,
-        quotas: &state.quotas,
-        caller: &caller,
-    };
-    let keyed = key.as_ref().map(|key| Keyed {
-        keys: &state.idempotency,
-        key,
-    });
-    let outcome = txn::run(&session, &txn, state.config.max_value_bytes, payer, bound, keyed)
-        .await
-        .map_err(|err| txn_error(&state, &leases, err))?;
+    let outcome = txn::commit(&state, &caller, &txn, key.as_ref()).await?;
     let branch = txn.branch(outcome.failed_compare);
-    if !outcome.repeated {
-        let label = if outcome.failed_compare.is_none() {
-            "then"
-        } else {
-            "else"
-        };
-        crate::metrics::get().kv_transactions.with_label_values(&[label]).inc();
-    }
     let key = |path: &str| key_of(&state, path);
     let answer = Json(TxnAnswer {
         succeeded: outcome.failed_compare.is_none(),
@@ -396,48 +358,4 @@ fn answer(key: String, result: StepResult) -> StepAnswer {
         }
     }
     answer
-}
-
-fn txn_error(state: &AppState, leases: &HashMap<String, Arc<Lease>>, err: TxnError) -> ApiError {
-    match err {
-        TxnError::Binding(BindingRefusal::Bound { path, lease }) => {
-            let key = key_of(state, &path);
-            let detail = format!("`{key}` is bound to lease `{lease}`: a transaction's put must name that lease");
-            ApiError::new(Problem::KeyBound, detail).with("lease", lease)
-        }
-        TxnError::Binding(BindingRefusal::NotYours { path, lease, principal }) => ApiError::new(
-            Problem::Forbidden,
-            format!(
-                "`{}` is bound to lease `{lease}` of principal `{principal}`: only that principal (or an admin) deletes it",
-                key_of(state, &path)
-            ),
-        ),
-        TxnError::Binding(BindingRefusal::NotBound { path }) => ApiError::new(
-            Problem::KeyNotBound,
-            format!(
-                "`{}` exists bound to no lease: a transaction does not bind it",
-                key_of(state, &path)
-            ),
-        ),
-        TxnError::Key(err) => err.into(),
-        TxnError::LeaseEnded(id) => match leases.get(&id) {
-            Some(lease) => state.leases.gone(lease),
-            None => ApiError::new(Problem::LeaseEnded, format!("lease `{id}` ended")),
-        },
-        TxnError::Contended => crate::limits::refusal(
-            format!("the keys kept changing: tried {} times", txn::ATTEMPTS),
-            std::time::Duration::from_secs(1),
-        )
-        .into(),
-        TxnError::NotEmpty(path) => ApiError::new(
-            Problem::KeyNotEmpty,
-            format!("`{}` has keys below it", key_of(state, &path)),
-        ),
-        TxnError::OutcomeUnknown => ApiError::new(
-            Problem::OutcomeUnknown,
-            "ZooKeeper's connection was lost after the transaction was sent: read its keys before trying again",
-        ),
-        TxnError::Quota(exceeded) => ApiError::from(exceeded),
-        TxnError::ZooKeeper(err) => err.into(),
-    }
 }

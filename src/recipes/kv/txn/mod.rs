@@ -34,8 +34,10 @@ use crate::zk::{Done, Failure};
 
 mod commit;
 mod key;
+mod operation;
 
 pub use commit::{Bindings, key_name, run};
+pub use operation::commit;
 
 /// What a compare asks of a key.
 #[derive(Debug, Clone, PartialEq, Eq)]
