@@ -160,6 +160,8 @@ impl AppState {
                 root: config.root.clone(),
                 max_wait: config.max_wait,
                 max_value_bytes: config.max_value_bytes,
+                queue_max_depth: config.queue_max_depth,
+                queue_max_deliveries: config.queue_max_deliveries,
                 lanes,
                 leases,
                 registries,

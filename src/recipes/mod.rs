@@ -43,6 +43,10 @@ pub struct Recipes {
     pub max_wait: std::time::Duration,
     /// The most bytes a stored value may take (`--max-value-bytes`).
     pub max_value_bytes: usize,
+    /// The most items a queue holds (`--queue-max-depth`), and the most deliveries of one
+    /// before it is dead-lettered (`--queue-max-deliveries`).
+    pub queue_max_depth: usize,
+    pub queue_max_deliveries: u32,
     /// All of the instance's sessions (the primary first); each lease lives on one.
     pub lanes: crate::zk::session::Lanes,
     pub leases: leases::Leases,

@@ -13,7 +13,6 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
-use tokio::time::Instant;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
@@ -27,11 +26,9 @@ use crate::auth::Caller;
 use crate::events::Feed;
 use crate::http::idempotency::Idempotent;
 use crate::kind::Kind;
-use crate::recipes::idempotency::Keyed;
-use crate::recipes::queues::service::{Claim, TakeOptions};
+use crate::recipes::queues::service::Claim;
 use crate::recipes::queues::topic::{QueueState, QueueTopic};
-use crate::recipes::queues::{self, Envelope, Put, Shown, Taken};
-use crate::recipes::usage::Payer;
+use crate::recipes::queues::{self, Envelope, Shown, Taken};
 use crate::recipes::validate_name;
 use crate::time::{HumanDuration, at_most, from_millis, millis_since, timestamp};
 

@@ -112,48 +112,15 @@ pub async fn put(
     let bytes = body.map_err(crate::http::extract::body_rejection)?;
     let envelope = body_of(&headers, &bytes)?;
     state.check_stored_size("item", envelope.to_bytes().len())?;
-    let session = state.zk().connected().await?;
-    let paths = state.queues.paths(&name);
-    let max_depth = state.config.queue_max_depth;
-    let payer = Payer {
-        quotas: &state.quotas,
-        principal: caller.name(),
+    let placement = queues::Placement {
+        priority: query.priority,
+        due_ms,
     };
-    let put = queues::put(
-        &session,
-        &paths,
-        queues::Placement {
-            priority: query.priority,
-            due_ms,
-        },
-        &envelope,
-        key.as_ref().map(|key| Keyed {
-            keys: &state.idempotency,
-            key,
-        }),
-        max_depth,
-        payer,
-    )
-    .await?;
-    let (status, item) = match put {
-        Put::Stored(item) => {
-            let m = crate::metrics::get();
-            m.queue_puts.with_label_values(&[m.queue(&name)]).inc();
-            if due_ms.is_some() {
-                m.queue_delayed_puts.with_label_values(&[m.queue(&name)]).inc();
-            }
-            (StatusCode::CREATED, Some(item))
-        }
-        Put::Duplicate => (StatusCode::OK, None),
-        // The producer should back off until consumers catch up.
-        Put::Full(depth) => {
-            return Err(ApiError::new(
-                Problem::QueueFull,
-                format!("queue `{name}` holds {depth} items, its limit (--queue-max-depth); take some first"),
-            )
-            .with("depth", depth));
-        }
-        Put::Quota(exceeded) => return Err(ApiError::from(exceeded)),
+    let item = queues::enqueue(&state, &caller, &name, placement, &envelope, key.as_ref()).await?;
+    let status = if item.is_some() {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
     };
     let duplicate = item.is_none();
     let stored = Stored {

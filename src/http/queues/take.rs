@@ -120,33 +120,15 @@ pub async fn take(
         }
         n => n,
     };
-    state.zk().current()?;
-    let wait = state.wait(query.wait.map(|w| w.0));
-    let options = TakeOptions {
-        ack_deadline,
-        max_deliveries: state.config.queue_max_deliveries,
-        max_items: max_items.unwrap_or(1),
-        max_bytes: state.config.max_value_bytes,
-    };
-    let taken = state
-        .queues
-        .take(&name, caller.name(), options, Instant::now() + wait)
-        .await?;
+    let wait = query.wait.map(|w| w.0);
+    let taken = queues::dequeue(&state, &caller, &name, (ack_deadline, max_items.unwrap_or(1)), wait).await?;
     if taken.is_empty() {
         return Ok(StatusCode::NO_CONTENT.into_response());
     }
-    let m = crate::metrics::get();
-    let [at_least_once, at_most_once] = crate::metrics::QUEUE_MODES;
-    let label = m.queue(&name);
-    let mut items: Vec<Delivery> = Vec::with_capacity(taken.len());
-    for (taken, claim) in taken {
-        let mode = if claim.is_some() { at_least_once } else { at_most_once };
-        m.queue_takes.with_label_values(&[label, mode]).inc();
-        if taken.envelope.deliveries > 1 {
-            m.queue_redeliveries.with_label_values(&[label]).inc();
-        }
-        items.push(delivery(&name, taken, claim.as_ref()));
-    }
+    let mut items: Vec<Delivery> = taken
+        .into_iter()
+        .map(|(taken, claim)| delivery(&name, taken, claim.as_ref()))
+        .collect();
     let answer = match max_items {
         Some(_) => TakeAnswer::Batch(Deliveries { items }),
         None => TakeAnswer::One(Box::new(items.remove(0))),

@@ -273,6 +273,91 @@ pub async fn replay(session: &Session, paths: &QueuePaths, item: &str) -> Result
     }
 }
 
+/// Puts `envelope` into queue `name` at `placement` (`Idempotency-Key` `key`: stored once for
+/// it): the new item's name, or `None` for a put stored before with the key. 429 `queue-full`
+/// at `--queue-max-depth`.
+pub async fn enqueue(
+    recipes: &crate::recipes::Recipes,
+    caller: &crate::auth::Caller,
+    name: &str,
+    placement: Placement,
+    envelope: &Envelope,
+    key: Option<&crate::recipes::idempotency::Key>,
+) -> Result<Option<String>, crate::problem::ApiError> {
+    use crate::problem::{ApiError, Problem};
+    let session = recipes.zk().connected().await?;
+    let paths = recipes.queues.paths(name);
+    let payer = Payer {
+        quotas: &recipes.quotas,
+        principal: caller.name(),
+    };
+    let keyed = key.map(|key| Keyed {
+        keys: &recipes.idempotency,
+        key,
+    });
+    let delayed = placement.due_ms.is_some();
+    match put(
+        &session,
+        &paths,
+        placement,
+        envelope,
+        keyed,
+        recipes.queue_max_depth,
+        payer,
+    )
+    .await?
+    {
+        Put::Stored(item) => {
+            let m = crate::metrics::get();
+            m.queue_puts.with_label_values(&[m.queue(name)]).inc();
+            if delayed {
+                m.queue_delayed_puts.with_label_values(&[m.queue(name)]).inc();
+            }
+            Ok(Some(item))
+        }
+        Put::Duplicate => Ok(None),
+        // The producer should back off until consumers catch up.
+        Put::Full(depth) => Err(ApiError::new(
+            Problem::QueueFull,
+            format!("queue `{name}` holds {depth} items, its limit (--queue-max-depth); take some first"),
+        )
+        .with("depth", depth)),
+        Put::Quota(exceeded) => Err(ApiError::from(exceeded)),
+    }
+}
+
+/// Takes up to `max_items` items of queue `name` for `caller`, waiting (up to `wait`, capped)
+/// for one: claimed until `ack_deadline` (at least once), or deleted (at most once, without
+/// one). Counted, redeliveries too.
+pub async fn dequeue(
+    recipes: &crate::recipes::Recipes,
+    caller: &crate::auth::Caller,
+    name: &str,
+    (ack_deadline, max_items): (Option<std::time::Duration>, usize),
+    wait: Option<std::time::Duration>,
+) -> Result<Vec<(Taken, Option<service::Claim>)>, crate::problem::ApiError> {
+    recipes.zk().current()?;
+    let options = service::TakeOptions {
+        ack_deadline,
+        max_deliveries: recipes.queue_max_deliveries,
+        max_items,
+        max_bytes: recipes.max_value_bytes,
+    };
+    let until = tokio::time::Instant::now() + recipes.wait(wait);
+    let taken = recipes.queues.take(name, caller.name(), options, until).await?;
+    let m = crate::metrics::get();
+    let [at_least_once, at_most_once] = crate::metrics::QUEUE_MODES;
+    let label = m.queue(name);
+    for (taken, claim) in &taken {
+        let mode = if claim.is_some() { at_least_once } else { at_most_once };
+        m.queue_takes.with_label_values(&[label, mode]).inc();
+        if taken.envelope.deliveries > 1 {
+            m.queue_redeliveries.with_label_values(&[label]).inc();
+        }
+    }
+    Ok(taken)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
