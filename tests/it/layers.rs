@@ -193,6 +193,24 @@ fn statements(text: &str) -> Vec<(usize, String)> {
     out
 }
 
+/// The paths a statement names: a `use` tree's, each whole (`crate::zk::Session`), or the
+/// path-like words of any other statement.
+fn paths_of(statement: &str) -> Vec<String> {
+    if is_use(statement) {
+        use_paths(
+            statement
+                .split_once("use ")
+                .map_or("", |(_, t)| t)
+                .trim_end_matches(';'),
+        )
+    } else {
+        statement
+            .split(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':'))
+            .map(str::to_string)
+            .collect()
+    }
+}
+
 fn is_use(line: &str) -> bool {
     let line = line
         .strip_prefix("pub(crate) ")
@@ -433,13 +451,7 @@ fn the_engine_names_none_of_its_users() {
         let file = path.strip_prefix(src()).expect("under src").display().to_string();
         let text = std::fs::read_to_string(&path).expect("read");
         for (line_no, line) in statements(&text) {
-            let paths = if is_use(&line) {
-                use_paths(line.split_once("use ").map_or("", |(_, t)| t).trim_end_matches(';'))
-            } else {
-                line.split(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':'))
-                    .map(str::to_string)
-                    .collect()
-            };
+            let paths = paths_of(&line);
             for path in paths {
                 let segments: Vec<&str> = path.split("::").collect();
                 let names_user = segments.windows(2).any(|w| w[0] == "recipes" && users.contains(&w[1]));
@@ -577,19 +589,12 @@ fn imports_of(from: &Path, text: &str) -> Vec<(PathBuf, usize)> {
     let is_mod_rs = from.ends_with("mod.rs");
     let mut out = Vec::new();
     for (line_no, statement, inline_depth) in lines_with_depth(text) {
-        let paths = if is_use(&statement) {
-            use_paths(
-                statement
-                    .split_once("use ")
-                    .map_or("", |(_, t)| t)
-                    .trim_end_matches(';'),
-            )
-        } else {
-            statement
-                .split(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':'))
+        let paths: Vec<String> = match is_use(&statement) {
+            true => paths_of(&statement),
+            false => paths_of(&statement)
+                .into_iter()
                 .filter(|w| w.starts_with("crate::") || w.starts_with("super::") || w.starts_with("self::"))
-                .map(str::to_string)
-                .collect()
+                .collect(),
         };
         for path in paths {
             let mut segments: Vec<&str> = path.split("::").filter(|s| !s.is_empty()).collect();
@@ -888,20 +893,7 @@ fn the_edges_keep_no_recipe_state() {
 /// The paths of a statement that name the engine or ZooKeeper's layer: `crate::zk::…`,
 /// `zk::…`, `crate::recipes::engine::…`, `recipes::engine::…` (and the same in a use tree).
 fn names_engine_or_zk(statement: &str) -> Vec<String> {
-    let paths: Vec<String> = if is_use(statement) {
-        use_paths(
-            statement
-                .split_once("use ")
-                .map_or("", |(_, t)| t)
-                .trim_end_matches(';'),
-        )
-    } else {
-        statement
-            .split(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':'))
-            .map(str::to_string)
-            .collect()
-    };
-    paths
+    paths_of(statement)
         .into_iter()
         .filter(|p| {
             let bare = p.strip_prefix("crate::").unwrap_or(p);
