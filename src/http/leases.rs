@@ -232,10 +232,8 @@ pub async fn get_lease(
     state.confirm(&lease, consistency).await?;
     let mut view = LeaseView::of(&lease);
     // What other instances drive for it (acquires served where they arrived), from ZooKeeper.
-    let session = state.reader(Consistency::Sequential).await?;
-    let root = &state.config.root;
     view.holdings
-        .extend(crate::recipes::holdings::driven_elsewhere(&session, root, &lease).await?);
+        .extend(state.leases.driven_elsewhere(&state, &lease).await?);
     Ok(Json(view))
 }
 

@@ -318,12 +318,7 @@ pub async fn readable(
     kind: Kind,
     consistency: Consistency,
 ) -> Result<Vec<(String, i32)>, ApiError> {
-    let session = state.reader(consistency).await?;
-    let names = crate::recipes::read_names(&session, &kind.base(&state.config.root)).await?;
-    Ok(names
-        .into_iter()
-        .filter(|(name, _)| caller.may(kind.auth(), name, crate::auth::Access::Read))
-        .collect())
+    state.readable(caller, kind, consistency).await
 }
 
 /// `GET /v1/<segment>`: one page of [readable], with its operation in the spec (`list_<kind>s`),
@@ -395,8 +390,7 @@ pub async fn read<S: Source>(
     source: S,
     consistency: Consistency,
 ) -> Result<Json<S::State>, ApiError> {
-    let session = state.reader(consistency).await?;
-    Ok(Json(source.read(&session).await?))
+    Ok(Json(state.read_state(source, consistency).await?))
 }
 
 /// What the spec says beyond each operation's own declaration: the guards' problems and

@@ -91,6 +91,33 @@ impl Recipes {
         }
     }
 
+    /// A resource's state as its topic carries it (what its `GET` answers), read on the
+    /// primary session at `consistency`.
+    pub async fn read_state<S: topic::Source>(
+        &self,
+        source: S,
+        consistency: consistency::Consistency,
+    ) -> Result<S::State, crate::problem::ApiError> {
+        let session = self.reader(consistency).await?;
+        Ok(source.read(&session).await?)
+    }
+
+    /// Every resource of `kind` that exists in ZooKeeper and `caller` may read, with its number
+    /// of children, read at `consistency`.
+    pub async fn readable(
+        &self,
+        caller: &crate::auth::Caller,
+        kind: crate::kind::Kind,
+        consistency: consistency::Consistency,
+    ) -> Result<Vec<(String, i32)>, crate::problem::ApiError> {
+        let session = self.reader(consistency).await?;
+        let names = read_names(&session, &kind.base(&self.root)).await?;
+        Ok(names
+            .into_iter()
+            .filter(|(name, _)| caller.may(kind.auth(), name, crate::auth::Access::Read))
+            .collect())
+    }
+
     /// How long a blocking operation waits: what it asked for, capped at [Recipes::max_wait];
     /// that when it did not ask.
     pub fn wait(&self, asked: Option<std::time::Duration>) -> std::time::Duration {

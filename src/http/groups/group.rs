@@ -18,9 +18,8 @@ use crate::http::extract::{ApiJson, ApiPath, ApiQuery};
 use crate::http::leases::LeaseView;
 use crate::http::{Followed, Resource, check_name, readable};
 use crate::kind::Kind;
-use crate::recipes::groups::group::{self, GroupState, GroupTopic};
+use crate::recipes::groups::{self, group::GroupState, group::GroupTopic};
 use crate::recipes::nodes::{self, NodeHolding};
-use crate::recipes::topic::Source;
 use crate::recipes::validate_name;
 use crate::time::{HumanDuration, timestamp};
 
@@ -46,10 +45,7 @@ fn routes() -> OpenApiRouter<AppState> {
 
 /// Group `name` as its topic and `GET` read it.
 fn source(state: &AppState, name: &str) -> GroupTopic {
-    GroupTopic {
-        name: name.to_string(),
-        dir: state.groups.dir(name),
-    }
+    groups::group_topic(state, name)
 }
 
 /// Body of a join (optional).
@@ -203,16 +199,8 @@ pub async fn members(
     consistency: Consistency,
 ) -> Result<Json<GroupState>, ApiError> {
     names(&group, None)?;
-    let session = state.reader(consistency).await?;
-    if let Some(wait) = query.wait {
-        let wait = wait.0.min(state.max_wait);
-        let dir = state.groups.dir(&group);
-        // Without `index`, the wait is for the next change after the watch's first look.
-        let changed = group::wait_for_change(&session, &dir, query.index);
-        crate::admission::park();
-        let _ = tokio::time::timeout(wait, changed).await;
-    }
-    Ok(Json(source(&state, &group).read(&session).await?))
+    let wait = query.wait.map(|w| (w.0, query.index));
+    Ok(Json(groups::members(&state, &group, wait, consistency).await?))
 }
 
 /// Lists the groups that exist in ZooKeeper, with their number of members.

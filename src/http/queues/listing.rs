@@ -81,13 +81,14 @@ async fn listed(
 ) -> Result<Response, ApiError> {
     check_name(name)?;
     let paging = Paging::parse(uri.path(), uri.query().unwrap_or_default(), 100, MAX_LISTED)?;
-    let paths = state.queues.paths(name);
-    let dir = if dead { paths.dead } else { paths.items };
-    let session = state.reader(consistency).await?;
-    let page = paging.page(queues::names(&session, &dir).await?, |(place, _)| place.clone());
-    let names = page.entries.into_iter().map(|(_, name)| name).collect();
+    let mut next = None;
+    let one_page = |all| {
+        let page = paging.page(all, |(place, _): &(String, String)| place.clone());
+        next = page.next;
+        page.entries.into_iter().map(|(_, name)| name).collect()
+    };
     let mut items: Vec<Waiting> = Vec::new();
-    for (item, envelope, stat) in queues::read(&session, &dir, names).await? {
+    for (item, envelope, stat) in queues::listed(state, name, dead, one_page, consistency).await? {
         let (body, text, body_base64) = shown(&envelope);
         items.push(Waiting {
             priority: queues::order_of(&item).map(|o| o.0).unwrap_or(queues::DEFAULT_PRIORITY),
@@ -101,7 +102,7 @@ async fn listed(
             body_base64,
         });
     }
-    Ok(with_link(page.next, Json(items)))
+    Ok(with_link(next, Json(items)))
 }
 
 /// The dead letters: items delivered too many times, oldest first (in pages, as `items`).
@@ -134,15 +135,8 @@ pub async fn replay(
 ) -> Result<StatusCode, ApiError> {
     check_name(&name)?;
     validate_name(&item).map_err(|e| ApiError::invalid(Place::Path, "item", e))?;
-    let session = state.zk().connected().await?;
-    if queues::replay(&session, &state.queues.paths(&name), &item).await? {
-        Ok(StatusCode::NO_CONTENT)
-    } else {
-        Err(ApiError::not_found(
-            "item",
-            format!("no dead item `{item}` in `{name}`"),
-        ))
-    }
+    queues::replay_dead(&state, &name, &item).await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 /// The dead letters under their old path: use `GET /v1/queues/{name}/dead-letters`, the name

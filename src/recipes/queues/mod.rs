@@ -358,6 +358,38 @@ pub async fn dequeue(
     Ok(taken)
 }
 
+/// Queue `name`'s items (or, `dead`, its dead letters) that `page` picks of all of them (their
+/// places in queue order, and names), each with its envelope and stat, read at `consistency`.
+pub async fn listed(
+    recipes: &crate::recipes::Recipes,
+    name: &str,
+    dead: bool,
+    page: impl FnOnce(Vec<(String, String)>) -> Vec<String>,
+    consistency: crate::recipes::consistency::Consistency,
+) -> Result<Vec<(String, Envelope, Stat)>, crate::problem::ApiError> {
+    let paths = recipes.queues.paths(name);
+    let dir = if dead { paths.dead } else { paths.items };
+    let session = recipes.reader(consistency).await?;
+    let picked = page(names(&session, &dir).await?);
+    Ok(read(&session, &dir, picked).await?)
+}
+
+/// Puts dead item `item` of queue `name` back in the queue; 404 if there is no such item.
+pub async fn replay_dead(
+    recipes: &crate::recipes::Recipes,
+    name: &str,
+    item: &str,
+) -> Result<(), crate::problem::ApiError> {
+    let session = recipes.zk().connected().await?;
+    match replay(&session, &recipes.queues.paths(name), item).await? {
+        true => Ok(()),
+        false => Err(crate::problem::ApiError::not_found(
+            "item",
+            format!("no dead item `{item}` in `{name}`"),
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
