@@ -362,16 +362,16 @@ async fn an_acquire_through_another_instance_is_served_there_and_outlives_its_ki
     visitor.kill().await;
     // The reaper (whichever of the two is) drives what the dead instance drove, from its
     // references, once the instance's registration is gone.
-    let taken_up = |line: &str| line.contains("holdings of an instance gone taken up");
+    let adopted = |line: &str| line.contains("holdings of an instance gone adopted");
     let either = async {
         tokio::select! {
-            _ = keeper.wait_log(Duration::from_secs(60), "the reaper taking the lock up", taken_up) => {}
-            _ = third.wait_log(Duration::from_secs(60), "the reaper taking the lock up", taken_up) => {}
+            _ = keeper.wait_log(Duration::from_secs(60), "the reaper adopting the lock", adopted) => {}
+            _ = third.wait_log(Duration::from_secs(60), "the reaper adopting the lock", adopted) => {}
         }
     };
     if tokio::time::timeout(Duration::from_secs(30), either).await.is_err() {
         panic!(
-            "no instance took the lock up; the keeper's log: {:#?}; the third's: {:#?}",
+            "no instance adopted the lock; the keeper's log: {:#?}; the third's: {:#?}",
             keeper.log(),
             third.log()
         );
