@@ -52,6 +52,11 @@ pub struct Acknowledgement {
     pub lease: String,
     /// The value the leader proclaims.
     pub value: Option<serde_json::Value>,
+    /// When it began leading (ms since the Unix epoch), where the node's own creation time does
+    /// not say: an acknowledgement that overwrote a predecessor's (see [acknowledge]). Absent
+    /// from one made new, and from those older versions wrote: their `ctime` says it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since_ms: Option<i64>,
 }
 
 impl Acknowledgement {
@@ -64,7 +69,8 @@ impl Acknowledgement {
 /// outlives the instance that wrote it, and goes when the leader steps down), guarded by its
 /// lease. An existing one is either this leader's own (a create whose reply was lost, or a run
 /// before an interruption: done) or a former leader's left behind: every earlier candidate is
-/// gone once this one leads, so it is stale, and removed (conditional on its version).
+/// gone once this one leads, so it is stale, and overwritten (conditional on its version, with
+/// when this one began leading, since the node's `ctime` is the predecessor's).
 pub async fn acknowledge(handle: &Contender, client: &Client, dir: &str, ack: &Acknowledgement) -> Result<(), Exit> {
     let path = format!("{dir}/{ACK_NODE}");
     let data = serde_json::to_vec(ack).unwrap_or_default();
@@ -88,9 +94,27 @@ pub async fn acknowledge(handle: &Contender, client: &Client, dir: &str, ack: &A
                 if Acknowledgement::parse(&existing).is_some_and(|a| a.candidate == ack.candidate) {
                     return Ok(());
                 }
-                match retry_on_loss(|| client.delete(&path, Some(stat.version))).await {
-                    Ok(()) | Err(ZkError::NoNode | ZkError::BadVersion) => {}
-                    Err(err) => return Err(Exit::from_error(err)),
+                // A predecessor's, not yet retracted: overwritten, not deleted and made again. Its
+                // version then only grows, so the predecessor's retract (a delete at the version
+                // it read) cannot remove this one: a node made again starts at version 0 anew,
+                // which a retract that read the predecessor's at 0 would have deleted (ABA).
+                let overwriting = Acknowledgement {
+                    since_ms: Some(crate::time::now_ms()),
+                    ..ack.clone()
+                };
+                let data = serde_json::to_vec(&overwriting).unwrap_or_default();
+                let replaced = write_held(handle, client, |multi| {
+                    multi.set(Guarded::Own(()), &path, &data, Some(stat.version))
+                })
+                .await;
+                match replaced {
+                    Ok(_) => return Ok(()),
+                    Err(NotCreated::Refused {
+                        error: ZkError::NoNode | ZkError::BadVersion,
+                        ..
+                    }) => {}
+                    Err(NotCreated::Request(err)) if crate::zk::is_loss(&err) => {}
+                    Err(not_created) => return Err(not_created.exit()),
                 }
             }
             Err(ZkError::NoNode) => {}
@@ -124,6 +148,7 @@ impl Driver for Candidate {
                 term: node.czxid,
                 lease: handle.lease.id.clone(),
                 value: handle.protocol.value.clone(),
+                since_ms: None,
             };
             acknowledge(handle, client, handle.protocol.dir(), &ack).await
         })
@@ -297,7 +322,12 @@ impl Source for Leadership {
         let queue = read_queue(client, &self.dir, |_, i| i <= LISTED).await?;
         let ack = crate::zk::data(client, &format!("{}/{ACK_NODE}", self.dir))
             .await?
-            .and_then(|(data, stat)| Acknowledgement::parse(&data).map(|a| (a, stat.ctime)));
+            .and_then(|(data, stat)| {
+                Acknowledgement::parse(&data).map(|a| {
+                    let since = a.since_ms.unwrap_or(stat.ctime);
+                    (a, since)
+                })
+            });
         let local = self.local.local(&self.name);
         let candidates: Vec<ContenderView> = queue
             .records
