@@ -279,3 +279,49 @@ async fn a_candidate_reads_as_a_candidate_of_its_election() {
         "{unknown:?}"
     );
 }
+
+/// A former leader's acknowledgement left behind (its leader gone before it could retract it)
+/// is overwritten by the next leader, not deleted and made again: the former leader's retract,
+/// a delete at the version it read, then fails instead of removing the new leader's (a node
+/// made again starts at version 0 again, which is the version the stale one was read at).
+/// When the new leader began leading is still told, from the acknowledgement itself.
+#[tokio::test]
+async fn a_stale_acknowledgement_is_overwritten_so_its_former_leader_cannot_remove_the_new_one() {
+    let zk = zookeeper().await;
+    let gate = Gate::start(&zk.connect_string()).await;
+    let client = common::zk_client(&zk.connect_string()).await;
+    let dir = "/zkgate/elections/handover";
+    let ack_path = format!("{dir}/leader");
+    let acls = zookeeper_client::Acls::anyone_all();
+    let persistent = zookeeper_client::CreateMode::Persistent.with_acls(acls);
+    client.mkdir(dir, &persistent).await.expect("the election's znode");
+    let stale = json!({"candidate": "_c_0f0e0d0c-latch-0000000000", "term": 1, "lease": "gone", "value": null});
+    client
+        .create(&ack_path, &serde_json::to_vec(&stale).unwrap(), &persistent)
+        .await
+        .expect("a stale acknowledgement");
+    // What the former leader's retract read before it deletes.
+    let (_, read) = client.get_data(&ack_path).await.expect("read");
+
+    let led = gate.post("/v1/elections/handover/campaign?wait=5s", None).await;
+    assert_eq!(led.status, StatusCode::OK, "{led:?}");
+    let (data, now) = client.get_data(&ack_path).await.expect("the new acknowledgement");
+    let ack: serde_json::Value = serde_json::from_slice(&data).expect("json");
+    assert_eq!(ack["candidate"], led.body["node"], "{ack}");
+    assert_eq!(now.czxid, read.czxid, "overwritten, not made again");
+
+    // The former leader's retract, late: refused, and the new leader stays acknowledged.
+    let late = client.delete(&ack_path, Some(read.version)).await;
+    assert!(matches!(late, Err(zookeeper_client::Error::BadVersion)), "{late:?}");
+    let state = gate.get("/v1/elections/handover").await;
+    assert_eq!(state.body["leader"]["acknowledged"], true, "{state:?}");
+    assert!(state.body["leader"]["since"].is_string(), "{state:?}");
+    let proclaimed = gate
+        .call(
+            reqwest::Method::PUT,
+            "/v1/elections/handover/leader",
+            Some(json!({"handle": led.str("handle"), "value": 7})),
+        )
+        .await;
+    assert_eq!(proclaimed.status, StatusCode::OK, "{proclaimed:?}");
+}
