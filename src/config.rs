@@ -427,12 +427,6 @@ impl ServeConfig {
         }
     }
 
-    /// How long a blocking call waits: what it asked for, capped at `max_wait`; `max_wait` when
-    /// it did not ask.
-    pub fn wait(&self, asked: Option<Duration>) -> Duration {
-        asked.unwrap_or(self.max_wait).min(self.max_wait)
-    }
-
     /// The connection limits, with the defaults derived from the open-file limit `open_files`.
     pub fn connection_limits(&self, open_files: u64) -> crate::listen::Limits {
         let max_connections = self.max_connections.unwrap_or_else(|| {

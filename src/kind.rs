@@ -39,6 +39,11 @@ struct Entry {
     /// Whether its resources can be followed as socket topics by name (kv is followed as
     /// znodes instead).
     topic: bool,
+    /// Whether a node holding of it keeps its member's own data, so that who owns it is
+    /// recorded apart, in an owner record (a group's member).
+    owner_recorded_apart: bool,
+    /// Whether a resource's znode is a container (a group's, a service's, as Curator makes them).
+    in_container: bool,
 }
 
 impl Kind {
@@ -59,63 +64,40 @@ impl Kind {
     ];
 
     const fn entry(self) -> Entry {
-        let (segment, name, tag, topic) = match self {
-            Kind::Lock => ("locks", "lock", "locks", true),
-            Kind::RwLock => ("rwlocks", "rwlock", "rwlocks", true),
-            Kind::Semaphore => ("semaphores", "semaphore", "semaphores", true),
-            Kind::Election => ("elections", "election", "elections", true),
-            Kind::Barrier => ("barriers", "barrier", "barriers", true),
-            Kind::DoubleBarrier => ("double-barriers", "double_barrier", "barriers", true),
-            Kind::Txn => ("txns", "txn", "txns", true),
-            Kind::Queue => ("queues", "queue", "queues", true),
-            Kind::Group => ("groups", "group", "groups", true),
-            Kind::Kv => ("kv", "kv", "kv", false),
-            Kind::Counter => ("counters", "counter", "counters", true),
-            Kind::Service => ("services", "service", "services", true),
+        // segment, name, tag, topic, owner recorded apart, in a container
+        let (segment, name, tag, topic, owner_recorded_apart, in_container) = match self {
+            Kind::Lock => ("locks", "lock", "locks", true, false, false),
+            Kind::RwLock => ("rwlocks", "rwlock", "rwlocks", true, false, false),
+            Kind::Semaphore => ("semaphores", "semaphore", "semaphores", true, false, false),
+            Kind::Election => ("elections", "election", "elections", true, false, false),
+            Kind::Barrier => ("barriers", "barrier", "barriers", true, false, false),
+            Kind::DoubleBarrier => ("double-barriers", "double_barrier", "barriers", true, false, false),
+            Kind::Txn => ("txns", "txn", "txns", true, false, false),
+            Kind::Queue => ("queues", "queue", "queues", true, false, false),
+            Kind::Group => ("groups", "group", "groups", true, true, true),
+            Kind::Kv => ("kv", "kv", "kv", false, false, false),
+            Kind::Counter => ("counters", "counter", "counters", true, false, false),
+            Kind::Service => ("services", "service", "services", true, false, true),
         };
         Entry {
             segment,
             name,
             tag,
             topic,
+            owner_recorded_apart,
+            in_container,
         }
     }
 
     /// Whether a node holding of this kind keeps its member's own data (a group's member), so
     /// that who owns it is recorded apart, in an owner record, rather than in the node.
     pub const fn owner_recorded_apart(self) -> bool {
-        match self {
-            Kind::Group => true,
-            Kind::Lock
-            | Kind::RwLock
-            | Kind::Semaphore
-            | Kind::Election
-            | Kind::Barrier
-            | Kind::DoubleBarrier
-            | Kind::Txn
-            | Kind::Queue
-            | Kind::Kv
-            | Kind::Counter
-            | Kind::Service => false,
-        }
+        self.entry().owner_recorded_apart
     }
 
-    /// Whether a resource's znode is a container, which ZooKeeper removes with its last child
-    /// (as Curator makes a group's or a service's).
+    /// Whether a resource's znode is a container, which ZooKeeper removes with its last child.
     pub const fn in_container(self) -> bool {
-        match self {
-            Kind::Group | Kind::Service => true,
-            Kind::Lock
-            | Kind::RwLock
-            | Kind::Semaphore
-            | Kind::Election
-            | Kind::Barrier
-            | Kind::DoubleBarrier
-            | Kind::Txn
-            | Kind::Queue
-            | Kind::Kv
-            | Kind::Counter => false,
-        }
+        self.entry().in_container
     }
 
     /// The URL segment after `/v1/` (`double-barriers`).

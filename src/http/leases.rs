@@ -232,8 +232,7 @@ pub async fn get_lease(
     state.confirm(&lease, consistency).await?;
     let mut view = LeaseView::of(&lease);
     // What other instances drive for it (acquires served where they arrived), from ZooKeeper.
-    view.holdings
-        .extend(state.leases.driven_elsewhere(&state, &lease).await?);
+    view.holdings.extend(state.driven_elsewhere(&lease).await?);
     Ok(Json(view))
 }
 

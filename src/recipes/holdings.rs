@@ -74,47 +74,25 @@ impl Registries {
         }
     }
 
-    /// Takes over one holding of `kind` and `shape`: whether its kind's registry did. Both
-    /// matches are exhaustive, so that a new kind (or shape) must say how it is taken over.
+    /// Takes over one holding of `kind` and `shape`: whether its kind's registry did. Which
+    /// kinds have contenders or node holdings is said by [Registries::contenders] and
+    /// [Registries::nodes], whose matches have no wildcard, so a new kind decides there.
     fn adopt_one(&self, kind: Kind, lease: &Arc<Lease>, at: (&str, &str), record_name: &str, shape: &Shape) -> bool {
         match shape {
             Shape::Contender { role } => self
                 .contenders(kind)
                 .zip(crate::recipes::roles::from_label(role))
                 .is_some_and(|(registry, role)| registry.adopt_contender(lease, at, record_name, role).is_ok()),
-            Shape::Permit { permits } => match kind {
-                Kind::Semaphore => self.semaphores.adopt_permit(lease, at, record_name, *permits).is_ok(),
-                Kind::Lock
-                | Kind::RwLock
-                | Kind::Election
-                | Kind::Barrier
-                | Kind::DoubleBarrier
-                | Kind::Txn
-                | Kind::Queue
-                | Kind::Group
-                | Kind::Kv
-                | Kind::Counter
-                | Kind::Service => false,
-            },
-            Shape::Node { .. } => match kind {
-                Kind::Kv => self
-                    .kv_keys
-                    .adopt_binding(lease, &self.quotas, at, record_name, shape)
-                    .is_ok(),
-                Kind::Lock
-                | Kind::RwLock
-                | Kind::Election
-                | Kind::Semaphore
-                | Kind::Barrier
-                | Kind::DoubleBarrier
-                | Kind::Txn
-                | Kind::Queue
-                | Kind::Group
-                | Kind::Counter
-                | Kind::Service => self
-                    .nodes(kind)
-                    .is_some_and(|nodes| nodes.adopt_node(lease, at, record_name, shape).is_ok()),
-            },
+            Shape::Permit { permits } => {
+                kind == Kind::Semaphore && self.semaphores.adopt_permit(lease, at, record_name, *permits).is_ok()
+            }
+            Shape::Node { .. } if kind == Kind::Kv => self
+                .kv_keys
+                .adopt_binding(lease, &self.quotas, at, record_name, shape)
+                .is_ok(),
+            Shape::Node { .. } => self
+                .nodes(kind)
+                .is_some_and(|nodes| nodes.adopt_node(lease, at, record_name, shape).is_ok()),
         }
     }
 
@@ -220,5 +198,16 @@ fn place(found: &crate::recipes::recorded::Recorded) -> (&'static str, Option<i6
     match found.holds() {
         true => ("held", Some(found.node.czxid)),
         false => ("waiting", None),
+    }
+}
+
+impl crate::recipes::Recipes {
+    /// [driven_elsewhere] for `lease`, as this instance's server has it (no `sync`: a view of a
+    /// lease's holdings, which a keepalive answers too).
+    pub async fn driven_elsewhere(&self, lease: &Lease) -> Result<Vec<HoldingView>, crate::problem::ApiError> {
+        let session = self
+            .reader(crate::recipes::consistency::Consistency::Sequential)
+            .await?;
+        Ok(driven_elsewhere(&session, &self.root, lease).await?)
     }
 }

@@ -179,8 +179,7 @@ pub async fn get_value(
         }
         None => None,
     };
-    let wait = known.and(query.wait.map(|w| w.0));
-    let Some(entry) = kv::get(&state, &key, known.zip(wait), consistency).await? else {
+    let Some(entry) = kv::get(&state, &key, known.zip(query.wait.map(|w| w.0)), consistency).await? else {
         return Err(ApiError::not_found("key", format!("no key `{key}`")));
     };
     let tag =

@@ -60,19 +60,6 @@ impl Leases {
         }
     }
 
-    /// What other instances drive for `lease` (acquires served where they arrived), from
-    /// ZooKeeper as this instance's server has it.
-    pub async fn driven_elsewhere(
-        &self,
-        recipes: &crate::recipes::Recipes,
-        lease: &Lease,
-    ) -> Result<Vec<crate::recipes::engine::lease::HoldingView>, ApiError> {
-        let session = recipes
-            .reader(crate::recipes::consistency::Consistency::Sequential)
-            .await?;
-        Ok(crate::recipes::holdings::driven_elsewhere(&session, &recipes.root, lease).await?)
-    }
-
     /// Why `lease`, used by a request here, is no longer usable here, if it is not: moved to
     /// another instance (dropped here: this instance no longer knows it, which is not "unknown"),
     /// or ended.
