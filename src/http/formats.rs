@@ -65,6 +65,8 @@ enum Format {
     Positions,
     /// An `Idempotency-Key`: 1 to 255 visible ASCII characters.
     IdempotencyKey,
+    /// A `ZKGATE-Guard`: `lock/NAME; handle=HANDLE`, several separated by `,`.
+    Guard,
 }
 
 /// `--max-lock-delay`'s default.
@@ -91,6 +93,7 @@ fn format_of(path: &str, method: &Method, place: &ParameterIn, name: &str) -> Op
         (ParameterIn::Query, "topic") => Some(Format::Topic),
         (ParameterIn::Query, "since") | (ParameterIn::Header, "Last-Event-ID") => Some(Format::Positions),
         (ParameterIn::Header, "Idempotency-Key") => Some(Format::IdempotencyKey),
+        (ParameterIn::Header, "ZKGATE-Guard") => Some(Format::Guard),
         _ => None,
     }
 }
@@ -112,6 +115,12 @@ fn schema_of(format: Format, description: Option<String>) -> Schema {
             .min_length(Some(1))
             .max_length(Some(crate::recipes::idempotency::MAX_KEY_BYTES)),
         Format::ClaimId => string(format!("^{CLAIM_ID}$")),
+        Format::Guard => {
+            // A name here has no `,` or `;` (the server takes those, but a pattern that allowed
+            // them could not tell where a guard ends).
+            let guard = r"(lock|rwlock|semaphore|election)/[\x20-\x2b\x2d\x2e\x30-\x3a\x3c-\x7e\xa0-\ud7ff\uf900-\uffef]+; ?handle=[0-9a-f]{8}-[0-9a-f]{32}";
+            string(format!("^{guard}(, ?{guard}){{0,7}}$"))
+        }
         Format::Duration => string(crate::time::DURATION_PATTERN.into()),
         Format::PositiveDuration(max) => string(crate::time::positive_duration_pattern(max)),
         Format::DurationUpTo(max) => string(crate::time::duration_pattern_up_to(max)),

@@ -17,6 +17,7 @@ pub mod events;
 pub mod extract;
 mod formats;
 mod groups;
+pub mod guards;
 pub mod handoff;
 mod health;
 pub mod idempotency;
@@ -404,6 +405,7 @@ pub fn document(spec: &mut utoipa::openapi::OpenApi) {
     consistency::document(spec);
     formats::document(spec);
     idempotency::document(spec);
+    guards::document(spec);
     formats::nullable_as_types(spec);
     formats::optional_bodies_as_refs(spec);
 }

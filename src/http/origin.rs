@@ -38,6 +38,7 @@ pub fn cors(allowed: &[String]) -> CorsLayer {
             header::IF_MATCH,
             header::IF_NONE_MATCH,
             header::HeaderName::from_static("idempotency-key"),
+            header::HeaderName::from_static(crate::recipes::guards::HEADER),
         ])
         .expose_headers([
             header::ETAG,

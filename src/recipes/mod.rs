@@ -10,6 +10,7 @@ pub mod elections;
 /// asks a family for an operation, or for the word it hands on).
 pub(in crate::recipes) mod engine;
 pub mod groups;
+pub mod guards;
 pub mod holdings;
 pub mod idempotency;
 pub mod janitor;

@@ -25,6 +25,7 @@ mod errors;
 mod faults;
 mod fuzz;
 mod groups;
+mod guards;
 mod http2;
 mod idempotency;
 mod instances;

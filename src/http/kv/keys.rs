@@ -20,6 +20,7 @@ use crate::http::Resource;
 use crate::http::consistency::Consistency;
 use crate::http::error::{ApiError, Place, Problem, Problems, p};
 use crate::http::extract::{ApiPath, ApiQuery};
+use crate::http::guards::{GuardHeader, Guarded};
 use crate::kind::Kind;
 use crate::recipes::condition::Condition;
 use crate::recipes::kv::{self, etag};
@@ -221,7 +222,7 @@ pub async fn get_value(
 /// clients see a plain znode with the value.
 #[utoipa::path(put, path = "/v1/kv/{key}", tag = "kv",
     params(("key" = String, Path, description = "Key: segments separated by `/`"),
-        WriteQuery,
+        WriteQuery, GuardHeader,
         ("If-Match" = Option<String>, Header, description = "Write only over this ETag (`*`: only if it exists)"),
         ("If-None-Match" = Option<String>, Header, description = "`*`: create only")),
     request_body(description = "The value: any JSON value. Text (`text/plain`) and bytes (any other `Content-Type`) are taken too, kept with their `Content-Type`; the spec lists JSON alone, so that a generated client sends it with its media type.",
@@ -236,6 +237,7 @@ pub async fn put_value(
     caller: Caller,
     ApiPath(key): ApiPath<String>,
     ApiQuery(query): ApiQuery<WriteQuery>,
+    Guarded(guards): Guarded,
     headers: HeaderMap,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<Response, ApiError> {
@@ -251,7 +253,15 @@ pub async fn put_value(
     }
     state.check_stored_size("value", body.len())?;
     let lease = query.lease.as_deref();
-    let (mzxid, created, lease) = kv::put(&state, &caller, &key, &body, condition, (lease, query.rebind)).await?;
+    let (mzxid, created, lease) = kv::put(
+        &state,
+        (&caller, &guards),
+        &key,
+        &body,
+        condition,
+        (lease, query.rebind),
+    )
+    .await?;
     let tag = etag(mzxid);
     let status = if created { StatusCode::CREATED } else { StatusCode::OK };
     let header_tag = HeaderValue::from_str(&tag).map_err(|e| ApiError::new(Problem::Internal, e.to_string()))?;
@@ -296,7 +306,7 @@ pub(in crate::http) fn write_condition(headers: &HeaderMap) -> Result<Condition,
 /// bound to a lease is deleted too, and leaves the lease's holdings: only by the lease's
 /// principal (or an admin; 403 otherwise).
 #[utoipa::path(delete, path = "/v1/kv/{key}", tag = "kv",
-    params(("key" = String, Path, description = "Key"),
+    params(("key" = String, Path, description = "Key"), GuardHeader,
         ("If-Match" = Option<String>, Header, description = "Delete only this ETag")),
     responses(
         (status = 204, description = "Deleted"),
@@ -306,6 +316,7 @@ pub async fn delete_value(
     State(state): State<AppState>,
     caller: Caller,
     ApiPath(key): ApiPath<String>,
+    Guarded(guards): Guarded,
     headers: HeaderMap,
 ) -> Result<StatusCode, ApiError> {
     crate::http::check_key(&key)?;
@@ -313,7 +324,7 @@ pub async fn delete_value(
         Some(Tag::Version(v)) => Condition::Version(v),
         Some(Tag::Any) | None => Condition::Any,
     };
-    kv::remove(&state, &caller, &key, condition).await?;
+    kv::remove(&state, (&caller, &guards), &key, condition).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

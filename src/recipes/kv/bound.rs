@@ -136,6 +136,8 @@ pub enum Part {
     Charge,
     /// A binding's holding record: this one's (deleted with the key), or the one it replaces.
     Record,
+    /// A check of the writer's guards.
+    Guard,
 }
 
 impl Protocol for BoundKey {
@@ -363,6 +365,7 @@ pub(super) async fn write(
             }
             (None, Some((bound, _)), _) if bound.lease != lease.id && !rebind => WriteError::Bound(bound.clone()),
             (None, None, Some(_)) if !rebind => WriteError::NotBound,
+            _ if key.is_guarded() => WriteError::GuardedBinding,
             _ => {
                 let parents = match expected {
                     None => super::missing_parents(client, path).await?,
@@ -422,6 +425,7 @@ async fn rewrite(
     let client = session.client();
     let charges = payer.quotas.charges_of(client, &mine.id).await?;
     let mut multi = Multi::new(client);
+    key.add_guards(&mut multi, Part::Guard)?;
     multi.check(Part::Owner, &key.owner_record(), owner_version)?;
     multi.set(Part::Value, &key.path, data, Some(stat.version))?;
     payer
@@ -429,6 +433,7 @@ async fn rewrite(
         .add_recharge(&mut multi, Part::Charge, mine, data.len(), &charges)?;
     match multi.commit().await {
         Ok(done) => Ok(done.stat(&Part::Value).map(|stat| stat.mzxid)),
+        Err(Failed::Refused { tag: Part::Guard, .. }) => Err(WriteError::GuardRefused),
         Err(Failed::Refused {
             error: ZkError::QuotaExceeded,
             ..

@@ -31,9 +31,10 @@ use zookeeper_client::{Client, CreateMode, Error as ZkError, Stat};
 
 use crate::auth::{Caller, Forbidden};
 use crate::kind::Kind;
-use crate::problem::{ApiError, Problem};
+use crate::problem::{ApiError, Place, Problem};
 use crate::recipes::engine::lease::Lease;
 use crate::recipes::engine::node::owner_record_path;
+use crate::recipes::guards::{Guard, Guards};
 use crate::recipes::usage::{self, ChargeError, Exceeded, Payer, Quotas};
 use crate::zk::retry_on_loss;
 use bound::{Binding, BoundKeys};
@@ -48,6 +49,8 @@ pub struct Key<'a> {
     /// The writer, whose ownership a write or delete that removes a binding checks (`None`: a
     /// read, which removes none).
     by: Option<&'a Caller>,
+    /// What the writer must still hold when the write applies ([Guards]).
+    guards: Option<&'a Guards>,
 }
 
 impl<'a> Key<'a> {
@@ -59,6 +62,7 @@ impl<'a> Key<'a> {
             name,
             path: Kind::Kv.path(keys.root(), name),
             by: None,
+            guards: None,
         }
     }
 
@@ -68,6 +72,27 @@ impl<'a> Key<'a> {
             by: Some(caller),
             ..Key::new(keys, name)
         }
+    }
+
+    /// The key, written only while `guards` hold.
+    pub fn guarded_by(self, guards: &'a Guards) -> Key<'a> {
+        Key {
+            guards: Some(guards),
+            ..self
+        }
+    }
+
+    /// Adds the writer's guards' checks to `multi`, first, each tagged `tag`.
+    fn add_guards<T: Clone>(&self, multi: &mut Multi<'_, T>, tag: T) -> Result<(), ZkError> {
+        match self.guards {
+            Some(guards) => guards.add_to(multi, tag),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether the write is guarded.
+    fn is_guarded(&self) -> bool {
+        self.guards.is_some_and(|guards| !guards.is_empty())
     }
 
     /// `Ok` if the writer may remove `binding` (rebind the key, make it plain, or delete it):
@@ -151,6 +176,12 @@ pub enum WriteError {
     /// ZooKeeper's reply was lost and the key no longer tells whether the write applied (see
     /// [after_loss]).
     OutcomeUnknown,
+    /// ZooKeeper refused a check of the write's guards: [Guards::refused] tells whether they
+    /// still hold.
+    GuardRefused,
+    /// A write that binds the key to a lease, with guards: not served yet (the binding is
+    /// written by its lease's task, whose multi-op does not carry guards).
+    GuardedBinding,
     ZooKeeper(Failure),
 }
 
@@ -253,6 +284,7 @@ async fn write_plain(
         };
         let charges = charges?;
         let mut multi = Multi::new(client);
+        key.add_guards(&mut multi, Op::Guard)?;
         // A new key's missing parents are created in the same multi-op: a watcher sees the
         // key appear with them, never an empty parent first.
         let parents: &[String] = if expected.is_none() { &missing } else { &[] };
@@ -408,6 +440,7 @@ async fn after_failed(
     payer: &Payer<'_>,
 ) -> Result<Again, WriteError> {
     match failed {
+        Failed::Refused { tag: Op::Guard, .. } => Err(WriteError::GuardRefused),
         Failed::Refused {
             error: ZkError::QuotaExceeded,
             ..
@@ -464,6 +497,8 @@ fn admits(condition: Condition, current: Option<Stat>) -> Result<Option<Stat>, W
 /// What an operation of a kv write's multi-op is for.
 #[derive(Clone, Copy, PartialEq, Debug)]
 enum Op {
+    /// A check of the writer's guards.
+    Guard,
     /// A missing parent of a new key.
     Parent,
     /// The key's own node.
@@ -522,6 +557,7 @@ pub async fn delete(session: &Session, key: &Key<'_>, condition: Condition, quot
         }
         let charges = quotas.charges_of(client, &id).await?;
         let mut multi = Multi::new(client);
+        key.add_guards(&mut multi, Op::Guard)?;
         multi.delete(Op::Value, path, Some(stat.version))?;
         quotas.add_refunds(&mut multi, Op::Charge, &charges)?;
         add_unbound(&mut multi, key, unbind.as_ref())?;
@@ -532,6 +568,7 @@ pub async fn delete(session: &Session, key: &Key<'_>, condition: Condition, quot
                 }
                 return Ok(());
             }
+            Err(Failed::Refused { tag: Op::Guard, .. }) => return Err(WriteError::GuardRefused),
             Err(Failed::Refused { tag: Op::Value, error }) => match error {
                 ZkError::NotEmpty => return Err(WriteError::NotEmpty),
                 // Changed or deleted since the stat: decide again (a conditional delete loses).
@@ -603,7 +640,7 @@ pub async fn get(
 /// lease it is bound to.
 pub async fn put(
     recipes: &crate::recipes::Recipes,
-    caller: &Caller,
+    (caller, guards): (&Caller, &[Guard]),
     name: &str,
     value: &[u8],
     condition: Condition,
@@ -622,8 +659,15 @@ pub async fn put(
         Some(lease) => Binds::Lease { lease, rebind },
         None => Binds::Plain { rebind },
     };
-    let key = Key::written_by(&recipes.kv_keys, name, caller);
-    match (write(&session, &key, value, condition, payer, binds).await, &lease) {
+    let guards = &Guards::resolve(recipes, caller, guards).await?;
+    let key = Key::written_by(&recipes.kv_keys, name, caller).guarded_by(guards);
+    let written = loop {
+        match write(&session, &key, value, condition, payer, binds).await {
+            Err(WriteError::GuardRefused) => guards.refused(recipes).await?,
+            done => break done,
+        }
+    };
+    match (written, &lease) {
         (Err(WriteError::LeaseEnded), Some(lease)) => Err(recipes.leases.gone(lease)),
         (written, _) => {
             let (mzxid, created) = written.map_err(|e| write_error(name, e))?;
@@ -635,15 +679,19 @@ pub async fn put(
 /// Deletes key `name` if `condition` holds (and it has no keys below it).
 pub async fn remove(
     recipes: &crate::recipes::Recipes,
-    caller: &Caller,
+    (caller, guards): (&Caller, &[Guard]),
     name: &str,
     condition: Condition,
 ) -> Result<(), ApiError> {
     let session = recipes.zk().connected().await?;
-    let key = Key::written_by(&recipes.kv_keys, name, caller);
-    delete(&session, &key, condition, &recipes.quotas)
-        .await
-        .map_err(|e| write_error(name, e))
+    let guards = &Guards::resolve(recipes, caller, guards).await?;
+    let key = Key::written_by(&recipes.kv_keys, name, caller).guarded_by(guards);
+    loop {
+        match delete(&session, &key, condition, &recipes.quotas).await {
+            Err(WriteError::GuardRefused) => guards.refused(recipes).await?,
+            done => return done.map_err(|e| write_error(name, e)),
+        }
+    }
 }
 
 /// The keys directly under `prefix` (its znode `path`; the top level when empty) that `caller`
@@ -713,6 +761,15 @@ fn write_error(key: &str, err: WriteError) -> ApiError {
                 "the connection to ZooKeeper was lost after the write to key `{key}` was sent, and the key \
                  changed since: the write may or may not have happened; read the key before trying again"
             ),
+        ),
+        WriteError::GuardRefused => ApiError::new(
+            Problem::GuardLost,
+            format!("the write to key `{key}` was refused: its guards did not hold"),
+        ),
+        WriteError::GuardedBinding => ApiError::invalid(
+            Place::Header,
+            "ZKGATE-Guard",
+            "a write that binds a key to a lease (`?lease=`) cannot be guarded yet; guard a plain write",
         ),
         WriteError::ZooKeeper(err) => err.into(),
     }

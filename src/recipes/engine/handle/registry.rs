@@ -97,6 +97,8 @@ pub struct Lost {
     pub reason: String,
     /// Its lease's principal (only they, and admins, may learn of it).
     pub principal: Option<String>,
+    /// How its lease ended, if it had when the handle was forgotten.
+    pub lease_ended: Option<crate::recipes::engine::lease::EndReason>,
 }
 
 impl<P: Protocol> Index<P> {
@@ -104,6 +106,7 @@ impl<P: Protocol> Index<P> {
         let lost = Lost {
             reason,
             principal: handle.lease.principal.clone(),
+            lease_ended: handle.lease.end_reason(),
         };
         self.lost.insert((handle.name.clone(), handle.id.clone()), lost);
     }

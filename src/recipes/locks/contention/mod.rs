@@ -19,6 +19,7 @@ use crate::recipes::engine::handle::{Handle, Refused};
 use crate::recipes::engine::lease::EndReason;
 use crate::recipes::recorded;
 use crate::zk::Failure;
+pub(in crate::recipes) use handles::lookup;
 use handles::still_recorded;
 
 mod fencing;

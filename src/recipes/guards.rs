@@ -1,0 +1,392 @@
+//! Writes guarded by what their writer holds: `ZKGATE-Guard: lock/orders; handle=<handle>`.
+//!
+//! A fencing token leaves the check and the write as two steps, and a holder can lose the lock
+//! between them. For data kept in ZooKeeper itself that gap need not exist: a guarded write's
+//! multi-op carries, beside the write, a `check` of what makes the guard hold, so ZooKeeper
+//! applies the write only if, at that moment, the holding still holds (Chubby's servers check
+//! a sequencer with each request; etcd's users put `Mutex.IsOwner()` in their `Txn`).
+//!
+//! **What holds.** A guard names a contended resource (a lock, a read/write lock, a semaphore,
+//! an election) and a handle at it. It holds while the handle's node exists and its lease is
+//! live and kept where it was. Two checks say so, for each guard:
+//! - the node (the contender's, or a permit's lease node), at any version (a revocation request
+//!   or a proclaimed value changes its data, not whether it holds);
+//! - the lease's record, at the version read: its end (written into the record before its
+//!   holdings go) and a takeover both change it. So during a lock-delay, when the ended lease's
+//!   node is kept so that nobody else is granted yet, the guard of the ended lease fails.
+//!
+//! Whether the handle *holds* (rather than waits) is decided when the guard is resolved, before
+//! the write: a node that held keeps holding until it is deleted, since nodes queue in creation
+//! order and new ones only come after it (a read/write lock's reader too: a writer after it
+//! waits for it). So the checks hold exactly while the grant does.
+//!
+//! **Resolving.** A handle driven here is resolved from memory (its node and its lease's
+//! version), with no ZooKeeper round trip; one driven elsewhere, or a semaphore's permit, is
+//! read from ZooKeeper (after a `sync`). A refusal is explained from ZooKeeper, after a `sync`:
+//! if the handle turns out to hold after all (memory was behind: a takeover changed the lease's
+//! version), the checks are refreshed and the write is tried again, a bounded number of times;
+//! otherwise the answer is 409 `guard-lost`, naming the guard, why, and the holder now.
+//!
+//! One mechanism for every write: an operation takes [Guards] and each multi-op it commits
+//! begins with [Guards::add_to]; a refusal of those operations goes to [Guards::refused].
+
+use std::sync::Mutex;
+
+use zookeeper_client::Error as ZkError;
+
+use crate::auth::Caller;
+use crate::kind::Kind;
+use crate::locked::Locked;
+use crate::problem::{ApiError, Place, Problem};
+use crate::recipes::Recipes;
+use crate::recipes::engine::handle::{Handles, Phase, Protocol};
+use crate::recipes::engine::record;
+use crate::recipes::engine::view::{self, Fencing};
+use crate::recipes::locks::contention::lookup;
+use crate::zk::{Multi, Session};
+
+/// The request header.
+pub const HEADER: &str = "zkgate-guard";
+
+/// Most guards one write may carry (each adds two checks to its multi-op).
+pub const MAX_GUARDS: usize = 8;
+
+/// How many times a write whose guard was refused while it still held (its lease taken over
+/// meanwhile) is tried again with fresh checks before it gives up (503).
+const REFRESHES: usize = 3;
+
+/// What one guard names: a holding, by its resource and its handle.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Guard {
+    pub kind: Kind,
+    pub name: String,
+    pub handle: String,
+}
+
+impl std::fmt::Display for Guard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}; handle={}", self.kind.name(), self.name, self.handle)
+    }
+}
+
+/// The kinds a guard may name: those whose holdings are contended.
+fn guarded_kind(word: &str) -> Option<Kind> {
+    Kind::from_topic(word).filter(|kind| matches!(kind, Kind::Lock | Kind::RwLock | Kind::Semaphore | Kind::Election))
+}
+
+/// The guards of one header value: `<kind>/<name>; handle=<handle>`, several separated by `,`
+/// (as a proxy may join repeated headers). A name with `; handle=` in it cannot be guarded.
+pub fn parse(value: &str) -> Result<Vec<Guard>, String> {
+    let mut guards = Vec::new();
+    let mut rest = value.trim();
+    while !rest.is_empty() {
+        let (word, after) = rest.split_once('/').ok_or_else(|| {
+            format!(
+                "`{}` is not a guard: write `lock/NAME; handle=HANDLE`",
+                rest.escape_debug()
+            )
+        })?;
+        let kind = guarded_kind(word.trim()).ok_or_else(|| {
+            format!(
+                "`{}` cannot guard a write: a guard names a `lock`, `rwlock`, `semaphore` or `election`",
+                word.escape_debug()
+            )
+        })?;
+        let (name, after) = after.split_once(';').ok_or_else(|| {
+            format!(
+                "guard of {} `{}` names no handle: add `; handle=HANDLE`",
+                kind.name(),
+                after.escape_debug()
+            )
+        })?;
+        crate::recipes::validate_name(name).map_err(|e| format!("guard's {} name {e}", kind.name()))?;
+        let after = after.trim_start();
+        let id = after.strip_prefix("handle=").ok_or_else(|| {
+            format!(
+                "guard of {} `{name}` names no handle: add `; handle=HANDLE`",
+                kind.name()
+            )
+        })?;
+        let end = id.find(|c: char| c == ',' || c.is_whitespace()).unwrap_or(id.len());
+        let (handle, after) = id.split_at(end);
+        if crate::ids::owner_of(handle).is_none() {
+            return Err(format!(
+                "guard of {} `{name}`: `{}` is not a handle (as the acquire answered it)",
+                kind.name(),
+                handle.escape_debug()
+            ));
+        }
+        guards.push(Guard {
+            kind,
+            name: name.to_string(),
+            handle: handle.to_string(),
+        });
+        let after = after.trim_start();
+        rest = match after.strip_prefix(',') {
+            Some(next) => next.trim_start(),
+            None if after.is_empty() => after,
+            None => {
+                return Err(format!(
+                    "after guard of {} `{name}`: `{}` is not a guard",
+                    kind.name(),
+                    after.escape_debug()
+                ));
+            }
+        };
+    }
+    if guards.len() > MAX_GUARDS {
+        return Err(format!("at most {MAX_GUARDS} guards ({} given)", guards.len()));
+    }
+    Ok(guards)
+}
+
+/// What a guard's checks are, once resolved.
+#[derive(Clone, Debug)]
+struct Checks {
+    /// The holding's node.
+    node: String,
+    /// Its lease's record, and the version it was read at.
+    lease: String,
+    version: i32,
+}
+
+/// The guards of one write, resolved: what its multi-ops check. Empty for a write without.
+pub struct Guards {
+    caller: Caller,
+    asked: Vec<Guard>,
+    checks: Mutex<Vec<Checks>>,
+    refreshed: Mutex<usize>,
+}
+
+impl Guards {
+    /// A write without guards.
+    pub fn none() -> Guards {
+        Guards {
+            caller: Caller::Anyone,
+            asked: Vec::new(),
+            checks: Mutex::default(),
+            refreshed: Mutex::default(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.asked.is_empty()
+    }
+
+    /// The guards `asked` of `caller`'s write, resolved: refused (409 `guard-lost`) if one does
+    /// not hold now, 403 if its handle is another principal's.
+    pub async fn resolve(recipes: &Recipes, caller: &Caller, asked: &[Guard]) -> Result<Guards, ApiError> {
+        let mut checks = Vec::with_capacity(asked.len());
+        for guard in asked {
+            checks.push(resolve(recipes, caller, guard, false).await?);
+        }
+        Ok(Guards {
+            caller: caller.clone(),
+            asked: asked.to_vec(),
+            checks: Mutex::new(checks),
+            refreshed: Mutex::default(),
+        })
+    }
+
+    /// Adds the checks to `multi`, each tagged `tag`: put them first, so that a refusal is the
+    /// guard's before any of the write's own operations is looked at.
+    pub fn add_to<T: Clone>(&self, multi: &mut Multi<'_, T>, tag: T) -> Result<(), ZkError> {
+        for checks in self.checks.locked().iter() {
+            multi.check(tag.clone(), &checks.node, -1)?;
+            multi.check(tag.clone(), &checks.lease, checks.version)?;
+        }
+        Ok(())
+    }
+
+    /// After ZooKeeper refused a check of [Guards::add_to]: `Ok` if every guard still holds (its
+    /// checks are refreshed; send the write again), else why not (409 `guard-lost`), read from
+    /// ZooKeeper after a `sync`.
+    pub async fn refused(&self, recipes: &Recipes) -> Result<(), ApiError> {
+        let mut fresh = Vec::with_capacity(self.asked.len());
+        for guard in &self.asked {
+            fresh.push(resolve(recipes, &self.caller, guard, true).await?);
+        }
+        let mut refreshed = self.refreshed.locked();
+        *refreshed += 1;
+        if *refreshed > REFRESHES {
+            return Err(ApiError::unavailable(
+                "the write's guards held, but ZooKeeper refused their checks each time (their leases keep changing \
+                 keeper); nothing was written",
+            ));
+        }
+        *self.checks.locked() = fresh;
+        Ok(())
+    }
+}
+
+/// Resolves `guard` for `caller`: from this instance's memory unless `fresh` (or it is not
+/// driven here), else from ZooKeeper after a `sync`.
+async fn resolve(recipes: &Recipes, caller: &Caller, guard: &Guard, fresh: bool) -> Result<Checks, ApiError> {
+    match guard.kind {
+        Kind::Lock => in_registry(recipes, &recipes.locks, caller, guard, fresh).await,
+        Kind::RwLock => in_registry(recipes, &recipes.rwlocks, caller, guard, fresh).await,
+        Kind::Election => in_registry(recipes, &recipes.elections, caller, guard, fresh).await,
+        // A permit's node is its lease node, which its task's state does not name: read.
+        Kind::Semaphore => in_registry(recipes, &recipes.semaphores, caller, guard, true).await,
+        Kind::Barrier
+        | Kind::DoubleBarrier
+        | Kind::Txn
+        | Kind::Queue
+        | Kind::Group
+        | Kind::Kv
+        | Kind::Counter
+        | Kind::Service => Err(ApiError::invalid(
+            Place::Header,
+            "ZKGATE-Guard",
+            format!("a {} cannot guard a write", guard.kind.name()),
+        )),
+    }
+}
+
+async fn in_registry<P: Protocol>(
+    recipes: &Recipes,
+    handles: &Handles<P>,
+    caller: &Caller,
+    guard: &Guard,
+    fresh: bool,
+) -> Result<Checks, ApiError> {
+    let (name, handle) = (guard.name.as_str(), guard.handle.as_str());
+    if !fresh && let Some(driven) = handles.serving(name, handle) {
+        driven.lease.check_owner(caller)?;
+        let state = driven.state();
+        if let (Phase::Held { .. }, Some(node), Some(version)) = (&state.phase, &state.node, driven.lease.version())
+            && !driven.lease.ended().is_cancelled()
+        {
+            return Ok(Checks {
+                node: handles.node(name, &node.name),
+                lease: driven.lease.path.clone(),
+                version,
+            });
+        }
+    }
+    let session = recipes.synced().await?;
+    let Some(recorded) = lookup(&session, handles, name, handle).await? else {
+        // Why, as far as this instance knows: it drove the handle, or saw it lost.
+        let driven = handles.get(name, handle).and_then(|driven| driven.lease.end_reason());
+        let lost_here = handles
+            .lost(name, handle)
+            .filter(|lost| caller.owns(lost.principal.as_deref()));
+        let (code, why) = match (driven, lost_here) {
+            (Some(ended), _) => ("lease-ended", format!("its lease ended ({})", ended.describe())),
+            (None, Some(lost)) if lost.lease_ended.is_some() => ("lease-ended", lost.reason),
+            (None, Some(lost)) => ("lost", lost.reason),
+            (None, None) => (
+                "released",
+                "it has no node: released, or lost with its lease".to_string(),
+            ),
+        };
+        return Err(lost(&session, handles, guard, code, &why).await);
+    };
+    let owner = recorded.owner();
+    if let Some(principal) = owner.as_ref().and_then(|owner| owner.principal.as_deref()) {
+        caller.require_owner(Some(principal), &format!("handle `{handle}`"))?;
+    }
+    if !recorded.holds() {
+        let waiting = format!("it waits (at position {})", recorded.position.unwrap_or(0));
+        return Err(lost(&session, handles, guard, "not-held", &waiting).await);
+    }
+    let Some(lease) = owner.map(|owner| record::path(&recipes.root, &owner.lease)) else {
+        return Err(lost(&session, handles, guard, "lost", "its node names no lease").await);
+    };
+    let found = record::read(session.client(), &lease)
+        .await
+        .map_err(crate::zk::Failure::from)?;
+    match found {
+        Some(found) if found.record.ended.is_none() => Ok(Checks {
+            node: recorded.paths[0].clone(),
+            lease,
+            version: found.version,
+        }),
+        ended => {
+            let why = ended
+                .and_then(|found| found.record.ended)
+                .map_or("its lease is gone", |reason| reason.describe());
+            let detail = format!("its lease ended ({why}); its node is kept through the lease's lock-delay");
+            Err(lost(&session, handles, guard, "lease-ended", &detail).await)
+        }
+    }
+}
+
+/// 409 `guard-lost` for `guard`, `reason` its code and `why` its words, with the holder's
+/// token now where one holds (a lock's, a leader's, a writer's or the newest reader's).
+async fn lost<P: Protocol>(
+    session: &Session,
+    handles: &Handles<P>,
+    guard: &Guard,
+    reason: &str,
+    why: &str,
+) -> ApiError {
+    let holding = |names: &[String]| match guard.kind {
+        Kind::RwLock => crate::recipes::locks::rwlock::holding(names),
+        _ => 1,
+    };
+    let current = match guard.kind {
+        Kind::Semaphore => None,
+        _ => match view::check_fencing(session, &handles.dir(&guard.name), holding, 0).await {
+            Ok(Fencing::Superseded { current }) => Some(current),
+            _ => None,
+        },
+    };
+    let now = match current {
+        Some(token) => format!("; the holder now has fencing token {token}"),
+        None => String::new(),
+    };
+    ApiError::new(
+        Problem::GuardLost,
+        format!(
+            "guard `{}/{}` does not hold: {why}{now}; nothing was written",
+            guard.kind.name(),
+            guard.name
+        ),
+    )
+    .with("guard", format!("{}/{}", guard.kind.name(), guard.name))
+    .with("reason", reason)
+    .with("current_token", current)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const H: &str = "0a1b2c3d-00112233445566778899aabbccddeeff";
+
+    #[test]
+    fn a_header_names_one_guard_or_several() {
+        let one = parse(&format!("lock/orders; handle={H}")).unwrap();
+        assert_eq!(
+            one,
+            vec![Guard {
+                kind: Kind::Lock,
+                name: "orders".into(),
+                handle: H.into()
+            }]
+        );
+        let two = parse(&format!("election/leader;handle={H} , rwlock/a,b; handle={H}")).unwrap();
+        assert_eq!(two.len(), 2);
+        assert_eq!((two[0].kind, two[1].kind), (Kind::Election, Kind::RwLock));
+        assert_eq!(two[1].name, "a,b", "a name may hold a comma");
+        assert_eq!(one[0].to_string(), format!("lock/orders; handle={H}"));
+    }
+
+    #[test]
+    fn a_bad_guard_is_refused_saying_what_is_wrong() {
+        for (value, says) in [
+            ("lock/orders".to_string(), "names no handle"),
+            (format!("kv/app; handle={H}"), "cannot guard"),
+            ("lock/orders; handle=nope".to_string(), "is not a handle"),
+            (format!("lock/; handle={H}"), "name"),
+            (format!("lock/orders; handle={H} trailing"), "is not a guard"),
+            ("orders".to_string(), "is not a guard"),
+        ] {
+            let err = parse(&value).unwrap_err();
+            assert!(err.contains(says), "{value}: {err}");
+        }
+        let many = vec![format!("lock/a; handle={H}"); MAX_GUARDS + 1].join(", ");
+        assert!(parse(&many).unwrap_err().contains("at most"));
+    }
+}

@@ -1,0 +1,325 @@
+//! Writes guarded by a lock (`ZKGATE-Guard`, issue 55): a guarded write lands only while its
+//! handle holds what the guard names, checked in the write's own ZooKeeper transaction; a stale
+//! guard is refused (409 `guard-lost`, saying why and the holder now) and writes nothing,
+//! through either instance, whichever instance drives the handle.
+
+use crate::common;
+
+use std::time::Duration;
+
+use common::sse::Sse;
+use common::{Gate, Reply, zookeeper};
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+
+/// `method` of kv key `key` (a JSON `value` for a put) on the instance at `url`, with `guard`
+/// as `ZKGATE-Guard`.
+async fn kv(url: &str, method: Method, key: &str, value: Option<Value>, guard: Option<&str>) -> Reply {
+    let mut request = common::http_client().request(method, format!("{url}/v1/kv/{key}"));
+    if let Some(guard) = guard {
+        request = request.header("ZKGATE-Guard", guard);
+    }
+    if let Some(value) = value {
+        request = request.json(&value);
+    }
+    let response = request
+        .timeout(Duration::from_secs(60))
+        .send()
+        .await
+        .expect("kv request");
+    Reply::read(response).await
+}
+
+/// The guard of lock `lock`'s handle `handle`.
+fn lock_guard(lock: &str, handle: &str) -> String {
+    format!("lock/{lock}; handle={handle}")
+}
+
+/// Asserts a 409 `guard-lost` for `guard_target` with `reason`.
+fn assert_lost(reply: &Reply, guard_target: &str, reason: &str) {
+    reply.assert_problem(StatusCode::CONFLICT, None);
+    assert_eq!(reply.body["type"], "urn:zkgate:problem:guard-lost", "{reply:?}");
+    assert_eq!(reply.body["guard"], guard_target, "{reply:?}");
+    assert_eq!(reply.body["reason"], reason, "{reply:?}");
+}
+
+#[tokio::test]
+async fn a_guarded_write_lands_while_the_lock_is_held_and_not_once_it_is_released() {
+    let zk = zookeeper().await;
+    let gate = Gate::start(&zk.connect_string()).await;
+    let lease = gate.lease("60s").await;
+    let held = gate.acquire("orders", &lease, "wait=5s").await;
+    assert_eq!(held.status, StatusCode::OK, "{held:?}");
+    let guard = lock_guard("orders", &held.str("handle"));
+
+    let put = kv(
+        &gate.url,
+        Method::PUT,
+        "orders/state",
+        Some(json!("paid")),
+        Some(&guard),
+    )
+    .await;
+    assert_eq!(put.status, StatusCode::CREATED, "{put:?}");
+
+    gate.release("orders", &held.str("handle")).await;
+    let late = kv(
+        &gate.url,
+        Method::PUT,
+        "orders/state",
+        Some(json!("late")),
+        Some(&guard),
+    )
+    .await;
+    assert_lost(&late, "lock/orders", "released");
+    assert!(late.body["current_token"].is_null(), "nobody holds now: {late:?}");
+    let gone = kv(&gate.url, Method::DELETE, "orders/state", None, Some(&guard)).await;
+    assert_lost(&gone, "lock/orders", "released");
+    let read = kv(&gate.url, Method::GET, "orders/state", None, None).await;
+    assert_eq!(read.body, json!("paid"), "the refused writes changed nothing: {read:?}");
+
+    // A handle that waits does not hold.
+    let holder = gate.acquire("orders", &lease, "wait=5s").await;
+    let other = gate.lease("60s").await;
+    let waiting = gate.acquire("orders", &other, "wait=0&keep_queued=true").await;
+    assert_eq!(waiting.status, StatusCode::ACCEPTED, "{waiting:?}");
+    let queued = lock_guard("orders", &waiting.str("handle"));
+    let early = kv(
+        &gate.url,
+        Method::PUT,
+        "orders/state",
+        Some(json!("early")),
+        Some(&queued),
+    )
+    .await;
+    assert_lost(&early, "lock/orders", "not-held");
+    assert_eq!(early.body["current_token"], holder.i64("fencing_token"), "{early:?}");
+    // And the holder's guarded delete lands.
+    let holder_guard = lock_guard("orders", &holder.str("handle"));
+    let deleted = kv(&gate.url, Method::DELETE, "orders/state", None, Some(&holder_guard)).await;
+    assert_eq!(deleted.status, StatusCode::NO_CONTENT, "{deleted:?}");
+}
+
+#[tokio::test]
+async fn a_stale_guard_is_refused_after_its_lease_expires_and_another_takes_the_lock_through_the_other_instance() {
+    let zk = zookeeper().await;
+    let (a, b) = (
+        Gate::start(&zk.connect_string()).await,
+        Gate::start(&zk.connect_string()).await,
+    );
+    // The first holder, through A, stops sending keepalives.
+    let first_lease = a.lease("1s").await;
+    let first = a.acquire("orders", &first_lease, "wait=5s").await;
+    assert_eq!(first.status, StatusCode::OK, "{first:?}");
+    let stale = lock_guard("orders", &first.str("handle"));
+    let put = kv(&a.url, Method::PUT, "orders/state", Some(json!("first")), Some(&stale)).await;
+    assert_eq!(put.status, StatusCode::CREATED, "{put:?}");
+
+    // The second takes the lock through B once the first's lease has expired.
+    let second_lease = b.lease("60s").await;
+    let second = b.acquire("orders", &second_lease, "wait=30s").await;
+    assert_eq!(second.status, StatusCode::OK, "{second:?}");
+    let token = second.i64("fencing_token");
+    let fresh = lock_guard("orders", &second.str("handle"));
+
+    // The first writes with its old guard, through either instance: refused, naming the holder.
+    // A drove the handle and knows its lease ended; B finds no node.
+    for (gate, reason) in [(&a, "lease-ended"), (&b, "released")] {
+        let late = kv(
+            &gate.url,
+            Method::PUT,
+            "orders/state",
+            Some(json!("stale")),
+            Some(&stale),
+        )
+        .await;
+        assert_lost(&late, "lock/orders", reason);
+        assert_eq!(late.body["current_token"], token, "{late:?}");
+    }
+    // The second's guard holds through A too, which does not drive its handle.
+    let put = kv(&a.url, Method::PUT, "orders/state", Some(json!("second")), Some(&fresh)).await;
+    assert_eq!(put.status, StatusCode::OK, "{put:?}");
+    let read = kv(&b.url, Method::GET, "orders/state", None, None).await;
+    assert_eq!(read.body, json!("second"), "{read:?}");
+}
+
+#[tokio::test]
+async fn during_a_lock_delay_the_guard_of_the_ended_lease_is_refused() {
+    let zk = zookeeper().await;
+    let gate = Gate::start(&zk.connect_string()).await;
+    let mut events = Sse::open(&gate.http, &format!("{}/v1/locks/delayed/events", gate.url), None).await;
+    let mut seen = vec![events.next().await];
+    let made = gate
+        .post("/v1/leases", Some(json!({ "ttl": "1s", "lock_delay": "60s" })))
+        .await;
+    assert_eq!(made.status, StatusCode::CREATED, "{made:?}");
+    let held = gate.acquire("delayed", &made.str("id"), "wait=5s").await;
+    assert_eq!(held.status, StatusCode::OK, "{held:?}");
+    let guard = lock_guard("delayed", &held.str("handle"));
+    // No keepalive: the lease expires, and its node is kept through the delay.
+    events
+        .until("lock:delayed", &mut seen, |e| e["type"] == "held-by-ended-lease")
+        .await;
+    let late = kv(&gate.url, Method::PUT, "delayed/state", Some(json!(1)), Some(&guard)).await;
+    assert_lost(&late, "lock/delayed", "lease-ended");
+    let read = kv(&gate.url, Method::GET, "delayed/state", None, None).await;
+    assert_eq!(read.status, StatusCode::NOT_FOUND, "nothing was written: {read:?}");
+}
+
+#[tokio::test]
+async fn a_leaders_guarded_write_lands_until_it_resigns() {
+    let zk = zookeeper().await;
+    let gate = Gate::start(&zk.connect_string()).await;
+    let lease = gate.lease("60s").await;
+    let led = gate
+        .post("/v1/elections/jobs/campaign?wait=5s", Some(json!({ "lease": lease })))
+        .await;
+    assert_eq!(led.status, StatusCode::OK, "{led:?}");
+    let handle = led.str("handle");
+    let guard = format!("election/jobs; handle={handle}");
+    let put = kv(
+        &gate.url,
+        Method::PUT,
+        "jobs/config",
+        Some(json!({"v": 1})),
+        Some(&guard),
+    )
+    .await;
+    assert_eq!(put.status, StatusCode::CREATED, "{put:?}");
+    let resigned = gate.delete(&format!("/v1/elections/jobs/candidates/{handle}")).await;
+    assert_eq!(resigned.status, StatusCode::NO_CONTENT, "{resigned:?}");
+    let late = kv(
+        &gate.url,
+        Method::PUT,
+        "jobs/config",
+        Some(json!({"v": 2})),
+        Some(&guard),
+    )
+    .await;
+    assert_lost(&late, "election/jobs", "released");
+}
+
+#[tokio::test]
+async fn a_bad_guard_is_refused_naming_the_header_and_writes_nothing() {
+    let zk = zookeeper().await;
+    let gate = Gate::start(&zk.connect_string()).await;
+    let lease = gate.lease("60s").await;
+    let held = gate.acquire("orders", &lease, "wait=5s").await;
+    let handle = held.str("handle");
+    for guard in [
+        "lock/orders".to_string(),
+        format!("queue/jobs; handle={handle}"),
+        "lock/orders; handle=not-a-handle".to_string(),
+        vec![lock_guard("orders", &handle); 9].join(", "),
+    ] {
+        let put = kv(&gate.url, Method::PUT, "orders/state", Some(json!(1)), Some(&guard)).await;
+        put.assert_problem(StatusCode::BAD_REQUEST, Some("ZKGATE-Guard"));
+    }
+    // A guard with a handle that never existed at that lock.
+    let unknown = lock_guard("elsewhere", &handle);
+    let put = kv(&gate.url, Method::PUT, "orders/state", Some(json!(1)), Some(&unknown)).await;
+    assert_lost(&put, "lock/elsewhere", "released");
+    let read = kv(&gate.url, Method::GET, "orders/state", None, None).await;
+    assert_eq!(read.status, StatusCode::NOT_FOUND, "nothing was written: {read:?}");
+}
+
+/// The classic failure, on real processes: the holder's instance freezes (SIGSTOP) past its
+/// lease's TTL; the other instance takes the lease over and ends it, and a rival takes the
+/// lock there and writes. The frozen instance resumes still believing its handle holds, and
+/// the first holder's guarded write through it is refused by ZooKeeper's check of the write's
+/// own transaction: the value is the rival's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_frozen_past_its_ttl_cannot_write_over_the_next_holder() {
+    let zk = zookeeper().await;
+    let frozen = common::process::Process::start(&zk.connect_string()).await;
+    let other = std::sync::Arc::new(Gate::start(&zk.connect_string()).await);
+    let lease = frozen.lease("2s").await;
+    let (status, held) = frozen.acquire("orders", &lease, "wait=5s").await;
+    assert_eq!(status, StatusCode::OK, "{held}");
+    let stale = lock_guard("orders", held["handle"].as_str().expect("handle"));
+    let put = kv(
+        &frozen.url,
+        Method::PUT,
+        "orders/state",
+        Some(json!("first")),
+        Some(&stale),
+    )
+    .await;
+    assert_eq!(put.status, StatusCode::CREATED, "{put:?}");
+
+    let rival = other.lease("60s").await;
+    let waiting = {
+        let (other, rival) = (other.clone(), rival.clone());
+        tokio::spawn(async move { other.acquire("orders", &rival, "wait=30s").await })
+    };
+    common::wait_children(&zk.connect_string(), "/zkgate/locks/orders", 2).await;
+    frozen.pause(true);
+    let granted = common::within(Duration::from_secs(30), "the rival's grant", waiting)
+        .await
+        .expect("task");
+    assert_eq!(granted.status, StatusCode::OK, "{granted:?}");
+    let fresh = lock_guard("orders", &granted.str("handle"));
+    let put = kv(
+        &other.url,
+        Method::PUT,
+        "orders/state",
+        Some(json!("rival")),
+        Some(&fresh),
+    )
+    .await;
+    assert_eq!(put.status, StatusCode::OK, "{put:?}");
+
+    frozen.pause(false);
+    // Its session expired while it was frozen: it answers 503 until it has a new one.
+    frozen.wait_session(2).await;
+    let late = kv(
+        &frozen.url,
+        Method::PUT,
+        "orders/state",
+        Some(json!("stale")),
+        Some(&stale),
+    )
+    .await;
+    late.assert_problem(StatusCode::CONFLICT, None);
+    assert_eq!(late.body["type"], "urn:zkgate:problem:guard-lost", "{late:?}");
+    assert_eq!(late.body["current_token"], granted.i64("fencing_token"), "{late:?}");
+    let read = kv(&other.url, Method::GET, "orders/state", None, None).await;
+    assert_eq!(read.body, json!("rival"), "{read:?}");
+}
+
+/// The guard is checked by ZooKeeper when the write applies, not only before it: guards
+/// resolved while the lock was held, then the lock released, and the write sent with them
+/// (as a write in flight when its holder loses the lock would be) is refused by its own
+/// transaction's check, and nothing is written.
+#[tokio::test]
+async fn a_guard_resolved_before_the_release_is_refused_by_the_writes_own_transaction() {
+    use zkgate::auth::Caller;
+    use zkgate::recipes::condition::Condition;
+    use zkgate::recipes::guards::{Guards, parse};
+    use zkgate::recipes::kv::{self, Binds, Key, WriteError};
+    use zkgate::recipes::usage::Payer;
+
+    let zk = zookeeper().await;
+    let gate = Gate::start(&zk.connect_string()).await;
+    let lease = gate.lease("60s").await;
+    let held = gate.acquire("orders", &lease, "wait=5s").await;
+    assert_eq!(held.status, StatusCode::OK, "{held:?}");
+    let recipes = &gate.running.state;
+    let asked = parse(&lock_guard("orders", &held.str("handle"))).expect("a guard");
+    let guards = Guards::resolve(recipes, &Caller::Anyone, &asked)
+        .await
+        .expect("the guard holds while the lock is held");
+
+    gate.release("orders", &held.str("handle")).await;
+    let session = recipes.zk().connected().await.expect("a session");
+    let key = Key::written_by(&recipes.kv_keys, "orders/state", &Caller::Anyone).guarded_by(&guards);
+    let payer = Payer {
+        quotas: &recipes.quotas,
+        principal: None,
+    };
+    let plain = Binds::Plain { rebind: false };
+    let written = kv::write(&session, &key, b"\"late\"", Condition::Any, payer, plain).await;
+    assert!(matches!(written, Err(WriteError::GuardRefused)), "{written:?}");
+    let read = kv(&gate.url, Method::GET, "orders/state", None, None).await;
+    assert_eq!(read.status, StatusCode::NOT_FOUND, "nothing was written: {read:?}");
+}
