@@ -13,10 +13,12 @@ use utoipa_axum::routes;
 use super::consistency::Consistency;
 use super::error::{ApiError, Place, Problem, Problems, p};
 use super::extract::{ApiJson, ApiPath};
+use super::guards::{GuardHeader, Guarded};
 use super::idempotency::Idempotent;
 use super::kv::keys::{Tag, parse_tag, write_condition};
 use super::{Followed, Resource, check_name};
 use crate::AppState;
+use crate::auth::Caller;
 use crate::events::Feed;
 use crate::kind::Kind;
 use crate::recipes::condition::Condition;
@@ -129,7 +131,7 @@ pub async fn counter_state(
 /// answered as the add was (`repeated: true`); without one, a write whose reply ZooKeeper lost
 /// is answered 503 `outcome-unknown`.
 #[utoipa::path(operation_id = "add_to_counter", post, path = "/v1/counters/{name}/add", tag = "counters",
-    params(("name" = String, Path, description = "Counter name"),
+    params(("name" = String, Path, description = "Counter name"), GuardHeader,
         ("Idempotency-Key" = Option<String>, Header, description = super::idempotency::ABOUT)),
     request_body(content = Option<AddBody>, description = "Optional: `+1` without it.", example = json!({"delta": 5, "max": 100})),
     responses(
@@ -138,7 +140,9 @@ pub async fn counter_state(
     ))]
 pub async fn add(
     State(state): State<AppState>,
+    caller: Caller,
     ApiPath(name): ApiPath<String>,
+    Guarded(guards): Guarded,
     Idempotent {
         key,
         inner: ApiJson(body),
@@ -157,7 +161,7 @@ pub async fn add(
         let detail = format!("must not be above `max` ({min} > {max})");
         return Err(ApiError::invalid(Place::Body, "min", detail));
     }
-    let added = counters::add_to(&state, &name, delta, bounds, key.as_ref()).await?;
+    let added = counters::add_to(&state, (&caller, &guards), (&name, delta, bounds), key.as_ref()).await?;
     let etag = counters::etag(added.mzxid);
     let answer = (
         [(header::ETAG, etag_header(&etag)?)],
@@ -176,7 +180,7 @@ pub async fn add(
 /// that version (compare-and-set: 412 with the current ETag otherwise; `*`: only if it
 /// exists), `If-None-Match: *` only if it does not exist.
 #[utoipa::path(put, path = "/v1/counters/{name}", tag = "counters",
-    params(("name" = String, Path, description = "Counter name"),
+    params(("name" = String, Path, description = "Counter name"), GuardHeader,
         ("If-Match" = Option<String>, Header, description = "Set only over this ETag (`*`: only if it exists)"),
         ("If-None-Match" = Option<String>, Header, description = "`*`: create only")),
     request_body(content = SetBody, example = json!({"value": 0})),
@@ -187,13 +191,15 @@ pub async fn add(
     ))]
 pub async fn set(
     State(state): State<AppState>,
+    caller: Caller,
     ApiPath(name): ApiPath<String>,
+    Guarded(guards): Guarded,
     headers: HeaderMap,
     ApiJson(body): ApiJson<SetBody>,
 ) -> Result<Response, ApiError> {
     check_name(&name)?;
     let condition = write_condition(&headers)?;
-    let (stat, created) = counters::set_to(&state, &name, body.value, condition).await?;
+    let (stat, created) = counters::set_to(&state, (&caller, &guards), &name, (body.value, condition)).await?;
     let written = CounterState::of(&name, Some(body.value), Some(&stat));
     let status = if created { StatusCode::CREATED } else { StatusCode::OK };
     let etag = etag_header(&counters::etag(stat.mzxid))?;
@@ -202,7 +208,7 @@ pub async fn set(
 
 /// Deletes a counter (it reads as 0 afterwards); `If-Match` makes it conditional.
 #[utoipa::path(delete, path = "/v1/counters/{name}", tag = "counters",
-    params(("name" = String, Path, description = "Counter name"),
+    params(("name" = String, Path, description = "Counter name"), GuardHeader,
         ("If-Match" = Option<String>, Header, description = "Delete only this ETag")),
     responses(
         (status = 204, description = "Deleted"),
@@ -210,7 +216,9 @@ pub async fn set(
     ))]
 pub async fn delete(
     State(state): State<AppState>,
+    caller: Caller,
     ApiPath(name): ApiPath<String>,
+    Guarded(guards): Guarded,
     headers: HeaderMap,
 ) -> Result<StatusCode, ApiError> {
     check_name(&name)?;
@@ -218,6 +226,6 @@ pub async fn delete(
         Some(Tag::Version(v)) => Condition::Version(v),
         Some(Tag::Any) | None => Condition::Any,
     };
-    counters::remove(&state, &name, condition).await?;
+    counters::remove(&state, (&caller, &guards), &name, condition).await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -219,6 +219,24 @@ impl Guards {
     }
 }
 
+/// Evaluates `$write` (an operation's writing part, whose multi-ops begin with
+/// [Guards::add_to]) again while it fails with `$refused` (its refusal of the guards' checks)
+/// and [Guards::refused] finds that they still hold; its outcome otherwise. Nothing of a refused
+/// multi-op applied, so sending it again is safe. In an `async` function returning
+/// `Result<_, ApiError>` (a lost guard returns from it).
+macro_rules! retry_guarded {
+    ($guards:expr, $recipes:expr, $refused:pat, $write:expr) => {
+        loop {
+            match $write {
+                Err($refused) => $guards.refused($recipes).await?,
+                done => break done,
+            }
+        }
+    };
+}
+
+pub(crate) use retry_guarded;
+
 /// Resolves `guard` for `caller`: from this instance's memory unless `fresh` (or it is not
 /// driven here), else from ZooKeeper after a `sync`.
 async fn resolve(recipes: &Recipes, caller: &Caller, guard: &Guard, fresh: bool) -> Result<Checks, ApiError> {

@@ -221,6 +221,15 @@ fn operations() -> Vec<Operation> {
         for (method, operation) in item.as_object().expect("operations") {
             let params = (operation["parameters"].as_array().into_iter().flatten())
                 .map(|p| {
+                    match p["$ref"]
+                        .as_str()
+                        .and_then(|r| r.strip_prefix("#/components/parameters/"))
+                    {
+                        Some(shared) => &spec["components"]["parameters"][shared],
+                        None => p,
+                    }
+                })
+                .map(|p| {
                     let name = p["name"].as_str().expect("name").to_string();
                     let place = p["in"].as_str().expect("in").to_string();
                     (name, place, resolve(&p["schema"]))
@@ -399,11 +408,15 @@ impl World {
                 "if-match" => "*".to_string(),
                 "if-none-match" if operation.method == Method::GET => "\"4294967311\"".to_string(),
                 "if-none-match" => "*".to_string(),
+                // Alice's lock's handle: a write guarded by what her lease holds.
+                "zkgate-guard" => format!("lock/w; handle={}", self.handles.get("locks")?),
                 _ => "w-1".to_string(),
             };
+            let guard = header.eq_ignore_ascii_case("zkgate-guard");
             for example in &examples {
                 let mut with = example.clone();
                 with.headers.push((header.clone(), value.clone()));
+                with.names_owned |= guard;
                 requests.push(with);
             }
         }

@@ -26,8 +26,10 @@
 //! the second one lands. A client that retries a request with its key gets the same answer the
 //! same way, through any instance.
 
+use crate::auth::Caller;
 use crate::kind::Kind;
 use crate::problem::{ApiError, Problem};
+use crate::recipes::guards::{Guard, Guards, retry_guarded};
 use crate::recipes::idempotency::{KeyError, Keyed, Record};
 use crate::zk::{Failed, Failure, Multi, Session};
 use serde::Serialize;
@@ -84,6 +86,8 @@ pub enum CounterError {
     /// The idempotency key's record: another request used the key, or the record passes a
     /// quota.
     Key(KeyError),
+    /// ZooKeeper refused a check of the write's guards ([Guards::refused] tells why).
+    GuardRefused,
     ZooKeeper(Failure),
 }
 
@@ -163,7 +167,7 @@ pub async fn add(
     path: &str,
     delta: i64,
     bounds: Bounds,
-    key: Option<Keyed<'_>>,
+    (key, guards): (Option<Keyed<'_>>, &Guards),
 ) -> Result<Added, CounterError> {
     let client = session.client();
     let mut conflicts = 0;
@@ -192,14 +196,14 @@ pub async fn add(
         };
         let version = current.stat.as_ref().map(|s| s.version);
         let written = match key {
-            None => write(client, path, value, version).await,
+            None => write(client, path, (value, version), guards, None).await,
             Some(keyed) => {
                 let answer = AddAnswer {
                     previous: current.value,
                     value,
                 };
                 let record = keyed.record(client, &answer).await?;
-                match write_keyed(client, path, value, version, keyed, &record).await {
+                match write(client, path, (value, version), guards, Some((keyed, &record))).await {
                     Err(Conflict::KeyThere) => match landed_before(client, keyed).await? {
                         Some(added) => return Ok(own(added, sent)),
                         // Gone meanwhile (the janitor, past the window): a new add.
@@ -245,35 +249,41 @@ async fn landed_before(client: &Client, keyed: Keyed<'_>) -> Result<Option<Added
     }))
 }
 
-/// What an operation of a keyed add's multi-op is for.
+/// What an operation of a write's multi-op is for.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Part {
+    Guard,
     Key,
     Counter,
 }
 
-/// [write], with the key's record in the same multi-op (first, so that a record already there
-/// is what a refusal names).
-async fn write_keyed(
+/// Writes `value` on data version `version`, or creates the znode when `version` is `None`, in
+/// one multi-op: after the checks of the writer's `guards` and, for a keyed add, the key's
+/// record (first, so that a record already there is what a refusal names).
+async fn write(
     client: &Client,
     path: &str,
-    value: i64,
-    version: Option<i32>,
-    keyed: Keyed<'_>,
-    record: &Record<'_>,
+    (value, version): (i64, Option<i32>),
+    guards: &Guards,
+    keyed: Option<(Keyed<'_>, &Record<'_>)>,
 ) -> Result<Stat, Conflict> {
     let failed = |e: ZkError| Conflict::Failed(e.into());
     let plain = CreateMode::Persistent.with_acls(crate::zk::acls());
     let data = encode(value);
     let mut multi = Multi::new(client);
-    record.add_to(&mut multi, Part::Key).map_err(failed)?;
+    guards.add_to(&mut multi, Part::Guard).map_err(failed)?;
+    if let Some((_, record)) = keyed {
+        record.add_to(&mut multi, Part::Key).map_err(failed)?;
+    }
     match version {
         Some(version) => multi.set(Part::Counter, path, &data, Some(version)).map_err(failed)?,
         None => multi.create(Part::Counter, path, &data, &plain).map_err(failed)?,
     }
     match multi.commit().await {
         Ok(done) => {
-            keyed.committed(client, &done, &Part::Key);
+            if let Some((keyed, _)) = keyed {
+                keyed.committed(client, &done, &Part::Key);
+            }
             match done.stat(&Part::Counter) {
                 Some(stat) => Ok(*stat),
                 // Servers before 3.5 leave a created node's stat out of the reply.
@@ -283,6 +293,7 @@ async fn write_keyed(
                     .ok_or(Conflict::Lost),
             }
         }
+        Err(Failed::Refused { tag: Part::Guard, .. }) => Err(Conflict::Failed(CounterError::GuardRefused)),
         Err(Failed::Refused {
             tag: Part::Key,
             error: ZkError::NodeExists,
@@ -292,7 +303,9 @@ async fn write_keyed(
             tag: Part::Key,
             error: ZkError::NoNode,
         }) => {
-            keyed.repair(client).await.map_err(failed)?;
+            if let Some((keyed, _)) = keyed {
+                keyed.repair(client).await.map_err(failed)?;
+            }
             Err(Conflict::Lost)
         }
         Err(Failed::Refused {
@@ -307,8 +320,10 @@ async fn write_keyed(
             tag: Part::Counter,
             error: ZkError::BadVersion | ZkError::NodeExists | ZkError::NoNode,
         }) => Err(Conflict::Lost),
-        // A lost reply: the add goes again, and the key tells whether this one landed.
-        Err(failed) if failed.is_loss() => Err(Conflict::Sent),
+        // A lost reply: a keyed add goes again, and the key tells whether this one landed;
+        // any other write cannot tell.
+        Err(failed) if failed.is_loss() && keyed.is_some() => Err(Conflict::Sent),
+        Err(failed) if failed.is_loss() => Err(Conflict::Failed(CounterError::OutcomeUnknown)),
         Err(failed) => Err(Conflict::Failed(CounterError::ZooKeeper(failed.into()))),
     }
 }
@@ -319,8 +334,8 @@ async fn write_keyed(
 pub async fn set(
     session: &Session,
     path: &str,
-    value: i64,
-    condition: Condition,
+    (value, condition): (i64, Condition),
+    guards: &Guards,
 ) -> Result<(Stat, bool), CounterError> {
     let client = session.client();
     let mut recheck = Recheck::default();
@@ -342,7 +357,7 @@ pub async fn set(
                 continue;
             }
         };
-        match write(client, path, value, current.as_ref().map(|s| s.version)).await {
+        match write(client, path, (value, current.as_ref().map(|s| s.version)), guards, None).await {
             Ok(stat) => return Ok((stat, current.is_none())),
             // Changed meanwhile: an unconditional set goes again, a conditional one decides
             // again (and fails). (`Sent` is a keyed write's.)
@@ -353,7 +368,7 @@ pub async fn set(
 }
 
 /// Deletes the counter at `path` if `condition` holds (`Condition::Absent` is not a delete's).
-pub async fn delete(session: &Session, path: &str, condition: Condition) -> Result<(), CounterError> {
+pub async fn delete(session: &Session, path: &str, condition: Condition, guards: &Guards) -> Result<(), CounterError> {
     let client = session.client();
     let mut sent = false;
     let mut recheck = Recheck::default();
@@ -374,11 +389,18 @@ pub async fn delete(session: &Session, path: &str, condition: Condition) -> Resu
                 .await?;
             continue;
         }
-        match client.delete(path, Some(stat.version)).await {
-            Ok(()) => return Ok(()),
-            Err(ZkError::NoNode | ZkError::BadVersion) => {}
-            Err(err) if crate::zk::is_loss(&err) => sent = true,
-            Err(err) => return Err(err.into()),
+        let mut multi = Multi::new(client);
+        guards.add_to(&mut multi, Part::Guard)?;
+        multi.delete(Part::Counter, path, Some(stat.version))?;
+        match multi.commit().await {
+            Ok(_) => return Ok(()),
+            Err(Failed::Refused { tag: Part::Guard, .. }) => return Err(CounterError::GuardRefused),
+            Err(Failed::Refused {
+                error: ZkError::NoNode | ZkError::BadVersion,
+                ..
+            }) => {}
+            Err(failed) if failed.is_loss() => sent = true,
+            Err(failed) => return Err(failed.error().into()),
         }
     }
 }
@@ -394,57 +416,28 @@ enum Conflict {
     Failed(CounterError),
 }
 
-/// Writes `value` on data version `version`, or creates the znode when `version` is `None`.
-async fn write(client: &Client, path: &str, value: i64, version: Option<i32>) -> Result<Stat, Conflict> {
-    let data = encode(value);
-    let result = match version {
-        Some(version) => client.set_data(path, &data, Some(version)).await,
-        None => {
-            let options = CreateMode::Persistent.with_acls(crate::zk::acls());
-            match client.create(path, &data, &options).await {
-                Ok((stat, _)) => Ok(stat),
-                Err(ZkError::NoNode) => {
-                    let parent = &path[..path.rfind('/').unwrap_or(0)];
-                    crate::zk::session::ensure_path(client, parent)
-                        .await
-                        .map_err(|e| Conflict::Failed(e.into()))?;
-                    return Err(Conflict::Lost);
-                }
-                Err(err) => Err(err),
-            }
-        }
-    };
-    match result {
-        // Servers before 3.5 leave a created node's stat out of the reply.
-        Ok(stat) if stat.is_invalid() => retry_on_loss(|| client.check_stat(path))
-            .await
-            .map_err(|e| Conflict::Failed(e.into()))?
-            .ok_or(Conflict::Lost),
-        Ok(stat) => Ok(stat),
-        Err(ZkError::BadVersion | ZkError::NodeExists | ZkError::NoNode) => Err(Conflict::Lost),
-        Err(err) if crate::zk::is_loss(&err) => Err(Conflict::Failed(CounterError::OutcomeUnknown)),
-        Err(err) => Err(Conflict::Failed(err.into())),
-    }
-}
-
 /// Adds `delta` to counter `name` within `bounds` (`Idempotency-Key` `key`: at most once for
 /// it, whatever replies are lost), counting the write and its conflicts.
 pub async fn add_to(
     recipes: &crate::recipes::Recipes,
-    name: &str,
-    delta: i64,
-    bounds: Bounds,
+    (caller, guards): (&Caller, &[Guard]),
+    (name, delta, bounds): (&str, i64, Bounds),
     key: Option<&crate::recipes::idempotency::Key>,
 ) -> Result<Added, ApiError> {
+    let guards = &Guards::resolve(recipes, caller, guards).await?;
     let session = recipes.zk().connected().await?;
     let path = Kind::Counter.path(&recipes.root, name);
     let keyed = key.map(|key| Keyed {
         keys: &recipes.idempotency,
         key,
     });
-    let added = add(&session, &path, delta, bounds, keyed)
-        .await
-        .map_err(|e| counter_error(name, e))?;
+    let added = retry_guarded!(
+        guards,
+        recipes,
+        CounterError::GuardRefused,
+        add(&session, &path, delta, bounds, (keyed, guards)).await
+    );
+    let added = added.map_err(|e| counter_error(name, e))?;
     if !added.repeated {
         let m = crate::metrics::get();
         let label = m.counter(name);
@@ -459,27 +452,42 @@ pub async fn add_to(
 /// Sets counter `name` to `value` if `condition` holds: its stat, and whether it was created.
 pub async fn set_to(
     recipes: &crate::recipes::Recipes,
+    (caller, guards): (&Caller, &[Guard]),
     name: &str,
-    value: i64,
-    condition: Condition,
+    (value, condition): (i64, Condition),
 ) -> Result<(Stat, bool), ApiError> {
+    let guards = &Guards::resolve(recipes, caller, guards).await?;
     let session = recipes.zk().connected().await?;
     let path = Kind::Counter.path(&recipes.root, name);
-    let set = set(&session, &path, value, condition)
-        .await
-        .map_err(|e| counter_error(name, e))?;
+    let set = retry_guarded!(
+        guards,
+        recipes,
+        CounterError::GuardRefused,
+        set(&session, &path, (value, condition), guards).await
+    );
+    let set = set.map_err(|e| counter_error(name, e))?;
     let m = crate::metrics::get();
     m.counter_writes.with_label_values(&[m.counter(name), "set"]).inc();
     Ok(set)
 }
 
 /// Deletes counter `name` if `condition` holds (it reads as 0 afterwards).
-pub async fn remove(recipes: &crate::recipes::Recipes, name: &str, condition: Condition) -> Result<(), ApiError> {
+pub async fn remove(
+    recipes: &crate::recipes::Recipes,
+    (caller, guards): (&Caller, &[Guard]),
+    name: &str,
+    condition: Condition,
+) -> Result<(), ApiError> {
+    let guards = &Guards::resolve(recipes, caller, guards).await?;
     let session = recipes.zk().connected().await?;
     let path = Kind::Counter.path(&recipes.root, name);
-    delete(&session, &path, condition)
-        .await
-        .map_err(|e| counter_error(name, e))?;
+    let deleted = retry_guarded!(
+        guards,
+        recipes,
+        CounterError::GuardRefused,
+        delete(&session, &path, condition, guards).await
+    );
+    deleted.map_err(|e| counter_error(name, e))?;
     let m = crate::metrics::get();
     m.counter_writes.with_label_values(&[m.counter(name), "delete"]).inc();
     Ok(())
@@ -511,6 +519,10 @@ fn counter_error(name: &str, err: CounterError) -> ApiError {
             ),
         ),
         CounterError::Key(err) => err.into(),
+        CounterError::GuardRefused => ApiError::new(
+            Problem::GuardLost,
+            format!("the write to counter `{name}` was refused: its guards did not hold"),
+        ),
         CounterError::ZooKeeper(err) => err.into(),
     }
 }

@@ -34,7 +34,7 @@ use crate::kind::Kind;
 use crate::problem::{ApiError, Place, Problem};
 use crate::recipes::engine::lease::Lease;
 use crate::recipes::engine::node::owner_record_path;
-use crate::recipes::guards::{Guard, Guards};
+use crate::recipes::guards::{Guard, Guards, retry_guarded};
 use crate::recipes::usage::{self, ChargeError, Exceeded, Payer, Quotas};
 use crate::zk::retry_on_loss;
 use bound::{Binding, BoundKeys};
@@ -661,12 +661,12 @@ pub async fn put(
     };
     let guards = &Guards::resolve(recipes, caller, guards).await?;
     let key = Key::written_by(&recipes.kv_keys, name, caller).guarded_by(guards);
-    let written = loop {
-        match write(&session, &key, value, condition, payer, binds).await {
-            Err(WriteError::GuardRefused) => guards.refused(recipes).await?,
-            done => break done,
-        }
-    };
+    let written = retry_guarded!(
+        guards,
+        recipes,
+        WriteError::GuardRefused,
+        write(&session, &key, value, condition, payer, binds).await
+    );
     match (written, &lease) {
         (Err(WriteError::LeaseEnded), Some(lease)) => Err(recipes.leases.gone(lease)),
         (written, _) => {
@@ -686,12 +686,13 @@ pub async fn remove(
     let session = recipes.zk().connected().await?;
     let guards = &Guards::resolve(recipes, caller, guards).await?;
     let key = Key::written_by(&recipes.kv_keys, name, caller).guarded_by(guards);
-    loop {
-        match delete(&session, &key, condition, &recipes.quotas).await {
-            Err(WriteError::GuardRefused) => guards.refused(recipes).await?,
-            done => return done.map_err(|e| write_error(name, e)),
-        }
-    }
+    let deleted = retry_guarded!(
+        guards,
+        recipes,
+        WriteError::GuardRefused,
+        delete(&session, &key, condition, &recipes.quotas).await
+    );
+    deleted.map_err(|e| write_error(name, e))
 }
 
 /// The keys directly under `prefix` (its znode `path`; the top level when empty) that `caller`
