@@ -2,6 +2,8 @@
 //! proclaim a new value as the leader.
 
 use axum::Json;
+
+use crate::http::guards::{GuardHeader, Guarded};
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -202,7 +204,7 @@ state_handler!(
 
 /// Changes the value the leader proclaims. Only the leader may: anyone else gets 409.
 #[utoipa::path(put, path = "/v1/elections/{name}/leader", tag = "elections",
-    params(("name" = String, Path, description = "Election name")),
+    params(("name" = String, Path, description = "Election name"), GuardHeader),
     request_body(content = Proclamation, example = json!({"handle": "0b9d4c3e2f1a4b5c8d7e6f5a4b3c2d1e", "value": {"address": "10.0.0.8:8080"}})),
     responses(
         (status = 200, description = "Proclaimed", body = LeaderView),
@@ -212,10 +214,11 @@ pub async fn proclaim(
     State(state): State<AppState>,
     caller: Caller,
     ApiPath(name): ApiPath<String>,
+    Guarded(guards): Guarded,
     ApiJson(body): ApiJson<Proclamation>,
 ) -> Result<Json<LeaderView>, ApiError> {
     state.check_stored_size("proclaimed value", json_len(&body.value))?;
-    let (ack, since) = elections::proclaim(&state, &caller, &name, &body.handle, body.value).await?;
+    let (ack, since) = elections::proclaim(&state, (&caller, &guards), &name, &body.handle, body.value).await?;
     Ok(Json(LeaderView {
         node: ack.candidate,
         term: ack.term,

@@ -1,6 +1,7 @@
 //! `/v1/txns`: two-phase commit: create a transaction, register participants, vote, and read
 //! (or wait for) the decision, which is written once and never changes.
 
+use crate::http::guards::{GuardHeader, Guarded};
 use std::collections::BTreeSet;
 use std::time::Duration;
 
@@ -190,7 +191,7 @@ pub async fn register(
 /// Votes `commit` or `abort`. A vote is final: the same vote again is accepted, another is
 /// refused; so is a vote once the transaction is decided.
 #[utoipa::path(post, path = "/v1/txns/{id}/participants/{participant}/vote", tag = "txns",
-    params(("id" = String, Path, description = "Transaction id"), ("participant" = String, Path, description = "A registered participant")),
+    params(("id" = String, Path, description = "Transaction id"), ("participant" = String, Path, description = "A registered participant"), GuardHeader),
     request_body(content = VoteBody, example = json!({"vote": "commit"})),
     responses(
         (status = 200, description = "Recorded", body = TxnState),
@@ -200,7 +201,10 @@ pub async fn vote(
     State(state): State<AppState>,
     caller: Caller,
     ApiPath((id, participant)): ApiPath<(String, String)>,
+    Guarded(guards): Guarded,
     ApiJson(body): ApiJson<VoteBody>,
 ) -> Result<Json<TxnState>, ApiError> {
-    Ok(Json(txns::vote(&state, &caller, (&id, &participant), body.vote).await?))
+    Ok(Json(
+        txns::vote(&state, (&caller, &guards), (&id, &participant), body.vote).await?,
+    ))
 }

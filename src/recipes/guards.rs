@@ -220,7 +220,7 @@ impl Guards {
 }
 
 /// Evaluates `$write` (an operation's writing part, whose multi-ops begin with
-/// [Guards::add_to]) again while it fails with `$refused` (its refusal of the guards' checks)
+/// [Guards::add_to]) again while its outcome is `$refused` (its refusal of the guards' checks)
 /// and [Guards::refused] finds that they still hold; its outcome otherwise. Nothing of a refused
 /// multi-op applied, so sending it again is safe. In an `async` function returning
 /// `Result<_, ApiError>` (a lost guard returns from it).
@@ -228,7 +228,7 @@ macro_rules! retry_guarded {
     ($guards:expr, $recipes:expr, $refused:pat, $write:expr) => {
         loop {
             match $write {
-                Err($refused) => $guards.refused($recipes).await?,
+                $refused => $guards.refused($recipes).await?,
                 done => break done,
             }
         }

@@ -25,6 +25,10 @@ pub enum Failure {
     /// A write past a ZooKeeper quota on zkgate's znodes.
     #[error("ZooKeeper refused the write: a quota on zkgate's znodes is full")]
     QuotaFull,
+    /// ZooKeeper refused a check the write carried for its writer's guards (`ZKGATE-Guard`,
+    /// `recipes::guards`): nothing was written.
+    #[error("ZooKeeper refused the write: its guards did not hold")]
+    Unguarded,
     /// Anything else: a bug in zkgate or a znode that another tool shaped unexpectedly.
     #[error("unexpected ZooKeeper error: {0}")]
     Unexpected(ZkError),
@@ -64,6 +68,8 @@ impl From<Failure> for crate::problem::ApiError {
                 "ZooKeeper refused the write: a quota on zkgate's znodes is full; delete something first",
             )
             .with("quota", "zookeeper"),
+            // An operation explains a refused guard before this (which guard, why).
+            Failure::Unguarded => ApiError::new(Problem::GuardLost, err.to_string()),
             // Where a taken name is the client's doing, its operation says so before this.
             Failure::Taken | Failure::Unexpected(_) => ApiError::new(Problem::Internal, err.to_string()),
         }

@@ -2,6 +2,7 @@
 //! whole or not at all ([crate::recipes::kv::txn]; docs/PRIMITIVES.md, part 2). A path no key
 //! can have: keys are under `/v1/kv/`.
 
+use crate::http::guards::{GuardHeader, Guarded};
 use axum::Json;
 use axum::extract::State;
 use base64::Engine;
@@ -131,7 +132,7 @@ pub struct StepAnswer {
 /// ZooKeeper lost is answered 503 `outcome-unknown`. A branch that only reads stores nothing
 /// for the key (its retry reads again).
 #[utoipa::path(post, path = "/v1/kv-txn", tag = "kv",
-    params(("Idempotency-Key" = Option<String>, Header, description = crate::http::idempotency::ABOUT)),
+    params(GuardHeader, ("Idempotency-Key" = Option<String>, Header, description = crate::http::idempotency::ABOUT)),
     request_body(content = TxnRequest, examples(
         ("writes" = (summary = "Two keys written together, if the config is absent (else it is read)",
             value = json!({"compare": [{"key": "app/config", "absent": true}],
@@ -144,13 +145,14 @@ pub struct StepAnswer {
 pub async fn transaction(
     State(state): State<AppState>,
     caller: Caller,
+    Guarded(guards): Guarded,
     Idempotent {
         key,
         inner: ApiJson(body),
     }: Idempotent<ApiJson<TxnRequest>>,
 ) -> Result<axum::response::Response, ApiError> {
     let txn = parse(&state, &caller, body)?;
-    let outcome = txn::commit(&state, &caller, &txn, key.as_ref()).await?;
+    let outcome = txn::commit(&state, (&caller, &guards), &txn, key.as_ref()).await?;
     let branch = txn.branch(outcome.failed_compare);
     let key = |path: &str| key_of(&state, path);
     let answer = Json(TxnAnswer {

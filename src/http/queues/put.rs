@@ -1,6 +1,7 @@
 //! A put: the item's body as sent, its delay or due time, an idempotency key, the queue's bounds.
 
 use super::*;
+use crate::http::guards::{GuardHeader, Guarded};
 
 /// Query of a put.
 #[derive(Deserialize, utoipa::IntoParams)]
@@ -87,7 +88,7 @@ pub(super) fn body_of(headers: &HeaderMap, bytes: &[u8]) -> Result<Envelope, Api
 /// base64-encoded). With an `Idempotency-Key`, a retried put is stored once (answered `200`,
 /// `duplicate: true`). A full queue answers 429 (with `Retry-After`).
 #[utoipa::path(post, path = "/v1/queues/{name}/items", tag = "queues",
-    params(("name" = String, Path, description = "Queue name"), PutQuery,
+    params(("name" = String, Path, description = "Queue name"), PutQuery, GuardHeader,
         ("Idempotency-Key" = Option<String>, Header, description = crate::http::idempotency::ABOUT)),
     request_body(description = "The item: any JSON value. Text (`text/plain`) and bytes (any other `Content-Type`, read back base64-encoded) are taken too, kept with their `Content-Type`; the spec lists JSON alone, so that a generated client sends it with its media type.",
         content((crate::http::formats::JsonValue = "application/json", example = json!({"to": "ada@example.com", "template": "welcome"})))),
@@ -101,6 +102,7 @@ pub async fn put(
     caller: Caller,
     ApiPath(name): ApiPath<String>,
     ApiQuery(query): ApiQuery<PutQuery>,
+    Guarded(guards): Guarded,
     headers: HeaderMap,
     Idempotent { key, inner: body }: Idempotent<Result<Bytes, axum::extract::rejection::BytesRejection>>,
 ) -> Result<Response, ApiError> {
@@ -116,7 +118,7 @@ pub async fn put(
         priority: query.priority,
         due_ms,
     };
-    let item = queues::enqueue(&state, &caller, &name, placement, &envelope, key.as_ref()).await?;
+    let item = queues::enqueue(&state, (&caller, &guards), &name, placement, &envelope, key.as_ref()).await?;
     let status = if item.is_some() {
         StatusCode::CREATED
     } else {

@@ -434,7 +434,7 @@ pub async fn add_to(
     let added = retry_guarded!(
         guards,
         recipes,
-        CounterError::GuardRefused,
+        Err(CounterError::GuardRefused),
         add(&session, &path, delta, bounds, (keyed, guards)).await
     );
     let added = added.map_err(|e| counter_error(name, e))?;
@@ -462,7 +462,7 @@ pub async fn set_to(
     let set = retry_guarded!(
         guards,
         recipes,
-        CounterError::GuardRefused,
+        Err(CounterError::GuardRefused),
         set(&session, &path, (value, condition), guards).await
     );
     let set = set.map_err(|e| counter_error(name, e))?;
@@ -484,7 +484,7 @@ pub async fn remove(
     let deleted = retry_guarded!(
         guards,
         recipes,
-        CounterError::GuardRefused,
+        Err(CounterError::GuardRefused),
         delete(&session, &path, condition, guards).await
     );
     deleted.map_err(|e| counter_error(name, e))?;

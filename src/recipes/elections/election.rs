@@ -18,6 +18,7 @@
 //! The term is the leader's candidate czxid: the lowest candidate leads, so a later leader's
 //! node was created after every earlier leader's, and terms strictly increase.
 
+use crate::recipes::guards::Guards;
 use crate::recipes::usage::Charged;
 use crate::zk::{Failed, Multi};
 use crate::zk::{Failure, Session};
@@ -191,7 +192,7 @@ pub async fn proclaim(
     dir: &str,
     candidate: &str,
     value: serde_json::Value,
-    payer: Payer<'_>,
+    (payer, guards): (Payer<'_>, &Guards),
 ) -> Result<Option<Acknowledgement>, Failure> {
     let client = session.client();
     let path = format!("{dir}/{ACK_NODE}");
@@ -216,18 +217,21 @@ pub async fn proclaim(
         };
         let charges = payer.quotas.charges_of(client, &id).await?;
         let mut multi = Multi::new(client);
-        multi.set(Charged::Value, &path, &bytes, Some(stat.version))?;
+        guards.add_to(&mut multi, None)?;
+        multi.set(Some(Charged::Value), &path, &bytes, Some(stat.version))?;
         payer
             .quotas
-            .add_recharge(&mut multi, Charged::Charge, &mine, bytes.len(), &charges)?;
+            .add_recharge(&mut multi, Some(Charged::Charge), &mine, bytes.len(), &charges)?;
         match multi.commit().await {
             Ok(_) => return Ok(Some(ack)),
+            // (A tag of `None`: the guards' checks.)
+            Err(Failed::Refused { tag: None, .. }) => return Err(Failure::Unguarded),
             Err(Failed::Refused {
                 error: ZkError::QuotaExceeded,
                 ..
             }) => return Err(Failure::QuotaFull),
             Err(Failed::Refused {
-                tag: Charged::Value,
+                tag: Some(Charged::Value),
                 error: ZkError::NoNode,
             }) => return Ok(None),
             // Changed under us (by a retried write of ours, the leader changed, or a charge

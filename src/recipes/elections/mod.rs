@@ -7,6 +7,7 @@ use std::sync::Arc;
 use crate::auth::Caller;
 use crate::problem::{ApiError, Problem};
 use crate::recipes::Recipes;
+use crate::recipes::guards::{Guard, Guards, retry_guarded};
 use crate::recipes::locks::contention::{self, Contention, Found, Granted, Lease, Phase};
 use crate::recipes::usage::Payer;
 use crate::time::timestamp;
@@ -42,7 +43,7 @@ pub async fn resign(recipes: &Recipes, caller: &Caller, name: &str, handle: &str
 /// else.
 pub async fn proclaim(
     recipes: &Recipes,
-    caller: &Caller,
+    (caller, guards): (&Caller, &[Guard]),
     name: &str,
     handle: &str,
     value: serde_json::Value,
@@ -65,7 +66,14 @@ pub async fn proclaim(
         principal: caller.name(),
     };
     let size = serde_json::to_vec(&value).map_or(0, |v| v.len());
-    let proclaimed = match election::proclaim(&session, &dir, &candidate, value, payer).await {
+    let guards = &Guards::resolve(recipes, caller, guards).await?;
+    let proclaimed = retry_guarded!(
+        guards,
+        recipes,
+        Err(Failure::Unguarded),
+        election::proclaim(&session, &dir, &candidate, value.clone(), (payer, guards)).await
+    );
+    let proclaimed = match proclaimed {
         Err(Failure::QuotaFull) => return Err(ApiError::from(payer.exceeded(&session, size).await)),
         proclaimed => proclaimed?,
     };

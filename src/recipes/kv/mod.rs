@@ -664,7 +664,7 @@ pub async fn put(
     let written = retry_guarded!(
         guards,
         recipes,
-        WriteError::GuardRefused,
+        Err(WriteError::GuardRefused),
         write(&session, &key, value, condition, payer, binds).await
     );
     match (written, &lease) {
@@ -689,7 +689,7 @@ pub async fn remove(
     let deleted = retry_guarded!(
         guards,
         recipes,
-        WriteError::GuardRefused,
+        Err(WriteError::GuardRefused),
         delete(&session, &key, condition, &recipes.quotas).await
     );
     deleted.map_err(|e| write_error(name, e))

@@ -27,6 +27,7 @@ use crate::zk::{Failed, Multi};
 use crate::zk::{Failure, Session};
 use zookeeper_client::{Client, CreateMode, Error as ZkError, Stat};
 
+use crate::recipes::guards::{Guard, Guards, retry_guarded};
 use crate::recipes::idempotency::{KeyError, Keyed};
 use crate::recipes::usage::{Charge, ChargeError, Exceeded, Payer, Quotas};
 use crate::zk::retry_on_loss;
@@ -80,6 +81,8 @@ pub enum Put {
     Full(usize),
     /// The item would pass this quota: nothing was stored.
     Quota(Exceeded),
+    /// ZooKeeper refused a check of the writer's guards: nothing was stored.
+    GuardRefused,
 }
 
 /// Puts an item, unless the queue already holds `max_depth` items (a bound so that a producer
@@ -95,7 +98,7 @@ pub async fn put(
     paths: &QueuePaths,
     placement: Placement,
     envelope: &Envelope,
-    key: Option<Keyed<'_>>,
+    (key, guards): (Option<Keyed<'_>>, &Guards),
     max_depth: usize,
     payer: Payer<'_>,
 ) -> Result<Put, KeyError> {
@@ -128,6 +131,7 @@ pub async fn put(
     let options = CreateMode::PersistentSequential.with_acls(crate::zk::acls());
     loop {
         let mut multi = Multi::new(client);
+        guards.add_to(&mut multi, Part::Guard)?;
         if let Some(record) = &record {
             record.add_to(&mut multi, Part::Key)?;
         }
@@ -143,6 +147,7 @@ pub async fn put(
                 let created = done.created(&Part::Item).unwrap_or_default();
                 return Ok(Put::Stored(created.rsplit('/').next().unwrap_or_default().to_string()));
             }
+            Err(Failed::Refused { tag: Part::Guard, .. }) => return Ok(Put::GuardRefused),
             Err(Failed::Refused {
                 tag: Part::Key,
                 error: ZkError::NodeExists,
@@ -184,6 +189,8 @@ pub async fn put(
 /// What an operation of a queue's multi-op is for.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Part {
+    /// A check of the writer's guards.
+    Guard,
     /// The item's node.
     Item,
     /// A put's idempotency key's record.
@@ -278,7 +285,7 @@ pub async fn replay(session: &Session, paths: &QueuePaths, item: &str) -> Result
 /// at `--queue-max-depth`.
 pub async fn enqueue(
     recipes: &crate::recipes::Recipes,
-    caller: &crate::auth::Caller,
+    (caller, guards): (&crate::auth::Caller, &[Guard]),
     name: &str,
     placement: Placement,
     envelope: &Envelope,
@@ -296,17 +303,23 @@ pub async fn enqueue(
         key,
     });
     let delayed = placement.due_ms.is_some();
-    match put(
-        &session,
-        &paths,
-        placement,
-        envelope,
-        keyed,
-        recipes.queue_max_depth,
-        payer,
-    )
-    .await?
-    {
+    let guards = &Guards::resolve(recipes, caller, guards).await?;
+    let put = retry_guarded!(
+        guards,
+        recipes,
+        Ok(Put::GuardRefused),
+        put(
+            &session,
+            &paths,
+            placement,
+            envelope,
+            (keyed, guards),
+            recipes.queue_max_depth,
+            payer
+        )
+        .await
+    );
+    match put? {
         Put::Stored(item) => {
             let m = crate::metrics::get();
             m.queue_puts.with_label_values(&[m.queue(name)]).inc();
@@ -323,6 +336,10 @@ pub async fn enqueue(
         )
         .with("depth", depth)),
         Put::Quota(exceeded) => Err(ApiError::from(exceeded)),
+        Put::GuardRefused => Err(ApiError::new(
+            Problem::GuardLost,
+            format!("the put into queue `{name}` was refused: its guards did not hold"),
+        )),
     }
 }
 

@@ -8,6 +8,7 @@ use crate::kind::Kind;
 use crate::problem::{ApiError, Place, Problem};
 use crate::recipes::consistency::Consistency;
 use crate::recipes::engine::node;
+use crate::recipes::guards::{Guard, Guards, retry_guarded};
 use crate::recipes::topic::Source;
 use crate::recipes::{Recipes, check_name, validate_name};
 use crate::zk::{Failure, Session};
@@ -88,7 +89,7 @@ pub async fn register(
 /// another is refused; so is a vote once the transaction is decided.
 pub async fn vote(
     recipes: &Recipes,
-    caller: &Caller,
+    (caller, guards): (&Caller, &[Guard]),
     (id, participant): (&str, &str),
     vote: Vote,
 ) -> Result<TxnState, ApiError> {
@@ -105,16 +106,21 @@ pub async fn vote(
         let detail = format!("`{participant}` must register (PUT .../participants/{participant}) before it votes");
         return Err(ApiError::new(Problem::NotRegistered, detail));
     }
-    txn::record_vote(&session, &dir, participant, vote)
-        .await
-        .map_err(|err| match err {
-            VoteError::AlreadyVoted(existing) => ApiError::new(
-                Problem::AlreadyVoted,
-                format!("`{participant}` voted {existing:?}; a vote is final"),
-            )
-            .with("vote", existing),
-            VoteError::ZooKeeper(err) => err.into(),
-        })?;
+    let guards = &Guards::resolve(recipes, caller, guards).await?;
+    let voted = retry_guarded!(
+        guards,
+        recipes,
+        Err(VoteError::ZooKeeper(Failure::Unguarded)),
+        txn::record_vote(&session, &dir, (participant, vote), guards).await
+    );
+    voted.map_err(|err| match err {
+        VoteError::AlreadyVoted(existing) => ApiError::new(
+            Problem::AlreadyVoted,
+            format!("`{participant}` voted {existing:?}; a vote is final"),
+        )
+        .with("vote", existing),
+        VoteError::ZooKeeper(err) => err.into(),
+    })?;
     read_on(recipes, &session, id).await
 }
 

@@ -309,6 +309,7 @@ mod io {
     use super::{Decision, Outcome, Record, Spec, Tally, Vote, VoteError, decide};
     use tokio::time::Instant;
 
+    use crate::recipes::guards::Guards;
     use crate::time::now_ms;
     use crate::zk::retry_on_loss;
     use crate::zk::session::ZkSession;
@@ -386,26 +387,53 @@ mod io {
     /// Creates `path` holding `data`, once: `None` if this call created it, else the data there.
     /// After `NodeExists` or a lost reply the node is read (what is there may be ours), and
     /// made again if it is gone.
-    async fn create_once(client: &Client, path: &str, data: &[u8]) -> Result<Option<Vec<u8>>, ZkError> {
+    /// Creates `path` with `data` unless it exists, in one multi-op with the checks of the
+    /// writer's `guards` ([Failure::Unguarded] when those are refused): `None` if created,
+    /// else what is there.
+    async fn create_once(
+        client: &Client,
+        path: &str,
+        data: &[u8],
+        guards: &Guards,
+    ) -> Result<Option<Vec<u8>>, Failure> {
         let options = CreateMode::Persistent.with_acls(crate::zk::acls());
         loop {
-            match client.create(path, data, &options).await {
+            // Tags: `false` for the guards' checks, `true` for the node.
+            let mut multi = Multi::new(client);
+            guards.add_to(&mut multi, false)?;
+            multi.create(true, path, data, &options)?;
+            match multi.commit().await {
                 Ok(_) => return Ok(None),
-                Err(err) if err == ZkError::NodeExists || crate::zk::is_loss(&err) => {
+                Err(Failed::Refused { tag: false, .. }) => return Err(Failure::Unguarded),
+                Err(failed)
+                    if failed.is_loss()
+                        || matches!(
+                            failed,
+                            Failed::Refused {
+                                error: ZkError::NodeExists,
+                                ..
+                            }
+                        ) =>
+                {
                     if let Some((existing, _)) = crate::zk::data(client, path).await? {
                         return Ok(Some(existing));
                     }
                 }
-                Err(err) => return Err(err),
+                Err(failed) => return Err(failed.into()),
             }
         }
     }
 
     /// Records `vote` for `participant` (create-only): the same vote again is fine.
-    pub async fn record_vote(session: &Session, dir: &str, participant: &str, vote: Vote) -> Result<(), VoteError> {
+    pub async fn record_vote(
+        session: &Session,
+        dir: &str,
+        (participant, vote): (&str, Vote),
+        guards: &Guards,
+    ) -> Result<(), VoteError> {
         let path = format!("{dir}/votes/{participant}");
-        let created = create_once(session.client(), &path, vote.as_bytes()).await;
-        let Some(data) = created.map_err(|err| VoteError::ZooKeeper(err.into()))? else {
+        let created = create_once(session.client(), &path, vote.as_bytes(), guards).await;
+        let Some(data) = created.map_err(VoteError::ZooKeeper)? else {
             return Ok(());
         };
         match Vote::parse(&data) {
@@ -418,18 +446,17 @@ mod io {
     }
 
     /// Writes the decision once; returns the decision in force (ours, or one written before).
-    async fn write_decision(client: &Client, dir: &str, outcome: Outcome, reason: String) -> Result<Decision, ZkError> {
+    async fn write_decision(client: &Client, dir: &str, outcome: Outcome, reason: String) -> Result<Decision, Failure> {
         let decision = Decision {
             outcome,
             reason,
             at_ms: now_ms(),
         };
         let data = serde_json::to_vec(&decision).unwrap_or_default();
-        match create_once(client, &format!("{dir}/decision"), &data).await? {
+        match create_once(client, &format!("{dir}/decision"), &data, &Guards::none()).await? {
             None => Ok(decision),
-            Some(existing) => {
-                serde_json::from_slice(&existing).map_err(|_| ZkError::UnexpectedError("unreadable decision".into()))
-            }
+            Some(existing) => serde_json::from_slice(&existing)
+                .map_err(|_| Failure::Unexpected(ZkError::UnexpectedError("unreadable decision".into()))),
         }
     }
 

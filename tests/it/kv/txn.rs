@@ -65,9 +65,16 @@ async fn the_compares_pick_one_branch_and_it_applies_whole() {
         then: vec![put(&a, "1"), put(&b, "1"), Step::Get { path: a.clone() }],
         otherwise: vec![Step::Get { path: a.clone() }],
     };
-    let first = txn::run(&session, &create, MAX_VALUE, payer(state), unbound(state), None)
-        .await
-        .expect("commits");
+    let first = txn::run(
+        &session,
+        &create,
+        MAX_VALUE,
+        payer(state),
+        unbound(state),
+        (None, &zkgate::recipes::guards::Guards::none()),
+    )
+    .await
+    .expect("commits");
     assert_eq!(first.failed_compare, None);
     let [
         StepResult::Put { created: true, .. },
@@ -79,9 +86,16 @@ async fn the_compares_pick_one_branch_and_it_applies_whole() {
     };
     assert_eq!(got.data, b"1", "a get after a put answers the put");
     // Again: `a` exists now, so the other branch runs, and `then`'s writes do not.
-    let second = txn::run(&session, &create, MAX_VALUE, payer(state), unbound(state), None)
-        .await
-        .expect("commits");
+    let second = txn::run(
+        &session,
+        &create,
+        MAX_VALUE,
+        payer(state),
+        unbound(state),
+        (None, &zkgate::recipes::guards::Guards::none()),
+    )
+    .await
+    .expect("commits");
     assert_eq!(second.failed_compare, Some(0));
     let [StepResult::Get(Some(read))] = &second.results[..] else {
         panic!("else's results: {:?}", second.results)
@@ -94,7 +108,7 @@ async fn the_compares_pick_one_branch_and_it_applies_whole() {
         ..Txn::default()
     };
     assert!(matches!(
-        txn::run(&session, &refused, MAX_VALUE, payer(state), unbound(state), None).await,
+        txn::run(&session, &refused, MAX_VALUE, payer(state), unbound(state), (None, &zkgate::recipes::guards::Guards::none())).await,
         Err(txn::TxnError::NotEmpty(path)) if path == key("app")
     ));
     assert!(
@@ -140,7 +154,16 @@ async fn racing_transactions_never_apply_in_part() {
                     then: vec![put(&a, &next), put(&b, &next), put(&c, &next)],
                     otherwise: vec![],
                 };
-                match txn::run(&session, &txn, MAX_VALUE, payer(state), unbound(state), None).await {
+                match txn::run(
+                    &session,
+                    &txn,
+                    MAX_VALUE,
+                    payer(state),
+                    unbound(state),
+                    (None, &zkgate::recipes::guards::Guards::none()),
+                )
+                .await
+                {
                     Ok(outcome) if outcome.failed_compare.is_none() => winners.lock().unwrap().push(seen),
                     Ok(_) | Err(txn::TxnError::Contended) => {}
                     Err(err) => panic!("transaction failed: {err:?}"),

@@ -17,15 +17,17 @@ use crate::recipes::condition::Recheck;
 use crate::recipes::engine::lease::{Guard, GuardError, Lease};
 use crate::recipes::engine::node::owner_record_path;
 use crate::recipes::engine::record;
+use crate::recipes::guards::Guards;
 use crate::recipes::idempotency::Keyed;
 use crate::recipes::kv::bound::{self, BoundKeys};
 use crate::recipes::usage::{self, Payer, Quotas};
-use crate::zk::{Done, Failed, Multi, Session};
+use crate::zk::{Done, Failed, Failure, Multi, Session};
 
 /// What the bindings of a transaction's keys need: the bindings this instance drives (and
 /// zkgate's root, theirs), the leases its puts name (resolved by the caller, each one it may
 /// use), the quotas a binding's end refunds, and the caller (whose ownership a delete of a
 /// bound key checks).
+#[derive(Clone, Copy)]
 pub struct Bindings<'a> {
     pub keys: &'a BoundKeys,
     pub leases: &'a HashMap<String, Arc<Lease>>,
@@ -55,7 +57,7 @@ pub async fn run(
     max_value_bytes: usize,
     payer: Payer<'_>,
     bound: Bindings<'_>,
-    key: Option<Keyed<'_>>,
+    (key, guards): (Option<Keyed<'_>>, &Guards),
 ) -> Result<Outcome, TxnError> {
     let caller = bound.caller;
     let owns = |principal: &str| caller.owns(Some(principal));
@@ -66,6 +68,7 @@ pub async fn run(
         payer,
         bound,
         key,
+        guards,
         keys: txn.keys().into_iter().map(String::from).collect(),
         charge_ids: (written_keys(txn).iter())
             .map(|path| usage::path_id("kv", path))
@@ -96,6 +99,8 @@ struct Running<'a> {
     payer: Payer<'a>,
     bound: Bindings<'a>,
     key: Option<Keyed<'a>>,
+    /// What the writer must still hold when the branch commits.
+    guards: &'a Guards,
     /// Every key it reads ([Txn::keys]).
     keys: Vec<String>,
     /// The charge ids of the keys it writes.
@@ -174,6 +179,7 @@ impl Running<'_> {
             // First: a retry whose first attempt applied is refused here, before any pin.
             record.add_to(&mut multi, Planned::Key)?;
         }
+        self.guards.add_to(&mut multi, Planned::Holds)?;
         let guards = guard_leases(&mut multi, &made)?;
         for planned in planned {
             add(&mut multi, planned, &options, (root, &made))?;
@@ -288,6 +294,9 @@ impl Running<'_> {
                 tag: Planned::Delete { path, .. },
                 error: ZkError::NotEmpty,
             } => Err(TxnError::NotEmpty(path)),
+            Failed::Refused {
+                tag: Planned::Holds, ..
+            } => Err(TxnError::ZooKeeper(Failure::Unguarded)),
             // A lease's guard (said by [settle_guards]), a key or a binding changed since it
             // was read (its pin, or a write on its version, refused): again.
             Failed::Refused {
@@ -503,6 +512,8 @@ fn add(
     (root, made): (&str, &HashMap<String, NewBinding>),
 ) -> Result<(), ZkError> {
     match &planned {
+        // Added by [Guards::add_to], never planned.
+        Planned::Holds => Ok(()),
         Planned::Unbound { path } => {
             let owner = owner_record_path(root, path);
             multi.create(planned.clone(), &owner, &[], options)?;

@@ -160,6 +160,8 @@ impl Txn {
 /// One operation of the multi-op a branch becomes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Planned {
+    /// A check of the writer's guards (`ZKGATE-Guard`): what it names must still hold.
+    Holds,
     /// The key existed at this data version when read, and must still.
     Pinned {
         path: String,

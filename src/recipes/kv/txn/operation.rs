@@ -9,12 +9,19 @@ use crate::auth::Caller;
 use crate::problem::{ApiError, Problem};
 use crate::recipes::Recipes;
 use crate::recipes::engine::lease::Lease;
+use crate::recipes::guards::{Guard, Guards, retry_guarded};
 use crate::recipes::idempotency::{Key, Keyed};
 use crate::recipes::usage::Payer;
+use crate::zk::Failure;
 
 /// Commits `txn` for `caller` (`Idempotency-Key` `key`: at most once for it): the leases its
 /// puts name served first, the branch its compares choose run in one multi-op.
-pub async fn commit(recipes: &Recipes, caller: &Caller, txn: &Txn, key: Option<&Key>) -> Result<Outcome, ApiError> {
+pub async fn commit(
+    recipes: &Recipes,
+    (caller, guards): (&Caller, &[Guard]),
+    txn: &Txn,
+    key: Option<&Key>,
+) -> Result<Outcome, ApiError> {
     let mut leases = HashMap::new();
     for step in txn.then.iter().chain(&txn.otherwise) {
         if let Step::Put { lease: Some(id), .. } = step
@@ -38,9 +45,14 @@ pub async fn commit(recipes: &Recipes, caller: &Caller, txn: &Txn, key: Option<&
         keys: &recipes.idempotency,
         key,
     });
-    let outcome = run(&session, txn, recipes.max_value_bytes, payer, bound, keyed)
-        .await
-        .map_err(|err| txn_error(recipes, &leases, err))?;
+    let guards = &Guards::resolve(recipes, caller, guards).await?;
+    let outcome = retry_guarded!(
+        guards,
+        recipes,
+        Err(TxnError::ZooKeeper(Failure::Unguarded)),
+        run(&session, txn, recipes.max_value_bytes, payer, bound, (keyed, guards)).await
+    );
+    let outcome = outcome.map_err(|err| txn_error(recipes, &leases, err))?;
     if !outcome.repeated {
         let label = if outcome.failed_compare.is_none() {
             "then"
