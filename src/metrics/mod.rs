@@ -138,6 +138,8 @@ metrics! {
     pub kv_transactions: IntCounterVec = counter("zkgate_kv_transactions_total", &["branch"]);
     /// Locks, read/write locks and permits held for an expired lease's lock-delay (kind).
     pub lock_delays: IntCounterVec = counter("zkgate_lock_delays_total", &["kind"]);
+    /// Guarded writes refused because a guard did not hold (kind: what the guard names).
+    pub guard_refusals: IntCounterVec = counter("zkgate_guard_refusals_total", &["kind"]);
     /// Keys bound to a lease that its end deleted (`PUT /v1/kv/{key}?lease=`).
     pub kv_keys_ended: IntCounter = single_counter("zkgate_kv_keys_ended_total");
     /// Keys bound to leases whose bindings this instance drives now.

@@ -89,6 +89,14 @@ impl Target {
         }
     }
 
+    /// What a `ZKGATE-Guard` calls its kind.
+    pub fn guard_kind(&self) -> &'static str {
+        match self {
+            Target::Lock { .. } => "lock",
+            Target::Election { .. } => "election",
+        }
+    }
+
     /// The environment variable that names the resource for the command.
     pub fn env_var(&self) -> &'static str {
         match self {

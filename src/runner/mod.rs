@@ -42,6 +42,7 @@ const RETRY: Duration = Duration::from_secs(1);
 const EXIT_CODES: &str = "\
 Environment of the command: ZKGATE_FENCING_TOKEN (the grant's fencing token; for `elect` the
 leader's term), ZKGATE_LOCK or ZKGATE_ELECTION (the name), ZKGATE_LEASE, ZKGATE_HANDLE,
+ZKGATE_GUARD (send it as the `ZKGATE-Guard` header: a write lands only while this holds),
 ZKGATE_URL (the URLs given, comma-separated).
 
 Exit status: the command's, or 128 + the signal that ended it. Otherwise:
@@ -273,6 +274,11 @@ fn environment(
         (target.env_var(), target.name().to_string()),
         ("ZKGATE_LEASE", lease.id.clone()),
         ("ZKGATE_HANDLE", grant.handle.clone()),
+        // The command's writes to zkgate, guarded by what the runner holds.
+        (
+            "ZKGATE_GUARD",
+            format!("{}/{}; handle={}", target.guard_kind(), target.name(), grant.handle),
+        ),
         // So that the command can talk to the same zkgate instances (e.g. proclaim a new value):
         // as given, the one that answers first.
         ("ZKGATE_URL", url_list(&options.urls, &api.url())),

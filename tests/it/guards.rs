@@ -141,6 +141,9 @@ async fn a_stale_guard_is_refused_after_its_lease_expires_and_another_takes_the_
     assert_eq!(put.status, StatusCode::OK, "{put:?}");
     let read = kv(&b.url, Method::GET, "orders/state", None, None).await;
     assert_eq!(read.body, json!("second"), "{read:?}");
+    // Both instances run in this test's process, with one registry: the two refusals.
+    let refused = common::metric(&a.url, "zkgate_guard_refusals_total{kind=\"lock\"}").await;
+    assert_eq!(refused, 2.0, "the refusals are counted");
 }
 
 #[tokio::test]

@@ -144,11 +144,13 @@ async fn holder(gate: &Gate, lock: &str) -> Option<(String, i64)> {
 async fn the_command_runs_under_the_lock_with_the_holders_token_and_the_lock_is_freed_after() {
     let zk = zookeeper().await;
     let gate = Gate::start(&zk.connect_string()).await;
-    let script = r#"echo "env $ZKGATE_FENCING_TOKEN $ZKGATE_LEASE $ZKGATE_LOCK $ZKGATE_HANDLE"; read go; echo done"#;
+    let script = r#"echo "env $ZKGATE_FENCING_TOKEN $ZKGATE_LEASE $ZKGATE_LOCK $ZKGATE_HANDLE"; echo "guard $ZKGATE_GUARD"; read go; echo done"#;
     let mut runner = Runner::start(&gate.url, &["lock", "orders", "--ttl", TTL], script);
     let env = runner.report("env").await;
     let (token, lease) = (env[1].parse::<i64>().expect("a token"), env[2].clone());
     assert_eq!(env[3], "orders");
+    let guard = runner.report("guard").await.join(" ");
+    assert_eq!(guard, format!("guard lock/orders; handle={}", env[4]));
     assert_eq!(holder(&gate, "orders").await, Some((lease.clone(), token)));
 
     // The runner keeps the lease alive: the lock outlives two TTLs with the same holder. (The

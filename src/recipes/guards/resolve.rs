@@ -1,0 +1,183 @@
+//! How guards are resolved from the contended kinds' registries and ZooKeeper, and how a
+//! refusal is explained (see the module's docs).
+
+use super::{Checks, Guard, Guards, REFRESHES};
+use crate::auth::Caller;
+use crate::kind::Kind;
+use crate::locked::Locked;
+use crate::problem::{ApiError, Place, Problem};
+use crate::recipes::Recipes;
+use crate::recipes::engine::handle::{Handles, Phase, Protocol};
+use crate::recipes::engine::record;
+use crate::recipes::engine::view::{self, Fencing};
+use crate::recipes::locks::contention::lookup;
+use crate::zk::Session;
+
+impl Guards {
+    /// The guards `asked` of `caller`'s write, resolved: refused (409 `guard-lost`) if one does
+    /// not hold now, 403 if its handle is another principal's.
+    pub async fn resolve(recipes: &Recipes, caller: &Caller, asked: &[Guard]) -> Result<Guards, ApiError> {
+        let mut checks = Vec::with_capacity(asked.len());
+        for guard in asked {
+            checks.push(resolve(recipes, caller, guard, false).await?);
+        }
+        Ok(Guards {
+            caller: caller.clone(),
+            asked: asked.to_vec(),
+            checks: std::sync::Mutex::new(checks),
+            refreshed: std::sync::Mutex::default(),
+        })
+    }
+
+    /// After ZooKeeper refused a check of [Guards::add_to]: `Ok` if every guard still holds (its
+    /// checks are refreshed; send the write again), else why not (409 `guard-lost`), read from
+    /// ZooKeeper after a `sync`.
+    pub async fn refused(&self, recipes: &Recipes) -> Result<(), ApiError> {
+        let mut fresh = Vec::with_capacity(self.asked.len());
+        for guard in &self.asked {
+            fresh.push(resolve(recipes, &self.caller, guard, true).await?);
+        }
+        let mut refreshed = self.refreshed.locked();
+        *refreshed += 1;
+        if *refreshed > REFRESHES {
+            return Err(ApiError::unavailable(
+                "the write's guards held, but ZooKeeper refused their checks each time (their leases keep changing \
+                 keeper); nothing was written",
+            ));
+        }
+        *self.checks.locked() = fresh;
+        Ok(())
+    }
+}
+
+/// Resolves `guard` for `caller`: from this instance's memory unless `fresh` (or it is not
+/// driven here), else from ZooKeeper after a `sync`.
+async fn resolve(recipes: &Recipes, caller: &Caller, guard: &Guard, fresh: bool) -> Result<Checks, ApiError> {
+    match guard.kind {
+        Kind::Lock => in_registry(recipes, &recipes.locks, caller, guard, fresh).await,
+        Kind::RwLock => in_registry(recipes, &recipes.rwlocks, caller, guard, fresh).await,
+        Kind::Election => in_registry(recipes, &recipes.elections, caller, guard, fresh).await,
+        // A permit's node is its lease node, which its task's state does not name: read.
+        Kind::Semaphore => in_registry(recipes, &recipes.semaphores, caller, guard, true).await,
+        Kind::Barrier
+        | Kind::DoubleBarrier
+        | Kind::Txn
+        | Kind::Queue
+        | Kind::Group
+        | Kind::Kv
+        | Kind::Counter
+        | Kind::Service => Err(ApiError::invalid(
+            Place::Header,
+            "ZKGATE-Guard",
+            format!("a {} cannot guard a write", guard.kind.name()),
+        )),
+    }
+}
+
+async fn in_registry<P: Protocol>(
+    recipes: &Recipes,
+    handles: &Handles<P>,
+    caller: &Caller,
+    guard: &Guard,
+    fresh: bool,
+) -> Result<Checks, ApiError> {
+    let (name, handle) = (guard.name.as_str(), guard.handle.as_str());
+    if !fresh && let Some(driven) = handles.serving(name, handle) {
+        driven.lease.check_owner(caller)?;
+        let state = driven.state();
+        if let (Phase::Held { .. }, Some(node), Some(version)) = (&state.phase, &state.node, driven.lease.version())
+            && !driven.lease.ended().is_cancelled()
+        {
+            return Ok(Checks {
+                node: handles.node(name, &node.name),
+                lease: driven.lease.path.clone(),
+                version,
+            });
+        }
+    }
+    let session = recipes.synced().await?;
+    let Some(recorded) = lookup(&session, handles, name, handle).await? else {
+        // Why, as far as this instance knows: it drove the handle, or saw it lost.
+        let driven = handles.get(name, handle).and_then(|driven| driven.lease.end_reason());
+        let lost_here = handles
+            .lost(name, handle)
+            .filter(|lost| caller.owns(lost.principal.as_deref()));
+        let (code, why) = match (driven, lost_here) {
+            (Some(ended), _) => ("lease-ended", format!("its lease ended ({})", ended.describe())),
+            (None, Some(lost)) if lost.lease_ended.is_some() => ("lease-ended", lost.reason),
+            (None, Some(lost)) => ("lost", lost.reason),
+            (None, None) => (
+                "released",
+                "it has no node: released, or lost with its lease".to_string(),
+            ),
+        };
+        return Err(lost(&session, handles, guard, code, &why).await);
+    };
+    let owner = recorded.owner();
+    if let Some(principal) = owner.as_ref().and_then(|owner| owner.principal.as_deref()) {
+        caller.require_owner(Some(principal), &format!("handle `{handle}`"))?;
+    }
+    if !recorded.holds() {
+        let waiting = format!("it waits (at position {})", recorded.position.unwrap_or(0));
+        return Err(lost(&session, handles, guard, "not-held", &waiting).await);
+    }
+    let Some(lease) = owner.map(|owner| record::path(&recipes.root, &owner.lease)) else {
+        return Err(lost(&session, handles, guard, "lost", "its node names no lease").await);
+    };
+    let found = record::read(session.client(), &lease)
+        .await
+        .map_err(crate::zk::Failure::from)?;
+    match found {
+        Some(found) if found.record.ended.is_none() => Ok(Checks {
+            node: recorded.paths[0].clone(),
+            lease,
+            version: found.version,
+        }),
+        ended => {
+            let why = ended
+                .and_then(|found| found.record.ended)
+                .map_or("its lease is gone", |reason| reason.describe());
+            let detail = format!("its lease ended ({why}); its node is kept through the lease's lock-delay");
+            Err(lost(&session, handles, guard, "lease-ended", &detail).await)
+        }
+    }
+}
+
+/// 409 `guard-lost` for `guard`, `reason` its code and `why` its words, with the holder's
+/// token now where one holds (a lock's, a leader's, a writer's or the newest reader's).
+async fn lost<P: Protocol>(
+    session: &Session,
+    handles: &Handles<P>,
+    guard: &Guard,
+    reason: &str,
+    why: &str,
+) -> ApiError {
+    let holding = |names: &[String]| match guard.kind {
+        Kind::RwLock => crate::recipes::locks::rwlock::holding(names),
+        _ => 1,
+    };
+    let current = match guard.kind {
+        Kind::Semaphore => None,
+        _ => match view::check_fencing(session, &handles.dir(&guard.name), holding, 0).await {
+            Ok(Fencing::Superseded { current }) => Some(current),
+            _ => None,
+        },
+    };
+    let kind = guard.kind.name();
+    crate::metrics::get().guard_refusals.with_label_values(&[kind]).inc();
+    let now = match current {
+        Some(token) => format!("; the holder now has fencing token {token}"),
+        None => String::new(),
+    };
+    ApiError::new(
+        Problem::GuardLost,
+        format!(
+            "guard `{}/{}` does not hold: {why}{now}; nothing was written",
+            guard.kind.name(),
+            guard.name
+        ),
+    )
+    .with("guard", format!("{}/{}", guard.kind.name(), guard.name))
+    .with("reason", reason)
+    .with("current_token", current)
+}
