@@ -170,7 +170,7 @@ pub async fn get_txn(
 /// Registers a participant: its own ephemeral node, bound to its lease, so that its failure
 /// before it votes aborts the transaction.
 #[utoipa::path(operation_id = "register_txn", put, path = "/v1/txns/{id}/participants/{participant}", tag = "txns", extensions(("x-zkgate-served-by" = json!({"any": "body"}))),
-    params(("id" = String, Path, description = "Transaction id"), ("participant" = String, Path, description = "A participant named at creation")),
+    params(("id" = String, Path, description = "Transaction id"), ("participant" = String, Path, description = "A participant named at creation"), GuardHeader),
     request_body(content = Option<RegisterBody>, description = "Optional.", example = json!({"ttl": "30s"})),
     responses(
         (status = 201, description = "Registered", body = TxnState),
@@ -179,12 +179,13 @@ pub async fn get_txn(
 pub async fn register(
     State(state): State<AppState>,
     caller: Caller,
+    Guarded(guards): Guarded,
     ApiPath((id, participant)): ApiPath<(String, String)>,
     ApiJson(body): ApiJson<Option<RegisterBody>>,
 ) -> Result<Response, ApiError> {
     let body = body.unwrap_or_default();
     let ttl = body.ttl.map(|t| t.0);
-    let registered = txns::register(&state, &caller, (&id, &participant), body.lease, ttl).await?;
+    let registered = txns::register(&state, (&caller, &guards), (&id, &participant), body.lease, ttl).await?;
     Ok((StatusCode::CREATED, Json(registered)).into_response())
 }
 

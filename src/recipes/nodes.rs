@@ -7,8 +7,10 @@ use std::sync::Arc;
 use crate::auth::Caller;
 use crate::problem::ApiError;
 use crate::recipes::Recipes;
+use crate::recipes::engine::lease::Lease;
 use crate::recipes::engine::node::{self, HoldError};
-use crate::recipes::usage::ChargeError;
+use crate::recipes::guards::{Guard, Guards, retry_guarded};
+use crate::recipes::usage::{ChargeError, ChargeNode};
 use crate::zk::Failure;
 
 pub use crate::recipes::engine::handle::Phase;
@@ -21,13 +23,15 @@ pub use crate::recipes::locks::contention::{RELEASE_LIMIT, release_not_done};
 /// made it: the same id joined again with its lease is answered as it is.
 pub async fn join(
     recipes: &Recipes,
-    caller: &Caller,
+    (caller, guards): (&Caller, &[Guard]),
     nodes: &NodeHoldings,
     (name, id): (&str, &str),
     (lease, ttl): (Option<String>, Option<std::time::Duration>),
     data: impl FnOnce(&super::engine::lease::Lease) -> Result<Vec<u8>, ApiError>,
     taken: impl Fn() -> ApiError,
 ) -> Result<(Arc<NodeHolding>, bool), ApiError> {
+    // The guards first: a precondition, as `If-Match` is, before anything the id answers.
+    let guards = &Guards::resolve(recipes, caller, guards).await?;
     if let Some(existing) = nodes.get(name, id) {
         return match lease.as_deref() == Some(existing.lease.id.as_str()) {
             true => Ok((existing, false)),
@@ -36,7 +40,7 @@ pub async fn join(
     }
     let (lease, _) = recipes.leases.for_request(caller, lease, ttl).await?;
     let data = data(&lease)?;
-    let node = bind_charged(recipes, caller, nodes, &lease, (name, id), data, taken).await?;
+    let node = bind_charged(recipes, (caller, guards), nodes, &lease, (name, id), data, taken).await?;
     Ok((node, true))
 }
 
@@ -44,7 +48,7 @@ pub async fn join(
 /// `data` charged to the caller on the node's session; `taken` is the answer when the id is.
 pub async fn bind_charged(
     recipes: &Recipes,
-    caller: &Caller,
+    (caller, guards): (&Caller, &Guards),
     nodes: &NodeHoldings,
     lease: &Arc<crate::recipes::engine::lease::Lease>,
     (name, id): (&str, &str),
@@ -59,12 +63,36 @@ pub async fn bind_charged(
         Err(ChargeError::Exceeded(exceeded)) => return Err(ApiError::from(exceeded)),
         Err(ChargeError::ZooKeeper(err)) => return Err(err.into()),
     };
-    match nodes.hold(lease, name, id, path, data, Some(charge)).await {
+    let held = hold(recipes, guards, nodes, lease, (name, id), path, (data, Some(charge))).await?;
+    match held {
         Err(HoldError::ZooKeeper(Failure::QuotaFull)) => Err(ApiError::from(
             recipes.quotas.exceeded(&session, caller.name(), bytes).await,
         )),
         hold => recipes.leases.held(lease, hold)?.ok_or_else(taken),
     }
+}
+
+/// Makes the node holding `id` of resource `name` at `path` for `lease`, with `data` (and its
+/// charge), if the writer's `guards` (resolved first by the operation) hold when ZooKeeper
+/// makes it: `Err(HoldError)` as the engine answers it (`Ok(Err(..))`), or 409 `guard-lost`
+/// (`Err`).
+pub async fn hold(
+    recipes: &Recipes,
+    guards: &Guards,
+    nodes: &NodeHoldings,
+    lease: &Arc<Lease>,
+    (name, id): (&str, &str),
+    path: String,
+    (data, charge): (Vec<u8>, Option<ChargeNode>),
+) -> Result<Result<Arc<NodeHolding>, HoldError>, ApiError> {
+    Ok(retry_guarded!(
+        guards,
+        recipes,
+        Err(HoldError::ZooKeeper(Failure::Unguarded)),
+        nodes
+            .hold(lease, (name, id), path.clone(), (data.clone(), charge.clone()), guards)
+            .await
+    ))
 }
 
 /// Releases the node holding `id` of resource `name` at `path` (a member, a service instance,

@@ -442,6 +442,22 @@ async fn guards_resolved_before_the_release_are_refused_by_each_writes_own_trans
     let read = kv(&gate.url, Method::GET, "orders/txn", None, None).await;
     assert_eq!(read.status, StatusCode::NOT_FOUND, "{read:?}");
 
+    // A node holding's node, made by its lease's task.
+    let kept = recipes.leases.get(&Caller::Anyone, &lease).expect("the lease");
+    let member = recipes.groups.node("g", "m");
+    let data = b"{}".to_vec();
+    let joined = recipes
+        .groups
+        .hold(&kept, ("g", "m"), member, (data, None), &guards)
+        .await;
+    let refused = format!("{:?}", joined.as_ref().err());
+    assert!(refused.contains("Unguarded"), "group join: {refused}");
+    let group = gate.get("/v1/groups/g").await;
+    assert!(
+        group.body["members"].as_array().is_none_or(|m| m.is_empty()),
+        "{group:?}"
+    );
+
     // Nothing of those was written.
     let read = kv(&gate.url, Method::GET, "orders/state", None, None).await;
     assert_eq!(read.body, json!(1), "{read:?}");

@@ -1173,45 +1173,25 @@ fn writes_data(operation: &Operation) -> bool {
     operation.method != Method::GET && (!holdings.contains(&segment) || proclaim)
 }
 
-/// Writing operations that do not take a guard yet, with the reason: the holdings of the
-/// engine's tasks (their multi-op is written by the lease's task, which does not carry
-/// guards yet) and the queue's claims (taken and settled by the queue's service).
+/// Writing operations that do not take a guard yet, with the reason: the releases of node
+/// holdings (deleted by the lease's task, whose deletes do not carry guards yet), a new
+/// transaction's znodes, and the queue's claims (taken and settled by the queue's service).
 const NOT_GUARDED_YET: &[(&str, &str)] = &[
-    (
-        "PUT /v1/barriers/{name}",
-        "a barrier's node is made by its lease's task",
-    ),
     (
         "DELETE /v1/barriers/{name}",
         "a barrier's node is removed by its lease's task",
-    ),
-    (
-        "POST /v1/double-barriers/{name}/enter",
-        "a participant's node is made by its lease's task",
     ),
     (
         "POST /v1/double-barriers/{name}/leave",
         "a participant's node is removed by its lease's task",
     ),
     (
-        "PUT /v1/groups/{group}/members/{member}",
-        "a member's node is made by its lease's task",
-    ),
-    (
         "DELETE /v1/groups/{group}/members/{member}",
         "a member's node is removed by its lease's task",
     ),
     (
-        "PUT /v1/services/{name}/instances/{id}",
-        "an instance's node is made by its lease's task",
-    ),
-    (
         "DELETE /v1/services/{name}/instances/{id}",
         "an instance's node is removed by its lease's task",
-    ),
-    (
-        "PUT /v1/txns/{id}/participants/{participant}",
-        "a participant's node is made by its lease's task",
     ),
     (
         "POST /v1/txns",

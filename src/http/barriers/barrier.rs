@@ -1,5 +1,6 @@
 //! `/v1/barriers`: raise, lower, read, and wait (a long poll) until a barrier is down.
 
+use crate::http::guards::{GuardHeader, Guarded};
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -67,7 +68,7 @@ pub struct WaitQuery {
 /// Raises a barrier: persistent without a body, bound to a lease (it falls when the lease
 /// ends) with `lease` or `ttl`. Raising a raised barrier is a no-op (200).
 #[utoipa::path(put, path = "/v1/barriers/{name}", tag = "barriers", extensions(("x-zkgate-served-by" = json!({"any": "body"}))),
-    params(("name" = String, Path, description = "Barrier name")),
+    params(("name" = String, Path, description = "Barrier name"), GuardHeader),
     request_body(content = Option<RaiseBody>, description = "Optional.", example = json!({"ttl": "5m"})),
     responses(
         (status = 201, description = "Raised", body = BarrierState),
@@ -77,12 +78,13 @@ pub struct WaitQuery {
 pub async fn raise(
     State(state): State<AppState>,
     caller: Caller,
+    Guarded(guards): Guarded,
     ApiPath(name): ApiPath<String>,
     ApiJson(body): ApiJson<Option<RaiseBody>>,
 ) -> Result<Response, ApiError> {
     let body = body.unwrap_or_default();
     let ttl = body.ttl.map(|t| t.0);
-    let (created, barrier) = barriers::raise(&state, &caller, &name, body.lease, ttl).await?;
+    let (created, barrier) = barriers::raise(&state, (&caller, &guards), &name, body.lease, ttl).await?;
     let status = if created { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, Json(barrier)).into_response())
 }

@@ -1,6 +1,7 @@
 //! `/v1/double-barriers`: enter together once `size` participants are in, leave together once
 //! all have left.
 
+use crate::http::guards::{GuardHeader, Guarded};
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -104,7 +105,7 @@ pub struct Passage {
 /// already open), or 202 when the wait ends first (the participant stays inside; enter again
 /// with the same lease to go on waiting). The participant lives by its lease.
 #[utoipa::path(post, path = "/v1/double-barriers/{name}/enter", tag = "barriers", extensions(("x-zkgate-served-by" = json!({"any": "body"}))),
-    params(("name" = String, Path, description = "Double barrier name"), WaitQuery),
+    params(("name" = String, Path, description = "Double barrier name"), WaitQuery, GuardHeader),
     request_body(content = EnterBody, example = json!({"participant": "worker-3", "size": 5})),
     responses(
         (status = 200, description = "All in: proceed", body = Passage),
@@ -114,6 +115,7 @@ pub struct Passage {
 pub async fn enter(
     State(state): State<AppState>,
     caller: Caller,
+    Guarded(guards): Guarded,
     ApiPath(name): ApiPath<String>,
     ApiQuery(query): ApiQuery<WaitQuery>,
     ApiJson(body): ApiJson<EnterBody>,
@@ -125,7 +127,7 @@ pub async fn enter(
         lease: body.lease,
         ttl: body.ttl.map(|t| t.0),
     };
-    let (passed, inside, lease) = barriers::enter(&state, &caller, &name, entry, deadline).await?;
+    let (passed, inside, lease) = barriers::enter(&state, (&caller, &guards), &name, entry, deadline).await?;
     let passage = Passage {
         barrier: name,
         participant: body.participant,

@@ -1,6 +1,7 @@
 //! `/v1/groups`: group membership: join with data (lease-bound), leave, list the live members,
 //! and a blocking read that returns when membership changes.
 
+use crate::http::guards::{GuardHeader, Guarded};
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -108,7 +109,7 @@ fn names(group: &str, member: Option<&str>) -> Result<(), ApiError> {
 /// Joining again with the same lease answers 200 with the existing membership; a member id
 /// that someone else holds answers 409.
 #[utoipa::path(put, path = "/v1/groups/{group}/members/{member}", tag = "groups", extensions(("x-zkgate-served-by" = json!({"any": "body"}))),
-    params(("group" = String, Path, description = "Group name"), ("member" = String, Path, description = "Member id, unique in the group")),
+    params(("group" = String, Path, description = "Group name"), ("member" = String, Path, description = "Member id, unique in the group"), GuardHeader),
     request_body(content = Option<JoinBody>, description = "Optional.", example = json!({"data": {"address": "10.0.0.7:8080"}})),
     responses(
         (status = 201, description = "Joined", body = Joined),
@@ -118,6 +119,7 @@ fn names(group: &str, member: Option<&str>) -> Result<(), ApiError> {
 pub async fn join(
     State(state): State<AppState>,
     caller: Caller,
+    Guarded(guards): Guarded,
     ApiPath((group, member)): ApiPath<(String, String)>,
     ApiJson(body): ApiJson<Option<JoinBody>>,
 ) -> Result<Response, ApiError> {
@@ -131,7 +133,7 @@ pub async fn join(
     let member_taken = || taken(&group, &member);
     let (node, made) = nodes::join(
         &state,
-        &caller,
+        (&caller, &guards),
         &state.groups,
         at,
         (lease, ttl),

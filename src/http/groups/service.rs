@@ -3,6 +3,7 @@
 //! one (random or round-robin), follow changes. See [crate::recipes::groups::service] for the
 //! layout.
 
+use crate::http::guards::{GuardHeader, Guarded};
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -134,7 +135,7 @@ fn registered(node: &NodeHolding) -> Registered {
 /// with the same lease answers 200 with the registration; an id another lease or client holds
 /// answers 409.
 #[utoipa::path(operation_id = "register_service", put, path = "/v1/services/{name}/instances/{id}", tag = "services", extensions(("x-zkgate-served-by" = json!({"any": "body"}))),
-    params(("name" = String, Path, description = "Service name"), ("id" = String, Path, description = "Instance id, unique in the service")),
+    params(("name" = String, Path, description = "Service name"), ("id" = String, Path, description = "Instance id, unique in the service"), GuardHeader),
     request_body(content = InstanceBody, example = json!({"address": "10.0.0.5", "port": 8080, "payload": {"zone": "eu-1"}, "uri_spec": "{scheme}://{address}:{port}", "ttl": "30s"})),
     responses(
         (status = 201, description = "Registered", body = Registered),
@@ -144,6 +145,7 @@ fn registered(node: &NodeHolding) -> Registered {
 pub async fn register(
     State(state): State<AppState>,
     caller: Caller,
+    Guarded(guards): Guarded,
     ApiPath((service, id)): ApiPath<(String, String)>,
     ApiJson(body): ApiJson<InstanceBody>,
 ) -> Result<Response, ApiError> {
@@ -186,7 +188,16 @@ pub async fn register(
     let (lease, ttl) = (body.lease, body.ttl.map(|t| t.0));
     let at = (service.as_str(), id.as_str());
     let id_taken = || taken(&service, &id);
-    let (node, made) = nodes::join(&state, &caller, &state.services, at, (lease, ttl), make, id_taken).await?;
+    let (node, made) = nodes::join(
+        &state,
+        (&caller, &guards),
+        &state.services,
+        at,
+        (lease, ttl),
+        make,
+        id_taken,
+    )
+    .await?;
     if !made {
         return Ok((StatusCode::OK, Json(registered(&node))).into_response());
     }

@@ -6,7 +6,8 @@
 //! reports the node gone. A barrier is either raised for good (lowered by a `DELETE`) or bound
 //! to its owner's lease (it falls when the lease ends: its owner went silent or deleted it).
 
-use crate::zk::{Failure, Session};
+use crate::recipes::guards::Guards;
+use crate::zk::{Failed, Failure, Multi, Session};
 use serde::Serialize;
 use utoipa::ToSchema;
 use zookeeper_client::{CreateMode, Error as ZkError};
@@ -15,21 +16,32 @@ use crate::recipes::topic::{Source, event_kinds};
 use crate::time::{from_millis, timestamp};
 use crate::zk::watch::{ExistsWatches, Mode};
 
-/// Raises a persistent barrier at `path`; `false` if it was already up.
-pub async fn raise(session: &Session, path: &str) -> Result<bool, Failure> {
+/// Raises a persistent barrier at `path`, if the writer's `guards` hold ([Failure::Unguarded]
+/// otherwise); `false` if it was already up.
+pub async fn raise(session: &Session, path: &str, guards: &Guards) -> Result<bool, Failure> {
     let client = session.client();
     let options = CreateMode::Persistent.with_acls(crate::zk::acls());
     loop {
-        match client.create(path, &[], &options).await {
+        // Tags: `false` for the guards' checks, `true` for the barrier's node.
+        let mut multi = Multi::new(client);
+        guards.add_to(&mut multi, false)?;
+        multi.create(true, path, &[], &options)?;
+        match multi.commit().await {
             Ok(_) => return Ok(true),
+            Err(Failed::Refused { tag: false, .. }) => return Err(Failure::Unguarded),
             // A lost reply of our own create also lands here: either way it is up.
-            Err(ZkError::NodeExists) => return Ok(false),
-            Err(err) if crate::zk::is_loss(&err) => continue,
-            Err(ZkError::NoNode) => {
+            Err(Failed::Refused {
+                error: ZkError::NodeExists,
+                ..
+            }) => return Ok(false),
+            Err(failed) if failed.is_loss() => continue,
+            Err(Failed::Refused {
+                error: ZkError::NoNode, ..
+            }) => {
                 let parent = &path[..path.rfind('/').unwrap_or(0)];
                 crate::zk::session::ensure_path(client, parent).await?;
             }
-            Err(err) => return Err(err.into()),
+            Err(failed) => return Err(failed.into()),
         }
     }
 }

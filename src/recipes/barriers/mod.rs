@@ -18,9 +18,10 @@ use crate::recipes::consistency::Consistency;
 use crate::recipes::engine::handle::Phase;
 use crate::recipes::engine::lease::Lease;
 use crate::recipes::engine::node::{self, NodeHolding};
+use crate::recipes::guards::{Guard, Guards, retry_guarded};
 use crate::recipes::topic::Source;
 use crate::recipes::{SettingError, validate_name};
-use crate::zk::Session;
+use crate::zk::{Failure, Session};
 use barrier::{BarrierState, BarrierTopic};
 use double::READY;
 
@@ -37,22 +38,30 @@ pub fn barrier_topic(recipes: &Recipes, name: &str) -> BarrierTopic {
 /// barrier as the session that raised it sees it (which is sure to see it).
 pub async fn raise(
     recipes: &Recipes,
-    caller: &Caller,
+    (caller, guards): (&Caller, &[Guard]),
     name: &str,
     lease: Option<String>,
     ttl: Option<Duration>,
 ) -> Result<(bool, BarrierState), ApiError> {
     crate::recipes::check_name(name)?;
+    let guards = &Guards::resolve(recipes, caller, guards).await?;
     let path = recipes.barriers.dir(name);
     let (created, session) = if lease.is_none() && ttl.is_none() {
         let session = recipes.zk().connected().await?;
-        (barrier::raise(&session, &path).await?, session)
+        let raised = retry_guarded!(
+            guards,
+            recipes,
+            Err(Failure::Unguarded),
+            barrier::raise(&session, &path, guards).await
+        );
+        (raised?, session)
     } else {
         let (lease, _) = recipes.leases.for_request(caller, lease, ttl).await?;
         let session = lease.session().await?;
         let data = node::owner_record(&lease);
-        let hold = recipes.barriers.hold(&lease, name, name, path, data, None).await;
-        (recipes.leases.held(&lease, hold)?.is_some(), session)
+        let nodes = &recipes.barriers;
+        let hold = crate::recipes::nodes::hold(recipes, guards, nodes, &lease, (name, name), path, (data, None));
+        (recipes.leases.held(&lease, hold.await?)?.is_some(), session)
     };
     Ok((created, barrier_topic(recipes, name).read(&session).await?))
 }
@@ -114,7 +123,7 @@ pub async fn wait_down(
 /// are inside, and its lease.
 pub async fn enter(
     recipes: &Recipes,
-    caller: &Caller,
+    (caller, guards): (&Caller, &[Guard]),
     name: &str,
     entry: Entry,
     deadline: Instant,
@@ -124,9 +133,10 @@ pub async fn enter(
     if entry.size == 0 {
         return Err(ApiError::invalid(Place::Body, "size", "must be at least 1"));
     }
+    let guards = &Guards::resolve(recipes, caller, guards).await?;
     // Everything from here on the lease's own session: the count of who is inside must include
     // our own node, which only the session that created it is sure to see at once.
-    let (node, session) = participant(recipes, caller, name, &entry).await?;
+    let (node, session) = participant(recipes, (caller, guards), name, &entry).await?;
     let dir = recipes.double_barriers.dir(name);
     crate::admission::park(); // entered: what is left is waiting for the others
     let passed = double::enter(&session, &recipes.barrier_watches, &dir, entry.size, deadline).await?;
@@ -205,7 +215,7 @@ async fn agree_on_size(session: &Session, dir: &str, name: &str, size: u32) -> R
 /// lease goes on waiting), or a new one bound to the lease the request names or makes.
 async fn participant(
     recipes: &Recipes,
-    caller: &Caller,
+    (caller, guards): (&Caller, &Guards),
     name: &str,
     body: &Entry,
 ) -> Result<(Arc<NodeHolding>, Session), ApiError> {
@@ -224,13 +234,12 @@ async fn participant(
             agree_on_size(&session, &dir, name, body.size).await?;
             let path = recipes.double_barriers.node(name, &body.participant);
             let data = node::owner_record(&lease);
-            let hold = recipes
-                .double_barriers
-                .hold(&lease, name, &body.participant, path, data, None)
-                .await;
+            let nodes = &recipes.double_barriers;
+            let at = (name, body.participant.as_str());
+            let hold = crate::recipes::nodes::hold(recipes, guards, nodes, &lease, at, path, (data, None));
             let node = recipes
                 .leases
-                .held(&lease, hold)?
+                .held(&lease, hold.await?)?
                 .ok_or_else(|| taken(name, &body.participant))?;
             Ok((node, session))
         }

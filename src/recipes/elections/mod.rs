@@ -48,6 +48,7 @@ pub async fn proclaim(
     handle: &str,
     value: serde_json::Value,
 ) -> Result<(Acknowledgement, Option<String>), ApiError> {
+    let guards = &Guards::resolve(recipes, caller, guards).await?;
     let session = recipes.synced().await?;
     let (candidate, since) = match contention::find_handle(&recipes.elections, &session, caller, name, handle).await? {
         Found::Here(contender) => {
@@ -66,7 +67,6 @@ pub async fn proclaim(
         principal: caller.name(),
     };
     let size = serde_json::to_vec(&value).map_or(0, |v| v.len());
-    let guards = &Guards::resolve(recipes, caller, guards).await?;
     let proclaimed = retry_guarded!(
         guards,
         recipes,

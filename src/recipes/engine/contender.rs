@@ -195,7 +195,7 @@ impl Sequential {
             match create_held(handle, client, add, Some(&self.dir)).await {
                 Ok(Made { done, listed, czxid }) => {
                     let Some(path) = done.created(&()) else {
-                        return Err(Exit::Failed(ZkError::UnexpectedError("no create result".into())));
+                        return Err(Exit::Failed(ZkError::UnexpectedError("no create result".into()).into()));
                     };
                     let name = path.rsplit('/').next().unwrap_or_default().to_string();
                     // A multi-op's create may come without its stat (ZOOKEEPER-4026): the

@@ -29,6 +29,7 @@ use super::lease::Lease;
 use super::record::{self, HoldingRecord, Shape};
 use crate::auth::{Caller, Forbidden};
 use crate::kind::Kind;
+use crate::recipes::guards::{Checked, Guards};
 use crate::recipes::usage::ChargeNode;
 use crate::zk::Multi;
 use crate::zk::retry_on_loss;
@@ -49,6 +50,8 @@ pub struct OneNode {
     owner_record: Option<String>,
     /// Not shown among the lease's holdings (a lock set's record).
     hidden: bool,
+    /// What its writer must still hold when the node is made (`ZKGATE-Guard`).
+    guards: Checked,
 }
 
 /// One node holding.
@@ -144,6 +147,8 @@ impl Protocol for OneNode {
 /// What an operation of a node holding's create is for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Part {
+    /// A check of its writer's guards.
+    Guard,
     /// The node itself.
     Node,
     /// Its charge (a kv value's, a counter's).
@@ -170,6 +175,7 @@ impl OneNode {
                 }
             };
             let add = |multi: &mut Multi<'_, Guarded<Part>>| {
+                self.guards.add_to(multi, Guarded::Own(Part::Guard))?;
                 multi.create(Guarded::Own(Part::Node), &self.path, data, &options)?;
                 if let Some(charge) = &self.charge {
                     multi.create(Guarded::Own(Part::Charge), &charge.path, &charge.data, &options)?;
@@ -186,6 +192,7 @@ impl OneNode {
             };
             match create_held(handle, client, add, None).await {
                 Ok(_) => return None,
+                Err(NotCreated::Refused { tag: Part::Guard, .. }) => return Some(Exit::Failed(Failure::Unguarded)),
                 Err(NotCreated::Refused {
                     tag: Part::Node,
                     error: ZkError::NoNode,
@@ -206,7 +213,7 @@ impl OneNode {
                 Err(NotCreated::Refused {
                     error: ZkError::NodeExists,
                     ..
-                }) => return Some(Exit::Failed(ZkError::NodeExists)),
+                }) => return Some(Exit::Failed(Failure::Taken)),
                 // The creation may have applied: the next pass looks for it (made is made).
                 Err(NotCreated::Request(err)) if crate::zk::is_loss(&err) => handle.created(),
                 Err(not_created) => return Some(not_created.exit()),
@@ -225,13 +232,13 @@ impl NodeHoldings {
     pub async fn hold(
         &self,
         lease: &Arc<Lease>,
-        name: &str,
-        id: &str,
+        (name, id): (&str, &str),
         path: String,
-        data: Vec<u8>,
-        charge: Option<ChargeNode>,
+        (data, charge): (Vec<u8>, Option<ChargeNode>),
+        guards: &Guards,
     ) -> Result<Arc<NodeHolding>, HoldError> {
-        self.hold_as(lease, (name, id), path, data, charge, false).await
+        self.hold_as(lease, (name, id), path, (data, charge), (false, guards.checked()))
+            .await
     }
 
     /// [NodeHoldings::hold], for a node that does not show among the lease's holdings (`hidden`:
@@ -241,9 +248,8 @@ impl NodeHoldings {
         lease: &Arc<Lease>,
         (name, id): (&str, &str),
         path: String,
-        data: Vec<u8>,
-        charge: Option<ChargeNode>,
-        hidden: bool,
+        (data, charge): (Vec<u8>, Option<ChargeNode>),
+        (hidden, guards): (bool, Checked),
     ) -> Result<Arc<NodeHolding>, HoldError> {
         let protocol = OneNode {
             kind: self.kind(),
@@ -256,6 +262,7 @@ impl NodeHoldings {
             data: Some(data),
             charge,
             hidden,
+            guards,
         };
         let same_lease = |existing: &NodeHolding, _: &OneNode| Arc::ptr_eq(&existing.lease, lease);
         let node = match self.open(lease, name, Some(id.to_string()), protocol, same_lease) {
@@ -296,6 +303,8 @@ impl NodeHoldings {
             data: None,
             charge: charge.clone().map(|path| ChargeNode { path, data: Vec::new() }),
             hidden: *hidden,
+            // Adopted: found, never made.
+            guards: Checked::default(),
         };
         self.adopt(lease, (name, id), record_name, protocol)
     }

@@ -175,7 +175,25 @@ impl Guards {
     /// Adds the checks to `multi`, each tagged `tag`: put them first, so that a refusal is the
     /// guard's before any of the write's own operations is looked at.
     pub fn add_to<T: Clone>(&self, multi: &mut Multi<'_, T>, tag: T) -> Result<(), ZkError> {
-        for checks in self.checks.locked().iter() {
+        self.checked().add_to(multi, tag)
+    }
+
+    /// The checks as they are now, for a write that a holding's task makes (a member's node,
+    /// a participant's).
+    pub fn checked(&self) -> Checked {
+        Checked(self.checks.locked().clone())
+    }
+}
+
+/// The checks of a write's guards, as resolved: what a holding's task carries to the multi-op
+/// that makes its node. Empty: no guards.
+#[derive(Clone, Debug, Default)]
+pub struct Checked(Vec<Checks>);
+
+impl Checked {
+    /// As [Guards::add_to].
+    pub fn add_to<T: Clone>(&self, multi: &mut Multi<'_, T>, tag: T) -> Result<(), ZkError> {
+        for checks in &self.0 {
             multi.check(tag.clone(), &checks.node, -1)?;
             multi.check(tag.clone(), &checks.lease, checks.version)?;
         }

@@ -260,7 +260,7 @@ impl BoundKey {
                     Err(NotCreated::Request(err)) if crate::zk::is_loss(&err) => {}
                     // The key or its owner record changed since its writer read them: its
                     // writer decides again.
-                    Err(NotCreated::Refused { error, .. }) => return Some(Exit::Failed(error)),
+                    Err(NotCreated::Refused { error, .. }) => return Some(Exit::Failed(error.into())),
                     Err(not_created) => return Some(not_created.exit()),
                 }
             }

@@ -210,9 +210,13 @@ impl lock_set::Taker for SetTaker<'_> {
             created_ms: crate::time::now_ms(),
         };
         let path = lock_set::record_path(&recipes.root, &id);
-        let hold = recipes
-            .lock_sets
-            .hold_as(lease, (&id, &id), path, record.to_bytes(), None, true);
+        let hold = recipes.lock_sets.hold_as(
+            lease,
+            (&id, &id),
+            path,
+            (record.to_bytes(), None),
+            (true, Default::default()),
+        );
         match recipes.leases.held(lease, hold.await)? {
             Some(_) => Ok(id),
             None => Err(ApiError::new(Problem::Internal, "a lock set's id was taken")),

@@ -65,20 +65,20 @@ pub async fn read(
 /// with `ttl`), so that its failure before it votes aborts the transaction.
 pub async fn register(
     recipes: &Recipes,
-    caller: &Caller,
+    (caller, guards): (&Caller, &[Guard]),
     (id, participant): (&str, &str),
     lease: Option<String>,
     ttl: Option<Duration>,
 ) -> Result<TxnState, ApiError> {
     let (_, dir, _) = participant_of(recipes, caller, id, participant).await?;
+    let guards = &Guards::resolve(recipes, caller, guards).await?;
     let (lease, _) = recipes.leases.for_request(caller, lease, ttl).await?;
     // The member node lives on the lease's session, and is read back on it (which sees it).
     let session = lease.session().await?;
     let path = txn::member_path(&dir, participant);
-    let hold = recipes
-        .txn_members
-        .hold(&lease, id, participant, path, node::owner_record(&lease), None);
-    if recipes.leases.held(&lease, hold.await)?.is_none() {
+    let (nodes, data) = (&recipes.txn_members, node::owner_record(&lease));
+    let hold = crate::recipes::nodes::hold(recipes, guards, nodes, &lease, (id, participant), path, (data, None));
+    if recipes.leases.held(&lease, hold.await?)?.is_none() {
         let detail = format!("`{participant}` is registered by another");
         return Err(ApiError::new(Problem::MemberTaken, detail));
     }
@@ -94,6 +94,7 @@ pub async fn vote(
     vote: Vote,
 ) -> Result<TxnState, ApiError> {
     let (session, dir, record) = participant_of(recipes, caller, id, participant).await?;
+    let guards = &Guards::resolve(recipes, caller, guards).await?;
     if let Some(decision) = &record.decision
         && record.votes.get(participant) != Some(&vote)
     {
@@ -106,7 +107,6 @@ pub async fn vote(
         let detail = format!("`{participant}` must register (PUT .../participants/{participant}) before it votes");
         return Err(ApiError::new(Problem::NotRegistered, detail));
     }
-    let guards = &Guards::resolve(recipes, caller, guards).await?;
     let voted = retry_guarded!(
         guards,
         recipes,

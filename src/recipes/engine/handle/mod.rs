@@ -132,7 +132,7 @@ impl HandleState {
 pub enum Exit {
     /// Its znode vanished (a release through another instance, if its holding record went too).
     Lost(String),
-    Failed(ZkError),
+    Failed(Failure),
     /// The session ended under it (its watches went with it): run again on the next one.
     Interrupted,
     /// A write for the lease was refused: another instance keeps it now.
@@ -144,7 +144,7 @@ impl Exit {
     pub fn from_error(err: ZkError) -> Exit {
         match err {
             ZkError::SessionExpired | ZkError::ClientClosed => Exit::Interrupted,
-            err => Exit::Failed(err),
+            err => Exit::Failed(err.into()),
         }
     }
 }

@@ -143,7 +143,7 @@ async fn hold_for_lock_delay<P: Protocol>(handle: &Arc<Handle<P>>, client: &zook
 async fn phase_after<P: Protocol>(handle: &Arc<Handle<P>>, stop: Stop) -> Phase {
     match stop {
         Stop::Drop | Stop::Exit(Exit::Moved) => Phase::Moved,
-        Stop::Exit(Exit::Failed(error)) => Phase::Failed { error: error.into() },
+        Stop::Exit(Exit::Failed(error)) => Phase::Failed { error },
         // A loss found by the clean-up itself (its node gone, or its lease expired) is one.
         Stop::Lost(reason) => Phase::Lost { reason },
         // A node the run saw vanish may have been released through another instance, even

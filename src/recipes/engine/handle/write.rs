@@ -48,7 +48,7 @@ impl<T> NotCreated<T> {
     pub fn exit(self) -> Exit {
         match self {
             NotCreated::LeaseMoved => Exit::Moved,
-            NotCreated::MadeBefore | NotCreated::HeldAlready => Exit::Failed(ZkError::NodeExists),
+            NotCreated::MadeBefore | NotCreated::HeldAlready => Exit::Failed(crate::zk::Failure::Taken),
             NotCreated::Refused { error, .. } | NotCreated::Request(error) => Exit::from_error(error),
         }
     }
