@@ -99,15 +99,20 @@ pub async fn hold(
 /// a lock set's record), if `caller` may: through its task if its lease is kept here, else
 /// through ZooKeeper alone (its node records its lease, see [node]). `gone` is the answer when
 /// there is no such node of zkgate's.
+///
+/// A guarded release (`guards`) is made through ZooKeeper alone, its multi-op carrying the
+/// guards' checks; the task that drives the node here sees it go with its holding record, and
+/// finishes as released.
 pub async fn unbind(
     recipes: &Recipes,
-    caller: &Caller,
+    (caller, guards): (&Caller, &[Guard]),
     nodes: &NodeHoldings,
     (name, id): (&str, &str),
     path: &str,
     gone: impl FnOnce() -> ApiError,
 ) -> Result<(), ApiError> {
-    if let Some(node) = nodes.serving(name, id) {
+    let guards = &Guards::resolve(recipes, caller, guards).await?;
+    if let Some(node) = nodes.serving(name, id).filter(|_| guards.is_empty()) {
         node.lease.check_owner(caller)?;
         // Bounded, as a lock's release is: during an outage the release is done once
         // ZooKeeper is back, and the request says so rather than hang for the outage.
@@ -126,7 +131,13 @@ pub async fn unbind(
     if owner.is_none() {
         return Err(gone());
     }
-    match node::release_recorded(&session, root, kind, (name, id), path).await? {
+    let released = retry_guarded!(
+        guards,
+        recipes,
+        Err(Failure::Unguarded),
+        node::release_recorded(&session, root, kind, (name, id), path, &guards.checked()).await
+    );
+    match released? {
         true => Ok(()),
         false => Err(gone()),
     }

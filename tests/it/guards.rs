@@ -458,6 +458,17 @@ async fn guards_resolved_before_the_release_are_refused_by_each_writes_own_trans
         "{group:?}"
     );
 
+    // A persistent barrier raised, and lowered.
+    let barrier = zkgate::kind::Kind::Barrier.path(&recipes.root, "b");
+    let raised = zkgate::recipes::barriers::barrier::raise(&session, &barrier, &guards).await;
+    assert!(matches!(raised, Err(Failure::Unguarded)), "barrier raise: {raised:?}");
+    let up = gate.call(Method::PUT, "/v1/barriers/b", Some(json!({}))).await;
+    assert!(up.status.is_success(), "{up:?}");
+    let lowered = zkgate::recipes::barriers::barrier::lower(&session, &barrier, &guards).await;
+    assert!(matches!(lowered, Err(Failure::Unguarded)), "barrier lower: {lowered:?}");
+    let still = gate.get("/v1/barriers/b").await;
+    assert_eq!(still.body["up"], true, "{still:?}");
+
     // Nothing of those was written.
     let read = kv(&gate.url, Method::GET, "orders/state", None, None).await;
     assert_eq!(read.body, json!(1), "{read:?}");

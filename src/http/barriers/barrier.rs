@@ -92,7 +92,7 @@ pub async fn raise(
 /// Lowers a barrier, releasing every waiter. A barrier bound to a lease is lowered only by the
 /// lease's principal (or an admin), on any instance.
 #[utoipa::path(delete, path = "/v1/barriers/{name}", tag = "barriers",
-    params(("name" = String, Path, description = "Barrier name")),
+    params(("name" = String, Path, description = "Barrier name"), GuardHeader),
     responses(
         (status = 204, description = "Lowered"),
         Problems<(p::InvalidField, p::NotFound, p::ZookeeperUnavailable)>,
@@ -100,9 +100,10 @@ pub async fn raise(
 pub async fn lower(
     State(state): State<AppState>,
     caller: Caller,
+    Guarded(guards): Guarded,
     ApiPath(name): ApiPath<String>,
 ) -> Result<StatusCode, ApiError> {
-    barriers::lower(&state, &caller, &name).await?;
+    barriers::lower(&state, (&caller, &guards), &name).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

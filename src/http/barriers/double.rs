@@ -143,7 +143,7 @@ pub async fn enter(
 /// first (call again to go on waiting). The guide's exit: the lowest waits for the highest,
 /// the others remove themselves and wait for the lowest.
 #[utoipa::path(operation_id = "leave_double_barrier", post, path = "/v1/double-barriers/{name}/leave", tag = "barriers",
-    params(("name" = String, Path, description = "Double barrier name"), WaitQuery),
+    params(("name" = String, Path, description = "Double barrier name"), WaitQuery, GuardHeader),
     request_body(content = LeaveBody, example = json!({"participant": "worker-3"})),
     responses(
         (status = 200, description = "All left: proceed", body = Passage),
@@ -153,12 +153,13 @@ pub async fn enter(
 pub async fn leave(
     State(state): State<AppState>,
     caller: Caller,
+    Guarded(guards): Guarded,
     ApiPath(name): ApiPath<String>,
     ApiQuery(query): ApiQuery<WaitQuery>,
     ApiJson(body): ApiJson<LeaveBody>,
 ) -> Result<Response, ApiError> {
     let deadline = Instant::now() + state.wait(query.wait.map(|w| w.0));
-    let (passed, inside) = barriers::leave(&state, &caller, &name, &body.participant, deadline).await?;
+    let (passed, inside) = barriers::leave(&state, (&caller, &guards), &name, &body.participant, deadline).await?;
     let passage = Passage {
         barrier: name,
         participant: body.participant,

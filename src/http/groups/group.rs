@@ -163,7 +163,7 @@ fn taken(group: &str, member: &str) -> ApiError {
 
 /// Leaves a group (a member joined through zkgate, through any instance).
 #[utoipa::path(operation_id = "leave_group", delete, path = "/v1/groups/{group}/members/{member}", tag = "groups",
-    params(("group" = String, Path, description = "Group name"), ("member" = String, Path, description = "Member id")),
+    params(("group" = String, Path, description = "Group name"), ("member" = String, Path, description = "Member id"), GuardHeader),
     responses(
         (status = 204, description = "Left the group"),
         Problems<(p::InvalidField, p::NotFound)>,
@@ -171,6 +171,7 @@ fn taken(group: &str, member: &str) -> ApiError {
 pub async fn leave(
     State(state): State<AppState>,
     caller: Caller,
+    Guarded(guards): Guarded,
     ApiPath((group, member)): ApiPath<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
     names(&group, Some(&member))?;
@@ -181,7 +182,15 @@ pub async fn leave(
         )
     };
     let path = state.groups.node(&group, &member);
-    nodes::unbind(&state, &caller, &state.groups, (&group, &member), &path, gone).await?;
+    nodes::unbind(
+        &state,
+        (&caller, &guards),
+        &state.groups,
+        (&group, &member),
+        &path,
+        gone,
+    )
+    .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

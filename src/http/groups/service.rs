@@ -211,7 +211,7 @@ pub async fn register(
 /// Unregisters an instance registered through zkgate (through any instance: its node records
 /// its lease).
 #[utoipa::path(delete, path = "/v1/services/{name}/instances/{id}", tag = "services",
-    params(("name" = String, Path, description = "Service name"), ("id" = String, Path, description = "Instance id")),
+    params(("name" = String, Path, description = "Service name"), ("id" = String, Path, description = "Instance id"), GuardHeader),
     responses(
         (status = 204, description = "Unregistered"),
         Problems<(p::InvalidField, p::NotFound)>,
@@ -219,6 +219,7 @@ pub async fn register(
 pub async fn unregister(
     State(state): State<AppState>,
     caller: Caller,
+    Guarded(guards): Guarded,
     ApiPath((service, id)): ApiPath<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
     names(&service, &id)?;
@@ -229,7 +230,15 @@ pub async fn unregister(
         )
     };
     let path = state.services.node(&service, &id);
-    crate::recipes::nodes::unbind(&state, &caller, &state.services, (&service, &id), &path, gone).await?;
+    crate::recipes::nodes::unbind(
+        &state,
+        (&caller, &guards),
+        &state.services,
+        (&service, &id),
+        &path,
+        gone,
+    )
+    .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

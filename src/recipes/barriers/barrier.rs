@@ -47,16 +47,23 @@ pub async fn raise(session: &Session, path: &str, guards: &Guards) -> Result<boo
 }
 
 /// Lowers the barrier at `path` (whoever raised it); `false` if it was not up.
-pub async fn lower(session: &Session, path: &str) -> Result<bool, Failure> {
+pub async fn lower(session: &Session, path: &str, guards: &Guards) -> Result<bool, Failure> {
     let client = session.client();
     let mut retried = false;
     loop {
-        match client.delete(path, None).await {
-            Ok(()) => return Ok(true),
+        // Tags: `false` for the guards' checks, `true` for the barrier's node.
+        let mut multi = Multi::new(client);
+        guards.add_to(&mut multi, false)?;
+        multi.delete(true, path, None)?;
+        match multi.commit().await {
+            Ok(_) => return Ok(true),
+            Err(Failed::Refused { tag: false, .. }) => return Err(Failure::Unguarded),
             // After a lost reply, a missing node is our own deletion.
-            Err(ZkError::NoNode) => return Ok(retried),
-            Err(err) if crate::zk::is_loss(&err) => retried = true,
-            Err(err) => return Err(err.into()),
+            Err(Failed::Refused {
+                error: ZkError::NoNode, ..
+            }) => return Ok(retried),
+            Err(failed) if failed.is_loss() => retried = true,
+            Err(failed) => return Err(failed.into()),
         }
     }
 }

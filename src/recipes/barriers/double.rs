@@ -22,6 +22,7 @@ use zookeeper_client::{Client, CreateMode, Error as ZkError};
 
 use crate::kind::Kind;
 use crate::recipes::engine::node::{NodeHoldings, release_recorded};
+use crate::recipes::guards::Checked;
 use crate::recipes::topic::{Source, event_kinds};
 use crate::zk::retry_on_loss;
 use crate::zk::watch::{ExistsWatches, Mode};
@@ -131,9 +132,9 @@ pub async fn leave(
     session: &Session,
     watches: &ExistsWatches,
     nodes: &NodeHoldings,
-    name: &str,
-    me: &str,
+    (name, me): (&str, &str),
     deadline: Instant,
+    guards: &Checked,
 ) -> Result<bool, Failure> {
     let client = session.client();
     let dir = nodes.dir(name);
@@ -141,13 +142,13 @@ pub async fn leave(
         let inside = participants(session, &dir).await?;
         let target = match next_leave_step(&inside, me) {
             LeaveStep::Done => {
-                remove_participant(session, nodes, name, me).await?;
+                remove_participant(session, nodes, (name, me), guards).await?;
                 clear_ready(client, &dir).await?;
                 return Ok(true);
             }
             LeaveStep::WaitFor(highest) => highest.to_string(),
             LeaveStep::RemoveAndWaitFor(lowest) => {
-                remove_participant(session, nodes, name, me).await?;
+                remove_participant(session, nodes, (name, me), guards).await?;
                 lowest.to_string()
             }
         };
@@ -159,16 +160,24 @@ pub async fn leave(
     }
 }
 
-async fn remove_participant(session: &Session, nodes: &NodeHoldings, name: &str, me: &str) -> Result<(), Failure> {
+/// Removes this participant's node: through its task here, or (driven elsewhere, or guarded)
+/// through ZooKeeper, with the `guards`' checks.
+async fn remove_participant(
+    session: &Session,
+    nodes: &NodeHoldings,
+    (name, me): (&str, &str),
+    guards: &Checked,
+) -> Result<(), Failure> {
     if let Some(node) = nodes
         .get(name, me)
         .filter(|n| n.state().phase != crate::recipes::engine::handle::Phase::Moved)
+        .filter(|_| guards.is_empty())
     {
         nodes.release(&node).await;
         return Ok(());
     }
     let path = format!("{}/{me}", nodes.dir(name));
-    release_recorded(session, nodes.root(), Kind::DoubleBarrier, (name, me), &path).await?;
+    release_recorded(session, nodes.root(), Kind::DoubleBarrier, (name, me), &path, guards).await?;
     Ok(())
 }
 

@@ -68,14 +68,15 @@ pub async fn raise(
 
 /// Lowers barrier `name`, releasing every waiter. One bound to a lease is lowered only by the
 /// lease's principal (or an admin), through any instance; 404 if it is not up.
-pub async fn lower(recipes: &Recipes, caller: &Caller, name: &str) -> Result<(), ApiError> {
+pub async fn lower(recipes: &Recipes, (caller, guards): (&Caller, &[Guard]), name: &str) -> Result<(), ApiError> {
     crate::recipes::check_name(name)?;
+    let guards = &Guards::resolve(recipes, caller, guards).await?;
     let session = recipes.synced().await?;
     let path = recipes.barriers.dir(name);
     let root = &recipes.root;
     let what = format!("barrier `{name}`");
     let owner = node::check_owner(&session, root, Kind::Barrier, &path, caller, &what).await?;
-    if let Some(bound) = recipes.barriers.serving(name, name) {
+    if let Some(bound) = recipes.barriers.serving(name, name).filter(|_| guards.is_empty()) {
         recipes.barriers.release(&bound).await;
         if bound.state().phase != Phase::Moved {
             return Ok(());
@@ -83,10 +84,25 @@ pub async fn lower(recipes: &Recipes, caller: &Caller, name: &str) -> Result<(),
     }
     // Bound to a lease kept elsewhere (or moved there while released here): released with its
     // reference, through ZooKeeper.
-    if owner.is_some() && node::release_recorded(&session, root, Kind::Barrier, (name, name), &path).await? {
+    let released = match owner {
+        Some(_) => retry_guarded!(
+            guards,
+            recipes,
+            Err(Failure::Unguarded),
+            node::release_recorded(&session, root, Kind::Barrier, (name, name), &path, &guards.checked()).await
+        )?,
+        None => false,
+    };
+    if released {
         return Ok(());
     }
-    match barrier::lower(&session, &path).await? {
+    let lowered = retry_guarded!(
+        guards,
+        recipes,
+        Err(Failure::Unguarded),
+        barrier::lower(&session, &path, guards).await
+    );
+    match lowered? {
         true => Ok(()),
         false => Err(ApiError::not_found("barrier", format!("barrier `{name}` is not up"))),
     }
@@ -150,13 +166,14 @@ pub async fn enter(
 /// many are inside.
 pub async fn leave(
     recipes: &Recipes,
-    caller: &Caller,
+    (caller, guards): (&Caller, &[Guard]),
     name: &str,
     participant: &str,
     deadline: Instant,
 ) -> Result<(bool, usize), ApiError> {
     crate::recipes::check_name(name)?;
     check_participant(participant)?;
+    let guards = &Guards::resolve(recipes, caller, guards).await?;
     // Whoever serves it, a participant leaves only by its lease's principal (or an admin).
     let nodes = &recipes.double_barriers;
     let any = recipes.synced().await?;
@@ -168,7 +185,21 @@ pub async fn leave(
         Some(node) => node.lease.session().await?,
         None => any,
     };
-    let passed = double::leave(&session, &recipes.barrier_watches, nodes, name, participant, deadline).await?;
+    let passed = retry_guarded!(
+        guards,
+        recipes,
+        Err(Failure::Unguarded),
+        double::leave(
+            &session,
+            &recipes.barrier_watches,
+            nodes,
+            (name, participant),
+            deadline,
+            &guards.checked()
+        )
+        .await
+    );
+    let passed = passed?;
     let inside = double::participants(&session, &nodes.dir(name)).await?.len();
     Ok((passed, inside))
 }

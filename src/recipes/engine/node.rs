@@ -24,7 +24,9 @@ use std::sync::Arc;
 
 use zookeeper_client::{Client, CreateMode, Error as ZkError, EventType};
 
-use super::handle::{Exit, Guarded, Handle, Handles, NotCreated, Phase, Protocol, Refused, create_held, delete_all};
+use super::handle::{
+    Exit, Guarded, Handle, Handles, NotCreated, Phase, Protocol, Refused, create_held, delete_all, delete_all_guarded,
+};
 use super::lease::Lease;
 use super::record::{self, HoldingRecord, Shape};
 use crate::auth::{Caller, Forbidden};
@@ -401,6 +403,7 @@ pub async fn release_recorded(
     kind: Kind,
     (name, id): (&str, &str),
     path: &str,
+    guards: &Checked,
 ) -> Result<bool, Failure> {
     let client = session.client();
     let mut paths = vec![path.to_string()];
@@ -423,7 +426,7 @@ pub async fn release_recorded(
         }
         paths.push(record_name);
     }
-    Ok(delete_all(client, &paths).await?[0])
+    Ok(delete_all_guarded(client, &paths, guards).await?[0])
 }
 
 impl From<OwnerError> for crate::problem::ApiError {

@@ -191,6 +191,10 @@ impl Guards {
 pub struct Checked(Vec<Checks>);
 
 impl Checked {
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
     /// As [Guards::add_to].
     pub fn add_to<T: Clone>(&self, multi: &mut Multi<'_, T>, tag: T) -> Result<(), ZkError> {
         for checks in &self.0 {

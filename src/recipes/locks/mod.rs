@@ -149,7 +149,7 @@ pub async fn release_set(recipes: &Recipes, caller: &Caller, id: &str) -> Result
     }
     let gone = || ApiError::not_found("lock set", format!("no lock set `{id}`"));
     let path = lock_set::record_path(&recipes.root, id);
-    crate::recipes::nodes::unbind(recipes, caller, &recipes.lock_sets, (id, id), &path, gone).await?;
+    crate::recipes::nodes::unbind(recipes, (caller, &[]), &recipes.lock_sets, (id, id), &path, gone).await?;
     lost.map_or(Ok(()), Err)
 }
 

@@ -47,7 +47,9 @@ mod task;
 mod write;
 
 pub use registry::{Handles, QueuedCounts, Refused};
-pub use write::{Guarded, Made, NotCreated, create_held, delete_all, delete_held, names_handle, write_held};
+pub use write::{
+    Guarded, Made, NotCreated, create_held, delete_all, delete_all_guarded, delete_held, names_handle, write_held,
+};
 
 /// Where a handle stands.
 #[derive(Clone, Debug, Default, PartialEq)]

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use zookeeper_client::{Client, Error as ZkError};
 
-use crate::zk::{Done, Failed, Multi};
+use crate::recipes::guards::Checked;
+use crate::zk::{Done, Failed, Failure, Multi};
 
 use super::{Exit, Handle, Protocol};
 use crate::recipes::engine::lease::{Guard, GuardError};
@@ -206,7 +207,43 @@ async fn record_exists<P: Protocol, T>(handle: &Handle<P>, client: &Client) -> R
 /// gone is left out and the rest deleted again. Returns, for each path, whether it was there.
 pub async fn delete_all(client: &Client, paths: &[String]) -> Result<Vec<bool>, ZkError> {
     let paths: Vec<&str> = paths.iter().map(String::as_str).collect();
-    delete_each(client, &paths, None).await
+    delete_each(client, &paths, None, &Checked::default())
+        .await
+        .map_err(Unguarded::unexpected)
+}
+
+/// [delete_all], if the writer's `guards` hold when ZooKeeper applies it: [Failure::Unguarded]
+/// otherwise, and nothing is deleted.
+pub async fn delete_all_guarded(client: &Client, paths: &[String], guards: &Checked) -> Result<Vec<bool>, Failure> {
+    let paths: Vec<&str> = paths.iter().map(String::as_str).collect();
+    match delete_each(client, &paths, None, guards).await {
+        Ok(there) => Ok(there),
+        Err(Unguarded::Refused) => Err(Failure::Unguarded),
+        Err(Unguarded::ZooKeeper(err)) => Err(err.into()),
+    }
+}
+
+/// Why [delete_each] deleted nothing.
+enum Unguarded {
+    /// ZooKeeper refused a check of the guards.
+    Refused,
+    ZooKeeper(ZkError),
+}
+
+impl From<ZkError> for Unguarded {
+    fn from(err: ZkError) -> Unguarded {
+        Unguarded::ZooKeeper(err)
+    }
+}
+
+impl Unguarded {
+    /// The error of a delete that carried no guards.
+    fn unexpected(self) -> ZkError {
+        match self {
+            Unguarded::Refused => ZkError::UnexpectedError("a guard refused a delete that carried none".into()),
+            Unguarded::ZooKeeper(err) => err,
+        }
+    }
 }
 
 /// A holding record that [delete_each] deletes with the paths before it, or alone only if it
@@ -219,7 +256,12 @@ struct Shared<'a> {
 /// Deletes `paths` in one multi-op, leaving out those found gone and trying the rest again
 /// (after a lost reply, one found gone may be one this deleted: it counts as there), and the
 /// `shared` holding record as [delete_held] says. Whether each path was there.
-async fn delete_each(client: &Client, paths: &[&str], shared: Option<Shared<'_>>) -> Result<Vec<bool>, ZkError> {
+async fn delete_each(
+    client: &Client,
+    paths: &[&str],
+    shared: Option<Shared<'_>>,
+    guards: &Checked,
+) -> Result<Vec<bool>, Unguarded> {
     let mut there = vec![true; paths.len()];
     let mut pending = vec![true; paths.len()];
     let mut reply_lost = false;
@@ -234,19 +276,22 @@ async fn delete_each(client: &Client, paths: &[&str], shared: Option<Shared<'_>>
             let deleted = write_if_naming(client, path, handle, |version| client.delete(path, Some(version))).await?;
             there[shared.at] = deleted || reply_lost;
         }
-        // Each delete is tagged with its path's place in `paths`.
+        // Each delete is tagged with its path's place in `paths`; the guards' checks with
+        // `usize::MAX`, first.
+        if !pending.contains(&true) {
+            return Ok(there);
+        }
         let mut multi = Multi::new(client);
+        guards.add_to(&mut multi, usize::MAX)?;
         for i in (0..paths.len()).filter(|&i| pending[i]) {
             multi.delete(i, paths[i], None)?;
-        }
-        if multi.is_empty() {
-            return Ok(there);
         }
         let started = std::time::Instant::now();
         let committed = multi.commit().await;
         crate::metrics::zookeeper_request(started.elapsed());
         match committed {
             Ok(_) => return Ok(there),
+            Err(Failed::Refused { tag: usize::MAX, .. }) => return Err(Unguarded::Refused),
             Err(Failed::Refused {
                 tag: i,
                 error: ZkError::NoNode,
@@ -256,7 +301,7 @@ async fn delete_each(client: &Client, paths: &[&str], shared: Option<Shared<'_>>
             }
             Err(failed) => {
                 if !failed.is_loss() {
-                    return Err(failed.error());
+                    return Err(failed.error().into());
                 }
                 // Applied or not, the next attempt tells: what is gone is left out.
                 reply_lost = true;
@@ -290,7 +335,10 @@ pub async fn delete_held(
         .chain([record_name])
         .chain(also.iter().map(String::as_str))
         .collect();
-    let there = delete_each(client, &paths, Some(Shared { at: n, handle })).await?;
+    let shared = Some(Shared { at: n, handle });
+    let there = delete_each(client, &paths, shared, &Checked::default())
+        .await
+        .map_err(Unguarded::unexpected)?;
     Ok((there[..n].to_vec(), there[n]))
 }
 
