@@ -102,7 +102,7 @@ pub struct VoteBody {
 }
 
 /// Creates a transaction; this instance coordinates it (it alone watches the votes).
-#[utoipa::path(post, path = "/v1/txns", tag = "txns",
+#[utoipa::path(post, path = "/v1/txns", tag = "txns", params(GuardHeader),
     request_body(content = CreateTxn, example = json!({"id": "order-42", "participants": ["billing", "inventory"], "payload": {"order": 42}, "deadline": "30s"})),
     responses(
         (status = 201, description = "Created", body = TxnState),
@@ -111,6 +111,7 @@ pub struct VoteBody {
 pub async fn create(
     State(state): State<AppState>,
     caller: Caller,
+    Guarded(guards): Guarded,
     ApiJson(body): ApiJson<CreateTxn>,
 ) -> Result<Response, ApiError> {
     let id = body.id.unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
@@ -143,7 +144,7 @@ pub async fn create(
     };
     let stored = serde_json::to_vec(&spec).map_or(0, |s| s.len());
     state.check_stored_size("transaction (with its payload)", stored)?;
-    let created = txns::create(&state, &id, spec).await?;
+    let created = txns::create(&state, (&caller, &guards), &id, spec).await?;
     Ok((StatusCode::CREATED, Json(created)).into_response())
 }
 

@@ -1178,35 +1178,12 @@ fn writes_data(operation: &Operation) -> bool {
     operation.method != Method::GET && (!holdings.contains(&segment) || proclaim)
 }
 
-/// Writing operations that do not take a guard yet, with the reason: a new transaction's
-/// znodes, and the queue's claims (taken and settled by the queue's service).
-const NOT_GUARDED_YET: &[(&str, &str)] = &[
-    (
-        "POST /v1/txns",
-        "a transaction's znodes, made before any participant holds anything",
-    ),
-    ("POST /v1/queues/{name}/take", "claims are made by the queue's service"),
-    (
-        "POST /v1/queues/{name}/claims/ack",
-        "claims are settled by the queue's service",
-    ),
-    (
-        "POST /v1/queues/{name}/claims/{claim}/ack",
-        "claims are settled by the queue's service",
-    ),
-    (
-        "POST /v1/queues/{name}/claims/{claim}/nack",
-        "claims are settled by the queue's service",
-    ),
-    (
-        "POST /v1/queues/{name}/dead-letters/{item}/replay",
-        "a replay moves an item back by the queue's service",
-    ),
-    (
-        "POST /v1/queues/{name}/dead/{item}/replay",
-        "a replay moves an item back by the queue's service",
-    ),
-];
+/// Writing operations that do not take a guard yet, with the reason: a queue's take, whose
+/// claims are made by the queue's service from its mirror.
+const NOT_GUARDED_YET: &[(&str, &str)] = &[(
+    "POST /v1/queues/{name}/take",
+    "claims are made by the queue's service from its mirror, whose multi-op does not carry guards yet",
+)];
 
 /// Invariant 5: a write guarded by a holding its writer no longer has writes nothing, through
 /// either instance, whatever the operation: 409 `guard-lost`, and the tree as it was. The same

@@ -1,6 +1,7 @@
 //! Reading a queue's items and dead letters (paged), and replaying a dead letter.
 
 use super::*;
+use crate::http::guards::{GuardHeader, Guarded};
 
 /// An item waiting (or dead) in a queue.
 #[derive(Serialize, utoipa::ToSchema)]
@@ -124,18 +125,20 @@ pub async fn dead_letters(
 
 /// Puts a dead item back into the queue, in its old place, its delivery count reset.
 #[utoipa::path(post, path = "/v1/queues/{name}/dead-letters/{item}/replay", tag = "queues",
-    params(("name" = String, Path, description = "Queue name"), ("item" = String, Path, description = "Dead item")),
+    params(("name" = String, Path, description = "Queue name"), ("item" = String, Path, description = "Dead item"), GuardHeader),
     responses(
         (status = 204, description = "Back in the queue"),
         Problems<(p::InvalidField, p::NotFound, p::ZookeeperUnavailable)>,
     ))]
 pub async fn replay(
     State(state): State<AppState>,
+    caller: Caller,
     ApiPath((name, item)): ApiPath<(String, String)>,
+    Guarded(guards): Guarded,
 ) -> Result<StatusCode, ApiError> {
     check_name(&name)?;
     validate_name(&item).map_err(|e| ApiError::invalid(Place::Path, "item", e))?;
-    queues::replay_dead(&state, &name, &item).await?;
+    queues::replay_dead(&state, (&caller, &guards), &name, &item).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -162,15 +165,20 @@ pub async fn dead_letters_old_path(
 
 /// A replay under its old path: use `POST /v1/queues/{name}/dead-letters/{item}/replay`.
 #[utoipa::path(post, path = "/v1/queues/{name}/dead/{item}/replay", tag = "queues", operation_id = "replay_old_path",
-    params(("name" = String, Path, description = "Queue name"), ("item" = String, Path, description = "Dead item")),
+    params(("name" = String, Path, description = "Queue name"), ("item" = String, Path, description = "Dead item"), GuardHeader),
     responses(
         (status = 204, description = "Back in the queue", headers(("Link" = String, description = "`<the path to use instead>; rel=\"successor-version\"`"), ("Deprecation" = String, description = "When this path was deprecated (RFC 9745): `@1795392000`"))),
         Problems<(p::InvalidField, p::NotFound, p::ZookeeperUnavailable)>,
     ))]
 #[deprecated = "the path is /v1/queues/{name}/dead-letters/{item}/replay"]
-pub async fn replay_old_path(state: State<AppState>, path: ApiPath<(String, String)>) -> Response {
+pub async fn replay_old_path(
+    state: State<AppState>,
+    caller: Caller,
+    path: ApiPath<(String, String)>,
+    guards: Guarded,
+) -> Response {
     let successor = format!("/v1/queues/{}/dead-letters/{}/replay", path.0.0, path.0.1);
-    deprecated(replay(state, path).await.into_response(), &successor)
+    deprecated(replay(state, caller, path, guards).await.into_response(), &successor)
 }
 
 /// When the `/dead` paths were deprecated (2026-11-23), as RFC 9745's `Deprecation` says it.

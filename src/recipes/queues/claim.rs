@@ -95,9 +95,9 @@ pub async fn ack(
     client: &Client,
     quotas: &Quotas,
     paths: &QueuePaths,
-    item: &str,
-    claim: &str,
-) -> Result<bool, ZkError> {
+    (item, claim): (&str, &str),
+    guards: &Checked,
+) -> Result<bool, Failure> {
     let claim_path = format!("{}/{item}", paths.claims);
     let item_path = format!("{}/{item}", paths.items);
     let stat = match read_claim(client, paths, item).await? {
@@ -115,16 +115,17 @@ pub async fn ack(
         &item_path,
         None,
         charge.as_ref(),
-        Some((&claim_path, stat.version)),
+        (Some((&claim_path, stat.version)), guards),
     )
     .await
     {
         Ok(()) => Ok(true),
+        Err(Failed::Refused { tag: Part::Guard, .. }) => Err(Failure::Unguarded),
         Err(Failed::Refused { .. }) => Ok(false),
         // A lost reply: done if the item is gone (nobody else could delete it while the claim
         // stood), otherwise not.
         Err(failed) if failed.is_loss() => Ok(retry_on_loss(|| client.check_stat(&item_path)).await?.is_none()),
-        Err(failed) => Err(failed.error()),
+        Err(failed) => Err(failed.error().into()),
     }
 }
 
@@ -147,11 +148,13 @@ pub async fn ack_held(
     quotas: &Quotas,
     paths: &QueuePaths,
     claims: &[HeldClaim<'_>],
-) -> Result<bool, ZkError> {
+    guards: &Checked,
+) -> Result<bool, Failure> {
     let Some(first) = claims.first() else {
         return Ok(true);
     };
     let mut multi = Multi::new(client);
+    guards.add_to(&mut multi, Part::Guard)?;
     for claim in claims {
         // The item first: its deletion event reaches the queue's mirrors before the claim's,
         // so that no taker is woken for an item that is going.
@@ -167,6 +170,7 @@ pub async fn ack_held(
     }
     match multi.commit().await {
         Ok(_) => Ok(true),
+        Err(Failed::Refused { tag: Part::Guard, .. }) => Err(Failure::Unguarded),
         Err(Failed::Refused { .. }) => Ok(false),
         // A lost reply: done if the first item is gone (nobody else deletes an item while a
         // claim on it stands); if not, nothing happened.
@@ -174,22 +178,52 @@ pub async fn ack_held(
             let path = format!("{}/{}", paths.items, first.item);
             Ok(retry_on_loss(|| client.check_stat(&path)).await?.is_none())
         }
-        Err(failed) => Err(failed.error()),
+        Err(failed) => Err(failed.error().into()),
     }
 }
 
 /// Gives the claim `claim` on `item` back (nack, or a missed deadline): the item is taken
 /// again later. `false` if it is no longer held.
 pub async fn release_claim(client: &Client, paths: &QueuePaths, item: &str, claim: &str) -> Result<bool, ZkError> {
+    match release_claim_guarded(client, paths, (item, claim), &Checked::default()).await {
+        Ok(released) => Ok(released),
+        Err(Failure::Unguarded) => Err(ZkError::UnexpectedError(
+            "a guard refused a give-back that carried none".into(),
+        )),
+        Err(Failure::Unanswered(err) | Failure::Unexpected(err)) => Err(err),
+        Err(err) => Err(ZkError::UnexpectedError(err.to_string())),
+    }
+}
+
+/// [release_claim], if the writer's `guards` hold when ZooKeeper applies it
+/// ([Failure::Unguarded] otherwise).
+pub async fn release_claim_guarded(
+    client: &Client,
+    paths: &QueuePaths,
+    (item, claim): (&str, &str),
+    guards: &Checked,
+) -> Result<bool, Failure> {
     let claim_path = format!("{}/{item}", paths.claims);
     match read_claim(client, paths, item).await? {
-        Some((record, stat)) if record.claim == claim => {
-            match retry_on_loss(|| client.delete(&claim_path, Some(stat.version))).await {
-                Ok(()) | Err(ZkError::NoNode) => Ok(true),
-                Err(ZkError::BadVersion) => Ok(false),
-                Err(err) => Err(err),
+        Some((record, stat)) if record.claim == claim => loop {
+            let mut multi = Multi::new(client);
+            guards.add_to(&mut multi, Part::Guard)?;
+            multi.delete(Part::Claim, &claim_path, Some(stat.version))?;
+            match multi.commit().await {
+                Ok(_) => return Ok(true),
+                Err(Failed::Refused { tag: Part::Guard, .. }) => return Err(Failure::Unguarded),
+                Err(Failed::Refused {
+                    error: ZkError::NoNode, ..
+                }) => return Ok(true),
+                Err(Failed::Refused {
+                    error: ZkError::BadVersion,
+                    ..
+                }) => return Ok(false),
+                // Sent again: a delete at the version read applies once.
+                Err(failed) if failed.is_loss() => continue,
+                Err(failed) => return Err(failed.into()),
             }
-        }
+        },
         _ => Ok(false),
     }
 }

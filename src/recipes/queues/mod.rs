@@ -27,7 +27,7 @@ use crate::zk::{Failed, Multi};
 use crate::zk::{Failure, Session};
 use zookeeper_client::{Client, CreateMode, Error as ZkError, Stat};
 
-use crate::recipes::guards::{Guard, Guards, retry_guarded};
+use crate::recipes::guards::{Checked, Guard, Guards, retry_guarded};
 use crate::recipes::idempotency::{KeyError, Keyed};
 use crate::recipes::usage::{Charge, ChargeError, Exceeded, Payer, Quotas};
 use crate::zk::retry_on_loss;
@@ -36,11 +36,13 @@ mod claim;
 mod item;
 pub mod mirror;
 pub mod service;
+mod settle;
 mod take;
 pub mod topic;
 
 pub use claim::*;
 pub use item::*;
+pub use settle::{Acked, ack, nack};
 pub use take::*;
 
 /// Paths of a queue.
@@ -209,12 +211,13 @@ async fn delete_item(
     path: &str,
     version: Option<i32>,
     charge: Option<&Charge>,
-    also: Option<(&str, i32)>,
+    (also, guards): (Option<(&str, i32)>, &Checked),
 ) -> Result<(), Failed<Part>> {
     let mut with_charge = charge;
     loop {
         let mut multi = Multi::new(client);
         let added = (|| {
+            guards.add_to(&mut multi, Part::Guard)?;
             if let Some((claim, version)) = also {
                 multi.delete(Part::Claim, claim, Some(version))?;
             }
@@ -257,7 +260,7 @@ pub async fn read(session: &Session, dir: &str, names: Vec<String>) -> Result<Ve
 }
 
 /// Moves a dead item back into the queue, under its own name, its delivery count reset.
-pub async fn replay(session: &Session, paths: &QueuePaths, item: &str) -> Result<bool, Failure> {
+pub async fn replay(session: &Session, paths: &QueuePaths, item: &str, guards: &Guards) -> Result<bool, Failure> {
     let client = session.client();
     let dead_path = format!("{}/{item}", paths.dead);
     let Some((data, stat)) = crate::zk::data(client, &dead_path).await? else {
@@ -266,6 +269,7 @@ pub async fn replay(session: &Session, paths: &QueuePaths, item: &str) -> Result
     let mut envelope = Envelope::parse(&data);
     envelope.deliveries = 0;
     let mut multi = Multi::new(client);
+    guards.add_to(&mut multi, Part::Guard)?;
     multi.delete(Part::Item, &dead_path, Some(stat.version))?;
     multi.create(
         Part::Item,
@@ -275,6 +279,7 @@ pub async fn replay(session: &Session, paths: &QueuePaths, item: &str) -> Result
     )?;
     match multi.commit().await {
         Ok(_) => Ok(true),
+        Err(Failed::Refused { tag: Part::Guard, .. }) => Err(Failure::Unguarded),
         Err(Failed::Refused { .. }) => Ok(false),
         Err(Failed::Request(error)) => Err(error.into()),
     }
@@ -394,11 +399,20 @@ pub async fn listed(
 /// Puts dead item `item` of queue `name` back in the queue; 404 if there is no such item.
 pub async fn replay_dead(
     recipes: &crate::recipes::Recipes,
+    (caller, guards): (&crate::auth::Caller, &[Guard]),
     name: &str,
     item: &str,
 ) -> Result<(), crate::problem::ApiError> {
+    let guards = &Guards::resolve(recipes, caller, guards).await?;
     let session = recipes.zk().connected().await?;
-    match replay(&session, &recipes.queues.paths(name), item).await? {
+    let paths = recipes.queues.paths(name);
+    let replayed = retry_guarded!(
+        guards,
+        recipes,
+        Err(Failure::Unguarded),
+        replay(&session, &paths, item, guards).await
+    );
+    match replayed? {
         true => Ok(()),
         false => Err(crate::problem::ApiError::not_found(
             "item",

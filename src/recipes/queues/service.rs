@@ -13,6 +13,7 @@ use super::mirror::{Mirror, Mirrors, Tried};
 use super::{ClaimRecord, HeldClaim, Pick, QueuePaths, Taken};
 use crate::kind::Kind;
 use crate::locked::Locked;
+use crate::recipes::guards::Checked;
 use crate::recipes::usage::{Charge, Quotas};
 use crate::remembered::Remembered;
 use crate::zk::session::ZkSession;
@@ -325,7 +326,7 @@ impl Queues {
     /// instance made them all (and they are as claimed), otherwise each on its own. Whether
     /// each was acknowledged (`false`: no longer held, given back or taken by another), in
     /// order.
-    pub async fn ack(&self, queue: &str, held: &[Claim]) -> Result<Vec<bool>, Failure> {
+    pub async fn ack(&self, queue: &str, held: &[Claim], guards: &Checked) -> Result<Vec<bool>, Failure> {
         let session = self.zk.connected().await.map_err(|_| ZkError::ConnectionLoss)?;
         let paths = self.paths(queue);
         let made_here: Option<Vec<HeldClaim<'_>>> = held
@@ -339,21 +340,23 @@ impl Queues {
             })
             .collect();
         if let Some(claims) = made_here
-            && super::ack_held(session.client(), &self.quotas, &paths, &claims).await?
+            && super::ack_held(session.client(), &self.quotas, &paths, &claims, guards).await?
         {
             return Ok(vec![true; held.len()]);
         }
         let mut acked = Vec::with_capacity(held.len());
         for claim in held {
-            acked.push(super::ack(session.client(), &self.quotas, &paths, &claim.item, &claim.id).await?);
+            let at = (claim.item.as_str(), claim.id.as_str());
+            acked.push(super::claim::ack(session.client(), &self.quotas, &paths, at, guards).await?);
         }
         Ok(acked)
     }
 
     /// Gives a claim of `queue` back; whether it was still held.
-    pub async fn release(&self, claim: &Claim) -> Result<bool, Failure> {
+    pub async fn release(&self, claim: &Claim, guards: &Checked) -> Result<bool, Failure> {
         let session = self.zk.connected().await.map_err(|_| ZkError::ConnectionLoss)?;
-        Ok(super::release_claim(session.client(), &self.paths(&claim.queue), &claim.item, &claim.id).await?)
+        let (paths, at) = (self.paths(&claim.queue), (claim.item.as_str(), claim.id.as_str()));
+        super::release_claim_guarded(session.client(), &paths, at, guards).await
     }
 
     /// Remembers a claim and gives it back when its deadline passes unacknowledged.

@@ -27,10 +27,22 @@ pub fn txn_topic(recipes: &Recipes, id: &str) -> TxnTopic {
 
 /// Creates transaction `id` of `spec` (409 `txn-exists` if the id is taken); this instance
 /// coordinates it (it alone watches the votes).
-pub async fn create(recipes: &Recipes, id: &str, spec: Spec) -> Result<TxnState, ApiError> {
+pub async fn create(
+    recipes: &Recipes,
+    (caller, guards): (&Caller, &[Guard]),
+    id: &str,
+    spec: Spec,
+) -> Result<TxnState, ApiError> {
+    let guards = &Guards::resolve(recipes, caller, guards).await?;
     let session = recipes.zk().connected().await?;
     let dir = recipes.txn_members.dir(id);
-    txn::create(&session, &dir, &spec).await.map_err(|err| match err {
+    let created = retry_guarded!(
+        guards,
+        recipes,
+        Err(Failure::Unguarded),
+        txn::create(&session, &dir, &spec, guards).await
+    );
+    created.map_err(|err| match err {
         Failure::Taken => ApiError::new(Problem::TxnExists, format!("a transaction `{id}` exists")),
         err => err.into(),
     })?;

@@ -320,17 +320,20 @@ mod io {
     ///
     /// # Notable errors
     /// * [Failure::Taken] if a transaction with that id exists (with another spec).
-    pub async fn create(session: &Session, dir: &str, spec: &Spec) -> Result<(), Failure> {
+    pub async fn create(session: &Session, dir: &str, spec: &Spec, guards: &Guards) -> Result<(), Failure> {
         let client = session.client();
         let data = serde_json::to_vec(spec).unwrap_or_default();
         let options = CreateMode::Persistent.with_acls(crate::zk::acls());
         loop {
+            // Tags: `false` for the guards' checks, `true` for the transaction's znodes.
             let mut multi = Multi::new(client);
-            multi.create((), dir, &data, &options)?;
-            multi.create((), &format!("{dir}/members"), &[], &options)?;
-            multi.create((), &format!("{dir}/votes"), &[], &options)?;
+            guards.add_to(&mut multi, false)?;
+            multi.create(true, dir, &data, &options)?;
+            multi.create(true, &format!("{dir}/members"), &[], &options)?;
+            multi.create(true, &format!("{dir}/votes"), &[], &options)?;
             match multi.commit().await {
                 Ok(_) => return Ok(()),
+                Err(Failed::Refused { tag: false, .. }) => return Err(Failure::Unguarded),
                 Err(Failed::Refused {
                     error: ZkError::NoNode, ..
                 }) => {
