@@ -392,6 +392,41 @@ async fn guards_resolved_before_the_release_are_refused_by_each_writes_own_trans
         "queue put: {:?}",
         stored.is_ok()
     );
+    // A take's claim of an item put without a guard.
+    let stored = queues::put(
+        &session,
+        &paths,
+        placement,
+        &envelope,
+        (None, &Guards::none()),
+        100,
+        payer,
+    )
+    .await;
+    let Ok(queues::Put::Stored(item)) = stored else {
+        panic!("the put without a guard is stored")
+    };
+    let picks = [queues::Pick {
+        item,
+        claim_data: b"claim".to_vec(),
+    }];
+    let limits = (5, 1024 * 1024);
+    let checked = guards.checked();
+    let taken = queues::take_items(
+        session.client(),
+        &recipes.quotas,
+        &paths,
+        &picks,
+        false,
+        limits,
+        &checked,
+    )
+    .await;
+    assert!(
+        matches!(taken, Err(Failure::Unguarded)),
+        "queue take: {:?}",
+        taken.err()
+    );
 
     let dir = zkgate::kind::Kind::Txn.path(&recipes.root, "t");
     let vote = txns::txn::record_vote(&session, &dir, ("p", txns::txn::Vote::Commit), &guards).await;
@@ -475,7 +510,11 @@ async fn guards_resolved_before_the_release_are_refused_by_each_writes_own_trans
     let counter = gate.get("/v1/counters/c").await;
     assert_eq!(counter.body["value"], 5, "{counter:?}");
     let queue = gate.get("/v1/queues/q").await;
-    assert_eq!(queue.body["depth"], 0, "{queue:?}");
+    assert_eq!(
+        queue.body["depth"], 1,
+        "the one item put without a guard, not taken: {queue:?}"
+    );
+    assert_eq!(queue.body["in_flight"], 0, "{queue:?}");
     let txn = gate.get("/v1/txns/t").await;
     assert!(txn.body["votes"].as_object().is_none_or(|v| v.is_empty()), "{txn:?}");
     let election = gate.get("/v1/elections/e").await;

@@ -1,6 +1,7 @@
 //! A take: at least once (a claim with an ack deadline) or at most once, in batches, long-polled.
 
 use super::*;
+use crate::http::guards::{GuardHeader, Guarded};
 
 /// How to take.
 #[derive(Deserialize, Clone, Copy, PartialEq, Eq, utoipa::ToSchema)]
@@ -84,7 +85,7 @@ pub(crate) const MAX_ACK_DEADLINE: Duration = Duration::from_secs(12 * 3600);
 /// wait ends with the queue empty. Waiters on one instance share one ZooKeeper watch, and
 /// each new item wakes one of them.
 #[utoipa::path(post, path = "/v1/queues/{name}/take", tag = "queues",
-    params(("name" = String, Path, description = "Queue name"), TakeQuery),
+    params(("name" = String, Path, description = "Queue name"), TakeQuery, GuardHeader),
     responses(
         (status = 200, description = "An item (with `max_items`, `{\"items\": [...]}`)", body = TakeAnswer),
         (status = 204, description = "No item within the wait"),
@@ -93,6 +94,7 @@ pub(crate) const MAX_ACK_DEADLINE: Duration = Duration::from_secs(12 * 3600);
 pub async fn take(
     State(state): State<AppState>,
     caller: Caller,
+    Guarded(guards): Guarded,
     ApiPath(name): ApiPath<String>,
     ApiQuery(query): ApiQuery<TakeQuery>,
 ) -> Result<Response, ApiError> {
@@ -121,7 +123,14 @@ pub async fn take(
         n => n,
     };
     let wait = query.wait.map(|w| w.0);
-    let taken = queues::dequeue(&state, &caller, &name, (ack_deadline, max_items.unwrap_or(1)), wait).await?;
+    let taken = queues::dequeue(
+        &state,
+        (&caller, &guards),
+        &name,
+        (ack_deadline, max_items.unwrap_or(1)),
+        wait,
+    )
+    .await?;
     if taken.is_empty() {
         return Ok(StatusCode::NO_CONTENT.into_response());
     }

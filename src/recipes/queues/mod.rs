@@ -353,20 +353,35 @@ pub async fn enqueue(
 /// one). Counted, redeliveries too.
 pub async fn dequeue(
     recipes: &crate::recipes::Recipes,
-    caller: &crate::auth::Caller,
+    (caller, guards): (&crate::auth::Caller, &[Guard]),
     name: &str,
     (ack_deadline, max_items): (Option<std::time::Duration>, usize),
     wait: Option<std::time::Duration>,
 ) -> Result<Vec<(Taken, Option<service::Claim>)>, crate::problem::ApiError> {
     recipes.zk().current()?;
-    let options = service::TakeOptions {
-        ack_deadline,
-        max_deliveries: recipes.queue_max_deliveries,
-        max_items,
-        max_bytes: recipes.max_value_bytes,
-    };
+    let guards = &Guards::resolve(recipes, caller, guards).await?;
     let until = tokio::time::Instant::now() + recipes.wait(wait);
-    let taken = recipes.queues.take(name, caller.name(), options, until).await?;
+    let taken = retry_guarded!(
+        guards,
+        recipes,
+        Err(Failure::Unguarded),
+        recipes
+            .queues
+            .take(
+                name,
+                caller.name(),
+                service::TakeOptions {
+                    ack_deadline,
+                    max_deliveries: recipes.queue_max_deliveries,
+                    max_items,
+                    max_bytes: recipes.max_value_bytes,
+                    guards: guards.checked(),
+                },
+                until
+            )
+            .await
+    );
+    let taken = taken?;
     let m = crate::metrics::get();
     let [at_least_once, at_most_once] = crate::metrics::QUEUE_MODES;
     let label = m.queue(name);

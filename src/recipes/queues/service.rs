@@ -67,7 +67,7 @@ impl Claim {
 const FIRST_LISTING: Duration = Duration::from_secs(10);
 
 /// What a take asks for.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct TakeOptions {
     /// Claim for this long (at least once); `None`: remove (at most once).
     pub ack_deadline: Option<Duration>,
@@ -76,6 +76,8 @@ pub struct TakeOptions {
     pub max_items: usize,
     /// The most an item may hold (how many may be read together).
     pub max_bytes: usize,
+    /// What the taker must still hold when its claims are made (`ZKGATE-Guard`).
+    pub guards: Checked,
 }
 
 /// What a taker picked from a queue, on its way to [Queues::take_picked].
@@ -219,7 +221,7 @@ impl Queues {
                     queue: queue.to_string(),
                     principal: owner.map(str::to_string),
                     names: picked.names,
-                    options,
+                    options: options.clone(),
                 },
                 session,
                 mirror.mirror(),
@@ -241,7 +243,7 @@ impl Queues {
         session: Session,
         mirror: Arc<Mirror>,
         paths: QueuePaths,
-    ) -> Result<Vec<(Taken, Option<Claim>)>, ZkError> {
+    ) -> Result<Vec<(Taken, Option<Claim>)>, Failure> {
         let Picking {
             queue,
             principal: owner,
@@ -273,8 +275,8 @@ impl Queues {
             &paths,
             &picks,
             options.ack_deadline.is_none(),
-            options.max_deliveries,
-            options.max_bytes,
+            (options.max_deliveries, options.max_bytes),
+            &options.guards,
         )
         .await;
         let outcome = match outcome {
@@ -286,7 +288,7 @@ impl Queues {
                 // Whether the claims were made is unknown (the reply was lost and the session
                 // went before the check): those that were are timed all the same.
                 let made: Vec<Claim> = claims.into_iter().flatten().collect();
-                if !made.is_empty() {
+                if !made.is_empty() && err != Failure::Unguarded {
                     tokio::spawn(self.clone().keep_those_made(made));
                 }
                 return Err(err);

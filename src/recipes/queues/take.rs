@@ -56,9 +56,9 @@ pub async fn take_items(
     paths: &QueuePaths,
     picks: &[Pick],
     at_most_once: bool,
-    max_deliveries: u32,
-    max_bytes: usize,
-) -> Result<Vec<(Tried, Option<Taken>)>, ZkError> {
+    (max_deliveries, max_bytes): (u32, usize),
+    guards: &Checked,
+) -> Result<Vec<(Tried, Option<Taken>)>, Failure> {
     let take = Take {
         client,
         quotas,
@@ -66,6 +66,7 @@ pub async fn take_items(
         picks,
         item_paths: picks.iter().map(|p| format!("{}/{}", paths.items, p.item)).collect(),
         at_most_once,
+        guards,
     };
     let mut outcome: Vec<(Tried, Option<Taken>)> = picks.iter().map(|_| (Tried::Again, None)).collect();
     let mut candidates = take.candidates(&mut outcome, max_deliveries, max_bytes).await?;
@@ -83,11 +84,14 @@ pub async fn take_items(
         let happened = match take.commit(&candidates[..chunk]).await {
             Ok(()) => true,
             Err(Failed::Refused {
+                tag: (_, Part::Guard), ..
+            }) => return Err(Failure::Unguarded),
+            Err(Failed::Refused {
                 tag: (index, part),
                 error,
             }) => {
                 let Some(at) = candidates.iter().position(|c| c.index == index) else {
-                    return Err(error);
+                    return Err(error.into());
                 };
                 outcome[index].0 = match (part, error) {
                     // Its charge is gone (usage removed by hand): deleted alone.
@@ -99,14 +103,14 @@ pub async fn take_items(
                     (_, ZkError::BadVersion) => Tried::Again,
                     // Gone, or claimed by another.
                     (_, ZkError::NoNode | ZkError::NodeExists) => Tried::TakenElsewhere,
-                    (_, error) => return Err(error),
+                    (_, error) => return Err(error.into()),
                 };
                 candidates.remove(at);
                 continue;
             }
             // A lost reply: the multi-op's first effect tells whether all of it happened.
             Err(failed) if failed.is_loss() => take.happened(&candidates[0]).await?,
-            Err(failed) => return Err(failed.error()),
+            Err(failed) => return Err(failed.error().into()),
         };
         for c in candidates.drain(..chunk) {
             outcome[c.index] = if happened {
@@ -133,6 +137,8 @@ struct Take<'a> {
     picks: &'a [Pick],
     item_paths: Vec<String>,
     at_most_once: bool,
+    /// What the taker must still hold when its claims are made.
+    guards: &'a Checked,
 }
 
 impl Take<'_> {
@@ -181,6 +187,9 @@ impl Take<'_> {
         // acknowledged, given back or past its deadline (see the module's docs).
         let persistent = CreateMode::Persistent.with_acls(crate::zk::acls());
         let mut multi = Multi::new(self.client);
+        (self.guards)
+            .add_to(&mut multi, (usize::MAX, Part::Guard))
+            .map_err(Failed::Request)?;
         for c in chunk {
             let pick = &self.picks[c.index];
             let item_path = &self.item_paths[c.index];
