@@ -520,3 +520,30 @@ async fn guards_resolved_before_the_release_are_refused_by_each_writes_own_trans
     let election = gate.get("/v1/elections/e").await;
     assert!(election.body["leader"]["value"].is_null(), "{election:?}");
 }
+
+/// A WebSocket `call` carries the guard as a header, and is refused as over HTTP.
+#[tokio::test]
+async fn a_socket_call_carries_the_guard() {
+    let zk = zookeeper().await;
+    let gate = Gate::start(&zk.connect_string()).await;
+    let lease = gate.lease("60s").await;
+    let held = gate.acquire("orders", &lease, "wait=5s").await;
+    let guard = lock_guard("orders", &held.str("handle"));
+    let mut ws = common::ws::Ws::connect(gate.running.addr, "/v1/ws").await;
+    let call = |id: &str, value: i64| {
+        json!({
+            "op": "call", "id": id, "method": "PUT", "path": "/v1/kv/orders/state",
+            "headers": { "ZKGATE-Guard": guard }, "body": value,
+        })
+    };
+    ws.send(call("held", 1));
+    let written = ws.next_for("held").await;
+    assert_eq!(written["status"], 201, "{written}");
+    gate.release("orders", &held.str("handle")).await;
+    ws.send(call("released", 2));
+    let refused = ws.next_for("released").await;
+    assert_eq!(refused["status"], 409, "{refused}");
+    assert_eq!(refused["body"]["type"], "urn:zkgate:problem:guard-lost", "{refused}");
+    let read = kv(&gate.url, Method::GET, "orders/state", None, None).await;
+    assert_eq!(read.body, json!(1), "{read:?}");
+}
