@@ -15,6 +15,10 @@
 //! An operation the generator cannot call, or that an invariant does not apply to, is listed
 //! with its reason below; any other operation of the spec fails the run. Each test prints how
 //! many operations it covered.
+//!
+//! Why this file is long (some 1,300 lines): the five invariants share one world (what alice
+//! holds), one generator of requests from the spec and one watch of the tree; apart, each
+//! would carry its own copy of them.
 
 use crate::common;
 

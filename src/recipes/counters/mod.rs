@@ -25,6 +25,10 @@
 //! multi-op) and the add is answered from the record as it was the first time; if it did not,
 //! the second one lands. A client that retries a request with its key gets the same answer the
 //! same way, through any instance.
+//!
+//! Why this file is long (some 600 lines): the protocol, its one write (a multi-op with the
+//! key's record and the writer's guards as optional parts) and the operations the API asks of
+//! it stay together, with their unit tests.
 
 use crate::auth::Caller;
 use crate::kind::Kind;
