@@ -547,3 +547,129 @@ async fn a_socket_call_carries_the_guard() {
     let read = kv(&gate.url, Method::GET, "orders/state", None, None).await;
     assert_eq!(read.body, json!(1), "{read:?}");
 }
+
+/// One increment of kv key `key` under lock `lock` through `url`: acquire (a lease of its own,
+/// `ttl`), read, write the value + 1 (guarded unless `guarded` is false), release. Whether the
+/// write answered 2xx.
+async fn increment(url: &str, (lock, key): (&str, &str), guarded: bool) -> bool {
+    let http = common::http_client();
+    let acquired = http
+        .post(format!("{url}/v1/locks/{lock}/acquire?wait=30s"))
+        .json(&json!({ "ttl": "10s" }))
+        .send()
+        .await
+        .expect("acquire");
+    let held = Reply::read(acquired).await;
+    assert_eq!(held.status, StatusCode::OK, "{held:?}");
+    let read = kv(url, Method::GET, key, None, None).await;
+    let value = read.body.as_i64().unwrap_or(0);
+    let guard = lock_guard(lock, &held.str("handle"));
+    let guard = guarded.then_some(guard.as_str());
+    let written = kv(url, Method::PUT, key, Some(json!(value + 1)), guard).await;
+    let lease = held.body["lease"]["id"].as_str().expect("lease").to_string();
+    let ended = http
+        .delete(format!("{url}/v1/leases/{lease}"))
+        .send()
+        .await
+        .expect("delete");
+    assert!(
+        ended.status().is_success() || ended.status() == StatusCode::GONE,
+        "{ended:?}"
+    );
+    written.status.is_success()
+}
+
+/// A holder that lost the lock without knowing (its lease expired between its read and its
+/// write, as after a long pause) writes what it read plus one: with the guard that write is
+/// refused; without, it lands over the increments made meanwhile, and they are lost.
+async fn a_paused_holder(url: &str, (lock, key): (&str, &str), guarded: bool) -> bool {
+    let http = common::http_client();
+    let acquired = http
+        .post(format!("{url}/v1/locks/{lock}/acquire?wait=30s"))
+        .json(&json!({ "ttl": "1s" }))
+        .send()
+        .await
+        .expect("acquire");
+    let held = Reply::read(acquired).await;
+    assert_eq!(held.status, StatusCode::OK, "{held:?}");
+    let read = http.get(format!("{url}/v1/kv/{key}")).send().await.expect("read");
+    let etag = read.headers()["etag"].to_str().expect("etag").to_string();
+    let value: i64 = read.json().await.expect("a number");
+    // No keepalive: the lease expires, the lock passes on, and the others write. Waits for
+    // their write (a long poll on the key's version), not for time.
+    let changed = http
+        .get(format!("{url}/v1/kv/{key}?wait=30s"))
+        .header("If-None-Match", &etag)
+        .send()
+        .await
+        .expect("long poll");
+    assert_eq!(changed.status(), StatusCode::OK, "the others wrote");
+    let guard = lock_guard(lock, &held.str("handle"));
+    let guard = guarded.then_some(guard.as_str());
+    let written = kv(url, Method::PUT, key, Some(json!(value + 1)), guard).await;
+    if guarded {
+        assert_eq!(written.body["type"], "urn:zkgate:problem:guard-lost", "{written:?}");
+    }
+    written.status.is_success()
+}
+
+/// Sixteen clients increment one key under one lock through two instances, and one holder
+/// pauses past its lease between its read and its write. Guarded, the key ends at exactly the
+/// number of writes answered 2xx; unguarded, the paused holder's write lands over others' and
+/// increments are lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guarded_increments_through_two_instances_are_never_lost_and_unguarded_ones_are() {
+    const CLIENTS: usize = 16;
+    const EACH: usize = 4;
+    let zk = zookeeper().await;
+    let (a, b) = (
+        std::sync::Arc::new(Gate::start(&zk.connect_string()).await),
+        std::sync::Arc::new(Gate::start(&zk.connect_string()).await),
+    );
+    let mut lost_unguarded = 0;
+    for guarded in [true, false] {
+        let (lock, key) = if guarded { ("g", "counts/g") } else { ("u", "counts/u") };
+        let put = kv(&a.url, Method::PUT, key, Some(json!(0)), None).await;
+        assert_eq!(put.status, StatusCode::CREATED, "{put:?}");
+        let mut clients = tokio::task::JoinSet::new();
+        let paused = {
+            let url = a.url.clone();
+            tokio::spawn(async move { a_paused_holder(&url, (lock, key), guarded).await })
+        };
+        // The paused holder takes the lock first: the others queue behind it.
+        common::until_answered(Duration::from_secs(20), "the paused holder's grant", async || {
+            a.get(&format!("/v1/locks/{lock}")).await.body["holder"].is_object()
+        })
+        .await;
+        for client in 0..CLIENTS {
+            let url = if client % 2 == 0 { a.url.clone() } else { b.url.clone() };
+            clients.spawn(async move {
+                let mut landed = 0;
+                for _ in 0..EACH {
+                    landed += usize::from(increment(&url, (lock, key), guarded).await);
+                }
+                landed
+            });
+        }
+        let mut landed = usize::from(paused.await.expect("the paused holder"));
+        while let Some(done) = clients.join_next().await {
+            landed += done.expect("a client");
+        }
+        let value = kv(&b.url, Method::GET, key, None, None)
+            .await
+            .body
+            .as_i64()
+            .expect("a number");
+        println!("guarded {guarded}: {landed} writes answered 2xx, the key ends at {value}");
+        if guarded {
+            assert_eq!(value, landed as i64, "every write that landed counts, once");
+            assert_eq!(landed, CLIENTS * EACH, "only the paused holder's write was refused");
+        } else {
+            lost_unguarded = landed as i64 - value;
+        }
+    }
+    assert!(
+        lost_unguarded > 0,
+        "without the guard the paused holder's write lands over the others' increments"
+    );
+}
