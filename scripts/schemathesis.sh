@@ -28,7 +28,7 @@ url=$ZKGATE_URL
 # Event streams never end by themselves (a generated request would wait out the timeout), and
 # the WebSocket endpoints answer a plain request with 400 whatever it holds: tests/it/sse.rs,
 # tests/it/websocket*.rs and tests/it/fuzz.rs try them instead.
-for attempt in 1 2; do
+for attempt in 1 2 3; do
     # Real leases, handles, claims... for the operations that act on them, and the config that
     # binds them (with `warnings.fail-on` for operations that refuse almost everything generated).
     python3 scripts/schemathesis_fixtures.py "$url" target/schemathesis.toml
@@ -40,9 +40,11 @@ for attempt in 1 2; do
     status=${PIPESTATUS[0]}
     set -e
     [[ $status -eq 0 ]] && exit 0
-    # A run that failed on a warning alone goes once more, with fresh fixtures: whether an
-    # operation served any of its few generated cases can hang on timing (a participant still
-    # inside from an earlier case answers 409). A failed check never goes again.
+    # A run that failed on a warning alone goes again (twice at most), with fresh fixtures:
+    # whether an operation served any of its few generated cases can hang on timing (a
+    # participant still inside from an earlier case answers 409), and the seed's draws shift
+    # with every parameter the spec gains (the guard header moved which borderline operation
+    # fell short). A failed check never goes again.
     grep -q "Warnings fail the run" target/schemathesis.log || exit "$status"
     grep -Eq '([0-9]+) generated, \1 passed' target/schemathesis.log || exit "$status"
     echo "schemathesis: only a warning failed the run (attempt $attempt); once more with fresh fixtures" >&2

@@ -24,6 +24,13 @@ An `Idempotency-Key` belongs to the one request first sent with it: schemathesis
 distinct keys and sends them with ever other bodies, which the server rightly refuses (422).
 A well-formed key gets the call's number appended, so that each request has a key of its own;
 a malformed one is sent as generated.
+
+A `ZKGATE-Guard` names a holding by its handle, which schemathesis can only make up: a write
+guarded by a handle that holds nothing is refused (409 `guard-lost`) by design, and a malformed
+guard (most of what the coverage phase makes of the header) is refused (400) before anything
+else, so that every operation that takes one would mostly refuse what is generated. The header
+is left out of every call: guards are tried by tests/it/guards.rs (malformed ones too) and by
+invariant 5 of tests/it/invariants.rs (every writing operation, with real holdings).
 """
 
 import importlib.util
@@ -91,6 +98,8 @@ def before_call(context, case, **kwargs):
     key = (case.headers or {}).get("Idempotency-Key")
     if isinstance(key, str) and KEY.fullmatch(key):
         case.headers["Idempotency-Key"] = f"{key}-{next(CALLS)}"
+    if case.headers and "ZKGATE-Guard" in case.headers:
+        del case.headers["ZKGATE-Guard"]
     if label in CONDITIONAL and case.headers and ETAG.fullmatch(case.headers.get("If-Match") or ""):
         etag = current_etag(label, case.path_parameters or {})
         if etag:
