@@ -3,7 +3,9 @@
 //! znode (`<root>/counters/<name>`, persistent), eight bytes, big-endian, two's complement. A
 //! counter that does not exist, or whose znode holds no data, is 0 (as Curator reads it); data
 //! shorter than eight bytes is not a counter (Curator fails on it too), and bytes past the
-//! eighth are ignored (Curator reads the first eight).
+//! eighth are ignored (Curator reads the first eight). Why this file is long (some 615 lines):
+//! the protocol, its one write (a multi-op with the key's record and the writer's guards as
+//! optional parts) and the operations the API asks of it stay together, with their unit tests.
 //!
 //! An add is optimistic, as Curator's is: read the value and the znode's data version, then
 //! write the new value on that version (or create the znode if there is none). When another
@@ -25,10 +27,7 @@
 //! multi-op) and the add is answered from the record as it was the first time; if it did not,
 //! the second one lands. A client that retries a request with its key gets the same answer the
 //! same way, through any instance.
-//!
-//! Why this file is long (some 600 lines): the protocol, its one write (a multi-op with the
-//! key's record and the writer's guards as optional parts) and the operations the API asks of
-//! it stay together, with their unit tests.
+
 
 use crate::auth::Caller;
 use crate::kind::Kind;
