@@ -28,7 +28,6 @@
 //! the second one lands. A client that retries a request with its key gets the same answer the
 //! same way, through any instance.
 
-
 use crate::auth::Caller;
 use crate::kind::Kind;
 use crate::problem::{ApiError, Problem};
