@@ -14,6 +14,7 @@ use crate::http::error::{ApiError, Place, Problems, p};
 use crate::http::extract::ApiJson;
 use crate::http::idempotency::Idempotent;
 use crate::kind::Kind;
+use crate::recipes::guards::Guard;
 use crate::recipes::kv::Entry;
 use crate::recipes::kv::txn::{self, Check, Compare, Step, StepResult, Txn};
 use axum::response::IntoResponse;
@@ -25,7 +26,7 @@ pub const MAX_OPERATIONS: usize = 64;
 #[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TxnRequest {
-    /// Checks of keys; all must hold for `then` to run, else `else` runs.
+    /// Checks of keys and of holds; all must hold for `then` to run, else `else` runs.
     #[serde(default)]
     pub compare: Vec<CompareBody>,
     #[serde(default)]
@@ -34,12 +35,18 @@ pub struct TxnRequest {
     pub otherwise: Vec<StepBody>,
 }
 
-/// One compare: `key` and exactly one of the others.
+/// One compare: `key` and exactly one of the tests of a key (`exists`, `absent`, `value`,
+/// `text`, `base64`, `etag`, `version`); or, without `key`, `held` or `leads`.
 #[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CompareBody {
     #[schema(example = "app/config")]
-    pub key: String,
+    pub key: Option<String>,
+    /// The handle holds the lock (or the read/write lock) at the commit: the transaction's
+    /// branch chosen by it, as `ZKGATE-Guard` guards a write, but without refusing.
+    pub held: Option<HeldBody>,
+    /// The campaign's handle leads the election at the commit.
+    pub leads: Option<LeadsBody>,
     /// `true`: the key exists.
     pub exists: Option<bool>,
     /// `true`: the key does not exist.
@@ -55,6 +62,30 @@ pub struct CompareBody {
     pub etag: Option<String>,
     /// The key's data version is in this range.
     pub version: Option<VersionRange>,
+}
+
+/// A hold compared: `handle` at exactly one of `lock`, `rwlock`.
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct HeldBody {
+    #[schema(example = "orders")]
+    pub lock: Option<String>,
+    /// A read/write lock: the handle's read or write hold.
+    pub rwlock: Option<String>,
+    /// The handle the acquire answered.
+    #[schema(example = "0b9d4c3e-2f1a4b5c8d7e6f5a4b3c2d1e0f1a2b3c")]
+    pub handle: String,
+}
+
+/// A leadership compared: the campaign `handle` at `election`.
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LeadsBody {
+    #[schema(example = "scheduler")]
+    pub election: String,
+    /// The handle the campaign answered.
+    #[schema(example = "0b9d4c3e-2f1a4b5c8d7e6f5a4b3c2d1e0f1a2b3c")]
+    pub handle: String,
 }
 
 /// A range of a key's data version (each write adds one; a new key is at 0): at least one of
@@ -99,11 +130,15 @@ pub struct TxnAnswer {
     pub repeated: bool,
 }
 
-/// The compare that failed.
+/// The compare that failed: its index, and its key or (for `held`, `leads`) its guard.
 #[derive(Serialize, utoipa::ToSchema)]
 pub struct FailedCompare {
     pub index: usize,
-    pub key: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// `lock/orders`, `election/scheduler`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub guard: Option<String>,
 }
 
 /// One operation's result: its kind names its key.
@@ -137,7 +172,10 @@ pub struct StepAnswer {
         ("writes" = (summary = "Two keys written together, if the config is absent (else it is read)",
             value = json!({"compare": [{"key": "app/config", "absent": true}],
                 "then": [{"put": "app/config", "value": {"v": 2}}, {"put": "app/version", "text": "2"}], "else": [{"get": "app/config"}]}))),
-        ("reads" = (summary = "Two keys read at one moment", value = json!({"then": [{"get": "app/config"}, {"get": "app/version"}]}))))),
+        ("reads" = (summary = "Two keys read at one moment", value = json!({"then": [{"get": "app/config"}, {"get": "app/version"}]}))),
+        ("held" = (summary = "A key written if the handle still holds the lock (else read)",
+            value = json!({"compare": [{"held": {"lock": "orders", "handle": "0b9d4c3e-2f1a4b5c8d7e6f5a4b3c2d1e0f1a2b3c"}}],
+                "then": [{"put": "orders/state", "text": "shipped"}], "else": [{"get": "orders/state"}]}))))),
     responses(
         (status = 200, description = "The branch that ran, and its results", body = TxnAnswer),
         Problems<(p::InvalidField, p::MalformedBody, p::Forbidden, p::NotFound, p::KeyNotEmpty, p::KeyBound, p::KeyNotBound, p::LeaseEnded, p::BodyTooLarge, p::ValueTooLarge, p::TooMany, p::QuotaExceeded, p::OutcomeUnknown, p::InstanceUnavailable, p::ZookeeperUnavailable)>,
@@ -158,9 +196,17 @@ pub async fn transaction(
     let answer = Json(TxnAnswer {
         succeeded: outcome.failed_compare.is_none(),
         repeated: outcome.repeated,
-        failed_compare: outcome.failed_compare.map(|index| FailedCompare {
-            index,
-            key: key(&txn.compare[index].path),
+        failed_compare: outcome.failed_compare.map(|index| match &txn.compare[index] {
+            Check::Key { path, .. } => FailedCompare {
+                index,
+                key: Some(key(path)),
+                guard: None,
+            },
+            Check::Holds(guard) => FailedCompare {
+                index,
+                key: None,
+                guard: Some(format!("{}/{}", guard.kind.name(), guard.name)),
+            },
         }),
         results: branch
             .iter()
@@ -194,11 +240,7 @@ fn parse(state: &AppState, caller: &Caller, body: TxnRequest) -> Result<Txn, Api
     };
     let mut compare = Vec::with_capacity(body.compare.len());
     for check in body.compare {
-        let path = path(&check.key, "compare", Access::Read)?;
-        compare.push(Check {
-            path,
-            compare: compare_of(check)?,
-        });
+        compare.push(check_of(check, &path)?);
     }
     let mut branches = [Vec::new(), Vec::new()];
     for (steps, field, branch) in [(body.then, "then", 0), (body.otherwise, "else", 1)] {
@@ -219,9 +261,33 @@ fn parse(state: &AppState, caller: &Caller, body: TxnRequest) -> Result<Txn, Api
     Ok(txn)
 }
 
-/// The compare `check` asks for: exactly one test.
-fn compare_of(check: CompareBody) -> Result<Compare, ApiError> {
-    let invalid = |detail: &str| ApiError::invalid(Place::Body, "compare", format!("`{}`: {detail}", check.key));
+/// The compare `check` asks for: of a key (checked by `path`), or of a guard.
+fn check_of(
+    check: CompareBody,
+    path: &impl Fn(&str, &str, Access) -> Result<String, ApiError>,
+) -> Result<Check, ApiError> {
+    let invalid = |detail: String| ApiError::invalid(Place::Body, "compare", detail);
+    let guard = |kind: Kind, name: &str, handle: &str| Guard::new(kind, name, handle).map_err(invalid);
+    match (&check.key, check.held.as_ref(), check.leads.as_ref()) {
+        (Some(key), None, None) => Ok(Check::Key {
+            path: path(key, "compare", Access::Read)?,
+            compare: compare_of(key, &check)?,
+        }),
+        (None, Some(held), None) => match (&held.lock, &held.rwlock) {
+            (Some(name), None) => Ok(Check::Holds(guard(Kind::Lock, name, &held.handle)?)),
+            (None, Some(name)) => Ok(Check::Holds(guard(Kind::RwLock, name, &held.handle)?)),
+            _ => Err(invalid("`held` names exactly one of `lock`, `rwlock`".into())),
+        },
+        (None, None, Some(leads)) => Ok(Check::Holds(guard(Kind::Election, &leads.election, &leads.handle)?)),
+        _ => Err(invalid(
+            "each compare has exactly one of `key` (with one test of it), `held`, `leads`".into(),
+        )),
+    }
+}
+
+/// The compare `check` asks of `key`: exactly one test.
+fn compare_of(key: &str, check: &CompareBody) -> Result<Compare, ApiError> {
+    let invalid = |detail: &str| ApiError::invalid(Place::Body, "compare", format!("`{key}`: {detail}"));
     let mut tests = Vec::new();
     if check.exists == Some(true) {
         tests.push(Compare::Exists);

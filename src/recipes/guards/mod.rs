@@ -44,6 +44,8 @@ use crate::zk::Multi;
 
 mod resolve;
 
+pub use resolve::standing;
+
 /// The request header.
 pub const HEADER: &str = "zkgate-guard";
 
@@ -65,6 +67,26 @@ pub struct Guard {
 impl std::fmt::Display for Guard {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}/{}; handle={}", self.kind.name(), self.name, self.handle)
+    }
+}
+
+impl Guard {
+    /// The guard of `handle` at `kind`'s resource `name`, both checked: an error says which is
+    /// not valid.
+    pub fn new(kind: Kind, name: &str, handle: &str) -> Result<Guard, String> {
+        crate::recipes::validate_name(name).map_err(|e| format!("guard's {} name {e}", kind.name()))?;
+        if crate::ids::owner_of(handle).is_none() {
+            return Err(format!(
+                "guard of {} `{name}`: `{}` is not a handle (as the acquire answered it)",
+                kind.name(),
+                handle.escape_debug()
+            ));
+        }
+        Ok(Guard {
+            kind,
+            name: name.to_string(),
+            handle: handle.to_string(),
+        })
     }
 }
 
@@ -98,7 +120,6 @@ pub fn parse(value: &str) -> Result<Vec<Guard>, String> {
                 after.escape_debug()
             )
         })?;
-        crate::recipes::validate_name(name).map_err(|e| format!("guard's {} name {e}", kind.name()))?;
         let after = after.trim_start();
         let id = after.strip_prefix("handle=").ok_or_else(|| {
             format!(
@@ -108,18 +129,7 @@ pub fn parse(value: &str) -> Result<Vec<Guard>, String> {
         })?;
         let end = id.find(|c: char| c == ',' || c.is_whitespace()).unwrap_or(id.len());
         let (handle, after) = id.split_at(end);
-        if crate::ids::owner_of(handle).is_none() {
-            return Err(format!(
-                "guard of {} `{name}`: `{}` is not a handle (as the acquire answered it)",
-                kind.name(),
-                handle.escape_debug()
-            ));
-        }
-        guards.push(Guard {
-            kind,
-            name: name.to_string(),
-            handle: handle.to_string(),
-        });
+        guards.push(Guard::new(kind, name, handle)?);
         let after = after.trim_start();
         rest = match after.strip_prefix(',') {
             Some(next) => next.trim_start(),
@@ -141,7 +151,7 @@ pub fn parse(value: &str) -> Result<Vec<Guard>, String> {
 
 /// What a guard's checks are, once resolved.
 #[derive(Clone, Debug)]
-pub(in crate::recipes) struct Checks {
+pub struct Checks {
     /// The holding's node.
     node: String,
     /// Its lease's record, and the version it was read at.
@@ -202,6 +212,35 @@ impl Checked {
             multi.check(tag.clone(), &checks.lease, checks.version)?;
         }
         Ok(())
+    }
+}
+
+/// Whether a guard's handle holds, as resolved for a transaction's compare (`held`, `leads`),
+/// and what keeps that answer true until the commit, which pins it ([Standing::pin]).
+#[derive(Clone, Debug)]
+pub enum Standing {
+    /// It holds while these checks pass.
+    Holds(Checks),
+    /// It waits while the node `blocker` (the one whose deletion may grant it) exists.
+    Waits { blocker: String },
+    /// It never holds again (`reason`: released, lost, its lease ended): a handle's node is
+    /// named by its GUID, so none comes back, and an ended lease stays ended.
+    Gone { reason: &'static str },
+}
+
+impl Standing {
+    pub fn holds(&self) -> bool {
+        matches!(self, Standing::Holds(_))
+    }
+
+    /// Adds to `multi` what fails the commit if the answer changed: the guard's checks for a
+    /// holder, the blocker's existence for a waiter; nothing for a handle gone for good.
+    pub fn pin<T: Clone>(&self, multi: &mut Multi<'_, T>, tag: T) -> Result<(), ZkError> {
+        match self {
+            Standing::Holds(checks) => Checked(vec![checks.clone()]).add_to(multi, tag),
+            Standing::Waits { blocker } => multi.check(tag, blocker, -1),
+            Standing::Gone { .. } => Ok(()),
+        }
     }
 }
 

@@ -1,7 +1,7 @@
 //! How guards are resolved from the contended kinds' registries and ZooKeeper, and how a
 //! refusal is explained (see the module's docs).
 
-use super::{Checks, Guard, Guards, REFRESHES};
+use super::{Checks, Guard, Guards, REFRESHES, Standing};
 use crate::auth::Caller;
 use crate::kind::Kind;
 use crate::locked::Locked;
@@ -11,7 +11,7 @@ use crate::recipes::engine::handle::{Handles, Phase, Protocol};
 use crate::recipes::engine::record;
 use crate::recipes::engine::view::{self, Fencing};
 use crate::recipes::locks::contention::lookup;
-use crate::zk::Session;
+use crate::recipes::recorded::Watched;
 
 impl Guards {
     /// The guards `asked` of `caller`'s write, resolved: refused (409 `guard-lost`) if one does
@@ -50,9 +50,37 @@ impl Guards {
     }
 }
 
+/// Where a compare's guard stands for `caller` (`fresh`: read from ZooKeeper after a `sync`,
+/// not from this instance's memory): 403 if its handle is another principal's, 400 for a
+/// semaphore (a waiting permit request waits on the whole set of permits, which no single check
+/// pins).
+pub async fn standing(recipes: &Recipes, caller: &Caller, guard: &Guard, fresh: bool) -> Result<Standing, ApiError> {
+    if guard.kind == Kind::Semaphore {
+        return Err(ApiError::invalid(
+            Place::Body,
+            "compare",
+            "a transaction compares a lock, a read/write lock or an election; guard a write by a permit with `ZKGATE-Guard`",
+        ));
+    }
+    Ok(judged(recipes, caller, guard, fresh).await?.0)
+}
+
 /// Resolves `guard` for `caller`: from this instance's memory unless `fresh` (or it is not
-/// driven here), else from ZooKeeper after a `sync`.
+/// driven here), else from ZooKeeper after a `sync`; 409 `guard-lost` if it does not hold.
 async fn resolve(recipes: &Recipes, caller: &Caller, guard: &Guard, fresh: bool) -> Result<Checks, ApiError> {
+    match judged(recipes, caller, guard, fresh).await? {
+        (Standing::Holds(checks), _) => Ok(checks),
+        (standing, why) => Err(lost(recipes, guard, &standing, &why).await),
+    }
+}
+
+/// Where `guard` stands, and in words why it does not hold (empty when it does).
+async fn judged(
+    recipes: &Recipes,
+    caller: &Caller,
+    guard: &Guard,
+    fresh: bool,
+) -> Result<(Standing, String), ApiError> {
     match guard.kind {
         Kind::Lock => in_registry(recipes, &recipes.locks, caller, guard, fresh).await,
         Kind::RwLock => in_registry(recipes, &recipes.rwlocks, caller, guard, fresh).await,
@@ -80,7 +108,7 @@ async fn in_registry<P: Protocol>(
     caller: &Caller,
     guard: &Guard,
     fresh: bool,
-) -> Result<Checks, ApiError> {
+) -> Result<(Standing, String), ApiError> {
     let (name, handle) = (guard.name.as_str(), guard.handle.as_str());
     if !fresh && let Some(driven) = handles.serving(name, handle) {
         driven.lease.check_owner(caller)?;
@@ -88,77 +116,83 @@ async fn in_registry<P: Protocol>(
         if let (Phase::Held { .. }, Some(node), Some(version)) = (&state.phase, &state.node, driven.lease.version())
             && !driven.lease.ended().is_cancelled()
         {
-            return Ok(Checks {
+            let checks = Checks {
                 node: handles.node(name, &node.name),
                 lease: driven.lease.path.clone(),
                 version,
-            });
+            };
+            return Ok((Standing::Holds(checks), String::new()));
         }
     }
     let session = recipes.synced().await?;
+    let gone = |reason, why| Ok((Standing::Gone { reason }, why));
     let Some(recorded) = lookup(&session, handles, name, handle).await? else {
         // Why, as far as this instance knows: it drove the handle, or saw it lost.
         let driven = handles.get(name, handle).and_then(|driven| driven.lease.end_reason());
         let lost_here = handles
             .lost(name, handle)
             .filter(|lost| caller.owns(lost.principal.as_deref()));
-        let (code, why) = match (driven, lost_here) {
-            (Some(ended), _) => ("lease-ended", format!("its lease ended ({})", ended.describe())),
-            (None, Some(lost)) if lost.lease_ended.is_some() => ("lease-ended", lost.reason),
-            (None, Some(lost)) => ("lost", lost.reason),
-            (None, None) => (
-                "released",
-                "it has no node: released, or lost with its lease".to_string(),
-            ),
+        return match (driven, lost_here) {
+            (Some(ended), _) => gone("lease-ended", format!("its lease ended ({})", ended.describe())),
+            (None, Some(lost)) if lost.lease_ended.is_some() => gone("lease-ended", lost.reason),
+            (None, Some(lost)) => gone("lost", lost.reason),
+            (None, None) => gone("released", "it has no node: released, or lost with its lease".into()),
         };
-        return Err(lost(&session, handles, guard, code, &why).await);
     };
     let owner = recorded.owner();
     if let Some(principal) = owner.as_ref().and_then(|owner| owner.principal.as_deref()) {
         caller.require_owner(Some(principal), &format!("handle `{handle}`"))?;
     }
     if !recorded.holds() {
-        let waiting = format!("it waits (at position {})", recorded.position.unwrap_or(0));
-        return Err(lost(&session, handles, guard, "not-held", &waiting).await);
+        let why = format!("it waits (at position {})", recorded.position.unwrap_or(0));
+        return Ok(match recorded.next {
+            Watched::Exists(blocker) => (Standing::Waits { blocker }, why),
+            // A permit request waits on the set of permits: nothing single to pin (a guard
+            // refuses it all the same; a compare does not take a semaphore).
+            Watched::Children(_) | Watched::Data(_) => (Standing::Gone { reason: "not-held" }, why),
+        });
     }
     let Some(lease) = owner.map(|owner| record::path(&recipes.root, &owner.lease)) else {
-        return Err(lost(&session, handles, guard, "lost", "its node names no lease").await);
+        return gone("lost", "its node names no lease".into());
     };
     let found = record::read(session.client(), &lease)
         .await
         .map_err(crate::zk::Failure::from)?;
     match found {
-        Some(found) if found.record.ended.is_none() => Ok(Checks {
-            node: recorded.paths[0].clone(),
-            lease,
-            version: found.version,
-        }),
+        Some(found) if found.record.ended.is_none() => {
+            let checks = Checks {
+                node: recorded.paths[0].clone(),
+                lease,
+                version: found.version,
+            };
+            Ok((Standing::Holds(checks), String::new()))
+        }
         ended => {
             let why = ended
                 .and_then(|found| found.record.ended)
                 .map_or("its lease is gone", |reason| reason.describe());
             let detail = format!("its lease ended ({why}); its node is kept through the lease's lock-delay");
-            Err(lost(&session, handles, guard, "lease-ended", &detail).await)
+            gone("lease-ended", detail)
         }
     }
 }
 
-/// 409 `guard-lost` for `guard`, `reason` its code and `why` its words, with the holder's
-/// token now where one holds (a lock's, a leader's, a writer's or the newest reader's).
-async fn lost<P: Protocol>(
-    session: &Session,
-    handles: &Handles<P>,
-    guard: &Guard,
-    reason: &str,
-    why: &str,
-) -> ApiError {
+/// 409 `guard-lost` for `guard`, which stands as `standing` (its reason code) for the reason
+/// `why` (in words), with the holder's token now where one holds (a lock's, a leader's, a
+/// writer's or the newest reader's).
+async fn lost(recipes: &Recipes, guard: &Guard, standing: &Standing, why: &str) -> ApiError {
+    let reason = match standing {
+        Standing::Gone { reason } => reason,
+        Standing::Waits { .. } | Standing::Holds(_) => "not-held",
+    };
     let holding = |names: &[String]| match guard.kind {
         Kind::RwLock => crate::recipes::locks::rwlock::holding(names),
         _ => 1,
     };
-    let current = match guard.kind {
-        Kind::Semaphore => None,
-        _ => match view::check_fencing(session, &handles.dir(&guard.name), holding, 0).await {
+    let dir = guard.kind.path(&recipes.root, &guard.name);
+    let current = match (guard.kind, recipes.zk().connected().await) {
+        (Kind::Semaphore, _) | (_, Err(_)) => None,
+        (_, Ok(session)) => match view::check_fencing(&session, &dir, holding, 0).await {
             Ok(Fencing::Superseded { current }) => Some(current),
             _ => None,
         },

@@ -58,7 +58,7 @@ async fn the_compares_pick_one_branch_and_it_applies_whole() {
     let key = |name: &str| Kind::Kv.path(&state.config.root, name);
     let (a, b, c) = (key("app/a"), key("app/b"), key("app/c"));
     let create = Txn {
-        compare: vec![Check {
+        compare: vec![Check::Key {
             path: a.clone(),
             compare: Compare::Absent,
         }],
@@ -71,7 +71,7 @@ async fn the_compares_pick_one_branch_and_it_applies_whole() {
         MAX_VALUE,
         payer(state),
         unbound(state),
-        (None, &zkgate::recipes::guards::Guards::none()),
+        (None, &zkgate::recipes::guards::Guards::none(), &[]),
     )
     .await
     .expect("commits");
@@ -92,7 +92,7 @@ async fn the_compares_pick_one_branch_and_it_applies_whole() {
         MAX_VALUE,
         payer(state),
         unbound(state),
-        (None, &zkgate::recipes::guards::Guards::none()),
+        (None, &zkgate::recipes::guards::Guards::none(), &[]),
     )
     .await
     .expect("commits");
@@ -108,7 +108,7 @@ async fn the_compares_pick_one_branch_and_it_applies_whole() {
         ..Txn::default()
     };
     assert!(matches!(
-        txn::run(&session, &refused, MAX_VALUE, payer(state), unbound(state), (None, &zkgate::recipes::guards::Guards::none())).await,
+        txn::run(&session, &refused, MAX_VALUE, payer(state), unbound(state), (None, &zkgate::recipes::guards::Guards::none(), &[])).await,
         Err(txn::TxnError::NotEmpty(path)) if path == key("app")
     ));
     assert!(
@@ -141,7 +141,7 @@ async fn racing_transactions_never_apply_in_part() {
                 let seen = now
                     .as_ref()
                     .map_or(0, |e| String::from_utf8_lossy(&e.data).parse::<u64>().unwrap());
-                let compare = |path: &str| Check {
+                let compare = |path: &str| Check::Key {
                     path: path.to_string(),
                     compare: match &now {
                         Some(entry) => Compare::Value(entry.data.clone()),
@@ -160,7 +160,7 @@ async fn racing_transactions_never_apply_in_part() {
                     MAX_VALUE,
                     payer(state),
                     unbound(state),
-                    (None, &zkgate::recipes::guards::Guards::none()),
+                    (None, &zkgate::recipes::guards::Guards::none(), &[]),
                 )
                 .await
                 {

@@ -17,7 +17,7 @@ use crate::recipes::condition::Recheck;
 use crate::recipes::engine::lease::{Guard, GuardError, Lease};
 use crate::recipes::engine::node::owner_record_path;
 use crate::recipes::engine::record;
-use crate::recipes::guards::Guards;
+use crate::recipes::guards::{Guards, Standing};
 use crate::recipes::idempotency::Keyed;
 use crate::recipes::kv::bound::{self, BoundKeys};
 use crate::recipes::usage::{self, Payer, Quotas};
@@ -57,7 +57,7 @@ pub async fn run(
     max_value_bytes: usize,
     payer: Payer<'_>,
     bound: Bindings<'_>,
-    (key, guards): (Option<Keyed<'_>>, &Guards),
+    (key, guards, held): (Option<Keyed<'_>>, &Guards, &[(usize, Standing)]),
 ) -> Result<Outcome, TxnError> {
     let caller = bound.caller;
     let owns = |principal: &str| caller.owns(Some(principal));
@@ -69,6 +69,7 @@ pub async fn run(
         bound,
         key,
         guards,
+        held,
         keys: txn.keys().into_iter().map(String::from).collect(),
         charge_ids: (written_keys(txn).iter())
             .map(|path| usage::path_id("kv", path))
@@ -79,7 +80,8 @@ pub async fn run(
     let mut recheck = Recheck::default();
     for _ in 0..ATTEMPTS {
         let read = running.read().await?;
-        let failed_compare = txn.first_failed(&read.reads);
+        let holds = |index| held.iter().any(|(at, standing)| *at == index && standing.holds());
+        let failed_compare = txn.first_failed(&read.reads, holds);
         if let Some(refusal) = refused(txn.branch(failed_compare), &read.reads, &read.bindings, &owns) {
             recheck.confirm(session, TxnError::Binding(refusal)).await?;
             continue;
@@ -101,6 +103,8 @@ struct Running<'a> {
     key: Option<Keyed<'a>>,
     /// What the writer must still hold when the branch commits.
     guards: &'a Guards,
+    /// Where the guards of its compares stand, by the compare's index.
+    held: &'a [(usize, Standing)],
     /// Every key it reads ([Txn::keys]).
     keys: Vec<String>,
     /// The charge ids of the keys it writes.
@@ -180,6 +184,9 @@ impl Running<'_> {
             record.add_to(&mut multi, Planned::Key)?;
         }
         self.guards.add_to(&mut multi, Planned::Holds)?;
+        for (index, standing) in self.held {
+            standing.pin(&mut multi, Planned::Held { index: *index })?;
+        }
         let guards = guard_leases(&mut multi, &made)?;
         for planned in planned {
             add(&mut multi, planned, &options, (root, &made))?;
@@ -297,6 +304,10 @@ impl Running<'_> {
             Failed::Refused {
                 tag: Planned::Holds, ..
             } => Err(TxnError::ZooKeeper(Failure::Unguarded)),
+            Failed::Refused {
+                tag: Planned::Held { .. },
+                ..
+            } => Err(TxnError::HeldChanged),
             // A lease's guard (said by [settle_guards]), a key or a binding changed since it
             // was read (its pin, or a write on its version, refused): again.
             Failed::Refused {
@@ -512,8 +523,8 @@ fn add(
     (root, made): (&str, &HashMap<String, NewBinding>),
 ) -> Result<(), ZkError> {
     match &planned {
-        // Added by [Guards::add_to], never planned.
-        Planned::Holds => Ok(()),
+        // Added by [Guards::add_to] and [Standing::pin], never planned.
+        Planned::Holds | Planned::Held { .. } => Ok(()),
         Planned::Unbound { path } => {
             let owner = owner_record_path(root, path);
             multi.create(planned.clone(), &owner, &[], options)?;

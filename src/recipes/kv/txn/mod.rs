@@ -72,11 +72,16 @@ impl Compare {
     }
 }
 
-/// A compare of the key at `path`.
+/// One compare of a transaction.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Check {
-    pub path: String,
-    pub compare: Compare,
+pub enum Check {
+    /// A compare of the key at `path`.
+    Key { path: String, compare: Compare },
+    /// The guard's handle holds what it names (a lock, a read/write lock) or leads (an
+    /// election): resolved by [commit] before each attempt ([crate::recipes::guards::Standing])
+    /// and pinned in the multi-op, so that it held (or did not) at the commit, as a key's
+    /// compare does.
+    Holds(crate::recipes::guards::Guard),
 }
 
 /// One operation of a branch.
@@ -131,7 +136,10 @@ impl Txn {
     /// branches name (a write must know whether it creates or replaces).
     pub fn keys(&self) -> Vec<&str> {
         let mut seen = HashSet::new();
-        let compared = self.compare.iter().map(|check| check.path.as_str());
+        let compared = self.compare.iter().filter_map(|check| match check {
+            Check::Key { path, .. } => Some(path.as_str()),
+            Check::Holds(_) => None,
+        });
         let named = self.then.iter().chain(&self.otherwise).map(Step::path);
         compared.chain(named).filter(|path| seen.insert(*path)).collect()
     }
@@ -149,11 +157,24 @@ impl Txn {
         })
     }
 
-    /// The index of the first compare that fails on `reads` (`None`: all hold, `then` runs).
-    pub fn first_failed(&self, reads: &HashMap<String, Option<Entry>>) -> Option<usize> {
+    /// The index of the first compare that fails on `reads` and `held` (whether the guard of
+    /// the compare at an index holds) (`None`: all hold, `then` runs).
+    pub fn first_failed(&self, reads: &HashMap<String, Option<Entry>>, held: impl Fn(usize) -> bool) -> Option<usize> {
+        self.compare.iter().enumerate().position(|(index, check)| match check {
+            Check::Key { path, compare } => !compare.holds(reads.get(path).and_then(Option::as_ref)),
+            Check::Holds(_) => !held(index),
+        })
+    }
+
+    /// The compares of guards, by index.
+    pub fn held(&self) -> impl Iterator<Item = (usize, &crate::recipes::guards::Guard)> {
         self.compare
             .iter()
-            .position(|check| !check.compare.holds(reads.get(&check.path).and_then(Option::as_ref)))
+            .enumerate()
+            .filter_map(|(index, check)| match check {
+                Check::Holds(guard) => Some((index, guard)),
+                Check::Key { .. } => None,
+            })
     }
 }
 
@@ -162,6 +183,11 @@ impl Txn {
 pub enum Planned {
     /// A check of the writer's guards (`ZKGATE-Guard`): what it names must still hold.
     Holds,
+    /// The pin of the compare at `index` of a guard (`held`, `leads`): it must still stand as
+    /// resolved.
+    Held {
+        index: usize,
+    },
     /// The key existed at this data version when read, and must still.
     Pinned {
         path: String,
@@ -422,6 +448,8 @@ pub enum TxnError {
     Key(KeyError),
     /// The keys it reads kept changing between its read and its commit, [ATTEMPTS] times.
     Contended,
+    /// A compare of a guard no longer stands as resolved: resolve it again.
+    HeldChanged,
     /// A delete of this key, which has keys below it.
     NotEmpty(String),
     /// The connection was lost after the commit was sent: it may or may not have applied.

@@ -9,7 +9,7 @@ use crate::auth::Caller;
 use crate::problem::{ApiError, Problem};
 use crate::recipes::Recipes;
 use crate::recipes::engine::lease::Lease;
-use crate::recipes::guards::{Guard, Guards, retry_guarded};
+use crate::recipes::guards::{Guard, Guards, retry_guarded, standing};
 use crate::recipes::idempotency::{Key, Keyed};
 use crate::recipes::usage::Payer;
 use crate::zk::Failure;
@@ -46,12 +46,31 @@ pub async fn commit(
         key,
     });
     let guards = &Guards::resolve(recipes, caller, guards).await?;
-    let outcome = retry_guarded!(
-        guards,
-        recipes,
-        Err(TxnError::ZooKeeper(Failure::Unguarded)),
-        run(&session, txn, recipes.max_value_bytes, payer, bound, (keyed, guards)).await
-    );
+    let mut outcome = Err(TxnError::Contended);
+    for attempt in 0..ATTEMPTS {
+        // The compares of guards, resolved again (from ZooKeeper) after one changed.
+        let mut held = Vec::new();
+        for (index, guard) in txn.held() {
+            held.push((index, standing(recipes, caller, guard, attempt > 0).await?));
+        }
+        outcome = retry_guarded!(
+            guards,
+            recipes,
+            Err(TxnError::ZooKeeper(Failure::Unguarded)),
+            run(
+                &session,
+                txn,
+                recipes.max_value_bytes,
+                payer,
+                bound,
+                (keyed, guards, &held)
+            )
+            .await
+        );
+        if !matches!(outcome, Err(TxnError::HeldChanged)) {
+            break;
+        }
+    }
     let outcome = outcome.map_err(|err| txn_error(recipes, &leases, err))?;
     if !outcome.repeated {
         let label = if outcome.failed_compare.is_none() {
@@ -94,8 +113,11 @@ fn txn_error(recipes: &Recipes, leases: &HashMap<String, Arc<Lease>>, err: TxnEr
             Some(lease) => recipes.leases.gone(lease),
             None => ApiError::new(Problem::LeaseEnded, format!("lease `{id}` ended")),
         },
-        TxnError::Contended => crate::limits::refusal(
-            format!("the keys kept changing: tried {} times", ATTEMPTS),
+        TxnError::HeldChanged | TxnError::Contended => crate::limits::refusal(
+            format!(
+                "the keys (or the holders) it compares kept changing: tried {} times",
+                ATTEMPTS
+            ),
             std::time::Duration::from_secs(1),
         )
         .into(),

@@ -43,11 +43,11 @@ fn compares_hold_as_etcd_s_do() {
 fn the_first_failed_compare_picks_the_branch() {
     let txn = Txn {
         compare: vec![
-            Check {
+            Check::Key {
                 path: "/k/a".into(),
                 compare: Compare::Exists,
             },
-            Check {
+            Check::Key {
                 path: "/k/b".into(),
                 compare: Compare::Absent,
             },
@@ -55,17 +55,31 @@ fn the_first_failed_compare_picks_the_branch() {
         ..Txn::default()
     };
     let both = reads(&[("/k/a", Some(entry("1", 5, 0))), ("/k/b", None)]);
-    assert_eq!(txn.first_failed(&both), None);
+    assert_eq!(txn.first_failed(&both, |_| true), None);
     let b_there = reads(&[("/k/a", Some(entry("1", 5, 0))), ("/k/b", Some(entry("2", 6, 0)))]);
-    assert_eq!(txn.first_failed(&b_there), Some(1));
+    assert_eq!(txn.first_failed(&b_there, |_| true), Some(1));
     let neither = reads(&[("/k/a", None), ("/k/b", Some(entry("2", 6, 0)))]);
-    assert_eq!(txn.first_failed(&neither), Some(0));
+    assert_eq!(txn.first_failed(&neither, |_| true), Some(0));
+    // A compare of a hold fails as its standing says; it reads no key.
+    let guard = crate::recipes::guards::Guard::new(
+        crate::kind::Kind::Lock,
+        "orders",
+        "0a1b2c3d-00112233445566778899aabbccddeeff",
+    )
+    .unwrap();
+    let held = Txn {
+        compare: vec![txn.compare[0].clone(), Check::Holds(guard)],
+        ..Txn::default()
+    };
+    assert_eq!(held.keys(), vec!["/k/a"]);
+    assert_eq!(held.first_failed(&both, |index| index != 1), Some(1));
+    assert_eq!(held.first_failed(&both, |_| true), None);
 }
 
 #[test]
 fn keys_are_read_once_and_a_key_written_twice_is_named() {
     let txn = Txn {
-        compare: vec![Check {
+        compare: vec![Check::Key {
             path: "/k/a".into(),
             compare: Compare::Exists,
         }],
