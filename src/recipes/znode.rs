@@ -40,6 +40,10 @@ pub struct ZnodeDataState {
     /// A kv key deleted by the end of the lease it was bound to: that lease, and why it ended.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lease_ended: Option<LeaseEnded>,
+    /// A kv key whose last write was guarded (`ZKGATE-Guard`): the holdings it was written
+    /// under, each guard with the holder's fencing token.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub guarded_by: Option<Vec<crate::recipes::guards::GuardedBy>>,
 }
 
 /// The end of the lease a deleted kv key was bound to.
@@ -164,6 +168,8 @@ impl Source for ZnodeData {
                 });
         if let Some(key) = &self.key {
             (state.lease, state.lease_ended) = key.read(client, &self.path, state.exists).await?;
+            state.guarded_by =
+                crate::recipes::kv::writer::guarded_by(client, &key.root, &self.path, state.mzxid).await?;
         }
         Ok(state)
     }

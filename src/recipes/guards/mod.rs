@@ -152,11 +152,21 @@ pub fn parse(value: &str) -> Result<Vec<Guard>, String> {
 /// What a guard's checks are, once resolved.
 #[derive(Clone, Debug)]
 pub struct Checks {
-    /// The holding's node.
+    /// The holding's node, and its czxid (the holder's fencing token).
     node: String,
+    token: i64,
     /// Its lease's record, and the version it was read at.
     lease: String,
     version: i32,
+}
+
+/// A holding a guarded write was made under: its guard (`lock/orders`) and the holder's
+/// fencing token then (its node's czxid; a semaphore permit's lease node's).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
+pub struct GuardedBy {
+    #[schema(example = "lock/orders")]
+    pub guard: String,
+    pub fencing_token: i64,
 }
 
 /// The guards of one write, resolved: what its multi-ops check. Empty for a write without.
@@ -186,6 +196,18 @@ impl Guards {
     /// guard's before any of the write's own operations is looked at.
     pub fn add_to<T: Clone>(&self, multi: &mut Multi<'_, T>, tag: T) -> Result<(), ZkError> {
         self.checked().add_to(multi, tag)
+    }
+
+    /// Under which holdings the write is made, as a guarded key's writer record keeps it
+    /// ([crate::recipes::kv::writer]); empty without guards.
+    pub fn guarded_by(&self) -> Vec<GuardedBy> {
+        let checks = self.checks.locked();
+        (self.asked.iter().zip(checks.iter()))
+            .map(|(guard, checks)| GuardedBy {
+                guard: format!("{}/{}", guard.kind.name(), guard.name),
+                fencing_token: checks.token,
+            })
+            .collect()
     }
 
     /// The checks as they are now, for a write that a holding's task makes (a member's node,

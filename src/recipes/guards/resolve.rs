@@ -117,6 +117,7 @@ async fn in_registry<P: Protocol>(
             && !driven.lease.ended().is_cancelled()
         {
             let checks = Checks {
+                token: node.czxid,
                 node: handles.node(name, &node.name),
                 lease: driven.lease.path.clone(),
                 version,
@@ -161,6 +162,7 @@ async fn in_registry<P: Protocol>(
     match found {
         Some(found) if found.record.ended.is_none() => {
             let checks = Checks {
+                token: recorded.node.czxid,
                 node: recorded.paths[0].clone(),
                 lease,
                 version: found.version,

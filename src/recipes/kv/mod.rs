@@ -19,6 +19,7 @@
 pub mod bound;
 mod lost;
 pub mod txn;
+pub mod writer;
 
 use lost::{LostReply, after_loss};
 
@@ -113,6 +114,21 @@ impl<'a> Key<'a> {
     /// The path of its owner record, there while it is bound to a lease.
     fn owner_record(&self) -> String {
         owner_record_path(self.root, &self.path)
+    }
+
+    /// Its writer record's path ([writer]).
+    fn writer(&self) -> String {
+        writer::record_path(self.root, &self.path)
+    }
+
+    /// For a guarded write, whether its writer record exists; `None` for one without guards,
+    /// which leaves the record as it is.
+    async fn writer_exists(&self, client: &Client) -> Result<Option<bool>, ZkError> {
+        if !self.is_guarded() {
+            return Ok(None);
+        }
+        let record = self.writer();
+        Ok(Some(retry_on_loss(|| client.check_stat(&record)).await?.is_some()))
     }
 
     /// Waits (a moment at most) until this instance's task for `binding`, removed or replaced
@@ -270,10 +286,12 @@ async fn write_plain(
     // The binding to remove, once a write with `rebind` found one.
     let mut unbind: Option<Unbind> = None;
     loop {
-        // The key's stat and its charges: requests sent together, one round trip.
-        let (current, charges) = tokio::join!(
+        // The key's stat, its charges and (for a guarded write) its writer record's: requests
+        // sent together, one round trip.
+        let (current, charges, written) = tokio::join!(
             retry_on_loss(|| client.check_stat(path)),
-            payer.quotas.charges_of(client, &mine.id)
+            payer.quotas.charges_of(client, &mine.id),
+            key.writer_exists(client),
         );
         let expected = match admits(condition, current?) {
             Ok(expected) => expected,
@@ -299,6 +317,9 @@ async fn write_plain(
             .quotas
             .add_recharge(&mut multi, Op::Charge, &mine, data.len(), &charges)?;
         add_unbound(&mut multi, key, unbind.as_ref())?;
+        if let (Some(guards), Some(exists)) = (key.guards, written?) {
+            writer::add_written(&mut multi, Op::Writer, &key.writer(), &guards.guarded_by(), exists)?;
+        }
         let failed = match multi.commit().await {
             Ok(done) => {
                 let stat = match done.stat(&Op::Value) {
@@ -335,6 +356,7 @@ async fn write_plain(
                 None => unbind = None,
             },
             Again::Unbound => unbind = None,
+            Again::Writer => writer::ensure_dir(client, key.root).await?,
             Again::UnboundRecord => {
                 if let Some(was) = unbind.take() {
                     unbind = was.again(client, key).await?;
@@ -427,6 +449,9 @@ enum Again {
     Unbound,
     /// The holding record of the binding it was to remove is gone.
     UnboundRecord,
+    /// The writer record went meanwhile, or its directory is missing: make that, and decide
+    /// again.
+    Writer,
 }
 
 /// What to do after the multi-op writing `data` at `path` (replacing `expected`, or creating
@@ -467,10 +492,14 @@ async fn after_failed(
             (Some(_), ZkError::BadVersion | ZkError::NoNode) => Ok(Again::Decide),
             (_, err) => Err(err.into()),
         },
-        // A charge changed meanwhile (a write of the same key on another instance): decide
-        // again.
         Failed::Refused {
-            tag: Op::Charge,
+            tag: Op::Writer,
+            error: ZkError::NoNode,
+        } => Ok(Again::Writer),
+        // A charge, or the writer record, changed meanwhile (a write of the same key on
+        // another instance): decide again.
+        Failed::Refused {
+            tag: Op::Charge | Op::Writer,
             error: ZkError::NoNode | ZkError::NodeExists | ZkError::BadVersion,
         } => Ok(Again::Decide),
         // The reply was lost: the multi-op happened whole or not at all.
@@ -511,6 +540,8 @@ enum Op {
     Binding,
     /// The delete of its lease's holding record.
     BindingRecord,
+    /// The key's writer record ([writer]) written or deleted.
+    Writer,
 }
 
 /// The ancestors of `path` that do not exist, the highest first.
@@ -555,10 +586,19 @@ pub async fn delete(session: &Session, key: &Key<'_>, condition: Condition, quot
                 .await?;
             continue;
         }
-        let charges = quotas.charges_of(client, &id).await?;
+        // Its charges and its writer record's stat: one round trip.
+        let record = key.writer();
+        let (charges, written) = tokio::join!(
+            quotas.charges_of(client, &id),
+            retry_on_loss(|| client.check_stat(&record))
+        );
+        let charges = charges?;
         let mut multi = Multi::new(client);
         key.add_guards(&mut multi, Op::Guard)?;
         multi.delete(Op::Value, path, Some(stat.version))?;
+        if written?.is_some() {
+            multi.delete(Op::Writer, &record, None)?;
+        }
         quotas.add_refunds(&mut multi, Op::Charge, &charges)?;
         add_unbound(&mut multi, key, unbind.as_ref())?;
         match multi.commit().await {
@@ -594,9 +634,9 @@ pub async fn delete(session: &Session, key: &Key<'_>, condition: Condition, quot
                     unbind = was.again(client, key).await?;
                 }
             }
-            // The binding, or a charge, changed meanwhile: decide again.
+            // The binding, a charge or the writer record changed meanwhile: decide again.
             Err(Failed::Refused {
-                tag: Op::Binding | Op::Charge,
+                tag: Op::Binding | Op::Charge | Op::Writer,
                 error: ZkError::NoNode | ZkError::BadVersion,
             }) => unbind = None,
             Err(failed) if failed.is_loss() => retried = true,

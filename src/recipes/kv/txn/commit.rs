@@ -20,6 +20,7 @@ use crate::recipes::engine::record;
 use crate::recipes::guards::{Guards, Standing};
 use crate::recipes::idempotency::Keyed;
 use crate::recipes::kv::bound::{self, BoundKeys};
+use crate::recipes::kv::writer;
 use crate::recipes::usage::{self, Payer, Quotas};
 use crate::zk::{Done, Failed, Failure, Multi, Session};
 
@@ -115,23 +116,31 @@ struct Running<'a> {
     lost_here: bool,
 }
 
-/// What an attempt read: the keys, the bindings of those written, and their charges.
+/// What an attempt read: the keys, the bindings of those written, their charges, and which
+/// of them have a writer record ([writer]).
 struct Read {
     reads: HashMap<String, Option<Entry>>,
     bindings: HashMap<String, Option<ReadBinding>>,
     charges: HashMap<String, Vec<(usage::Charge, i32)>>,
+    written: HashSet<String>,
 }
 
 impl Running<'_> {
     /// Reads the keys, the bindings of those written and their charges: requests sent
     /// together, one round trip.
     async fn read(&self) -> Result<Read, TxnError> {
-        let client = self.session.client();
-        let (read, bindings, charges) = tokio::join!(
+        let (client, root) = (self.session.client(), self.bound.keys.root());
+        let keys = written_keys(self.txn);
+        let records: Vec<String> = keys.iter().map(|path| writer::record_path(root, path)).collect();
+        let (read, bindings, charges, written) = tokio::join!(
             crate::zk::get_each_of_size(client, &self.keys, self.max_value_bytes),
-            read_bindings(client, self.txn, self.bound.keys.root()),
+            read_bindings(client, self.txn, root),
             self.payer.quotas.charges_of_each(client, &self.charge_ids),
+            crate::zk::stat_each(client, &records),
         );
+        let written = (keys.into_iter().zip(written?))
+            .filter_map(|(path, stat)| stat.map(|_| path))
+            .collect();
         let entries = read?.into_iter().map(|read| {
             read.map(|(data, stat)| Entry {
                 data,
@@ -143,6 +152,7 @@ impl Running<'_> {
             reads: self.keys.iter().cloned().zip(entries).collect(),
             bindings: bindings?,
             charges: self.charge_ids.iter().cloned().zip(charges?).collect(),
+            written,
         })
     }
 
@@ -192,6 +202,7 @@ impl Running<'_> {
             add(&mut multi, planned, &options, (root, &made))?;
         }
         charge(&mut multi, branch, &self.payer, client, &read.charges).await?;
+        add_writers(&mut multi, branch, read, (root, self.guards))?;
         let committed = multi.commit().await;
         settle_guards(client, guards, &committed).await?;
         let failed = match committed {
@@ -308,6 +319,14 @@ impl Running<'_> {
                 tag: Planned::Held { .. },
                 ..
             } => Err(TxnError::HeldChanged),
+            // A writer record went meanwhile, or their directory is missing: again.
+            Failed::Refused {
+                tag: Planned::Writer,
+                error: ZkError::NoNode,
+            } => {
+                writer::ensure_dir(client, self.bound.keys.root()).await?;
+                Ok(None)
+            }
             // A lease's guard (said by [settle_guards]), a key or a binding changed since it
             // was read (its pin, or a write on its version, refused): again.
             Failed::Refused {
@@ -329,6 +348,29 @@ impl Running<'_> {
             failed => Err(TxnError::ZooKeeper(failed.into())),
         }
     }
+}
+
+/// Adds to `multi` what a branch does to its keys' writer records ([writer]): a guarded put
+/// writes the key's, naming the `guards`; a delete of a key deletes its record if it has one.
+fn add_writers(
+    multi: &mut Multi<'_, Planned>,
+    branch: &[Step],
+    read: &Read,
+    (root, guards): (&str, &Guards),
+) -> Result<(), ZkError> {
+    let by = guards.guarded_by();
+    for step in branch {
+        let (path, exists) = (step.path(), read.written.contains(step.path()));
+        let record = writer::record_path(root, path);
+        match step {
+            Step::Put { .. } if !by.is_empty() => writer::add_written(multi, Planned::Writer, &record, &by, exists)?,
+            Step::Delete { .. } if exists && matches!(read.reads.get(path), Some(Some(_))) => {
+                multi.delete(Planned::Writer, &record, None)?
+            }
+            Step::Put { .. } | Step::Delete { .. } | Step::Get { .. } => {}
+        }
+    }
+    Ok(())
 }
 
 /// The guards of the leases `made` binds keys to, one a lease, added to `multi`.
@@ -524,7 +566,7 @@ fn add(
 ) -> Result<(), ZkError> {
     match &planned {
         // Added by [Guards::add_to] and [Standing::pin], never planned.
-        Planned::Holds | Planned::Held { .. } => Ok(()),
+        Planned::Holds | Planned::Held { .. } | Planned::Writer => Ok(()),
         Planned::Unbound { path } => {
             let owner = owner_record_path(root, path);
             multi.create(planned.clone(), &owner, &[], options)?;

@@ -250,6 +250,8 @@ pub enum Planned {
     },
     /// The idempotency key's record, created first (added by [run]).
     Key,
+    /// A key's writer record, written by a guarded put or deleted with its key (added by [run]).
+    Writer,
 }
 
 /// The binding of a key a branch writes, as read: its owner record's content and version, and
