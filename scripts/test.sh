@@ -58,3 +58,5 @@ cat target/contract.log
 ZKGATE_BENCH_QUICK=1 step cargo bench --profile dev --bench compare
 # The idempotency store's bench, 20 s with a small bound: it fails if the store passes it.
 ZKGATE_BENCH_QUICK=1 step cargo bench --profile dev --bench idempotency
+# The guard's bench, 100 puts of each kind: it fails on a put that is not answered 2xx.
+ZKGATE_BENCH_QUICK=1 step cargo bench --profile dev --bench guards

@@ -121,16 +121,6 @@ impl<'a> Key<'a> {
         writer::record_path(self.root, &self.path)
     }
 
-    /// For a guarded write, whether its writer record exists; `None` for one without guards,
-    /// which leaves the record as it is.
-    async fn writer_exists(&self, client: &Client) -> Result<Option<bool>, ZkError> {
-        if !self.is_guarded() {
-            return Ok(None);
-        }
-        let record = self.writer();
-        Ok(Some(retry_on_loss(|| client.check_stat(&record)).await?.is_some()))
-    }
-
     /// Waits (a moment at most) until this instance's task for `binding`, removed or replaced
     /// by a write, has seen it and left its lease: the request answers after this instance's
     /// view of the lease stopped listing the key. (Another instance's task sees it as soon as
@@ -285,13 +275,15 @@ async fn write_plain(
     let mut recheck = Recheck::default();
     // The binding to remove, once a write with `rebind` found one.
     let mut unbind: Option<Unbind> = None;
+    // Whether the key's writer record is there, for a guarded write: assumed (a key written
+    // under guards is mostly written so again) and learnt from a refusal, so that a guarded
+    // write reads nothing more than a write without.
+    let mut writer_exists = true;
     loop {
-        // The key's stat, its charges and (for a guarded write) its writer record's: requests
-        // sent together, one round trip.
-        let (current, charges, written) = tokio::join!(
+        // The key's stat and its charges: requests sent together, one round trip.
+        let (current, charges) = tokio::join!(
             retry_on_loss(|| client.check_stat(path)),
-            payer.quotas.charges_of(client, &mine.id),
-            key.writer_exists(client),
+            payer.quotas.charges_of(client, &mine.id)
         );
         let expected = match admits(condition, current?) {
             Ok(expected) => expected,
@@ -317,8 +309,14 @@ async fn write_plain(
             .quotas
             .add_recharge(&mut multi, Op::Charge, &mine, data.len(), &charges)?;
         add_unbound(&mut multi, key, unbind.as_ref())?;
-        if let (Some(guards), Some(exists)) = (key.guards, written?) {
-            writer::add_written(&mut multi, Op::Writer, &key.writer(), &guards.guarded_by(), exists)?;
+        if let Some(guards) = key.guards.filter(|guards| !guards.is_empty()) {
+            writer::add_written(
+                &mut multi,
+                Op::Writer,
+                &key.writer(),
+                &guards.guarded_by(),
+                writer_exists,
+            )?;
         }
         let failed = match multi.commit().await {
             Ok(done) => {
@@ -356,7 +354,10 @@ async fn write_plain(
                 None => unbind = None,
             },
             Again::Unbound => unbind = None,
-            Again::Writer => writer::ensure_dir(client, key.root).await?,
+            Again::Writer(ZkError::NodeExists) => writer_exists = true,
+            Again::Writer(ZkError::NoNode) if writer_exists => writer_exists = false,
+            Again::Writer(ZkError::NoNode) => writer::ensure_dir(client, key.root).await?,
+            Again::Writer(err) => return Err(err.into()),
             Again::UnboundRecord => {
                 if let Some(was) = unbind.take() {
                     unbind = was.again(client, key).await?;
@@ -449,9 +450,9 @@ enum Again {
     Unbound,
     /// The holding record of the binding it was to remove is gone.
     UnboundRecord,
-    /// The writer record went meanwhile, or its directory is missing: make that, and decide
-    /// again.
-    Writer,
+    /// The writer record's write was refused so: it is there after all (`NodeExists`), or
+    /// not (`NoNode`: or its directory is missing).
+    Writer(ZkError),
 }
 
 /// What to do after the multi-op writing `data` at `path` (replacing `expected`, or creating
@@ -492,14 +493,11 @@ async fn after_failed(
             (Some(_), ZkError::BadVersion | ZkError::NoNode) => Ok(Again::Decide),
             (_, err) => Err(err.into()),
         },
+        Failed::Refused { tag: Op::Writer, error } => Ok(Again::Writer(error)),
+        // A charge changed meanwhile (a write of the same key on another instance): decide
+        // again.
         Failed::Refused {
-            tag: Op::Writer,
-            error: ZkError::NoNode,
-        } => Ok(Again::Writer),
-        // A charge, or the writer record, changed meanwhile (a write of the same key on
-        // another instance): decide again.
-        Failed::Refused {
-            tag: Op::Charge | Op::Writer,
+            tag: Op::Charge,
             error: ZkError::NoNode | ZkError::NodeExists | ZkError::BadVersion,
         } => Ok(Again::Decide),
         // The reply was lost: the multi-op happened whole or not at all.

@@ -31,7 +31,7 @@ pub async fn ensure_dir(client: &Client, root: &str) -> Result<(), ZkError> {
 }
 
 /// Adds to `multi` the writer record of a guarded write under `by`: replaced if it `exists`
-/// (as read before the multi-op), else created. A refusal (`NodeExists`, `NoNode`) means another
+/// (as read, or as a refusal taught the writer), else created. A refusal (`NodeExists`, `NoNode`) means another
 /// write made or removed it meanwhile (or, `NoNode` of a create, that the directory is missing:
 /// [ensure_dir]): decide again.
 pub fn add_written<T: Clone>(
