@@ -290,6 +290,141 @@ async fn a_holder_frozen_past_its_ttl_cannot_write_over_the_next_holder() {
     assert_eq!(read.body, json!("rival"), "{read:?}");
 }
 
+/// The same with leadership, on real processes: a leader frozen (SIGSTOP) past its lease's TTL
+/// is succeeded by a rival campaigning through the other instance, who writes; resumed, the
+/// old leader's guarded write is refused with the new leader's term, and the value is the
+/// rival's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_frozen_past_its_ttl_cannot_write_over_its_successor() {
+    let zk = zookeeper().await;
+    let frozen = common::process::Process::start(&zk.connect_string()).await;
+    let other = std::sync::Arc::new(Gate::start(&zk.connect_string()).await);
+    let lease = frozen.lease("2s").await;
+    let (status, led) = frozen
+        .call(
+            Method::POST,
+            "/v1/elections/jobs/campaign?wait=5s",
+            Some(json!({ "lease": lease })),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{led}");
+    let stale = format!("election/jobs; handle={}", led["handle"].as_str().expect("handle"));
+    let put = kv(
+        &frozen.url,
+        Method::PUT,
+        "jobs/state",
+        Some(json!("first")),
+        Some(&stale),
+    )
+    .await;
+    assert_eq!(put.status, StatusCode::CREATED, "{put:?}");
+
+    let rival = other.lease("60s").await;
+    let campaign = {
+        let (other, rival) = (other.clone(), rival.clone());
+        tokio::spawn(async move {
+            other
+                .post("/v1/elections/jobs/campaign?wait=30s", Some(json!({ "lease": rival })))
+                .await
+        })
+    };
+    common::wait_children(&zk.connect_string(), "/zkgate/elections/jobs", 2).await;
+    frozen.pause(true);
+    let leads = common::within(Duration::from_secs(30), "the rival's leadership", campaign)
+        .await
+        .expect("task");
+    assert_eq!(leads.status, StatusCode::OK, "{leads:?}");
+    assert_eq!(leads.body["leader"], true, "{leads:?}");
+    let fresh = format!("election/jobs; handle={}", leads.str("handle"));
+    let put = kv(
+        &other.url,
+        Method::PUT,
+        "jobs/state",
+        Some(json!("rival")),
+        Some(&fresh),
+    )
+    .await;
+    assert_eq!(put.status, StatusCode::OK, "{put:?}");
+
+    frozen.pause(false);
+    frozen.wait_session(2).await;
+    let late = kv(
+        &frozen.url,
+        Method::PUT,
+        "jobs/state",
+        Some(json!("stale")),
+        Some(&stale),
+    )
+    .await;
+    late.assert_problem(StatusCode::CONFLICT, None);
+    assert_eq!(late.body["type"], "urn:zkgate:problem:guard-lost", "{late:?}");
+    assert_eq!(late.body["guard"], "election/jobs", "{late:?}");
+    assert_eq!(late.body["current_token"], leads.body["term"], "{late:?}");
+    let read = kv(&other.url, Method::GET, "jobs/state", None, None).await;
+    assert_eq!(read.body, json!("rival"), "{read:?}");
+}
+
+/// The same with a lock-delay, on real processes: a holder whose lease has a lock-delay is
+/// frozen past its TTL; the other instance ends the lease and keeps its node through the delay
+/// (nobody else is granted yet). Resumed, the holder's guarded write is refused: its lease
+/// ended, though its node is still there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_frozen_into_its_lock_delay_cannot_write() {
+    let zk = zookeeper().await;
+    let frozen = common::process::Process::start(&zk.connect_string()).await;
+    let other = Gate::start(&zk.connect_string()).await;
+    let (status, made) = frozen
+        .call(
+            Method::POST,
+            "/v1/leases",
+            Some(json!({ "ttl": "2s", "lock_delay": "60s" })),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{made}");
+    let lease = made["id"].as_str().expect("lease id");
+    let (status, held) = frozen.acquire("delayed", lease, "wait=5s").await;
+    assert_eq!(status, StatusCode::OK, "{held}");
+    let stale = lock_guard("delayed", held["handle"].as_str().expect("handle"));
+    let put = kv(
+        &frozen.url,
+        Method::PUT,
+        "delayed/state",
+        Some(json!("first")),
+        Some(&stale),
+    )
+    .await;
+    assert_eq!(put.status, StatusCode::CREATED, "{put:?}");
+
+    let mut events = Sse::open(&other.http, &format!("{}/v1/locks/delayed/events", other.url), None).await;
+    let mut seen = vec![events.next().await];
+    frozen.pause(true);
+    events
+        .until("lock:delayed", &mut seen, |e| e["type"] == "held-by-ended-lease")
+        .await;
+    frozen.pause(false);
+    frozen.wait_session(2).await;
+    let late = kv(
+        &frozen.url,
+        Method::PUT,
+        "delayed/state",
+        Some(json!("stale")),
+        Some(&stale),
+    )
+    .await;
+    assert_lost(&late, "lock/delayed", "lease-ended");
+    let read = kv(&other.url, Method::GET, "delayed/state", None, None).await;
+    assert_eq!(read.body, json!("first"), "{read:?}");
+    let state = other.get("/v1/locks/delayed").await;
+    assert_eq!(
+        state.body["holder"]["fencing_token"], held["fencing_token"],
+        "the node is still kept through the delay: {state:?}"
+    );
+    assert!(
+        state.body["holder"]["held_by_ended_lease_until"].is_string(),
+        "{state:?}"
+    );
+}
+
 /// The guard is checked by ZooKeeper when each write applies, not only before it: guards
 /// resolved while the lock was held, then the lock released, and each guarded write sent with
 /// them (as a write in flight when its holder loses the lock would be) is refused by its own
