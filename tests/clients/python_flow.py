@@ -10,7 +10,8 @@ fails until then.
 
 Steps: two leases; a lock taken with the first (handle, fencing token > 0); the second lease is
 refused at once (409, a parsed Problem); release, then the second lease takes it with a greater
-token; a queue item put, taken (claimed) and acknowledged; a counter added to; a campaign that
+token; a write guarded by a lock (`ZKGATE-Guard`) that lands, then is refused once the lock is
+released; a queue item put, taken (claimed) and acknowledged; a counter added to; a campaign that
 leads, read back as the election's leader; a key bound to the lease, refused to a plain write,
 gone with the lease; a transaction that writes two keys at once, then finds its compare fails
 (the steps of tests/clients/typescript/flow.ts).
@@ -189,6 +190,38 @@ def main() -> int:
             None,
             "DELETE /v1/locks/{name}/handles/{handle} (other lease)",
         )
+
+    @step("a write guarded by a lock lands while it is held, not once it is released", needs=("create two leases",))
+    def _() -> None:
+        guarded = f"{lock}-guarded"
+        got = expect(
+            acquire_lock.sync_detailed(guarded, client=client, body=AcquireBodyWithLease(lease=state["lease"]), wait="0"),
+            HTTPStatus.OK,
+            Acquisition,
+            "POST /v1/locks/{name}/acquire (guard)",
+        )
+        guard = f"lock/{guarded}; handle={got.handle}"
+        key = f"flow/guarded-{run}"
+        written = expect(
+            put_value.sync_detailed(key, client=client, body={"v": 1}, zkgate_guard=guard),
+            HTTPStatus.CREATED,
+            Written,
+            "PUT /v1/kv/{key} guarded",
+        )
+        check(written.created is True, f"written {written!r}")
+        expect(
+            release_lock.sync_detailed(guarded, got.handle, client=client),
+            HTTPStatus.NO_CONTENT,
+            None,
+            "DELETE /v1/locks/{name}/handles/{handle} (guard)",
+        )
+        refused = expect(
+            put_value.sync_detailed(key, client=client, body={"v": 2}, zkgate_guard=guard),
+            HTTPStatus.CONFLICT,
+            Problem,
+            "PUT /v1/kv/{key} with a released guard",
+        )
+        check(refused.type_ == "urn:zkgate:problem:guard-lost", f"problem type {refused.type_}")
 
     queue = f"flow-queue-{run}"
     item_body = {"to": "ada@example.com", "run": run}

@@ -1,7 +1,8 @@
 // The flow every generated TypeScript client drives (scripts/clients.sh), the same steps as
 // tests/clients/python_flow.py: two leases; a lock taken with the first (handle, fencing token
 // > 0); the second lease is refused at once (409, a problem document); release, then the second
-// lease takes it with a greater token; a queue item put, taken (claimed) and acknowledged; a
+// lease takes it with a greater token; a write guarded by a lock (`ZKGATE-Guard`) that lands,
+// then is refused once the lock is released; a queue item put, taken (claimed) and acknowledged; a
 // counter added to, and refused past its bound; a campaign that leads, read back as the
 // election's leader; a key bound to the lease, refused to a plain write; a transaction that
 // writes two keys at once, then finds its compare fails; the leases deleted, and the key gone
@@ -130,8 +131,9 @@ export interface Client {
     campaign(election: string, lease: string, value: Record<string, unknown>): Promise<Answer<Candidacy>>;
     election(election: string): Promise<Answer<Election>>;
     deleteLease(id: string): Promise<Answer<void>>;
-    /** `PUT /v1/kv/{key}` with a JSON value, bound to `lease` when one is given. */
-    putKey(key: string, value: Record<string, unknown>, lease?: string): Promise<Answer<Written>>;
+    /** `PUT /v1/kv/{key}` with a JSON value, bound to `lease` when one is given, guarded by
+     * `guard` (`ZKGATE-Guard`) when one is given. */
+    putKey(key: string, value: Record<string, unknown>, lease?: string, guard?: string): Promise<Answer<Written>>;
     /** `POST /v1/kv-txn`: if `key` is absent, put `key` and `marker` (text), and get `key`. */
     txnCreate(key: string, marker: string, text: string): Promise<Answer<TxnAnswer>>;
 }
@@ -245,6 +247,18 @@ export async function runFlow(name: string, client: Client): Promise<never> {
             noContent("DELETE /v1/locks/{name}/handles/{handle} (other lease)", 204, await client.releaseLock(lock, got.handle));
         },
     );
+
+    await step("a write guarded by a lock lands while it is held, not once it is released", ["create two leases"], async () => {
+        const guarded = `${lock}-guarded`;
+        const got = ok("POST /v1/locks/{name}/acquire (guard)", 200, await client.acquireLock(guarded, lease));
+        const guard = `lock/${guarded}; handle=${got.handle}`;
+        const key = `flow/guarded-${run}`;
+        const written = ok("PUT /v1/kv/{key} guarded", 201, await client.putKey(key, { v: 1 }, undefined, guard));
+        check(written.created, `written ${JSON.stringify(written)}`);
+        noContent("DELETE /v1/locks/{name}/handles/{handle} (guard)", 204, await client.releaseLock(guarded, got.handle));
+        const refused = problem("PUT /v1/kv/{key} with a released guard", 409, await client.putKey(key, { v: 2 }, undefined, guard));
+        check(refused.type === "urn:zkgate:problem:guard-lost", `problem type ${refused.type}`);
+    });
 
     const queue = `flow-queue-${run}`;
     const itemBody = { to: "ada@example.com", run };

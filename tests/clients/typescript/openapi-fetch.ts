@@ -72,8 +72,17 @@ const client: Client = {
             candidateCount: e.candidate_count,
         })),
     deleteLease: async (id) => answer(await api.DELETE("/v1/leases/{id}", { params: { path: { id } } })),
-    putKey: async (key, value, lease) =>
-        answer(await api.PUT("/v1/kv/{key}", { params: { path: { key }, query: lease === undefined ? {} : { lease } }, body: value })),
+    putKey: async (key, value, lease, guard) =>
+        answer(
+            await api.PUT("/v1/kv/{key}", {
+                params: {
+                    path: { key },
+                    query: lease === undefined ? {} : { lease },
+                    header: guard === undefined ? {} : { "ZKGATE-Guard": guard },
+                },
+                body: value,
+            }),
+        ),
     txnCreate: async (key, marker, text) =>
         answer(
             await api.POST("/v1/kv-txn", {

@@ -9,6 +9,8 @@ export default {
             target: "./generated/orval/zkgate.ts",
             client: "fetch",
             mode: "single",
+            // Header parameters (`ZKGATE-Guard`, `Idempotency-Key`, `If-Match`) as typed arguments.
+            headers: true,
             override: { mutator: { path: "./orval-fetch.ts", name: "orvalFetch", extension: ".js" } },
         },
     },

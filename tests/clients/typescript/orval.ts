@@ -55,7 +55,15 @@ const client: Client = {
     election: async (election) =>
         mapped(answer(await api.electionState(election)), (e) => ({ leader: e.leader, candidateCount: e.candidate_count })),
     deleteLease: async (id) => answer(await api.deleteLease(id)),
-    putKey: async (key, value, lease) => answer(await api.putValue(key, value, lease === undefined ? {} : { lease })),
+    putKey: async (key, value, lease, guard) =>
+        answer(
+            await api.putValue(
+                key,
+                value,
+                lease === undefined ? {} : { lease },
+                guard === undefined ? {} : { "ZKGATE-Guard": guard },
+            ),
+        ),
     txnCreate: async (key, marker, text) =>
         answer(
             await api.transaction({

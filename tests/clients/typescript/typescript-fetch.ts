@@ -64,7 +64,7 @@ const client: Client = {
         answer(elections.campaignRaw({ name: election, wait: "5s", campaignBody: { lease, value } })),
     election: async (election) => answer(elections.electionStateRaw({ name: election })),
     deleteLease: async (id) => answer(leases.deleteLeaseRaw({ id })),
-    putKey: async (key, value, lease) => answer(kv.putValueRaw({ key, lease, body: value })),
+    putKey: async (key, value, lease, guard) => answer(kv.putValueRaw({ key, lease, zKGATEGuard: guard, body: value })),
     txnCreate: async (key, marker, text) =>
         answer(
             kv.transactionRaw({
