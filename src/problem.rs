@@ -160,7 +160,7 @@ catalogue! {
     NotACounter: Http, 409, "not-a-counter", "Not a counter", ["size_bytes"],
         "the counter's znode holds data that is not an 8-byte big-endian number (something else wrote it)";
     GuardLost: Http, 409, "guard-lost", "Guard lost", ["guard", "reason", "current_token"],
-        "a write guarded by `ZKGATE-Guard` whose handle does not hold what the guard names (the lock, a read or write hold, a permit, the leadership) when ZooKeeper would apply it: nothing is written; `guard` names it, `reason` says why (`released`, `lost`, `lease-ended`, `not-held`), `current_token` is the holder's now if another holds";
+        "a write guarded by `ZKGATE-Guard` whose handle does not hold what the guard names (the lock, a read or write hold, a permit, the leadership) when ZooKeeper would apply it: nothing is written; `guard` names it, `reason` says why (`released`, `revoked`, `lost`, `lease-ended`, `not-held`), `current_token` is the holder's now if another holds";
     LeaseEnded: Http, 410, "lease-ended", "Lease ended", ["reason"],
         "the lease ended (`reason`: `deleted`, `expired`)";
     LockLost: Http, 410, "lock-lost", "Lock lost", ["reason", "lock"],

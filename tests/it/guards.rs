@@ -98,6 +98,33 @@ async fn a_guarded_write_lands_while_the_lock_is_held_and_not_once_it_is_release
     let holder_guard = lock_guard("orders", &holder.str("handle"));
     let deleted = kv(&gate.url, Method::DELETE, "orders/state", None, Some(&holder_guard)).await;
     assert_eq!(deleted.status, StatusCode::NO_CONTENT, "{deleted:?}");
+
+    // Taken back by a revocation whose grace ran out: refused as revoked, saying by whom.
+    let revoked = gate
+        .post(
+            "/v1/locks/orders/revoke",
+            Some(json!({"by": "ops", "reason": "stuck", "grace": "100ms"})),
+        )
+        .await;
+    assert_eq!(revoked.status, StatusCode::ACCEPTED, "{revoked:?}");
+    let granted = gate
+        .get(&format!("/v1/locks/orders/handles/{}?wait=10s", waiting.str("handle")))
+        .await;
+    assert_eq!(
+        granted.body["state"], "held",
+        "the waiter is granted after the grace: {granted:?}"
+    );
+    let late = kv(
+        &gate.url,
+        Method::PUT,
+        "orders/state",
+        Some(json!("late")),
+        Some(&holder_guard),
+    )
+    .await;
+    assert_lost(&late, "lock/orders", "revoked");
+    assert!(late.str("detail").contains("`ops` (stuck)"), "{late:?}");
+    assert_eq!(late.body["current_token"], granted.body["fencing_token"], "{late:?}");
 }
 
 #[tokio::test]

@@ -12,6 +12,7 @@ use crate::recipes::engine::record;
 use crate::recipes::engine::view::{self, Fencing};
 use crate::recipes::locks::contention::lookup;
 use crate::recipes::recorded::Watched;
+use crate::zk::Session;
 
 impl Guards {
     /// The guards `asked` of `caller`'s write, resolved: refused (409 `guard-lost`) if one does
@@ -136,8 +137,11 @@ async fn in_registry<P: Protocol>(
         return match (driven, lost_here) {
             (Some(ended), _) => gone("lease-ended", format!("its lease ended ({})", ended.describe())),
             (None, Some(lost)) if lost.lease_ended.is_some() => gone("lease-ended", lost.reason),
-            (None, Some(lost)) => gone("lost", lost.reason),
-            (None, None) => gone("released", "it has no node: released, or lost with its lease".into()),
+            (None, lost) => match (revoked(recipes, &session, guard).await, lost) {
+                (Some(why), _) => gone("revoked", why),
+                (None, Some(lost)) => gone("lost", lost.reason),
+                (None, None) => gone("released", "it has no node: released, or lost with its lease".into()),
+            },
         };
     };
     let owner = recorded.owner();
@@ -177,6 +181,28 @@ async fn in_registry<P: Protocol>(
             gone("lease-ended", detail)
         }
     }
+}
+
+/// How many of the newest revocations a refused guard looks through for its own (the audit
+/// log keeps more; a refusal must stay cheap).
+const REVOCATIONS_READ: usize = 64;
+
+/// Why `guard`'s node went, if a revocation asked for it: who asked and why, and whether the
+/// grace ran out (the node deleted by zkgate) or the holder gave it up when asked.
+async fn revoked(recipes: &Recipes, session: &Session, guard: &Guard) -> Option<String> {
+    let guid = crate::ids::guid_of(&guard.handle)?;
+    let audit = crate::recipes::engine::revocation::audit_dir(&recipes.root);
+    let records = crate::recipes::engine::revocation::read_audit(session, &audit, REVOCATIONS_READ)
+        .await
+        .ok()?;
+    let asked = records
+        .into_iter()
+        .find(|record| record.kind == guard.kind.name() && record.lock == guard.name && record.node.contains(&guid))?;
+    let how = match asked.grace_ms {
+        Some(grace) => format!("its node was deleted after a grace of {grace} ms"),
+        None => "its holder gave it up".to_string(),
+    };
+    Some(format!("revoked by `{}` ({}): {how}", asked.by, asked.reason))
 }
 
 /// 409 `guard-lost` for `guard`, which stands as `standing` (its reason code) for the reason
