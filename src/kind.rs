@@ -44,6 +44,9 @@ struct Entry {
     owner_recorded_apart: bool,
     /// Whether a resource's znode is a container (a group's, a service's, as Curator makes them).
     in_container: bool,
+    /// Whether its holdings are contended (they queue, one or some at a time hold): what a
+    /// write's guard may name.
+    contended: bool,
 }
 
 impl Kind {
@@ -64,20 +67,28 @@ impl Kind {
     ];
 
     const fn entry(self) -> Entry {
-        // segment, name, tag, topic, owner recorded apart, in a container
-        let (segment, name, tag, topic, owner_recorded_apart, in_container) = match self {
-            Kind::Lock => ("locks", "lock", "locks", true, false, false),
-            Kind::RwLock => ("rwlocks", "rwlock", "rwlocks", true, false, false),
-            Kind::Semaphore => ("semaphores", "semaphore", "semaphores", true, false, false),
-            Kind::Election => ("elections", "election", "elections", true, false, false),
-            Kind::Barrier => ("barriers", "barrier", "barriers", true, false, false),
-            Kind::DoubleBarrier => ("double-barriers", "double_barrier", "barriers", true, false, false),
-            Kind::Txn => ("txns", "txn", "txns", true, false, false),
-            Kind::Queue => ("queues", "queue", "queues", true, false, false),
-            Kind::Group => ("groups", "group", "groups", true, true, true),
-            Kind::Kv => ("kv", "kv", "kv", false, false, false),
-            Kind::Counter => ("counters", "counter", "counters", true, false, false),
-            Kind::Service => ("services", "service", "services", true, false, true),
+        // segment, name, tag, topic, owner recorded apart, in a container, contended
+        let (segment, name, tag, topic, owner_recorded_apart, in_container, contended) = match self {
+            Kind::Lock => ("locks", "lock", "locks", true, false, false, true),
+            Kind::RwLock => ("rwlocks", "rwlock", "rwlocks", true, false, false, true),
+            Kind::Semaphore => ("semaphores", "semaphore", "semaphores", true, false, false, true),
+            Kind::Election => ("elections", "election", "elections", true, false, false, true),
+            Kind::Barrier => ("barriers", "barrier", "barriers", true, false, false, false),
+            Kind::DoubleBarrier => (
+                "double-barriers",
+                "double_barrier",
+                "barriers",
+                true,
+                false,
+                false,
+                false,
+            ),
+            Kind::Txn => ("txns", "txn", "txns", true, false, false, false),
+            Kind::Queue => ("queues", "queue", "queues", true, false, false, false),
+            Kind::Group => ("groups", "group", "groups", true, true, true, false),
+            Kind::Kv => ("kv", "kv", "kv", false, false, false, false),
+            Kind::Counter => ("counters", "counter", "counters", true, false, false, false),
+            Kind::Service => ("services", "service", "services", true, false, true, false),
         };
         Entry {
             segment,
@@ -86,6 +97,7 @@ impl Kind {
             topic,
             owner_recorded_apart,
             in_container,
+            contended,
         }
     }
 
@@ -98,6 +110,12 @@ impl Kind {
     /// Whether a resource's znode is a container, which ZooKeeper removes with its last child.
     pub const fn in_container(self) -> bool {
         self.entry().in_container
+    }
+
+    /// Whether its holdings are contended (a lock, a read/write lock, a semaphore, an
+    /// election): a write's guard names one of those.
+    pub const fn contended(self) -> bool {
+        self.entry().contended
     }
 
     /// The URL segment after `/v1/` (`double-barriers`).

@@ -92,7 +92,7 @@ impl Guard {
 
 /// The kinds a guard may name: those whose holdings are contended.
 fn guarded_kind(word: &str) -> Option<Kind> {
-    Kind::from_topic(word).filter(|kind| matches!(kind, Kind::Lock | Kind::RwLock | Kind::Semaphore | Kind::Election))
+    Kind::from_topic(word).filter(|kind| kind.contended())
 }
 
 /// The guards of one header value: `<kind>/<name>; handle=<handle>`, several separated by `,`
