@@ -1,7 +1,7 @@
 //! Configuration and name service, the guide's "out of the box" recipe: plain persistent
 //! znodes under `<root>/kv/`, read and written whole, with compare-and-set on their version;
 //! a key may be bound to a lease ([bound]: it ends with the lease). Why this file is long (some
-//! 780 lines): it is the keys' protocol and, at its end, the operations the API asks of them
+//! 820 lines): it is the keys' protocol and, at its end, the operations the API asks of them
 //! (`get`, `put`, `remove`, `list`), which map its refusals to problems; bound keys, a lost
 //! reply and transactions are in the modules below.
 //!

@@ -1,7 +1,9 @@
 //! Running a transaction: each attempt reads the keys, the bindings of those written and their
 //! charges in one round trip, and commits the branch the compares pick in one multi-op pinned to
 //! what was read (with the bindings it makes, keeps or removes, the charges and the idempotency
-//! key), again while a pin is refused.
+//! key), again while a pin is refused. Why this file is long (some 610 lines): the multi-op's
+//! parts (bindings, charges, writer records, the leases' guards) are each a few functions over
+//! the attempt's read, and belong with it.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
