@@ -14,7 +14,7 @@ use crate::http::error::{ApiError, Place, Problems, p};
 use crate::http::extract::ApiJson;
 use crate::http::idempotency::Idempotent;
 use crate::kind::Kind;
-use crate::recipes::guards::Guard;
+use crate::recipes::guards::{Guard, MAX_GUARDS};
 use crate::recipes::kv::Entry;
 use crate::recipes::kv::txn::{self, Check, Compare, Step, StepResult, Txn};
 use axum::response::IntoResponse;
@@ -241,6 +241,13 @@ fn parse(state: &AppState, caller: &Caller, body: TxnRequest) -> Result<Txn, Api
     let mut compare = Vec::with_capacity(body.compare.len());
     for check in body.compare {
         compare.push(check_of(check, &path)?);
+    }
+    // Each compare of a hold is resolved (from ZooKeeper, for a handle driven elsewhere) before
+    // every attempt: as many as a write may carry guards.
+    let holds = compare.iter().filter(|check| matches!(check, Check::Holds(_))).count();
+    if holds > MAX_GUARDS {
+        let detail = format!("at most {MAX_GUARDS} compares of `held` or `leads` ({holds} given)");
+        return Err(ApiError::invalid(Place::Body, "compare", detail));
     }
     let mut branches = [Vec::new(), Vec::new()];
     for (steps, field, branch) in [(body.then, "then", 0), (body.otherwise, "else", 1)] {

@@ -97,6 +97,23 @@ async fn a_transaction_chooses_its_branch_by_a_hold_or_a_leadership() {
     }
     let read = kv(&a.url, Method::GET, "orders/state", None, None).await;
     assert_eq!(read.body, json!("led"), "{read:?}");
+
+    // As many compares of holds as a write may carry guards (each is resolved before each
+    // attempt): one more is refused before anything is read.
+    let compares = |n: usize| vec![json!({"held": {"lock": "orders", "handle": waiter}}); n];
+    let most = txn(
+        &a.url,
+        json!({"compare": compares(8), "then": [{"get": "orders/state"}]}),
+    )
+    .await;
+    assert_eq!(most.status, StatusCode::OK, "{most:?}");
+    let refused = txn(
+        &a.url,
+        json!({"compare": compares(9), "then": [{"get": "orders/state"}]}),
+    )
+    .await;
+    refused.assert_problem(StatusCode::BAD_REQUEST, Some("compare"));
+    assert!(refused.str("detail").contains("at most 8"), "{refused:?}");
 }
 
 /// A compare of a hold stands at the commit, not only when it was resolved: a transaction run
