@@ -13,9 +13,6 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use zkgate::peer::{Forward, PeerKey};
 use zookeeper_client::{Acls, CreateMode};
 
-/// An id of a made-up instance `deadbeef`, in the shape zkgate issues.
-const FOREIGN_LEASE: &str = "deadbeef-0123456789abcdef0123456789abcdef";
-
 fn principals(dir: &tempfile::TempDir) -> (std::path::PathBuf, String) {
     let (path, [token, _]) = auth_config(dir, [("app", grant("", "write")), ("ops", ADMIN.to_string())]);
     (path, token)
@@ -83,15 +80,15 @@ async fn record_foreign_lease(client: &zookeeper_client::Client, id: &str, keepe
         .expect("record the lease");
 }
 
-/// A registration for instance `deadbeef` pointing at `url`, made by `client`'s session,
+/// A registration for instance `instance` pointing at `url`, made by `client`'s session,
 /// signed with `key` (or not at all).
-async fn register_foreign(client: &zookeeper_client::Client, url: &str, key: Option<&PeerKey>) {
+async fn register_foreign(client: &zookeeper_client::Client, instance: &str, url: &str, key: Option<&PeerKey>) {
     let session = client.session_id().0;
     let mut registration = json!({"url": url, "session": session});
     if let Some(key) = key {
-        registration["mac"] = key.sign_registration("deadbeef", url, session).into();
+        registration["mac"] = key.sign_registration(instance, url, session).into();
     }
-    let path = "/zkgate/instances/deadbeef";
+    let path = &format!("/zkgate/instances/{instance}");
     let _ = client.delete(path, None).await;
     client
         .create(
@@ -115,7 +112,11 @@ async fn hand_offs_go_only_to_verified_registrations_and_never_carry_the_token()
     // A listener that answers whatever reaches it with 204 and keeps what it read.
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let url = format!("http://{}", listener.local_addr().expect("addr"));
-    let keepalive = format!("/v1/leases/{FOREIGN_LEASE}/keepalive");
+    // Each step with a lease of its own, so that what an earlier step's take-over leaves (the
+    // record naming this instance, its watch, the reaper's next pass) cannot serve a later
+    // step's lease here.
+    let lease = |step: u32| format!("deadbeef-{step:032x}");
+    let keepalive = |step: u32| format!("/v1/leases/{}/keepalive", lease(step));
 
     // Unsigned, signed with another key, or signed for another session: nothing is sent; the
     // lease (which a record says `deadbeef` keeps) is taken over and served here instead.
@@ -123,16 +124,16 @@ async fn hand_offs_go_only_to_verified_registrations_and_never_carry_the_token()
     let right = PeerKey::parse(TEST_CLUSTER_SECRET).expect("key");
     // (Registered before the record names it, so that the reaper never finds the lease's
     // keeper gone and takes it over itself.)
-    for key in [None, Some(&wrong)] {
-        register_foreign(&attacker, &url, key).await;
-        record_foreign_lease(&attacker, FOREIGN_LEASE, "deadbeef").await;
-        let served = gate.call_as(Some(&token), Method::POST, &keepalive, None).await;
+    for (step, key) in [(1, None), (2, Some(&wrong))] {
+        register_foreign(&attacker, "deadbeef", &url, key).await;
+        record_foreign_lease(&attacker, &lease(step), "deadbeef").await;
+        let served = gate.call_as(Some(&token), Method::POST, &keepalive(step), None).await;
         assert_eq!(served.status, StatusCode::OK, "{served:?}");
         assert!(!served.body.to_string().contains(&url), "names no URL: {served:?}");
         gate.running.state.leases.hand_over_all();
     }
     // A genuine registration copied by another session: its owner is not the session it names.
-    register_foreign(&attacker, &url, Some(&right)).await;
+    register_foreign(&attacker, "deadbeef", &url, Some(&right)).await;
     let (copied, _) = attacker.get_data("/zkgate/instances/deadbeef").await.expect("read");
     let thief = zk_client(&zk.connect_string()).await;
     attacker
@@ -147,8 +148,8 @@ async fn hand_offs_go_only_to_verified_registrations_and_never_carry_the_token()
         )
         .await
         .expect("copy");
-    record_foreign_lease(&attacker, FOREIGN_LEASE, "deadbeef").await;
-    let served = gate.call_as(Some(&token), Method::POST, &keepalive, None).await;
+    record_foreign_lease(&attacker, &lease(3), "deadbeef").await;
+    let served = gate.call_as(Some(&token), Method::POST, &keepalive(3), None).await;
     assert_eq!(served.status, StatusCode::OK, "{served:?}");
     gate.running.state.leases.hand_over_all();
     thief.delete("/zkgate/instances/deadbeef", None).await.expect("delete");
@@ -167,8 +168,10 @@ async fn hand_offs_go_only_to_verified_registrations_and_never_carry_the_token()
 
     // Signed by the deployment's key and owned by the session it names: handed over, with the
     // principal asserted and signed, and without the client's token.
-    register_foreign(&attacker, &url, Some(&right)).await;
-    record_foreign_lease(&attacker, FOREIGN_LEASE, "deadbeef").await;
+    // (Another instance's name: the reaper's passes that deadbeef's going set off must find
+    // this lease's keeper registered, whenever they read.)
+    register_foreign(&attacker, "cafef00d", &url, Some(&right)).await;
+    record_foreign_lease(&attacker, &lease(4), "cafef00d").await;
     let received = tokio::spawn(async move {
         let (mut stream, _) = listener.accept().await.expect("accept");
         let mut head = Vec::new();
@@ -183,7 +186,7 @@ async fn hand_offs_go_only_to_verified_registrations_and_never_carry_the_token()
             .expect("answer");
         String::from_utf8(head).expect("utf-8").to_ascii_lowercase()
     });
-    let relayed = gate.call_as(Some(&token), Method::POST, &keepalive, None).await;
+    let relayed = gate.call_as(Some(&token), Method::POST, &keepalive(4), None).await;
     assert_eq!(relayed.status, StatusCode::NO_CONTENT, "{relayed:?}");
     let head = within(Duration::from_secs(10), "the forward arrives", received)
         .await
