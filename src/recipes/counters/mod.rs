@@ -88,8 +88,6 @@ pub enum CounterError {
     /// The idempotency key's record: another request used the key, or the record passes a
     /// quota.
     Key(KeyError),
-    /// ZooKeeper refused a check of the write's guards ([Guards::refused] tells why).
-    GuardRefused,
     ZooKeeper(Failure),
 }
 
@@ -295,7 +293,9 @@ async fn write(
                     .ok_or(Conflict::Lost),
             }
         }
-        Err(Failed::Refused { tag: Part::Guard, .. }) => Err(Conflict::Failed(CounterError::GuardRefused)),
+        Err(Failed::Refused { tag: Part::Guard, .. }) => {
+            Err(Conflict::Failed(CounterError::ZooKeeper(Failure::Unguarded)))
+        }
         Err(Failed::Refused {
             tag: Part::Key,
             error: ZkError::NodeExists,
@@ -396,7 +396,7 @@ pub async fn delete(session: &Session, path: &str, condition: Condition, guards:
         multi.delete(Part::Counter, path, Some(stat.version))?;
         match multi.commit().await {
             Ok(_) => return Ok(()),
-            Err(Failed::Refused { tag: Part::Guard, .. }) => return Err(CounterError::GuardRefused),
+            Err(Failed::Refused { tag: Part::Guard, .. }) => return Err(CounterError::ZooKeeper(Failure::Unguarded)),
             Err(Failed::Refused {
                 error: ZkError::NoNode | ZkError::BadVersion,
                 ..
@@ -436,7 +436,7 @@ pub async fn add_to(
     let added = retry_guarded!(
         guards,
         recipes,
-        Err(CounterError::GuardRefused),
+        Err(CounterError::ZooKeeper(Failure::Unguarded)),
         add(&session, &path, delta, bounds, (keyed, guards)).await
     );
     let added = added.map_err(|e| counter_error(name, e))?;
@@ -464,7 +464,7 @@ pub async fn set_to(
     let set = retry_guarded!(
         guards,
         recipes,
-        Err(CounterError::GuardRefused),
+        Err(CounterError::ZooKeeper(Failure::Unguarded)),
         set(&session, &path, (value, condition), guards).await
     );
     let set = set.map_err(|e| counter_error(name, e))?;
@@ -486,7 +486,7 @@ pub async fn remove(
     let deleted = retry_guarded!(
         guards,
         recipes,
-        Err(CounterError::GuardRefused),
+        Err(CounterError::ZooKeeper(Failure::Unguarded)),
         delete(&session, &path, condition, guards).await
     );
     deleted.map_err(|e| counter_error(name, e))?;
@@ -521,10 +521,6 @@ fn counter_error(name: &str, err: CounterError) -> ApiError {
             ),
         ),
         CounterError::Key(err) => err.into(),
-        CounterError::GuardRefused => ApiError::new(
-            Problem::GuardLost,
-            format!("the write to counter `{name}` was refused: its guards did not hold"),
-        ),
         CounterError::ZooKeeper(err) => err.into(),
     }
 }

@@ -433,7 +433,7 @@ async fn rewrite(
         .add_recharge(&mut multi, Part::Charge, mine, data.len(), &charges)?;
     match multi.commit().await {
         Ok(done) => Ok(done.stat(&Part::Value).map(|stat| stat.mzxid)),
-        Err(Failed::Refused { tag: Part::Guard, .. }) => Err(WriteError::GuardRefused),
+        Err(Failed::Refused { tag: Part::Guard, .. }) => Err(WriteError::ZooKeeper(Failure::Unguarded)),
         Err(Failed::Refused {
             error: ZkError::QuotaExceeded,
             ..

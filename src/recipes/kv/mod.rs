@@ -182,9 +182,6 @@ pub enum WriteError {
     /// ZooKeeper's reply was lost and the key no longer tells whether the write applied (see
     /// [after_loss]).
     OutcomeUnknown,
-    /// ZooKeeper refused a check of the write's guards: [Guards::refused] tells whether they
-    /// still hold.
-    GuardRefused,
     /// A write that binds the key to a lease, with guards: not served yet (the binding is
     /// written by its lease's task, whose multi-op does not carry guards).
     GuardedBinding,
@@ -466,7 +463,7 @@ async fn after_failed(
     payer: &Payer<'_>,
 ) -> Result<Again, WriteError> {
     match failed {
-        Failed::Refused { tag: Op::Guard, .. } => Err(WriteError::GuardRefused),
+        Failed::Refused { tag: Op::Guard, .. } => Err(WriteError::ZooKeeper(Failure::Unguarded)),
         Failed::Refused {
             error: ZkError::QuotaExceeded,
             ..
@@ -606,7 +603,7 @@ pub async fn delete(session: &Session, key: &Key<'_>, condition: Condition, quot
                 }
                 return Ok(());
             }
-            Err(Failed::Refused { tag: Op::Guard, .. }) => return Err(WriteError::GuardRefused),
+            Err(Failed::Refused { tag: Op::Guard, .. }) => return Err(WriteError::ZooKeeper(Failure::Unguarded)),
             Err(Failed::Refused { tag: Op::Value, error }) => match error {
                 ZkError::NotEmpty => return Err(WriteError::NotEmpty),
                 // Changed or deleted since the stat: decide again (a conditional delete loses).
@@ -702,7 +699,7 @@ pub async fn put(
     let written = retry_guarded!(
         guards,
         recipes,
-        Err(WriteError::GuardRefused),
+        Err(WriteError::ZooKeeper(Failure::Unguarded)),
         write(&session, &key, value, condition, payer, binds).await
     );
     match (written, &lease) {
@@ -727,7 +724,7 @@ pub async fn remove(
     let deleted = retry_guarded!(
         guards,
         recipes,
-        Err(WriteError::GuardRefused),
+        Err(WriteError::ZooKeeper(Failure::Unguarded)),
         delete(&session, &key, condition, &recipes.quotas).await
     );
     deleted.map_err(|e| write_error(name, e))
@@ -800,10 +797,6 @@ fn write_error(key: &str, err: WriteError) -> ApiError {
                 "the connection to ZooKeeper was lost after the write to key `{key}` was sent, and the key \
                  changed since: the write may or may not have happened; read the key before trying again"
             ),
-        ),
-        WriteError::GuardRefused => ApiError::new(
-            Problem::GuardLost,
-            format!("the write to key `{key}` was refused: its guards did not hold"),
         ),
         WriteError::GuardedBinding => ApiError::invalid(
             Place::Header,

@@ -83,8 +83,6 @@ pub enum Put {
     Full(usize),
     /// The item would pass this quota: nothing was stored.
     Quota(Exceeded),
-    /// ZooKeeper refused a check of the writer's guards: nothing was stored.
-    GuardRefused,
 }
 
 /// Puts an item, unless the queue already holds `max_depth` items (a bound so that a producer
@@ -149,7 +147,7 @@ pub async fn put(
                 let created = done.created(&Part::Item).unwrap_or_default();
                 return Ok(Put::Stored(created.rsplit('/').next().unwrap_or_default().to_string()));
             }
-            Err(Failed::Refused { tag: Part::Guard, .. }) => return Ok(Put::GuardRefused),
+            Err(Failed::Refused { tag: Part::Guard, .. }) => return Err(Failure::Unguarded.into()),
             Err(Failed::Refused {
                 tag: Part::Key,
                 error: ZkError::NodeExists,
@@ -312,7 +310,7 @@ pub async fn enqueue(
     let put = retry_guarded!(
         guards,
         recipes,
-        Ok(Put::GuardRefused),
+        Err(KeyError::ZooKeeper(Failure::Unguarded)),
         put(
             &session,
             &paths,
@@ -341,10 +339,6 @@ pub async fn enqueue(
         )
         .with("depth", depth)),
         Put::Quota(exceeded) => Err(ApiError::from(exceeded)),
-        Put::GuardRefused => Err(ApiError::new(
-            Problem::GuardLost,
-            format!("the put into queue `{name}` was refused: its guards did not hold"),
-        )),
     }
 }
 

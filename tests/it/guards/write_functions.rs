@@ -61,31 +61,34 @@ async fn guards_resolved_before_the_release_are_refused_by_each_writes_own_trans
     let key = Key::written_by(&recipes.kv_keys, "orders/state", &Caller::Anyone).guarded_by(&guards);
     let plain = Binds::Plain { rebind: false };
     let written = kv::write(&session, &key, b"\"late\"", Condition::Any, payer, plain).await;
-    assert!(matches!(written, Err(WriteError::GuardRefused)), "kv put: {written:?}");
+    assert!(
+        matches!(written, Err(WriteError::ZooKeeper(Failure::Unguarded))),
+        "kv put: {written:?}"
+    );
     let put = kv(&gate.url, Method::PUT, "orders/state", Some(json!(1)), None).await;
     assert_eq!(put.status, StatusCode::CREATED, "{put:?}");
     let deleted = kv::delete(&session, &key, Condition::Any, &recipes.quotas).await;
     assert!(
-        matches!(deleted, Err(WriteError::GuardRefused)),
+        matches!(deleted, Err(WriteError::ZooKeeper(Failure::Unguarded))),
         "kv delete: {deleted:?}"
     );
 
     let counter = zkgate::kind::Kind::Counter.path(&recipes.root, "c");
     let added = counters::add(&session, &counter, 1, Default::default(), (None, &guards)).await;
     assert!(
-        matches!(added, Err(counters::CounterError::GuardRefused)),
+        matches!(added, Err(counters::CounterError::ZooKeeper(Failure::Unguarded))),
         "counter add: {added:?}"
     );
     let set = counters::set(&session, &counter, (5, Condition::Any), &guards).await;
     assert!(
-        matches!(set, Err(counters::CounterError::GuardRefused)),
+        matches!(set, Err(counters::CounterError::ZooKeeper(Failure::Unguarded))),
         "counter set: {set:?}"
     );
     let set = counters::set(&session, &counter, (5, Condition::Any), &Guards::none()).await;
     assert!(set.is_ok(), "{set:?}");
     let removed = counters::delete(&session, &counter, Condition::Any, &guards).await;
     assert!(
-        matches!(removed, Err(counters::CounterError::GuardRefused)),
+        matches!(removed, Err(counters::CounterError::ZooKeeper(Failure::Unguarded))),
         "counter delete: {removed:?}"
     );
 
@@ -103,7 +106,10 @@ async fn guards_resolved_before_the_release_are_refused_by_each_writes_own_trans
     };
     let stored = queues::put(&session, &paths, placement, &envelope, (None, &guards), 100, payer).await;
     assert!(
-        matches!(stored, Ok(queues::Put::GuardRefused)),
+        matches!(
+            stored,
+            Err(zkgate::recipes::idempotency::KeyError::ZooKeeper(Failure::Unguarded))
+        ),
         "queue put: {:?}",
         stored.is_ok()
     );
