@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::common;
+use common::sse::Sse;
 use common::{Reply, zookeeper};
 use serde_json::{Value, json};
 use std::time::Duration;
@@ -121,6 +122,20 @@ async fn a_paused_holder(url: &str, (lock, key): (&str, &str), guarded: bool) ->
     written.status.is_success()
 }
 
+/// The value of kv key `key` at `url` once it changes from what it is now (a long poll on its
+/// ETag).
+async fn wait_change(http: &reqwest::Client, url: &str, key: &str) -> i64 {
+    let now = http.get(format!("{url}/v1/kv/{key}")).send().await.expect("read");
+    let etag = now.headers()["etag"].to_str().expect("etag").to_string();
+    let changed = http
+        .get(format!("{url}/v1/kv/{key}?wait=30s"))
+        .header("If-None-Match", &etag)
+        .send()
+        .await
+        .expect("long poll");
+    changed.json().await.expect("a number")
+}
+
 /// Sixteen clients increment one key, each under one lock, through two zkgate processes; one
 /// holder's lease expires between its read and its write (it pauses), and one process is
 /// killed -9 midway, its clients going on through the other. Guarded, the key ends at exactly
@@ -140,16 +155,17 @@ async fn guarded_increments_through_two_instances_are_never_lost_and_unguarded_o
         let urls = vec![killed.url.clone(), kept.url.clone()];
         let put = kv(&kept.url, Method::PUT, key, Some(json!(0)), None).await;
         assert_eq!(put.status, StatusCode::CREATED, "{put:?}");
+        let http = common::http_client();
+        let mut events = Sse::open(&http, &format!("{}/v1/locks/{lock}/events", kept.url), None).await;
         let paused = {
             let url = kept.url.clone();
             tokio::spawn(async move { a_paused_holder(&url, (lock, key), guarded).await })
         };
         // The paused holder takes the lock first: the others queue behind it.
-        common::until_answered(Duration::from_secs(20), "the paused holder's grant", async || {
-            let (_, state) = kept.call(Method::GET, &format!("/v1/locks/{lock}"), None).await;
-            state["holder"].is_object()
-        })
-        .await;
+        let topic = format!("lock:{lock}");
+        events
+            .until(&topic, &mut Vec::new(), |e| e["state"]["holder"].is_object())
+            .await;
         let mut clients = tokio::task::JoinSet::new();
         let failovers = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
         for client in 0..CLIENTS {
@@ -171,9 +187,9 @@ async fn guarded_increments_through_two_instances_are_never_lost_and_unguarded_o
             });
         }
         // Midway, one instance is killed: its clients go on through the other.
-        common::until_answered(Duration::from_secs(60), "a quarter of the increments", async || {
-            let value = kv(&kept.url, Method::GET, key, None, None).await.body.as_i64();
-            value.is_some_and(|value| value >= (CLIENTS * EACH / 4) as i64)
+        let quarter = (CLIENTS * EACH / 4) as i64;
+        common::within(Duration::from_secs(60), "a quarter of the increments", async {
+            while wait_change(&http, &kept.url, key).await < quarter {}
         })
         .await;
         killed.kill().await;
