@@ -205,7 +205,7 @@ pub async fn transaction(
             Check::Holds(guard) => FailedCompare {
                 index,
                 key: None,
-                guard: Some(format!("{}/{}", guard.kind.name(), guard.name)),
+                guard: Some(guard.target()),
             },
         }),
         results: branch

@@ -66,11 +66,16 @@ pub struct Guard {
 
 impl std::fmt::Display for Guard {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{}; handle={}", self.kind.name(), self.name, self.handle)
+        write!(f, "{}; handle={}", self.target(), self.handle)
     }
 }
 
 impl Guard {
+    /// What it guards by, as answers name it: `lock/orders`.
+    pub fn target(&self) -> String {
+        format!("{}/{}", self.kind.name(), self.name)
+    }
+
     /// The guard of `handle` at `kind`'s resource `name`, both checked: an error says which is
     /// not valid.
     pub fn new(kind: Kind, name: &str, handle: &str) -> Result<Guard, String> {
@@ -204,7 +209,7 @@ impl Guards {
         let checks = self.checks.locked();
         (self.asked.iter().zip(checks.iter()))
             .map(|(guard, checks)| GuardedBy {
-                guard: format!("{}/{}", guard.kind.name(), guard.name),
+                guard: guard.target(),
                 fencing_token: checks.token,
             })
             .collect()
@@ -245,8 +250,10 @@ pub enum Standing {
     Holds(Checks),
     /// It waits while the node `blocker` (the one whose deletion may grant it) exists.
     Waits { blocker: String },
-    /// It never holds again (`reason`: released, lost, its lease ended): a handle's node is
-    /// named by its GUID, so none comes back, and an ended lease stays ended.
+    /// It does not hold, for good (`reason`: released, revoked, lost, its lease ended): a
+    /// handle's node is named by its GUID, so none comes back, and an ended lease stays ended.
+    /// (Also a semaphore's waiting permit, `not-held`, which a guard refuses and a compare does
+    /// not take.)
     Gone { reason: &'static str },
 }
 

@@ -231,15 +231,12 @@ async fn lost(recipes: &Recipes, guard: &Guard, standing: &Standing, why: &str) 
         Some(token) => format!("; the holder now has fencing token {token}"),
         None => String::new(),
     };
+    let target = guard.target();
     ApiError::new(
         Problem::GuardLost,
-        format!(
-            "guard `{}/{}` does not hold: {why}{now}; nothing was written",
-            guard.kind.name(),
-            guard.name
-        ),
+        format!("guard `{target}` does not hold: {why}{now}; nothing was written"),
     )
-    .with("guard", format!("{}/{}", guard.kind.name(), guard.name))
+    .with("guard", target)
     .with("reason", reason)
     .with("current_token", current)
 }

@@ -56,15 +56,24 @@ async fn a_guarded_keys_events_say_which_holder_wrote_it() {
         .await;
     assert_eq!(event["state"]["guarded_by"], by, "{event:?}");
 
-    // Deleted with its writer record: made again without a guard, it names no holder.
+    // Deleted with its writer record (by a plain delete, and by a transaction's): made again
+    // without a guard, it names no holder.
+    let records = async || {
+        let zk = common::zk_client(&zk.connect_string()).await;
+        zk.list_children("/zkgate/writers").await.expect("the writer records")
+    };
+    let other = kv(&a.url, Method::PUT, "orders/other", Some(json!(1)), Some(&next_guard)).await;
+    assert_eq!(other.status, StatusCode::CREATED, "{other:?}");
+    assert_eq!(records().await.len(), 2, "a record for each key written under a guard");
     let deleted = kv(&a.url, Method::DELETE, "orders/state", None, None).await;
     assert_eq!(deleted.status, StatusCode::NO_CONTENT, "{deleted:?}");
-    let records = common::zk_client(&zk.connect_string())
-        .await
-        .list_children("/zkgate/writers")
-        .await
-        .expect("the writer records");
-    assert!(records.is_empty(), "the delete took the key's record: {records:?}");
+    assert_eq!(records().await.len(), 1, "the delete took the key's record");
+    let done = txn(&b.url, json!({"then": [{"delete": "orders/other"}]})).await;
+    assert_eq!(done.body["results"][0]["deleted"], true, "{done:?}");
+    assert!(
+        records().await.is_empty(),
+        "the transaction's delete took the key's record"
+    );
     let event = put_seen(&a.url, (&mut events, &mut seen), json!("again"), None).await;
     assert!(event["state"].get("guarded_by").is_none(), "{event:?}");
 }

@@ -64,6 +64,7 @@ pub async fn run(
 ) -> Result<Outcome, TxnError> {
     let caller = bound.caller;
     let owns = |principal: &str| caller.owns(Some(principal));
+    let written = written_keys(txn);
     let mut running = Running {
         session,
         txn,
@@ -74,9 +75,9 @@ pub async fn run(
         guards,
         held,
         keys: txn.keys().into_iter().map(String::from).collect(),
-        charge_ids: (written_keys(txn).iter())
-            .map(|path| usage::path_id("kv", path))
-            .collect(),
+        charge_ids: written.iter().map(|path| usage::path_id("kv", path)).collect(),
+        recorded: recorded_keys(txn, guards),
+        written,
         missing: HashMap::new(),
         lost_here: false,
     };
@@ -110,8 +111,11 @@ struct Running<'a> {
     held: &'a [(usize, Standing)],
     /// Every key it reads ([Txn::keys]).
     keys: Vec<String>,
-    /// The charge ids of the keys it writes.
+    /// The keys it writes ([written_keys]), and their charge ids.
+    written: Vec<String>,
     charge_ids: Vec<String>,
+    /// The keys whose writer record ([writer]) a branch may write or delete.
+    recorded: Vec<String>,
     /// The missing parents of absent keys, once a commit failed for want of one.
     missing: HashMap<String, Vec<String>>,
     /// Whether a commit of this call lost its reply: its key found then is this call's own.
@@ -119,12 +123,12 @@ struct Running<'a> {
 }
 
 /// What an attempt read: the keys, the bindings of those written, their charges, and which
-/// of them have a writer record ([writer]).
+/// of the keys whose writer record ([writer]) a branch may change have one.
 struct Read {
     reads: HashMap<String, Option<Entry>>,
     bindings: HashMap<String, Option<ReadBinding>>,
     charges: HashMap<String, Vec<(usage::Charge, i32)>>,
-    written: HashSet<String>,
+    recorded: HashSet<String>,
 }
 
 impl Running<'_> {
@@ -132,16 +136,17 @@ impl Running<'_> {
     /// together, one round trip.
     async fn read(&self) -> Result<Read, TxnError> {
         let (client, root) = (self.session.client(), self.bound.keys.root());
-        let keys = written_keys(self.txn);
-        let records: Vec<String> = keys.iter().map(|path| writer::record_path(root, path)).collect();
-        let (read, bindings, charges, written) = tokio::join!(
+        let records: Vec<String> = (self.recorded.iter())
+            .map(|path| writer::record_path(root, path))
+            .collect();
+        let (read, bindings, charges, recorded) = tokio::join!(
             crate::zk::get_each_of_size(client, &self.keys, self.max_value_bytes),
-            read_bindings(client, self.txn, root),
+            read_bindings(client, &self.written, root),
             self.payer.quotas.charges_of_each(client, &self.charge_ids),
             crate::zk::stat_each(client, &records),
         );
-        let written = (keys.into_iter().zip(written?))
-            .filter_map(|(path, stat)| stat.map(|_| path))
+        let recorded = (self.recorded.iter().zip(recorded?))
+            .filter_map(|(path, stat)| stat.map(|_| path.clone()))
             .collect();
         let entries = read?.into_iter().map(|read| {
             read.map(|(data, stat)| Entry {
@@ -154,7 +159,7 @@ impl Running<'_> {
             reads: self.keys.iter().cloned().zip(entries).collect(),
             bindings: bindings?,
             charges: self.charge_ids.iter().cloned().zip(charges?).collect(),
-            written,
+            recorded,
         })
     }
 
@@ -362,7 +367,7 @@ fn add_writers(
 ) -> Result<(), ZkError> {
     let by = guards.guarded_by();
     for step in branch {
-        let (path, exists) = (step.path(), read.written.contains(step.path()));
+        let (path, exists) = (step.path(), read.recorded.contains(step.path()));
         let record = writer::record_path(root, path);
         match step {
             Step::Put { .. } if !by.is_empty() => writer::add_written(multi, Planned::Writer, &record, &by, exists)?,
@@ -420,14 +425,13 @@ async fn settle_guards(
     Ok(())
 }
 
-/// The bindings of the keys `txn` writes, as they are now: each owner record (one multi-read),
+/// The bindings of the `written` keys, as they are now: each owner record (one multi-read),
 /// and for a bound key whether its lease's holding record is there.
 async fn read_bindings(
     client: &zookeeper_client::Client,
-    txn: &Txn,
+    written: &[String],
     root: &str,
 ) -> Result<HashMap<String, Option<ReadBinding>>, ZkError> {
-    let written = written_keys(txn);
     let owners: Vec<String> = written.iter().map(|path| owner_record_path(root, path)).collect();
     let found = crate::zk::get_each_of_size(client, &owners, OWNER_RECORD_BYTES).await?;
     let parsed: Vec<Option<(Binding, i32)>> = (found.into_iter())
@@ -439,7 +443,7 @@ async fn read_bindings(
         .collect();
     let mut there = crate::zk::stat_each(client, &records).await?.into_iter().zip(records);
     let mut bindings = HashMap::new();
-    for (path, parsed) in written.into_iter().zip(parsed) {
+    for (path, parsed) in written.iter().cloned().zip(parsed) {
         let read = parsed.map(|(binding, version)| {
             let record = there.next().and_then(|(stat, record)| stat.map(|_| record));
             ReadBinding {
@@ -458,6 +462,21 @@ fn written_keys(txn: &Txn) -> Vec<String> {
     let mut seen = HashSet::new();
     (txn.then.iter().chain(&txn.otherwise))
         .filter(|step| step.writes() && seen.insert(step.path()))
+        .map(|step| step.path().to_string())
+        .collect()
+}
+
+/// The keys whose writer record a branch of `txn` may change, each once: those it deletes
+/// (the record goes with the key), and with `guards` those it puts (the record names them).
+fn recorded_keys(txn: &Txn, guards: &Guards) -> Vec<String> {
+    let mut seen = HashSet::new();
+    (txn.then.iter().chain(&txn.otherwise))
+        .filter(|step| match step {
+            Step::Delete { .. } => true,
+            Step::Put { .. } => !guards.is_empty(),
+            Step::Get { .. } => false,
+        })
+        .filter(|step| seen.insert(step.path()))
         .map(|step| step.path().to_string())
         .collect()
 }
