@@ -101,18 +101,10 @@ async fn a_paused_holder(url: &str, (lock, key): (&str, &str), guarded: bool) ->
         .expect("acquire");
     let held = Reply::read(acquired).await;
     assert_eq!(held.status, StatusCode::OK, "{held:?}");
-    let read = http.get(format!("{url}/v1/kv/{key}")).send().await.expect("read");
-    let etag = read.headers()["etag"].to_str().expect("etag").to_string();
-    let value: i64 = read.json().await.expect("a number");
+    let (value, etag) = read(&http, url, key).await;
     // No keepalive: the lease expires, the lock passes on, and the others write. Waits for
     // their write (a long poll on the key's version), not for time.
-    let changed = http
-        .get(format!("{url}/v1/kv/{key}?wait=60s"))
-        .header("If-None-Match", &etag)
-        .send()
-        .await
-        .expect("long poll");
-    assert_eq!(changed.status(), StatusCode::OK, "the others wrote");
+    changed_from(&http, url, key, &etag).await;
     let guard = lock_guard(lock, &held.str("handle"));
     let guard = guarded.then_some(guard.as_str());
     let written = kv(url, Method::PUT, key, Some(json!(value + 1)), guard).await;
@@ -122,17 +114,22 @@ async fn a_paused_holder(url: &str, (lock, key): (&str, &str), guarded: bool) ->
     written.status.is_success()
 }
 
-/// The value of kv key `key` at `url` once it changes from what it is now (a long poll on its
-/// ETag).
-async fn wait_change(http: &reqwest::Client, url: &str, key: &str) -> i64 {
-    let now = http.get(format!("{url}/v1/kv/{key}")).send().await.expect("read");
-    let etag = now.headers()["etag"].to_str().expect("etag").to_string();
+/// Kv key `key` at `url`: its value (a number) and its ETag.
+async fn read(http: &reqwest::Client, url: &str, key: &str) -> (i64, String) {
+    let read = http.get(format!("{url}/v1/kv/{key}")).send().await.expect("read");
+    let etag = read.headers()["etag"].to_str().expect("etag").to_string();
+    (read.json().await.expect("a number"), etag)
+}
+
+/// The value of kv key `key` at `url` once it is no longer at `etag` (a long poll).
+async fn changed_from(http: &reqwest::Client, url: &str, key: &str, etag: &str) -> i64 {
     let changed = http
-        .get(format!("{url}/v1/kv/{key}?wait=30s"))
-        .header("If-None-Match", &etag)
+        .get(format!("{url}/v1/kv/{key}?wait=60s"))
+        .header("If-None-Match", etag)
         .send()
         .await
         .expect("long poll");
+    assert_eq!(changed.status(), StatusCode::OK, "the key changed within the wait");
     changed.json().await.expect("a number")
 }
 
@@ -189,7 +186,7 @@ async fn guarded_increments_through_two_instances_are_never_lost_and_unguarded_o
         // Midway, one instance is killed: its clients go on through the other.
         let quarter = (CLIENTS * EACH / 4) as i64;
         common::within(Duration::from_secs(60), "a quarter of the increments", async {
-            while wait_change(&http, &kept.url, key).await < quarter {}
+            while changed_from(&http, &kept.url, key, &read(&http, &kept.url, key).await.1).await < quarter {}
         })
         .await;
         killed.kill().await;
