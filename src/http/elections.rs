@@ -14,7 +14,6 @@ use utoipa_axum::routes;
 use super::consistency::Consistency;
 use super::error::{ApiError, Problems, p};
 use super::extract::{ApiJson, ApiPath, ApiQuery};
-use super::leases::LeaseView;
 use super::locks::{self as contention, HandleQuery, held_since};
 use super::{Followed, Resource, state_handler};
 use crate::AppState;
@@ -22,6 +21,7 @@ use crate::auth::Caller;
 use crate::events::Feed;
 use crate::kind::Kind;
 use crate::recipes::elections::{self, ElectionState, LeaderView, Leadership};
+use crate::recipes::leases::LeaseView;
 use crate::recipes::locks::contention::{self as recipe, Phase};
 use crate::time::HumanDuration;
 

@@ -334,7 +334,7 @@ impl Conn {
         if !self.leases.iter().any(|l| l.id == lease.id) {
             self.leases.push(lease.clone());
         }
-        let view = crate::http::leases::LeaseView::of(&lease);
+        let view = crate::recipes::leases::LeaseView::of(&lease);
         let reply = json!({ "op": "lease", "id": id, "lease": view }).to_string();
         // Replies wait for room in the queue (they are never dropped like events).
         let outbox = self.outbox.clone();

@@ -16,10 +16,10 @@ use crate::auth::Caller;
 use crate::events::Feed;
 use crate::http::error::{ApiError, Problems, p};
 use crate::http::extract::{ApiJson, ApiPath, ApiQuery};
-use crate::http::leases::LeaseView;
 use crate::http::{Followed, Resource, state_handler};
 use crate::kind::Kind;
 use crate::recipes::barriers::{self, double::DoubleBarrierState, double::DoubleBarrierTopic};
+use crate::recipes::leases::LeaseView;
 use crate::time::HumanDuration;
 
 /// The double barrier kind's module.

@@ -18,13 +18,13 @@ use crate::events::Feed;
 use crate::http::consistency::Consistency;
 use crate::http::error::{ApiError, Place, Problem, Problems, p};
 use crate::http::extract::{ApiJson, ApiPath, ApiQuery};
-use crate::http::leases::LeaseView;
 use crate::http::{Followed, Resource, check_name};
 use crate::kind::Kind;
 use crate::recipes::groups::service::{
     CuratorInstance, InstanceView, Registrar, ServiceState, ServiceTopic, Strategy, UriSpecJson,
 };
 use crate::recipes::leases::Lease;
+use crate::recipes::leases::LeaseView;
 use crate::recipes::nodes::{self, NodeHolding};
 use crate::recipes::validate_name;
 use crate::time::{HumanDuration, timestamp};

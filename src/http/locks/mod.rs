@@ -18,8 +18,8 @@ use serde::{Deserialize, Serialize};
 use crate::AppState;
 use crate::auth::Caller;
 use crate::http::error::{ApiError, Place};
-use crate::http::leases::LeaseView;
 use crate::recipes::consistency::Consistency;
+use crate::recipes::leases::LeaseView;
 use crate::recipes::locks::contention::{
     self as recipe, Contender, Contenders, Granted, Lease, Phase, Recorded, Revocation, Role, Seen,
 };

@@ -42,6 +42,8 @@ pub mod keeping;
 pub mod reaper;
 pub mod takeover;
 pub use answers::moved;
+mod views;
+pub use views::{CreateLease, LeaseSummary, LeaseView, create};
 mod visiting;
 
 use std::collections::HashMap;
