@@ -2,28 +2,25 @@
 //! proclaim a new value as the leader.
 
 use axum::Json;
-
-use crate::http::guards::{GuardHeader, Guarded};
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use serde::{Deserialize, Serialize};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::consistency::Consistency;
 use super::error::{ApiError, Problems, p};
 use super::extract::{ApiJson, ApiPath, ApiQuery};
-use super::locks::{self as contention, HandleQuery, held_since};
+use super::guards::{GuardHeader, Guarded};
 use super::{Followed, Resource, state_handler};
 use crate::AppState;
 use crate::auth::Caller;
 use crate::events::Feed;
 use crate::kind::Kind;
-use crate::recipes::elections::{self, ElectionState, LeaderView, Leadership};
-use crate::recipes::leases::LeaseView;
-use crate::recipes::locks::contention::{self as recipe, Phase};
-use crate::time::HumanDuration;
+use crate::recipes::elections::{
+    self, CampaignBody, CampaignParams, Candidacy, CandidateView, ElectionState, LeaderView, Leadership, Proclamation,
+};
+use crate::recipes::locks::contention::HandleQuery;
 
 /// The election kind's module.
 pub const RESOURCE: Resource = Resource {
@@ -60,89 +57,6 @@ pub fn source(state: &AppState, name: &str) -> Leadership {
     }
 }
 
-/// Query of a campaign.
-#[derive(Deserialize, utoipa::IntoParams)]
-#[serde(deny_unknown_fields)]
-#[into_params(parameter_in = Query)]
-pub struct CampaignParams {
-    /// How long to wait to become leader (`0` answers at once). Capped by the server's maximum
-    /// wait, which is also the default.
-    #[param(value_type = Option<String>, example = "30s")]
-    pub wait: Option<HumanDuration>,
-    /// When the wait ends before leading: `true` (default) stays a candidate and answers 202
-    /// with its position; `false` withdraws and answers 409.
-    pub keep_queued: Option<bool>,
-}
-
-/// Body of a campaign (optional).
-#[derive(Deserialize, utoipa::ToSchema, Default)]
-#[serde(deny_unknown_fields)]
-pub struct CampaignBody {
-    /// The lease to campaign with. Without it a new lease is created and returned.
-    pub lease: Option<String>,
-    /// TTL of the lease created when `lease` is not given.
-    pub ttl: Option<HumanDuration>,
-    /// The value this candidate proclaims once it leads (any JSON, e.g. its address).
-    #[schema(example = json!({"address": "10.0.0.7:8080"}))]
-    pub value: Option<serde_json::Value>,
-}
-
-/// Answer of a campaign: leader (200) or still a candidate (202).
-#[derive(Serialize, utoipa::ToSchema)]
-pub struct Candidacy {
-    #[schema(example = "scheduler")]
-    pub election: String,
-    /// `true` when this candidate leads.
-    pub leader: bool,
-    /// Resign with `DELETE /v1/elections/{name}/candidates/{handle}`.
-    pub handle: String,
-    /// While leading: the term, which strictly increases with every new leader. Use it as a
-    /// fencing token.
-    pub term: Option<i64>,
-    /// Candidates ahead (0 when leading).
-    pub position: usize,
-    pub node: Option<String>,
-    /// When it started leading.
-    #[schema(format = DateTime)]
-    pub since: Option<String>,
-    pub lease: LeaseView,
-}
-
-/// A candidate: waiting (with its position), leading (`held`, with its term) or lost.
-#[derive(Serialize, utoipa::ToSchema)]
-pub struct CandidateView {
-    #[schema(example = "scheduler")]
-    pub election: String,
-    pub handle: String,
-    pub lease: String,
-    /// `pending`, `waiting`, `held` (leading), `lost`, `released` or `failed`.
-    #[schema(example = "held")]
-    pub state: &'static str,
-    /// `true` while it leads.
-    pub leader: bool,
-    /// Candidates ahead while waiting.
-    pub position: Option<usize>,
-    /// Its term while it leads (and after a loss, to tell which term was lost).
-    pub term: Option<i64>,
-    pub node: Option<String>,
-    /// When it started leading.
-    #[schema(format = DateTime)]
-    pub since: Option<String>,
-    /// Why it was lost or failed.
-    pub reason: Option<String>,
-}
-
-/// Body of a proclamation.
-#[derive(Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct Proclamation {
-    /// The leader's handle.
-    pub handle: String,
-    /// The new value.
-    #[schema(example = json!({"address": "10.0.0.8:8080"}))]
-    pub value: serde_json::Value,
-}
-
 /// Campaigns for leadership, waiting up to `wait` to lead (a long poll).
 ///
 /// Candidates lead in the order they joined; each watches only the candidate right before it.
@@ -163,34 +77,8 @@ pub async fn campaign(
     ApiQuery(params): ApiQuery<CampaignParams>,
     ApiJson(body): ApiJson<Option<CampaignBody>>,
 ) -> Result<Response, ApiError> {
-    let body = body.unwrap_or_default();
-    if let Some(value) = &body.value {
-        state.check_stored_size("candidate's value", json_len(value))?;
-    }
-    let request = recipe::Request {
-        caller: &caller,
-        name: &name,
-        wait: params.wait.map(|w| w.0),
-        keep_queued: params.keep_queued != Some(false),
-        lease: body.lease,
-        ttl: body.ttl.map(|t| t.0),
-    };
-    let outcome = elections::campaign(&state, request, body.value).await?;
-    let current = outcome.handle.state();
-    let candidacy = Candidacy {
-        election: name,
-        leader: outcome.granted,
-        handle: outcome.handle.id.clone(),
-        term: current.fencing_token(),
-        position: match current.phase {
-            Phase::Waiting { position } => position,
-            _ => 0,
-        },
-        node: current.node.map(|n| n.name),
-        since: held_since(&current.phase),
-        lease: LeaseView::of(&outcome.lease),
-    };
-    Ok((contention::status(&outcome), Json(candidacy)).into_response())
+    let candidacy = elections::campaign(&state, &caller, &name, params, body).await?;
+    Ok((super::locks::status(candidacy.leader), Json(candidacy)).into_response())
 }
 
 state_handler!(
@@ -217,22 +105,9 @@ pub async fn proclaim(
     Guarded(guards): Guarded,
     ApiJson(body): ApiJson<Proclamation>,
 ) -> Result<Json<LeaderView>, ApiError> {
-    state.check_stored_size("proclaimed value", json_len(&body.value))?;
-    let (ack, since) = elections::proclaim(&state, (&caller, &guards), &name, &body.handle, body.value).await?;
-    Ok(Json(LeaderView {
-        node: ack.candidate,
-        term: ack.term,
-        value: ack.value,
-        lease: Some(ack.lease),
-        since,
-        acknowledged: true,
-        client: "zkgate",
-    }))
-}
-
-/// The size of `value` as JSON.
-fn json_len(value: &serde_json::Value) -> usize {
-    serde_json::to_vec(value).map_or(0, |v| v.len())
+    Ok(Json(
+        elections::proclaim(&state, (&caller, &guards), &name, body).await?,
+    ))
 }
 
 /// Reads a candidate: waiting (with position), leading (`held`, with term) or lost.
@@ -252,19 +127,9 @@ pub async fn get_candidate(
     ApiQuery(query): ApiQuery<HandleQuery>,
     consistency: Consistency,
 ) -> Result<Json<CandidateView>, ApiError> {
-    let seen = contention::get_handle(&state, &state.elections, &caller, (&name, &handle), query, consistency).await?;
-    Ok(Json(CandidateView {
-        election: seen.lock,
-        handle: seen.handle,
-        lease: seen.lease,
-        state: seen.state,
-        leader: seen.state == "held",
-        position: seen.position,
-        term: seen.fencing_token,
-        node: seen.node,
-        since: seen.held_since,
-        reason: seen.reason,
-    }))
+    Ok(Json(
+        elections::candidate(&state, &caller, (&name, &handle), query, consistency).await?,
+    ))
 }
 
 /// Resigns (or withdraws a candidacy): a leader removes its acknowledgement, then its
@@ -284,7 +149,7 @@ pub async fn resign(
     Ok(StatusCode::NO_CONTENT)
 }
 
-contention::fencing_handler!(
+super::locks::fencing_handler!(
     /// Checks a term (the leader's fencing token) against the election's leader.
     ///
     /// 200 if the term is the current leader's; 409 `stale-fencing-token` with the leader's term

@@ -2,12 +2,11 @@
 
 use axum::Json;
 use axum::extract::State;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::{AcquireBody, AcquireParams, Acquisition};
 use crate::AppState;
 use crate::auth::Caller;
 use crate::events::Feed;
@@ -16,7 +15,7 @@ use crate::http::error::{ApiError, Problems, p};
 use crate::http::extract::{ApiJson, ApiPath, ApiQuery};
 use crate::http::{Followed, Resource, state_handler};
 use crate::kind::Kind;
-use crate::recipes::locks::contention::{self as recipe, Revocation};
+use crate::recipes::locks::contention::{self as recipe, AcquireBody, AcquireParams, Acquisition, Revocation};
 use crate::recipes::locks::exclusive::{LockState, LockTopic};
 
 /// The lock kind's module.
@@ -74,16 +73,9 @@ pub async fn acquire(
     ApiQuery(params): ApiQuery<AcquireParams>,
     ApiJson(body): ApiJson<Option<AcquireBody>>,
 ) -> Result<Response, ApiError> {
-    super::acquire(
-        &state,
-        &caller,
-        &state.locks,
-        &name,
-        crate::recipes::locks::exclusive::EXCLUSIVE,
-        params,
-        body,
-    )
-    .await
+    let role = crate::recipes::locks::exclusive::EXCLUSIVE;
+    let acquired = recipe::acquire(&state, &caller, &state.locks, (&name, role), params, body).await?;
+    Ok((super::status(acquired.acquired), Json(acquired)).into_response())
 }
 
 state_handler!(

@@ -1,12 +1,12 @@
 //! `/v1/rwlocks`: shared (read/write) locks: many readers or one writer.
 
+use axum::Json;
 use axum::extract::State;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::{AcquireBody, AcquireParams, Acquisition};
 use crate::AppState;
 use crate::auth::Caller;
 use crate::events::Feed;
@@ -14,7 +14,7 @@ use crate::http::error::{ApiError, Problems, p};
 use crate::http::extract::{ApiJson, ApiPath, ApiQuery};
 use crate::http::{Followed, Resource, state_handler};
 use crate::kind::Kind;
-use crate::recipes::locks::contention::Role;
+use crate::recipes::locks::contention::{self as recipe, AcquireBody, AcquireParams, Acquisition, Role};
 use crate::recipes::locks::rwlock::{self, RwLockState, RwLockTopic, is_reader};
 
 /// The read/write lock kind's module.
@@ -68,7 +68,8 @@ pub async fn read(
     ApiQuery(params): ApiQuery<AcquireParams>,
     ApiJson(body): ApiJson<Option<AcquireBody>>,
 ) -> Result<Response, ApiError> {
-    super::acquire(&state, &caller, &state.rwlocks, &name, rwlock::READ, params, body).await
+    let acquired = recipe::acquire(&state, &caller, &state.rwlocks, (&name, rwlock::READ), params, body).await?;
+    Ok((super::status(acquired.acquired), Json(acquired)).into_response())
 }
 
 /// Acquires the write lock, waiting up to `wait`: granted when nobody is ahead in the queue.
@@ -89,7 +90,8 @@ pub async fn write(
     ApiQuery(params): ApiQuery<AcquireParams>,
     ApiJson(body): ApiJson<Option<AcquireBody>>,
 ) -> Result<Response, ApiError> {
-    super::acquire(&state, &caller, &state.rwlocks, &name, rwlock::WRITE, params, body).await
+    let acquired = recipe::acquire(&state, &caller, &state.rwlocks, (&name, rwlock::WRITE), params, body).await?;
+    Ok((super::status(acquired.acquired), Json(acquired)).into_response())
 }
 
 state_handler!(

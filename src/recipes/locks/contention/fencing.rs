@@ -15,14 +15,24 @@ pub async fn check_fencing(
     what: &str,
     dir: String,
     name: &str,
-    token: i64,
+    token: &str,
     consistency: Consistency,
     holding: impl Fn(&[String]) -> usize,
-) -> Result<(), ApiError> {
+) -> Result<FencingCheck, ApiError> {
+    let token: i64 = token.parse().ok().filter(|t: &i64| *t > 0).ok_or_else(|| {
+        let detail = format!(
+            "`{}` is not a fencing token (a positive integer, as acquire answered it)",
+            token.escape_debug()
+        );
+        ApiError::invalid(crate::problem::Place::Path, "token", detail)
+    })?;
     check_name(name)?;
     let session = recipes.reader(consistency).await?;
     match view::check_fencing(&session, &dir, holding, token).await? {
-        Fencing::Holds => Ok(()),
+        Fencing::Holds => Ok(FencingCheck {
+            name: name.to_string(),
+            token,
+        }),
         Fencing::Superseded { current } => Err(ApiError::new(
             Problem::StaleFencingToken,
             format!("{token} is not the token of {what} `{name}`'s holder now: {current} is"),

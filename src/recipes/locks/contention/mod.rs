@@ -25,6 +25,7 @@ use handles::still_recorded;
 mod fencing;
 mod handles;
 mod revoke;
+mod views;
 
 pub use crate::recipes::engine::contender::{Contender, Contenders, Contention, Role};
 pub use crate::recipes::engine::handle::{Handles, Phase, Protocol};
@@ -35,7 +36,10 @@ pub use fencing::check_fencing;
 pub use handles::{
     Found, RELEASE_LIMIT, Seen, find_handle, fresh_position, read_handle, release, release_by_id, release_not_done,
 };
-pub use revoke::{Ask, MAX_GRACE, revocations, revoke};
+pub use revoke::{MAX_GRACE, revocations, revoke};
+pub use views::{
+    AcquireBody, AcquireParams, Acquisition, FencingCheck, HandleQuery, HandleView, RevokeBody, Revoked, held_since,
+};
 
 /// How long an acquire waits for ZooKeeper to create the contender and answer the first
 /// listing when the caller's own wait is shorter (a try-lock still needs that round trip).
@@ -51,6 +55,37 @@ pub struct Request<'a> {
     pub keep_queued: bool,
     pub lease: Option<String>,
     pub ttl: Option<Duration>,
+}
+
+impl<'a> Request<'a> {
+    /// An acquire's request as its query and (optional) body ask it.
+    pub fn of(caller: &'a Caller, name: &'a str, params: AcquireParams, body: Option<AcquireBody>) -> Request<'a> {
+        let body = body.unwrap_or_default();
+        Request {
+            caller,
+            name,
+            wait: params.wait.map(|w| w.0),
+            keep_queued: params.keep_queued == Some(true),
+            lease: body.lease,
+            ttl: body.ttl.map(|t| t.0),
+        }
+    }
+}
+
+/// A lock's acquire (`POST /v1/locks/{name}/acquire`, a read/write lock's `read` and `write`):
+/// the contender of `role` at `name` of `registry`, granted (200) or still queued (202) as
+/// [Acquisition::acquired] says.
+pub async fn acquire(
+    recipes: &Recipes,
+    caller: &Caller,
+    registry: &Contenders,
+    (name, role): (&str, Role),
+    params: AcquireParams,
+    body: Option<AcquireBody>,
+) -> Result<Acquisition, ApiError> {
+    let open = async |lease: Arc<Lease>| open_contender(recipes, registry, &lease, name, role, None);
+    let granted = contend(recipes, registry, Request::of(caller, name, params, body), open).await?;
+    Ok(Acquisition::of(&granted))
 }
 
 /// What a request came to: granted, or (asked to stay) still queued.

@@ -8,18 +8,6 @@ use crate::recipes::engine::revocation;
 use crate::recipes::engine::revoke::{Request, RevokeError, revoke as revoke_holders};
 use crate::time::at_most;
 
-/// What a revocation asks, as its request says it.
-pub struct Ask {
-    /// Who asks (recorded).
-    pub by: String,
-    /// Why (recorded, shown to the holder).
-    pub reason: String,
-    /// After this long (at most [MAX_GRACE]) zkgate deletes the holder's node itself.
-    pub grace: Option<Duration>,
-    /// Only this contender node (default: every current holder).
-    pub node: Option<String>,
-}
-
 /// Longest grace a revocation may give a holder.
 pub const MAX_GRACE: Duration = Duration::from_secs(24 * 3600);
 
@@ -34,8 +22,8 @@ pub async fn revoke(
     registry: &Contenders,
     name: &str,
     role_of: fn(&str) -> Role,
-    body: Ask,
-) -> Result<Vec<Revocation>, ApiError> {
+    body: RevokeBody,
+) -> Result<Revoked, ApiError> {
     check_name(name)?;
     for (field, text) in [("by", &body.by), ("reason", &body.reason)] {
         if text.trim().is_empty() || text.len() > MAX_TEXT {
@@ -43,7 +31,7 @@ pub async fn revoke(
             return Err(ApiError::invalid(Place::Body, field, detail));
         }
     }
-    let grace = body.grace.map(|grace| at_most(grace, MAX_GRACE)).transpose();
+    let grace = body.grace.map(|grace| at_most(grace.0, MAX_GRACE)).transpose();
     let grace = grace.map_err(|e| ApiError::invalid(Place::Body, "grace", e))?;
     let session = recipes.zk().connected().await?;
     let request = Request {
@@ -57,8 +45,9 @@ pub async fn revoke(
         role_of,
     };
     let audit_dir = revocation::audit_dir(&recipes.root);
-    revoke_holders(&session, &audit_dir, request, caller)
-        .await
+    let revocations = revoke_holders(&session, &audit_dir, request, caller).await;
+    revocations
+        .map(|revocations| Revoked { revocations })
         .map_err(|err| match err {
             RevokeError::NoSuchNode => ApiError::not_found(
                 "node",
