@@ -48,8 +48,7 @@ use crate::AppState;
 use crate::events::Feed;
 use crate::kind::Kind;
 use crate::recipes::topic::Source;
-use crate::recipes::validate_name;
-use error::{ApiError, Place};
+use error::ApiError;
 
 /// What a resource kind's module contributes to the API.
 pub struct Resource {
@@ -250,29 +249,6 @@ fn allowed_methods(template: &str) -> Vec<String> {
     });
     // The router writes a catch-all `{*key}`, the spec `{key}`.
     methods.get(&template.replace("{*", "{")).cloned().unwrap_or_default()
-}
-
-/// Most segments a kv key may have.
-const MAX_KEY_DEPTH: usize = 16;
-
-/// Checks a kv key (`a/b/c`): at most 16 segments, each a valid name.
-pub(super) fn check_key(key: &str) -> Result<(), ApiError> {
-    key_problem(key).map_err(|detail| ApiError::invalid(Place::Path, "key", detail))
-}
-
-/// What is wrong with a kv key, if anything (the text of [check_key]'s refusal).
-pub(super) fn key_problem(key: &str) -> Result<(), String> {
-    let segments: Vec<&str> = key.split('/').collect();
-    if segments.len() > MAX_KEY_DEPTH {
-        return Err(format!(
-            "must have at most {MAX_KEY_DEPTH} segments ({} given)",
-            segments.len()
-        ));
-    }
-    for segment in segments {
-        validate_name(segment).map_err(|e| format!("segment `{segment}` {e}"))?;
-    }
-    Ok(())
 }
 
 pub use crate::recipes::check_name;

@@ -171,7 +171,7 @@ pub async fn get_value(
     consistency: Consistency,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    crate::http::check_key(&key)?;
+    crate::recipes::kv::check_key(&key)?;
     let known = match parse_tag(&headers, header::IF_NONE_MATCH)? {
         Some(Tag::Version(v)) => Some(v),
         Some(Tag::Any) => {
@@ -241,7 +241,7 @@ pub async fn put_value(
     headers: HeaderMap,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<Response, ApiError> {
-    crate::http::check_key(&key)?;
+    crate::recipes::kv::check_key(&key)?;
     let body = body.map_err(crate::http::extract::body_rejection)?;
     let condition = write_condition(&headers)?;
     let is_json = headers
@@ -319,7 +319,7 @@ pub async fn delete_value(
     Guarded(guards): Guarded,
     headers: HeaderMap,
 ) -> Result<StatusCode, ApiError> {
-    crate::http::check_key(&key)?;
+    crate::recipes::kv::check_key(&key)?;
     let condition = match parse_tag(&headers, header::IF_MATCH)? {
         Some(Tag::Version(v)) => Condition::Version(v),
         Some(Tag::Any) | None => Condition::Any,
@@ -345,7 +345,7 @@ pub async fn list_keys(
     let path = if prefix.is_empty() {
         Kind::Kv.base(&state.config.root)
     } else {
-        crate::http::check_key(&prefix)
+        crate::recipes::kv::check_key(&prefix)
             .map_err(|_| ApiError::invalid(Place::Query, "prefix", "must be a valid key (`a/b`)"))?;
         Kind::Kv.path(&state.config.root, &prefix)
     };

@@ -37,6 +37,7 @@ use crate::recipes::engine::lease::Lease;
 use crate::recipes::engine::node::owner_record_path;
 use crate::recipes::guards::{Guard, Guards, retry_guarded};
 use crate::recipes::usage::{self, ChargeError, Exceeded, Payer, Quotas};
+use crate::recipes::validate_name;
 use crate::zk::retry_on_loss;
 use bound::{Binding, BoundKeys};
 
@@ -805,4 +806,27 @@ fn write_error(key: &str, err: WriteError) -> ApiError {
         ),
         WriteError::ZooKeeper(err) => err.into(),
     }
+}
+
+/// Most segments a kv key may have.
+const MAX_KEY_DEPTH: usize = 16;
+
+/// Checks a kv key (`a/b/c`): at most 16 segments, each a valid name.
+pub fn check_key(key: &str) -> Result<(), ApiError> {
+    key_problem(key).map_err(|detail| ApiError::invalid(Place::Path, "key", detail))
+}
+
+/// What is wrong with a kv key, if anything (the text of [check_key]'s refusal).
+pub fn key_problem(key: &str) -> Result<(), String> {
+    let segments: Vec<&str> = key.split('/').collect();
+    if segments.len() > MAX_KEY_DEPTH {
+        return Err(format!(
+            "must have at most {MAX_KEY_DEPTH} segments ({} given)",
+            segments.len()
+        ));
+    }
+    for segment in segments {
+        validate_name(segment).map_err(|e| format!("segment `{segment}` {e}"))?;
+    }
+    Ok(())
 }

@@ -35,9 +35,14 @@ use crate::zk::{Done, Failure};
 mod commit;
 mod key;
 mod operation;
+mod request;
 
 pub use commit::{Bindings, key_name, run};
 pub use operation::commit;
+pub use request::{
+    CompareBody, FailedCompare, HeldBody, LeadsBody, MAX_OPERATIONS, StepAnswer, StepBody, TxnAnswer, TxnRequest,
+    VersionRange, apply,
+};
 
 /// What a compare asks of a key.
 #[derive(Debug, Clone, PartialEq, Eq)]
