@@ -12,10 +12,10 @@ use utoipa::openapi::path::{Parameter, ParameterIn};
 use utoipa::openapi::schema::{Object, Schema, SchemaType, Type};
 use utoipa::openapi::{OpenApi, RefOr};
 
-use super::queues::MAX_ACK_DEADLINE;
 use super::txns::MAX_DEADLINE as MAX_TXN_DEADLINE;
 use crate::recipes::MAX_NAME_BYTES;
 use crate::recipes::locks::contention::MAX_GRACE;
+use crate::recipes::queues::{MAX_ACK_DEADLINE, MAX_DELAY};
 
 /// One segment: the characters a name may have (ZooKeeper's path rules, `zk::names`): no `/`,
 /// no control character, nothing from the private-use area, the specials or beyond U+FFFF
@@ -76,7 +76,7 @@ const DEFAULT_MAX_LOCK_DELAY: std::time::Duration = std::time::Duration::from_se
 fn format_of(path: &str, method: &Method, place: &ParameterIn, name: &str) -> Option<Format> {
     match (place, name) {
         (ParameterIn::Query, "ack_deadline") => Some(Format::PositiveDuration(Some(MAX_ACK_DEADLINE))),
-        (ParameterIn::Query, "delay") => Some(Format::DurationUpTo(super::queues::MAX_DELAY)),
+        (ParameterIn::Query, "delay") => Some(Format::DurationUpTo(MAX_DELAY)),
         (ParameterIn::Query, "not_before") => Some(Format::Timestamp),
         (ParameterIn::Header, "If-Match") => Some(Format::ETagOrAny),
         (ParameterIn::Header, "If-None-Match") if *method == Method::GET => Some(Format::ETag),

@@ -3,57 +3,6 @@
 use super::*;
 use crate::http::guards::{GuardHeader, Guarded};
 
-/// An item waiting (or dead) in a queue.
-#[derive(Serialize, utoipa::ToSchema)]
-pub struct Waiting {
-    #[schema(example = "queue-500000000042")]
-    pub item: String,
-    #[schema(example = 50)]
-    pub priority: u8,
-    #[schema(example = 1)]
-    pub deliveries: u32,
-    #[schema(example = 5300)]
-    pub age_ms: u64,
-    #[schema(example = "application/json")]
-    pub content_type: String,
-    /// The body, when JSON (any JSON value).
-    #[schema(example = json!({"to": "ada@example.com"}))]
-    pub body: Option<serde_json::Value>,
-    pub text: Option<String>,
-    pub body_base64: Option<String>,
-    /// For a delayed item: not taken before this time.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub not_before: Option<String>,
-}
-
-/// Query of a listing of items.
-#[derive(Deserialize, utoipa::IntoParams)]
-#[serde(deny_unknown_fields)]
-#[into_params(parameter_in = Query)]
-pub struct ItemsQuery {
-    /// How many items, first to take first (default 100, at most 1000). When more follow, the
-    /// answer's `Link` header (`rel="next"`) is the URL of the next page.
-    #[param(minimum = 1, maximum = 1000)]
-    #[allow(dead_code)] // read with the cursor (`Paging`); here for the spec and the field check
-    pub limit: Option<usize>,
-    /// Where the page starts: the `cursor` of the previous page's `Link` (opaque).
-    #[param(max_length = 4096, pattern = "^([0-9a-f]{2})*$")]
-    #[allow(dead_code)] // as `limit`
-    pub cursor: Option<String>,
-}
-
-/// Most items a listing returns.
-pub(super) const MAX_LISTED: usize = 1000;
-
-/// An item's body as the views show it: `(body, text, body_base64)`, one of them set.
-pub(super) fn shown(envelope: &Envelope) -> (Option<serde_json::Value>, Option<String>, Option<String>) {
-    match envelope.shown() {
-        Shown::Json(value) => (Some(value), None, None),
-        Shown::Text(text) => (None, Some(text), None),
-        Shown::Base64(encoded) => (None, None, Some(encoded)),
-    }
-}
-
 /// The items waiting (and claimed) in a queue, first to take first, with their bodies.
 #[utoipa::path(get, path = "/v1/queues/{name}/items", tag = "queues",
     params(("name" = String, Path, description = "Queue name"), ItemsQuery),
@@ -88,21 +37,8 @@ async fn listed(
         next = page.next;
         page.entries.into_iter().map(|(_, name)| name).collect()
     };
-    let mut items: Vec<Waiting> = Vec::new();
-    for (item, envelope, stat) in queues::listed(state, name, dead, one_page, consistency).await? {
-        let (body, text, body_base64) = shown(&envelope);
-        items.push(Waiting {
-            priority: queues::order_of(&item).map(|o| o.0).unwrap_or(queues::DEFAULT_PRIORITY),
-            not_before: queues::topic::not_before(&item),
-            item,
-            deliveries: envelope.deliveries,
-            age_ms: millis_since(from_millis(stat.ctime)),
-            content_type: envelope.content_type,
-            body,
-            text,
-            body_base64,
-        });
-    }
+    let listed = queues::listed(state, name, dead, one_page, consistency).await?;
+    let items: Vec<Waiting> = listed.into_iter().map(Waiting::of).collect();
     Ok(with_link(next, Json(items)))
 }
 

@@ -5,19 +5,16 @@
 //! Here the resource, its routes and its list; a put in [put], a take in [take], a claim's end
 //! in [claims], the listings and dead letters in [listing].
 
-use std::time::Duration;
-
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use serde::{Deserialize, Serialize};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::consistency::Consistency;
-use super::error::{ApiError, Place, Problem, Problems, p};
+use super::error::{ApiError, Place, Problems, p};
 use super::extract::{ApiJson, ApiPath, ApiQuery};
 use super::paging::{Paging, with_link};
 use super::{Followed, Resource, check_name, state_handler};
@@ -26,11 +23,11 @@ use crate::auth::Caller;
 use crate::events::Feed;
 use crate::http::idempotency::Idempotent;
 use crate::kind::Kind;
-use crate::recipes::queues::service::Claim;
 use crate::recipes::queues::topic::{QueueState, QueueTopic};
-use crate::recipes::queues::{self, Envelope, Shown, Taken};
+use crate::recipes::queues::{
+    self, AckAnswer, AckBody, ItemsQuery, MAX_LISTED, PutQuery, Stored, TakeAnswer, TakeQuery, Waiting,
+};
 use crate::recipes::validate_name;
-use crate::time::{HumanDuration, at_most, from_millis, millis_since, timestamp};
 
 /// The queue kind's module.
 mod claims;

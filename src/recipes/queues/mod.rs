@@ -39,11 +39,13 @@ pub mod service;
 mod settle;
 mod take;
 pub mod topic;
+mod views;
 
 pub use claim::*;
 pub use item::*;
 pub use settle::{Acked, ack, nack};
 pub use take::*;
+pub use views::*;
 
 /// Paths of a queue.
 #[derive(Clone, Debug)]
