@@ -126,7 +126,7 @@ fn schema_of(format: Format, description: Option<String>) -> Schema {
         Format::DurationUpTo(max) => string(crate::time::duration_pattern_up_to(max)),
         Format::Address => string(r"^[^\x00-\x1f\x7f-\x9f]+$".into())
             .min_length(Some(1))
-            .max_length(Some(super::groups::service::MAX_ADDRESS)),
+            .max_length(Some(crate::recipes::groups::MAX_ADDRESS)),
         Format::UriTemplate => string(r"^([^{}]|\{[^{}]+\})*$".into()),
         Format::Timestamp => string(crate::time::UTC_PATTERN.into()),
         Format::ETag => string(r#"^(W/)?"[0-9]{1,18}"$"#.into()),

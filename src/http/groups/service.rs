@@ -3,12 +3,10 @@
 //! one (random or round-robin), follow changes. See [crate::recipes::groups::service] for the
 //! layout.
 
-use crate::http::guards::{GuardHeader, Guarded};
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use serde::{Deserialize, Serialize};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
@@ -16,18 +14,13 @@ use crate::AppState;
 use crate::auth::Caller;
 use crate::events::Feed;
 use crate::http::consistency::Consistency;
-use crate::http::error::{ApiError, Place, Problem, Problems, p};
+use crate::http::error::{ApiError, Problems, p};
 use crate::http::extract::{ApiJson, ApiPath, ApiQuery};
+use crate::http::guards::{GuardHeader, Guarded};
 use crate::http::{Followed, Resource, check_name};
 use crate::kind::Kind;
-use crate::recipes::groups::service::{
-    CuratorInstance, InstanceView, Registrar, ServiceState, ServiceTopic, Strategy, UriSpecJson,
-};
-use crate::recipes::leases::Lease;
-use crate::recipes::leases::LeaseView;
-use crate::recipes::nodes::{self, NodeHolding};
-use crate::recipes::validate_name;
-use crate::time::{HumanDuration, timestamp};
+use crate::recipes::groups::service::{InstanceView, ServiceState, ServiceTopic};
+use crate::recipes::groups::{self, InstanceBody, PickQuery, Registered};
 
 /// The service kind's module.
 pub const RESOURCE: Resource = Resource {
@@ -60,76 +53,6 @@ fn source(state: &AppState, name: &str) -> ServiceTopic {
     }
 }
 
-/// Longest address accepted (a DNS name is at most 253 bytes).
-pub(crate) const MAX_ADDRESS: usize = 253;
-
-/// Body of a registration.
-#[derive(Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct InstanceBody {
-    /// Where the instance listens: a host name or an IP address.
-    #[schema(example = "10.0.0.5", min_length = 1, max_length = 253)]
-    pub address: String,
-    #[schema(example = 8080, minimum = 0, maximum = 65535)]
-    pub port: Option<u16>,
-    #[schema(minimum = 0, maximum = 65535)]
-    pub ssl_port: Option<u16>,
-    /// Anything the instance publishes (JSON): a zone, a weight, a version...
-    #[schema(example = json!({"zone": "eu-1"}))]
-    pub payload: Option<serde_json::Value>,
-    /// A URI template with `{scheme}`, `{address}`, `{port}`, `{ssl-port}`, `{name}`, `{id}`.
-    #[schema(example = "{scheme}://{address}:{port}")]
-    pub uri_spec: Option<String>,
-    /// The lease the instance lives with. Without it a new lease is created and returned.
-    pub lease: Option<String>,
-    /// TTL of the lease created when `lease` is not given.
-    pub ttl: Option<HumanDuration>,
-}
-
-/// An instance as it was registered.
-#[derive(Serialize, utoipa::ToSchema)]
-pub struct Registered {
-    #[schema(example = "billing")]
-    pub service: String,
-    #[schema(example = "billing-1")]
-    pub id: String,
-    #[schema(format = DateTime)]
-    pub registered_at: String,
-    /// The lease the registration lasts with.
-    pub lease: LeaseView,
-}
-
-/// Query of a pick.
-#[derive(Deserialize, utoipa::IntoParams)]
-#[serde(deny_unknown_fields)]
-#[into_params(parameter_in = Query)]
-pub struct PickQuery {
-    /// `random` (default) or `round-robin`.
-    #[param(value_type = Option<Strategy>, example = "round-robin")]
-    pub strategy: Option<Strategy>,
-}
-
-fn names(service: &str, id: &str) -> Result<(), ApiError> {
-    check_name(service)?;
-    validate_name(id).map_err(|e| ApiError::invalid(Place::Path, "id", e))
-}
-
-fn taken(service: &str, id: &str) -> ApiError {
-    ApiError::new(
-        Problem::MemberTaken,
-        format!("instance `{id}` of `{service}` is registered by another lease or client"),
-    )
-}
-
-fn registered(node: &NodeHolding) -> Registered {
-    Registered {
-        service: node.name.clone(),
-        id: node.id.clone(),
-        registered_at: timestamp(node.created_at),
-        lease: LeaseView::of(&node.lease),
-    }
-}
-
 /// Registers an instance of a service for as long as the lease lives (an ephemeral znode in
 /// Curator's format: Curator's `ServiceDiscovery` sees it). Registering the same id again
 /// with the same lease answers 200 with the registration; an id another lease or client holds
@@ -149,63 +72,9 @@ pub async fn register(
     ApiPath((service, id)): ApiPath<(String, String)>,
     ApiJson(body): ApiJson<InstanceBody>,
 ) -> Result<Response, ApiError> {
-    names(&service, &id)?;
-    if body.address.is_empty()
-        || body.address.chars().count() > MAX_ADDRESS
-        || body.address.chars().any(char::is_control)
-    {
-        let detail = format!("must be 1 to {MAX_ADDRESS} characters, none of them control characters");
-        return Err(ApiError::invalid(Place::Body, "address", detail));
-    }
-    let uri_spec = match &body.uri_spec {
-        Some(template) => Some(UriSpecJson::parse(template).ok_or_else(|| {
-            ApiError::invalid(Place::Body, "uri_spec", "must close every `{` it opens, around a name")
-        })?),
-        None => None,
-    };
-    let make = |lease: &Lease| {
-        let instance = CuratorInstance {
-            name: service.clone(),
-            id: id.clone(),
-            address: Some(body.address),
-            port: body.port,
-            ssl_port: body.ssl_port,
-            payload: body.payload.unwrap_or(serde_json::Value::Null),
-            registration_time_utc: crate::time::now_ms(),
-            service_type: "DYNAMIC".into(),
-            uri_spec,
-            enabled: None,
-            zkgate: Some(Registrar {
-                lease: lease.id.clone(),
-                principal: lease.principal.clone(),
-            }),
-        };
-        let data = serde_json::to_vec(&instance).map_err(|e| ApiError::new(Problem::Internal, e.to_string()))?;
-        state.check_stored_size("instance", data.len())?;
-        Ok(data)
-    };
-    // Its data is charged to the caller, on the instance's session (as a group member's).
-    let (lease, ttl) = (body.lease, body.ttl.map(|t| t.0));
-    let at = (service.as_str(), id.as_str());
-    let id_taken = || taken(&service, &id);
-    let (node, made) = nodes::join(
-        &state,
-        (&caller, &guards),
-        &state.services,
-        at,
-        (lease, ttl),
-        make,
-        id_taken,
-    )
-    .await?;
-    if !made {
-        return Ok((StatusCode::OK, Json(registered(&node))).into_response());
-    }
-    let m = crate::metrics::get();
-    m.service_registrations
-        .with_label_values(&[m.name(crate::metrics::SERVICE, &service)])
-        .inc();
-    Ok((StatusCode::CREATED, Json(registered(&node))).into_response())
+    let (registered, made) = groups::register(&state, (&caller, &guards), (&service, &id), body).await?;
+    let status = if made { StatusCode::CREATED } else { StatusCode::OK };
+    Ok((status, Json(registered)).into_response())
 }
 
 /// Unregisters an instance registered through zkgate (through any instance: its node records
@@ -222,23 +91,7 @@ pub async fn unregister(
     Guarded(guards): Guarded,
     ApiPath((service, id)): ApiPath<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
-    names(&service, &id)?;
-    let gone = || {
-        ApiError::not_found(
-            "instance",
-            format!("no instance `{id}` of `{service}` registered through zkgate"),
-        )
-    };
-    let path = state.services.node(&service, &id);
-    crate::recipes::nodes::unbind(
-        &state,
-        (&caller, &guards),
-        &state.services,
-        (&service, &id),
-        &path,
-        gone,
-    )
-    .await?;
+    groups::unregister(&state, (&caller, &guards), (&service, &id)).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -254,7 +107,7 @@ pub async fn get_instance(
     ApiPath((service, id)): ApiPath<(String, String)>,
     consistency: Consistency,
 ) -> Result<Json<InstanceView>, ApiError> {
-    names(&service, &id)?;
+    groups::check_instance(&service, &id)?;
     let Json(read) = crate::http::read(&state, source(&state, &service), consistency).await?;
     read.instances
         .into_iter()

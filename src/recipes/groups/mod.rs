@@ -3,6 +3,9 @@
 
 pub mod group;
 pub mod service;
+mod views;
+
+pub use views::*;
 
 use std::time::Duration;
 
