@@ -55,21 +55,6 @@ pub fn body_rejection(rejection: BytesRejection) -> ApiError {
     }
 }
 
-/// A count that JSON may write as `5` or `5.0` (both are the integer 5 to JSON Schema, and a
-/// client that computed it as a float sends the second): a whole number from 0 to `u32::MAX`.
-pub fn whole_u32<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<u32, D::Error> {
-    let number = <serde_json::Number as serde::Deserialize>::deserialize(deserializer)?;
-    let whole = number.as_u64().or_else(|| {
-        number
-            .as_f64()
-            .filter(|f| f.fract() == 0.0 && (0.0..=f64::from(u32::MAX)).contains(f))
-            .map(|f| f as u64)
-    });
-    whole
-        .and_then(|n| u32::try_from(n).ok())
-        .ok_or_else(|| serde::de::Error::custom(format!("must be a whole number from 0 to {}, not {number}", u32::MAX)))
-}
-
 /// serde_json ends messages with " at line 1 column 12", which says nothing to a client that
 /// is told the field name.
 fn strip_position(message: &str) -> String {
@@ -137,7 +122,7 @@ mod tests {
     fn a_count_may_be_written_as_a_whole_float_and_nothing_else() {
         #[derive(serde::Deserialize, Debug)]
         struct Count {
-            #[serde(deserialize_with = "super::whole_u32")]
+            #[serde(deserialize_with = "crate::recipes::barriers::whole_u32")]
             size: u32,
         }
         let read = |text: &str| serde_json::from_str::<Count>(text).map(|c| c.size);

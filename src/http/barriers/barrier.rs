@@ -5,7 +5,6 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use serde::Deserialize;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
@@ -17,8 +16,7 @@ use crate::http::error::{ApiError, Problems, p};
 use crate::http::extract::{ApiJson, ApiPath, ApiQuery};
 use crate::http::{Followed, Resource, state_handler};
 use crate::kind::Kind;
-use crate::recipes::barriers::{self, barrier::BarrierState, barrier::BarrierTopic};
-use crate::time::HumanDuration;
+use crate::recipes::barriers::{self, DownQuery, RaiseBody, barrier::BarrierState, barrier::BarrierTopic};
 
 /// The barrier kind's module.
 pub const RESOURCE: Resource = Resource {
@@ -44,27 +42,6 @@ fn source(state: &AppState, name: &str) -> BarrierTopic {
     barriers::barrier_topic(state, name)
 }
 
-/// Body of a raise (optional): without it the barrier is persistent.
-#[derive(Deserialize, utoipa::ToSchema, Default)]
-#[serde(deny_unknown_fields)]
-pub struct RaiseBody {
-    /// Bind the barrier to this lease: it falls when the lease ends.
-    pub lease: Option<String>,
-    /// Bind the barrier to a new lease with this TTL.
-    pub ttl: Option<HumanDuration>,
-}
-
-/// Query of a wait.
-#[derive(Deserialize, utoipa::IntoParams)]
-#[serde(deny_unknown_fields)]
-#[into_params(parameter_in = Query)]
-pub struct WaitQuery {
-    /// How long to wait for the barrier to be down (capped by the server's maximum, which is
-    /// also the default).
-    #[param(value_type = Option<String>, example = "30s")]
-    pub wait: Option<HumanDuration>,
-}
-
 /// Raises a barrier: persistent without a body, bound to a lease (it falls when the lease
 /// ends) with `lease` or `ttl`. Raising a raised barrier is a no-op (200).
 #[utoipa::path(put, path = "/v1/barriers/{name}", tag = "barriers", extensions(("x-zkgate-served-by" = json!({"any": "body"}))),
@@ -82,9 +59,7 @@ pub async fn raise(
     ApiPath(name): ApiPath<String>,
     ApiJson(body): ApiJson<Option<RaiseBody>>,
 ) -> Result<Response, ApiError> {
-    let body = body.unwrap_or_default();
-    let ttl = body.ttl.map(|t| t.0);
-    let (created, barrier) = barriers::raise(&state, (&caller, &guards), &name, body.lease, ttl).await?;
+    let (created, barrier) = barriers::raise(&state, (&caller, &guards), &name, body.unwrap_or_default()).await?;
     let status = if created { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, Json(barrier)).into_response())
 }
@@ -120,7 +95,7 @@ state_handler!(
 /// 409 `barrier-up` if the wait ends first. All waiters on this instance share one ZooKeeper
 /// watch.
 #[utoipa::path(get, path = "/v1/barriers/{name}/wait", tag = "barriers",
-    params(("name" = String, Path, description = "Barrier name"), WaitQuery),
+    params(("name" = String, Path, description = "Barrier name"), DownQuery),
     responses(
         (status = 200, description = "The barrier is down: proceed", body = BarrierState),
         Problems<(p::InvalidField, p::BarrierUp, p::ZookeeperUnavailable)>,
@@ -128,7 +103,7 @@ state_handler!(
 pub async fn wait(
     State(state): State<AppState>,
     ApiPath(name): ApiPath<String>,
-    ApiQuery(query): ApiQuery<WaitQuery>,
+    ApiQuery(query): ApiQuery<DownQuery>,
     consistency: Consistency,
 ) -> Result<Json<BarrierState>, ApiError> {
     barriers::wait_down(&state, &name, query.wait.map(|w| w.0), consistency).await?;

@@ -4,6 +4,9 @@
 
 pub mod barrier;
 pub mod double;
+mod views;
+
+pub use views::{DownQuery, EnterBody, LeaveBody, Passage, PassageQuery, RaiseBody, whole_u32};
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,9 +19,9 @@ use crate::problem::{ApiError, Place, Problem};
 use crate::recipes::Recipes;
 use crate::recipes::consistency::Consistency;
 use crate::recipes::engine::handle::Phase;
-use crate::recipes::engine::lease::Lease;
 use crate::recipes::engine::node::{self, NodeHolding};
 use crate::recipes::guards::{Guard, Guards, retry_guarded};
+use crate::recipes::leases::LeaseView;
 use crate::recipes::topic::Source;
 use crate::recipes::{SettingError, validate_name};
 use crate::zk::{Failure, Session};
@@ -40,10 +43,10 @@ pub async fn raise(
     recipes: &Recipes,
     (caller, guards): (&Caller, &[Guard]),
     name: &str,
-    lease: Option<String>,
-    ttl: Option<Duration>,
+    RaiseBody { lease, ttl }: RaiseBody,
 ) -> Result<(bool, BarrierState), ApiError> {
     crate::recipes::check_name(name)?;
+    let ttl = ttl.map(|t| t.0);
     let guards = &Guards::resolve(recipes, caller, guards).await?;
     let path = recipes.barriers.dir(name);
     let (created, session) = if lease.is_none() && ttl.is_none() {
@@ -135,15 +138,21 @@ pub async fn wait_down(
 
 /// A participant enters double barrier `name` of `size` (`POST .../enter`), bound to `lease` (or
 /// a new one with `ttl`; entering again with its lease goes on waiting), and waits until `size`
-/// participants are in or `deadline` passes (it stays inside then). Whether it passed, how many
-/// are inside, and its lease.
+/// participants are in or the wait ends (it stays inside then).
 pub async fn enter(
     recipes: &Recipes,
     (caller, guards): (&Caller, &[Guard]),
     name: &str,
-    entry: Entry,
-    deadline: Instant,
-) -> Result<(bool, usize, Arc<Lease>), ApiError> {
+    query: PassageQuery,
+    body: EnterBody,
+) -> Result<Passage, ApiError> {
+    let deadline = Instant::now() + recipes.wait(query.wait.map(|w| w.0));
+    let entry = Entry {
+        participant: body.participant,
+        size: body.size,
+        lease: body.lease,
+        ttl: body.ttl.map(|t| t.0),
+    };
     crate::recipes::check_name(name)?;
     check_participant(&entry.participant)?;
     if entry.size == 0 {
@@ -157,20 +166,27 @@ pub async fn enter(
     crate::admission::park(); // entered: what is left is waiting for the others
     let passed = double::enter(&session, &recipes.barrier_watches, &dir, entry.size, deadline).await?;
     let inside = double::participants(&session, &dir).await?.len();
-    Ok((passed, inside, node.lease.clone()))
+    Ok(Passage {
+        barrier: name.to_string(),
+        participant: entry.participant,
+        passed,
+        inside,
+        lease: Some(LeaseView::of(&node.lease)),
+    })
 }
 
 /// `participant` leaves double barrier `name` (`POST .../leave`), and waits until every
 /// participant has left or `deadline` passes. The guide's exit: the lowest waits for the
-/// highest, the others remove themselves and wait for the lowest. Whether it passed, and how
-/// many are inside.
+/// highest, the others remove themselves and wait for the lowest.
 pub async fn leave(
     recipes: &Recipes,
     (caller, guards): (&Caller, &[Guard]),
     name: &str,
-    participant: &str,
-    deadline: Instant,
-) -> Result<(bool, usize), ApiError> {
+    query: PassageQuery,
+    LeaveBody { participant }: LeaveBody,
+) -> Result<Passage, ApiError> {
+    let deadline = Instant::now() + recipes.wait(query.wait.map(|w| w.0));
+    let participant = participant.as_str();
     crate::recipes::check_name(name)?;
     check_participant(participant)?;
     let guards = &Guards::resolve(recipes, caller, guards).await?;
@@ -201,11 +217,17 @@ pub async fn leave(
     );
     let passed = passed?;
     let inside = double::participants(&session, &nodes.dir(name)).await?.len();
-    Ok((passed, inside))
+    Ok(Passage {
+        barrier: name.to_string(),
+        participant: participant.to_string(),
+        passed,
+        inside,
+        lease: None,
+    })
 }
 
 /// Who enters, and the barrier's size as it expects it.
-pub struct Entry {
+struct Entry {
     pub participant: String,
     pub size: u32,
     /// The lease to bind the participant to, or none (a new one, with `ttl`).
