@@ -12,10 +12,10 @@ use utoipa::openapi::path::{Parameter, ParameterIn};
 use utoipa::openapi::schema::{Object, Schema, SchemaType, Type};
 use utoipa::openapi::{OpenApi, RefOr};
 
-use super::txns::MAX_DEADLINE as MAX_TXN_DEADLINE;
 use crate::recipes::MAX_NAME_BYTES;
 use crate::recipes::locks::contention::MAX_GRACE;
 use crate::recipes::queues::{MAX_ACK_DEADLINE, MAX_DELAY};
+use crate::recipes::txns::MAX_DEADLINE as MAX_TXN_DEADLINE;
 
 /// One segment: the characters a name may have (ZooKeeper's path rules, `zk::names`): no `/`,
 /// no control character, nothing from the private-use area, the specials or beyond U+FFFF

@@ -1,29 +1,23 @@
 //! `/v1/txns`: two-phase commit: create a transaction, register participants, vote, and read
 //! (or wait for) the decision, which is written once and never changes.
 
-use crate::http::guards::{GuardHeader, Guarded};
-use std::collections::BTreeSet;
-use std::time::Duration;
-
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use serde::Deserialize;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::consistency::Consistency;
-use super::error::{ApiError, Place, Problems, p};
+use super::error::{ApiError, Problems, p};
 use super::extract::{ApiJson, ApiPath, ApiQuery};
+use super::guards::{GuardHeader, Guarded};
 use super::{Followed, Resource};
 use crate::AppState;
 use crate::auth::Caller;
 use crate::events::Feed;
 use crate::kind::Kind;
-use crate::recipes::txns::{self, Spec, TxnState, TxnTopic, Vote};
-use crate::recipes::validate_name;
-use crate::time::{HumanDuration, at_most};
+use crate::recipes::txns::{self, CreateTxn, RegisterBody, TxnQuery, TxnState, TxnTopic, VoteBody};
 
 /// The transaction kind's module.
 pub const RESOURCE: Resource = Resource {
@@ -51,56 +45,6 @@ fn source(state: &AppState, id: &str) -> TxnTopic {
     txns::txn_topic(state, id)
 }
 
-/// Longest a transaction may wait for its votes.
-pub(crate) const MAX_DEADLINE: Duration = Duration::from_secs(24 * 3600);
-
-/// Most participants a transaction may have.
-const MAX_PARTICIPANTS: usize = 100;
-
-/// Body of `POST /v1/txns`.
-#[derive(Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct CreateTxn {
-    /// The transaction's id (default: a new UUID).
-    pub id: Option<String>,
-    /// Who must vote (1 to 100 distinct names).
-    #[schema(example = json!(["billing", "inventory"]), min_items = 1, max_items = 100)]
-    pub participants: Vec<String>,
-    /// What is being decided, shown to everyone.
-    #[schema(example = json!({"order": 42}))]
-    pub payload: Option<serde_json::Value>,
-    /// How long the participants have to vote (at most 24h); then the transaction aborts
-    /// (default 60s).
-    pub deadline: Option<HumanDuration>,
-}
-
-/// Query of a transaction read.
-#[derive(Deserialize, utoipa::IntoParams)]
-#[serde(deny_unknown_fields)]
-#[into_params(parameter_in = Query)]
-pub struct TxnQuery {
-    /// Wait (up to this long, capped by the server's maximum) for the decision.
-    #[param(value_type = Option<String>, example = "30s")]
-    pub wait: Option<HumanDuration>,
-}
-
-/// Body of a registration (optional).
-#[derive(Deserialize, utoipa::ToSchema, Default)]
-#[serde(deny_unknown_fields)]
-pub struct RegisterBody {
-    /// The lease the registration lives by (without it a new lease is created): if it ends
-    /// before the participant votes, the transaction aborts.
-    pub lease: Option<String>,
-    pub ttl: Option<HumanDuration>,
-}
-
-/// Body of a vote.
-#[derive(Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct VoteBody {
-    pub vote: Vote,
-}
-
 /// Creates a transaction; this instance coordinates it (it alone watches the votes).
 #[utoipa::path(post, path = "/v1/txns", tag = "txns", params(GuardHeader),
     request_body(content = CreateTxn, example = json!({"id": "order-42", "participants": ["billing", "inventory"], "payload": {"order": 42}, "deadline": "30s"})),
@@ -114,37 +58,7 @@ pub async fn create(
     Guarded(guards): Guarded,
     ApiJson(body): ApiJson<CreateTxn>,
 ) -> Result<Response, ApiError> {
-    let id = body.id.unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
-    validate_name(&id).map_err(|e| ApiError::invalid(Place::Body, "id", e))?;
-    caller.require(crate::kind::Kind::Txn.auth(), &id, crate::auth::Access::Write)?;
-    if body.participants.is_empty() || body.participants.len() > MAX_PARTICIPANTS {
-        let detail = format!("must name 1 to {MAX_PARTICIPANTS} participants");
-        return Err(ApiError::invalid(Place::Body, "participants", detail));
-    }
-    let mut seen = BTreeSet::new();
-    for participant in &body.participants {
-        validate_name(participant)
-            .map_err(|e| ApiError::invalid(Place::Body, "participants", format!("`{participant}` {e}")))?;
-        if !seen.insert(participant) {
-            let detail = format!("`{participant}` is named twice");
-            return Err(ApiError::invalid(Place::Body, "participants", detail));
-        }
-    }
-    let deadline = body.deadline.map(|d| d.0).unwrap_or(Duration::from_secs(60));
-    if deadline.is_zero() {
-        return Err(ApiError::invalid(Place::Body, "deadline", "must be above zero"));
-    }
-    at_most(deadline, MAX_DEADLINE).map_err(|e| ApiError::invalid(Place::Body, "deadline", e))?;
-    let now = crate::time::now_ms();
-    let spec = Spec {
-        participants: body.participants,
-        payload: body.payload,
-        deadline_ms: crate::time::ms_after_now(deadline),
-        created_at_ms: now,
-    };
-    let stored = serde_json::to_vec(&spec).map_or(0, |s| s.len());
-    state.check_stored_size("transaction (with its payload)", stored)?;
-    let created = txns::create(&state, (&caller, &guards), &id, spec).await?;
+    let created = txns::create(&state, (&caller, &guards), body).await?;
     Ok((StatusCode::CREATED, Json(created)).into_response())
 }
 
@@ -184,9 +98,13 @@ pub async fn register(
     ApiPath((id, participant)): ApiPath<(String, String)>,
     ApiJson(body): ApiJson<Option<RegisterBody>>,
 ) -> Result<Response, ApiError> {
-    let body = body.unwrap_or_default();
-    let ttl = body.ttl.map(|t| t.0);
-    let registered = txns::register(&state, (&caller, &guards), (&id, &participant), body.lease, ttl).await?;
+    let registered = txns::register(
+        &state,
+        (&caller, &guards),
+        (&id, &participant),
+        body.unwrap_or_default(),
+    )
+    .await?;
     Ok((StatusCode::CREATED, Json(registered)).into_response())
 }
 

@@ -1,6 +1,7 @@
 //! Two-phase commit: the operations a client asks for (create, read and wait for the decision,
 //! register, vote), on the protocol of [txn].
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use crate::auth::Caller;
@@ -11,11 +12,14 @@ use crate::recipes::engine::node;
 use crate::recipes::guards::{Guard, Guards, retry_guarded};
 use crate::recipes::topic::Source;
 use crate::recipes::{Recipes, check_name, validate_name};
+use crate::time::at_most;
 use crate::zk::{Failure, Session};
 
 pub mod txn;
+mod views;
 
 pub use txn::*;
+pub use views::{CreateTxn, MAX_DEADLINE, MAX_PARTICIPANTS, RegisterBody, TxnQuery, VoteBody};
 
 /// Transaction `id` as its topic and `GET` read it.
 pub fn txn_topic(recipes: &Recipes, id: &str) -> TxnTopic {
@@ -25,14 +29,44 @@ pub fn txn_topic(recipes: &Recipes, id: &str) -> TxnTopic {
     }
 }
 
-/// Creates transaction `id` of `spec` (409 `txn-exists` if the id is taken); this instance
-/// coordinates it (it alone watches the votes).
+/// Creates the transaction `body` describes (409 `txn-exists` if its id is taken); this
+/// instance coordinates it (it alone watches the votes).
 pub async fn create(
     recipes: &Recipes,
     (caller, guards): (&Caller, &[Guard]),
-    id: &str,
-    spec: Spec,
+    body: CreateTxn,
 ) -> Result<TxnState, ApiError> {
+    let id = body.id.unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+    validate_name(&id).map_err(|e| ApiError::invalid(Place::Body, "id", e))?;
+    caller.require(crate::kind::Kind::Txn.auth(), &id, crate::auth::Access::Write)?;
+    if body.participants.is_empty() || body.participants.len() > MAX_PARTICIPANTS {
+        let detail = format!("must name 1 to {MAX_PARTICIPANTS} participants");
+        return Err(ApiError::invalid(Place::Body, "participants", detail));
+    }
+    let mut seen = BTreeSet::new();
+    for participant in &body.participants {
+        validate_name(participant)
+            .map_err(|e| ApiError::invalid(Place::Body, "participants", format!("`{participant}` {e}")))?;
+        if !seen.insert(participant) {
+            let detail = format!("`{participant}` is named twice");
+            return Err(ApiError::invalid(Place::Body, "participants", detail));
+        }
+    }
+    let deadline = body.deadline.map(|d| d.0).unwrap_or(Duration::from_secs(60));
+    if deadline.is_zero() {
+        return Err(ApiError::invalid(Place::Body, "deadline", "must be above zero"));
+    }
+    at_most(deadline, MAX_DEADLINE).map_err(|e| ApiError::invalid(Place::Body, "deadline", e))?;
+    let now = crate::time::now_ms();
+    let spec = Spec {
+        participants: body.participants,
+        payload: body.payload,
+        deadline_ms: crate::time::ms_after_now(deadline),
+        created_at_ms: now,
+    };
+    let stored = serde_json::to_vec(&spec).map_or(0, |s| s.len());
+    recipes.check_stored_size("transaction (with its payload)", stored)?;
+    let id = id.as_str();
     let guards = &Guards::resolve(recipes, caller, guards).await?;
     let session = recipes.zk().connected().await?;
     let dir = recipes.txn_members.dir(id);
@@ -79,9 +113,9 @@ pub async fn register(
     recipes: &Recipes,
     (caller, guards): (&Caller, &[Guard]),
     (id, participant): (&str, &str),
-    lease: Option<String>,
-    ttl: Option<Duration>,
+    RegisterBody { lease, ttl }: RegisterBody,
 ) -> Result<TxnState, ApiError> {
+    let ttl = ttl.map(|t| t.0);
     let (_, dir, _) = participant_of(recipes, caller, id, participant).await?;
     let guards = &Guards::resolve(recipes, caller, guards).await?;
     let (lease, _) = recipes.leases.for_request(caller, lease, ttl).await?;
