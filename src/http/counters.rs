@@ -6,12 +6,11 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use serde::{Deserialize, Serialize};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::consistency::Consistency;
-use super::error::{ApiError, Place, Problem, Problems, p};
+use super::error::{ApiError, Problem, Problems, p};
 use super::extract::{ApiJson, ApiPath};
 use super::guards::{GuardHeader, Guarded};
 use super::idempotency::Idempotent;
@@ -22,7 +21,7 @@ use crate::auth::Caller;
 use crate::events::Feed;
 use crate::kind::Kind;
 use crate::recipes::condition::Condition;
-use crate::recipes::counters::{self, Bounds, CounterState, CounterTopic};
+use crate::recipes::counters::{self, AddBody, AddResult, CounterState, CounterTopic, SetBody};
 
 /// The counter kind's module.
 pub const RESOURCE: Resource = Resource {
@@ -52,50 +51,6 @@ fn source(state: &AppState, name: &str) -> CounterTopic {
         name: name.to_string(),
         path: Kind::Counter.path(&state.config.root, name),
     }
-}
-
-/// Body of an add (optional: without it, the add is `+1`).
-#[derive(Deserialize, utoipa::ToSchema, Default)]
-#[serde(deny_unknown_fields)]
-pub struct AddBody {
-    /// What to add (negative to subtract); 1 when absent.
-    #[schema(example = 5)]
-    pub delta: Option<i64>,
-    /// The lowest value the add may leave (inclusive): an add below it is refused with 409
-    /// `out-of-bounds` and changes nothing.
-    #[schema(example = 0)]
-    pub min: Option<i64>,
-    /// The highest value the add may leave (inclusive).
-    #[schema(example = 100)]
-    pub max: Option<i64>,
-}
-
-/// What an add did.
-#[derive(Serialize, utoipa::ToSchema)]
-pub struct AddResult {
-    #[schema(example = "orders-shipped")]
-    pub name: String,
-    /// The value before the add.
-    #[schema(example = 37)]
-    pub previous: i64,
-    /// The value after it.
-    #[schema(example = 42)]
-    pub value: i64,
-    /// The new version, as in the `ETag` header.
-    #[schema(example = "\"4294967311\"")]
-    pub etag: String,
-    /// `true` when an earlier add with the same `Idempotency-Key` made it: this is its answer
-    /// (the counter may have moved on since).
-    pub repeated: bool,
-}
-
-/// Body of a set.
-#[derive(Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct SetBody {
-    /// The new value.
-    #[schema(example = 0)]
-    pub value: i64,
 }
 
 fn etag_header(etag: &str) -> Result<HeaderValue, ApiError> {
@@ -148,32 +103,17 @@ pub async fn add(
         inner: ApiJson(body),
     }: Idempotent<ApiJson<Option<AddBody>>>,
 ) -> Result<Response, ApiError> {
-    check_name(&name)?;
-    let body = body.unwrap_or_default();
-    let delta = body.delta.unwrap_or(1);
-    let bounds = Bounds {
-        min: body.min,
-        max: body.max,
-    };
-    if let (Some(min), Some(max)) = (bounds.min, bounds.max)
-        && min > max
-    {
-        let detail = format!("must not be above `max` ({min} > {max})");
-        return Err(ApiError::invalid(Place::Body, "min", detail));
-    }
-    let added = counters::add_to(&state, (&caller, &guards), (&name, delta, bounds), key.as_ref()).await?;
-    let etag = counters::etag(added.mzxid);
-    let answer = (
-        [(header::ETAG, etag_header(&etag)?)],
-        Json(AddResult {
-            name,
-            previous: added.previous,
-            value: added.value,
-            etag,
-            repeated: added.repeated,
-        }),
-    );
-    Ok(super::idempotency::replayed(answer.into_response(), added.repeated))
+    let added = counters::add_as_asked(
+        &state,
+        (&caller, &guards),
+        &name,
+        body.unwrap_or_default(),
+        key.as_ref(),
+    )
+    .await?;
+    let answer = ([(header::ETAG, etag_header(&added.etag)?)], Json(added));
+    let repeated = answer.1.repeated;
+    Ok(super::idempotency::replayed(answer.into_response(), repeated))
 }
 
 /// Sets a counter to a value, creating it if needed. `If-Match: "<etag>"` sets it only over

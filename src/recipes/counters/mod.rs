@@ -45,7 +45,9 @@ use crate::zk::retry_on_loss;
 use crate::zk::watch::Mode;
 
 mod topic;
+mod views;
 pub use topic::{CounterEvent, CounterState, CounterTopic, etag};
+pub use views::{AddBody, AddResult, SetBody, add_as_asked};
 /// The size of a counter's value in its znode.
 pub const VALUE_BYTES: usize = 8;
 
