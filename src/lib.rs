@@ -22,6 +22,7 @@ pub mod problem;
 pub mod recipes;
 pub mod remembered;
 pub mod runner;
+pub mod spec;
 pub mod time;
 pub mod tls;
 pub mod ws;

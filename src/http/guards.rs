@@ -71,7 +71,7 @@ pub fn takes_guards(operation: &utoipa::openapi::path::Operation) -> bool {
 /// operation that declares it, and its refusal (409 `guard-lost`) on those.
 pub fn document(spec: &mut utoipa::openapi::OpenApi) {
     let mut shared = None;
-    for (_, _, operation) in super::operations_mut(spec) {
+    for (_, _, operation) in crate::spec::operations_mut(spec) {
         let Some(parameters) = operation.parameters.as_mut() else {
             continue;
         };

@@ -115,7 +115,7 @@ fn declared(method: &Method, route: &str) -> Option<&'static Declared> {
 /// The declarations of `spec`: method, path, what it says (or why it does not parse), and
 /// whether the operation waits.
 pub fn declarations(spec: &utoipa::openapi::OpenApi) -> Vec<(Method, String, Result<ServedBy, String>, bool)> {
-    super::operations(spec)
+    crate::spec::operations(spec)
         .filter_map(|(method, path, operation)| {
             let value = operation.extensions.as_ref()?.get(SERVED_BY)?;
             let parsed = serde_json::from_value::<ServedBy>(value.clone()).map_err(|e| e.to_string());
@@ -468,7 +468,7 @@ mod tests {
                 );
             }
         }
-        for (method, path, operation) in super::super::operations(&spec) {
+        for (method, path, operation) in crate::spec::operations(&spec) {
             let properties = body_properties(&spec, operation);
             if method == Method::GET || !properties.iter().any(|p| p == "lease") {
                 continue;

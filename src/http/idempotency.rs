@@ -126,7 +126,7 @@ pub fn takes_key(operation: &Operation) -> bool {
 pub fn document(spec: &mut utoipa::openapi::OpenApi) {
     use utoipa::openapi::RefOr;
     use utoipa::openapi::header::HeaderBuilder;
-    for (_, _, operation) in super::operations_mut(spec) {
+    for (_, _, operation) in crate::spec::operations_mut(spec) {
         if !takes_key(operation) {
             continue;
         }

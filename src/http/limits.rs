@@ -207,7 +207,7 @@ fn waits(method: &Method, route: &str) -> bool {
 
 /// The (method, path) of every operation of `spec` with a `wait` query parameter.
 fn waiting_routes(spec: &utoipa::openapi::OpenApi) -> HashSet<(Method, String)> {
-    super::operations(spec)
+    crate::spec::operations(spec)
         .filter(|(_, _, operation)| takes_wait(operation))
         .map(|(method, path, _)| (method, path.clone()))
         .collect()

@@ -15,7 +15,6 @@ mod elections;
 pub mod error;
 pub mod events;
 pub mod extract;
-mod formats;
 mod groups;
 pub mod guards;
 pub mod handoff;
@@ -110,7 +109,7 @@ pub fn topic(state: &AppState, kind: Kind, name: &str) -> Option<Feed> {
             Durations are written like `500ms`, `5s`, `1m`.",
         license(name = "MIT", identifier = "MIT")
     ),
-    components(schemas(error::ProblemDocument, ListedResource, crate::recipes::groups::service::Strategy, crate::time::HumanDuration, formats::JsonValue)),
+    components(schemas(error::ProblemDocument, ListedResource, crate::recipes::groups::service::Strategy, crate::time::HumanDuration, crate::spec::formats::JsonValue)),
     tags(
         (name = "leases", description = "Lease-style handles: TTL, keepalive, and everything held on their behalf."),
         (name = "websocket", description = "Push over WebSockets: subscriptions to every recipe and to znodes, socket-bound leases, API calls."),
@@ -204,45 +203,12 @@ async fn method_not_allowed(matched: Option<axum::extract::MatchedPath>) -> impl
     ApiError::new(error::Problem::MethodNotAllowed, detail).with("allowed", allowed)
 }
 
-/// Every operation of `spec`, with its method and path.
-pub(crate) fn operations(spec: &utoipa::openapi::OpenApi) -> impl Iterator<Item = (Method, &String, &Operation)> {
-    spec.paths.paths.iter().flat_map(|(path, item)| {
-        let methods = [&item.get, &item.put, &item.post, &item.delete, &item.patch];
-        SPEC_METHODS
-            .into_iter()
-            .zip(methods)
-            .filter_map(move |(method, operation)| Some((method, path, operation.as_ref()?)))
-    })
-}
-
-/// [operations], to change.
-pub(crate) fn operations_mut(
-    spec: &mut utoipa::openapi::OpenApi,
-) -> impl Iterator<Item = (Method, &String, &mut Operation)> {
-    spec.paths.paths.iter_mut().flat_map(|(path, item)| {
-        let methods = [
-            &mut item.get,
-            &mut item.put,
-            &mut item.post,
-            &mut item.delete,
-            &mut item.patch,
-        ];
-        SPEC_METHODS
-            .into_iter()
-            .zip(methods)
-            .filter_map(move |(method, operation)| Some((method, &*path, operation.as_mut()?)))
-    })
-}
-
-/// The methods of a spec's path item, in the order [operations] gives them.
-const SPEC_METHODS: [Method; 5] = [Method::GET, Method::PUT, Method::POST, Method::DELETE, Method::PATCH];
-
 /// The methods the spec lists for the route `template` (`/v1/locks/{name}/acquire`).
 fn allowed_methods(template: &str) -> Vec<String> {
     static METHODS: std::sync::OnceLock<std::collections::HashMap<String, Vec<String>>> = std::sync::OnceLock::new();
     let methods = METHODS.get_or_init(|| {
         let mut methods: std::collections::HashMap<String, Vec<String>> = Default::default();
-        for (method, path, _) in operations(&routes().into_openapi()) {
+        for (method, path, _) in crate::spec::operations(&routes().into_openapi()) {
             methods.entry(path.clone()).or_default().push(method.to_string());
         }
         methods
@@ -372,18 +338,18 @@ pub async fn read<S: Source>(
 
 /// What the spec says beyond each operation's own declaration: the guards' problems and
 /// bearer auth ([document_auth]), and `?consistency=` on the reads ([consistency::document]),
-/// the values' formats ([formats::document]); last, nullable fields written the OpenAPI 3.1
-/// way ([formats::nullable_as_types]) and optional bodies as their schema in a body that is not
-/// required ([formats::optional_bodies_as_refs]).
+/// the values' formats ([crate::spec::formats::document]); last, nullable fields written the OpenAPI 3.1
+/// way ([crate::spec::formats::nullable_as_types]) and optional bodies as their schema in a body that is not
+/// required ([crate::spec::formats::optional_bodies_as_refs]).
 pub fn document(spec: &mut utoipa::openapi::OpenApi) {
     document_auth(spec);
     topics::document(spec);
     consistency::document(spec);
-    formats::document(spec);
+    crate::spec::formats::document(spec);
     idempotency::document(spec);
     guards::document(spec);
-    formats::nullable_as_types(spec);
-    formats::optional_bodies_as_refs(spec);
+    crate::spec::formats::nullable_as_types(spec);
+    crate::spec::formats::optional_bodies_as_refs(spec);
 }
 
 /// Bearer tokens in the spec: the scheme, and on every operation but the probes the
@@ -406,7 +372,7 @@ pub fn document_auth(spec: &mut utoipa::openapi::OpenApi) {
                 .build(),
         ),
     );
-    for (method, path, operation) in operations_mut(spec) {
+    for (method, path, operation) in crate::spec::operations_mut(spec) {
         if path == "/healthz" || path == "/readyz" {
             continue;
         }

@@ -36,6 +36,8 @@ const LAYERS: &[(&str, u8)] = &[
     // The event bus (it also follows leases), and the settings of `serve`.
     ("events", 6),
     ("config", 6),
+    // The served spec's rewriting (the formats of the API's values), below the edge that builds it.
+    ("spec", 6),
     // The edges: HTTP, the lock runner, and the socket (which serves calls through HTTP).
     ("http", 7),
     ("runner", 7),
@@ -63,6 +65,7 @@ const NO_ZOOKEEPER: &[&str] = &[
     "events",
     "limits",
     "config",
+    "spec",
     "http",
     "runner",
     "ws",

@@ -226,7 +226,7 @@ pub async fn get_value(
         ("If-Match" = Option<String>, Header, description = "Write only over this ETag (`*`: only if it exists)"),
         ("If-None-Match" = Option<String>, Header, description = "`*`: create only")),
     request_body(description = "The value: any JSON value. Text (`text/plain`) and bytes (any other `Content-Type`) are taken too, kept with their `Content-Type`; the spec lists JSON alone, so that a generated client sends it with its media type.",
-        content((crate::http::formats::JsonValue = "application/json", example = json!({"dark_mode": true, "max_items": 50})))),
+        content((crate::spec::formats::JsonValue = "application/json", example = json!({"dark_mode": true, "max_items": 50})))),
     responses(
         (status = 201, description = "Created", body = Written, headers(("ETag" = String, description = "The value's version, for `If-Match` and `If-None-Match` (like `\"4294967311\"`)"))),
         (status = 200, description = "Replaced", body = Written, headers(("ETag" = String, description = "The value's version, for `If-Match` and `If-None-Match` (like `\"4294967311\"`)"))),

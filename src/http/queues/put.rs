@@ -10,7 +10,7 @@ use crate::http::guards::{GuardHeader, Guarded};
     params(("name" = String, Path, description = "Queue name"), PutQuery, GuardHeader,
         ("Idempotency-Key" = Option<String>, Header, description = crate::http::idempotency::ABOUT)),
     request_body(description = "The item: any JSON value. Text (`text/plain`) and bytes (any other `Content-Type`, read back base64-encoded) are taken too, kept with their `Content-Type`; the spec lists JSON alone, so that a generated client sends it with its media type.",
-        content((crate::http::formats::JsonValue = "application/json", example = json!({"to": "ada@example.com", "template": "welcome"})))),
+        content((crate::spec::formats::JsonValue = "application/json", example = json!({"to": "ada@example.com", "template": "welcome"})))),
     responses(
         (status = 201, description = "Stored", body = Stored),
         (status = 200, description = "A put with this key was stored before", body = Stored),
