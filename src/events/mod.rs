@@ -42,6 +42,7 @@ use crate::zk::watch::{ExistsWatches, Mode};
 mod follow;
 mod position;
 mod publisher;
+pub mod topics;
 
 use follow::*;
 pub use position::*;

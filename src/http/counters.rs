@@ -18,10 +18,9 @@ use super::kv::keys::{Tag, parse_tag, write_condition};
 use super::{Followed, Resource, check_name};
 use crate::AppState;
 use crate::auth::Caller;
-use crate::events::Feed;
 use crate::kind::Kind;
 use crate::recipes::condition::Condition;
-use crate::recipes::counters::{self, AddBody, AddResult, CounterState, CounterTopic, SetBody};
+use crate::recipes::counters::{self, AddBody, AddResult, CounterState, SetBody};
 
 /// The counter kind's module.
 pub const RESOURCE: Resource = Resource {
@@ -32,7 +31,6 @@ pub const RESOURCE: Resource = Resource {
     ),
     routes,
     topic: Some(Followed {
-        feed: |state, name| Feed::of(source(state, name)),
         summary: "Follows a counter: each change of its value, as Server-Sent Events.",
         param: "name",
     }),
@@ -43,14 +41,6 @@ fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(counter_state, set, delete))
         .routes(routes!(add))
-}
-
-/// Counter `name` as its topic and `GET` read it.
-fn source(state: &AppState, name: &str) -> CounterTopic {
-    CounterTopic {
-        name: name.to_string(),
-        path: Kind::Counter.path(&state.config.root, name),
-    }
 }
 
 fn etag_header(etag: &str) -> Result<HeaderValue, ApiError> {
@@ -71,7 +61,7 @@ pub async fn counter_state(
     consistency: Consistency,
 ) -> Result<Response, ApiError> {
     check_name(&name)?;
-    let Json(read) = super::read(&state, source(&state, &name), consistency).await?;
+    let Json(read) = super::read(&state, state.counter_topic(&name), consistency).await?;
     Ok(match &read.etag {
         Some(etag) => ([(header::ETAG, etag_header(etag)?)], Json(read)).into_response(),
         None => Json(read).into_response(),

@@ -15,10 +15,9 @@ use super::guards::{GuardHeader, Guarded};
 use super::{Followed, Resource, state_handler};
 use crate::AppState;
 use crate::auth::Caller;
-use crate::events::Feed;
 use crate::kind::Kind;
 use crate::recipes::elections::{
-    self, CampaignBody, CampaignParams, Candidacy, CandidateView, ElectionState, LeaderView, Leadership, Proclamation,
+    self, CampaignBody, CampaignParams, Candidacy, CandidateView, ElectionState, LeaderView, Proclamation,
 };
 use crate::recipes::locks::contention::HandleQuery;
 
@@ -30,7 +29,6 @@ pub const RESOURCE: Resource = Resource {
     ),
     routes,
     topic: Some(Followed {
-        feed: |state, name| Feed::of(source(state, name)),
         summary: "Follows an election: its leader, term and candidates, as Server-Sent Events.",
         param: "name",
     }),
@@ -46,15 +44,6 @@ fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(campaign))
         .routes(routes!(proclaim))
         .routes(routes!(get_candidate, resign))
-}
-
-/// Election `name` as its topic and `GET` read it.
-pub fn source(state: &AppState, name: &str) -> Leadership {
-    Leadership {
-        name: name.to_string(),
-        dir: state.elections.dir(name),
-        local: state.elections.clone(),
-    }
 }
 
 /// Campaigns for leadership, waiting up to `wait` to lead (a long poll).
@@ -87,7 +76,8 @@ state_handler!(
     "/v1/elections/{name}",
     "elections",
     "Election name",
-    ElectionState
+    ElectionState,
+    election_topic
 );
 
 /// Changes the value the leader proclaims. Only the leader may: anyone else gets 409.

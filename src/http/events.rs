@@ -32,9 +32,9 @@ use serde_json::Value;
 
 use super::error::{ApiError, Place, Problem};
 use super::extract::ApiPath;
-use super::topics::{self, TopicError};
 use crate::AppState;
 use crate::auth::Caller;
+use crate::events::topics::{self, TopicError};
 use crate::events::{Position, Subscription};
 use crate::kind::Kind;
 use crate::limits::ClientAddr;
@@ -295,6 +295,32 @@ pub fn events_route(kind: Kind, followed: &super::Followed) -> OpenApiRouter<App
         .responses(ResponsesBuilder::new().responses_from_iter(responses))
         .build();
     super::get_route(&path, axum::routing::get(handler), operation)
+}
+
+/// Appends to the descriptions of the socket and the event stream the topics of every kind
+/// that has them, written from the registry here rather than by hand in their doc comments (a
+/// hand list missed three kinds).
+pub fn document(spec: &mut utoipa::openapi::OpenApi) {
+    let endings = [
+        (
+            "/v1/ws",
+            format!(
+                "Resource topics: {}.",
+                topics::listed(|t| format!("`{{\"{t}\":\"NAME\"}}`"))
+            ),
+        ),
+        (
+            "/v1/events",
+            format!("Resource topics: {}.", topics::listed(|t| format!("`{t}:NAME`"))),
+        ),
+    ];
+    for (path, ending) in endings {
+        if let Some(operation) = spec.paths.paths.get_mut(path).and_then(|item| item.get.as_mut()) {
+            let description = operation.description.get_or_insert_with(String::new);
+            description.push_str("\n\n");
+            description.push_str(&ending);
+        }
+    }
 }
 
 #[cfg(test)]

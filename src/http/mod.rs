@@ -28,7 +28,6 @@ pub mod origin;
 pub mod paging;
 mod queues;
 mod routed;
-pub mod topics;
 mod txns;
 
 use axum::Json;
@@ -44,7 +43,6 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::AppState;
-use crate::events::Feed;
 use crate::kind::Kind;
 use crate::recipes::topic::Source;
 use error::ApiError;
@@ -64,10 +62,9 @@ pub struct Resource {
     pub listed: Option<&'static str>,
 }
 
-/// How a kind's resources are followed.
+/// How a kind's resources are followed (their feed is the recipe's topic:
+/// [crate::events::topics::feed_of]).
 pub struct Followed {
-    /// The topic of one of its resources (already validated and authorised).
-    pub feed: fn(&AppState, &str) -> Feed,
     /// The summary of its `GET /v1/<segment>/{name}/events` in the spec.
     pub summary: &'static str,
     /// The name of the path parameter that names one of its resources, as on its other routes
@@ -90,15 +87,6 @@ pub const RESOURCES: &[Resource] = &[
     counters::RESOURCE,
     groups::service::RESOURCE,
 ];
-
-/// The topic of resource `name` of `kind`, if the kind has topics.
-pub fn topic(state: &AppState, kind: Kind, name: &str) -> Option<Feed> {
-    RESOURCES
-        .iter()
-        .find(|r| r.kind == kind)
-        .and_then(|r| r.topic.as_ref())
-        .map(|topic| (topic.feed)(state, name))
-}
 
 #[derive(OpenApi)]
 #[openapi(
@@ -220,10 +208,9 @@ fn allowed_methods(template: &str) -> Vec<String> {
 pub use crate::recipes::check_name;
 
 /// Declares a kind's `GET /v1/<kind>/{name}`: the resource's state, as its topic carries it,
-/// read with the module's `source(state, name)`. One shape for every kind, so it is written
-/// once.
+/// read from the recipes' `$topic(name)`. One shape for every kind, so it is written once.
 macro_rules! state_handler {
-    ($(#[doc = $doc:tt])* $handler:ident, $path:tt, $tag:tt, $what:tt, $state:ident) => {
+    ($(#[doc = $doc:tt])* $handler:ident, $path:tt, $tag:tt, $what:tt, $state:ident, $topic:ident) => {
         $(#[doc = $doc])*
         #[utoipa::path(get, path = $path, tag = $tag,
             params(("name" = String, Path, description = $what)),
@@ -237,7 +224,7 @@ macro_rules! state_handler {
             consistency: $crate::http::consistency::Consistency,
         ) -> Result<axum::Json<$state>, $crate::http::error::ApiError> {
             $crate::http::check_name(&name)?;
-            $crate::http::read(&state, source(&state, &name), consistency).await
+            $crate::http::read(&state, state.$topic(&name), consistency).await
         }
     };
 }
@@ -343,7 +330,7 @@ pub async fn read<S: Source>(
 /// required ([crate::spec::formats::optional_bodies_as_refs]).
 pub fn document(spec: &mut utoipa::openapi::OpenApi) {
     document_auth(spec);
-    topics::document(spec);
+    events::document(spec);
     consistency::document(spec);
     crate::spec::formats::document(spec);
     idempotency::document(spec);

@@ -15,9 +15,8 @@ use super::guards::{GuardHeader, Guarded};
 use super::{Followed, Resource};
 use crate::AppState;
 use crate::auth::Caller;
-use crate::events::Feed;
 use crate::kind::Kind;
-use crate::recipes::txns::{self, CreateTxn, RegisterBody, TxnQuery, TxnState, TxnTopic, VoteBody};
+use crate::recipes::txns::{self, CreateTxn, RegisterBody, TxnQuery, TxnState, VoteBody};
 
 /// The transaction kind's module.
 pub const RESOURCE: Resource = Resource {
@@ -25,7 +24,6 @@ pub const RESOURCE: Resource = Resource {
     about: Some("Two-phase commit: participants register (lease-bound), vote, and read the decision, written once."),
     routes,
     topic: Some(Followed {
-        feed: |state, id| Feed::of(source(state, id)),
         summary: "Follows a two-phase commit: its votes and decision, as Server-Sent Events.",
         param: "id",
     }),
@@ -38,11 +36,6 @@ fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(get_txn))
         .routes(routes!(register))
         .routes(routes!(vote))
-}
-
-/// Transaction `id` as its topic and `GET` read it.
-fn source(state: &AppState, id: &str) -> TxnTopic {
-    txns::txn_topic(state, id)
 }
 
 /// Creates a transaction; this instance coordinates it (it alone watches the votes).

@@ -24,6 +24,7 @@ pub mod recorded;
 pub mod roles;
 pub mod summary;
 pub mod topic;
+mod topics;
 pub mod txns;
 pub mod usage;
 pub mod znode;

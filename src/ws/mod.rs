@@ -83,10 +83,10 @@ pub async fn observe_election(
     check_name(&name)?;
     let upgrade = upgrade.map_err(not_a_websocket)?;
     state.zk().current()?;
-    let permits = crate::http::topics::stream_permits(&state, &caller, address.map(|a| a.0))?;
+    let permits = crate::events::topics::stream_permits(&state, &caller, address.map(|a| a.0))?;
     let kind = Kind::Election;
-    let feed =
-        crate::http::topic(&state, kind, &name).ok_or_else(|| ApiError::new(Problem::Internal, "no election topic"))?;
+    let feed = crate::events::topics::feed_of(&state, kind, &name)
+        .ok_or_else(|| ApiError::new(Problem::Internal, "no election topic"))?;
     Ok(
         lean(upgrade, state.config.ws_max_message).on_upgrade(move |socket| async move {
             let _permits = permits;
@@ -244,7 +244,7 @@ pub async fn socket(
 ) -> Result<Response, ApiError> {
     let upgrade = upgrade.map_err(not_a_websocket)?;
     let address = address.map(|a| a.0);
-    let permits = crate::http::topics::stream_permits(&state, &caller, address)?;
+    let permits = crate::events::topics::stream_permits(&state, &caller, address)?;
     // The socket outlives the handshake's request: it acts as the caller of the handshake.
     Ok(
         lean(upgrade, state.config.ws_max_message).on_upgrade(move |socket| async move {

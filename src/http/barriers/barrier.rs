@@ -10,13 +10,12 @@ use utoipa_axum::routes;
 
 use crate::AppState;
 use crate::auth::Caller;
-use crate::events::Feed;
 use crate::http::consistency::Consistency;
 use crate::http::error::{ApiError, Problems, p};
 use crate::http::extract::{ApiJson, ApiPath, ApiQuery};
 use crate::http::{Followed, Resource, state_handler};
 use crate::kind::Kind;
-use crate::recipes::barriers::{self, DownQuery, RaiseBody, barrier::BarrierState, barrier::BarrierTopic};
+use crate::recipes::barriers::{self, DownQuery, RaiseBody, barrier::BarrierState};
 
 /// The barrier kind's module.
 pub const RESOURCE: Resource = Resource {
@@ -24,7 +23,6 @@ pub const RESOURCE: Resource = Resource {
     about: Some("Barriers (raise, lower, wait until down) and double barriers (enter together, leave together)."),
     routes,
     topic: Some(Followed {
-        feed: |state, name| Feed::of(source(state, name)),
         summary: "Follows a barrier: raised or lowered, as Server-Sent Events.",
         param: "name",
     }),
@@ -35,11 +33,6 @@ fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(barrier_state, raise, lower))
         .routes(routes!(wait))
-}
-
-/// Barrier `name` as its topic and `GET` read it.
-fn source(state: &AppState, name: &str) -> BarrierTopic {
-    barriers::barrier_topic(state, name)
 }
 
 /// Raises a barrier: persistent without a body, bound to a lease (it falls when the lease
@@ -88,7 +81,8 @@ state_handler!(
     "/v1/barriers/{name}",
     "barriers",
     "Barrier name",
-    BarrierState
+    BarrierState,
+    barrier_topic
 );
 
 /// Waits until the barrier is down (a long poll): 200 once it is (at once if it is not up),

@@ -11,12 +11,11 @@ use utoipa_axum::routes;
 
 use crate::AppState;
 use crate::auth::Caller;
-use crate::events::Feed;
 use crate::http::error::{ApiError, Problems, p};
 use crate::http::extract::{ApiJson, ApiPath, ApiQuery};
 use crate::http::{Followed, Resource, state_handler};
 use crate::kind::Kind;
-use crate::recipes::barriers::double::{DoubleBarrierState, DoubleBarrierTopic};
+use crate::recipes::barriers::double::DoubleBarrierState;
 use crate::recipes::barriers::{self, EnterBody, LeaveBody, Passage, PassageQuery};
 
 /// The double barrier kind's module.
@@ -25,7 +24,6 @@ pub const RESOURCE: Resource = Resource {
     about: None,
     routes,
     topic: Some(Followed {
-        feed: |state, name| Feed::of(source(state, name)),
         summary: "Follows a double barrier: who entered, and when it is ready and done, as Server-Sent Events.",
         param: "name",
     }),
@@ -37,14 +35,6 @@ fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(double_barrier_state))
         .routes(routes!(enter))
         .routes(routes!(leave))
-}
-
-/// Double barrier `name` as its topic and `GET` read it.
-fn source(state: &AppState, name: &str) -> DoubleBarrierTopic {
-    DoubleBarrierTopic {
-        name: name.to_string(),
-        dir: state.double_barriers.dir(name),
-    }
 }
 
 /// Enters the barrier: returns 200 once `size` participants are in (at once if the barrier is
@@ -109,5 +99,6 @@ state_handler!(
     "/v1/double-barriers/{name}",
     "barriers",
     "Double barrier name",
-    DoubleBarrierState
+    DoubleBarrierState,
+    double_barrier_topic
 );

@@ -10,14 +10,13 @@ use utoipa_axum::routes;
 
 use crate::AppState;
 use crate::auth::Caller;
-use crate::events::Feed;
 use crate::http::consistency::Consistency;
 use crate::http::error::{ApiError, Problems, p};
 use crate::http::extract::{ApiJson, ApiPath, ApiQuery};
 use crate::http::guards::{GuardHeader, Guarded};
 use crate::http::{Followed, Resource, check_name, readable};
 use crate::kind::Kind;
-use crate::recipes::groups::{self, GroupQuery, GroupSummary, JoinBody, Joined, group::GroupState, group::GroupTopic};
+use crate::recipes::groups::{self, GroupQuery, GroupSummary, JoinBody, Joined, group::GroupState};
 
 /// The group kind's module.
 pub const RESOURCE: Resource = Resource {
@@ -25,7 +24,6 @@ pub const RESOURCE: Resource = Resource {
     about: Some("Group membership: lease-bound members with data, and a blocking read of changes."),
     routes,
     topic: Some(Followed {
-        feed: |state, name| Feed::of(source(state, name)),
         summary: "Follows a group: its members, as Server-Sent Events.",
         param: "group",
     }),
@@ -37,11 +35,6 @@ fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(list_groups))
         .routes(routes!(members))
         .routes(routes!(join, leave))
-}
-
-/// Group `name` as its topic and `GET` read it.
-fn source(state: &AppState, name: &str) -> GroupTopic {
-    groups::group_topic(state, name)
 }
 
 /// Joins a group as `member`, with data, for as long as the lease lives.

@@ -12,14 +12,13 @@ use utoipa_axum::routes;
 
 use crate::AppState;
 use crate::auth::Caller;
-use crate::events::Feed;
 use crate::http::consistency::Consistency;
 use crate::http::error::{ApiError, Problems, p};
 use crate::http::extract::{ApiJson, ApiPath, ApiQuery};
 use crate::http::guards::{GuardHeader, Guarded};
 use crate::http::{Followed, Resource, check_name};
 use crate::kind::Kind;
-use crate::recipes::groups::service::{InstanceView, ServiceState, ServiceTopic};
+use crate::recipes::groups::service::{InstanceView, ServiceState};
 use crate::recipes::groups::{self, InstanceBody, PickQuery, Registered};
 
 /// The service kind's module.
@@ -31,7 +30,6 @@ pub const RESOURCE: Resource = Resource {
     ),
     routes,
     topic: Some(Followed {
-        feed: |state, name| Feed::of(source(state, name)),
         summary: "Follows a service: instances registered and unregistered, as Server-Sent Events.",
         param: "name",
     }),
@@ -43,14 +41,6 @@ fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(service_state))
         .routes(routes!(pick))
         .routes(routes!(get_instance, register, unregister))
-}
-
-/// Service `name` as its topic and `GET` read it.
-fn source(state: &AppState, name: &str) -> ServiceTopic {
-    ServiceTopic {
-        name: name.to_string(),
-        dir: state.services.dir(name),
-    }
 }
 
 /// Registers an instance of a service for as long as the lease lives (an ephemeral znode in
@@ -108,7 +98,7 @@ pub async fn get_instance(
     consistency: Consistency,
 ) -> Result<Json<InstanceView>, ApiError> {
     groups::check_instance(&service, &id)?;
-    let Json(read) = crate::http::read(&state, source(&state, &service), consistency).await?;
+    let Json(read) = crate::http::read(&state, state.service_topic(&service), consistency).await?;
     read.instances
         .into_iter()
         .find(|i| i.id == id)
@@ -122,7 +112,8 @@ crate::http::state_handler!(
     "/v1/services/{name}",
     "services",
     "Service name",
-    ServiceState
+    ServiceState,
+    service_topic
 );
 
 /// Picks one enabled instance of a service: `random` (default), or `round-robin` (each in
@@ -140,7 +131,7 @@ pub async fn pick(
     consistency: Consistency,
 ) -> Result<Json<InstanceView>, ApiError> {
     check_name(&service)?;
-    let Json(read) = crate::http::read(&state, source(&state, &service), consistency).await?;
+    let Json(read) = crate::http::read(&state, state.service_topic(&service), consistency).await?;
     let strategy = query.strategy.unwrap_or_default();
     state
         .service_picker

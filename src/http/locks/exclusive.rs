@@ -9,14 +9,13 @@ use utoipa_axum::routes;
 
 use crate::AppState;
 use crate::auth::Caller;
-use crate::events::Feed;
 use crate::http::consistency::Consistency;
 use crate::http::error::{ApiError, Problems, p};
 use crate::http::extract::{ApiJson, ApiPath, ApiQuery};
 use crate::http::{Followed, Resource, state_handler};
 use crate::kind::Kind;
 use crate::recipes::locks::contention::{self as recipe, AcquireBody, AcquireParams, Acquisition, Revocation};
-use crate::recipes::locks::exclusive::{LockState, LockTopic};
+use crate::recipes::locks::exclusive::LockState;
 
 /// The lock kind's module.
 pub const RESOURCE: Resource = Resource {
@@ -24,7 +23,6 @@ pub const RESOURCE: Resource = Resource {
     about: Some("Exclusive locks (ZooKeeper's lock recipe on Curator's znode names), with fencing tokens."),
     routes,
     topic: Some(Followed {
-        feed: |state, name| Feed::of(source(state, name)),
         summary: "Follows a lock: its holder and waiters, as Server-Sent Events.",
         param: "name",
     }),
@@ -39,16 +37,6 @@ fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(get_handle, release))
         .routes(routes!(revoke))
         .routes(routes!(revocations))
-}
-
-/// Lock `name` as its topic and `GET` read it.
-fn source(state: &AppState, name: &str) -> LockTopic {
-    LockTopic {
-        name: name.to_string(),
-        dir: state.locks.dir(name),
-        local: state.locks.clone(),
-        why_ended: state.leases.why_ended(),
-    }
 }
 
 /// Acquires a lock, waiting up to `wait` (a long poll).
@@ -84,7 +72,8 @@ state_handler!(
     "/v1/locks/{name}",
     "locks",
     "Lock name",
-    LockState
+    LockState,
+    lock_topic
 );
 
 super::lock_handle_handlers!(

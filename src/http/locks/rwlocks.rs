@@ -9,13 +9,12 @@ use utoipa_axum::routes;
 
 use crate::AppState;
 use crate::auth::Caller;
-use crate::events::Feed;
 use crate::http::error::{ApiError, Problems, p};
 use crate::http::extract::{ApiJson, ApiPath, ApiQuery};
 use crate::http::{Followed, Resource, state_handler};
 use crate::kind::Kind;
 use crate::recipes::locks::contention::{self as recipe, AcquireBody, AcquireParams, Acquisition, Role};
-use crate::recipes::locks::rwlock::{self, RwLockState, RwLockTopic, is_reader};
+use crate::recipes::locks::rwlock::{self, RwLockState, is_reader};
 
 /// The read/write lock kind's module.
 pub const RESOURCE: Resource = Resource {
@@ -25,7 +24,6 @@ pub const RESOURCE: Resource = Resource {
     ),
     routes,
     topic: Some(Followed {
-        feed: |state, name| Feed::of(source(state, name)),
         summary: "Follows a read/write lock: its holders and waiters, as Server-Sent Events.",
         param: "name",
     }),
@@ -40,15 +38,6 @@ fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(write))
         .routes(routes!(get_handle, release))
         .routes(routes!(revoke))
-}
-
-/// Read/write lock `name` as its topic and `GET` read it.
-fn source(state: &AppState, name: &str) -> RwLockTopic {
-    RwLockTopic {
-        name: name.to_string(),
-        dir: state.rwlocks.dir(name),
-        local: state.rwlocks.clone(),
-    }
 }
 
 /// Acquires a read lock, waiting up to `wait`: granted when no writer is ahead in the queue,
@@ -100,7 +89,8 @@ state_handler!(
     "/v1/rwlocks/{name}",
     "rwlocks",
     "Lock name",
-    RwLockState
+    RwLockState,
+    rwlock_topic
 );
 
 super::lock_handle_handlers!(

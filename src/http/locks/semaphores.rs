@@ -11,7 +11,6 @@ use utoipa_axum::routes;
 
 use crate::AppState;
 use crate::auth::Caller;
-use crate::events::Feed;
 use crate::http::consistency::Consistency;
 use crate::http::error::{ApiError, Problems, p};
 use crate::http::extract::{ApiJson, ApiPath, ApiQuery};
@@ -19,7 +18,7 @@ use crate::http::{Followed, Resource, state_handler};
 use crate::kind::Kind;
 use crate::recipes::locks::contention::{self as recipe, AcquireBody};
 use crate::recipes::locks::permits::{self, PermitParams, PermitView};
-use crate::recipes::locks::semaphore::{SemaphoreState, SemaphoreTopic};
+use crate::recipes::locks::semaphore::SemaphoreState;
 
 /// The semaphore kind's module.
 pub const RESOURCE: Resource = Resource {
@@ -27,7 +26,6 @@ pub const RESOURCE: Resource = Resource {
     about: Some("Counting semaphores with N permits (Curator's InterProcessSemaphoreV2 znodes)."),
     routes,
     topic: Some(Followed {
-        feed: |state, name| Feed::of(source(state, name)),
         summary: "Follows a semaphore: its permits held and waiting, as Server-Sent Events.",
         param: "name",
     }),
@@ -39,15 +37,6 @@ fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(semaphore_state))
         .routes(routes!(acquire))
         .routes(routes!(get_permit, release))
-}
-
-/// Semaphore `name` as its topic and `GET` read it.
-fn source(state: &AppState, name: &str) -> SemaphoreTopic {
-    SemaphoreTopic {
-        name: name.to_string(),
-        dir: state.semaphores.dir(name),
-        local: state.semaphores.clone(),
-    }
 }
 
 /// Acquires one permit, waiting up to `wait`. Without a `lease` one is created and returned;
@@ -77,7 +66,8 @@ state_handler!(
     "/v1/semaphores/{name}",
     "semaphores",
     "Semaphore name",
-    SemaphoreState
+    SemaphoreState,
+    semaphore_topic
 );
 
 /// Reads a permit request.

@@ -20,10 +20,9 @@ use super::paging::{Paging, with_link};
 use super::{Followed, Resource, check_name, state_handler};
 use crate::AppState;
 use crate::auth::Caller;
-use crate::events::Feed;
 use crate::http::idempotency::Idempotent;
 use crate::kind::Kind;
-use crate::recipes::queues::topic::{QueueState, QueueTopic};
+use crate::recipes::queues::topic::QueueState;
 use crate::recipes::queues::{
     self, AckAnswer, AckBody, ItemsQuery, MAX_LISTED, PutQuery, Stored, TakeAnswer, TakeQuery, Waiting,
 };
@@ -47,7 +46,6 @@ pub const RESOURCE: Resource = Resource {
     ),
     routes,
     topic: Some(Followed {
-        feed: |state, name| Feed::of(source(state, name)),
         summary: "Follows a queue: its depth, claims and dead letters, as Server-Sent Events.",
         param: "name",
     }),
@@ -70,14 +68,6 @@ fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(replay_old_path))
 }
 
-/// Queue `name` as its topic and `GET` read it.
-fn source(state: &AppState, name: &str) -> QueueTopic {
-    QueueTopic {
-        name: name.to_string(),
-        paths: state.queues.paths(name),
-    }
-}
-
 state_handler!(
     /// A queue's depth, claims in flight, dead letters, oldest item and next items (without their
     /// bodies: `GET .../items` has them).
@@ -85,5 +75,6 @@ state_handler!(
     "/v1/queues/{name}",
     "queues",
     "Queue name",
-    QueueState
+    QueueState,
+    queue_topic
 );

@@ -25,16 +25,8 @@ use crate::recipes::leases::LeaseView;
 use crate::recipes::topic::Source;
 use crate::recipes::{SettingError, validate_name};
 use crate::zk::{Failure, Session};
-use barrier::{BarrierState, BarrierTopic};
+use barrier::BarrierState;
 use double::READY;
-
-/// Barrier `name` as its topic and `GET` read it.
-pub fn barrier_topic(recipes: &Recipes, name: &str) -> BarrierTopic {
-    BarrierTopic {
-        name: name.to_string(),
-        path: recipes.barriers.dir(name),
-    }
-}
 
 /// Raises barrier `name`: persistent with neither `lease` nor `ttl`, else bound to that lease
 /// (or a new one with `ttl`): it falls when the lease ends. Whether this raised it, and the
@@ -66,7 +58,7 @@ pub async fn raise(
         let hold = crate::recipes::nodes::hold(recipes, guards, nodes, &lease, (name, name), path, (data, None));
         (recipes.leases.held(&lease, hold.await?)?.is_some(), session)
     };
-    Ok((created, barrier_topic(recipes, name).read(&session).await?))
+    Ok((created, recipes.barrier_topic(name).read(&session).await?))
 }
 
 /// Lowers barrier `name`, releasing every waiter. One bound to a lease is lowered only by the

@@ -14,14 +14,6 @@ use crate::recipes::Recipes;
 use crate::recipes::consistency::Consistency;
 use crate::recipes::topic::Source;
 
-/// Group `name` as its topic and `GET` read it.
-pub fn group_topic(recipes: &Recipes, name: &str) -> group::GroupTopic {
-    group::GroupTopic {
-        name: name.to_string(),
-        dir: recipes.groups.dir(name),
-    }
-}
-
 /// Group `name`'s live members, read at `consistency`; with `wait`, after waiting (up to it,
 /// capped) for membership to differ from the index given (without one, for the next change).
 pub async fn members(
@@ -38,5 +30,5 @@ pub async fn members(
         crate::admission::park();
         let _ = tokio::time::timeout(recipes.wait(Some(wait)), changed).await;
     }
-    Ok(group_topic(recipes, name).read(&session).await?)
+    Ok(recipes.group_topic(name).read(&session).await?)
 }

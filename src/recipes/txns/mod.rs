@@ -21,14 +21,6 @@ mod views;
 pub use txn::*;
 pub use views::{CreateTxn, MAX_DEADLINE, MAX_PARTICIPANTS, RegisterBody, TxnQuery, VoteBody};
 
-/// Transaction `id` as its topic and `GET` read it.
-pub fn txn_topic(recipes: &Recipes, id: &str) -> TxnTopic {
-    TxnTopic {
-        id: id.to_string(),
-        dir: recipes.txn_members.dir(id),
-    }
-}
-
 /// Creates the transaction `body` describes (409 `txn-exists` if its id is taken); this
 /// instance coordinates it (it alone watches the votes).
 pub async fn create(
@@ -176,7 +168,7 @@ fn not_found(id: &str) -> ApiError {
 
 /// Transaction `id` read on `session`, 404 if there is none.
 async fn read_on(recipes: &Recipes, session: &Session, id: &str) -> Result<TxnState, ApiError> {
-    let read = txn_topic(recipes, id).read(session).await?;
+    let read = recipes.txn_topic(id).read(session).await?;
     if read.exists { Ok(read) } else { Err(not_found(id)) }
 }
 

@@ -6,16 +6,17 @@
 //! [parse_name]).
 //!
 //! Both count what they hold the same way ([stream_permits], [subscription_permit]).
+//! A kind's resource is followed as its recipe's topic ([feed_of]).
 
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::AppState;
+use super::Feed;
 use crate::auth::{Access, Caller};
-use crate::events::Feed;
-use crate::http::error::ApiError;
 use crate::kind::Kind;
 use crate::limits::{ClientAddr, Permit};
+use crate::problem::ApiError;
+use crate::recipes::Recipes;
 use crate::recipes::leases::LeaseError;
 use crate::recipes::validate_name;
 use crate::recipes::znode::{KeyBinding, ZnodeChildren, ZnodeData, under_root};
@@ -26,32 +27,28 @@ pub fn kind_topics() -> Vec<&'static str> {
     Kind::ALL.into_iter().filter_map(Kind::topic).collect()
 }
 
-/// Appends to the descriptions of the socket and the event stream the topics of every kind
-/// that has them, written from the registry here rather than by hand in their doc comments (a
-/// hand list missed three kinds).
-pub fn document(spec: &mut utoipa::openapi::OpenApi) {
-    let endings = [
-        (
-            "/v1/ws",
-            format!("Resource topics: {}.", listed(|t| format!("`{{\"{t}\":\"NAME\"}}`"))),
-        ),
-        (
-            "/v1/events",
-            format!("Resource topics: {}.", listed(|t| format!("`{t}:NAME`"))),
-        ),
-    ];
-    for (path, ending) in endings {
-        if let Some(operation) = spec.paths.paths.get_mut(path).and_then(|item| item.get.as_mut()) {
-            let description = operation.description.get_or_insert_with(String::new);
-            description.push_str("\n\n");
-            description.push_str(&ending);
-        }
-    }
+/// The kinds' topics, each as `example` writes it, joined by commas.
+pub fn listed(example: fn(&str) -> String) -> String {
+    kind_topics().into_iter().map(example).collect::<Vec<_>>().join(", ")
 }
 
-/// The kinds' topics, each as `example` writes it, joined by commas.
-fn listed(example: fn(&str) -> String) -> String {
-    kind_topics().into_iter().map(example).collect::<Vec<_>>().join(", ")
+/// The topic of resource `name` of `kind`, if the kind has topics: its [crate::recipes::topic::Source]
+/// followed. Every kind decides here (no wildcard arm).
+pub fn feed_of(recipes: &Recipes, kind: Kind, name: &str) -> Option<Feed> {
+    Some(match kind {
+        Kind::Lock => Feed::of(recipes.lock_topic(name)),
+        Kind::RwLock => Feed::of(recipes.rwlock_topic(name)),
+        Kind::Semaphore => Feed::of(recipes.semaphore_topic(name)),
+        Kind::Election => Feed::of(recipes.election_topic(name)),
+        Kind::Barrier => Feed::of(recipes.barrier_topic(name)),
+        Kind::DoubleBarrier => Feed::of(recipes.double_barrier_topic(name)),
+        Kind::Queue => Feed::of(recipes.queue_topic(name)),
+        Kind::Counter => Feed::of(recipes.counter_topic(name)),
+        Kind::Group => Feed::of(recipes.group_topic(name)),
+        Kind::Service => Feed::of(recipes.service_topic(name)),
+        Kind::Txn => Feed::of(recipes.txn_topic(name)),
+        Kind::Kv => return None,
+    })
 }
 
 /// Most topics one socket or one event stream may follow.
@@ -97,7 +94,7 @@ impl From<String> for TopicError {
 }
 
 /// The topic `topic` names, for `caller`: its name on the bus and what feeds it.
-pub fn resolve(state: &AppState, caller: &Caller, topic: &Value) -> Result<(String, Feed), TopicError> {
+pub fn resolve(state: &Recipes, caller: &Caller, topic: &Value) -> Result<(String, Feed), TopicError> {
     let (key, value) = match topic.as_object().map(|o| o.iter().collect::<Vec<_>>()).as_deref() {
         Some([(key, value)]) => (key.as_str(), *value),
         _ => {
@@ -133,10 +130,7 @@ pub fn resolve(state: &AppState, caller: &Caller, topic: &Value) -> Result<(Stri
                 );
                 return Err(TopicError::Forbidden(detail));
             }
-            Ok((
-                format!("summary:{dir}"),
-                Feed::summary(kind, kind.base(&state.config.root)),
-            ))
+            Ok((format!("summary:{dir}"), Feed::summary(kind, kind.base(&state.root))))
         }
         key => {
             let kind = Kind::from_topic(key).ok_or_else(|| {
@@ -150,7 +144,7 @@ pub fn resolve(state: &AppState, caller: &Caller, topic: &Value) -> Result<(Stri
                 let detail = format!("no read access to {} `{name}`", kind.auth());
                 return Err(TopicError::Forbidden(detail));
             }
-            let feed = crate::http::topic(state, kind, &name).ok_or_else(|| format!("`{key}` has no topic"))?;
+            let feed = feed_of(state, kind, &name).ok_or_else(|| format!("`{key}` has no topic"))?;
             Ok((kind.topic_name(&name), feed))
         }
     }
@@ -176,11 +170,11 @@ fn name_of(topic: &str, value: &Value) -> Result<String, TopicError> {
 }
 
 fn znode_feed(
-    state: &AppState,
+    state: &Recipes,
     caller: &Caller,
     ZnodeTopic { path, watch }: ZnodeTopic,
 ) -> Result<(String, Feed), TopicError> {
-    let root = state.config.root.as_str();
+    let root = state.root.as_str();
     if path.starts_with('/') {
         return Err(TopicError::from(format!(
             "znode path `{path}` must be relative to zkgate's root ({root}), without a leading `/`"
@@ -270,7 +264,7 @@ pub fn parse_name(text: &str) -> Result<Value, TopicError> {
 
 /// A socket or an event stream, counted against its principal's and its address's limits
 /// (429 beyond them) while the permits live.
-pub fn stream_permits(state: &AppState, caller: &Caller, address: Option<ClientAddr>) -> Result<Vec<Permit>, ApiError> {
+pub fn stream_permits(state: &Recipes, caller: &Caller, address: Option<ClientAddr>) -> Result<Vec<Permit>, ApiError> {
     let settings = state.limits.settings;
     let mut permits = vec![state.limits.hold(
         format!("sockets of {}", crate::limits::client_key(caller, None)),
@@ -288,7 +282,7 @@ pub fn stream_permits(state: &AppState, caller: &Caller, address: Option<ClientA
 }
 
 /// One subscription counted against its principal's limit, over all its sockets and streams.
-pub fn subscription_permit(state: &AppState, caller: &Caller) -> Result<Permit, ApiError> {
+pub fn subscription_permit(state: &Recipes, caller: &Caller) -> Result<Permit, ApiError> {
     let max = state.limits.settings.subscriptions_per_principal;
     Ok(state.limits.hold(
         format!("subscriptions of {}", crate::limits::client_key(caller, None)),
