@@ -62,11 +62,6 @@ fn is_guard(parameter: &RefOr<utoipa::openapi::path::Parameter>) -> bool {
     }
 }
 
-/// Whether `operation` takes guards.
-pub fn takes_guards(operation: &utoipa::openapi::path::Operation) -> bool {
-    operation.parameters.iter().flatten().any(is_guard)
-}
-
 /// In the spec, the header once (`components.parameters.Guard`), referred to by every
 /// operation that declares it, and its refusal (409 `guard-lost`) on those.
 pub fn document(spec: &mut utoipa::openapi::OpenApi) {
