@@ -20,7 +20,7 @@
 //!
 //! Here the topics, their subscriptions and the registry ([Events]); an event's [Position] in
 //! [position], what a topic's task publishes through in [publisher], the tasks that feed
-//! topics in [follow], the kinds' summaries in [summary].
+//! topics in [mod@follow], the kinds' summaries in [summary], what a client may follow in [topics].
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

@@ -4,7 +4,7 @@
 //! an `id` of its choosing; everything the server sends back about it carries that `id`:
 //!
 //! - `{"op":"subscribe","id":"s1","topic":{"election":"scheduler"}}` subscribes to a topic
-//!   (see [Topic]); the first event is the topic's current `state`, then each change, with the
+//!   (see [crate::events::topics]); the first event is the topic's current `state`, then each change, with the
 //!   topic's sequence number and, where there is one, the ZooKeeper zxid. After zkgate's
 //!   ZooKeeper connection or session came back, or when this socket fell behind, a `resync`
 //!   event (with a `reason`) carries the state instead of leaving a silent gap.

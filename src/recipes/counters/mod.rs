@@ -16,7 +16,7 @@
 //! A lost reply is the hard case: the write may have happened. A conditional write that is
 //! retried on the same version cannot land twice, but whether *this* add landed cannot be
 //! told from the counter afterwards (another add of the same delta from the same value writes
-//! the same bytes). So a lost reply of a write is answered as [AddError::OutcomeUnknown],
+//! the same bytes). So a lost reply of a write is answered as [CounterError::OutcomeUnknown],
 //! never guessed: reporting success for an add that did not happen would lose an update, and
 //! retrying one that did would count it twice.
 //!

@@ -378,7 +378,7 @@ impl Lease {
     /// applied (`refused`: `None`); `Ok(false)` if it is to be sent again (the record was
     /// created meanwhile, by another holding's write or by this one's whose reply was lost);
     /// `Err` with the guard's own refusal otherwise. A failed check means that this instance
-    /// no longer keeps the lease: [LeaseMoved].
+    /// no longer keeps the lease: [crate::recipes::engine::handle::NotCreated::LeaseMoved].
     pub fn guarded(&self, guard: Guard, refused: Option<ZkError>) -> Result<bool, GuardError> {
         match (guard, refused) {
             (Guard::Creates, None) => {

@@ -265,7 +265,7 @@ impl Semaphores {
 }
 
 /// The permit request `handle` of semaphore `name` (at `dir`), from ZooKeeper (see
-/// [crate::recipes::engine::contender::recorded]): its lease node if it has one (holding, or first in line for a
+/// [crate::recipes::recorded::recorded]): its lease node if it has one (holding, or first in line for a
 /// permit), else its node in the semaphore's lock queue. `None` if it has neither.
 pub async fn recorded(session: &Session, dir: &str, name: &str, handle: &str) -> Result<Option<Recorded>, Failure> {
     let client = session.client();
