@@ -93,7 +93,7 @@ pub async fn add(
         inner: ApiJson(body),
     }: Idempotent<ApiJson<Option<AddBody>>>,
 ) -> Result<Response, ApiError> {
-    let added = counters::add_as_asked(
+    let added = counters::add_to(
         &state,
         (&caller, &guards),
         &name,

@@ -27,7 +27,7 @@ pub async fn put(
 ) -> Result<Response, ApiError> {
     let bytes = body.map_err(crate::http::extract::body_rejection)?;
     let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok());
-    let stored = queues::put_item(
+    let stored = queues::enqueue(
         &state,
         (&caller, &guards),
         &name,

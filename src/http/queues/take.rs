@@ -21,7 +21,7 @@ pub async fn take(
     ApiPath(name): ApiPath<String>,
     ApiQuery(query): ApiQuery<TakeQuery>,
 ) -> Result<Response, ApiError> {
-    match queues::take_as_asked(&state, (&caller, &guards), &name, query).await? {
+    match queues::dequeue(&state, (&caller, &guards), &name, query).await? {
         Some(answer) => Ok(Json(answer).into_response()),
         None => Ok(StatusCode::NO_CONTENT.into_response()),
     }

@@ -47,7 +47,7 @@ use crate::zk::watch::Mode;
 mod topic;
 mod views;
 pub use topic::{CounterEvent, CounterState, CounterTopic, etag};
-pub use views::{AddBody, AddResult, SetBody, add_as_asked};
+pub use views::{AddBody, AddResult, SetBody, add_to};
 /// The size of a counter's value in its znode.
 pub const VALUE_BYTES: usize = 8;
 
@@ -418,39 +418,6 @@ enum Conflict {
     /// A keyed write's key is there: an add with it landed before.
     KeyThere,
     Failed(CounterError),
-}
-
-/// Adds `delta` to counter `name` within `bounds` (`Idempotency-Key` `key`: at most once for
-/// it, whatever replies are lost), counting the write and its conflicts.
-pub async fn add_to(
-    recipes: &crate::recipes::Recipes,
-    (caller, guards): (&Caller, &[Guard]),
-    (name, delta, bounds): (&str, i64, Bounds),
-    key: Option<&crate::recipes::idempotency::Key>,
-) -> Result<Added, ApiError> {
-    let guards = &Guards::resolve(recipes, caller, guards).await?;
-    let session = recipes.zk().connected().await?;
-    let path = Kind::Counter.path(&recipes.root, name);
-    let keyed = key.map(|key| Keyed {
-        keys: &recipes.idempotency,
-        key,
-    });
-    let added = retry_guarded!(
-        guards,
-        recipes,
-        Err(CounterError::ZooKeeper(Failure::Unguarded)),
-        add(&session, &path, delta, bounds, (keyed, guards)).await
-    );
-    let added = added.map_err(|e| counter_error(name, e))?;
-    if !added.repeated {
-        let m = crate::metrics::get();
-        let label = m.counter(name);
-        m.counter_writes.with_label_values(&[label, "add"]).inc();
-        m.counter_conflicts
-            .with_label_values(&[label])
-            .inc_by(u64::from(added.conflicts));
-    }
-    Ok(added)
 }
 
 /// Sets counter `name` to `value` if `condition` holds: its stat, and whether it was created.

@@ -3,12 +3,16 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{Bounds, add_to, etag};
+use super::{Bounds, CounterError, add, counter_error, etag};
 use crate::auth::Caller;
+use crate::kind::Kind;
 use crate::problem::{ApiError, Place};
 use crate::recipes::guards::Guard;
+use crate::recipes::guards::{Guards, retry_guarded};
 use crate::recipes::idempotency::Key;
+use crate::recipes::idempotency::Keyed;
 use crate::recipes::{Recipes, check_name};
+use crate::zk::Failure;
 
 /// Body of an add (optional: without it, the add is `+1`).
 #[derive(Deserialize, utoipa::ToSchema, Default)]
@@ -54,9 +58,10 @@ pub struct SetBody {
     pub value: i64,
 }
 
-/// Adds the body's `delta` (1 without one) to counter `name`, within its bounds, at most once
-/// for an idempotency `key`.
-pub async fn add_as_asked(
+/// Adds the body's `delta` (1 without one) to counter `name` within its bounds, creating it at 0
+/// first if need be, at most once for an idempotency `key` whatever replies are lost; the write
+/// and its conflicts counted.
+pub async fn add_to(
     recipes: &Recipes,
     (caller, guards): (&Caller, &[Guard]),
     name: &str,
@@ -75,7 +80,28 @@ pub async fn add_as_asked(
         let detail = format!("must not be above `max` ({min} > {max})");
         return Err(ApiError::invalid(Place::Body, "min", detail));
     }
-    let added = add_to(recipes, (caller, guards), (name, delta, bounds), key).await?;
+    let guards = &Guards::resolve(recipes, caller, guards).await?;
+    let session = recipes.zk().connected().await?;
+    let path = Kind::Counter.path(&recipes.root, name);
+    let keyed = key.map(|key| Keyed {
+        keys: &recipes.idempotency,
+        key,
+    });
+    let added = retry_guarded!(
+        guards,
+        recipes,
+        Err(CounterError::ZooKeeper(Failure::Unguarded)),
+        add(&session, &path, delta, bounds, (keyed, guards)).await
+    );
+    let added = added.map_err(|e| counter_error(name, e))?;
+    if !added.repeated {
+        let m = crate::metrics::get();
+        let label = m.counter(name);
+        m.counter_writes.with_label_values(&[label, "add"]).inc();
+        m.counter_conflicts
+            .with_label_values(&[label])
+            .inc_by(u64::from(added.conflicts));
+    }
     Ok(AddResult {
         name: name.to_string(),
         previous: added.previous,

@@ -6,14 +6,18 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use zookeeper_client::Stat;
 
-use super::service::Claim;
-use super::{DEFAULT_PRIORITY, Envelope, Placement, Shown, Taken, ack, dequeue, enqueue, order_of};
+use super::service::{Claim, TakeOptions};
+use super::{DEFAULT_PRIORITY, Envelope, Placement, Put, Shown, Taken, ack, order_of, put};
 use crate::auth::Caller;
 use crate::problem::{ApiError, Place, Problem};
 use crate::recipes::guards::Guard;
+use crate::recipes::guards::{Guards, retry_guarded};
 use crate::recipes::idempotency::Key;
+use crate::recipes::idempotency::{KeyError, Keyed};
+use crate::recipes::usage::Payer;
 use crate::recipes::{Recipes, check_name};
 use crate::time::{HumanDuration, at_most, from_millis, millis_since, timestamp};
+use crate::zk::Failure;
 
 /// Query of a put.
 #[derive(Deserialize, utoipa::IntoParams)]
@@ -285,8 +289,9 @@ impl Waiting {
 }
 
 /// A put (`POST /v1/queues/{name}/items`): the body as sent, with its `Content-Type`, at the
-/// priority and due time `query` asks; stored once for an idempotency `key`.
-pub async fn put_item(
+/// priority and due time `query` asks; stored once for an idempotency `key` (`duplicate`: stored
+/// before with it). 429 `queue-full` at `--queue-max-depth`.
+pub async fn enqueue(
     recipes: &Recipes,
     (caller, guards): (&Caller, &[Guard]),
     name: &str,
@@ -305,7 +310,50 @@ pub async fn put_item(
         priority: query.priority,
         due_ms,
     };
-    let item = enqueue(recipes, (caller, guards), name, placement, &envelope, key).await?;
+    let session = recipes.zk().connected().await?;
+    let paths = recipes.queues.paths(name);
+    let payer = Payer {
+        quotas: &recipes.quotas,
+        principal: caller.name(),
+    };
+    let keyed = key.map(|key| Keyed {
+        keys: &recipes.idempotency,
+        key,
+    });
+    let delayed = placement.due_ms.is_some();
+    let guards = &Guards::resolve(recipes, caller, guards).await?;
+    let put = retry_guarded!(
+        guards,
+        recipes,
+        Err(KeyError::ZooKeeper(Failure::Unguarded)),
+        put(
+            &session,
+            &paths,
+            placement,
+            &envelope,
+            (keyed, guards),
+            recipes.queue_max_depth,
+            payer
+        )
+        .await
+    );
+    let item = match put? {
+        Put::Stored(item) => {
+            let m = crate::metrics::get();
+            m.queue_puts.with_label_values(&[m.queue(name)]).inc();
+            if delayed {
+                m.queue_delayed_puts.with_label_values(&[m.queue(name)]).inc();
+            }
+            Some(item)
+        }
+        Put::Duplicate => None,
+        // The producer should back off until consumers catch up.
+        Put::Full(depth) => {
+            let detail = format!("queue `{name}` holds {depth} items, its limit (--queue-max-depth); take some first");
+            return Err(ApiError::new(Problem::QueueFull, detail).with("depth", depth));
+        }
+        Put::Quota(exceeded) => return Err(ApiError::from(exceeded)),
+    };
     Ok(Stored {
         queue: name.to_string(),
         duplicate: item.is_none(),
@@ -313,9 +361,11 @@ pub async fn put_item(
     })
 }
 
-/// A take (`POST /v1/queues/{name}/take`) as `query` asks it: one item, a batch, or `None`
-/// when the wait ends with the queue empty.
-pub async fn take_as_asked(
+/// A take (`POST /v1/queues/{name}/take`) as `query` asks it, waiting (up to its `wait`,
+/// capped) for an item: claimed until the ack deadline (at least once), or deleted (at most
+/// once). One item, a batch, or `None` when the wait ends with the queue empty. Counted,
+/// redeliveries too.
+pub async fn dequeue(
     recipes: &Recipes,
     (caller, guards): (&Caller, &[Guard]),
     name: &str,
@@ -345,15 +395,34 @@ pub async fn take_as_asked(
         }
         n => n,
     };
-    let wait = query.wait.map(|w| w.0);
-    let taken = dequeue(
+    recipes.zk().current()?;
+    let guards = &Guards::resolve(recipes, caller, guards).await?;
+    let until = tokio::time::Instant::now() + recipes.wait(query.wait.map(|w| w.0));
+    // The options made on each attempt: a refused guard's checks are refreshed before the next.
+    let options = || TakeOptions {
+        ack_deadline,
+        max_deliveries: recipes.queue_max_deliveries,
+        max_items: max_items.unwrap_or(1),
+        max_bytes: recipes.max_value_bytes,
+        guards: guards.checked(),
+    };
+    let taken = retry_guarded!(
+        guards,
         recipes,
-        (caller, guards),
-        name,
-        (ack_deadline, max_items.unwrap_or(1)),
-        wait,
-    )
-    .await?;
+        Err(Failure::Unguarded),
+        recipes.queues.take(name, caller.name(), options(), until).await
+    );
+    let taken = taken?;
+    let m = crate::metrics::get();
+    let [at_least_once, at_most_once] = crate::metrics::QUEUE_MODES;
+    let label = m.queue(name);
+    for (taken, claim) in &taken {
+        let mode = if claim.is_some() { at_least_once } else { at_most_once };
+        m.queue_takes.with_label_values(&[label, mode]).inc();
+        if taken.envelope.deliveries > 1 {
+            m.queue_redeliveries.with_label_values(&[label]).inc();
+        }
+    }
     if taken.is_empty() {
         return Ok(None);
     }
