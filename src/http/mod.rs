@@ -240,18 +240,7 @@ pub struct ListedResource {
     pub contenders: i32,
 }
 
-/// Every resource of `kind` that exists in ZooKeeper and the caller may read, with its number
-/// of children.
-pub async fn readable(
-    state: &AppState,
-    caller: &crate::auth::Caller,
-    kind: Kind,
-    consistency: Consistency,
-) -> Result<Vec<(String, i32)>, ApiError> {
-    state.readable(caller, kind, consistency).await
-}
-
-/// `GET /v1/<segment>`: one page of [readable], with its operation in the spec (`list_<kind>s`),
+/// `GET /v1/<segment>`: one page of the resources the caller may read ([crate::recipes::Recipes::readable]), with its operation in the spec (`list_<kind>s`),
 /// one per kind from the registry rather than a handler of the same four lines in each
 /// kind's module.
 fn list_route(kind: Kind, listed: &'static str) -> OpenApiRouter<AppState> {
@@ -262,7 +251,7 @@ fn list_route(kind: Kind, listed: &'static str) -> OpenApiRouter<AppState> {
                         caller: crate::auth::Caller,
                         consistency: Consistency,
                         paging: paging::Paging| async move {
-        let names = readable(&state, &caller, kind, consistency).await?;
+        let names = state.readable(&caller, kind, consistency).await?;
         Ok::<_, ApiError>(
             paging
                 .page(names, |(name, _)| name.clone())

@@ -162,7 +162,7 @@ pub async fn serve(state: AppState, caller: Caller, mut socket: WebSocket, addre
 
 /// Sends one message, giving up (and so closing the socket) if it cannot be written within
 /// the idle timeout: a client that stopped reading must not hold a task forever.
-async fn deliver(socket: &mut WebSocket, message: String, limit: Duration) -> bool {
+pub(super) async fn deliver(socket: &mut WebSocket, message: String, limit: Duration) -> bool {
     matches!(
         tokio::time::timeout(limit, socket.send(Message::Text(message.into()))).await,
         Ok(Ok(()))

@@ -143,11 +143,7 @@ async fn stream(mut socket: WebSocket, mut subscription: Subscription, state: Ap
 /// Sends one event, giving up (and so closing the socket) if it cannot be written within
 /// `limit`: a client that stopped reading must not hold a task forever.
 async fn deliver(socket: &mut WebSocket, event: &Event, limit: Duration) -> bool {
-    let text = serde_json::to_string(event).unwrap_or_default();
-    matches!(
-        tokio::time::timeout(limit, socket.send(Message::Text(text.into()))).await,
-        Ok(Ok(()))
-    )
+    conn::deliver(socket, serde_json::to_string(event).unwrap_or_default(), limit).await
 }
 
 /// Sends a close frame (bounded: a client that does not read gets no longer).

@@ -14,7 +14,7 @@ use crate::http::consistency::Consistency;
 use crate::http::error::{ApiError, Problems, p};
 use crate::http::extract::{ApiJson, ApiPath, ApiQuery};
 use crate::http::guards::{GuardHeader, Guarded};
-use crate::http::{Followed, Resource, check_name, readable};
+use crate::http::{Followed, Resource, check_name};
 use crate::kind::Kind;
 use crate::recipes::groups::{self, GroupQuery, GroupSummary, JoinBody, Joined, group::GroupState};
 
@@ -109,7 +109,7 @@ pub async fn list_groups(
     consistency: Consistency,
     paging: crate::http::paging::Paging,
 ) -> Result<crate::http::paging::Page<GroupSummary>, ApiError> {
-    let names = readable(&state, &caller, Kind::Group, consistency).await?;
+    let names = state.readable(&caller, Kind::Group, consistency).await?;
     Ok(paging
         .page(names, |(group, _)| group.clone())
         .map(|(group, members)| GroupSummary { group, members }))
