@@ -1,9 +1,9 @@
 //! Configuration and name service, the guide's "out of the box" recipe: plain persistent
 //! znodes under `<root>/kv/`, read and written whole, with compare-and-set on their version;
 //! a key may be bound to a lease ([bound]: it ends with the lease). Why this file is long (some
-//! 820 lines): it is the keys' protocol and, at its end, the operations the API asks of them
-//! (`get`, `put`, `remove`, `list`), which map its refusals to problems; bound keys, a lost
-//! reply and transactions are in the modules below.
+//! 830 lines): it is the keys' protocol and, at its end, the operations the API asks of them
+//! (`get`, `put`, `remove`, `list`), which map its refusals to problems, and what a key may be
+//! (`check_key`); bound keys, a lost reply and transactions are in the modules below.
 //!
 //! The version a client sees is the znode's `mzxid` (the zxid of its last change), not its
 //! data version: data versions start again at 0 when a key is deleted and created again, so a
