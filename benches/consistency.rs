@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use zkgate::zk::server::{ServerOptions, ZooKeeperServer, free_port};
+use zkgate::zk::server::{ServerOptions, ZooKeeperServer};
 
 #[allow(dead_code)]
 #[path = "compare/process.rs"]
@@ -28,12 +28,10 @@ mod runtime;
 #[path = "compare/stats.rs"]
 mod stats;
 
+use process::setting;
+
 fn main() {
     runtime::block_on(run());
-}
-
-fn setting(name: &str, default: u64) -> u64 {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
 const MODES: [(&str, &str); 2] = [("linearizable (default)", ""), ("sequential", "consistency=sequential")];
@@ -102,29 +100,14 @@ struct Gate {
 
 impl Gate {
     async fn start(connect: &str) -> Gate {
-        let port = free_port().expect("port");
-        let base = format!("http://127.0.0.1:{port}");
-        let listen = format!("127.0.0.1:{port}");
-        let child = process::Child::spawn(
-            env!("CARGO_BIN_EXE_zkgate"),
-            &[
-                "serve",
-                "--zookeeper",
-                connect,
-                "--listen",
-                &listen,
-                "--write-rate",
-                "0",
-                "--cluster-secret",
-                "the bench deployment's secret",
-            ],
-        );
+        let flags = ["--write-rate", "0", "--cluster-secret", "the bench deployment's secret"];
+        let (child, addr) = process::zkgate(connect, &flags).await;
+        let base = format!("http://{addr}");
         let http = reqwest::Client::builder()
             .pool_max_idle_per_host(256)
             .tcp_nodelay(true)
             .build()
             .expect("http client");
-        process::wait_http_ok(&http, &format!("{base}/readyz")).await;
         Gate {
             _child: child,
             base,

@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use futures::{SinkExt, StreamExt};
 use tokio_tungstenite::tungstenite::Message;
-use zkgate::zk::server::{ServerOptions, ZooKeeperServer, free_port};
+use zkgate::zk::server::{ServerOptions, ZooKeeperServer};
 
 // The comparison bench's child processes and `/proc` readers.
 #[allow(dead_code)]
@@ -35,22 +35,14 @@ const PER_SOCKET: usize = 64;
 #[path = "compare/runtime.rs"]
 mod runtime;
 
+use process::setting;
+
 fn main() {
     runtime::block_on(run());
 }
 
-fn setting(name: &str, default: usize) -> usize {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
-
 async fn run() {
-    let options = ServerOptions {
-        force_sync: false,
-        ..ServerOptions::default()
-    };
-    let server = ZooKeeperServer::start_standalone(&options)
-        .await
-        .expect("start ZooKeeper");
+    let server = process::zookeeper_without_fsync().await;
     let connect = server.connect_string();
     let subscriptions = setting("ZKGATE_BENCH_SUBSCRIPTIONS", 6400);
     let long_polls = setting("ZKGATE_BENCH_LONG_POLLS", 3000);
@@ -506,21 +498,8 @@ struct Gate {
 
 impl Gate {
     async fn start(connect: &str, flags: &[&str]) -> Gate {
-        let port = free_port().expect("free port");
-        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
-        let listen = addr.to_string();
-        let mut args = vec![
-            "serve",
-            "--zookeeper",
-            connect,
-            "--listen",
-            &listen,
-            "--write-rate",
-            "0",
-        ];
-        args.extend_from_slice(flags);
-        let child = process::Child::spawn(env!("CARGO_BIN_EXE_zkgate"), &args);
-        process::wait_http_ok(&reqwest::Client::new(), &format!("http://{addr}/readyz")).await;
+        let flags = [&["--write-rate", "0"], flags].concat();
+        let (child, addr) = process::zkgate(connect, &flags).await;
         Gate { child, addr }
     }
 

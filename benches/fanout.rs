@@ -17,7 +17,6 @@ use std::time::{Duration, Instant};
 use futures::{SinkExt, StreamExt};
 use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::Message;
-use zkgate::zk::server::{ServerOptions, ZooKeeperServer, free_port};
 
 // The comparison bench's `/proc` readers.
 #[allow(dead_code)]
@@ -41,13 +40,7 @@ async fn run() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(10);
-    let options = ServerOptions {
-        force_sync: false,
-        ..ServerOptions::default()
-    };
-    let server = ZooKeeperServer::start_standalone(&options)
-        .await
-        .expect("start ZooKeeper");
+    let server = process::zookeeper_without_fsync().await;
     println!("| sockets | changes | p50 | p99 | max | zkgate RSS per idle socket |");
     println!("|---|---|---|---|---|---|");
     for size in sizes {
@@ -195,43 +188,18 @@ async fn resign(http: &reqwest::Client, base: &str, handle: &str) {
 
 /// zkgate as a child process.
 struct Gate {
-    child: std::process::Child,
+    child: process::Child,
     addr: std::net::SocketAddr,
 }
 
 impl Gate {
     async fn start(connect: &str) -> Gate {
-        let port = free_port().expect("free port");
-        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
-        let child = std::process::Command::new(env!("CARGO_BIN_EXE_zkgate"))
-            .args(["serve", "--zookeeper", connect, "--listen", &addr.to_string()])
-            .env("RUST_LOG", "warn")
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .expect("start zkgate");
-        let gate = Gate { child, addr };
-        let ready = format!("http://{addr}/readyz");
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Ok(reply) = reqwest::get(&ready).await
-                && reply.status().is_success()
-            {
-                return gate;
-            }
-            assert!(Instant::now() < deadline, "zkgate did not get ready");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        let (child, addr) = process::zkgate(connect, &[]).await;
+        Gate { child, addr }
     }
 
     /// zkgate's resident memory.
     fn rss_bytes(&self) -> u64 {
-        process::rss_bytes_of(self.child.id())
-    }
-}
-
-impl Drop for Gate {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.child.rss_bytes()
     }
 }

@@ -22,7 +22,6 @@
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use zkgate::zk::server::{ServerOptions, ZooKeeperServer, free_port};
 
 #[allow(dead_code)]
 #[path = "compare/process.rs"]
@@ -49,24 +48,9 @@ struct Kind {
 }
 
 /// A zkgate process on `connect`, and its URL.
-async fn instance(connect: &str, http: &reqwest::Client) -> (process::Child, String) {
-    let port = free_port().expect("free port");
-    let listen = format!("127.0.0.1:{port}");
-    let child = process::Child::spawn(
-        env!("CARGO_BIN_EXE_zkgate"),
-        &[
-            "serve",
-            "--zookeeper",
-            connect,
-            "--listen",
-            &listen,
-            "--write-rate",
-            "1000000",
-        ],
-    );
-    let url = format!("http://{listen}");
-    process::wait_http_ok(http, &format!("{url}/readyz")).await;
-    (child, url)
+async fn instance(connect: &str) -> (process::Child, String) {
+    let (child, addr) = process::zkgate(connect, &["--write-rate", "1000000"]).await;
+    (child, format!("http://{addr}"))
 }
 
 async fn run() {
@@ -79,20 +63,13 @@ async fn run() {
             .unwrap_or(2000),
     };
     let round = 200.min(puts);
-    // Without fsync, so that what zkgate adds is not hidden behind the disk.
-    let options = ServerOptions {
-        force_sync: false,
-        ..ServerOptions::default()
-    };
-    let server = ZooKeeperServer::start_standalone(&options)
-        .await
-        .expect("start ZooKeeper");
+    let server = process::zookeeper_without_fsync().await;
     let zk_port = server.client_port();
     let zk_pid = server.pid().expect("ZooKeeper's pid").to_string();
     let connect = server.connect_string();
     let http = reqwest::Client::new();
-    let (gate, url) = instance(&connect, &http).await;
-    let (_other, other_url) = instance(&connect, &http).await;
+    let (gate, url) = instance(&connect).await;
+    let (_other, other_url) = instance(&connect).await;
 
     // The client's lock, through the instance it writes to: held for the whole run.
     let lease: serde_json::Value = http

@@ -14,8 +14,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use zkgate::zk::server::{ServerOptions, ZooKeeperServer, free_port};
-
 #[allow(dead_code)]
 #[path = "compare/process.rs"]
 mod process;
@@ -29,12 +27,10 @@ const CLIENTS: usize = 16;
 /// The write rate zkgate allows a caller (its default `--write-rate`).
 const RATE: u64 = 1000;
 
+use process::setting;
+
 fn main() {
     runtime::block_on(run());
-}
-
-fn setting(name: &str, default: u64) -> u64 {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
 /// What the clients got back.
@@ -56,33 +52,13 @@ async fn run() {
     };
     let keys: u64 = if quick { 500 } else { 10_000 };
     let report_every = Duration::from_secs(if quick { 5 } else { 30 });
-    let options = ServerOptions {
-        force_sync: false,
-        ..ServerOptions::default()
-    };
-    let server = ZooKeeperServer::start_standalone(&options)
-        .await
-        .expect("start ZooKeeper");
+    let server = process::zookeeper_without_fsync().await;
     let zk_port = server.client_port();
     let connect = server.connect_string();
-    let port = free_port().expect("free port");
-    let url = format!("http://127.0.0.1:{port}");
-    let listen = format!("127.0.0.1:{port}");
     let limit = keys.to_string();
-    let _gate = process::Child::spawn(
-        env!("CARGO_BIN_EXE_zkgate"),
-        &[
-            "serve",
-            "--zookeeper",
-            &connect,
-            "--listen",
-            &listen,
-            "--idempotency-keys",
-            &limit,
-        ],
-    );
+    let (_gate, addr) = process::zkgate(&connect, &["--idempotency-keys", &limit]).await;
+    let url = format!("http://{addr}");
     let http = reqwest::Client::new();
-    process::wait_http_ok(&http, &format!("{url}/readyz")).await;
     let zk = zookeeper_client::Client::connect(&connect)
         .await
         .expect("ZooKeeper client");

@@ -29,6 +29,8 @@ mod instances;
 mod kazoo;
 mod leases;
 mod load;
+// Its zkgate and ZooKeeper starters serve the other benches; this one starts its own.
+#[allow(dead_code)]
 mod process;
 mod runtime;
 mod scrape;

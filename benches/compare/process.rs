@@ -147,3 +147,33 @@ pub fn java_heap_used(pid: u32) -> Option<u64> {
         .ok()?;
     Some(used * 1024)
 }
+
+/// A zkgate process (this package's binary) serving on a free port of loopback, on ZooKeeper
+/// `connect`, with `flags` after `serve --zookeeper … --listen …`; once it is ready. The process,
+/// and the address it listens on.
+pub async fn zkgate(connect: &str, flags: &[&str]) -> (Child, std::net::SocketAddr) {
+    let port = zkgate::zk::server::free_port().expect("free port");
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let listen = addr.to_string();
+    let mut args = vec!["serve", "--zookeeper", connect, "--listen", &listen];
+    args.extend_from_slice(flags);
+    let child = Child::spawn(env!("CARGO_BIN_EXE_zkgate"), &args);
+    wait_http_ok(&reqwest::Client::new(), &format!("http://{addr}/readyz")).await;
+    (child, addr)
+}
+
+/// A standalone ZooKeeper without fsync, so that what zkgate adds is not hidden behind the disk.
+pub async fn zookeeper_without_fsync() -> zkgate::zk::server::ZooKeeperServer {
+    let options = zkgate::zk::server::ServerOptions {
+        force_sync: false,
+        ..Default::default()
+    };
+    zkgate::zk::server::ZooKeeperServer::start_standalone(&options)
+        .await
+        .expect("start ZooKeeper")
+}
+
+/// A bench's setting from the environment (`ZKGATE_BENCH_…`), or `default`.
+pub fn setting<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
