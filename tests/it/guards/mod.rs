@@ -60,3 +60,27 @@ pub(super) async fn txn(url: &str, body: Value) -> Reply {
         .expect("kv-txn request");
     Reply::read(response).await
 }
+
+/// What a transaction committed straight through `txn::run` by a test acts with: its charges
+/// paid by no principal, and bindings that serve no lease (its branch binds no key).
+pub(super) fn unbound_txn(
+    recipes: &zkgate::recipes::Recipes,
+) -> (
+    zkgate::recipes::usage::Payer<'_>,
+    zkgate::recipes::kv::txn::Bindings<'_>,
+) {
+    static NO_LEASES: std::sync::LazyLock<
+        std::collections::HashMap<String, std::sync::Arc<zkgate::recipes::leases::Lease>>,
+    > = std::sync::LazyLock::new(Default::default);
+    let payer = zkgate::recipes::usage::Payer {
+        quotas: &recipes.quotas,
+        principal: None,
+    };
+    let bound = zkgate::recipes::kv::txn::Bindings {
+        keys: &recipes.kv_keys,
+        leases: &NO_LEASES,
+        quotas: &recipes.quotas,
+        caller: &zkgate::auth::Caller::Anyone,
+    };
+    (payer, bound)
+}

@@ -124,8 +124,7 @@ async fn a_transaction_chooses_its_branch_by_a_hold_or_a_leadership() {
 async fn a_compare_of_a_hold_is_pinned_to_the_commit() {
     use zkgate::auth::Caller;
     use zkgate::recipes::guards::{Guard, Guards, standing};
-    use zkgate::recipes::kv::txn::{self, Bindings, Check, Step, Txn, TxnError};
-    use zkgate::recipes::usage::Payer;
+    use zkgate::recipes::kv::txn::{self, Check, Step, Txn, TxnError};
 
     let zk = zookeeper().await;
     let gate = Gate::start(&zk.connect_string()).await;
@@ -151,17 +150,7 @@ async fn a_compare_of_a_hold_is_pinned_to_the_commit() {
     assert_eq!(granted.body["state"], "held", "{granted:?}");
 
     let session = recipes.zk().connected().await.expect("a session");
-    let payer = Payer {
-        quotas: &recipes.quotas,
-        principal: None,
-    };
-    let leases = std::collections::HashMap::new();
-    let bound = Bindings {
-        keys: &recipes.kv_keys,
-        leases: &leases,
-        quotas: &recipes.quotas,
-        caller: &Caller::Anyone,
-    };
+    let (payer, bound) = unbound_txn(recipes);
     let path = zkgate::kind::Kind::Kv.path(&recipes.root, "orders/state");
     for (guard, stale) in [(holds, held_then), (waits, waited_then)] {
         let written = Txn {

@@ -171,7 +171,7 @@ async fn guards_resolved_before_the_release_are_refused_by_each_writes_own_trans
         "proclaim: {proclaimed:?}"
     );
 
-    use zkgate::recipes::kv::txn::{self, Bindings, Step, Txn};
+    use zkgate::recipes::kv::txn::{self, Step, Txn};
     let path = zkgate::kind::Kind::Kv.path(&recipes.root, "orders/txn");
     let written = Txn {
         compare: Vec::new(),
@@ -182,13 +182,7 @@ async fn guards_resolved_before_the_release_are_refused_by_each_writes_own_trans
         }],
         otherwise: Vec::new(),
     };
-    let leases = std::collections::HashMap::new();
-    let bound = Bindings {
-        keys: &recipes.kv_keys,
-        leases: &leases,
-        quotas: &recipes.quotas,
-        caller: &Caller::Anyone,
-    };
+    let (_, bound) = unbound_txn(recipes);
     let committed = txn::run(&session, &written, 1024, payer, bound, (None, &guards, &[])).await;
     assert!(
         matches!(committed, Err(txn::TxnError::ZooKeeper(Failure::Unguarded))),
