@@ -31,7 +31,7 @@ enum Command {
     Openapi,
     /// Make a new bearer token, and the line that lists it in the `--auth-config` file.
     Token,
-    /// Run a command while holding a lock of a running zkgate (like `etcdctl lock`).
+    /// Run a command while holding a lock, or one of N permits (-n N), of a running zkgate.
     Lock(Box<LockArgs>),
     /// Run a command while leading an election of a running zkgate.
     Elect(Box<ElectArgs>),

@@ -1,6 +1,7 @@
 //! The runner's side of the HTTP API: the few calls `zkgate lock` and `zkgate elect` make
-//! (create, keep alive and delete a lease; acquire or campaign; long-poll a handle), each
-//! answering a typed reply or a [CallError] that is worth showing to a user as it is.
+//! (create, keep alive and delete a lease; acquire a lock or a permit, or campaign; long-poll
+//! a handle), each answering a typed reply or a [CallError] that is worth showing to a user as
+//! it is.
 //!
 //! Given several zkgate instances, a call goes to the one that last answered and, while an
 //! instance does not answer (or answers 503), to the next: any instance serves any lease, so
@@ -67,6 +68,11 @@ pub enum Target {
     Lock {
         name: String,
     },
+    /// One of the `permits` permits of a semaphore.
+    Semaphore {
+        name: String,
+        permits: u32,
+    },
     /// Leadership, proclaiming `value` once it leads.
     Election {
         name: String,
@@ -77,7 +83,7 @@ pub enum Target {
 impl Target {
     pub fn name(&self) -> &str {
         match self {
-            Target::Lock { name } | Target::Election { name, .. } => name,
+            Target::Lock { name } | Target::Semaphore { name, .. } | Target::Election { name, .. } => name,
         }
     }
 
@@ -85,6 +91,7 @@ impl Target {
     pub fn noun(&self) -> &'static str {
         match self {
             Target::Lock { .. } => "lock",
+            Target::Semaphore { .. } => "a permit of semaphore",
             Target::Election { .. } => "leadership of",
         }
     }
@@ -93,6 +100,7 @@ impl Target {
     pub fn guard_kind(&self) -> &'static str {
         match self {
             Target::Lock { .. } => "lock",
+            Target::Semaphore { .. } => "semaphore",
             Target::Election { .. } => "election",
         }
     }
@@ -101,6 +109,7 @@ impl Target {
     pub fn env_var(&self) -> &'static str {
         match self {
             Target::Lock { .. } => "ZKGATE_LOCK",
+            Target::Semaphore { .. } => "ZKGATE_SEMAPHORE",
             Target::Election { .. } => "ZKGATE_ELECTION",
         }
     }
@@ -108,22 +117,33 @@ impl Target {
     fn contend_path(&self) -> [&str; 4] {
         match self {
             Target::Lock { name } => ["v1", "locks", name, "acquire"],
+            Target::Semaphore { name, .. } => ["v1", "semaphores", name, "acquire"],
             Target::Election { name, .. } => ["v1", "elections", name, "campaign"],
+        }
+    }
+
+    /// What the acquire's query says besides its wait: a semaphore's number of permits.
+    fn contend_query(&self) -> Option<(&'static str, String)> {
+        match self {
+            Target::Semaphore { permits, .. } => Some(("permits", permits.to_string())),
+            Target::Lock { .. } | Target::Election { .. } => None,
         }
     }
 
     fn handle_path<'a>(&'a self, handle: &'a str) -> [&'a str; 5] {
         match self {
             Target::Lock { name } => ["v1", "locks", name, "handles", handle],
+            Target::Semaphore { name, .. } => ["v1", "semaphores", name, "permits", handle],
             Target::Election { name, .. } => ["v1", "elections", name, "candidates", handle],
         }
     }
 
     fn contend_body(&self, lease: &str) -> Value {
         match self {
-            Target::Lock { .. } => json!({ "lease": lease }),
-            Target::Election { value: None, .. } => json!({ "lease": lease }),
             Target::Election { value: Some(value), .. } => json!({ "lease": lease, "value": value }),
+            Target::Lock { .. } | Target::Semaphore { .. } | Target::Election { value: None, .. } => {
+                json!({ "lease": lease })
+            }
         }
     }
 }
@@ -261,10 +281,12 @@ impl Api {
     /// Acquires (or campaigns) with `lease`, waiting up to `wait` and staying queued when the
     /// wait ends first; the same call again resumes the wait with the same place in the queue.
     pub async fn contend(&self, target: &Target, lease: &str, wait: Duration) -> Result<Standing, CallError> {
-        let query = [("wait", wire_duration(wait)), ("keep_queued", "true".to_string())];
+        let mut query = vec![("wait", wire_duration(wait)), ("keep_queued", "true".to_string())];
+        query.extend(target.contend_query());
         let (path, body, limit) = (target.contend_path(), target.contend_body(lease), wait + ANSWER_MARGIN);
         let (status, answer) = self.call(Method::POST, &path, &query, Some(body), limit).await?;
-        // A lock's grant says `fencing_token`; a leader's says `term`, which plays that part.
+        // A lock's and a permit's grant say `fencing_token`; a leader's says `term`, which plays
+        // that part.
         let token = answer["fencing_token"].as_i64().or(answer["term"].as_i64());
         match (status, answer["handle"].as_str(), token) {
             (StatusCode::OK, Some(handle), Some(fencing_token)) => Ok(Standing::Granted {

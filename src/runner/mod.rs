@@ -1,5 +1,6 @@
-//! `zkgate lock` and `zkgate elect`: run a command while holding a lock (or leading an
-//! election) of a running zkgate, the way `etcdctl lock` and `consul lock` do.
+//! `zkgate lock` and `zkgate elect`: run a command while holding a lock (or one of the N
+//! permits of a semaphore: `lock -n N`, as `consul lock -n N`), or leading an election, of a
+//! running zkgate, the way `etcdctl lock` and `consul lock` do.
 //!
 //! The runner creates a lease, waits in the lock's queue with it (re-polling with
 //! `keep_queued=true`, so its place is kept between long polls), then runs the command with the
@@ -41,7 +42,7 @@ const RETRY: Duration = Duration::from_secs(1);
 /// What to exit with after the long help of `lock` and `elect`.
 const EXIT_CODES: &str = "\
 Environment of the command: ZKGATE_FENCING_TOKEN (the grant's fencing token; for `elect` the
-leader's term), ZKGATE_LOCK or ZKGATE_ELECTION (the name), ZKGATE_LEASE, ZKGATE_HANDLE,
+leader's term), ZKGATE_LOCK, ZKGATE_SEMAPHORE (with -n above 1) or ZKGATE_ELECTION (the name), ZKGATE_LEASE, ZKGATE_HANDLE,
 ZKGATE_GUARD (send it as the `ZKGATE-Guard` header: a write lands only while this holds),
 ZKGATE_URL (the URLs given, comma-separated).
 
@@ -89,12 +90,18 @@ pub struct RunnerOptions {
     pub grace: Duration,
 }
 
-/// `zkgate lock NAME [options] -- COMMAND [ARGS...]`.
+/// `zkgate lock [-n N] NAME [options] -- COMMAND [ARGS...]`.
 #[derive(Args, Clone, Debug)]
 #[command(after_long_help = EXIT_CODES)]
 pub struct LockArgs {
-    /// The lock's name.
+    /// The lock's name (the semaphore's, with `-n` above 1).
     pub name: String,
+
+    /// Hold one of N permits of semaphore NAME instead of the lock NAME: at most N commands
+    /// run at once (a rolling restart, N at a time). Every runner of NAME must give the same
+    /// N. 1, the default, is the exclusive lock.
+    #[arg(short = 'n', long = "permits", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub permits: u32,
 
     #[command(flatten)]
     pub options: RunnerOptions,
@@ -126,7 +133,13 @@ pub struct ElectArgs {
 
 /// Runs `zkgate lock`; returns the exit code.
 pub async fn lock(args: LockArgs) -> u8 {
-    let target = Target::Lock { name: args.name };
+    let target = match args.permits {
+        1 => Target::Lock { name: args.name },
+        permits => Target::Semaphore {
+            name: args.name,
+            permits,
+        },
+    };
     run(target, &args.options, &args.command).await
 }
 

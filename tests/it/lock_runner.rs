@@ -384,6 +384,113 @@ async fn two_runners_take_turns_and_the_second_command_starts_only_after_the_fir
     assert_eq!(holder(&gate, "shared").await, None);
 }
 
+/// One command's span in a shared log, by its own clock: `start <ns> <who>`, `end <ns> <who>`.
+fn most_at_once(log: &str) -> (usize, usize) {
+    let mut marks: Vec<(u128, i32)> = log
+        .lines()
+        .map(|line| {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            let at: u128 = words[1].parse().unwrap_or_else(|_| panic!("a time in {line:?}"));
+            (at, if words[0] == "start" { 1 } else { -1 })
+        })
+        .collect();
+    // At one instant an end counts before a start: the spans are half-open.
+    marks.sort();
+    let (mut now, mut most) = (0i32, 0i32);
+    for (_, step) in &marks {
+        now += step;
+        most = most.max(now);
+    }
+    (most as usize, marks.iter().filter(|(_, step)| *step == 1).count())
+}
+
+#[tokio::test]
+async fn lock_n_runs_at_most_n_commands_at_once_each_with_a_token_and_a_guard_of_its_permit() {
+    let zk = zookeeper().await;
+    let gate = Gate::start(&zk.connect_string()).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("log");
+    let log = log.to_str().expect("utf-8");
+    // Each command logs its span by its own clock, says its token, name and guard, and waits.
+    let script = |me: &str| {
+        format!(
+            r#"echo "start $(date +%s%N) {me}" >> {log}; echo "started $ZKGATE_FENCING_TOKEN $ZKGATE_SEMAPHORE"; echo "guard $ZKGATE_GUARD"; read go; echo "end $(date +%s%N) {me}" >> {log}"#
+        )
+    };
+    let args = ["lock", "-n", "2", "pool", "--ttl", TTL];
+    let mut first = Runner::start(&gate.url, &args, &script("1"));
+    let mut second = Runner::start(&gate.url, &args, &script("2"));
+    let mut tokens = Vec::new();
+    let mut guards = Vec::new();
+    for runner in [&mut first, &mut second] {
+        let started = runner.report("started").await;
+        assert_eq!(started[2], "pool", "{started:?}");
+        tokens.push(started[1].parse::<i64>().expect("a token"));
+        guards.push(runner.line("the guard").await["guard ".len()..].to_string());
+    }
+    assert_ne!(tokens[0], tokens[1]);
+    // A permit's guard lets a write through while the permit is held.
+    let put = crate::guards::kv(
+        &gate.url,
+        reqwest::Method::PUT,
+        "fenced",
+        Some(json!(1)),
+        Some(&guards[0]),
+    )
+    .await;
+    assert!(put.status.is_success(), "{put:?}");
+
+    // The third waits: it holds the semaphore's lock, waiting for a permit to come back, and
+    // its command has not started.
+    let mut third = Runner::start(&gate.url, &args, &script("3"));
+    wait_children(&zk.connect_string(), "/zkgate/semaphores/pool/locks", 1).await;
+    let state = gate.get("/v1/semaphores/pool").await;
+    let leases = |list: &str| -> std::collections::BTreeSet<String> {
+        let nodes = state.body[list].as_array().expect("a list");
+        nodes
+            .iter()
+            .map(|node| node["lease"].as_str().expect("a lease").to_string())
+            .collect()
+    };
+    // (The waiter shows with both of its nodes: the lock it holds and its lease node.)
+    let (holders, waiters) = (leases("holders"), leases("waiters"));
+    assert_eq!((holders.len(), waiters.len()), (2, 1), "{state:?}");
+    assert!(holders.is_disjoint(&waiters), "{state:?}");
+    assert_eq!(std::fs::read_to_string(log).expect("log").lines().count(), 2);
+
+    // The first ends: its permit goes to the third, whose token is newer than both.
+    first.tell("go").await;
+    assert_eq!(first.exit().await.0, 0);
+    let third_token: i64 = third.report("started").await[1].parse().expect("a token");
+    assert!(
+        tokens.iter().all(|token| third_token > *token),
+        "{third_token} after {tokens:?}"
+    );
+    // The first's guard no longer holds: the write is refused and nothing is written.
+    let refused = crate::guards::kv(
+        &gate.url,
+        reqwest::Method::PUT,
+        "fenced",
+        Some(json!(2)),
+        Some(&guards[0]),
+    )
+    .await;
+    crate::guards::assert_lost(&refused, "semaphore/pool", "released");
+    for runner in [second, third] {
+        let mut runner = runner;
+        runner.tell("go").await;
+        assert_eq!(runner.exit().await.0, 0);
+    }
+    let (most, commands) = most_at_once(&std::fs::read_to_string(log).expect("log"));
+    assert_eq!(
+        (most, commands),
+        (2, 3),
+        "at most two of the three at once, by their own clocks"
+    );
+    let state = gate.get("/v1/semaphores/pool").await;
+    assert_eq!(state.body["holder_count"].as_u64(), Some(0), "{state:?}");
+}
+
 #[tokio::test]
 async fn a_revocation_stops_the_command_with_sigterm_and_the_runner_exits() {
     let zk = zookeeper().await;

@@ -16,7 +16,7 @@ use crate::http::error::{ApiError, Problems, p};
 use crate::http::extract::{ApiJson, ApiPath, ApiQuery};
 use crate::http::{Followed, Resource, state_handler};
 use crate::kind::Kind;
-use crate::recipes::locks::contention::{self as recipe, AcquireBody};
+use crate::recipes::locks::contention::{self as recipe, AcquireBody, HandleQuery};
 use crate::recipes::locks::permits::{self, PermitParams, PermitView};
 use crate::recipes::locks::semaphore::SemaphoreState;
 
@@ -70,9 +70,11 @@ state_handler!(
     semaphore_topic
 );
 
-/// Reads a permit request.
+/// Reads a permit request; with `wait`, a long poll that answers at once on news (the permit
+/// lost, or a waiter's granted), as a lock handle's does. A runner holding a permit polls it
+/// this way to learn of a loss without asking again and again.
 #[utoipa::path(get, path = "/v1/semaphores/{name}/permits/{handle}", tag = "semaphores",
-    params(("name" = String, Path, description = "Semaphore name"), ("handle" = String, Path, description = "Handle from the acquire")),
+    params(("name" = String, Path, description = "Semaphore name"), ("handle" = String, Path, description = "Handle from the acquire"), HandleQuery),
     responses(
         (status = 200, description = "The permit", body = PermitView),
         Problems<(p::InvalidField, p::NotFound, p::LockLost)>,
@@ -81,11 +83,11 @@ pub async fn get_permit(
     State(state): State<AppState>,
     caller: Caller,
     ApiPath((name, handle)): ApiPath<(String, String)>,
+    ApiQuery(query): ApiQuery<HandleQuery>,
     consistency: Consistency,
 ) -> Result<Json<PermitView>, ApiError> {
-    Ok(Json(
-        permits::read_permit(&state, &caller, (&name, &handle), consistency).await?,
-    ))
+    let view = permits::read_permit(&state, &caller, (&name, &handle), query, consistency).await?;
+    Ok(Json(view))
 }
 
 /// Gives a permit back (or leaves the queue).

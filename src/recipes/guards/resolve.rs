@@ -86,7 +86,8 @@ async fn judged(
         Kind::Lock => in_registry(recipes, &recipes.locks, caller, guard, fresh).await,
         Kind::RwLock => in_registry(recipes, &recipes.rwlocks, caller, guard, fresh).await,
         Kind::Election => in_registry(recipes, &recipes.elections, caller, guard, fresh).await,
-        // A permit's node is its lease node, which its task's state does not name: read.
+        // A permit's node is its lease node, under `leases/`, where `Handles::node` (which the
+        // check of a handle held here is made with) does not look: read.
         Kind::Semaphore => in_registry(recipes, &recipes.semaphores, caller, guard, true).await,
         Kind::Barrier
         | Kind::DoubleBarrier

@@ -1,5 +1,5 @@
 //! A semaphore's permits as the API takes and answers them: a permit's acquire (a long poll,
-//! as a lock's) and its reads.
+//! as a lock's) and its reads (a long poll for news, as a lock handle's).
 
 use std::sync::Arc;
 
@@ -45,6 +45,10 @@ pub struct PermitView {
     pub permits: u32,
     /// `true` while a permit is held.
     pub acquired: bool,
+    /// While a permit is held: its fencing token (the `czxid` of its lease node), higher for
+    /// each permit granted later, as a lock's is.
+    #[schema(example = 4294967310i64)]
+    pub fencing_token: Option<i64>,
     /// Give the permit back with `DELETE /v1/semaphores/{name}/permits/{handle}`.
     pub handle: String,
     /// `pending`, `waiting`, `held`, `lost`, `released` or `failed`.
@@ -68,6 +72,7 @@ impl PermitView {
             semaphore: permit.name.clone(),
             permits: permit.protocol.permits,
             acquired: matches!(current.phase, Phase::Held { .. }),
+            fencing_token: current.fencing_token(),
             handle: permit.id.clone(),
             state: current.phase.name(),
             position: match current.phase {
@@ -86,6 +91,7 @@ impl PermitView {
             semaphore: recorded.name.clone(),
             permits,
             acquired: recorded.holds(),
+            fencing_token: recorded.holds().then_some(recorded.node.czxid),
             handle: recorded.handle.clone(),
             state: if recorded.holds() { "held" } else { "waiting" },
             position: recorded.position,
@@ -138,22 +144,25 @@ pub async fn acquire_permit(
     Ok(PermitView::of(&granted.handle))
 }
 
-/// Permit `handle` of semaphore `name`, read at `consistency`, if `caller` may see it.
+/// Permit `handle` of semaphore `name`, if `caller` may see it, after waiting (up to the
+/// query's `wait`) for news as a lock handle's read does ([contention::read_handle]: a loss,
+/// or a waiter's grant); read at `consistency`.
 pub async fn read_permit(
     recipes: &Recipes,
     caller: &Caller,
     (name, handle): (&str, &str),
+    query: contention::HandleQuery,
     consistency: Consistency,
 ) -> Result<PermitView, ApiError> {
-    let session = recipes.reader(consistency).await?;
-    match contention::find_handle(&recipes.semaphores, &session, caller, name, handle).await? {
-        contention::Found::Here(permit) => {
-            recipes.confirm(&permit.lease, consistency).await?;
-            Ok(PermitView::of(&permit))
-        }
-        contention::Found::There(recorded) => {
-            let dir = recipes.semaphores.dir(name);
-            let permits = semaphore::permits_of(&session, &dir).await?.unwrap_or(0) as u32;
+    let wait = query.wait.map(|wait| wait.0);
+    let semaphores = &recipes.semaphores;
+    match contention::read_handle(recipes, semaphores, caller, (name, handle), wait, consistency).await? {
+        contention::Seen::Here(permit) => Ok(PermitView::of(&permit)),
+        contention::Seen::There(recorded) => {
+            let session = recipes.reader(consistency).await?;
+            let permits = semaphore::permits_of(&session, &semaphores.dir(name))
+                .await?
+                .unwrap_or(0) as u32;
             Ok(PermitView::recorded(&recorded, permits))
         }
     }

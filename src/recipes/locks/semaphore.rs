@@ -175,6 +175,8 @@ impl PermitRequest {
                 self.create_lease_node(handle, client, data.as_bytes()).await?
             }
         };
+        // Its lease node's czxid is the permit's fencing token once it holds.
+        handle.set_node(lease_node.clone());
         loop {
             let listed = retry_on_loss(|| client.list_and_watch_children(&self.lease.dir)).await;
             let (children, watcher) = listed.map_err(Exit::from_error)?;

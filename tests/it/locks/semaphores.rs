@@ -109,3 +109,42 @@ async fn three_permits_are_three_and_an_expired_holder_gives_its_permit_back() {
         (Some("urn:zkgate:problem:permits-mismatch"), Some(3))
     );
 }
+
+#[tokio::test]
+async fn a_waiters_long_poll_on_its_permit_answers_with_the_grant_and_its_fencing_token() {
+    let zk = zookeeper().await;
+    let gate = Arc::new(Gate::start(&zk.connect_string()).await);
+    let held = gate.post("/v1/semaphores/one/acquire?permits=1&wait=0", None).await;
+    assert_eq!(held.status, StatusCode::OK, "{held:?}");
+    let held_token = held.i64("fencing_token");
+    let queued = gate
+        .post("/v1/semaphores/one/acquire?permits=1&wait=0&keep_queued=true", None)
+        .await;
+    assert_eq!(queued.status, StatusCode::ACCEPTED, "{queued:?}");
+    assert_eq!(
+        queued.body["fencing_token"],
+        serde_json::Value::Null,
+        "no token while it waits"
+    );
+    let permit = format!("/v1/semaphores/one/permits/{}", queued.str("handle"));
+    // Read at once, the waiter waits; with `wait`, its read answers when the permit comes.
+    let now = gate.get(&permit).await;
+    assert_eq!(now.body["state"], "waiting", "{now:?}");
+    let news = {
+        let (gate, permit) = (gate.clone(), permit.clone());
+        tokio::spawn(async move { gate.get(&format!("{permit}?wait=20s")).await })
+    };
+    let released = gate
+        .delete(&format!("/v1/semaphores/one/permits/{}", held.str("handle")))
+        .await;
+    assert_eq!(released.status, StatusCode::NO_CONTENT, "{released:?}");
+    let news = within(Duration::from_secs(20), "the waiter's news", news)
+        .await
+        .expect("news");
+    assert_eq!(
+        (news.body["state"].as_str(), news.body["acquired"].as_bool()),
+        (Some("held"), Some(true)),
+        "{news:?}"
+    );
+    assert!(news.i64("fencing_token") > held_token, "{news:?} after {held_token}");
+}

@@ -94,24 +94,24 @@ pub(in crate::recipes) async fn lookup<P: Protocol>(
 }
 
 /// A handle as [read_handle] saw it.
-pub enum Seen {
+pub enum Seen<P: Protocol> {
     /// Kept here, its lease confirmed kept (or ended here): its task's view.
-    Here(Arc<Contender>),
+    Here(Arc<Handle<P>>),
     /// As ZooKeeper has it.
     There(Box<Recorded>),
 }
 
-/// Where the handle stands (`GET .../handles/{handle}` of a contender kind), after waiting (up
-/// to `wait`) for news: a revocation asked, a loss, or (for a waiter) the grant; read at
-/// `consistency`.
-pub async fn read_handle(
+/// Where the handle stands (`GET .../handles/{handle}` of a contender kind, a semaphore's
+/// `GET .../permits/{handle}`), after waiting (up to `wait`) for news: a revocation asked, a
+/// loss, or (for a waiter) the grant; read at `consistency`.
+pub async fn read_handle<P: Protocol>(
     recipes: &Recipes,
-    handles: &Contenders,
+    handles: &Handles<P>,
     caller: &Caller,
     (name, handle): (&str, &str),
     wait: Option<Duration>,
     consistency: Consistency,
-) -> Result<Seen, ApiError> {
+) -> Result<Seen<P>, ApiError> {
     let session = recipes.reader(consistency).await?;
     match find_handle(handles, &session, caller, name, handle).await? {
         Found::Here(contender) => {

@@ -176,7 +176,7 @@ impl HandleView {
     }
 
     /// A handle as [super::read_handle] saw it.
-    pub async fn of(recipes: &Recipes, seen: Seen) -> HandleView {
+    pub async fn of(recipes: &Recipes, seen: Seen<Contention>) -> HandleView {
         match seen {
             Seen::Here(contender) => HandleView::here(recipes, &contender).await,
             Seen::There(recorded) => HandleView::there(&recorded),
