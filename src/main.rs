@@ -6,6 +6,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 use zkgate::config::ServeConfig;
+use zkgate::runner::watch::WatchArgs;
 use zkgate::runner::{ElectArgs, LockArgs};
 use zkgate::zk::server::{ServerOptions, ZooKeeperServer};
 
@@ -35,6 +36,8 @@ enum Command {
     Lock(Box<LockArgs>),
     /// Run a command while leading an election of a running zkgate.
     Elect(Box<ElectArgs>),
+    /// Follow a resource's events: print each as a JSON line, or run a command for each.
+    Watch(Box<WatchArgs>),
 }
 
 fn main() -> ExitCode {
@@ -78,6 +81,7 @@ async fn run(cli: Cli) -> ExitCode {
         // one-line `zkgate: ...` notices on stderr. Their exit code is the command's.
         Command::Lock(args) => return ExitCode::from(zkgate::runner::lock(*args).await),
         Command::Elect(args) => return ExitCode::from(zkgate::runner::elect(*args).await),
+        Command::Watch(args) => return ExitCode::from(zkgate::runner::watch::watch(*args).await),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

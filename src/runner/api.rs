@@ -31,6 +31,11 @@ const ANSWER_MARGIN: Duration = Duration::from_secs(15);
 /// Limit of the calls that do not wait for anything.
 const QUICK_CALL: Duration = Duration::from_secs(10);
 
+/// How long an event stream may stay silent before it is taken for dead: zkgate sends a
+/// comment every `--ws-ping-interval` (15 s by default), so four of them missed. A killed
+/// instance's stream ends at once (its connection is reset); this is for one cut off.
+pub const STREAM_IDLE: Duration = Duration::from_secs(60);
+
 /// Why a call to zkgate failed.
 #[derive(Debug, thiserror::Error)]
 pub enum CallError {
@@ -308,6 +313,40 @@ impl Api {
         self.parse(answer)
     }
 
+    /// Opens the event stream of `topic` (`GET /v1/events?topic=…`), resuming after the event
+    /// whose id is `last_id` (sent as `Last-Event-ID`), on the instance that answered last or
+    /// the next that answers: the answer, whose body is read as the events come. The head
+    /// must come within [QUICK_CALL]; the body has no limit (see [STREAM_IDLE]).
+    pub async fn events(&self, topic: &str, last_id: Option<&str>) -> Result<reqwest::Response, CallError> {
+        let query = [("topic", topic.to_string())];
+        let mut headers = HeaderMap::new();
+        if let Some(id) = last_id {
+            let id = HeaderValue::from_str(id).map_err(|_| self.unexpected(format!("an event id `{id}`")))?;
+            headers.insert("last-event-id", id);
+        }
+        self.first_answering(|at| self.events_at(at, &query, headers.clone()))
+            .await
+    }
+
+    /// [Api::events] on the instance `at`.
+    async fn events_at(
+        &self,
+        at: usize,
+        query: &[(&str, String)],
+        headers: HeaderMap,
+    ) -> Result<reqwest::Response, CallError> {
+        let base = &self.bases[at];
+        let request = self.http.get(endpoint(base, &["v1", "events"], query)).headers(headers);
+        let response = match tokio::time::timeout(QUICK_CALL, request.send()).await {
+            Ok(sent) => sent.map_err(|e| unreachable(base, &e, QUICK_CALL))?,
+            Err(_) => return Err(no_answer(base, QUICK_CALL)),
+        };
+        match response.status() {
+            status if status.is_success() => Ok(response),
+            status => Err(refused(status, &read_answer(base, response, QUICK_CALL).await?)),
+        }
+    }
+
     /// Sends one request to the instance that answered last and, while the instance tried
     /// does not answer or answers 503, to each next one in turn (each within `limit`); a
     /// success status with its JSON answer (`null` when empty), or why not (the last
@@ -320,19 +359,8 @@ impl Api {
         body: Option<Value>,
         limit: Duration,
     ) -> Result<(StatusCode, Value), CallError> {
-        let first = self.current.load(Ordering::Relaxed);
-        let mut failed = None;
-        for attempt in 0..self.bases.len() {
-            let at = (first + attempt) % self.bases.len();
-            match self.call_at(at, method.clone(), path, query, body.clone(), limit).await {
-                Err(error) if error.is_transient() => failed = Some(error),
-                answered => {
-                    self.current.store(at, Ordering::Relaxed);
-                    return answered;
-                }
-            }
-        }
-        Err(failed.expect("at least one instance was tried"))
+        self.first_answering(|at| self.call_at(at, method.clone(), path, query, body.clone(), limit))
+            .await
     }
 
     /// [Api::call] to the instance `at`.
@@ -346,24 +374,39 @@ impl Api {
         limit: Duration,
     ) -> Result<(StatusCode, Value), CallError> {
         let base = &self.bases[at];
-        let url = endpoint(base, path, query);
-        let mut request = self.http.request(method, url).timeout(limit);
+        let mut request = self.http.request(method, endpoint(base, path, query)).timeout(limit);
         if let Some(body) = body {
             request = request.json(&body);
         }
         let response = request.send().await.map_err(|e| unreachable(base, &e, limit))?;
         let status = response.status();
-        let bytes = response.bytes().await.map_err(|e| unreachable(base, &e, limit))?;
-        let answer = if bytes.is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_slice(&bytes).unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()))
-        };
-        if status.is_success() {
-            Ok((status, answer))
-        } else {
-            Err(refused(status, &answer))
+        let answer = read_answer(base, response, limit).await?;
+        match status.is_success() {
+            true => Ok((status, answer)),
+            false => Err(refused(status, &answer)),
         }
+    }
+
+    /// `attempt` on the instance that answered last and, while it does not answer (or answers
+    /// 503), on each next one in turn: the first answer, or the last instance's failure. The
+    /// one that answered is tried first next time.
+    async fn first_answering<T, F>(&self, attempt: impl Fn(usize) -> F) -> Result<T, CallError>
+    where
+        F: std::future::Future<Output = Result<T, CallError>>,
+    {
+        let first = self.current.load(Ordering::Relaxed);
+        let mut failed = None;
+        for tried in 0..self.bases.len() {
+            let at = (first + tried) % self.bases.len();
+            match attempt(at).await {
+                Err(error) if error.is_transient() => failed = Some(error),
+                answered => {
+                    self.current.store(at, Ordering::Relaxed);
+                    return answered;
+                }
+            }
+        }
+        Err(failed.expect("at least one instance was tried"))
     }
 
     fn parse<T: serde::de::DeserializeOwned>(&self, answer: Value) -> Result<T, CallError> {
@@ -385,6 +428,25 @@ fn endpoint(base: &Url, path: &[&str], query: &[(&str, String)]) -> Url {
         url.query_pairs_mut().extend_pairs(query);
     }
     url
+}
+
+/// An answer's body as JSON (`null` when empty, a string when it is not JSON).
+async fn read_answer(base: &Url, response: reqwest::Response, limit: Duration) -> Result<Value, CallError> {
+    let bytes = response.bytes().await.map_err(|e| unreachable(base, &e, limit))?;
+    Ok(match bytes.is_empty() {
+        true => Value::Null,
+        false => {
+            serde_json::from_slice(&bytes).unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()))
+        }
+    })
+}
+
+/// No answer from `base` within `limit`.
+pub fn no_answer(base: &Url, limit: Duration) -> CallError {
+    CallError::Unreachable {
+        url: base.to_string(),
+        cause: format!("no answer within {}", humantime::format_duration(limit)),
+    }
 }
 
 fn unreachable(base: &Url, error: &reqwest::Error, limit: Duration) -> CallError {

@@ -29,6 +29,16 @@ impl Command {
     /// Call it from the task that lives as long as the runner (the main one): the parent-death
     /// signal set here fires when the *thread* that spawned the command ends.
     pub fn spawn(argv: &[String], env: &[(&str, String)]) -> io::Result<Command> {
+        Command::start(argv, env, None)
+    }
+
+    /// Starts `argv` as [Command::spawn] does, with `input` as its whole stdin (written by a
+    /// task of its own, so that a command that does not read it does not block the caller).
+    pub fn spawn_with_input(argv: &[String], env: &[(&str, String)], input: Vec<u8>) -> io::Result<Command> {
+        Command::start(argv, env, Some(input))
+    }
+
+    fn start(argv: &[String], env: &[(&str, String)], input: Option<Vec<u8>>) -> io::Result<Command> {
         let Some((program, args)) = argv.split_first() else {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "no command given"));
         };
@@ -37,7 +47,9 @@ impl Command {
             .args(args)
             .envs(env.iter().map(|(k, v)| (k, v)))
             .process_group(0);
-        if io::stdin().is_terminal() {
+        if input.is_some() {
+            command.stdin(Stdio::piped());
+        } else if io::stdin().is_terminal() {
             command.stdin(Stdio::null());
         }
         // SAFETY: prctl(2) is async-signal-safe and touches nothing of the parent's.
@@ -49,9 +61,15 @@ impl Command {
                 Ok(())
             });
         }
-        Ok(Command {
-            child: command.spawn()?,
-        })
+        let mut child = command.spawn()?;
+        if let (Some(input), Some(mut stdin)) = (input, child.stdin.take()) {
+            tokio::spawn(async move {
+                use tokio::io::AsyncWriteExt;
+                // A command that exits without reading it all closes the pipe: not an error.
+                let _ = stdin.write_all(&input).await;
+            });
+        }
+        Ok(Command { child })
     }
 
     /// Sends `signal` to the command's process group. Once the command has been reaped its

@@ -13,6 +13,7 @@ pub mod api;
 pub mod command;
 pub mod guard;
 pub mod supervise;
+pub mod watch;
 
 use std::time::Duration;
 
@@ -52,12 +53,12 @@ Exit status: the command's, or 128 + the signal that ended it. Otherwise:
   126  the command could not be run
   127  the command was not found";
 
-/// Options shared by `zkgate lock` and `zkgate elect`.
+/// How a client subcommand reaches zkgate: its instances, their CA, the token.
 #[derive(Args, Clone, Debug)]
-pub struct RunnerOptions {
+pub struct Connection {
     /// Base URL of a zkgate instance to use (`http://` or `https://`). Give several (`--url A
-    /// --url B`, or `ZKGATE_URL=A,B`): the runner keeps its lease, and its command runs on,
-    /// through whichever answers.
+    /// --url B`, or `ZKGATE_URL=A,B`): calls go to the one that answered last and, while it
+    /// does not answer (or answers 503), to the next.
     #[arg(
         long = "url",
         env = "ZKGATE_URL",
@@ -73,6 +74,20 @@ pub struct RunnerOptions {
     /// Bearer token sent as `Authorization: Bearer <token>`.
     #[arg(long, env = "ZKGATE_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+}
+
+impl Connection {
+    /// A client of the instances given.
+    pub fn api(&self) -> Result<Api, String> {
+        Api::new(&self.urls, self.token.as_deref(), self.ca.as_deref())
+    }
+}
+
+/// Options shared by `zkgate lock` and `zkgate elect`.
+#[derive(Args, Clone, Debug)]
+pub struct RunnerOptions {
+    #[command(flatten)]
+    pub connection: Connection,
 
     /// TTL of the lease that holds the lock (or leadership): if this runner dies, it is released
     /// this long after the last keepalive (sent every third of it).
@@ -191,7 +206,7 @@ impl NotGranted {
 
 async fn run(target: Target, options: &RunnerOptions, argv: &[String]) -> u8 {
     let what = format!("{} \"{}\"", target.noun(), target.name());
-    let api = match Api::new(&options.urls, options.token.as_deref(), options.ca.as_deref()) {
+    let api = match options.connection.api() {
         Ok(api) => api,
         Err(message) => return fail(&message),
     };
@@ -294,7 +309,7 @@ fn environment(
         ),
         // So that the command can talk to the same zkgate instances (e.g. proclaim a new value):
         // as given, the one that answers first.
-        ("ZKGATE_URL", url_list(&options.urls, &api.url())),
+        ("ZKGATE_URL", url_list(&options.connection.urls, &api.url())),
     ]
 }
 

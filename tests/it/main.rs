@@ -57,6 +57,7 @@ mod summary;
 mod throttled;
 mod tls;
 mod txns;
+mod watch_runner;
 mod websocket;
 mod websocket_faults;
 mod websocket_leases;
