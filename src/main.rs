@@ -6,6 +6,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 use zkgate::config::ServeConfig;
+use zkgate::runner::resources::{CounterArgs, KvArgs, LeaderArgs, LeaseArgs};
 use zkgate::runner::watch::WatchArgs;
 use zkgate::runner::{ElectArgs, LockArgs};
 use zkgate::zk::server::{ServerOptions, ZooKeeperServer};
@@ -38,6 +39,14 @@ enum Command {
     Elect(Box<ElectArgs>),
     /// Follow a resource's events: print each as a JSON line, or run a command for each.
     Watch(Box<WatchArgs>),
+    /// Read, write, delete and list keys; run a transaction.
+    Kv(Box<KvArgs>),
+    /// Create, keep alive, delete and list leases.
+    Lease(Box<LeaseArgs>),
+    /// Add to a counter, or read it.
+    Counter(Box<CounterArgs>),
+    /// Print who leads an election, or wait for the next leader.
+    Leader(Box<LeaderArgs>),
 }
 
 fn main() -> ExitCode {
@@ -82,6 +91,10 @@ async fn run(cli: Cli) -> ExitCode {
         Command::Lock(args) => return ExitCode::from(zkgate::runner::lock(*args).await),
         Command::Elect(args) => return ExitCode::from(zkgate::runner::elect(*args).await),
         Command::Watch(args) => return ExitCode::from(zkgate::runner::watch::watch(*args).await),
+        Command::Kv(args) => return ExitCode::from(zkgate::runner::resources::kv(*args).await),
+        Command::Lease(args) => return ExitCode::from(zkgate::runner::resources::lease(*args).await),
+        Command::Counter(args) => return ExitCode::from(zkgate::runner::resources::counter(*args).await),
+        Command::Leader(args) => return ExitCode::from(zkgate::runner::resources::leader(*args).await),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -153,6 +153,64 @@ impl Target {
     }
 }
 
+/// A request of a subcommand.
+pub struct Request<'a> {
+    pub method: Method,
+    /// The path's segments after the base URL (each one segment, whatever it holds).
+    pub path: Vec<&'a str>,
+    pub query: Vec<(&'a str, String)>,
+    pub headers: HeaderMap,
+    /// The body, with its `Content-Type`.
+    pub body: Option<(String, Vec<u8>)>,
+    /// How long it may take in all.
+    pub limit: Duration,
+}
+
+impl<'a> Request<'a> {
+    /// `method` of `path`, with nothing else, within [QUICK_CALL].
+    pub fn new(method: Method, path: Vec<&'a str>) -> Request<'a> {
+        Request {
+            method,
+            path,
+            query: Vec::new(),
+            headers: HeaderMap::new(),
+            body: None,
+            limit: QUICK_CALL,
+        }
+    }
+
+    /// With a JSON body.
+    pub fn json(mut self, body: &Value) -> Request<'a> {
+        self.body = Some(("application/json".into(), body.to_string().into_bytes()));
+        self
+    }
+}
+
+/// An answer, as it came.
+pub struct Answer {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: bytes::Bytes,
+}
+
+impl Answer {
+    /// Its body as JSON (see [json_or_text]).
+    pub fn json(&self) -> Value {
+        json_or_text(&self.body)
+    }
+
+    /// The error it is, when its status is one: the problem's `detail`.
+    pub fn error(&self) -> Option<CallError> {
+        (!self.status.is_success() && self.status != StatusCode::NOT_MODIFIED)
+            .then(|| refused(self.status, &self.json()))
+    }
+
+    /// A header's value, as text.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|value| value.to_str().ok())
+    }
+}
+
 /// A lease as created.
 #[derive(Clone, Debug, Deserialize)]
 pub struct Lease {
@@ -313,6 +371,37 @@ impl Api {
         self.parse(answer)
     }
 
+    /// Sends `request` to the instance that answered last, or the next that answers (as
+    /// [Api::call] does): its answer, whatever its status but 503 (tried on the next instance;
+    /// the last one's 503 is the error).
+    pub async fn send(&self, request: &Request<'_>) -> Result<Answer, CallError> {
+        self.first_answering(|at| self.send_at(at, request)).await
+    }
+
+    /// [Api::send] to the instance `at`.
+    async fn send_at(&self, at: usize, request: &Request<'_>) -> Result<Answer, CallError> {
+        let base = &self.bases[at];
+        let url = endpoint(base, &request.path, &request.query);
+        let mut built = (self.http.request(request.method.clone(), url))
+            .headers(request.headers.clone())
+            .timeout(request.limit);
+        if let Some((content_type, bytes)) = &request.body {
+            built = built
+                .header(reqwest::header::CONTENT_TYPE, content_type)
+                .body(bytes.clone());
+        }
+        let response = built.send().await.map_err(|e| unreachable(base, &e, request.limit))?;
+        let (status, headers) = (response.status(), response.headers().clone());
+        let body = response
+            .bytes()
+            .await
+            .map_err(|e| unreachable(base, &e, request.limit))?;
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            return Err(refused(status, &json_or_text(&body)));
+        }
+        Ok(Answer { status, headers, body })
+    }
+
     /// Opens the event stream of `topic` (`GET /v1/events?topic=…`), resuming after the event
     /// whose id is `last_id` (sent as `Last-Event-ID`), on the instance that answered last or
     /// the next that answers: the answer, whose body is read as the events come. The head
@@ -433,12 +522,15 @@ fn endpoint(base: &Url, path: &[&str], query: &[(&str, String)]) -> Url {
 /// An answer's body as JSON (`null` when empty, a string when it is not JSON).
 async fn read_answer(base: &Url, response: reqwest::Response, limit: Duration) -> Result<Value, CallError> {
     let bytes = response.bytes().await.map_err(|e| unreachable(base, &e, limit))?;
-    Ok(match bytes.is_empty() {
+    Ok(json_or_text(&bytes))
+}
+
+/// A body as JSON: `null` when empty, a string when it is not JSON.
+pub fn json_or_text(bytes: &[u8]) -> Value {
+    match bytes.is_empty() {
         true => Value::Null,
-        false => {
-            serde_json::from_slice(&bytes).unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()))
-        }
-    })
+        false => serde_json::from_slice(bytes).unwrap_or_else(|_| Value::String(String::from_utf8_lossy(bytes).into())),
+    }
 }
 
 /// No answer from `base` within `limit`.

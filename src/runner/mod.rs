@@ -12,6 +12,7 @@
 pub mod api;
 pub mod command;
 pub mod guard;
+pub mod resources;
 pub mod supervise;
 pub mod watch;
 
@@ -63,16 +64,17 @@ pub struct Connection {
         long = "url",
         env = "ZKGATE_URL",
         value_delimiter = ',',
-        default_value = "http://127.0.0.1:7070"
+        default_value = "http://127.0.0.1:7070",
+        global = true
     )]
     pub urls: Vec<String>,
 
     /// CA certificates (PEM) to trust for an `https://` zkgate, besides the system's.
-    #[arg(long, env = "ZKGATE_CA")]
+    #[arg(long, env = "ZKGATE_CA", global = true)]
     pub ca: Option<std::path::PathBuf>,
 
     /// Bearer token sent as `Authorization: Bearer <token>`.
-    #[arg(long, env = "ZKGATE_TOKEN", hide_env_values = true)]
+    #[arg(long, env = "ZKGATE_TOKEN", hide_env_values = true, global = true)]
     pub token: Option<String>,
 }
 

@@ -127,6 +127,28 @@ pub async fn watch(args: WatchArgs) -> u8 {
     }
 }
 
+/// The events of `topic` as JSON, followed as [watch] follows them (resumed across reconnects),
+/// for a subcommand that waits for one; the channel ends when the stream cannot go on.
+pub fn events(api: Api, topic: String) -> mpsc::Receiver<serde_json::Value> {
+    let (queue, mut queued) = mpsc::channel::<Delivery>(QUEUED);
+    let (events, receiver) = mpsc::channel(QUEUED);
+    tokio::spawn(async move {
+        let following = follow(&api, &topic, queue);
+        tokio::pin!(following);
+        loop {
+            let delivery = tokio::select! {
+                Some(delivery) = queued.recv() => delivery,
+                _ = &mut following => return,
+            };
+            let event = serde_json::from_str(&delivery.line).unwrap_or_default();
+            if events.send(event).await.is_err() {
+                return;
+            }
+        }
+    });
+    receiver
+}
+
 /// Reads the stream of `topic` into `queue`, resuming after the last event queued whenever it
 /// ends. Returns only when it cannot go on: no instance answered at the start, or one refused
 /// the stream (the exit code); or when the queue is closed (0).

@@ -15,6 +15,7 @@ mod bad_input;
 mod barriers;
 mod checklist;
 mod cli;
+mod command_line;
 mod consistency;
 mod counters;
 mod dashboard;
