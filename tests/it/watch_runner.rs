@@ -61,10 +61,15 @@ impl Watcher {
     }
 
     /// SIGTERM, then its exit code and what it said on stderr.
-    async fn stop(mut self) -> (i32, String) {
+    async fn stop(self) -> (i32, String) {
         let pid = self.child.id().expect("the watcher runs") as libc::pid_t;
         // SAFETY: kill(2) on our own child's pid, not yet reaped.
         unsafe { libc::kill(pid, libc::SIGTERM) };
+        self.exit().await
+    }
+
+    /// Its exit code, once it exits by itself, and what it said on stderr.
+    async fn exit(mut self) -> (i32, String) {
         let status = within(Duration::from_secs(30), "the watcher to exit", self.child.wait())
             .await
             .expect("wait for the watcher");
@@ -183,14 +188,8 @@ async fn without_a_command_each_event_is_a_json_line_and_a_watch_that_cannot_sta
     let nowhere = Watcher::start(&["lock", "orders"], &["http://127.0.0.1:1"], &[]);
     let unknown = Watcher::start(&["nosuch", "x"], &[&gate.url], &[]);
     for (watcher, says) in [(nowhere, "cannot reach zkgate"), (unknown, "unknown topic `nosuch`")] {
-        let mut watcher = watcher;
-        let status = within(Duration::from_secs(30), "the watcher to give up", watcher.child.wait())
-            .await
-            .expect("wait");
-        let mut stderr = String::new();
-        let mut pipe = watcher.child.stderr.take().expect("stderr");
-        pipe.read_to_string(&mut stderr).await.expect("stderr");
-        assert_eq!(status.code(), Some(125), "{stderr}");
+        let (code, stderr) = watcher.exit().await;
+        assert_eq!(code, 125, "{stderr}");
         assert!(stderr.contains(says) && stderr.lines().count() == 1, "{stderr}");
     }
 }
