@@ -129,7 +129,7 @@ def _renewed():
         return {"name": name, "handle": m.holder("elections", name, "campaign")}
 
     ops["DELETE /v1/elections/{name}/candidates/{handle}"] = candidate
-    for verb in ["ack", "nack"]:
+    for verb in ["ack", "nack", "extend"]:
 
         def settle(m, n, verb=verb):
             name = f"fx{m.run}-{verb}"

@@ -140,6 +140,53 @@ async fn a_repeated_ack_or_nack_is_answered_as_the_first() {
 }
 
 #[tokio::test]
+async fn a_claim_extended_through_another_instance_outlives_its_first_deadline_and_lapses_at_the_new_one() {
+    let zk = zookeeper().await;
+    let a = Gate::start(&zk.connect_string()).await;
+    let b = Gate::start(&zk.connect_string()).await;
+    assert_eq!(put(&a, "slow", "", json!("work")).await.status, StatusCode::CREATED);
+    let taken = take(&a, "slow", "wait=0&ack_deadline=2s").await;
+    let claim = format!("/v1/queues/slow/claims/{}", taken.str("claim"));
+
+    // Through the instance that does not time the claim: 6 s from now.
+    let extended = b
+        .post(&format!("{claim}/extend"), Some(json!({"ack_deadline": "6s"})))
+        .await;
+    assert_eq!(extended.status, StatusCode::OK, "{extended:?}");
+    assert!(
+        extended.str("ack_deadline_at") > taken.str("ack_deadline_at"),
+        "{extended:?} after {taken:?}"
+    );
+    // Past the first deadline (the take's own wait spans it), nobody gets the item: the timer
+    // that fired on `a` found the later deadline in the claim's record.
+    let nothing = take(&a, "slow", "wait=3s").await;
+    assert_eq!(nothing.status, StatusCode::NO_CONTENT, "{nothing:?}");
+    // Shortened through `a`, to a deadline that passes within the next take's wait: the
+    // item comes again, its second delivery.
+    let shortened = a
+        .post(&format!("{claim}/extend"), Some(json!({"ack_deadline": "1s"})))
+        .await;
+    assert_eq!(shortened.status, StatusCode::OK, "{shortened:?}");
+    let again = take(&b, "slow", "wait=10s&ack_deadline=60s").await;
+    assert_eq!(
+        (again.body["body"].as_str(), again.body["deliveries"].as_u64()),
+        (Some("work"), Some(2)),
+        "{again:?}"
+    );
+
+    // A claim not held any more, and a deadline out of bounds, are refused.
+    let lapsed = b
+        .post(&format!("{claim}/extend"), Some(json!({"ack_deadline": "6s"})))
+        .await;
+    lapsed.assert_problem(StatusCode::GONE, None);
+    let current = format!("/v1/queues/slow/claims/{}/extend", again.str("claim"));
+    for deadline in ["0s", "13h"] {
+        let refused = a.post(&current, Some(json!({"ack_deadline": deadline}))).await;
+        refused.assert_problem(StatusCode::BAD_REQUEST, Some("ack_deadline"));
+    }
+}
+
+#[tokio::test]
 async fn a_retried_put_lands_once_and_a_full_queue_refuses_more() {
     let zk = zookeeper().await;
     let mut config = common::test_config(&zk.connect_string());

@@ -1,4 +1,5 @@
-//! A claim's end: acknowledged (one or a batch) or given back, on any instance.
+//! A claim's end: acknowledged (one or a batch) or given back, on any instance; and its
+//! extension.
 
 use super::*;
 use crate::http::guards::{GuardHeader, Guarded};
@@ -60,4 +61,27 @@ pub async fn nack(
     check_name(&name)?;
     queues::nack(&state, (&caller, &guards), &name, &claim).await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// Extends a claim, through any instance: the item stays claimed until `ack_deadline` from
+/// now (a worker that takes longer than it thought extends as it goes, rather than taking
+/// the item with a deadline long enough for the worst case). 410 if it is not held (its
+/// deadline passed, or it was acknowledged or given back).
+#[utoipa::path(post, path = "/v1/queues/{name}/claims/{claim}/extend", tag = "queues",
+    params(("name" = String, Path, description = "Queue name"), ("claim" = String, Path, description = "Claim from the take"), GuardHeader),
+    request_body(content = ExtendBody, example = json!({"ack_deadline": "30s"})),
+    responses(
+        (status = 200, description = "Extended", body = Extended),
+        Problems<(p::InvalidField, p::MalformedBody, p::Forbidden, p::ClaimLost, p::ZookeeperUnavailable)>,
+    ))]
+pub async fn extend(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiPath((name, claim)): ApiPath<(String, String)>,
+    Guarded(guards): Guarded,
+    ApiJson(body): ApiJson<ExtendBody>,
+) -> Result<Json<Extended>, ApiError> {
+    Ok(Json(
+        queues::extend_claim_by(&state, (&caller, &guards), (&name, claim), body).await?,
+    ))
 }

@@ -3,7 +3,7 @@
 //! polls, depth and peek.
 //!
 //! Here the resource, its routes and its list; a put in [put], a take in [take], a claim's end
-//! in [claims], the listings and dead letters in [listing].
+//! and its extension in [claims], the listings and dead letters in [listing].
 
 use axum::Json;
 use axum::body::Bytes;
@@ -24,7 +24,8 @@ use crate::http::idempotency::Idempotent;
 use crate::kind::Kind;
 use crate::recipes::queues::topic::QueueState;
 use crate::recipes::queues::{
-    self, AckAnswer, AckBody, ItemsQuery, MAX_LISTED, PutQuery, Stored, TakeAnswer, TakeQuery, Waiting,
+    self, AckAnswer, AckBody, ExtendBody, Extended, ItemsQuery, MAX_LISTED, PutQuery, Stored, TakeAnswer, TakeQuery,
+    Waiting,
 };
 use crate::recipes::validate_name;
 
@@ -62,6 +63,7 @@ fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(ack))
         .routes(routes!(ack_batch))
         .routes(routes!(nack))
+        .routes(routes!(extend))
         .routes(routes!(dead_letters))
         .routes(routes!(replay))
         .routes(routes!(dead_letters_old_path))

@@ -1,5 +1,9 @@
-//! A claim: the persistent `claims/<item>` record that any instance reads, acknowledges or
-//! gives back, and that outlives the instance that made it.
+//! A claim: the persistent `claims/<item>` record that any instance reads, acknowledges,
+//! extends or gives back, and that outlives the instance that made it.
+//!
+//! Its deadline is the record's: an extension rewrites it through whichever instance it comes
+//! to, and the instance that times the claim reads it again when its own timer fires
+//! ([expire_claim]), so that no message between instances is needed for a later deadline.
 
 use crate::zk::{Failed, Multi};
 use serde::{Deserialize, Serialize};
@@ -225,5 +229,73 @@ pub async fn release_claim_guarded(
             }
         },
         _ => Ok(false),
+    }
+}
+
+/// Moves the deadline of the claim `claim` on `item` to `deadline_ms`, if the writer's
+/// `guards` hold: its record rewritten at the version read, so that an ack or a give-back
+/// meanwhile wins. `false` if it is no longer held.
+pub async fn extend_claim(
+    client: &Client,
+    paths: &QueuePaths,
+    (item, claim): (&str, &str),
+    deadline_ms: i64,
+    guards: &Checked,
+) -> Result<bool, Failure> {
+    let claim_path = format!("{}/{item}", paths.claims);
+    loop {
+        let Some((mut record, stat)) = read_claim(client, paths, item).await?.filter(|(r, _)| r.claim == claim) else {
+            return Ok(false);
+        };
+        record.deadline_ms = deadline_ms;
+        let mut multi = Multi::new(client);
+        guards.add_to(&mut multi, Part::Guard)?;
+        multi.set(Part::Claim, &claim_path, &record.to_bytes(), Some(stat.version))?;
+        match multi.commit().await {
+            Ok(_) => return Ok(true),
+            Err(Failed::Refused { tag: Part::Guard, .. }) => return Err(Failure::Unguarded),
+            // Changed meanwhile (extended again, or settled), or a lost reply: read again; the
+            // record says whether it is still this claim (a write of the same deadline twice
+            // is harmless).
+            Err(Failed::Refused {
+                error: ZkError::BadVersion | ZkError::NoNode,
+                ..
+            }) => continue,
+            Err(failed) if failed.is_loss() => continue,
+            Err(failed) => return Err(failed.into()),
+        }
+    }
+}
+
+/// What became of a claim whose deadline, as its timer knew it, passed.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Expiry {
+    /// Given back: its item is delivered again.
+    GivenBack,
+    /// Not held any more (acknowledged or given back meanwhile).
+    NotHeld,
+    /// Extended (through any instance): its deadline is now this.
+    Extended(i64),
+}
+
+/// Gives the claim `claim` on `item` back if its deadline, as recorded, has passed: the timer of
+/// the instance that times it calls this, and an extension made through another instance is
+/// found here, in the record, instead of being given back.
+pub async fn expire_claim(client: &Client, paths: &QueuePaths, item: &str, claim: &str) -> Result<Expiry, ZkError> {
+    let claim_path = format!("{}/{item}", paths.claims);
+    loop {
+        let Some((record, stat)) = read_claim(client, paths, item).await?.filter(|(r, _)| r.claim == claim) else {
+            return Ok(Expiry::NotHeld);
+        };
+        if record.deadline_ms > crate::time::now_ms() {
+            return Ok(Expiry::Extended(record.deadline_ms));
+        }
+        // At the version read: an extension that lands meanwhile makes this fail, and the
+        // record is read again.
+        match retry_on_loss(|| client.delete(&claim_path, Some(stat.version))).await {
+            Ok(()) | Err(ZkError::NoNode) => return Ok(Expiry::GivenBack),
+            Err(ZkError::BadVersion) => continue,
+            Err(err) => return Err(err),
+        }
     }
 }

@@ -43,7 +43,7 @@ mod views;
 
 pub use claim::*;
 pub use item::*;
-pub use settle::{Acked, ack, nack};
+pub use settle::{Acked, ack, extend, nack};
 pub use take::*;
 pub use views::*;
 

@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 use zookeeper_client::Error as ZkError;
 
 use super::mirror::{Mirror, Mirrors, Tried};
-use super::{ClaimRecord, HeldClaim, Pick, QueuePaths, Taken};
+use super::{ClaimRecord, Expiry, HeldClaim, Pick, QueuePaths, Taken};
 use crate::kind::Kind;
 use crate::locked::Locked;
 use crate::recipes::guards::Checked;
@@ -361,40 +361,83 @@ impl Queues {
         super::release_claim_guarded(session.client(), &paths, at, guards).await
     }
 
-    /// Remembers a claim and gives it back when its deadline passes unacknowledged.
+    /// Moves the deadline of `claim` to `ack_deadline` from now, if the writer's `guards`
+    /// hold: the new deadline, or `None` if the claim is no longer held. Its record says it
+    /// ([super::extend_claim]); a claim timed here has its timer moved too, and one timed by
+    /// another instance is found extended there when that timer fires ([Queues::keep]).
+    pub async fn extend(
+        &self,
+        claim: &Claim,
+        ack_deadline: Duration,
+        guards: &Checked,
+    ) -> Result<Option<i64>, Failure> {
+        let session = self.zk.connected().await.map_err(|_| ZkError::ConnectionLoss)?;
+        let deadline_ms = crate::time::ms_after_now(ack_deadline);
+        let at = (claim.item.as_str(), claim.id.as_str());
+        if !super::extend_claim(session.client(), &self.paths(&claim.queue), at, deadline_ms, guards).await? {
+            return Ok(None);
+        }
+        if let Some(timed) = self.forget(&claim.id) {
+            self.keep(Claim {
+                deadline_ms,
+                expire: CancellationToken::new(),
+                ..timed
+            });
+        }
+        Ok(Some(deadline_ms))
+    }
+
+    /// Remembers a claim and gives it back when its deadline passes unacknowledged (or
+    /// extended through another instance, at the deadline its record says then).
     fn keep(&self, claim: Claim) {
         let id = claim.id.clone();
         self.claims.locked().insert(id.clone(), claim.clone());
         let queues = self.clone();
         tokio::spawn(async move {
-            tokio::select! {
-                _ = tokio::time::sleep(crate::time::until_ms(claim.deadline_ms)) => {}
-                _ = claim.expire.cancelled() => return,
-            }
-            if queues.forget(&id).is_some() && queues.give_back(&claim).await {
-                tracing::info!(queue = %claim.queue, item = %claim.item, "ack deadline passed: item given back");
+            let mut deadline_ms = claim.deadline_ms;
+            loop {
+                tokio::select! {
+                    _ = tokio::time::sleep(crate::time::until_ms(deadline_ms)) => {}
+                    _ = claim.expire.cancelled() => return,
+                }
+                match queues.give_back(&claim).await {
+                    Some(Expiry::Extended(later)) => {
+                        deadline_ms = later;
+                        if let Some(timed) = queues.claims.locked().get_mut(&id) {
+                            timed.deadline_ms = later;
+                        }
+                    }
+                    Some(Expiry::GivenBack) => {
+                        if queues.forget(&id).is_some() {
+                            tracing::info!(queue = %claim.queue, item = %claim.item, "ack deadline passed: item given back");
+                        }
+                        return;
+                    }
+                    Some(Expiry::NotHeld) | None => {
+                        queues.forget(&id);
+                        return;
+                    }
+                }
             }
         });
     }
 
-    /// Gives back a claim whose deadline passed, however long ZooKeeper is away: tried again
-    /// with each session until ZooKeeper says whether it was still held (`false`: acknowledged
-    /// or given back meanwhile). Once the deadline's timer has fired nobody else times the
-    /// claim, so a give-back that failed once (in an outage) and was not tried again left its
-    /// node for good: the item in flight forever, never delivered again (issue 53's outage
-    /// test found one). `false` too if the instance stops first; the claim's node then waits
-    /// for the reaper's instance, which adopts the claims of an instance gone.
-    async fn give_back(&self, claim: &Claim) -> bool {
+    /// Gives back a claim whose deadline passed, as its record says ([super::expire_claim]),
+    /// however long ZooKeeper is away: tried again with each session until ZooKeeper says what
+    /// became of it. Once the deadline's timer has fired nobody else times the claim, so a
+    /// give-back that failed once (in an outage) and was not tried again left its node for
+    /// good: the item in flight forever, never delivered again (issue 53's outage test found
+    /// one). `None` if the instance stops first; the claim's node then waits for the reaper's
+    /// instance, which adopts the claims of an instance gone.
+    async fn give_back(&self, claim: &Claim) -> Option<Expiry> {
         let paths = self.paths(&claim.queue);
         let mut failed = None;
         loop {
-            // Waits without polling; `release_claim` itself waits out a dropped connection, so
+            // Waits without polling; the give-back itself waits out a dropped connection, so
             // it fails only when its session is gone, and the next one is waited for.
-            let Some(session) = self.zk.next_session(failed).await else {
-                return false;
-            };
-            match super::release_claim(session.client(), &paths, &claim.item, &claim.id).await {
-                Ok(released) => return released,
+            let session = self.zk.next_session(failed).await?;
+            match super::expire_claim(session.client(), &paths, &claim.item, &claim.id).await {
+                Ok(expiry) => return Some(expiry),
                 Err(err) => {
                     tracing::debug!(queue = %claim.queue, item = %claim.item, error = %err, "giving a claim back: again with the next session");
                     failed = Some(session.generation);

@@ -1,5 +1,6 @@
 //! A claim's end, as operations: acknowledged (one or a batch) or given back, through any
-//! instance, each guarded by what its caller names (`ZKGATE-Guard`).
+//! instance, each guarded by what its caller names (`ZKGATE-Guard`); and its extension, which
+//! puts the end off.
 
 use super::service::Claim;
 use crate::auth::Caller;
@@ -136,4 +137,34 @@ pub async fn nack(
     let m = crate::metrics::get();
     m.queue_nacks.with_label_values(&[m.queue(name)]).inc();
     Ok(())
+}
+
+/// Extends the claim `claim` of queue `name` for `caller`, if its `guards` hold: its item stays
+/// claimed until `ack_deadline` from now (SQS's `ChangeMessageVisibility`), through any
+/// instance; the new deadline (ms since the epoch). A worker whose item takes longer than the
+/// deadline it took it with extends it while it works, instead of taking it with a long one
+/// that would keep the item from everyone for as long if the worker died.
+pub async fn extend(
+    recipes: &Recipes,
+    (caller, guards): (&Caller, &[Guard]),
+    name: &str,
+    claim: &str,
+    ack_deadline: std::time::Duration,
+) -> Result<i64, ApiError> {
+    let guards = &Guards::resolve(recipes, caller, guards).await?;
+    let held = match recipes.queues.settled(name, claim) {
+        Some(_) => None,
+        None => recipes.queues.find(name, claim).await?,
+    };
+    let Some(held) = held else {
+        return Err(claim_lost(claim));
+    };
+    caller.require_owner(held.principal.as_deref(), &format!("claim `{claim}`"))?;
+    let extended = retry_guarded!(
+        guards,
+        recipes,
+        Err(Failure::Unguarded),
+        recipes.queues.extend(&held, ack_deadline, &guards.checked()).await
+    );
+    extended?.ok_or_else(|| claim_lost(claim))
 }

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use zookeeper_client::Stat;
 
 use super::service::{Claim, TakeOptions};
-use super::{DEFAULT_PRIORITY, Envelope, Placement, Put, Shown, Taken, ack, order_of, put};
+use super::{DEFAULT_PRIORITY, Envelope, Placement, Put, Shown, Taken, ack, extend, order_of, put};
 use crate::auth::Caller;
 use crate::problem::{ApiError, Place, Problem};
 use crate::recipes::guards::Guard;
@@ -203,6 +203,49 @@ pub struct AckBody {
     pub claims: Vec<String>,
 }
 
+/// Body of a claim's extension.
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExtendBody {
+    /// The claim's new ack deadline, from now (at most 12h, as a take's).
+    #[schema(value_type = String, example = "30s")]
+    pub ack_deadline: HumanDuration,
+}
+
+/// A claim extended.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct Extended {
+    pub claim: String,
+    /// When the claim now lapses, unless extended again or acknowledged.
+    #[schema(format = DateTime)]
+    pub ack_deadline_at: String,
+}
+
+/// An `ack_deadline` (a take's, in its query; an extension's, in its body), if above zero and
+/// at most [MAX_ACK_DEADLINE].
+fn checked_deadline(deadline: Duration, place: Place) -> Result<Duration, ApiError> {
+    if deadline.is_zero() {
+        return Err(ApiError::invalid(place, "ack_deadline", "must be above zero"));
+    }
+    at_most(deadline, MAX_ACK_DEADLINE).map_err(|e| ApiError::invalid(place, "ack_deadline", e))
+}
+
+/// Extends a claim (`POST .../claims/{claim}/extend`): 410 `claim-lost` if it is not held.
+pub async fn extend_claim_by(
+    recipes: &Recipes,
+    (caller, guards): (&Caller, &[Guard]),
+    (name, claim): (&str, String),
+    body: ExtendBody,
+) -> Result<Extended, ApiError> {
+    check_name(name)?;
+    let ack_deadline = checked_deadline(body.ack_deadline.0, Place::Body)?;
+    let deadline_ms = extend(recipes, (caller, guards), name, &claim, ack_deadline).await?;
+    Ok(Extended {
+        claim,
+        ack_deadline_at: timestamp(from_millis(deadline_ms)),
+    })
+}
+
 /// What became of each claim of a batch.
 #[derive(Serialize, utoipa::ToSchema, Default)]
 pub struct AckAnswer {
@@ -381,11 +424,7 @@ pub async fn dequeue(
         (TakeMode::AtMostOnce, None) => None,
         (TakeMode::AtLeastOnce, deadline) => {
             let deadline = deadline.map(|d| d.0).unwrap_or(Duration::from_secs(30));
-            if deadline.is_zero() {
-                return Err(ApiError::invalid(Place::Query, "ack_deadline", "must be above zero"));
-            }
-            at_most(deadline, MAX_ACK_DEADLINE).map_err(|e| ApiError::invalid(Place::Query, "ack_deadline", e))?;
-            Some(deadline)
+            Some(checked_deadline(deadline, Place::Query)?)
         }
     };
     let max_items = match query.max_items {
