@@ -6,6 +6,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 use zkgate::config::ServeConfig;
+use zkgate::runner::queue::QueueArgs;
 use zkgate::runner::resources::{CounterArgs, KvArgs, LeaderArgs, LeaseArgs};
 use zkgate::runner::watch::WatchArgs;
 use zkgate::runner::{ElectArgs, LockArgs};
@@ -47,6 +48,8 @@ enum Command {
     Counter(Box<CounterArgs>),
     /// Print who leads an election, or wait for the next leader.
     Leader(Box<LeaderArgs>),
+    /// Put items into a queue, work them off with a command, list them.
+    Queue(Box<QueueArgs>),
 }
 
 fn main() -> ExitCode {
@@ -95,6 +98,7 @@ async fn run(cli: Cli) -> ExitCode {
         Command::Lease(args) => return ExitCode::from(zkgate::runner::resources::lease(*args).await),
         Command::Counter(args) => return ExitCode::from(zkgate::runner::resources::counter(*args).await),
         Command::Leader(args) => return ExitCode::from(zkgate::runner::resources::leader(*args).await),
+        Command::Queue(args) => return ExitCode::from(zkgate::runner::queue::queue(*args).await),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

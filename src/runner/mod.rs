@@ -12,6 +12,7 @@
 pub mod api;
 pub mod command;
 pub mod guard;
+pub mod queue;
 pub mod resources;
 pub mod supervise;
 pub mod watch;

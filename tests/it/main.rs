@@ -48,6 +48,7 @@ mod outage;
 mod ownership;
 mod paging;
 mod peers;
+mod queue_runner;
 mod queues;
 mod quotas;
 mod readme;

@@ -166,9 +166,26 @@ impl Process {
         Process::start_in(connect, flags, "zkgate serving", env).await
     }
 
+    /// `kill -9`, then a new process on the same address with these flags, as a service
+    /// manager restarts one that crashed.
+    pub async fn restart(&mut self, connect: &str, flags: &[&str]) {
+        self.kill().await;
+        let port = self
+            .url
+            .rsplit(':')
+            .next()
+            .and_then(|port| port.parse().ok())
+            .expect("a port");
+        *self = Process::start_on(Some(port), connect, flags, "zkgate serving", &[]).await;
+    }
+
     async fn start_in(connect: &str, flags: &[&str], marker: &str, env: &[(&str, &str)]) -> Process {
+        Process::start_on(None, connect, flags, marker, env).await
+    }
+
+    async fn start_on(port: Option<u16>, connect: &str, flags: &[&str], marker: &str, env: &[(&str, &str)]) -> Process {
         use tokio::io::AsyncBufReadExt;
-        let port = zkgate::zk::server::free_port().expect("port");
+        let port = port.unwrap_or_else(|| zkgate::zk::server::free_port().expect("port"));
         let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_zkgate"))
             .args([
                 "serve",
