@@ -15,6 +15,12 @@ RUN mkdir src && echo 'fn main() {}' > src/main.rs && touch src/lib.rs \
 COPY src ./src
 COPY web ./web
 RUN touch src/main.rs src/lib.rs && cargo build --release --locked
+# The manual pages and shell completions, from the same definitions as `zkgate --help`.
+RUN mkdir -p /out/man1 /out/completions \
+    && target/release/zkgate man /out/man1 \
+    && target/release/zkgate completions bash > /out/completions/zkgate.bash \
+    && target/release/zkgate completions zsh > /out/completions/_zkgate \
+    && target/release/zkgate completions fish > /out/completions/zkgate.fish
 
 FROM debian:bookworm-slim
 RUN apt-get update \
@@ -22,6 +28,10 @@ RUN apt-get update \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --system --no-create-home --shell /usr/sbin/nologin zkgate
 COPY --from=build /src/target/release/zkgate /usr/local/bin/zkgate
+COPY --from=build /out/man1/ /usr/share/man/man1/
+COPY --from=build /out/completions/zkgate.bash /usr/share/bash-completion/completions/zkgate
+COPY --from=build /out/completions/_zkgate /usr/share/zsh/vendor-completions/_zkgate
+COPY --from=build /out/completions/zkgate.fish /usr/share/fish/vendor_completions.d/zkgate.fish
 USER zkgate
 ENV ZKGATE_LISTEN=0.0.0.0:7070
 EXPOSE 7070

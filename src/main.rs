@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 use zkgate::config::ServeConfig;
 use zkgate::runner::queue::QueueArgs;
@@ -50,6 +50,11 @@ enum Command {
     Leader(Box<LeaderArgs>),
     /// Put items into a queue, work them off with a command, list them.
     Queue(Box<QueueArgs>),
+    /// Print the shell completion script for SHELL (bash, zsh, fish, elvish, powershell).
+    Completions { shell: clap_complete::Shell },
+    /// Print the manual page (roff: `zkgate man | man -l -`), or write it and one page a
+    /// subcommand into DIR.
+    Man { dir: Option<std::path::PathBuf> },
 }
 
 fn main() -> ExitCode {
@@ -83,6 +88,13 @@ async fn run(cli: Cli) -> ExitCode {
             .to_pretty_json()
             .map(|json| println!("{json}"))
             .map_err(|e| e.to_string()),
+        Command::Completions { shell } => {
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "zkgate", &mut script);
+            std::io::Write::write_all(&mut std::io::stdout().lock(), &script)
+                .map_err(|e| format!("cannot write the script: {e}"))
+        }
+        Command::Man { dir } => manual(dir.as_deref()).map_err(|e| format!("cannot write the manual: {e}")),
         Command::Token => {
             let (token, hash) = zkgate::auth::new_token();
             println!("{token}");
@@ -107,6 +119,30 @@ async fn run(cli: Cli) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The manual pages, from the same definitions as `--help`: `zkgate.1` on stdout, or in `dir`
+/// with one page a subcommand beside it (`zkgate-lock.1`: its options and the exit statuses
+/// its long help says), as git's are.
+fn manual(dir: Option<&std::path::Path>) -> std::io::Result<()> {
+    let cli = Cli::command();
+    let Some(dir) = dir else {
+        return clap_mangen::Man::new(cli).render(&mut std::io::stdout().lock());
+    };
+    std::fs::create_dir_all(dir)?;
+    let mut page = Vec::new();
+    clap_mangen::Man::new(cli.clone()).render(&mut page)?;
+    std::fs::write(dir.join("zkgate.1"), page)?;
+    for sub in cli.get_subcommands().filter(|sub| sub.get_name() != "help") {
+        let name = format!("zkgate-{}", sub.get_name());
+        let mut page = Vec::new();
+        let bin_name = format!("zkgate {}", sub.get_name());
+        clap_mangen::Man::new(sub.clone().name(name.clone()).bin_name(bin_name))
+            .title(name.clone())
+            .render(&mut page)?;
+        std::fs::write(dir.join(format!("{name}.1")), page)?;
+    }
+    Ok(())
 }
 
 fn init_logging() {

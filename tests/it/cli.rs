@@ -308,3 +308,91 @@ async fn token_makes_a_token_and_its_config_line_and_a_bad_auth_config_is_refuse
         "{stderr}"
     );
 }
+
+/// `zkgate <args>` to its end: its stdout.
+async fn stdout_of(args: &[&str]) -> String {
+    let output = within(
+        Duration::from_secs(60),
+        "zkgate to exit",
+        Command::new(ZKGATE)
+            .args(args)
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("run zkgate");
+    assert!(
+        output.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).expect("UTF-8")
+}
+
+#[tokio::test]
+async fn help_lists_every_subcommand_and_completions_and_manual_pages_cover_each() {
+    // `zkgate --help`: one line a subcommand.
+    let help = stdout_of(&["--help"]).await;
+    let listed: Vec<(String, String)> = (help.lines())
+        .skip_while(|line| !line.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|line| line.starts_with("  "))
+        .filter_map(|line| {
+            line.trim()
+                .split_once(' ')
+                .map(|(name, about)| (name.to_string(), about.trim().to_string()))
+        })
+        .filter(|(name, _)| name != "help")
+        .collect();
+    let names: Vec<&str> = listed.iter().map(|(name, _)| name.as_str()).collect();
+    for expected in [
+        "serve",
+        "lock",
+        "elect",
+        "watch",
+        "kv",
+        "lease",
+        "counter",
+        "leader",
+        "queue",
+        "completions",
+        "man",
+    ] {
+        assert!(names.contains(&expected), "`{expected}` in --help: {help}");
+    }
+    assert!(listed.iter().all(|(_, about)| !about.is_empty()), "{help}");
+
+    // A completion script for every shell clap knows, covering each subcommand; bash's loads.
+    for shell in ["bash", "zsh", "fish", "elvish", "powershell"] {
+        let script = stdout_of(&["completions", shell]).await;
+        for name in &names {
+            assert!(script.contains(name), "{shell}'s completions name `{name}`");
+        }
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let bash = dir.path().join("zkgate.bash");
+    std::fs::write(&bash, stdout_of(&["completions", "bash"]).await).expect("write");
+    let loaded = Command::new("bash")
+        .args(["-c", &format!("source {} && complete -p zkgate", bash.display())])
+        .output()
+        .await
+        .expect("bash");
+    assert!(
+        String::from_utf8_lossy(&loaded.stdout).contains("-F _zkgate zkgate"),
+        "{loaded:?}"
+    );
+
+    // The manual: one page, and one page a subcommand with its options and exit statuses.
+    assert!(stdout_of(&["man"]).await.starts_with(".ie"), "roff");
+    let pages = dir.path().join("man1");
+    stdout_of(&["man", pages.to_str().expect("UTF-8")]).await;
+    for name in &names {
+        let page = std::fs::read_to_string(pages.join(format!("zkgate-{name}.1"))).expect("a page");
+        assert!(page.contains(&format!("zkgate\\-{name}")), "{name}'s page names it");
+    }
+    for name in ["lock", "watch", "kv", "queue"] {
+        let page = std::fs::read_to_string(pages.join(format!("zkgate-{name}.1"))).expect("a page");
+        assert!(page.contains("Exit status"), "{name}'s page says its exit statuses");
+    }
+}

@@ -484,6 +484,41 @@ fn the_runtime_stage_runs_as_a_user_that_is_not_root() {
 }
 
 #[test]
+fn the_image_has_the_manual_pages_and_completions_the_binary_generates() {
+    let instructions = dockerfile();
+    // The build stage makes them with the binary it built...
+    let made: String = (instructions.iter())
+        .filter(|i| i.keyword == "RUN")
+        .map(|i| i.args.as_str())
+        .collect::<Vec<_>>()
+        .join("\n");
+    for made_by in [
+        "zkgate man /out/man1",
+        "zkgate completions bash",
+        "zkgate completions zsh",
+        "zkgate completions fish",
+    ] {
+        assert!(made.contains(made_by), "the build runs `{made_by}`");
+    }
+    // ...and the image that runs has them where man and the shells look.
+    let copied: Vec<&str> = (runtime_stage(&instructions).iter())
+        .filter(|i| i.keyword == "COPY" && i.args.starts_with("--from=build"))
+        .map(|i| i.args.as_str())
+        .collect();
+    for installed in [
+        "/usr/share/man/man1/",
+        "/usr/share/bash-completion/completions/zkgate",
+        "/usr/share/zsh/vendor-completions/_zkgate",
+        "/usr/share/fish/vendor_completions.d/zkgate.fish",
+    ] {
+        assert!(
+            copied.iter().any(|copy| copy.ends_with(installed)),
+            "the image gets {installed}: {copied:?}"
+        );
+    }
+}
+
+#[test]
 fn the_dockerfile_copies_what_exists_and_is_in_the_build_context() {
     let instructions = dockerfile();
     let sources = copied_sources(&instructions);
