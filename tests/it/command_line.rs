@@ -8,11 +8,10 @@ use crate::common;
 use std::process::Stdio;
 use std::time::Duration;
 
+use common::process;
 use common::{Gate, auth_config, grant, test_config, within, zookeeper};
 use serde_json::{Value, json};
 use tokio::io::AsyncWriteExt;
-
-const ZKGATE: &str = env!("CARGO_BIN_EXE_zkgate");
 
 /// What one run of `zkgate` came to.
 #[derive(Debug)]
@@ -22,17 +21,13 @@ struct Ran {
     stderr: String,
 }
 
-/// `zkgate <args>` against `url` (with `token`, and `input` on its stdin), to its end.
+/// `zkgate <args>` against `url` (given as `ZKGATE_URL`, with `token` as `ZKGATE_TOKEN`, and
+/// `input` on its stdin), to its end.
 async fn zkgate(url: &str, token: Option<&str>, args: &[&str], input: Option<&str>) -> Ran {
-    let mut command = tokio::process::Command::new(ZKGATE);
+    let mut command = process::client(args, &[], &[]);
     command
-        .args(args)
         .env("ZKGATE_URL", url)
-        .env_remove("ZKGATE_TOKEN")
-        .stdin(if input.is_some() { Stdio::piped() } else { Stdio::null() })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
+        .stdin(if input.is_some() { Stdio::piped() } else { Stdio::null() });
     if let Some(token) = token {
         command.env("ZKGATE_TOKEN", token);
     }

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::process::Stdio;
 use std::time::Duration;
 
-use common::process::Process;
+use common::process::{self, Process};
 use common::{within, zookeeper};
 use reqwest::Method;
 use serde_json::Value;
@@ -20,23 +20,10 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Child;
 use tokio::sync::mpsc;
 
-const ZKGATE: &str = env!("CARGO_BIN_EXE_zkgate");
-
 /// `zkgate <args> --url <url>... [-- <command>...]`, with stdin from `stdin`.
 fn zkgate(args: &[&str], urls: &[&str], command: &[&str], stdin: Stdio) -> Child {
-    tokio::process::Command::new(ZKGATE)
-        .args(args)
-        .args(urls.iter().flat_map(|url| ["--url", url]))
-        .args(if command.is_empty() {
-            vec![]
-        } else {
-            [&["--"], command].concat()
-        })
-        .env_remove("ZKGATE_URL")
+    process::client(args, urls, command)
         .stdin(stdin)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
         .spawn()
         .expect("run zkgate")
 }

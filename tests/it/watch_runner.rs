@@ -8,17 +8,14 @@
 
 use crate::common;
 
-use std::process::Stdio;
 use std::time::Duration;
 
-use common::process::Process;
+use common::process::{self, Process};
 use common::{within, zookeeper};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdout};
-
-const ZKGATE: &str = env!("CARGO_BIN_EXE_zkgate");
 
 /// A `zkgate watch` process and its stdout's lines.
 struct Watcher {
@@ -29,19 +26,7 @@ struct Watcher {
 impl Watcher {
     /// `zkgate watch <args> --url <url>...` (then `-- <command>...` if given).
     fn start(args: &[&str], urls: &[&str], command: &[&str]) -> Watcher {
-        let mut child = tokio::process::Command::new(ZKGATE)
-            .arg("watch")
-            .args(args)
-            .args(urls.iter().flat_map(|url| ["--url", url]))
-            .args(if command.is_empty() {
-                vec![]
-            } else {
-                [&["--"], command].concat()
-            })
-            .env_remove("ZKGATE_URL")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
+        let mut child = process::client(&[&["watch"], args].concat(), urls, command)
             .spawn()
             .expect("start the watcher");
         let stdout = BufReader::new(child.stdout.take().expect("stdout")).lines();

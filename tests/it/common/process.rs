@@ -245,3 +245,24 @@ impl Process {
         process
     }
 }
+
+/// `zkgate <args> --url <url>... [-- <command>...]` as a client subcommand runs (no
+/// `ZKGATE_URL` or `ZKGATE_TOKEN` from the test's environment), its stdout and stderr piped,
+/// killed if dropped: to spawn, with stdin set as the test needs.
+pub fn client(args: &[&str], urls: &[&str], command: &[&str]) -> tokio::process::Command {
+    let mut client = tokio::process::Command::new(env!("CARGO_BIN_EXE_zkgate"));
+    client
+        .args(args)
+        .args(urls.iter().flat_map(|url| ["--url", url]))
+        .args(if command.is_empty() {
+            vec![]
+        } else {
+            [&["--"], command].concat()
+        })
+        .env_remove("ZKGATE_URL")
+        .env_remove("ZKGATE_TOKEN")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    client
+}
