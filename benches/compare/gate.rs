@@ -215,6 +215,18 @@ impl Zkgate {
         samples
     }
 
+    /// One uncontended cycle of lock `lock` with `lease` (an acquire and a release: two
+    /// requests), for a measure of its own.
+    pub async fn one_cycle(&self, lock: &str, lease: &str) {
+        self.cycle(lock, lease, "0").await.expect("granted");
+    }
+
+    /// One `GET /healthz`.
+    pub async fn health(&self) {
+        let (status, _) = self.call(reqwest::Method::GET, "/healthz", None).await;
+        assert_eq!(status, 200);
+    }
+
     /// `GET /healthz` round trips: what HTTP alone costs (no ZooKeeper).
     pub async fn health_round_trips(&self, count: usize) -> Vec<Duration> {
         let mut samples = Vec::with_capacity(count);

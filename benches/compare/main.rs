@@ -5,7 +5,7 @@
 //! Run: `cargo bench --bench compare` (prints a Markdown table for BENCHMARKS.md).
 //! `ZKGATE_BENCH_ONLY=zkgate` leaves kazoo and etcd out (to profile zkgate).
 //! `ZKGATE_BENCH_WORKLOADS=uncontended,queue` runs only those groups of rows (`memory`,
-//! `uncontended`, `txn`, `contended`, `queue`, `failover`, `leases`, `curves`, `load`, `ensemble`;
+//! `edge`, `uncontended`, `txn`, `contended`, `queue`, `failover`, `leases`, `curves`, `load`, `ensemble`;
 //! all by default), e.g. under `perf`.
 //! `ZKGATE_BENCH_BINARY=<path>` runs another build of zkgate (an earlier commit's) in its place,
 //! to measure a change before and after with the same bench.
@@ -22,6 +22,7 @@
 //! binary, its own process), etcd (single member, data in `/dev/shm`), kazoo (Python threads),
 //! and this client. kazoo or etcd missing: their columns say so.
 
+mod edge;
 mod etcd;
 mod floor;
 mod gate;
@@ -135,7 +136,13 @@ pub fn http_client() -> reqwest::Client {
         .expect("http client")
 }
 
+// zkgate's allocator, so that the bare axum server this binary also is ([edge]) allocates as
+// zkgate does; the clients here allocate with it too.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() {
+    edge::serve_bare_if_asked();
     runtime::block_on(run());
 }
 
@@ -178,6 +185,67 @@ async fn run() {
         true => Some(gate.idle_lease_bytes(sizes.leases).await),
         false => None,
     };
+
+    // The HTTP edge: CPU per request of a bare axum server, of zkgate's `GET /healthz`, and of
+    // an uncontended lock request, in alternating rounds (the median of three), so that the
+    // machine's noise hits all three alike.
+    if wanted("edge") {
+        let bare = edge::Bare::start().await;
+        let http = http_client();
+        let bare_url = format!("{}/healthz", bare.base);
+        let lease = gate.lease("1h").await;
+        let (gate_pid, bare_pid) = (gate.child.pid().to_string(), bare.child.pid().to_string());
+        let count = sizes.cycles;
+        let get_bare = async || {
+            let answer = http.get(&bare_url).send().await.expect("bare axum");
+            assert!(answer.status().is_success());
+            answer.bytes().await.expect("body");
+        };
+        let (mut bare_cpu, mut health_cpu, mut lock_cpu) = (Vec::new(), Vec::new(), Vec::new());
+        for round in 0..4 {
+            let bare_us = edge::cpu_per_request(&bare_pid, count, get_bare).await;
+            let health_us = edge::cpu_per_request(&gate_pid, count, async || gate.health().await).await;
+            let cycle_us =
+                edge::cpu_per_request(&gate_pid, count / 2, async || gate.one_cycle("edge", &lease).await).await;
+            // The first round warms each side up (connections, caches): not counted.
+            if round > 0 {
+                bare_cpu.push(bare_us);
+                health_cpu.push(health_us);
+                // A cycle is two requests (acquire, release).
+                lock_cpu.push(cycle_us / 2.0);
+            }
+        }
+        let median = |mut values: Vec<f64>| {
+            values.sort_by(f64::total_cmp);
+            values[values.len() / 2]
+        };
+        let (bare_us, health_us, lock_us) = (median(bare_cpu), median(health_cpu), median(lock_cpu));
+        let edge_rows = [
+            (
+                "server CPU per request: GET /healthz (floor: bare axum, one route answering `ok`)",
+                bare_us,
+                health_us,
+            ),
+            (
+                "server CPU per request: uncontended lock acquire or release (floor: bare axum)",
+                bare_us,
+                lock_us,
+            ),
+        ];
+        for (what, floor_us, zkgate_us) in edge_rows {
+            push(
+                &mut rows,
+                Row {
+                    workload: what.into(),
+                    floor: Figure::CpuMicros(floor_us),
+                    zkgate: Figure::CpuMicros(zkgate_us),
+                    kazoo: Figure::Absent("n/a"),
+                    etcd: Figure::Absent("n/a"),
+                },
+            );
+        }
+        drop(bare);
+    }
 
     // Uncontended cycle. Warm up every side (JIT, connections), then measure the floor and
     // zkgate in alternating short rounds, so that the shared machine's bursts of noise hit
