@@ -9,12 +9,14 @@
 //! lock is revoked or lost, and forwards SIGINT/SIGTERM. When the command ends the runner
 //! deletes the lease, which releases the lock, and exits with the command's exit code.
 
+pub mod answers;
 pub mod api;
 pub mod command;
 pub mod guard;
 pub mod queue;
 pub mod resources;
 pub mod supervise;
+pub mod target;
 pub mod watch;
 
 use std::time::Duration;

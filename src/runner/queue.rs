@@ -19,9 +19,9 @@ use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use tokio::task::JoinSet;
 
+use super::answers::{Client, Output, Printed, body_of, checked, finish};
 use super::api::{Api, CallError, Request};
 use super::command::Command;
-use super::resources::{Client, EXIT_NO, Output};
 use super::supervise::Signals;
 use super::{EXIT_RUNNER_FAILED, RETRY, fail, positive_duration};
 
@@ -91,9 +91,8 @@ pub enum QueueCommand {
 
 /// Runs `zkgate queue`; the exit code.
 pub async fn queue(args: QueueArgs) -> u8 {
-    let api = match args.client.connection.api() {
-        Ok(api) => api,
-        Err(message) => return fail(&message),
+    let Ok(api) = args.client.api() else {
+        return EXIT_RUNNER_FAILED;
     };
     let output = args.client.output;
     match args.command {
@@ -137,30 +136,16 @@ pub async fn queue(args: QueueArgs) -> u8 {
     }
 }
 
-/// `GET` of `path`, printed as `text` makes it, or as JSON.
+/// `GET` of `path`, printed as `text` makes it, or as JSON; exit 1 if there is no such queue.
 async fn read(api: &Api, path: Vec<&str>, output: Output, text: impl Fn(&Value) -> String) -> u8 {
     let answer = match api.send(&Request::new(Method::GET, path)).await {
-        Ok(answer) => answer,
-        Err(error) => return fail(&error.to_string()),
+        Ok(answer) => checked(answer),
+        Err(error) => Err(error.into()),
     };
-    match answer.error() {
-        Some(error) if answer.status == StatusCode::NOT_FOUND => {
-            eprintln!("zkgate: {error}");
-            EXIT_NO
-        }
-        Some(error) => fail(&error.to_string()),
-        None if output == Output::Json => {
-            println!("{}", answer.json());
-            0
-        }
-        None => {
-            let printed = text(&answer.json());
-            if !printed.is_empty() {
-                println!("{printed}");
-            }
-            0
-        }
-    }
+    finish(answer.map(|answer| match output {
+        Output::Json => Printed::Json(answer.json()),
+        Output::Text => Printed::Text(text(&answer.json())),
+    }))
 }
 
 /// Puts each of `items` (stdin's lines without any), retrying one that gets no answer with
@@ -183,11 +168,7 @@ async fn put(api: &Api, name: &str, items: Vec<String>, priority: Option<u8>, ke
     for (at, item) in items.iter().enumerate() {
         let key = format!("{prefix}-{}", at + 1);
         let mut request = Request::new(Method::POST, vec!["v1", "queues", name, "items"]);
-        let content_type = match serde_json::from_str::<serde::de::IgnoredAny>(item) {
-            Ok(_) => "application/json",
-            Err(_) => "text/plain; charset=utf-8",
-        };
-        request.body = Some((content_type.into(), item.clone().into_bytes()));
+        request.body = Some(body_of(item.clone()));
         request.query.extend(priority.map(|p| ("priority", p.to_string())));
         match HeaderValue::from_str(&key) {
             Ok(key) => request.headers.insert("idempotency-key", key),

@@ -3,24 +3,23 @@
 //! `zkgate leader`. Each is one or a few calls of the HTTP API ([Api::send]), printed as text a
 //! shell script reads (a value, an id, a number) or, with `--output json`, as zkgate answered.
 //!
-//! Exit status: 0 done; 1 the answer was "no" (no such key, lease or counter; a condition that
-//! did not hold: `--if-match`, a transaction's compare; a lease kept alive that ended); 125
-//! zkgate unreachable or an error answer (a refused token, a bad name: its detail printed).
+//! Exit status ([super::answers]): 0 done; 1 the answer was "no" (no such key, lease or
+//! counter; a condition that did not hold: `--if-match`, a transaction's compare; a lease kept
+//! alive that ended); 125 zkgate unreachable or an error answer (a refused token, a bad name:
+//! its detail printed).
 
-use std::io::{Read, Write};
+use std::io::Read;
 use std::time::Duration;
 
-use clap::{Args, Subcommand, ValueEnum};
+use clap::{Args, Subcommand};
 use reqwest::header::{HeaderMap, HeaderValue};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
-use super::api::{Answer, Api, CallError, Request};
-use super::{Connection, EXIT_RUNNER_FAILED, fail, positive_duration};
+use super::answers::{Client, Failure, Outcome, Output, Printed, body_of, checked, every_page, finish, listed};
+use super::api::{Api, Request};
+use super::{EXIT_RUNNER_FAILED, positive_duration};
 use crate::time::parse_duration;
-
-/// Exit status when the answer was "no" (see the module's docs).
-pub const EXIT_NO: u8 = 1;
 
 /// The longest one long poll of `kv get --wait` or `leader --wait` asks for; it asks again
 /// until its own wait is over.
@@ -33,26 +32,6 @@ Exit status:
        (--if-match, a transaction's compare); a lease kept alive that ended
   125  zkgate unreachable, or an error answer (a refused token, a bad name: its detail is
        printed)";
-
-/// How answers are printed.
-#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Output {
-    /// What a script reads: a value, an id, a number, a name a line.
-    Text,
-    /// The answer as zkgate gave it, one JSON document.
-    Json,
-}
-
-/// Options of every subcommand here.
-#[derive(Args, Clone, Debug)]
-pub struct Client {
-    #[command(flatten)]
-    pub connection: Connection,
-
-    /// How to print the answer.
-    #[arg(long, short = 'o', value_enum, default_value = "text", global = true)]
-    pub output: Output,
-}
 
 /// `zkgate kv ...`.
 #[derive(Args, Clone, Debug)]
@@ -171,79 +150,9 @@ pub struct LeaderArgs {
     pub client: Client,
 }
 
-/// What a subcommand came to: printed, or why not.
-type Outcome = Result<Printed, Failure>;
-
-/// What a subcommand prints on success.
-enum Printed {
-    /// Bytes as they are (a value).
-    Raw(Vec<u8>),
-    /// Lines of text.
-    Text(String),
-    /// A JSON document.
-    Json(Value),
-    /// Nothing.
-    Nothing,
-}
-
-/// Why a subcommand did not succeed.
-enum Failure {
-    /// The answer was "no": said, exit 1.
-    No(String),
-    /// zkgate could not be asked, or refused: exit 125.
-    Call(CallError),
-}
-
-impl From<CallError> for Failure {
-    fn from(error: CallError) -> Failure {
-        Failure::Call(error)
-    }
-}
-
-/// Prints what `outcome` came to; the exit code.
-fn finish(outcome: Outcome) -> u8 {
-    let printed = match outcome {
-        Ok(printed) => printed,
-        Err(Failure::No(why)) => {
-            eprintln!("zkgate: {why}");
-            return EXIT_NO;
-        }
-        Err(Failure::Call(error)) => return fail(&error.to_string()),
-    };
-    let mut out = std::io::stdout().lock();
-    let written = match printed {
-        Printed::Raw(bytes) => out.write_all(&bytes),
-        Printed::Text(text) if text.is_empty() => Ok(()),
-        Printed::Text(text) => writeln!(out, "{text}"),
-        Printed::Json(value) => writeln!(out, "{value}"),
-        Printed::Nothing => Ok(()),
-    };
-    match written.and_then(|()| out.flush()) {
-        Ok(()) => 0,
-        Err(error) => fail(&format!("cannot write the answer: {error}")),
-    }
-}
-
-/// `answer` if its status is a success; a "no" (404, 410, 412) or the error it is otherwise.
-fn checked(answer: Answer) -> Result<Answer, Failure> {
-    match answer.error() {
-        None => Ok(answer),
-        Some(error)
-            if [StatusCode::NOT_FOUND, StatusCode::GONE, StatusCode::PRECONDITION_FAILED].contains(&answer.status) =>
-        {
-            Err(Failure::No(error.to_string()))
-        }
-        Some(error) => Err(Failure::Call(error)),
-    }
-}
-
-fn api(client: &Client) -> Result<Api, u8> {
-    client.connection.api().map_err(|message| fail(&message))
-}
-
 /// Runs `zkgate kv`; the exit code.
 pub async fn kv(args: KvArgs) -> u8 {
-    let Ok(api) = api(&args.client) else {
+    let Ok(api) = args.client.api() else {
         return EXIT_RUNNER_FAILED;
     };
     let output = args.client.output;
@@ -373,12 +282,8 @@ async fn kv_put(
             text
         }
     };
-    let content_type = match serde_json::from_str::<serde::de::IgnoredAny>(&value) {
-        Ok(_) => "application/json",
-        Err(_) => "text/plain; charset=utf-8",
-    };
     let mut request = Request::new(Method::PUT, key_path(key));
-    request.body = Some((content_type.to_string(), value.into_bytes()));
+    request.body = Some(body_of(value));
     request.headers = condition(if_match.as_deref());
     request.query.extend(lease.map(|lease| ("lease", lease)));
     let answer = checked(api.send(&request).await?)?;
@@ -417,54 +322,9 @@ async fn kv_txn(api: &Api, file: Option<std::path::PathBuf>) -> Outcome {
     }
 }
 
-/// Every page of the list at `path` (`Link: <...cursor=...>; rel="next"` until none).
-async fn every_page(api: &Api, path: Vec<&str>, query: Vec<(&str, String)>) -> Result<Vec<Value>, Failure> {
-    let mut pages = Vec::new();
-    let mut cursor: Option<String> = None;
-    loop {
-        let mut request = Request::new(Method::GET, path.clone());
-        request.query = query.clone();
-        request.query.extend(cursor.take().map(|cursor| ("cursor", cursor)));
-        let answer = checked(api.send(&request).await?)?;
-        pages.push(answer.json());
-        match answer.header("link").and_then(next_cursor) {
-            Some(next) => cursor = Some(next),
-            None => return Ok(pages),
-        }
-    }
-}
-
-/// The `cursor` of a `Link` header's next page.
-fn next_cursor(link: &str) -> Option<String> {
-    let target = link
-        .split(';')
-        .next()?
-        .trim()
-        .trim_start_matches('<')
-        .trim_end_matches('>');
-    let query = target.split_once('?')?.1;
-    form_urlencoded::parse(query.as_bytes())
-        .find(|(name, _)| name == "cursor")
-        .map(|(_, value)| value.into_owned())
-}
-
-/// The entries of `pages` (`entries` of each), a line each as text or one JSON array.
-fn listed(pages: Vec<Value>, output: Output, entries: impl Fn(&Value) -> Vec<Value>) -> Printed {
-    let all: Vec<Value> = pages.iter().flat_map(entries).collect();
-    match output {
-        Output::Json => Printed::Json(Value::Array(all)),
-        Output::Text => Printed::Text(
-            all.iter()
-                .map(|entry| entry.as_str().map_or_else(|| entry.to_string(), str::to_string))
-                .collect::<Vec<_>>()
-                .join("\n"),
-        ),
-    }
-}
-
 /// Runs `zkgate lease`; the exit code.
 pub async fn lease(args: LeaseArgs) -> u8 {
-    let Ok(api) = api(&args.client) else {
+    let Ok(api) = args.client.api() else {
         return EXIT_RUNNER_FAILED;
     };
     let output = args.client.output;
@@ -530,7 +390,7 @@ async fn keep_alive(api: &Api, id: &str, once: bool) -> Outcome {
 
 /// Runs `zkgate counter`; the exit code.
 pub async fn counter(args: CounterArgs) -> u8 {
-    let Ok(api) = api(&args.client) else {
+    let Ok(api) = args.client.api() else {
         return EXIT_RUNNER_FAILED;
     };
     let output = args.client.output;
@@ -551,7 +411,7 @@ pub async fn counter(args: CounterArgs) -> u8 {
 
 /// Runs `zkgate leader`; the exit code.
 pub async fn leader(args: LeaderArgs) -> u8 {
-    let Ok(api) = api(&args.client) else {
+    let Ok(api) = args.client.api() else {
         return EXIT_RUNNER_FAILED;
     };
     let output = args.client.output;

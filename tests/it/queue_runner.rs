@@ -108,8 +108,10 @@ async fn a_thousand_items_put_from_a_file_are_each_handled_through_a_killed_work
             claims.push(words[2].to_string());
         }
         if held.len() == 4 && !killed {
-            // The doomed worker holds four items. For two of their ack deadlines (the span
-            // under test) its extensions keep them from the other worker...
+            // The doomed worker holds four items. For two of their ack deadlines its extensions
+            // keep them from the other worker... (The wait is the span under test, time for
+            // the deadlines to pass unextended, not a synchronisation: no event says "a
+            // deadline did not pass".)
             tokio::time::sleep(Duration::from_secs(7)).await;
             for claim in &claims {
                 let extend = format!("/v1/queues/jobs/claims/{claim}/extend");
