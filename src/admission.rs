@@ -104,6 +104,13 @@ impl Admission {
             }
             return Ok(Slot { _permit: permit });
         }
+        // Boxed: a wait holds a timer and the semaphore's waiter, which every request's future
+        // would otherwise carry (and move) whether it waits or not.
+        Box::pin(self.queue(arrived, now)).await
+    }
+
+    /// A slot after waiting in the queue (none was free at `now`), or [Shed].
+    async fn queue(&self, arrived: Instant, now: Instant) -> Result<Slot, Shed> {
         let allowed = self.allowed(now);
         let deadline = arrived + allowed;
         let acquired = self.wait(self.slots.clone().acquire_owned());

@@ -31,7 +31,6 @@ pub mod zk;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use axum::Router;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use utoipa_axum::router::OpenApiRouter;
@@ -217,7 +216,7 @@ fn start_sessions(config: &ServeConfig, connect: &str) -> (ZkSession, zk::sessio
 }
 
 /// Every route of the API and the sockets, each with its spec.
-fn routes() -> OpenApiRouter<AppState> {
+pub(crate) fn routes() -> OpenApiRouter<AppState> {
     http::routes().merge(ws::routes())
 }
 
@@ -232,7 +231,7 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
 /// The HTTP application: the API and the sockets behind their guards, `/openapi.json`, Swagger
 /// UI at `/docs`, the status page at `/`, problem documents for unknown routes and methods,
 /// and the outer layers every request passes (origin check, authentication, CORS, tracing).
-pub fn app(state: AppState) -> Router {
+pub fn app(state: AppState) -> http::App {
     let (routes, mut spec) = routes().split_for_parts();
     http::document(&mut spec);
     let docs = SwaggerUi::new("/docs")
@@ -242,19 +241,8 @@ pub fn app(state: AppState) -> Router {
         .merge(docs)
         .route("/", axum::routing::get(index))
         .route("/favicon.ico", axum::routing::get(favicon));
-    http::finish(api)
-        .layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            http::auth::authenticate,
-        ))
-        .layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            http::origin::check_origin,
-        ))
-        .layer(http::origin::cors(&state.config.cors_origin))
-        .layer(axum::middleware::from_fn(http::limits::request_head))
-        .layer(tower_http::trace::TraceLayer::new_for_http())
-        .with_state(state)
+    let app = http::finish(api).with_state(state.clone());
+    http::edge(app, &state)
 }
 
 /// The status page from `web/`, compiled into the binary (it loads nothing from elsewhere).

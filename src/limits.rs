@@ -16,7 +16,6 @@
 //! of the whole instance; the per-address ones still tell clients apart.
 
 use std::collections::HashMap;
-use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -26,9 +25,7 @@ use tokio::time::Instant;
 use crate::auth::Caller;
 use crate::locked::{Locked, count_down};
 
-/// The address a request came from (absent for requests built in-process).
-#[derive(Clone, Copy, Debug)]
-pub struct ClientAddr(pub IpAddr);
+pub use crate::listen::ClientAddr;
 
 /// The limits, from the command line.
 #[derive(Clone, Copy, Debug)]

@@ -2,11 +2,9 @@
 //! valid token) and refuse what its grants do not allow (403), and the [Caller] extractor with
 //! which handlers receive it.
 
-use axum::extract::{FromRequestParts, Request, State};
+use axum::extract::{FromRequestParts, Request};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, Method, header};
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
 
 use super::error::{ApiError, Problem};
 use super::handoff::{FORWARDED_AT, FORWARDED_BY, FORWARDED_FOR, SIGNATURE};
@@ -71,34 +69,17 @@ fn is_public(path: &str) -> bool {
         || path.starts_with("/docs/")
 }
 
-/// The outermost layer: finds the caller from the token (401 without a valid one), or for a
-/// request another instance forwarded from its signed assertion ([forwarded]), and serves the
-/// request as that caller.
-pub async fn authenticate(State(state): State<AppState>, request: Request, next: Next) -> Response {
-    let found = if request.headers().contains_key(FORWARDED_BY) {
-        forwarded(&state, request).await
-    } else {
-        authenticated(&state, request)
-    };
-    let mut request = match found {
-        Ok(request) => request,
-        Err(err) => return err.into_response(),
-    };
-    let address = request
-        .extensions()
-        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
-        .map(|info| crate::limits::ClientAddr(info.0.ip()));
-    if let Some(address) = address {
-        request.extensions_mut().insert(address);
-    }
-    next.run(request).await
+/// Whether `request` says it was handed over by another instance ([forwarded] believes it or
+/// refuses it).
+pub fn is_forwarded(request: &Request) -> bool {
+    request.headers().contains_key(super::handoff::FORWARDED_BY_NAME)
 }
 
 /// A request forwarded by another instance: believed only if its MAC verifies with this
 /// deployment's key, it is addressed to this instance and it is fresh; its caller is the
 /// principal the forwarding instance asserts (which must be one this instance knows). A client
 /// that sends the peer headers itself gets 401, as for a bad token.
-async fn forwarded(state: &AppState, request: Request) -> Result<Request, ApiError> {
+pub async fn forwarded(state: &AppState, request: Request) -> Result<Request, ApiError> {
     let refuse = |detail: &str| ApiError::new(Problem::Unauthorized, format!("a forwarded request: {detail}"));
     let key = state
         .instances
@@ -143,8 +124,9 @@ async fn forwarded(state: &AppState, request: Request) -> Result<Request, ApiErr
     Ok(Request::from_parts(parts, axum::body::Body::from(body)))
 }
 
-/// A client's request: its caller from its bearer token.
-fn authenticated(state: &AppState, mut request: Request) -> Result<Request, ApiError> {
+/// A client's request: its caller from its bearer token (401 without a valid one where one is
+/// needed), put in the request's extensions.
+pub fn authenticated(state: &AppState, request: &mut Request) -> Result<(), ApiError> {
     let caller = match &state.authority {
         None => Caller::Anyone,
         // A public path needs no token, but one that comes is honoured (an admin sees more of
@@ -166,23 +148,18 @@ fn authenticated(state: &AppState, mut request: Request) -> Result<Request, ApiE
         },
     };
     request.extensions_mut().insert(caller);
-    Ok(request)
+    Ok(())
 }
 
-/// The layer on the API routes, after routing: the kind and resource the router matched
+/// The check on the API routes, after routing: the kind and resource the router matched
 /// against the caller's grants (403). Reads on `GET`/`HEAD`, writes otherwise; a kind's listing
 /// (or `POST /v1/txns`) needs some access to the kind (the handler filters, or checks the name
 /// in the body); `/metrics` needs the `metrics` grant. Leases and sockets need none here:
 /// ownership is checked where a lease is used, and each subscription where it is made.
-pub async fn authorize(request: Request, next: Next) -> Response {
+pub fn authorize(routed: &Routed, request: &Request) -> Result<(), ApiError> {
     // A request that was never authenticated may do nothing here.
-    let caller = request.extensions().get::<Caller>().cloned().unwrap_or(Caller::Nobody);
-    let (mut parts, body) = request.into_parts();
-    let routed = Routed::of(&mut parts).await;
-    if let Err(err) = routed.and_then(|routed| check(&caller, &parts.method, &routed)) {
-        return err.into_response();
-    }
-    next.run(Request::from_parts(parts, body)).await
+    let caller = request.extensions().get::<Caller>().unwrap_or(&Caller::Nobody);
+    check(caller, request.method(), routed)
 }
 
 fn check(caller: &Caller, method: &Method, routed: &Routed) -> Result<(), ApiError> {
@@ -191,10 +168,10 @@ fn check(caller: &Caller, method: &Method, routed: &Routed) -> Result<(), ApiErr
     } else {
         Access::Write
     };
-    if routed.template == "/metrics" {
+    if routed.route.template == "/metrics" {
         return Ok(caller.require(crate::auth::METRICS, "", Access::Read)?);
     }
-    let Some(kind) = routed.kind else {
+    let Some(kind) = routed.route.kind else {
         return Ok(());
     };
     match routed.resource() {
@@ -210,8 +187,8 @@ mod tests {
 
     const CONFIG: &str = crate::auth::EXAMPLE_CONFIG;
 
-    fn routed(template: &str, params: &[(&str, &str)]) -> Routed {
-        Routed::new(template, params)
+    fn routed(template: &str, method: &Method, params: &[(&str, &str)]) -> Routed {
+        Routed::new(template, method, params)
     }
 
     #[test]
@@ -219,18 +196,53 @@ mod tests {
         let authority = Authority::parse(CONFIG).expect("parse");
         let caller = Caller::Principal(authority.principal("password").expect("principal"));
         let acquire = "/v1/locks/{name}/acquire";
-        assert!(check(&caller, &Method::POST, &routed(acquire, &[("name", "billing-a")])).is_ok());
-        assert!(check(&caller, &Method::POST, &routed(acquire, &[("name", "orders")])).is_err());
-        assert!(check(&caller, &Method::PUT, &routed("/v1/kv/{*key}", &[("key", "billing-a")])).is_err());
-        assert!(check(&caller, &Method::GET, &routed("/v1/kv/{*key}", &[("key", "any/thing")])).is_ok());
-        assert!(check(&caller, &Method::GET, &routed("/metrics", &[])).is_ok());
-        assert!(check(&caller, &Method::DELETE, &routed("/v1/leases/{id}", &[("id", "abc")])).is_ok());
         assert!(
-            check(&caller, &Method::POST, &routed("/v1/queues", &[])).is_ok(),
+            check(
+                &caller,
+                &Method::POST,
+                &routed(acquire, &Method::POST, &[("name", "billing-a")])
+            )
+            .is_ok()
+        );
+        assert!(
+            check(
+                &caller,
+                &Method::POST,
+                &routed(acquire, &Method::POST, &[("name", "orders")])
+            )
+            .is_err()
+        );
+        assert!(
+            check(
+                &caller,
+                &Method::PUT,
+                &routed("/v1/kv/{*key}", &Method::PUT, &[("key", "billing-a")])
+            )
+            .is_err()
+        );
+        assert!(
+            check(
+                &caller,
+                &Method::GET,
+                &routed("/v1/kv/{*key}", &Method::GET, &[("key", "any/thing")])
+            )
+            .is_ok()
+        );
+        assert!(check(&caller, &Method::GET, &routed("/metrics", &Method::GET, &[])).is_ok());
+        assert!(
+            check(
+                &caller,
+                &Method::DELETE,
+                &routed("/v1/leases/{id}", &Method::DELETE, &[("id", "abc")])
+            )
+            .is_ok()
+        );
+        assert!(
+            check(&caller, &Method::POST, &routed("/v1/queues", &Method::POST, &[])).is_ok(),
             "some write access to queues"
         );
         assert!(
-            check(&caller, &Method::POST, &routed("/v1/txns", &[])).is_err(),
+            check(&caller, &Method::POST, &routed("/v1/txns", &Method::POST, &[])).is_err(),
             "no write access to any txn"
         );
     }

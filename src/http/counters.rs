@@ -2,7 +2,7 @@
 //! delta atomically (optionally within bounds), set (compare-and-set with `If-Match`), delete,
 //! and follow.
 
-use axum::Json;
+use crate::http::json::Json;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};

@@ -1,7 +1,7 @@
 //! `/v1/elections`: campaign (long poll), resign, read the leader and the candidates, and
 //! proclaim a new value as the leader.
 
-use axum::Json;
+use crate::http::json::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};

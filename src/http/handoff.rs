@@ -3,7 +3,7 @@
 //! Any instance serves almost everything from ZooKeeper: reads, handles, releases, members,
 //! votes, a queue claim's ack and nack. What is inherently in one instance's memory is a
 //! lease's TTL timer (and the tasks of what it holds), kept by its *keeper* ([crate::recipes::leases]).
-//! So each operation declares, in its spec, whose memory it needs ([SERVED_BY], an OpenAPI
+//! So each operation declares, in its spec, whose memory it needs ([super::routed::SERVED_BY], an OpenAPI
 //! extension the guard reads once from the spec):
 //!
 //! - `{"keeper": {"path": "id"}}` or `{"keeper": "body"}`: the keeper of the lease named by that
@@ -30,30 +30,27 @@
 //! never handed on again: an instance that receives one for a lease it does not keep (or while
 //! it cannot vouch for its leases) answers [NOT_KEEPING], and the sender takes the lease over.
 
-use std::collections::HashMap;
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
-use axum::extract::{MatchedPath, Request, State};
+use axum::extract::Request;
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 
 use super::error::{ApiError, Problem};
-use super::routed::Routed;
+use super::routed::{Named, Routed, ServedBy, declaration, takes_wait};
 use crate::AppState;
 use crate::auth::Caller;
 use crate::instances::Peer;
 use crate::recipes::leases::LeaseError;
 
-/// The OpenAPI extension by which an operation declares which instance serves it.
-pub const SERVED_BY: &str = "x-zkgate-served-by";
-
 /// Marks a request handed over (its value: the instance that handed it).
 pub const FORWARDED_BY: &str = "zkgate-forwarded-by";
+/// [FORWARDED_BY] as a header name, for the look every request gets (a name from a string is
+/// parsed at each look).
+pub const FORWARDED_BY_NAME: HeaderName = HeaderName::from_static(FORWARDED_BY);
 /// A handed-over request's caller, as the sending instance authenticated it.
 pub const FORWARDED_FOR: &str = "zkgate-forwarded-for";
 /// When a handed-over request was sent (ms since the Unix epoch).
@@ -64,112 +61,54 @@ pub const SIGNATURE: &str = "zkgate-signature";
 /// instance cannot vouch for its leases now. The sender takes it over.
 pub const NOT_KEEPING: &str = "zkgate-not-keeping";
 
-/// Whose memory an operation needs (see the module's docs).
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case", deny_unknown_fields)]
-pub enum ServedBy {
-    /// The keeper of the lease named there.
-    Keeper(Named),
-    /// The instance the request arrives at, for the lease named there (kept or visited).
-    Any(Named),
-}
-
-/// Where a request names the lease it acts for.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case", deny_unknown_fields)]
-pub enum Named {
-    /// A path parameter.
-    Path(String),
-    /// The JSON body: its `lease`.
-    Body,
-}
-
-/// An operation's declaration, and whether it may wait (a long poll).
-#[derive(Clone, Debug)]
-struct Declared {
-    served_by: ServedBy,
-    waits: bool,
-}
-
-/// Every operation's declaration, by method and route, read once from the spec.
-fn declared(method: &Method, route: &str) -> Option<&'static Declared> {
-    static DECLARED: OnceLock<HashMap<(Method, String), Declared>> = OnceLock::new();
-    DECLARED
-        .get_or_init(|| {
-            declarations(&super::routes().into_openapi())
-                .into_iter()
-                .filter_map(|(method, path, served_by, waits)| {
-                    Some((
-                        (method, path),
-                        Declared {
-                            served_by: served_by.ok()?,
-                            waits,
-                        },
-                    ))
-                })
-                .collect()
-        })
-        .get(&(method.clone(), route.to_string()))
-}
-
 /// The declarations of `spec`: method, path, what it says (or why it does not parse), and
 /// whether the operation waits.
 pub fn declarations(spec: &utoipa::openapi::OpenApi) -> Vec<(Method, String, Result<ServedBy, String>, bool)> {
     crate::spec::operations(spec)
         .filter_map(|(method, path, operation)| {
-            let value = operation.extensions.as_ref()?.get(SERVED_BY)?;
-            let parsed = serde_json::from_value::<ServedBy>(value.clone()).map_err(|e| e.to_string());
-            Some((method, path.clone(), parsed, super::limits::takes_wait(operation)))
+            let parsed = declaration(operation)?;
+            Some((method, path.clone(), parsed, takes_wait(operation)))
         })
         .collect()
 }
 
-/// The guard; see the module's documentation.
-pub async fn handoff(State(state): State<AppState>, request: Request, next: Next) -> Response {
-    let route = request
-        .extensions()
-        .get::<MatchedPath>()
-        .map(|m| m.as_str().to_string());
-    let Some(declared) = route.and_then(|route| declared(request.method(), &route)) else {
-        return next.run(request).await;
+/// The guard (see the module's documentation): `Ok` with the request when it is served here
+/// (the lease it names kept here, taken over, or named nowhere), or the keeper's answer.
+pub async fn serve_here(state: &AppState, routed: &Routed, request: Request) -> Result<Request, Response> {
+    let Some(served_by) = routed.operation.and_then(|operation| operation.served_by.as_ref()) else {
+        return Ok(request);
     };
-    if let ServedBy::Any(_) = declared.served_by {
-        return next.run(request).await;
-    }
-    let handed = request.headers().contains_key(FORWARDED_BY);
-    let (mut parts, body) = request.into_parts();
-    let (named, body) = match named(&declared.served_by, &mut parts, body).await {
-        Ok(found) => found,
-        Err(err) => return err.into_response(),
+    let ServedBy::Keeper(named) = served_by else {
+        return Ok(request);
+    };
+    let handed = request.headers().contains_key(FORWARDED_BY_NAME);
+    let (parts, body) = request.into_parts();
+    let (id, body) = match named {
+        Named::Path(param) => (routed.param(param).map(str::to_string), body),
+        Named::Body => named_in_body(&parts, body).await.map_err(IntoResponse::into_response)?,
     };
     let request = Request::from_parts(parts, body);
-    let Some(id) = named else {
-        return next.run(request).await;
+    let Some(id) = id else {
+        return Ok(request);
     };
-    to_keeper(&state, &id, handed, declared.waits, request, next).await
+    // Boxed: what handing over awaits (an HTTP client's request) is large, and every request
+    // through the guard would otherwise move a future that large.
+    Box::pin(to_keeper(state, &id, handed, routed.waits(), request)).await
 }
 
-/// The lease id the request names where its declaration says, and its body (read when that is
-/// where the id is).
-async fn named(served_by: &ServedBy, parts: &mut Parts, body: Body) -> Result<(Option<String>, Body), ApiError> {
-    let (ServedBy::Keeper(named) | ServedBy::Any(named)) = served_by;
-    match named {
-        Named::Path(param) => {
-            let routed = Routed::of(parts).await?;
-            Ok((routed.param(param).map(str::to_string), body))
-        }
-        Named::Body if carries_json(parts) => {
-            let bytes = axum::body::to_bytes(body, crate::listen::BODY_LIMIT_BYTES)
-                .await
-                .map_err(|_| ApiError::too_large(crate::listen::BODY_LIMIT_BYTES))?;
-            // Read through a typed struct; a body it does not fit is the handler's to refuse.
-            let id = serde_json::from_slice::<NamedInBody>(&bytes)
-                .ok()
-                .and_then(|body| body.lease);
-            Ok((id, Body::from(bytes)))
-        }
-        Named::Body => Ok((None, body)),
+/// The lease id the request's JSON body names, and its body (read, so given back whole).
+async fn named_in_body(parts: &Parts, body: Body) -> Result<(Option<String>, Body), ApiError> {
+    if !carries_json(parts) {
+        return Ok((None, body));
     }
+    let bytes = axum::body::to_bytes(body, crate::listen::BODY_LIMIT_BYTES)
+        .await
+        .map_err(|_| ApiError::too_large(crate::listen::BODY_LIMIT_BYTES))?;
+    // Read through a typed struct; a body it does not fit is the handler's to refuse.
+    let id = serde_json::from_slice::<NamedInBody>(&bytes)
+        .ok()
+        .and_then(|body| body.lease);
+    Ok((id, Body::from(bytes)))
 }
 
 /// What a body may name: the lease it acts with.
@@ -192,36 +131,42 @@ fn carries_json(parts: &Parts) -> bool {
 /// or takes the lease over when that is gone, does not answer, cannot vouch for it or cannot be
 /// trusted. Any other answer about the lease (unknown, ended, another principal's) is the
 /// handler's to give.
-async fn to_keeper(state: &AppState, id: &str, handed: bool, waits: bool, request: Request, next: Next) -> Response {
+async fn to_keeper(
+    state: &AppState,
+    id: &str,
+    handed: bool,
+    waits: bool,
+    request: Request,
+) -> Result<Request, Response> {
     let caller = request.extensions().get::<Caller>().cloned().unwrap_or(Caller::Nobody);
     let keeper = match state.leases.find(&caller, id).await {
-        Ok(_) => return next.run(request).await,
+        Ok(_) => return Ok(request),
         Err(LeaseError::Elsewhere { keeper, .. }) => keeper,
-        Err(LeaseError::NotFresh) if handed => return not_keeping(id),
-        Err(_) => return next.run(request).await,
+        Err(LeaseError::NotFresh) if handed => return Err(not_keeping(id)),
+        Err(_) => return Ok(request),
     };
     if handed {
         // Handed here by an instance that took the keeper to be this one: not any more.
-        return not_keeping(id);
+        return Err(not_keeping(id));
     }
     let (mut keeper, mut request) = (keeper, request);
     // The keeper may change while this runs (another instance took the lease over from the
     // one that failed): the request follows it, a few times.
     for _ in 0..HANDOFF_HOPS {
         request = match hand_over(state, &keeper, waits, request).await {
-            Ok(answer) => return answer,
+            Ok(answer) => return Err(answer),
             Err(request) => request,
         };
         match state.leases.take_over(&caller, id, Some(&keeper), false).await {
             Err(LeaseError::Elsewhere { keeper: now, .. }) => keeper = now,
-            _ => return next.run(request).await,
+            _ => return Ok(request),
         }
     }
-    ApiError::new(
+    Err(ApiError::new(
         Problem::InstanceUnavailable,
         format!("lease `{id}` moved to instance `{keeper}` while this request was on its way; try again"),
     )
-    .into_response()
+    .into_response())
 }
 
 /// How many keepers a request follows before it answers `503` (each found failing, or taken

@@ -3,7 +3,7 @@
 //! Both are public (probes carry no token), so they say only `ok` to anyone but an admin: the
 //! ZooKeeper servers and session ids are for operators (an admin's token, or auth off).
 
-use axum::Json;
+use crate::http::json::Json;
 use axum::extract::State;
 use serde::Serialize;
 
@@ -50,14 +50,16 @@ pub struct ZooKeeperStatus {
 
 fn health(state: &AppState, caller: &Caller, status: &'static str) -> Health {
     let zookeeper = caller.is_admin().then(|| {
-        let zk = state.zk().status();
+        let (connection, session_id, generation) =
+            state.zk().peek(|zk| (zk.connection, zk.session_id(), zk.generation));
+        let lanes = state.lanes.all();
         ZooKeeperStatus {
-            connection: zk.connection,
+            connection,
             servers: state.zk().hosts().to_string(),
-            session_id: zk.session_id().map(|id| format!("{id:#x}")),
-            session_generation: zk.generation,
-            sessions: state.lanes.all().len(),
-            sessions_connected: state.lanes.all().iter().filter(|lane| lane.current().is_ok()).count(),
+            session_id: session_id.map(|id| format!("{id:#x}")),
+            session_generation: generation,
+            sessions: lanes.len(),
+            sessions_connected: lanes.iter().filter(|lane| lane.peek(|zk| zk.is_connected())).count(),
             quotas: state.quotas.enforcement(),
         }
     });

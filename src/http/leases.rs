@@ -1,7 +1,7 @@
 //! `/v1/leases`: create, list, read, keep alive and delete leases; and the lease a resource
 //! request names (or makes).
 
-use axum::Json;
+use crate::http::json::Json;
 use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};

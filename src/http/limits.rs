@@ -1,19 +1,17 @@
-//! The limits of [crate::limits] as a layer on the API routes, inside authorisation so that
-//! the caller is known: the write rate, and the long polls in flight (either answers 429 with
+//! The bounds of a request's head, checked first on every request ([request_head]); and the
+//! limits of [crate::limits] on the API routes, after authorisation so that the caller is
+//! known ([limit]): the write rate, and the long polls in flight (either answers 429 with
 //! `Retry-After`); then the request's turn ([crate::admission]: 503 `overloaded` with
 //! `Retry-After` when it waited too long for one).
 
-use std::collections::HashSet;
-use std::sync::OnceLock;
+use std::convert::Infallible;
 
-use axum::extract::{MatchedPath, Request, State};
-use axum::http::Method;
-use axum::middleware::Next;
+use axum::extract::Request;
 use axum::response::{IntoResponse, Response};
-use utoipa::openapi::RefOr;
-use utoipa::openapi::path::{Operation, ParameterIn};
+use tower::{Service, ServiceExt};
 
 use super::error::{ApiError, Problem};
+use super::routed::Routed;
 use crate::AppState;
 use crate::auth::Caller;
 use crate::limits::ClientAddr;
@@ -24,43 +22,32 @@ use crate::metrics::Stage;
 /// far below this, and hyper refuses more than 64 KiB before the app sees it.
 pub const MAX_URI_BYTES: usize = 8 * 1024;
 
-/// Most header fields in a request (hyper reads up to [crate::listen::HYPER_MAX_HEADERS]).
+/// Most header fields in a request: hyper's own bound, which it keeps without allocating
+/// (set to anything else, hyper allocates and fills room for that many on every request
+/// head); a head with more is refused before the app sees it ([early_answer]).
 pub const MAX_HEADERS: usize = 100;
 
 /// Most bytes of header fields (names and values) in a request.
 pub const MAX_HEADER_BYTES: usize = 32 * 1024;
 
-/// The outermost layer: a request whose URI or head is over the bounds above is refused
-/// (414 `uri-too-long`, 431 `headers-too-large`) before anything else reads it.
-pub async fn request_head(request: Request, next: Next) -> Response {
+/// The first check of every request: one whose URI or head is over the bounds above is
+/// refused (414 `uri-too-long`, 431 `headers-too-large`) before anything else reads it.
+pub fn request_head(request: &Request) -> Result<(), ApiError> {
     let uri = request.uri().path_and_query().map_or(0, |p| p.as_str().len());
     if uri > MAX_URI_BYTES {
         let detail = format!("the request's URI is {uri} bytes, over the bound of {MAX_URI_BYTES}");
-        return ApiError::new(Problem::UriTooLong, detail)
-            .with("limit_bytes", MAX_URI_BYTES)
-            .into_response();
+        return Err(ApiError::new(Problem::UriTooLong, detail).with("limit_bytes", MAX_URI_BYTES));
     }
     let headers = request.headers();
-    if headers.len() > MAX_HEADERS {
-        let detail = format!(
-            "the request has {} header fields, over the bound of {MAX_HEADERS}",
-            headers.len()
-        );
-        return ApiError::new(Problem::HeadersTooLarge, detail)
-            .with("limit", "count")
-            .into_response();
-    }
     let bytes: usize = headers
         .iter()
         .map(|(name, value)| name.as_str().len() + value.len())
         .sum();
     if bytes > MAX_HEADER_BYTES {
         let detail = format!("the request's header fields take {bytes} bytes, over the bound of {MAX_HEADER_BYTES}");
-        return ApiError::new(Problem::HeadersTooLarge, detail)
-            .with("limit", "bytes")
-            .into_response();
+        return Err(ApiError::new(Problem::HeadersTooLarge, detail).with("limit", "bytes"));
     }
-    next.run(request).await
+    Ok(())
 }
 
 /// The problem document that answers hyper's own refusal of a request before routing (see
@@ -79,7 +66,7 @@ pub fn early_answer(status: u16) -> Option<Vec<u8>> {
         .with("limit_bytes", MAX_URI_BYTES),
         431 => ApiError::new(
             Problem::HeadersTooLarge,
-            "the request's head is over the server's buffer, or has more header fields than it reads",
+            format!("the request has more than {MAX_HEADERS} header fields, or its head is over the server's buffer"),
         )
         .with("limit", "head"),
         _ => return None,
@@ -87,22 +74,24 @@ pub fn early_answer(status: u16) -> Option<Vec<u8>> {
     Some(error.body().to_string().into_bytes())
 }
 
-/// The layer: [crate::limits::Limits::check_rate] for the request's caller and address, and
-/// for a request to an endpoint that may wait, one of the caller's and the instance's long
-/// polls, held until the response is ready.
-pub async fn limit(State(state): State<AppState>, request: Request, next: Next) -> Response {
+/// The last guard before the handler (`serve`): [crate::limits::Limits::check_rate] for the
+/// request's caller and address, and for an operation that may wait, one of the caller's and
+/// the instance's long polls, held until the response is ready; then the request's turn.
+pub async fn limit<S>(state: &AppState, routed: &Routed, request: Request, serve: S) -> Response
+where
+    S: Service<Request, Response = Response, Error = Infallible>,
+{
     let address = request.extensions().get::<ClientAddr>().copied();
-    let caller = request.extensions().get::<Caller>().cloned().unwrap_or(Caller::Anyone);
-    if let Err(refusal) = state.limits.check_rate(&caller, request.method(), address) {
+    let caller = request.extensions().get::<Caller>().unwrap_or(&Caller::Anyone);
+    if let Err(refusal) = state.limits.check_rate(caller, request.method(), address) {
         return ApiError::from(refusal).into_response();
     }
-    let route = request.extensions().get::<MatchedPath>().map(MatchedPath::as_str);
-    let _long_poll = match route.filter(|route| waits(request.method(), route)) {
-        Some(_) => match state.limits.long_poll(&caller, address) {
+    let _long_poll = match routed.waits() {
+        true => match state.limits.long_poll(caller, address) {
             Ok(permits) => Some(permits),
             Err(refusal) => return ApiError::from(refusal).into_response(),
         },
-        None => None,
+        false => None,
     };
     let arrived = request
         .extensions()
@@ -113,10 +102,10 @@ pub async fn limit(State(state): State<AppState>, request: Request, next: Next) 
         metrics.observe_stage(Stage::Answered, turn, arrived.elapsed());
         response.map(|body| axum::body::Body::new(Written { body, arrived, turn }))
     };
-    if !route.is_some_and(|route| takes_a_turn(request.method(), route)) {
-        let streams = route.is_some_and(super::routed::is_long_lived);
-        let response = next.run(request).await;
-        return match streams {
+    let Ok(serve) = serve.ready_oneshot().await;
+    if !routed.operation.is_some_and(|operation| operation.takes_a_turn) {
+        let Ok(response) = serve.oneshot(request).await;
+        return match routed.route.long_lived {
             // An event stream's or a socket's "answer" lasts as long as it is open.
             true => response,
             false => timed(response, false),
@@ -125,7 +114,7 @@ pub async fn limit(State(state): State<AppState>, request: Request, next: Next) 
     match state.admission.admit(arrived).await {
         Ok(slot) => {
             metrics.observe_stage(Stage::Admitted, true, arrived.elapsed());
-            let response = crate::admission::holding(slot, next.run(request)).await;
+            let Ok(response) = crate::admission::holding(slot, serve.oneshot(request)).await;
             timed(response, true)
         }
         Err(shed) => {
@@ -176,95 +165,5 @@ impl hyper::body::Body for Written {
 impl Drop for Written {
     fn drop(&mut self) {
         crate::metrics::get().observe_stage(Stage::Written, self.turn, self.arrived.elapsed());
-    }
-}
-
-/// Whether `method` on `route` waits for a turn among the requests in service
-/// ([crate::admission]): every operation but the sockets and event streams (which have limits
-/// of their own and would hold a turn for as long as they are open) and the writes that give
-/// something back (deletes, keepalives, acks, nacks, leaving), which are never refused for
-/// load: refusing them would keep locks and claims held longer, and end leases.
-pub fn takes_a_turn(method: &Method, route: &str) -> bool {
-    let gives_back = *method == Method::DELETE
-        || (*method == Method::POST
-            && ["/keepalive", "/ack", "/nack", "/leave"]
-                .iter()
-                .any(|end| route.ends_with(end)));
-    !super::routed::is_long_lived(route) && !gives_back
-}
-
-/// Whether `method` on `route` may wait: the endpoints that take a `wait` query parameter,
-/// read once from the API's own spec, so that a new long poll is counted without a list to
-/// keep in step. (An acquire without `wait` waits the longest, so the endpoint counts, not the
-/// parameter being there.)
-fn waits(method: &Method, route: &str) -> bool {
-    static WAITING: OnceLock<HashSet<(Method, String)>> = OnceLock::new();
-    WAITING
-        .get_or_init(|| waiting_routes(&super::routes().into_openapi()))
-        // The router writes a catch-all segment `{*key}`, the spec `{key}`.
-        .contains(&(method.clone(), route.replace("{*", "{")))
-}
-
-/// The (method, path) of every operation of `spec` with a `wait` query parameter.
-fn waiting_routes(spec: &utoipa::openapi::OpenApi) -> HashSet<(Method, String)> {
-    crate::spec::operations(spec)
-        .filter(|(_, _, operation)| takes_wait(operation))
-        .map(|(method, path, _)| (method, path.clone()))
-        .collect()
-}
-
-/// Whether `operation` takes a `wait` query parameter (and so counts as a long poll).
-pub fn takes_wait(operation: &Operation) -> bool {
-    operation
-        .parameters
-        .iter()
-        .flatten()
-        .any(|p| matches!(p, RefOr::T(p) if p.name == "wait" && p.parameter_in == ParameterIn::Query))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn every_operation_but_streams_and_give_backs_takes_a_turn() {
-        for (method, route) in [
-            (Method::POST, "/v1/locks/{name}/acquire"),
-            (Method::POST, "/v1/leases"),
-            (Method::GET, "/v1/kv/{key}"),
-            (Method::PUT, "/v1/kv/{key}"),
-            (Method::POST, "/v1/queues/{name}/take"),
-            (Method::POST, "/v1/queues/{name}/items"),
-        ] {
-            assert!(takes_a_turn(&method, route), "{method} {route}");
-        }
-        for (method, route) in [
-            (Method::DELETE, "/v1/locks/{name}/handles/{handle}"),
-            (Method::DELETE, "/v1/leases/{id}"),
-            (Method::POST, "/v1/leases/{id}/keepalive"),
-            (Method::POST, "/v1/queues/{name}/claims/{claim}/ack"),
-            (Method::POST, "/v1/queues/{name}/claims/{claim}/nack"),
-            (Method::GET, "/v1/ws"),
-            (Method::GET, "/v1/events"),
-            (Method::GET, "/v1/locks/{name}/events"),
-            (Method::GET, "/v1/elections/{name}/observe"),
-        ] {
-            assert!(!takes_a_turn(&method, route), "{method} {route}");
-        }
-    }
-
-    #[test]
-    fn the_long_polls_are_the_endpoints_that_take_wait() {
-        let waiting = waiting_routes(&crate::http::routes().into_openapi());
-        for (method, path) in [
-            (Method::POST, "/v1/locks/{name}/acquire"),
-            (Method::GET, "/v1/kv/{key}"),
-            (Method::POST, "/v1/queues/{name}/take"),
-            (Method::GET, "/v1/barriers/{name}/wait"),
-        ] {
-            assert!(waiting.contains(&(method.clone(), path.to_string())), "{method} {path}");
-        }
-        assert!(!waiting.contains(&(Method::POST, "/v1/leases".to_string())));
-        assert!(!waiting.contains(&(Method::PUT, "/v1/kv/{key}".to_string())));
     }
 }

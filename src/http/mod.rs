@@ -11,6 +11,7 @@ pub mod auth;
 mod barriers;
 pub mod consistency;
 mod counters;
+pub mod edge;
 mod elections;
 pub mod error;
 pub mod events;
@@ -20,6 +21,7 @@ pub mod guards;
 pub mod handoff;
 mod health;
 pub mod idempotency;
+pub mod json;
 mod kv;
 pub mod leases;
 pub mod limits;
@@ -27,12 +29,11 @@ mod locks;
 pub mod origin;
 pub mod paging;
 mod queues;
-mod routed;
+pub mod routed;
 mod txns;
 
-use axum::Json;
+use crate::http::json::Json;
 use axum::Router;
-use axum::extract::DefaultBodyLimit;
 use axum::http::{Method, Uri};
 use axum::response::IntoResponse;
 use consistency::Consistency;
@@ -141,25 +142,29 @@ pub fn routes() -> OpenApiRouter<AppState> {
     api
 }
 
-/// The guards of every API route, after routing (so they read the kind and name the router
-/// matched): a request for a lease kept by another instance goes to it or takes the lease over
-/// ([handoff::handoff]), the serving instance authorises it by name ([auth::authorize]) and
-/// counts it against the write rate and the long polls in flight ([limits::limit]). Routes
-/// only: unknown paths and methods get their problem without.
+/// The guards of every API route, after routing ([edge::Guard]: hand-off, authorisation,
+/// limits). Routes only: unknown paths and methods get their problem without.
 pub fn guard(router: Router<AppState>, state: &AppState) -> Router<AppState> {
-    use axum::middleware::from_fn_with_state;
-    router
-        .route_layer(from_fn_with_state(state.clone(), limits::limit))
-        .route_layer(axum::middleware::from_fn(auth::authorize))
-        .route_layer(from_fn_with_state(state.clone(), handoff::handoff))
+    router.route_layer(edge::Guarded(state.clone()))
 }
 
-/// Unknown routes and methods as problem documents, and the body limit.
+/// Unknown routes and methods as problem documents.
 pub fn finish(router: Router<AppState>) -> Router<AppState> {
     router
         .fallback(no_route)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(DefaultBodyLimit::max(crate::listen::BODY_LIMIT_BYTES))
+}
+
+/// The whole HTTP application as it is served: the router behind the [edge::Edge], and behind
+/// CORS when origins are allowed.
+pub type App = tower::util::Either<tower_http::cors::Cors<edge::Edge<Router>>, edge::Edge<Router>>;
+
+/// `app` behind the [edge::Edge], which wraps the whole router once (a router's own `layer`
+/// would wrap each of its routes), and CORS when origins are allowed.
+pub fn edge(app: Router, state: &AppState) -> App {
+    use tower::Layer;
+    let edged = edge::Edge::new(state.clone(), app);
+    tower::util::option_layer(origin::cors(&state.config.cors_origin)).layer(edged)
 }
 
 /// The API alone (no sockets, docs or status page), for requests that arrive over a
@@ -193,16 +198,7 @@ async fn method_not_allowed(matched: Option<axum::extract::MatchedPath>) -> impl
 
 /// The methods the spec lists for the route `template` (`/v1/locks/{name}/acquire`).
 fn allowed_methods(template: &str) -> Vec<String> {
-    static METHODS: std::sync::OnceLock<std::collections::HashMap<String, Vec<String>>> = std::sync::OnceLock::new();
-    let methods = METHODS.get_or_init(|| {
-        let mut methods: std::collections::HashMap<String, Vec<String>> = Default::default();
-        for (method, path, _) in crate::spec::operations(&routes().into_openapi()) {
-            methods.entry(path.clone()).or_default().push(method.to_string());
-        }
-        methods
-    });
-    // The router writes a catch-all `{*key}`, the spec `{key}`.
-    methods.get(&template.replace("{*", "{")).cloned().unwrap_or_default()
+    routed::Route::named(template).map_or_else(Vec::new, |route| route.methods().map(Method::to_string).collect())
 }
 
 pub use crate::recipes::check_name;
@@ -222,7 +218,7 @@ macro_rules! state_handler {
             axum::extract::State(state): axum::extract::State<$crate::AppState>,
             $crate::http::extract::ApiPath(name): $crate::http::extract::ApiPath<String>,
             consistency: $crate::http::consistency::Consistency,
-        ) -> Result<axum::Json<$state>, $crate::http::error::ApiError> {
+        ) -> Result<$crate::http::json::Json<$state>, $crate::http::error::ApiError> {
             $crate::http::check_name(&name)?;
             $crate::http::read(&state, state.$topic(&name), consistency).await
         }
@@ -362,20 +358,20 @@ pub fn document_auth(spec: &mut utoipa::openapi::OpenApi) {
         let mut guards = vec![Problem::Unauthorized, Problem::Forbidden];
         if write {
             guards.extend([Problem::RateLimited, Problem::TooMany]);
-        } else if socket || limits::takes_wait(operation) {
+        } else if socket || routed::takes_wait(operation) {
             // A socket or a long poll past its limits.
             guards.push(Problem::TooMany);
         }
         let served_by = operation
             .extensions
             .as_ref()
-            .and_then(|e| e.get(handoff::SERVED_BY))
-            .and_then(|value| serde_json::from_value::<handoff::ServedBy>(value.clone()).ok());
+            .and_then(|e| e.get(routed::SERVED_BY))
+            .and_then(|value| serde_json::from_value::<routed::ServedBy>(value.clone()).ok());
         if served_by.is_some() {
             // Handed to a keeper that is not reachable, or a lease that moved meanwhile.
             guards.push(Problem::InstanceUnavailable);
         }
-        if limits::takes_a_turn(&method, path) {
+        if routed::takes_a_turn(&method, path) {
             guards.push(Problem::Overloaded);
         }
         error::declare(operation, guards);

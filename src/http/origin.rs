@@ -16,20 +16,22 @@
 //!   its `Origin` is neither zkgate's own (the `Host` it was reached at) nor allowed. Clients
 //!   that are not browsers send no `Origin` and are not affected.
 
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use axum::http::{HeaderValue, Method, header};
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
 use tower_http::cors::{AllowOrigin, CorsLayer};
 
 use super::error::{ApiError, Problem};
 use crate::AppState;
 
 /// CORS for the allowed origins: the headers the API reads and the ones it answers with.
-/// Without allowed origins, no CORS headers at all (same origin only).
-pub fn cors(allowed: &[String]) -> CorsLayer {
+/// `None` without allowed origins: no CORS headers at all (same origin only), and no layer
+/// for every request to pass.
+pub fn cors(allowed: &[String]) -> Option<CorsLayer> {
+    if allowed.is_empty() {
+        return None;
+    }
     let origins: Vec<HeaderValue> = allowed.iter().filter_map(|o| HeaderValue::from_str(o).ok()).collect();
-    CorsLayer::new()
+    let layer = CorsLayer::new()
         .allow_origin(AllowOrigin::list(origins))
         .allow_methods([Method::GET, Method::HEAD, Method::POST, Method::PUT, Method::DELETE])
         .allow_headers([
@@ -46,39 +48,39 @@ pub fn cors(allowed: &[String]) -> CorsLayer {
             header::RETRY_AFTER,
             header::HeaderName::from_static(super::kv::keys::LEASE_HEADER),
         ])
-        .max_age(std::time::Duration::from_secs(600))
+        .max_age(std::time::Duration::from_secs(600));
+    Some(layer)
 }
 
-/// The layer: see the module's documentation.
-pub async fn check_origin(State(state): State<AppState>, request: Request, next: Next) -> Response {
+/// The checks of the module's documentation: `Err` with the refusal (403) of a request a
+/// foreign page could have made a browser send.
+pub fn check(state: &AppState, request: &Request) -> Result<(), ApiError> {
     let safe = matches!(*request.method(), Method::GET | Method::HEAD | Method::OPTIONS);
     // An event stream is a socket that happens to be a GET: the same checks.
     let upgrade = request.headers().contains_key(header::UPGRADE) || super::routed::is_stream(request.uri().path());
     if safe && !upgrade {
-        return next.run(request).await;
+        return Ok(());
     }
     let host = request.headers().get(header::HOST);
-    if !host_allowed(&state, host) {
+    if !host_allowed(state, host) {
         let host = host
             .map(|h| String::from_utf8_lossy(h.as_bytes()).into_owned())
             .unwrap_or_default();
-        return ApiError::new(
+        return Err(ApiError::new(
             Problem::Forbidden,
             format!("zkgate is not reached by the name `{host}` here (see --allowed-host)"),
-        )
-        .into_response();
+        ));
     }
     if let Some(origin) = request.headers().get(header::ORIGIN)
-        && !allowed(&state, origin, host)
+        && !allowed(state, origin, host)
     {
         let origin = String::from_utf8_lossy(origin.as_bytes()).into_owned();
-        return ApiError::new(
+        return Err(ApiError::new(
             Problem::Forbidden,
             format!("requests from pages at `{origin}` are not allowed (see --cors-origin)"),
-        )
-        .into_response();
+        ));
     }
-    next.run(request).await
+    Ok(())
 }
 
 /// Whether `host` (a `Host` header) names zkgate: an IP address, `localhost`, the listen or

@@ -156,7 +156,7 @@ pub fn with_link(next: Option<String>, body: impl IntoResponse) -> Response {
 
 impl<T: Serialize> IntoResponse for Page<T> {
     fn into_response(self) -> Response {
-        with_link(self.next, axum::Json(self.entries))
+        with_link(self.next, crate::http::json::Json(self.entries))
     }
 }
 

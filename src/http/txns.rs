@@ -1,7 +1,7 @@
 //! `/v1/txns`: two-phase commit: create a transaction, register participants, vote, and read
 //! (or wait for) the decision, which is written once and never changes.
 
-use axum::Json;
+use crate::http::json::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};

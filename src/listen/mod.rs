@@ -48,11 +48,13 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use crate::locked::Locked;
-use axum::Router;
-use axum::extract::ConnectInfo;
+use std::convert::Infallible;
+
+use axum::body::Body;
+use axum::extract::Request;
+use axum::response::Response;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
@@ -60,17 +62,15 @@ use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 use tokio_util::sync::CancellationToken;
-use tower::ServiceExt;
+use tower::Service;
 
 mod early;
+mod keep_alive;
 pub use early::EarlyAnswer;
+use keep_alive::answer_keeping_alive;
 
 /// Largest request body the server takes: well below ZooKeeper's 1 MB `jute.maxbuffer`.
 pub const BODY_LIMIT_BYTES: usize = 512 * 1024;
-
-/// Most header fields hyper reads in a request head (its default is 100): above the app's own
-/// bound, so that the app answers a head with too many with a problem of its own.
-pub const HYPER_MAX_HEADERS: usize = 256;
 
 /// Requests one HTTP/2 connection may carry at once: enough for a client's long polls (a
 /// principal may hold 1,000 by default) on one connection.
@@ -80,6 +80,11 @@ pub const H2_MAX_STREAMS: u32 = 1_024;
 /// its time in zkgate starts (its queueing delay, its stages in `/metrics`).
 #[derive(Clone, Copy, Debug)]
 pub struct Arrived(pub tokio::time::Instant);
+
+/// The address a request came from, put in its extensions here (absent for requests built
+/// in-process).
+#[derive(Clone, Copy, Debug)]
+pub struct ClientAddr(pub IpAddr);
 
 /// How connections are bounded.
 #[derive(Clone, Copy, Debug)]
@@ -260,7 +265,13 @@ pub enum Listener {
 
 /// Serves `app` on `listener` until `shutdown`, then stops accepting, lets each connection
 /// finish its request in flight (keep-alive off), and returns once all have closed.
-pub async fn serve(listener: Listener, caps: Arc<Caps>, app: Router, early: EarlyAnswer, shutdown: CancellationToken) {
+pub async fn serve<A: App>(
+    listener: Listener,
+    caps: Arc<Caps>,
+    app: A,
+    early: EarlyAnswer,
+    shutdown: CancellationToken,
+) {
     let header_timeout = caps.limits.map_or(Duration::from_secs(30), |l| l.header_timeout);
     let write_timeout = caps.limits.map_or(Duration::from_secs(45), |l| l.write_timeout);
     let (signal, signalled) = watch::channel(());
@@ -294,9 +305,24 @@ pub async fn serve(listener: Listener, caps: Arc<Caps>, app: Router, early: Earl
     closed.closed().await;
 }
 
+/// What is served: a service of requests with axum's body, which answers every one.
+pub trait App:
+    Service<Request<Body>, Response = Response, Error = Infallible, Future: Send + 'static> + Clone + Send + Sync + 'static
+{
+}
+
+impl<A> App for A where
+    A: Service<Request<Body>, Response = Response, Error = Infallible, Future: Send + 'static>
+        + Clone
+        + Send
+        + Sync
+        + 'static
+{
+}
+
 /// One connection being served.
-struct Connection {
-    app: Router,
+struct Connection<A> {
+    app: A,
     peer: SocketAddr,
     header_timeout: Duration,
     signalled: watch::Receiver<()>,
@@ -304,7 +330,7 @@ struct Connection {
     closed: watch::Receiver<()>,
 }
 
-impl Connection {
+impl<A: App> Connection<A> {
     async fn serve<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static>(mut self, io: IO) {
         let peer = self.peer;
         let (app, drain_timeout) = (self.app.clone(), self.header_timeout);
@@ -312,10 +338,10 @@ impl Connection {
         let started = Arc::new(AtomicBool::new(false));
         let app = {
             let started = started.clone();
-            tower::service_fn(move |mut request: hyper::Request<Incoming>| {
+            hyper::service::service_fn(move |mut request: hyper::Request<Incoming>| {
                 started.store(true, Ordering::Relaxed);
-                // The client's address, as `into_make_service_with_connect_info` would give it.
-                request.extensions_mut().insert(ConnectInfo(peer));
+                // The client's address, for the limits per address.
+                request.extensions_mut().insert(ClientAddr(peer.ip()));
                 request.extensions_mut().insert(Arrived(tokio::time::Instant::now()));
                 answer_keeping_alive(app.clone(), request, drain_timeout)
             })
@@ -324,7 +350,6 @@ impl Connection {
         builder
             .http1()
             .timer(TokioTimer::new())
-            .max_headers(HYPER_MAX_HEADERS)
             .header_read_timeout(self.header_timeout);
         builder
             .http2()
@@ -332,7 +357,7 @@ impl Connection {
             .max_concurrent_streams(H2_MAX_STREAMS)
             .keep_alive_interval(self.header_timeout)
             .keep_alive_timeout(self.header_timeout);
-        let connection = builder.serve_connection_with_upgrades(TokioIo::new(io), TowerToHyperService::new(app));
+        let connection = builder.serve_connection_with_upgrades(TokioIo::new(io), app);
         let mut connection = pin!(connection);
         // The first request must start within the header timeout: hyper's own timeout begins
         // only once the protocol is known, and telling HTTP/2 from HTTP/1.1 waits for bytes.
@@ -362,136 +387,6 @@ impl Connection {
             }
         }
         drop(self.closed);
-    }
-}
-
-/// Answers `request` with `app`, and keeps the connection usable after an answer given before
-/// the request's body was read.
-///
-/// Why: the app answers many requests without reading their bodies (a refusal by a guard or
-/// an extractor, an unknown route). hyper then has unread bytes in front of the next request;
-/// it reads what is already buffered, and otherwise closes the connection after the answer,
-/// which it has already sent as keep-alive (no `Connection: close`). A pooled client learns of
-/// it only when its next request meets a broken pipe — right after being told to retry. So:
-/// - a body of declared length up to [BODY_LIMIT_BYTES] is drained (read and dropped) in the
-///   background, while the answer goes out, so a client that sends its body after the head,
-///   or only after seeing the answer, keeps its connection; a body that does not come within
-///   `drain_timeout` (the time a request's head gets) closes it, as an idle one would;
-/// - a larger body, one of unknown length (chunked: whether it ends under the limit is known
-///   only once read), or one the client holds back for `100 Continue` (a final answer has
-///   been sent instead, so it must not be asked for now) gets `Connection: close` on the answer,
-///   and hyper closes the connection after it.
-///
-/// HTTP/1 only: HTTP/2 ends an unread stream with a reset that costs the connection nothing.
-async fn answer_keeping_alive(
-    app: Router,
-    request: hyper::Request<Incoming>,
-    drain_timeout: Duration,
-) -> Result<axum::response::Response, std::convert::Infallible> {
-    if request.version() > hyper::Version::HTTP_11 {
-        return app.oneshot(request).await;
-    }
-    let declared = request
-        .headers()
-        .get(hyper::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-    let held_back = request
-        .headers()
-        .get(hyper::header::EXPECT)
-        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
-    let (parts, incoming) = request.into_parts();
-    let (body, mut unread) = Returned::new(incoming);
-    let mut response = app.oneshot(hyper::Request::from_parts(parts, body)).await?;
-    // The body comes back only if the app dropped it before its end; `Err` is a body read to
-    // its end, or one still held (streamed by a handler).
-    if let Ok(unread) = unread.try_recv() {
-        let drainable = declared.is_some_and(|length| length <= BODY_LIMIT_BYTES as u64);
-        if drainable && !held_back {
-            tokio::spawn(async move {
-                let drained = tokio::time::timeout(drain_timeout, drain(unread)).await;
-                if !matches!(drained, Ok(Ok(()))) {
-                    tracing::debug!("an unread request body did not come; the connection closes");
-                }
-            });
-        } else {
-            response.headers_mut().insert(
-                hyper::header::CONNECTION,
-                hyper::header::HeaderValue::from_static("close"),
-            );
-        }
-    }
-    Ok(response)
-}
-
-/// Reads `body` to its end (or at most [BODY_LIMIT_BYTES] of it) and drops what it reads.
-async fn drain(mut body: Incoming) -> Result<(), ()> {
-    use hyper::body::Body;
-    let mut read = 0;
-    while let Some(frame) = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await {
-        let frame = frame.map_err(|_| ())?;
-        read += frame.data_ref().map_or(0, |data| data.len());
-        if read > BODY_LIMIT_BYTES {
-            return Err(());
-        }
-    }
-    Ok(())
-}
-
-/// A request body that hands itself back, through a one-shot channel, when it is dropped
-/// before its end: so that what the app did not read can still be drained.
-struct Returned {
-    body: Option<Incoming>,
-    back: Option<tokio::sync::oneshot::Sender<Incoming>>,
-}
-
-impl Returned {
-    fn new(body: Incoming) -> (Returned, tokio::sync::oneshot::Receiver<Incoming>) {
-        let (back, unread) = tokio::sync::oneshot::channel();
-        let returned = Returned {
-            body: Some(body),
-            back: Some(back),
-        };
-        (returned, unread)
-    }
-}
-
-impl hyper::body::Body for Returned {
-    type Data = hyper::body::Bytes;
-    type Error = hyper::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
-        let Some(body) = self.body.as_mut() else {
-            return Poll::Ready(None);
-        };
-        let polled = Pin::new(body).poll_frame(cx);
-        if matches!(polled, Poll::Ready(None) | Poll::Ready(Some(Err(_)))) {
-            // Read to its end (or failed): nothing to give back.
-            self.back = None;
-        }
-        polled
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.as_ref().is_none_or(hyper::body::Body::is_end_stream)
-    }
-
-    fn size_hint(&self) -> hyper::body::SizeHint {
-        self.body
-            .as_ref()
-            .map_or_else(|| hyper::body::SizeHint::with_exact(0), hyper::body::Body::size_hint)
-    }
-}
-
-impl Drop for Returned {
-    fn drop(&mut self) {
-        if let (Some(body), Some(back)) = (self.body.take(), self.back.take())
-            && !hyper::body::Body::is_end_stream(&body)
-        {
-            let _ = back.send(body);
-        }
     }
 }
 

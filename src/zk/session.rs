@@ -246,6 +246,11 @@ impl ZkSession {
         self.status.borrow().clone()
     }
 
+    /// What `read` finds in the status, read in place (nothing cloned: a probe asks often).
+    pub fn peek<T>(&self, read: impl FnOnce(&Status) -> T) -> T {
+        read(&self.status.borrow())
+    }
+
     /// The servers this instance talks to, without the chroot.
     pub fn hosts(&self) -> &str {
         &self.hosts

@@ -1,7 +1,7 @@
 //! `/v1/barriers`: raise, lower, read, and wait (a long poll) until a barrier is down.
 
 use crate::http::guards::{GuardHeader, Guarded};
-use axum::Json;
+use crate::http::json::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};

@@ -2,7 +2,7 @@
 //! all have left.
 
 use crate::http::guards::{GuardHeader, Guarded};
-use axum::Json;
+use crate::http::json::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};

@@ -172,7 +172,7 @@ impl IntoResponse for ApiError {
         if status.is_server_error() {
             tracing::warn!(%status, detail = ?body["detail"], "request failed");
         }
-        let mut response = (status, axum::Json(body)).into_response();
+        let mut response = (status, crate::http::json::Json(body)).into_response();
         let headers = response.headers_mut();
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
         if let Some(seconds) = self.retry_after_seconds() {

@@ -1,7 +1,7 @@
 //! `/v1/groups`: group membership: join with data (lease-bound), leave, list the live members,
 //! and a blocking read that returns when membership changes.
 
-use axum::Json;
+use crate::http::json::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};

@@ -3,7 +3,7 @@
 //! one (random or round-robin), follow changes. See [crate::recipes::groups::service] for the
 //! layout.
 
-use axum::Json;
+use crate::http::json::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};

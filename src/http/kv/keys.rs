@@ -268,7 +268,7 @@ pub async fn put_value(
     Ok((
         status,
         [(header::ETAG, header_tag)],
-        axum::Json(Written {
+        crate::http::json::Json(Written {
             key,
             etag: tag,
             created,
@@ -355,7 +355,7 @@ pub async fn list_keys(
     let page = paging.page(keys, String::clone);
     Ok(crate::http::paging::with_link(
         page.next,
-        axum::Json(KeyList {
+        crate::http::json::Json(KeyList {
             prefix,
             keys: page.entries,
         }),

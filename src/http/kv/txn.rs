@@ -2,7 +2,7 @@
 //! whole or not at all ([crate::recipes::kv::txn]; docs/PRIMITIVES.md, part 2). A path no key
 //! can have: keys are under `/v1/kv/`.
 
-use axum::Json;
+use crate::http::json::Json;
 use axum::extract::State;
 use axum::response::IntoResponse;
 

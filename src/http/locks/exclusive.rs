@@ -1,6 +1,6 @@
 //! `/v1/locks`: acquire (long poll), release, inspect exclusive locks.
 
-use axum::Json;
+use crate::http::json::Json;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 

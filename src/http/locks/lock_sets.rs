@@ -8,7 +8,7 @@
 //! acquire is served by the keeper of the lease it names, like a lock's; a granted set is
 //! recorded in ZooKeeper, so that any instance reads or releases it.
 
-use axum::Json;
+use crate::http::json::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use utoipa_axum::router::OpenApiRouter;

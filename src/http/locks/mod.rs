@@ -32,10 +32,10 @@ macro_rules! lock_handle_handlers {
             $crate::http::extract::ApiPath((name, handle)): $crate::http::extract::ApiPath<(String, String)>,
             $crate::http::extract::ApiQuery(query): $crate::http::extract::ApiQuery<$crate::recipes::locks::contention::HandleQuery>,
             consistency: $crate::http::consistency::Consistency,
-        ) -> Result<axum::Json<$crate::recipes::locks::contention::HandleView>, $crate::http::error::ApiError> {
+        ) -> Result<$crate::http::json::Json<$crate::recipes::locks::contention::HandleView>, $crate::http::error::ApiError> {
             let wait = query.wait.map(|w| w.0);
             let seen = $crate::recipes::locks::contention::read_handle(&state, &state.$registry, &caller, (&name, &handle), wait, consistency).await?;
-            Ok(axum::Json($crate::recipes::locks::contention::HandleView::of(&state, seen).await))
+            Ok($crate::http::json::Json($crate::recipes::locks::contention::HandleView::of(&state, seen).await))
         }
 
         $(#[doc = $release_doc])*
@@ -69,7 +69,7 @@ macro_rules! lock_handle_handlers {
             $crate::http::extract::ApiJson(body): $crate::http::extract::ApiJson<$crate::recipes::locks::contention::RevokeBody>,
         ) -> Result<axum::response::Response, $crate::http::error::ApiError> {
             let revoked = $crate::recipes::locks::contention::revoke(&state, &caller, &state.$registry, &name, $role, body).await?;
-            Ok(axum::response::IntoResponse::into_response((axum::http::StatusCode::ACCEPTED, axum::Json(revoked))))
+            Ok(axum::response::IntoResponse::into_response((axum::http::StatusCode::ACCEPTED, $crate::http::json::Json(revoked))))
         }
     };
 }
@@ -93,10 +93,10 @@ macro_rules! fencing_handler {
             axum::extract::State($state): axum::extract::State<$crate::AppState>,
             $crate::http::extract::ApiPath((name, token)): $crate::http::extract::ApiPath<(String, String)>,
             consistency: $crate::http::consistency::Consistency,
-        ) -> Result<axum::Json<$crate::recipes::locks::contention::FencingCheck>, $crate::http::error::ApiError> {
+        ) -> Result<$crate::http::json::Json<$crate::recipes::locks::contention::FencingCheck>, $crate::http::error::ApiError> {
             let dir = $handles.dir(&name);
             let check = $crate::recipes::locks::contention::check_fencing(&$state, $what, dir, &name, &token, consistency, $holding).await?;
-            Ok(axum::Json(check))
+            Ok($crate::http::json::Json(check))
         }
     };
 }

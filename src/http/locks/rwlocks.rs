@@ -1,6 +1,6 @@
 //! `/v1/rwlocks`: shared (read/write) locks: many readers or one writer.
 
-use axum::Json;
+use crate::http::json::Json;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 

@@ -2,7 +2,7 @@
 //! `InterProcessSemaphoreV2` znodes. A permit request is a long poll like a lock's, with the
 //! same outcomes, limits and timeouts.
 
-use axum::Json;
+use crate::http::json::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};

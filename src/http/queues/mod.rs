@@ -5,7 +5,7 @@
 //! Here the resource, its routes and its list; a put in [put], a take in [take], a claim's end
 //! and its extension in [claims], the listings and dead letters in [listing].
 
-use axum::Json;
+use crate::http::json::Json;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
