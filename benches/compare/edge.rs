@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use super::process::{Child, on_cpu_time_of};
+use super::process::{Child, ThreadTimes};
 
 /// Set (to the address to listen on) in the environment of the bare server's process.
 pub const BARE: &str = "ZKGATE_BENCH_BARE_AXUM";
@@ -54,12 +54,12 @@ impl Bare {
 
 /// A server's CPU per request (µs) over `count` `requests`, one after the other on one
 /// keep-alive connection, measured from the time its threads were on a CPU
-/// ([on_cpu_time_of]: nanoseconds, where the process's user and system times count ticks).
+/// ([ThreadTimes]: nanoseconds, where the process's user and system times count ticks).
 pub async fn cpu_per_request(pid: &str, count: usize, mut request: impl AsyncFnMut()) -> f64 {
-    let before = on_cpu_time_of(pid);
+    let before = ThreadTimes::of(pid);
     for _ in 0..count {
         request().await;
     }
-    let spent: Duration = on_cpu_time_of(pid).saturating_sub(before);
+    let spent: Duration = before.since(pid);
     spent.as_secs_f64() * 1e6 / count as f64
 }

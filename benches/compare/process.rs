@@ -83,18 +83,37 @@ pub fn cpu_time_of(pid: &str) -> Duration {
     Duration::from_micros(ticks * 1_000_000 / per_second)
 }
 
-/// Time on a CPU that the live threads of process `pid` have had, to the nanosecond: the sum of
-/// each thread's `/proc/<pid>/task/<tid>/schedstat`. [cpu_time_of] counts in clock ticks
-/// (10 ms), too coarse for a request of tens of microseconds unless tens of thousands are
-/// counted; a thread that exits meanwhile takes its time with it, so this is for servers whose
-/// threads live (a runtime's workers).
-pub fn on_cpu_time_of(pid: &str) -> Duration {
-    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("proc tasks");
-    let nanos: u64 = tasks
-        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("schedstat")).ok())
-        .filter_map(|stat| stat.split_whitespace().next()?.parse::<u64>().ok())
-        .sum();
-    Duration::from_nanos(nanos)
+/// Time on a CPU that each live thread of process `pid` has had, to the nanosecond: each
+/// thread's `/proc/<pid>/task/<tid>/schedstat`. [cpu_time_of] counts in clock ticks (10 ms),
+/// too coarse for a request of tens of microseconds unless tens of thousands are counted.
+pub struct ThreadTimes(std::collections::HashMap<String, u64>);
+
+impl ThreadTimes {
+    pub fn of(pid: &str) -> ThreadTimes {
+        let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("proc tasks");
+        let times = tasks
+            .filter_map(|task| {
+                let task = task.ok()?;
+                let stat = std::fs::read_to_string(task.path().join("schedstat")).ok()?;
+                let nanos = stat.split_whitespace().next()?.parse::<u64>().ok()?;
+                Some((task.file_name().to_string_lossy().into_owned(), nanos))
+            })
+            .collect();
+        ThreadTimes(times)
+    }
+
+    /// The time `pid`'s threads have had since `self` was read, thread by thread: a thread
+    /// that exited meanwhile (a blocking pool's, after its idle time) takes only its own time
+    /// with it, rather than making the sum go back; a new one counts from its start.
+    pub fn since(&self, pid: &str) -> Duration {
+        let now = ThreadTimes::of(pid);
+        let nanos = now
+            .0
+            .iter()
+            .map(|(tid, nanos)| nanos.saturating_sub(self.0.get(tid).copied().unwrap_or(0)))
+            .sum();
+        Duration::from_nanos(nanos)
+    }
 }
 
 impl Drop for Child {
