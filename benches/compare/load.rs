@@ -148,9 +148,10 @@ impl LoadPoint {
             None => None,
         };
         let before: Vec<Duration> = watched.iter().map(|(_, pid)| process::cpu_time_of(pid)).collect();
-        let start = Instant::now();
+        let (start, from_ms) = (Instant::now(), zkgate::time::now_ms());
         let loaded = stats::open_loop(rate, duration, in_flight, op).await;
         let elapsed = start.elapsed().as_secs_f64();
+        let to_ms = zkgate::time::now_ms();
         let (late, waited) = (Latency::of(&loaded.paced_late), Latency::of(&loaded.waited_in_client));
         let whole = Latency::of(&loaded.whole);
         let client = format!(
@@ -160,9 +161,10 @@ impl LoadPoint {
         );
         let breakdown = match (inside, scraped) {
             (Some(inside), Some(before)) => Some(format!(
-                "{}; {}; {client}",
+                "{}; {}; {}; {client}",
                 inside.gate.scrape().await.since(&before).show(),
-                scrape::zookeeper_latency(&inside.zookeeper)
+                scrape::zookeeper_latency(&inside.zookeeper),
+                gc_pauses(&inside.gc_log, from_ms, to_ms),
             )),
             _ => Some(client),
         };
@@ -210,6 +212,22 @@ pub struct Inside {
     pub gate: Arc<gate::Zkgate>,
     /// ZooKeeper's `host:port`, for its four-letter words.
     pub zookeeper: String,
+    /// Its JVM's log of collections, for the pauses in a point's seconds.
+    pub gc_log: std::path::PathBuf,
+}
+
+/// ZooKeeper's collection pauses between `from_ms` and `to_ms`: how many, their sum, the longest.
+fn gc_pauses(log: &std::path::Path, from_ms: i64, to_ms: i64) -> String {
+    let span = |ms: i64| u128::try_from(ms).unwrap_or_default();
+    let pauses = zkgate::zk::server::gc_pauses_in(log, span(from_ms), span(to_ms));
+    let total: Duration = pauses.iter().map(|(_, pause)| *pause).sum();
+    let longest = pauses.iter().map(|(_, pause)| *pause).max().unwrap_or_default();
+    format!(
+        "ZooKeeper's collections: {} pauses, {:.1} ms in all, the longest {:.1} ms",
+        pauses.len(),
+        total.as_secs_f64() * 1e3,
+        longest.as_secs_f64() * 1e3
+    )
 }
 
 /// The header of the table [equal_rate_row] makes rows of, at `rate` a second.

@@ -503,6 +503,7 @@ async fn run() {
         let inside = Inside {
             gate: gate.clone(),
             zookeeper: connect.split('/').next().unwrap_or_default().to_string(),
+            gc_log: server.gc_log_path(),
         };
         let max = gate.contended(32, 32, seconds).await;
         // ZooKeeper's side at one offered rate (half the lower maximum of the floor and

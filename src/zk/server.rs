@@ -201,6 +201,12 @@ impl ZooKeeperServer {
         command
             .arg(format!("-Xmx{}m", options.heap_mb))
             .args(["-XX:+UseSerialGC", "-Xshare:auto"])
+            // Every collection's pause, stamped in milliseconds since the epoch, so that a
+            // stall seen from outside can be laid beside the server's own (two 10 MB files).
+            .arg(format!(
+                "-Xlog:gc:file={}:timemillis:filecount=2,filesize=10m",
+                self.gc_log_path().display()
+            ))
             .args(options.quick_start.then_some("-XX:TieredStopAtLevel=1"))
             .arg("-Dzookeeper.admin.enableServer=false")
             // zkgate's quotas on its subtrees are only limits if the servers enforce them.
@@ -281,6 +287,17 @@ impl ZooKeeperServer {
         self.data_dir.join("zookeeper.log")
     }
 
+    /// The JVM's log of its collections (`-Xlog:gc`).
+    pub fn gc_log_path(&self) -> PathBuf {
+        self.data_dir.join("gc.log")
+    }
+
+    /// The server's collection pauses that ended between `from` and `to` (milliseconds since
+    /// the epoch): when each ended, and how long it paused the server.
+    pub fn gc_pauses(&self, from: u128, to: u128) -> Vec<(u128, Duration)> {
+        gc_pauses_in(&self.gc_log_path(), from, to)
+    }
+
     /// The OS process id while it runs.
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)
@@ -344,6 +361,33 @@ async fn answers(connect: &str) -> bool {
         client.check_stat("/").await.ok()
     };
     matches!(tokio::time::timeout(Duration::from_secs(5), attempt).await, Ok(Some(_)))
+}
+
+/// The collection pauses logged in `path` ([ZooKeeperServer::gc_log_path]) that ended between
+/// `from` and `to` (milliseconds since the epoch).
+pub fn gc_pauses_in(path: &Path, from: u128, to: u128) -> Vec<(u128, Duration)> {
+    let text = fs::read_to_string(path).unwrap_or_default();
+    text.lines()
+        .filter_map(gc_pause)
+        .filter(|(at, _)| (from..=to).contains(at))
+        .collect()
+}
+
+/// A pause of a `-Xlog:gc` line with the `timemillis` decorator:
+/// `[1764441001123ms] GC(3) Pause Young (Allocation Failure) 34M->5M(123M) 3.456ms`.
+fn gc_pause(line: &str) -> Option<(u128, Duration)> {
+    let (stamp, rest) = line.strip_prefix('[')?.split_once("ms]")?;
+    if !rest.contains(" Pause ") {
+        return None;
+    }
+    let millis = rest
+        .trim_end()
+        .strip_suffix("ms")?
+        .rsplit(' ')
+        .next()?
+        .parse::<f64>()
+        .ok()?;
+    Some((stamp.parse().ok()?, Duration::from_secs_f64(millis / 1000.0)))
 }
 
 fn config_text(options: &ServerOptions, data_dir: &Path, client_port: u16, members: Option<&[MemberPorts]>) -> String {
@@ -439,4 +483,17 @@ pub fn find_classpath() -> Result<String, ServerError> {
         .map(|jar| jar.display().to_string())
         .collect();
     Ok(parts.join(":"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pauses_are_read_from_the_gc_log() {
+        let pause = gc_pause("[1764441001123ms] GC(3) Pause Young (Allocation Failure) 34M->5M(123M) 3.456ms");
+        assert_eq!(pause, Some((1_764_441_001_123, Duration::from_micros(3_456))));
+        assert_eq!(gc_pause("[1764441001123ms] Using Serial"), None);
+        assert_eq!(gc_pause("not a log line"), None);
+    }
 }
