@@ -186,9 +186,11 @@ async fn run() {
         false => None,
     };
 
-    // The HTTP edge: CPU per request of a bare axum server, of zkgate's `GET /healthz`, and of
-    // an uncontended lock request, in alternating rounds (the median of three), so that the
-    // machine's noise hits all three alike.
+    // The HTTP edge: CPU per request of a bare axum server and of zkgate's `GET /healthz` in
+    // alternating rounds, so that the machine's noise hits both alike; then of an uncontended
+    // lock request, in rounds of their own (a lock cycle leaves work behind it, the watches of
+    // the nodes it deleted and the containers ZooKeeper removes, which a `/healthz` round after
+    // it would be charged for). The median of the rounds after the first.
     if wanted("edge") {
         let bare = edge::Bare::start().await;
         let http = http_client();
@@ -202,15 +204,19 @@ async fn run() {
             answer.bytes().await.expect("body");
         };
         let (mut bare_cpu, mut health_cpu, mut lock_cpu) = (Vec::new(), Vec::new(), Vec::new());
-        for round in 0..4 {
+        for round in 0..6 {
             let bare_us = edge::cpu_per_request(&bare_pid, count, get_bare).await;
             let health_us = edge::cpu_per_request(&gate_pid, count, async || gate.health().await).await;
-            let cycle_us =
-                edge::cpu_per_request(&gate_pid, count / 2, async || gate.one_cycle("edge", &lease).await).await;
             // The first round warms each side up (connections, caches): not counted.
             if round > 0 {
                 bare_cpu.push(bare_us);
                 health_cpu.push(health_us);
+            }
+        }
+        for round in 0..4 {
+            let cycle_us =
+                edge::cpu_per_request(&gate_pid, count / 2, async || gate.one_cycle("edge", &lease).await).await;
+            if round > 0 {
                 // A cycle is two requests (acquire, release).
                 lock_cpu.push(cycle_us / 2.0);
             }
