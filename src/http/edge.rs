@@ -30,7 +30,7 @@ use tracing::Instrument;
 use super::routed::Routed;
 use super::{auth, handoff, limits, origin};
 use crate::AppState;
-use crate::listen::Arrived;
+use crate::listen::{App, Arrived};
 
 /// The answer either service gives: boxed once, as axum's own routes box theirs.
 type Answer = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
@@ -48,11 +48,7 @@ impl<S> Edge<S> {
     }
 }
 
-impl<S> Service<Request> for Edge<S>
-where
-    S: Service<Request, Response = Response, Error = Infallible> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-{
+impl<S: App> Service<Request> for Edge<S> {
     type Response = Response;
     type Error = Infallible;
     type Future = Answer;
@@ -129,11 +125,7 @@ pub struct Guard<S> {
     state: AppState,
 }
 
-impl<S> Service<Request> for Guard<S>
-where
-    S: Service<Request, Response = Response, Error = Infallible> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-{
+impl<S: App> Service<Request> for Guard<S> {
     type Response = Response;
     type Error = Infallible;
     type Future = Answer;

@@ -40,7 +40,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 
 use super::error::{ApiError, Problem};
-use super::routed::{Named, Routed, ServedBy, declaration, takes_wait};
+use super::routed::{Named, Routed, ServedBy};
 use crate::AppState;
 use crate::auth::Caller;
 use crate::instances::Peer;
@@ -60,17 +60,6 @@ pub const SIGNATURE: &str = "zkgate-signature";
 /// On the answer to a handed-over request: the lease is not kept here (any more), or this
 /// instance cannot vouch for its leases now. The sender takes it over.
 pub const NOT_KEEPING: &str = "zkgate-not-keeping";
-
-/// The declarations of `spec`: method, path, what it says (or why it does not parse), and
-/// whether the operation waits.
-pub fn declarations(spec: &utoipa::openapi::OpenApi) -> Vec<(Method, String, Result<ServedBy, String>, bool)> {
-    crate::spec::operations(spec)
-        .filter_map(|(method, path, operation)| {
-            let parsed = declaration(operation)?;
-            Some((method, path.clone(), parsed, takes_wait(operation)))
-        })
-        .collect()
-}
 
 /// The guard (see the module's documentation): `Ok` with the request when it is served here
 /// (the lease it names kept here, taken over, or named nowhere), or the keeper's answer.
@@ -360,7 +349,19 @@ pub fn peer_client(config: &crate::config::ServeConfig) -> reqwest::Client {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::http::routed::{declaration, takes_wait};
     use utoipa::openapi::{RefOr, Schema};
+
+    /// The declarations of `spec`: method, path, what it says (or why it does not parse), and
+    /// whether the operation waits.
+    fn declarations(spec: &utoipa::openapi::OpenApi) -> Vec<(Method, String, Result<ServedBy, String>, bool)> {
+        crate::spec::operations(spec)
+            .filter_map(|(method, path, operation)| {
+                let parsed = declaration(operation)?;
+                Some((method, path.clone(), parsed, takes_wait(operation)))
+            })
+            .collect()
+    }
 
     /// The properties of a request body's schema (resolved through the components, and
     /// through the `oneOf` an optional body is).

@@ -102,7 +102,6 @@ where
         metrics.observe_stage(Stage::Answered, turn, arrived.elapsed());
         response.map(|body| axum::body::Body::new(Written { body, arrived, turn }))
     };
-    let Ok(serve) = serve.ready_oneshot().await;
     if !routed.operation.is_some_and(|operation| operation.takes_a_turn) {
         let Ok(response) = serve.oneshot(request).await;
         return match routed.route.long_lived {
